@@ -1,0 +1,92 @@
+package sdk
+
+import (
+	"context"
+
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Plugin kinds.
+const (
+	KindReaper    = "reaper"
+	KindSubstrate = "substrate"
+)
+
+// Info describes a plugin.
+type Info struct {
+	Name        string   // the label it is configured under: agentlost, lite, ...
+	Kind        string   // KindReaper or KindSubstrate
+	Version     string   // the plugin's own version
+	Editions    []string // editions it serves: "lite", "kube"
+	Description string
+}
+
+// ConfigureRequest carries a plugin's decoded configuration block.
+type ConfigureRequest struct {
+	Edition string
+	Values  Values
+	Ladder  ladder.Ladder
+}
+
+// Plugin is what every plugin serves: who it is, the configuration it
+// accepts, and the configuration the host decoded for it.
+type Plugin interface {
+	Info(ctx context.Context) (Info, error)
+	// ConfigSchema declares the attributes of the plugin's HCL block. The
+	// host decodes the block against it, so a bad file fails at validate.
+	ConfigSchema(ctx context.Context) (Schema, error)
+	// Configure receives the decoded block. It is called once before any
+	// other call, and again whenever the host restarts the plugin.
+	Configure(ctx context.Context, req ConfigureRequest) error
+}
+
+// Board is the scheduler's metadatabase as far as reaping needs it. The host
+// serves it; plugins reach it through the broker. Every write is guarded and
+// fenced by the leadership term.
+type Board interface {
+	// ListCandidates returns one page of task instances matching q.
+	ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error)
+	// Mark applies a batch of guarded marks in one round trip. A mark whose
+	// guard fails is a no-op reported in its result, never an error.
+	Mark(ctx context.Context, marks []Mark) ([]MarkResult, error)
+	// ListOrphanRuns returns one page of runs that look orphaned.
+	ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error)
+	// ReapRun fails a run after re-checking the orphan predicate atomically.
+	ReapRun(ctx context.Context, r RunReap) (RunReapResult, error)
+	// AppendLog appends lines to attempts' try logs.
+	AppendLog(ctx context.Context, term int64, lines []LogLine) error
+}
+
+// Executions is the part of a substrate a reaper uses: the world where
+// attempts execute, asked about and acted on one pinned attempt at a time.
+type Executions interface {
+	// Liveness answers for each attempt alive, dead or unknown.
+	Liveness(ctx context.Context, req LivenessRequest) ([]AttemptLiveness, error)
+	// Teardown stops exactly the named attempt (or every execution of the
+	// named run). Best effort: outcomes say what happened to each object.
+	Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error)
+	// StopOrphan stops an attempt's recorded, verified task group and
+	// reports stopped only when nothing of it remains.
+	StopOrphan(ctx context.Context, req StopRequest) (StopResult, error)
+	// WarmWorkers lists the warm pool's pods with a live read.
+	WarmWorkers(ctx context.Context) ([]WarmWorker, error)
+}
+
+// Substrate is a substrate plugin: the executions world plus the reconcile
+// phase the host runs before reaping.
+type Substrate interface {
+	Plugin
+	Executions
+	// Sweep is the reconcile phase: settle finished executions' outcomes.
+	Sweep(ctx context.Context, req SweepRequest, board Board) (SweepResult, error)
+	// Synced reports whether the substrate's view of the fleet is complete.
+	Synced(ctx context.Context) (bool, error)
+}
+
+// Reaper is a reaper plugin: policy over the board and the substrate.
+type Reaper interface {
+	Plugin
+	// Reap runs one pass. It must return before pass.Deadline (the context
+	// carries it too) and returns one decision per attempt it judged.
+	Reap(ctx context.Context, pass Pass, board Board, exec Executions) (PassResult, error)
+}

@@ -1,0 +1,99 @@
+package sdk
+
+// Decision labels. Each is the value of the decision_type label of
+// dexaflow_scheduler_decisions_total and of the label column of the audit.
+// The specification's labels are kept verbatim so that its dashboards and
+// runbooks apply; the project's own additions are grouped at the end.
+const (
+	// The leader-settling gate.
+	LabelSettlingSkip      = "reap_settling_skip"
+	LabelSettlingValveOpen = "reap_settling_valve_open"
+
+	// agentlost: heartbeat silence in the current attempt.
+	LabelAgentLost                 = "agent_lost"
+	LabelAgentLostProcessAlive     = "agent_lost_process_alive"
+	LabelAgentLostProcessQueryErr  = "agent_lost_process_query_error"
+	LabelAgentLostOrphanStopped    = "agent_lost_orphan_stopped"
+	LabelAgentLostOrphanStopErr    = "agent_lost_orphan_stop_error"
+	LabelAgentLostPodDeleteErr     = "agent_lost_pod_delete_error"
+	LabelAgentLostNeverHeartbeated = "agent_lost_never_heartbeated"
+	// Lite: a running attempt that never heartbeated is judged only on
+	// positive death of both agent and task group.
+	LabelAgentLostNeverHeartbeatedProcessAlive    = "agent_lost_never_heartbeated_process_alive"
+	LabelAgentLostNeverHeartbeatedProcessQueryErr = "agent_lost_never_heartbeated_process_query_error"
+
+	// The credential ceiling (a task failure, not an infra mark).
+	LabelCredentialCeiling = "credential_ceiling"
+
+	// dispatchlost.
+	LabelDispatchLost                = "dispatch_lost"
+	LabelDispatchLostProcessAlive    = "dispatch_lost_process_alive"
+	LabelDispatchLostProcessQueryErr = "dispatch_lost_process_query_error"
+	LabelDispatchLostPodQueryErr     = "dispatch_lost_pod_query_error"
+	LabelDispatchLostOrphanStopped   = "dispatch_lost_orphan_stopped"
+	LabelDispatchLostOrphanStopErr   = "dispatch_lost_orphan_stop_error"
+	LabelDispatchLostPodDeleteErr    = "dispatch_lost_pod_delete_error"
+	LabelStartExpired                = "start_expired"
+
+	// podlost (kube).
+	LabelPodLost             = "pod_lost"
+	LabelPodLostPodQueryErr  = "pod_lost_pod_query_error"
+	LabelPodLostPodDeleteErr = "pod_lost_pod_delete_error"
+
+	// orphanrun.
+	LabelOrphanReapNoop = "orphan_reap_noop"
+
+	// Teardown and the reconciler (kube).
+	LabelTeardownDeleteFallback   = "reap_teardown_delete_fallback"
+	LabelInfraConfirmValveOpen    = "infra_confirm_valve_open"
+	LabelDispatchUnavailable      = "dispatch_unavailable"
+	LabelDispatchUnavailableSpent = "dispatch_unavailable_exhausted"
+
+	// The project's own labels (not in the specification).
+
+	// LabelOrphanRun: a run with nothing live and no activity was failed.
+	LabelOrphanRun = "orphan_run"
+	// LabelWarmWorkerLost: an attempt's warm worker is gone (kube warm pool).
+	LabelWarmWorkerLost = "warm_worker_lost"
+	// LabelWarmWorkerListErr: the live LIST of warm pods failed; the pass
+	// made no marks.
+	LabelWarmWorkerListErr = "warm_worker_list_error"
+	// LabelDispatchLostPodAlive: a Pending or Running pod of the attempt
+	// exists, so the dispatch landed.
+	LabelDispatchLostPodAlive = "dispatch_lost_pod_alive"
+	// LabelPodLostPodPresent: the attempt's pod exists.
+	LabelPodLostPodPresent = "pod_lost_pod_present"
+	// LabelMarkNoop: a guarded mark changed nothing because the attempt moved
+	// on (another try, epoch or state), heartbeated again, or the term is no
+	// longer current.
+	LabelMarkNoop = "reap_mark_noop"
+	// LabelBrakeEngaged: marks decided on silence alone exceeded the brake.
+	LabelBrakeEngaged = "reap_brake_engaged"
+	// LabelPluginUnavailable: a plugin could not be called this cycle.
+	LabelPluginUnavailable = "plugin_unavailable"
+	// LabelPassError: a reaper's pass ended in an error.
+	LabelPassError = "reap_pass_error"
+)
+
+// Labels lists every label above, for registering metrics ahead of the
+// first decision and for documentation.
+func Labels() []string {
+	return []string{
+		LabelSettlingSkip, LabelSettlingValveOpen,
+		LabelAgentLost, LabelAgentLostProcessAlive, LabelAgentLostProcessQueryErr,
+		LabelAgentLostOrphanStopped, LabelAgentLostOrphanStopErr, LabelAgentLostPodDeleteErr,
+		LabelAgentLostNeverHeartbeated, LabelAgentLostNeverHeartbeatedProcessAlive,
+		LabelAgentLostNeverHeartbeatedProcessQueryErr,
+		LabelCredentialCeiling,
+		LabelDispatchLost, LabelDispatchLostProcessAlive, LabelDispatchLostProcessQueryErr,
+		LabelDispatchLostPodQueryErr, LabelDispatchLostOrphanStopped, LabelDispatchLostOrphanStopErr,
+		LabelDispatchLostPodDeleteErr, LabelStartExpired,
+		LabelPodLost, LabelPodLostPodQueryErr, LabelPodLostPodDeleteErr,
+		LabelOrphanReapNoop,
+		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen,
+		LabelDispatchUnavailable, LabelDispatchUnavailableSpent,
+		LabelOrphanRun, LabelWarmWorkerLost, LabelWarmWorkerListErr,
+		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
+		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
+	}
+}

@@ -1,0 +1,169 @@
+// Package ladder holds the timing ladder: the thresholds every reaper judges
+// by, their defaults, and the inequalities between them that boot checks.
+//
+// Moving one threshold out of order turns a control-plane restart into false
+// reaps (an agent_lost threshold at or under the heartbeat interval, say, reaps
+// healthy attempts between two heartbeats), so Validate refuses such a ladder
+// and names the keys and the rule it breaks.
+package ladder
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Ladder is the set of thresholds. Key names in comments are the HCL keys of
+// the ladder block (maintenance_interval comes from maintenance.interval and
+// credential_ceiling from auth.max_attempt_credential_lifetime).
+type Ladder struct {
+	Heartbeat            time.Duration // heartbeat: how often a live agent heartbeats
+	AgentLost            time.Duration // agent_lost: silence after which an agent is presumed lost
+	SettlingGrace        time.Duration // settling_grace: the leader-settling gate's grace
+	AttemptTokenTTL      time.Duration // attempt_token_ttl: lifetime of one attempt credential
+	DispatchLost         time.Duration // dispatch_lost: how long a queued attempt may wait for its start
+	PodLostFloor         time.Duration // pod_lost_floor: a running attempt's liveness floor (kube)
+	OrphanRun            time.Duration // orphan_run: quiet time after which a run with nothing live fails
+	InfraConfirmValve    time.Duration // infra_confirm_valve: when an unconfirmed infra mark is acted on anyway
+	TaskTerminationGrace time.Duration // task_termination_grace: a task container's termination grace
+	MaintenanceInterval  time.Duration // maintenance.interval: the cycle period
+	CredentialCeiling    time.Duration // auth.max_attempt_credential_lifetime; <= 0 disables the ceiling
+}
+
+// Defaults are the specification's values.
+func Defaults() Ladder {
+	return Ladder{
+		Heartbeat:            15 * time.Second,
+		AgentLost:            90 * time.Second,
+		SettlingGrace:        180 * time.Second,
+		AttemptTokenTTL:      10 * time.Minute,
+		DispatchLost:         3 * time.Minute,
+		PodLostFloor:         60 * time.Second,
+		OrphanRun:            5 * time.Minute,
+		InfraConfirmValve:    2 * time.Minute,
+		TaskTerminationGrace: 30 * time.Second,
+		MaintenanceInterval:  30 * time.Second,
+		CredentialCeiling:    time.Hour,
+	}
+}
+
+// Fixed values that are not operator knobs.
+const (
+	// PageSize is the most candidates one board listing returns.
+	PageSize = 100
+	// OrphanStopGrace is how long a stopped group gets after SIGTERM.
+	OrphanStopGrace = 10 * time.Second
+	// OrphanKillWait is how long to wait after SIGKILL for the group to go.
+	OrphanKillWait = 5 * time.Second
+	// StartExpiryMargin: a Pending pod whose credential lapses within this is
+	// re-placed as start_expired.
+	StartExpiryMargin = 2 * time.Minute
+)
+
+// Edition names.
+const (
+	EditionLite = "lite"
+	EditionKube = "kube"
+)
+
+// SettlingValve is when the settling gate opens regardless: twice the grace.
+func (l Ladder) SettlingValve() time.Duration { return 2 * l.SettlingGrace }
+
+// CeilingEnabled reports whether the credential ceiling is in force.
+func (l Ladder) CeilingEnabled() bool { return l.CredentialCeiling > 0 }
+
+// Violation is one broken rule of the ladder.
+type Violation struct {
+	Keys []string // the keys involved, the offending one first
+	Rule string   // the rule in words, with the values
+}
+
+func (v Violation) Error() string { return v.Rule }
+
+// Error lists every violation of a ladder.
+type Error struct{ Violations []Violation }
+
+func (e *Error) Error() string {
+	parts := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		parts[i] = v.Rule
+	}
+	return "timing ladder out of order: " + strings.Join(parts, "; ")
+}
+
+// Warning is an accepted but noteworthy setting.
+type Warning struct {
+	Key     string
+	Message string
+}
+
+// Validate checks every inequality of the ladder for the given edition. It
+// returns the warnings for accepted settings that disable something, and an
+// *Error naming each broken rule.
+func (l Ladder) Validate(edition string) ([]Warning, error) {
+	var vs []Violation
+	less := func(aKey string, a time.Duration, bKey string, b time.Duration) {
+		if !(a < b) {
+			vs = append(vs, Violation{
+				Keys: []string{bKey, aKey},
+				Rule: fmt.Sprintf("%s (%s) must be greater than %s (%s)", bKey, b, aKey, a),
+			})
+		}
+	}
+	positive := func(key string, d time.Duration) {
+		if d <= 0 {
+			vs = append(vs, Violation{Keys: []string{key}, Rule: fmt.Sprintf("%s (%s) must be positive", key, d)})
+		}
+	}
+	positive("heartbeat", l.Heartbeat)
+	positive("maintenance.interval", l.MaintenanceInterval)
+	positive("dispatch_lost", l.DispatchLost)
+	positive("orphan_run", l.OrphanRun)
+	positive("pod_lost_floor", l.PodLostFloor)
+	positive("infra_confirm_valve", l.InfraConfirmValve)
+	if l.TaskTerminationGrace < 0 {
+		vs = append(vs, Violation{Keys: []string{"task_termination_grace"},
+			Rule: fmt.Sprintf("task_termination_grace (%s) must not be negative", l.TaskTerminationGrace)})
+	}
+
+	less("heartbeat", l.Heartbeat, "agent_lost", l.AgentLost)
+	less("agent_lost", l.AgentLost, "settling_grace", l.SettlingGrace)
+	less("settling_grace", l.SettlingGrace, "attempt_token_ttl", l.AttemptTokenTTL)
+	if !(2*l.MaintenanceInterval < l.SettlingGrace) {
+		vs = append(vs, Violation{
+			Keys: []string{"settling_grace", "maintenance.interval"},
+			Rule: fmt.Sprintf("settling_grace (%s) must be greater than 2 x maintenance.interval (%s)",
+				l.SettlingGrace, 2*l.MaintenanceInterval),
+		})
+	}
+	if edition == EditionKube {
+		floor := l.TaskTerminationGrace + 2*l.MaintenanceInterval
+		if !(floor < l.InfraConfirmValve) {
+			vs = append(vs, Violation{
+				Keys: []string{"infra_confirm_valve", "task_termination_grace", "maintenance.interval"},
+				Rule: fmt.Sprintf("infra_confirm_valve (%s) must be greater than task_termination_grace + 2 x maintenance.interval (%s)",
+					l.InfraConfirmValve, floor),
+			})
+		}
+		less("infra_confirm_valve", l.InfraConfirmValve, "orphan_run", l.OrphanRun)
+	}
+
+	var warnings []Warning
+	if l.CredentialCeiling <= 0 {
+		warnings = append(warnings, Warning{
+			Key: "auth.max_attempt_credential_lifetime",
+			Message: "auth.max_attempt_credential_lifetime is not positive: the credential ceiling, " +
+				"the task pod deadline floor and the warm worker attempt watchdog are all disabled",
+		})
+	} else if !(l.CredentialCeiling > l.AttemptTokenTTL) {
+		vs = append(vs, Violation{
+			Keys: []string{"auth.max_attempt_credential_lifetime", "attempt_token_ttl"},
+			Rule: fmt.Sprintf("auth.max_attempt_credential_lifetime (%s) must be greater than attempt_token_ttl (%s)",
+				l.CredentialCeiling, l.AttemptTokenTTL),
+		})
+	}
+	if len(vs) > 0 {
+		return warnings, &Error{Violations: vs}
+	}
+	return warnings, nil
+}

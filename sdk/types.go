@@ -1,0 +1,356 @@
+package sdk
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Attempt names one execution of a task instance. A mark, a teardown or a
+// stop always names the whole tuple, so a newer execution of the same task
+// (another try, or another epoch of the same try) is never the one touched.
+type Attempt struct {
+	RunID  string
+	TaskID string
+	Try    int32
+	Epoch  int32
+}
+
+func (a Attempt) String() string {
+	return fmt.Sprintf("%s/%s try=%d epoch=%d", a.RunID, a.TaskID, a.Try, a.Epoch)
+}
+
+// Task instance states (the board's task_instances.state).
+const (
+	StateNone            = "none"
+	StateScheduled       = "scheduled"
+	StateQueued          = "queued"
+	StateRunning         = "running"
+	StateSuccess         = "success"
+	StateFailed          = "failed"
+	StateSkipped         = "skipped"
+	StateUpstreamFailed  = "upstream_failed"
+	StateUpForRetry      = "up_for_retry"
+	StateUpForReschedule = "up_for_reschedule"
+	StateDeferred        = "deferred"
+)
+
+// Run states (the board's runs.state).
+const (
+	RunQueued  = "queued"
+	RunRunning = "running"
+	RunSuccess = "success"
+	RunFailed  = "failed"
+)
+
+// Executors (the board's task_instances.executor).
+const (
+	ExecutorKube = "kube"
+	ExecutorLite = "lite"
+	ExecutorWarm = "warm"
+)
+
+// Failure kinds (the board's task_instances.last_failure_kind).
+const (
+	FailureTask  = "task"
+	FailureInfra = "infra"
+)
+
+// Decision is one judgment of a reaper (or of the gate) about one attempt,
+// one run, or the whole pass. The host meters, logs and audits every one.
+type Decision struct {
+	Reaper  string  // the plugin's label, filled by the host when empty
+	Label   string  // one of the Label constants
+	Attempt Attempt // the attempt judged; only RunID for run-level decisions
+	Applied bool    // true when a write or a stop took effect
+	DryRun  bool    // computed in dry-run: nothing was written
+	Detail  string  // one line for people
+	// Evidence is what the judgment saw: heartbeat age, liveness answer,
+	// term, threshold, ... keyed by short snake_case names.
+	Evidence map[string]string
+}
+
+// Pass is everything a reaper needs for one deterministic pass.
+type Pass struct {
+	Now      time.Time     // the host's clock: the only time a plugin reads
+	Ladder   ladder.Ladder // thresholds in force
+	Term     int64         // leadership term: every board write carries it
+	DryRun   bool          // decide and report, write and stop nothing
+	Deadline time.Time     // the phase budget's end
+	State    []byte        // what the plugin returned from its previous pass
+	Edition  string        // "lite" or "kube"
+}
+
+// PassResult is what a pass returns: its decisions and its next state.
+type PassResult struct {
+	Decisions []Decision
+	State     []byte
+}
+
+// TimeField is a timestamp column candidates are filtered and ordered by.
+type TimeField string
+
+// Candidate time fields.
+const (
+	FieldQueuedAt    TimeField = "queued_at"
+	FieldRunningAt   TimeField = "running_at"
+	FieldHeartbeatAt TimeField = "last_heartbeat_at"
+	FieldMarkedAt    TimeField = "infra_marked_at"
+)
+
+// HeartbeatFilter selects on whether the current attempt has heartbeated.
+type HeartbeatFilter string
+
+// Heartbeat filters.
+const (
+	HeartbeatAny   HeartbeatFilter = ""
+	HeartbeatSeen  HeartbeatFilter = "seen"
+	HeartbeatNever HeartbeatFilter = "never"
+)
+
+// Cursor is a keyset position in a candidate listing.
+type Cursor struct {
+	At     time.Time
+	RunID  string
+	TaskID string
+}
+
+// CandidateQuery is a typed listing of task instances: those in States and
+// Executors whose OrderBy timestamp is set and older than OlderThan, oldest
+// first, after the cursor. The threshold is applied before the limit.
+type CandidateQuery struct {
+	States    []string
+	Executors []string
+	OrderBy   TimeField
+	OlderThan time.Time
+	Heartbeat HeartbeatFilter
+	After     *Cursor
+	Limit     int // at most ladder.PageSize; 0 means PageSize
+}
+
+// Candidate is one listed task instance (its current attempt).
+type Candidate struct {
+	Attempt
+	State            string
+	Executor         string
+	QueuedAt         time.Time // zero when NULL
+	RunningAt        time.Time
+	LastHeartbeatAt  time.Time
+	ReleasedAt       time.Time
+	InfraMarkedAt    time.Time
+	InfraConfirmedAt time.Time
+	LastFailureKind  string
+	WarmWorker       string
+	ExecutionTimeout time.Duration // 0: none declared
+}
+
+// CandidatePage is one page of candidates. Next is nil when the page was
+// short: the next listing starts over from the oldest.
+type CandidatePage struct {
+	Candidates []Candidate
+	Next       *Cursor
+}
+
+// MarkKind says which rail a mark puts the attempt on.
+type MarkKind string
+
+// Mark kinds.
+const (
+	// MarkInfra fails the attempt on the infra rail: re-placed on the infra
+	// budget, off the task's retries.
+	MarkInfra MarkKind = "infra"
+	// MarkTask fails the attempt as a task failure: its retry policy applies.
+	MarkTask MarkKind = "task"
+)
+
+// Mark is a guarded transition of one attempt to failed. It applies only
+// while the row still holds exactly this attempt (try and epoch), in one of
+// FromStates, with the heartbeat guard satisfied, and while Term is the
+// current leadership term. Otherwise it is a no-op, reported as such.
+type Mark struct {
+	Attempt
+	FromStates []string
+	// HeartbeatBefore, when set, also requires that the attempt has not
+	// heartbeated since: last_heartbeat_at is NULL or older than it.
+	HeartbeatBefore time.Time
+	// RequireNoHeartbeat requires last_heartbeat_at to still be NULL.
+	RequireNoHeartbeat bool
+	Kind               MarkKind
+	Reason             string // the label: agent_lost, dispatch_lost, credential_ceiling, ...
+	Message            string // error_message: "<reason>: <detail>"
+	// Confirm confirms an infra mark as it is made (Lite: no reconciler).
+	Confirm bool
+	// Hold holds the attempt for an operator's review: never re-placed
+	// until released.
+	Hold bool
+	Term int64
+	At   time.Time
+}
+
+// Noop reasons of a mark or a run reap.
+const (
+	NoopMovedOn     = "moved_on"    // another try, epoch or state
+	NoopHeartbeated = "heartbeated" // the heartbeat guard failed
+	NoopDeposed     = "deposed"     // the term is no longer current
+	NoopLocked      = "locked"      // another transaction holds a row
+	NoopActive      = "active"      // the run has a live task instance or fresh activity
+	NoopNotFound    = "not_found"   // no such row
+)
+
+// MarkResult says whether one mark was applied.
+type MarkResult struct {
+	Attempt
+	Applied    bool
+	NoopReason string
+}
+
+// RunCursor is a keyset position in a run listing.
+type RunCursor struct {
+	At    time.Time
+	RunID string
+}
+
+// RunQuery lists running runs with no live task instance whose last
+// activity is older than OlderThan, oldest activity first.
+type RunQuery struct {
+	OlderThan time.Time
+	After     *RunCursor
+	Limit     int
+}
+
+// RunCandidate is a run that looked orphaned when listed.
+type RunCandidate struct {
+	RunID        string
+	DagID        string
+	StartedAt    time.Time
+	LastActivity time.Time
+}
+
+// RunPage is one page of run candidates; Next is nil on a short page.
+type RunPage struct {
+	Runs []RunCandidate
+	Next *RunCursor
+}
+
+// RunReap fails an orphaned run after re-checking, atomically, that it is
+// still running, has no live task instance and no activity since OlderThan.
+type RunReap struct {
+	RunID     string
+	OlderThan time.Time
+	Term      int64
+	At        time.Time
+	Message   string
+}
+
+// RunReapResult reports a run reap. Attached lists task instances whose
+// attempts were still attached to the run when it failed (their agents are
+// answered should_terminate from then on).
+type RunReapResult struct {
+	Applied    bool
+	NoopReason string
+	Attached   []Attempt
+}
+
+// LogLine is one line appended to an attempt's try log.
+type LogLine struct {
+	Attempt
+	At   time.Time
+	Line string
+}
+
+// Liveness is a three-valued answer: unknown always defers.
+type Liveness string
+
+// Liveness values.
+const (
+	Alive   Liveness = "alive"
+	Dead    Liveness = "dead"
+	Unknown Liveness = "unknown"
+)
+
+// LivenessRequest asks about a batch of attempts.
+type LivenessRequest struct {
+	Attempts []Attempt
+	// Live asks for an authoritative read, not a cache (kube).
+	Live bool
+	Now  time.Time
+}
+
+// AttemptLiveness is the substrate's answer for one attempt.
+type AttemptLiveness struct {
+	Attempt
+	State Liveness // the attempt as a whole: alive if anything of it lives
+	Agent Liveness // the agent process (lite) or the attempt's pod (kube)
+	Group Liveness // the recorded task process group (lite)
+	// Orphan: the agent is confirmed dead while its recorded, verified task
+	// group lives on, so the group may be stopped (StopOrphan).
+	Orphan bool
+	// Pending: only a Pending pod of the attempt exists, none Running (kube).
+	Pending bool
+	Detail  string
+}
+
+// TeardownRequest asks the substrate to stop exactly one attempt's
+// execution (Attempt set) or every execution of a run (RunID set).
+type TeardownRequest struct {
+	Attempt *Attempt
+	RunID   string
+	Reason  string
+	Term    int64
+}
+
+// Teardown actions.
+const (
+	TeardownStoppedInPlace = "stopped_in_place"
+	TeardownDeleted        = "deleted"
+	TeardownSkipTerminal   = "skipped_terminal"
+	TeardownDeleteFallback = "delete_fallback"
+	TeardownNothing        = "nothing"
+)
+
+// TeardownOutcome is what happened to one object.
+type TeardownOutcome struct {
+	Object string
+	Action string
+	Error  string
+}
+
+// Stop reasons.
+const (
+	StopOrphan            = "orphan"
+	StopCredentialCeiling = "credential_ceiling"
+)
+
+// StopRequest asks the substrate to stop an attempt's recorded task group.
+type StopRequest struct {
+	Attempt
+	Reason string
+}
+
+// StopResult says whether the group is gone.
+type StopResult struct {
+	Stopped bool
+	Detail  string
+}
+
+// SweepRequest starts one reconcile sweep.
+type SweepRequest struct {
+	Now    time.Time
+	Term   int64
+	DryRun bool
+	Ladder ladder.Ladder
+}
+
+// SweepResult reports a sweep: its decisions, and the durable SUCCESS
+// overrides it made, counted by the mark they overrode.
+type SweepResult struct {
+	Decisions []Decision
+	Overrides map[string]int64
+}
+
+// WarmWorker is one warm pool pod.
+type WarmWorker struct {
+	Name  string
+	Phase string
+}
