@@ -1,0 +1,124 @@
+// Command reaperd is the reaper host: it reads an HCL configuration, starts
+// the substrate and reaper plugins, and (on the leader) runs the
+// reconcile-then-reap cycle.
+//
+//	reaperd validate -config FILE   parse, check the ladder, start and configure every plugin
+//	reaperd version                 print the version and the plugin protocol version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/host/config"
+	"github.com/dexaflow/reaper/host/plugins"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+const usage = `usage: reaperd <command> [flags]
+
+commands:
+  validate -config FILE   check a configuration: syntax, keys, timing ladder,
+                          and every plugin's own block (the plugins are started)
+  version                 print the version
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "version", "-version", "--version":
+		fmt.Fprintf(stdout, "reaperd %s (plugin protocol %d)\n", sdk.BuildVersion, sdk.ProtocolVersion)
+		return 0
+	case "validate":
+		return cmdValidate(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "reaperd: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}
+
+// newLogger returns the host's logger: JSON lines unless w is a terminal.
+func newLogger(w io.Writer, level hclog.Level) hclog.Logger {
+	json := true
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			json = false
+		}
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: "reaperd", Output: w, Level: level, JSONFormat: json})
+}
+
+func parseConfigFlag(name string, args []string, stderr io.Writer) (string, bool) {
+	fs := flag.NewFlagSet("reaperd "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "path to the HCL configuration file")
+	if err := fs.Parse(args); err != nil {
+		return "", false
+	}
+	if *path == "" || fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "usage: reaperd %s -config FILE\n", name)
+		return "", false
+	}
+	return *path, true
+}
+
+// loadConfig reads the file and reports its problems the way every command
+// does: each diagnostic on its own line, warnings logged.
+func loadConfig(path string, logger hclog.Logger, stderr io.Writer) (*config.Config, bool) {
+	cfg, err := config.Load(path, config.Options{})
+	if err != nil {
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			fmt.Fprintf(stderr, "%s\n", cerr.Error())
+		} else {
+			fmt.Fprintf(stderr, "reaperd: %v\n", err)
+		}
+		return nil, false
+	}
+	for _, w := range cfg.Warnings {
+		logger.Warn(w)
+	}
+	return cfg, true
+}
+
+func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	path, ok := parseConfigFlag("validate", args, stderr)
+	if !ok {
+		return 2
+	}
+	logger := newLogger(stderr, hclog.Warn)
+	cfg, ok := loadConfig(path, logger, stderr)
+	if !ok {
+		return 1
+	}
+	set, err := plugins.Start(ctx, cfg, logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return 1
+	}
+	defer set.Kill()
+	fmt.Fprintf(stdout, "%s: valid (edition %s, substrate %s, reapers %v)\n",
+		path, cfg.Edition, cfg.Substrate.Name, cfg.ReaperNames())
+	return 0
+}

@@ -1,0 +1,493 @@
+// Package config reads reaperd's HCL configuration file: the shape fixed by
+// DESIGN.md, durations as strings, unknown keys and blocks as errors with
+// file:line:column diagnostics. Plugin blocks (substrate and reaper) are kept
+// undecoded until the plugin has declared its schema; DecodeBlock then
+// decodes them the same way.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclparse"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// EnvDSN overrides store.dsn when set.
+const EnvDSN = "REAPER_DSN"
+
+// Leader elector kinds.
+const (
+	LeaderPostgres   = "postgres"
+	LeaderKubernetes = "kubernetes"
+)
+
+// Defaults of the top-level settings.
+const (
+	DefaultPluginDir     = "./bin"
+	DefaultLease         = 15 * time.Second
+	DefaultTelemetryAddr = "127.0.0.1:9464"
+)
+
+// Config is a parsed, validated configuration file.
+type Config struct {
+	Path      string // the file it was read from
+	Edition   string // "lite" or "kube"
+	PluginDir string // absolute, or relative to the working directory
+	DryRun    bool
+
+	StoreDSN string // store.dsn, or REAPER_DSN when set
+
+	Leader    Leader
+	Ladder    ladder.Ladder
+	Telemetry Telemetry
+
+	Substrate PluginBlock
+	Reapers   []PluginBlock // in configured order
+
+	// Warnings are accepted settings worth a WARN at boot.
+	Warnings []string
+
+	// ranges records where ladder keys were set, for ladder diagnostics.
+	ranges map[string]hcl.Range
+	file   hcl.Range
+}
+
+// Leader is the leader block.
+type Leader struct {
+	Kind      string        // LeaderPostgres or LeaderKubernetes
+	Lease     time.Duration // lease duration
+	Namespace string        // kubernetes only
+	Name      string        // kubernetes only
+}
+
+// Telemetry is the telemetry block.
+type Telemetry struct {
+	Listen string // host:port serving /metrics and /monitor/health
+}
+
+// PluginBlock is a substrate or reaper block. Body holds the plugin's own
+// attributes, decoded against the plugin's schema once it is running.
+type PluginBlock struct {
+	Kind   string // sdk.KindReaper or sdk.KindSubstrate
+	Name   string // the block label: the plugin's name
+	DryRun bool   // dry_run in the block, or the global dry_run
+	SHA256 string // optional hex sha256 the plugin binary must match
+	Body   hcl.Body
+	Range  hcl.Range
+}
+
+// Keys the host reserves inside every plugin block (not passed to plugins).
+const (
+	keyDryRun = "dry_run"
+	keySHA256 = "sha256"
+)
+
+// Error is a configuration error: one or more diagnostics, each naming the
+// file, line and column.
+type Error struct {
+	Diags hcl.Diagnostics
+}
+
+func (e *Error) Error() string { return FormatDiagnostics(e.Diags) }
+
+// FormatDiagnostics renders diagnostics one per line as
+// "file:line:col: summary: detail".
+func FormatDiagnostics(diags hcl.Diagnostics) string {
+	lines := make([]string, 0, len(diags))
+	for _, d := range diags {
+		var b strings.Builder
+		if d.Subject != nil {
+			fmt.Fprintf(&b, "%s:%d:%d: ", d.Subject.Filename, d.Subject.Start.Line, d.Subject.Start.Column)
+		}
+		if d.Severity == hcl.DiagWarning {
+			b.WriteString("warning: ")
+		}
+		b.WriteString(d.Summary)
+		if d.Detail != "" {
+			b.WriteString(": ")
+			b.WriteString(strings.TrimSuffix(d.Detail, "."))
+		}
+		lines = append(lines, b.String())
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Options are the environment Load reads besides the file.
+type Options struct {
+	// Getenv looks up environment variables; nil means os.Getenv.
+	Getenv func(string) string
+}
+
+// Load reads, parses and validates a configuration file (everything but the
+// plugins' own attributes). The error is an *Error with diagnostics, or a
+// plain error when the file cannot be read.
+func Load(path string, opts Options) (*Config, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	return Parse(path, src, opts)
+}
+
+var rootSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "edition", Required: true},
+		{Name: "plugin_dir"},
+		{Name: "dry_run"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: "store"},
+		{Type: "leader", LabelNames: []string{"kind"}},
+		{Type: "maintenance"},
+		{Type: "ladder"},
+		{Type: "auth"},
+		{Type: "telemetry"},
+		{Type: "substrate", LabelNames: []string{"name"}},
+		{Type: "reaper", LabelNames: []string{"name"}},
+	},
+}
+
+// Schemas of the host's own blocks, in the same form plugins declare theirs.
+var (
+	rootAttrs = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "edition", Type: sdk.TypeString, Required: true},
+		{Name: "plugin_dir", Type: sdk.TypeString, Default: DefaultPluginDir},
+		{Name: "dry_run", Type: sdk.TypeBool, Default: false},
+	}}
+	storeSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "dsn", Type: sdk.TypeString},
+	}}
+	leaderSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "lease", Type: sdk.TypeDuration},
+		{Name: "namespace", Type: sdk.TypeString},
+		{Name: "name", Type: sdk.TypeString},
+	}}
+	maintenanceSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "interval", Type: sdk.TypeDuration},
+	}}
+	ladderSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "heartbeat", Type: sdk.TypeDuration},
+		{Name: "agent_lost", Type: sdk.TypeDuration},
+		{Name: "settling_grace", Type: sdk.TypeDuration},
+		{Name: "attempt_token_ttl", Type: sdk.TypeDuration},
+		{Name: "dispatch_lost", Type: sdk.TypeDuration},
+		{Name: "pod_lost_floor", Type: sdk.TypeDuration},
+		{Name: "orphan_run", Type: sdk.TypeDuration},
+		{Name: "infra_confirm_valve", Type: sdk.TypeDuration},
+		{Name: "task_termination_grace", Type: sdk.TypeDuration},
+	}}
+	authSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
+	}}
+	telemetrySchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "listen", Type: sdk.TypeString, Default: DefaultTelemetryAddr},
+	}}
+)
+
+// Parse is Load on bytes already read.
+func Parse(path string, src []byte, opts Options) (*Config, error) {
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	parser := hclparse.NewParser()
+	file, diags := parser.ParseHCL(src, path)
+	if diags.HasErrors() {
+		return nil, &Error{Diags: diags}
+	}
+	content, diags := file.Body.Content(rootSchema)
+	if diags.HasErrors() {
+		return nil, &Error{Diags: diags}
+	}
+	cfg := &Config{
+		Path:      path,
+		Leader:    Leader{Kind: LeaderPostgres, Lease: DefaultLease},
+		Ladder:    ladder.Defaults(),
+		Telemetry: Telemetry{Listen: DefaultTelemetryAddr},
+		ranges:    map[string]hcl.Range{},
+		file:      file.Body.MissingItemRange(),
+	}
+
+	// Top-level attributes go through the same typed decoder as blocks.
+	attrBody := hcl.Body(attrsOnly{content.Attributes})
+	top, _, d := DecodeBlock(attrBody, rootAttrs)
+	diags = append(diags, d...)
+	cfg.Edition = top.String("edition")
+	cfg.PluginDir = top.String("plugin_dir")
+	cfg.DryRun = top.Bool("dry_run")
+	if a, ok := content.Attributes["edition"]; ok && !d.HasErrors() &&
+		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
+		r := a.Expr.Range()
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: `Invalid value for "edition"`,
+			Detail:  fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)})
+	}
+	if cfg.PluginDir != "" && !filepath.IsAbs(cfg.PluginDir) {
+		cfg.PluginDir = filepath.Join(filepath.Dir(path), cfg.PluginDir)
+	}
+
+	seen := map[string]*hcl.Block{}
+	once := func(b *hcl.Block) bool {
+		if prev, ok := seen[b.Type]; ok {
+			r := b.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+				Summary: fmt.Sprintf("Duplicate %s block", b.Type),
+				Detail:  fmt.Sprintf("Only one %s block is allowed; another is at line %d.", b.Type, prev.DefRange.Start.Line)})
+			return false
+		}
+		seen[b.Type] = b
+		return true
+	}
+	reaperSeen := map[string]hcl.Range{}
+	for _, b := range content.Blocks {
+		switch b.Type {
+		case "store":
+			if !once(b) {
+				continue
+			}
+			v, _, d := DecodeBlock(b.Body, storeSchema)
+			diags = append(diags, d...)
+			cfg.StoreDSN = v.String("dsn")
+		case "leader":
+			if !once(b) {
+				continue
+			}
+			diags = append(diags, cfg.decodeLeader(b)...)
+		case "maintenance":
+			if !once(b) {
+				continue
+			}
+			v, r, d := DecodeBlock(b.Body, maintenanceSchema)
+			diags = append(diags, d...)
+			if iv, ok := r["interval"]; ok {
+				cfg.ranges["maintenance.interval"] = iv
+				cfg.Ladder.MaintenanceInterval, _ = v.Duration("interval")
+			}
+		case "ladder":
+			if !once(b) {
+				continue
+			}
+			diags = append(diags, cfg.decodeLadder(b)...)
+		case "auth":
+			if !once(b) {
+				continue
+			}
+			v, r, d := DecodeBlock(b.Body, authSchema)
+			diags = append(diags, d...)
+			if rr, ok := r["max_attempt_credential_lifetime"]; ok {
+				cfg.ranges["auth.max_attempt_credential_lifetime"] = rr
+				cfg.Ladder.CredentialCeiling, _ = v.Duration("max_attempt_credential_lifetime")
+			}
+		case "telemetry":
+			if !once(b) {
+				continue
+			}
+			v, _, d := DecodeBlock(b.Body, telemetrySchema)
+			diags = append(diags, d...)
+			cfg.Telemetry.Listen = v.String("listen")
+		case "substrate":
+			if !once(b) {
+				continue
+			}
+			pb, d := decodePluginBlock(b, sdk.KindSubstrate, cfg.DryRun)
+			diags = append(diags, d...)
+			cfg.Substrate = pb
+		case "reaper":
+			name := b.Labels[0]
+			if prev, ok := reaperSeen[name]; ok {
+				r := b.DefRange
+				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+					Summary: "Duplicate reaper block",
+					Detail:  fmt.Sprintf("reaper %q is already configured at line %d.", name, prev.Start.Line)})
+				continue
+			}
+			reaperSeen[name] = b.DefRange
+			pb, d := decodePluginBlock(b, sdk.KindReaper, cfg.DryRun)
+			diags = append(diags, d...)
+			cfg.Reapers = append(cfg.Reapers, pb)
+		}
+	}
+	if _, ok := seen["substrate"]; !ok {
+		r := cfg.file
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Missing substrate block",
+			Detail:  `Exactly one substrate block is required, for example substrate "lite" {}.`})
+	} else if cfg.Edition != "" && cfg.Substrate.Name != cfg.Edition {
+		r := cfg.Substrate.Range
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Substrate does not match the edition",
+			Detail:  fmt.Sprintf("edition %q needs substrate %q, not %q.", cfg.Edition, cfg.Edition, cfg.Substrate.Name)})
+	}
+	if env := getenv(EnvDSN); env != "" {
+		cfg.StoreDSN = env
+	}
+	if diags.HasErrors() {
+		return nil, &Error{Diags: diags}
+	}
+	if d := cfg.validateLadder(); d.HasErrors() {
+		return nil, &Error{Diags: d}
+	}
+	return cfg, nil
+}
+
+func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
+	kind := b.Labels[0]
+	cfg.Leader.Kind = kind
+	v, _, diags := DecodeBlock(b.Body, leaderSchema)
+	if lease, _ := v.Duration("lease"); lease != 0 {
+		cfg.Leader.Lease = lease
+	}
+	cfg.Leader.Namespace = v.String("namespace")
+	cfg.Leader.Name = v.String("name")
+	r := b.LabelRanges[0]
+	switch kind {
+	case LeaderPostgres:
+		if cfg.Leader.Namespace != "" || cfg.Leader.Name != "" {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+				Summary: "Unexpected attributes for the postgres leader",
+				Detail:  `namespace and name belong to leader "kubernetes".`})
+		}
+	case LeaderKubernetes:
+		if cfg.Leader.Namespace == "" || cfg.Leader.Name == "" {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+				Summary: "Missing attributes for the kubernetes leader",
+				Detail:  `leader "kubernetes" needs namespace and name.`})
+		}
+	default:
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Unknown leader kind",
+			Detail:  fmt.Sprintf(`leader must be "postgres" or "kubernetes", not %q.`, kind)})
+	}
+	if cfg.Leader.Lease <= 0 {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: `Invalid value for "lease"`, Detail: "the lease must be positive."})
+	}
+	return diags
+}
+
+func (cfg *Config) decodeLadder(b *hcl.Block) hcl.Diagnostics {
+	v, ranges, diags := DecodeBlock(b.Body, ladderSchema)
+	set := func(key string, dst *time.Duration) {
+		if r, ok := ranges[key]; ok {
+			cfg.ranges[key] = r
+			*dst, _ = v.Duration(key)
+		}
+	}
+	l := &cfg.Ladder
+	set("heartbeat", &l.Heartbeat)
+	set("agent_lost", &l.AgentLost)
+	set("settling_grace", &l.SettlingGrace)
+	set("attempt_token_ttl", &l.AttemptTokenTTL)
+	set("dispatch_lost", &l.DispatchLost)
+	set("pod_lost_floor", &l.PodLostFloor)
+	set("orphan_run", &l.OrphanRun)
+	set("infra_confirm_valve", &l.InfraConfirmValve)
+	set("task_termination_grace", &l.TaskTerminationGrace)
+	return diags
+}
+
+// validateLadder checks the ladder's inequalities and turns each broken rule
+// into a diagnostic at the offending key (the first of its keys set in the
+// file, or the file itself when all are defaults).
+func (cfg *Config) validateLadder() hcl.Diagnostics {
+	warnings, err := cfg.Ladder.Validate(cfg.Edition)
+	var diags hcl.Diagnostics
+	for _, w := range warnings {
+		subject := cfg.rangeOf([]string{w.Key})
+		cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s:%d:%d: %s",
+			subject.Filename, subject.Start.Line, subject.Start.Column, w.Message))
+	}
+	var lerr *ladder.Error
+	if errors.As(err, &lerr) {
+		for _, v := range lerr.Violations {
+			subject := cfg.rangeOf(v.Keys)
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &subject,
+				Summary: "Timing ladder out of order",
+				Detail:  fmt.Sprintf("%s (keys: %s).", v.Rule, strings.Join(v.Keys, ", "))})
+		}
+	}
+	return diags
+}
+
+func (cfg *Config) rangeOf(keys []string) hcl.Range {
+	for _, k := range keys {
+		if r, ok := cfg.ranges[k]; ok {
+			return r
+		}
+	}
+	return cfg.file
+}
+
+func decodePluginBlock(b *hcl.Block, kind string, globalDryRun bool) (PluginBlock, hcl.Diagnostics) {
+	pb := PluginBlock{Kind: kind, Name: b.Labels[0], DryRun: globalDryRun, Range: b.DefRange}
+	reserved := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: keyDryRun}, {Name: keySHA256}}}
+	content, remain, diags := b.Body.PartialContent(reserved)
+	pb.Body = remain
+	host, _, d := DecodeBlock(attrsOnly{content.Attributes}, sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: keyDryRun, Type: sdk.TypeBool},
+		{Name: keySHA256, Type: sdk.TypeString},
+	}})
+	diags = append(diags, d...)
+	if v, ok := host[keyDryRun]; ok {
+		pb.DryRun = globalDryRun || v.(bool)
+	}
+	pb.SHA256 = strings.ToLower(host.String(keySHA256))
+	if a, ok := content.Attributes[keySHA256]; ok && !validSHA256(pb.SHA256) {
+		r := a.Expr.Range()
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: `Invalid value for "sha256"`, Detail: "sha256 must be 64 hexadecimal digits."})
+	}
+	return pb, diags
+}
+
+func validSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// attrsOnly is a body made of already-extracted attributes, so the typed
+// decoder can run over top-level and reserved attributes.
+type attrsOnly struct{ attrs hcl.Attributes }
+
+func (b attrsOnly) Content(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Diagnostics) {
+	c, _, d := b.PartialContent(s)
+	return c, d
+}
+
+func (b attrsOnly) PartialContent(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Body, hcl.Diagnostics) {
+	c := &hcl.BodyContent{Attributes: hcl.Attributes{}}
+	for _, as := range s.Attributes {
+		if a, ok := b.attrs[as.Name]; ok {
+			c.Attributes[as.Name] = a
+		}
+	}
+	return c, attrsOnly{}, nil
+}
+
+func (b attrsOnly) JustAttributes() (hcl.Attributes, hcl.Diagnostics) { return b.attrs, nil }
+
+func (b attrsOnly) MissingItemRange() hcl.Range { return hcl.Range{} }
+
+// ReaperNames lists the configured reapers in order.
+func (cfg *Config) ReaperNames() []string {
+	out := make([]string, len(cfg.Reapers))
+	for i, r := range cfg.Reapers {
+		out[i] = r.Name
+	}
+	return out
+}

@@ -1,0 +1,102 @@
+package config
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// DecodeBlock decodes a block body against a flat attribute schema: every
+// attribute the block sets must be declared, of the declared type; required
+// attributes must be set; durations must parse. The returned values carry
+// the defaults of attributes the block leaves out, and ranges records where
+// each attribute set in the block was written (for later diagnostics).
+func DecodeBlock(body hcl.Body, schema sdk.Schema) (sdk.Values, map[string]hcl.Range, hcl.Diagnostics) {
+	bs := &hcl.BodySchema{}
+	for _, a := range schema.Attributes {
+		bs.Attributes = append(bs.Attributes, hcl.AttributeSchema{Name: a.Name, Required: a.Required})
+	}
+	content, diags := body.Content(bs)
+	values := sdk.Values{}
+	ranges := map[string]hcl.Range{}
+	for _, a := range schema.Attributes {
+		if a.Default != nil {
+			values[a.Name] = a.Default
+		}
+		attr, ok := content.Attributes[a.Name]
+		if !ok {
+			continue
+		}
+		ranges[a.Name] = attr.Expr.Range()
+		v, d := decodeAttr(attr, a)
+		diags = append(diags, d...)
+		if !d.HasErrors() {
+			values[a.Name] = v
+		}
+	}
+	return values, ranges, diags
+}
+
+func decodeAttr(attr *hcl.Attribute, spec sdk.Attribute) (any, hcl.Diagnostics) {
+	raw, diags := attr.Expr.Value(nil)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	subject := attr.Expr.Range()
+	bad := func(detail string) hcl.Diagnostics {
+		return hcl.Diagnostics{{
+			Severity: hcl.DiagError,
+			Summary:  fmt.Sprintf("Invalid value for %q", attr.Name),
+			Detail:   detail,
+			Subject:  &subject,
+		}}
+	}
+	if raw.IsNull() {
+		return nil, bad(fmt.Sprintf("%q must not be null.", attr.Name))
+	}
+	want := cty.String
+	switch spec.Type {
+	case sdk.TypeNumber:
+		want = cty.Number
+	case sdk.TypeBool:
+		want = cty.Bool
+	case sdk.TypeStrings:
+		want = cty.List(cty.String)
+	}
+	v, err := convert.Convert(raw, want)
+	if err != nil {
+		return nil, bad(fmt.Sprintf("%q must be a %s: %s.", attr.Name, spec.Type, err))
+	}
+	if !v.IsWhollyKnown() {
+		return nil, bad(fmt.Sprintf("%q must be a literal value.", attr.Name))
+	}
+	switch spec.Type {
+	case sdk.TypeNumber:
+		f, _ := v.AsBigFloat().Float64()
+		return f, nil
+	case sdk.TypeBool:
+		return v.True(), nil
+	case sdk.TypeStrings:
+		out := []string{}
+		for _, e := range v.AsValueSlice() {
+			if e.IsNull() {
+				return nil, bad(fmt.Sprintf("%q must not contain null.", attr.Name))
+			}
+			out = append(out, e.AsString())
+		}
+		return out, nil
+	case sdk.TypeDuration:
+		s := v.AsString()
+		if _, err := time.ParseDuration(s); err != nil {
+			return nil, bad(fmt.Sprintf("%q must be a duration such as \"90s\" or \"10m\": %s.", attr.Name, err))
+		}
+		return s, nil
+	default:
+		return v.AsString(), nil
+	}
+}

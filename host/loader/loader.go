@@ -1,0 +1,204 @@
+// Package loader launches plugin binaries over hashicorp/go-plugin: gRPC
+// only, AutoMTLS, a named logger per plugin, an optional sha256 checksum,
+// and the highest protocol version both sides speak. A plugin that cannot be
+// launched is refused with its name and the reason.
+package loader
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// BinaryName is the file name of a plugin: reaper-<name> for a reaper,
+// reaper-substrate-<name> for a substrate.
+func BinaryName(kind, name string) string {
+	if kind == sdk.KindSubstrate {
+		return "reaper-substrate-" + name
+	}
+	return "reaper-" + name
+}
+
+// Spec says which plugin to launch.
+type Spec struct {
+	Kind   string // sdk.KindReaper or sdk.KindSubstrate
+	Name   string // the configured label
+	SHA256 string // optional hex checksum of the binary
+}
+
+// Loader launches plugins from one directory.
+type Loader struct {
+	Dir    string
+	Logger hclog.Logger
+	// Env is added to each plugin's environment (after the host's own).
+	Env []string
+}
+
+// Plugin is a launched plugin process.
+type Plugin struct {
+	Spec   Spec
+	Path   string
+	Info   sdk.Info
+	client *plugin.Client
+	raw    any
+}
+
+// Error is a refusal to launch a plugin, naming it and the reason.
+type Error struct {
+	Kind, Name string
+	Path       string
+	Err        error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%s plugin %q (%s): %v", e.Kind, e.Name, e.Path, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ErrNoCommonVersion is wrapped when the plugin speaks no protocol version
+// the host knows.
+var ErrNoCommonVersion = errors.New("speaks no protocol version this host supports")
+
+// Launch starts the plugin, negotiates the protocol, dispenses it and checks
+// that it is the kind and name it was configured as. On any failure the
+// process is killed before Launch returns.
+func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
+	path := filepath.Join(l.Dir, BinaryName(spec.Kind, spec.Name))
+	fail := func(err error) error { return &Error{Kind: spec.Kind, Name: spec.Name, Path: path, Err: err} }
+
+	if err := checkExecutable(path); err != nil {
+		return nil, fail(err)
+	}
+	var secure *plugin.SecureConfig
+	if spec.SHA256 != "" {
+		sum, err := hex.DecodeString(spec.SHA256)
+		if err != nil {
+			return nil, fail(fmt.Errorf("bad sha256 %q: %w", spec.SHA256, err))
+		}
+		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+	}
+	logger := l.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	cmd := exec.Command(path)
+	cmd.Env = append(os.Environ(), l.Env...)
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake(),
+		VersionedPlugins: sdk.PluginSets(),
+		Cmd:              cmd,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		SecureConfig:     secure,
+		Logger:           logger.Named(spec.Name),
+		Managed:          false,
+	})
+	defer func() {
+		if err != nil {
+			client.Kill()
+		}
+	}()
+
+	rpc, err := client.Client()
+	if err != nil {
+		return nil, fail(classify(err))
+	}
+	key := sdk.PluginReaper
+	if spec.Kind == sdk.KindSubstrate {
+		key = sdk.PluginSubstrate
+	}
+	raw, err := rpc.Dispense(key)
+	if err != nil {
+		return nil, fail(fmt.Errorf("dispense %s: %w", key, err))
+	}
+	base, ok := raw.(sdk.Plugin)
+	if !ok {
+		return nil, fail(fmt.Errorf("dispensed %T, not a plugin", raw))
+	}
+	info, err := base.Info(ctx)
+	if err != nil {
+		return nil, fail(err)
+	}
+	if info.Kind != spec.Kind {
+		return nil, fail(fmt.Errorf("is a %s plugin, configured as a %s", info.Kind, spec.Kind))
+	}
+	if info.Name != spec.Name {
+		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
+	}
+	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
+}
+
+func checkExecutable(path string) error {
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errors.New("binary not found (build it with make build, or set plugin_dir)")
+	}
+	if err != nil {
+		return fmt.Errorf("stat binary: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return errors.New("not a regular file")
+	}
+	if st.Mode().Perm()&0o111 == 0 {
+		return errors.New("binary is not executable")
+	}
+	return nil
+}
+
+// classify turns go-plugin's start-up errors into the reasons an operator
+// needs.
+func classify(err error) error {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
+		return fmt.Errorf("checksum mismatch: the binary does not match the configured sha256: %w", err)
+	case strings.Contains(msg, "Incompatible API version"), strings.Contains(msg, "incompatible API version"):
+		return fmt.Errorf("%w: %v", ErrNoCommonVersion, err)
+	case strings.Contains(msg, "Unrecognized remote plugin message"), strings.Contains(msg, "plugin exited before we could connect"):
+		return fmt.Errorf("handshake failed (is it a reaper plugin built with this SDK?): %w", err)
+	}
+	return fmt.Errorf("start: %w", err)
+}
+
+// Reaper returns the plugin as a Reaper, or nil when it is not one.
+func (p *Plugin) Reaper() sdk.Reaper {
+	r, _ := p.raw.(sdk.Reaper)
+	return r
+}
+
+// Substrate returns the plugin as a Substrate, or nil when it is not one.
+func (p *Plugin) Substrate() sdk.Substrate {
+	s, _ := p.raw.(sdk.Substrate)
+	return s
+}
+
+// Base returns the plugin's base interface.
+func (p *Plugin) Base() sdk.Plugin { return p.raw.(sdk.Plugin) }
+
+// ProtocolVersion is the negotiated protocol version.
+func (p *Plugin) ProtocolVersion() int { return p.client.NegotiatedVersion() }
+
+// Exited reports whether the plugin process has exited.
+func (p *Plugin) Exited() bool { return p.client.Exited() }
+
+// ServesEdition reports whether the plugin declares the edition.
+func (p *Plugin) ServesEdition(edition string) bool {
+	return len(p.Info.Editions) == 0 || slices.Contains(p.Info.Editions, edition)
+}
+
+// Kill stops the plugin process. It is safe to call more than once.
+func (p *Plugin) Kill() { p.client.Kill() }

@@ -1,0 +1,113 @@
+// Command testreaper is a reaper plugin used by the host's tests. It takes
+// its name from its file name (reaper-<name>), so one build serves as
+// several plugins. Its pass lists candidates from the host's board, asks the
+// host's substrate proxy about them, marks the dead ones, and reports a
+// decision for each. Configured with mode = "crash" it exits in the middle
+// of a pass; with mode = "hang" it blocks until the pass is cancelled. The
+// environment variable TESTREAPER_PROTOCOLS (comma-separated) overrides the
+// protocol versions it serves.
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+type reaper struct {
+	name string
+	mode string
+}
+
+func newReaper(hclog.Logger) *reaper {
+	return &reaper{name: strings.TrimPrefix(filepath.Base(os.Args[0]), "reaper-")}
+}
+
+func (r *reaper) Info(context.Context) (sdk.Info, error) {
+	return sdk.Info{Name: r.name, Kind: sdk.KindReaper, Version: "test", Editions: []string{"lite", "kube"}}, nil
+}
+
+func (r *reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "mode", Type: sdk.TypeString, Default: "normal"},
+		{Name: "threshold", Type: sdk.TypeDuration, Default: "90s"},
+		{Name: "required_thing", Type: sdk.TypeString, Required: r.name == "strict"},
+	}}, nil
+}
+
+func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+	r.mode = req.Values.String("mode")
+	switch r.mode {
+	case "normal", "crash", "hang":
+		return nil
+	}
+	return errors.New(`mode must be "normal", "crash" or "hang"`)
+}
+
+func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
+	switch r.mode {
+	case "crash":
+		os.Exit(3)
+	case "hang":
+		<-ctx.Done()
+		return sdk.PassResult{}, ctx.Err()
+	}
+	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
+		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
+		OlderThan: pass.Now.Add(-pass.Ladder.AgentLost), Heartbeat: sdk.HeartbeatSeen,
+	})
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	attempts := make([]sdk.Attempt, len(page.Candidates))
+	for i, c := range page.Candidates {
+		attempts[i] = c.Attempt
+	}
+	live, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Now: pass.Now})
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	var marks []sdk.Mark
+	var decisions []sdk.Decision
+	for _, l := range live {
+		if l.State != sdk.Dead {
+			decisions = append(decisions, sdk.Decision{Label: sdk.LabelAgentLostProcessAlive, Attempt: l.Attempt,
+				Evidence: map[string]string{"liveness": string(l.State)}})
+			continue
+		}
+		marks = append(marks, sdk.Mark{Attempt: l.Attempt, FromStates: []string{sdk.StateRunning},
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Term: pass.Term, At: pass.Now, Confirm: true})
+	}
+	results, err := board.Mark(ctx, marks)
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	for _, res := range results {
+		decisions = append(decisions, sdk.Decision{Label: sdk.LabelAgentLost, Attempt: res.Attempt, Applied: res.Applied,
+			Evidence: map[string]string{"term": strconv.FormatInt(pass.Term, 10)}})
+	}
+	return sdk.PassResult{Decisions: decisions, State: append(pass.State, 'x')}, nil
+}
+
+func main() {
+	var opts []sdk.ServeOption
+	if v := os.Getenv("TESTREAPER_PROTOCOLS"); v != "" {
+		var versions []int
+		for _, s := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				os.Exit(2)
+			}
+			versions = append(versions, n)
+		}
+		opts = append(opts, sdk.WithProtocolVersions(versions...))
+	}
+	sdk.Serve(newReaper, opts...)
+}

@@ -1,0 +1,51 @@
+// Package podlost is the pod-lost reaper (kube edition): a running attempt
+// past the pod-lost floor whose pod a live read shows absent is marked
+// pod_lost.
+//
+// STUB: this package serves the protocol and declares its configuration, but
+// its policy is not written yet: every pass returns no decisions. The kube
+// substrate issue fills it in.
+package podlost
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Name is the label the reaper is configured under.
+const Name = "podlost"
+
+// Reaper is the pod-lost reaper.
+type Reaper struct {
+	logger hclog.Logger
+}
+
+var _ sdk.Reaper = (*Reaper)(nil)
+
+// New returns the reaper.
+func New(logger hclog.Logger) *Reaper { return &Reaper{logger: logger} }
+
+// Info describes the plugin.
+func (r *Reaper) Info(context.Context) (sdk.Info, error) {
+	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
+		Editions: []string{ladder.EditionKube}, Description: "marks running attempts whose pod is gone (stub)"}, nil
+}
+
+// ConfigSchema declares the block's attributes.
+func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "policy", Type: sdk.TypeString, Default: "replace", Description: `"replace" or "hold"`},
+	}}, nil
+}
+
+// Configure accepts the decoded block.
+func (r *Reaper) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
+
+// Reap returns no decisions yet (see the package doc).
+func (r *Reaper) Reap(_ context.Context, pass sdk.Pass, _ sdk.Board, _ sdk.Executions) (sdk.PassResult, error) {
+	return sdk.PassResult{State: pass.State}, nil
+}

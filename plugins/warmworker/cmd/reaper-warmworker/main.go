@@ -1,0 +1,9 @@
+// Command reaper-warmworker serves the warmworker reaper plugin to reaperd.
+package main
+
+import (
+	"github.com/dexaflow/reaper/plugins/warmworker"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func main() { sdk.Serve(warmworker.New) }

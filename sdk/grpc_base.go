@@ -1,0 +1,126 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+)
+
+// baseClient is the host's view of the Base service every plugin serves.
+type baseClient struct {
+	client pb.BaseClient
+}
+
+func (c *baseClient) Info(ctx context.Context) (Info, error) {
+	resp, err := c.client.Info(ctx, &pb.Empty{})
+	if err != nil {
+		return Info{}, fmt.Errorf("plugin info: %w", err)
+	}
+	return Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
+		Editions: resp.Editions, Description: resp.Description}, nil
+}
+
+func (c *baseClient) ConfigSchema(ctx context.Context) (Schema, error) {
+	resp, err := c.client.ConfigSchema(ctx, &pb.Empty{})
+	if err != nil {
+		return Schema{}, fmt.Errorf("plugin config schema: %w", err)
+	}
+	s := Schema{Attributes: make([]Attribute, len(resp.Attributes))}
+	for i, a := range resp.Attributes {
+		attr := Attribute{Name: a.Name, Type: AttrType(a.Type), Required: a.Required, Description: a.Description}
+		if a.DefaultJson != "" {
+			if err := json.Unmarshal([]byte(a.DefaultJson), &attr.Default); err != nil {
+				return Schema{}, fmt.Errorf("plugin config schema: default of %q: %w", a.Name, err)
+			}
+			attr.Default = normalizeJSONValue(attr.Type, attr.Default)
+		}
+		s.Attributes[i] = attr
+	}
+	return s, nil
+}
+
+func (c *baseClient) Configure(ctx context.Context, req ConfigureRequest) error {
+	values, err := json.Marshal(req.Values)
+	if err != nil {
+		return fmt.Errorf("plugin configure: encode values: %w", err)
+	}
+	_, err = c.client.Configure(ctx, &pb.ConfigureRequest{
+		Edition: req.Edition, ValuesJson: values, Ladder: ladderToPB(req.Ladder),
+	})
+	if err != nil {
+		return fmt.Errorf("plugin configure: %w", err)
+	}
+	return nil
+}
+
+// baseServer serves a plugin's Base service.
+type baseServer struct {
+	pb.UnimplementedBaseServer
+	impl Plugin
+}
+
+func (s *baseServer) Info(ctx context.Context, _ *pb.Empty) (*pb.InfoResponse, error) {
+	info, err := s.impl.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.InfoResponse{Name: info.Name, Kind: info.Kind, Version: info.Version,
+		Editions: info.Editions, Description: info.Description}, nil
+}
+
+func (s *baseServer) ConfigSchema(ctx context.Context, _ *pb.Empty) (*pb.SchemaResponse, error) {
+	schema, err := s.impl.ConfigSchema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.SchemaResponse{Attributes: make([]*pb.AttributeSpec, len(schema.Attributes))}
+	for i, a := range schema.Attributes {
+		spec := &pb.AttributeSpec{Name: a.Name, Type: string(a.Type), Required: a.Required, Description: a.Description}
+		if a.Default != nil {
+			def, err := json.Marshal(a.Default)
+			if err != nil {
+				return nil, fmt.Errorf("encode default of %q: %w", a.Name, err)
+			}
+			spec.DefaultJson = string(def)
+		}
+		resp.Attributes[i] = spec
+	}
+	return resp, nil
+}
+
+func (s *baseServer) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.Empty, error) {
+	values := Values{}
+	if len(req.ValuesJson) > 0 {
+		if err := json.Unmarshal(req.ValuesJson, &values); err != nil {
+			return nil, fmt.Errorf("decode configuration values: %w", err)
+		}
+	}
+	for k, v := range values {
+		if l, ok := v.([]any); ok {
+			values[k] = normalizeJSONValue(TypeStrings, l)
+		}
+	}
+	if err := s.impl.Configure(ctx, ConfigureRequest{Edition: req.Edition, Values: values, Ladder: ladderFromPB(req.Ladder)}); err != nil {
+		return nil, err
+	}
+	return &pb.Empty{}, nil
+}
+
+// normalizeJSONValue turns a decoded JSON value back into the Go type Values
+// documents for t.
+func normalizeJSONValue(t AttrType, v any) any {
+	if t == TypeStrings {
+		if l, ok := v.([]any); ok {
+			out := make([]string, 0, len(l))
+			for _, e := range l {
+				if s, ok := e.(string); ok {
+					out = append(out, s)
+				}
+			}
+			return out
+		}
+	}
+	return v
+}

@@ -1,0 +1,123 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+
+	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+)
+
+// boardClient is a plugin's Board: every call goes back to the host.
+type boardClient struct {
+	client pb.BoardClient
+}
+
+var _ Board = (*boardClient)(nil)
+
+func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
+	resp, err := c.client.ListCandidates(ctx, candidateQueryToPB(q))
+	if err != nil {
+		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
+	}
+	return candidatePageFromPB(resp), nil
+}
+
+func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, error) {
+	resp, err := c.client.Mark(ctx, &pb.MarkRequest{Marks: marksToPB(marks)})
+	if err != nil {
+		return nil, fmt.Errorf("board mark: %w", err)
+	}
+	return markResultsFromPB(resp.Results), nil
+}
+
+func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
+	resp, err := c.client.ListOrphanRuns(ctx, &pb.RunQuery{
+		OlderThan: tsToPB(q.OlderThan), After: runCursorToPB(q.After), Limit: int32(q.Limit),
+	})
+	if err != nil {
+		return RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
+	}
+	return runPageFromPB(resp), nil
+}
+
+func (c *boardClient) ReapRun(ctx context.Context, r RunReap) (RunReapResult, error) {
+	resp, err := c.client.ReapRun(ctx, &pb.RunReap{
+		RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At), Message: r.Message,
+	})
+	if err != nil {
+		return RunReapResult{}, fmt.Errorf("board reap run: %w", err)
+	}
+	return RunReapResult{Applied: resp.Applied, NoopReason: resp.NoopReason, Attached: attemptsFromPB(resp.Attached)}, nil
+}
+
+func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []LogLine) error {
+	if _, err := c.client.AppendLog(ctx, &pb.AppendLogRequest{Lines: logLinesToPB(lines), Term: term}); err != nil {
+		return fmt.Errorf("board append log: %w", err)
+	}
+	return nil
+}
+
+// boardServer is the host's Board service, served to plugins.
+type boardServer struct {
+	pb.UnimplementedBoardServer
+	get func() (Board, error)
+}
+
+func (s *boardServer) ListCandidates(ctx context.Context, q *pb.CandidateQuery) (*pb.CandidatePage, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	page, err := b.ListCandidates(ctx, candidateQueryFromPB(q))
+	if err != nil {
+		return nil, err
+	}
+	return candidatePageToPB(page), nil
+}
+
+func (s *boardServer) Mark(ctx context.Context, req *pb.MarkRequest) (*pb.MarkResponse, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	res, err := b.Mark(ctx, marksFromPB(req.Marks))
+	if err != nil {
+		return nil, err
+	}
+	return &pb.MarkResponse{Results: markResultsToPB(res)}, nil
+}
+
+func (s *boardServer) ListOrphanRuns(ctx context.Context, q *pb.RunQuery) (*pb.RunPage, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	page, err := b.ListOrphanRuns(ctx, RunQuery{OlderThan: tsFromPB(q.OlderThan), After: runCursorFromPB(q.After), Limit: int(q.Limit)})
+	if err != nil {
+		return nil, err
+	}
+	return runPageToPB(page), nil
+}
+
+func (s *boardServer) ReapRun(ctx context.Context, r *pb.RunReap) (*pb.RunReapResult, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	res, err := b.ReapRun(ctx, RunReap{RunID: r.RunId, OlderThan: tsFromPB(r.OlderThan), Term: r.Term, At: tsFromPB(r.At), Message: r.Message})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.RunReapResult{Applied: res.Applied, NoopReason: res.NoopReason, Attached: attemptsToPB(res.Attached)}, nil
+}
+
+func (s *boardServer) AppendLog(ctx context.Context, req *pb.AppendLogRequest) (*pb.Empty, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	if err := b.AppendLog(ctx, req.Term, logLinesFromPB(req.Lines)); err != nil {
+		return nil, err
+	}
+	return &pb.Empty{}, nil
+}

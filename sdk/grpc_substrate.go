@@ -1,0 +1,211 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+)
+
+// executionsClient calls a Substrate service's executions methods: the
+// plugin's substrate from the host, or the host's proxy from a reaper.
+type executionsClient struct {
+	client pb.SubstrateClient
+}
+
+var _ Executions = (*executionsClient)(nil)
+
+func (c *executionsClient) Liveness(ctx context.Context, req LivenessRequest) ([]AttemptLiveness, error) {
+	resp, err := c.client.Liveness(ctx, &pb.LivenessRequest{
+		Attempts: attemptsToPB(req.Attempts), Live: req.Live, Now: tsToPB(req.Now),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("substrate liveness: %w", err)
+	}
+	return livenessFromPB(resp.Results), nil
+}
+
+func (c *executionsClient) Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error) {
+	in := &pb.TeardownRequest{RunId: req.RunID, Reason: req.Reason, Term: req.Term}
+	if req.Attempt != nil {
+		in.Attempt = attemptToPB(*req.Attempt)
+	}
+	resp, err := c.client.Teardown(ctx, in)
+	if err != nil {
+		return nil, fmt.Errorf("substrate teardown: %w", err)
+	}
+	return teardownOutcomesFromPB(resp.Outcomes), nil
+}
+
+func (c *executionsClient) StopOrphan(ctx context.Context, req StopRequest) (StopResult, error) {
+	resp, err := c.client.StopOrphan(ctx, &pb.StopRequest{Attempt: attemptToPB(req.Attempt), Reason: req.Reason})
+	if err != nil {
+		return StopResult{}, fmt.Errorf("substrate stop: %w", err)
+	}
+	return StopResult{Stopped: resp.Stopped, Detail: resp.Detail}, nil
+}
+
+func (c *executionsClient) WarmWorkers(ctx context.Context) ([]WarmWorker, error) {
+	resp, err := c.client.WarmWorkers(ctx, &pb.Empty{})
+	if err != nil {
+		return nil, fmt.Errorf("substrate warm workers: %w", err)
+	}
+	out := make([]WarmWorker, len(resp.Workers))
+	for i, w := range resp.Workers {
+		out[i] = WarmWorker{Name: w.Name, Phase: w.Phase}
+	}
+	return out, nil
+}
+
+// substrateClient is the host's Substrate backed by a plugin process.
+type substrateClient struct {
+	baseClient
+	client    pb.SubstrateClient
+	callbacks *callbackServer
+	sweepMu   sync.Mutex
+}
+
+var _ Substrate = (*substrateClient)(nil)
+
+func (c *substrateClient) exec() *executionsClient { return &executionsClient{client: c.client} }
+
+func (c *substrateClient) Liveness(ctx context.Context, req LivenessRequest) ([]AttemptLiveness, error) {
+	return c.exec().Liveness(ctx, req)
+}
+
+func (c *substrateClient) Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error) {
+	return c.exec().Teardown(ctx, req)
+}
+
+func (c *substrateClient) StopOrphan(ctx context.Context, req StopRequest) (StopResult, error) {
+	return c.exec().StopOrphan(ctx, req)
+}
+
+func (c *substrateClient) WarmWorkers(ctx context.Context) ([]WarmWorker, error) {
+	return c.exec().WarmWorkers(ctx)
+}
+
+func (c *substrateClient) Sweep(ctx context.Context, req SweepRequest, board Board) (SweepResult, error) {
+	c.sweepMu.Lock()
+	defer c.sweepMu.Unlock()
+	id := c.callbacks.serve(board, nil)
+	resp, err := c.client.Sweep(ctx, &pb.SweepRequest{
+		Now: tsToPB(req.Now), Term: req.Term, DryRun: req.DryRun, Ladder: ladderToPB(req.Ladder), BrokerId: id,
+	})
+	if err != nil {
+		return SweepResult{}, fmt.Errorf("substrate sweep: %w", err)
+	}
+	return SweepResult{Decisions: decisionsFromPB(resp.Decisions), Overrides: resp.Overrides}, nil
+}
+
+func (c *substrateClient) Synced(ctx context.Context) (bool, error) {
+	resp, err := c.client.Synced(ctx, &pb.Empty{})
+	if err != nil {
+		return false, fmt.Errorf("substrate synced: %w", err)
+	}
+	return resp.Synced, nil
+}
+
+// substrateServer serves the Substrate service. In a substrate plugin, full
+// is the plugin and every method is served. In the host's callback server,
+// only the executions methods are served (getExec), to reaper plugins.
+type substrateServer struct {
+	pb.UnimplementedSubstrateServer
+	exec    Executions
+	full    Substrate
+	getExec func() (Executions, error)
+	dialer  *brokerDialer
+}
+
+func (s *substrateServer) executions() (Executions, error) {
+	if s.getExec != nil {
+		return s.getExec()
+	}
+	return s.exec, nil
+}
+
+func (s *substrateServer) Liveness(ctx context.Context, req *pb.LivenessRequest) (*pb.LivenessResponse, error) {
+	exec, err := s.executions()
+	if err != nil {
+		return nil, err
+	}
+	res, err := exec.Liveness(ctx, LivenessRequest{Attempts: attemptsFromPB(req.Attempts), Live: req.Live, Now: tsFromPB(req.Now)})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.LivenessResponse{Results: livenessToPB(res)}, nil
+}
+
+func (s *substrateServer) Teardown(ctx context.Context, req *pb.TeardownRequest) (*pb.TeardownResponse, error) {
+	exec, err := s.executions()
+	if err != nil {
+		return nil, err
+	}
+	in := TeardownRequest{RunID: req.RunId, Reason: req.Reason, Term: req.Term}
+	if req.Attempt != nil {
+		a := attemptFromPB(req.Attempt)
+		in.Attempt = &a
+	}
+	res, err := exec.Teardown(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.TeardownResponse{Outcomes: teardownOutcomesToPB(res)}, nil
+}
+
+func (s *substrateServer) StopOrphan(ctx context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+	exec, err := s.executions()
+	if err != nil {
+		return nil, err
+	}
+	res, err := exec.StopOrphan(ctx, StopRequest{Attempt: attemptFromPB(req.Attempt), Reason: req.Reason})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.StopResponse{Stopped: res.Stopped, Detail: res.Detail}, nil
+}
+
+func (s *substrateServer) WarmWorkers(ctx context.Context, _ *pb.Empty) (*pb.WarmWorkersResponse, error) {
+	exec, err := s.executions()
+	if err != nil {
+		return nil, err
+	}
+	ws, err := exec.WarmWorkers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.WarmWorkersResponse{Workers: make([]*pb.WarmWorker, len(ws))}
+	for i, w := range ws {
+		resp.Workers[i] = &pb.WarmWorker{Name: w.Name, Phase: w.Phase}
+	}
+	return resp, nil
+}
+
+func (s *substrateServer) Sweep(ctx context.Context, req *pb.SweepRequest) (*pb.SweepResponse, error) {
+	if s.full == nil {
+		return nil, fmt.Errorf("sweep: %w", errNoCallback)
+	}
+	conn, err := s.dialer.dial(req.BrokerId)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.full.Sweep(ctx, SweepRequest{
+		Now: tsFromPB(req.Now), Term: req.Term, DryRun: req.DryRun, Ladder: ladderFromPB(req.Ladder),
+	}, &boardClient{client: pb.NewBoardClient(conn)})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.SweepResponse{Decisions: decisionsToPB(res.Decisions), Overrides: res.Overrides}, nil
+}
+
+func (s *substrateServer) Synced(ctx context.Context, _ *pb.Empty) (*pb.SyncedResponse, error) {
+	if s.full == nil {
+		return nil, fmt.Errorf("synced: %w", errNoCallback)
+	}
+	ok, err := s.full.Synced(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.SyncedResponse{Synced: ok}, nil
+}

@@ -1,0 +1,66 @@
+package sdk
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+)
+
+// BuildVersion is stamped at build time (-ldflags -X); it is the version the
+// binaries report.
+var BuildVersion = "dev"
+
+// ServeOption adjusts how a plugin is served.
+type ServeOption func(*serveOptions)
+
+type serveOptions struct {
+	versions []int
+}
+
+// WithProtocolVersions serves the plugin under the given protocol versions
+// instead of ProtocolVersion. It exists to test version negotiation; a real
+// plugin has no reason to use it.
+func WithProtocolVersions(versions ...int) ServeOption {
+	return func(o *serveOptions) { o.versions = versions }
+}
+
+// Serve runs a plugin binary: it builds the plugin from factory with a JSON
+// logger on stderr (which the host re-emits under the plugin's name) and
+// serves it over gRPC until the host kills it. A plugin's main is one line:
+//
+//	func main() { sdk.Serve(agentlost.New) }
+func Serve[P Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
+	o := serveOptions{versions: []int{ProtocolVersion}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	logger := hclog.New(&hclog.LoggerOptions{
+		Level:      hclog.Trace,
+		Output:     os.Stderr,
+		JSONFormat: true,
+	})
+	impl := factory(logger)
+
+	var set plugin.PluginSet
+	switch p := any(impl).(type) {
+	case Reaper:
+		set = plugin.PluginSet{PluginReaper: &ReaperPlugin{Impl: p}}
+	case Substrate:
+		set = plugin.PluginSet{PluginSubstrate: &SubstratePlugin{Impl: p}}
+	default:
+		fmt.Fprintf(os.Stderr, "reaper sdk: %T is neither a Reaper nor a Substrate\n", impl)
+		os.Exit(1)
+	}
+	versioned := make(map[int]plugin.PluginSet, len(o.versions))
+	for _, v := range o.versions {
+		versioned[v] = set
+	}
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig:  Handshake(),
+		VersionedPlugins: versioned,
+		GRPCServer:       plugin.DefaultGRPCServer,
+		Logger:           logger,
+	})
+}
