@@ -72,6 +72,22 @@ func (l Ladder) SettlingValve() time.Duration { return 2 * l.SettlingGrace }
 // CeilingEnabled reports whether the credential ceiling is in force.
 func (l Ladder) CeilingEnabled() bool { return l.CredentialCeiling > 0 }
 
+// Format renders a duration the way the configuration writes it: "90s",
+// "10m", "1h".
+func Format(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0s"
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0 && d >= 10*time.Minute:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
+	return d.String()
+}
+
 // Violation is one broken rule of the ladder.
 type Violation struct {
 	Keys []string // the keys involved, the offending one first
@@ -106,13 +122,13 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 		if !(a < b) {
 			vs = append(vs, Violation{
 				Keys: []string{bKey, aKey},
-				Rule: fmt.Sprintf("%s (%s) must be greater than %s (%s)", bKey, b, aKey, a),
+				Rule: fmt.Sprintf("%s (%s) must be greater than %s (%s)", bKey, Format(b), aKey, Format(a)),
 			})
 		}
 	}
 	positive := func(key string, d time.Duration) {
 		if d <= 0 {
-			vs = append(vs, Violation{Keys: []string{key}, Rule: fmt.Sprintf("%s (%s) must be positive", key, d)})
+			vs = append(vs, Violation{Keys: []string{key}, Rule: fmt.Sprintf("%s (%s) must be positive", key, Format(d))})
 		}
 	}
 	positive("heartbeat", l.Heartbeat)
@@ -123,7 +139,7 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 	positive("infra_confirm_valve", l.InfraConfirmValve)
 	if l.TaskTerminationGrace < 0 {
 		vs = append(vs, Violation{Keys: []string{"task_termination_grace"},
-			Rule: fmt.Sprintf("task_termination_grace (%s) must not be negative", l.TaskTerminationGrace)})
+			Rule: fmt.Sprintf("task_termination_grace (%s) must not be negative", Format(l.TaskTerminationGrace))})
 	}
 
 	less("heartbeat", l.Heartbeat, "agent_lost", l.AgentLost)
@@ -133,7 +149,7 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 		vs = append(vs, Violation{
 			Keys: []string{"settling_grace", "maintenance.interval"},
 			Rule: fmt.Sprintf("settling_grace (%s) must be greater than 2 x maintenance.interval (%s)",
-				l.SettlingGrace, 2*l.MaintenanceInterval),
+				Format(l.SettlingGrace), Format(2*l.MaintenanceInterval)),
 		})
 	}
 	if edition == EditionKube {
@@ -142,7 +158,7 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 			vs = append(vs, Violation{
 				Keys: []string{"infra_confirm_valve", "task_termination_grace", "maintenance.interval"},
 				Rule: fmt.Sprintf("infra_confirm_valve (%s) must be greater than task_termination_grace + 2 x maintenance.interval (%s)",
-					l.InfraConfirmValve, floor),
+					Format(l.InfraConfirmValve), Format(floor)),
 			})
 		}
 		less("infra_confirm_valve", l.InfraConfirmValve, "orphan_run", l.OrphanRun)
@@ -159,7 +175,7 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 		vs = append(vs, Violation{
 			Keys: []string{"auth.max_attempt_credential_lifetime", "attempt_token_ttl"},
 			Rule: fmt.Sprintf("auth.max_attempt_credential_lifetime (%s) must be greater than attempt_token_ttl (%s)",
-				l.CredentialCeiling, l.AttemptTokenTTL),
+				Format(l.CredentialCeiling), Format(l.AttemptTokenTTL)),
 		})
 	}
 	if len(vs) > 0 {

@@ -1,0 +1,256 @@
+package config_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/host/config"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+const minimal = `edition = "lite"
+substrate "lite" {}
+`
+
+func parse(t *testing.T, src string, env map[string]string) (*config.Config, error) {
+	t.Helper()
+	return config.Parse("reaper.hcl", []byte(src), config.Options{Getenv: func(k string) string { return env[k] }})
+}
+
+func TestExampleFileParsesAndValidates(t *testing.T) {
+	cfg, err := config.Load(filepath.Join("..", "..", "config.hcl.example"), config.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatalf("config.hcl.example: %v", err)
+	}
+	if cfg.Edition != "lite" || cfg.Substrate.Name != "lite" {
+		t.Fatalf("edition/substrate = %q/%q", cfg.Edition, cfg.Substrate.Name)
+	}
+	if got := strings.Join(cfg.ReaperNames(), ","); got != "dispatchlost,agentlost,orphanrun" {
+		t.Fatalf("reapers in order = %s", got)
+	}
+	if cfg.Ladder.AgentLost != 90*time.Second || cfg.Ladder.MaintenanceInterval != 30*time.Second ||
+		cfg.Ladder.CredentialCeiling != time.Hour || cfg.Leader.Lease != 15*time.Second {
+		t.Fatalf("ladder = %+v, leader = %+v", cfg.Ladder, cfg.Leader)
+	}
+	if cfg.Telemetry.Listen != "127.0.0.1:9464" {
+		t.Fatalf("telemetry = %+v", cfg.Telemetry)
+	}
+	if len(cfg.Warnings) != 0 {
+		t.Fatalf("warnings = %v", cfg.Warnings)
+	}
+}
+
+func TestBadFiles(t *testing.T) {
+	cases := []struct {
+		name string
+		src  string
+		// want are substrings of the diagnostics: the position and the key.
+		want []string
+	}{
+		{"UnknownTopLevelKey", minimal + "colour = \"red\"\n", []string{"reaper.hcl:3:1:", `"colour"`}},
+		{"UnknownBlock", minimal + "\nscheduler {\n}\n", []string{"reaper.hcl:4:1:", `"scheduler"`}},
+		{"UnknownLadderKey", minimal + "ladder {\n  heartbeet = \"15s\"\n}\n", []string{"reaper.hcl:4:3:", `"heartbeet"`}},
+		{"MalformedSyntax", "edition = \"lite\"\nsubstrate \"lite\" {\n", []string{"reaper.hcl:2:"}},
+		{"MissingEdition", "substrate \"lite\" {}\n", []string{"reaper.hcl:", `"edition"`}},
+		{"UnknownEdition", "edition = \"cloud\"\nsubstrate \"lite\" {}\n", []string{"reaper.hcl:1:11:", "edition"}},
+		{"BadDuration", minimal + "ladder {\n  agent_lost = \"ninety\"\n}\n", []string{"reaper.hcl:4:16:", `"agent_lost"`}},
+		{"NumberWhereDurationString", minimal + "maintenance {\n  interval = 30\n}\n", []string{"reaper.hcl:4:14:", `"interval"`}},
+		{"WrongTypeDryRun", "edition = \"lite\"\ndry_run = \"maybe\"\nsubstrate \"lite\" {}\n", []string{"reaper.hcl:2:11:", `"dry_run"`}},
+		{"MissingSubstrate", "edition = \"lite\"\n", []string{"reaper.hcl:", "substrate"}},
+		{"TwoSubstrates", minimal + "substrate \"lite\" {}\n", []string{"reaper.hcl:3:1:", "Duplicate substrate"}},
+		{"SubstrateNotMatchingEdition", "edition = \"kube\"\nsubstrate \"lite\" {}\n", []string{"reaper.hcl:2:1:", `substrate "kube"`}},
+		{"DuplicateReaper", minimal + "reaper \"agentlost\" {}\nreaper \"agentlost\" {}\n", []string{"reaper.hcl:4:1:", `"agentlost"`}},
+		{"BadChecksum", minimal + "reaper \"agentlost\" {\n  sha256 = \"abc\"\n}\n", []string{"reaper.hcl:4:12:", "sha256"}},
+		{"UnknownLeaderKind", minimal + "leader \"zookeeper\" {}\n", []string{"reaper.hcl:3:8:", `"zookeeper"`}},
+		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
+		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.src, nil)
+			var cerr *config.Error
+			if !errors.As(err, &cerr) {
+				t.Fatalf("err = %v, want a *config.Error", err)
+			}
+			msg := err.Error()
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("diagnostic %q lacks %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLadderRules(t *testing.T) {
+	cases := []struct {
+		name    string
+		edition string
+		ladder  string
+		extra   string
+		want    []string // position, key and rule
+	}{
+		{"AgentLostNotAboveHeartbeat", "lite", "heartbeat = \"90s\"\n  agent_lost = \"60s\"",
+			"", []string{"reaper.hcl:5:16:", "agent_lost (60s) must be greater than heartbeat (90s)"}},
+		{"SettlingGraceNotAboveAgentLost", "lite", "settling_grace = \"60s\"",
+			"", []string{"reaper.hcl:4:", "settling_grace (60s) must be greater than agent_lost (90s)"}},
+		{"TokenTTLNotAboveSettlingGrace", "lite", "attempt_token_ttl = \"3m\"",
+			"", []string{"reaper.hcl:4:", "attempt_token_ttl (180s) must be greater than settling_grace (180s)"}},
+		{"TwoIntervalsNotBelowSettlingGrace", "lite", "",
+			"maintenance {\n  interval = \"90s\"\n}\n", []string{"reaper.hcl:", "settling_grace (180s) must be greater than 2 x maintenance.interval (180s)"}},
+		{"KubeValveNotAboveGracePlusTwoIntervals", "kube", "infra_confirm_valve = \"80s\"",
+			"", []string{"reaper.hcl:4:", "infra_confirm_valve (80s) must be greater than task_termination_grace + 2 x maintenance.interval (90s)"}},
+		{"KubeOrphanRunNotAboveValve", "kube", "orphan_run = \"2m\"",
+			"", []string{"reaper.hcl:4:", "orphan_run (120s) must be greater than infra_confirm_valve (120s)"}},
+		{"CeilingNotAboveTokenTTL", "lite", "",
+			"auth {\n  max_attempt_credential_lifetime = \"10m\"\n}\n",
+			[]string{"reaper.hcl:", "auth.max_attempt_credential_lifetime (10m) must be greater than attempt_token_ttl (10m)"}},
+		{"HeartbeatNotPositive", "lite", "heartbeat = \"0s\"", "", []string{"heartbeat (0s) must be positive"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := "edition = \"" + tc.edition + "\"\nsubstrate \"" + tc.edition + "\" {}\nladder {\n  " + tc.ladder + "\n}\n" + tc.extra
+			_, err := parse(t, src, nil)
+			if err == nil {
+				t.Fatal("ladder accepted, want a refusal")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+
+	t.Run("DefaultsPass", func(t *testing.T) {
+		for _, ed := range []string{"lite", "kube"} {
+			if _, err := parse(t, "edition = \""+ed+"\"\nsubstrate \""+ed+"\" {}\n", nil); err != nil {
+				t.Errorf("%s defaults: %v", ed, err)
+			}
+		}
+	})
+
+	t.Run("KubeRulesDoNotApplyToLite", func(t *testing.T) {
+		if _, err := parse(t, minimal+"ladder {\n  infra_confirm_valve = \"80s\"\n}\n", nil); err != nil {
+			t.Fatalf("lite refused a kube-only rule: %v", err)
+		}
+	})
+
+	t.Run("NonPositiveCeiling_AcceptedWithWarningNamingTheKey", func(t *testing.T) {
+		cfg, err := parse(t, minimal+"auth {\n  max_attempt_credential_lifetime = \"0s\"\n}\n", nil)
+		if err != nil {
+			t.Fatalf("refused: %v", err)
+		}
+		if len(cfg.Warnings) != 1 || !strings.Contains(cfg.Warnings[0], "auth.max_attempt_credential_lifetime") ||
+			!strings.Contains(cfg.Warnings[0], "reaper.hcl:4:") {
+			t.Fatalf("warnings = %v", cfg.Warnings)
+		}
+		if cfg.Ladder.CeilingEnabled() {
+			t.Fatal("ceiling still enabled")
+		}
+	})
+}
+
+func TestSettings(t *testing.T) {
+	t.Run("EnvDSNOverridesStore", func(t *testing.T) {
+		cfg, err := parse(t, minimal+"store {\n  dsn = \"postgres://file\"\n}\n", map[string]string{config.EnvDSN: "postgres://env"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.StoreDSN != "postgres://env" {
+			t.Fatalf("dsn = %q", cfg.StoreDSN)
+		}
+	})
+
+	t.Run("PluginDirIsRelativeToTheFile", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "r.hcl")
+		if err := os.WriteFile(path, []byte(minimal+"plugin_dir = \"plugins\"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path, config.Options{Getenv: func(string) string { return "" }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.PluginDir != filepath.Join(dir, "plugins") {
+			t.Fatalf("plugin_dir = %q", cfg.PluginDir)
+		}
+	})
+
+	t.Run("PerReaperDryRunAndReservedKeys", func(t *testing.T) {
+		cfg, err := parse(t, minimal+"reaper \"agentlost\" {\n  dry_run = true\n  policy = \"hold\"\n}\nreaper \"orphanrun\" {}\n", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cfg.Reapers[0].DryRun || cfg.Reapers[1].DryRun {
+			t.Fatalf("dry_run = %v/%v", cfg.Reapers[0].DryRun, cfg.Reapers[1].DryRun)
+		}
+		// The plugin's own keys stay in the body for the plugin's schema.
+		vals, _, diags := config.DecodeBlock(cfg.Reapers[0].Body, sdk.Schema{Attributes: []sdk.Attribute{
+			{Name: "policy", Type: sdk.TypeString, Default: "replace"},
+		}})
+		if diags.HasErrors() || vals.String("policy") != "hold" {
+			t.Fatalf("plugin values = %v, %v", vals, diags)
+		}
+	})
+
+	t.Run("GlobalDryRunAppliesToEveryReaper", func(t *testing.T) {
+		cfg, err := parse(t, "edition = \"lite\"\ndry_run = true\nsubstrate \"lite\" {}\nreaper \"agentlost\" {}\n", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cfg.Reapers[0].DryRun {
+			t.Fatal("global dry_run not applied")
+		}
+	})
+}
+
+func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
+	schema := sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "policy", Type: sdk.TypeString, Default: "replace"},
+		{Name: "brake_share", Type: sdk.TypeNumber, Default: 0.5},
+		{Name: "stop_grace", Type: sdk.TypeDuration, Default: "10s"},
+		{Name: "labels", Type: sdk.TypeStrings},
+		{Name: "token", Type: sdk.TypeString, Required: true},
+	}}
+	decode := func(src string) (sdk.Values, error) {
+		cfg, err := parse(t, minimal+"reaper \"x\" {\n"+src+"}\n", nil)
+		if err != nil {
+			return nil, err
+		}
+		v, _, diags := config.DecodeBlock(cfg.Reapers[0].Body, schema)
+		if diags.HasErrors() {
+			return nil, &config.Error{Diags: diags}
+		}
+		return v, nil
+	}
+	t.Run("DefaultsAndValues", func(t *testing.T) {
+		v, err := decode("  token = \"t\"\n  labels = [\"a\", \"b\"]\n  brake_share = 0.25\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.String("policy") != "replace" || v.Number("brake_share") != 0.25 || len(v.Strings("labels")) != 2 {
+			t.Fatalf("values = %v", v)
+		}
+		if d, _ := v.Duration("stop_grace"); d != 10*time.Second {
+			t.Fatalf("stop_grace = %v", d)
+		}
+	})
+	for name, tc := range map[string]struct{ src, want string }{
+		"UnknownPluginKey":   {"  token = \"t\"\n  polcy = \"hold\"\n", `reaper.hcl:5:3: Unsupported argument: An argument named "polcy"`},
+		"MissingRequiredKey": {"", `"token" is required`},
+		"WrongType":          {"  token = \"t\"\n  brake_share = \"half\"\n", `reaper.hcl:5:17: Invalid value for "brake_share"`},
+		"BadDuration":        {"  token = \"t\"\n  stop_grace = \"soon\"\n", `reaper.hcl:5:16: Invalid value for "stop_grace"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := decode(tc.src)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

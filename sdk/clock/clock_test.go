@@ -1,0 +1,71 @@
+package clock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+func TestFake(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	t.Run("AfterFiresWhenAdvancedPast", func(t *testing.T) {
+		c := clock.NewFake(start)
+		ch := c.After(10 * time.Second)
+		c.Advance(9 * time.Second)
+		select {
+		case <-ch:
+			t.Fatal("fired early")
+		default:
+		}
+		c.Advance(time.Second)
+		select {
+		case at := <-ch:
+			if !at.Equal(start.Add(10 * time.Second)) {
+				t.Fatalf("fired at %v", at)
+			}
+		default:
+			t.Fatal("did not fire")
+		}
+	})
+
+	t.Run("TickerCoalescesMissedTicks", func(t *testing.T) {
+		c := clock.NewFake(start)
+		tk := c.NewTicker(30 * time.Second)
+		defer tk.Stop()
+		c.Advance(95 * time.Second) // three periods pass, nobody receives
+		n := 0
+		for {
+			select {
+			case <-tk.C():
+				n++
+				continue
+			default:
+			}
+			break
+		}
+		if n != 1 {
+			t.Fatalf("received %d ticks, want 1 (coalesced)", n)
+		}
+		c.Advance(25 * time.Second) // the next period boundary is at 120s
+		select {
+		case at := <-tk.C():
+			if !at.Equal(start.Add(120 * time.Second)) {
+				t.Fatalf("tick at %v", at)
+			}
+		default:
+			t.Fatal("no tick at 120s")
+		}
+	})
+
+	t.Run("StoppedTickerIsDropped", func(t *testing.T) {
+		c := clock.NewFake(start)
+		tk := c.NewTicker(time.Second)
+		tk.Stop()
+		c.Advance(time.Minute)
+		if c.Waiters() != 0 {
+			t.Fatalf("waiters = %d", c.Waiters())
+		}
+	})
+}

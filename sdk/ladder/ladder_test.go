@@ -1,0 +1,66 @@
+package ladder_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		name    string
+		edition string
+		mutate  func(*ladder.Ladder)
+		key     string
+	}{
+		{"HeartbeatBelowAgentLost", "lite", func(l *ladder.Ladder) { l.Heartbeat = l.AgentLost }, "agent_lost"},
+		{"AgentLostBelowSettlingGrace", "lite", func(l *ladder.Ladder) { l.AgentLost = l.SettlingGrace }, "settling_grace"},
+		{"SettlingGraceBelowTokenTTL", "lite", func(l *ladder.Ladder) { l.AttemptTokenTTL = l.SettlingGrace }, "attempt_token_ttl"},
+		{"TwoIntervalsBelowSettlingGrace", "lite", func(l *ladder.Ladder) { l.MaintenanceInterval = 90 * time.Second }, "settling_grace"},
+		{"KubeGracePlusTwoIntervalsBelowValve", "kube", func(l *ladder.Ladder) { l.InfraConfirmValve = 90 * time.Second }, "infra_confirm_valve"},
+		{"KubeValveBelowOrphanRun", "kube", func(l *ladder.Ladder) { l.OrphanRun = l.InfraConfirmValve }, "orphan_run"},
+		{"CeilingAboveTokenTTL", "lite", func(l *ladder.Ladder) { l.CredentialCeiling = l.AttemptTokenTTL }, "auth.max_attempt_credential_lifetime"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := ladder.Defaults()
+			tc.mutate(&l)
+			_, err := l.Validate(tc.edition)
+			var lerr *ladder.Error
+			if !errors.As(err, &lerr) {
+				t.Fatalf("err = %v, want *ladder.Error", err)
+			}
+			if len(lerr.Violations) != 1 || lerr.Violations[0].Keys[0] != tc.key {
+				t.Fatalf("violations = %+v, want one naming %q first", lerr.Violations, tc.key)
+			}
+		})
+	}
+	t.Run("DefaultsPass", func(t *testing.T) {
+		for _, ed := range []string{ladder.EditionLite, ladder.EditionKube} {
+			if w, err := ladder.Defaults().Validate(ed); err != nil || len(w) != 0 {
+				t.Fatalf("%s: warnings %v, err %v", ed, w, err)
+			}
+		}
+	})
+	t.Run("NonPositiveCeilingWarns", func(t *testing.T) {
+		l := ladder.Defaults()
+		l.CredentialCeiling = -1
+		w, err := l.Validate(ladder.EditionLite)
+		if err != nil || len(w) != 1 || w[0].Key != "auth.max_attempt_credential_lifetime" {
+			t.Fatalf("warnings %v, err %v", w, err)
+		}
+	})
+}
+
+func TestFormat(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0s", 90 * time.Second: "90s", 3 * time.Minute: "180s", 10 * time.Minute: "10m",
+		time.Hour: "1h", 1500 * time.Millisecond: "1.5s",
+	} {
+		if got := ladder.Format(d); got != want {
+			t.Errorf("Format(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
