@@ -1,6 +1,8 @@
 package clock_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -68,4 +70,19 @@ func TestFake(t *testing.T) {
 			t.Fatalf("waiters = %d", c.Waiters())
 		}
 	})
+}
+
+func TestWithTimeout(t *testing.T) {
+	c := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx, cancel := clock.WithTimeout(context.Background(), c, 30*time.Second)
+	defer cancel()
+	c.Advance(29 * time.Second)
+	if ctx.Err() != nil {
+		t.Fatal("cancelled early")
+	}
+	c.Advance(time.Second)
+	<-ctx.Done() // the watcher goroutine cancels right after the advance
+	if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		t.Fatalf("cause = %v", context.Cause(ctx))
+	}
 }

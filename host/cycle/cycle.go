@@ -1,0 +1,366 @@
+// Package cycle is reaperd's maintenance loop: every interval, on the leader
+// only, the reconcile phase (the substrate's sweep) and then the reap phase
+// (each configured reaper in order), each phase under its own budget of one
+// interval, behind the leader-settling gate. Every decision of every pass,
+// and of the gate, is metered, logged and audited.
+package cycle
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/host/gate"
+	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Leadership tells whether this replica leads at a moment.
+type Leadership interface {
+	Status(now time.Time) leader.Status
+}
+
+// Auditor keeps decision audit rows.
+type Auditor interface {
+	RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error
+}
+
+// Supervised hands out a plugin that may have to be (re)started.
+type Supervised[T any] interface {
+	// Get returns the running plugin, restarting it first when it exited
+	// (subject to the supervisor's backoff).
+	Get(ctx context.Context, now time.Time) (T, error)
+	// Down reports whether the plugin process has exited.
+	Down() bool
+}
+
+// Reaper is one configured reaper.
+type Reaper struct {
+	Name   string
+	DryRun bool
+	Plugin Supervised[sdk.Reaper]
+}
+
+// Config configures the loop.
+type Config struct {
+	Ladder  ladder.Ladder // the interval is Ladder.MaintenanceInterval
+	Edition string
+	DryRun  bool // the global dry-run (applies to the sweep)
+	Clock   clock.Clock
+	Logger  hclog.Logger
+	Metrics *metrics.Metrics
+}
+
+// Loop is the maintenance loop.
+type Loop struct {
+	cfg       Config
+	lead      Leadership
+	board     sdk.Board
+	audit     Auditor
+	substrate Supervised[sdk.Substrate]
+	reapers   []Reaper
+	gate      *gate.Gate
+
+	mu       sync.Mutex
+	states   map[string][]byte // each reaper's opaque state between passes
+	lastTick time.Time
+	term     int64
+	since    time.Time
+}
+
+// New returns a loop.
+func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	return &Loop{
+		cfg: cfg, lead: lead, board: board, audit: audit, substrate: substrate, reapers: reapers,
+		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
+	}
+}
+
+// Result reports one cycle, for tests and logs.
+type Result struct {
+	Started   time.Time
+	Leading   bool
+	Term      int64
+	Swept     bool
+	Gate      gate.Verdict
+	Reaped    []string // reapers whose pass ran
+	Decisions []sdk.Decision
+	Overruns  []string // phases that overran their budget
+}
+
+// LastTick is when the loop last started a cycle (zero before the first).
+func (l *Loop) LastTick() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastTick
+}
+
+// Run runs a cycle every interval until ctx is done. Ticks that fall due
+// while a cycle is still running are coalesced into one.
+func (l *Loop) Run(ctx context.Context) {
+	tk := l.cfg.Clock.NewTicker(l.cfg.Ladder.MaintenanceInterval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C():
+			l.RunOnce(ctx)
+		}
+	}
+}
+
+// RunOnce runs one cycle now.
+func (l *Loop) RunOnce(ctx context.Context) Result {
+	now := l.cfg.Clock.Now()
+	l.mu.Lock()
+	l.lastTick = now
+	l.mu.Unlock()
+	l.cfg.Metrics.Cycle(now)
+
+	res := Result{Started: now}
+	st := l.lead.Status(now)
+	l.cfg.Metrics.Leader(st.Leading, st.Term)
+	if !st.Leading {
+		return res
+	}
+	res.Leading, res.Term = true, st.Term
+	if st.Term != l.term || !st.Since.Equal(l.since) {
+		l.term, l.since = st.Term, st.Since
+		l.gate.Lead(st.Term, st.Since)
+		l.cfg.Logger.Info("leading: the settling gate starts", "term", st.Term, "grace", l.cfg.Ladder.SettlingGrace)
+	}
+
+	sub, subErr := l.substrate.Get(ctx, now)
+	res.Swept = l.reconcile(ctx, st.Term, sub, subErr, &res)
+	if ctx.Err() != nil {
+		return res
+	}
+
+	synced := false
+	if subErr == nil {
+		var err error
+		synced, err = sub.Synced(ctx)
+		if err != nil {
+			l.cfg.Logger.Warn("substrate could not say whether it is synced", "error", err)
+			synced = false
+		}
+	}
+	now = l.cfg.Clock.Now()
+	v := l.gate.Check(now, synced)
+	res.Gate = v
+	if v.Label != "" {
+		d := sdk.Decision{Reaper: "gate", Label: v.Label, Detail: "waiting for: " + joinWaiting(v.Waiting),
+			Evidence: map[string]string{"since_leadership": ladder.Format(v.Since.Truncate(time.Second)),
+				"grace": ladder.Format(l.cfg.Ladder.SettlingGrace), "term": strconv.FormatInt(st.Term, 10)}}
+		if v.Valve {
+			l.cfg.Logger.Warn("settling valve open: reaping although the leader has not settled",
+				"waiting_for", v.Waiting, "since_leadership", v.Since, "term", st.Term)
+		}
+		l.record(ctx, st.Term, now, []sdk.Decision{d}, &res)
+	}
+	if !v.Open {
+		return res
+	}
+	l.reap(ctx, st.Term, sub, subErr, &res)
+	return res
+}
+
+func joinWaiting(w []string) string {
+	out := ""
+	for i, s := range w {
+		if i > 0 {
+			out += ", "
+		}
+		out += s
+	}
+	return out
+}
+
+// reconcile runs the sweep under its budget and reports whether it
+// completed.
+func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, subErr error, res *Result) bool {
+	budget := l.cfg.Ladder.MaintenanceInterval
+	start := l.cfg.Clock.Now()
+	if subErr != nil {
+		l.cfg.Logger.Error("substrate unavailable: no reconcile sweep this cycle", "error", subErr)
+		l.record(ctx, term, start, []sdk.Decision{{Reaper: "substrate", Label: sdk.LabelPluginUnavailable,
+			Detail: subErr.Error()}}, res)
+		return false
+	}
+	pctx, cancel := clock.WithTimeout(ctx, l.cfg.Clock, budget)
+	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, l.boardFor(l.cfg.DryRun))
+	overran := pctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	elapsed := l.cfg.Clock.Now().Sub(start)
+	overran = overran || elapsed > budget
+	l.cfg.Metrics.Phase("reconcile", elapsed, overran)
+	if overran {
+		res.Overruns = append(res.Overruns, "reconcile")
+		l.cfg.Logger.Warn("reconcile phase overran its budget", "budget", budget, "elapsed", elapsed)
+	}
+	if err != nil {
+		if !overran && ctx.Err() == nil {
+			l.cfg.Logger.Error("reconcile sweep failed", "error", err)
+		}
+		return false
+	}
+	for mark, n := range sw.Overrides {
+		l.cfg.Metrics.Override(mark, n)
+	}
+	l.record(ctx, term, start, fill(sw.Decisions, "substrate", l.cfg.DryRun), res)
+	l.gate.Swept(term)
+	return true
+}
+
+// reap runs each reaper in order under one shared budget.
+func (l *Loop) reap(ctx context.Context, term int64, sub sdk.Substrate, subErr error, res *Result) {
+	budget := l.cfg.Ladder.MaintenanceInterval
+	start := l.cfg.Clock.Now()
+	pctx, cancel := clock.WithTimeout(ctx, l.cfg.Clock, budget)
+	defer cancel()
+	deadline := start.Add(budget)
+	var exec sdk.Executions
+	if subErr == nil {
+		exec = sub
+	}
+	for _, r := range l.reapers {
+		now := l.cfg.Clock.Now()
+		if pctx.Err() != nil {
+			break
+		}
+		if st := l.lead.Status(now); !st.Leading || st.Term != term {
+			l.cfg.Logger.Warn("leadership lost mid-cycle: the remaining reapers wait", "term", term)
+			break
+		}
+		l.pass(pctx, term, r, exec, now, deadline, res)
+	}
+	elapsed := l.cfg.Clock.Now().Sub(start)
+	overran := (pctx.Err() != nil && ctx.Err() == nil) || elapsed > budget
+	l.cfg.Metrics.Phase("reap", elapsed, overran)
+	if overran {
+		res.Overruns = append(res.Overruns, "reap")
+		l.cfg.Logger.Warn("reap phase overran its budget", "budget", budget, "elapsed", elapsed)
+	}
+}
+
+func (l *Loop) pass(ctx context.Context, term int64, r Reaper, exec sdk.Executions, now, deadline time.Time, res *Result) {
+	dry := r.DryRun || l.cfg.DryRun
+	unavailable := func(err error) {
+		l.cfg.Logger.Error("reaper unavailable this cycle", "reaper", r.Name, "error", err)
+		l.record(ctx, term, now, []sdk.Decision{{Reaper: r.Name, Label: sdk.LabelPluginUnavailable, DryRun: dry,
+			Detail: err.Error()}}, res)
+	}
+	if exec == nil {
+		unavailable(errors.New("the substrate is unavailable"))
+		return
+	}
+	rp, err := r.Plugin.Get(ctx, now)
+	if err != nil {
+		unavailable(err)
+		return
+	}
+	if dry {
+		exec = dryRunExecutions{exec}
+	}
+	l.mu.Lock()
+	state := l.states[r.Name]
+	l.mu.Unlock()
+	pr, err := rp.Reap(ctx, sdk.Pass{
+		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
+		State: state, Edition: l.cfg.Edition,
+	}, l.boardFor(dry), exec)
+	elapsed := l.cfg.Clock.Now().Sub(now)
+	l.cfg.Metrics.Pass(r.Name, elapsed)
+	if err != nil {
+		if r.Plugin.Down() {
+			unavailable(err)
+			return
+		}
+		l.cfg.Logger.Error("reaper pass failed", "reaper", r.Name, "error", err)
+		l.record(ctx, term, now, []sdk.Decision{{Reaper: r.Name, Label: sdk.LabelPassError, DryRun: dry,
+			Detail: err.Error()}}, res)
+		return
+	}
+	res.Reaped = append(res.Reaped, r.Name)
+	l.mu.Lock()
+	l.states[r.Name] = pr.State
+	l.mu.Unlock()
+	l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
+}
+
+func (l *Loop) boardFor(dry bool) sdk.Board {
+	if dry {
+		return dryRunBoard{l.board}
+	}
+	return l.board
+}
+
+// fill stamps the reaper's name and the dry-run flag on decisions, and
+// makes sure a dry-run decision never claims to have been applied.
+func fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
+	for i := range ds {
+		if ds[i].Reaper == "" {
+			ds[i].Reaper = name
+		}
+		if dry {
+			ds[i].DryRun = true
+			ds[i].Applied = false
+		}
+	}
+	return ds
+}
+
+// record meters, logs and audits decisions. The audit is one batch per
+// call; an audit failure is logged, never fatal to the cycle.
+func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
+	if len(ds) == 0 {
+		return
+	}
+	res.Decisions = append(res.Decisions, ds...)
+	for _, d := range ds {
+		l.cfg.Metrics.Decision(d)
+		args := []any{"reaper", d.Reaper, "decision", d.Label, "applied", d.Applied, "dry_run", d.DryRun, "term", term}
+		if d.Attempt.RunID != "" {
+			args = append(args, "run", d.Attempt.RunID)
+		}
+		if d.Attempt.TaskID != "" {
+			args = append(args, "task", d.Attempt.TaskID, "try", d.Attempt.Try, "epoch", d.Attempt.Epoch)
+		}
+		if d.Detail != "" {
+			args = append(args, "detail", d.Detail)
+		}
+		for k, v := range d.Evidence {
+			args = append(args, k, v)
+		}
+		if d.Applied {
+			l.cfg.Logger.Info("decision", args...)
+		} else {
+			l.cfg.Logger.Debug("decision", args...)
+		}
+	}
+	if l.audit == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
+		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+	}
+}

@@ -1,0 +1,369 @@
+package cycle_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/host/cycle"
+	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// lead is a leadership that tests move by hand.
+type lead struct {
+	mu sync.Mutex
+	st leader.Status
+}
+
+func (l *lead) Status(time.Time) leader.Status {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.st
+}
+
+func (l *lead) set(st leader.Status) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.st = st
+}
+
+// substrate is an in-process substrate whose sweep can be made to block.
+type substrate struct {
+	sdk.Substrate // unused methods panic
+	synced        bool
+	sweepBlocks   bool // block until ctx is done
+	ignoreCtx     chan struct{}
+	started       chan struct{}
+	mu            sync.Mutex
+	sweeps        int
+}
+
+func (s *substrate) Sweep(ctx context.Context, _ sdk.SweepRequest, _ sdk.Board) (sdk.SweepResult, error) {
+	s.mu.Lock()
+	s.sweeps++
+	s.mu.Unlock()
+	if s.started != nil {
+		s.started <- struct{}{}
+	}
+	if s.ignoreCtx != nil {
+		<-s.ignoreCtx
+		return sdk.SweepResult{}, nil
+	}
+	if s.sweepBlocks {
+		<-ctx.Done()
+		return sdk.SweepResult{}, ctx.Err()
+	}
+	return sdk.SweepResult{Overrides: map[string]int64{sdk.LabelAgentLost: 1}}, nil
+}
+
+func (s *substrate) Synced(context.Context) (bool, error) { return s.synced, nil }
+
+func (s *substrate) Liveness(context.Context, sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
+	return nil, nil
+}
+
+func (s *substrate) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult, error) {
+	return sdk.StopResult{Stopped: true}, nil
+}
+
+// reaper records its passes and returns one decision per pass; it marks
+// one attempt through whatever board it is given.
+type reaper struct {
+	sdk.Reaper
+	name   string
+	mu     sync.Mutex
+	passes []sdk.Pass
+	fail   error
+}
+
+func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
+	r.mu.Lock()
+	r.passes = append(r.passes, pass)
+	r.mu.Unlock()
+	if r.fail != nil {
+		return sdk.PassResult{}, r.fail
+	}
+	a := sdk.Attempt{RunID: "r", TaskID: r.name, Try: 1}
+	res, err := board.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Term: pass.Term}})
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	if _, err := exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a}); err != nil {
+		return sdk.PassResult{}, err
+	}
+	return sdk.PassResult{
+		Decisions: []sdk.Decision{{Label: sdk.LabelAgentLost, Attempt: a, Applied: res[0].Applied}},
+		State:     append(append([]byte{}, pass.State...), '.'),
+	}, nil
+}
+
+func (r *reaper) passCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.passes)
+}
+
+// board records marks; everything else is unused here.
+type board struct {
+	sdk.Board
+	mu    sync.Mutex
+	marks []sdk.Mark
+}
+
+func (b *board) Mark(_ context.Context, ms []sdk.Mark) ([]sdk.MarkResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.marks = append(b.marks, ms...)
+	out := make([]sdk.MarkResult, len(ms))
+	for i, m := range ms {
+		out[i] = sdk.MarkResult{Attempt: m.Attempt, Applied: true}
+	}
+	return out, nil
+}
+
+type audit struct {
+	mu   sync.Mutex
+	rows []sdk.Decision
+}
+
+func (a *audit) RecordDecisions(_ context.Context, _ int64, _ time.Time, ds []sdk.Decision) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rows = append(a.rows, ds...)
+	return nil
+}
+
+// static is a Supervised that never restarts.
+type static[T any] struct {
+	v    T
+	err  error
+	down bool
+}
+
+func (s *static[T]) Get(context.Context, time.Time) (T, error) { return s.v, s.err }
+func (s *static[T]) Down() bool                               { return s.down }
+
+type bundle struct {
+	clock   *clock.Fake
+	lead    *lead
+	sub     *substrate
+	reapers []*reaper
+	board   *board
+	audit   *audit
+	loop    *cycle.Loop
+	metrics *metrics.Metrics
+}
+
+func setup(t *testing.T, dryRun bool, names ...string) *bundle {
+	t.Helper()
+	b := &bundle{
+		clock: clock.NewFake(t0), lead: &lead{}, sub: &substrate{synced: true},
+		board: &board{}, audit: &audit{}, metrics: metrics.New(),
+	}
+	var rs []cycle.Reaper
+	for _, n := range names {
+		r := &reaper{name: n}
+		b.reapers = append(b.reapers, r)
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: &static[sdk.Reaper]{v: r}})
+	}
+	b.loop = cycle.New(cycle.Config{
+		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, DryRun: dryRun,
+		Clock: b.clock, Metrics: b.metrics,
+	}, b.lead, b.board, b.audit, &static[sdk.Substrate]{v: b.sub}, rs)
+	return b
+}
+
+func labels(ds []sdk.Decision) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Label
+	}
+	return out
+}
+
+func TestGateInTheLoop(t *testing.T) {
+	t.Run("FollowerNeverReaps", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		res := b.loop.RunOnce(context.Background())
+		if res.Leading || b.sub.sweeps != 0 || b.reapers[0].passCount() != 0 {
+			t.Fatalf("a follower swept or reaped: %+v", res)
+		}
+	})
+
+	t.Run("HoldsForGraceRecordingASkipEachCycle", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		for i := 0; i < 6; i++ { // 0s .. 150s: inside the 180s grace
+			res := b.loop.RunOnce(context.Background())
+			if res.Gate.Open || len(res.Decisions) != 1 || res.Decisions[0].Label != sdk.LabelSettlingSkip {
+				t.Fatalf("cycle %d: %+v", i, res)
+			}
+			b.clock.Advance(30 * time.Second)
+		}
+		if n := b.reapers[0].passCount(); n != 0 {
+			t.Fatalf("reaped %d times inside the grace", n)
+		}
+		res := b.loop.RunOnce(context.Background()) // 180s
+		if !res.Gate.Open || len(res.Reaped) != 1 {
+			t.Fatalf("did not open at the grace: %+v", res)
+		}
+		if len(b.audit.rows) != 7 {
+			t.Fatalf("audit rows = %d, want 6 skips and 1 decision", len(b.audit.rows))
+		}
+	})
+
+	t.Run("ValveOpensAtTwiceGraceWhenNeverSynced", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		b.sub.synced = false
+		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.clock.Advance(359 * time.Second)
+		if res := b.loop.RunOnce(context.Background()); res.Gate.Open {
+			t.Fatalf("valve opened before 2 x grace: %+v", res)
+		}
+		for i := 0; i < 3; i++ {
+			b.clock.Advance(30 * time.Second)
+			res := b.loop.RunOnce(context.Background())
+			if !res.Gate.Valve || len(res.Reaped) != 1 || res.Decisions[0].Label != sdk.LabelSettlingValveOpen {
+				t.Fatalf("cycle %d: %+v", i, res)
+			}
+		}
+	})
+
+	t.Run("LosingAndRegainingLeadershipResetsTheGate", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.clock.Advance(180 * time.Second)
+		if res := b.loop.RunOnce(context.Background()); !res.Gate.Open {
+			t.Fatalf("term 1 did not settle: %+v", res)
+		}
+		b.lead.set(leader.Status{Leading: false, Term: 1, Since: t0})
+		b.clock.Advance(30 * time.Second)
+		b.loop.RunOnce(context.Background())
+		b.lead.set(leader.Status{Leading: true, Term: 3, Since: b.clock.Now()})
+		b.clock.Advance(30 * time.Second)
+		res := b.loop.RunOnce(context.Background())
+		if res.Gate.Open || res.Term != 3 || labels(res.Decisions)[0] != sdk.LabelSettlingSkip {
+			t.Fatalf("re-election did not reset the gate: %+v", res)
+		}
+	})
+}
+
+func TestCycle(t *testing.T) {
+	settled := func(t *testing.T, b *bundle) {
+		t.Helper()
+		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.clock.Advance(180 * time.Second)
+	}
+
+	t.Run("ReapersRunInOrderWithTheirStateCarried", func(t *testing.T) {
+		b := setup(t, false, "dispatchlost", "agentlost", "orphanrun")
+		settled(t, b)
+		for i := 0; i < 2; i++ {
+			res := b.loop.RunOnce(context.Background())
+			if got := res.Reaped; len(got) != 3 || got[0] != "dispatchlost" || got[2] != "orphanrun" {
+				t.Fatalf("reaped %v", got)
+			}
+		}
+		p := b.reapers[1].passes[1]
+		if string(p.State) != "." || p.Term != 1 || !p.Now.Equal(b.clock.Now()) || p.DryRun {
+			t.Fatalf("second pass = %+v", p)
+		}
+		if !p.Deadline.Equal(p.Now.Add(30 * time.Second)) {
+			t.Fatalf("deadline %v, want now + one interval", p.Deadline)
+		}
+	})
+
+	t.Run("ReconcileOverrunDoesNotStarveTheReapPhase", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		settled(t, b) // the first sweep would settle; make the very first one hang
+		b.sub.sweepBlocks = true
+		b.sub.started = make(chan struct{}, 1)
+		b.sub.synced = true
+		done := make(chan cycle.Result)
+		go func() { done <- b.loop.RunOnce(context.Background()) }()
+		<-b.sub.started
+		b.clock.Advance(30 * time.Second) // the reconcile budget runs out
+		res := <-done
+		if len(res.Overruns) != 1 || res.Overruns[0] != "reconcile" || res.Swept {
+			t.Fatalf("overruns %v swept %v", res.Overruns, res.Swept)
+		}
+		// No sweep completed in this term, so the gate holds (valve at 360s)...
+		if res.Gate.Open {
+			t.Fatalf("gate opened without a sweep: %+v", res.Gate)
+		}
+		// ...until the valve: then a hung sweep still leaves the reap phase
+		// its own full budget.
+		b.clock.Advance(150 * time.Second)
+		go func() { done <- b.loop.RunOnce(context.Background()) }()
+		<-b.sub.started
+		b.clock.Advance(30 * time.Second)
+		res = <-done
+		if !res.Gate.Valve || len(res.Reaped) != 1 {
+			t.Fatalf("reap phase starved: %+v", res)
+		}
+	})
+
+	t.Run("OverrunTicksAreCoalesced", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.sub.ignoreCtx = make(chan struct{})
+		b.sub.started = make(chan struct{}, 10)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stopped := make(chan struct{})
+		go func() { b.loop.Run(ctx); close(stopped) }()
+		for b.clock.Waiters() == 0 { // the loop's ticker is registered
+			time.Sleep(time.Millisecond)
+		}
+		b.clock.Advance(30 * time.Second) // tick 1: the cycle starts and hangs
+		<-b.sub.started
+		b.clock.Advance(100 * time.Second) // ticks at 60, 90, 120 fall due meanwhile
+		b.sub.ignoreCtx <- struct{}{}      // cycle 1 ends
+		<-b.sub.started                    // one coalesced tick starts cycle 2 at once
+		b.sub.ignoreCtx <- struct{}{}      // cycle 2 ends
+		select {
+		case <-b.sub.started:
+			t.Fatal("a third cycle ran without a new tick: ticks were queued, not coalesced")
+		case <-time.After(200 * time.Millisecond):
+		}
+		cancel()
+		<-stopped
+	})
+
+	t.Run("PassErrorIsRecordedAndOtherReapersStillRun", func(t *testing.T) {
+		b := setup(t, false, "dispatchlost", "agentlost", "orphanrun")
+		b.reapers[0].fail = errors.New("boom")
+		settled(t, b)
+		res := b.loop.RunOnce(context.Background())
+		if len(res.Reaped) != 2 || res.Reaped[0] != "agentlost" {
+			t.Fatalf("reaped %v", res.Reaped)
+		}
+		if labels(res.Decisions)[0] != sdk.LabelPassError {
+			t.Fatalf("decisions %v", labels(res.Decisions))
+		}
+	})
+
+	t.Run("DryRunWritesAndStopsNothingEvenIfThePluginTries", func(t *testing.T) {
+		b := setup(t, true, "agentlost")
+		settled(t, b)
+		res := b.loop.RunOnce(context.Background())
+		if len(b.board.marks) != 0 {
+			t.Fatalf("dry run wrote %d marks", len(b.board.marks))
+		}
+		d := res.Decisions[len(res.Decisions)-1]
+		if !d.DryRun || d.Applied || !b.reapers[0].passes[0].DryRun {
+			t.Fatalf("decision %+v, pass dry-run %v", d, b.reapers[0].passes[0].DryRun)
+		}
+		if len(b.audit.rows) == 0 || !b.audit.rows[len(b.audit.rows)-1].DryRun {
+			t.Fatalf("dry-run decision not audited as such: %+v", b.audit.rows)
+		}
+	})
+}

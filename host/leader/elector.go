@@ -1,0 +1,200 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+// Lease is the store of the lease row.
+type Lease interface {
+	// TryAcquire takes the lease for holder when it is free or expired at
+	// now, starting a new term; ok is false when another holder has it.
+	TryAcquire(ctx context.Context, holder string, ttl time.Duration, now time.Time) (term int64, ok bool, err error)
+	// Renew extends the lease of term for holder; false when that term is
+	// no longer the current one or is not held by holder.
+	Renew(ctx context.Context, term int64, holder string, ttl time.Duration, now time.Time) (bool, error)
+	// Resign releases the lease of term held by holder, if it still is.
+	Resign(ctx context.Context, term int64, holder string) error
+}
+
+// Defaults.
+const (
+	// DefaultMarginShare of the lease is not trusted locally.
+	DefaultMarginShare = 5 // margin = lease / 5
+	// DefaultRenewShare: renew every lease / 3.
+	DefaultRenewShare = 3
+)
+
+// Config configures an Elector.
+type Config struct {
+	// Holder identifies this replica in the lease row (host name and pid).
+	Holder string
+	// Lease is the lease duration written to the row.
+	Lease time.Duration
+	// Margin is taken off the lease for local trust (default Lease/5).
+	Margin time.Duration
+	// RenewEvery is how often to renew or try to acquire (default Lease/3).
+	RenewEvery time.Duration
+	Clock      clock.Clock
+	Logger     hclog.Logger
+}
+
+func (c *Config) fill() error {
+	if c.Holder == "" {
+		return errors.New("leader: holder is required")
+	}
+	if c.Lease <= 0 {
+		return errors.New("leader: lease must be positive")
+	}
+	if c.Margin <= 0 {
+		c.Margin = c.Lease / DefaultMarginShare
+	}
+	if c.Margin >= c.Lease {
+		return fmt.Errorf("leader: margin %s must be shorter than the lease %s", c.Margin, c.Lease)
+	}
+	if c.RenewEvery <= 0 {
+		c.RenewEvery = c.Lease / DefaultRenewShare
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return nil
+}
+
+// Status is what the replica believes about its leadership at a moment.
+type Status struct {
+	Leading    bool
+	Term       int64     // the term held (or last held)
+	Since      time.Time // when this term was gained
+	ValidUntil time.Time // local trust ends here
+}
+
+// Elector runs the lease protocol for one replica.
+type Elector struct {
+	cfg   Config
+	lease Lease
+
+	mu    sync.Mutex
+	state Status
+	// lastErr is the last store error, for health reporting.
+	lastErr error
+}
+
+// New returns an Elector.
+func New(lease Lease, cfg Config) (*Elector, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	return &Elector{cfg: cfg, lease: lease}, nil
+}
+
+// Status reports whether the replica leads at now: only while its local
+// trust lasts.
+func (e *Elector) Status(now time.Time) Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.state
+	s.Leading = s.Leading && now.Before(s.ValidUntil)
+	return s
+}
+
+// LastError is the last error the lease store returned (nil after a
+// successful call).
+func (e *Elector) LastError() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastErr
+}
+
+// Step makes one acquire-or-renew attempt and returns the resulting status.
+// Steps are not meant to run concurrently (Run makes them one at a time).
+func (e *Elector) Step(ctx context.Context) Status {
+	start := e.cfg.Clock.Now()
+	cur := e.Status(start)
+	ctx, cancel := clock.WithTimeout(ctx, e.cfg.Clock, e.cfg.RenewEvery)
+	defer cancel()
+
+	if cur.Leading {
+		ok, err := e.lease.Renew(ctx, cur.Term, e.cfg.Holder, e.cfg.Lease, start)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.lastErr = err
+		switch {
+		case err != nil:
+			e.cfg.Logger.Warn("lease renewal failed; leadership is trusted until its margin", "term", cur.Term,
+				"valid_until", cur.ValidUntil, "error", err)
+		case !ok:
+			e.cfg.Logger.Warn("lease lost to another replica", "term", cur.Term)
+			e.state.Leading = false
+		default:
+			e.state.ValidUntil = start.Add(e.cfg.Lease - e.cfg.Margin)
+		}
+		return e.statusLocked(start)
+	}
+	term, ok, err := e.lease.TryAcquire(ctx, e.cfg.Holder, e.cfg.Lease, start)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lastErr = err
+	switch {
+	case err != nil:
+		e.cfg.Logger.Warn("lease acquisition failed", "error", err)
+		e.state.Leading = false
+	case ok:
+		e.state = Status{Leading: true, Term: term, Since: start, ValidUntil: start.Add(e.cfg.Lease - e.cfg.Margin)}
+		e.cfg.Logger.Info("gained leadership", "term", term, "holder", e.cfg.Holder)
+	default:
+		e.state.Leading = false
+	}
+	return e.statusLocked(start)
+}
+
+func (e *Elector) statusLocked(now time.Time) Status {
+	s := e.state
+	s.Leading = s.Leading && now.Before(s.ValidUntil)
+	return s
+}
+
+// Run steps every RenewEvery until ctx is done, then resigns the term it
+// holds (with a short context of its own, since ctx is already done).
+func (e *Elector) Run(ctx context.Context) {
+	tk := e.cfg.Clock.NewTicker(e.cfg.RenewEvery)
+	defer tk.Stop()
+	e.Step(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			e.Resign()
+			return
+		case <-tk.C():
+			e.Step(ctx)
+		}
+	}
+}
+
+// Resign gives up the term this replica holds, if any.
+func (e *Elector) Resign() {
+	e.mu.Lock()
+	s := e.state
+	e.state.Leading = false
+	e.mu.Unlock()
+	if s.Term == 0 || !s.Leading {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.lease.Resign(ctx, s.Term, e.cfg.Holder); err != nil {
+		e.cfg.Logger.Warn("resigning the lease failed; it will expire on its own", "term", s.Term, "error", err)
+		return
+	}
+	e.cfg.Logger.Info("resigned leadership", "term", s.Term)
+}

@@ -1,0 +1,132 @@
+// Package metrics holds reaperd's Prometheus collectors, on a registry of
+// its own (never the global one). Metric names that the specification's
+// dashboards use are kept verbatim.
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Metrics is the host's set of collectors.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	decisions      *prometheus.CounterVec
+	overrides      *prometheus.CounterVec
+	phaseDuration  *prometheus.HistogramVec
+	phaseOverruns  *prometheus.CounterVec
+	passDuration   *prometheus.HistogramVec
+	leader         prometheus.Gauge
+	term           prometheus.Gauge
+	pluginRestarts *prometheus.CounterVec
+	cycles         prometheus.Counter
+	lastCycle      prometheus.Gauge
+}
+
+// New registers every collector on a new registry, with the decision
+// counter pre-created at zero for every known label so dashboards see the
+// series before the first decision.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dexaflow_scheduler_decisions_total",
+			Help: "Reaper and settling-gate decisions, by decision type. dry_run=\"true\" marks decisions computed but not applied.",
+		}, []string{"decision_type", "dry_run"}),
+		overrides: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dexaflow_reconcile_infra_override_total",
+			Help: "Provisional infra marks overridden by a durable SUCCESS record, by the mark overridden.",
+		}, []string{"mark"}),
+		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "reaper_phase_duration_seconds",
+			Help:    "Duration of each phase of the maintenance cycle.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"phase"}),
+		phaseOverruns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_phase_overruns_total",
+			Help: "Phases that ran out of their budget of one interval.",
+		}, []string{"phase"}),
+		passDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "reaper_pass_duration_seconds",
+			Help:    "Duration of each reaper's pass.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"reaper"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_leader",
+			Help: "1 while this replica holds the leadership lease.",
+		}),
+		term: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_leader_term",
+			Help: "The leadership term this replica last held.",
+		}),
+		pluginRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_plugin_restarts_total",
+			Help: "Plugin processes restarted after they exited.",
+		}, []string{"plugin"}),
+		cycles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "reaper_cycles_total",
+			Help: "Maintenance cycles run.",
+		}),
+		lastCycle: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_last_cycle_timestamp_seconds",
+			Help: "When the last maintenance cycle started (host clock).",
+		}),
+	}
+	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
+		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, l := range sdk.Labels() {
+		m.decisions.WithLabelValues(l, "false")
+	}
+	return m
+}
+
+// Decision counts one decision.
+func (m *Metrics) Decision(d sdk.Decision) {
+	m.decisions.WithLabelValues(d.Label, strconv.FormatBool(d.DryRun)).Inc()
+}
+
+// Override counts durable SUCCESS overrides of a mark.
+func (m *Metrics) Override(mark string, n int64) {
+	m.overrides.WithLabelValues(mark).Add(float64(n))
+}
+
+// Phase observes one phase's duration and whether it overran.
+func (m *Metrics) Phase(phase string, d time.Duration, overran bool) {
+	m.phaseDuration.WithLabelValues(phase).Observe(d.Seconds())
+	if overran {
+		m.phaseOverruns.WithLabelValues(phase).Inc()
+	}
+}
+
+// Pass observes one reaper pass's duration.
+func (m *Metrics) Pass(reaper string, d time.Duration) {
+	m.passDuration.WithLabelValues(reaper).Observe(d.Seconds())
+}
+
+// Leader records leadership status and term.
+func (m *Metrics) Leader(leading bool, term int64) {
+	if leading {
+		m.leader.Set(1)
+	} else {
+		m.leader.Set(0)
+	}
+	if term > 0 {
+		m.term.Set(float64(term))
+	}
+}
+
+// PluginRestart counts a plugin restart.
+func (m *Metrics) PluginRestart(name string) { m.pluginRestarts.WithLabelValues(name).Inc() }
+
+// Cycle counts a cycle started at the given time.
+func (m *Metrics) Cycle(at time.Time) {
+	m.cycles.Inc()
+	m.lastCycle.Set(float64(at.UnixNano()) / 1e9)
+}
