@@ -149,7 +149,7 @@ type static[T any] struct {
 }
 
 func (s *static[T]) Get(context.Context, time.Time) (T, error) { return s.v, s.err }
-func (s *static[T]) Down() bool                               { return s.down }
+func (s *static[T]) Down() bool                                { return s.down }
 
 type bundle struct {
 	clock   *clock.Fake
