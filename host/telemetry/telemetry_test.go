@@ -1,0 +1,99 @@
+package telemetry_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+func TestEndpoints(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	c := clock.NewFake(t0)
+	m := metrics.New()
+	m.Decision(sdk.Decision{Label: sdk.LabelAgentLost})
+	m.Decision(sdk.Decision{Label: sdk.LabelSettlingSkip})
+	m.Decision(sdk.Decision{Label: sdk.LabelDispatchLost, DryRun: true})
+	m.Override(sdk.LabelPodLost, 2)
+
+	var pingErr error
+	lastTick := t0
+	h := telemetry.Handler(m.Registry, telemetry.HealthSource{
+		Ping:     func(context.Context) error { return pingErr },
+		LastTick: func() time.Time { return lastTick },
+		Leader:   func(time.Time) (bool, int64) { return true, 4 },
+		Interval: 30 * time.Second, Started: t0, Clock: c,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, _, err := telemetry.Serve(ctx, "127.0.0.1:0", h, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	t.Run("MetricsExposeTheSpecificationsLabels", func(t *testing.T) {
+		code, body := get("/metrics")
+		for _, want := range []string{
+			`dexaflow_scheduler_decisions_total{decision_type="agent_lost",dry_run="false"} 1`,
+			`dexaflow_scheduler_decisions_total{decision_type="reap_settling_skip",dry_run="false"} 1`,
+			`dexaflow_scheduler_decisions_total{decision_type="dispatch_lost",dry_run="true"} 1`,
+			`dexaflow_scheduler_decisions_total{decision_type="orphan_reap_noop",dry_run="false"} 0`,
+			`dexaflow_reconcile_infra_override_total{mark="pod_lost"} 2`,
+		} {
+			if code != 200 || !strings.Contains(body, want) {
+				t.Errorf("metrics lack %s", want)
+			}
+		}
+	})
+
+	health := func() (int, telemetry.Report) {
+		code, body := get("/monitor/health")
+		var r telemetry.Report
+		if err := json.Unmarshal([]byte(body), &r); err != nil {
+			t.Fatalf("health body %q: %v", body, err)
+		}
+		return code, r
+	}
+	t.Run("HealthyWhenTheDatabaseAnswersAndTheLoopTicks", func(t *testing.T) {
+		if code, r := health(); code != 200 || r.Status != "ok" || !r.Leading || r.Term != 4 {
+			t.Fatalf("%d %+v", code, r)
+		}
+	})
+	t.Run("UnhealthyWhileTheDatabaseIsUnreachable", func(t *testing.T) {
+		pingErr = errors.New("connection refused")
+		defer func() { pingErr = nil }()
+		if code, r := health(); code != 503 || !strings.Contains(r.Database, "connection refused") {
+			t.Fatalf("%d %+v", code, r)
+		}
+	})
+	t.Run("UnhealthyWhenTheLoopStopsTicking", func(t *testing.T) {
+		c.Advance(61 * time.Second)
+		if code, r := health(); code != 503 || !strings.HasPrefix(r.Loop, "stalled") {
+			t.Fatalf("%d %+v", code, r)
+		}
+		lastTick = c.Now()
+		if code, _ := health(); code != 200 {
+			t.Fatalf("still unhealthy after a tick: %d", code)
+		}
+	})
+}
