@@ -1,0 +1,746 @@
+package agentlost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/plugins/internal/reapkit"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/sdktest"
+)
+
+type bundle struct {
+	h *sdktest.Harness
+	r *Reaper
+}
+
+func setup(t testing.TB, edition string, values sdk.Values) *bundle {
+	t.Helper()
+	h := sdktest.New(edition)
+	r := New(nil)
+	if err := h.Configure(context.Background(), r, values); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	return &bundle{h: h, r: r}
+}
+
+func (b *bundle) reap(t testing.TB) sdktest.Decisions {
+	t.Helper()
+	ds, err := b.h.Reap(context.Background(), b.r)
+	if err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	return ds
+}
+
+// ruleCase is one rule: arrange puts one attempt on the board and scripts
+// the substrate; the pass must decide want and leave the row in wantState.
+type ruleCase struct {
+	name      string
+	edition   string
+	values    sdk.Values
+	arrange   func(b *bundle) sdk.Attempt
+	want      string // the attempt's decision labels, comma-joined ("" none)
+	wantState string
+	check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
+}
+
+func runRules(t *testing.T, cases []ruleCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			edition := tc.edition
+			if edition == "" {
+				edition = ladder.EditionLite
+			}
+			b := setup(t, edition, tc.values)
+			a := tc.arrange(b)
+			ds := b.reap(t)
+			if got := ds.Label(a); got != tc.want {
+				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
+			}
+			if got := b.h.Board.Row(a).State; got != tc.wantState {
+				t.Fatalf("row state %q, want %q", got, tc.wantState)
+			}
+			if tc.check != nil {
+				tc.check(t, b, a, ds)
+			}
+		})
+	}
+}
+
+const (
+	failed  = sdk.StateFailed
+	running = sdk.StateRunning
+)
+
+func wantNoStop(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+	t.Helper()
+	if n := len(b.h.Exec.Stops()); n != 0 {
+		t.Fatalf("%d stops, want none", n)
+	}
+}
+
+func TestLiteSilence(t *testing.T) {
+	t.Parallel()
+	runRules(t, []ruleCase{
+		{name: "SilentPastThresholdAndDead_AgentLostConfirmed", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			row := b.h.Board.Row(a)
+			if row.LastFailureKind != sdk.FailureInfra || row.InfraConfirmedAt.IsZero() || row.Held || row.MarkReason != sdk.LabelAgentLost {
+				t.Fatalf("row %+v", row)
+			}
+			if !ds[0].Applied || len(b.h.Exec.Teardowns()) != 0 {
+				t.Fatalf("applied=%v teardowns=%d", ds[0].Applied, len(b.h.Exec.Teardowns()))
+			}
+		}},
+		{name: "SilenceUnderThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Running("r", "t", 10*time.Minute, 89*time.Second)
+		}, want: "", wantState: running},
+		{name: "SilenceExactlyAtThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Running("r", "t", 10*time.Minute, 90*time.Second)
+		}, want: "", wantState: running},
+		{name: "SilentAndAgentAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Alive(a)
+			return a
+		}, want: sdk.LabelAgentLostProcessAlive, wantState: running},
+		{name: "SilentAndLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Unknown(a, "probe: EPERM")
+			return a
+		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
+		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Exec.FailLiveness(errors.New("record dir unreadable"))
+			return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
+		{name: "AgentDeadGroupUnverified_DefersAsAlive", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Dead, Group: sdk.Alive, Detail: "leader start time unreadable"})
+			return a
+		}, want: sdk.LabelAgentLostProcessAlive, wantState: running, check: wantNoStop},
+		{name: "OrphanedGroup_StoppedThenMarked", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Orphaned(a)
+			b.h.Board.OnMark(func(sdk.Mark) {
+				if len(b.h.Exec.Stops()) != 1 {
+					panic("marked before the orphaned group was stopped")
+				}
+			})
+			return a
+		}, want: sdk.LabelAgentLostOrphanStopped, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			stops := b.h.Exec.Stops()
+			if len(stops) != 1 || stops[0].Attempt != a || stops[0].Reason != sdk.StopOrphan {
+				t.Fatalf("stops %+v", stops)
+			}
+			if row := b.h.Board.Row(a); row.MarkReason != sdk.LabelAgentLost || row.LastFailureKind != sdk.FailureInfra {
+				t.Fatalf("row %+v", row)
+			}
+		}},
+		{name: "OrphanStopFails_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Orphaned(a)
+			b.h.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("kill: EPERM"))
+			return a
+		}, want: sdk.LabelAgentLostOrphanStopErr, wantState: running},
+		{name: "OrphanStopNotConfirmedGone_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Orphaned(a)
+			b.h.Exec.ScriptStop(a, sdk.StopResult{Stopped: false, Detail: "group survived SIGKILL"}, nil)
+			return a
+		}, want: sdk.LabelAgentLostOrphanStopErr, wantState: running},
+	})
+}
+
+func TestLiteNeverHeartbeated(t *testing.T) {
+	t.Parallel()
+	runRules(t, []ruleCase{
+		{name: "NeverHeartbeatedAndDead_AgentLostNeverHeartbeated", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+		}, want: sdk.LabelAgentLostNeverHeartbeated, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			row := b.h.Board.Row(a)
+			if row.MarkReason != sdk.LabelAgentLost || row.LastFailureKind != sdk.FailureInfra || row.InfraConfirmedAt.IsZero() {
+				t.Fatalf("row %+v", row)
+			}
+			if m := b.h.Board.Marks()[0]; !m.RequireNoHeartbeat {
+				t.Fatalf("mark does not require the absence of a heartbeat: %+v", m)
+			}
+		}},
+		{name: "NeverHeartbeatedWithinThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.RunningNeverHeartbeated("r", "t", 80*time.Second)
+		}, want: "", wantState: running},
+		{name: "NeverHeartbeatedAndAgentAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.h.Exec.Alive(a)
+			return a
+		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, wantState: running},
+		{name: "NeverHeartbeatedAndGroupOrphaned_WaitedForNeverStopped", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.h.Exec.Orphaned(a)
+			return a
+		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, wantState: running, check: wantNoStop},
+		{name: "NeverHeartbeatedAndLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.h.Exec.Unknown(a, "stat record: EIO")
+			return a
+		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessQueryErr, wantState: running},
+		{name: "FirstHeartbeatBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: running},
+		{name: "KubeNeverHeartbeated_LeftAlone", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			return b.h.RunningNeverHeartbeated("r", "t", 30*time.Minute)
+		}, want: "", wantState: running},
+	})
+}
+
+func TestCredentialCeiling(t *testing.T) {
+	t.Parallel()
+	// The default ceiling is 1h and the heartbeat 15s: the bound is a last
+	// heartbeat at least 59m30s into running.
+	lastBeatAt := func(b *bundle, into, silentFor time.Duration) sdk.Attempt {
+		now := b.h.Now()
+		hb := now.Add(-silentFor)
+		return b.h.Board.PutRunning("r", "t", hb.Add(-into), hb)
+	}
+	taskFailure := func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+		t.Helper()
+		row := b.h.Board.Row(a)
+		if row.LastFailureKind != sdk.FailureTask || !row.InfraMarkedAt.IsZero() || !row.InfraConfirmedAt.IsZero() || row.MarkReason != sdk.LabelCredentialCeiling {
+			t.Fatalf("row %+v", row)
+		}
+		if m := b.h.Board.Marks()[0]; m.Kind != sdk.MarkTask || m.Confirm || m.Hold {
+			t.Fatalf("mark %+v", m)
+		}
+	}
+	runRules(t, []ruleCase{
+		{name: "CeilingSilenceAfterCeilingMinusTwoHeartbeats_TaskFailure", arrange: func(b *bundle) sdk.Attempt {
+			return lastBeatAt(b, 59*time.Minute+30*time.Second, 3*time.Minute)
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
+		{name: "SilenceBeforeCeiling_IsAgentLost", arrange: func(b *bundle) sdk.Attempt {
+			// Went quiet one second before the bound; reaped long after the ceiling.
+			return lastBeatAt(b, 59*time.Minute+29*time.Second, 20*time.Minute)
+		}, want: sdk.LabelAgentLost, wantState: failed},
+		{name: "KubeCeilingSilence_TaskFailureNeverProvisional", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			return lastBeatAt(b, 61*time.Minute, 2*time.Minute)
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
+		{name: "HoldPolicyDoesNotHoldTaskFailure", values: sdk.Values{"policy": "hold"}, arrange: func(b *bundle) sdk.Attempt {
+			return lastBeatAt(b, 60*time.Minute, 2*time.Minute)
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
+		{name: "CeilingDisabledWhenNonPositive", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Ladder.CredentialCeiling = 0
+			return lastBeatAt(b, 2*time.Hour, 2*time.Minute)
+		}, want: sdk.LabelAgentLost, wantState: failed},
+		{name: "CeilingDisabledWhenNegative_AliveNeverEnded", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Ladder.CredentialCeiling = -time.Second
+			a := b.h.Running("r", "t", 5*time.Hour, 5*time.Second)
+			b.h.Exec.Alive(a)
+			return a
+		}, want: "", wantState: running, check: wantNoStop},
+		{name: "LitePastCeilingAndAlive_MarkedThenStoppedThenLogged", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second) // healthy, heartbeating
+			b.h.Exec.Alive(a)
+			b.h.Board.OnMark(func(sdk.Mark) {
+				if len(b.h.Exec.Stops()) != 0 {
+					panic("stopped before the guarded mark")
+				}
+			})
+			return a
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			taskFailure(t, b, a, nil)
+			m := b.h.Board.Marks()[0]
+			if !m.HeartbeatBefore.IsZero() || m.RequireNoHeartbeat || len(m.FromStates) != 1 || m.FromStates[0] != running {
+				t.Fatalf("mark guard %+v", m)
+			}
+			stops := b.h.Exec.Stops()
+			if len(stops) != 1 || stops[0].Reason != sdk.StopCredentialCeiling {
+				t.Fatalf("stops %+v", stops)
+			}
+			log := b.h.Board.Log(a)
+			if len(log) == 0 || log[len(log)-1] != KilledLine {
+				t.Fatalf("try log %q", log)
+			}
+		}},
+		{name: "LitePastCeilingOrphaned_MarkedThenStopped", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.h.Exec.Orphaned(a)
+			return a
+		}, want: sdk.LabelCredentialCeiling, wantState: failed},
+		{name: "LitePastCeilingStopFails_MarkStaysNoKillLine", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.h.Exec.Alive(a)
+			b.h.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("group leader start time changed"))
+			return a
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if log := b.h.Board.Log(a); len(log) != 0 {
+				t.Fatalf("try log %q", log)
+			}
+			if !strings.HasPrefix(ds[0].Evidence[reapkit.EvStop], "error") {
+				t.Fatalf("evidence %v", ds[0].Evidence)
+			}
+		}},
+		{name: "LitePastCeilingAgentReportedFirst_NoopNoStop", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.h.Exec.Alive(a)
+			b.h.Board.OnMark(func(m sdk.Mark) {
+				b.h.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.State = sdk.StateSuccess })
+			})
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: sdk.StateSuccess, check: wantNoStop},
+		{name: "LitePastCeilingLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.h.Exec.Unknown(a, "probe error")
+			return a
+		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
+		{name: "LitePastCeilingDeadRecentlyQuiet_WaitsForSilenceRule", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Running("r", "t", 61*time.Minute, 30*time.Second)
+		}, want: "", wantState: running},
+		{name: "LitePastCeilingSilentAndAlive_OneDecision", arrange: func(b *bundle) sdk.Attempt {
+			// Listed by the silence and the ceiling listings alike.
+			a := b.h.Running("r", "t", 90*time.Minute, 10*time.Minute)
+			b.h.Exec.Alive(a)
+			return a
+		}, want: sdk.LabelCredentialCeiling, wantState: failed},
+	})
+}
+
+func TestGuards(t *testing.T) {
+	t.Parallel()
+	noopReason := func(want string) func(*testing.T, *bundle, sdk.Attempt, sdktest.Decisions) {
+		return func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			t.Helper()
+			d := ds.For(a)[0]
+			if d.Applied || d.Evidence[reapkit.EvNoopReason] != want || d.Evidence[reapkit.EvMark] != sdk.LabelAgentLost {
+				t.Fatalf("decision %+v", d)
+			}
+			if len(b.h.Exec.Teardowns()) != 0 {
+				t.Fatal("a no-op mark was torn down")
+			}
+		}
+	}
+	silentDead := func(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute) }
+	runRules(t, []ruleCase{
+		{name: "FreshHeartbeatBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+			a := silentDead(b)
+			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopHeartbeated)},
+		{name: "KubeFreshHeartbeatBetweenListAndMark_NoopNoTeardown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			a := silentDead(b)
+			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopHeartbeated)},
+		{name: "ReplacedBetweenListAndMark_NewAttemptUntouched", arrange: func(b *bundle) sdk.Attempt {
+			a := silentDead(b)
+			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, running, b.h.Now()) })
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopMovedOn)},
+		{name: "DeposedTerm_Noop", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Board.SetTerm(2)
+			return silentDead(b)
+		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopDeposed)},
+		{name: "HoldPolicySetsHold", values: sdk.Values{"policy": "hold"}, arrange: silentDead,
+			want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				if m := b.h.Board.Marks()[0]; !m.Hold || !b.h.Board.Row(a).Held || ds[0].Evidence[reapkit.EvPolicy] != "hold" {
+					t.Fatalf("mark %+v", m)
+				}
+			}},
+		{name: "ReplacePolicyByDefault", arrange: silentDead, want: sdk.LabelAgentLost, wantState: failed,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if m := b.h.Board.Marks()[0]; m.Hold {
+					t.Fatalf("mark %+v", m)
+				}
+			}},
+		{name: "EvidenceCarriesAgeLivenessTermThreshold", arrange: silentDead, want: sdk.LabelAgentLost, wantState: failed,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				ev := ds[0].Evidence
+				for k, want := range map[string]string{
+					reapkit.EvHeartbeatAge: "2m0s", reapkit.EvLiveness: "dead", reapkit.EvTerm: "1",
+					reapkit.EvThreshold: "1m30s", reapkit.EvSignal: reapkit.SignalPositive, reapkit.EvRunningAge: "10m0s",
+				} {
+					if ev[k] != want {
+						t.Fatalf("evidence %s=%q, want %q (%v)", k, ev[k], want, ev)
+					}
+				}
+				if ds[0].Reaper != Name {
+					t.Fatalf("reaper %q", ds[0].Reaper)
+				}
+			}},
+	})
+}
+
+func TestKube(t *testing.T) {
+	t.Parallel()
+	kube := ladder.EditionKube
+	silent := func(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute) }
+	runRules(t, []ruleCase{
+		{name: "KubeMarkIsProvisional_ThenPodTornDown", edition: kube, arrange: silent,
+			want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if m := b.h.Board.Marks()[0]; m.Confirm {
+					t.Fatalf("kube mark confirmed: %+v", m)
+				}
+				if row := b.h.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
+					t.Fatalf("row %+v", row)
+				}
+				tds := b.h.Exec.Teardowns()
+				if len(tds) != 1 || tds[0].Attempt == nil || *tds[0].Attempt != a || tds[0].Reason != sdk.LabelAgentLost || tds[0].Term != 1 {
+					t.Fatalf("teardowns %+v", tds)
+				}
+			}},
+		{name: "KubeTeardownFails_PodDeleteErrorMarkStays", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			a := silent(b)
+			b.h.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
+			return a
+		}, want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, wantState: failed},
+		{name: "KubeTeardownObjectError_PodDeleteError", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			a := silent(b)
+			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownNothing, Error: "forbidden"}}, nil)
+			return a
+		}, want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, wantState: failed},
+		{name: "KubeDeleteFallback_Recorded", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			a := silent(b)
+			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownDeleteFallback}}, nil)
+			return a
+		}, want: sdk.LabelAgentLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
+		{name: "KubeWarmAttempt_NeverTornDown", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			now := b.h.Now()
+			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now.Add(-2 * time.Minute), WarmWorker: "warm-0"})
+		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := len(b.h.Exec.Teardowns()); n != 0 {
+				t.Fatalf("%d teardowns of a warm attempt", n)
+			}
+		}},
+		{name: "KubeLivenessError_StillMarkedOnSilence", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			b.h.Exec.FailLiveness(errors.New("informer not synced"))
+			return silent(b)
+		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if ds[0].Evidence[reapkit.EvSignal] != reapkit.SignalSilence {
+				t.Fatalf("evidence %v", ds[0].Evidence)
+			}
+		}},
+		{name: "KubeLiteRowsNotListed", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			now := b.h.Now()
+			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorLite,
+				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now.Add(-2 * time.Minute)})
+		}, want: "", wantState: running},
+	})
+}
+
+func TestBrake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// put n silent attempts; the oldest silence has the lowest index.
+	put := func(b *bundle, prefix string, n int, state sdk.Liveness) []sdk.Attempt {
+		out := make([]sdk.Attempt, n)
+		for i := range n {
+			a := b.h.Running(fmt.Sprintf("%s-%03d", prefix, i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Second)
+			b.h.Exec.Set(a, sdk.AttemptLiveness{State: state, Agent: state})
+			out[i] = a
+		}
+		return out
+	}
+
+	t.Run("BrakeEngagesOnSilenceOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionKube, nil)
+		as := put(b, "alive", 30, sdk.Alive) // pods present, heartbeats missing
+		ds := b.reap(t)
+		if ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 || len(ds) != 30 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+		for i, a := range as {
+			want := sdk.LabelAgentLost
+			if i >= 10 {
+				want = sdk.LabelBrakeEngaged
+			}
+			if got := ds.Label(a); got != want {
+				t.Fatalf("attempt %d: %q, want %q (oldest first)", i, got, want)
+			}
+		}
+		d := ds.For(as[29])[0]
+		if d.Applied || d.Evidence[reapkit.EvBrakeJudged] != "30" || d.Evidence[reapkit.EvBrakeAllowed] != "10" {
+			t.Fatalf("braked decision %+v", d)
+		}
+		if n := len(b.h.Board.Marks()); n != 10 {
+			t.Fatalf("%d marks sent", n)
+		}
+		// The next pass marks ten more.
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 {
+			t.Fatalf("second pass %v", ds.Labels())
+		}
+	})
+	t.Run("PositiveSignalNeverBraked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionKube, nil)
+		put(b, "gone", 30, sdk.Dead)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("LiteMarksNeverBraked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)})
+		put(b, "dead", 30, sdk.Dead)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("BrakeBelowMin_NotEngaged", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionKube, nil)
+		put(b, "alive", 19, sdk.Alive)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 19 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("BrakeShareCountsEveryAttemptJudged", func(t *testing.T) {
+		t.Parallel()
+		// 15 silence-only of 30 judged is not more than half.
+		b := setup(t, ladder.EditionKube, nil)
+		put(b, "alive", 15, sdk.Alive)
+		put(b, "gone", 15, sdk.Dead)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+		// 16 of 30 is.
+		b = setup(t, ladder.EditionKube, nil)
+		put(b, "alive", 16, sdk.Alive)
+		put(b, "gone", 14, sdk.Dead)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 24 || ds.Count(sdk.LabelBrakeEngaged) != 6 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("BrakeDisabledAtShareOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": float64(1)})
+		put(b, "alive", 40, sdk.Alive)
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 40 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("BrakeConfigured", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": 0.2, "brake_min": float64(5), "brake_max": float64(2)})
+		put(b, "alive", 2, sdk.Alive)
+		put(b, "gone", 4, sdk.Dead)
+		ds, err := b.h.Reap(ctx, b.r)
+		if err != nil || ds.Count(sdk.LabelAgentLost) != 6 { // 2 of 6 > 0.2, but within brake_max
+			t.Fatalf("labels %v err %v", ds.Labels(), err)
+		}
+	})
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	t.Parallel()
+	for _, edition := range []string{ladder.EditionLite, ladder.EditionKube} {
+		t.Run(edition, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, edition, nil)
+			b.h.DryRun = true
+			b.h.Running("dead", "t", 10*time.Minute, 2*time.Minute)
+			orphan := b.h.Running("orphan", "t", 10*time.Minute, 2*time.Minute)
+			b.h.Exec.Orphaned(orphan)
+			ceiling := b.h.Running("ceiling", "t", 2*time.Hour, 5*time.Second)
+			b.h.Exec.Alive(ceiling)
+			b.h.RunningNeverHeartbeated("never", "t", 5*time.Minute)
+			ds := b.reap(t)
+			if len(ds) == 0 {
+				t.Fatal("no decisions")
+			}
+			for _, d := range ds {
+				if !d.DryRun || d.Applied {
+					t.Fatalf("decision %+v", d)
+				}
+			}
+			if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
+				t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+			}
+			if edition == ladder.EditionLite && ds.Label(orphan) != sdk.LabelAgentLostOrphanStopped {
+				t.Fatalf("orphan: %q", ds.Label(orphan))
+			}
+		})
+	}
+}
+
+func TestPaging(t *testing.T) {
+	t.Parallel()
+	putAlive := func(b *bundle, n int) []sdk.Attempt {
+		out := make([]sdk.Attempt, n)
+		for i := range n {
+			out[i] = b.h.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 30*time.Minute-time.Duration(i)*time.Second)
+			b.h.Exec.Alive(out[i])
+		}
+		return out
+	}
+
+	t.Run("CursorCarriedBetweenPasses", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
+		as := putAlive(b, 250)
+		for pass, first := range []int{0, 100, 200, 0} {
+			ds := b.reap(t)
+			if ds[0].Attempt != as[first] {
+				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, as[first])
+			}
+		}
+	})
+	t.Run("ShortPageResetsCursor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
+		putAlive(b, 150)
+		b.reap(t)
+		if b.h.StateOf(Name) == nil {
+			t.Fatal("no cursor after a full page")
+		}
+		if ds := b.reap(t); len(ds) != 50 || b.h.StateOf(Name) != nil {
+			t.Fatalf("second pass judged %d, state %s", len(ds), b.h.StateOf(Name))
+		}
+	})
+	t.Run("DrainReachesAll2500InOnePass", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, nil)
+		for i := range 2500 {
+			b.h.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 10*time.Minute)
+		}
+		ds := b.reap(t)
+		if n := ds.Count(sdk.LabelAgentLost); n != 2500 {
+			t.Fatalf("%d marked in one pass", n)
+		}
+		if b.h.StateOf(Name) != nil {
+			t.Fatalf("state after a full drain: %s", b.h.StateOf(Name))
+		}
+	})
+	t.Run("NoDeadline_OnePagePerListing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, nil)
+		b.h.Budget = 0
+		putAlive(b, 250)
+		if ds := b.reap(t); len(ds) != 100 {
+			t.Fatalf("judged %d", len(ds))
+		}
+	})
+	t.Run("ListingsDoNotStarveEachOther", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
+		putAlive(b, 300)
+		never := b.h.RunningNeverHeartbeated("never", "t", 5*time.Minute)
+		if ds := b.reap(t); ds.Label(never) != sdk.LabelAgentLostNeverHeartbeated {
+			t.Fatalf("never-heartbeated attempt: %q", ds.Label(never))
+		}
+	})
+	t.Run("CorruptState_StartsOver", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, nil)
+		a := b.h.Running("r", "t", time.Hour, 10*time.Minute)
+		b.h.SetState(Name, []byte("{not json"))
+		if ds := b.reap(t); ds.Label(a) != sdk.LabelAgentLost {
+			t.Fatalf("decisions %v", ds.Labels())
+		}
+	})
+	t.Run("ListingError_FailsPassKeepsCursor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
+		putAlive(b, 150)
+		b.reap(t)
+		before := string(b.h.StateOf(Name))
+		b.h.Board.Fail(sdktest.OpListCandidates, errors.New("connection reset"))
+		_, err := b.h.Reap(context.Background(), b.r)
+		if err == nil || !strings.Contains(err.Error(), "connection reset") {
+			t.Fatalf("err %v", err)
+		}
+		if string(b.h.Last.State) != before {
+			t.Fatalf("state moved on an error: %s -> %s", before, b.h.Last.State)
+		}
+	})
+}
+
+func TestConfigure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cases := []struct {
+		name    string
+		values  sdk.Values
+		wantKey string // "" means valid
+	}{
+		{"Defaults", nil, ""},
+		{"Hold", sdk.Values{"policy": "hold"}, ""},
+		{"BadPolicy", sdk.Values{"policy": "reset"}, "policy"},
+		{"PolicyNotString", sdk.Values{"policy": true}, "policy"},
+		{"ShareZero", sdk.Values{"brake_share": float64(0)}, "brake_share"},
+		{"ShareOverOne", sdk.Values{"brake_share": 1.5}, "brake_share"},
+		{"ShareNotNumber", sdk.Values{"brake_share": "half"}, "brake_share"},
+		{"MinNegative", sdk.Values{"brake_min": float64(-1)}, "brake_min"},
+		{"MaxFractional", sdk.Values{"brake_max": 2.5}, "brake_max"},
+		{"DrainPagesNegative", sdk.Values{"drain_max_pages": float64(-3)}, "drain_max_pages"},
+		{"UnknownKey", sdk.Values{"brakes": float64(1)}, "brakes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := sdktest.New(ladder.EditionLite)
+			err := h.Configure(ctx, New(nil), tc.values)
+			if tc.wantKey == "" {
+				if err != nil {
+					t.Fatalf("err %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), `"`+tc.wantKey+`"`) {
+				t.Fatalf("err %v, want one naming %q", err, tc.wantKey)
+			}
+		})
+	}
+	t.Run("SchemaDeclaresEveryKey", func(t *testing.T) {
+		t.Parallel()
+		s, _ := New(nil).ConfigSchema(ctx)
+		var names []string
+		for _, a := range s.Attributes {
+			names = append(names, a.Name)
+		}
+		if got := strings.Join(names, ","); got != "policy,drain_max_pages,brake_share,brake_min,brake_max" {
+			t.Fatalf("schema %s", got)
+		}
+		info, _ := New(nil).Info(ctx)
+		if info.Name != Name || info.Kind != sdk.KindReaper || len(info.Editions) != 2 {
+			t.Fatalf("info %+v", info)
+		}
+	})
+}
+
+// BenchmarkMassRecoveryLite is a mass failure on Lite: 10,000 running
+// attempts whose agents and groups are dead, all settled by one pass.
+func BenchmarkMassRecoveryLite(b *testing.B) {
+	const n = 10_000
+	ctx := context.Background()
+	var marked int
+	var elapsed time.Duration
+	for range b.N {
+		b.StopTimer()
+		bu := setup(b, ladder.EditionLite, nil)
+		for i := range n {
+			bu.h.Running(fmt.Sprintf("r%05d", i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Millisecond)
+		}
+		b.StartTimer()
+		start := time.Now()
+		ds, err := bu.h.Reap(ctx, bu.r)
+		elapsed += time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c := ds.Count(sdk.LabelAgentLost); c != n || bu.h.StateOf(Name) != nil {
+			b.Fatalf("one pass marked %d of %d", c, n)
+		}
+		marked += n
+	}
+	b.ReportMetric(float64(marked)/elapsed.Seconds(), "marks/s")
+	b.ReportMetric(1, "passes")
+}

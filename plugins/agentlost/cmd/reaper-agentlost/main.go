@@ -1,0 +1,9 @@
+// Command reaper-agentlost serves the agentlost reaper plugin to reaperd.
+package main
+
+import (
+	"github.com/dexaflow/reaper/plugins/agentlost"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func main() { sdk.Serve(agentlost.New) }

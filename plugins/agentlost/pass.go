@@ -1,0 +1,228 @@
+package agentlost
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/plugins/internal/reapkit"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Listing names: the keys of the cursors in the pass state.
+const (
+	listSilent = "silent"            // heartbeated, silent past agent_lost
+	listNever  = "never_heartbeated" // Lite: running past agent_lost, no heartbeat
+	listCeil   = "ceiling"           // Lite: running past the credential ceiling
+)
+
+// passRun is one pass of the reaper.
+type passRun struct {
+	log   hclog.Logger
+	cfg   settings
+	pass  sdk.Pass
+	board sdk.Board
+	exec  sdk.Executions
+	rec   *reapkit.Recorder
+	lite  bool
+
+	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
+	judged int
+	// held: marks decided on silence alone, applied at the end of the pass
+	// once the brake has seen every attempt the pass judged.
+	held []reapkit.Planned
+}
+
+func newPass(log hclog.Logger, cfg settings, pass sdk.Pass, board sdk.Board, exec sdk.Executions) *passRun {
+	return &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
+		rec: reapkit.NewRecorder(Name, pass), lite: pass.Edition == ladder.EditionLite,
+		seen: map[sdk.Attempt]bool{}}
+}
+
+// listings are the candidate listings of the pass, each with its threshold
+// applied in the query.
+func (p *passRun) listings() []reapkit.Listing {
+	now, l := p.pass.Now, p.pass.Ladder
+	executors := []string{sdk.ExecutorKube, sdk.ExecutorWarm}
+	if p.lite {
+		executors = []string{sdk.ExecutorLite}
+	}
+	running := []string{sdk.StateRunning}
+	out := []reapkit.Listing{reapkit.Candidates(listSilent, p.board, sdk.CandidateQuery{
+		States: running, Executors: executors, OrderBy: sdk.FieldHeartbeatAt,
+		OlderThan: now.Add(-l.AgentLost), Heartbeat: sdk.HeartbeatSeen,
+	}, p.judgePage)}
+	if !p.lite {
+		return out
+	}
+	out = append(out, reapkit.Candidates(listNever, p.board, sdk.CandidateQuery{
+		States: running, Executors: executors, OrderBy: sdk.FieldRunningAt,
+		OlderThan: now.Add(-l.AgentLost), Heartbeat: sdk.HeartbeatNever,
+	}, p.judgePage))
+	if l.CeilingEnabled() {
+		out = append(out, reapkit.Candidates(listCeil, p.board, sdk.CandidateQuery{
+			States: running, Executors: executors, OrderBy: sdk.FieldRunningAt,
+			OlderThan: now.Add(-l.CredentialCeiling),
+		}, p.judgePage))
+	}
+	return out
+}
+
+// judgePage judges one page: one liveness read for the page, one verdict
+// per attempt, then the stops and the marks the verdicts ask for.
+func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
+	fresh := make([]sdk.Candidate, 0, len(page))
+	attempts := make([]sdk.Attempt, 0, len(page))
+	for _, c := range page {
+		if !p.seen[c.Attempt] {
+			p.seen[c.Attempt] = true
+			fresh = append(fresh, c)
+			attempts = append(attempts, c.Attempt)
+		}
+	}
+	answers := reapkit.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+
+	var now, stopAfter []reapkit.Planned
+	for _, c := range fresh {
+		live := answers[c.Attempt]
+		var j judgment
+		if p.lite {
+			j = judgeLite(c, p.pass.Now, p.pass.Ladder, live)
+		} else {
+			j = judgeKube(c, p.pass.Now, p.pass.Ladder, live)
+		}
+		if j.act == actNone {
+			continue
+		}
+		p.judged++
+		ev := evidence(p.pass, c, live, j)
+		switch j.act {
+		case actDefer:
+			p.rec.Add(j.label, c.Attempt, false, j.detail, ev)
+		case actMark:
+			pl := p.plan(c, j, ev)
+			if j.positive {
+				now = append(now, pl)
+			} else {
+				p.held = append(p.held, pl)
+			}
+		case actStopThenMark:
+			if pl, ok := p.stopOrphan(ctx, c, j, ev); ok {
+				now = append(now, pl)
+			}
+		case actMarkThenStop:
+			stopAfter = append(stopAfter, p.plan(c, j, ev))
+		}
+	}
+	if err := reapkit.Settle(ctx, p.board, p.rec, now, p.afterMark); err != nil {
+		return err
+	}
+	return reapkit.Settle(ctx, p.board, p.rec, stopAfter, p.endAtCeiling)
+}
+
+// plan builds the guarded mark for a verdict.
+func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit.Planned {
+	m := sdk.Mark{
+		Attempt:    c.Attempt,
+		FromStates: []string{sdk.StateRunning},
+		Kind:       j.kind,
+		Reason:     j.reason,
+		Message:    message(j, p.pass.Ladder),
+		Term:       p.pass.Term,
+		At:         p.pass.Now,
+	}
+	switch j.guard {
+	case guardSilent:
+		// A heartbeat that lands between the listing and the mark makes
+		// the mark a no-op.
+		m.HeartbeatBefore = p.pass.Now.Add(-p.pass.Ladder.AgentLost)
+	case guardNeverHad:
+		m.RequireNoHeartbeat = true
+	}
+	if j.kind == sdk.MarkInfra {
+		m.Confirm = p.lite // no reconciler on Lite: confirmed as made
+		m.Hold = p.cfg.policy == reapkit.PolicyHold
+		ev[reapkit.EvPolicy] = p.cfg.policy
+	}
+	return reapkit.Planned{Mark: m, Label: j.label, Detail: j.detail, Evidence: ev}
+}
+
+// stopOrphan stops the orphaned task group of a silent Lite attempt whose
+// agent is dead; the attempt is marked only once the group is gone. A stop
+// that fails, or cannot confirm the group gone, defers.
+func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, ev reapkit.Evidence) (reapkit.Planned, bool) {
+	if p.pass.DryRun {
+		return p.plan(c, j, ev), true // Settle records it unapplied
+	}
+	res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: c.Attempt, Reason: sdk.StopOrphan})
+	switch {
+	case err != nil:
+		ev[reapkit.EvStop] = "error: " + err.Error()
+		p.rec.Add(sdk.LabelAgentLostOrphanStopErr, c.Attempt, false, "stopping the orphaned task group failed: "+err.Error(), ev)
+		return reapkit.Planned{}, false
+	case !res.Stopped:
+		ev[reapkit.EvStop] = "not stopped: " + res.Detail
+		p.rec.Add(sdk.LabelAgentLostOrphanStopErr, c.Attempt, false, "the orphaned task group is not gone: "+res.Detail, ev)
+		return reapkit.Planned{}, false
+	}
+	ev[reapkit.EvStop] = "stopped: " + res.Detail
+	return p.plan(c, j, ev), true
+}
+
+// afterMark tears down a marked kube attempt's pod (never a warm worker's:
+// it outlives its attempts). Lite has nothing to tear down.
+func (p *passRun) afterMark(ctx context.Context, pl *reapkit.Planned) []reapkit.FollowUp {
+	if p.lite || pl.Evidence[reapkit.EvExecutor] == sdk.ExecutorWarm {
+		return nil
+	}
+	return reapkit.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, pl.Mark.Reason, sdk.LabelAgentLostPodDeleteErr, pl.Evidence)
+}
+
+// endAtCeiling stops the task group of an attempt marked at the credential
+// ceiling, and only once it is gone appends the kill to its try log, so the
+// kill is the log's last line. A failed stop leaves the mark (the agent is
+// told to terminate at its next heartbeat) and is logged.
+func (p *passRun) endAtCeiling(ctx context.Context, pl *reapkit.Planned) []reapkit.FollowUp {
+	a := pl.Mark.Attempt
+	res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	switch {
+	case err != nil:
+		pl.Evidence[reapkit.EvStop] = "error: " + err.Error()
+		p.log.Warn("marked at the credential ceiling, but stopping its task group failed", "attempt", a.String(), "error", err)
+		return nil
+	case !res.Stopped:
+		pl.Evidence[reapkit.EvStop] = "not stopped: " + res.Detail
+		p.log.Warn("marked at the credential ceiling, but its task group is not gone", "attempt", a.String(), "detail", res.Detail)
+		return nil
+	}
+	pl.Evidence[reapkit.EvStop] = "stopped: " + res.Detail
+	if err := p.board.AppendLog(ctx, p.pass.Term, []sdk.LogLine{{Attempt: a, At: p.pass.Now, Line: KilledLine}}); err != nil {
+		pl.Evidence[reapkit.EvError] = "append try log: " + err.Error()
+		p.log.Warn("ended at the credential ceiling, but its try log was not written", "attempt", a.String(), "error", err)
+	}
+	return nil
+}
+
+// finish applies the marks decided on silence alone, as far as the brake
+// allows, and defers the rest.
+func (p *passRun) finish(ctx context.Context) error {
+	v := p.cfg.brake.Judge(p.judged, len(p.held))
+	apply, back := p.held[:v.Allowed], p.held[v.Allowed:]
+	if v.Engaged {
+		p.log.Warn("brake engaged: marks on heartbeat silence alone exceed the configured share; a control-plane fault is likelier than mass agent death",
+			"judged", v.Judged, "silence_only", v.SilenceOnly, "marking", v.Allowed, "deferred", len(back),
+			"brake_share", p.cfg.brake.Share, "brake_max", p.cfg.brake.Max)
+	}
+	if err := reapkit.Settle(ctx, p.board, p.rec, apply, p.afterMark); err != nil {
+		return err
+	}
+	for _, pl := range back {
+		ev := pl.Evidence
+		for k, val := range v.Evidence(p.cfg.brake) {
+			ev[k] = val
+		}
+		p.rec.Add(sdk.LabelBrakeEngaged, pl.Mark.Attempt, false, pl.Label+" deferred: "+v.Detail(p.cfg.brake), ev)
+	}
+	return nil
+}

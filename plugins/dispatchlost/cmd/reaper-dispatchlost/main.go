@@ -1,0 +1,9 @@
+// Command reaper-dispatchlost serves the dispatchlost reaper plugin to reaperd.
+package main
+
+import (
+	"github.com/dexaflow/reaper/plugins/dispatchlost"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func main() { sdk.Serve(dispatchlost.New) }

@@ -1,0 +1,204 @@
+package reapkit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Evidence keys. A decision's evidence says what the judgment saw.
+const (
+	EvTerm             = "term"
+	EvEdition          = "edition"
+	EvState            = "state"
+	EvExecutor         = "executor"
+	EvThreshold        = "threshold"
+	EvHeartbeatAge     = "heartbeat_age" // "never" when the attempt has not heartbeated
+	EvRunningAge       = "running_age"
+	EvQueuedAge        = "queued_age"
+	EvActivityAge      = "activity_age"
+	EvLiveness         = "liveness" // the attempt as a whole, or "error"
+	EvAgent            = "agent"
+	EvGroup            = "group"
+	EvOrphan           = "orphan"
+	EvPending          = "pending"
+	EvLivenessDetail   = "liveness_detail"
+	EvLivenessLive     = "liveness_live" // the read was authoritative, not a cache
+	EvSignal           = "signal"        // "positive" or "silence"
+	EvMark             = "mark"          // the reason the mark carries
+	EvPolicy           = "policy"
+	EvNoopReason       = "noop_reason"
+	EvStop             = "stop"
+	EvTeardown         = "teardown"
+	EvError            = "error"
+	EvAttached         = "attached"
+	EvCeiling          = "ceiling"
+	EvBrakeJudged      = "brake_judged"
+	EvBrakeSilenceOnly = "brake_silence_only"
+	EvBrakeAllowed     = "brake_allowed"
+	EvBrakeShare       = "brake_share"
+)
+
+// Signal values.
+const (
+	SignalPositive = "positive"
+	SignalSilence  = "silence"
+)
+
+// Evidence is a decision's evidence under construction.
+type Evidence map[string]string
+
+// With returns e with key set (e is modified).
+func (e Evidence) With(key, value string) Evidence {
+	e[key] = value
+	return e
+}
+
+// Clone copies e.
+func (e Evidence) Clone() Evidence {
+	out := make(Evidence, len(e)+4)
+	for k, v := range e {
+		out[k] = v
+	}
+	return out
+}
+
+// Age formats the time since t, or "never" when t is zero.
+func Age(now, t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return now.Sub(t).String()
+}
+
+// CandidateEvidence is what every decision about a listed attempt carries.
+func CandidateEvidence(pass sdk.Pass, c sdk.Candidate, threshold time.Duration) Evidence {
+	e := Evidence{
+		EvTerm:         strconv.FormatInt(pass.Term, 10),
+		EvEdition:      pass.Edition,
+		EvState:        c.State,
+		EvExecutor:     c.Executor,
+		EvThreshold:    threshold.String(),
+		EvHeartbeatAge: Age(pass.Now, c.LastHeartbeatAt),
+	}
+	if !c.RunningAt.IsZero() {
+		e[EvRunningAge] = Age(pass.Now, c.RunningAt)
+	}
+	if !c.QueuedAt.IsZero() {
+		e[EvQueuedAge] = Age(pass.Now, c.QueuedAt)
+	}
+	return e
+}
+
+// Liveness adds a substrate's answer to e.
+func (e Evidence) Liveness(a Answer) Evidence {
+	e[EvLivenessLive] = strconv.FormatBool(a.Live)
+	if a.Err != nil {
+		e[EvLiveness] = "error"
+		e[EvLivenessDetail] = a.Err.Error()
+		return e
+	}
+	e[EvLiveness] = string(a.State)
+	if a.Agent != "" {
+		e[EvAgent] = string(a.Agent)
+	}
+	if a.Group != "" {
+		e[EvGroup] = string(a.Group)
+	}
+	if a.Orphan {
+		e[EvOrphan] = "true"
+	}
+	if a.Pending {
+		e[EvPending] = "true"
+	}
+	if a.Detail != "" {
+		e[EvLivenessDetail] = a.Detail
+	}
+	return e
+}
+
+// Recorder collects the decisions of one pass.
+type Recorder struct {
+	reaper string
+	pass   sdk.Pass
+	ds     []sdk.Decision
+}
+
+// NewRecorder starts the decisions of a pass of the named reaper.
+func NewRecorder(reaper string, pass sdk.Pass) *Recorder {
+	return &Recorder{reaper: reaper, pass: pass}
+}
+
+// Add records one decision. In a dry run nothing is applied, whatever the
+// caller says.
+func (r *Recorder) Add(label string, a sdk.Attempt, applied bool, detail string, ev Evidence) {
+	r.ds = append(r.ds, sdk.Decision{
+		Reaper:   r.reaper,
+		Label:    label,
+		Attempt:  a,
+		Applied:  applied && !r.pass.DryRun,
+		DryRun:   r.pass.DryRun,
+		Detail:   detail,
+		Evidence: ev,
+	})
+}
+
+// Decisions returns the decisions recorded so far.
+func (r *Recorder) Decisions() []sdk.Decision { return r.ds }
+
+// Count counts the recorded decisions with the label.
+func (r *Recorder) Count(label string) int {
+	n := 0
+	for _, d := range r.ds {
+		if d.Label == label {
+			n++
+		}
+	}
+	return n
+}
+
+// ApplyMarks sends marks to the board in batches of at most a page and
+// returns one result per mark, in order.
+func ApplyMarks(ctx context.Context, board sdk.Board, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	out := make([]sdk.MarkResult, 0, len(marks))
+	for start := 0; start < len(marks); start += ladder.PageSize {
+		batch := marks[start:min(start+ladder.PageSize, len(marks))]
+		res, err := board.Mark(ctx, batch)
+		if err != nil {
+			return out, fmt.Errorf("mark %d attempts: %w", len(batch), err)
+		}
+		if len(res) != len(batch) {
+			return out, fmt.Errorf("mark %d attempts: board answered %d results", len(batch), len(res))
+		}
+		out = append(out, res...)
+	}
+	return out, nil
+}
+
+// TeardownTrouble sums up a teardown: whether it failed (a call error or an
+// object's error), whether the delete fallback was used, and a one-line
+// summary of what happened to each object.
+func TeardownTrouble(outcomes []sdk.TeardownOutcome, err error) (failed, fallback bool, summary string) {
+	parts := make([]string, 0, len(outcomes)+1)
+	if err != nil {
+		failed = true
+		parts = append(parts, "error: "+err.Error())
+	}
+	for _, o := range outcomes {
+		p := o.Object + ":" + o.Action
+		if o.Error != "" {
+			failed = true
+			p += " (" + o.Error + ")"
+		}
+		if o.Action == sdk.TeardownDeleteFallback {
+			fallback = true
+		}
+		parts = append(parts, p)
+	}
+	return failed, fallback, strings.Join(parts, "; ")
+}

@@ -1,0 +1,65 @@
+package reapkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Answer is the substrate's reading of one attempt. Err is set when the
+// read failed, or gave no answer for the attempt.
+type Answer struct {
+	sdk.AttemptLiveness
+	Err error
+	// Live: the answer came from an authoritative read, not a cache.
+	Live bool
+}
+
+// Unknown reports whether the answer cannot be acted on: an error, an
+// unknown state, or no state at all. Unknown always defers.
+func (a Answer) Unknown() bool {
+	return a.Err != nil || a.State == sdk.Unknown || a.State == ""
+}
+
+// Why is the answer in words, for a decision's detail.
+func (a Answer) Why() string {
+	if a.Err != nil {
+		return "liveness query failed: " + a.Err.Error()
+	}
+	if a.Detail == "" {
+		return "liveness " + string(a.State)
+	}
+	return "liveness " + string(a.State) + ": " + a.Detail
+}
+
+// errNoAnswer: the substrate answered the batch but not for this attempt.
+var errNoAnswer = errors.New("the substrate gave no answer for this attempt")
+
+// ReadLiveness asks the substrate about a batch of attempts in one call. A
+// failed call makes every answer an error, so every attempt defers.
+func ReadLiveness(ctx context.Context, exec sdk.Executions, now time.Time, attempts []sdk.Attempt, live bool) map[sdk.Attempt]Answer {
+	out := make(map[sdk.Attempt]Answer, len(attempts))
+	if len(attempts) == 0 {
+		return out
+	}
+	got, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Live: live, Now: now})
+	if err != nil {
+		err = fmt.Errorf("read liveness of %d attempts: %w", len(attempts), err)
+		for _, a := range attempts {
+			out[a] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: err, Live: live}
+		}
+		return out
+	}
+	for _, l := range got {
+		out[l.Attempt] = Answer{AttemptLiveness: l, Live: live}
+	}
+	for _, a := range attempts {
+		if _, ok := out[a]; !ok {
+			out[a] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: errNoAnswer, Live: live}
+		}
+	}
+	return out
+}

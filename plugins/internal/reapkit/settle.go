@@ -1,0 +1,106 @@
+package reapkit
+
+import (
+	"context"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Planned is a mark a pass decided on, with the decision it becomes.
+type Planned struct {
+	Mark     sdk.Mark
+	Label    string
+	Detail   string
+	Evidence Evidence
+}
+
+// FollowUp is a further decision about an attempt, recorded after the
+// decision of its mark (a teardown that failed or fell back, say).
+type FollowUp struct {
+	Label    string
+	Applied  bool
+	Detail   string
+	Evidence Evidence
+}
+
+// AfterMark runs for each applied mark before its decision is recorded; it
+// may add to the planned evidence and returns the follow-up decisions.
+type AfterMark func(ctx context.Context, p *Planned) []FollowUp
+
+// Settle applies the planned marks (nothing in a dry run) and records one
+// decision per mark: its own label when applied or in a dry run, and
+// sdk.LabelMarkNoop with the board's reason when the guard turned it into a
+// no-op. after runs only for applied marks. An error of the board ends the
+// settle; the marks decided before it are recorded.
+func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Planned, after AfterMark) error {
+	if len(planned) == 0 {
+		return nil
+	}
+	if rec.pass.DryRun {
+		for _, p := range planned {
+			rec.Add(p.Label, p.Mark.Attempt, false, p.Detail+" (dry run: not marked)", p.Evidence)
+		}
+		return nil
+	}
+	marks := make([]sdk.Mark, len(planned))
+	for i, p := range planned {
+		marks[i] = p.Mark
+	}
+	results, err := ApplyMarks(ctx, board, marks)
+	for i, res := range results {
+		p := &planned[i]
+		if !res.Applied {
+			p.Evidence[EvNoopReason] = res.NoopReason
+			rec.Add(sdk.LabelMarkNoop, p.Mark.Attempt, false,
+				p.Label+" not marked: the attempt "+noopWords(res.NoopReason), p.Evidence)
+			continue
+		}
+		var more []FollowUp
+		if after != nil {
+			more = after(ctx, p)
+		}
+		rec.Add(p.Label, p.Mark.Attempt, true, p.Detail, p.Evidence)
+		for _, f := range more {
+			rec.Add(f.Label, p.Mark.Attempt, f.Applied, f.Detail, f.Evidence)
+		}
+	}
+	return err
+}
+
+func noopWords(reason string) string {
+	switch reason {
+	case sdk.NoopMovedOn:
+		return "moved on (another try, epoch or state) since it was listed"
+	case sdk.NoopHeartbeated:
+		return "heartbeated since it was listed"
+	case sdk.NoopDeposed:
+		return "was not touched: this leadership term is no longer current"
+	case sdk.NoopNotFound:
+		return "no longer exists"
+	}
+	return "was left alone by the board (" + reason + ")"
+}
+
+// TeardownAttempt tears down one marked attempt (kube) and returns the
+// follow-ups: deleteErrLabel when the teardown failed (the mark stays), and
+// sdk.LabelTeardownDeleteFallback when the stop in place was refused and the
+// object was deleted instead. What happened goes into ev.
+func TeardownAttempt(ctx context.Context, exec sdk.Executions, pass sdk.Pass, a sdk.Attempt, reason, deleteErrLabel string, ev Evidence) []FollowUp {
+	out, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: reason, Term: pass.Term})
+	return teardownFollowUps(out, err, deleteErrLabel, ev)
+}
+
+func teardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel string, ev Evidence) []FollowUp {
+	failed, fallback, summary := TeardownTrouble(out, err)
+	ev[EvTeardown] = summary
+	var more []FollowUp
+	if failed {
+		more = append(more, FollowUp{Label: deleteErrLabel, Detail: "teardown failed, the mark stays: " + summary,
+			Evidence: ev.Clone()})
+	}
+	if fallback {
+		more = append(more, FollowUp{Label: sdk.LabelTeardownDeleteFallback, Applied: true,
+			Detail: "stopping in place was refused; deleted instead: " + summary, Evidence: ev.Clone()})
+	}
+	return more
+}

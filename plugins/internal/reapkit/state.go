@@ -1,0 +1,98 @@
+// Package reapkit holds what the reaper plugins share: the pass state that
+// carries keyset cursors between passes, the drain loop bounded by the phase
+// budget, the brake on marks decided on heartbeat silence alone, the common
+// configuration attributes, and the construction of decisions and their
+// evidence. Policy — which candidates, which signal, which label — stays in
+// each reaper's package.
+package reapkit
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// StateVersion is the version of the encoded pass state.
+const StateVersion = 1
+
+// Cursor is a keyset position saved between passes. TaskID is empty for run
+// listings.
+type Cursor struct {
+	At     time.Time `json:"at"`
+	RunID  string    `json:"run"`
+	TaskID string    `json:"task,omitempty"`
+}
+
+// State is what a reaper hands back to the host after a pass and receives
+// with the next one: one cursor per listing that stopped on a full page.
+// A listing without a cursor starts from its oldest row.
+//
+// Encoded as JSON: {"v":1,"cursors":{"<listing>":{"at":"<RFC 3339>","run":"…","task":"…"}}}.
+type State struct {
+	Version int               `json:"v"`
+	Cursors map[string]Cursor `json:"cursors,omitempty"`
+}
+
+// DecodeState reads a pass state. Empty input is the empty state. A state
+// that cannot be read (corrupt, or written by another version) yields the
+// empty state and an error saying why; the caller logs it and starts every
+// listing over, which costs at most re-reading pages.
+func DecodeState(b []byte) (State, error) {
+	s := State{Version: StateVersion, Cursors: map[string]Cursor{}}
+	if len(b) == 0 {
+		return s, nil
+	}
+	var in State
+	if err := json.Unmarshal(b, &in); err != nil {
+		return s, fmt.Errorf("decode pass state: %w", err)
+	}
+	if in.Version != StateVersion {
+		return s, fmt.Errorf("decode pass state: version %d, want %d", in.Version, StateVersion)
+	}
+	maps.Copy(s.Cursors, in.Cursors)
+	return s, nil
+}
+
+// Encode writes the state; a state with no cursor encodes as nil.
+func (s State) Encode() ([]byte, error) {
+	if len(s.Cursors) == 0 {
+		return nil, nil
+	}
+	s.Version = StateVersion
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("encode pass state: %w", err)
+	}
+	return b, nil
+}
+
+// Candidate returns the listing's cursor as a candidate cursor (nil: start).
+func (s State) Candidate(listing string) *sdk.Cursor {
+	c, ok := s.Cursors[listing]
+	if !ok {
+		return nil
+	}
+	return &sdk.Cursor{At: c.At, RunID: c.RunID, TaskID: c.TaskID}
+}
+
+// Run returns the listing's cursor as a run cursor (nil: start).
+func (s State) Run(listing string) *sdk.RunCursor {
+	c, ok := s.Cursors[listing]
+	if !ok {
+		return nil
+	}
+	return &sdk.RunCursor{At: c.At, RunID: c.RunID}
+}
+
+// set saves the listing's cursor; nil forgets it, so the next pass starts
+// from the oldest row.
+func (s State) set(listing string, c *Cursor) {
+	if c == nil {
+		delete(s.Cursors, listing)
+		return
+	}
+	s.Cursors[listing] = *c
+}

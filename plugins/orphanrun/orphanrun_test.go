@@ -1,0 +1,316 @@
+package orphanrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/plugins/dispatchlost"
+	"github.com/dexaflow/reaper/plugins/internal/reapkit"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/sdktest"
+)
+
+type bundle struct {
+	h *sdktest.Harness
+	r *Reaper
+}
+
+func setup(t testing.TB, edition string, values sdk.Values) *bundle {
+	t.Helper()
+	h := sdktest.New(edition)
+	r := New(nil)
+	if err := h.Configure(context.Background(), r, values); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	return &bundle{h: h, r: r}
+}
+
+func (b *bundle) reap(t testing.TB) sdktest.Decisions {
+	t.Helper()
+	ds, err := b.h.Reap(context.Background(), b.r)
+	if err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	return ds
+}
+
+// quietRun puts run id, started an hour ago, with the given rows; a row's
+// zero times stay NULL, and every set time is the caller's.
+func quietRun(b *bundle, id string, rows ...sdktest.TaskInstance) sdk.Attempt {
+	b.h.Board.PutRun(sdktest.Run{RunID: id, DagID: "dag", StartedAt: b.h.Now().Add(-time.Hour)})
+	for i, row := range rows {
+		row.RunID = id
+		if row.TaskID == "" {
+			row.TaskID = fmt.Sprintf("t%d", i)
+		}
+		b.h.Board.Put(row)
+	}
+	return sdk.Attempt{RunID: id}
+}
+
+func TestRules(t *testing.T) {
+	t.Parallel()
+	ago := func(b *bundle, d time.Duration) time.Time { return b.h.Now().Add(-d) }
+	settled := func(b *bundle) sdktest.TaskInstance {
+		return sdktest.TaskInstance{State: sdk.StateSuccess, RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)}
+	}
+	cases := []struct {
+		name    string
+		edition string
+		arrange func(b *bundle) sdk.Attempt
+		want    string // the run's decision labels
+		wantRun string
+		check   func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
+	}{
+		{name: "AllSettledAndQuiet_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateSkipped})
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			d := ds.For(a)[0]
+			if !d.Applied || d.Evidence[reapkit.EvActivityAge] != "30m0s" || d.Evidence[reapkit.EvThreshold] != "5m0s" || d.Evidence[reapkit.EvTerm] != "1" {
+				t.Fatalf("decision %+v", d)
+			}
+			if r, _ := b.h.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.h.Now()) {
+				t.Fatalf("run %+v", r)
+			}
+			if n := len(b.h.Exec.Teardowns()); n != 0 {
+				t.Fatalf("lite tore down %d", n)
+			}
+		}},
+		{name: "NeverStartedNoneDoesNotKeepRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateNone})
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
+		{name: "QuietWithinThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: ago(b, 5*time.Minute)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ScheduledKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateScheduled})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "StaleQueuedKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateQueued, QueuedAt: ago(b, time.Hour)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "SilentRunningKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateRunning, RunningAt: ago(b, time.Hour), LastHeartbeatAt: ago(b, time.Hour)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ParkedUpForRetry_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForRetry, EndedAt: ago(b, 20*time.Minute)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ParkedUpForReschedule_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForReschedule, EndedAt: ago(b, 20*time.Minute)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ParkedDeferred_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateDeferred})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ProvisionalInfraMark_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+				InfraMarkedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ConfirmedInfraMark_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
+		{name: "ReleasedAtCountsAsActivity", arrange: func(b *bundle) sdk.Attempt {
+			// Released back to none for another attempt a moment ago: its
+			// per-attempt times are cleared, but the release is activity.
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateNone, Try: 2, ReleasedAt: ago(b, 10*time.Second)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ParkedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+			a := quietRun(b, "r", sdktest.TaskInstance{TaskID: "t", State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
+				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
+			b.h.Board.OnReapRun(func(sdk.RunReap) {
+				b.h.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
+			})
+			return a
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if d := ds.For(a)[0]; d.Applied || d.Evidence[reapkit.EvNoopReason] != sdk.NoopActive {
+				t.Fatalf("decision %+v", d)
+			}
+		}},
+		{name: "FreshActivityBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+			a := quietRun(b, "r", settled(b))
+			b.h.Board.OnReapRun(func(sdk.RunReap) {
+				b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.h.Now()})
+			})
+			return a
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
+		{name: "RowsLockedByAnotherWriter_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+			a := quietRun(b, "r", settled(b))
+			b.h.Board.LockRun("r", true)
+			return a
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if d := ds.For(a)[0]; d.Evidence[reapkit.EvNoopReason] != sdk.NoopLocked {
+				t.Fatalf("decision %+v", d)
+			}
+		}},
+		{name: "FinalizedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+			a := quietRun(b, "r", settled(b))
+			b.h.Board.OnReapRun(func(sdk.RunReap) {
+				b.h.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
+			})
+			return a
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunSuccess},
+		{name: "DeposedTerm_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Board.SetTerm(9)
+			return quietRun(b, "r", settled(b))
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
+		{name: "AttachedAttemptsInEvidence", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
+				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if d := ds.For(a)[0]; d.Evidence[reapkit.EvAttached] != "1" {
+				t.Fatalf("decision %+v", d)
+			}
+		}},
+		{name: "KubeTearsDownEveryExecutionOfTheRun", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", settled(b))
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if td := b.h.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
+				t.Fatalf("teardowns %+v", td)
+			}
+		}},
+		{name: "KubeNoopNeverTearsDown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			a := quietRun(b, "r", settled(b))
+			b.h.Board.LockRun("r", true)
+			return a
+		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := b.h.Exec.Actions(); n != 0 {
+				t.Fatalf("%d teardowns", n)
+			}
+		}},
+		{name: "KubeTeardownFails_ReapStands", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			b.h.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
+			return quietRun(b, "r", settled(b))
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reapkit.EvTeardown], "apiserver unavailable") {
+				t.Fatalf("decision %+v", d)
+			}
+		}},
+		{name: "KubeDeleteFallback_Recorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+			b.h.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
+				{Object: "pod/b", Action: sdk.TeardownSkipTerminal}}, nil)
+			return quietRun(b, "r", settled(b))
+		}, want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, wantRun: sdk.RunFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			edition := tc.edition
+			if edition == "" {
+				edition = ladder.EditionLite
+			}
+			b := setup(t, edition, nil)
+			a := tc.arrange(b)
+			ds := b.reap(t)
+			if got := ds.Label(a); got != tc.want {
+				t.Fatalf("decisions %q, want %q (all %+v)", got, tc.want, ds)
+			}
+			if r, _ := b.h.Board.Run(a.RunID); r.State != tc.wantRun {
+				t.Fatalf("run state %q, want %q", r.State, tc.wantRun)
+			}
+			if tc.check != nil {
+				tc.check(t, b, a, ds)
+			}
+		})
+	}
+}
+
+// A scheduler crash mid-tick leaves a run's task queued: dispatch-lost
+// fails it first (Lite: confirmed at once), and orphan-run fails the run
+// once the mark itself is older than the orphan threshold.
+func TestLostDispatchThenOrphanRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ladder.EditionLite, nil)
+	dl := dispatchlost.New(nil)
+	b.h.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.h.Now().Add(-10 * time.Minute)})
+	stuck := b.h.Queued("r", "t", 10*time.Minute)
+
+	if ds := b.reap(t); len(ds) != 0 {
+		t.Fatalf("a queued task keeps the run alive: %v", ds.Labels())
+	}
+	if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
+		t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
+	}
+	if ds := b.reap(t); len(ds) != 0 {
+		t.Fatalf("the mark is fresh activity: %v", ds.Labels())
+	}
+	b.h.Clock.Advance(b.h.Ladder.OrphanRun + time.Second)
+	if ds := b.reap(t); ds.Label(sdk.Attempt{RunID: "r"}) != sdk.LabelOrphanRun {
+		t.Fatalf("orphan-run: %v", ds.Labels())
+	}
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, ladder.EditionKube, nil)
+	b.h.DryRun = true
+	a := quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: b.h.Now().Add(-time.Hour)})
+	ds := b.reap(t)
+	if d := ds.For(a); len(d) != 1 || d[0].Label != sdk.LabelOrphanRun || d[0].Applied || !d[0].DryRun {
+		t.Fatalf("decisions %+v", ds)
+	}
+	if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
+		t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+	}
+}
+
+func TestPaging(t *testing.T) {
+	t.Parallel()
+	quiet := func(b *bundle, n int) []sdk.Attempt {
+		out := make([]sdk.Attempt, n)
+		for i := range n {
+			id := fmt.Sprintf("r%04d", i)
+			b.h.Board.PutRun(sdktest.Run{RunID: id, StartedAt: b.h.Now().Add(-time.Hour + time.Duration(i)*time.Second)})
+			out[i] = sdk.Attempt{RunID: id}
+		}
+		return out
+	}
+	t.Run("CursorCarriedBetweenPasses", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
+		runs := quiet(b, 250)
+		for _, r := range runs {
+			b.h.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
+		}
+		for pass, first := range []int{0, 100, 200, 0} {
+			if ds := b.reap(t); ds[0].Attempt != runs[first] {
+				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, runs[first])
+			}
+		}
+	})
+	t.Run("DrainReachesAll2500InOnePass", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, nil)
+		quiet(b, 2500)
+		if ds := b.reap(t); ds.Count(sdk.LabelOrphanRun) != 2500 || b.h.StateOf(Name) != nil {
+			t.Fatalf("failed %d runs, state %s", ds.Count(sdk.LabelOrphanRun), b.h.StateOf(Name))
+		}
+	})
+	t.Run("BoardErrorFailsPass", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, ladder.EditionLite, nil)
+		quiet(b, 3)
+		b.h.Board.Fail(sdktest.OpReapRun, errors.New("serialization failure"))
+		if _, err := b.h.Reap(context.Background(), b.r); err == nil || !strings.Contains(err.Error(), "serialization failure") {
+			t.Fatalf("err %v", err)
+		}
+	})
+}
+
+func TestConfigure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := sdktest.New(ladder.EditionLite)
+	if err := h.Configure(ctx, New(nil), sdk.Values{"drain_max_pages": float64(5)}); err != nil {
+		t.Fatal(err)
+	}
+	for key, v := range map[string]any{"drain_max_pages": "many", "policy": "hold"} {
+		if err := h.Configure(ctx, New(nil), sdk.Values{key: v}); err == nil || !strings.Contains(err.Error(), `"`+key+`"`) {
+			t.Fatalf("%s: err %v", key, err)
+		}
+	}
+}
