@@ -14,7 +14,8 @@ BINARIES := \
 	reaper-warmworker=./plugins/warmworker/cmd/reaper-warmworker \
 	reaper-orphanrun=./plugins/orphanrun/cmd/reaper-orphanrun \
 	reaper-substrate-kube=./substrate/kube/cmd/reaper-substrate-kube \
-	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite
+	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
+	reaper-agent=./substrate/lite/cmd/reaper-agent
 
 .PHONY: all build test lint proto clean
 

@@ -2,9 +2,12 @@ package sdk
 
 import (
 	"context"
+	"errors"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
@@ -93,4 +96,16 @@ func (p *SubstratePlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroke
 		client:     pb.NewSubstrateClient(c),
 		callbacks:  newCallbackServer(broker),
 	}, nil
+}
+
+// IsUnavailable reports whether err says the plugin at the other end of a
+// call is gone (its process exited or its connection broke), as opposed to
+// the plugin answering with an error of its own.
+func IsUnavailable(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if s, ok := status.FromError(e); ok && s.Code() == codes.Unavailable {
+			return true
+		}
+	}
+	return false
 }

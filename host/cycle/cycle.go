@@ -289,7 +289,10 @@ func (l *Loop) pass(ctx context.Context, term int64, r Reaper, exec sdk.Executio
 	elapsed := l.cfg.Clock.Now().Sub(now)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	if err != nil {
-		if r.Plugin.Down() {
+		// An in-process reaper may return what it decided before the error;
+		// keep it (over gRPC an error carries no result).
+		l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
+		if r.Plugin.Down() || sdk.IsUnavailable(err) {
 			unavailable(err)
 			return
 		}

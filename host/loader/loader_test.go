@@ -168,7 +168,7 @@ func TestLaunch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("schema: %v", err)
 		}
-		if len(schema.Attributes) != 3 || schema.Attributes[1].Default != "90s" {
+		if len(schema.Attributes) != 4 || schema.Attributes[1].Default != "90s" {
 			t.Fatalf("schema = %+v", schema)
 		}
 		configure(t, p, "normal")

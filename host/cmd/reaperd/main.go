@@ -2,7 +2,9 @@
 // the substrate and reaper plugins, and (on the leader) runs the
 // reconcile-then-reap cycle.
 //
+//	reaperd run -config FILE        run the daemon
 //	reaperd validate -config FILE   parse, check the ladder, start and configure every plugin
+//	reaperd migrate -config FILE    apply the board's schema migrations
 //	reaperd version                 print the version and the plugin protocol version
 package main
 
@@ -26,6 +28,9 @@ import (
 const usage = `usage: reaperd <command> [flags]
 
 commands:
+  run -config FILE        run the daemon: leadership, the settling gate, and
+                          the reconcile-then-reap cycle on the leader
+  migrate -config FILE    apply the board's schema migrations (idempotent)
   validate -config FILE   check a configuration: syntax, keys, timing ladder,
                           and every plugin's own block (the plugins are started)
   version                 print the version
@@ -49,6 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "validate":
 		return cmdValidate(ctx, args[1:], stdout, stderr)
+	case "run":
+		return cmdRun(ctx, args[1:], stderr)
+	case "migrate":
+		return cmdMigrate(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -22,8 +22,9 @@ import (
 )
 
 type reaper struct {
-	name string
-	mode string
+	name   string
+	mode   string
+	marker string
 }
 
 func newReaper(hclog.Logger) *reaper {
@@ -39,22 +40,30 @@ func (r *reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
 		{Name: "mode", Type: sdk.TypeString, Default: "normal"},
 		{Name: "threshold", Type: sdk.TypeDuration, Default: "90s"},
 		{Name: "required_thing", Type: sdk.TypeString, Required: r.name == "strict"},
+		{Name: "crash_marker", Type: sdk.TypeString, Default: ""},
 	}}, nil
 }
 
 func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.mode = req.Values.String("mode")
+	r.marker = req.Values.String("crash_marker")
 	switch r.mode {
-	case "normal", "crash", "hang":
+	case "normal", "crash", "hang", "crash_once":
 		return nil
 	}
-	return errors.New(`mode must be "normal", "crash" or "hang"`)
+	return errors.New(`mode must be "normal", "crash", "crash_once" or "hang"`)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
 	switch r.mode {
 	case "crash":
 		os.Exit(3)
+	case "crash_once":
+		if _, err := os.Stat(r.marker); err != nil {
+			if err := os.WriteFile(r.marker, nil, 0o600); err == nil {
+				os.Exit(3)
+			}
+		}
 	case "hang":
 		<-ctx.Done()
 		return sdk.PassResult{}, ctx.Err()

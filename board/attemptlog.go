@@ -1,0 +1,86 @@
+package board
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+const appendLogSQL = `
+WITH lead AS (
+    SELECT 1 FROM leader WHERE name = $1 AND term = $2 AND expires_at > $3 FOR SHARE
+)
+INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
+SELECT l.run_id, l.task_id, l.try_number, l.attempt_epoch, l.at, l.line
+FROM unnest($4::text[], $5::text[], $6::int4[], $7::int4[], $8::timestamptz[], $9::text[])
+    WITH ORDINALITY AS l(run_id, task_id, try_number, attempt_epoch, at, line, ord)
+WHERE EXISTS (SELECT 1 FROM lead)
+ORDER BY l.ord`
+
+// AppendLog appends lines to attempts' try logs in one statement, fenced on
+// term: when term is not current (or its lease has expired by the latest
+// line's time) nothing is written and the error wraps ErrDeposed.
+func (s *Store) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	args, latest, err := logArrays(lines)
+	if err != nil {
+		return fmt.Errorf("board: append log: %w", err)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, appendLogSQL, append([]any{s.leader, term, latest}, args...)...)
+	if err != nil {
+		return fmt.Errorf("board: append log: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("board: append log: term %d: %w", term, ErrDeposed)
+	}
+	return nil
+}
+
+// logArrays turns lines into the parallel arrays the insert statements take,
+// and returns the latest line time.
+func logArrays(lines []sdk.LogLine) ([]any, time.Time, error) {
+	n := len(lines)
+	runIDs, taskIDs, texts := make([]string, n), make([]string, n), make([]string, n)
+	tries, epochs := make([]int32, n), make([]int32, n)
+	ats := make([]time.Time, n)
+	var latest time.Time
+	for i, l := range lines {
+		if l.RunID == "" || l.TaskID == "" || l.At.IsZero() {
+			return nil, time.Time{}, fmt.Errorf("line %d (%s): run id, task id and time are required", i, l.Attempt)
+		}
+		runIDs[i], taskIDs[i], tries[i], epochs[i], ats[i], texts[i] = l.RunID, l.TaskID, l.Try, l.Epoch, l.At, l.Line
+		if l.At.After(latest) {
+			latest = l.At
+		}
+	}
+	return []any{runIDs, taskIDs, tries, epochs, ats, texts}, latest, nil
+}
+
+// AttemptLog returns the try log of a task instance, every attempt, in the
+// order it was written.
+func (s *Store) AttemptLog(ctx context.Context, runID, taskID string) ([]sdk.LogLine, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT run_id, task_id, try_number, attempt_epoch, at, line
+        FROM attempt_log WHERE run_id = $1 AND task_id = $2 ORDER BY id`, runID, taskID)
+	if err != nil {
+		return nil, fmt.Errorf("board: read attempt log of %s/%s: %w", runID, taskID, err)
+	}
+	lines, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (sdk.LogLine, error) {
+		var l sdk.LogLine
+		err := row.Scan(&l.RunID, &l.TaskID, &l.Try, &l.Epoch, &l.At, &l.Line)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("board: read attempt log of %s/%s: %w", runID, taskID, err)
+	}
+	return lines, nil
+}

@@ -1,0 +1,114 @@
+package board_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func TestAudit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("RecordsABatchAndExplainsATaskInstance", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := sdk.Attempt{RunID: "run", TaskID: "task", Try: 2, Epoch: 3}
+		ds := []sdk.Decision{
+			{Reaper: "agentlost", Label: sdk.LabelAgentLostProcessAlive, Attempt: a, Detail: "agent alive",
+				Evidence: map[string]string{"heartbeat_age": "2m", "liveness": "alive"}},
+			{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: a, Applied: true},
+			{Reaper: "dispatchlost", Label: sdk.LabelDispatchLost, Attempt: sdk.Attempt{RunID: "run", TaskID: "other", Try: 1}, DryRun: true},
+			{Reaper: "orphanrun", Label: sdk.LabelOrphanReapNoop, Attempt: sdk.Attempt{RunID: "run"}},
+			{Reaper: "host", Label: sdk.LabelSettlingSkip},
+		}
+		if err := b.store.RecordDecisions(ctx, b.term, base, ds); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := b.store.DecisionsFor(ctx, "run", "task", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 3 {
+			t.Fatalf("%d records for run/task, want its two and the run-level one: %+v", len(recs), recs)
+		}
+		r0 := recs[0]
+		if r0.Label != sdk.LabelAgentLostProcessAlive || r0.Attempt != a || r0.Term != b.term || !r0.At.Equal(base) ||
+			r0.Evidence["heartbeat_age"] != "2m" || r0.Detail != "agent alive" || r0.Applied {
+			t.Fatalf("first record %+v", r0)
+		}
+		if !recs[1].Applied || recs[2].Label != sdk.LabelOrphanReapNoop || recs[2].Attempt.TaskID != "" {
+			t.Fatalf("records %+v", recs)
+		}
+		newest, err := b.store.DecisionsFor(ctx, "run", "task", 1)
+		if err != nil || len(newest) != 1 || newest[0].Label != sdk.LabelOrphanReapNoop {
+			t.Fatalf("newest record: %+v %v", newest, err)
+		}
+		all, err := b.store.DecisionsFor(ctx, "run", "", 0)
+		if err != nil || len(all) != 4 {
+			t.Fatalf("run records: %d %v", len(all), err)
+		}
+		if n, err := b.store.PruneDecisions(ctx, base.Add(time.Second)); err != nil || n != 5 {
+			t.Fatalf("pruned %d %v, want 5", n, err)
+		}
+	})
+
+	t.Run("DecisionWithoutLabelIsRejected", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		if err := b.store.RecordDecisions(ctx, b.term, base, []sdk.Decision{{Reaper: "x"}}); err == nil {
+			t.Fatal("no error")
+		}
+	})
+}
+
+func TestAttemptLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("AppendsInOrderUnderTheCurrentTerm", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		a := first("run", "task")
+		if err := b.w.AppendLog(ctx, []sdk.LogLine{{Attempt: a, At: base, Line: "task started"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.store.AppendLog(ctx, b.term, []sdk.LogLine{
+			{Attempt: a, At: base.Add(time.Second), Line: "killed: credential_ceiling"},
+			{Attempt: a, At: base.Add(time.Second), Line: "second"},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		lines, err := b.store.AttemptLog(ctx, "run", "task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lines) != 3 || lines[0].Line != "task started" || lines[1].Line != "killed: credential_ceiling" ||
+			lines[2].Line != "second" || lines[1].Attempt != a {
+			t.Fatalf("log %+v", lines)
+		}
+	})
+
+	t.Run("DeposedTermWritesNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		err := b.store.AppendLog(ctx, b.term+1, []sdk.LogLine{{Attempt: first("run", "task"), At: base, Line: "x"}})
+		if !errors.Is(err, board.ErrDeposed) {
+			t.Fatalf("err = %v, want ErrDeposed", err)
+		}
+		// A lease that expired before the line's time is not current either.
+		err = b.store.AppendLog(ctx, b.term, []sdk.LogLine{{Attempt: first("run", "task"), At: base.Add(2 * leaseTTL), Line: "x"}})
+		if !errors.Is(err, board.ErrDeposed) {
+			t.Fatalf("err = %v, want ErrDeposed", err)
+		}
+		if lines, err := b.store.AttemptLog(ctx, "run", "task"); err != nil || len(lines) != 0 {
+			t.Fatalf("log %+v %v", lines, err)
+		}
+	})
+}

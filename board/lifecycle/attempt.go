@@ -1,0 +1,134 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// guardAttempt is the WHERE clause every transition of one attempt shares:
+// $1 run, $2 task, $3 try, $4 epoch, and the run still running.
+const guardAttempt = `ti.run_id = $1 AND ti.task_id = $2 AND ti.try_number = $3 AND ti.attempt_epoch = $4
+    AND r.run_id = ti.run_id AND r.state = 'running'`
+
+// step runs one guarded UPDATE of one attempt and reports whether it applied.
+func (w *Writer) step(ctx context.Context, what string, a sdk.Attempt, sql string, args ...any) (bool, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	tag, err := w.pool.Exec(ctx, sql, append([]any{a.RunID, a.TaskID, a.Try, a.Epoch}, args...)...)
+	if err != nil {
+		return false, fmt.Errorf("board: %s %s: %w", what, a, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Enqueue moves the attempt from none to scheduled. It reports whether it
+// applied.
+func (w *Writer) Enqueue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+	return w.step(ctx, "enqueue", a, `UPDATE task_instances ti SET state = 'scheduled', updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'none'`, now)
+}
+
+// Queue moves the attempt from scheduled to queued (handed to an executor)
+// and stamps queued_at.
+func (w *Writer) Queue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+	return w.step(ctx, "queue", a, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now)
+}
+
+// QueueWarm is Queue onto a warm pool worker: it also binds the attempt to
+// the worker.
+func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, now time.Time) (bool, error) {
+	if worker == "" {
+		return false, fmt.Errorf("board: queue %s on a warm worker: no worker named", a)
+	}
+	return w.step(ctx, "queue", a, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, warm_worker = $6,
+        updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
+}
+
+// Running records the attempt's RUNNING report: queued to running, stamping
+// running_at. When the row no longer holds this queued attempt, or the run
+// is no longer running, nothing changes and shouldTerminate is true: the
+// agent must not start the task.
+func (w *Writer) Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error) {
+	ok, err := w.step(ctx, "report running", a, `UPDATE task_instances ti SET state = 'running', running_at = $5,
+        updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued'`, now)
+	return !ok && err == nil, err
+}
+
+// Heartbeat records a heartbeat of a running attempt. When the row no longer
+// holds this running attempt, or the run is no longer running, nothing
+// changes and shouldTerminate is true: the agent must stop the task.
+func (w *Writer) Heartbeat(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error) {
+	ok, err := w.step(ctx, "heartbeat", a, `UPDATE task_instances ti
+        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, $5), updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, now)
+	return !ok && err == nil, err
+}
+
+// Outcome is what an attempt reports at its end.
+type Outcome struct {
+	// State is sdk.StateSuccess, StateFailed, StateUpForRetry (a task failure
+	// with retries left), StateUpForReschedule (a reschedule-mode sensor's
+	// poke ended) or StateSkipped.
+	State string
+	// Reason is a short label for a failure (execution_timeout, exit_code, ...).
+	Reason string
+	// Message is the error message of a failure.
+	Message string
+}
+
+// Report records the attempt's terminal report, guarded like Heartbeat:
+// when the row no longer holds this running attempt, or the run is no longer
+// running, nothing changes and shouldTerminate is true. A failure reported
+// here is a task failure.
+func (w *Writer) Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (shouldTerminate bool, err error) {
+	switch o.State {
+	case sdk.StateSuccess, sdk.StateSkipped, sdk.StateUpForReschedule:
+		o.Reason, o.Message = "", ""
+	case sdk.StateFailed, sdk.StateUpForRetry:
+	default:
+		return false, fmt.Errorf("board: report %s: %q is not an outcome", a, o.State)
+	}
+	ok, err := w.step(ctx, "report", a, `UPDATE task_instances ti SET
+            state = $5, ended_at = $6, updated_at = $6,
+            last_failure_kind = CASE WHEN $5 IN ('failed', 'up_for_retry') THEN 'task' END,
+            failure_reason = NULLIF($7, ''), error_message = NULLIF($8, '')
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, o.State, now, o.Reason, o.Message)
+	return !ok && err == nil, err
+}
+
+// Failure is a failure the scheduler itself records (not an agent's report).
+type Failure struct {
+	Kind    sdk.MarkKind // sdk.MarkTask or sdk.MarkInfra
+	Reason  string       // dispatch_failed, ...
+	Message string
+	// Terminal spends the retries left: the task does not run again unless
+	// cleared (a dispatch that failed for good, say).
+	Terminal bool
+	// Confirm confirms an infra failure as it is made (no reconciler will).
+	Confirm bool
+}
+
+// Fail fails the attempt from one of the from states. It reports whether it
+// applied.
+func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failure, now time.Time) (bool, error) {
+	if len(from) == 0 {
+		return false, fmt.Errorf("board: fail %s: no source states", a)
+	}
+	if f.Kind != sdk.MarkTask && f.Kind != sdk.MarkInfra {
+		return false, fmt.Errorf("board: fail %s: unknown failure kind %q", a, f.Kind)
+	}
+	return w.step(ctx, "fail", a, `UPDATE task_instances ti SET
+            state = 'failed', ended_at = $5, updated_at = $5, last_failure_kind = $6,
+            failure_reason = NULLIF($7, ''), error_message = NULLIF($8, ''),
+            retries = CASE WHEN $9::bool THEN 0 ELSE ti.retries END,
+            infra_marked_at = CASE WHEN $6 = 'infra' THEN $5::timestamptz END,
+            infra_confirmed_at = CASE WHEN $6 = 'infra' AND $10::bool THEN $5::timestamptz END
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = ANY ($11::text[])`,
+		now, string(f.Kind), f.Reason, f.Message, f.Terminal, f.Confirm, from)
+}

@@ -1,0 +1,225 @@
+// Package lifecycle is the writers' side of the board: the guarded
+// transitions that a scheduler, the Lite dispatcher and runner, an agent and
+// the tests drive runs and task instances through.
+//
+// A task instance's current attempt is (try_number, attempt_epoch). The
+// forward path is
+//
+//	none ─Enqueue─▶ scheduled ─Queue─▶ queued ─Running─▶ running ─Report─▶ success | failed | up_for_retry | ...
+//
+// and every rail that starts a new execution (Retry, Clear, Replace,
+// Reschedule, WarmRequeue, DispatchBackoff) releases the attempt it names:
+// it bumps the try (Retry, Clear) or the epoch (the others), clears what the
+// released attempt stamped (queued_at, running_at, last_heartbeat_at,
+// ended_at, the failure and infra-mark fields, the warm worker binding) and
+// stamps released_at, which counts as run activity. A new attempt therefore
+// never looks as if it had heartbeated, and a reaper's mark or a teardown
+// pinned to the released attempt can never touch it.
+//
+// Every write names the attempt it applies to and the states it may move
+// from. A write whose attempt moved on changes nothing; an agent's Running,
+// Heartbeat or Report that changes nothing is answered shouldTerminate. The
+// time of every write is the caller's now.
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// DefaultInfraBudget is how many infra re-places a task gets unless it says.
+const DefaultInfraBudget = 3
+
+// NoInfraBudget, as NewTask.InfraBudget, allows no infra re-place at all.
+const NoInfraBudget = -1
+
+// Why a rail or a release did not apply (Release.Reason).
+const (
+	ReasonMovedOn     = sdk.NoopMovedOn  // another try, epoch or state
+	ReasonNotFound    = sdk.NoopNotFound // no such task instance
+	ReasonHeld        = "held"           // held for review: release it first
+	ReasonNoRetries   = "no_retries"     // Retry with no retries left
+	ReasonBudgetSpent = "budget_spent"   // Replace with the infra budget spent
+)
+
+// Options configure a Writer.
+type Options struct {
+	// QueryTimeout bounds the database work of one call; <= 0 means
+	// board.QueryTimeoutDefault.
+	QueryTimeout time.Duration
+}
+
+// Writer performs the guarded transitions. It is safe for concurrent use.
+type Writer struct {
+	pool    *pgxpool.Pool
+	store   *board.Store
+	timeout time.Duration
+}
+
+// New returns a Writer over pool. The pool stays the caller's to close.
+func New(pool *pgxpool.Pool, opts Options) *Writer {
+	if opts.QueryTimeout <= 0 {
+		opts.QueryTimeout = board.QueryTimeoutDefault
+	}
+	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout}), timeout: opts.QueryTimeout}
+}
+
+func (w *Writer) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, w.timeout)
+}
+
+// TaskInstance reads one task instance (board.ErrNotFound when absent).
+func (w *Writer) TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error) {
+	return w.store.TaskInstance(ctx, runID, taskID)
+}
+
+// TaskInstances reads every task instance of a run.
+func (w *Writer) TaskInstances(ctx context.Context, runID string) ([]board.TaskInstance, error) {
+	return w.store.TaskInstances(ctx, runID)
+}
+
+// Run reads one run (board.ErrNotFound when absent).
+func (w *Writer) Run(ctx context.Context, runID string) (board.Run, error) {
+	return w.store.Run(ctx, runID)
+}
+
+// NewTask is a task instance created with its run, at try 1, epoch 0, in
+// state none.
+type NewTask struct {
+	TaskID   string
+	Executor string // sdk.ExecutorKube, ExecutorLite or ExecutorWarm
+	// Retries the task declares: a task failure with retries left can be
+	// retried that many times; a clear restores them.
+	Retries int32
+	// InfraBudget is how many infra re-places the task gets: 0 means
+	// DefaultInfraBudget, NoInfraBudget means none.
+	InfraBudget int32
+	// Command is what the Lite runner executes (empty for other executors).
+	Command string
+	// ExecutionTimeout is the task's declared timeout; 0: none.
+	ExecutionTimeout time.Duration
+}
+
+// NewRun is a run created with its task instances.
+type NewRun struct {
+	RunID string
+	DagID string
+	// State is sdk.RunRunning (the default: started at now) or sdk.RunQueued.
+	State string
+	Tasks []NewTask
+}
+
+const createRunSQL = `
+WITH run AS (
+    INSERT INTO runs (run_id, dag_id, state, started_at, updated_at)
+    VALUES ($1, $2, $3, CASE WHEN $3 = 'running' THEN $4::timestamptz END, $4)
+)
+INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries, infra_budget,
+    command, execution_timeout_seconds, updated_at)
+SELECT $1, t.task_id, t.executor, t.retries, t.retries, t.infra_budget,
+    NULLIF(t.command, ''), NULLIF(t.timeout, 0), $4
+FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[])
+    AS t(task_id, executor, retries, infra_budget, command, timeout)`
+
+// CreateRun inserts a run and its task instances in one statement: all of
+// them or nothing.
+func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
+	if r.RunID == "" || r.DagID == "" {
+		return fmt.Errorf("board: create run: run id and dag id are required")
+	}
+	if r.State == "" {
+		r.State = sdk.RunRunning
+	}
+	if r.State != sdk.RunRunning && r.State != sdk.RunQueued {
+		return fmt.Errorf("board: create run %s: a run starts queued or running, not %q", r.RunID, r.State)
+	}
+	n := len(r.Tasks)
+	ids, execs, cmds := make([]string, n), make([]string, n), make([]string, n)
+	retries, budgets, timeouts := make([]int32, n), make([]int32, n), make([]int32, n)
+	seen := map[string]bool{}
+	for i, t := range r.Tasks {
+		if t.TaskID == "" || seen[t.TaskID] {
+			return fmt.Errorf("board: create run %s: task id %q is empty or repeated", r.RunID, t.TaskID)
+		}
+		seen[t.TaskID] = true
+		budget := t.InfraBudget
+		switch {
+		case budget == 0:
+			budget = DefaultInfraBudget
+		case budget == NoInfraBudget:
+			budget = 0
+		}
+		ids[i], execs[i], cmds[i] = t.TaskID, t.Executor, t.Command
+		retries[i], budgets[i] = t.Retries, budget
+		timeouts[i] = int32((t.ExecutionTimeout + time.Second - 1) / time.Second)
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	if _, err := w.pool.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
+		ids, execs, retries, budgets, cmds, timeouts); err != nil {
+		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
+	}
+	return nil
+}
+
+// StartRun moves a queued run to running and stamps its start.
+func (w *Writer) StartRun(ctx context.Context, runID string, now time.Time) (bool, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	tag, err := w.pool.Exec(ctx, `UPDATE runs SET state = 'running', started_at = $2, updated_at = $2
+        WHERE run_id = $1 AND state = 'queued'`, runID, now)
+	if err != nil {
+		return false, fmt.Errorf("board: start run %s: %w", runID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishRun moves a running run to success or failed.
+func (w *Writer) FinishRun(ctx context.Context, runID, state, message string, now time.Time) (bool, error) {
+	if state != sdk.RunSuccess && state != sdk.RunFailed {
+		return false, fmt.Errorf("board: finish run %s: a run finishes success or failed, not %q", runID, state)
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	tag, err := w.pool.Exec(ctx, `UPDATE runs SET state = $2, ended_at = $3, error_message = NULLIF($4, ''), updated_at = $3
+        WHERE run_id = $1 AND state = 'running'`, runID, state, now, message)
+	if err != nil {
+		return false, fmt.Errorf("board: finish run %s: %w", runID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// AppendLog appends lines to attempts' try logs (the writers' side: not
+// fenced by a leadership term).
+func (w *Writer) AppendLog(ctx context.Context, lines []sdk.LogLine) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	n := len(lines)
+	runIDs, taskIDs, texts := make([]string, n), make([]string, n), make([]string, n)
+	tries, epochs := make([]int32, n), make([]int32, n)
+	ats := make([]time.Time, n)
+	for i, l := range lines {
+		if l.RunID == "" || l.TaskID == "" || l.At.IsZero() {
+			return fmt.Errorf("board: append log: line %d (%s): run id, task id and time are required", i, l.Attempt)
+		}
+		runIDs[i], taskIDs[i], tries[i], epochs[i], ats[i], texts[i] = l.RunID, l.TaskID, l.Try, l.Epoch, l.At, l.Line
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	_, err := w.pool.Exec(ctx, `INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
+        SELECT l.run_id, l.task_id, l.try_number, l.attempt_epoch, l.at, l.line
+        FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[], $5::timestamptz[], $6::text[])
+            WITH ORDINALITY AS l(run_id, task_id, try_number, attempt_epoch, at, line, ord)
+        ORDER BY l.ord`, runIDs, taskIDs, tries, epochs, ats, texts)
+	if err != nil {
+		return fmt.Errorf("board: append log: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Release is the answer of a rail.
+type Release struct {
+	// Applied is true when the attempt was released and a new one begun.
+	Applied bool
+	// Reason says why not (ReasonMovedOn, ReasonHeld, ...), when not applied.
+	Reason string
+	// Attempt is the new attempt when applied.
+	Attempt sdk.Attempt
+	// UnavailableSince is when the task's dispatch outage began
+	// (DispatchBackoff; zero for the other rails).
+	UnavailableSince time.Time
+}
+
+// rail is one way of starting a new execution. The rails below are fixed
+// tables, never modified.
+type rail struct {
+	name      string
+	to        string // the state the new attempt starts in
+	bumpTry   bool   // else the epoch
+	guard     string // SQL on ti: which released attempts qualify
+	set       string // SQL assignments of this rail, beyond the common ones
+	fromState func(state, kind string) bool
+}
+
+// clearAttempt is what every rail clears of the attempt it releases.
+const clearAttempt = `queued_at = NULL, running_at = NULL, last_heartbeat_at = NULL, ended_at = NULL,
+    last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
+    infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL`
+
+var (
+	retryRail = rail{
+		name: "retry", to: sdk.StateNone, bumpTry: true,
+		guard: `(ti.state = 'up_for_retry' OR (ti.state = 'failed' AND ti.last_failure_kind = 'task'))
+            AND ti.held_at IS NULL AND ti.retries > 0`,
+		set: `retries = ti.retries - 1, dispatch_unavailable_since = NULL`,
+		fromState: func(s, k string) bool {
+			return s == sdk.StateUpForRetry || (s == sdk.StateFailed && k == sdk.FailureTask)
+		},
+	}
+	clearRail = rail{
+		name: "clear", to: sdk.StateNone, bumpTry: true,
+		guard:     `true`,
+		set:       `retries = ti.max_retries, infra_used = 0, held_at = NULL, dispatch_unavailable_since = NULL`,
+		fromState: func(string, string) bool { return true },
+	}
+	replaceRail = rail{
+		name: "re-place", to: sdk.StateNone,
+		guard: `ti.state = 'failed' AND ti.last_failure_kind = 'infra' AND ti.held_at IS NULL
+            AND ti.infra_used < ti.infra_budget`,
+		set:       `infra_used = ti.infra_used + 1, dispatch_unavailable_since = NULL`,
+		fromState: func(s, k string) bool { return s == sdk.StateFailed && k == sdk.FailureInfra },
+	}
+	rescheduleRail = rail{
+		name: "reschedule", to: sdk.StateNone,
+		guard:     `ti.state = 'up_for_reschedule' AND ti.held_at IS NULL`,
+		set:       `dispatch_unavailable_since = NULL`,
+		fromState: func(s, _ string) bool { return s == sdk.StateUpForReschedule },
+	}
+	warmRequeueRail = rail{
+		name: "warm requeue", to: sdk.StateScheduled,
+		guard:     `ti.state IN ('queued', 'running') AND ti.held_at IS NULL`,
+		fromState: func(s, _ string) bool { return s == sdk.StateQueued || s == sdk.StateRunning },
+	}
+	backoffRail = rail{
+		name: "dispatch backoff", to: sdk.StateScheduled,
+		guard:     `ti.state IN ('scheduled', 'queued') AND ti.held_at IS NULL`,
+		set:       `dispatch_unavailable_since = coalesce(ti.dispatch_unavailable_since, $5)`,
+		fromState: func(s, _ string) bool { return s == sdk.StateScheduled || s == sdk.StateQueued },
+	}
+)
+
+// Retry starts the next try of a task that failed with retries left
+// (up_for_retry, or failed as a task failure): try+1, one retry spent, back
+// to none. The dispatch outage clock starts over.
+func (w *Writer) Retry(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, retryRail, a, now)
+}
+
+// Clear is the operator's clear, from any state: try+1, the declared retries
+// and the whole infra budget restored, any hold lifted, back to none.
+func (w *Writer) Clear(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, clearRail, a, now)
+}
+
+// Replace re-places an infra failure on the infra budget: epoch+1, one
+// re-place spent, retries untouched, back to none. It refuses a held attempt
+// and a spent budget. Whether the mark is confirmed (or its valve open) is
+// the planner's judgment, made before calling.
+func (w *Writer) Replace(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, replaceRail, a, now)
+}
+
+// Reschedule starts the next poke of a reschedule-mode sensor
+// (up_for_reschedule): epoch+1, back to none.
+func (w *Writer) Reschedule(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, rescheduleRail, a, now)
+}
+
+// WarmRequeue takes a queued or running attempt off its warm worker and
+// offers the task again: epoch+1, unbound, back to scheduled.
+func (w *Writer) WarmRequeue(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, warmRequeueRail, a, now)
+}
+
+// DispatchBackoff records a dispatch that failed (a pod create refused as
+// unavailable, say) and offers the task again under a new epoch, so whatever
+// the failed dispatch may have started is told to stop: epoch+1, back to
+// scheduled. It starts the task's outage clock if it is not running and
+// returns it (Release.UnavailableSince), so the caller can give up once it
+// has run long enough (see Fail with Terminal).
+func (w *Writer) DispatchBackoff(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, backoffRail, a, now)
+}
+
+func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.Time) (Release, error) {
+	bump := "try_number = ti.try_number + 1"
+	if !rl.bumpTry {
+		bump = "attempt_epoch = ti.attempt_epoch + 1"
+	}
+	set := ""
+	if rl.set != "" {
+		set = rl.set + ", "
+	}
+	sql := `UPDATE task_instances ti SET state = '` + rl.to + `', ` + bump + `, ` + clearAttempt + `,
+        ` + set + `released_at = $5, updated_at = $5
+    WHERE ti.run_id = $1 AND ti.task_id = $2 AND ti.try_number = $3 AND ti.attempt_epoch = $4
+      AND ` + rl.guard + `
+    RETURNING ti.try_number, ti.attempt_epoch, ti.dispatch_unavailable_since`
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var (
+		next  = sdk.Attempt{RunID: a.RunID, TaskID: a.TaskID}
+		since *time.Time
+	)
+	err := w.pool.QueryRow(ctx, sql, a.RunID, a.TaskID, a.Try, a.Epoch, now).Scan(&next.Try, &next.Epoch, &since)
+	if err == nil {
+		r := Release{Applied: true, Attempt: next}
+		if rl.name == backoffRail.name && since != nil {
+			r.UnavailableSince = *since
+		}
+		return r, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
+	}
+	reason, err := w.whyNot(ctx, rl, a)
+	if err != nil {
+		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
+	}
+	return Release{Reason: reason}, nil
+}
+
+// whyNot reads the row a rail did not apply to and says why.
+func (w *Writer) whyNot(ctx context.Context, rl rail, a sdk.Attempt) (string, error) {
+	var (
+		try, epoch, retries, used, budget int32
+		state                             string
+		kind                              *string
+		held                              *time.Time
+	)
+	err := w.pool.QueryRow(ctx, `SELECT try_number, attempt_epoch, state, last_failure_kind, held_at,
+            retries, infra_used, infra_budget
+        FROM task_instances WHERE run_id = $1 AND task_id = $2`, a.RunID, a.TaskID).
+		Scan(&try, &epoch, &state, &kind, &held, &retries, &used, &budget)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ReasonNotFound, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	k := ""
+	if kind != nil {
+		k = *kind
+	}
+	switch {
+	case try != a.Try || epoch != a.Epoch || !rl.fromState(state, k):
+		return ReasonMovedOn, nil
+	case held != nil && rl.name != clearRail.name:
+		return ReasonHeld, nil
+	case rl.name == retryRail.name && retries <= 0:
+		return ReasonNoRetries, nil
+	case rl.name == replaceRail.name && used >= budget:
+		return ReasonBudgetSpent, nil
+	default:
+		return ReasonMovedOn, nil // it changed between the update and this read
+	}
+}
+
+// ReleaseHold lifts an operator hold from the attempt, so the rails may
+// re-place it again. It reports whether the attempt was held.
+func (w *Writer) ReleaseHold(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	tag, err := w.pool.Exec(ctx, `UPDATE task_instances SET held_at = NULL, updated_at = $5
+        WHERE run_id = $1 AND task_id = $2 AND try_number = $3 AND attempt_epoch = $4 AND held_at IS NOT NULL`,
+		a.RunID, a.TaskID, a.Try, a.Epoch, now)
+	if err != nil {
+		return false, fmt.Errorf("board: release hold of %s: %w", a, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

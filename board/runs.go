@@ -1,0 +1,205 @@
+package board
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// liveTI is true for a task instance (aliased ti) that keeps its run alive:
+// one in a live state, a provisional infra mark (not yet confirmed: the
+// planner still treats the task as active), or an attempt held for review.
+const liveTI = `(ti.state IN ('scheduled', 'queued', 'running', 'up_for_retry', 'up_for_reschedule', 'deferred')
+    OR (ti.state = 'failed' AND ti.last_failure_kind = 'infra' AND ti.infra_confirmed_at IS NULL)
+    OR ti.held_at IS NOT NULL)`
+
+// tiActivity is the latest activity stamped on a task instance (aliased ti).
+// GREATEST skips NULLs.
+const tiActivity = `GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at,
+    ti.ended_at, ti.released_at, ti.infra_marked_at)`
+
+// ListOrphanRuns returns one page of running runs that have no live task
+// instance and whose last activity (the run's start, or the latest stamp on
+// any of its task instances) is older than q.OlderThan, oldest activity
+// first. It is a snapshot: ReapRun checks again before writing.
+func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
+	if q.OlderThan.IsZero() {
+		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
+	}
+	limit := q.Limit
+	if limit <= 0 || limit > ladder.PageSize {
+		limit = ladder.PageSize
+	}
+	args := []any{q.OlderThan}
+	after := ""
+	if q.After != nil {
+		args = append(args, q.After.At, q.After.RunID)
+		after = " AND (a.last_activity, r.run_id) > ($2::timestamptz, $3::text)"
+	}
+	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
+FROM runs r
+CROSS JOIN LATERAL (
+    SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
+    FROM task_instances ti WHERE ti.run_id = r.run_id
+) a
+WHERE r.state = 'running'
+  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI + `)
+  AND a.last_activity < $1` + after + `
+ORDER BY a.last_activity, r.run_id
+LIMIT ` + strconv.Itoa(limit)
+
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (sdk.RunCandidate, error) {
+		var rc sdk.RunCandidate
+		err := row.Scan(&rc.RunID, &rc.DagID, &rc.StartedAt, &rc.LastActivity)
+		return rc, err
+	})
+	if err != nil {
+		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: %w", err)
+	}
+	page := sdk.RunPage{Runs: runs}
+	if len(runs) == limit {
+		last := runs[len(runs)-1]
+		page.Next = &sdk.RunCursor{At: last.LastActivity, RunID: last.RunID}
+	}
+	return page, nil
+}
+
+// reapCheckSQL share-locks every task instance of the run without waiting
+// and, over the locked rows, says whether any is live and when the latest
+// activity was.
+const reapCheckSQL = `WITH locked AS (
+    SELECT ` + liveTI + ` AS live, ` + tiActivity + ` AS activity
+    FROM task_instances ti WHERE ti.run_id = $1
+    FOR SHARE NOWAIT
+)
+SELECT coalesce(bool_or(live), false), max(activity) FROM locked`
+
+// ReapRun fails an orphaned run after checking the whole orphan predicate
+// again inside one transaction: the run and its task instances are locked
+// without waiting (a row another transaction holds makes the reap a no-op,
+// NoopLocked), the run must still be running (NoopMovedOn), have no live
+// task instance and no activity at or after r.OlderThan (NoopActive), and
+// r.Term must be the current term (NoopDeposed). A no-op writes nothing.
+//
+// Attached lists the task instances whose last attempt was dispatched and
+// ended failed: an execution of theirs may still be out there, and from now
+// on it is answered should_terminate.
+func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
+	if r.RunID == "" || r.OlderThan.IsZero() || r.At.IsZero() || r.Term <= 0 {
+		return sdk.RunReapResult{}, fmt.Errorf("board: reap run %q: run id, threshold, time and term are all required", r.RunID)
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return sdk.RunReapResult{}, fmt.Errorf("board: reap run %s: %w", r.RunID, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after commit
+
+	noop := func(reason string) (sdk.RunReapResult, error) {
+		return sdk.RunReapResult{NoopReason: reason}, nil
+	}
+	fail := func(what string, err error) (sdk.RunReapResult, error) {
+		return sdk.RunReapResult{}, fmt.Errorf("board: reap run %s: %s: %w", r.RunID, what, err)
+	}
+
+	ok, err := s.fence(ctx, tx, r.Term, r.At)
+	if err != nil {
+		return fail("read leader", err)
+	}
+	if !ok {
+		return noop(sdk.NoopDeposed)
+	}
+
+	var (
+		state   string
+		started *time.Time
+	)
+	err = tx.QueryRow(ctx, "SELECT state, started_at FROM runs WHERE run_id = $1 FOR UPDATE NOWAIT",
+		r.RunID).Scan(&state, &started)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return noop(sdk.NoopNotFound)
+	case isLockNotAvailable(err):
+		return noop(sdk.NoopLocked)
+	case err != nil:
+		return fail("lock run", err)
+	}
+	if state != sdk.RunRunning {
+		return noop(sdk.NoopMovedOn)
+	}
+
+	var (
+		live     bool
+		activity *time.Time
+	)
+	err = tx.QueryRow(ctx, reapCheckSQL, r.RunID).Scan(&live, &activity)
+	switch {
+	case isLockNotAvailable(err):
+		return noop(sdk.NoopLocked)
+	case err != nil:
+		return fail("lock task instances", err)
+	}
+	if live || (activity != nil && !activity.Before(r.OlderThan)) ||
+		(started != nil && !started.Before(r.OlderThan)) {
+		return noop(sdk.NoopActive)
+	}
+
+	rows, err := tx.Query(ctx, `SELECT run_id, task_id, try_number, attempt_epoch FROM task_instances
+        WHERE run_id = $1 AND state = 'failed' AND queued_at IS NOT NULL ORDER BY task_id`, r.RunID)
+	if err != nil {
+		return fail("read attached attempts", err)
+	}
+	attached, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (sdk.Attempt, error) {
+		var a sdk.Attempt
+		err := row.Scan(&a.RunID, &a.TaskID, &a.Try, &a.Epoch)
+		return a, err
+	})
+	if err != nil {
+		return fail("read attached attempts", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE runs SET state = 'failed', ended_at = $2, error_message = $3, updated_at = $2
+        WHERE run_id = $1`, r.RunID, r.At, r.Message); err != nil {
+		return fail("fail run", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fail("commit", err)
+	}
+	return sdk.RunReapResult{Applied: true, Attached: attached}, nil
+}
+
+// fence share-locks the leader row inside tx and reports whether term is
+// current and its lease unexpired at at.
+func (s *Store) fence(ctx context.Context, tx pgx.Tx, term int64, at time.Time) (bool, error) {
+	var (
+		cur     int64
+		expires *time.Time
+	)
+	err := tx.QueryRow(ctx, "SELECT term, expires_at FROM leader WHERE name = $1 FOR SHARE", s.leader).Scan(&cur, &expires)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return cur == term && expires != nil && expires.After(at), nil
+}
+
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}

@@ -1,0 +1,350 @@
+package board_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func TestOrphanRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	orphanAfter := 5 * time.Minute
+	threshold := base.Add(-orphanAfter)
+
+	// quietRun makes a running run whose only task succeeded (and so went
+	// quiet) at endedAt.
+	quietRun := func(t *testing.T, b *bundle, runID string, endedAt time.Time) sdk.Attempt {
+		t.Helper()
+		b.run(t, runID, "task")
+		a := first(runID, "task")
+		b.running(t, a, endedAt.Add(-time.Minute), endedAt.Add(-30*time.Second))
+		if stop, err := b.w.Report(ctx, a, lifecycleSuccess, endedAt); err != nil || stop {
+			t.Fatal(stop, err)
+		}
+		return a
+	}
+	list := func(t *testing.T, b *bundle) []string {
+		t.Helper()
+		p, err := b.store.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: threshold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, r := range p.Runs {
+			ids = append(ids, r.RunID)
+		}
+		return ids
+	}
+	reap := func(t *testing.T, b *bundle, runID string) sdk.RunReapResult {
+		t.Helper()
+		res, err := b.store.ReapRun(ctx, sdk.RunReap{RunID: runID, OlderThan: threshold, Term: b.term, At: base,
+			Message: "orphan_run: nothing live for 5m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	assertNoop := func(t *testing.T, b *bundle, runID, reason string) {
+		t.Helper()
+		res := reap(t, b, runID)
+		if res.Applied || res.NoopReason != reason {
+			t.Fatalf("reap = %+v, want a no-op for %q", res, reason)
+		}
+		r, err := b.store.Run(ctx, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State != sdk.RunRunning {
+			t.Fatalf("a no-op reap wrote the run: %+v", r)
+		}
+	}
+
+	t.Run("ReapsAQuietRunWithNothingLive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-10*time.Minute))
+		if got := list(t, b); len(got) != 1 || got[0] != "run" {
+			t.Fatalf("listed %v, want [run]", got)
+		}
+		res := reap(t, b, "run")
+		if !res.Applied || len(res.Attached) != 0 {
+			t.Fatalf("reap = %+v, want applied with nothing attached", res)
+		}
+		r, err := b.store.Run(ctx, "run")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State != sdk.RunFailed || !r.EndedAt.Equal(base) || r.ErrorMessage == "" {
+			t.Fatalf("run after the reap: %+v", r)
+		}
+		if got := list(t, b); len(got) != 0 {
+			t.Fatalf("a failed run is still listed: %v", got)
+		}
+	})
+
+	t.Run("ReturnsTheAttemptsStillAttached", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "lost", "done", "never")
+		lost := first("run", "lost")
+		b.running(t, lost, base.Add(-20*time.Minute), base.Add(-19*time.Minute))
+		if _, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: lost, FromStates: []string{sdk.StateRunning},
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Confirm: true, Term: b.term, At: base.Add(-10 * time.Minute)}}); err != nil {
+			t.Fatal(err)
+		}
+		b.running(t, first("run", "done"), base.Add(-20*time.Minute), time.Time{})
+		if stop, err := b.w.Report(ctx, first("run", "done"), lifecycleSuccess, base.Add(-15*time.Minute)); err != nil || stop {
+			t.Fatal(stop, err)
+		}
+		res := reap(t, b, "run")
+		if !res.Applied || len(res.Attached) != 1 || res.Attached[0] != lost {
+			t.Fatalf("reap = %+v, want applied with %s attached", res, lost)
+		}
+	})
+
+	t.Run("OldestActivityFirstWithKeysetPaging", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "c", base.Add(-30*time.Minute))
+		quietRun(t, b, "a", base.Add(-10*time.Minute))
+		quietRun(t, b, "b", base.Add(-20*time.Minute))
+		quietRun(t, b, "fresh", base.Add(-time.Minute))
+		p1, err := b.store.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: threshold, Limit: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p1.Runs) != 2 || p1.Runs[0].RunID != "c" || p1.Runs[1].RunID != "b" || p1.Next == nil {
+			t.Fatalf("first page %+v", p1)
+		}
+		if !p1.Runs[0].LastActivity.Equal(base.Add(-30 * time.Minute)) {
+			t.Fatalf("last activity of c = %v, want its task's end", p1.Runs[0].LastActivity)
+		}
+		p2, err := b.store.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: threshold, Limit: 2, After: p1.Next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p2.Runs) != 1 || p2.Runs[0].RunID != "a" || p2.Next != nil {
+			t.Fatalf("second page %+v, want only a and no cursor", p2)
+		}
+	})
+
+	// What keeps a run alive: each case leaves the run's one task instance in
+	// a state that must hold the reaper off, with all activity long past.
+	keepsAlive := map[string]func(t *testing.T, b *bundle, a sdk.Attempt){
+		"UpForRetry": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.running(t, a, base.Add(-time.Hour), time.Time{})
+			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForRetry, Message: "exit 1"}, base.Add(-50*time.Minute))
+		},
+		"UpForReschedule": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.running(t, a, base.Add(-time.Hour), time.Time{})
+			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-50*time.Minute))
+		},
+		"Deferred": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.exec(t, "UPDATE task_instances SET state = 'deferred' WHERE run_id = $1", a.RunID)
+		},
+		"Scheduled": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			if ok, err := b.w.Enqueue(ctx, a, base.Add(-time.Hour)); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		},
+		"ProvisionalInfraMark": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.running(t, a, base.Add(-time.Hour), base.Add(-59*time.Minute))
+			mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+				Reason: sdk.LabelPodLost, Term: b.term, At: base.Add(-50 * time.Minute)})
+		},
+		"HeldAttempt": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.running(t, a, base.Add(-time.Hour), base.Add(-59*time.Minute))
+			mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+				Reason: sdk.LabelAgentLost, Confirm: true, Hold: true, Term: b.term, At: base.Add(-50 * time.Minute)})
+		},
+	}
+	for name, leave := range keepsAlive {
+		t.Run(name+"KeepsTheRunAlive", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.run(t, "run", "task")
+			leave(t, b, first("run", "task"))
+			if got := list(t, b); len(got) != 0 {
+				t.Fatalf("listed %v: the run looked orphaned", got)
+			}
+			assertNoop(t, b, "run", sdk.NoopActive)
+		})
+	}
+
+	t.Run("ConfirmedInfraMarkAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "marked", "waiting")
+		a := first("run", "marked")
+		b.running(t, a, base.Add(-time.Hour), base.Add(-59*time.Minute))
+		mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+			Reason: sdk.LabelAgentLost, Confirm: true, Term: b.term, At: base.Add(-50 * time.Minute)})
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		if res := reap(t, b, "run"); !res.Applied {
+			t.Fatalf("reap = %+v", res)
+		}
+	})
+
+	t.Run("ReleaseCountsAsActivity", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		a := first("run", "task")
+		b.running(t, a, base.Add(-time.Hour), time.Time{})
+		report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForRetry}, base.Add(-50*time.Minute))
+		// Released back to none a minute ago: not live, but fresh.
+		if rel, err := b.w.Retry(ctx, a, base.Add(-time.Minute)); err != nil || !rel.Applied {
+			t.Fatal(rel, err)
+		}
+		if got := list(t, b); len(got) != 0 {
+			t.Fatalf("listed %v right after a release", got)
+		}
+		assertNoop(t, b, "run", sdk.NoopActive)
+	})
+
+	t.Run("TaskMovingToUpForRetryAfterTheListingMakesTheReapANoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		a := first("run", "task")
+		b.running(t, a, base.Add(-time.Hour), time.Time{})
+		report(t, b, a, lifecycle.Outcome{State: sdk.StateFailed, Message: "exit 1"}, base.Add(-50*time.Minute))
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		// The scheduler's failure handling parks the task for its retry.
+		b.exec(t, "UPDATE task_instances SET state = 'up_for_retry' WHERE run_id = 'run'")
+		assertNoop(t, b, "run", sdk.NoopActive)
+	})
+
+	t.Run("FreshHeartbeatAfterTheListingMakesTheReapANoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "done", "next")
+		b.running(t, first("run", "done"), base.Add(-time.Hour), time.Time{})
+		report(t, b, first("run", "done"), lifecycleSuccess, base.Add(-50*time.Minute))
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		// The next task is dispatched, starts and heartbeats meanwhile.
+		b.running(t, first("run", "next"), base.Add(-20*time.Second), base.Add(-10*time.Second))
+		assertNoop(t, b, "run", sdk.NoopActive)
+	})
+
+	t.Run("FreshActivityOnASettledTaskMakesTheReapANoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-time.Hour))
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		b.exec(t, "UPDATE task_instances SET last_heartbeat_at = $1 WHERE run_id = 'run'", base.Add(-time.Second))
+		assertNoop(t, b, "run", sdk.NoopActive)
+	})
+
+	t.Run("LockedTaskInstanceMakesTheReapANoopWithoutWaiting", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-time.Hour))
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := tx.Exec(ctx, "UPDATE task_instances SET updated_at = updated_at WHERE run_id = 'run'"); err != nil {
+			t.Fatal(err)
+		}
+		// A reap that waited for the lock would hit this deadline.
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		res, err := b.store.ReapRun(short, sdk.RunReap{RunID: "run", OlderThan: threshold, Term: b.term, At: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Applied || res.NoopReason != sdk.NoopLocked {
+			t.Fatalf("reap = %+v, want a no-op for a locked row", res)
+		}
+	})
+
+	t.Run("LockedRunMakesTheReapANoopWithoutWaiting", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-time.Hour))
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM runs WHERE run_id = 'run' FOR UPDATE"); err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		res, err := b.store.ReapRun(short, sdk.RunReap{RunID: "run", OlderThan: threshold, Term: b.term, At: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Applied || res.NoopReason != sdk.NoopLocked {
+			t.Fatalf("reap = %+v, want a no-op for a locked row", res)
+		}
+	})
+
+	t.Run("DeposedTermMakesTheReapANoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-time.Hour))
+		if ok, err := b.store.Resign(ctx, b.term, "test-leader"); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		assertNoop(t, b, "run", sdk.NoopDeposed)
+	})
+
+	t.Run("FinishedOrUnknownRunIsANoop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		quietRun(t, b, "run", base.Add(-time.Hour))
+		if ok, err := b.w.FinishRun(ctx, "run", sdk.RunSuccess, "", base.Add(-time.Minute)); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if res := reap(t, b, "run"); res.Applied || res.NoopReason != sdk.NoopMovedOn {
+			t.Fatalf("reap of a finished run = %+v", res)
+		}
+		if res := reap(t, b, "nope"); res.Applied || res.NoopReason != sdk.NoopNotFound {
+			t.Fatalf("reap of an unknown run = %+v", res)
+		}
+	})
+
+	t.Run("RecentlyStartedRunIsNotOrphaned", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		if err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: "run", DagID: "dag",
+			Tasks: []lifecycle.NewTask{{TaskID: "t", Executor: sdk.ExecutorLite}}}, base.Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if got := list(t, b); len(got) != 0 {
+			t.Fatalf("listed %v one minute after its start", got)
+		}
+		assertNoop(t, b, "run", sdk.NoopActive)
+	})
+}
+
+func report(t *testing.T, b *bundle, a sdk.Attempt, o lifecycle.Outcome, at time.Time) {
+	t.Helper()
+	if stop, err := b.w.Report(context.Background(), a, o, at); err != nil || stop {
+		t.Fatalf("report %s %s: stop=%v err=%v", a, o.State, stop, err)
+	}
+}
+
+func mark(t *testing.T, b *bundle, m sdk.Mark) {
+	t.Helper()
+	res, err := b.store.Mark(context.Background(), []sdk.Mark{m})
+	if err != nil || !res[0].Applied {
+		t.Fatalf("mark %s: %+v %v", m.Attempt, res, err)
+	}
+}

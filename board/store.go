@@ -1,0 +1,89 @@
+package board
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Defaults of Options.
+const (
+	// LeaderNameDefault names the leader row the host's lease lives in.
+	LeaderNameDefault = "reaperd"
+	// QueryTimeoutDefault bounds every call's database work.
+	QueryTimeoutDefault = 10 * time.Second
+)
+
+// ErrNotFound is returned by reads of a row that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrDeposed is returned by a term-fenced write other than a mark (marks
+// report it per mark instead) when the term is no longer the current one.
+var ErrDeposed = errors.New("leadership term is not current")
+
+// Options configure a Store.
+type Options struct {
+	// LeaderName is the leader row that fences writes and holds the lease.
+	// Default LeaderNameDefault.
+	LeaderName string
+	// QueryTimeout bounds the database work of one call; <= 0 means
+	// QueryTimeoutDefault.
+	QueryTimeout time.Duration
+}
+
+// Store is the board over a PostgreSQL pool. It is safe for concurrent use.
+type Store struct {
+	pool    *pgxpool.Pool
+	leader  string
+	timeout time.Duration
+}
+
+var _ sdk.Board = (*Store)(nil)
+
+// New returns a Store over pool. The pool stays the caller's to close.
+func New(pool *pgxpool.Pool, opts Options) *Store {
+	if opts.LeaderName == "" {
+		opts.LeaderName = LeaderNameDefault
+	}
+	if opts.QueryTimeout <= 0 {
+		opts.QueryTimeout = QueryTimeoutDefault
+	}
+	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout}
+}
+
+// Pool returns the pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// bound gives one call its share of time.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// The enumerations of the schema, for validating input before it reaches SQL
+// (some of it is inlined into statements as literals).
+var (
+	taskStates = map[string]bool{
+		sdk.StateNone: true, sdk.StateScheduled: true, sdk.StateQueued: true, sdk.StateRunning: true,
+		sdk.StateSuccess: true, sdk.StateFailed: true, sdk.StateSkipped: true, sdk.StateUpstreamFailed: true,
+		sdk.StateUpForRetry: true, sdk.StateUpForReschedule: true, sdk.StateDeferred: true,
+	}
+	executors = map[string]bool{sdk.ExecutorKube: true, sdk.ExecutorLite: true, sdk.ExecutorWarm: true}
+)
+
+// IsTaskState reports whether s is a task instance state.
+func IsTaskState(s string) bool { return taskStates[s] }
+
+// IsExecutor reports whether e is an executor.
+func IsExecutor(e string) bool { return executors[e] }
+
+// timeOrZero turns NULL into a zero time.
+func timeOrZero(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}

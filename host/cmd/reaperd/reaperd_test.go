@@ -1,0 +1,420 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// binDir holds reaperd and the test plugins, built once for the package.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "reaperd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := buildBinaries(dir)
+	if code == 0 {
+		code = pgtest.Run(m)
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func buildBinaries(dir string) int {
+	for out, pkg := range map[string]string{
+		"reaperd":               ".",
+		"reaper-echo":           "../../loader/testdata/testreaper",
+		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
+	} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n", out, err)
+			return 1
+		}
+	}
+	for _, name := range []string{"reaper-first", "reaper-crashy", "reaper-last"} {
+		if err := os.Link(filepath.Join(dir, "reaper-echo"), filepath.Join(dir, name)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// A ladder short enough for real processes to go through a few cycles in
+// seconds: interval 300ms, grace 1s, lease 1s.
+const fastLadder = `
+maintenance {
+  interval = "300ms"
+}
+leader "postgres" {
+  lease = "1s"
+}
+ladder {
+  heartbeat      = "100ms"
+  agent_lost     = "500ms"
+  settling_grace = "1s"
+}
+telemetry {
+  listen = "127.0.0.1:0"
+}
+`
+
+func writeConfig(t *testing.T, dsn, reapers string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "reaper.hcl")
+	src := fmt.Sprintf("edition = %q\nplugin_dir = %q\nstore {\n  dsn = %q\n}\n%s\nsubstrate \"lite\" {}\n%s",
+		"lite", binDir, dsn, fastLadder, reapers)
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// daemon is a reaperd process.
+type daemon struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs []string
+	done chan struct{}
+}
+
+func startDaemon(t *testing.T, config string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config), done: make(chan struct{})}
+	d.cmd.Env = append(os.Environ(), "REAPER_DSN=")
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.logs = append(d.logs, sc.Text())
+			d.mu.Unlock()
+		}
+		d.cmd.Wait()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		d.cmd.Process.Signal(syscall.SIGKILL)
+		<-d.done
+		if t.Failed() {
+			d.mu.Lock()
+			t.Logf("reaperd %d log:\n%s", d.cmd.Process.Pid, strings.Join(d.logs, "\n"))
+			d.mu.Unlock()
+		}
+	})
+	return d
+}
+
+func (d *daemon) holder() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d", host, d.cmd.Process.Pid)
+}
+
+// eventually polls cond every 20ms until it holds or the bound passes. The
+// bound is far beyond the expected time; polling ends as soon as the real
+// processes get there.
+func eventually(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func migratedStore(t *testing.T) (*board.Store, *lifecycle.Writer, string) {
+	t.Helper()
+	dsn := pgtest.NewDSN(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return board.New(pool, board.Options{}), lifecycle.New(pool, lifecycle.Options{}), dsn
+}
+
+// runningSilentAttempt puts a running Lite attempt whose last heartbeat is
+// long past on the board.
+func runningSilentAttempt(t *testing.T, w *lifecycle.Writer, runID string) sdk.Attempt {
+	t.Helper()
+	ctx := context.Background()
+	old := time.Now().Add(-time.Hour)
+	if err := w.CreateRun(ctx, lifecycle.NewRun{RunID: runID, DagID: "dag", Tasks: []lifecycle.NewTask{
+		{TaskID: "t", Executor: sdk.ExecutorLite},
+	}}, old); err != nil {
+		t.Fatal(err)
+	}
+	a := sdk.Attempt{RunID: runID, TaskID: "t", Try: 1, Epoch: 0}
+	steps := []func() error{
+		func() error { _, err := w.Enqueue(ctx, a, old); return err },
+		func() error { _, err := w.Queue(ctx, a, old); return err },
+		func() error { _, err := w.Running(ctx, a, old); return err },
+		func() error { _, err := w.Heartbeat(ctx, a, old); return err },
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a
+}
+
+func decisions(t *testing.T, s *board.Store, a sdk.Attempt) []board.AuditRecord {
+	t.Helper()
+	recs, err := s.DecisionsFor(context.Background(), a.RunID, a.TaskID, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// allDecisions reads the whole audit, gate decisions included.
+func allDecisions(t *testing.T, s *board.Store) []board.AuditRecord {
+	t.Helper()
+	rows, err := s.Pool().Query(context.Background(), `SELECT at, term, reaper, label FROM reap_decisions ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []board.AuditRecord
+	for rows.Next() {
+		var r board.AuditRecord
+		if err := rows.Scan(&r.At, &r.Term, &r.Reaper, &r.Label); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestTwoReplicasOnOneBoard(t *testing.T) {
+	store, w, dsn := migratedStore(t)
+	a := runningSilentAttempt(t, w, "alive-run") // the test substrate says alive: decided every pass, never marked
+	cfg := writeConfig(t, dsn, "reaper \"echo\" {}\n")
+
+	first := startDaemon(t, cfg)
+	ctx := context.Background()
+	var lease board.Lease
+	eventually(t, 20*time.Second, "the first replica to lead", func() bool {
+		l, ok, err := store.CurrentLeader(ctx)
+		lease = l
+		return err == nil && ok && l.Holder == first.holder()
+	})
+	second := startDaemon(t, cfg)
+	firstTerm := lease.Term
+
+	// Both run a few cycles: the second never takes the lease.
+	eventually(t, 20*time.Second, "the leader's reaper to run", func() bool {
+		for _, r := range decisions(t, store, a) {
+			if r.Reaper == "echo" && r.Term == firstTerm {
+				return true
+			}
+		}
+		return false
+	})
+	if l, _, _ := store.CurrentLeader(ctx); l.Term != firstTerm || l.Holder != first.holder() {
+		t.Fatalf("leadership moved while the leader lived: %+v", l)
+	}
+
+	// kill -9 the leader: no resignation; the second takes over once the
+	// lease has run out, under a new term.
+	first.cmd.Process.Signal(syscall.SIGKILL)
+	<-first.done
+	killedAt := time.Now()
+	eventually(t, 20*time.Second, "the second replica to take over", func() bool {
+		l, ok, err := store.CurrentLeader(ctx)
+		lease = l
+		return err == nil && ok && l.Holder == second.holder()
+	})
+	if lease.Term != firstTerm+1 {
+		t.Fatalf("new term %d, want %d", lease.Term, firstTerm+1)
+	}
+	if took := time.Since(killedAt); took > 10*time.Second {
+		t.Fatalf("takeover took %v", took)
+	}
+
+	// The new leader waits its own grace before its first reap, recording a
+	// settling skip each cycle meanwhile.
+	eventually(t, 20*time.Second, "the new leader's first reap", func() bool {
+		for _, r := range decisions(t, store, a) {
+			if r.Reaper == "echo" && r.Term == lease.Term {
+				return true
+			}
+		}
+		return false
+	})
+	recs := allDecisions(t, store)
+	var skips int
+	var firstReap time.Time
+	for _, r := range recs {
+		if r.Term != lease.Term {
+			continue
+		}
+		if r.Label == sdk.LabelSettlingSkip {
+			skips++
+		}
+		if r.Reaper == "echo" && (firstReap.IsZero() || r.At.Before(firstReap)) {
+			firstReap = r.At
+		}
+	}
+	if skips == 0 {
+		t.Fatal("the new leader recorded no settling skip")
+	}
+	if firstReap.Sub(lease.AcquiredAt) < time.Second {
+		t.Fatalf("first reap %v after leadership, inside the 1s grace", firstReap.Sub(lease.AcquiredAt))
+	}
+
+	// A write carrying the old term is a no-op.
+	res, err := store.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+		Reason: sdk.LabelAgentLost, Term: firstTerm, At: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Applied || res[0].NoopReason != sdk.NoopDeposed {
+		t.Fatalf("old-term mark = %+v, want a deposed no-op", res[0])
+	}
+}
+
+func TestCrashedPluginIsRestartedAndOthersRunTheSameCycle(t *testing.T) {
+	store, w, dsn := migratedStore(t)
+	a := runningSilentAttempt(t, w, "alive-run")
+	marker := filepath.Join(t.TempDir(), "crashed")
+	cfg := writeConfig(t, dsn, fmt.Sprintf(`
+reaper "first" {}
+reaper "crashy" {
+  mode         = "crash_once"
+  crash_marker = %q
+}
+reaper "last" {}
+`, marker))
+	startDaemon(t, cfg)
+
+	var crashAt time.Time
+	eventually(t, 30*time.Second, "the crashy reaper to be restarted and run", func() bool {
+		recs := allDecisions(t, store)
+		ranAgain := false
+		for _, r := range recs {
+			if r.Reaper == "crashy" && r.Label == sdk.LabelPluginUnavailable {
+				crashAt = r.At
+			}
+		}
+		if crashAt.IsZero() {
+			return false
+		}
+		for _, r := range decisions(t, store, a) {
+			if r.Reaper == "crashy" && r.At.After(crashAt) {
+				ranAgain = true
+			}
+		}
+		return ranAgain
+	})
+	// In the cycle of the crash, "last" still ran (after the crash, before
+	// the next cycle's "first").
+	var lastRan bool
+	for _, r := range decisions(t, store, a) {
+		if r.Reaper == "last" && !r.At.Before(crashAt) && r.At.Before(crashAt.Add(300*time.Millisecond)) {
+			lastRan = true
+		}
+	}
+	if !lastRan {
+		t.Fatal("the reaper after the crashed one did not run in the same cycle")
+	}
+}
+
+// childPIDs lists the direct children of pid (the plugin processes).
+func childPIDs(t *testing.T, pid int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range entries {
+		var child int
+		if _, err := fmt.Sscan(e.Name(), &child); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command (which may hold spaces) start with
+		// the state and then the parent pid.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		var state string
+		var ppid int
+		if _, err := fmt.Sscan(rest, &state, &ppid); err == nil && ppid == pid {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
+	store, _, dsn := migratedStore(t)
+	cfg := writeConfig(t, dsn, "reaper \"first\" {}\nreaper \"last\" {}\n")
+	d := startDaemon(t, cfg)
+	ctx := context.Background()
+	eventually(t, 20*time.Second, "leadership", func() bool {
+		l, ok, err := store.CurrentLeader(ctx)
+		return err == nil && ok && l.Holder == d.holder()
+	})
+	plugins := childPIDs(t, d.cmd.Process.Pid)
+	if len(plugins) != 3 {
+		t.Fatalf("plugin processes = %v, want substrate + 2 reapers", plugins)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("reaperd did not exit after SIGTERM")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	l, _, err := store.CurrentLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Held(time.Now()) || l.Holder != "" {
+		t.Fatalf("lease still held after a clean stop: %+v", l)
+	}
+	for _, pid := range plugins {
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("plugin process %d still running", pid)
+		}
+	}
+}

@@ -1,0 +1,501 @@
+// Package pgtest runs throwaway PostgreSQL servers for tests: one real
+// server per test binary, started from the machine's own PostgreSQL
+// binaries in a temporary directory on a free loopback port, and a fresh
+// database for each test, copied from a template that already holds the
+// board's schema.
+//
+// A test package wires it in with
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// (or calls Run from a TestMain of its own), and each test asks for its own
+// database with pgtest.NewDB(t), or for a connection string with
+// pgtest.NewDSN(t) when it hands the database to another process. Start and
+// Stop run a server without the testing package (the pgtest command uses
+// them for demos).
+//
+// When the tests run as root the server runs as an unprivileged account
+// (postgres if the machine has one, else nobody), since PostgreSQL refuses to
+// run as root. The server is tuned for speed, not durability: fsync is off.
+package pgtest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Superuser is the name of the server's superuser.
+const Superuser = "reaper"
+
+// Options configure Start.
+type Options struct {
+	// BaseDir is where the server's temporary directory is made; default
+	// os.TempDir() (or /tmp when that is not reachable by the account the
+	// server runs as).
+	BaseDir string
+	// Detached starts the server with pg_ctl so that it outlives this
+	// process; StopDir stops it later. Otherwise the server is a child of
+	// this process and dies with it.
+	Detached bool
+	// StartTimeout bounds the start; default 60s.
+	StartTimeout time.Duration
+}
+
+// Server is a running PostgreSQL.
+type Server struct {
+	dir      string
+	port     int
+	password string
+	bin      binaries
+	cred     *syscall.Credential
+	detached bool
+
+	cmd    *exec.Cmd     // the postmaster when not detached
+	exited chan struct{} // closed when cmd has exited
+	admin  *pgxpool.Pool // to the postgres database, for CREATE/DROP DATABASE
+	seq    atomic.Int64
+	stop   sync.Once
+}
+
+type binaries struct{ initdb, pgctl, postgres string }
+
+// Start initialises and starts a server. Stop it with Stop (or, detached,
+// with StopDir).
+func Start(ctx context.Context, opts Options) (*Server, error) {
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
+
+	bin, err := findBinaries()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, err
+	}
+	base := opts.BaseDir
+	if base == "" {
+		base = os.TempDir()
+		if cred != nil && !reachableByOthers(base) {
+			base = "/tmp"
+		}
+	}
+	removeStale(base)
+	dir, err := os.MkdirTemp(base, "reaper-pgtest-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: make directory: %w", err)
+	}
+	s := &Server{dir: dir, bin: bin, cred: cred, detached: opts.Detached, password: randomHex(16)}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Stop()
+		}
+	}()
+	if !opts.Detached {
+		// Marks the directory as this process's, so a later run can tell
+		// a leftover (its owner died) from a live one.
+		if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			return nil, fmt.Errorf("pgtest: %w", err)
+		}
+	}
+	if err := s.initdb(ctx); err != nil {
+		return nil, err
+	}
+	// A free port can be taken between the probe and the bind: try again.
+	for attempt := 0; ; attempt++ {
+		if s.port, err = freePort(); err != nil {
+			return nil, err
+		}
+		err = s.start(ctx)
+		if err == nil {
+			break
+		}
+		if attempt == 4 || !strings.Contains(s.logTail(), "could not bind") {
+			return nil, fmt.Errorf("%w\n%s", err, s.logTail())
+		}
+	}
+	s.admin, err = pgxpool.New(ctx, s.DSN("postgres"))
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: connect: %w", err)
+	}
+	ok = true
+	return s, nil
+}
+
+// Dir is the server's directory (data, log, password).
+func (s *Server) Dir() string { return s.dir }
+
+// Port is the server's TCP port on 127.0.0.1.
+func (s *Server) Port() int { return s.port }
+
+// DSN is the connection string of database on the server.
+func (s *Server) DSN(database string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(Superuser, s.password),
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)),
+		Path:     "/" + database,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// UniqueName returns a database name not used before on this server.
+func (s *Server) UniqueName(prefix string) string {
+	return fmt.Sprintf("%s_%d", prefix, s.seq.Add(1))
+}
+
+// CreateDatabase creates database name, as a copy of template when one is
+// given.
+func (s *Server) CreateDatabase(ctx context.Context, name, template string) error {
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	if _, err := s.admin.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("pgtest: create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// DropDatabase drops database name, ending its connections.
+func (s *Server) DropDatabase(ctx context.Context, name string) error {
+	if _, err := s.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
+	}
+	return nil
+}
+
+// Stop stops the server at once and removes its directory. It is safe to
+// call more than once.
+func (s *Server) Stop() error {
+	var err error
+	s.stop.Do(func() {
+		if s.admin != nil {
+			s.admin.Close()
+		}
+		switch {
+		case s.cmd != nil:
+			// SIGQUIT is PostgreSQL's immediate shutdown: nothing to keep.
+			_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-s.exited:
+			case <-time.After(30 * time.Second):
+				_ = s.cmd.Process.Kill()
+				<-s.exited
+			}
+		case s.detached && s.port != 0:
+			err = s.pgctl(context.Background(), "stop", "-m", "immediate")
+		}
+		if rmErr := os.RemoveAll(s.dir); rmErr != nil && err == nil {
+			err = fmt.Errorf("pgtest: remove %s: %w", s.dir, rmErr)
+		}
+	})
+	return err
+}
+
+// StopDir stops a detached server started in dir and removes dir.
+func StopDir(dir string) error {
+	bin, err := findBinaries()
+	if err != nil {
+		return err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return err
+	}
+	s := &Server{dir: dir, bin: bin, cred: cred, detached: true}
+	if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); err == nil {
+		if err := s.pgctl(context.Background(), "stop", "-m", "immediate"); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("pgtest: remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+func (s *Server) dataDir() string { return filepath.Join(s.dir, "data") }
+func (s *Server) logFile() string { return filepath.Join(s.dir, "postgres.log") }
+
+func (s *Server) initdb(ctx context.Context) error {
+	pwfile := filepath.Join(s.dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(s.password+"\n"), 0o600); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if s.cred != nil {
+		for _, p := range []string{s.dir, pwfile} {
+			if err := os.Chown(p, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return fmt.Errorf("pgtest: hand %s to the server account: %w", p, err)
+			}
+		}
+	}
+	out, err := s.command(ctx, s.bin.initdb,
+		"-D", s.dataDir(), "-U", Superuser, "--pwfile", pwfile,
+		"--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
+		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// serverSettings are the server's options: loopback only, no socket file,
+// and speed over durability.
+func (s *Server) serverSettings() []string {
+	settings := []string{
+		"listen_addresses=127.0.0.1",
+		"port=" + strconv.Itoa(s.port),
+		"unix_socket_directories=",
+		"fsync=off",
+		"synchronous_commit=off",
+		"full_page_writes=off",
+		"wal_level=minimal",
+		"max_wal_senders=0",
+		"max_wal_size=2GB",
+		"checkpoint_timeout=1h",
+		"autovacuum=off",
+		"max_connections=200",
+		"log_min_messages=warning",
+		"log_min_error_statement=panic",
+	}
+	var args []string
+	for _, kv := range settings {
+		args = append(args, "-c", kv)
+	}
+	return args
+}
+
+func (s *Server) start(ctx context.Context) error {
+	if s.detached {
+		opts := strings.Join(s.serverSettings(), " ")
+		opts = strings.ReplaceAll(opts, "unix_socket_directories=", "unix_socket_directories=''")
+		if err := s.pgctl(ctx, "start", "-w", "-l", s.logFile(), "-o", opts); err != nil {
+			return err
+		}
+		return s.waitReady(ctx)
+	}
+	logf, err := os.OpenFile(s.logFile(), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer logf.Close()
+	cmd := s.command(context.Background(), s.bin.postgres, append([]string{"-D", s.dataDir()}, s.serverSettings()...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The server dies with this process even when it is killed outright.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { // owned by the Server: ends when the postmaster does
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.cmd, s.exited = cmd, exited
+	if err := s.waitReady(ctx); err != nil {
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		<-exited
+		s.cmd, s.exited = nil, nil
+		return err
+	}
+	return nil
+}
+
+// waitReady connects until the server answers, it exits, or ctx ends.
+func (s *Server) waitReady(ctx context.Context) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		conn, err := pgx.Connect(cctx, s.DSN("postgres"))
+		cancel()
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		select {
+		case <-s.exited: // nil when detached: never ready
+			return fmt.Errorf("pgtest: postgres exited during start")
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: postgres did not accept connections: %w (last: %v)", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Server) pgctl(ctx context.Context, args ...string) error {
+	out, err := s.command(ctx, s.bin.pgctl, append([]string{"-D", s.dataDir()}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pgtest: pg_ctl %s: %w\n%s", args[0], err, out)
+	}
+	return nil
+}
+
+// command runs a PostgreSQL binary as the server account.
+func (s *Server) command(ctx context.Context, path string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	return cmd
+}
+
+// logTail returns the end of the server log, for error messages.
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(s.logFile())
+	if err != nil {
+		return ""
+	}
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// findBinaries finds initdb, pg_ctl and postgres on PATH, else in the
+// directory pg_config names.
+func findBinaries() (binaries, error) {
+	var b binaries
+	look := func(dir string) bool {
+		find := func(name string) string {
+			if dir == "" {
+				p, _ := exec.LookPath(name)
+				return p
+			}
+			p := filepath.Join(dir, name)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+				return p
+			}
+			return ""
+		}
+		b = binaries{initdb: find("initdb"), pgctl: find("pg_ctl"), postgres: find("postgres")}
+		return b.initdb != "" && b.pgctl != "" && b.postgres != ""
+	}
+	if look("") {
+		return b, nil
+	}
+	out, err := exec.Command("pg_config", "--bindir").Output()
+	if err == nil && look(strings.TrimSpace(string(out))) {
+		return b, nil
+	}
+	return binaries{}, errors.New("pgtest: PostgreSQL server binaries (initdb, pg_ctl, postgres) are neither on PATH " +
+		"nor in `pg_config --bindir`; install PostgreSQL (Debian: apt-get install postgresql)")
+}
+
+// serverCredential is the account the server runs as: nil (this process's
+// own) unless this process is root, which PostgreSQL refuses.
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err1 != nil || err2 != nil || uid == 0 {
+			continue
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+	}
+	return nil, errors.New("pgtest: running as root and no unprivileged account (postgres, nobody) to run PostgreSQL as")
+}
+
+// reachableByOthers reports whether every directory from / to dir can be
+// searched by any account.
+func reachableByOthers(dir string) bool {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for {
+		st, err := os.Stat(dir)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return true
+		}
+		dir = parent
+	}
+}
+
+// removeStale removes server directories left in base by test processes
+// that died without cleaning up (killed, or a panicking test). A directory
+// whose owner process still exists is left alone.
+func removeStale(base string) {
+	dirs, _ := filepath.Glob(filepath.Join(base, "reaper-pgtest-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue // detached, or not ours to judge
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || processExists(pid) || postmasterRunning(d) {
+			continue
+		}
+		_ = os.RemoveAll(d)
+	}
+}
+
+func processExists(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func postmasterRunning(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, "data", "postmaster.pid"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(sc.Text()))
+	return err == nil && pid > 0 && processExists(pid)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

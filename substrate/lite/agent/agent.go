@@ -1,0 +1,517 @@
+// Package agent is the Lite agent: it runs one task attempt as the leader of
+// its own process group, records the group, heartbeats, enforces the
+// attempt's execution timeout, and reports the terminal outcome.
+//
+// Run is the whole agent as a library function. It talks to the control
+// plane only through the Reporter interface, so tests drive it with an
+// in-memory reporter and real processes, the reaper-agent binary uses the
+// JSON-lines FileReporter, and a Postgres reporter over the board's writers
+// plugs in at the same seam (see Reporter).
+//
+// The life of one attempt:
+//
+//  1. RUNNING is reported (retried for up to StartRetry). An answer of
+//     should_terminate means the attempt moved on: the task never starts
+//     (ErrSuperseded) and nothing is reported.
+//  2. The task, "$SHELL -c COMMAND", is started as the leader of a new process
+//     group. It waits on a gate pipe before running COMMAND, so no user code
+//     runs until the agent has written the group's .pgid record. If the
+//     record cannot be written the gate is closed, the group is killed, and
+//     the attempt fails (group_record).
+//  3. While the task runs the agent heartbeats every Heartbeat; an answer of
+//     should_terminate stops the whole group (SIGTERM, TerminateGrace,
+//     SIGKILL). At ExecutionTimeout the whole group is SIGKILLed, which no
+//     task can trap, and the attempt fails with
+//     "execution_timeout: task exceeded Ns limit".
+//  4. After the leader exits the agent drains the output pipe for at most
+//     DrainBound: a descendant that still holds it (one that escaped the
+//     group with setsid, or a backgrounded process) cannot hold the report
+//     back; the agent logs that the last lines may be lost. Output already
+//     read is in Output, whatever happened to the task.
+//  5. Processes the task left in its group are stopped (SIGTERM, grace,
+//     SIGKILL), so nothing runs on that nobody watches.
+//  6. The outcome is reported for exactly this (try, epoch); then, once the
+//     group is gone, the attempt's records are removed (a missing record
+//     reads dead, as does a record of exited processes).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// Reporter is the agent's line to the control plane. Every call names the
+// attempt, so the board applies it only while the task instance still holds
+// exactly that (try, epoch), and answers should_terminate otherwise.
+//
+// This is the seam where the board's writers package plugs in: a Postgres
+// reporter implements these three calls with the guarded running, heartbeat
+// and report transitions. The agent imports no database code itself.
+type Reporter interface {
+	// Running reports that the attempt starts its task.
+	Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error)
+	// Heartbeat reports that the attempt is alive.
+	Heartbeat(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error)
+	// Report reports the attempt's terminal outcome.
+	Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (shouldTerminate bool, err error)
+}
+
+// Outcome is an attempt's terminal result.
+type Outcome struct {
+	State    string `json:"state"`     // sdk.StateSuccess or sdk.StateFailed
+	ExitCode int    `json:"exit_code"` // the task's exit code; -1 when killed by a signal or never run
+	Reason   string `json:"reason,omitempty"`
+	Message  string `json:"message,omitempty"` // the error message: "<reason>: <detail>"
+	// OutputLost: a descendant still held the output pipe at the drain
+	// bound, so lines it wrote after that are lost.
+	OutputLost bool `json:"output_lost,omitempty"`
+}
+
+// Failure reasons (the first word of Outcome.Message).
+const (
+	ReasonExitCode         = "exit_code"         // the task exited non-zero
+	ReasonSignal           = "signal"            // the task died of a signal the agent did not send
+	ReasonExecutionTimeout = "execution_timeout" // the agent enforced the declared timeout
+	ReasonTerminated       = "terminated"        // the control plane answered should_terminate
+	ReasonAgentStopped     = "agent_stopped"     // the agent itself was told to stop
+	ReasonGroupRecord      = "group_record"      // the task's group could not be recorded
+	ReasonStartFailed      = "start_failed"      // the task could not be started
+)
+
+// Errors Run returns besides wrapped causes.
+var (
+	// ErrSuperseded: RUNNING was answered should_terminate; the task did not
+	// start and nothing was reported.
+	ErrSuperseded = errors.New("the control plane says the attempt has moved on")
+	// ErrNotReported: the outcome could not be delivered within ReportRetry.
+	ErrNotReported = errors.New("the outcome could not be reported")
+)
+
+// Defaults.
+const (
+	DefaultShell       = "/bin/sh"
+	DefaultDrainBound  = 10 * time.Second
+	DefaultStartRetry  = 2 * time.Minute
+	DefaultReportRetry = 2 * time.Minute
+)
+
+// Config is one attempt for Run.
+type Config struct {
+	// Attempt is the attempt this agent runs.
+	Attempt sdk.Attempt
+	// Command is the task, run as Shell -c Command. Required.
+	Command string
+	// Shell runs Command; default DefaultShell.
+	Shell string
+	// Dir is the task's working directory; "" is the agent's.
+	Dir string
+	// Env is added to the agent's environment for the task, after the
+	// REAPER_RUN_ID, REAPER_TASK_ID, REAPER_TRY and REAPER_EPOCH variables.
+	Env []string
+	// Records is the record directory the .pgid record goes to. Required.
+	Records *records.Dir
+	// Output receives the task's stdout and stderr. Default: io.Discard.
+	Output io.Writer
+
+	// ExecutionTimeout is the task's declared limit; 0: none.
+	ExecutionTimeout time.Duration
+	// Heartbeat is the heartbeat interval; default the ladder's.
+	Heartbeat time.Duration
+	// DrainBound is the longest wait for the output pipe after the task's
+	// leader exits; default DefaultDrainBound.
+	DrainBound time.Duration
+	// TerminateGrace is how long a group told to stop gets after SIGTERM;
+	// default ladder.OrphanStopGrace.
+	TerminateGrace time.Duration
+	// KillWait is how long to wait for a group after SIGKILL; default
+	// ladder.OrphanKillWait.
+	KillWait time.Duration
+	// StartRetry bounds the retries of the RUNNING report; default
+	// DefaultStartRetry.
+	StartRetry time.Duration
+	// ReportRetry bounds the retries of the terminal report; default
+	// DefaultReportRetry.
+	ReportRetry time.Duration
+
+	// Clock times every threshold above; default clock.Real.
+	Clock clock.Clock
+	// Logger is the agent's log; default a null logger.
+	Logger hclog.Logger
+	// OnTaskStarted, when set, is called with the group id once the group is
+	// recorded and the task released, after the agent's timers are armed.
+	// Tests use it to know when to act; production leaves it nil.
+	OnTaskStarted func(pgid int)
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Command == "" {
+		return c, errors.New("agent config: no command")
+	}
+	if c.Records == nil {
+		return c, errors.New("agent config: no record directory")
+	}
+	if c.ExecutionTimeout < 0 {
+		return c, fmt.Errorf("agent config: negative execution timeout %s", c.ExecutionTimeout)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Heartbeat, ladder.Defaults().Heartbeat)
+	def(&c.DrainBound, DefaultDrainBound)
+	def(&c.TerminateGrace, ladder.OrphanStopGrace)
+	def(&c.KillWait, ladder.OrphanKillWait)
+	def(&c.StartRetry, DefaultStartRetry)
+	def(&c.ReportRetry, DefaultReportRetry)
+	if c.Shell == "" {
+		c.Shell = DefaultShell
+	}
+	if c.Output == nil {
+		c.Output = io.Discard
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c, nil
+}
+
+// TimeoutMessage is the message of an execution timeout of d.
+func TimeoutMessage(d time.Duration) string {
+	secs := strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+	return fmt.Sprintf("%s: task exceeded %ss limit", ReasonExecutionTimeout, secs)
+}
+
+// Run runs one attempt to its end and reports its outcome. It returns the
+// outcome and nil once the outcome is reported; ErrSuperseded when the task
+// never started because the attempt moved on; an error wrapping
+// ErrNotReported when the report could not be delivered. Cancelling ctx
+// stops the task's group and reports the attempt failed (agent_stopped). Run
+// returns only after every goroutine it started has ended.
+func Run(ctx context.Context, cfg Config, rep Reporter) (Outcome, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return Outcome{}, err
+	}
+	r := &runner{cfg: cfg, rep: rep, log: cfg.Logger.With("attempt", cfg.Attempt.String())}
+	return r.run(ctx)
+}
+
+type runner struct {
+	cfg Config
+	rep Reporter
+	log hclog.Logger
+}
+
+func (r *runner) run(ctx context.Context) (Outcome, error) {
+	a := r.cfg.Attempt
+	if err := r.retry(ctx, "running report", r.cfg.StartRetry, func(cctx context.Context) (bool, error) {
+		return r.rep.Running(cctx, a, r.cfg.Clock.Now())
+	}); err != nil {
+		if errors.Is(err, ErrSuperseded) {
+			r.log.Warn("the control plane answered should_terminate to RUNNING: not starting the task")
+		}
+		// Nothing was started: the spawner's record names an agent that is
+		// about to exit, which reads dead with or without it.
+		if rerr := r.cfg.Records.Remove(a); rerr != nil {
+			r.log.Warn("could not remove the attempt's records", "error", rerr)
+		}
+		return Outcome{}, err
+	}
+
+	t, err := startTask(r.cfg)
+	if err != nil {
+		r.log.Error("could not start the task", "error", err)
+		return r.finish(ctx, nil, failed(ReasonStartFailed, -1, err.Error()))
+	}
+	r.log.Info("task started", "pgid", t.pgid)
+	if err := r.recordGroup(t); err != nil {
+		r.log.Error("could not record the task's process group: stopping it", "pgid", t.pgid, "error", err)
+		t.abort(r.cfg.Clock, r.cfg.KillWait, r.log)
+		out := failed(ReasonGroupRecord, -1, "could not record the task process group: "+err.Error())
+		out.OutputLost = r.drain(ctx, t)
+		t.reap()
+		return r.finish(ctx, t, out)
+	}
+	t.release(r.log)
+	out := r.supervise(ctx, t)
+	return r.finish(ctx, t, out)
+}
+
+func failed(reason string, code int, detail string) Outcome {
+	return Outcome{State: sdk.StateFailed, ExitCode: code, Reason: reason, Message: reason + ": " + detail}
+}
+
+func (r *runner) recordGroup(t *task) error {
+	if err := t.readStart(); err != nil {
+		return err
+	}
+	boot, err := bootID()
+	if err != nil {
+		r.log.Warn("could not read the boot id; the group record carries none", "error", err)
+	}
+	var agentStart uint64
+	if self, err := proc.Stat(os.Getpid()); err == nil {
+		agentStart = self.Start
+	} else {
+		r.log.Warn("could not read the agent's own start time; the group record carries none", "error", err)
+	}
+	return r.cfg.Records.WriteGroup(records.GroupRecord{
+		Attempt:     r.cfg.Attempt,
+		PGID:        t.pgid,
+		AgentPID:    os.Getpid(),
+		AgentStart:  agentStart,
+		LeaderStart: t.start,
+		Boot:        boot,
+	})
+}
+
+// supervise runs the task to the exit of its leader, enforcing the timeout
+// and should_terminate, then drains its output and stops what it left.
+func (r *runner) supervise(ctx context.Context, t *task) Outcome {
+	clk := r.cfg.Clock
+	hbCtx, stopHeartbeats := context.WithCancel(ctx)
+	terminate := make(chan struct{}, 1)
+	hbDone := make(chan struct{})
+	ticker := clk.NewTicker(r.cfg.Heartbeat)
+	go func() {
+		defer close(hbDone)
+		r.heartbeat(hbCtx, ticker, terminate)
+	}()
+	defer func() {
+		stopHeartbeats()
+		<-hbDone
+	}()
+
+	var timeout <-chan time.Time
+	if r.cfg.ExecutionTimeout > 0 {
+		timeout = clk.After(r.cfg.ExecutionTimeout)
+	}
+	if r.cfg.OnTaskStarted != nil {
+		r.cfg.OnTaskStarted(t.pgid)
+	}
+
+	var (
+		intervened Outcome // set by the first intervention of the agent
+		grace      <-chan time.Time
+		done       = ctx.Done()
+	)
+	stop := func(o Outcome, why string) {
+		if intervened.Reason == "" {
+			intervened = o
+		}
+		if grace != nil {
+			return // already stopping
+		}
+		r.log.Warn("stopping the task's process group", "pgid", t.pgid, "why", why, "grace", r.cfg.TerminateGrace)
+		t.signal(sigTerm, r.log)
+		grace = clk.After(r.cfg.TerminateGrace)
+	}
+wait:
+	for {
+		select {
+		case <-t.exited:
+			break wait
+		case <-timeout:
+			timeout = nil
+			if intervened.Reason == "" {
+				intervened = failed(ReasonExecutionTimeout, -1, "")
+				intervened.Message = TimeoutMessage(r.cfg.ExecutionTimeout)
+			}
+			r.log.Warn("execution timeout: killing the task's whole process group", "pgid", t.pgid, "timeout", r.cfg.ExecutionTimeout)
+			t.signal(sigKill, r.log)
+		case <-terminate:
+			stop(failed(ReasonTerminated, -1, "the control plane answered should_terminate"), "should_terminate")
+		case <-done:
+			done = nil
+			stop(failed(ReasonAgentStopped, -1, "the agent was stopped before the task finished"), "agent stopped")
+		case <-grace:
+			grace = nil
+			r.log.Warn("the task's group outlived its grace: killing it", "pgid", t.pgid)
+			t.signal(sigKill, r.log)
+		}
+	}
+	stopHeartbeats()
+	<-hbDone
+
+	if grace != nil {
+		// A stop was under way when the leader exited: members that outlive
+		// the grace are killed, as they would have been with the leader.
+		gone, err := proc.AwaitGone(context.WithoutCancel(ctx), t.pgid, grace)
+		if err != nil {
+			r.log.Warn("could not tell whether the task's group still runs", "pgid", t.pgid, "error", err)
+		}
+		if !gone {
+			r.log.Warn("the task's group outlived its grace: killing it", "pgid", t.pgid)
+			t.signal(sigKill, r.log)
+		}
+	}
+
+	outputLost := r.drain(ctx, t)
+	r.stopLeftovers(ctx, t)
+	t.reap()
+
+	var out Outcome
+	switch {
+	case intervened.Reason != "":
+		out = intervened
+		out.ExitCode = exitCode(t.state)
+	case t.state.Success():
+		out = Outcome{State: sdk.StateSuccess, ExitCode: 0}
+	case exitCode(t.state) >= 0:
+		out = failed(ReasonExitCode, exitCode(t.state), fmt.Sprintf("task exited with code %d", exitCode(t.state)))
+	default:
+		out = failed(ReasonSignal, -1, "task was killed by "+signalName(t.state))
+	}
+	out.OutputLost = outputLost
+	return out
+}
+
+// heartbeat beats on every tick until ctx ends or the control plane answers
+// should_terminate (then it says so on terminate and stops beating).
+func (r *runner) heartbeat(ctx context.Context, ticker clock.Ticker, terminate chan<- struct{}) {
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C():
+		}
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
+		term, err := r.rep.Heartbeat(cctx, r.cfg.Attempt, r.cfg.Clock.Now())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("heartbeat failed", "error", err)
+			}
+			continue
+		}
+		if term {
+			r.log.Warn("the control plane answered should_terminate to a heartbeat")
+			select {
+			case terminate <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// drain waits for the output copy to reach the end of the pipe, for at most
+// DrainBound. It reports whether output may have been lost.
+func (r *runner) drain(ctx context.Context, t *task) bool {
+	select {
+	case <-t.drained:
+		return false
+	default:
+	}
+	bound := r.cfg.Clock.After(r.cfg.DrainBound)
+	select {
+	case <-t.drained:
+		return false
+	case <-bound:
+		r.log.Warn("a descendant of the task still holds its output pipe: reporting without waiting for it; lines it writes from now on are lost",
+			"drain_bound", r.cfg.DrainBound)
+	case <-ctx.Done():
+		r.log.Warn("the agent is stopping: not waiting for the task's output pipe; its last lines may be lost")
+	}
+	t.cutOutput()
+	return true
+}
+
+// stopLeftovers stops processes the task left running in its group.
+func (r *runner) stopLeftovers(ctx context.Context, t *task) {
+	running, err := groupRunning(t.pgid)
+	if err != nil {
+		r.log.Warn("could not tell whether the task's group still runs", "pgid", t.pgid, "error", err)
+		return
+	}
+	if !running {
+		return
+	}
+	r.log.Warn("the task left processes running in its group: stopping them", "pgid", t.pgid)
+	// Detached from ctx: an agent that is stopping still must not leave them.
+	if _, err := stopGroup(context.WithoutCancel(ctx), r.cfg.Clock, t.pgid, r.cfg.TerminateGrace, r.cfg.KillWait); err != nil {
+		r.log.Error("could not stop the task's leftover processes; its records stay so the reapers see them",
+			"pgid", t.pgid, "error", err)
+	}
+}
+
+// finish reports the outcome and, once the group is gone, removes the
+// attempt's records.
+func (r *runner) finish(ctx context.Context, t *task, out Outcome) (Outcome, error) {
+	a := r.cfg.Attempt
+	r.log.Info("task finished", "state", out.State, "exit_code", out.ExitCode, "message", out.Message)
+	// The outcome is reported even when the agent is being stopped.
+	rctx := context.WithoutCancel(ctx)
+	err := r.retry(rctx, "terminal report", r.cfg.ReportRetry, func(cctx context.Context) (bool, error) {
+		// should_terminate on a report means the attempt had already moved
+		// on and the board kept what it had: nothing is left to stop.
+		_, err := r.rep.Report(cctx, a, out, r.cfg.Clock.Now())
+		return false, err
+	})
+	if t != nil {
+		if running, gerr := groupRunning(t.pgid); gerr != nil || running {
+			r.log.Warn("keeping the attempt's records: its group may still run", "pgid", t.pgid, "error", gerr)
+			return out, r.reportErr(err)
+		}
+	}
+	if rerr := r.cfg.Records.Remove(a); rerr != nil {
+		r.log.Warn("could not remove the attempt's records", "error", rerr)
+	}
+	return out, r.reportErr(err)
+}
+
+func (r *runner) reportErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	r.log.Error("the outcome could not be reported", "error", err)
+	return fmt.Errorf("%w: %w", ErrNotReported, err)
+}
+
+// retry calls f until it succeeds, backing off from 1 s up to 15 s, for at
+// most bound. An answer of should_terminate is ErrSuperseded.
+func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f func(context.Context) (bool, error)) error {
+	clk := r.cfg.Clock
+	deadline := clk.Now().Add(bound)
+	backoff := time.Second
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		term, err := f(cctx)
+		cancel()
+		if err == nil {
+			if term {
+				return ErrSuperseded
+			}
+			return nil
+		}
+		left := deadline.Sub(clk.Now())
+		if left <= 0 {
+			return fmt.Errorf("%s: gave up after %s: %w", what, bound, err)
+		}
+		r.log.Warn(what+" failed; retrying", "error", err, "in", min(backoff, left))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-clk.After(min(backoff, left)):
+		}
+		backoff = min(2*backoff, 15*time.Second)
+	}
+}

@@ -1,0 +1,117 @@
+package lite
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// BenchmarkLiveness1000 reads the liveness of 1,000 attempts whose records
+// are on disk: half name a few real live process groups (agent and group
+// both alive and verifiable), half name processes that have exited.
+func BenchmarkLiveness1000(b *testing.B) {
+	benchLiveness(b, 4)
+}
+
+// BenchmarkLiveness1000Distinct is the same batch as production sees it:
+// every live attempt has its own agent process and its own task group (1,000
+// live processes), so nothing is read twice.
+func BenchmarkLiveness1000Distinct(b *testing.B) {
+	benchLiveness(b, 500)
+}
+
+func benchLiveness(b *testing.B, liveAttempts int) {
+	dir, err := records.Open(filepath.Join(b.TempDir(), "records"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	boot, _ := proc.BootID()
+	type pair struct{ agent, leader proc.Info }
+	var live []pair
+	for range liveAttempts {
+		agent, err := proc.Stat(benchLeader(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		leader, err := proc.Stat(benchLeader(b))
+		if err != nil {
+			b.Fatal(err)
+		}
+		live = append(live, pair{agent, leader})
+	}
+	var dead []int
+	for range 8 {
+		dead = append(dead, benchDeadPID(b))
+	}
+	attempts := make([]sdk.Attempt, 1000)
+	for i := range attempts {
+		a := sdk.Attempt{RunID: fmt.Sprintf("run-%d", i/10), TaskID: fmt.Sprintf("task_%d", i%10), Try: 1}
+		attempts[i] = a
+		if i%2 == 0 {
+			p := live[(i/2)%len(live)]
+			mustWrite(b, dir.WriteAgent(records.AgentRecord{Attempt: a, PID: p.agent.PID, Start: p.agent.Start, Boot: boot}))
+			mustWrite(b, dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: p.leader.PID, AgentPID: p.agent.PID,
+				AgentStart: p.agent.Start, LeaderStart: p.leader.Start, Boot: boot}))
+		} else {
+			d := dead[i%len(dead)]
+			mustWrite(b, dir.WriteAgent(records.AgentRecord{Attempt: a, PID: d, Start: 12345, Boot: boot}))
+			mustWrite(b, dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: d, AgentPID: d,
+				AgentStart: 12345, LeaderStart: 12345, Boot: boot}))
+		}
+	}
+	ctx := context.Background()
+	log := hclog.NewNullLogger()
+	b.ResetTimer()
+	for b.Loop() {
+		got, err := Probe(ctx, dir, attempts, log)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got[0].State != sdk.Alive || got[0].Orphan || got[1].State != sdk.Dead {
+			b.Fatalf("unexpected answers: %+v / %+v", got[0], got[1])
+		}
+	}
+}
+
+func mustWrite(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchLeader starts a process leading its own group; it is killed when the
+// benchmark ends.
+func benchLeader(b *testing.B) int {
+	b.Helper()
+	cmd := exec.Command("sleep", "1000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		_ = cmd.Wait()
+	})
+	return cmd.Process.Pid
+}
+
+// benchDeadPID returns the PID of a process that has exited and been reaped.
+func benchDeadPID(b *testing.B) int {
+	b.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		b.Fatal(err)
+	}
+	return cmd.Process.Pid
+}

@@ -1,0 +1,180 @@
+// Command reaper-agent is the Lite agent: it runs one task attempt as the
+// leader of its own process group and reports its outcome (see package
+// github.com/dexaflow/reaper/substrate/lite/agent for what it does).
+//
+// It is normally started by lite.Spawner, detached in its own session, with
+// -gate-fd: it then does nothing until the spawner has written its .pid
+// record and sent the go-ahead, and refuses to run if that record does not
+// name it.
+//
+// Exit codes:
+//
+//	0  the task succeeded and the outcome was reported
+//	1  the task failed and the outcome was reported
+//	2  bad command line or environment
+//	3  RUNNING was answered should_terminate: the task never started
+//	4  the control plane could not be reached (RUNNING or the outcome)
+//	5  the spawner never sent the go-ahead: the task never started
+//
+// Reporters: -reporter board (the real one) reports RUNNING, heartbeats and
+// the outcome to the board named by REAPER_DSN through the board's writers,
+// each guarded on the attempt's (state, try, epoch); -reporter file appends
+// JSON lines to -report-file and answers should_terminate once
+// -terminate-file exists (tests of the agent alone).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// Exit codes.
+const (
+	exitSuccess    = 0
+	exitFailed     = 1
+	exitUsage      = 2
+	exitSuperseded = 3
+	exitUnreported = 4
+	exitNoGoAhead  = 5
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	var inv agent.Invocation
+	fs := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
+	inv.Bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := inv.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "reaper-agent: %v\n", err)
+		return exitUsage
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name:       "reaper-agent",
+		Level:      hclog.LevelFromString(inv.LogLevel),
+		JSONFormat: inv.LogJSON,
+		Output:     os.Stderr,
+	})
+
+	// Detached from any terminal: a hangup is not a reason to abandon a task.
+	signal.Ignore(syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if inv.GateFD > 0 {
+		if err := awaitGoAhead(inv.GateFD); err != nil {
+			log.Error("no go-ahead from the spawner: not running the task", "error", err)
+			return exitNoGoAhead
+		}
+	}
+	dir, err := records.Open(inv.RecordDir)
+	if err != nil {
+		log.Error("record directory refused", "error", err)
+		return exitUsage
+	}
+	if inv.GateFD > 0 {
+		if err := checkOwnRecord(dir, inv.Attempt); err != nil {
+			log.Error("refusing to run a task the reapers cannot see", "error", err)
+			return exitUsage
+		}
+	}
+
+	output := os.Stdout
+	if inv.Output != "" {
+		output, err = os.OpenFile(inv.Output, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			log.Error("cannot open the task's output file", "error", err)
+			return exitUsage
+		}
+		defer output.Close()
+	}
+
+	var rep agent.Reporter
+	switch inv.Reporter {
+	case agent.ReporterFile:
+		rep = agent.NewFileReporter(inv.ReportFile, inv.TerminateFile)
+	case agent.ReporterBoard:
+		br, err := newBoardReporter(ctx, os.Getenv("REAPER_DSN"))
+		if err != nil {
+			log.Error("cannot reach the board", "error", err)
+			return exitUsage
+		}
+		defer br.Close()
+		rep = br
+	default: // Validate refused it already
+		return exitUsage
+	}
+
+	out, err := agent.Run(ctx, agent.Config{
+		Attempt:          inv.Attempt,
+		Command:          inv.Command,
+		Shell:            inv.Shell,
+		Dir:              inv.Dir,
+		Records:          dir,
+		Output:           output,
+		ExecutionTimeout: inv.ExecutionTimeout,
+		Heartbeat:        inv.Heartbeat,
+		DrainBound:       inv.DrainBound,
+		TerminateGrace:   inv.TerminateGrace,
+		KillWait:         inv.KillWait,
+		Logger:           log,
+	}, rep)
+	switch {
+	case errors.Is(err, agent.ErrSuperseded):
+		return exitSuperseded
+	case err != nil && out.State == "":
+		log.Error("the attempt did not run", "error", err)
+		return exitUnreported
+	case err != nil:
+		return exitUnreported
+	case out.State == sdk.StateSuccess:
+		return exitSuccess
+	default:
+		return exitFailed
+	}
+}
+
+// awaitGoAhead reads the spawner's "go" line from the inherited descriptor.
+// End-of-file first means the spawner could not record this agent.
+func awaitGoAhead(fd int) error {
+	f := os.NewFile(uintptr(fd), "gate")
+	if f == nil {
+		return fmt.Errorf("gate descriptor %d is not open", fd)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if strings.TrimSpace(line) != "go" {
+		return fmt.Errorf("reading the go-ahead from descriptor %d: got %q (%v)", fd, line, err)
+	}
+	return nil
+}
+
+// checkOwnRecord verifies that the spawner's .pid record names this process.
+func checkOwnRecord(dir *records.Dir, a sdk.Attempt) error {
+	rec, err := dir.ReadAgent(a)
+	if err != nil {
+		return fmt.Errorf("checking this agent's record: %w", err)
+	}
+	if rec.PID != os.Getpid() {
+		return fmt.Errorf("checking this agent's record %s: it names pid %d, this agent is %d",
+			dir.AgentPath(a), rec.PID, os.Getpid())
+	}
+	return nil
+}

@@ -1,0 +1,10 @@
+// Command reaper-substrate-lite serves the Lite substrate plugin (local
+// processes) to reaperd.
+package main
+
+import (
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite"
+)
+
+func main() { sdk.Serve(lite.New) }

@@ -1,0 +1,630 @@
+package lite
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// agentPath is the reaper-agent binary TestMain builds for this package.
+var agentPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lite-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	agentPath = filepath.Join(dir, AgentBinary)
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)
+		os.RemoveAll(dir)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// bundle is one test's Lite world: a configured substrate on its own record
+// directory, a spawner, and a scratch directory for the tasks.
+type bundle struct {
+	sub     *Substrate
+	dir     *records.Dir
+	spawner *Spawner
+	work    string
+	logs    *lockedBuffer
+	seq     int
+}
+
+type opts struct {
+	stopGrace, killWait string
+}
+
+func setup(t *testing.T, o opts) *bundle {
+	t.Helper()
+	if o.stopGrace == "" {
+		o.stopGrace = "10s"
+	}
+	if o.killWait == "" {
+		o.killWait = "5s"
+	}
+	logs := &lockedBuffer{}
+	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: "lite", Values: sdk.Values{
+		AttrRecordDir: filepath.Join(t.TempDir(), "records"),
+		AttrStopGrace: o.stopGrace,
+		AttrKillWait:  o.killWait,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := NewSpawner(SpawnerConfig{AgentPath: agentPath, Records: sub.Records()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{sub: sub, dir: sub.Records(), spawner: sp, work: t.TempDir(), logs: logs}
+}
+
+// lockedBuffer collects logs written from several goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (b *bundle) attempt(t *testing.T) sdk.Attempt {
+	b.seq++
+	return sdk.Attempt{RunID: "run_" + t.Name(), TaskID: fmt.Sprintf("task.%d", b.seq), Try: 1, Epoch: 0}
+}
+
+// spawn starts an agent for a running attempt; cleanup kills whatever of it
+// is left and reaps the agent.
+func (b *bundle) spawn(t *testing.T, a sdk.Attempt, command string, edit func(*agent.Invocation)) *Agent {
+	t.Helper()
+	inv := agent.Invocation{
+		Attempt:    a,
+		Command:    command,
+		Reporter:   agent.ReporterFile,
+		ReportFile: filepath.Join(b.work, records.Name(a)+".report.jsonl"),
+	}
+	if edit != nil {
+		edit(&inv)
+	}
+	ag, err := b.spawner.Spawn(context.Background(), SpawnRequest{Invocation: inv, Env: []string{"WORK=" + b.work}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	go func() { // the spawner is the agent's parent: reap it when it exits
+		defer close(waited)
+		_, _ = ag.Wait()
+	}()
+	t.Cleanup(func() {
+		if g, err := b.dir.ReadGroup(a); err == nil {
+			_, _ = proc.SignalGroup(g.PGID, unix.SIGKILL)
+		}
+		_, _ = proc.Signal(ag.PID, unix.SIGKILL)
+		<-waited
+		if t.Failed() {
+			logs, _ := os.ReadFile(ag.Log)
+			t.Logf("agent log:\n%s", logs)
+		}
+	})
+	return ag
+}
+
+// group waits, bounded, for the agent to record its task's group.
+func (b *bundle) group(t *testing.T, a sdk.Attempt) records.GroupRecord {
+	t.Helper()
+	var rec records.GroupRecord
+	eventually(t, "the group record", func() bool {
+		var err error
+		rec, err = b.dir.ReadGroup(a)
+		return err == nil
+	})
+	return rec
+}
+
+// await waits, bounded, for a task to create the file name in the scratch
+// directory.
+func (b *bundle) await(t *testing.T, name string) {
+	t.Helper()
+	eventually(t, name, func() bool { _, err := os.Stat(filepath.Join(b.work, name)); return err == nil })
+}
+
+func (b *bundle) live(t *testing.T, a sdk.Attempt) sdk.AttemptLiveness {
+	t.Helper()
+	got, err := b.sub.Liveness(context.Background(), sdk.LivenessRequest{Attempts: []sdk.Attempt{a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got[0]
+}
+
+// eventually polls cond, bounded: waiting on a real process, not a threshold.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func gone(pid int) bool {
+	info, err := proc.Stat(pid)
+	return errors.Is(err, proc.ErrNotExist) || (err == nil && info.Zombie)
+}
+
+func expect(t *testing.T, got sdk.AttemptLiveness, state, agentL, group sdk.Liveness, orphan bool) {
+	t.Helper()
+	if got.State != state || got.Agent != agentL || got.Group != group || got.Orphan != orphan {
+		t.Fatalf("liveness = state %s agent %s group %s orphan %v (%s); want state %s agent %s group %s orphan %v",
+			got.State, got.Agent, got.Group, got.Orphan, got.Detail, state, agentL, group, orphan)
+	}
+}
+
+func TestKilledAgentLeavesGroupAliveUntilGroupDies(t *testing.T) {
+	b := setup(t, opts{})
+	a := b.attempt(t)
+	ag := b.spawn(t, a, `sleep 1000 & : > "$WORK/started"; sleep 1000`, nil)
+	g := b.group(t, a)
+	// The record exists before the command runs; an agent killed before it
+	// releases the command means the command never runs at all.
+	b.await(t, "started")
+	expect(t, b.live(t, a), sdk.Alive, sdk.Alive, sdk.Alive, false)
+
+	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	expect(t, b.live(t, a), sdk.Alive, sdk.Dead, sdk.Alive, true)
+
+	if err := unix.Kill(-g.PGID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func TestBackgroundChildKeepsAttemptAliveUntilItExits(t *testing.T) {
+	b := setup(t, opts{})
+	a := b.attempt(t)
+	// The leader backgrounds a child (which does not hold the output) and
+	// exits when told; the child exits when told.
+	ag := b.spawn(t, a, `sh -c 'while [ ! -e "$WORK/release" ]; do sleep 0.02; done' >/dev/null 2>&1 &
+: > "$WORK/started"
+while [ ! -e "$WORK/leave" ]; do sleep 0.02; done`, nil)
+	g := b.group(t, a)
+	b.await(t, "started")
+	// Kill the agent first: otherwise it would stop the leftover child
+	// itself once the leader exits.
+	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	touch(t, filepath.Join(b.work, "leave"))
+	eventually(t, "the leader to exit", func() bool { return gone(g.PGID) })
+
+	got := b.live(t, a)
+	// Alive through the child, but not verifiable: its leader is gone.
+	expect(t, got, sdk.Alive, sdk.Dead, sdk.Alive, false)
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || res.Stopped {
+		t.Fatalf("StopOrphan of an unverifiable group = %+v, %v; want not stopped, no error", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); !r {
+		t.Fatal("an unverifiable group was signalled")
+	}
+
+	touch(t, filepath.Join(b.work, "release"))
+	eventually(t, "the child to exit", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startLeader starts a process leading its own group, outside any agent.
+func startLeader(t *testing.T, script string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// deadPID returns the PID of a process that has exited and been reaped.
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+func TestReusedLeaderPIDReadsDeadAndIsNeverSignalled(t *testing.T) {
+	b := setup(t, opts{stopGrace: "200ms", killWait: "1s"})
+	a := b.attempt(t)
+	// A live group whose leader has the recorded PID but another start time:
+	// the recorded leader exited and the OS gave its PID to this process.
+	other := startLeader(t, "sleep 1000")
+	info, err := proc.Stat(other.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, _ := proc.BootID()
+	dead := deadPID(t)
+	if err := b.dir.WriteAgent(records.AgentRecord{Attempt: a, PID: dead, Boot: boot}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: info.PID, AgentPID: dead,
+		LeaderStart: info.Start - 1, Boot: boot}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Stopped {
+		t.Fatalf("StopOrphan = %+v: the recorded group is gone, so nothing of it is left", res)
+	}
+	if gone(other.Process.Pid) {
+		t.Fatal("a process that is not the recorded leader was signalled")
+	}
+}
+
+func TestRecordFromAnotherBootReadsDead(t *testing.T) {
+	b := setup(t, opts{})
+	a := b.attempt(t)
+	other := startLeader(t, "sleep 1000")
+	info, _ := proc.Stat(other.Process.Pid)
+	// Everything matches except the boot: nothing recorded then can exist.
+	if err := b.dir.WriteAgent(records.AgentRecord{Attempt: a, PID: info.PID, Start: info.Start, Boot: "another-boot"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: info.PID, AgentPID: info.PID,
+		LeaderStart: info.Start, Boot: "another-boot"}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func TestMissingRecordsReadDead(t *testing.T) {
+	b := setup(t, opts{})
+	expect(t, b.live(t, b.attempt(t)), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func TestGarbledRecordsReadUnknownAndAreNeverSignalled(t *testing.T) {
+	b := setup(t, opts{stopGrace: "200ms", killWait: "1s"})
+	victim := startLeader(t, "sleep 1000")
+	info, _ := proc.Stat(victim.Process.Pid)
+	good := records.GroupRecord{PGID: info.PID, AgentPID: deadPID(t), LeaderStart: info.Start}
+	cases := map[string]func(a sdk.Attempt) []byte{
+		"Truncated": func(a sdk.Attempt) []byte {
+			g := good
+			g.Attempt = a
+			data := g.Marshal()
+			return data[:len(data)-12]
+		},
+		"Garbage": func(sdk.Attempt) []byte { return []byte("pgid=" + fmt.Sprint(info.PID) + "\n") },
+		"PGIDOne": func(a sdk.Attempt) []byte {
+			g := good
+			g.Attempt, g.PGID = a, 1
+			return g.Marshal()
+		},
+		"NegativePGID": func(a sdk.Attempt) []byte {
+			g := good
+			g.Attempt, g.PGID = a, -info.PID
+			return g.Marshal()
+		},
+	}
+	t.Run("AgentPIDOne", func(t *testing.T) {
+		a := b.attempt(t)
+		path := b.dir.AgentPath(a)
+		if err := os.WriteFile(path, records.AgentRecord{Attempt: a, PID: 1}.Marshal(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got := b.live(t, a)
+		if got.State != sdk.Unknown || got.Agent != sdk.Unknown || got.Orphan {
+			t.Fatalf("liveness %+v, want unknown", got)
+		}
+		if !strings.Contains(b.logs.String(), path) {
+			t.Fatalf("the garbled record's path is not logged:\n%s", b.logs.String())
+		}
+	})
+	for name, content := range cases {
+		t.Run(name, func(t *testing.T) {
+			a := b.attempt(t)
+			path := b.dir.GroupPath(a)
+			if err := os.WriteFile(path, content(a), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got := b.live(t, a)
+			if got.State != sdk.Unknown || got.Group != sdk.Unknown || got.Orphan {
+				t.Fatalf("liveness %+v, want unknown", got)
+			}
+			if !strings.Contains(b.logs.String(), path) {
+				t.Fatalf("the garbled record's path is not logged:\n%s", b.logs.String())
+			}
+			res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+			if err != nil || res.Stopped {
+				t.Fatalf("StopOrphan = %+v, %v; want not stopped", res, err)
+			}
+			if gone(victim.Process.Pid) {
+				t.Fatal("a process named by a garbled record was signalled")
+			}
+		})
+	}
+}
+
+func TestRecordDirectoryRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to hand a directory to another user")
+	}
+	base := t.TempDir()
+	cases := []struct {
+		name   string
+		setup  func(string) error
+		reason string
+	}{
+		{"Symlink", func(p string) error {
+			if err := os.Mkdir(p+".target", 0o700); err != nil {
+				return err
+			}
+			return os.Symlink(p+".target", p)
+		}, "it is a symlink"},
+		{"OwnedByAnotherUser", func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.Chown(p, 65534, 65534)
+		}, "it is owned by uid 65534"},
+		{"WritableByOthers", func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(p, 0o777)
+		}, "writable by group or others (mode 0777)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(base, tc.name)
+			if err := tc.setup(path); err != nil {
+				t.Fatal(err)
+			}
+			err := New(nil).Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}})
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("Configure = %v; want a refusal naming %s and %q", err, path, tc.reason)
+			}
+		})
+	}
+}
+
+func TestNewRecordDirectoryIsCreatedWithAWarning(t *testing.T) {
+	logs := &bytes.Buffer{}
+	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs}))
+	path := filepath.Join(t.TempDir(), "fresh")
+	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("record directory %v, %v; want mode 0700", st, err)
+	}
+	if !strings.Contains(logs.String(), "[WARN]") || !strings.Contains(logs.String(), "record directory is new") {
+		t.Fatalf("no warning about a new directory:\n%s", logs)
+	}
+}
+
+func TestOrphanStopKillsAGroupThatTrapsTerm(t *testing.T) {
+	b := setup(t, opts{stopGrace: "300ms", killWait: "5s"})
+	a := b.attempt(t)
+	ag := b.spawn(t, a, `trap '' TERM; : > "$WORK/trapped"; sleep 1000 & while :; do sleep 0.02; done`, nil)
+	g := b.group(t, a)
+	b.await(t, "trapped")
+	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	expect(t, b.live(t, a), sdk.Alive, sdk.Dead, sdk.Alive, true)
+
+	begin := time.Now()
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Stopped || !strings.Contains(res.Detail, "SIGKILL") {
+		t.Fatalf("StopOrphan = %+v; want stopped by SIGKILL", res)
+	}
+	if took := time.Since(begin); took < 300*time.Millisecond {
+		t.Fatalf("stopped after %s, before the grace: SIGTERM cannot have done it", took)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func TestOrphanStopRefusesWhileTheAgentLives(t *testing.T) {
+	b := setup(t, opts{stopGrace: "200ms", killWait: "1s"})
+	a := b.attempt(t)
+	b.spawn(t, a, "sleep 1000", nil)
+	g := b.group(t, a)
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || res.Stopped {
+		t.Fatalf("StopOrphan = %+v, %v; want refused", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); !r {
+		t.Fatal("a live agent's group was signalled as an orphan")
+	}
+}
+
+func TestCeilingStopEndsTheGroupAndTheAgentReports(t *testing.T) {
+	b := setup(t, opts{stopGrace: "2s", killWait: "5s"})
+	a := b.attempt(t)
+	var report string
+	ag := b.spawn(t, a, "sleep 1000", func(inv *agent.Invocation) { report = inv.ReportFile })
+	g := b.group(t, a)
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	if err != nil || !res.Stopped {
+		t.Fatalf("StopOrphan(ceiling) = %+v, %v", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
+	// The agent is never signalled: it sees its task end, reports, exits.
+	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	events, err := agent.ReadReportFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := events[len(events)-1]
+	if last.Event != agent.EventReport || last.Outcome.State != sdk.StateFailed || last.Outcome.Reason != agent.ReasonSignal {
+		t.Fatalf("last report %+v", last)
+	}
+	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+func TestSpawnFailsWhenTheRecordCannotBeWritten(t *testing.T) {
+	b := setup(t, opts{})
+	a := b.attempt(t)
+	if err := os.WriteFile(b.dir.AgentPath(a), []byte("in the way"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(b.work, "ran")
+	report := filepath.Join(b.work, "report.jsonl")
+	_, err := b.spawner.Spawn(context.Background(), SpawnRequest{Invocation: agent.Invocation{
+		Attempt: a, Command: "touch " + marker, Reporter: agent.ReporterFile, ReportFile: report,
+	}})
+	if err == nil || !strings.Contains(err.Error(), "recording the agent") {
+		t.Fatalf("Spawn = %v; want a failure to record the agent", err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the task ran though its agent was never recorded")
+	}
+	if _, err := os.Stat(report); err == nil {
+		t.Fatal("the unrecorded agent reached the control plane")
+	}
+}
+
+func TestSpawnedAgentEnforcesTheTimeoutOnTheWholeGroup(t *testing.T) {
+	b := setup(t, opts{})
+	a := b.attempt(t)
+	var report string
+	ag := b.spawn(t, a, `echo before; (sleep 1000 & sleep 1000) & sleep 1000`, func(inv *agent.Invocation) {
+		inv.ExecutionTimeout = 300 * time.Millisecond
+		report = inv.ReportFile
+	})
+	g := b.group(t, a)
+	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group outlived its timeout")
+	}
+	events, err := agent.ReadReportFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := events[len(events)-1]
+	if last.Outcome == nil || last.Outcome.Message != "execution_timeout: task exceeded 0.3s limit" {
+		t.Fatalf("last report %+v", last)
+	}
+	if out, _ := os.ReadFile(ag.Output); string(out) != "before\n" {
+		t.Fatalf("task output %q", out)
+	}
+	if _, err := b.dir.ReadAgent(a); err == nil {
+		t.Fatal("the agent left its records behind after a clean finish")
+	}
+}
+
+func TestSubstrateBasics(t *testing.T) {
+	ctx := context.Background()
+	s := New(nil)
+	if _, err := s.Liveness(ctx, sdk.LivenessRequest{}); err == nil {
+		t.Fatal("Liveness before Configure succeeded")
+	}
+	info, _ := s.Info(ctx)
+	if info.Name != "lite" || info.Kind != sdk.KindSubstrate || len(info.Editions) != 1 || info.Editions[0] != "lite" {
+		t.Fatalf("Info = %+v", info)
+	}
+	schema, _ := s.ConfigSchema(ctx)
+	v := schema.WithDefaults(nil)
+	if v.String(AttrRecordDir) != "" {
+		t.Fatalf("record_dir default %q", v.String(AttrRecordDir))
+	}
+	if d, _ := v.Duration(AttrStopGrace); d != 10*time.Second {
+		t.Fatalf("stop_grace default %s", d)
+	}
+	if d, _ := v.Duration(AttrKillWait); d != 5*time.Second {
+		t.Fatalf("kill_wait default %s", d)
+	}
+	if err := s.Configure(ctx, sdk.ConfigureRequest{Edition: "kube"}); err == nil {
+		t.Fatal("configured for kube")
+	}
+	if err := s.Configure(ctx, sdk.ConfigureRequest{Values: sdk.Values{
+		AttrRecordDir: filepath.Join(t.TempDir(), "r"), AttrStopGrace: "0s"}}); err == nil {
+		t.Fatal("a zero stop grace was accepted")
+	}
+	if ok, _ := s.Synced(ctx); !ok {
+		t.Fatal("not synced")
+	}
+	if res, err := s.Sweep(ctx, sdk.SweepRequest{}, nil); err != nil || len(res.Decisions) != 0 {
+		t.Fatalf("Sweep = %+v, %v", res, err)
+	}
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	out, err := s.Teardown(ctx, sdk.TeardownRequest{Attempt: &a})
+	if err != nil || len(out) != 1 || out[0].Action != sdk.TeardownNothing {
+		t.Fatalf("Teardown = %+v, %v", out, err)
+	}
+	if ws, err := s.WarmWorkers(ctx); err != nil || len(ws) != 0 {
+		t.Fatalf("WarmWorkers = %v, %v", ws, err)
+	}
+	if _, err := s.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: "whim"}); err == nil {
+		t.Fatal("an unknown stop reason was accepted")
+	}
+}

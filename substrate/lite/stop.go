@@ -1,0 +1,147 @@
+package lite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// StopOrphan stops an attempt's recorded task group: SIGTERM to the whole
+// group, up to stop_grace, SIGKILL, up to kill_wait more. Reasons:
+//
+//   - sdk.StopOrphan: the agent must be dead (it is checked again here); an
+//     agent that reads alive or unknown means the group is not an orphan and
+//     nothing is signalled.
+//   - sdk.StopCredentialCeiling: the attempt is past the credential ceiling
+//     and already marked failed; its group is stopped whether or not its
+//     agent lives. The agent itself is never signalled: it sees its task end
+//     and reports, and the stop then waits up to kill_wait for it to exit.
+//
+// Only a group recorded in this record directory whose leader is still the
+// recorded process (same PID, same start time, still leading the group) is
+// signalled. A group that cannot be verified is not signalled and not
+// stopped (the reaper keeps deferring while it runs); a garbled record is
+// never signalled. Stopped is true only when no process of the group is left
+// running. A stop that was attempted and failed is an error.
+func (s *Substrate) StopOrphan(ctx context.Context, req sdk.StopRequest) (sdk.StopResult, error) {
+	if req.Reason != sdk.StopOrphan && req.Reason != sdk.StopCredentialCeiling {
+		return sdk.StopResult{}, fmt.Errorf("stopping %s: unknown reason %q", req.Attempt, req.Reason)
+	}
+	st, err := s.settings()
+	if err != nil {
+		return sdk.StopResult{}, err
+	}
+	return s.stop(ctx, st, req.Attempt, req.Reason)
+}
+
+func (s *Substrate) stop(ctx context.Context, st *settings, a sdk.Attempt, reason string) (sdk.StopResult, error) {
+	log := s.log.With("attempt", a.String(), "reason", reason)
+	b := &batch{dir: st.dir, log: log}
+	if boot, err := proc.BootID(); err == nil {
+		b.boot = boot
+	}
+	grec, err := st.dir.ReadGroup(a)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return sdk.StopResult{Stopped: true, Detail: "no task group recorded"}, nil
+	case errors.Is(err, records.ErrGarbled):
+		log.Warn("group record is garbled: not signalling anything", "path", st.dir.GroupPath(a), "error", err)
+		return sdk.StopResult{Detail: "group record garbled: not signalled"}, nil
+	case err != nil:
+		return sdk.StopResult{}, fmt.Errorf("stopping %s: %w", a, err)
+	}
+
+	// The agent: for an orphan it must be dead; for the ceiling it is only
+	// watched (never signalled).
+	agentPID, agentStart := grec.AgentPID, grec.AgentStart
+	arec, aerr := st.dir.ReadAgent(a)
+	switch {
+	case aerr == nil && arec.PID != grec.AgentPID:
+		log.Warn("agent and group records name different agents: not signalling anything",
+			"agent_pid", arec.PID, "group_agent_pid", grec.AgentPID)
+		return sdk.StopResult{Detail: "records disagree on the agent: not signalled"}, nil
+	case aerr == nil:
+		if agentStart == 0 {
+			agentStart = arec.Start
+		}
+	case errors.Is(aerr, fs.ErrNotExist):
+	case errors.Is(aerr, records.ErrGarbled):
+		log.Warn("agent record is garbled: not signalling anything", "path", st.dir.AgentPath(a), "error", aerr)
+		return sdk.StopResult{Detail: "agent record garbled: not signalled"}, nil
+	default:
+		return sdk.StopResult{}, fmt.Errorf("stopping %s: %w", a, aerr)
+	}
+	var notes []string
+	note := func(n string) { notes = append(notes, n) }
+	f := b.facts(false) // fresh reads: this decides a signal
+	if reason == sdk.StopOrphan {
+		if l := f.agent(agentPID, agentStart, grec.Boot, note); l != sdk.Dead {
+			return sdk.StopResult{Detail: "not an orphan, not signalled: " + strings.Join(notes, "; ")}, nil
+		}
+	}
+
+	// The group: signalled only when verified.
+	l, verified := f.group(grec, note)
+	switch {
+	case l == sdk.Dead:
+		return sdk.StopResult{Stopped: true, Detail: strings.Join(notes, "; ")}, nil
+	case !verified:
+		log.Warn("task group cannot be verified: not signalling it", "pgid", grec.PGID, "detail", strings.Join(notes, "; "))
+		return sdk.StopResult{Detail: "not signalled: " + strings.Join(notes, "; ")}, nil
+	}
+
+	log.Warn("stopping the attempt's task group", "pgid", grec.PGID, "grace", st.stopGrace, "kill_wait", st.killWait)
+	rep, err := proc.StopGroup(ctx, s.clock, grec.PGID, st.stopGrace, st.killWait)
+	if err != nil {
+		log.Error("task group stop failed", "pgid", grec.PGID, "error", err)
+		return sdk.StopResult{Detail: fmt.Sprintf("group %d: stop failed", grec.PGID)}, fmt.Errorf("stopping %s: %w", a, err)
+	}
+	detail := fmt.Sprintf("group %d exited after SIGTERM", grec.PGID)
+	switch {
+	case rep.AlreadyGone:
+		detail = fmt.Sprintf("group %d had already exited", grec.PGID)
+	case rep.Killed:
+		detail = fmt.Sprintf("group %d SIGKILLed after a %s grace", grec.PGID, st.stopGrace)
+	}
+	log.Info("task group stopped", "pgid", grec.PGID, "detail", detail)
+
+	if reason == sdk.StopCredentialCeiling {
+		if s.awaitAgentExit(ctx, agentPID, agentStart, st.killWait) {
+			detail += "; agent exited"
+		} else {
+			detail += "; agent still running"
+		}
+	} else if err := st.dir.Remove(a); err != nil {
+		// The agent is dead and the group gone: the records read dead anyway.
+		log.Warn("could not remove the stopped attempt's records", "error", err)
+	}
+	return sdk.StopResult{Stopped: true, Detail: detail}, nil
+}
+
+// awaitAgentExit waits up to d for the agent to exit on its own.
+func (s *Substrate) awaitAgentExit(ctx context.Context, pid int, start uint64, d time.Duration) bool {
+	f := (&batch{}).facts(false)
+	agentLiveness := f.agentLiveness
+	deadline := s.clock.After(d)
+	tick := time.NewTicker(proc.PollInterval)
+	defer tick.Stop()
+	for {
+		if agentLiveness(pid, start, func(string) {}) == sdk.Dead {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline:
+			return agentLiveness(pid, start, func(string) {}) == sdk.Dead
+		case <-tick.C:
+		}
+	}
+}

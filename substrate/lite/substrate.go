@@ -1,0 +1,213 @@
+// Package lite is the Lite substrate: attempts run as local processes, one
+// reaper-agent per attempt, each running its task as the leader of its own
+// process group. There are no pods, so the substrate's work is to tell
+// whether an attempt's processes are provably gone, and to stop a task group
+// only when it is provably the one that was recorded.
+//
+// What is on disk (package records): the Spawner writes one .pid record per
+// agent (its PID and start time) before the agent may start its task; the
+// agent writes one .pgid record (group id, its own PID and start time, the
+// leader's start time) before the task runs any of its command. The records
+// are files, so a restarted server sees the agents it spawned before. A
+// server whose record directory changed (another TMPDIR, a cleaned /tmp)
+// sees none of them and reads their attempts dead: that can only matter for
+// an attempt that is also silent past agent_lost or queued past
+// dispatch_lost. Configure warns when it had to create the directory.
+//
+// Liveness of an attempt (see Substrate.Liveness), read from the .pgid
+// record when there is one, else from the .pid record:
+//
+//   - the agent: alive while its PID exists, is not a zombie and (when the
+//     record has the agent's start time) still has that start time; a
+//     missing record or a gone PID is dead;
+//   - the task group: alive while any process of the recorded group runs
+//     (signal 0 to the group, EPERM counting as alive; members that are
+//     only zombies run nothing and do not count, which matters on hosts
+//     whose init does not reap orphans); a group whose leader PID now has
+//     another start time names an unrelated group and is dead; a missing
+//     .pgid record is dead;
+//   - the attempt: alive if either is alive, else unknown if either is
+//     unknown, else dead. Read errors are unknown; a garbled or truncated
+//     record, or one naming a PID of 1 or less, is unknown, logged with
+//     its path, and never signalled.
+//   - Orphan is set only when the agent is dead and the group is alive and
+//     verified: its leader is the very process recorded (same PID, same
+//     start time, still leading the group).
+//
+// Records also carry the boot they were written in: a record from another
+// boot names processes that cannot exist any more, and reads dead.
+//
+// What Lite does not cover: an agent alive but wedged (until the credential
+// ceiling); PID reuse of an agent recorded without its start time (reads
+// alive: a delay, never a false reap); a descendant that left the group with
+// setsid (it neither keeps the attempt alive nor is stopped); hosts other
+// than Linux and macOS, where groups read unknown and the reapers defer.
+package lite
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// Name is the substrate's configuration label.
+const Name = "lite"
+
+// Version is the plugin's version.
+const Version = "0.1.0"
+
+// Configuration attributes.
+const (
+	AttrRecordDir = "record_dir"
+	AttrStopGrace = "stop_grace"
+	AttrKillWait  = "kill_wait"
+)
+
+// Substrate is the Lite substrate. It is safe for concurrent use.
+type Substrate struct {
+	log   hclog.Logger
+	clock clock.Clock
+
+	mu  sync.RWMutex
+	cfg *settings // nil until Configure
+}
+
+type settings struct {
+	dir       *records.Dir
+	stopGrace time.Duration
+	killWait  time.Duration
+}
+
+var _ sdk.Substrate = (*Substrate)(nil)
+
+// New returns an unconfigured Lite substrate on the wall clock.
+func New(logger hclog.Logger) *Substrate {
+	return NewWithClock(logger, clock.Real{})
+}
+
+// NewWithClock returns an unconfigured Lite substrate whose stop deadlines
+// come from clk.
+func NewWithClock(logger hclog.Logger, clk clock.Clock) *Substrate {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &Substrate{log: logger, clock: clk}
+}
+
+// Info describes the plugin.
+func (s *Substrate) Info(context.Context) (sdk.Info, error) {
+	return sdk.Info{
+		Name:        Name,
+		Kind:        sdk.KindSubstrate,
+		Version:     Version,
+		Editions:    []string{ladder.EditionLite},
+		Description: "local processes: one reaper-agent per attempt, liveness from PID and process-group records",
+	}, nil
+}
+
+// ConfigSchema declares the substrate "lite" block.
+func (s *Substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.Schema{Attributes: []sdk.Attribute{
+		{
+			Name: AttrRecordDir, Type: sdk.TypeString, Default: "",
+			Description: "directory of the agents' .pid and .pgid records; empty: $TMPDIR/dexaflow-agent-pids-<uid>. " +
+				"Refused if a symlink, owned by another user, or writable by group or others.",
+		},
+		{
+			Name: AttrStopGrace, Type: sdk.TypeDuration, Default: ladder.OrphanStopGrace.String(),
+			Description: "how long a stopped task group gets after SIGTERM before SIGKILL",
+		},
+		{
+			Name: AttrKillWait, Type: sdk.TypeDuration, Default: ladder.OrphanKillWait.String(),
+			Description: "how long to wait for a task group after SIGKILL",
+		},
+	}}, nil
+}
+
+// Configure verifies (creating it if missing) the record directory and
+// takes the stop durations.
+func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+	if req.Edition != "" && req.Edition != ladder.EditionLite {
+		return fmt.Errorf("configuring the lite substrate: edition %q: it serves only %q", req.Edition, ladder.EditionLite)
+	}
+	schema, _ := s.ConfigSchema(ctx)
+	v := schema.WithDefaults(req.Values)
+	grace, err := v.Duration(AttrStopGrace)
+	if err != nil {
+		return fmt.Errorf("configuring the lite substrate: %w", err)
+	}
+	killWait, err := v.Duration(AttrKillWait)
+	if err != nil {
+		return fmt.Errorf("configuring the lite substrate: %w", err)
+	}
+	if grace <= 0 || killWait <= 0 {
+		return fmt.Errorf("configuring the lite substrate: %s (%s) and %s (%s) must be positive",
+			AttrStopGrace, grace, AttrKillWait, killWait)
+	}
+	dir, err := records.Open(v.String(AttrRecordDir))
+	if err != nil {
+		return fmt.Errorf("configuring the lite substrate: %w", err)
+	}
+	if dir.Created {
+		s.log.Warn("record directory is new: agents spawned earlier under another directory are invisible and read as gone",
+			"record_dir", dir.Path())
+	}
+	s.mu.Lock()
+	s.cfg = &settings{dir: dir, stopGrace: grace, killWait: killWait}
+	s.mu.Unlock()
+	s.log.Info("lite substrate configured", "record_dir", dir.Path(), "stop_grace", grace, "kill_wait", killWait)
+	return nil
+}
+
+func (s *Substrate) settings() (*settings, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.cfg == nil {
+		return nil, fmt.Errorf("lite substrate: not configured")
+	}
+	return s.cfg, nil
+}
+
+// Records is the configured record directory (nil before Configure).
+func (s *Substrate) Records() *records.Dir {
+	st, err := s.settings()
+	if err != nil {
+		return nil
+	}
+	return st.dir
+}
+
+// Sweep does nothing: Lite has no pods whose outcome could be recovered.
+func (s *Substrate) Sweep(context.Context, sdk.SweepRequest, sdk.Board) (sdk.SweepResult, error) {
+	return sdk.SweepResult{}, nil
+}
+
+// Synced is always true: Lite has no cache; every answer is a live read.
+func (s *Substrate) Synced(context.Context) (bool, error) { return true, nil }
+
+// Teardown does nothing and says so. Lite reapers fail only an attempt
+// whose agent is already dead, and stop an orphaned task group with
+// StopOrphan before they reap, so after a reap nothing of the attempt is
+// left to tear down; a run failed by the orphan-run reaper stops any agent
+// still attached to it through should_terminate. The server never signals
+// an agent.
+func (s *Substrate) Teardown(_ context.Context, req sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
+	object := "run " + req.RunID
+	if req.Attempt != nil {
+		object = req.Attempt.String()
+	}
+	return []sdk.TeardownOutcome{{Object: object, Action: sdk.TeardownNothing}}, nil
+}
+
+// WarmWorkers lists nothing: Lite has no warm pool.
+func (s *Substrate) WarmWorkers(context.Context) ([]sdk.WarmWorker, error) {
+	return nil, nil
+}
