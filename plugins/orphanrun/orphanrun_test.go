@@ -109,6 +109,11 @@ func TestRules(t *testing.T) {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
 		}, want: "", wantRun: sdk.RunRunning},
+		{name: "HeldForReview_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
+				EndedAt: ago(b, 20*time.Minute), Held: true})
+		}, want: "", wantRun: sdk.RunRunning},
 		{name: "ConfirmedInfraMark_RunFailed", arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})

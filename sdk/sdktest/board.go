@@ -45,9 +45,13 @@ func (t TaskInstance) Attempt() sdk.Attempt {
 }
 
 // Live reports whether the row keeps its run alive: a state that is still
-// executing or parked for the scheduler to bring back, or a provisional
-// infra mark (failed on the infra rail, not yet confirmed).
+// executing or parked for the scheduler to bring back, a provisional infra
+// mark (failed on the infra rail, not yet confirmed), or an attempt held for
+// an operator's review (as on the real board).
 func (t TaskInstance) Live() bool {
+	if t.Held {
+		return true
+	}
 	switch t.State {
 	case sdk.StateScheduled, sdk.StateQueued, sdk.StateRunning,
 		sdk.StateUpForRetry, sdk.StateUpForReschedule, sdk.StateDeferred:
