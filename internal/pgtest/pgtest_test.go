@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/internal/pgtest"
@@ -108,5 +109,34 @@ func TestStartAndStop(t *testing.T) {
 		if _, err := pgx.Connect(ctx, srv.DSN("postgres")); err == nil {
 			t.Fatalf("detached=%v: the server still answers after stop", detached)
 		}
+	}
+}
+
+func TestPauseAndResume(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	pool, err := pgxpool.New(ctx, srv.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("ping before pause: %v", err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Ping(ctx); err == nil {
+		t.Fatal("ping succeeded while paused")
+	}
+	if err := srv.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("ping after resume: %v", err)
 	}
 }

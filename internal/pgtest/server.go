@@ -499,3 +499,27 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Pause stops the server's postmaster but keeps its directory and port, so
+// that Resume can bring the same server back: a database outage, for fault
+// tests. It is PostgreSQL's fast shutdown (SIGINT: connections are cut, what
+// was committed is kept), not the immediate one Stop uses, since the test
+// server runs with asynchronous commit. It needs a server started without
+// Detached.
+func (s *Server) Pause() error {
+	if s.detached || s.cmd == nil {
+		return fmt.Errorf("pgtest: pause: the server is detached or not running")
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	<-s.exited
+	s.cmd, s.exited = nil, nil
+	return nil
+}
+
+// Resume starts a paused server again on the same port and directory.
+func (s *Server) Resume(ctx context.Context) error {
+	if s.detached || s.cmd != nil {
+		return fmt.Errorf("pgtest: resume: the server is detached or already running")
+	}
+	return s.start(ctx)
+}

@@ -3,6 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"fmt"
 	"os"
 	"os/exec"
@@ -122,6 +125,13 @@ func startDaemon(t *testing.T, config string) *daemon {
 		close(d.done)
 	}()
 	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("REAPERD_TEST_DUMP") != "" {
+			d.cmd.Process.Signal(syscall.SIGQUIT) // Go prints every goroutine's stack
+			select {
+			case <-d.done:
+			case <-time.After(5 * time.Second):
+			}
+		}
 		d.cmd.Process.Signal(syscall.SIGKILL)
 		<-d.done
 		if t.Failed() {
@@ -416,5 +426,112 @@ func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
 		if err := syscall.Kill(pid, 0); err == nil {
 			t.Errorf("plugin process %d still running", pid)
 		}
+	}
+}
+
+// telemetryAddr is the address the daemon's telemetry server bound, read
+// from its log.
+func (d *daemon) telemetryAddr() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range d.logs {
+		var ev struct {
+			Message string `json:"@message"`
+			Addr    string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Message == "telemetry listening" {
+			return ev.Addr
+		}
+	}
+	return ""
+}
+
+func (d *daemon) health(t *testing.T) (int, string) {
+	t.Helper()
+	addr := d.telemetryAddr()
+	if addr == "" {
+		return 0, ""
+	}
+	resp, err := http.Get("http://" + addr + "/monitor/health")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestDatabaseDownAtStart(t *testing.T) {
+	ctx := context.Background()
+	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	name := srv.UniqueName("down")
+	if err := srv.CreateDatabase(ctx, name, ""); err != nil { // migrated below
+		t.Fatal(err)
+	}
+	dsn := srv.DSN(name)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := board.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	store, w := board.New(pool, board.Options{}), lifecycle.New(pool, lifecycle.Options{})
+	a := runningSilentAttempt(t, w, "alive-run")
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, writeConfig(t, dsn, "reaper \"echo\" {}\n"))
+	eventually(t, 20*time.Second, "the daemon to report itself unhealthy", func() bool {
+		code, body := d.health(t)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "unreachable")
+	})
+	// Several cycles pass with the database down: the daemon stays up.
+	eventually(t, 20*time.Second, "a few cycles' worth of retries", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		n := 0
+		for _, l := range d.logs {
+			if strings.Contains(l, "lease acquisition failed") {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	select {
+	case <-d.done:
+		t.Fatal("reaperd exited while the database was down")
+	default:
+	}
+
+	resumedAt := time.Now()
+	if err := srv.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "leadership and a reap after the database returned", func() bool {
+		recs, err := store.DecisionsFor(ctx, a.RunID, a.TaskID, 100) // the test's own pool reconnects too
+		if err != nil {
+			return false
+		}
+		for _, r := range recs {
+			if r.Reaper == "echo" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range allDecisions(t, store) {
+		if r.At.Before(resumedAt) {
+			t.Fatalf("a decision was made while the database was down: %+v", r)
+		}
+	}
+	if code, body := d.health(t); code != http.StatusOK {
+		t.Fatalf("still unhealthy after the database returned: %d %s", code, body)
 	}
 }

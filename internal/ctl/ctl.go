@@ -1,0 +1,351 @@
+// Package ctl is reaperctl, the operator's command line over the board. It
+// reads the same configuration file as reaperd (the store's DSN, which
+// REAPER_DSN overrides, and the timing ladder) and answers an operator's
+// questions from the board: what runs and attempts are doing (status), why
+// an attempt was or was not reaped (explain), whether the thresholds fit the
+// durations actually observed (tune), and what is held for review (held,
+// release). It also submits Lite work (submit).
+//
+// Every command prints a table for people, or one JSON document with -json.
+// A failure is one line on stderr and a non-zero exit: 2 for a malformed
+// command line (nothing is read or written), 1 for anything else (the board
+// unreachable, an unknown run or task, ...). A command that fails writes
+// nothing to the board.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/config"
+)
+
+// ConnectTimeoutDefault bounds connecting to the board when the DSN does
+// not set connect_timeout.
+const ConnectTimeoutDefault = 5 * time.Second
+
+// CLI is reaperctl with its environment. The zero value reads the wall clock
+// and the process environment.
+type CLI struct {
+	// Now is the clock that ages are measured by and writes are stamped
+	// with; nil means time.Now.
+	Now func() time.Time
+	// Getenv looks up environment variables (REAPER_DSN); nil means os.Getenv.
+	Getenv func(string) string
+}
+
+// Run runs reaperctl with the wall clock and the process environment.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return CLI{}.Run(ctx, args, stdout, stderr)
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+// command is one subcommand of reaperctl.
+type command struct {
+	name     string
+	synopsis []string // each form, after "reaperctl NAME"
+	summary  string   // one line, for the command list
+	help     string   // what it does, for NAME -h
+	run      func(c CLI, ctx context.Context, inv *invocation) error
+}
+
+func commands() []command {
+	return []command{
+		{name: "submit", run: CLI.submit,
+			synopsis: []string{
+				"[-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] -- CMD [CMD ...]",
+				"[-run ID] [-dag NAME] [-timeout D] [-retries N] -n N -command CMD",
+			},
+			summary: "create a running run of Lite tasks, one per shell command; print its id",
+			help: "Creates a run (state running) of Lite task instances, one per shell command (each CMD is\n" +
+				"one command line: quote it), or N task instances running the same -command. Task ids are\n" +
+				"t1..tN unless -tasks names them. Prints the run id."},
+		{name: "status", run: CLI.status,
+			synopsis: []string{"[-v] [-state STATE] [-limit N] [RUN]"},
+			summary:  "runs with their task counts; one run's attempts (every listed run's with -v)",
+			help: "Lists runs, newest first: state, age, task instances by state, held attempts. With RUN,\n" +
+				"or with -v, also lists attempts: task, state, try, epoch, time in state, last heartbeat,\n" +
+				"failure, hold and error."},
+		{name: "explain", run: CLI.explain,
+			synopsis: []string{"RUN TASK"},
+			summary:  "the reapers' decisions about a task instance, its row and its try log",
+			help: "Tells the story of one task instance: its current row, then every reaper pass that\n" +
+				"judged it (when, under which term, what it saw, what it decided, applied, deferred or\n" +
+				"dry-run, and why), then its try log."},
+		{name: "tune", run: CLI.tune,
+			synopsis: []string{"[-window D] [-limit N] [-min-samples N]"},
+			summary:  "observed durations, the thresholds they suggest, thresholds below the observed tail",
+			help: "Measures what the board has seen: how long successful attempts ran, how long they\n" +
+				"waited queued, and how long successful runs sat with nothing live before they ended.\n" +
+				"For each it prints the count, median, p99, p99.9 and max, and the threshold the\n" +
+				"orphan-reaper pattern suggests: about 10 x the median and never under the observed\n" +
+				"tail, max(10 x median, p99.9) rounded up. Then it compares the configured thresholds\n" +
+				"that bound those times and flags each one below the observed tail (p99.9)."},
+		{name: "held", run: CLI.held,
+			synopsis: []string{"[-limit N]"},
+			summary:  "attempts held for review",
+			help:     "Lists the attempts held for an operator's review, the oldest hold first."},
+		{name: "release", run: CLI.release,
+			synopsis: []string{"RUN TASK"},
+			summary:  "release a held attempt, so the runner may re-place it",
+			help:     "Lifts the hold of the task instance's current attempt. Fails when it is not held."},
+	}
+}
+
+// Usage is the text of reaperctl help.
+func Usage() string {
+	var b strings.Builder
+	b.WriteString("usage: reaperctl COMMAND [flags] [args]\n\n")
+	for _, cmd := range commands() {
+		for _, form := range cmd.synopsis {
+			fmt.Fprintf(&b, "  reaperctl %s %s\n", cmd.name, form)
+		}
+		fmt.Fprintf(&b, "      %s\n", cmd.summary)
+	}
+	b.WriteString(`  reaperctl help [COMMAND]
+      this text, or a command's usage (also: reaperctl COMMAND -h)
+
+Every command reads the board named by reaperd's configuration file:
+  -config FILE   the HCL file (store.dsn, the ladder); REAPER_DSN overrides store.dsn
+  -json          print one JSON document instead of tables
+
+Exit status: 0 done; 1 failed (board unreachable, unknown run or task, ...);
+2 malformed command line. A command that fails writes nothing.
+`)
+	return b.String()
+}
+
+// Run runs one reaperctl command line (args without the program name) and
+// returns its exit status.
+func (c CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "reaperctl: no command (see reaperctl help)")
+		return exitUsage
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			if cmd, ok := lookup(args[1]); ok {
+				fmt.Fprint(stdout, commandUsage(cmd))
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "reaperctl help: unknown command %q (see reaperctl help)\n", args[1])
+			return exitUsage
+		}
+		fmt.Fprint(stdout, Usage())
+		return exitOK
+	}
+	cmd, ok := lookup(name)
+	if !ok {
+		fmt.Fprintf(stderr, "reaperctl: unknown command %q (see reaperctl help)\n", name)
+		return exitUsage
+	}
+	inv := &invocation{cmd: cmd, args: args[1:], stdout: stdout}
+	err := cmd.run(c, ctx, inv)
+	var uerr *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errHelpShown):
+		return exitOK
+	case errors.As(err, &uerr):
+		fmt.Fprintf(stderr, "reaperctl %s: %s (see reaperctl %s -h)\n", name, oneLine(uerr.msg), name)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "reaperctl %s: %s\n", name, oneLine(err.Error()))
+		return exitFail
+	}
+}
+
+func lookup(name string) (command, bool) {
+	for _, cmd := range commands() {
+		if cmd.name == name {
+			return cmd, true
+		}
+	}
+	return command{}, false
+}
+
+func commandUsage(cmd command) string {
+	var b strings.Builder
+	for i, form := range cmd.synopsis {
+		lead := "usage:"
+		if i > 0 {
+			lead = "      "
+		}
+		fmt.Fprintf(&b, "%s reaperctl %s %s\n", lead, cmd.name, form)
+	}
+	fmt.Fprintf(&b, "\n%s\n\nflags:\n", cmd.help)
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	fs.SetOutput(&b)
+	// A throwaway invocation registers the command's flags for listing.
+	inv := &invocation{cmd: cmd, fs: fs, listing: true}
+	_ = cmd.run(CLI{}, context.Background(), inv)
+	fs.PrintDefaults()
+	return b.String()
+}
+
+// usageError is a malformed command line: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// errHelpShown ends a command whose help was asked for and printed.
+var errHelpShown = errors.New("help shown")
+
+// errListing ends a command run only to register its flags.
+var errListing = errors.New("listing flags")
+
+// invocation is one command's command line and output.
+type invocation struct {
+	cmd     command
+	args    []string
+	stdout  io.Writer
+	fs      *flag.FlagSet
+	listing bool // only register flags (for the command's usage)
+
+	configPath string
+	json       bool
+}
+
+// flags returns the command's flag set with the common flags registered.
+func (inv *invocation) flags() *flag.FlagSet {
+	if inv.fs == nil {
+		inv.fs = flag.NewFlagSet(inv.cmd.name, flag.ContinueOnError)
+		inv.fs.SetOutput(io.Discard)
+	}
+	inv.fs.StringVar(&inv.configPath, "config", "", "reaperd's HCL configuration `FILE` (required)")
+	inv.fs.BoolVar(&inv.json, "json", false, "print one JSON document instead of tables")
+	return inv.fs
+}
+
+// parse parses the command line with flags anywhere among the positional
+// arguments (everything after "--" is positional) and checks the count of
+// positional arguments against [min, max] (max < 0: no limit).
+func (inv *invocation) parse(min, max int) ([]string, error) {
+	if inv.listing {
+		return nil, errListing
+	}
+	var pos []string
+	args := inv.args
+	for {
+		err := inv.fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(inv.stdout, commandUsage(inv.cmd))
+			return nil, errHelpShown
+		}
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		rest := inv.fs.Args()
+		consumed := len(args) - len(rest)
+		if len(rest) == 0 {
+			break
+		}
+		if consumed > 0 && args[consumed-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	switch {
+	case len(pos) < min:
+		return nil, usagef("missing arguments: reaperctl %s %s", inv.cmd.name, strings.Join(inv.cmd.synopsis, " | "))
+	case max >= 0 && len(pos) > max:
+		return nil, usagef("unexpected argument %q", pos[max])
+	}
+	if inv.configPath == "" {
+		return nil, usagef("-config FILE is required")
+	}
+	return pos, nil
+}
+
+// flagSet reports whether the command line set the flag.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
+}
+
+func (c CLI) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// session is an open board.
+type session struct {
+	cfg    *config.Config
+	pool   *pgxpool.Pool
+	store  *board.Store
+	writer *lifecycle.Writer
+}
+
+func (s *session) close() { s.pool.Close() }
+
+// open reads the configuration and connects to its board: the database
+// must answer and hold the schema this binary knows.
+func (c CLI) open(ctx context.Context, path string) (*session, error) {
+	cfg, err := config.Load(path, config.Options{Getenv: c.Getenv})
+	if err != nil {
+		var cerr *config.Error
+		if errors.As(err, &cerr) {
+			return nil, fmt.Errorf("configuration: %s", strings.ReplaceAll(cerr.Error(), "\n", "; "))
+		}
+		return nil, err
+	}
+	if cfg.StoreDSN == "" {
+		return nil, fmt.Errorf("no database: set store.dsn in %s or REAPER_DSN", path)
+	}
+	pc, err := pgxpool.ParseConfig(cfg.StoreDSN)
+	if err != nil {
+		return nil, fmt.Errorf("store.dsn: %w", err)
+	}
+	if pc.ConnConfig.ConnectTimeout == 0 {
+		pc.ConnConfig.ConnectTimeout = ConnectTimeoutDefault
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open the board: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach the board: %w", err)
+	}
+	if err := board.CheckSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("%w (run reaperd migrate -config %s)", err, path)
+	}
+	return &session{
+		cfg:    cfg,
+		pool:   pool,
+		store:  board.New(pool, board.Options{}),
+		writer: lifecycle.New(pool, lifecycle.Options{}),
+	}, nil
+}

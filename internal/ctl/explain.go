@@ -1,0 +1,269 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// evidenceOrder is the order evidence is told in: what was measured, what
+// the substrate said, what it was judged against; the rest follows by name.
+// The keys are the reapers' (plugins/internal/reapkit).
+var evidenceOrder = []string{
+	"state", "executor", "heartbeat_age", "running_age", "queued_age", "activity_age",
+	"liveness", "agent", "group", "orphan", "pending", "liveness_live", "liveness_detail",
+	"threshold", "ceiling", "signal", "mark", "policy", "noop_reason",
+}
+
+type explainJSON struct {
+	TaskInstance attemptJSON    `json:"task_instance"`
+	Run          runBriefJSON   `json:"run"`
+	Decisions    []decisionJSON `json:"decisions"`
+	Log          []logLineJSON  `json:"log"`
+}
+
+func (c CLI) explain(ctx context.Context, inv *invocation) error {
+	inv.flags()
+	pos, err := inv.parse(2, 2)
+	if err != nil {
+		return err
+	}
+	runID, taskID := pos[0], pos[1]
+
+	s, err := c.open(ctx, inv.configPath)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	now := c.now()
+
+	run, ti, err := findTask(ctx, s, runID, taskID)
+	if err != nil {
+		return err
+	}
+	recs, err := s.store.DecisionsFor(ctx, runID, taskID, 0)
+	if err != nil {
+		return err
+	}
+	lines, err := s.store.AttemptLog(ctx, runID, taskID)
+	if err != nil {
+		return err
+	}
+
+	if inv.json {
+		doc := explainJSON{TaskInstance: attemptOf(ti), Run: runBriefOf(run),
+			Decisions: []decisionJSON{}, Log: []logLineJSON{}}
+		for _, r := range recs {
+			doc.Decisions = append(doc.Decisions, decisionOf(r))
+		}
+		for _, l := range lines {
+			doc.Log = append(doc.Log, logLineOf(l))
+		}
+		return writeJSON(inv.stdout, doc)
+	}
+	w := inv.stdout
+	tellRow(w, now, run, ti)
+	fmt.Fprintln(w)
+	tellDecisions(w, now, ti, recs)
+	fmt.Fprintln(w)
+	tellLog(w, lines)
+	return nil
+}
+
+// tellRow tells where the task instance stands now.
+func tellRow(w io.Writer, now time.Time, run board.Run, ti board.TaskInstance) {
+	head := fmt.Sprintf("%s/%s is %s", ti.RunID, ti.TaskID, ti.State)
+	switch {
+	case ti.LastFailureKind == sdk.FailureInfra:
+		head += ", an infra failure"
+	case ti.LastFailureKind == sdk.FailureTask:
+		head += ", a task failure"
+	}
+	if ti.FailureReason != "" {
+		head += " (" + ti.FailureReason + ")"
+	}
+	if !ti.HeldAt.IsZero() {
+		head += fmt.Sprintf(", held for review for %s", age(now, ti.HeldAt))
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintf(w, "  run %s (dag %s) is %s\n", run.RunID, run.DagID, run.State)
+
+	what := fmt.Sprintf("  current attempt: try %d epoch %d on %s", ti.Try, ti.Epoch, ti.Executor)
+	if ti.Command != "" {
+		what += ", command " + clip(ti.Command, 80)
+	}
+	if ti.ExecutionTimeout > 0 {
+		what += ", timeout " + human(ti.ExecutionTimeout)
+	}
+	fmt.Fprintln(w, what)
+
+	var times []string
+	for _, st := range []struct {
+		name string
+		at   time.Time
+	}{
+		{"released", ti.ReleasedAt}, {"queued", ti.QueuedAt}, {"running", ti.RunningAt},
+		{"last heartbeat", ti.LastHeartbeatAt}, {"ended", ti.EndedAt},
+		{"infra-marked", ti.InfraMarkedAt}, {"confirmed", ti.InfraConfirmedAt},
+	} {
+		if !st.at.IsZero() {
+			times = append(times, fmt.Sprintf("%s %s ago", st.name, age(now, st.at)))
+		}
+	}
+	if ti.State == sdk.StateRunning && ti.LastHeartbeatAt.IsZero() {
+		times = append(times, "never heartbeated")
+	}
+	if len(times) > 0 {
+		fmt.Fprintln(w, "  "+strings.Join(times, ", "))
+	}
+	fmt.Fprintf(w, "  retries left %d of %d, infra re-places used %d of %d\n",
+		ti.Retries, ti.MaxRetries, ti.InfraUsed, ti.InfraBudget)
+	if ti.ErrorMessage != "" {
+		fmt.Fprintln(w, "  error: "+oneLine(ti.ErrorMessage))
+	}
+	if !ti.HeldAt.IsZero() {
+		fmt.Fprintf(w, "  no rail re-places it until released: reaperctl release %s %s\n", ti.RunID, ti.TaskID)
+	}
+}
+
+// tellDecisions tells every decision about the task instance (and about its
+// run), oldest first.
+func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []board.AuditRecord) {
+	if len(recs) == 0 {
+		fmt.Fprintln(w, "no reaper has judged it (no decisions in the audit)")
+		return
+	}
+	counts := map[string]int{}
+	for _, r := range recs {
+		counts[outcome(r)]++
+	}
+	var sum []string
+	for _, o := range []string{"applied", "deferred", "no-op", "dry-run"} {
+		if counts[o] > 0 {
+			sum = append(sum, fmt.Sprintf("%d %s", counts[o], o))
+		}
+	}
+	fmt.Fprintf(w, "%s, oldest first (%s):\n", plural(len(recs), "decision"), strings.Join(sum, ", "))
+	for _, r := range recs {
+		fmt.Fprintln(w)
+		who := r.Reaper
+		if who == "" {
+			who = "the host"
+		}
+		subject := fmt.Sprintf("try %d epoch %d", r.Attempt.Try, r.Attempt.Epoch)
+		switch {
+		case r.Attempt.TaskID == "":
+			subject = "the run"
+		case r.Attempt.Try != ti.Try || r.Attempt.Epoch != ti.Epoch:
+			subject += " (an earlier attempt)"
+		}
+		fmt.Fprintf(w, "  %s (%s ago), term %d: %s judged %s\n", stamp(r.At), age(now, r.At), r.Term, who, subject)
+		fmt.Fprintf(w, "    %s: %s\n", r.Label, outcomeWords(r))
+		if r.Detail != "" {
+			fmt.Fprintf(w, "    %s\n", oneLine(r.Detail))
+		}
+		if ev := evidenceLine(r.Evidence); ev != "" {
+			fmt.Fprintf(w, "    saw %s\n", ev)
+		}
+	}
+}
+
+// outcome classifies a decision: applied, dry-run, no-op (a write that found
+// the row moved on) or deferred (judged and left alone).
+func outcome(r board.AuditRecord) string {
+	switch {
+	case r.DryRun:
+		return "dry-run"
+	case r.Applied:
+		return "applied"
+	case r.Evidence["noop_reason"] != "":
+		return "no-op"
+	}
+	return "deferred"
+}
+
+func outcomeWords(r board.AuditRecord) string {
+	switch outcome(r) {
+	case "dry-run":
+		return "dry-run, nothing written"
+	case "applied":
+		return "applied"
+	case "no-op":
+		return "not applied: " + r.Evidence["noop_reason"]
+	}
+	return "deferred, nothing written"
+}
+
+// evidenceLine renders evidence as key=value pairs in a telling order.
+func evidenceLine(ev map[string]string) string {
+	if len(ev) == 0 {
+		return ""
+	}
+	var parts []string
+	seen := map[string]bool{}
+	for _, k := range evidenceOrder {
+		seen[k] = true
+		if v, ok := ev[k]; ok && v != "" {
+			parts = append(parts, k+"="+oneLine(v))
+		}
+	}
+	var rest []string
+	for k := range ev {
+		if !seen[k] && ev[k] != "" {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	for _, k := range rest {
+		parts = append(parts, k+"="+oneLine(ev[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// tellLog prints the try log, every attempt.
+func tellLog(w io.Writer, lines []sdk.LogLine) {
+	if len(lines) == 0 {
+		fmt.Fprintln(w, "try log: empty")
+		return
+	}
+	fmt.Fprintf(w, "try log (%s):\n", plural(len(lines), "line"))
+	t := newTable(w, "  AT", "TRY", "EPOCH", "LINE")
+	for _, l := range lines {
+		t.row("  "+stamp(l.At), fmt.Sprint(l.Try), fmt.Sprint(l.Epoch), oneLine(l.Line))
+	}
+	_ = t.flush()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// findTask reads a run and one of its task instances, saying which of the
+// two does not exist.
+func findTask(ctx context.Context, s *session, runID, taskID string) (board.Run, board.TaskInstance, error) {
+	run, err := s.store.Run(ctx, runID)
+	if errors.Is(err, board.ErrNotFound) {
+		return board.Run{}, board.TaskInstance{}, fmt.Errorf("no run %q", runID)
+	}
+	if err != nil {
+		return board.Run{}, board.TaskInstance{}, err
+	}
+	ti, err := s.store.TaskInstance(ctx, runID, taskID)
+	if errors.Is(err, board.ErrNotFound) {
+		return board.Run{}, board.TaskInstance{}, fmt.Errorf("run %q has no task %q", runID, taskID)
+	}
+	if err != nil {
+		return board.Run{}, board.TaskInstance{}, err
+	}
+	return run, ti, nil
+}

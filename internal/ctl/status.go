@@ -1,0 +1,197 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/dexaflow/reaper/board"
+)
+
+// StatusLimitDefault is how many runs status lists unless -limit says.
+const StatusLimitDefault = 20
+
+type statusJSON struct {
+	Leader *leaderJSON `json:"leader"`
+	Runs   []runJSON   `json:"runs"`
+	// More is true when runs beyond -limit exist.
+	More bool `json:"more"`
+}
+
+func (c CLI) status(ctx context.Context, inv *invocation) error {
+	fs := inv.flags()
+	verbose := fs.Bool("v", false, "also list the attempts of every listed run")
+	state := fs.String("state", "", "list only runs in `STATE` (queued, running, success, failed)")
+	limit := fs.Int("limit", StatusLimitDefault, "list at most `N` runs, newest first")
+	pos, err := inv.parse(0, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 1 && (flagSet(fs, "state") || flagSet(fs, "limit")) {
+		return usagef("-state and -limit select runs to list; they do not apply to one RUN")
+	}
+	if *state != "" && !board.IsRunState(*state) {
+		return usagef("-state %q: not a run state (queued, running, success, failed)", *state)
+	}
+	if *limit < 1 || *limit > board.ListLimitMax {
+		return usagef("-limit %d: want 1 to %d", *limit, board.ListLimitMax)
+	}
+
+	s, err := c.open(ctx, inv.configPath)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	now := c.now()
+
+	lease, hasLeader, err := s.store.CurrentLeader(ctx)
+	if err != nil {
+		return err
+	}
+	var (
+		runs     []board.RunSummary
+		more     bool
+		attempts = map[string][]board.TaskInstance{}
+	)
+	if len(pos) == 1 {
+		rs, tis, err := oneRun(ctx, s, pos[0])
+		if err != nil {
+			return err
+		}
+		runs, attempts[rs.RunID] = []board.RunSummary{rs}, tis
+	} else {
+		q := board.RunListQuery{Limit: *limit + 1}
+		if *state != "" {
+			q.States = []string{*state}
+		}
+		page, err := s.store.ListRuns(ctx, q)
+		if err != nil {
+			return err
+		}
+		runs = page.Runs
+		if len(runs) > *limit {
+			runs, more = runs[:*limit], true
+		}
+		if *verbose {
+			for _, r := range runs {
+				tis, err := s.store.TaskInstances(ctx, r.RunID)
+				if err != nil {
+					return err
+				}
+				attempts[r.RunID] = tis
+			}
+		}
+	}
+
+	if inv.json {
+		doc := statusJSON{Runs: []runJSON{}, More: more}
+		if hasLeader {
+			doc.Leader = &leaderJSON{Name: lease.Name, Term: lease.Term, Holder: lease.Holder,
+				Held: lease.Held(now), ExpiresAt: timeOrNil(lease.ExpiresAt)}
+		}
+		for _, r := range runs {
+			rj := runOf(r)
+			if tis, ok := attempts[r.RunID]; ok {
+				rj.Attempts = []attemptJSON{}
+				for _, ti := range tis {
+					rj.Attempts = append(rj.Attempts, attemptOf(ti))
+				}
+			}
+			doc.Runs = append(doc.Runs, rj)
+		}
+		return writeJSON(inv.stdout, doc)
+	}
+
+	w := inv.stdout
+	fmt.Fprintln(w, leaderLine(lease, hasLeader, now))
+	fmt.Fprintln(w)
+	if len(runs) == 0 {
+		if *state != "" {
+			fmt.Fprintf(w, "no %s runs\n", *state)
+		} else {
+			fmt.Fprintln(w, "no runs")
+		}
+		return nil
+	}
+	t := newTable(w, "RUN", "DAG", "STATE", "AGE", "ENDED", "TASKS", "HELD", "BY STATE")
+	for _, r := range runs {
+		ended := "-"
+		if !r.EndedAt.IsZero() {
+			ended = age(now, r.EndedAt) + " ago"
+		}
+		t.row(r.RunID, r.DagID, r.State, age(now, board.RunSortTime(r.Run)), ended,
+			strconv.Itoa(total(r.Tasks)), strconv.Itoa(r.Held), countsLine(r.Tasks))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if more {
+		fmt.Fprintf(w, "(the %d newest; more runs exist: raise -limit)\n", *limit)
+	}
+	for _, r := range runs {
+		tis, ok := attempts[r.RunID]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(w, "\nattempts of %s:\n", r.RunID)
+		if err := attemptTable(w, now, tis); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oneRun reads one run and its task instances, counted.
+func oneRun(ctx context.Context, s *session, runID string) (board.RunSummary, []board.TaskInstance, error) {
+	run, err := s.store.Run(ctx, runID)
+	if errors.Is(err, board.ErrNotFound) {
+		return board.RunSummary{}, nil, fmt.Errorf("no run %q", runID)
+	}
+	if err != nil {
+		return board.RunSummary{}, nil, err
+	}
+	tis, err := s.store.TaskInstances(ctx, runID)
+	if err != nil {
+		return board.RunSummary{}, nil, err
+	}
+	rs := board.RunSummary{Run: run, Tasks: map[string]int{}}
+	for _, ti := range tis {
+		rs.Tasks[ti.State]++
+		if !ti.HeldAt.IsZero() {
+			rs.Held++
+		}
+	}
+	return rs, tis, nil
+}
+
+// attemptTable lists task instances' current attempts.
+func attemptTable(w io.Writer, now time.Time, tis []board.TaskInstance) error {
+	if len(tis) == 0 {
+		_, err := fmt.Fprintln(w, "  (no task instances)")
+		return err
+	}
+	t := newTable(w, "TASK", "STATE", "TRY", "EPOCH", "AGE", "HEARTBEAT", "FAILURE", "HELD", "ERROR")
+	for _, ti := range tis {
+		t.row(ti.TaskID, ti.State, strconv.Itoa(int(ti.Try)), strconv.Itoa(int(ti.Epoch)),
+			age(now, stateSince(ti)), age(now, ti.LastHeartbeatAt), failure(ti), age(now, ti.HeldAt),
+			dash(clip(ti.ErrorMessage, 60)))
+	}
+	return t.flush()
+}
+
+// leaderLine says who leads the board, judged at now.
+func leaderLine(l board.Lease, ok bool, now time.Time) string {
+	switch {
+	case !ok:
+		return "leader: none (no reaperd has led on this board yet)"
+	case l.Held(now):
+		return fmt.Sprintf("leader: %s, term %d, lease expires in %s", l.Holder, l.Term,
+			human(l.ExpiresAt.Sub(now).Truncate(time.Second)))
+	case l.Holder == "":
+		return fmt.Sprintf("leader: none (term %d resigned)", l.Term)
+	}
+	return fmt.Sprintf("leader: none (the lease of term %d, %s, lapsed %s ago)", l.Term, l.Holder, age(now, l.ExpiresAt))
+}

@@ -1,0 +1,209 @@
+package ctl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Bounds of submit's input.
+const (
+	// SubmitTasksMax is the most task instances one submit creates.
+	SubmitTasksMax = 10000
+	// idMaxLen bounds run, dag and task ids.
+	idMaxLen = 200
+	// DefaultDag is the dag id of submitted runs unless -dag names one.
+	DefaultDag = "reaperctl"
+)
+
+type submitJSON struct {
+	RunID string           `json:"run_id"`
+	DagID string           `json:"dag_id"`
+	State string           `json:"state"`
+	Tasks []submitTaskJSON `json:"tasks"`
+}
+
+type submitTaskJSON struct {
+	TaskID                  string  `json:"task_id"`
+	Command                 string  `json:"command"`
+	Retries                 int32   `json:"retries"`
+	ExecutionTimeoutSeconds float64 `json:"execution_timeout_seconds,omitempty"`
+}
+
+func (c CLI) submit(ctx context.Context, inv *invocation) error {
+	fs := inv.flags()
+	runID := fs.String("run", "", "the run's `ID` (default: run-<UTC time>-<random>)")
+	dag := fs.String("dag", DefaultDag, "the run's dag `NAME`")
+	taskList := fs.String("tasks", "", "comma-separated task `ID,...`, one per command (default t1..tN)")
+	timeout := fs.Duration("timeout", 0, "execution timeout `D` of each task, rounded up to seconds (0: none)")
+	retries := fs.Int("retries", 0, "`N` retries each task declares")
+	n := fs.Int("n", 0, "with -command: `N` tasks running the same command")
+	command := fs.String("command", "", "with -n: the shell command `CMD` every task runs")
+	cmds, err := inv.parse(0, -1)
+	if err != nil {
+		return err
+	}
+
+	run, err := c.submitPlan(submitInput{
+		runID: *runID, dag: *dag, tasks: *taskList, timeout: *timeout, retries: *retries,
+		n: *n, nSet: flagSet(fs, "n"), command: *command, commandSet: flagSet(fs, "command"), cmds: cmds,
+	})
+	if err != nil {
+		return err
+	}
+
+	s, err := c.open(ctx, inv.configPath)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	if err := s.writer.CreateRun(ctx, run, c.now()); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+			return fmt.Errorf("run %q already exists", run.RunID)
+		}
+		return fmt.Errorf("create run %s: %w", run.RunID, err)
+	}
+
+	if !inv.json {
+		_, err := fmt.Fprintln(inv.stdout, run.RunID)
+		return err
+	}
+	doc := submitJSON{RunID: run.RunID, DagID: run.DagID, State: sdk.RunRunning}
+	for _, t := range run.Tasks {
+		doc.Tasks = append(doc.Tasks, submitTaskJSON{TaskID: t.TaskID, Command: t.Command, Retries: t.Retries,
+			ExecutionTimeoutSeconds: t.ExecutionTimeout.Seconds()})
+	}
+	return writeJSON(inv.stdout, doc)
+}
+
+// submitInput is submit's command line.
+type submitInput struct {
+	runID, dag, tasks string
+	timeout           time.Duration
+	retries, n        int
+	nSet              bool
+	command           string
+	commandSet        bool
+	cmds              []string // positional: one command per task
+}
+
+// submitPlan checks submit's command line and builds the run, before the
+// board is touched.
+func (c CLI) submitPlan(in submitInput) (lifecycle.NewRun, error) {
+	var cmds []string
+	switch {
+	case in.nSet || in.commandSet:
+		if len(in.cmds) > 0 {
+			return lifecycle.NewRun{}, usagef("give either commands as arguments or -n N -command CMD, not both")
+		}
+		if !in.nSet || !in.commandSet {
+			return lifecycle.NewRun{}, usagef("-n and -command go together")
+		}
+		if in.n < 1 || in.n > SubmitTasksMax {
+			return lifecycle.NewRun{}, usagef("-n %d: want 1 to %d tasks", in.n, SubmitTasksMax)
+		}
+		for i := 0; i < in.n; i++ {
+			cmds = append(cmds, in.command)
+		}
+	case len(in.cmds) == 0:
+		return lifecycle.NewRun{}, usagef("no command: give commands after --, or -n N -command CMD")
+	default:
+		if len(in.cmds) > SubmitTasksMax {
+			return lifecycle.NewRun{}, usagef("%d commands: at most %d tasks", len(in.cmds), SubmitTasksMax)
+		}
+		cmds = in.cmds
+	}
+	for i, cmd := range cmds {
+		if strings.TrimSpace(cmd) == "" {
+			return lifecycle.NewRun{}, usagef("command %d is empty", i+1)
+		}
+	}
+	if in.timeout < 0 {
+		return lifecycle.NewRun{}, usagef("-timeout %s: must not be negative", in.timeout)
+	}
+	if in.timeout > time.Duration(1<<31-1)*time.Second {
+		return lifecycle.NewRun{}, usagef("-timeout %s: too long", in.timeout)
+	}
+	if in.retries < 0 || in.retries > 1000 {
+		return lifecycle.NewRun{}, usagef("-retries %d: want 0 to 1000", in.retries)
+	}
+
+	runID := in.runID
+	if runID == "" {
+		runID = c.newRunID()
+	}
+	if err := checkID("-run", runID); err != nil {
+		return lifecycle.NewRun{}, err
+	}
+	if err := checkID("-dag", in.dag); err != nil {
+		return lifecycle.NewRun{}, err
+	}
+	ids := make([]string, len(cmds))
+	if in.tasks == "" {
+		for i := range ids {
+			ids[i] = "t" + strconv.Itoa(i+1)
+		}
+	} else {
+		given := strings.Split(in.tasks, ",")
+		if len(given) != len(cmds) {
+			return lifecycle.NewRun{}, usagef("-tasks names %d tasks for %d commands", len(given), len(cmds))
+		}
+		seen := map[string]bool{}
+		for i, id := range given {
+			id = strings.TrimSpace(id)
+			if err := checkID("-tasks", id); err != nil {
+				return lifecycle.NewRun{}, err
+			}
+			if seen[id] {
+				return lifecycle.NewRun{}, usagef("-tasks names %q twice", id)
+			}
+			seen[id] = true
+			ids[i] = id
+		}
+	}
+
+	run := lifecycle.NewRun{RunID: runID, DagID: in.dag, State: sdk.RunRunning}
+	for i, cmd := range cmds {
+		run.Tasks = append(run.Tasks, lifecycle.NewTask{
+			TaskID: ids[i], Executor: sdk.ExecutorLite, Retries: int32(in.retries),
+			Command: cmd, ExecutionTimeout: in.timeout,
+		})
+	}
+	return run, nil
+}
+
+// checkID refuses an id that would not survive a table or a shell: empty,
+// too long, or holding spaces or control characters.
+func checkID(flagName, id string) error {
+	switch {
+	case id == "":
+		return usagef("%s: an empty id", flagName)
+	case len(id) > idMaxLen:
+		return usagef("%s: id longer than %d bytes", flagName, idMaxLen)
+	}
+	for _, r := range id {
+		if unicode.IsSpace(r) || unicode.IsControl(r) || r == ',' {
+			return usagef("%s %q: ids hold no spaces, commas or control characters", flagName, id)
+		}
+	}
+	return nil
+}
+
+// newRunID names a submitted run by its time and a random suffix.
+func (c CLI) newRunID() string {
+	var b [3]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "run-" + c.now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
+}
