@@ -73,6 +73,22 @@ const (
 	LabelPluginUnavailable = "plugin_unavailable"
 	// LabelPassError: a reaper's pass ended in an error.
 	LabelPassError = "reap_pass_error"
+
+	// The Lite runner's rails (substrate/lite/runner). The two failures are
+	// also the failure_reason the runner writes when it ends a task for good.
+
+	// LabelTaskRetry: a task failure with retries left started its next try.
+	LabelTaskRetry = "task_retry"
+	// LabelInfraReplace: an infra failure was re-placed on a new epoch, on
+	// the infra budget, the task's retries untouched.
+	LabelInfraReplace = "infra_replace"
+	// LabelInfraBudgetSpent: an infra failure whose infra budget is spent was
+	// failed for good.
+	LabelInfraBudgetSpent = "infra_budget_spent"
+	// LabelDispatchFailed: the executor could not start the attempt and the
+	// error does not call for another offer: failed for good, retries kept
+	// out of it.
+	LabelDispatchFailed = "dispatch_failed"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -95,5 +111,6 @@ func Labels() []string {
 		LabelOrphanRun, LabelWarmWorkerLost, LabelWarmWorkerListErr,
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
+		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 	}
 }
