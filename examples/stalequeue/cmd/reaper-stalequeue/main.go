@@ -1,0 +1,9 @@
+// Command reaper-stalequeue serves the example plugin to reaperd.
+package main
+
+import (
+	"github.com/dexaflow/reaper/examples/stalequeue"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func main() { sdk.Serve(stalequeue.New) }
