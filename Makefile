@@ -8,6 +8,7 @@ PROTO_DIR := sdk/proto/reaperv1
 
 BINARIES := \
 	reaperd=./host/cmd/reaperd \
+	reaperctl=./cmd/reaperctl \
 	reaper-podlost=./plugins/podlost/cmd/reaper-podlost \
 	reaper-dispatchlost=./plugins/dispatchlost/cmd/reaper-dispatchlost \
 	reaper-agentlost=./plugins/agentlost/cmd/reaper-agentlost \

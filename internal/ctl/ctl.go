@@ -82,7 +82,7 @@ func commands() []command {
 				"or with -v, also lists attempts: task, state, try, epoch, time in state, last heartbeat,\n" +
 				"failure, hold and error."},
 		{name: "explain", run: CLI.explain,
-			synopsis: []string{"RUN TASK"},
+			synopsis: []string{"[-limit N] RUN TASK"},
 			summary:  "the reapers' decisions about a task instance, its row and its try log",
 			help: "Tells the story of one task instance: its current row, then every reaper pass that\n" +
 				"judged it (when, under which term, what it saw, what it decided, applied, deferred or\n" +
@@ -140,16 +140,16 @@ func (c CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	name := args[0]
 	switch name {
 	case "help", "-h", "-help", "--help":
-		if len(args) > 1 {
-			if cmd, ok := lookup(args[1]); ok {
-				fmt.Fprint(stdout, commandUsage(cmd))
-				return exitOK
-			}
+		if len(args) == 1 {
+			fmt.Fprint(stdout, Usage())
+			return exitOK
+		}
+		if _, ok := lookup(args[1]); !ok {
 			fmt.Fprintf(stderr, "reaperctl help: unknown command %q (see reaperctl help)\n", args[1])
 			return exitUsage
 		}
-		fmt.Fprint(stdout, Usage())
-		return exitOK
+		// help CMD is CMD -h: the command registers its flags and prints.
+		name, args = args[1], []string{args[1], "-h"}
 	}
 	cmd, ok := lookup(name)
 	if !ok {
@@ -182,7 +182,8 @@ func lookup(name string) (command, bool) {
 	return command{}, false
 }
 
-func commandUsage(cmd command) string {
+// commandUsage is the usage of cmd, whose flags fs holds.
+func commandUsage(cmd command, fs *flag.FlagSet) string {
 	var b strings.Builder
 	for i, form := range cmd.synopsis {
 		lead := "usage:"
@@ -192,12 +193,9 @@ func commandUsage(cmd command) string {
 		fmt.Fprintf(&b, "%s reaperctl %s %s\n", lead, cmd.name, form)
 	}
 	fmt.Fprintf(&b, "\n%s\n\nflags:\n", cmd.help)
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(&b)
-	// A throwaway invocation registers the command's flags for listing.
-	inv := &invocation{cmd: cmd, fs: fs, listing: true}
-	_ = cmd.run(CLI{}, context.Background(), inv)
 	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
 	return b.String()
 }
 
@@ -213,27 +211,23 @@ func usagef(format string, args ...any) error {
 // errHelpShown ends a command whose help was asked for and printed.
 var errHelpShown = errors.New("help shown")
 
-// errListing ends a command run only to register its flags.
-var errListing = errors.New("listing flags")
-
 // invocation is one command's command line and output.
 type invocation struct {
-	cmd     command
-	args    []string
-	stdout  io.Writer
-	fs      *flag.FlagSet
-	listing bool // only register flags (for the command's usage)
+	cmd    command
+	args   []string
+	stdout io.Writer
+	fs     *flag.FlagSet
 
 	configPath string
 	json       bool
 }
 
 // flags returns the command's flag set with the common flags registered.
+// The flag package's own messages are discarded: parse reports errors in
+// one line and prints usage itself.
 func (inv *invocation) flags() *flag.FlagSet {
-	if inv.fs == nil {
-		inv.fs = flag.NewFlagSet(inv.cmd.name, flag.ContinueOnError)
-		inv.fs.SetOutput(io.Discard)
-	}
+	inv.fs = flag.NewFlagSet(inv.cmd.name, flag.ContinueOnError)
+	inv.fs.SetOutput(io.Discard)
 	inv.fs.StringVar(&inv.configPath, "config", "", "reaperd's HCL configuration `FILE` (required)")
 	inv.fs.BoolVar(&inv.json, "json", false, "print one JSON document instead of tables")
 	return inv.fs
@@ -243,15 +237,12 @@ func (inv *invocation) flags() *flag.FlagSet {
 // arguments (everything after "--" is positional) and checks the count of
 // positional arguments against [min, max] (max < 0: no limit).
 func (inv *invocation) parse(min, max int) ([]string, error) {
-	if inv.listing {
-		return nil, errListing
-	}
 	var pos []string
 	args := inv.args
 	for {
 		err := inv.fs.Parse(args)
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(inv.stdout, commandUsage(inv.cmd))
+			fmt.Fprint(inv.stdout, commandUsage(inv.cmd, inv.fs))
 			return nil, errHelpShown
 		}
 		if err != nil {
@@ -325,7 +316,7 @@ func (c CLI) open(ctx context.Context, path string) (*session, error) {
 	}
 	pc, err := pgxpool.ParseConfig(cfg.StoreDSN)
 	if err != nil {
-		return nil, fmt.Errorf("store.dsn: %w", err)
+		return nil, fmt.Errorf("the board's DSN (store.dsn or REAPER_DSN): %w", err)
 	}
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = ConnectTimeoutDefault

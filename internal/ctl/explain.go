@@ -22,18 +22,27 @@ var evidenceOrder = []string{
 	"threshold", "ceiling", "signal", "mark", "policy", "noop_reason",
 }
 
+// ExplainLimitDefault is how many decisions explain tells unless -limit says.
+const ExplainLimitDefault = 100
+
 type explainJSON struct {
 	TaskInstance attemptJSON    `json:"task_instance"`
 	Run          runBriefJSON   `json:"run"`
 	Decisions    []decisionJSON `json:"decisions"`
-	Log          []logLineJSON  `json:"log"`
+	// OlderOmitted is true when -limit left older decisions out.
+	OlderOmitted bool          `json:"older_omitted"`
+	Log          []logLineJSON `json:"log"`
 }
 
 func (c CLI) explain(ctx context.Context, inv *invocation) error {
-	inv.flags()
+	fs := inv.flags()
+	limit := fs.Int("limit", ExplainLimitDefault, "tell at most the newest `N` decisions (0: all)")
 	pos, err := inv.parse(2, 2)
 	if err != nil {
 		return err
+	}
+	if *limit < 0 {
+		return usagef("-limit %d: must not be negative", *limit)
 	}
 	runID, taskID := pos[0], pos[1]
 
@@ -48,10 +57,21 @@ func (c CLI) explain(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	recs, err := s.store.DecisionsFor(ctx, runID, taskID, 0)
+	ask := 0
+	if *limit > 0 {
+		ask = *limit + 1 // one more, to know whether older ones were left out
+	}
+	recs, err := s.store.DecisionsFor(ctx, runID, taskID, ask)
 	if err != nil {
 		return err
 	}
+	older := *limit > 0 && len(recs) > *limit
+	if older {
+		recs = recs[len(recs)-*limit:]
+	}
+	// The audit is in the order it was written; the story is told in the
+	// order the passes judged (replicas' writes may interleave).
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].At.Before(recs[j].At) })
 	lines, err := s.store.AttemptLog(ctx, runID, taskID)
 	if err != nil {
 		return err
@@ -59,7 +79,7 @@ func (c CLI) explain(ctx context.Context, inv *invocation) error {
 
 	if inv.json {
 		doc := explainJSON{TaskInstance: attemptOf(ti), Run: runBriefOf(run),
-			Decisions: []decisionJSON{}, Log: []logLineJSON{}}
+			Decisions: []decisionJSON{}, OlderOmitted: older, Log: []logLineJSON{}}
 		for _, r := range recs {
 			doc.Decisions = append(doc.Decisions, decisionOf(r))
 		}
@@ -72,6 +92,9 @@ func (c CLI) explain(ctx context.Context, inv *invocation) error {
 	tellRow(w, now, run, ti)
 	fmt.Fprintln(w)
 	tellDecisions(w, now, ti, recs)
+	if older {
+		fmt.Fprintf(w, "\n(older decisions left out: raise -limit, or -limit 0 for all)\n")
+	}
 	fmt.Fprintln(w)
 	tellLog(w, lines)
 	return nil

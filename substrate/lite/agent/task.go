@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -65,7 +66,7 @@ func startTask(cfg Config) (t *task, err error) {
 	a := cfg.Attempt
 	cmd := exec.Command(cfg.Shell, "-c", gateScript, cfg.Shell, cfg.Command)
 	cmd.Dir = cfg.Dir
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(taskEnviron(os.Environ()),
 		"REAPER_RUN_ID="+a.RunID,
 		"REAPER_TASK_ID="+a.TaskID,
 		"REAPER_TRY="+strconv.Itoa(int(a.Try)),
@@ -188,4 +189,26 @@ func groupRunning(pgid int) (bool, error) { return proc.GroupRunning(pgid) }
 
 func stopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait time.Duration) (proc.StopReport, error) {
 	return proc.StopGroup(ctx, clk, pgid, grace, killWait)
+}
+
+// privateEnv names the agent's own settings that a task must not inherit:
+// the board's connection string carries its credentials.
+var privateEnv = []string{"REAPER_DSN="}
+
+// taskEnviron is the agent's environment less what is private to it.
+func taskEnviron(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		private := false
+		for _, p := range privateEnv {
+			if strings.HasPrefix(kv, p) {
+				private = true
+				break
+			}
+		}
+		if !private {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

@@ -1,0 +1,16 @@
+package agent
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestTaskEnvironDropsTheBoardCredentials(t *testing.T) {
+	got := taskEnviron([]string{"PATH=/bin", "REAPER_DSN=postgres://u:secret@h/db", "HOME=/root"})
+	if slices.ContainsFunc(got, func(kv string) bool { return kv == "REAPER_DSN=postgres://u:secret@h/db" }) {
+		t.Fatalf("the task would inherit REAPER_DSN: %v", got)
+	}
+	if len(got) != 2 {
+		t.Fatalf("environment = %v", got)
+	}
+}
