@@ -52,6 +52,10 @@ type Config struct {
 	Substrate PluginBlock
 	Reapers   []PluginBlock // in configured order
 
+	// Runner is the runner block (Lite only): the built-in scheduler that
+	// dispatches Lite tasks as agent processes. nil when absent.
+	Runner *Runner
+
 	// Warnings are accepted settings worth a WARN at boot.
 	Warnings []string
 
@@ -71,6 +75,14 @@ type Leader struct {
 // Telemetry is the telemetry block.
 type Telemetry struct {
 	Listen string // host:port serving /metrics and /monitor/health
+}
+
+// Runner is the runner block.
+type Runner struct {
+	Interval    time.Duration // the runner's tick; 0: its default (1s)
+	MaxParallel int           // bound on queued plus running Lite attempts; 0: none
+	Agent       string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
+	LogDir      string        // where task output and agent logs go; default: the record directory
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -152,6 +164,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "telemetry"},
 		{Type: "substrate", LabelNames: []string{"name"}},
 		{Type: "reaper", LabelNames: []string{"name"}},
+		{Type: "runner"},
 	},
 }
 
@@ -186,6 +199,12 @@ var (
 	}}
 	authSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
+	}}
+	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "interval", Type: sdk.TypeDuration},
+		{Name: "max_parallel", Type: sdk.TypeNumber, Default: float64(0)},
+		{Name: "agent", Type: sdk.TypeString},
+		{Name: "log_dir", Type: sdk.TypeString},
 	}}
 	telemetrySchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "listen", Type: sdk.TypeString, Default: DefaultTelemetryAddr},
@@ -293,6 +312,11 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 			v, _, d := DecodeBlock(b.Body, telemetrySchema)
 			diags = append(diags, d...)
 			cfg.Telemetry.Listen = v.String("listen")
+		case "runner":
+			if !once(b) {
+				continue
+			}
+			diags = append(diags, cfg.decodeRunner(b)...)
 		case "substrate":
 			if !once(b) {
 				continue
@@ -336,6 +360,32 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 		return nil, &Error{Diags: d}
 	}
 	return cfg, nil
+}
+
+func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
+	v, ranges, diags := DecodeBlock(b.Body, runnerSchema)
+	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir")}
+	r.Interval, _ = v.Duration("interval")
+	n := v.Number("max_parallel")
+	if n < 0 || n != float64(int(n)) {
+		rr := ranges["max_parallel"]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: `Invalid value for "max_parallel"`, Detail: "max_parallel must be a whole number, 0 or more."})
+	}
+	r.MaxParallel = int(n)
+	if r.Agent == "" && cfg.PluginDir != "" {
+		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
+	} else if r.Agent != "" && !filepath.IsAbs(r.Agent) {
+		r.Agent = filepath.Join(filepath.Dir(cfg.Path), r.Agent)
+	}
+	if cfg.Edition != ladder.EditionLite {
+		dr := b.DefRange
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Runner needs the lite edition",
+			Detail:  "The runner dispatches Lite tasks as local processes; remove it for edition \"kube\"."})
+	}
+	cfg.Runner = r
+	return diags
 }
 
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
@@ -23,6 +24,7 @@ import (
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/lite/runner"
 )
 
 // leaseStore adapts the board's lease row to the elector's interface.
@@ -178,6 +180,19 @@ func runDaemon(ctx context.Context, cfg *config.Config, logger hclog.Logger, clk
 	wg.Add(2)
 	go func() { defer wg.Done(); elector.Run(ctx) }()
 	go func() { defer wg.Done(); loop.Run(ctx) }()
+	if cfg.Runner != nil {
+		rn, err := newRunner(cfg, set, pool, store, elector, m, clk, logger.Named("runner"))
+		if err != nil {
+			cancel(err)
+		} else {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer rn.Close()
+				rn.Run(ctx, func(now time.Time) bool { return elector.Status(now).Leading })
+			}()
+		}
+	}
 	<-ctx.Done()
 	wg.Wait() // the cycle in flight ends at its next boundary; the elector resigns
 	if err := <-served; err != nil {
@@ -188,6 +203,43 @@ func runDaemon(ctx context.Context, cfg *config.Config, logger hclog.Logger, clk
 	}
 	logger.Info("reaperd stopped cleanly")
 	return nil
+}
+
+// newRunner builds the Lite runner of the runner block: it writes agent
+// records into the same directory the Lite substrate reads, and its
+// decisions are metered and audited like the reapers'.
+func newRunner(cfg *config.Config, set *plugins.Set, pool *pgxpool.Pool, store *board.Store,
+	elector *leader.Elector, m *metrics.Metrics, clk clock.Clock, logger hclog.Logger) (*runner.Runner, error) {
+	rc := runner.Config{
+		AgentPath:   cfg.Runner.Agent,
+		RecordDir:   set.Substrate.Values.String("record_dir"),
+		LogDir:      cfg.Runner.LogDir,
+		DSN:         cfg.StoreDSN,
+		MaxParallel: cfg.Runner.MaxParallel,
+		Interval:    cfg.Runner.Interval,
+		Ladder:      cfg.Ladder,
+		Clock:       clk,
+		Logger:      logger,
+		OnResult: func(res runner.Result) {
+			if len(res.Decisions) == 0 {
+				return
+			}
+			for _, d := range res.Decisions {
+				m.Decision(d)
+			}
+			term := elector.Status(res.At).Term
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := store.RecordDecisions(ctx, term, res.At, res.Decisions); err != nil {
+				logger.Warn("audit of the runner's decisions failed", "error", err)
+			}
+		},
+	}
+	rn, err := runner.New(rc, lifecycle.New(pool, lifecycle.Options{}))
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	return rn, nil
 }
 
 // reaperOf and substrateOf give the cycle the typed plugin it needs from a
