@@ -97,6 +97,7 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	}
 	cmd := exec.Command(path)
 	cmd.Env = append(os.Environ(), l.Env...)
+	dieWithHost(cmd)
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake(),
 		VersionedPlugins: sdk.PluginSets(),

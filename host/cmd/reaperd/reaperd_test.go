@@ -261,9 +261,18 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 
 	// kill -9 the leader: no resignation; the second takes over once the
 	// lease has run out, under a new term.
+	orphans := childPIDs(t, first.cmd.Process.Pid)
 	first.cmd.Process.Signal(syscall.SIGKILL)
 	<-first.done
 	killedAt := time.Now()
+	eventually(t, 10*time.Second, "the killed host's plugins to die with it", func() bool {
+		for _, pid := range orphans {
+			if syscall.Kill(pid, 0) == nil {
+				return false
+			}
+		}
+		return true
+	})
 	eventually(t, 20*time.Second, "the second replica to take over", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		lease = l
