@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean
+.PHONY: all build test lint proto clean demo e2e bench
 
 all: build
 
@@ -34,6 +34,23 @@ build:
 # real PostgreSQL started from the machine's own server binaries.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
+
+# The main job, end to end, in about a minute: a throwaway
+# PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
+# of tasks as local processes, agents killed with kill -9, the reapers
+# recovering them. Leaves nothing running and nothing behind.
+demo: build
+	@$(GO) build -o $(BIN)/reaper-demo ./demo
+	@$(BIN)/reaper-demo
+
+# The fault suite alone, verbose, ending with its figures table (make test
+# runs it too).
+e2e:
+	$(GO) test -count=1 -v -timeout 15m ./test/e2e/
+
+# Benchmarks of the board, the Lite substrate and the reapers.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
