@@ -36,6 +36,9 @@ func TestExampleFileParsesAndValidates(t *testing.T) {
 		cfg.Ladder.CredentialCeiling != time.Hour || cfg.Leader.Lease != 15*time.Second {
 		t.Fatalf("ladder = %+v, leader = %+v", cfg.Ladder, cfg.Leader)
 	}
+	if cfg.Runner == nil || cfg.Runner.Interval != time.Second || cfg.Runner.Agent != filepath.Join("..", "..", "bin", "reaper-agent") {
+		t.Fatalf("runner = %+v", cfg.Runner)
+	}
 	if cfg.Telemetry.Listen != "127.0.0.1:9464" {
 		t.Fatalf("telemetry = %+v", cfg.Telemetry)
 	}
@@ -67,6 +70,8 @@ func TestBadFiles(t *testing.T) {
 		{"BadChecksum", minimal + "reaper \"agentlost\" {\n  sha256 = \"abc\"\n}\n", []string{"reaper.hcl:4:12:", "sha256"}},
 		{"UnknownLeaderKind", minimal + "leader \"zookeeper\" {}\n", []string{"reaper.hcl:3:8:", `"zookeeper"`}},
 		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
+		{"RunnerOnKube", "edition = \"kube\"\nsubstrate \"kube\" {}\nrunner {}\n", []string{"reaper.hcl:3:1:", "lite"}},
+		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
 	}
 	for _, tc := range cases {
