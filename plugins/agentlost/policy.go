@@ -95,10 +95,10 @@ func silenceMark(c sdk.Candidate, now time.Time, l ladder.Ladder) judgment {
 		return judgment{act: actMark, label: sdk.LabelCredentialCeiling, kind: sdk.MarkTask,
 			reason: sdk.LabelCredentialCeiling, guard: guardSilent,
 			detail: fmt.Sprintf("silent for %s after heartbeating %s into running, past the credential ceiling %s less two heartbeats",
-				silence(c, now), c.LastHeartbeatAt.Sub(c.RunningAt), l.CredentialCeiling)}
+				silence(c, now).Round(time.Millisecond), c.LastHeartbeatAt.Sub(c.RunningAt), l.CredentialCeiling)}
 	}
 	return judgment{act: actMark, label: sdk.LabelAgentLost, kind: sdk.MarkInfra, reason: sdk.LabelAgentLost,
-		guard: guardSilent, detail: fmt.Sprintf("silent for %s (threshold %s)", silence(c, now), l.AgentLost)}
+		guard: guardSilent, detail: fmt.Sprintf("silent for %s (threshold %s)", silence(c, now).Round(time.Millisecond), l.AgentLost)}
 }
 
 // judgeKube is the kube policy: a silent attempt is marked on its silence
@@ -151,7 +151,7 @@ func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Ans
 			return j
 		default:
 			return judgment{act: actDefer, label: sdk.LabelAgentLostProcessAlive,
-				detail: fmt.Sprintf("silent for %s, but alive: %s", silence(c, now), live.Detail)}
+				detail: fmt.Sprintf("silent for %s, but alive: %s", silence(c, now).Round(time.Millisecond), live.Detail)}
 		}
 	}
 

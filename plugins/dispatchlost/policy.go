@@ -61,7 +61,7 @@ func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Ans
 			detail: fmt.Sprintf("queued for %s, but %s", queued, live.Why())}
 	}
 	return judgment{act: actMark, label: sdk.LabelDispatchLost, reason: sdk.LabelDispatchLost,
-		detail: fmt.Sprintf("queued for %s (threshold %s); agent gone", queued, l.DispatchLost)}
+		detail: fmt.Sprintf("queued for %s (threshold %s); agent gone", queued.Round(time.Millisecond), l.DispatchLost)}
 }
 
 // judgeKube: the dispatch is lost only when no pod of the attempt exists;

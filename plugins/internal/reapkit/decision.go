@@ -73,7 +73,7 @@ func Age(now, t time.Time) string {
 	if t.IsZero() {
 		return "never"
 	}
-	return now.Sub(t).String()
+	return now.Sub(t).Round(time.Millisecond).String()
 }
 
 // CandidateEvidence is what every decision about a listed attempt carries.
