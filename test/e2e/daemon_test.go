@@ -1,0 +1,243 @@
+package e2e_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// daemon is one reaperd process and everything it logged, each line with
+// the moment the test read it.
+type daemon struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu   sync.Mutex
+	logs []logLine
+}
+
+type logLine struct {
+	at   time.Time
+	text string
+	ev   logEvent
+}
+
+// logEvent is what the suite reads from reaperd's JSON log lines.
+type logEvent struct {
+	Level    string `json:"@level"`
+	Message  string `json:"@message"`
+	Addr     string `json:"addr"`
+	Decision string `json:"decision"`
+	Applied  bool   `json:"applied"`
+	Reaper   string `json:"reaper"`
+}
+
+// startDaemon starts reaperd run on the scenario's configuration. Its
+// environment carries the scenario's marker, which every plugin, agent and
+// task inherits, so the scenario can find what is left of it in /proc.
+func (s *scenario) startDaemon(config string) *daemon {
+	s.t.Helper()
+	d := &daemon{
+		name: fmt.Sprintf("reaperd#%d", len(s.daemons)+1),
+		cmd:  exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config),
+		done: make(chan struct{}),
+	}
+	d.cmd.Env = append(os.Environ(), "REAPER_DSN=", markEnv+"="+s.mark)
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			l := logLine{at: time.Now(), text: sc.Text()}
+			_ = json.Unmarshal([]byte(l.text), &l.ev)
+			d.mu.Lock()
+			d.logs = append(d.logs, l)
+			d.mu.Unlock()
+		}
+		_ = d.cmd.Wait()
+		close(d.done)
+	}()
+	s.daemons = append(s.daemons, d)
+	s.t.Cleanup(func() { d.kill() })
+	s.eventually(30*time.Second, d.name+" to serve its telemetry", func() bool { return d.telemetryAddr() != "" })
+	return d
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// holder is the name the daemon holds the lease under.
+func (d *daemon) holder() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d", host, d.pid())
+}
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill sends SIGKILL and waits for the process (its plugins die with it).
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+}
+
+// stop sends SIGTERM and waits up to bound for a clean exit.
+func (d *daemon) stop(bound time.Duration) bool {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(bound):
+		d.kill()
+		return false
+	}
+}
+
+func (d *daemon) lines() []logLine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]logLine(nil), d.logs...)
+}
+
+func (d *daemon) tail(n int) string {
+	ls := d.lines()
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	var b strings.Builder
+	for _, l := range ls {
+		b.WriteString(l.text)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// count counts log lines whose message is msg, read within [from, to]
+// (a zero bound is open).
+func (d *daemon) count(msg string, from, to time.Time) int {
+	n := 0
+	for _, l := range d.lines() {
+		if l.ev.Message != msg {
+			continue
+		}
+		if (!from.IsZero() && l.at.Before(from)) || (!to.IsZero() && l.at.After(to)) {
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+func (d *daemon) telemetryAddr() string {
+	for _, l := range d.lines() {
+		if l.ev.Message == "telemetry listening" {
+			return l.ev.Addr
+		}
+	}
+	return ""
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+// health returns the status code of /monitor/health (0 when unreachable).
+func (d *daemon) health() (int, string) {
+	resp, err := httpClient.Get("http://" + d.telemetryAddr() + "/monitor/health")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+// metric sums the samples of a metric whose labels contain every given
+// `key="value"` pair; ok is false when /metrics could not be read.
+func (d *daemon) metric(name string, labels ...string) (float64, bool) {
+	resp, err := httpClient.Get("http://" + d.telemetryAddr() + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, name) || len(line) == len(name) {
+			continue
+		}
+		if c := line[len(name)]; c != '{' && c != ' ' {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum, true
+}
+
+// passes is how many passes the daemon ran of a reaper.
+func (d *daemon) passes(reaper string) float64 {
+	v, _ := d.metric("reaper_pass_duration_seconds_count", `reaper="`+reaper+`"`)
+	return v
+}
+
+// waitGateOpen waits until the daemon's settling gate has let a reaper run.
+func (s *scenario) waitGateOpen(d *daemon, reaper string) {
+	s.t.Helper()
+	s.eventually(3*grace, d.name+"'s settling gate to open", func() bool { return d.passes(reaper) >= 1 })
+}
+
+// killMidCycle kills the daemon with SIGKILL right after it starts a
+// maintenance cycle, while that cycle's passes are under way.
+func (s *scenario) killMidCycle(d *daemon) time.Time {
+	s.t.Helper()
+	last, ok := d.metric("reaper_last_cycle_timestamp_seconds")
+	if !ok {
+		s.t.Fatalf("%s: /metrics unreadable", d.name)
+	}
+	deadline := time.Now().Add(3 * interval)
+	for time.Now().Before(deadline) {
+		if v, ok := d.metric("reaper_last_cycle_timestamp_seconds"); ok && v != last {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	at := time.Now()
+	d.kill()
+	return at
+}

@@ -1,0 +1,37 @@
+// Package e2e is the fault suite: the whole Lite system run for real
+// (reaperd with its runner, reaper-agent processes running shell tasks, the
+// three Lite reaper plugins behind the settling gate, a PostgreSQL board)
+// while faults are injected into it, with figures at the end.
+//
+// Each scenario gets its own database, record directory, log directory,
+// task files and telemetry port, so the eight run side by side:
+//
+//  1. an agent killed with SIGKILL while its task runs on;
+//  2. an agent and its whole task group killed;
+//  3. a task whose child leaves the group with setsid (the documented
+//     boundary: the escaped process neither keeps its attempt alive nor is
+//     stopped with it);
+//  4. reaperd killed with SIGKILL mid-cycle and restarted, an agent dying
+//     while it is down;
+//  5. PostgreSQL stopped past the lease and agent_lost, then restarted;
+//  6. two replicas, the leader killed;
+//  7. a reaper plugin that crashes in every pass;
+//  8. a reaper plugin that hangs in every pass until its budget ends it.
+//
+// Every scenario runs one run of a victim task (or two) next to bystanders
+// and checks the same three promises: the attempts the test did not harm
+// ran once, succeeded at try 1 epoch 0 and have no applied reaper decision
+// in the audit; no task ever ran twice at once (each execution appends
+// start and end lines to its task's file, and a killed one is watched in
+// /proc until its group is gone); and nothing is wedged at the end (the run
+// is final, and no process carrying the scenario's marker is left).
+//
+// The suite prints one table: per scenario and in total, faults injected,
+// faults recovered within the SLA (the fault's threshold plus one interval,
+// from the fault to the reaping decision), false reaps, double executions
+// and wedged attempts.
+//
+//	go test -v -run TestFaultSuite ./test/e2e/
+//
+// Everything lives in the package's _test files; this file documents them.
+package e2e

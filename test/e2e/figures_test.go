@@ -1,0 +1,93 @@
+package e2e_test
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// figures are one scenario's line of the table.
+type figures struct {
+	num   int
+	title string
+
+	mu                                             sync.Mutex
+	faults, recovered, falseReaps, doubles, wedged int
+	wall                                           time.Duration
+	measured, failed                               bool
+}
+
+func (f *figures) set(faults, recovered, falseReaps, doubles, wedged int, wall time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults, f.recovered, f.falseReaps, f.doubles, f.wedged, f.wall = faults, recovered, falseReaps, doubles, wedged, wall
+	f.measured = true
+}
+
+// figureBook collects the scenarios' lines; the suite prints them once all
+// scenarios are done.
+type figureBook struct {
+	mu   sync.Mutex
+	rows []*figures
+}
+
+// book is the suite's table: scenarios run in parallel subtests and the
+// testing package offers no other way to hand their figures to the test
+// that prints them.
+var book = &figureBook{}
+
+func (b *figureBook) add(num int, title string) *figures {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := &figures{num: num, title: title}
+	b.rows = append(b.rows, f)
+	return f
+}
+
+// track marks the scenario's line failed when its test fails.
+func (f *figures) track(t *testing.T) {
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.failed = t.Failed()
+	})
+}
+
+// table renders the figures, one line per scenario and a total.
+func (b *figureBook) table(suite time.Duration) string {
+	b.mu.Lock()
+	rows := append([]*figures(nil), b.rows...)
+	b.mu.Unlock()
+	sort.Slice(rows, func(i, j int) bool { return rows[i].num < rows[j].num })
+
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\nfault suite figures (ladder: heartbeat %s, agent_lost %s, settling_grace %s, interval %s, lease %s;\n",
+		heartbeat, agentLost, grace, interval, lease)
+	sb.WriteString("SLA: threshold + one interval, from the fault to the reaping decision)\n\n")
+	const format = "%-44s %6s %16s %11s %12s %7s %7s  %s\n"
+	fmt.Fprintf(&sb, format, "scenario", "faults", "recovered in SLA", "false reaps", "double execs", "wedged", "wall", "result")
+	var tf, tr, tfr, td, tw int
+	for _, r := range rows {
+		r.mu.Lock()
+		result := "pass"
+		if r.failed {
+			result = "FAIL"
+		}
+		name := fmt.Sprintf("%d. %s", r.num, r.title)
+		if !r.measured {
+			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", "-", "-", result+" (not measured)")
+			r.mu.Unlock()
+			continue
+		}
+		fmt.Fprintf(&sb, format, name, fmt.Sprint(r.faults), fmt.Sprintf("%d/%d", r.recovered, r.faults),
+			fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles), fmt.Sprint(r.wedged), r.wall.Round(100*time.Millisecond), result)
+		tf, tr, tfr, td, tw = tf+r.faults, tr+r.recovered, tfr+r.falseReaps, td+r.doubles, tw+r.wedged
+		r.mu.Unlock()
+	}
+	fmt.Fprintf(&sb, format, "total", fmt.Sprint(tf), fmt.Sprintf("%d/%d", tr, tf), fmt.Sprint(tfr), fmt.Sprint(td),
+		fmt.Sprint(tw), suite.Round(100*time.Millisecond), "")
+	return sb.String()
+}
