@@ -8,6 +8,7 @@ package cycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -39,6 +40,10 @@ type Supervised[T any] interface {
 	Get(ctx context.Context, now time.Time) (T, error)
 	// Down reports whether the plugin process has exited.
 	Down() bool
+	// Recycle stops a plugin that misbehaved (a pass that outlived its
+	// budget may still be running inside it), so that the next Get starts
+	// a fresh one. A no-op for an in-process plugin.
+	Recycle()
 }
 
 // Reaper is one configured reaper.
@@ -229,27 +234,32 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	return true
 }
 
-// reap runs each reaper in order under one shared budget.
+// reap runs each reaper in order under the phase's budget of one interval.
+// Each pass gets a fair share of what is left of it — the remaining time
+// divided by the reapers still to run — so a reaper that hangs costs only
+// its share, never the passes after it; time a pass leaves unused goes to
+// the ones after it.
 func (l *Loop) reap(ctx context.Context, term int64, sub sdk.Substrate, subErr error, res *Result) {
 	budget := l.cfg.Ladder.MaintenanceInterval
 	start := l.cfg.Clock.Now()
+	end := start.Add(budget)
 	pctx, cancel := clock.WithTimeout(ctx, l.cfg.Clock, budget)
 	defer cancel()
-	deadline := start.Add(budget)
 	var exec sdk.Executions
 	if subErr == nil {
 		exec = sub
 	}
-	for _, r := range l.reapers {
+	for i, r := range l.reapers {
 		now := l.cfg.Clock.Now()
-		if pctx.Err() != nil {
+		if pctx.Err() != nil || !now.Before(end) {
 			break
 		}
 		if st := l.lead.Status(now); !st.Leading || st.Term != term {
 			l.cfg.Logger.Warn("leadership lost mid-cycle: the remaining reapers wait", "term", term)
 			break
 		}
-		l.pass(pctx, term, r, exec, now, deadline, res)
+		share := end.Sub(now) / time.Duration(len(l.reapers)-i)
+		l.pass(pctx, term, r, exec, now, share, res)
 	}
 	elapsed := l.cfg.Clock.Now().Sub(start)
 	overran := (pctx.Err() != nil && ctx.Err() == nil) || elapsed > budget
@@ -260,7 +270,10 @@ func (l *Loop) reap(ctx context.Context, term int64, sub sdk.Substrate, subErr e
 	}
 }
 
-func (l *Loop) pass(ctx context.Context, term int64, r Reaper, exec sdk.Executions, now, deadline time.Time, res *Result) {
+func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Executions, now time.Time, share time.Duration, res *Result) {
+	ctx, cancel := clock.WithTimeout(phase, l.cfg.Clock, share)
+	defer cancel()
+	deadline := now.Add(share)
 	dry := r.DryRun || l.cfg.DryRun
 	unavailable := func(err error) {
 		l.cfg.Logger.Error("reaper unavailable this cycle", "reaper", r.Name, "error", err)
@@ -292,6 +305,13 @@ func (l *Loop) pass(ctx context.Context, term int64, r Reaper, exec sdk.Executio
 		// An in-process reaper may return what it decided before the error;
 		// keep it (over gRPC an error carries no result).
 		l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
+		if ctx.Err() != nil && phase.Err() == nil || elapsed > share {
+			l.cfg.Logger.Warn("reaper pass outlived its share of the reap budget: restarting the plugin",
+				"reaper", r.Name, "share", share, "elapsed", elapsed)
+			r.Plugin.Recycle()
+			unavailable(fmt.Errorf("the pass outlived its share of the budget (%s): %w", share, err))
+			return
+		}
 		if r.Plugin.Down() || sdk.IsUnavailable(err) {
 			unavailable(err)
 			return

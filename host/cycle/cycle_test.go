@@ -82,6 +82,7 @@ type reaper struct {
 	mu     sync.Mutex
 	passes []sdk.Pass
 	fail   error
+	hang   chan struct{} // when set, a pass signals here and blocks until its ctx is done
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
@@ -90,6 +91,11 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	r.mu.Unlock()
 	if r.fail != nil {
 		return sdk.PassResult{}, r.fail
+	}
+	if r.hang != nil {
+		r.hang <- struct{}{}
+		<-ctx.Done()
+		return sdk.PassResult{}, ctx.Err()
 	}
 	a := sdk.Attempt{RunID: "r", TaskID: r.name, Try: 1}
 	res, err := board.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Term: pass.Term}})
@@ -143,19 +149,22 @@ func (a *audit) RecordDecisions(_ context.Context, _ int64, _ time.Time, ds []sd
 
 // static is a Supervised that never restarts.
 type static[T any] struct {
-	v    T
-	err  error
-	down bool
+	v        T
+	err      error
+	down     bool
+	recycled int
 }
 
 func (s *static[T]) Get(context.Context, time.Time) (T, error) { return s.v, s.err }
 func (s *static[T]) Down() bool                                { return s.down }
+func (s *static[T]) Recycle()                                  { s.recycled++ }
 
 type bundle struct {
 	clock   *clock.Fake
 	lead    *lead
 	sub     *substrate
 	reapers []*reaper
+	plugins []*static[sdk.Reaper]
 	board   *board
 	audit   *audit
 	loop    *cycle.Loop
@@ -172,7 +181,9 @@ func setup(t *testing.T, dryRun bool, names ...string) *bundle {
 	for _, n := range names {
 		r := &reaper{name: n}
 		b.reapers = append(b.reapers, r)
-		rs = append(rs, cycle.Reaper{Name: n, Plugin: &static[sdk.Reaper]{v: r}})
+		p := &static[sdk.Reaper]{v: r}
+		b.plugins = append(b.plugins, p)
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: p})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, DryRun: dryRun,
@@ -276,8 +287,9 @@ func TestCycle(t *testing.T) {
 		if string(p.State) != "." || p.Term != 1 || !p.Now.Equal(b.clock.Now()) || p.DryRun {
 			t.Fatalf("second pass = %+v", p)
 		}
-		if !p.Deadline.Equal(p.Now.Add(30 * time.Second)) {
-			t.Fatalf("deadline %v, want now + one interval", p.Deadline)
+		// The second of three reapers gets half of what is left of the budget.
+		if !p.Deadline.Equal(p.Now.Add(15 * time.Second)) {
+			t.Fatalf("deadline %v after the pass's start, want its share (15s)", p.Deadline.Sub(p.Now))
 		}
 	})
 
@@ -348,6 +360,30 @@ func TestCycle(t *testing.T) {
 		}
 		if labels(res.Decisions)[0] != sdk.LabelPassError {
 			t.Fatalf("decisions %v", labels(res.Decisions))
+		}
+	})
+
+	t.Run("AHungReaperCostsOnlyItsShareAndIsRecycled", func(t *testing.T) {
+		b := setup(t, false, "hung", "agentlost", "orphanrun")
+		b.reapers[0].hang = make(chan struct{}, 1)
+		settled(t, b)
+		done := make(chan cycle.Result)
+		go func() { done <- b.loop.RunOnce(context.Background()) }()
+		<-b.reapers[0].hang
+		b.clock.Advance(10 * time.Second) // its share: a third of the 30s budget
+		res := <-done
+		if got := res.Reaped; len(got) != 2 || got[0] != "agentlost" || got[1] != "orphanrun" {
+			t.Fatalf("reapers after the hung one: %v", got)
+		}
+		if labels(res.Decisions)[0] != sdk.LabelPluginUnavailable {
+			t.Fatalf("decisions %v", labels(res.Decisions))
+		}
+		p := b.reapers[1].passes[0]
+		if !p.Deadline.Equal(p.Now.Add(10 * time.Second)) {
+			t.Fatalf("second reaper's deadline %v after its start, want its share of what was left (10s)", p.Deadline.Sub(p.Now))
+		}
+		if b.plugins[0].recycled != 1 || b.plugins[1].recycled != 0 {
+			t.Fatalf("recycled %d and %d times, want the hung one once", b.plugins[0].recycled, b.plugins[1].recycled)
 		}
 	})
 

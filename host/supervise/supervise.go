@@ -127,3 +127,15 @@ func (s *Supervisor[P, T]) Kill() {
 		s.running = false
 	}
 }
+
+// Recycle stops a process that misbehaved (a call that outlived its budget
+// may still be running inside it); the next Get starts a fresh one.
+func (s *Supervisor[P, T]) Recycle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running {
+		s.cfg.Logger.Warn("stopping a plugin that outlived its budget; the next call starts a new one", "plugin", s.cfg.Name)
+		s.proc.Kill()
+		s.running = false
+	}
+}

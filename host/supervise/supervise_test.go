@@ -55,24 +55,36 @@ func TestSupervisor(t *testing.T) {
 			t.Fatalf("id %d err %v killed %v restarts %d", id, err, first.killed, restarts)
 		}
 	})
+	t.Run("RecycledProcessIsKilledAndReplacedAtOnce", func(t *testing.T) {
+		cur, _ := s.Get(ctx, c.Now())
+		s.Recycle()
+		if !s.Down() {
+			t.Fatal("still up after Recycle")
+		}
+		id, err := s.Get(ctx, c.Now())
+		if err != nil || id != cur+1 {
+			t.Fatalf("id %d err %v, want a fresh process", id, err)
+		}
+	})
 	t.Run("FailedStartsBackOff", func(t *testing.T) {
 		s.Kill()
 		failNext = true
+		base := starts
 		if _, err := s.Get(ctx, c.Now()); err == nil {
 			t.Fatal("start should fail")
 		}
-		if _, err := s.Get(ctx, c.Now()); err == nil || starts != 2 {
+		if _, err := s.Get(ctx, c.Now()); err == nil || starts != base+1 {
 			t.Fatalf("retried inside the backoff: starts %d err %v", starts, err)
 		}
 		c.Advance(time.Second)
 		s.Get(ctx, c.Now()) // second failure: backoff 2s
 		c.Advance(time.Second)
-		if s.Get(ctx, c.Now()); starts != 3 {
-			t.Fatalf("starts %d, want 3 (still backing off)", starts)
+		if s.Get(ctx, c.Now()); starts != base+2 {
+			t.Fatalf("starts %d, want %d (still backing off)", starts, base+2)
 		}
 		failNext = false
 		c.Advance(time.Second)
-		if id, err := s.Get(ctx, c.Now()); err != nil || id != 4 {
+		if id, err := s.Get(ctx, c.Now()); err != nil || id != base+3 {
 			t.Fatalf("id %d err %v", id, err)
 		}
 	})

@@ -183,6 +183,7 @@ type supervisedPlugin struct {
 }
 
 func (p supervisedPlugin) Down() bool { return p.s.Down() }
+func (p supervisedPlugin) Recycle()   { p.s.Recycle() }
 
 type reaperPlugin struct{ supervisedPlugin }
 

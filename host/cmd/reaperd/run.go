@@ -258,6 +258,8 @@ func (r reaperOf) Get(ctx context.Context, now time.Time) (sdk.Reaper, error) {
 
 func (r reaperOf) Down() bool { return r.s.Down() }
 
+func (r reaperOf) Recycle() { r.s.Recycle() }
+
 type substrateOf struct {
 	s *supervise.Supervisor[*plugins.Handle, *plugins.Handle]
 }
@@ -271,3 +273,5 @@ func (r substrateOf) Get(ctx context.Context, now time.Time) (sdk.Substrate, err
 }
 
 func (r substrateOf) Down() bool { return r.s.Down() }
+
+func (r substrateOf) Recycle() { r.s.Recycle() }
