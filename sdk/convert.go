@@ -120,6 +120,57 @@ func decisionsFromPB(ds []*pb.Decision) []Decision {
 	return out
 }
 
+// hoistEvidence removes from each decision the evidence entries that every
+// decision shares (same key, same value) and returns them: a pass's
+// decisions repeat the term, the edition, the thresholds and the policy,
+// and sending them once keeps a large pass's response small.
+func hoistEvidence(ds []*pb.Decision) map[string]string {
+	if len(ds) < 2 || len(ds[0].Evidence) == 0 {
+		return nil
+	}
+	common := map[string]string{}
+	for k, v := range ds[0].Evidence {
+		common[k] = v
+	}
+	for _, d := range ds[1:] {
+		for k, v := range common {
+			if dv, ok := d.Evidence[k]; !ok || dv != v {
+				delete(common, k)
+			}
+		}
+		if len(common) == 0 {
+			return nil
+		}
+	}
+	for _, d := range ds {
+		rest := make(map[string]string, len(d.Evidence)-len(common))
+		for k, v := range d.Evidence {
+			if _, shared := common[k]; !shared {
+				rest[k] = v
+			}
+		}
+		d.Evidence = rest
+	}
+	return common
+}
+
+// mergeEvidence puts hoisted entries back into every decision.
+func mergeEvidence(ds []Decision, common map[string]string) {
+	if len(common) == 0 {
+		return
+	}
+	for i := range ds {
+		ev := make(map[string]string, len(ds[i].Evidence)+len(common))
+		for k, v := range common {
+			ev[k] = v
+		}
+		for k, v := range ds[i].Evidence {
+			ev[k] = v
+		}
+		ds[i].Evidence = ev
+	}
+}
+
 func cursorToPB(c *Cursor) *pb.Cursor {
 	if c == nil {
 		return nil

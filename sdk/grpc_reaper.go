@@ -32,7 +32,9 @@ func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Ex
 	if err != nil {
 		return PassResult{}, fmt.Errorf("reap pass: %w", err)
 	}
-	return PassResult{Decisions: decisionsFromPB(resp.Decisions), State: resp.State}, nil
+	ds := decisionsFromPB(resp.Decisions)
+	mergeEvidence(ds, resp.CommonEvidence)
+	return PassResult{Decisions: ds, State: resp.State}, nil
 }
 
 // reaperServer serves a plugin's Reaper, dialing the host's callbacks.
@@ -56,5 +58,7 @@ func (s *reaperServer) Reap(ctx context.Context, req *pb.PassRequest) (*pb.PassR
 	if err != nil {
 		return nil, err
 	}
-	return &pb.PassResponse{Decisions: decisionsToPB(res.Decisions), State: res.State}, nil
+	ds := decisionsToPB(res.Decisions)
+	common := hoistEvidence(ds)
+	return &pb.PassResponse{Decisions: ds, State: res.State, CommonEvidence: common}, nil
 }

@@ -712,11 +712,14 @@ func (x *PassRequest) GetBrokerId() uint32 {
 }
 
 type PassResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Decisions     []*Decision            `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
-	State         []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Decisions []*Decision            `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	State     []byte                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// Evidence entries every decision of the pass shares, sent once instead
+	// of with each decision; the receiver merges them back.
+	CommonEvidence map[string]string `protobuf:"bytes,3,rep,name=common_evidence,json=commonEvidence,proto3" json:"common_evidence,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PassResponse) Reset() {
@@ -759,6 +762,13 @@ func (x *PassResponse) GetDecisions() []*Decision {
 func (x *PassResponse) GetState() []byte {
 	if x != nil {
 		return x.State
+	}
+	return nil
+}
+
+func (x *PassResponse) GetCommonEvidence() map[string]string {
+	if x != nil {
+		return x.CommonEvidence
 	}
 	return nil
 }
@@ -2658,10 +2668,14 @@ const file_reaper_proto_rawDesc = "" +
 	"\bdeadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x14\n" +
 	"\x05state\x18\x06 \x01(\fR\x05state\x12\x18\n" +
 	"\aedition\x18\a \x01(\tR\aedition\x12\x1b\n" +
-	"\tbroker_id\x18\b \x01(\rR\bbrokerId\"W\n" +
+	"\tbroker_id\x18\b \x01(\rR\bbrokerId\"\xf0\x01\n" +
 	"\fPassResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.reaper.v1.DecisionR\tdecisions\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\fR\x05state\"d\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\x12T\n" +
+	"\x0fcommon_evidence\x18\x03 \x03(\v2+.reaper.v1.PassResponse.CommonEvidenceEntryR\x0ecommonEvidence\x1aA\n" +
+	"\x13CommonEvidenceEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
 	"\x06Cursor\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x17\n" +
@@ -2841,7 +2855,7 @@ func file_reaper_proto_rawDescGZIP() []byte {
 	return file_reaper_proto_rawDescData
 }
 
-var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_reaper_proto_goTypes = []any{
 	(*Attempt)(nil),               // 0: reaper.v1.Attempt
 	(*Ladder)(nil),                // 1: reaper.v1.Ladder
@@ -2883,109 +2897,111 @@ var file_reaper_proto_goTypes = []any{
 	(*WarmWorker)(nil),            // 37: reaper.v1.WarmWorker
 	(*WarmWorkersResponse)(nil),   // 38: reaper.v1.WarmWorkersResponse
 	nil,                           // 39: reaper.v1.Decision.EvidenceEntry
-	nil,                           // 40: reaper.v1.SweepResponse.OverridesEntry
-	(*durationpb.Duration)(nil),   // 41: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	nil,                           // 40: reaper.v1.PassResponse.CommonEvidenceEntry
+	nil,                           // 41: reaper.v1.SweepResponse.OverridesEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
 }
 var file_reaper_proto_depIdxs = []int32{
-	41, // 0: reaper.v1.Ladder.heartbeat:type_name -> google.protobuf.Duration
-	41, // 1: reaper.v1.Ladder.agent_lost:type_name -> google.protobuf.Duration
-	41, // 2: reaper.v1.Ladder.settling_grace:type_name -> google.protobuf.Duration
-	41, // 3: reaper.v1.Ladder.attempt_token_ttl:type_name -> google.protobuf.Duration
-	41, // 4: reaper.v1.Ladder.dispatch_lost:type_name -> google.protobuf.Duration
-	41, // 5: reaper.v1.Ladder.pod_lost_floor:type_name -> google.protobuf.Duration
-	41, // 6: reaper.v1.Ladder.orphan_run:type_name -> google.protobuf.Duration
-	41, // 7: reaper.v1.Ladder.infra_confirm_valve:type_name -> google.protobuf.Duration
-	41, // 8: reaper.v1.Ladder.task_termination_grace:type_name -> google.protobuf.Duration
-	41, // 9: reaper.v1.Ladder.maintenance_interval:type_name -> google.protobuf.Duration
-	41, // 10: reaper.v1.Ladder.credential_ceiling:type_name -> google.protobuf.Duration
+	42, // 0: reaper.v1.Ladder.heartbeat:type_name -> google.protobuf.Duration
+	42, // 1: reaper.v1.Ladder.agent_lost:type_name -> google.protobuf.Duration
+	42, // 2: reaper.v1.Ladder.settling_grace:type_name -> google.protobuf.Duration
+	42, // 3: reaper.v1.Ladder.attempt_token_ttl:type_name -> google.protobuf.Duration
+	42, // 4: reaper.v1.Ladder.dispatch_lost:type_name -> google.protobuf.Duration
+	42, // 5: reaper.v1.Ladder.pod_lost_floor:type_name -> google.protobuf.Duration
+	42, // 6: reaper.v1.Ladder.orphan_run:type_name -> google.protobuf.Duration
+	42, // 7: reaper.v1.Ladder.infra_confirm_valve:type_name -> google.protobuf.Duration
+	42, // 8: reaper.v1.Ladder.task_termination_grace:type_name -> google.protobuf.Duration
+	42, // 9: reaper.v1.Ladder.maintenance_interval:type_name -> google.protobuf.Duration
+	42, // 10: reaper.v1.Ladder.credential_ceiling:type_name -> google.protobuf.Duration
 	0,  // 11: reaper.v1.Decision.attempt:type_name -> reaper.v1.Attempt
 	39, // 12: reaper.v1.Decision.evidence:type_name -> reaper.v1.Decision.EvidenceEntry
 	5,  // 13: reaper.v1.SchemaResponse.attributes:type_name -> reaper.v1.AttributeSpec
 	1,  // 14: reaper.v1.ConfigureRequest.ladder:type_name -> reaper.v1.Ladder
-	42, // 15: reaper.v1.PassRequest.now:type_name -> google.protobuf.Timestamp
+	43, // 15: reaper.v1.PassRequest.now:type_name -> google.protobuf.Timestamp
 	1,  // 16: reaper.v1.PassRequest.ladder:type_name -> reaper.v1.Ladder
-	42, // 17: reaper.v1.PassRequest.deadline:type_name -> google.protobuf.Timestamp
+	43, // 17: reaper.v1.PassRequest.deadline:type_name -> google.protobuf.Timestamp
 	2,  // 18: reaper.v1.PassResponse.decisions:type_name -> reaper.v1.Decision
-	42, // 19: reaper.v1.Cursor.at:type_name -> google.protobuf.Timestamp
-	42, // 20: reaper.v1.CandidateQuery.older_than:type_name -> google.protobuf.Timestamp
-	10, // 21: reaper.v1.CandidateQuery.after:type_name -> reaper.v1.Cursor
-	0,  // 22: reaper.v1.Candidate.attempt:type_name -> reaper.v1.Attempt
-	42, // 23: reaper.v1.Candidate.queued_at:type_name -> google.protobuf.Timestamp
-	42, // 24: reaper.v1.Candidate.running_at:type_name -> google.protobuf.Timestamp
-	42, // 25: reaper.v1.Candidate.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	42, // 26: reaper.v1.Candidate.released_at:type_name -> google.protobuf.Timestamp
-	42, // 27: reaper.v1.Candidate.infra_marked_at:type_name -> google.protobuf.Timestamp
-	42, // 28: reaper.v1.Candidate.infra_confirmed_at:type_name -> google.protobuf.Timestamp
-	41, // 29: reaper.v1.Candidate.execution_timeout:type_name -> google.protobuf.Duration
-	12, // 30: reaper.v1.CandidatePage.candidates:type_name -> reaper.v1.Candidate
-	10, // 31: reaper.v1.CandidatePage.next:type_name -> reaper.v1.Cursor
-	0,  // 32: reaper.v1.Mark.attempt:type_name -> reaper.v1.Attempt
-	42, // 33: reaper.v1.Mark.heartbeat_before:type_name -> google.protobuf.Timestamp
-	42, // 34: reaper.v1.Mark.at:type_name -> google.protobuf.Timestamp
-	14, // 35: reaper.v1.MarkRequest.marks:type_name -> reaper.v1.Mark
-	0,  // 36: reaper.v1.MarkResult.attempt:type_name -> reaper.v1.Attempt
-	16, // 37: reaper.v1.MarkResponse.results:type_name -> reaper.v1.MarkResult
-	42, // 38: reaper.v1.RunCursor.at:type_name -> google.protobuf.Timestamp
-	42, // 39: reaper.v1.RunQuery.older_than:type_name -> google.protobuf.Timestamp
-	18, // 40: reaper.v1.RunQuery.after:type_name -> reaper.v1.RunCursor
-	42, // 41: reaper.v1.RunCandidate.started_at:type_name -> google.protobuf.Timestamp
-	42, // 42: reaper.v1.RunCandidate.last_activity:type_name -> google.protobuf.Timestamp
-	20, // 43: reaper.v1.RunPage.runs:type_name -> reaper.v1.RunCandidate
-	18, // 44: reaper.v1.RunPage.next:type_name -> reaper.v1.RunCursor
-	42, // 45: reaper.v1.RunReap.older_than:type_name -> google.protobuf.Timestamp
-	42, // 46: reaper.v1.RunReap.at:type_name -> google.protobuf.Timestamp
-	0,  // 47: reaper.v1.RunReapResult.attached:type_name -> reaper.v1.Attempt
-	0,  // 48: reaper.v1.LogLine.attempt:type_name -> reaper.v1.Attempt
-	42, // 49: reaper.v1.LogLine.at:type_name -> google.protobuf.Timestamp
-	24, // 50: reaper.v1.AppendLogRequest.lines:type_name -> reaper.v1.LogLine
-	42, // 51: reaper.v1.SweepRequest.now:type_name -> google.protobuf.Timestamp
-	1,  // 52: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
-	2,  // 53: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.Decision
-	40, // 54: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
-	0,  // 55: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
-	42, // 56: reaper.v1.LivenessRequest.now:type_name -> google.protobuf.Timestamp
-	0,  // 57: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
-	30, // 58: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
-	0,  // 59: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
-	33, // 60: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
-	0,  // 61: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
-	37, // 62: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
-	3,  // 63: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
-	3,  // 64: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
-	7,  // 65: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
-	8,  // 66: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
-	11, // 67: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
-	15, // 68: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
-	19, // 69: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
-	22, // 70: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
-	25, // 71: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
-	26, // 72: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
-	3,  // 73: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
-	29, // 74: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
-	32, // 75: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
-	35, // 76: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
-	3,  // 77: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
-	4,  // 78: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
-	6,  // 79: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
-	3,  // 80: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
-	9,  // 81: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
-	13, // 82: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
-	17, // 83: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
-	21, // 84: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
-	23, // 85: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
-	3,  // 86: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
-	27, // 87: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
-	28, // 88: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
-	31, // 89: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
-	34, // 90: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
-	36, // 91: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
-	38, // 92: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
-	78, // [78:93] is the sub-list for method output_type
-	63, // [63:78] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	40, // 19: reaper.v1.PassResponse.common_evidence:type_name -> reaper.v1.PassResponse.CommonEvidenceEntry
+	43, // 20: reaper.v1.Cursor.at:type_name -> google.protobuf.Timestamp
+	43, // 21: reaper.v1.CandidateQuery.older_than:type_name -> google.protobuf.Timestamp
+	10, // 22: reaper.v1.CandidateQuery.after:type_name -> reaper.v1.Cursor
+	0,  // 23: reaper.v1.Candidate.attempt:type_name -> reaper.v1.Attempt
+	43, // 24: reaper.v1.Candidate.queued_at:type_name -> google.protobuf.Timestamp
+	43, // 25: reaper.v1.Candidate.running_at:type_name -> google.protobuf.Timestamp
+	43, // 26: reaper.v1.Candidate.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	43, // 27: reaper.v1.Candidate.released_at:type_name -> google.protobuf.Timestamp
+	43, // 28: reaper.v1.Candidate.infra_marked_at:type_name -> google.protobuf.Timestamp
+	43, // 29: reaper.v1.Candidate.infra_confirmed_at:type_name -> google.protobuf.Timestamp
+	42, // 30: reaper.v1.Candidate.execution_timeout:type_name -> google.protobuf.Duration
+	12, // 31: reaper.v1.CandidatePage.candidates:type_name -> reaper.v1.Candidate
+	10, // 32: reaper.v1.CandidatePage.next:type_name -> reaper.v1.Cursor
+	0,  // 33: reaper.v1.Mark.attempt:type_name -> reaper.v1.Attempt
+	43, // 34: reaper.v1.Mark.heartbeat_before:type_name -> google.protobuf.Timestamp
+	43, // 35: reaper.v1.Mark.at:type_name -> google.protobuf.Timestamp
+	14, // 36: reaper.v1.MarkRequest.marks:type_name -> reaper.v1.Mark
+	0,  // 37: reaper.v1.MarkResult.attempt:type_name -> reaper.v1.Attempt
+	16, // 38: reaper.v1.MarkResponse.results:type_name -> reaper.v1.MarkResult
+	43, // 39: reaper.v1.RunCursor.at:type_name -> google.protobuf.Timestamp
+	43, // 40: reaper.v1.RunQuery.older_than:type_name -> google.protobuf.Timestamp
+	18, // 41: reaper.v1.RunQuery.after:type_name -> reaper.v1.RunCursor
+	43, // 42: reaper.v1.RunCandidate.started_at:type_name -> google.protobuf.Timestamp
+	43, // 43: reaper.v1.RunCandidate.last_activity:type_name -> google.protobuf.Timestamp
+	20, // 44: reaper.v1.RunPage.runs:type_name -> reaper.v1.RunCandidate
+	18, // 45: reaper.v1.RunPage.next:type_name -> reaper.v1.RunCursor
+	43, // 46: reaper.v1.RunReap.older_than:type_name -> google.protobuf.Timestamp
+	43, // 47: reaper.v1.RunReap.at:type_name -> google.protobuf.Timestamp
+	0,  // 48: reaper.v1.RunReapResult.attached:type_name -> reaper.v1.Attempt
+	0,  // 49: reaper.v1.LogLine.attempt:type_name -> reaper.v1.Attempt
+	43, // 50: reaper.v1.LogLine.at:type_name -> google.protobuf.Timestamp
+	24, // 51: reaper.v1.AppendLogRequest.lines:type_name -> reaper.v1.LogLine
+	43, // 52: reaper.v1.SweepRequest.now:type_name -> google.protobuf.Timestamp
+	1,  // 53: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
+	2,  // 54: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.Decision
+	41, // 55: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
+	0,  // 56: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
+	43, // 57: reaper.v1.LivenessRequest.now:type_name -> google.protobuf.Timestamp
+	0,  // 58: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
+	30, // 59: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
+	0,  // 60: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
+	33, // 61: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
+	0,  // 62: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
+	37, // 63: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
+	3,  // 64: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
+	3,  // 65: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
+	7,  // 66: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
+	8,  // 67: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
+	11, // 68: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
+	15, // 69: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
+	19, // 70: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
+	22, // 71: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
+	25, // 72: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
+	26, // 73: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
+	3,  // 74: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
+	29, // 75: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
+	32, // 76: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
+	35, // 77: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
+	3,  // 78: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
+	4,  // 79: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
+	6,  // 80: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
+	3,  // 81: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
+	9,  // 82: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
+	13, // 83: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
+	17, // 84: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
+	21, // 85: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
+	23, // 86: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
+	3,  // 87: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
+	27, // 88: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
+	28, // 89: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
+	31, // 90: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
+	34, // 91: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
+	36, // 92: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
+	38, // 93: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
+	79, // [79:94] is the sub-list for method output_type
+	64, // [64:79] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_reaper_proto_init() }
@@ -2999,7 +3015,7 @@ func file_reaper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reaper_proto_rawDesc), len(file_reaper_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
