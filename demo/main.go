@@ -219,7 +219,14 @@ func run(ctx context.Context) int {
 			}
 			say("")
 			say("run %q finished %s after %.0fs", runID, r.State, time.Since(start).Seconds())
-			return summary(ctx, store, pool, start)
+			code := summary(ctx, store, pool, start)
+			// What an operator would ask next: why was t1 reaped?
+			explain := exec.CommandContext(ctx, filepath.Join(bin, "reaperctl"), "explain", "-config", cfgPath, runID, "t1")
+			explain.Env = env
+			if out, err := explain.CombinedOutput(); err == nil {
+				say("\n$ reaperctl explain %s t1\n%s", runID, strings.TrimRight(string(out), "\n"))
+			}
+			return code
 		}
 		if time.Now().After(deadline) {
 			fmt.Fprintln(os.Stderr, "demo: the run did not finish in 3 minutes; reaperd's log:", filepath.Join(dir, "reaperd.log"))
@@ -403,6 +410,5 @@ func summary(ctx context.Context, store *board.Store, pool *pgxpool.Pool, start 
 		return 1
 	}
 	say("\nevery lost attempt was recovered and no live attempt was touched.")
-	say("try: reaperctl explain %s t1 -config <file>  (while a demo runs), or read docs/decisions.md", runID)
 	return 0
 }
