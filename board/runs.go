@@ -21,6 +21,15 @@ const liveTI = `(ti.state IN ('scheduled', 'queued', 'running', 'up_for_retry', 
     OR (ti.state = 'failed' AND ti.last_failure_kind = 'infra' AND ti.infra_confirmed_at IS NULL)
     OR ti.held_at IS NOT NULL)`
 
+// openSettledTI is true for a task instance (aliased ti) that is not live
+// and whose run is not finished: exactly the rows of
+// task_instances_open_settled_idx (migration 002), written the same way so
+// the planner matches the index. Only a run with such a row can be orphaned.
+const openSettledTI = `NOT ti.run_closed
+  AND ti.state IN ('none', 'success', 'failed', 'skipped', 'upstream_failed')
+  AND ti.held_at IS NULL
+  AND NOT (ti.state = 'failed' AND coalesce(ti.last_failure_kind, '') = 'infra' AND ti.infra_confirmed_at IS NULL)`
+
 // tiActivity is the latest activity stamped on a task instance (aliased ti).
 // GREATEST skips NULLs.
 const tiActivity = `GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at,
@@ -30,6 +39,11 @@ const tiActivity = `GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at,
 // instance and whose last activity (the run's start, or the latest stamp on
 // any of its task instances) is older than q.OlderThan, oldest activity
 // first. It is a snapshot: ReapRun checks again before writing.
+//
+// It starts from the not-live task instances of unfinished runs (a partial
+// index), so its cost follows the runs that could be orphaned, not the
+// healthy population. A run with no task instance at all is not listed: it
+// has nothing to be orphaned from, and finishing it is the scheduler's.
 func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
@@ -45,7 +59,8 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 		after = " AND (a.last_activity, r.run_id) > ($2::timestamptz, $3::text)"
 	}
 	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
-FROM runs r
+FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI + `) c
+JOIN runs r ON r.run_id = c.run_id
 CROSS JOIN LATERAL (
     SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
     FROM task_instances ti WHERE ti.run_id = r.run_id
@@ -172,8 +187,12 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 	if err != nil {
 		return fail("read attached attempts", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE runs SET state = 'failed', ended_at = $2, error_message = $3, updated_at = $2
-        WHERE run_id = $1`, r.RunID, r.At, r.Message); err != nil {
+	if _, err := tx.Exec(ctx, `WITH failed AS (
+    UPDATE runs SET state = 'failed', ended_at = $2, error_message = $3, updated_at = $2
+    WHERE run_id = $1 RETURNING run_id
+)
+UPDATE task_instances ti SET run_closed = true FROM failed f WHERE ti.run_id = f.run_id`,
+		r.RunID, r.At, r.Message); err != nil {
 		return fail("fail run", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

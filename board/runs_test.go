@@ -348,3 +348,75 @@ func mark(t *testing.T, b *bundle, m sdk.Mark) {
 		t.Fatalf("mark %s: %+v %v", m.Attempt, res, err)
 	}
 }
+
+// The orphan-run listing starts from the not-live task instances of
+// unfinished runs (migration 002); finishing a run closes its rows in the
+// same statement, and a healthy population never enters the listing's index.
+func TestOrphanCandidatesIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	closed := func(t *testing.T, b *bundle, runID string) (open, all int) {
+		t.Helper()
+		if err := b.store.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT run_closed), count(*)
+            FROM task_instances WHERE run_id = $1`, runID).Scan(&open, &all); err != nil {
+			t.Fatal(err)
+		}
+		return open, all
+	}
+
+	t.Run("FinishingARunClosesItsTaskInstances", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "fin", "a", "b")
+		if open, all := closed(t, b, "fin"); open != 2 || all != 2 {
+			t.Fatalf("open %d of %d before the finish", open, all)
+		}
+		if ok, err := b.w.FinishRun(ctx, "fin", sdk.RunFailed, "stopped", base); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if open, _ := closed(t, b, "fin"); open != 0 {
+			t.Fatalf("%d rows still open after the run finished", open)
+		}
+		if ok, err := b.w.FinishRun(ctx, "fin", sdk.RunFailed, "again", base); err != nil || ok {
+			t.Fatalf("finishing a finished run: %v %v", ok, err)
+		}
+	})
+
+	t.Run("ReapingARunClosesItsTaskInstances", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "quiet", "task")
+		a := first("quiet", "task")
+		b.running(t, a, base.Add(-time.Hour), base.Add(-time.Hour))
+		if stop, err := b.w.Report(ctx, a, lifecycleSuccess, base.Add(-50*time.Minute)); err != nil || stop {
+			t.Fatal(stop, err)
+		}
+		res, err := b.store.ReapRun(ctx, sdk.RunReap{RunID: "quiet", OlderThan: base.Add(-5 * time.Minute),
+			Term: b.term, At: base, Message: "orphan_run"})
+		if err != nil || !res.Applied {
+			t.Fatalf("reap = %+v, %v", res, err)
+		}
+		if open, _ := closed(t, b, "quiet"); open != 0 {
+			t.Fatalf("%d rows still open after the reap", open)
+		}
+	})
+
+	t.Run("HealthyRunsNeverEnterTheIndex", func(t *testing.T) {
+		b := setup(t)
+		for i := 0; i < 50; i++ {
+			runID := id("healthy", i)
+			b.run(t, runID, "task")
+			b.running(t, first(runID, "task"), base.Add(-time.Hour), base.Add(-10*time.Second))
+		}
+		var n int
+		if err := b.store.Pool().QueryRow(ctx, `SELECT count(*) FROM task_instances ti WHERE NOT ti.run_closed
+            AND ti.state IN ('none', 'success', 'failed', 'skipped', 'upstream_failed') AND ti.held_at IS NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("%d healthy rows would be orphan candidates", n)
+		}
+		p, err := b.store.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: base.Add(-5 * time.Minute)})
+		if err != nil || len(p.Runs) != 0 {
+			t.Fatalf("listed %+v, %v", p.Runs, err)
+		}
+	})
+}

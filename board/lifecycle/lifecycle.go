@@ -187,12 +187,20 @@ func (w *Writer) FinishRun(ctx context.Context, runID, state, message string, no
 	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	tag, err := w.pool.Exec(ctx, `UPDATE runs SET state = $2, ended_at = $3, error_message = NULLIF($4, ''), updated_at = $3
-        WHERE run_id = $1 AND state = 'running'`, runID, state, now, message)
+	// The run's task instances are closed in the same statement (see
+	// migration 002): they leave the orphan-run candidates for good.
+	var finished bool
+	err := w.pool.QueryRow(ctx, `WITH fin AS (
+    UPDATE runs SET state = $2, ended_at = $3, error_message = NULLIF($4, ''), updated_at = $3
+    WHERE run_id = $1 AND state = 'running' RETURNING run_id
+), closed AS (
+    UPDATE task_instances ti SET run_closed = true FROM fin WHERE ti.run_id = fin.run_id
+)
+SELECT EXISTS (SELECT 1 FROM fin)`, runID, state, now, message).Scan(&finished)
 	if err != nil {
 		return false, fmt.Errorf("board: finish run %s: %w", runID, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return finished, nil
 }
 
 // AppendLog appends lines to attempts' try logs (the writers' side: not

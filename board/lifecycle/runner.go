@@ -219,15 +219,21 @@ summary AS (
             FILTER (WHERE ti.state NOT IN ('success', 'skipped')), '{}') AS unsuccessful
     FROM done d LEFT JOIN task_instances ti ON ti.run_id = d.run_id
     GROUP BY d.run_id
+),
+fin AS (
+    UPDATE runs r SET
+        state = CASE WHEN cardinality(s.unsuccessful) = 0 THEN 'success' ELSE 'failed' END,
+        ended_at = $1, updated_at = $1,
+        error_message = CASE WHEN cardinality(s.unsuccessful) = 0 THEN NULL
+            ELSE 'tasks not successful: ' || array_to_string(s.unsuccessful, ', ') END
+    FROM summary s
+    WHERE r.run_id = s.run_id AND r.state = 'running'
+    RETURNING r.run_id, r.state, s.unsuccessful
+),
+closed AS (
+    UPDATE task_instances ti SET run_closed = true FROM fin WHERE ti.run_id = fin.run_id
 )
-UPDATE runs r SET
-    state = CASE WHEN cardinality(s.unsuccessful) = 0 THEN 'success' ELSE 'failed' END,
-    ended_at = $1, updated_at = $1,
-    error_message = CASE WHEN cardinality(s.unsuccessful) = 0 THEN NULL
-        ELSE 'tasks not successful: ' || array_to_string(s.unsuccessful, ', ') END
-FROM summary s
-WHERE r.run_id = s.run_id AND r.state = 'running'
-RETURNING r.run_id, r.state, s.unsuccessful`
+SELECT run_id, state, unsuccessful FROM fin`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	rows, err := w.pool.Query(ctx, sql, now)
