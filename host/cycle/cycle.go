@@ -305,7 +305,9 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 		// An in-process reaper may return what it decided before the error;
 		// keep it (over gRPC an error carries no result).
 		l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
-		if ctx.Err() != nil && phase.Err() == nil || elapsed > share {
+		// Its share ran out (the phase's own deadline included), as
+		// opposed to the loop shutting down: the plugin may still be busy.
+		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || elapsed > share {
 			l.cfg.Logger.Warn("reaper pass outlived its share of the reap budget: restarting the plugin",
 				"reaper", r.Name, "share", share, "elapsed", elapsed)
 			r.Plugin.Recycle()

@@ -387,6 +387,20 @@ func TestCycle(t *testing.T) {
 		}
 	})
 
+	t.Run("AHungLastReaperIsRecycledWhenThePhaseBudgetEnds", func(t *testing.T) {
+		b := setup(t, false, "agentlost", "hung")
+		b.reapers[1].hang = make(chan struct{}, 1)
+		settled(t, b)
+		done := make(chan cycle.Result)
+		go func() { done <- b.loop.RunOnce(context.Background()) }()
+		<-b.reapers[1].hang
+		b.clock.Advance(30 * time.Second) // its share is all that was left of the phase
+		res := <-done
+		if b.plugins[1].recycled != 1 || labels(res.Decisions)[len(res.Decisions)-1] != sdk.LabelPluginUnavailable {
+			t.Fatalf("recycled %d times, decisions %v", b.plugins[1].recycled, labels(res.Decisions))
+		}
+	})
+
 	t.Run("DryRunWritesAndStopsNothingEvenIfThePluginTries", func(t *testing.T) {
 		b := setup(t, true, "agentlost")
 		settled(t, b)
