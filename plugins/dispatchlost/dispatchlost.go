@@ -240,18 +240,9 @@ func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, e
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true
 	}
-	res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: c.Attempt, Reason: sdk.StopOrphan})
-	switch {
-	case err != nil:
-		ev[reapkit.EvStop] = "error: " + err.Error()
-		p.rec.Add(sdk.LabelDispatchLostOrphanStopErr, c.Attempt, false, "stopping the orphaned task group failed: "+err.Error(), ev)
-		return reapkit.Planned{}, false
-	case !res.Stopped:
-		ev[reapkit.EvStop] = "not stopped: " + res.Detail
-		p.rec.Add(sdk.LabelDispatchLostOrphanStopErr, c.Attempt, false, "the orphaned task group is not gone: "+res.Detail, ev)
+	if !reapkit.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelDispatchLostOrphanStopErr, ev) {
 		return reapkit.Planned{}, false
 	}
-	ev[reapkit.EvStop] = "stopped: " + res.Detail
 	return p.plan(c, j, ev), true
 }
 

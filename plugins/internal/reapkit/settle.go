@@ -104,3 +104,25 @@ func teardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel stri
 	}
 	return more
 }
+
+// StopOrphanGroup stops the orphaned task group of an attempt whose agent is
+// dead, before the attempt is marked, so that a re-placed attempt never runs
+// beside the old copy. It reports whether the group is gone; when it is not
+// (the stop failed, or could not confirm the group gone) it has recorded a
+// deferral under stopErrLabel and the attempt must not be marked. What
+// happened goes into ev.
+func StopOrphanGroup(ctx context.Context, exec sdk.Executions, rec *Recorder, a sdk.Attempt, stopErrLabel string, ev Evidence) bool {
+	res, err := exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	switch {
+	case err != nil:
+		ev[EvStop] = "error: " + err.Error()
+		rec.Add(stopErrLabel, a, false, "stopping the orphaned task group failed: "+err.Error(), ev)
+		return false
+	case !res.Stopped:
+		ev[EvStop] = "not stopped: " + res.Detail
+		rec.Add(stopErrLabel, a, false, "the orphaned task group is not gone: "+res.Detail, ev)
+		return false
+	}
+	ev[EvStop] = "stopped: " + res.Detail
+	return true
+}
