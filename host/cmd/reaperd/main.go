@@ -111,15 +111,26 @@ func loadConfig(path string, logger hclog.Logger, stderr io.Writer) (*config.Con
 	return cfg, true
 }
 
-func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	path, ok := parseConfigFlag("validate", args, stderr)
+// commandSetup is what every command that takes -config does first: parse
+// the flag, make the logger, load the file. A non-zero code is the exit
+// status to return at once (2: usage, 1: a bad file).
+func commandSetup(name string, args []string, stderr io.Writer, level hclog.Level) (string, *config.Config, hclog.Logger, int) {
+	path, ok := parseConfigFlag(name, args, stderr)
 	if !ok {
-		return 2
+		return "", nil, nil, 2
 	}
-	logger := newLogger(stderr, hclog.Warn)
+	logger := newLogger(stderr, level)
 	cfg, ok := loadConfig(path, logger, stderr)
 	if !ok {
-		return 1
+		return "", nil, nil, 1
+	}
+	return path, cfg, logger, 0
+}
+
+func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	path, cfg, logger, code := commandSetup("validate", args, stderr, hclog.Warn)
+	if code != 0 {
+		return code
 	}
 	set, err := plugins.Start(ctx, cfg, logger)
 	if err != nil {

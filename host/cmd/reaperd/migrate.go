@@ -12,14 +12,9 @@ import (
 )
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	path, ok := parseConfigFlag("migrate", args, stderr)
-	if !ok {
-		return 2
-	}
-	logger := newLogger(stderr, hclog.Warn)
-	cfg, ok := loadConfig(path, logger, stderr)
-	if !ok {
-		return 1
+	_, cfg, _, code := commandSetup("migrate", args, stderr, hclog.Warn)
+	if code != 0 {
+		return code
 	}
 	if cfg.StoreDSN == "" {
 		fmt.Fprintln(stderr, "reaperd migrate: no database: set store.dsn or REAPER_DSN")

@@ -77,14 +77,9 @@ func (g *schemaGate) TryAcquire(ctx context.Context, holder string, ttl time.Dur
 }
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
-	path, ok := parseConfigFlag("run", args, stderr)
-	if !ok {
-		return 2
-	}
-	logger := newLogger(stderr, hclog.Info)
-	cfg, ok := loadConfig(path, logger, stderr)
-	if !ok {
-		return 1
+	_, cfg, logger, code := commandSetup("run", args, stderr, hclog.Info)
+	if code != 0 {
+		return code
 	}
 	if err := runDaemon(ctx, cfg, logger, clock.Real{}); err != nil {
 		logger.Error("reaperd stopped", "error", err)
