@@ -33,6 +33,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 
 const runID = "demo"
@@ -293,35 +294,28 @@ func kill(a sdk.Attempt, how string) (string, error) {
 	return fmt.Sprintf("kill -9 agent %d of %s (its task keeps running as an orphan)", agent, a), nil
 }
 
-// findAgent finds the agent process of an attempt and its task (the
-// agent's child, leader of its own group) by scanning /proc.
+// findAgent finds the agent process of an attempt (by its command line) and
+// its task (the agent's child, leader of its own group) by scanning /proc.
 func findAgent(a sdk.Attempt) (agent, task int, err error) {
 	want := fmt.Sprintf("-run=%s\x00-task=%s\x00-try=%d\x00-epoch=%d\x00", a.RunID, a.TaskID, a.Try, a.Epoch)
 	procs, _ := os.ReadDir("/proc")
-	parents := map[int]int{}
+	var pids []int
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil {
 			continue
 		}
+		pids = append(pids, pid)
 		if cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline")); err == nil &&
 			strings.Contains(string(cmd), "reaper-agent") && strings.Contains(string(cmd), want) {
 			agent = pid
-		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", p.Name(), "stat")); err == nil {
-			rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
-			var state string
-			var ppid int
-			if _, err := fmt.Sscan(rest, &state, &ppid); err == nil {
-				parents[pid] = ppid
-			}
 		}
 	}
 	if agent == 0 {
 		return 0, 0, errors.New("agent not found")
 	}
-	for pid, ppid := range parents {
-		if ppid == agent {
+	for _, pid := range pids {
+		if info, err := proc.Stat(pid); err == nil && info.PPID == agent {
 			task = pid
 		}
 	}
