@@ -3,38 +3,30 @@ package sdk
 import (
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/dexaflow/reaper/sdk/ladder"
 	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
 
 // The functions below translate between the Go types of this package and
-// their protocol messages. A zero time.Time travels as an unset timestamp.
+// their protocol messages. A zero time.Time travels as 0.
 
-func tsToPB(t time.Time) *timestamppb.Timestamp {
+func tsToPB(t time.Time) int64 {
 	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
-}
-
-func tsFromPB(t *timestamppb.Timestamp) time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return t.AsTime()
-}
-
-func durToPB(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
-
-func durFromPB(d *durationpb.Duration) time.Duration {
-	if d == nil {
 		return 0
 	}
-	return d.AsDuration()
+	return t.UnixNano()
 }
+
+func tsFromPB(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
+func durToPB(d time.Duration) int64 { return int64(d) }
+
+func durFromPB(ns int64) time.Duration { return time.Duration(ns) }
 
 func attemptToPB(a Attempt) *pb.Attempt {
 	return &pb.Attempt{RunId: a.RunID, TaskId: a.TaskID, TryNumber: a.Try, AttemptEpoch: a.Epoch}
@@ -98,37 +90,65 @@ func ladderFromPB(l *pb.Ladder) ladder.Ladder {
 	}
 }
 
-func decisionsToPB(ds []Decision) []*pb.Decision {
-	out := make([]*pb.Decision, len(ds))
-	for i, d := range ds {
-		out[i] = &pb.Decision{
-			Reaper: d.Reaper, Label: d.Label, Attempt: attemptToPB(d.Attempt),
-			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail, Evidence: d.Evidence,
+// decisionsToPB encodes a pass's or a sweep's decisions (see DecisionSet
+// in the protocol): each evidence key is sent once, and so are the reaper
+// and the evidence entries every decision shares (a pass's decisions repeat
+// the term, the edition, the thresholds and the policy).
+func decisionsToPB(ds []Decision) *pb.DecisionSet {
+	set := &pb.DecisionSet{Decisions: make([]*pb.Decision, len(ds))}
+	if len(ds) == 0 {
+		return set
+	}
+	common := commonEvidence(ds)
+	index := map[string]uint32{}
+	key := func(k string) uint32 {
+		i, ok := index[k]
+		if !ok {
+			i = uint32(len(set.Keys))
+			index[k] = i
+			set.Keys = append(set.Keys, k)
+		}
+		return i
+	}
+	for k, v := range common {
+		set.CommonKeys = append(set.CommonKeys, key(k))
+		set.CommonValues = append(set.CommonValues, v)
+	}
+	set.Reaper = ds[0].Reaper
+	for _, d := range ds[1:] {
+		if d.Reaper != set.Reaper {
+			set.Reaper = ""
+			break
 		}
 	}
-	return out
-}
-
-func decisionsFromPB(ds []*pb.Decision) []Decision {
-	out := make([]Decision, len(ds))
 	for i, d := range ds {
-		out[i] = Decision{
-			Reaper: d.Reaper, Label: d.Label, Attempt: attemptFromPB(d.Attempt),
-			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail, Evidence: d.Evidence,
+		out := &pb.Decision{Label: d.Label, Attempt: attemptToPB(d.Attempt),
+			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail}
+		if set.Reaper == "" {
+			out.Reaper = d.Reaper
 		}
+		if n := len(d.Evidence) - len(common); n > 0 {
+			out.EvidenceKeys = make([]uint32, 0, n)
+			out.EvidenceValues = make([]string, 0, n)
+			for k, v := range d.Evidence {
+				if _, shared := common[k]; !shared {
+					out.EvidenceKeys = append(out.EvidenceKeys, key(k))
+					out.EvidenceValues = append(out.EvidenceValues, v)
+				}
+			}
+		}
+		set.Decisions[i] = out
 	}
-	return out
+	return set
 }
 
-// hoistEvidence removes from each decision the evidence entries that every
-// decision shares (same key, same value) and returns them: a pass's
-// decisions repeat the term, the edition, the thresholds and the policy,
-// and sending them once keeps a large pass's response small.
-func hoistEvidence(ds []*pb.Decision) map[string]string {
+// commonEvidence is the evidence entries (same key, same value) that every
+// decision of ds carries, when there are two decisions or more.
+func commonEvidence(ds []Decision) map[string]string {
 	if len(ds) < 2 || len(ds[0].Evidence) == 0 {
 		return nil
 	}
-	common := map[string]string{}
+	common := make(map[string]string, len(ds[0].Evidence))
 	for k, v := range ds[0].Evidence {
 		common[k] = v
 	}
@@ -142,33 +162,48 @@ func hoistEvidence(ds []*pb.Decision) map[string]string {
 			return nil
 		}
 	}
-	for _, d := range ds {
-		rest := make(map[string]string, len(d.Evidence)-len(common))
-		for k, v := range d.Evidence {
-			if _, shared := common[k]; !shared {
-				rest[k] = v
-			}
-		}
-		d.Evidence = rest
-	}
 	return common
 }
 
-// mergeEvidence puts hoisted entries back into every decision.
-func mergeEvidence(ds []Decision, common map[string]string) {
-	if len(common) == 0 {
-		return
+// decisionsFromPB decodes a DecisionSet. An evidence key out of range is
+// dropped rather than trusted.
+func decisionsFromPB(set *pb.DecisionSet) []Decision {
+	if set == nil {
+		return nil
 	}
-	for i := range ds {
-		ev := make(map[string]string, len(ds[i].Evidence)+len(common))
-		for k, v := range common {
-			ev[k] = v
+	keys := set.Keys
+	keyAt := func(i uint32) (string, bool) {
+		if int(i) >= len(keys) {
+			return "", false
 		}
-		for k, v := range ds[i].Evidence {
-			ev[k] = v
-		}
-		ds[i].Evidence = ev
+		return keys[i], true
 	}
+	n := min(len(set.CommonKeys), len(set.CommonValues))
+	out := make([]Decision, len(set.Decisions))
+	for i, d := range set.Decisions {
+		m := min(len(d.EvidenceKeys), len(d.EvidenceValues))
+		out[i] = Decision{Reaper: d.Reaper, Label: d.Label, Attempt: attemptFromPB(d.Attempt),
+			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail}
+		if out[i].Reaper == "" {
+			out[i].Reaper = set.Reaper
+		}
+		if n+m == 0 {
+			continue
+		}
+		ev := make(map[string]string, n+m)
+		for j := range n {
+			if k, ok := keyAt(set.CommonKeys[j]); ok {
+				ev[k] = set.CommonValues[j]
+			}
+		}
+		for j := range m {
+			if k, ok := keyAt(d.EvidenceKeys[j]); ok {
+				ev[k] = d.EvidenceValues[j]
+			}
+		}
+		out[i].Evidence = ev
+	}
+	return out
 }
 
 func cursorToPB(c *Cursor) *pb.Cursor {
@@ -257,18 +292,29 @@ func marksFromPB(ms []*pb.Mark) []Mark {
 	return out
 }
 
-func markResultsToPB(rs []MarkResult) []*pb.MarkResult {
+// markResultsToPB leaves out the attempt of a result that answers the
+// mark at its position, as most do; markResultsFromPB puts it back.
+func markResultsToPB(rs []MarkResult, marks []Mark) []*pb.MarkResult {
 	out := make([]*pb.MarkResult, len(rs))
 	for i, r := range rs {
-		out[i] = &pb.MarkResult{Attempt: attemptToPB(r.Attempt), Applied: r.Applied, NoopReason: r.NoopReason}
+		out[i] = &pb.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
+		if i >= len(marks) || marks[i].Attempt != r.Attempt {
+			out[i].Attempt = attemptToPB(r.Attempt)
+		}
 	}
 	return out
 }
 
-func markResultsFromPB(rs []*pb.MarkResult) []MarkResult {
+func markResultsFromPB(rs []*pb.MarkResult, marks []Mark) []MarkResult {
 	out := make([]MarkResult, len(rs))
 	for i, r := range rs {
-		out[i] = MarkResult{Attempt: attemptFromPB(r.Attempt), Applied: r.Applied, NoopReason: r.NoopReason}
+		out[i] = MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
+		switch {
+		case r.Attempt != nil:
+			out[i].Attempt = attemptFromPB(r.Attempt)
+		case i < len(marks):
+			out[i].Attempt = marks[i].Attempt
+		}
 	}
 	return out
 }
@@ -321,20 +367,31 @@ func logLinesFromPB(ls []*pb.LogLine) []LogLine {
 	return out
 }
 
-func livenessToPB(ls []AttemptLiveness) []*pb.AttemptLiveness {
+// livenessToPB leaves out the attempt of an answer about the requested
+// attempt at its position; livenessFromPB puts it back.
+func livenessToPB(ls []AttemptLiveness, asked []Attempt) []*pb.AttemptLiveness {
 	out := make([]*pb.AttemptLiveness, len(ls))
 	for i, l := range ls {
-		out[i] = &pb.AttemptLiveness{Attempt: attemptToPB(l.Attempt), State: string(l.State),
+		out[i] = &pb.AttemptLiveness{State: string(l.State),
 			Agent: string(l.Agent), Group: string(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
+		if i >= len(asked) || asked[i] != l.Attempt {
+			out[i].Attempt = attemptToPB(l.Attempt)
+		}
 	}
 	return out
 }
 
-func livenessFromPB(ls []*pb.AttemptLiveness) []AttemptLiveness {
+func livenessFromPB(ls []*pb.AttemptLiveness, asked []Attempt) []AttemptLiveness {
 	out := make([]AttemptLiveness, len(ls))
 	for i, l := range ls {
-		out[i] = AttemptLiveness{Attempt: attemptFromPB(l.Attempt), State: Liveness(l.State),
+		out[i] = AttemptLiveness{State: Liveness(l.State),
 			Agent: Liveness(l.Agent), Group: Liveness(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
+		switch {
+		case l.Attempt != nil:
+			out[i].Attempt = attemptFromPB(l.Attempt)
+		case i < len(asked):
+			out[i].Attempt = asked[i]
+		}
 	}
 	return out
 }

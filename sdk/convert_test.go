@@ -1,30 +1,110 @@
 package sdk
 
 import (
-	"maps"
+	"reflect"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
 
-func TestEvidenceHoistingRoundTrips(t *testing.T) {
+// wire sends m through the protobuf encoding and back, as a call does.
+func wire[M proto.Message](t *testing.T, m M, into M) M {
+	t.Helper()
+	data, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proto.Unmarshal(data, into); err != nil {
+		t.Fatal(err)
+	}
+	return into
+}
+
+func TestDecisionSetRoundTrips(t *testing.T) {
 	in := []Decision{
-		{Label: "a", Evidence: map[string]string{"term": "3", "edition": "lite", "age": "1s"}},
-		{Label: "b", Evidence: map[string]string{"term": "3", "edition": "kube", "age": "2s"}},
-		{Label: "c", Evidence: map[string]string{"term": "3", "age": "3s"}},
-		{Label: "d"},
+		{Reaper: "agentlost", Label: "a", Attempt: Attempt{RunID: "r1", TaskID: "t", Try: 2}, Applied: true,
+			Evidence: map[string]string{"term": "3", "edition": "lite", "age": "1s"}},
+		{Reaper: "agentlost", Label: "b", Attempt: Attempt{RunID: "r2", TaskID: "t", Try: 1}, DryRun: true, Detail: "why",
+			Evidence: map[string]string{"term": "3", "edition": "kube", "age": "2s"}},
+		{Reaper: "agentlost", Label: "c", Evidence: map[string]string{"term": "3", "age": "3s"}},
+		{Reaper: "other", Label: "d"},
 	}
 	for _, n := range []int{0, 1, 3, 4} {
-		wire := decisionsToPB(in[:n])
-		common := hoistEvidence(wire)
-		out := decisionsFromPB(wire)
-		mergeEvidence(out, common)
+		out := decisionsFromPB(wire(t, decisionsToPB(in[:n]), &pb.DecisionSet{}))
+		if len(out) != n {
+			t.Fatalf("n=%d: %d decisions back", n, len(out))
+		}
 		for i := range out {
-			if !maps.Equal(out[i].Evidence, in[i].Evidence) && len(in[i].Evidence)+len(out[i].Evidence) > 0 {
-				t.Fatalf("n=%d decision %d: evidence %v, want %v", n, i, out[i].Evidence, in[i].Evidence)
+			want := in[i]
+			if len(want.Evidence) == 0 {
+				want.Evidence = nil
+			}
+			if !reflect.DeepEqual(out[i], want) {
+				t.Fatalf("n=%d decision %d: got %+v, want %+v", n, i, out[i], want)
 			}
 		}
 	}
-	wire := decisionsToPB(in[:3])
-	if common := hoistEvidence(wire); len(common) != 1 || common["term"] != "3" || len(wire[0].Evidence) != 2 {
-		t.Fatalf("common %v, first %v", common, wire[0].Evidence)
+	set := decisionsToPB(in[:3])
+	if len(set.CommonKeys) != 1 || set.Keys[set.CommonKeys[0]] != "term" || len(set.Decisions[0].EvidenceKeys) != 2 {
+		t.Fatalf("shared entries not sent once: %v", set)
+	}
+	if set.Reaper != "agentlost" || set.Decisions[0].Reaper != "" {
+		t.Fatalf("shared reaper not sent once: %v", set)
+	}
+	if got := decisionsToPB(in).Reaper; got != "" {
+		t.Fatalf("reapers differ, yet the set names %q", got)
+	}
+}
+
+func TestDecisionSetDropsKeysOutOfRange(t *testing.T) {
+	set := &pb.DecisionSet{Keys: []string{"age"}, Decisions: []*pb.Decision{
+		{Label: "x", EvidenceKeys: []uint32{0, 7}, EvidenceValues: []string{"1s", "lost"}},
+	}}
+	out := decisionsFromPB(set)
+	if !reflect.DeepEqual(out[0].Evidence, map[string]string{"age": "1s"}) {
+		t.Fatalf("evidence %v", out[0].Evidence)
+	}
+}
+
+func TestResultsAnswerByPosition(t *testing.T) {
+	a, b, c := Attempt{RunID: "r", TaskID: "a", Try: 1}, Attempt{RunID: "r", TaskID: "b", Try: 1}, Attempt{RunID: "r", TaskID: "c", Try: 2}
+	marks := []Mark{{Attempt: a}, {Attempt: b}}
+	// The second result is about another attempt than the mark at its
+	// position, and the third has no mark: both travel with their attempt.
+	results := []MarkResult{{Attempt: a, Applied: true}, {Attempt: c, NoopReason: "state"}, {Attempt: b}}
+	enc := markResultsToPB(results, marks)
+	if enc[0].Attempt != nil || enc[1].Attempt == nil || enc[2].Attempt == nil {
+		t.Fatalf("attempts sent: %v", enc)
+	}
+	back := wire(t, &pb.MarkResponse{Results: enc}, &pb.MarkResponse{})
+	if got := markResultsFromPB(back.Results, marks); !reflect.DeepEqual(got, results) {
+		t.Fatalf("mark results %+v, want %+v", got, results)
+	}
+
+	asked := []Attempt{a, b}
+	answers := []AttemptLiveness{{Attempt: a, State: Dead}, {Attempt: c, State: Alive}}
+	lenc := livenessToPB(answers, asked)
+	if lenc[0].Attempt != nil || lenc[1].Attempt == nil {
+		t.Fatalf("attempts sent: %v", lenc)
+	}
+	lback := wire(t, &pb.LivenessResponse{Results: lenc}, &pb.LivenessResponse{})
+	if got := livenessFromPB(lback.Results, asked); !reflect.DeepEqual(got, answers) {
+		t.Fatalf("liveness %+v, want %+v", got, answers)
+	}
+}
+
+func TestTimesRoundTrip(t *testing.T) {
+	for _, in := range []time.Time{{}, time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC),
+		time.Date(2030, 1, 2, 3, 4, 5, 6, time.FixedZone("x", 3600))} {
+		got := tsFromPB(tsToPB(in))
+		if !got.Equal(in) || got.IsZero() != in.IsZero() || (!got.IsZero() && got.Location() != time.UTC) {
+			t.Fatalf("%v came back as %v", in, got)
+		}
+	}
+	if tsToPB(time.Time{}) != 0 {
+		t.Fatal("the zero time must travel as 0 (none)")
 	}
 }

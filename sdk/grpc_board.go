@@ -7,14 +7,49 @@ import (
 	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
 
-// boardClient is a plugin's Board: every call goes back to the host.
+// boardClient is a plugin's Board for one pass or sweep: every call goes
+// back to the host. The next page of a full page of a listing is read
+// ahead (see readAhead); close ends what is still in flight.
 type boardClient struct {
-	client pb.BoardClient
+	client     pb.BoardClient
+	candidates *readAhead[CandidatePage]
+	runs       *readAhead[RunPage]
 }
 
 var _ Board = (*boardClient)(nil)
 
+func newBoardClient(ctx context.Context, client pb.BoardClient) *boardClient {
+	return &boardClient{client: client,
+		candidates: newReadAhead[CandidatePage](ctx), runs: newReadAhead[RunPage](ctx)}
+}
+
+func (c *boardClient) close() {
+	c.candidates.close()
+	c.runs.close()
+}
+
 func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
+	listing := listingKey(q)
+	page, ok, err := c.candidates.take(ctx, listing, cursorKey(q.After))
+	if err != nil {
+		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
+	}
+	if !ok {
+		if page, err = c.listCandidates(ctx, q); err != nil {
+			return CandidatePage{}, err
+		}
+	}
+	if page.Next != nil && len(page.Candidates) > 0 {
+		next := q
+		next.After = page.Next
+		c.candidates.start(listing, cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) {
+			return c.listCandidates(ctx, next)
+		})
+	}
+	return page, nil
+}
+
+func (c *boardClient) listCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
 	resp, err := c.client.ListCandidates(ctx, candidateQueryToPB(q))
 	if err != nil {
 		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
@@ -27,10 +62,31 @@ func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, err
 	if err != nil {
 		return nil, fmt.Errorf("board mark: %w", err)
 	}
-	return markResultsFromPB(resp.Results), nil
+	return markResultsFromPB(resp.Results, marks), nil
 }
 
 func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
+	listing := runListingKey(q)
+	page, ok, err := c.runs.take(ctx, listing, runCursorKey(q.After))
+	if err != nil {
+		return RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
+	}
+	if !ok {
+		if page, err = c.listOrphanRuns(ctx, q); err != nil {
+			return RunPage{}, err
+		}
+	}
+	if page.Next != nil && len(page.Runs) > 0 {
+		next := q
+		next.After = page.Next
+		c.runs.start(listing, runCursorKey(next.After), func(ctx context.Context) (RunPage, error) {
+			return c.listOrphanRuns(ctx, next)
+		})
+	}
+	return page, nil
+}
+
+func (c *boardClient) listOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
 	resp, err := c.client.ListOrphanRuns(ctx, &pb.RunQuery{
 		OlderThan: tsToPB(q.OlderThan), After: runCursorToPB(q.After), Limit: int32(q.Limit),
 	})
@@ -80,11 +136,12 @@ func (s *boardServer) Mark(ctx context.Context, req *pb.MarkRequest) (*pb.MarkRe
 	if err != nil {
 		return nil, err
 	}
-	res, err := b.Mark(ctx, marksFromPB(req.Marks))
+	marks := marksFromPB(req.Marks)
+	res, err := b.Mark(ctx, marks)
 	if err != nil {
 		return nil, err
 	}
-	return &pb.MarkResponse{Results: markResultsToPB(res)}, nil
+	return &pb.MarkResponse{Results: markResultsToPB(res, marks)}, nil
 }
 
 func (s *boardServer) ListOrphanRuns(ctx context.Context, q *pb.RunQuery) (*pb.RunPage, error) {

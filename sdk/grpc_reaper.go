@@ -32,9 +32,7 @@ func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Ex
 	if err != nil {
 		return PassResult{}, fmt.Errorf("reap pass: %w", err)
 	}
-	ds := decisionsFromPB(resp.Decisions)
-	mergeEvidence(ds, resp.CommonEvidence)
-	return PassResult{Decisions: ds, State: resp.State}, nil
+	return PassResult{Decisions: decisionsFromPB(resp.Decisions), State: resp.State}, nil
 }
 
 // reaperServer serves a plugin's Reaper, dialing the host's callbacks.
@@ -49,7 +47,8 @@ func (s *reaperServer) Reap(ctx context.Context, req *pb.PassRequest) (*pb.PassR
 	if err != nil {
 		return nil, err
 	}
-	board := &boardClient{client: pb.NewBoardClient(conn)}
+	board := newBoardClient(ctx, pb.NewBoardClient(conn))
+	defer board.close()
 	exec := &executionsClient{client: pb.NewSubstrateClient(conn)}
 	res, err := s.impl.Reap(ctx, Pass{
 		Now: tsFromPB(req.Now), Ladder: ladderFromPB(req.Ladder), Term: req.Term,
@@ -58,7 +57,5 @@ func (s *reaperServer) Reap(ctx context.Context, req *pb.PassRequest) (*pb.PassR
 	if err != nil {
 		return nil, err
 	}
-	ds := decisionsToPB(res.Decisions)
-	common := hoistEvidence(ds)
-	return &pb.PassResponse{Decisions: ds, State: res.State, CommonEvidence: common}, nil
+	return &pb.PassResponse{Decisions: decisionsToPB(res.Decisions), State: res.State}, nil
 }

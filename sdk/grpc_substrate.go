@@ -23,7 +23,7 @@ func (c *executionsClient) Liveness(ctx context.Context, req LivenessRequest) ([
 	if err != nil {
 		return nil, fmt.Errorf("substrate liveness: %w", err)
 	}
-	return livenessFromPB(resp.Results), nil
+	return livenessFromPB(resp.Results, req.Attempts), nil
 }
 
 func (c *executionsClient) Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error) {
@@ -130,11 +130,12 @@ func (s *substrateServer) Liveness(ctx context.Context, req *pb.LivenessRequest)
 	if err != nil {
 		return nil, err
 	}
-	res, err := exec.Liveness(ctx, LivenessRequest{Attempts: attemptsFromPB(req.Attempts), Live: req.Live, Now: tsFromPB(req.Now)})
+	asked := attemptsFromPB(req.Attempts)
+	res, err := exec.Liveness(ctx, LivenessRequest{Attempts: asked, Live: req.Live, Now: tsFromPB(req.Now)})
 	if err != nil {
 		return nil, err
 	}
-	return &pb.LivenessResponse{Results: livenessToPB(res)}, nil
+	return &pb.LivenessResponse{Results: livenessToPB(res, asked)}, nil
 }
 
 func (s *substrateServer) Teardown(ctx context.Context, req *pb.TeardownRequest) (*pb.TeardownResponse, error) {
@@ -190,9 +191,11 @@ func (s *substrateServer) Sweep(ctx context.Context, req *pb.SweepRequest) (*pb.
 	if err != nil {
 		return nil, err
 	}
+	board := newBoardClient(ctx, pb.NewBoardClient(conn))
+	defer board.close()
 	res, err := s.full.Sweep(ctx, SweepRequest{
 		Now: tsFromPB(req.Now), Term: req.Term, DryRun: req.DryRun, Ladder: ladderFromPB(req.Ladder),
-	}, &boardClient{client: pb.NewBoardClient(conn)})
+	}, board)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,132 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// readAhead lets a plugin's board read the next page of a listing while
+// the plugin judges the page it was just given. Across the process
+// boundary a page costs a round trip to the host and one to the database;
+// a reaper that drains a backlog asks for page after page, so the round
+// trip for the next page can run while the current page's liveness reads
+// and marks go out, instead of after them.
+//
+// A page read ahead is no staler than the same page read by a slower pass:
+// every mark is guarded on the board, and liveness is read after the
+// listing either way. The read ahead of a listing the plugin stops paging
+// (its budget ran out) is cancelled when the pass ends, unread.
+//
+// Each listing (a query without its cursor) has at most one page in
+// flight; a request for any other position of that listing drops it.
+type readAhead[P any] struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[string]*aheadPage[P]
+}
+
+// maxListingsAhead bounds the listings read ahead at once; a pass drains a
+// handful.
+const maxListingsAhead = 8
+
+type aheadPage[P any] struct {
+	at     string // the cursor it was read after
+	cancel context.CancelFunc
+	done   chan struct{}
+	page   P
+	err    error
+}
+
+func newReadAhead[P any](ctx context.Context) *readAhead[P] {
+	ctx, cancel := context.WithCancel(ctx)
+	return &readAhead[P]{ctx: ctx, cancel: cancel, pending: map[string]*aheadPage[P]{}}
+}
+
+// take returns the page of listing read ahead after cursor at, waiting for
+// it if it is still in flight; ok is false when there is none (or reading it
+// failed: the caller reads it itself and the error, if it lasts, is its
+// own).
+func (r *readAhead[P]) take(ctx context.Context, listing, at string) (page P, ok bool, err error) {
+	r.mu.Lock()
+	p := r.pending[listing]
+	delete(r.pending, listing)
+	r.mu.Unlock()
+	if p == nil {
+		return page, false, nil
+	}
+	if p.at != at {
+		p.cancel()
+		return page, false, nil
+	}
+	select {
+	case <-p.done:
+		if p.err != nil {
+			return page, false, nil
+		}
+		return p.page, true, nil
+	case <-ctx.Done():
+		p.cancel()
+		return page, false, ctx.Err()
+	}
+}
+
+// start reads the page of listing after cursor at in the background.
+func (r *readAhead[P]) start(listing, at string, read func(context.Context) (P, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return
+	}
+	if old := r.pending[listing]; old != nil {
+		old.cancel()
+	} else if len(r.pending) >= maxListingsAhead {
+		return
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	p := &aheadPage[P]{at: at, cancel: cancel, done: make(chan struct{})}
+	r.pending[listing] = p
+	r.wg.Go(func() {
+		defer close(p.done)
+		defer cancel()
+		p.page, p.err = read(ctx)
+	})
+}
+
+// close cancels what is still in flight and waits for it.
+func (r *readAhead[P]) close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// listingKey names a candidate listing: its query without cursor.
+func listingKey(q CandidateQuery) string {
+	return fmt.Sprintf("%s|%s|%s|%d|%s|%d", strings.Join(q.States, ","), strings.Join(q.Executors, ","),
+		q.OrderBy, timeKey(q.OlderThan), q.Heartbeat, q.Limit)
+}
+
+func cursorKey(c *Cursor) string {
+	if c == nil {
+		return ""
+	}
+	return strconv.FormatInt(timeKey(c.At), 10) + "|" + c.RunID + "|" + c.TaskID
+}
+
+func runListingKey(q RunQuery) string {
+	return strconv.FormatInt(timeKey(q.OlderThan), 10) + "|" + strconv.Itoa(q.Limit)
+}
+
+func runCursorKey(c *RunCursor) string {
+	if c == nil {
+		return ""
+	}
+	return strconv.FormatInt(timeKey(c.At), 10) + "|" + c.RunID
+}
+
+func timeKey(t time.Time) int64 { return tsToPB(t) }
