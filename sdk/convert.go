@@ -100,42 +100,57 @@ func decisionsToPB(ds []Decision) *pb.DecisionSet {
 		return set
 	}
 	common := commonEvidence(ds)
-	index := map[string]uint32{}
-	key := func(k string) uint32 {
-		i, ok := index[k]
-		if !ok {
-			i = uint32(len(set.Keys))
-			index[k] = i
-			set.Keys = append(set.Keys, k)
-		}
-		return i
+	// keys indexes set.Keys; a shared key's entry is the common one.
+	type keyInfo struct {
+		index  uint32
+		shared bool
 	}
+	keys := make(map[string]keyInfo, 2*len(ds[0].Evidence))
 	for k, v := range common {
-		set.CommonKeys = append(set.CommonKeys, key(k))
+		keys[k] = keyInfo{index: uint32(len(set.Keys)), shared: true}
+		set.CommonKeys = append(set.CommonKeys, uint32(len(set.Keys)))
 		set.CommonValues = append(set.CommonValues, v)
+		set.Keys = append(set.Keys, k)
 	}
 	set.Reaper = ds[0].Reaper
-	for _, d := range ds[1:] {
+	entries := 0
+	for _, d := range ds {
 		if d.Reaper != set.Reaper {
 			set.Reaper = ""
-			break
 		}
+		entries += len(d.Evidence)
 	}
+	// One allocation each for the messages, their attempts and their
+	// evidence entries, which a large pass has by the ten thousand.
+	msgs := make([]pb.Decision, len(ds))
+	attempts := make([]pb.Attempt, len(ds))
+	evKeys := make([]uint32, 0, entries)
+	evValues := make([]string, 0, entries)
 	for i, d := range ds {
-		out := &pb.Decision{Label: d.Label, Attempt: attemptToPB(d.Attempt),
-			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail}
+		out := &msgs[i]
+		out.Label, out.Applied, out.DryRun, out.Detail = d.Label, d.Applied, d.DryRun, d.Detail
+		a := d.Attempt
+		attempts[i] = pb.Attempt{RunId: a.RunID, TaskId: a.TaskID, TryNumber: a.Try, AttemptEpoch: a.Epoch}
+		out.Attempt = &attempts[i]
 		if set.Reaper == "" {
 			out.Reaper = d.Reaper
 		}
-		if n := len(d.Evidence) - len(common); n > 0 {
-			out.EvidenceKeys = make([]uint32, 0, n)
-			out.EvidenceValues = make([]string, 0, n)
-			for k, v := range d.Evidence {
-				if _, shared := common[k]; !shared {
-					out.EvidenceKeys = append(out.EvidenceKeys, key(k))
-					out.EvidenceValues = append(out.EvidenceValues, v)
-				}
+		first := len(evKeys)
+		for k, v := range d.Evidence {
+			info, ok := keys[k]
+			if !ok {
+				info = keyInfo{index: uint32(len(set.Keys))}
+				keys[k] = info
+				set.Keys = append(set.Keys, k)
 			}
+			if !info.shared {
+				evKeys = append(evKeys, info.index)
+				evValues = append(evValues, v)
+			}
+		}
+		if n := len(evKeys); n > first {
+			out.EvidenceKeys = evKeys[first:n:n]
+			out.EvidenceValues = evValues[first:n:n]
 		}
 		set.Decisions[i] = out
 	}
