@@ -87,6 +87,8 @@ type Substrate interface {
 type Reaper interface {
 	Plugin
 	// Reap runs one pass. It must return before pass.Deadline (the context
-	// carries it too) and returns one decision per attempt it judged.
+	// carries it too) and returns one decision per attempt it judged. A
+	// pass that drains a backlog may hand decisions over as it goes with
+	// Report; decisions returned with an error are recorded too.
 	Reap(ctx context.Context, pass Pass, board Board, exec Executions) (PassResult, error)
 }

@@ -302,8 +302,8 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	elapsed := l.cfg.Clock.Now().Sub(now)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	if err != nil {
-		// An in-process reaper may return what it decided before the error;
-		// keep it (over gRPC an error carries no result).
+		// A reaper may return what it decided before the error (over
+		// gRPC too: the decisions travel ahead of the error); keep it.
 		l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
 		// Its share ran out (the phase's own deadline included), as
 		// opposed to the loop shutting down: the plugin may still be busy.

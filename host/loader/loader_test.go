@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +50,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "build kube substrate:", err)
 		return 1
 	}
-	for _, name := range []string{"reaper-crash", "reaper-hang", "reaper-v99", "reaper-substrate-impostor"} {
+	for _, name := range []string{"reaper-crash", "reaper-hang", "reaper-report", "reaper-v99", "reaper-substrate-impostor"} {
 		if err := os.Link(filepath.Join(dir, "reaper-echo"), filepath.Join(dir, name)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -343,4 +344,51 @@ func waitExited(t *testing.T, p *loader.Plugin) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func TestPassDecisionsReportedEarly(t *testing.T) {
+	run := func(t *testing.T, mode string) (sdk.PassResult, error) {
+		t.Helper()
+		p, err := launch(t, loader.Spec{Kind: sdk.KindReaper, Name: "report"})
+		if err != nil {
+			t.Fatalf("launch: %v", err)
+		}
+		configure(t, p, mode)
+		return p.Reaper().Reap(context.Background(), sdk.Pass{Now: time.Now(), Term: 9}, &recordingBoard{}, scriptedExec{})
+	}
+	// want checks that the host got the decisions about t0000..t(n-1), in
+	// the order the plugin made them, with their evidence.
+	want := func(t *testing.T, res sdk.PassResult, n int) {
+		t.Helper()
+		if len(res.Decisions) != n {
+			t.Fatalf("%d decisions, want %d", len(res.Decisions), n)
+		}
+		for i, d := range res.Decisions {
+			if d.Attempt.TaskID != fmt.Sprintf("t%04d", i) || d.Evidence["n"] != strconv.Itoa(i) || d.Evidence["term"] != "9" {
+				t.Fatalf("decision %d is about %s with evidence %v", i, d.Attempt, d.Evidence)
+			}
+		}
+	}
+
+	t.Run("ReportedAndReturnedArriveInOrder", func(t *testing.T) {
+		res, err := run(t, "report")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want(t, res, 2500) // 150 reported, 2,350 returned (three messages)
+		if string(res.State) != "reported" {
+			t.Fatalf("state %q", res.State)
+		}
+	})
+
+	t.Run("FailedPassStillDeliversItsDecisions", func(t *testing.T) {
+		res, err := run(t, "report_fail")
+		if err == nil || !strings.Contains(err.Error(), "failed on purpose") {
+			t.Fatalf("err = %v, want the pass's error", err)
+		}
+		want(t, res, 155)
+		if res.State != nil {
+			t.Fatalf("a failed pass returned state %q", res.State)
+		}
+	})
 }

@@ -127,7 +127,12 @@ type Recorder struct {
 	reaper string
 	pass   sdk.Pass
 	ds     []sdk.Decision
+	sent   int // ds[:sent] were reported to the host (sdk.Report)
 }
+
+// reportAt is how many decisions wait before Flush reports them: a page's
+// worth and more, so a drain reports about once a page.
+const reportAt = 100
 
 // NewRecorder starts the decisions of a pass of the named reaper.
 func NewRecorder(reaper string, pass sdk.Pass) *Recorder {
@@ -148,8 +153,19 @@ func (r *Recorder) Add(label string, a sdk.Attempt, applied bool, detail string,
 	})
 }
 
-// Decisions returns the decisions recorded so far.
-func (r *Recorder) Decisions() []sdk.Decision { return r.ds }
+// Decisions returns the decisions recorded so far and not yet reported:
+// what the pass returns in its PassResult.
+func (r *Recorder) Decisions() []sdk.Decision { return r.ds[r.sent:] }
+
+// Flush hands the decisions waiting to the host while the pass goes on
+// (sdk.Report) once there are reportAt of them; over the plugin protocol
+// the host then decodes them while the pass works, and keeps them should
+// the pass fail. In process it does nothing.
+func (r *Recorder) Flush(ctx context.Context) {
+	if len(r.ds)-r.sent >= reportAt && sdk.Report(ctx, r.ds[r.sent:len(r.ds):len(r.ds)]) {
+		r.sent = len(r.ds)
+	}
+}
 
 // Count counts the recorded decisions with the label.
 func (r *Recorder) Count(label string) int {

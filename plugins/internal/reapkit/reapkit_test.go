@@ -235,3 +235,14 @@ func TestTeardownTrouble(t *testing.T) {
 		t.Fatal("a call error is a failure")
 	}
 }
+
+func TestRecorderFlushInProcessKeepsEveryDecision(t *testing.T) {
+	rec := NewRecorder("test", sdk.Pass{})
+	for i := range 2 * reportAt {
+		rec.Add(sdk.LabelAgentLost, sdk.Attempt{RunID: "r", TaskID: fmt.Sprint(i), Try: 1}, true, "", Evidence{})
+	}
+	rec.Flush(context.Background()) // no host to report to: nothing leaves
+	if got := len(rec.Decisions()); got != 2*reportAt {
+		t.Fatalf("%d decisions left to return, want %d", got, 2*reportAt)
+	}
+}

@@ -40,6 +40,7 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 		for _, p := range planned {
 			rec.Add(p.Label, p.Mark.Attempt, false, p.Detail+" (dry run: not marked)", p.Evidence)
 		}
+		rec.Flush(ctx)
 		return nil
 	}
 	marks := make([]sdk.Mark, len(planned))
@@ -64,6 +65,7 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 			rec.Add(f.Label, p.Mark.Attempt, f.Applied, f.Detail, f.Evidence)
 		}
 	}
+	rec.Flush(ctx)
 	return err
 }
 

@@ -805,6 +805,10 @@ func (x *PassRequest) GetBrokerId() uint32 {
 	return 0
 }
 
+// A pass answers with a stream: decisions as the plugin hands them over
+// while the pass goes on, then the rest of them and, in the last message,
+// the state. A pass that fails ends the stream with the error after
+// sending the decisions made before it, so the host records them.
 type PassResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Decisions     *DecisionSet           `protobuf:"bytes,1,opt,name=decisions,proto3" json:"decisions,omitempty"`
@@ -2910,9 +2914,9 @@ const file_reaper_proto_rawDesc = "" +
 	"\x04Base\x121\n" +
 	"\x04Info\x12\x10.reaper.v1.Empty\x1a\x17.reaper.v1.InfoResponse\x12;\n" +
 	"\fConfigSchema\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SchemaResponse\x12:\n" +
-	"\tConfigure\x12\x1b.reaper.v1.ConfigureRequest\x1a\x10.reaper.v1.Empty2A\n" +
-	"\x06Reaper\x127\n" +
-	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse2\xb7\x02\n" +
+	"\tConfigure\x12\x1b.reaper.v1.ConfigureRequest\x1a\x10.reaper.v1.Empty2C\n" +
+	"\x06Reaper\x129\n" +
+	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse0\x012\xb7\x02\n" +
 	"\x05Board\x12E\n" +
 	"\x0eListCandidates\x12\x19.reaper.v1.CandidateQuery\x1a\x18.reaper.v1.CandidatePage\x127\n" +
 	"\x04Mark\x12\x16.reaper.v1.MarkRequest\x1a\x17.reaper.v1.MarkResponse\x129\n" +

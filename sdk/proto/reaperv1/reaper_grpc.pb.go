@@ -219,7 +219,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type ReaperClient interface {
-	Reap(ctx context.Context, in *PassRequest, opts ...grpc.CallOption) (*PassResponse, error)
+	Reap(ctx context.Context, in *PassRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PassResponse], error)
 }
 
 type reaperClient struct {
@@ -230,21 +230,30 @@ func NewReaperClient(cc grpc.ClientConnInterface) ReaperClient {
 	return &reaperClient{cc}
 }
 
-func (c *reaperClient) Reap(ctx context.Context, in *PassRequest, opts ...grpc.CallOption) (*PassResponse, error) {
+func (c *reaperClient) Reap(ctx context.Context, in *PassRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PassResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(PassResponse)
-	err := c.cc.Invoke(ctx, Reaper_Reap_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Reaper_ServiceDesc.Streams[0], Reaper_Reap_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[PassRequest, PassResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Reaper_ReapClient = grpc.ServerStreamingClient[PassResponse]
 
 // ReaperServer is the server API for Reaper service.
 // All implementations must embed UnimplementedReaperServer
 // for forward compatibility.
 type ReaperServer interface {
-	Reap(context.Context, *PassRequest) (*PassResponse, error)
+	Reap(*PassRequest, grpc.ServerStreamingServer[PassResponse]) error
 	mustEmbedUnimplementedReaperServer()
 }
 
@@ -255,8 +264,8 @@ type ReaperServer interface {
 // pointer dereference when methods are called.
 type UnimplementedReaperServer struct{}
 
-func (UnimplementedReaperServer) Reap(context.Context, *PassRequest) (*PassResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Reap not implemented")
+func (UnimplementedReaperServer) Reap(*PassRequest, grpc.ServerStreamingServer[PassResponse]) error {
+	return status.Error(codes.Unimplemented, "method Reap not implemented")
 }
 func (UnimplementedReaperServer) mustEmbedUnimplementedReaperServer() {}
 func (UnimplementedReaperServer) testEmbeddedByValue()                {}
@@ -279,23 +288,16 @@ func RegisterReaperServer(s grpc.ServiceRegistrar, srv ReaperServer) {
 	s.RegisterService(&Reaper_ServiceDesc, srv)
 }
 
-func _Reaper_Reap_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(PassRequest)
-	if err := dec(in); err != nil {
-		return nil, err
+func _Reaper_Reap_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PassRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
 	}
-	if interceptor == nil {
-		return srv.(ReaperServer).Reap(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Reaper_Reap_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(ReaperServer).Reap(ctx, req.(*PassRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+	return srv.(ReaperServer).Reap(m, &grpc.GenericServerStream[PassRequest, PassResponse]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Reaper_ReapServer = grpc.ServerStreamingServer[PassResponse]
 
 // Reaper_ServiceDesc is the grpc.ServiceDesc for Reaper service.
 // It's only intended for direct use with grpc.RegisterService,
@@ -303,13 +305,14 @@ func _Reaper_Reap_Handler(srv interface{}, ctx context.Context, dec func(interfa
 var Reaper_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "reaper.v1.Reaper",
 	HandlerType: (*ReaperServer)(nil),
-	Methods: []grpc.MethodDesc{
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
 		{
-			MethodName: "Reap",
-			Handler:    _Reaper_Reap_Handler,
+			StreamName:    "Reap",
+			Handler:       _Reaper_Reap_Handler,
+			ServerStreams: true,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
 	Metadata: "reaper.proto",
 }
 

@@ -5,12 +5,15 @@
 // decision for each. Configured with mode = "crash" it exits in the middle
 // of a pass; with mode = "hang" it blocks until the pass is cancelled. The
 // environment variable TESTREAPER_PROTOCOLS (comma-separated) overrides the
-// protocol versions it serves.
+// protocol versions it serves. With mode = "report" its pass hands 150
+// decisions to the host early (sdk.Report) and returns 2,350 more; with
+// "report_fail" it reports 150 and returns 5 with an error.
 package main
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,10 +51,10 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.mode = req.Values.String("mode")
 	r.marker = req.Values.String("crash_marker")
 	switch r.mode {
-	case "normal", "crash", "hang", "crash_once":
+	case "normal", "crash", "hang", "crash_once", "report", "report_fail":
 		return nil
 	}
-	return errors.New(`mode must be "normal", "crash", "crash_once" or "hang"`)
+	return errors.New(`mode must be "normal", "crash", "crash_once", "hang", "report" or "report_fail"`)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
@@ -67,6 +70,10 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	case "hang":
 		<-ctx.Done()
 		return sdk.PassResult{}, ctx.Err()
+	case "report":
+		return reportPass(ctx, pass, 150, 2350, nil)
+	case "report_fail":
+		return reportPass(ctx, pass, 150, 5, errors.New("failed on purpose"))
 	}
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
@@ -103,6 +110,20 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 			Evidence: map[string]string{"term": strconv.FormatInt(pass.Term, 10)}})
 	}
 	return sdk.PassResult{Decisions: decisions, State: append(pass.State, 'x')}, nil
+}
+
+// reportPass reports early decisions about tasks t0000, t0001, ... and
+// returns the next ones, numbered on, with err.
+func reportPass(ctx context.Context, pass sdk.Pass, early, late int, err error) (sdk.PassResult, error) {
+	ds := make([]sdk.Decision, early+late)
+	for i := range ds {
+		ds[i] = sdk.Decision{Label: sdk.LabelAgentLost, Attempt: sdk.Attempt{RunID: "r", TaskID: fmt.Sprintf("t%04d", i), Try: 1},
+			Applied: true, Evidence: map[string]string{"term": strconv.FormatInt(pass.Term, 10), "n": strconv.Itoa(i)}}
+	}
+	if !sdk.Report(ctx, ds[:early]) {
+		return sdk.PassResult{}, errors.New("sdk.Report refused a pass served over the plugin protocol")
+	}
+	return sdk.PassResult{Decisions: ds[early:], State: []byte("reported")}, err
 }
 
 func main() {
