@@ -3,24 +3,59 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
 
 // boardClient is a plugin's Board for one pass or sweep: every call goes
 // back to the host. The next page of a full page of a listing is read
-// ahead (see readAhead); close ends what is still in flight.
+// ahead (see readAhead), sent with the pass's next write; close ends what
+// is still in flight.
 type boardClient struct {
 	client     pb.BoardClient
 	candidates *readAhead[CandidatePage]
 	runs       *readAhead[RunPage]
+
+	mu    sync.Mutex
+	armed map[string]func() // read aheads waiting for the next write, by listing
 }
 
 var _ Board = (*boardClient)(nil)
 
 func newBoardClient(ctx context.Context, client pb.BoardClient) *boardClient {
-	return &boardClient{client: client,
+	return &boardClient{client: client, armed: map[string]func(){},
 		candidates: newReadAhead[CandidatePage](ctx), runs: newReadAhead[RunPage](ctx)}
+}
+
+// arm keeps the read ahead of a listing's next page until the pass's next
+// write. Between a listing and its marks a reaper mostly asks the
+// substrate about the page, work that keeps the host busy; a write keeps
+// the host waiting on the database, and the read ahead then costs the pass
+// nothing. A reaper that writes nothing reads each page when it asks.
+func (c *boardClient) arm(listing string, start func()) {
+	c.mu.Lock()
+	c.armed[listing] = start
+	c.mu.Unlock()
+}
+
+// disarm drops the read ahead waiting for a listing: the listing is asked
+// for now.
+func (c *boardClient) disarm(listing string) {
+	c.mu.Lock()
+	delete(c.armed, listing)
+	c.mu.Unlock()
+}
+
+// fire sends the read aheads waiting for a write.
+func (c *boardClient) fire() {
+	c.mu.Lock()
+	armed := c.armed
+	c.armed = map[string]func(){}
+	c.mu.Unlock()
+	for _, start := range armed {
+		start()
+	}
 }
 
 func (c *boardClient) close() {
@@ -30,6 +65,7 @@ func (c *boardClient) close() {
 
 func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
 	listing := listingKey(q)
+	c.disarm("candidates " + listing)
 	page, ok, err := c.candidates.take(ctx, listing, cursorKey(q.After))
 	if err != nil {
 		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
@@ -42,8 +78,10 @@ func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (Can
 	if page.Next != nil && len(page.Candidates) > 0 {
 		next := q
 		next.After = page.Next
-		c.candidates.start(listing, cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) {
-			return c.listCandidates(ctx, next)
+		c.arm("candidates "+listing, func() {
+			c.candidates.start(listing, cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) {
+				return c.listCandidates(ctx, next)
+			})
 		})
 	}
 	return page, nil
@@ -58,6 +96,7 @@ func (c *boardClient) listCandidates(ctx context.Context, q CandidateQuery) (Can
 }
 
 func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, error) {
+	c.fire()
 	resp, err := c.client.Mark(ctx, &pb.MarkRequest{Marks: marksToPB(marks)})
 	if err != nil {
 		return nil, fmt.Errorf("board mark: %w", err)
@@ -67,6 +106,7 @@ func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, err
 
 func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
 	listing := runListingKey(q)
+	c.disarm("runs " + listing)
 	page, ok, err := c.runs.take(ctx, listing, runCursorKey(q.After))
 	if err != nil {
 		return RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
@@ -79,8 +119,10 @@ func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, 
 	if page.Next != nil && len(page.Runs) > 0 {
 		next := q
 		next.After = page.Next
-		c.runs.start(listing, runCursorKey(next.After), func(ctx context.Context) (RunPage, error) {
-			return c.listOrphanRuns(ctx, next)
+		c.arm("runs "+listing, func() {
+			c.runs.start(listing, runCursorKey(next.After), func(ctx context.Context) (RunPage, error) {
+				return c.listOrphanRuns(ctx, next)
+			})
 		})
 	}
 	return page, nil
@@ -97,6 +139,7 @@ func (c *boardClient) listOrphanRuns(ctx context.Context, q RunQuery) (RunPage, 
 }
 
 func (c *boardClient) ReapRun(ctx context.Context, r RunReap) (RunReapResult, error) {
+	c.fire()
 	resp, err := c.client.ReapRun(ctx, &pb.RunReap{
 		RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At), Message: r.Message,
 	})
@@ -107,6 +150,7 @@ func (c *boardClient) ReapRun(ctx context.Context, r RunReap) (RunReapResult, er
 }
 
 func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []LogLine) error {
+	c.fire()
 	if _, err := c.client.AppendLog(ctx, &pb.AppendLogRequest{Lines: logLinesToPB(lines), Term: term}); err != nil {
 		return fmt.Errorf("board append log: %w", err)
 	}

@@ -10,11 +10,13 @@ import (
 )
 
 // readAhead lets a plugin's board read the next page of a listing while
-// the plugin judges the page it was just given. Across the process
+// the plugin works on the page it was just given. Across the process
 // boundary a page costs a round trip to the host and one to the database;
 // a reaper that drains a backlog asks for page after page, so the round
-// trip for the next page can run while the current page's liveness reads
-// and marks go out, instead of after them.
+// trip for the next page can run while the current page's marks go out,
+// instead of after them. (boardClient sends it with the pass's next write:
+// sent at once, it competed with the page's liveness read for the host and
+// slowed that read by more than it saved.)
 //
 // A page read ahead is no staler than the same page read by a slower pass:
 // every mark is guarded on the board, and liveness is read after the

@@ -79,13 +79,19 @@ func (b *pagedBoard) ListCandidates(ctx context.Context, q *pb.CandidateQuery, _
 	return candidatePageToPB(page), nil
 }
 
+// Mark answers nothing: the tests write only to send the read aheads.
+func (b *pagedBoard) Mark(context.Context, *pb.MarkRequest, ...grpc.CallOption) (*pb.MarkResponse, error) {
+	return &pb.MarkResponse{}, nil
+}
+
 func (b *pagedBoard) cursorsAsked() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]string(nil), b.asked...)
 }
 
-// drain lists every page of q through c and returns the task ids listed.
+// drain lists every page of q through c, writing after each page as a
+// reaper marks, and returns the task ids listed.
 func drain(t *testing.T, c *boardClient, q CandidateQuery) []string {
 	t.Helper()
 	var ids []string
@@ -94,6 +100,7 @@ func drain(t *testing.T, c *boardClient, q CandidateQuery) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
+		mark(t, c)
 		for _, cand := range page.Candidates {
 			ids = append(ids, cand.TaskID)
 		}
@@ -101,6 +108,13 @@ func drain(t *testing.T, c *boardClient, q CandidateQuery) []string {
 			return ids
 		}
 		q.After = page.Next
+	}
+}
+
+func mark(t *testing.T, c *boardClient) {
+	t.Helper()
+	if _, err := c.Mark(context.Background(), nil); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -119,6 +133,26 @@ func TestReadAheadListsEveryPageOnce(t *testing.T) {
 	}
 }
 
+func TestReadAheadWaitsForAWrite(t *testing.T) {
+	b := newPagedBoard(250)
+	c := newBoardClient(context.Background(), b)
+	defer c.close()
+	q := CandidateQuery{Limit: 100}
+	page, err := c.ListCandidates(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No write yet: the second page is read when asked, not before.
+	q.After = page.Next
+	if _, err := c.ListCandidates(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if got, want := b.cursorsAsked(), []string{"", "t0099"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("cursors asked %v, want %v", got, want)
+	}
+}
+
 func TestReadAheadKeepsListingsApart(t *testing.T) {
 	b := newPagedBoard(300)
 	c := newBoardClient(context.Background(), b)
@@ -133,6 +167,7 @@ func TestReadAheadKeepsListingsApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mark(t, c) // sends both listings' read aheads
 	q1.After, q2.After = p1.Next, p2.Next
 	for _, q := range []CandidateQuery{q1, q2} {
 		page, err := c.ListCandidates(context.Background(), q)
@@ -140,6 +175,7 @@ func TestReadAheadKeepsListingsApart(t *testing.T) {
 			t.Fatalf("second page: %v %v", page.Candidates[:1], err)
 		}
 	}
+	mark(t, c)
 	// Each listing's second page was read once, ahead; each listing now
 	// has its third page in flight.
 	c.close()
@@ -157,6 +193,7 @@ func TestReadAheadDroppedWhenAnotherPageIsAsked(t *testing.T) {
 	if _, err := c.ListCandidates(context.Background(), q); err != nil {
 		t.Fatal(err)
 	}
+	mark(t, c)
 	<-b.held // page two is being read ahead
 	// The plugin starts the listing over instead: the read ahead is
 	// cancelled and the first page read again.
@@ -176,6 +213,7 @@ func TestReadAheadEndsWithThePass(t *testing.T) {
 	if _, err := c.ListCandidates(context.Background(), CandidateQuery{Limit: 100}); err != nil {
 		t.Fatal(err)
 	}
+	mark(t, c)
 	<-b.held
 	c.close() // returns only once the read ahead has stopped
 	select {
@@ -207,6 +245,7 @@ func TestReadAheadFailureIsReadAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mark(t, c)
 	q.After = page.Next
 	if _, err := c.ListCandidates(context.Background(), q); err == nil {
 		t.Fatal("a failing listing reported no error")
