@@ -3,7 +3,6 @@ package sdk
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
 )
@@ -16,46 +15,23 @@ type boardClient struct {
 	client     pb.BoardClient
 	candidates *readAhead[CandidatePage]
 	runs       *readAhead[RunPage]
-
-	mu    sync.Mutex
-	armed map[string]func() // read aheads waiting for the next write, by listing
 }
 
 var _ Board = (*boardClient)(nil)
 
 func newBoardClient(ctx context.Context, client pb.BoardClient) *boardClient {
-	return &boardClient{client: client, armed: map[string]func(){},
+	return &boardClient{client: client,
 		candidates: newReadAhead[CandidatePage](ctx), runs: newReadAhead[RunPage](ctx)}
 }
 
-// arm keeps the read ahead of a listing's next page until the pass's next
-// write. Between a listing and its marks a reaper mostly asks the
-// substrate about the page, work that keeps the host busy; a write keeps
-// the host waiting on the database, and the read ahead then costs the pass
-// nothing. A reaper that writes nothing reads each page when it asks.
-func (c *boardClient) arm(listing string, start func()) {
-	c.mu.Lock()
-	c.armed[listing] = start
-	c.mu.Unlock()
-}
-
-// disarm drops the read ahead waiting for a listing: the listing is asked
-// for now.
-func (c *boardClient) disarm(listing string) {
-	c.mu.Lock()
-	delete(c.armed, listing)
-	c.mu.Unlock()
-}
-
-// fire sends the read aheads waiting for a write.
+// fire sends the read aheads armed since the last write. Between a
+// listing and its marks a reaper mostly asks the substrate about the page,
+// work that keeps the host busy; a write keeps the host waiting on the
+// database, and a read ahead sent with it costs the pass nothing. A
+// reaper that writes nothing reads each page when it asks.
 func (c *boardClient) fire() {
-	c.mu.Lock()
-	armed := c.armed
-	c.armed = map[string]func(){}
-	c.mu.Unlock()
-	for _, start := range armed {
-		start()
-	}
+	c.candidates.fire()
+	c.runs.fire()
 }
 
 func (c *boardClient) close() {
@@ -64,27 +40,16 @@ func (c *boardClient) close() {
 }
 
 func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
-	listing := listingKey(q)
-	c.disarm("candidates " + listing)
-	page, ok, err := c.candidates.take(ctx, listing, cursorKey(q.After))
-	if err != nil {
-		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
-	}
-	if !ok {
-		if page, err = c.listCandidates(ctx, q); err != nil {
-			return CandidatePage{}, err
-		}
-	}
-	if page.Next != nil && len(page.Candidates) > 0 {
-		next := q
-		next.After = page.Next
-		c.arm("candidates "+listing, func() {
-			c.candidates.start(listing, cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) {
-				return c.listCandidates(ctx, next)
-			})
+	return c.candidates.serve(ctx, listingKey(q), cursorKey(q.After),
+		func(ctx context.Context) (CandidatePage, error) { return c.listCandidates(ctx, q) },
+		func(page CandidatePage) (string, func(context.Context) (CandidatePage, error), bool) {
+			if page.Next == nil || len(page.Candidates) == 0 {
+				return "", nil, false
+			}
+			next := q
+			next.After = page.Next
+			return cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) { return c.listCandidates(ctx, next) }, true
 		})
-	}
-	return page, nil
 }
 
 func (c *boardClient) listCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
@@ -105,27 +70,16 @@ func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, err
 }
 
 func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
-	listing := runListingKey(q)
-	c.disarm("runs " + listing)
-	page, ok, err := c.runs.take(ctx, listing, runCursorKey(q.After))
-	if err != nil {
-		return RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
-	}
-	if !ok {
-		if page, err = c.listOrphanRuns(ctx, q); err != nil {
-			return RunPage{}, err
-		}
-	}
-	if page.Next != nil && len(page.Runs) > 0 {
-		next := q
-		next.After = page.Next
-		c.arm("runs "+listing, func() {
-			c.runs.start(listing, runCursorKey(next.After), func(ctx context.Context) (RunPage, error) {
-				return c.listOrphanRuns(ctx, next)
-			})
+	return c.runs.serve(ctx, runListingKey(q), runCursorKey(q.After),
+		func(ctx context.Context) (RunPage, error) { return c.listOrphanRuns(ctx, q) },
+		func(page RunPage) (string, func(context.Context) (RunPage, error), bool) {
+			if page.Next == nil || len(page.Runs) == 0 {
+				return "", nil, false
+			}
+			next := q
+			next.After = page.Next
+			return runCursorKey(next.After), func(ctx context.Context) (RunPage, error) { return c.listOrphanRuns(ctx, next) }, true
 		})
-	}
-	return page, nil
 }
 
 func (c *boardClient) listOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {

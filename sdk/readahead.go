@@ -24,7 +24,9 @@ import (
 // (its budget ran out) is cancelled when the pass ends, unread.
 //
 // Each listing (a query without its cursor) has at most one page in
-// flight; a request for any other position of that listing drops it.
+// flight; a request for any other position of that listing drops it. The
+// read of the next page is armed when a page is served and sent by fire,
+// which the board calls on the pass's next write.
 type readAhead[P any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -32,6 +34,7 @@ type readAhead[P any] struct {
 
 	mu      sync.Mutex
 	pending map[string]*aheadPage[P]
+	armed   map[string]func() // reads waiting for fire, by listing
 }
 
 // maxListingsAhead bounds the listings read ahead at once; a pass drains a
@@ -48,7 +51,44 @@ type aheadPage[P any] struct {
 
 func newReadAhead[P any](ctx context.Context) *readAhead[P] {
 	ctx, cancel := context.WithCancel(ctx)
-	return &readAhead[P]{ctx: ctx, cancel: cancel, pending: map[string]*aheadPage[P]{}}
+	return &readAhead[P]{ctx: ctx, cancel: cancel, pending: map[string]*aheadPage[P]{}, armed: map[string]func(){}}
+}
+
+// serve answers a request for the page of listing after cursor at: with
+// the page read ahead for that position if there is one, else by read.
+// When next says where the page after it starts, that page's read is
+// armed.
+func (r *readAhead[P]) serve(ctx context.Context, listing, at string, read func(context.Context) (P, error),
+	next func(P) (at string, read func(context.Context) (P, error), ok bool)) (P, error) {
+	r.mu.Lock()
+	delete(r.armed, listing)
+	r.mu.Unlock()
+	page, ok, err := r.take(ctx, listing, at)
+	if err != nil {
+		return page, fmt.Errorf("wait for the page read ahead: %w", err)
+	}
+	if !ok {
+		if page, err = read(ctx); err != nil {
+			return page, err
+		}
+	}
+	if nextAt, nextRead, more := next(page); more {
+		r.mu.Lock()
+		r.armed[listing] = func() { r.start(listing, nextAt, nextRead) }
+		r.mu.Unlock()
+	}
+	return page, nil
+}
+
+// fire sends the armed reads.
+func (r *readAhead[P]) fire() {
+	r.mu.Lock()
+	armed := r.armed
+	r.armed = map[string]func(){}
+	r.mu.Unlock()
+	for _, start := range armed {
+		start()
+	}
 }
 
 // take returns the page of listing read ahead after cursor at, waiting for
