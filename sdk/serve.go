@@ -27,14 +27,16 @@ func WithProtocolVersions(versions ...int) ServeOption {
 	return func(o *serveOptions) { o.versions = versions }
 }
 
-// pluginGCPercent is the garbage collector's target in a plugin process
-// unless GOGC says otherwise. A plugin's live heap is a few megabytes while
-// a large pass turns over hundreds (pages, liveness answers, marks and
-// their decisions, encoded and decoded): at the runtime's default of 100
-// the collector runs many times a pass and takes a seventh of the plugin's
-// CPU. At 400 the heap may grow to five times the live set before a cycle,
-// still a few tens of megabytes.
-const pluginGCPercent = 400
+// reaperGCPercent is the garbage collector's target in a reaper plugin
+// process unless GOGC says otherwise. A reaper's live heap is a few
+// megabytes while a large pass turns over hundreds (pages, liveness
+// answers, marks and their decisions, encoded and decoded): at the
+// runtime's default of 100 the collector runs many times a pass and takes a
+// seventh of the plugin's CPU. At 400 the heap may grow to five times the
+// live set before a cycle, still a few tens of megabytes. Substrates keep
+// the default: one may hold a large cache of the fleet (a Kubernetes
+// informer), whose fivefold would be real memory.
+const reaperGCPercent = 400
 
 // Serve runs a plugin binary: it builds the plugin from factory with a JSON
 // logger on stderr (which the host re-emits under the plugin's name) and
@@ -43,9 +45,6 @@ const pluginGCPercent = 400
 //	func main() { sdk.Serve(agentlost.New) }
 func Serve[P Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 	o := serveOptions{versions: []int{ProtocolVersion}}
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(pluginGCPercent)
-	}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -60,6 +59,9 @@ func Serve[P Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 	switch p := any(impl).(type) {
 	case Reaper:
 		set = plugin.PluginSet{PluginReaper: &ReaperPlugin{Impl: p}}
+		if os.Getenv("GOGC") == "" {
+			debug.SetGCPercent(reaperGCPercent)
+		}
 	case Substrate:
 		set = plugin.PluginSet{PluginSubstrate: &SubstratePlugin{Impl: p}}
 	default:
