@@ -20,7 +20,7 @@ package agentlost
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -48,8 +48,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock // measures a pass's elapsed time against its budget
 
-	mu  sync.Mutex
-	cfg settings
+	cfg atomic.Pointer[settings] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -60,11 +59,9 @@ func New(logger hclog.Logger) *Reaper {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Reaper{
-		logger:    logger,
-		stopwatch: clock.Real{},
-		cfg:       settings{policy: reapkit.PolicyReplace, brake: reapkit.DefaultBrake()},
-	}
+	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
+	r.cfg.Store(&settings{policy: reapkit.PolicyReplace, brake: reapkit.DefaultBrake()})
+	return r
 }
 
 // Info describes the plugin.
@@ -101,17 +98,11 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	if cfg.maxPages, err = reapkit.ParseDrainMaxPages(req.Values); err != nil {
 		return fmt.Errorf("configure %s: %w", Name, err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cfg = cfg
+	r.cfg.Store(&cfg)
 	return nil
 }
 
-func (r *Reaper) settings() settings {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg
-}
+func (r *Reaper) settings() settings { return *r.cfg.Load() }
 
 // Reap runs one pass. It returns one decision per attempt judged, plus one
 // per teardown that failed or fell back. On an error of the board the

@@ -15,7 +15,7 @@ package dispatchlost
 import (
 	"context"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -50,8 +50,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock
 
-	mu  sync.Mutex
-	cfg settings
+	cfg atomic.Pointer[settings] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -62,8 +61,9 @@ func New(logger hclog.Logger) *Reaper {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Reaper{logger: logger, stopwatch: clock.Real{},
-		cfg: settings{policy: reapkit.PolicyReplace, startExpiry: true}}
+	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
+	r.cfg.Store(&settings{policy: reapkit.PolicyReplace, startExpiry: true})
+	return r
 }
 
 // Info describes the plugin.
@@ -106,17 +106,11 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 		}
 		cfg.startExpiry = b
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cfg = cfg
+	r.cfg.Store(&cfg)
 	return nil
 }
 
-func (r *Reaper) settings() settings {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg
-}
+func (r *Reaper) settings() settings { return *r.cfg.Load() }
 
 // Reap runs one pass: one decision per attempt judged, plus one per
 // teardown that failed or fell back. On an error of the board the decisions

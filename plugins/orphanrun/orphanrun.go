@@ -16,7 +16,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -44,8 +44,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock
 
-	mu  sync.Mutex
-	cfg settings
+	cfg atomic.Pointer[settings] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -56,7 +55,9 @@ func New(logger hclog.Logger) *Reaper {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Reaper{logger: logger, stopwatch: clock.Real{}}
+	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
+	r.cfg.Store(&settings{})
+	return r
 }
 
 // Info describes the plugin.
@@ -83,17 +84,11 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	if err != nil {
 		return fmt.Errorf("configure %s: %w", Name, err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cfg = settings{maxPages: maxPages}
+	r.cfg.Store(&settings{maxPages: maxPages})
 	return nil
 }
 
-func (r *Reaper) settings() settings {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg
-}
+func (r *Reaper) settings() settings { return *r.cfg.Load() }
 
 // Reap runs one pass: one decision per run judged (its Attempt carries only
 // the RunID), plus one per teardown that fell back to a delete. On an error
