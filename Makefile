@@ -4,7 +4,7 @@ BIN       := bin
 PKG       := github.com/dexaflow/reaper
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X $(PKG)/sdk.BuildVersion=$(VERSION)
-PROTO_DIR := sdk/proto/reaperv1
+PROTO_DIR := sdk/plugin/proto/reaperv1
 
 BINARIES := \
 	reaperd=./host/cmd/reaperd \

@@ -83,12 +83,22 @@ type Substrate interface {
 	Synced(ctx context.Context) (bool, error)
 }
 
+// Sink receives the decisions of a pass as the reaper makes them. The host
+// meters, logs and audits each one. Record may keep ds: neither the
+// decisions nor their evidence maps may change once recorded. An error
+// means the decisions could not be delivered (the host went away); the
+// pass should end with it.
+type Sink interface {
+	Record(ctx context.Context, ds []Decision) error
+}
+
 // Reaper is a reaper plugin: policy over the board and the substrate.
 type Reaper interface {
 	Plugin
 	// Reap runs one pass. It must return before pass.Deadline (the context
-	// carries it too) and returns one decision per attempt it judged. A
-	// pass that drains a backlog may hand decisions over as it goes with
-	// Report; decisions returned with an error are recorded too.
-	Reap(ctx context.Context, pass Pass, board Board, exec Executions) (PassResult, error)
+	// carries it too). Every judgment it makes, one per attempt or run it
+	// judged, goes to sink, as it goes or at the end; decisions recorded
+	// before an error are kept. It returns the state to hand to its next
+	// pass.
+	Reap(ctx context.Context, pass Pass, board Board, exec Executions, sink Sink) (PassResult, error)
 }

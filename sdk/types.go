@@ -82,10 +82,10 @@ type Pass struct {
 	Edition  string        // "lite" or "kube"
 }
 
-// PassResult is what a pass returns: its decisions and its next state.
+// PassResult is what a pass returns besides its decisions (which go to
+// the pass's Sink): the state its next pass receives.
 type PassResult struct {
-	Decisions []Decision
-	State     []byte
+	State []byte
 }
 
 // TimeField is a timestamp column candidates are filtered and ordered by.
@@ -141,6 +141,7 @@ type Candidate struct {
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
 	LastFailureKind  string
+	FailureReason    string // the label of the last failure (agent_lost, ...); "" when none
 	WarmWorker       string
 	ExecutionTimeout time.Duration // 0: none declared
 }
@@ -250,6 +251,75 @@ type RunReapResult struct {
 	Applied    bool
 	NoopReason string
 	Attached   []Attempt
+}
+
+// ProvisionalQuery lists provisional infra marks: attempts failed on the
+// infra rail whose mark the reconciler has not confirmed yet (kube), of the
+// given executors (all when empty), oldest mark first, after the cursor
+// (keyset over infra_marked_at, run, task).
+type ProvisionalQuery struct {
+	Executors []string
+	After     *Cursor
+	Limit     int // at most ladder.PageSize; 0 means PageSize
+}
+
+// Confirm confirms one provisional infra mark once the reconciler has seen
+// that nothing of the attempt runs on: the planner may then act on it. It
+// applies only while the row holds exactly this attempt with its mark
+// still provisional, and while Term is current.
+type Confirm struct {
+	Attempt
+	Term int64
+	At   time.Time
+}
+
+// Override settles an attempt as a success over its provisional infra mark,
+// because the attempt left a durable SUCCESS record. It applies only while
+// the row holds exactly this attempt, its mark is still provisional and was
+// made after MarkedAfter (the infra confirmation valve has not opened), the
+// run is still running, and Term is current. In the same write it clears
+// the infra kind and appends "outcome recovered from the durable record over
+// <mark>" to the attempt's log.
+type Override struct {
+	Attempt
+	MarkedAfter time.Time
+	Term        int64
+	At          time.Time
+}
+
+// Outcome is how a finished execution ended, as its durable outcome record
+// (or the cluster, for a disrupted pod) says.
+type Outcome string
+
+// Outcomes.
+const (
+	OutcomeSuccess    Outcome = "success"    // settled success
+	OutcomeFailed     Outcome = "failed"     // a task failure: its retry policy applies
+	OutcomeReschedule Outcome = "reschedule" // parked up_for_reschedule
+	OutcomeInfra      Outcome = "infra"      // an infra failure, confirmed as it is made
+)
+
+// Failure reasons the reconciler settles on the infra rail; each is also
+// the start of the error_message.
+const (
+	ReasonPodDisrupted            = "pod_disrupted"
+	ReasonControlPlaneUnavailable = "control_plane_unavailable"
+)
+
+// Settlement settles a finished attempt from its outcome. It applies only
+// while the row holds exactly this attempt in one of FromStates, and while
+// Term is current; otherwise it is a no-op reported as such.
+type Settlement struct {
+	Attempt
+	Outcome    Outcome
+	FromStates []string
+	// Reason is the failure's label for OutcomeFailed and OutcomeInfra
+	// (pod_disrupted, control_plane_unavailable, ...); Message the
+	// error_message, starting with it.
+	Reason  string
+	Message string
+	Term    int64
+	At      time.Time
 }
 
 // LogLine is one line appended to an attempt's try log.

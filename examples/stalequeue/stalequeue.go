@@ -38,7 +38,7 @@ type Reaper struct {
 
 var _ sdk.Reaper = (*Reaper)(nil)
 
-// New returns the plugin; sdk.Serve calls it with a logger whose lines the
+// New returns the plugin; plugin.Serve calls it with a logger whose lines the
 // host re-emits under the plugin's name.
 func New(logger hclog.Logger) *Reaper { return &Reaper{logger: logger} }
 
@@ -74,7 +74,7 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 // board applies the threshold before the page limit, oldest first), asks the
 // substrate about them in one batch, and reports what it saw. It reads only
 // pass.Now, never the wall clock, so a test drives it with a fake clock.
-func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
+func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States:    []string{sdk.StateQueued},
 		OrderBy:   sdk.FieldQueuedAt,
@@ -94,9 +94,9 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	if err != nil {
 		return sdk.PassResult{}, fmt.Errorf("ask the substrate: %w", err)
 	}
-	out := sdk.PassResult{}
+	var out []sdk.Decision
 	for i, c := range page.Candidates {
-		out.Decisions = append(out.Decisions, sdk.Decision{
+		out = append(out, sdk.Decision{
 			Label:   Label,
 			Attempt: c.Attempt,
 			Detail:  "queued longer than the threshold",
@@ -107,5 +107,5 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 			},
 		})
 	}
-	return out, nil
+	return sdk.PassResult{}, sink.Record(ctx, out)
 }

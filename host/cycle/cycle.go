@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"strconv"
 	"sync"
 	"time"
@@ -295,16 +296,17 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
+	var sink sdk.Collector
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
-	}, l.boardFor(dry), exec)
+	}, l.boardFor(dry), exec, &sink)
 	elapsed := l.cfg.Clock.Now().Sub(now)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	if err != nil {
-		// A reaper may return what it decided before the error (over
-		// gRPC too: the decisions travel ahead of the error); keep it.
-		l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
+		// What the reaper decided before the error is kept (over gRPC
+		// too: the decisions travel ahead of the error).
+		l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
 		// Its share ran out (the phase's own deadline included), as
 		// opposed to the loop shutting down: the plugin may still be busy.
 		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || elapsed > share {
@@ -314,7 +316,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 			unavailable(fmt.Errorf("the pass outlived its share of the budget (%s): %w", share, err))
 			return
 		}
-		if r.Plugin.Down() || sdk.IsUnavailable(err) {
+		if r.Plugin.Down() || plugin.IsUnavailable(err) {
 			unavailable(err)
 			return
 		}
@@ -327,7 +329,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	l.states[r.Name] = pr.State
 	l.mu.Unlock()
-	l.record(ctx, term, now, fill(pr.Decisions, r.Name, dry), res)
+	l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
 }
 
 func (l *Loop) boardFor(dry bool) sdk.Board {

@@ -85,7 +85,7 @@ type reaper struct {
 	hang   chan struct{} // when set, a pass signals here and blocks until its ctx is done
 }
 
-func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
+func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	r.mu.Lock()
 	r.passes = append(r.passes, pass)
 	r.mu.Unlock()
@@ -105,10 +105,10 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	if _, err := exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a}); err != nil {
 		return sdk.PassResult{}, err
 	}
-	return sdk.PassResult{
-		Decisions: []sdk.Decision{{Label: sdk.LabelAgentLost, Attempt: a, Applied: res[0].Applied}},
-		State:     append(append([]byte{}, pass.State...), '.'),
-	}, nil
+	if err := sink.Record(ctx, []sdk.Decision{{Label: sdk.LabelAgentLost, Attempt: a, Applied: res[0].Applied}}); err != nil {
+		return sdk.PassResult{}, err
+	}
+	return sdk.PassResult{State: append(append([]byte{}, pass.State...), '.')}, nil
 }
 
 func (r *reaper) passCount() int {

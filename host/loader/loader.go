@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -18,7 +19,7 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-plugin"
+	goplugin "github.com/hashicorp/go-plugin"
 
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -52,7 +53,7 @@ type Plugin struct {
 	Spec   Spec
 	Path   string
 	Info   sdk.Info
-	client *plugin.Client
+	client *goplugin.Client
 	raw    any
 }
 
@@ -83,13 +84,13 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if err := checkExecutable(path); err != nil {
 		return nil, fail(err)
 	}
-	var secure *plugin.SecureConfig
+	var secure *goplugin.SecureConfig
 	if spec.SHA256 != "" {
 		sum, err := hex.DecodeString(spec.SHA256)
 		if err != nil {
 			return nil, fail(fmt.Errorf("bad sha256 %q: %w", spec.SHA256, err))
 		}
-		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+		secure = &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
 	}
 	logger := l.Logger
 	if logger == nil {
@@ -98,11 +99,11 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	cmd := exec.Command(path)
 	cmd.Env = append(os.Environ(), l.Env...)
 	dieWithHost(cmd)
-	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake(),
-		VersionedPlugins: sdk.PluginSets(),
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  plugin.Handshake(),
+		VersionedPlugins: plugin.PluginSets(),
 		Cmd:              cmd,
-		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		SecureConfig:     secure,
 		Logger:           logger.Named(spec.Name),
@@ -118,9 +119,9 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if err != nil {
 		return nil, fail(classify(err))
 	}
-	key := sdk.PluginReaper
+	key := plugin.PluginReaper
 	if spec.Kind == sdk.KindSubstrate {
-		key = sdk.PluginSubstrate
+		key = plugin.PluginSubstrate
 	}
 	raw, err := rpc.Dispense(key)
 	if err != nil {
@@ -165,7 +166,7 @@ func checkExecutable(path string) error {
 func classify(err error) error {
 	msg := err.Error()
 	switch {
-	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
+	case errors.Is(err, goplugin.ErrChecksumsDoNotMatch):
 		return fmt.Errorf("checksum mismatch: the binary does not match the configured sha256: %w", err)
 	case strings.Contains(msg, "Incompatible API version"), strings.Contains(msg, "incompatible API version"):
 		return fmt.Errorf("%w: %v", ErrNoCommonVersion, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,8 +160,8 @@ func TestLaunch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("launch: %v", err)
 		}
-		if got := p.ProtocolVersion(); got != sdk.ProtocolVersion {
-			t.Fatalf("negotiated version %d, want %d", got, sdk.ProtocolVersion)
+		if got := p.ProtocolVersion(); got != plugin.ProtocolVersion {
+			t.Fatalf("negotiated version %d, want %d", got, plugin.ProtocolVersion)
 		}
 		if p.Info.Name != "echo" || p.Info.Kind != sdk.KindReaper {
 			t.Fatalf("info = %+v", p.Info)
@@ -184,21 +185,22 @@ func TestLaunch(t *testing.T) {
 		exec := scriptedExec{answers: map[sdk.Attempt]sdk.Liveness{dead: sdk.Dead, alive: sdk.Alive}}
 
 		for pass := 1; pass <= 2; pass++ {
+			var sink sdk.Collector
 			res, err := p.Reaper().Reap(context.Background(), sdk.Pass{
 				Now: now, Ladder: ladder.Defaults(), Term: 7, State: []byte(strings.Repeat("x", pass-1)),
 				Deadline: now.Add(30 * time.Second), Edition: ladder.EditionLite,
-			}, board, exec)
+			}, board, exec, &sink)
 			if err != nil {
 				t.Fatalf("pass %d: %v", pass, err)
 			}
 			if string(res.State) != strings.Repeat("x", pass) {
 				t.Fatalf("pass %d: state %q did not round-trip", pass, res.State)
 			}
-			if len(res.Decisions) != 2 {
-				t.Fatalf("pass %d: decisions = %+v", pass, res.Decisions)
+			if len(sink.Decisions()) != 2 {
+				t.Fatalf("pass %d: decisions = %+v", pass, sink.Decisions())
 			}
 			var labels []string
-			for _, d := range res.Decisions {
+			for _, d := range sink.Decisions() {
 				labels = append(labels, d.Label+"@"+d.Attempt.TaskID)
 			}
 			if got := strings.Join(labels, ","); got != "agent_lost_process_alive@t2,agent_lost@t1" {
@@ -298,7 +300,7 @@ func TestPassFailures(t *testing.T) {
 		// return because the plugin died, not because the guard fired.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_, err = p.Reaper().Reap(ctx, sdk.Pass{Now: time.Now()}, &recordingBoard{}, scriptedExec{})
+		_, err = p.Reaper().Reap(ctx, sdk.Pass{Now: time.Now()}, &recordingBoard{}, scriptedExec{}, &sdk.Collector{})
 		if err == nil {
 			t.Fatal("reap on a crashed plugin succeeded")
 		}
@@ -316,7 +318,7 @@ func TestPassFailures(t *testing.T) {
 		configure(t, p, "hang")
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		_, err = p.Reaper().Reap(ctx, sdk.Pass{Now: time.Now()}, &recordingBoard{}, scriptedExec{})
+		_, err = p.Reaper().Reap(ctx, sdk.Pass{Now: time.Now()}, &recordingBoard{}, scriptedExec{}, &sdk.Collector{})
 		if err == nil || !strings.Contains(err.Error(), "DeadlineExceeded") {
 			t.Fatalf("err = %v, want a deadline error", err)
 		}
@@ -347,46 +349,48 @@ func waitExited(t *testing.T, p *loader.Plugin) {
 }
 
 func TestPassDecisionsReportedEarly(t *testing.T) {
-	run := func(t *testing.T, mode string) (sdk.PassResult, error) {
+	run := func(t *testing.T, mode string) (sdk.PassResult, []sdk.Decision, error) {
 		t.Helper()
 		p, err := launch(t, loader.Spec{Kind: sdk.KindReaper, Name: "report"})
 		if err != nil {
 			t.Fatalf("launch: %v", err)
 		}
 		configure(t, p, mode)
-		return p.Reaper().Reap(context.Background(), sdk.Pass{Now: time.Now(), Term: 9}, &recordingBoard{}, scriptedExec{})
+		var sink sdk.Collector
+		res, err := p.Reaper().Reap(context.Background(), sdk.Pass{Now: time.Now(), Term: 9}, &recordingBoard{}, scriptedExec{}, &sink)
+		return res, sink.Decisions(), err
 	}
 	// want checks that the host got the decisions about t0000..t(n-1), in
 	// the order the plugin made them, with their evidence.
-	want := func(t *testing.T, res sdk.PassResult, n int) {
+	want := func(t *testing.T, ds []sdk.Decision, n int) {
 		t.Helper()
-		if len(res.Decisions) != n {
-			t.Fatalf("%d decisions, want %d", len(res.Decisions), n)
+		if len(ds) != n {
+			t.Fatalf("%d decisions, want %d", len(ds), n)
 		}
-		for i, d := range res.Decisions {
+		for i, d := range ds {
 			if d.Attempt.TaskID != fmt.Sprintf("t%04d", i) || d.Evidence["n"] != strconv.Itoa(i) || d.Evidence["term"] != "9" {
 				t.Fatalf("decision %d is about %s with evidence %v", i, d.Attempt, d.Evidence)
 			}
 		}
 	}
 
-	t.Run("ReportedAndReturnedArriveInOrder", func(t *testing.T) {
-		res, err := run(t, "report")
+	t.Run("RecordedBatchesArriveInOrder", func(t *testing.T) {
+		res, ds, err := run(t, "report")
 		if err != nil {
 			t.Fatal(err)
 		}
-		want(t, res, 2500) // 150 reported, 2,350 returned (three messages)
+		want(t, ds, 2500) // 150, then 2,350 (three messages)
 		if string(res.State) != "reported" {
 			t.Fatalf("state %q", res.State)
 		}
 	})
 
 	t.Run("FailedPassStillDeliversItsDecisions", func(t *testing.T) {
-		res, err := run(t, "report_fail")
+		res, ds, err := run(t, "report_fail")
 		if err == nil || !strings.Contains(err.Error(), "failed on purpose") {
 			t.Fatalf("err = %v, want the pass's error", err)
 		}
-		want(t, res, 155)
+		want(t, ds, 155)
 		if res.State != nil {
 			t.Fatalf("a failed pass returned state %q", res.State)
 		}

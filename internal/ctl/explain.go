@@ -15,7 +15,7 @@ import (
 
 // evidenceOrder is the order evidence is told in: what was measured, what
 // the substrate said, what it was judged against; the rest follows by name.
-// The keys are the reapers' (plugins/internal/reapkit).
+// The keys are the reapers' (sdk/reap).
 var evidenceOrder = []string{
 	"state", "executor", "heartbeat_age", "running_age", "queued_age", "activity_age",
 	"liveness", "agent", "group", "orphan", "pending", "liveness_live", "liveness_detail",

@@ -19,15 +19,14 @@ package agentlost
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 // Name is the label the reaper is configured under.
@@ -37,10 +36,16 @@ const Name = "agentlost"
 // credential ceiling has exited: the last line of its log.
 const KilledLine = "killed: credential_ceiling"
 
-type settings struct {
-	policy   string
-	brake    reapkit.Brake
-	maxPages int
+// Config is the reaper's configuration block.
+type Config struct {
+	reap.PolicySetting
+	reap.DrainSetting
+	reap.Brake
+}
+
+// DefaultConfig is the configuration of a block that sets nothing.
+func DefaultConfig() Config {
+	return Config{PolicySetting: reap.DefaultPolicy(), Brake: reap.DefaultBrake()}
 }
 
 // Reaper is the agent-lost reaper. Its zero value is not usable; call New.
@@ -48,7 +53,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock // measures a pass's elapsed time against its budget
 
-	cfg atomic.Pointer[settings] // set by Configure, read once a pass
+	cfg atomic.Pointer[Config] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -60,7 +65,8 @@ func New(logger hclog.Logger) *Reaper {
 		logger = hclog.NewNullLogger()
 	}
 	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	r.cfg.Store(&settings{policy: reapkit.PolicyReplace, brake: reapkit.DefaultBrake()})
+	cfg := DefaultConfig()
+	r.cfg.Store(&cfg)
 	return r
 }
 
@@ -71,65 +77,30 @@ func (r *Reaper) Info(context.Context) (sdk.Info, error) {
 		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"}, nil
 }
 
-func schema() sdk.Schema {
-	attrs := []sdk.Attribute{reapkit.PolicyAttribute(), reapkit.DrainAttribute()}
-	return sdk.Schema{Attributes: append(attrs, reapkit.BrakeAttributes()...)}
-}
-
 // ConfigSchema declares policy, drain_max_pages, brake_share, brake_min and
 // brake_max.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) { return schema(), nil }
+func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.SchemaOf(DefaultConfig()), nil
+}
 
 // Configure validates and applies the decoded block; an error names the
 // offending attribute.
 func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	s := schema()
-	if err := reapkit.CheckKnown(s, req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	var cfg settings
-	var err error
-	if cfg.policy, err = reapkit.ParsePolicy(req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	if cfg.brake, err = reapkit.ParseBrake(req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	if cfg.maxPages, err = reapkit.ParseDrainMaxPages(req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
+	cfg := DefaultConfig()
+	if err := req.Values.Decode(&cfg); err != nil {
+		return err
 	}
 	r.cfg.Store(&cfg)
 	return nil
 }
 
-func (r *Reaper) settings() settings { return *r.cfg.Load() }
-
-// Reap runs one pass. It returns one decision per attempt judged, plus one
-// per teardown that failed or fell back. On an error of the board the
-// decisions made so far are returned with it, and the state keeps the
-// cursor of the page that failed.
-func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
-	p := newPass(r.logger, r.settings(), pass, board, exec)
-	st, err := reapkit.DecodeState(pass.State)
-	if err != nil {
-		r.logger.Warn("starting every listing over", "error", err)
-	}
-	budget := reapkit.NewBudget(r.stopwatch, pass, p.cfg.maxPages)
-	stats, err := reapkit.Drain(ctx, budget, st, p.listings()...)
-	if err == nil {
-		err = p.finish(ctx)
-	}
-	state, encErr := st.Encode()
-	res := sdk.PassResult{Decisions: p.rec.Decisions(), State: state}
-	if err != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, err)
-	}
-	if encErr != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, encErr)
-	}
-	if n := len(res.Decisions); n > 0 {
-		r.logger.Debug("pass done", "decisions", n, "judged", p.judged, "pages", stats.Pages,
-			"exhausted", stats.Exhausted, "elapsed", budget.Elapsed())
-	}
-	return res, nil
+// Reap runs one pass: one decision per attempt judged, plus one per
+// teardown that failed or fell back.
+func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
+	cfg := *r.cfg.Load()
+	p := newPass(r.logger, cfg, pass, board, exec, sink)
+	return reap.Run(ctx, pass, p.rec, reap.Spec{
+		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
+		Listings: p.listings(), Finish: p.finish,
+	})
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
@@ -283,7 +283,7 @@ func TestCredentialCeiling(t *testing.T) {
 			if log := b.h.Board.Log(a); len(log) != 0 {
 				t.Fatalf("try log %q", log)
 			}
-			if !strings.HasPrefix(ds[0].Evidence[reapkit.EvStop], "error") {
+			if !strings.HasPrefix(ds[0].Evidence[reap.EvStop], "error") {
 				t.Fatalf("evidence %v", ds[0].Evidence)
 			}
 		}},
@@ -318,7 +318,7 @@ func TestGuards(t *testing.T) {
 		return func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			t.Helper()
 			d := ds.For(a)[0]
-			if d.Applied || d.Evidence[reapkit.EvNoopReason] != want || d.Evidence[reapkit.EvMark] != sdk.LabelAgentLost {
+			if d.Applied || d.Evidence[reap.EvNoopReason] != want || d.Evidence[reap.EvMark] != sdk.LabelAgentLost {
 				t.Fatalf("decision %+v", d)
 			}
 			if len(b.h.Exec.Teardowns()) != 0 {
@@ -349,7 +349,7 @@ func TestGuards(t *testing.T) {
 		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopDeposed)},
 		{name: "HoldPolicySetsHold", values: sdk.Values{"policy": "hold"}, arrange: silentDead,
 			want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-				if m := b.h.Board.Marks()[0]; !m.Hold || !b.h.Board.Row(a).Held || ds[0].Evidence[reapkit.EvPolicy] != "hold" {
+				if m := b.h.Board.Marks()[0]; !m.Hold || !b.h.Board.Row(a).Held || ds[0].Evidence[reap.EvPolicy] != "hold" {
 					t.Fatalf("mark %+v", m)
 				}
 			}},
@@ -363,8 +363,8 @@ func TestGuards(t *testing.T) {
 			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				ev := ds[0].Evidence
 				for k, want := range map[string]string{
-					reapkit.EvHeartbeatAge: "2m0s", reapkit.EvLiveness: "dead", reapkit.EvTerm: "1",
-					reapkit.EvThreshold: "1m30s", reapkit.EvSignal: reapkit.SignalPositive, reapkit.EvRunningAge: "10m0s",
+					reap.EvHeartbeatAge: "2m0s", reap.EvLiveness: "dead", reap.EvTerm: "1",
+					reap.EvThreshold: "1m30s", reap.EvSignal: reap.SignalPositive, reap.EvRunningAge: "10m0s",
 				} {
 					if ev[k] != want {
 						t.Fatalf("evidence %s=%q, want %q (%v)", k, ev[k], want, ev)
@@ -423,7 +423,7 @@ func TestKube(t *testing.T) {
 			b.h.Exec.FailLiveness(errors.New("informer not synced"))
 			return silent(b)
 		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if ds[0].Evidence[reapkit.EvSignal] != reapkit.SignalSilence {
+			if ds[0].Evidence[reap.EvSignal] != reap.SignalSilence {
 				t.Fatalf("evidence %v", ds[0].Evidence)
 			}
 		}},
@@ -467,7 +467,7 @@ func TestBrake(t *testing.T) {
 			}
 		}
 		d := ds.For(as[29])[0]
-		if d.Applied || d.Evidence[reapkit.EvBrakeJudged] != "30" || d.Evidence[reapkit.EvBrakeAllowed] != "10" {
+		if d.Applied || d.Evidence[reap.EvBrakeJudged] != "30" || d.Evidence[reap.EvBrakeAllowed] != "10" {
 			t.Fatalf("braked decision %+v", d)
 		}
 		if n := len(b.h.Board.Marks()); n != 10 {

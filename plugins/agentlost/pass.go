@@ -5,9 +5,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 // Listing names: the keys of the cursors in the pass state.
@@ -20,48 +20,48 @@ const (
 // passRun is one pass of the reaper.
 type passRun struct {
 	log   hclog.Logger
-	cfg   settings
+	cfg   Config
 	pass  sdk.Pass
 	board sdk.Board
 	exec  sdk.Executions
-	rec   *reapkit.Recorder
+	rec   *reap.Recorder
 	lite  bool
 
 	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
 	judged int
 	// held: marks decided on silence alone, applied at the end of the pass
 	// once the brake has seen every attempt the pass judged.
-	held []reapkit.Planned
+	held []reap.Planned
 }
 
-func newPass(log hclog.Logger, cfg settings, pass sdk.Pass, board sdk.Board, exec sdk.Executions) *passRun {
+func newPass(log hclog.Logger, cfg Config, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) *passRun {
 	return &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
-		rec: reapkit.NewRecorder(Name, pass), lite: pass.Edition == ladder.EditionLite,
+		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite,
 		seen: map[sdk.Attempt]bool{}}
 }
 
 // listings are the candidate listings of the pass, each with its threshold
 // applied in the query.
-func (p *passRun) listings() []reapkit.Listing {
+func (p *passRun) listings() []reap.Listing {
 	now, l := p.pass.Now, p.pass.Ladder
 	executors := []string{sdk.ExecutorKube, sdk.ExecutorWarm}
 	if p.lite {
 		executors = []string{sdk.ExecutorLite}
 	}
 	running := []string{sdk.StateRunning}
-	out := []reapkit.Listing{reapkit.Candidates(listSilent, p.board, sdk.CandidateQuery{
+	out := []reap.Listing{reap.Candidates(listSilent, p.board, sdk.CandidateQuery{
 		States: running, Executors: executors, OrderBy: sdk.FieldHeartbeatAt,
 		OlderThan: now.Add(-l.AgentLost), Heartbeat: sdk.HeartbeatSeen,
 	}, p.judgePage)}
 	if !p.lite {
 		return out
 	}
-	out = append(out, reapkit.Candidates(listNever, p.board, sdk.CandidateQuery{
+	out = append(out, reap.Candidates(listNever, p.board, sdk.CandidateQuery{
 		States: running, Executors: executors, OrderBy: sdk.FieldRunningAt,
 		OlderThan: now.Add(-l.AgentLost), Heartbeat: sdk.HeartbeatNever,
 	}, p.judgePage))
 	if l.CeilingEnabled() {
-		out = append(out, reapkit.Candidates(listCeil, p.board, sdk.CandidateQuery{
+		out = append(out, reap.Candidates(listCeil, p.board, sdk.CandidateQuery{
 			States: running, Executors: executors, OrderBy: sdk.FieldRunningAt,
 			OlderThan: now.Add(-l.CredentialCeiling),
 		}, p.judgePage))
@@ -81,9 +81,9 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			attempts = append(attempts, c.Attempt)
 		}
 	}
-	answers := reapkit.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+	answers := reap.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
 
-	var now, stopAfter []reapkit.Planned
+	var now, stopAfter []reap.Planned
 	for _, c := range fresh {
 		live := answers[c.Attempt]
 		var j judgment
@@ -115,14 +115,14 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			stopAfter = append(stopAfter, p.plan(c, j, ev))
 		}
 	}
-	if err := reapkit.Settle(ctx, p.board, p.rec, now, p.afterMark); err != nil {
+	if err := reap.Settle(ctx, p.board, p.rec, now, p.afterMark); err != nil {
 		return err
 	}
-	return reapkit.Settle(ctx, p.board, p.rec, stopAfter, p.endAtCeiling)
+	return reap.Settle(ctx, p.board, p.rec, stopAfter, p.endAtCeiling)
 }
 
 // plan builds the guarded mark for a verdict.
-func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit.Planned {
+func (p *passRun) plan(c sdk.Candidate, j judgment, ev reap.Evidence) reap.Planned {
 	m := sdk.Mark{
 		Attempt:    c.Attempt,
 		FromStates: []string{sdk.StateRunning},
@@ -142,54 +142,54 @@ func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit
 	}
 	if j.kind == sdk.MarkInfra {
 		m.Confirm = p.lite // no reconciler on Lite: confirmed as made
-		m.Hold = p.cfg.policy == reapkit.PolicyHold
-		ev[reapkit.EvPolicy] = p.cfg.policy
+		m.Hold = p.cfg.Hold()
+		ev[reap.EvPolicy] = string(p.cfg.Policy)
 	}
-	return reapkit.Planned{Mark: m, Label: j.label, Detail: j.detail, Evidence: ev}
+	return reap.Planned{Mark: m, Label: j.label, Detail: j.detail, Evidence: ev}
 }
 
 // stopOrphan stops the orphaned task group of a silent Lite attempt whose
 // agent is dead; the attempt is marked only once the group is gone. A stop
 // that fails, or cannot confirm the group gone, defers.
-func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, ev reapkit.Evidence) (reapkit.Planned, bool) {
+func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, ev reap.Evidence) (reap.Planned, bool) {
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true // Settle records it unapplied
 	}
-	if !reapkit.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelAgentLostOrphanStopErr, ev) {
-		return reapkit.Planned{}, false
+	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelAgentLostOrphanStopErr, ev) {
+		return reap.Planned{}, false
 	}
 	return p.plan(c, j, ev), true
 }
 
 // afterMark tears down a marked kube attempt's pod (never a warm worker's:
 // it outlives its attempts). Lite has nothing to tear down.
-func (p *passRun) afterMark(ctx context.Context, pl *reapkit.Planned) []reapkit.FollowUp {
-	if p.lite || pl.Evidence[reapkit.EvExecutor] == sdk.ExecutorWarm {
+func (p *passRun) afterMark(ctx context.Context, pl *reap.Planned) []reap.FollowUp {
+	if p.lite || pl.Evidence[reap.EvExecutor] == sdk.ExecutorWarm {
 		return nil
 	}
-	return reapkit.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, pl.Mark.Reason, sdk.LabelAgentLostPodDeleteErr, pl.Evidence)
+	return reap.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, pl.Mark.Reason, sdk.LabelAgentLostPodDeleteErr, pl.Evidence)
 }
 
 // endAtCeiling stops the task group of an attempt marked at the credential
 // ceiling, and only once it is gone appends the kill to its try log, so the
 // kill is the log's last line. A failed stop leaves the mark (the agent is
 // told to terminate at its next heartbeat) and is logged.
-func (p *passRun) endAtCeiling(ctx context.Context, pl *reapkit.Planned) []reapkit.FollowUp {
+func (p *passRun) endAtCeiling(ctx context.Context, pl *reap.Planned) []reap.FollowUp {
 	a := pl.Mark.Attempt
 	res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
 	switch {
 	case err != nil:
-		pl.Evidence[reapkit.EvStop] = "error: " + err.Error()
+		pl.Evidence[reap.EvStop] = "error: " + err.Error()
 		p.log.Warn("marked at the credential ceiling, but stopping its task group failed", "attempt", a.String(), "error", err)
 		return nil
 	case !res.Stopped:
-		pl.Evidence[reapkit.EvStop] = "not stopped: " + res.Detail
+		pl.Evidence[reap.EvStop] = "not stopped: " + res.Detail
 		p.log.Warn("marked at the credential ceiling, but its task group is not gone", "attempt", a.String(), "detail", res.Detail)
 		return nil
 	}
-	pl.Evidence[reapkit.EvStop] = "stopped: " + res.Detail
+	pl.Evidence[reap.EvStop] = "stopped: " + res.Detail
 	if err := p.board.AppendLog(ctx, p.pass.Term, []sdk.LogLine{{Attempt: a, At: p.pass.Now, Line: KilledLine}}); err != nil {
-		pl.Evidence[reapkit.EvError] = "append try log: " + err.Error()
+		pl.Evidence[reap.EvError] = "append try log: " + err.Error()
 		p.log.Warn("ended at the credential ceiling, but its try log was not written", "attempt", a.String(), "error", err)
 	}
 	return nil
@@ -198,22 +198,22 @@ func (p *passRun) endAtCeiling(ctx context.Context, pl *reapkit.Planned) []reapk
 // finish applies the marks decided on silence alone, as far as the brake
 // allows, and defers the rest.
 func (p *passRun) finish(ctx context.Context) error {
-	v := p.cfg.brake.Judge(p.judged, len(p.held))
+	v := p.cfg.Brake.Judge(p.judged, len(p.held))
 	apply, back := p.held[:v.Allowed], p.held[v.Allowed:]
 	if v.Engaged {
 		p.log.Warn("brake engaged: marks on heartbeat silence alone exceed the configured share; a control-plane fault is likelier than mass agent death",
 			"judged", v.Judged, "silence_only", v.SilenceOnly, "marking", v.Allowed, "deferred", len(back),
-			"brake_share", p.cfg.brake.Share, "brake_max", p.cfg.brake.Max)
+			"brake_share", p.cfg.Brake.Share, "brake_max", p.cfg.Brake.Max)
 	}
-	if err := reapkit.Settle(ctx, p.board, p.rec, apply, p.afterMark); err != nil {
+	if err := reap.Settle(ctx, p.board, p.rec, apply, p.afterMark); err != nil {
 		return err
 	}
 	for _, pl := range back {
 		ev := pl.Evidence
-		for k, val := range v.Evidence(p.cfg.brake) {
+		for k, val := range v.Evidence(p.cfg.Brake) {
 			ev[k] = val
 		}
-		p.rec.Add(sdk.LabelBrakeEngaged, pl.Mark.Attempt, false, pl.Label+" deferred: "+v.Detail(p.cfg.brake), ev)
+		p.rec.Add(sdk.LabelBrakeEngaged, pl.Mark.Attempt, false, pl.Label+" deferred: "+v.Detail(p.cfg.Brake), ev)
 	}
 	return nil
 }

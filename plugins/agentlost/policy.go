@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 // action is what a judgment asks the pass to do.
@@ -104,7 +104,7 @@ func silenceMark(c sdk.Candidate, now time.Time, l ladder.Ladder) judgment {
 // judgeKube is the kube policy: a silent attempt is marked on its silence
 // (the pod is then torn down); the substrate's cached answer only tells a
 // positive death signal (no pod left) from silence alone, for the brake.
-func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Answer) judgment {
+func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) judgment {
 	if !silent(c, now, l) {
 		return judgment{act: actNone}
 	}
@@ -116,7 +116,7 @@ func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Ans
 // judgeLite is the Lite policy, where nothing is marked unless its agent
 // and task group are provably gone (or, past the credential ceiling, the
 // attempt is deliberately ended).
-func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Answer) judgment {
+func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) judgment {
 	never := neverHeartbeated(c, now, l)
 	quiet := silent(c, now, l)
 	past := pastCeiling(c, now, l)
@@ -181,16 +181,16 @@ func message(j judgment, l ladder.Ladder) string {
 }
 
 // evidence is what every decision about c carries.
-func evidence(pass sdk.Pass, c sdk.Candidate, live reapkit.Answer, j judgment) reapkit.Evidence {
-	ev := reapkit.CandidateEvidence(pass, c, pass.Ladder.AgentLost).Liveness(live)
+func evidence(pass sdk.Pass, c sdk.Candidate, live reap.Answer, j judgment) reap.Evidence {
+	ev := reap.CandidateEvidence(pass, c, pass.Ladder.AgentLost).Liveness(live)
 	if pass.Ladder.CeilingEnabled() {
-		ev[reapkit.EvCeiling] = pass.Ladder.CredentialCeiling.String()
+		ev[reap.EvCeiling] = pass.Ladder.CredentialCeiling.String()
 	}
 	if j.act == actMark || j.act == actStopThenMark || j.act == actMarkThenStop {
-		ev[reapkit.EvMark] = j.reason
-		ev[reapkit.EvSignal] = reapkit.SignalSilence
+		ev[reap.EvMark] = j.reason
+		ev[reap.EvSignal] = reap.SignalSilence
 		if j.positive {
-			ev[reapkit.EvSignal] = reapkit.SignalPositive
+			ev[reap.EvSignal] = reap.SignalPositive
 		}
 	}
 	return ev

@@ -14,16 +14,15 @@ package dispatchlost
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 // Name is the label the reaper is configured under.
@@ -39,10 +38,17 @@ const EvCredentialLapse = "credential_lapse"
 // listQueued names the listing (the key of its cursor in the pass state).
 const listQueued = "queued"
 
-type settings struct {
-	policy      string
-	maxPages    int
-	startExpiry bool
+// Config is the reaper's configuration block.
+type Config struct {
+	reap.PolicySetting
+	reap.DrainSetting
+	// StartExpiry turns the start_expired rule on (the default) or off.
+	StartExpiry bool `reaper:"start_expiry" help:"kube: fail as start_expired a pod still Pending when the attempt credential minted at dispatch is within 2 minutes of lapsing; set false when the credential is not minted at dispatch"`
+}
+
+// DefaultConfig is the configuration of a block that sets nothing.
+func DefaultConfig() Config {
+	return Config{PolicySetting: reap.DefaultPolicy(), StartExpiry: true}
 }
 
 // Reaper is the dispatch-lost reaper. Its zero value is not usable; call New.
@@ -50,7 +56,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock
 
-	cfg atomic.Pointer[settings] // set by Configure, read once a pass
+	cfg atomic.Pointer[Config] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -62,7 +68,8 @@ func New(logger hclog.Logger) *Reaper {
 		logger = hclog.NewNullLogger()
 	}
 	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	r.cfg.Store(&settings{policy: reapkit.PolicyReplace, startExpiry: true})
+	cfg := DefaultConfig()
+	r.cfg.Store(&cfg)
 	return r
 }
 
@@ -73,85 +80,46 @@ func (r *Reaper) Info(context.Context) (sdk.Info, error) {
 		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"}, nil
 }
 
-func schema() sdk.Schema {
-	return sdk.Schema{Attributes: []sdk.Attribute{
-		reapkit.PolicyAttribute(),
-		reapkit.DrainAttribute(),
-		{Name: AttrStartExpiry, Type: sdk.TypeBool, Default: true,
-			Description: "kube: fail as start_expired a pod still Pending when the attempt credential minted at dispatch is within 2 minutes of lapsing; set false when the credential is not minted at dispatch"},
-	}}
-}
-
 // ConfigSchema declares policy, drain_max_pages and start_expiry.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) { return schema(), nil }
+func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.SchemaOf(DefaultConfig()), nil
+}
 
 // Configure validates and applies the decoded block; an error names the
 // offending attribute.
 func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	if err := reapkit.CheckKnown(schema(), req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	cfg := settings{startExpiry: true}
-	var err error
-	if cfg.policy, err = reapkit.ParsePolicy(req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	if cfg.maxPages, err = reapkit.ParseDrainMaxPages(req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	if raw, ok := req.Values[AttrStartExpiry]; ok && raw != nil {
-		b, isBool := raw.(bool)
-		if !isBool {
-			return fmt.Errorf("configure %s: attribute %q: must be a bool, got %T", Name, AttrStartExpiry, raw)
-		}
-		cfg.startExpiry = b
+	cfg := DefaultConfig()
+	if err := req.Values.Decode(&cfg); err != nil {
+		return err
 	}
 	r.cfg.Store(&cfg)
 	return nil
 }
 
-func (r *Reaper) settings() settings { return *r.cfg.Load() }
-
 // Reap runs one pass: one decision per attempt judged, plus one per
-// teardown that failed or fell back. On an error of the board the decisions
-// made so far are returned with it, and the state keeps the cursor of the
-// page that failed.
-func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
-	p := &passRun{cfg: r.settings(), pass: pass, board: board, exec: exec,
-		rec: reapkit.NewRecorder(Name, pass), lite: pass.Edition == ladder.EditionLite}
-	st, err := reapkit.DecodeState(pass.State)
-	if err != nil {
-		r.logger.Warn("starting the listing over", "error", err)
-	}
+// teardown that failed or fell back.
+func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
+	p := &passRun{cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
+		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite}
 	executors := []string{sdk.ExecutorKube}
 	if p.lite {
 		executors = []string{sdk.ExecutorLite}
 	}
-	budget := reapkit.NewBudget(r.stopwatch, pass, p.cfg.maxPages)
-	stats, err := reapkit.Drain(ctx, budget, st, reapkit.Candidates(listQueued, board, sdk.CandidateQuery{
-		States: []string{sdk.StateQueued}, Executors: executors, OrderBy: sdk.FieldQueuedAt,
-		OlderThan: pass.Now.Add(-pass.Ladder.DispatchLost),
-	}, p.judgePage))
-	state, encErr := st.Encode()
-	res := sdk.PassResult{Decisions: p.rec.Decisions(), State: state}
-	if err != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, err)
-	}
-	if encErr != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, encErr)
-	}
-	if n := len(res.Decisions); n > 0 {
-		r.logger.Debug("pass done", "decisions", n, "pages", stats.Pages, "exhausted", stats.Exhausted, "elapsed", budget.Elapsed())
-	}
-	return res, nil
+	return reap.Run(ctx, pass, p.rec, reap.Spec{
+		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
+		Listings: []reap.Listing{reap.Candidates(listQueued, board, sdk.CandidateQuery{
+			States: []string{sdk.StateQueued}, Executors: executors, OrderBy: sdk.FieldQueuedAt,
+			OlderThan: pass.Now.Add(-pass.Ladder.DispatchLost),
+		}, p.judgePage)},
+	})
 }
 
 type passRun struct {
-	cfg   settings
+	cfg   Config
 	pass  sdk.Pass
 	board sdk.Board
 	exec  sdk.Executions
-	rec   *reapkit.Recorder
+	rec   *reap.Recorder
 	lite  bool
 }
 
@@ -164,32 +132,32 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	for i, c := range page {
 		attempts[i] = c.Attempt
 	}
-	answers := reapkit.ReadLiveness(ctx, p.exec, now, attempts, false)
+	answers := reap.ReadLiveness(ctx, p.exec, now, attempts, false)
 	if !p.lite {
 		var again []sdk.Attempt
 		for _, c := range page {
-			if needsLiveRead(c, now, l, answers[c.Attempt], p.cfg.startExpiry) {
+			if needsLiveRead(c, now, l, answers[c.Attempt], p.cfg.StartExpiry) {
 				again = append(again, c.Attempt)
 			}
 		}
-		for a, ans := range reapkit.ReadLiveness(ctx, p.exec, now, again, true) {
+		for a, ans := range reap.ReadLiveness(ctx, p.exec, now, again, true) {
 			answers[a] = ans
 		}
 	}
 
-	var planned []reapkit.Planned
+	var planned []reap.Planned
 	for _, c := range page {
 		live := answers[c.Attempt]
 		var j judgment
 		if p.lite {
 			j = judgeLite(c, now, l, live)
 		} else {
-			j = judgeKube(c, now, l, live, p.cfg.startExpiry)
+			j = judgeKube(c, now, l, live, p.cfg.StartExpiry)
 		}
 		if j.act == actNone {
 			continue
 		}
-		ev := reapkit.CandidateEvidence(p.pass, c, l.DispatchLost).Liveness(live)
+		ev := reap.CandidateEvidence(p.pass, c, l.DispatchLost).Liveness(live)
 		if !p.lite {
 			ev[EvCredentialLapse] = credentialLapse(c, l).UTC().Format(time.RFC3339)
 		}
@@ -204,15 +172,15 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			}
 		}
 	}
-	return reapkit.Settle(ctx, p.board, p.rec, planned, p.afterMark)
+	return reap.Settle(ctx, p.board, p.rec, planned, p.afterMark)
 }
 
 // plan builds the guarded mark: still queued, and still this attempt.
-func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit.Planned {
-	ev[reapkit.EvMark] = j.reason
-	ev[reapkit.EvSignal] = reapkit.SignalPositive
-	ev[reapkit.EvPolicy] = p.cfg.policy
-	return reapkit.Planned{
+func (p *passRun) plan(c sdk.Candidate, j judgment, ev reap.Evidence) reap.Planned {
+	ev[reap.EvMark] = j.reason
+	ev[reap.EvSignal] = reap.SignalPositive
+	ev[reap.EvPolicy] = string(p.cfg.Policy)
+	return reap.Planned{
 		Mark: sdk.Mark{
 			Attempt:    c.Attempt,
 			FromStates: []string{sdk.StateQueued},
@@ -220,7 +188,7 @@ func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit
 			Reason:     j.reason,
 			Message:    j.reason + ": " + j.detail,
 			Confirm:    p.lite,
-			Hold:       p.cfg.policy == reapkit.PolicyHold,
+			Hold:       p.cfg.Hold(),
 			Term:       p.pass.Term,
 			At:         p.pass.Now,
 		},
@@ -230,21 +198,21 @@ func (p *passRun) plan(c sdk.Candidate, j judgment, ev reapkit.Evidence) reapkit
 
 // stopOrphan stops an orphaned task group before its attempt is marked; a
 // stop that fails or cannot confirm the group gone defers.
-func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, ev reapkit.Evidence) (reapkit.Planned, bool) {
+func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, ev reap.Evidence) (reap.Planned, bool) {
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true
 	}
-	if !reapkit.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelDispatchLostOrphanStopErr, ev) {
-		return reapkit.Planned{}, false
+	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelDispatchLostOrphanStopErr, ev) {
+		return reap.Planned{}, false
 	}
 	return p.plan(c, j, ev), true
 }
 
 // afterMark tears down a marked kube attempt (for start_expired: deletes
 // its Pending pod). Lite has nothing to tear down.
-func (p *passRun) afterMark(ctx context.Context, pl *reapkit.Planned) []reapkit.FollowUp {
+func (p *passRun) afterMark(ctx context.Context, pl *reap.Planned) []reap.FollowUp {
 	if p.lite {
 		return nil
 	}
-	return reapkit.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, pl.Mark.Reason, sdk.LabelDispatchLostPodDeleteErr, pl.Evidence)
+	return reap.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, pl.Mark.Reason, sdk.LabelDispatchLostPodDeleteErr, pl.Evidence)
 }

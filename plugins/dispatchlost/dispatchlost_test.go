@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
@@ -152,7 +152,7 @@ func TestLite(t *testing.T) {
 			})
 			return a
 		}, want: sdk.LabelMarkNoop, wantState: sdk.StateRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if d := ds.For(a)[0]; d.Evidence[reapkit.EvNoopReason] != sdk.NoopMovedOn || d.Applied {
+			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopMovedOn || d.Applied {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
@@ -192,7 +192,7 @@ func TestKube(t *testing.T) {
 				if td := b.h.Exec.Teardowns(); len(td) != 1 || *td[0].Attempt != a || td[0].Reason != sdk.LabelDispatchLost {
 					t.Fatalf("teardowns %+v", td)
 				}
-				if _, live := liveCalls(b); live != 1 || ds[0].Evidence[reapkit.EvLivenessLive] != "true" {
+				if _, live := liveCalls(b); live != 1 || ds[0].Evidence[reap.EvLivenessLive] != "true" {
 					t.Fatalf("mark not backed by a live read: %d live reads, evidence %v", live, ds[0].Evidence)
 				}
 			}},

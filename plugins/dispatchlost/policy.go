@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 type action int
@@ -45,7 +45,7 @@ func nearStartExpiry(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 
 // judgeLite: the dispatch is lost only when the agent (and any task group)
 // is provably gone; an orphaned group is stopped first.
-func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Answer) judgment {
+func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) judgment {
 	if !overdue(c, now, l) {
 		return judgment{act: actNone}
 	}
@@ -68,7 +68,7 @@ func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Ans
 // a Pending or Running pod means it landed and defers, an unreadable one
 // defers too. The exception is a pod still only Pending, read live, when
 // the credential minted at dispatch is about to lapse: start_expired.
-func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Answer, startExpiry bool) judgment {
+func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer, startExpiry bool) judgment {
 	if !overdue(c, now, l) {
 		return judgment{act: actNone}
 	}
@@ -92,7 +92,7 @@ func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reapkit.Ans
 // rests on an authoritative read: a pod read absent, or a pod that may be
 // Pending near its credential's lapse (the cache cannot tell Pending from
 // Running).
-func needsLiveRead(c sdk.Candidate, now time.Time, l ladder.Ladder, cached reapkit.Answer, startExpiry bool) bool {
+func needsLiveRead(c sdk.Candidate, now time.Time, l ladder.Ladder, cached reap.Answer, startExpiry bool) bool {
 	if cached.Unknown() || !overdue(c, now, l) {
 		return false
 	}

@@ -21,10 +21,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 )
 
 // Name is the label the reaper is configured under.
@@ -35,8 +35,9 @@ const EvRunAge = "run_age"
 
 const listRuns = "runs"
 
-type settings struct {
-	maxPages int
+// Config is the reaper's configuration block.
+type Config struct {
+	reap.DrainSetting
 }
 
 // Reaper is the orphan-run reaper. Its zero value is not usable; call New.
@@ -44,7 +45,7 @@ type Reaper struct {
 	logger    hclog.Logger
 	stopwatch clock.Clock
 
-	cfg atomic.Pointer[settings] // set by Configure, read once a pass
+	cfg atomic.Pointer[Config] // set by Configure, read once a pass
 }
 
 var _ sdk.Reaper = (*Reaper)(nil)
@@ -56,7 +57,7 @@ func New(logger hclog.Logger) *Reaper {
 		logger = hclog.NewNullLogger()
 	}
 	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	r.cfg.Store(&settings{})
+	r.cfg.Store(&Config{})
 	return r
 }
 
@@ -67,54 +68,31 @@ func (r *Reaper) Info(context.Context) (sdk.Info, error) {
 		Description: "fails running runs with nothing live and no recent activity (orphan_run)"}, nil
 }
 
-func schema() sdk.Schema {
-	return sdk.Schema{Attributes: []sdk.Attribute{reapkit.DrainAttribute()}}
-}
-
 // ConfigSchema declares drain_max_pages.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) { return schema(), nil }
+func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
+	return sdk.SchemaOf(Config{}), nil
+}
 
 // Configure validates and applies the decoded block; an error names the
 // offending attribute.
 func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	if err := reapkit.CheckKnown(schema(), req.Values); err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
+	var cfg Config
+	if err := req.Values.Decode(&cfg); err != nil {
+		return err
 	}
-	maxPages, err := reapkit.ParseDrainMaxPages(req.Values)
-	if err != nil {
-		return fmt.Errorf("configure %s: %w", Name, err)
-	}
-	r.cfg.Store(&settings{maxPages: maxPages})
+	r.cfg.Store(&cfg)
 	return nil
 }
 
-func (r *Reaper) settings() settings { return *r.cfg.Load() }
-
 // Reap runs one pass: one decision per run judged (its Attempt carries only
-// the RunID), plus one per teardown that fell back to a delete. On an error
-// of the board the decisions made so far are returned with it, and the
-// state keeps the cursor of the page that failed.
-func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
-	p := &passRun{log: r.logger, pass: pass, board: board, exec: exec, rec: reapkit.NewRecorder(Name, pass),
+// the RunID), plus one per teardown that fell back to a delete.
+func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
+	p := &passRun{log: r.logger, pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink),
 		olderThan: pass.Now.Add(-pass.Ladder.OrphanRun)}
-	st, err := reapkit.DecodeState(pass.State)
-	if err != nil {
-		r.logger.Warn("starting the listing over", "error", err)
-	}
-	budget := reapkit.NewBudget(r.stopwatch, pass, r.settings().maxPages)
-	stats, err := reapkit.Drain(ctx, budget, st, reapkit.Runs(listRuns, board, p.olderThan, p.judgePage))
-	state, encErr := st.Encode()
-	res := sdk.PassResult{Decisions: p.rec.Decisions(), State: state}
-	if err != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, err)
-	}
-	if encErr != nil {
-		return res, fmt.Errorf("%s pass: %w", Name, encErr)
-	}
-	if n := len(res.Decisions); n > 0 {
-		r.logger.Debug("pass done", "decisions", n, "pages", stats.Pages, "exhausted", stats.Exhausted, "elapsed", budget.Elapsed())
-	}
-	return res, nil
+	return reap.Run(ctx, pass, p.rec, reap.Spec{
+		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: r.cfg.Load().MaxPages,
+		Listings: []reap.Listing{reap.Runs(listRuns, board, p.olderThan, p.judgePage)},
+	})
 }
 
 type passRun struct {
@@ -122,7 +100,7 @@ type passRun struct {
 	pass      sdk.Pass
 	board     sdk.Board
 	exec      sdk.Executions
-	rec       *reapkit.Recorder
+	rec       *reap.Recorder
 	olderThan time.Time
 }
 
@@ -131,15 +109,15 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 	l := p.pass.Ladder
 	for _, run := range runs {
 		a := sdk.Attempt{RunID: run.RunID}
-		ev := reapkit.Evidence{
-			reapkit.EvTerm:        strconv.FormatInt(p.pass.Term, 10),
-			reapkit.EvEdition:     p.pass.Edition,
-			reapkit.EvThreshold:   l.OrphanRun.String(),
-			reapkit.EvActivityAge: reapkit.Age(p.pass.Now, run.LastActivity),
-			EvRunAge:              reapkit.Age(p.pass.Now, run.StartedAt),
+		ev := reap.Evidence{
+			reap.EvTerm:        strconv.FormatInt(p.pass.Term, 10),
+			reap.EvEdition:     p.pass.Edition,
+			reap.EvThreshold:   l.OrphanRun.String(),
+			reap.EvActivityAge: reap.Age(p.pass.Now, run.LastActivity),
+			EvRunAge:           reap.Age(p.pass.Now, run.StartedAt),
 		}
 		detail := fmt.Sprintf("no live task instance and no activity for %s (threshold %s)",
-			reapkit.Age(p.pass.Now, run.LastActivity), l.OrphanRun)
+			reap.Age(p.pass.Now, run.LastActivity), l.OrphanRun)
 		if p.pass.DryRun {
 			p.rec.Add(sdk.LabelOrphanRun, a, false, detail+" (dry run: not failed)", ev)
 			continue
@@ -150,18 +128,18 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 			return fmt.Errorf("reap run %s: %w", run.RunID, err)
 		}
 		if !res.Applied {
-			ev[reapkit.EvNoopReason] = res.NoopReason
+			ev[reap.EvNoopReason] = res.NoopReason
 			p.rec.Add(sdk.LabelOrphanReapNoop, a, false, "the run changed since it was listed ("+res.NoopReason+"); nothing written", ev)
 			continue
 		}
-		ev[reapkit.EvAttached] = strconv.Itoa(len(res.Attached))
+		ev[reap.EvAttached] = strconv.Itoa(len(res.Attached))
 		fallback := false
 		if p.pass.Edition == ladder.EditionKube {
 			fallback = p.teardown(ctx, run.RunID, ev)
 		}
 		p.rec.Add(sdk.LabelOrphanRun, a, true, detail, ev)
 		if fallback {
-			p.rec.Add(sdk.LabelTeardownDeleteFallback, a, true, "stopping in place was refused; deleted instead: "+ev[reapkit.EvTeardown], ev.Clone())
+			p.rec.Add(sdk.LabelTeardownDeleteFallback, a, true, "stopping in place was refused; deleted instead: "+ev[reap.EvTeardown], ev.Clone())
 		}
 	}
 	return nil
@@ -171,10 +149,10 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 // logged and kept in the evidence; it never undoes the reap (the pods' own
 // deadlines and the reconciler remain the backstops). It reports whether a
 // stop in place fell back to a delete.
-func (p *passRun) teardown(ctx context.Context, runID string, ev reapkit.Evidence) bool {
+func (p *passRun) teardown(ctx context.Context, runID string, ev reap.Evidence) bool {
 	out, err := p.exec.Teardown(ctx, sdk.TeardownRequest{RunID: runID, Reason: sdk.LabelOrphanRun, Term: p.pass.Term})
-	failed, fallback, summary := reapkit.TeardownTrouble(out, err)
-	ev[reapkit.EvTeardown] = summary
+	failed, fallback, summary := reap.TeardownTrouble(out, err)
+	ev[reap.EvTeardown] = summary
 	if failed {
 		p.log.Warn("run failed as orphaned, but tearing down its executions failed", "run", runID, "teardown", summary)
 	}

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
-	"github.com/dexaflow/reaper/plugins/internal/reapkit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
@@ -71,7 +71,7 @@ func TestRules(t *testing.T) {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateSkipped})
 		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			d := ds.For(a)[0]
-			if !d.Applied || d.Evidence[reapkit.EvActivityAge] != "30m0s" || d.Evidence[reapkit.EvThreshold] != "5m0s" || d.Evidence[reapkit.EvTerm] != "1" {
+			if !d.Applied || d.Evidence[reap.EvActivityAge] != "30m0s" || d.Evidence[reap.EvThreshold] != "5m0s" || d.Evidence[reap.EvTerm] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
 			if r, _ := b.h.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.h.Now()) {
@@ -131,7 +131,7 @@ func TestRules(t *testing.T) {
 			})
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if d := ds.For(a)[0]; d.Applied || d.Evidence[reapkit.EvNoopReason] != sdk.NoopActive {
+			if d := ds.For(a)[0]; d.Applied || d.Evidence[reap.EvNoopReason] != sdk.NoopActive {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
@@ -147,7 +147,7 @@ func TestRules(t *testing.T) {
 			b.h.Board.LockRun("r", true)
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if d := ds.For(a)[0]; d.Evidence[reapkit.EvNoopReason] != sdk.NoopLocked {
+			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopLocked {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
@@ -166,7 +166,7 @@ func TestRules(t *testing.T) {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
 		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if d := ds.For(a)[0]; d.Evidence[reapkit.EvAttached] != "1" {
+			if d := ds.For(a)[0]; d.Evidence[reap.EvAttached] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
@@ -190,7 +190,7 @@ func TestRules(t *testing.T) {
 			b.h.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
 			return quietRun(b, "r", settled(b))
 		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reapkit.EvTeardown], "apiserver unavailable") {
+			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvTeardown], "apiserver unavailable") {
 				t.Fatalf("decision %+v", d)
 			}
 		}},

@@ -46,6 +46,6 @@ func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
 func (r *Reaper) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
 
 // Reap returns no decisions yet (see the package doc).
-func (r *Reaper) Reap(_ context.Context, pass sdk.Pass, _ sdk.Board, _ sdk.Executions) (sdk.PassResult, error) {
+func (r *Reaper) Reap(_ context.Context, pass sdk.Pass, _ sdk.Board, _ sdk.Executions, _ sdk.Sink) (sdk.PassResult, error) {
 	return sdk.PassResult{State: pass.State}, nil
 }

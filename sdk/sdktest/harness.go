@@ -98,13 +98,14 @@ func (h *Harness) Reap(ctx context.Context, r sdk.Reaper) (Decisions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read plugin info: %w", err)
 	}
-	res, err := r.Reap(ctx, h.Pass(info.Name), h.Board, h.Exec)
+	var sink sdk.Collector
+	res, err := r.Reap(ctx, h.Pass(info.Name), h.Board, h.Exec, &sink)
 	h.Last = res
 	if err != nil {
-		return Decisions(res.Decisions), err
+		return Decisions(sink.Decisions()), err
 	}
 	h.states[info.Name] = res.State
-	return Decisions(res.Decisions), nil
+	return Decisions(sink.Decisions()), nil
 }
 
 // Running puts a running attempt that entered running runningFor ago and

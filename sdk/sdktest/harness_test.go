@@ -26,10 +26,10 @@ func (e *echo) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	}
 	return nil
 }
-func (e *echo) Reap(_ context.Context, pass sdk.Pass, _ sdk.Board, _ sdk.Executions) (sdk.PassResult, error) {
+func (e *echo) Reap(ctx context.Context, pass sdk.Pass, _ sdk.Board, _ sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	e.last = pass
-	return sdk.PassResult{State: append(pass.State, e.name...),
-		Decisions: []sdk.Decision{{Label: sdk.LabelOrphanRun, Attempt: sdk.Attempt{RunID: e.name}, Applied: true}}}, nil
+	err := sink.Record(ctx, []sdk.Decision{{Label: sdk.LabelOrphanRun, Attempt: sdk.Attempt{RunID: e.name}, Applied: true}})
+	return sdk.PassResult{State: append(pass.State, e.name...)}, err
 }
 
 func TestHarness(t *testing.T) {

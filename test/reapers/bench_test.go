@@ -175,14 +175,15 @@ func recoverAll(b *testing.B, r sdk.Reaper, bb *benchBoard, exec sdk.Executions)
 	for pass := 1; pass <= 10; pass++ {
 		now := benchNow.Add(time.Duration(pass-1) * l.MaintenanceInterval)
 		start := time.Now()
+		var sink sdk.Collector
 		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: bb.term, Deadline: now.Add(l.MaintenanceInterval),
-			State: state, Edition: ladder.EditionLite}, bb.store, exec)
+			State: state, Edition: ladder.EditionLite}, bb.store, exec, &sink)
 		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatalf("pass %d: %v", pass, err)
 		}
 		state = res.State
-		for _, d := range res.Decisions {
+		for _, d := range sink.Decisions() {
 			if d.Label != sdk.LabelAgentLost || !d.Applied {
 				b.Fatalf("pass %d: unexpected decision %s applied=%v about %s: %s", pass, d.Label, d.Applied, d.Attempt, d.Detail)
 			}
@@ -322,13 +323,14 @@ func BenchmarkSteadyState(b *testing.B) {
 				var whole time.Duration
 				for j, r := range reapers {
 					start := time.Now()
-					res, err := r.Reap(ctx, pass, bb.store, sub)
+					var sink sdk.Collector
+					_, err := r.Reap(ctx, pass, bb.store, sub, &sink)
 					d := time.Since(start)
 					if err != nil {
 						b.Fatal(err)
 					}
-					if len(res.Decisions) != 0 {
-						b.Fatalf("a healthy board gave %d decisions, the first %+v", len(res.Decisions), res.Decisions[0])
+					if ds := sink.Decisions(); len(ds) != 0 {
+						b.Fatalf("a healthy board gave %d decisions, the first %+v", len(ds), ds[0])
 					}
 					times[1+j] = append(times[1+j], d)
 					whole += d

@@ -18,6 +18,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/dexaflow/reaper/sdk/plugin"
+
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/host/config"
@@ -50,7 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "version", "-version", "--version":
-		fmt.Fprintf(stdout, "reaperd %s (plugin protocol %d)\n", sdk.BuildVersion, sdk.ProtocolVersion)
+		fmt.Fprintf(stdout, "reaperd %s (plugin protocol %d)\n", sdk.BuildVersion, plugin.ProtocolVersion)
 		return 0
 	case "validate":
 		return cmdValidate(ctx, args[1:], stdout, stderr)

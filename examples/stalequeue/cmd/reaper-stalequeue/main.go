@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/examples/stalequeue"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(stalequeue.New) }
+func main() { plugin.Serve(stalequeue.New) }

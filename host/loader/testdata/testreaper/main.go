@@ -5,9 +5,9 @@
 // decision for each. Configured with mode = "crash" it exits in the middle
 // of a pass; with mode = "hang" it blocks until the pass is cancelled. The
 // environment variable TESTREAPER_PROTOCOLS (comma-separated) overrides the
-// protocol versions it serves. With mode = "report" its pass hands 150
-// decisions to the host early (sdk.Report) and returns 2,350 more; with
-// "report_fail" it reports 150 and returns 5 with an error.
+// protocol versions it serves. With mode = "report" its pass records 150
+// decisions, then 2,350 more; with "report_fail" it records 150 and 5, then
+// fails.
 package main
 
 import (
@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/dexaflow/reaper/sdk/plugin"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -57,7 +59,7 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	return errors.New(`mode must be "normal", "crash", "crash_once", "hang", "report" or "report_fail"`)
 }
 
-func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions) (sdk.PassResult, error) {
+func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	switch r.mode {
 	case "crash":
 		os.Exit(3)
@@ -71,9 +73,9 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		<-ctx.Done()
 		return sdk.PassResult{}, ctx.Err()
 	case "report":
-		return reportPass(ctx, pass, 150, 2350, nil)
+		return reportPass(ctx, pass, sink, 150, 2350, nil)
 	case "report_fail":
-		return reportPass(ctx, pass, 150, 5, errors.New("failed on purpose"))
+		return reportPass(ctx, pass, sink, 150, 5, errors.New("failed on purpose"))
 	}
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
@@ -109,25 +111,31 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		decisions = append(decisions, sdk.Decision{Label: sdk.LabelAgentLost, Attempt: res.Attempt, Applied: res.Applied,
 			Evidence: map[string]string{"term": strconv.FormatInt(pass.Term, 10)}})
 	}
-	return sdk.PassResult{Decisions: decisions, State: append(pass.State, 'x')}, nil
+	if err := sink.Record(ctx, decisions); err != nil {
+		return sdk.PassResult{}, err
+	}
+	return sdk.PassResult{State: append(pass.State, 'x')}, nil
 }
 
-// reportPass reports early decisions about tasks t0000, t0001, ... and
-// returns the next ones, numbered on, with err.
-func reportPass(ctx context.Context, pass sdk.Pass, early, late int, err error) (sdk.PassResult, error) {
+// reportPass records decisions about tasks t0000, t0001, ... in two
+// batches, then returns err.
+func reportPass(ctx context.Context, pass sdk.Pass, sink sdk.Sink, early, late int, err error) (sdk.PassResult, error) {
 	ds := make([]sdk.Decision, early+late)
 	for i := range ds {
 		ds[i] = sdk.Decision{Label: sdk.LabelAgentLost, Attempt: sdk.Attempt{RunID: "r", TaskID: fmt.Sprintf("t%04d", i), Try: 1},
 			Applied: true, Evidence: map[string]string{"term": strconv.FormatInt(pass.Term, 10), "n": strconv.Itoa(i)}}
 	}
-	if !sdk.Report(ctx, ds[:early]) {
-		return sdk.PassResult{}, errors.New("sdk.Report refused a pass served over the plugin protocol")
+	if err := sink.Record(ctx, ds[:early]); err != nil {
+		return sdk.PassResult{}, err
 	}
-	return sdk.PassResult{Decisions: ds[early:], State: []byte("reported")}, err
+	if err := sink.Record(ctx, ds[early:]); err != nil {
+		return sdk.PassResult{}, err
+	}
+	return sdk.PassResult{State: []byte("reported")}, err
 }
 
 func main() {
-	var opts []sdk.ServeOption
+	var opts []plugin.ServeOption
 	if v := os.Getenv("TESTREAPER_PROTOCOLS"); v != "" {
 		var versions []int
 		for _, s := range strings.Split(v, ",") {
@@ -137,7 +145,7 @@ func main() {
 			}
 			versions = append(versions, n)
 		}
-		opts = append(opts, sdk.WithProtocolVersions(versions...))
+		opts = append(opts, plugin.WithProtocolVersions(versions...))
 	}
-	sdk.Serve(newReaper, opts...)
+	plugin.Serve(newReaper, opts...)
 }

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/dexaflow/reaper/sdk/plugin"
+
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -65,4 +67,4 @@ func (s *substrate) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult
 
 func (s *substrate) WarmWorkers(context.Context) ([]sdk.WarmWorker, error) { return nil, nil }
 
-func main() { sdk.Serve(newSubstrate) }
+func main() { plugin.Serve(newSubstrate) }

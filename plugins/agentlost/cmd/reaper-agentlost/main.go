@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/plugins/agentlost"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(agentlost.New) }
+func main() { plugin.Serve(agentlost.New) }

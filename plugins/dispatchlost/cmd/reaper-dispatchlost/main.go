@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(dispatchlost.New) }
+func main() { plugin.Serve(dispatchlost.New) }

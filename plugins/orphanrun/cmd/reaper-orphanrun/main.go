@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/plugins/orphanrun"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(orphanrun.New) }
+func main() { plugin.Serve(orphanrun.New) }

@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/plugins/podlost"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(podlost.New) }
+func main() { plugin.Serve(podlost.New) }

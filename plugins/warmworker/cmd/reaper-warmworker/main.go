@@ -3,7 +3,7 @@ package main
 
 import (
 	"github.com/dexaflow/reaper/plugins/warmworker"
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
-func main() { sdk.Serve(warmworker.New) }
+func main() { plugin.Serve(warmworker.New) }

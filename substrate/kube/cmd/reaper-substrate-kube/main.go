@@ -3,8 +3,8 @@
 package main
 
 import (
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
 
-func main() { sdk.Serve(kube.New) }
+func main() { plugin.Serve(kube.New) }

@@ -3,8 +3,8 @@
 package main
 
 import (
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"github.com/dexaflow/reaper/substrate/lite"
 )
 
-func main() { sdk.Serve(lite.New) }
+func main() { plugin.Serve(lite.New) }

@@ -1,4 +1,4 @@
-package sdk
+package plugin
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // reaperClient is the host's Reaper backed by a plugin process.
@@ -22,11 +23,11 @@ type reaperClient struct {
 	passMu sync.Mutex
 }
 
-var _ Reaper = (*reaperClient)(nil)
+var _ sdk.Reaper = (*reaperClient)(nil)
 
-// Reap runs a pass in the plugin. As an in-process reaper may, it returns
-// with an error the decisions the pass made before failing.
-func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Executions) (PassResult, error) {
+// Reap runs a pass in the plugin, handing its decisions to sink as they
+// arrive: those the pass made before failing too.
+func (c *reaperClient) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	c.passMu.Lock()
 	defer c.passMu.Unlock()
 	id := c.callbacks.serve(board, exec)
@@ -39,9 +40,9 @@ func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Ex
 		Edition: pass.Edition, BrokerId: id,
 	})
 	if err != nil {
-		return PassResult{}, fmt.Errorf("reap pass: %w", err)
+		return sdk.PassResult{}, fmt.Errorf("reap pass: %w", err)
 	}
-	var res PassResult
+	var res sdk.PassResult
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -50,7 +51,11 @@ func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Ex
 		if err != nil {
 			return res, fmt.Errorf("reap pass: %w", err)
 		}
-		res.Decisions = append(res.Decisions, decisionsFromPB(msg.Decisions)...)
+		if len(msg.Decisions.GetDecisions()) > 0 {
+			if err := sink.Record(ctx, decisionsFromPB(msg.Decisions)); err != nil {
+				return res, fmt.Errorf("reap pass: record decisions: %w", err)
+			}
+		}
 		if msg.State != nil {
 			res.State = msg.State
 		}
@@ -60,7 +65,7 @@ func (c *reaperClient) Reap(ctx context.Context, pass Pass, board Board, exec Ex
 // reaperServer serves a plugin's Reaper, dialing the host's callbacks.
 type reaperServer struct {
 	pb.UnimplementedReaperServer
-	impl   Reaper
+	impl   sdk.Reaper
 	dialer *brokerDialer
 }
 
@@ -76,25 +81,16 @@ func (s *reaperServer) Reap(req *pb.PassRequest, stream grpc.ServerStreamingServ
 	board := newBoardClient(ctx, pb.NewBoardClient(conn))
 	defer board.close()
 	exec := &executionsClient{client: pb.NewSubstrateClient(conn)}
-	rep := newReporter(stream)
-	res, err := s.impl.Reap(withReporter(ctx, rep), Pass{
+	sink := newStreamSink(stream)
+	res, err := s.impl.Reap(ctx, sdk.Pass{
 		Now: tsFromPB(req.Now), Ladder: ladderFromPB(req.Ladder), Term: req.Term,
 		DryRun: req.DryRun, Deadline: tsFromPB(req.Deadline), State: req.State, Edition: req.Edition,
-	}, board, exec)
-	sendErr := rep.close()
-	// The rest of the decisions go out even when the pass failed: the
-	// host records what was decided before the error.
-	ds := res.Decisions
-	for sendErr == nil && len(ds) > passChunk {
-		sendErr = stream.Send(&pb.PassResponse{Decisions: decisionsToPB(ds[:passChunk])})
-		ds = ds[passChunk:]
-	}
-	if sendErr == nil {
-		last := &pb.PassResponse{Decisions: decisionsToPB(ds)}
-		if err == nil {
-			last.State = res.State
-		}
-		sendErr = stream.Send(last)
+	}, board, exec, sink)
+	// What was recorded goes out even when the pass failed: the host keeps
+	// what was decided before the error.
+	sendErr := sink.close()
+	if sendErr == nil && err == nil {
+		sendErr = stream.Send(&pb.PassResponse{State: res.State})
 	}
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package reapkit
+package reap
 
 import (
 	"context"
@@ -203,22 +203,47 @@ func TestBrakeJudge(t *testing.T) {
 	}
 }
 
+type testConfig struct {
+	PolicySetting
+	DrainSetting
+	Brake
+}
+
 func TestConfig(t *testing.T) {
 	t.Parallel()
-	b, err := ParseBrake(sdk.Values{})
-	if err != nil || b != DefaultBrake() {
-		t.Fatalf("%+v %v", b, err)
+	defaults := testConfig{PolicySetting: DefaultPolicy(), Brake: DefaultBrake()}
+	schema := sdk.SchemaOf(defaults)
+	var names []string
+	for _, a := range schema.Attributes {
+		names = append(names, a.Name)
 	}
-	b, err = ParseBrake(sdk.Values{AttrBrakeShare: 0.25, AttrBrakeMin: 3, AttrBrakeMax: int64(4)})
-	if err != nil || b != (Brake{Share: 0.25, Min: 3, Max: 4}) {
-		t.Fatalf("%+v %v", b, err)
+	if got := strings.Join(names, ","); got != "policy,drain_max_pages,brake_share,brake_min,brake_max" {
+		t.Fatalf("attributes %s", got)
 	}
-	if p, err := ParsePolicy(sdk.Values{AttrPolicy: PolicyHold}); err != nil || p != PolicyHold {
-		t.Fatalf("%q %v", p, err)
+	cfg := defaults
+	if err := (sdk.Values{}).Decode(&cfg); err != nil || cfg != defaults {
+		t.Fatalf("%+v %v", cfg, err)
 	}
-	s := sdk.Schema{Attributes: []sdk.Attribute{PolicyAttribute()}}
-	if err := CheckKnown(s, sdk.Values{"polcy": "hold"}); err == nil || !strings.Contains(err.Error(), `"polcy"`) {
-		t.Fatalf("err %v", err)
+	cfg = defaults
+	err := sdk.Values{"brake_share": 0.25, "brake_min": 3.0, "brake_max": int64(4), "policy": "hold"}.Decode(&cfg)
+	if err != nil || cfg.Brake != (Brake{Share: 0.25, Min: 3, Max: 4}) || !cfg.Hold() {
+		t.Fatalf("%+v %v", cfg, err)
+	}
+	for _, tc := range []struct {
+		values sdk.Values
+		want   string
+	}{
+		{sdk.Values{"polcy": "hold"}, `attribute "polcy": not a setting of this plugin`},
+		{sdk.Values{"policy": "keep"}, `attribute "policy": must be "replace" or "hold", got "keep"`},
+		{sdk.Values{"brake_share": 1.5}, `attribute "brake_share": must be greater than 0 and at most 1, got 1.5`},
+		{sdk.Values{"brake_min": 2.5}, `attribute "brake_min": must be a whole number, got 2.5`},
+		{sdk.Values{"drain_max_pages": -1.0}, `attribute "drain_max_pages": must not be negative, got -1`},
+		{sdk.Values{"policy": true}, `attribute "policy": must be a string, got bool`},
+	} {
+		cfg := defaults
+		if err := tc.values.Decode(&cfg); err == nil || err.Error() != tc.want {
+			t.Errorf("%v: err %v, want %s", tc.values, err, tc.want)
+		}
 	}
 }
 
@@ -236,13 +261,25 @@ func TestTeardownTrouble(t *testing.T) {
 	}
 }
 
-func TestRecorderFlushInProcessKeepsEveryDecision(t *testing.T) {
-	rec := NewRecorder("test", sdk.Pass{})
-	for i := range 2 * reportAt {
+func TestRecorderHandsEveryDecisionToTheSink(t *testing.T) {
+	ctx := context.Background()
+	var sink sdk.Collector
+	rec := NewRecorder("test", sdk.Pass{}, &sink)
+	for i := range flushAt - 1 {
 		rec.Add(sdk.LabelAgentLost, sdk.Attempt{RunID: "r", TaskID: fmt.Sprint(i), Try: 1}, true, "", Evidence{})
 	}
-	rec.Flush(context.Background()) // no host to report to: nothing leaves
-	if got := len(rec.Decisions()); got != 2*reportAt {
-		t.Fatalf("%d decisions left to return, want %d", got, 2*reportAt)
+	if err := rec.Flush(ctx); err != nil || len(sink.Decisions()) != 0 {
+		t.Fatalf("flushed below the batch size: %d (%v)", len(sink.Decisions()), err)
+	}
+	rec.Add(sdk.LabelMarkNoop, sdk.Attempt{RunID: "r", TaskID: "last", Try: 1}, false, "", Evidence{})
+	if err := rec.Flush(ctx); err != nil || len(sink.Decisions()) != flushAt {
+		t.Fatalf("a full batch: %d in the sink (%v)", len(sink.Decisions()), err)
+	}
+	rec.Add(sdk.LabelAgentLost, sdk.Attempt{RunID: "r", TaskID: "after", Try: 1}, true, "", Evidence{})
+	if err := rec.Close(ctx); err != nil || len(sink.Decisions()) != flushAt+1 {
+		t.Fatalf("close: %d in the sink (%v)", len(sink.Decisions()), err)
+	}
+	if rec.Count(sdk.LabelAgentLost) != flushAt || rec.Count(sdk.LabelMarkNoop) != 1 {
+		t.Fatalf("counts %d %d", rec.Count(sdk.LabelAgentLost), rec.Count(sdk.LabelMarkNoop))
 	}
 }

@@ -1,10 +1,13 @@
-// Package reapkit holds what the reaper plugins share: the pass state that
-// carries keyset cursors between passes, the drain loop bounded by the phase
-// budget, the brake on marks decided on heartbeat silence alone, the common
-// configuration attributes, and the construction of decisions and their
-// evidence. Policy — which candidates, which signal, which label — stays in
-// each reaper's package.
-package reapkit
+// Package reap is the toolkit a reaper plugin is built from: Run, one pass
+// from a set of listings (the pass state that carries keyset cursors
+// between passes, the drain bounded by the phase budget, the decisions
+// handed to the pass's sink); the recorder of decisions and their evidence;
+// Settle, guarded marks then what follows them (a teardown, a stop); the
+// brake on marks decided on heartbeat silence alone; the orphan stop; and
+// the settings every reaper shares (policy, drain bound, brake) as structs
+// to embed in a configuration. Policy — which candidates, which signal,
+// which label — stays in each reaper's package.
+package reap
 
 import (
 	"encoding/json"
@@ -32,7 +35,7 @@ type Cursor struct {
 //
 // Encoded as JSON: {"v":1,"cursors":{"<listing>":{"at":"<RFC 3339>","run":"…","task":"…"}}}.
 type State struct {
-	Version int               `json:"v"`
+	Version int                   `json:"v"`
 	Cursors map[string]Cursor `json:"cursors,omitempty"`
 }
 

@@ -1,8 +1,9 @@
-package sdk
+package plugin
 
 import (
 	"context"
 	"fmt"
+	"github.com/dexaflow/reaper/sdk"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,23 +149,23 @@ func (r *readAhead[P]) close() {
 }
 
 // listingKey names a candidate listing: its query without cursor.
-func listingKey(q CandidateQuery) string {
+func listingKey(q sdk.CandidateQuery) string {
 	return fmt.Sprintf("%s|%s|%s|%d|%s|%d", strings.Join(q.States, ","), strings.Join(q.Executors, ","),
 		q.OrderBy, timeKey(q.OlderThan), q.Heartbeat, q.Limit)
 }
 
-func cursorKey(c *Cursor) string {
+func cursorKey(c *sdk.Cursor) string {
 	if c == nil {
 		return ""
 	}
 	return strconv.FormatInt(timeKey(c.At), 10) + "|" + c.RunID + "|" + c.TaskID
 }
 
-func runListingKey(q RunQuery) string {
+func runListingKey(q sdk.RunQuery) string {
 	return strconv.FormatInt(timeKey(q.OlderThan), 10) + "|" + strconv.Itoa(q.Limit)
 }
 
-func runCursorKey(c *RunCursor) string {
+func runCursorKey(c *sdk.RunCursor) string {
 	if c == nil {
 		return ""
 	}

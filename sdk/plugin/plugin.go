@@ -1,4 +1,4 @@
-package sdk
+package plugin
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // ProtocolVersion is the newest plugin protocol this SDK speaks. The host
@@ -53,7 +54,7 @@ func PluginSets() map[int]plugin.PluginSet {
 // is served; on the host side the dispensed value is a Reaper client.
 type ReaperPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl Reaper
+	Impl sdk.Reaper
 }
 
 var _ plugin.GRPCPlugin = (*ReaperPlugin)(nil)
@@ -77,7 +78,7 @@ func (p *ReaperPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, 
 // SubstratePlugin is the go-plugin wrapper of a Substrate.
 type SubstratePlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl Substrate
+	Impl sdk.Substrate
 }
 
 var _ plugin.GRPCPlugin = (*SubstratePlugin)(nil)

@@ -1,4 +1,4 @@
-package reapkit
+package reap
 
 import (
 	"context"
@@ -40,8 +40,7 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 		for _, p := range planned {
 			rec.Add(p.Label, p.Mark.Attempt, false, p.Detail+" (dry run: not marked)", p.Evidence)
 		}
-		rec.Flush(ctx)
-		return nil
+		return rec.Flush(ctx)
 	}
 	marks := make([]sdk.Mark, len(planned))
 	for i, p := range planned {
@@ -65,8 +64,10 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 			rec.Add(f.Label, p.Mark.Attempt, f.Applied, f.Detail, f.Evidence)
 		}
 	}
-	rec.Flush(ctx)
-	return err
+	if err != nil {
+		return err
+	}
+	return rec.Flush(ctx)
 }
 
 func noopWords(reason string) string {

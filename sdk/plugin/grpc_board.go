@@ -1,10 +1,11 @@
-package sdk
+package plugin
 
 import (
 	"context"
 	"fmt"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // boardClient is a plugin's Board for one pass or sweep: every call goes
@@ -13,15 +14,15 @@ import (
 // is still in flight.
 type boardClient struct {
 	client     pb.BoardClient
-	candidates *readAhead[CandidatePage]
-	runs       *readAhead[RunPage]
+	candidates *readAhead[sdk.CandidatePage]
+	runs       *readAhead[sdk.RunPage]
 }
 
-var _ Board = (*boardClient)(nil)
+var _ sdk.Board = (*boardClient)(nil)
 
 func newBoardClient(ctx context.Context, client pb.BoardClient) *boardClient {
 	return &boardClient{client: client,
-		candidates: newReadAhead[CandidatePage](ctx), runs: newReadAhead[RunPage](ctx)}
+		candidates: newReadAhead[sdk.CandidatePage](ctx), runs: newReadAhead[sdk.RunPage](ctx)}
 }
 
 // fire sends the read aheads armed since the last write. Between a
@@ -39,28 +40,28 @@ func (c *boardClient) close() {
 	c.runs.close()
 }
 
-func (c *boardClient) ListCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
+func (c *boardClient) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.CandidatePage, error) {
 	return c.candidates.serve(ctx, listingKey(q), cursorKey(q.After),
-		func(ctx context.Context) (CandidatePage, error) { return c.listCandidates(ctx, q) },
-		func(page CandidatePage) (string, func(context.Context) (CandidatePage, error), bool) {
+		func(ctx context.Context) (sdk.CandidatePage, error) { return c.listCandidates(ctx, q) },
+		func(page sdk.CandidatePage) (string, func(context.Context) (sdk.CandidatePage, error), bool) {
 			if page.Next == nil || len(page.Candidates) == 0 {
 				return "", nil, false
 			}
 			next := q
 			next.After = page.Next
-			return cursorKey(next.After), func(ctx context.Context) (CandidatePage, error) { return c.listCandidates(ctx, next) }, true
+			return cursorKey(next.After), func(ctx context.Context) (sdk.CandidatePage, error) { return c.listCandidates(ctx, next) }, true
 		})
 }
 
-func (c *boardClient) listCandidates(ctx context.Context, q CandidateQuery) (CandidatePage, error) {
+func (c *boardClient) listCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.CandidatePage, error) {
 	resp, err := c.client.ListCandidates(ctx, candidateQueryToPB(q))
 	if err != nil {
-		return CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
+		return sdk.CandidatePage{}, fmt.Errorf("board list candidates: %w", err)
 	}
 	return candidatePageFromPB(resp), nil
 }
 
-func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, error) {
+func (c *boardClient) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
 	c.fire()
 	resp, err := c.client.Mark(ctx, &pb.MarkRequest{Marks: marksToPB(marks)})
 	if err != nil {
@@ -69,41 +70,41 @@ func (c *boardClient) Mark(ctx context.Context, marks []Mark) ([]MarkResult, err
 	return markResultsFromPB(resp.Results, marks), nil
 }
 
-func (c *boardClient) ListOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
+func (c *boardClient) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
 	return c.runs.serve(ctx, runListingKey(q), runCursorKey(q.After),
-		func(ctx context.Context) (RunPage, error) { return c.listOrphanRuns(ctx, q) },
-		func(page RunPage) (string, func(context.Context) (RunPage, error), bool) {
+		func(ctx context.Context) (sdk.RunPage, error) { return c.listOrphanRuns(ctx, q) },
+		func(page sdk.RunPage) (string, func(context.Context) (sdk.RunPage, error), bool) {
 			if page.Next == nil || len(page.Runs) == 0 {
 				return "", nil, false
 			}
 			next := q
 			next.After = page.Next
-			return runCursorKey(next.After), func(ctx context.Context) (RunPage, error) { return c.listOrphanRuns(ctx, next) }, true
+			return runCursorKey(next.After), func(ctx context.Context) (sdk.RunPage, error) { return c.listOrphanRuns(ctx, next) }, true
 		})
 }
 
-func (c *boardClient) listOrphanRuns(ctx context.Context, q RunQuery) (RunPage, error) {
+func (c *boardClient) listOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
 	resp, err := c.client.ListOrphanRuns(ctx, &pb.RunQuery{
 		OlderThan: tsToPB(q.OlderThan), After: runCursorToPB(q.After), Limit: int32(q.Limit),
 	})
 	if err != nil {
-		return RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
+		return sdk.RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
 	}
 	return runPageFromPB(resp), nil
 }
 
-func (c *boardClient) ReapRun(ctx context.Context, r RunReap) (RunReapResult, error) {
+func (c *boardClient) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
 	c.fire()
 	resp, err := c.client.ReapRun(ctx, &pb.RunReap{
 		RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At), Message: r.Message,
 	})
 	if err != nil {
-		return RunReapResult{}, fmt.Errorf("board reap run: %w", err)
+		return sdk.RunReapResult{}, fmt.Errorf("board reap run: %w", err)
 	}
-	return RunReapResult{Applied: resp.Applied, NoopReason: resp.NoopReason, Attached: attemptsFromPB(resp.Attached)}, nil
+	return sdk.RunReapResult{Applied: resp.Applied, NoopReason: resp.NoopReason, Attached: attemptsFromPB(resp.Attached)}, nil
 }
 
-func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []LogLine) error {
+func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
 	c.fire()
 	if _, err := c.client.AppendLog(ctx, &pb.AppendLogRequest{Lines: logLinesToPB(lines), Term: term}); err != nil {
 		return fmt.Errorf("board append log: %w", err)
@@ -114,7 +115,7 @@ func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []LogLine
 // boardServer is the host's Board service, served to plugins.
 type boardServer struct {
 	pb.UnimplementedBoardServer
-	get func() (Board, error)
+	get func() (sdk.Board, error)
 }
 
 func (s *boardServer) ListCandidates(ctx context.Context, q *pb.CandidateQuery) (*pb.CandidatePage, error) {
@@ -147,7 +148,7 @@ func (s *boardServer) ListOrphanRuns(ctx context.Context, q *pb.RunQuery) (*pb.R
 	if err != nil {
 		return nil, err
 	}
-	page, err := b.ListOrphanRuns(ctx, RunQuery{OlderThan: tsFromPB(q.OlderThan), After: runCursorFromPB(q.After), Limit: int(q.Limit)})
+	page, err := b.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: tsFromPB(q.OlderThan), After: runCursorFromPB(q.After), Limit: int(q.Limit)})
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +160,7 @@ func (s *boardServer) ReapRun(ctx context.Context, r *pb.RunReap) (*pb.RunReapRe
 	if err != nil {
 		return nil, err
 	}
-	res, err := b.ReapRun(ctx, RunReap{RunID: r.RunId, OlderThan: tsFromPB(r.OlderThan), Term: r.Term, At: tsFromPB(r.At), Message: r.Message})
+	res, err := b.ReapRun(ctx, sdk.RunReap{RunID: r.RunId, OlderThan: tsFromPB(r.OlderThan), Term: r.Term, At: tsFromPB(r.At), Message: r.Message})
 	if err != nil {
 		return nil, err
 	}

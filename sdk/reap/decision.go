@@ -1,4 +1,4 @@
-package reapkit
+package reap
 
 import (
 	"context"
@@ -122,21 +122,25 @@ func (e Evidence) Liveness(a Answer) Evidence {
 	return e
 }
 
-// Recorder collects the decisions of one pass.
+// Recorder builds the decisions of one pass and hands them to the pass's
+// sink a batch at a time.
 type Recorder struct {
 	reaper string
 	pass   sdk.Pass
+	sink   sdk.Sink
 	ds     []sdk.Decision
-	sent   int // ds[:sent] were reported to the host (sdk.Report)
+	sent   int // ds[:sent] went to the sink
+	counts map[string]int
 }
 
-// reportAt is how many decisions wait before Flush reports them: a page's
-// worth and more, so a drain reports about once a page.
-const reportAt = 100
+// flushAt is how many decisions wait before Flush hands them to the sink:
+// a page's worth and more, so a drain records about once a page.
+const flushAt = 100
 
-// NewRecorder starts the decisions of a pass of the named reaper.
-func NewRecorder(reaper string, pass sdk.Pass) *Recorder {
-	return &Recorder{reaper: reaper, pass: pass}
+// NewRecorder starts the decisions of a pass of the named reaper, recorded
+// into sink.
+func NewRecorder(reaper string, pass sdk.Pass, sink sdk.Sink) *Recorder {
+	return &Recorder{reaper: reaper, pass: pass, sink: sink, counts: map[string]int{}}
 }
 
 // Add records one decision. In a dry run nothing is applied, whatever the
@@ -151,29 +155,40 @@ func (r *Recorder) Add(label string, a sdk.Attempt, applied bool, detail string,
 		Detail:   detail,
 		Evidence: ev,
 	})
+	r.counts[label]++
 }
 
-// Decisions returns the decisions recorded so far and not yet reported:
-// what the pass returns in its PassResult.
-func (r *Recorder) Decisions() []sdk.Decision { return r.ds[r.sent:] }
-
-// Flush hands the decisions waiting to the host while the pass goes on
-// (sdk.Report) once there are reportAt of them; over the plugin protocol
-// the host then decodes them while the pass works, and keeps them should
-// the pass fail. In process it does nothing.
-func (r *Recorder) Flush(ctx context.Context) {
-	if len(r.ds)-r.sent >= reportAt && sdk.Report(ctx, r.ds[r.sent:len(r.ds):len(r.ds)]) {
-		r.sent = len(r.ds)
+// Flush hands the waiting decisions to the sink once there are flushAt of
+// them, so a long drain's decisions reach the host while it goes on.
+func (r *Recorder) Flush(ctx context.Context) error {
+	if len(r.ds)-r.sent < flushAt {
+		return nil
 	}
+	return r.Close(ctx)
 }
 
-// Count counts the recorded decisions with the label.
-func (r *Recorder) Count(label string) int {
+// Close hands every waiting decision to the sink. The pass runner calls it
+// at the end of a pass, whichever way the pass ended.
+func (r *Recorder) Close(ctx context.Context) error {
+	if r.sent == len(r.ds) {
+		return nil
+	}
+	batch := r.ds[r.sent:len(r.ds):len(r.ds)]
+	r.ds = r.ds[len(r.ds):] // what the sink holds is never touched again
+	r.sent = 0
+	if err := r.sink.Record(ctx, batch); err != nil {
+		return fmt.Errorf("record %d decisions: %w", len(batch), err)
+	}
+	return nil
+}
+
+// Count counts the decisions of the pass with the label.
+func (r *Recorder) Count(label string) int { return r.counts[label] }
+
+func (r *Recorder) total() int {
 	n := 0
-	for _, d := range r.ds {
-		if d.Label == label {
-			n++
-		}
+	for _, c := range r.counts {
+		n += c
 	}
 	return n
 }

@@ -1,11 +1,12 @@
-package sdk
+package plugin
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // baseClient is the host's view of the Base service every plugin serves.
@@ -13,26 +14,26 @@ type baseClient struct {
 	client pb.BaseClient
 }
 
-func (c *baseClient) Info(ctx context.Context) (Info, error) {
+func (c *baseClient) Info(ctx context.Context) (sdk.Info, error) {
 	resp, err := c.client.Info(ctx, &pb.Empty{})
 	if err != nil {
-		return Info{}, fmt.Errorf("plugin info: %w", err)
+		return sdk.Info{}, fmt.Errorf("plugin info: %w", err)
 	}
-	return Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
+	return sdk.Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
 		Editions: resp.Editions, Description: resp.Description}, nil
 }
 
-func (c *baseClient) ConfigSchema(ctx context.Context) (Schema, error) {
+func (c *baseClient) ConfigSchema(ctx context.Context) (sdk.Schema, error) {
 	resp, err := c.client.ConfigSchema(ctx, &pb.Empty{})
 	if err != nil {
-		return Schema{}, fmt.Errorf("plugin config schema: %w", err)
+		return sdk.Schema{}, fmt.Errorf("plugin config schema: %w", err)
 	}
-	s := Schema{Attributes: make([]Attribute, len(resp.Attributes))}
+	s := sdk.Schema{Attributes: make([]sdk.Attribute, len(resp.Attributes))}
 	for i, a := range resp.Attributes {
-		attr := Attribute{Name: a.Name, Type: AttrType(a.Type), Required: a.Required, Description: a.Description}
+		attr := sdk.Attribute{Name: a.Name, Type: sdk.AttrType(a.Type), Required: a.Required, Description: a.Description}
 		if a.DefaultJson != "" {
 			if err := json.Unmarshal([]byte(a.DefaultJson), &attr.Default); err != nil {
-				return Schema{}, fmt.Errorf("plugin config schema: default of %q: %w", a.Name, err)
+				return sdk.Schema{}, fmt.Errorf("plugin config schema: default of %q: %w", a.Name, err)
 			}
 			attr.Default = normalizeJSONValue(attr.Type, attr.Default)
 		}
@@ -41,7 +42,7 @@ func (c *baseClient) ConfigSchema(ctx context.Context) (Schema, error) {
 	return s, nil
 }
 
-func (c *baseClient) Configure(ctx context.Context, req ConfigureRequest) error {
+func (c *baseClient) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	values, err := json.Marshal(req.Values)
 	if err != nil {
 		return fmt.Errorf("plugin configure: encode values: %w", err)
@@ -58,7 +59,7 @@ func (c *baseClient) Configure(ctx context.Context, req ConfigureRequest) error 
 // baseServer serves a plugin's Base service.
 type baseServer struct {
 	pb.UnimplementedBaseServer
-	impl Plugin
+	impl sdk.Plugin
 }
 
 func (s *baseServer) Info(ctx context.Context, _ *pb.Empty) (*pb.InfoResponse, error) {
@@ -91,7 +92,7 @@ func (s *baseServer) ConfigSchema(ctx context.Context, _ *pb.Empty) (*pb.SchemaR
 }
 
 func (s *baseServer) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.Empty, error) {
-	values := Values{}
+	values := sdk.Values{}
 	if len(req.ValuesJson) > 0 {
 		if err := json.Unmarshal(req.ValuesJson, &values); err != nil {
 			return nil, fmt.Errorf("decode configuration values: %w", err)
@@ -99,10 +100,10 @@ func (s *baseServer) Configure(ctx context.Context, req *pb.ConfigureRequest) (*
 	}
 	for k, v := range values {
 		if l, ok := v.([]any); ok {
-			values[k] = normalizeJSONValue(TypeStrings, l)
+			values[k] = normalizeJSONValue(sdk.TypeStrings, l)
 		}
 	}
-	if err := s.impl.Configure(ctx, ConfigureRequest{Edition: req.Edition, Values: values, Ladder: ladderFromPB(req.Ladder)}); err != nil {
+	if err := s.impl.Configure(ctx, sdk.ConfigureRequest{Edition: req.Edition, Values: values, Ladder: ladderFromPB(req.Ladder)}); err != nil {
 		return nil, err
 	}
 	return &pb.Empty{}, nil
@@ -110,8 +111,8 @@ func (s *baseServer) Configure(ctx context.Context, req *pb.ConfigureRequest) (*
 
 // normalizeJSONValue turns a decoded JSON value back into the Go type Values
 // documents for t.
-func normalizeJSONValue(t AttrType, v any) any {
-	if t == TypeStrings {
+func normalizeJSONValue(t sdk.AttrType, v any) any {
+	if t == sdk.TypeStrings {
 		if l, ok := v.([]any); ok {
 			out := make([]string, 0, len(l))
 			for _, e := range l {

@@ -1,11 +1,12 @@
-package sdk
+package plugin
 
 import (
 	"context"
 	"fmt"
 	"sync"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // executionsClient calls a Substrate service's executions methods: the
@@ -14,9 +15,9 @@ type executionsClient struct {
 	client pb.SubstrateClient
 }
 
-var _ Executions = (*executionsClient)(nil)
+var _ sdk.Executions = (*executionsClient)(nil)
 
-func (c *executionsClient) Liveness(ctx context.Context, req LivenessRequest) ([]AttemptLiveness, error) {
+func (c *executionsClient) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
 	resp, err := c.client.Liveness(ctx, &pb.LivenessRequest{
 		Attempts: attemptsToPB(req.Attempts), Live: req.Live, Now: tsToPB(req.Now),
 	})
@@ -26,7 +27,7 @@ func (c *executionsClient) Liveness(ctx context.Context, req LivenessRequest) ([
 	return livenessFromPB(resp.Results, req.Attempts), nil
 }
 
-func (c *executionsClient) Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error) {
+func (c *executionsClient) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
 	in := &pb.TeardownRequest{RunId: req.RunID, Reason: req.Reason, Term: req.Term}
 	if req.Attempt != nil {
 		in.Attempt = attemptToPB(*req.Attempt)
@@ -38,22 +39,22 @@ func (c *executionsClient) Teardown(ctx context.Context, req TeardownRequest) ([
 	return teardownOutcomesFromPB(resp.Outcomes), nil
 }
 
-func (c *executionsClient) StopOrphan(ctx context.Context, req StopRequest) (StopResult, error) {
+func (c *executionsClient) StopOrphan(ctx context.Context, req sdk.StopRequest) (sdk.StopResult, error) {
 	resp, err := c.client.StopOrphan(ctx, &pb.StopRequest{Attempt: attemptToPB(req.Attempt), Reason: req.Reason})
 	if err != nil {
-		return StopResult{}, fmt.Errorf("substrate stop: %w", err)
+		return sdk.StopResult{}, fmt.Errorf("substrate stop: %w", err)
 	}
-	return StopResult{Stopped: resp.Stopped, Detail: resp.Detail}, nil
+	return sdk.StopResult{Stopped: resp.Stopped, Detail: resp.Detail}, nil
 }
 
-func (c *executionsClient) WarmWorkers(ctx context.Context) ([]WarmWorker, error) {
+func (c *executionsClient) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, error) {
 	resp, err := c.client.WarmWorkers(ctx, &pb.Empty{})
 	if err != nil {
 		return nil, fmt.Errorf("substrate warm workers: %w", err)
 	}
-	out := make([]WarmWorker, len(resp.Workers))
+	out := make([]sdk.WarmWorker, len(resp.Workers))
 	for i, w := range resp.Workers {
-		out[i] = WarmWorker{Name: w.Name, Phase: w.Phase}
+		out[i] = sdk.WarmWorker{Name: w.Name, Phase: w.Phase}
 	}
 	return out, nil
 }
@@ -66,27 +67,27 @@ type substrateClient struct {
 	sweepMu   sync.Mutex
 }
 
-var _ Substrate = (*substrateClient)(nil)
+var _ sdk.Substrate = (*substrateClient)(nil)
 
 func (c *substrateClient) exec() *executionsClient { return &executionsClient{client: c.client} }
 
-func (c *substrateClient) Liveness(ctx context.Context, req LivenessRequest) ([]AttemptLiveness, error) {
+func (c *substrateClient) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
 	return c.exec().Liveness(ctx, req)
 }
 
-func (c *substrateClient) Teardown(ctx context.Context, req TeardownRequest) ([]TeardownOutcome, error) {
+func (c *substrateClient) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
 	return c.exec().Teardown(ctx, req)
 }
 
-func (c *substrateClient) StopOrphan(ctx context.Context, req StopRequest) (StopResult, error) {
+func (c *substrateClient) StopOrphan(ctx context.Context, req sdk.StopRequest) (sdk.StopResult, error) {
 	return c.exec().StopOrphan(ctx, req)
 }
 
-func (c *substrateClient) WarmWorkers(ctx context.Context) ([]WarmWorker, error) {
+func (c *substrateClient) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, error) {
 	return c.exec().WarmWorkers(ctx)
 }
 
-func (c *substrateClient) Sweep(ctx context.Context, req SweepRequest, board Board) (SweepResult, error) {
+func (c *substrateClient) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
 	c.sweepMu.Lock()
 	defer c.sweepMu.Unlock()
 	id := c.callbacks.serve(board, nil)
@@ -94,9 +95,9 @@ func (c *substrateClient) Sweep(ctx context.Context, req SweepRequest, board Boa
 		Now: tsToPB(req.Now), Term: req.Term, DryRun: req.DryRun, Ladder: ladderToPB(req.Ladder), BrokerId: id,
 	})
 	if err != nil {
-		return SweepResult{}, fmt.Errorf("substrate sweep: %w", err)
+		return sdk.SweepResult{}, fmt.Errorf("substrate sweep: %w", err)
 	}
-	return SweepResult{Decisions: decisionsFromPB(resp.Decisions), Overrides: resp.Overrides}, nil
+	return sdk.SweepResult{Decisions: decisionsFromPB(resp.Decisions), Overrides: resp.Overrides}, nil
 }
 
 func (c *substrateClient) Synced(ctx context.Context) (bool, error) {
@@ -112,13 +113,13 @@ func (c *substrateClient) Synced(ctx context.Context) (bool, error) {
 // only the executions methods are served (getExec), to reaper plugins.
 type substrateServer struct {
 	pb.UnimplementedSubstrateServer
-	exec    Executions
-	full    Substrate
-	getExec func() (Executions, error)
+	exec    sdk.Executions
+	full    sdk.Substrate
+	getExec func() (sdk.Executions, error)
 	dialer  *brokerDialer
 }
 
-func (s *substrateServer) executions() (Executions, error) {
+func (s *substrateServer) executions() (sdk.Executions, error) {
 	if s.getExec != nil {
 		return s.getExec()
 	}
@@ -131,7 +132,7 @@ func (s *substrateServer) Liveness(ctx context.Context, req *pb.LivenessRequest)
 		return nil, err
 	}
 	asked := attemptsFromPB(req.Attempts)
-	res, err := exec.Liveness(ctx, LivenessRequest{Attempts: asked, Live: req.Live, Now: tsFromPB(req.Now)})
+	res, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: asked, Live: req.Live, Now: tsFromPB(req.Now)})
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +144,7 @@ func (s *substrateServer) Teardown(ctx context.Context, req *pb.TeardownRequest)
 	if err != nil {
 		return nil, err
 	}
-	in := TeardownRequest{RunID: req.RunId, Reason: req.Reason, Term: req.Term}
+	in := sdk.TeardownRequest{RunID: req.RunId, Reason: req.Reason, Term: req.Term}
 	if req.Attempt != nil {
 		a := attemptFromPB(req.Attempt)
 		in.Attempt = &a
@@ -160,7 +161,7 @@ func (s *substrateServer) StopOrphan(ctx context.Context, req *pb.StopRequest) (
 	if err != nil {
 		return nil, err
 	}
-	res, err := exec.StopOrphan(ctx, StopRequest{Attempt: attemptFromPB(req.Attempt), Reason: req.Reason})
+	res, err := exec.StopOrphan(ctx, sdk.StopRequest{Attempt: attemptFromPB(req.Attempt), Reason: req.Reason})
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +194,7 @@ func (s *substrateServer) Sweep(ctx context.Context, req *pb.SweepRequest) (*pb.
 	}
 	board := newBoardClient(ctx, pb.NewBoardClient(conn))
 	defer board.close()
-	res, err := s.full.Sweep(ctx, SweepRequest{
+	res, err := s.full.Sweep(ctx, sdk.SweepRequest{
 		Now: tsFromPB(req.Now), Term: req.Term, DryRun: req.DryRun, Ladder: ladderFromPB(req.Ladder),
 	}, board)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sdk
+package plugin
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // pagedBoard answers ListCandidates over rows ordered by task id, as the
@@ -21,7 +22,7 @@ import (
 type pagedBoard struct {
 	pb.BoardClient // only ListCandidates is served
 
-	rows []Candidate
+	rows []sdk.Candidate
 	at   time.Time
 
 	mu      sync.Mutex
@@ -35,8 +36,8 @@ type pagedBoard struct {
 func newPagedBoard(n int) *pagedBoard {
 	b := &pagedBoard{at: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC), fail: map[string]int{}}
 	for i := range n {
-		b.rows = append(b.rows, Candidate{Attempt: Attempt{RunID: "run", TaskID: fmt.Sprintf("t%04d", i), Try: 1},
-			State: StateRunning, LastHeartbeatAt: b.at})
+		b.rows = append(b.rows, sdk.Candidate{Attempt: sdk.Attempt{RunID: "run", TaskID: fmt.Sprintf("t%04d", i), Try: 1},
+			State: sdk.StateRunning, LastHeartbeatAt: b.at})
 	}
 	return b
 }
@@ -66,7 +67,7 @@ func (b *pagedBoard) ListCandidates(ctx context.Context, q *pb.CandidateQuery, _
 	if failing {
 		return nil, errors.New("host unreachable")
 	}
-	var page CandidatePage
+	var page sdk.CandidatePage
 	for _, r := range b.rows {
 		if r.TaskID > after && len(page.Candidates) < int(q.Limit) {
 			page.Candidates = append(page.Candidates, r)
@@ -74,7 +75,7 @@ func (b *pagedBoard) ListCandidates(ctx context.Context, q *pb.CandidateQuery, _
 	}
 	if len(page.Candidates) == int(q.Limit) {
 		last := page.Candidates[len(page.Candidates)-1]
-		page.Next = &Cursor{At: b.at, RunID: last.RunID, TaskID: last.TaskID}
+		page.Next = &sdk.Cursor{At: b.at, RunID: last.RunID, TaskID: last.TaskID}
 	}
 	return candidatePageToPB(page), nil
 }
@@ -92,7 +93,7 @@ func (b *pagedBoard) cursorsAsked() []string {
 
 // drain lists every page of q through c, writing after each page as a
 // reaper marks, and returns the task ids listed.
-func drain(t *testing.T, c *boardClient, q CandidateQuery) []string {
+func drain(t *testing.T, c *boardClient, q sdk.CandidateQuery) []string {
 	t.Helper()
 	var ids []string
 	for {
@@ -122,7 +123,7 @@ func TestReadAheadListsEveryPageOnce(t *testing.T) {
 	b := newPagedBoard(250)
 	c := newBoardClient(context.Background(), b)
 	defer c.close()
-	ids := drain(t, c, CandidateQuery{States: []string{StateRunning}, Limit: 100})
+	ids := drain(t, c, sdk.CandidateQuery{States: []string{sdk.StateRunning}, Limit: 100})
 	if len(ids) != 250 || ids[0] != "t0000" || ids[249] != "t0249" {
 		t.Fatalf("listed %d rows (%v ... %v)", len(ids), ids[:1], ids[len(ids)-1:])
 	}
@@ -137,7 +138,7 @@ func TestReadAheadWaitsForAWrite(t *testing.T) {
 	b := newPagedBoard(250)
 	c := newBoardClient(context.Background(), b)
 	defer c.close()
-	q := CandidateQuery{Limit: 100}
+	q := sdk.CandidateQuery{Limit: 100}
 	page, err := c.ListCandidates(context.Background(), q)
 	if err != nil {
 		t.Fatal(err)
@@ -157,8 +158,8 @@ func TestReadAheadKeepsListingsApart(t *testing.T) {
 	b := newPagedBoard(300)
 	c := newBoardClient(context.Background(), b)
 	defer c.close()
-	q1 := CandidateQuery{States: []string{StateRunning}, Limit: 100}
-	q2 := CandidateQuery{States: []string{StateRunning}, Heartbeat: HeartbeatNever, Limit: 100}
+	q1 := sdk.CandidateQuery{States: []string{sdk.StateRunning}, Limit: 100}
+	q2 := sdk.CandidateQuery{States: []string{sdk.StateRunning}, Heartbeat: sdk.HeartbeatNever, Limit: 100}
 	p1, err := c.ListCandidates(context.Background(), q1)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +170,7 @@ func TestReadAheadKeepsListingsApart(t *testing.T) {
 	}
 	mark(t, c) // sends both listings' read aheads
 	q1.After, q2.After = p1.Next, p2.Next
-	for _, q := range []CandidateQuery{q1, q2} {
+	for _, q := range []sdk.CandidateQuery{q1, q2} {
 		page, err := c.ListCandidates(context.Background(), q)
 		if err != nil || page.Candidates[0].TaskID != "t0100" {
 			t.Fatalf("second page: %v %v", page.Candidates[:1], err)
@@ -189,7 +190,7 @@ func TestReadAheadDroppedWhenAnotherPageIsAsked(t *testing.T) {
 	b.hold, b.held, b.stopped = "t0099", make(chan struct{}), make(chan error, 1)
 	c := newBoardClient(context.Background(), b)
 	defer c.close()
-	q := CandidateQuery{States: []string{StateRunning}, Limit: 100}
+	q := sdk.CandidateQuery{States: []string{sdk.StateRunning}, Limit: 100}
 	if _, err := c.ListCandidates(context.Background(), q); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestReadAheadEndsWithThePass(t *testing.T) {
 	b := newPagedBoard(250)
 	b.hold, b.held, b.stopped = "t0099", make(chan struct{}), make(chan error, 1)
 	c := newBoardClient(context.Background(), b)
-	if _, err := c.ListCandidates(context.Background(), CandidateQuery{Limit: 100}); err != nil {
+	if _, err := c.ListCandidates(context.Background(), sdk.CandidateQuery{Limit: 100}); err != nil {
 		t.Fatal(err)
 	}
 	mark(t, c)
@@ -231,7 +232,7 @@ func TestReadAheadFailureIsReadAgain(t *testing.T) {
 	b.fail["t0099"] = 1 // the read ahead of page two fails once
 	c := newBoardClient(context.Background(), b)
 	defer c.close()
-	ids := drain(t, c, CandidateQuery{Limit: 100})
+	ids := drain(t, c, sdk.CandidateQuery{Limit: 100})
 	if len(ids) != 150 {
 		t.Fatalf("listed %d rows, want 150", len(ids))
 	}
@@ -240,7 +241,7 @@ func TestReadAheadFailureIsReadAgain(t *testing.T) {
 	}
 
 	b.fail["t0099"] = 2 // and now the caller's own read fails too
-	q := CandidateQuery{Limit: 100}
+	q := sdk.CandidateQuery{Limit: 100}
 	page, err := c.ListCandidates(context.Background(), q)
 	if err != nil {
 		t.Fatal(err)

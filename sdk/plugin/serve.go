@@ -1,17 +1,14 @@
-package sdk
+package plugin
 
 import (
 	"fmt"
 	"os"
 	"runtime/debug"
 
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 )
-
-// BuildVersion is stamped at build time (-ldflags -X); it is the version the
-// binaries report.
-var BuildVersion = "dev"
 
 // ServeOption adjusts how a plugin is served.
 type ServeOption func(*serveOptions)
@@ -42,8 +39,8 @@ const reaperGCPercent = 400
 // logger on stderr (which the host re-emits under the plugin's name) and
 // serves it over gRPC until the host kills it. A plugin's main is one line:
 //
-//	func main() { sdk.Serve(agentlost.New) }
-func Serve[P Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
+//	func main() { plugin.Serve(agentlost.New) }
+func Serve[P sdk.Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 	o := serveOptions{versions: []int{ProtocolVersion}}
 	for _, opt := range opts {
 		opt(&o)
@@ -57,12 +54,12 @@ func Serve[P Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 
 	var set plugin.PluginSet
 	switch p := any(impl).(type) {
-	case Reaper:
+	case sdk.Reaper:
 		set = plugin.PluginSet{PluginReaper: &ReaperPlugin{Impl: p}}
 		if os.Getenv("GOGC") == "" {
 			debug.SetGCPercent(reaperGCPercent)
 		}
-	case Substrate:
+	case sdk.Substrate:
 		set = plugin.PluginSet{PluginSubstrate: &SubstratePlugin{Impl: p}}
 	default:
 		fmt.Fprintf(os.Stderr, "reaper sdk: %T is neither a Reaper nor a Substrate\n", impl)

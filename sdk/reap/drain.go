@@ -1,4 +1,4 @@
-package reapkit
+package reap
 
 import (
 	"context"

@@ -2930,7 +2930,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\bTeardown\x12\x1a.reaper.v1.TeardownRequest\x1a\x1b.reaper.v1.TeardownResponse\x12=\n" +
 	"\n" +
 	"StopOrphan\x12\x16.reaper.v1.StopRequest\x1a\x17.reaper.v1.StopResponse\x12?\n" +
-	"\vWarmWorkers\x12\x10.reaper.v1.Empty\x1a\x1e.reaper.v1.WarmWorkersResponseB/Z-github.com/dexaflow/reaper/sdk/proto/reaperv1b\x06proto3"
+	"\vWarmWorkers\x12\x10.reaper.v1.Empty\x1a\x1e.reaper.v1.WarmWorkersResponseB6Z4github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1b\x06proto3"
 
 var (
 	file_reaper_proto_rawDescOnce sync.Once

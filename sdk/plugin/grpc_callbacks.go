@@ -1,4 +1,4 @@
-package sdk
+package plugin
 
 import (
 	"errors"
@@ -8,7 +8,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // callbackServer is the host's side of the broker: the board and the
@@ -22,8 +23,8 @@ type callbackServer struct {
 	id   uint32
 
 	mu    sync.RWMutex
-	board Board
-	exec  Executions
+	board sdk.Board
+	exec  sdk.Executions
 }
 
 func newCallbackServer(broker *plugin.GRPCBroker) *callbackServer {
@@ -33,7 +34,7 @@ func newCallbackServer(broker *plugin.GRPCBroker) *callbackServer {
 // serve installs board and exec and returns the broker id they are served
 // on, starting the server on first use. The server stops with the broker,
 // that is when the plugin client is killed.
-func (c *callbackServer) serve(board Board, exec Executions) uint32 {
+func (c *callbackServer) serve(board sdk.Board, exec sdk.Executions) uint32 {
 	c.mu.Lock()
 	c.board, c.exec = board, exec
 	c.mu.Unlock()
@@ -51,7 +52,7 @@ func (c *callbackServer) serve(board Board, exec Executions) uint32 {
 
 var errNoCallback = errors.New("not served by the host for this call")
 
-func (c *callbackServer) currentBoard() (Board, error) {
+func (c *callbackServer) currentBoard() (sdk.Board, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.board == nil {
@@ -60,7 +61,7 @@ func (c *callbackServer) currentBoard() (Board, error) {
 	return c.board, nil
 }
 
-func (c *callbackServer) currentExec() (Executions, error) {
+func (c *callbackServer) currentExec() (sdk.Executions, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.exec == nil {

@@ -1,4 +1,4 @@
-package sdk
+package plugin
 
 import (
 	"reflect"
@@ -7,7 +7,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	"github.com/dexaflow/reaper/sdk"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // wire sends m through the protobuf encoding and back, as a call does.
@@ -24,10 +25,10 @@ func wire[M proto.Message](t *testing.T, m M, into M) M {
 }
 
 func TestDecisionSetRoundTrips(t *testing.T) {
-	in := []Decision{
-		{Reaper: "agentlost", Label: "a", Attempt: Attempt{RunID: "r1", TaskID: "t", Try: 2}, Applied: true,
+	in := []sdk.Decision{
+		{Reaper: "agentlost", Label: "a", Attempt: sdk.Attempt{RunID: "r1", TaskID: "t", Try: 2}, Applied: true,
 			Evidence: map[string]string{"term": "3", "edition": "lite", "age": "1s"}},
-		{Reaper: "agentlost", Label: "b", Attempt: Attempt{RunID: "r2", TaskID: "t", Try: 1}, DryRun: true, Detail: "why",
+		{Reaper: "agentlost", Label: "b", Attempt: sdk.Attempt{RunID: "r2", TaskID: "t", Try: 1}, DryRun: true, Detail: "why",
 			Evidence: map[string]string{"term": "3", "edition": "kube", "age": "2s"}},
 		{Reaper: "agentlost", Label: "c", Evidence: map[string]string{"term": "3", "age": "3s"}},
 		{Reaper: "other", Label: "d"},
@@ -70,11 +71,11 @@ func TestDecisionSetDropsKeysOutOfRange(t *testing.T) {
 }
 
 func TestResultsAnswerByPosition(t *testing.T) {
-	a, b, c := Attempt{RunID: "r", TaskID: "a", Try: 1}, Attempt{RunID: "r", TaskID: "b", Try: 1}, Attempt{RunID: "r", TaskID: "c", Try: 2}
-	marks := []Mark{{Attempt: a}, {Attempt: b}}
+	a, b, c := sdk.Attempt{RunID: "r", TaskID: "a", Try: 1}, sdk.Attempt{RunID: "r", TaskID: "b", Try: 1}, sdk.Attempt{RunID: "r", TaskID: "c", Try: 2}
+	marks := []sdk.Mark{{Attempt: a}, {Attempt: b}}
 	// The second result is about another attempt than the mark at its
 	// position, and the third has no mark: both travel with their attempt.
-	results := []MarkResult{{Attempt: a, Applied: true}, {Attempt: c, NoopReason: "state"}, {Attempt: b}}
+	results := []sdk.MarkResult{{Attempt: a, Applied: true}, {Attempt: c, NoopReason: "state"}, {Attempt: b}}
 	enc := markResultsToPB(results, marks)
 	if enc[0].Attempt != nil || enc[1].Attempt == nil || enc[2].Attempt == nil {
 		t.Fatalf("attempts sent: %v", enc)
@@ -84,8 +85,8 @@ func TestResultsAnswerByPosition(t *testing.T) {
 		t.Fatalf("mark results %+v, want %+v", got, results)
 	}
 
-	asked := []Attempt{a, b}
-	answers := []AttemptLiveness{{Attempt: a, State: Dead}, {Attempt: c, State: Alive}}
+	asked := []sdk.Attempt{a, b}
+	answers := []sdk.AttemptLiveness{{Attempt: a, State: sdk.Dead}, {Attempt: c, State: sdk.Alive}}
 	lenc := livenessToPB(answers, asked)
 	if lenc[0].Attempt != nil || lenc[1].Attempt == nil {
 		t.Fatalf("attempts sent: %v", lenc)

@@ -1,4 +1,4 @@
-package reapkit
+package reap
 
 import (
 	"fmt"
@@ -14,13 +14,26 @@ import (
 type Brake struct {
 	// Share: the brake engages when silence-only marks exceed this share
 	// of the attempts judged in the pass. 1 disables the brake.
-	Share float64
+	Share float64 `reaper:"brake_share" help:"the brake engages when marks decided on heartbeat silence alone exceed this share (0 < share <= 1; 1 disables) of the attempts judged in a pass"`
 	// Min: the share applies only once the pass judged at least this many
 	// attempts, so one wedged agent among few attempts is not braked.
-	Min int
+	Min int `reaper:"brake_min" help:"attempts a pass must judge before the brake's share applies"`
 	// Max: with the brake engaged, at most this many silence-only marks are
 	// applied in the pass (oldest silence first); the rest are deferred.
-	Max int
+	Max int `reaper:"brake_max" help:"with the brake engaged, most marks on silence alone applied in one pass"`
+}
+
+// Validate checks the brake's settings.
+func (b Brake) Validate() error {
+	switch {
+	case !(b.Share > 0 && b.Share <= 1):
+		return fmt.Errorf("attribute %q: must be greater than 0 and at most 1, got %g", "brake_share", b.Share)
+	case b.Min < 0:
+		return fmt.Errorf("attribute %q: must not be negative, got %d", "brake_min", b.Min)
+	case b.Max < 0:
+		return fmt.Errorf("attribute %q: must not be negative, got %d", "brake_max", b.Max)
+	}
+	return nil
 }
 
 // Brake defaults.

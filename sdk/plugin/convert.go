@@ -1,10 +1,11 @@
-package sdk
+package plugin
 
 import (
 	"time"
 
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
-	pb "github.com/dexaflow/reaper/sdk/proto/reaperv1"
+	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
 
 // The functions below translate between the Go types of this package and
@@ -28,18 +29,18 @@ func durToPB(d time.Duration) int64 { return int64(d) }
 
 func durFromPB(ns int64) time.Duration { return time.Duration(ns) }
 
-func attemptToPB(a Attempt) *pb.Attempt {
+func attemptToPB(a sdk.Attempt) *pb.Attempt {
 	return &pb.Attempt{RunId: a.RunID, TaskId: a.TaskID, TryNumber: a.Try, AttemptEpoch: a.Epoch}
 }
 
-func attemptFromPB(a *pb.Attempt) Attempt {
+func attemptFromPB(a *pb.Attempt) sdk.Attempt {
 	if a == nil {
-		return Attempt{}
+		return sdk.Attempt{}
 	}
-	return Attempt{RunID: a.RunId, TaskID: a.TaskId, Try: a.TryNumber, Epoch: a.AttemptEpoch}
+	return sdk.Attempt{RunID: a.RunId, TaskID: a.TaskId, Try: a.TryNumber, Epoch: a.AttemptEpoch}
 }
 
-func attemptsToPB(as []Attempt) []*pb.Attempt {
+func attemptsToPB(as []sdk.Attempt) []*pb.Attempt {
 	out := make([]*pb.Attempt, len(as))
 	for i, a := range as {
 		out[i] = attemptToPB(a)
@@ -47,8 +48,8 @@ func attemptsToPB(as []Attempt) []*pb.Attempt {
 	return out
 }
 
-func attemptsFromPB(as []*pb.Attempt) []Attempt {
-	out := make([]Attempt, len(as))
+func attemptsFromPB(as []*pb.Attempt) []sdk.Attempt {
+	out := make([]sdk.Attempt, len(as))
 	for i, a := range as {
 		out[i] = attemptFromPB(a)
 	}
@@ -94,7 +95,7 @@ func ladderFromPB(l *pb.Ladder) ladder.Ladder {
 // in the protocol): each evidence key is sent once, and so are the reaper
 // and the evidence entries every decision shares (a pass's decisions repeat
 // the term, the edition, the thresholds and the policy).
-func decisionsToPB(ds []Decision) *pb.DecisionSet {
+func decisionsToPB(ds []sdk.Decision) *pb.DecisionSet {
 	set := &pb.DecisionSet{Decisions: make([]*pb.Decision, len(ds))}
 	if len(ds) == 0 {
 		return set
@@ -159,7 +160,7 @@ func decisionsToPB(ds []Decision) *pb.DecisionSet {
 
 // commonEvidence is the evidence entries (same key, same value) that every
 // decision of ds carries, when there are two decisions or more.
-func commonEvidence(ds []Decision) map[string]string {
+func commonEvidence(ds []sdk.Decision) map[string]string {
 	if len(ds) < 2 || len(ds[0].Evidence) == 0 {
 		return nil
 	}
@@ -182,7 +183,7 @@ func commonEvidence(ds []Decision) map[string]string {
 
 // decisionsFromPB decodes a DecisionSet. An evidence key out of range is
 // dropped rather than trusted.
-func decisionsFromPB(set *pb.DecisionSet) []Decision {
+func decisionsFromPB(set *pb.DecisionSet) []sdk.Decision {
 	if set == nil {
 		return nil
 	}
@@ -194,10 +195,10 @@ func decisionsFromPB(set *pb.DecisionSet) []Decision {
 		return keys[i], true
 	}
 	n := min(len(set.CommonKeys), len(set.CommonValues))
-	out := make([]Decision, len(set.Decisions))
+	out := make([]sdk.Decision, len(set.Decisions))
 	for i, d := range set.Decisions {
 		m := min(len(d.EvidenceKeys), len(d.EvidenceValues))
-		out[i] = Decision{Reaper: d.Reaper, Label: d.Label, Attempt: attemptFromPB(d.Attempt),
+		out[i] = sdk.Decision{Reaper: d.Reaper, Label: d.Label, Attempt: attemptFromPB(d.Attempt),
 			Applied: d.Applied, DryRun: d.DryRun, Detail: d.Detail}
 		if out[i].Reaper == "" {
 			out[i].Reaper = set.Reaper
@@ -221,21 +222,21 @@ func decisionsFromPB(set *pb.DecisionSet) []Decision {
 	return out
 }
 
-func cursorToPB(c *Cursor) *pb.Cursor {
+func cursorToPB(c *sdk.Cursor) *pb.Cursor {
 	if c == nil {
 		return nil
 	}
 	return &pb.Cursor{At: tsToPB(c.At), RunId: c.RunID, TaskId: c.TaskID}
 }
 
-func cursorFromPB(c *pb.Cursor) *Cursor {
+func cursorFromPB(c *pb.Cursor) *sdk.Cursor {
 	if c == nil {
 		return nil
 	}
-	return &Cursor{At: tsFromPB(c.At), RunID: c.RunId, TaskID: c.TaskId}
+	return &sdk.Cursor{At: tsFromPB(c.At), RunID: c.RunId, TaskID: c.TaskId}
 }
 
-func candidateQueryToPB(q CandidateQuery) *pb.CandidateQuery {
+func candidateQueryToPB(q sdk.CandidateQuery) *pb.CandidateQuery {
 	return &pb.CandidateQuery{
 		States: q.States, Executors: q.Executors, OrderBy: string(q.OrderBy),
 		OlderThan: tsToPB(q.OlderThan), Heartbeat: string(q.Heartbeat),
@@ -243,15 +244,15 @@ func candidateQueryToPB(q CandidateQuery) *pb.CandidateQuery {
 	}
 }
 
-func candidateQueryFromPB(q *pb.CandidateQuery) CandidateQuery {
-	return CandidateQuery{
-		States: q.States, Executors: q.Executors, OrderBy: TimeField(q.OrderBy),
-		OlderThan: tsFromPB(q.OlderThan), Heartbeat: HeartbeatFilter(q.Heartbeat),
+func candidateQueryFromPB(q *pb.CandidateQuery) sdk.CandidateQuery {
+	return sdk.CandidateQuery{
+		States: q.States, Executors: q.Executors, OrderBy: sdk.TimeField(q.OrderBy),
+		OlderThan: tsFromPB(q.OlderThan), Heartbeat: sdk.HeartbeatFilter(q.Heartbeat),
 		After: cursorFromPB(q.After), Limit: int(q.Limit),
 	}
 }
 
-func candidatePageToPB(p CandidatePage) *pb.CandidatePage {
+func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 	out := &pb.CandidatePage{Next: cursorToPB(p.Next), Candidates: make([]*pb.Candidate, len(p.Candidates))}
 	for i, c := range p.Candidates {
 		out.Candidates[i] = &pb.Candidate{
@@ -266,10 +267,10 @@ func candidatePageToPB(p CandidatePage) *pb.CandidatePage {
 	return out
 }
 
-func candidatePageFromPB(p *pb.CandidatePage) CandidatePage {
-	out := CandidatePage{Next: cursorFromPB(p.Next), Candidates: make([]Candidate, len(p.Candidates))}
+func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
+	out := sdk.CandidatePage{Next: cursorFromPB(p.Next), Candidates: make([]sdk.Candidate, len(p.Candidates))}
 	for i, c := range p.Candidates {
-		out.Candidates[i] = Candidate{
+		out.Candidates[i] = sdk.Candidate{
 			Attempt: attemptFromPB(c.Attempt), State: c.State, Executor: c.Executor,
 			QueuedAt: tsFromPB(c.QueuedAt), RunningAt: tsFromPB(c.RunningAt),
 			LastHeartbeatAt: tsFromPB(c.LastHeartbeatAt), ReleasedAt: tsFromPB(c.ReleasedAt),
@@ -281,7 +282,7 @@ func candidatePageFromPB(p *pb.CandidatePage) CandidatePage {
 	return out
 }
 
-func marksToPB(ms []Mark) []*pb.Mark {
+func marksToPB(ms []sdk.Mark) []*pb.Mark {
 	out := make([]*pb.Mark, len(ms))
 	for i, m := range ms {
 		out[i] = &pb.Mark{
@@ -294,13 +295,13 @@ func marksToPB(ms []Mark) []*pb.Mark {
 	return out
 }
 
-func marksFromPB(ms []*pb.Mark) []Mark {
-	out := make([]Mark, len(ms))
+func marksFromPB(ms []*pb.Mark) []sdk.Mark {
+	out := make([]sdk.Mark, len(ms))
 	for i, m := range ms {
-		out[i] = Mark{
+		out[i] = sdk.Mark{
 			Attempt: attemptFromPB(m.Attempt), FromStates: m.FromStates,
 			HeartbeatBefore: tsFromPB(m.HeartbeatBefore), RequireNoHeartbeat: m.RequireNoHeartbeat,
-			Kind: MarkKind(m.Kind), Reason: m.Reason, Message: m.Message,
+			Kind: sdk.MarkKind(m.Kind), Reason: m.Reason, Message: m.Message,
 			Confirm: m.Confirm, Hold: m.Hold, Term: m.Term, At: tsFromPB(m.At),
 		}
 	}
@@ -309,7 +310,7 @@ func marksFromPB(ms []*pb.Mark) []Mark {
 
 // markResultsToPB leaves out the attempt of a result that answers the
 // mark at its position, as most do; markResultsFromPB puts it back.
-func markResultsToPB(rs []MarkResult, marks []Mark) []*pb.MarkResult {
+func markResultsToPB(rs []sdk.MarkResult, marks []sdk.Mark) []*pb.MarkResult {
 	out := make([]*pb.MarkResult, len(rs))
 	for i, r := range rs {
 		out[i] = &pb.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
@@ -320,10 +321,10 @@ func markResultsToPB(rs []MarkResult, marks []Mark) []*pb.MarkResult {
 	return out
 }
 
-func markResultsFromPB(rs []*pb.MarkResult, marks []Mark) []MarkResult {
-	out := make([]MarkResult, len(rs))
+func markResultsFromPB(rs []*pb.MarkResult, marks []sdk.Mark) []sdk.MarkResult {
+	out := make([]sdk.MarkResult, len(rs))
 	for i, r := range rs {
-		out[i] = MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
+		out[i] = sdk.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
 		switch {
 		case r.Attempt != nil:
 			out[i].Attempt = attemptFromPB(r.Attempt)
@@ -334,21 +335,21 @@ func markResultsFromPB(rs []*pb.MarkResult, marks []Mark) []MarkResult {
 	return out
 }
 
-func runCursorToPB(c *RunCursor) *pb.RunCursor {
+func runCursorToPB(c *sdk.RunCursor) *pb.RunCursor {
 	if c == nil {
 		return nil
 	}
 	return &pb.RunCursor{At: tsToPB(c.At), RunId: c.RunID}
 }
 
-func runCursorFromPB(c *pb.RunCursor) *RunCursor {
+func runCursorFromPB(c *pb.RunCursor) *sdk.RunCursor {
 	if c == nil {
 		return nil
 	}
-	return &RunCursor{At: tsFromPB(c.At), RunID: c.RunId}
+	return &sdk.RunCursor{At: tsFromPB(c.At), RunID: c.RunId}
 }
 
-func runPageToPB(p RunPage) *pb.RunPage {
+func runPageToPB(p sdk.RunPage) *pb.RunPage {
 	out := &pb.RunPage{Next: runCursorToPB(p.Next), Runs: make([]*pb.RunCandidate, len(p.Runs))}
 	for i, r := range p.Runs {
 		out.Runs[i] = &pb.RunCandidate{RunId: r.RunID, DagId: r.DagID,
@@ -357,16 +358,16 @@ func runPageToPB(p RunPage) *pb.RunPage {
 	return out
 }
 
-func runPageFromPB(p *pb.RunPage) RunPage {
-	out := RunPage{Next: runCursorFromPB(p.Next), Runs: make([]RunCandidate, len(p.Runs))}
+func runPageFromPB(p *pb.RunPage) sdk.RunPage {
+	out := sdk.RunPage{Next: runCursorFromPB(p.Next), Runs: make([]sdk.RunCandidate, len(p.Runs))}
 	for i, r := range p.Runs {
-		out.Runs[i] = RunCandidate{RunID: r.RunId, DagID: r.DagId,
+		out.Runs[i] = sdk.RunCandidate{RunID: r.RunId, DagID: r.DagId,
 			StartedAt: tsFromPB(r.StartedAt), LastActivity: tsFromPB(r.LastActivity)}
 	}
 	return out
 }
 
-func logLinesToPB(ls []LogLine) []*pb.LogLine {
+func logLinesToPB(ls []sdk.LogLine) []*pb.LogLine {
 	out := make([]*pb.LogLine, len(ls))
 	for i, l := range ls {
 		out[i] = &pb.LogLine{Attempt: attemptToPB(l.Attempt), At: tsToPB(l.At), Line: l.Line}
@@ -374,17 +375,17 @@ func logLinesToPB(ls []LogLine) []*pb.LogLine {
 	return out
 }
 
-func logLinesFromPB(ls []*pb.LogLine) []LogLine {
-	out := make([]LogLine, len(ls))
+func logLinesFromPB(ls []*pb.LogLine) []sdk.LogLine {
+	out := make([]sdk.LogLine, len(ls))
 	for i, l := range ls {
-		out[i] = LogLine{Attempt: attemptFromPB(l.Attempt), At: tsFromPB(l.At), Line: l.Line}
+		out[i] = sdk.LogLine{Attempt: attemptFromPB(l.Attempt), At: tsFromPB(l.At), Line: l.Line}
 	}
 	return out
 }
 
 // livenessToPB leaves out the attempt of an answer about the requested
 // attempt at its position; livenessFromPB puts it back.
-func livenessToPB(ls []AttemptLiveness, asked []Attempt) []*pb.AttemptLiveness {
+func livenessToPB(ls []sdk.AttemptLiveness, asked []sdk.Attempt) []*pb.AttemptLiveness {
 	out := make([]*pb.AttemptLiveness, len(ls))
 	for i, l := range ls {
 		out[i] = &pb.AttemptLiveness{State: string(l.State),
@@ -396,11 +397,11 @@ func livenessToPB(ls []AttemptLiveness, asked []Attempt) []*pb.AttemptLiveness {
 	return out
 }
 
-func livenessFromPB(ls []*pb.AttemptLiveness, asked []Attempt) []AttemptLiveness {
-	out := make([]AttemptLiveness, len(ls))
+func livenessFromPB(ls []*pb.AttemptLiveness, asked []sdk.Attempt) []sdk.AttemptLiveness {
+	out := make([]sdk.AttemptLiveness, len(ls))
 	for i, l := range ls {
-		out[i] = AttemptLiveness{State: Liveness(l.State),
-			Agent: Liveness(l.Agent), Group: Liveness(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
+		out[i] = sdk.AttemptLiveness{State: sdk.Liveness(l.State),
+			Agent: sdk.Liveness(l.Agent), Group: sdk.Liveness(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
 		switch {
 		case l.Attempt != nil:
 			out[i].Attempt = attemptFromPB(l.Attempt)
@@ -411,7 +412,7 @@ func livenessFromPB(ls []*pb.AttemptLiveness, asked []Attempt) []AttemptLiveness
 	return out
 }
 
-func teardownOutcomesToPB(os []TeardownOutcome) []*pb.TeardownOutcome {
+func teardownOutcomesToPB(os []sdk.TeardownOutcome) []*pb.TeardownOutcome {
 	out := make([]*pb.TeardownOutcome, len(os))
 	for i, o := range os {
 		out[i] = &pb.TeardownOutcome{Object: o.Object, Action: o.Action, Error: o.Error}
@@ -419,10 +420,10 @@ func teardownOutcomesToPB(os []TeardownOutcome) []*pb.TeardownOutcome {
 	return out
 }
 
-func teardownOutcomesFromPB(os []*pb.TeardownOutcome) []TeardownOutcome {
-	out := make([]TeardownOutcome, len(os))
+func teardownOutcomesFromPB(os []*pb.TeardownOutcome) []sdk.TeardownOutcome {
+	out := make([]sdk.TeardownOutcome, len(os))
 	for i, o := range os {
-		out[i] = TeardownOutcome{Object: o.Object, Action: o.Action, Error: o.Error}
+		out[i] = sdk.TeardownOutcome{Object: o.Object, Action: o.Action, Error: o.Error}
 	}
 	return out
 }
