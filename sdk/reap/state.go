@@ -35,7 +35,7 @@ type Cursor struct {
 //
 // Encoded as JSON: {"v":1,"cursors":{"<listing>":{"at":"<RFC 3339>","run":"…","task":"…"}}}.
 type State struct {
-	Version int                   `json:"v"`
+	Version int               `json:"v"`
 	Cursors map[string]Cursor `json:"cursors,omitempty"`
 }
 
