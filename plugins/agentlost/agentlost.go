@@ -32,6 +32,10 @@ import (
 // Name is the label the reaper is configured under.
 const Name = "agentlost"
 
+// CeilingMessage is the error_message of an attempt failed at the
+// credential ceiling, word for word what operators search their logs for.
+const CeilingMessage = "credential_ceiling: attempt outlived auth.max_attempt_credential_lifetime"
+
 // KilledLine is the try-log line written once an attempt ended at the
 // credential ceiling has exited: the last line of its log.
 const KilledLine = "killed: credential_ceiling"

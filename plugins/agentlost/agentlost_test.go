@@ -217,6 +217,10 @@ func TestCredentialCeiling(t *testing.T) {
 		if row.LastFailureKind != sdk.FailureTask || !row.InfraMarkedAt.IsZero() || !row.InfraConfirmedAt.IsZero() || row.MarkReason != sdk.LabelCredentialCeiling {
 			t.Fatalf("row %+v", row)
 		}
+		// Operators search for this sentence: it is the specification's, word for word.
+		if row.ErrorMessage != "credential_ceiling: attempt outlived auth.max_attempt_credential_lifetime" {
+			t.Fatalf("error_message %q", row.ErrorMessage)
+		}
 		if m := b.h.Board.Marks()[0]; m.Kind != sdk.MarkTask || m.Confirm || m.Hold {
 			t.Fatalf("mark %+v", m)
 		}
