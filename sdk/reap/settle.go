@@ -90,10 +90,14 @@ func noopWords(reason string) string {
 // object was deleted instead. What happened goes into ev.
 func TeardownAttempt(ctx context.Context, exec sdk.Executions, pass sdk.Pass, a sdk.Attempt, reason, deleteErrLabel string, ev Evidence) []FollowUp {
 	out, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: reason, Term: pass.Term})
-	return teardownFollowUps(out, err, deleteErrLabel, ev)
+	return TeardownFollowUps(out, err, deleteErrLabel, ev)
 }
 
-func teardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel string, ev Evidence) []FollowUp {
+// TeardownFollowUps turns what a teardown did into follow-up decisions:
+// deleteErrLabel when it failed (whatever was marked stays marked), then
+// sdk.LabelTeardownDeleteFallback when a stop in place was refused and the
+// object deleted instead. The summary goes into ev.
+func TeardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel string, ev Evidence) []FollowUp {
 	failed, fallback, summary := TeardownTrouble(out, err)
 	ev[EvTeardown] = summary
 	var more []FollowUp
