@@ -103,8 +103,12 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	cfg := *r.cfg.Load()
 	p := newPass(r.logger, cfg, pass, board, exec, sink)
+	p.state = reap.LoadState(pass, r.logger)
+	if p.lite && !pass.DryRun {
+		p.settleKillLines(ctx)
+	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
-		Listings: p.listings(), Finish: p.finish,
+		Listings: p.listings(), Finish: p.finish, State: p.state,
 	})
 }

@@ -748,3 +748,46 @@ func BenchmarkMassRecoveryLite(b *testing.B) {
 	b.ReportMetric(float64(marked)/elapsed.Seconds(), "marks/s")
 	b.ReportMetric(1, "passes")
 }
+
+// The kill line of an attempt ended at the credential ceiling is the last
+// line of its try log: when its agent is slow to exit, the pass that marks
+// it writes nothing more, and a later pass that finds the group and the
+// agent gone writes the line. Lines the agent appends in between stay
+// before it.
+func TestCeilingKillLineWaitsForTheAgentAndIsLast(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ladder.EditionLite, nil)
+	a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+	b.h.Exec.Alive(a)
+	b.h.Exec.ScriptStop(a, sdk.StopResult{Detail: "group gone; agent still running"}, nil)
+
+	if ds := b.reap(t); ds.Label(a) != sdk.LabelCredentialCeiling {
+		t.Fatalf("first pass: %+v", ds)
+	}
+	if log := b.h.Board.Log(a); len(log) != 0 {
+		t.Fatalf("kill line written while the agent still runs: %q", log)
+	}
+	// The agent reports its task's end before it exits.
+	if err := b.h.Board.AppendLog(ctx, 1, []sdk.LogLine{{Attempt: a, At: b.h.Now(), Line: "task exited: signal"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t) // still running: still owed
+	if log := b.h.Board.Log(a); len(log) != 1 {
+		t.Fatalf("try log %q", log)
+	}
+
+	b.h.Exec.ScriptStop(a, sdk.StopResult{Stopped: true, Detail: "task group and agent gone"}, nil)
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t)
+	log := b.h.Board.Log(a)
+	if len(log) != 2 || log[len(log)-1] != KilledLine {
+		t.Fatalf("try log %q; want the kill line last", log)
+	}
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t)
+	if log := b.h.Board.Log(a); len(log) != 2 {
+		t.Fatalf("kill line written twice: %q", log)
+	}
+}

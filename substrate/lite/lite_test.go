@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -529,6 +530,39 @@ func TestCeilingStopEndsTheGroupAndTheAgentReports(t *testing.T) {
 		t.Fatalf("last report %+v", last)
 	}
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+// The ceiling stop reports stopped only once the agent is gone too, so the
+// reaper's kill line comes after everything the agent writes. Here a
+// descendant that left the group (setsid) holds the task's output open, so
+// the agent drains it for up to 10 s after the group is killed: the first
+// stop answers "agent still running", a later one "stopped".
+func TestCeilingStopWaitsForTheAgentBeforeReportingStopped(t *testing.T) {
+	b := setup(t, opts{stopGrace: "200ms", killWait: "300ms"})
+	a := b.attempt(t)
+	escaped := filepath.Join(b.work, "escaped.pid")
+	t.Cleanup(func() {
+		if raw, err := os.ReadFile(escaped); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	ag := b.spawn(t, a, `setsid sh -c 'echo $$ > "$WORK/escaped.pid"; exec sleep 30' & exec sleep 1000`, nil)
+	g := b.group(t, a)
+	eventually(t, "the escaped descendant to record itself", func() bool { _, err := os.Stat(escaped); return err == nil })
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	if err != nil || res.Stopped || !strings.Contains(res.Detail, "agent still running") {
+		t.Fatalf("StopOrphan(ceiling) = %+v, %v; want not stopped while the agent runs", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
+	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	if err != nil || !res.Stopped {
+		t.Fatalf("StopOrphan(ceiling) after the agent exited = %+v, %v", res, err)
+	}
 }
 
 func TestSpawnFailsWhenTheRecordCannotBeWritten(t *testing.T) {

@@ -23,6 +23,9 @@ import (
 //     and already marked failed; its group is stopped whether or not its
 //     agent lives. The agent itself is never signalled: it sees its task end
 //     and reports, and the stop then waits up to kill_wait for it to exit.
+//     Stopped is true only once the group AND the agent are gone, so the
+//     caller's kill line can be the last line of the try log; asked again
+//     later, a stop whose group is already gone only looks at the agent.
 //
 // Only a group recorded in this record directory whose leader is still the
 // recorded process (same PID, same start time, still leading the group) is
@@ -90,6 +93,11 @@ func (s *Substrate) stop(ctx context.Context, st *settings, a sdk.Attempt, reaso
 	// The group: signalled only when verified.
 	l, verified := f.group(grec, note)
 	switch {
+	case l == sdk.Dead && reason == sdk.StopCredentialCeiling:
+		if f.agent(agentPID, agentStart, grec.Boot, note) != sdk.Dead {
+			return sdk.StopResult{Detail: "task group gone; agent still running: " + strings.Join(notes, "; ")}, nil
+		}
+		return sdk.StopResult{Stopped: true, Detail: "task group and agent gone: " + strings.Join(notes, "; ")}, nil
 	case l == sdk.Dead:
 		return sdk.StopResult{Stopped: true, Detail: strings.Join(notes, "; ")}, nil
 	case !verified:
@@ -113,11 +121,11 @@ func (s *Substrate) stop(ctx context.Context, st *settings, a sdk.Attempt, reaso
 	log.Info("task group stopped", "pgid", grec.PGID, "detail", detail)
 
 	if reason == sdk.StopCredentialCeiling {
-		if s.awaitAgentExit(ctx, agentPID, agentStart, st.killWait) {
-			detail += "; agent exited"
-		} else {
-			detail += "; agent still running"
+		if !s.awaitAgentExit(ctx, agentPID, agentStart, st.killWait) {
+			// Not stopped yet: the caller asks again on a later pass.
+			return sdk.StopResult{Detail: detail + "; agent still running"}, nil
 		}
+		detail += "; agent exited"
 	} else if err := st.dir.Remove(a); err != nil {
 		// The agent is dead and the group gone: the records read dead anyway.
 		log.Warn("could not remove the stopped attempt's records", "error", err)
