@@ -398,10 +398,14 @@ type StopRequest struct {
 	Reason string
 }
 
-// StopResult says whether the group is gone.
+// StopResult says whether the group is gone. A stop that needs longer
+// than the caller can wait (a group that ignores SIGTERM is given its
+// grace, then SIGKILL) goes on after the call: InFlight says so, and the
+// caller asks again on a later pass, which answers Stopped once it is over.
 type StopResult struct {
-	Stopped bool
-	Detail  string
+	Stopped  bool
+	InFlight bool
+	Detail   string
 }
 
 // SweepRequest starts one reconcile sweep.

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -59,6 +60,7 @@ type bundle struct {
 
 type opts struct {
 	stopGrace, killWait string
+	clock               *clock.Fake // nil: the real clock
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -70,7 +72,13 @@ func setup(t *testing.T, o opts) *bundle {
 		o.killWait = "5s"
 	}
 	logs := &lockedBuffer{}
-	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	var clk clock.Clock = clock.Real{}
+	if o.clock != nil {
+		clk = o.clock
+	}
+
+	sub := NewWithClock(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), clk)
+	t.Cleanup(sub.Close)
 	err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: "lite", Values: sdk.Values{
 		AttrRecordDir: filepath.Join(t.TempDir(), "records"),
 		AttrStopGrace: o.stopGrace,
@@ -490,6 +498,47 @@ func TestOrphanStopKillsAGroupThatTrapsTerm(t *testing.T) {
 		t.Fatal("the group still runs")
 	}
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+// At the default timings a group that ignores SIGTERM needs 10 s, then
+// SIGKILL and up to 5 s more: longer than a reaper's share of the cycle may
+// allow. The stop goes on in the substrate and the call answers InFlight
+// shortly before its deadline; asked again once the grace has passed (the
+// substrate's clock is a fake one here, so no test waits 10 s), it answers
+// stopped.
+func TestOrphanStopOutlivesTheCallThatBeganIt(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	b := setup(t, opts{clock: clk}) // the defaults: 10s grace, 5s kill wait
+	a := b.attempt(t)
+	ag := b.spawn(t, a, `trap '' TERM; : > "$WORK/trapped"; sleep 1000 & while :; do sleep 0.02; done`, nil)
+	g := b.group(t, a)
+	b.await(t, "trapped")
+	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	defer cancel()
+	res, err := b.sub.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || res.Stopped || !res.InFlight {
+		t.Fatalf("StopOrphan = %+v, %v; want in flight", res, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the call used its whole deadline: no margin was left to the caller")
+	}
+	if r, _ := proc.GroupRunning(g.PGID); !r {
+		t.Fatal("the trapping group died within its grace")
+	}
+	eventually(t, "the stop to wait on its grace", func() bool { return clk.Waiters() > 0 })
+	clk.Advance(10 * time.Second) // the grace passes: SIGKILL
+	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || !res.Stopped || !strings.Contains(res.Detail, "SIGKILL") {
+		t.Fatalf("StopOrphan after the grace = %+v, %v; want stopped by SIGKILL", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
 }
 
 func TestOrphanStopRefusesWhileTheAgentLives(t *testing.T) {

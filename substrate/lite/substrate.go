@@ -78,6 +78,14 @@ type Substrate struct {
 
 	mu  sync.RWMutex
 	cfg *settings // nil until Configure
+
+	// Stops in flight, by attempt: a stop outlives the call that began it
+	// when the caller cannot wait for its whole grace (see StopOrphan).
+	stopsMu sync.Mutex
+	stops   map[sdk.Attempt]*stopRun
+	stopCtx context.Context // ends the stops in flight on Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 type settings struct {
@@ -99,7 +107,16 @@ func NewWithClock(logger hclog.Logger, clk clock.Clock) *Substrate {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Substrate{log: logger, clock: clk}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Substrate{log: logger, clock: clk, stops: map[sdk.Attempt]*stopRun{}, stopCtx: ctx, cancel: cancel}
+}
+
+// Close abandons the stops in flight (a signal already sent stays sent)
+// and waits for their goroutines. A plugin process is killed by its host
+// instead; Close is for a substrate used in process.
+func (s *Substrate) Close() {
+	s.cancel()
+	s.wg.Wait()
 }
 
 // Info describes the plugin.
