@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -710,4 +711,88 @@ func TestSubstrateBasics(t *testing.T) {
 	if _, err := s.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: "whim"}); err == nil {
 		t.Fatal("an unknown stop reason was accepted")
 	}
+}
+
+// Pruning removes the records of attempts of which nothing is left, and
+// never those of an attempt whose agent or task group may still run.
+func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
+	b := setup(t, opts{})
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour) // every record counts as old enough
+	killAgent := func(t *testing.T, ag *Agent) {
+		t.Helper()
+		if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	}
+	loop := `: > "$WORK/%s"; sleep 1000 & while :; do sleep 0.02; done`
+
+	// Everything gone: agent killed -9, then its group.
+	deadA := b.attempt(t)
+	ag := b.spawn(t, deadA, fmt.Sprintf(loop, "dead"), nil)
+	g := b.group(t, deadA)
+	b.await(t, "dead")
+	killAgent(t, ag)
+	if err := unix.Kill(-g.PGID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+
+	// An orphan: agent killed -9, its group runs on.
+	orphanA := b.attempt(t)
+	ag = b.spawn(t, orphanA, fmt.Sprintf(loop, "orphan"), nil)
+	b.group(t, orphanA)
+	b.await(t, "orphan")
+	killAgent(t, ag)
+
+	// A group whose leader exited while a member runs on.
+	leaderlessA := b.attempt(t)
+	ag = b.spawn(t, leaderlessA, fmt.Sprintf(loop, "leaderless"), nil)
+	lg := b.group(t, leaderlessA)
+	b.await(t, "leaderless")
+	killAgent(t, ag)
+	if err := unix.Kill(lg.PGID, unix.SIGKILL); err != nil { // the leader only
+		t.Fatal(err)
+	}
+	eventually(t, "the leader to die", func() bool { return gone(lg.PGID) })
+	if r, _ := proc.GroupRunning(lg.PGID); !r {
+		t.Fatal("the group's member died with its leader")
+	}
+
+	// A live agent.
+	liveA := b.attempt(t)
+	b.spawn(t, liveA, fmt.Sprintf(loop, "live"), nil)
+	b.group(t, liveA)
+
+	// A garbled record.
+	garbledA := b.attempt(t)
+	if err := os.WriteFile(b.dir.AgentPath(garbledA), []byte("not a record"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Too fresh: nothing is judged that was written after the bound.
+	if pruned, err := b.sub.Prune(ctx, time.Now().Add(-time.Hour)); err != nil || len(pruned) != 0 {
+		t.Fatalf("prune of fresh records = %v, %v", pruned, err)
+	}
+	pruned, err := b.sub.Prune(ctx, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pruned) != 1 || pruned[0] != deadA {
+		t.Fatalf("pruned %v; want only %s", pruned, deadA)
+	}
+	if _, err := b.dir.ReadAgent(deadA); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the dead attempt's agent record: %v", err)
+	}
+	for _, a := range []sdk.Attempt{orphanA, leaderlessA, liveA} {
+		if _, err := b.dir.ReadGroup(a); err != nil {
+			t.Fatalf("%s: group record gone: %v", a, err)
+		}
+	}
+	if _, err := os.Stat(b.dir.AgentPath(garbledA)); err != nil {
+		t.Fatalf("the garbled record was removed: %v", err)
+	}
+	// The leaderless group is stopped by hand: nothing signals it.
+	_ = unix.Kill(-lg.PGID, unix.SIGKILL)
 }
