@@ -37,7 +37,7 @@ func judge(c sdk.Candidate, now time.Time, ttl time.Duration, live reap.Answer) 
 	if c.EndedAt.IsZero() || now.Sub(c.EndedAt) <= ttl {
 		return verdict{}
 	}
-	parked := fmt.Sprintf("%s for %s (ttl %s)", c.State, now.Sub(c.EndedAt).Round(time.Second), ttl)
+	parked := fmt.Sprintf("parked in %s for %s (ttl %s)", c.State, now.Sub(c.EndedAt).Round(time.Second), ttl)
 	switch {
 	case live.Unknown():
 		return verdict{act: actDefer, label: LabelQueryError,
