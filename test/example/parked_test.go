@@ -291,7 +291,6 @@ func TestValidateReportsThePluginsRefusal(t *testing.T) {
 	t.Logf("reaperd validate:\n%s", out)
 }
 
-
 // reaperd runs one reaperd command to its end and returns its exit code and
 // output.
 func reaperd(t *testing.T, args ...string) (int, string) {
