@@ -77,10 +77,6 @@ const (
 // EvParkedFor is the evidence key of how long the attempt has been parked.
 const EvParkedFor = "parked_for"
 
-// ParkedStates are the states this reaper judges. up_for_retry is left out
-// on purpose: the retry rail brings it back after its retry delay.
-var ParkedStates = []string{sdk.StateUpForReschedule, sdk.StateDeferred}
-
 // listParked names the listing: the key of its cursor in the pass state.
 const listParked = "parked"
 
@@ -178,7 +174,8 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
 		Listings: []reap.Listing{reap.Candidates(listParked, board, sdk.CandidateQuery{
-			States:    ParkedStates,
+			// up_for_retry is left out: the retry rail brings it back.
+			States:    []string{sdk.StateUpForReschedule, sdk.StateDeferred},
 			Executors: []string{executor},
 			OrderBy:   sdk.FieldEndedAt,
 			OlderThan: pass.Now.Add(-p.cfg.TTL),
