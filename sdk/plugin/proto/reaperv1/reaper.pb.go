@@ -1027,6 +1027,7 @@ type Candidate struct {
 	LastFailureKind  string                 `protobuf:"bytes,10,opt,name=last_failure_kind,json=lastFailureKind,proto3" json:"last_failure_kind,omitempty"`
 	WarmWorker       string                 `protobuf:"bytes,11,opt,name=warm_worker,json=warmWorker,proto3" json:"warm_worker,omitempty"`
 	ExecutionTimeout int64                  `protobuf:"varint,12,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
+	EndedAt          int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1141,6 +1142,13 @@ func (x *Candidate) GetWarmWorker() string {
 func (x *Candidate) GetExecutionTimeout() int64 {
 	if x != nil {
 		return x.ExecutionTimeout
+	}
+	return 0
+}
+
+func (x *Candidate) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
 	}
 	return 0
 }
@@ -2786,7 +2794,7 @@ const file_reaper_proto_rawDesc = "" +
 	"older_than\x18\x04 \x01(\x03R\tolderThan\x12\x1c\n" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\"\xc4\x03\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\"\xdf\x03\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -2803,7 +2811,8 @@ const file_reaper_proto_rawDesc = "" +
 	" \x01(\tR\x0flastFailureKind\x12\x1f\n" +
 	"\vwarm_worker\x18\v \x01(\tR\n" +
 	"warmWorker\x12+\n" +
-	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\"l\n" +
+	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
+	"\bended_at\x18\r \x01(\x03R\aendedAt\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x14.reaper.v1.CandidateR\n" +
