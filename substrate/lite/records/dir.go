@@ -66,12 +66,9 @@ type Dir struct {
 // owned by another user than the effective one, or is writable by group or
 // others.
 func Open(path string) (*Dir, error) {
-	if path == "" {
-		path = DefaultPath()
-	}
-	abs, err := filepath.Abs(path)
+	abs, err := Resolve(path)
 	if err != nil {
-		return nil, fmt.Errorf("record directory %s: %w", path, err)
+		return nil, err
 	}
 	d := &Dir{path: abs}
 	if _, err := os.Lstat(abs); errors.Is(err, fs.ErrNotExist) {
@@ -114,6 +111,19 @@ func Open(path string) (*Dir, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// Resolve is the absolute path Open would open for path ("" means
+// DefaultPath). It touches nothing.
+func Resolve(path string) (string, error) {
+	if path == "" {
+		path = DefaultPath()
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("record directory %s: %w", path, err)
+	}
+	return abs, nil
 }
 
 // Close releases the directory's descriptor. The Dir must not be used after.
