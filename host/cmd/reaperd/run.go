@@ -24,7 +24,7 @@ import (
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/substrate/lite/runner"
+	runner "github.com/dexaflow/reaper/runner/literunner"
 )
 
 // leaseStore adapts the board's lease row to the elector's interface.
