@@ -18,11 +18,11 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/runner/literunner"
 )
 
 // agentPath is the reaper-agent binary TestMain builds. TestMain sets it
