@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
+
+	"github.com/dexaflow/reaper/internal/ownerdir"
 )
 
 // SocketRootPrefix starts the name of the default socket root; the user id
@@ -119,15 +121,8 @@ func checkRoot(root string) error {
 	if err := unix.Lstat(root, &st); err != nil {
 		return err
 	}
-	switch {
-	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return errors.New("refused: it is a symlink")
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return errors.New("refused: it is not a directory")
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("refused: it is owned by uid %d, not by uid %d", st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return fmt.Errorf("refused: it is writable by group or others (mode %04o)", st.Mode&0o7777)
+	if err := ownerdir.Refusal(&st); err != nil {
+		return fmt.Errorf("refused: %w", err)
 	}
 	return nil
 }

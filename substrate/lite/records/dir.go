@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/ownerdir"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -139,15 +140,8 @@ func Check(path string) error {
 }
 
 func checkStat(path string, st *unix.Stat_t) error {
-	switch {
-	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return fmt.Errorf("record directory %s is refused: it is a symlink", path)
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("record directory %s is refused: it is not a directory", path)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("record directory %s is refused: it is owned by uid %d, not by uid %d", path, st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return fmt.Errorf("record directory %s is refused: it is writable by group or others (mode %04o)", path, st.Mode&0o7777)
+	if err := ownerdir.Refusal(st); err != nil {
+		return fmt.Errorf("record directory %s is refused: %w", path, err)
 	}
 	return nil
 }
