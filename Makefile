@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo e2e bench
+.PHONY: all build test lint proto clean demo e2e bench image
 
 all: build
 
@@ -34,6 +34,7 @@ build:
 # real PostgreSQL started from the machine's own server binaries.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
+	cd tools/image && $(GO) test -count=1 -timeout 20m ./...
 
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
@@ -52,10 +53,17 @@ e2e:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/
 
+# The container image, built offline (no daemon, no base image): an OCI
+# layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
+image:
+	cd tools/image && $(GO) run . -root ../.. -out ../../$(BIN)/image -version $(VERSION) \
+		-created $$(git log -1 --format=%ct 2>/dev/null || echo 0)
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd tools/image && $(GO) vet ./...
 
 # Regenerates the protocol's Go code. Needs protoc (Debian: protobuf-compiler);
 # the Go generators are pinned as tool lines in go.mod.
