@@ -104,11 +104,12 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	cfg := *r.cfg.Load()
 	p := newPass(r.logger, cfg, pass, board, exec, sink)
 	p.state = reap.LoadState(pass, r.logger)
+	p.stopping = reap.TakeStopping(p.state)
 	if p.lite && !pass.DryRun {
 		p.settleKillLines(ctx)
 	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
-		Listings: p.listings(), Finish: p.finish, State: p.state,
+		Listings: p.listings(), Finish: p.finish, State: p.state, Save: p.stopping.Keep,
 	})
 }

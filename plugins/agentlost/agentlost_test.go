@@ -791,3 +791,32 @@ func TestCeilingKillLineWaitsForTheAgentAndIsLast(t *testing.T) {
 		t.Fatalf("kill line written twice: %q", log)
 	}
 }
+
+// A stop that outlives the pass that began it defers the attempt as alive;
+// the pass that later finds the group gone marks it as stopped.
+func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t, ladder.EditionLite, nil)
+	a := b.h.Running("r", "t", 10*time.Minute, 5*time.Minute)
+	b.h.Exec.Orphaned(a)
+	b.h.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
+
+	ds := b.reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostProcessAlive || b.h.Board.Row(a).State != sdk.StateRunning {
+		t.Fatalf("first pass: %+v", ds)
+	}
+	// Still in flight on the next pass: it waits again, nothing marked.
+	b.h.Clock.Advance(30 * time.Second)
+	if ds := b.reap(t); ds.Label(a) != sdk.LabelAgentLostProcessAlive {
+		t.Fatalf("second pass: %+v", ds)
+	}
+	b.h.Exec.Dead(a)
+	b.h.Clock.Advance(30 * time.Second)
+	ds = b.reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostOrphanStopped || b.h.Board.Row(a).State != sdk.StateFailed {
+		t.Fatalf("later pass: %+v", ds)
+	}
+	if len(b.h.StateOf(Name)) != 0 {
+		t.Fatalf("state still carries %s", b.h.StateOf(Name))
+	}
+}

@@ -32,6 +32,8 @@ type passRun struct {
 	rec   *reap.Recorder
 	lite  bool
 	state *reap.State // carries the kill lines still owed between passes
+	// stopping: attempts whose orphan stop is in flight (carried in state)
+	stopping reap.Stopping
 
 	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
 	judged int
@@ -101,6 +103,12 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 		if j.act == actNone {
 			continue
 		}
+		if j.act == actMark && p.stopping.Settled(c.Attempt) {
+			// An earlier pass began stopping its orphaned group; this one
+			// finds everything gone.
+			j.label = sdk.LabelAgentLostOrphanStopped
+			j.detail += "; its orphaned task group was stopped"
+		}
 		p.judged++
 		ev := evidence(p.pass, c, live, j)
 		switch j.act {
@@ -161,9 +169,12 @@ func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, e
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true // Settle records it unapplied
 	}
-	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelAgentLostOrphanStopErr, ev) {
+	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, p.stopping, c.Attempt, reap.OrphanStopLabels{
+		InFlight: sdk.LabelAgentLostProcessAlive, Failed: sdk.LabelAgentLostOrphanStopErr,
+	}, ev) {
 		return reap.Planned{}, false
 	}
+	p.stopping.Settled(c.Attempt)
 	return p.plan(c, j, ev), true
 }
 
@@ -228,7 +239,7 @@ func (p *passRun) writeKillLine(ctx context.Context, a sdk.Attempt) error {
 
 // finish applies the marks decided on silence alone, as far as the brake
 // allows, and defers the rest.
-func (p *passRun) finish(ctx context.Context) error {
+func (p *passRun) finish(ctx context.Context, _ reap.DrainStats) error {
 	v := p.cfg.Brake.Judge(p.judged, len(p.held))
 	apply, back := p.held[:v.Allowed], p.held[v.Allowed:]
 	if v.Engaged {

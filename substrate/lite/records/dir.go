@@ -23,6 +23,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -251,6 +253,73 @@ func (d *Dir) Remove(a sdk.Attempt) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Entry is one attempt with records in the directory, as its records name
+// it, and the time its newest record was last written.
+type Entry struct {
+	Attempt  sdk.Attempt
+	Modified time.Time
+}
+
+// List returns the attempts that have records in the directory. A record
+// that cannot be read or parsed is skipped and counted in garbled: it is
+// never the ground for removing anything.
+func (d *Dir) List() (entries []Entry, garbled int, err error) {
+	des, err := os.ReadDir(d.path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("listing %s: %w", d.path, err)
+	}
+	seen := map[sdk.Attempt]int{}
+	for _, de := range des {
+		name := de.Name()
+		var a sdk.Attempt
+		switch {
+		case strings.HasSuffix(name, AgentExt):
+			data, err := d.read(name)
+			if err != nil {
+				garbled++
+				continue
+			}
+			r, err := ParseAgent(data)
+			if err != nil {
+				garbled++
+				continue
+			}
+			a = r.Attempt
+		case strings.HasSuffix(name, GroupExt):
+			data, err := d.read(name)
+			if err != nil {
+				garbled++
+				continue
+			}
+			r, err := ParseGroup(data)
+			if err != nil {
+				garbled++
+				continue
+			}
+			a = r.Attempt
+		default:
+			continue
+		}
+		if Name(a)+filepath.Ext(name) != name {
+			garbled++ // a record filed under another attempt's name
+			continue
+		}
+		info, err := de.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if i, ok := seen[a]; ok {
+			if info.ModTime().After(entries[i].Modified) {
+				entries[i].Modified = info.ModTime()
+			}
+			continue
+		}
+		seen[a] = len(entries)
+		entries = append(entries, Entry{Attempt: a, Modified: info.ModTime()})
+	}
+	return entries, garbled, nil
 }
 
 // RemoveGroup deletes an attempt's .pgid record; a missing one is fine.
