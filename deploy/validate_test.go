@@ -39,9 +39,16 @@ func TestExampleConfigurationsValidate(t *testing.T) {
 			if err := os.WriteFile(path, src, 0o600); err != nil {
 				t.Fatal(err)
 			}
+			// TMPDIR holds the plugins' unix sockets and the Lite record
+			// directory; a socket path must stay under about 100 bytes, so
+			// the directory is a short one, not t.TempDir().
+			tmp, err := os.MkdirTemp("", "rv")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(tmp) })
 			cmd := exec.Command(filepath.Join(bin, "reaperd"), "validate", "-config", path)
-			// The Lite substrate opens its record directory under TMPDIR.
-			cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 			out, err := cmd.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), ": valid (edition lite") {
 				t.Fatalf("reaperd validate %s: %v\n%s", file, err, out)
