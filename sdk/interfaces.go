@@ -99,6 +99,7 @@ type Reaper interface {
 	// carries it too). Every judgment it makes, one per attempt or run it
 	// judged, goes to sink, as it goes or at the end; decisions recorded
 	// before an error are kept. It returns the state to hand to its next
-	// pass.
+	// pass; a pass that fails may return one too (nil: the host keeps the
+	// previous state).
 	Reap(ctx context.Context, pass Pass, board Board, exec Executions, sink Sink) (PassResult, error)
 }
