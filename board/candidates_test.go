@@ -222,7 +222,7 @@ func TestListCandidates(t *testing.T) {
 			"NoStates":        {OrderBy: sdk.FieldQueuedAt, OlderThan: base},
 			"UnknownState":    {States: []string{"queued'; DROP TABLE runs; --"}, OrderBy: sdk.FieldQueuedAt, OlderThan: base},
 			"UnknownExecutor": {States: []string{sdk.StateQueued}, Executors: []string{"k8s"}, OrderBy: sdk.FieldQueuedAt, OlderThan: base},
-			"UnknownColumn":   {States: []string{sdk.StateQueued}, OrderBy: "ended_at", OlderThan: base},
+			"UnknownColumn":   {States: []string{sdk.StateQueued}, OrderBy: "updated_at", OlderThan: base},
 			"NoThreshold":     {States: []string{sdk.StateQueued}, OrderBy: sdk.FieldQueuedAt},
 			"UnknownFilter":   {States: []string{sdk.StateQueued}, OrderBy: sdk.FieldQueuedAt, OlderThan: base, Heartbeat: "maybe"},
 		} {

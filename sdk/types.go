@@ -97,6 +97,9 @@ const (
 	FieldRunningAt   TimeField = "running_at"
 	FieldHeartbeatAt TimeField = "last_heartbeat_at"
 	FieldMarkedAt    TimeField = "infra_marked_at"
+	// FieldEndedAt is when the attempt ended or parked: the stamp of a
+	// report, a mark, and of parking up_for_reschedule or deferred.
+	FieldEndedAt TimeField = "ended_at"
 )
 
 // HeartbeatFilter selects on whether the current attempt has heartbeated.
@@ -138,6 +141,7 @@ type Candidate struct {
 	RunningAt        time.Time
 	LastHeartbeatAt  time.Time
 	ReleasedAt       time.Time
+	EndedAt          time.Time // the end of the attempt, or when it parked
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
 	LastFailureKind  string
@@ -197,6 +201,11 @@ const (
 	NoopLocked      = "locked"      // another transaction holds a row
 	NoopActive      = "active"      // the run has a live task instance or fresh activity
 	NoopNotFound    = "not_found"   // no such row
+	// NoopRunFinished: the run is no longer running (an override, a settle).
+	NoopRunFinished = "run_finished"
+	// NoopValveOpen: the infra mark is older than the override allows (the
+	// confirmation valve has opened on it).
+	NoopValveOpen = "valve_open"
 )
 
 // MarkResult says whether one mark was applied.

@@ -117,6 +117,22 @@ func (b *recordingBoard) ReapRun(context.Context, sdk.RunReap) (sdk.RunReapResul
 
 func (b *recordingBoard) AppendLog(context.Context, int64, []sdk.LogLine) error { return nil }
 
+func (b *recordingBoard) ListProvisional(context.Context, sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
+	return sdk.CandidatePage{}, nil
+}
+
+func (b *recordingBoard) ConfirmInfra(context.Context, []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
+func (b *recordingBoard) OverrideInfra(context.Context, []sdk.Override) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
+func (b *recordingBoard) Settle(context.Context, []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
 // scriptedExec answers liveness from a map.
 type scriptedExec struct {
 	answers map[sdk.Attempt]sdk.Liveness
