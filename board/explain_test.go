@@ -72,6 +72,8 @@ func reaperQueries() map[string]sdk.CandidateQuery {
 			OrderBy: sdk.FieldQueuedAt, OlderThan: base, After: after},
 		"InfraConfirmValve": {States: []string{sdk.StateFailed}, OrderBy: sdk.FieldMarkedAt,
 			OlderThan: base.Add(-2 * time.Minute), After: after},
+		"ParkedPastTTL": {States: []string{sdk.StateUpForReschedule, sdk.StateDeferred}, OrderBy: sdk.FieldEndedAt,
+			OlderThan: base.Add(-24 * time.Hour), After: after},
 	}
 }
 
