@@ -7,10 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // The reconciler's writes (a substrate's sweep, kube): what it does with a
@@ -23,17 +20,10 @@ import (
 // empty), oldest mark first by (infra_marked_at, run, task), after q.After.
 // Next is set only when the page is full.
 func (s *Store) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
-	limit := q.Limit
-	if limit <= 0 || limit > ladder.PageSize {
-		limit = ladder.PageSize
-	}
-	var execFilter string
-	if len(q.Executors) > 0 {
-		list, err := literalList(q.Executors, executors, "executor")
-		if err != nil {
-			return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)
-		}
-		execFilter = " AND executor IN (" + strings.Join(list, ", ") + ")"
+	limit := listingLimit(q.Limit)
+	execFilter, err := executorFilter(q.Executors)
+	if err != nil {
+		return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)
 	}
 	var args []any
 	after := ""
@@ -45,22 +35,9 @@ func (s *Store) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 	sql := "SELECT " + candidateColumns + " FROM task_instances ti WHERE " + provisionalTI +
 		" AND infra_marked_at IS NOT NULL" + execFilter + after +
 		" ORDER BY infra_marked_at, run_id, task_id LIMIT " + strconv.Itoa(limit)
-
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	var cands []sdk.Candidate
-	err := s.listing(ctx, sql, args, func(rows pgx.Rows) error {
-		var err error
-		cands, err = pgx.CollectRows(rows, scanCandidate)
-		return err
-	})
+	page, err := s.candidatePage(ctx, sql, args, limit, func(c sdk.Candidate) time.Time { return c.InfraMarkedAt })
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)
-	}
-	page := sdk.CandidatePage{Candidates: cands}
-	if len(cands) == limit {
-		last := cands[len(cands)-1]
-		page.Next = &sdk.Cursor{At: last.InfraMarkedAt, RunID: last.RunID, TaskID: last.TaskID}
 	}
 	return page, nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // liveTI is true for a task instance (aliased ti) that keeps its run alive:
@@ -68,10 +67,7 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
 	}
-	limit := q.Limit
-	if limit <= 0 || limit > ladder.PageSize {
-		limit = ladder.PageSize
-	}
+	limit := listingLimit(q.Limit)
 	args := []any{q.OlderThan}
 	after := ""
 	if q.After != nil {

@@ -443,16 +443,7 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 		}
 		oldest.offer(row{at, t})
 	}
-	rows := oldest.sorted()
-	var page sdk.CandidatePage
-	for _, r := range rows {
-		page.Candidates = append(page.Candidates, candidate(r.t))
-	}
-	if len(rows) >= limit {
-		last := rows[limit-1]
-		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
-	}
-	return page, nil
+	return oldest.page(), nil
 }
 
 // Mark applies guarded marks. A mark without an attempt, source states,
@@ -735,6 +726,21 @@ func (o *oldestRows) offer(r row) {
 func (o *oldestRows) sorted() []row {
 	slices.SortFunc(o.heap, row.compare)
 	return o.heap
+}
+
+// page is the rows offered as a page of candidates, oldest first, with a
+// cursor at the last when the page is full.
+func (o *oldestRows) page() sdk.CandidatePage {
+	rows := o.sorted()
+	var page sdk.CandidatePage
+	for _, r := range rows {
+		page.Candidates = append(page.Candidates, candidate(r.t))
+	}
+	if len(rows) >= o.n {
+		last := rows[o.n-1]
+		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
+	}
+	return page
 }
 
 // pageLimit is the page size of a listing asked for limit: at most

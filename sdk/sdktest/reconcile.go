@@ -40,16 +40,7 @@ func (b *Board) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 		}
 		oldest.offer(row{t.InfraMarkedAt, t})
 	}
-	rows := oldest.sorted()
-	var page sdk.CandidatePage
-	for _, r := range rows {
-		page.Candidates = append(page.Candidates, candidate(r.t))
-	}
-	if len(rows) >= limit {
-		last := rows[limit-1]
-		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
-	}
-	return page, nil
+	return oldest.page(), nil
 }
 
 // ConfirmInfra confirms provisional infra marks of exactly their attempts.
