@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -196,6 +197,40 @@ func TestListCandidates(t *testing.T) {
 		if len(p.Candidates) != 1 || p.Candidates[0].LastFailureKind != sdk.FailureInfra ||
 			!p.Candidates[0].InfraMarkedAt.Equal(base.Add(-3*time.Minute)) || !p.Candidates[0].InfraConfirmedAt.IsZero() {
 			t.Fatalf("infra mark listing: %+v", p.Candidates)
+		}
+	})
+
+	t.Run("ListsParkedAttemptsByWhenTheyParked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "poke", "trigger", "fresh")
+		poke := first("run", "poke")
+		b.running(t, poke, base.Add(-3*time.Hour), time.Time{})
+		if stop, err := b.w.Report(ctx, poke, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-2*time.Hour)); err != nil || stop {
+			t.Fatal(stop, err)
+		}
+		// Nothing writes deferred on this board yet: the row is placed.
+		b.exec(t, `UPDATE task_instances SET state = 'deferred', ended_at = $1 WHERE task_id = 'trigger'`, base.Add(-time.Hour))
+		b.exec(t, `UPDATE task_instances SET state = 'deferred', ended_at = $1 WHERE task_id = 'fresh'`, base.Add(-time.Minute))
+
+		q := sdk.CandidateQuery{States: []string{sdk.StateUpForReschedule, sdk.StateDeferred},
+			OrderBy: sdk.FieldEndedAt, OlderThan: base.Add(-30 * time.Minute), Limit: 1}
+		var got []string
+		for {
+			p, err := b.store.ListCandidates(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range p.Candidates {
+				got = append(got, c.TaskID+"@"+base.Sub(c.EndedAt).String())
+			}
+			if p.Next == nil {
+				break
+			}
+			q.After = p.Next
+		}
+		if len(got) != 2 || got[0] != "poke@2h0m0s" || got[1] != "trigger@1h0m0s" {
+			t.Fatalf("parked listing %v, want [poke@2h0m0s trigger@1h0m0s]", got)
 		}
 	})
 

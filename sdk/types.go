@@ -97,8 +97,8 @@ const (
 	FieldRunningAt   TimeField = "running_at"
 	FieldHeartbeatAt TimeField = "last_heartbeat_at"
 	FieldMarkedAt    TimeField = "infra_marked_at"
-	// FieldEndedAt is when the attempt ended or parked: the stamp of a
-	// report, a mark, and of parking up_for_reschedule or deferred.
+	// FieldEndedAt is when the attempt last ended or parked: a report of
+	// up_for_retry, up_for_reschedule or a failure stamps it.
 	FieldEndedAt TimeField = "ended_at"
 )
 
@@ -407,10 +407,14 @@ type StopRequest struct {
 	Reason string
 }
 
-// StopResult says whether the group is gone.
+// StopResult says whether the group is gone. A stop that needs longer
+// than the caller can wait (a group that ignores SIGTERM is given its
+// grace, then SIGKILL) goes on after the call: InFlight says so, and the
+// caller asks again on a later pass, which answers Stopped once it is over.
 type StopResult struct {
-	Stopped bool
-	Detail  string
+	Stopped  bool
+	InFlight bool
+	Detail   string
 }
 
 // SweepRequest starts one reconcile sweep.

@@ -2970,9 +2970,11 @@ func (x *StopRequest) GetReason() string {
 }
 
 type StopResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stopped       bool                   `protobuf:"varint,1,opt,name=stopped,proto3" json:"stopped,omitempty"`
-	Detail        string                 `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Stopped bool                   `protobuf:"varint,1,opt,name=stopped,proto3" json:"stopped,omitempty"`
+	Detail  string                 `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The stop has begun and goes on after this call: ask again later.
+	InFlight      bool `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3019,6 +3021,13 @@ func (x *StopResponse) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *StopResponse) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
 }
 
 type WarmWorker struct {
@@ -3360,10 +3369,11 @@ const file_reaper_proto_rawDesc = "" +
 	"\boutcomes\x18\x01 \x03(\v2\x1a.reaper.v1.TeardownOutcomeR\boutcomes\"S\n" +
 	"\vStopRequest\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"]\n" +
 	"\fStopResponse\x12\x18\n" +
 	"\astopped\x18\x01 \x01(\bR\astopped\x12\x16\n" +
-	"\x06detail\x18\x02 \x01(\tR\x06detail\"6\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\bR\binFlight\"6\n" +
 	"\n" +
 	"WarmWorker\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
