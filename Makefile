@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo e2e bench
+.PHONY: all build test lint proto clean demo e2e bench kube-build kube-up kube-down
 
 all: build
 
@@ -30,10 +30,28 @@ build:
 		$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$name $$pkg || exit 1; \
 	done
 
-# The whole test suite: unit tests, real plugin binaries over go-plugin, and a
-# real PostgreSQL started from the machine's own server binaries.
+# The whole test suite: unit tests, real plugin binaries over go-plugin, a
+# real PostgreSQL started from the machine's own server binaries, and a real
+# Kubernetes control plane (see kube-build).
 test:
 	$(GO) test -count=1 -timeout 20m ./...
+
+# The Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager,
+# KWOK), built from source by the nested module tools/kubecluster and cached
+# in the user's cache directory: about 15 minutes the first time on 2 cores,
+# seconds after. make test builds it too when it is missing; kube-build shows
+# the progress. kube-up starts one in the background and prints
+# KUBECONFIG=<path>; kube-down stops it and removes what it made.
+KUBECLUSTER := $(GO) run ./internal/kubetest/cmd/kubecluster
+
+kube-build:
+	@$(KUBECLUSTER) build
+
+kube-up:
+	@$(KUBECLUSTER) up
+
+kube-down:
+	@$(KUBECLUSTER) down
 
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run

@@ -84,7 +84,7 @@ type BuildOptions struct {
 
 // Build returns the cluster's binaries, building them first when the cache
 // holds none for the nested module's current content. A cold build takes
-// about eleven minutes on two cores; a cached one costs a hash of a few
+// about fifteen minutes on two idle cores; a cached one costs a hash of a few
 // files. Concurrent callers (test binaries of several packages) wait for one
 // build.
 func Build(ctx context.Context, opts BuildOptions) (Binaries, error) {
@@ -171,7 +171,7 @@ func build(ctx context.Context, gobin, src, dir string, progress io.Writer) erro
 	start := time.Now()
 	fmt.Fprintf(progress, "kubetest: building the test cluster's binaries (kubernetes %s, etcd %s, kwok %s) into %s\n",
 		KubernetesVersion, EtcdVersion, KWOKVersion, dir)
-	fmt.Fprintf(progress, "kubetest: the first build takes about 11 minutes on 2 cores and 2.5 GB of memory; later starts reuse it\n")
+	fmt.Fprintf(progress, "kubetest: a first build takes about 15 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it\n")
 	for i, t := range all {
 		step := fmt.Sprintf("[%d/%d] %s", i+1, len(all), t.name)
 		if err := buildOne(ctx, gobin, src, tmp, t, step, progress); err != nil {

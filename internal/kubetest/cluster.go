@@ -3,7 +3,7 @@
 // simulates nodes and the kubelet's pod lifecycle, all on free loopback ports
 // in a temporary directory. The binaries are built from source, pinned, by
 // the nested module in tools/kubecluster, and cached in the user's cache
-// directory (Build); the first build takes about eleven minutes on two cores,
+// directory (Build); the first build takes about fifteen minutes on two idle cores,
 // a start from the cache a few seconds.
 //
 // A test package wires it in with
