@@ -199,6 +199,64 @@ func waitNode(ctx context.Context, cs kubernetes.Interface, node *corev1.Node) (
 	}
 }
 
+// WaitPod reads pod and then watches it until done holds (done is called
+// with nil once the pod is deleted), and returns the last state seen. It
+// fails when ctx ends, when the pod is deleted and done(nil) does not hold,
+// or when the name is taken by another pod (another UID).
+func WaitPod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	pods := cs.CoreV1().Pods(pod.Namespace)
+	cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if done(nil) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("kubetest: pod %s/%s is gone", pod.Namespace, pod.Name)
+	case err != nil:
+		return nil, fmt.Errorf("kubetest: read pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if pod.UID != "" && cur.UID != pod.UID {
+		return cur, fmt.Errorf("kubetest: pod %s/%s was replaced by another of the same name", pod.Namespace, pod.Name)
+	}
+	if done(cur) {
+		return cur, nil
+	}
+	w, err := pods.Watch(ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
+		ResourceVersion: cur.ResourceVersion,
+	})
+	if err != nil {
+		return cur, fmt.Errorf("kubetest: watch pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return cur, fmt.Errorf("kubetest: wait for pod %s/%s: %w", pod.Namespace, pod.Name, ctx.Err())
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return cur, fmt.Errorf("kubetest: the watch of pod %s/%s closed", pod.Namespace, pod.Name)
+			}
+			switch ev.Type {
+			case watch.Error:
+				return cur, fmt.Errorf("kubetest: watch pod %s/%s: %w", pod.Namespace, pod.Name, apierrors.FromObject(ev.Object))
+			case watch.Deleted:
+				if done(nil) {
+					return nil, nil
+				}
+				return cur, fmt.Errorf("kubetest: pod %s/%s was deleted", pod.Namespace, pod.Name)
+			case watch.Added, watch.Modified:
+				if p, ok := ev.Object.(*corev1.Pod); ok {
+					cur = p
+					if done(cur) {
+						return cur, nil
+					}
+				}
+			}
+		}
+	}
+}
+
 // NodeReady reports whether node's Ready condition is True.
 func NodeReady(node *corev1.Node) bool {
 	for _, cond := range node.Status.Conditions {

@@ -13,9 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -301,63 +299,11 @@ func waitPodWithin(t *testing.T, cs kubernetes.Interface, pod *corev1.Pod, timeo
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
-	last, err := watchPod(ctx, cs, pod, done)
+	last, err := kubetest.WaitPod(ctx, cs, pod, done)
 	if err != nil {
 		t.Fatalf("pod %s/%s: %v; last seen: %s", pod.Namespace, pod.Name, err, describe(last))
 	}
 	return last
-}
-
-func watchPod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
-	pods := cs.CoreV1().Pods(pod.Namespace)
-	cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		if done(nil) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("gone")
-	case err != nil:
-		return nil, err
-	}
-	if cur.UID != pod.UID {
-		return cur, fmt.Errorf("replaced by another pod of the same name")
-	}
-	if done(cur) {
-		return cur, nil
-	}
-	w, err := pods.Watch(ctx, metav1.ListOptions{
-		FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
-		ResourceVersion: cur.ResourceVersion,
-	})
-	if err != nil {
-		return cur, err
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return cur, ctx.Err()
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return cur, fmt.Errorf("watch closed")
-			}
-			switch ev.Type {
-			case watch.Error:
-				return cur, apierrors.FromObject(ev.Object)
-			case watch.Deleted:
-				if done(nil) {
-					return nil, nil
-				}
-				return cur, fmt.Errorf("deleted")
-			case watch.Added, watch.Modified:
-				cur = ev.Object.(*corev1.Pod)
-				if done(cur) {
-					return cur, nil
-				}
-			}
-		}
-	}
 }
 
 func disruption(p *corev1.Pod) string {
