@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo e2e bench kube-build kube-up kube-down
+.PHONY: all build test lint proto clean demo e2e bench
 
 all: build
 
@@ -30,9 +30,8 @@ build:
 		$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$name $$pkg || exit 1; \
 	done
 
-# The whole test suite: unit tests, real plugin binaries over go-plugin, a
-# real PostgreSQL started from the machine's own server binaries, and a real
-# Kubernetes control plane (see kube-build).
+# The whole test suite: unit tests, real plugin binaries over go-plugin, and a
+# real PostgreSQL started from the machine's own server binaries.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
 
@@ -42,7 +41,10 @@ test:
 # seconds after. make test builds it too when it is missing; kube-build shows
 # the progress. kube-up starts one in the background and prints
 # KUBECONFIG=<path>; kube-down stops it and removes what it made.
+# make test runs the kube tests (internal/kubetest and its users) on it.
 KUBECLUSTER := $(GO) run ./internal/kubetest/cmd/kubecluster
+
+.PHONY: kube-build kube-up kube-down
 
 kube-build:
 	@$(KUBECLUSTER) build
