@@ -39,6 +39,26 @@ test:
 	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
 	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
 
+# The Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager,
+# KWOK), built from source by the nested module tools/kubecluster and cached
+# in the user's cache directory: about 15 minutes the first time on 2 cores,
+# seconds after. make test builds it too when it is missing; kube-build shows
+# the progress. kube-up starts one in the background and prints
+# KUBECONFIG=<path>; kube-down stops it and removes what it made.
+# make test runs the kube tests (internal/kubetest and its users) on it.
+KUBECLUSTER := $(GO) run ./internal/kubetest/cmd/kubecluster
+
+.PHONY: kube-build kube-up kube-down
+
+kube-build:
+	@$(KUBECLUSTER) build
+
+kube-up:
+	@$(KUBECLUSTER) up
+
+kube-down:
+	@$(KUBECLUSTER) down
+
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
 # of tasks as local processes, agents killed with kill -9, the reapers
