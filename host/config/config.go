@@ -92,10 +92,11 @@ type Telemetry struct {
 
 // Runner is the runner block.
 type Runner struct {
-	Interval    time.Duration // the runner's tick; 0: its default (1s)
-	MaxParallel int           // bound on queued plus running Lite attempts; 0: none
-	Agent       string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
-	LogDir      string        // where task output and agent logs go; default: the record directory
+	Interval      time.Duration // the runner's tick; 0: its default (1s)
+	MaxParallel   int           // bound on queued plus running Lite attempts; 0: none
+	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
+	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
+	LogDir        string        // where task output and agent logs go; default: the record directory
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -273,6 +274,7 @@ var (
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
 		{Name: "max_parallel", Type: sdk.TypeNumber, Default: float64(0)},
+		{Name: "max_active_runs", Type: sdk.TypeNumber, Default: float64(0)},
 		{Name: "agent", Type: sdk.TypeString},
 		{Name: "log_dir", Type: sdk.TypeString},
 	}}
@@ -449,6 +451,13 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 			Summary: `Invalid value for "max_parallel"`, Detail: "max_parallel must be a whole number, 0 or more."})
 	}
 	r.MaxParallel = int(n)
+	n = v.Number("max_active_runs")
+	if n < 0 || n != float64(int(n)) {
+		rr := ranges["max_active_runs"]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: `Invalid value for "max_active_runs"`, Detail: "max_active_runs must be a whole number, 0 (no cap) or more."})
+	}
+	r.MaxActiveRuns = int(n)
 	if r.Agent == "" && cfg.PluginDir != "" {
 		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
 	} else {

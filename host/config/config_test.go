@@ -73,6 +73,7 @@ func TestBadFiles(t *testing.T) {
 		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
 		{"RunnerOnKube", "edition = \"kube\"\nsubstrate \"kube\" {}\nrunner {}\n", []string{"reaper.hcl:3:1:", "lite"}},
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
+		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
 	}
 	for _, tc := range cases {

@@ -183,16 +183,17 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 	cfg := d.cfg
 	logger := d.log.Named("runner")
 	rn, err := literunner.New(literunner.Config{
-		AgentPath:   cfg.Runner.Agent,
-		RecordDir:   cfg.RecordDir,
-		LogDir:      cfg.Runner.LogDir,
-		DSN:         cfg.StoreDSN,
-		MaxParallel: cfg.Runner.MaxParallel,
-		Interval:    cfg.Runner.Interval,
-		Ladder:      cfg.Ladder,
-		Clock:       d.opts.Clock,
-		Logger:      logger,
-		OnResult:    func(res literunner.Result) { d.audit(logger, res) },
+		AgentPath:     cfg.Runner.Agent,
+		RecordDir:     cfg.RecordDir,
+		LogDir:        cfg.Runner.LogDir,
+		DSN:           cfg.StoreDSN,
+		MaxParallel:   cfg.Runner.MaxParallel,
+		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Interval:      cfg.Runner.Interval,
+		Ladder:        cfg.Ladder,
+		Clock:         d.opts.Clock,
+		Logger:        logger,
+		OnResult:      func(res literunner.Result) { d.audit(logger, res) },
 	}, lifecycle.New(d.pool, lifecycle.Options{}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
@@ -201,6 +202,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 }
 
 func (d *Daemon) audit(logger hclog.Logger, res literunner.Result) {
+	d.metrics.RunnerTick(res.Took, len(res.RunsStarted), res.RunsWaiting, res.DispatchLatencies, res.FinalizeLatencies)
 	if len(res.Decisions) == 0 {
 		return
 	}

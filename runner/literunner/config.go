@@ -50,6 +50,10 @@ type Config struct {
 	DSN string
 	// Heartbeat is the agents' heartbeat interval. Default: Ladder.Heartbeat.
 	Heartbeat time.Duration
+	// MaxActiveRuns is the run start cap: queued runs are started, oldest
+	// first, while fewer than this many runs are running. 0: no cap (every
+	// queued run is started at the next tick). Negative is refused.
+	MaxActiveRuns int
 	// MaxParallel bounds the attempts of the Lite executor handed out and
 	// not yet ended (queued plus running, as the board counts them). 0: no
 	// bound. Negative is refused.
@@ -105,6 +109,9 @@ func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	if c.DSN == "" {
 		errs = append(errs, errors.New("no DSN: the agents could not report to the board"))
+	}
+	if c.MaxActiveRuns < 0 {
+		errs = append(errs, fmt.Errorf("max_active_runs %d: must be 0 (no cap) or more", c.MaxActiveRuns))
 	}
 	if c.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("max_parallel %d: must be 0 (no bound) or more", c.MaxParallel))

@@ -73,6 +73,11 @@ type Runner struct {
 
 	mu     sync.Mutex
 	agents map[sdk.Attempt]*lite.Agent // spawned and not yet waited for
+
+	// dispatched: attempts this runner queued whose running report it has
+	// not seen yet, with when they were queued (the dispatch latency is
+	// measured on the tick that finds them running). Used by RunOnce only.
+	dispatched map[sdk.Attempt]time.Time
 }
 
 // New checks the configuration, opens the record directory when the
@@ -103,7 +108,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 	}
 	return &Runner{
 		cfg: cfg, w: w, spawner: sp, dir: dir, ownsDir: owns, log: cfg.Logger,
-		agents: map[sdk.Attempt]*lite.Agent{},
+		agents: map[sdk.Attempt]*lite.Agent{}, dispatched: map[sdk.Attempt]time.Time{},
 	}, nil
 }
 
@@ -137,6 +142,17 @@ type Result struct {
 	Finalized int // runs finished
 	// Waiting counts unconfirmed infra marks still inside their valve.
 	Waiting int
+	// RunsStarted lists the queued runs started under the run start cap;
+	// RunsWaiting counts the queued runs still waiting on it.
+	RunsStarted []string
+	RunsWaiting int
+	// Took is how long the cycle took (the runner's clock).
+	Took time.Duration
+	// DispatchLatencies are the times from queueing to the running report
+	// of the attempts this cycle found running; FinalizeLatencies the times
+	// from each finished run's last task end to its finalization.
+	DispatchLatencies []time.Duration
+	FinalizeLatencies []time.Duration
 	// Finished lists the runs finished, by run id.
 	Finished []lifecycle.FinishedRun
 	// Decisions are the judgments made, for the host to meter and audit.
@@ -146,7 +162,7 @@ type Result struct {
 // Changed reports whether the cycle wrote or reaped anything.
 func (res Result) Changed() bool {
 	return res.AgentsExited+res.Scheduled+res.Dispatched+res.Retried+res.Rescheduled+res.Replaced+
-		res.OfferedAgain+res.Failed+res.Finalized > 0 || len(res.Decisions) > 0
+		res.OfferedAgain+res.Failed+res.Finalized+len(res.RunsStarted) > 0 || len(res.Decisions) > 0
 }
 
 // Run runs a cycle every Interval until ctx is done: RunOnce while leading
@@ -190,8 +206,10 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 		run  func(context.Context, time.Time, *Result) error
 	}{
 		{"release", r.release},
+		{"start", r.startRuns},
 		{"schedule", r.schedule},
 		{"dispatch", r.dispatch},
+		{"observe", r.observeDispatches},
 		{"finalize", r.finalize},
 	}
 	var err error
@@ -201,8 +219,10 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 			break
 		}
 	}
+	res.Took = r.cfg.Clock.Now().Sub(now)
 	if res.Changed() {
-		r.log.Info("lite runner cycle", "scheduled", res.Scheduled, "dispatched", res.Dispatched,
+		r.log.Info("lite runner cycle", "runs_started", len(res.RunsStarted), "runs_waiting", res.RunsWaiting,
+			"scheduled", res.Scheduled, "dispatched", res.Dispatched,
 			"retried", res.Retried, "rescheduled", res.Rescheduled, "replaced", res.Replaced,
 			"offered_again", res.OfferedAgain, "failed", res.Failed, "finalized", res.Finalized,
 			"waiting", res.Waiting, "agents_exited", res.AgentsExited)
@@ -366,6 +386,54 @@ func (r *Runner) schedule(ctx context.Context, now time.Time, res *Result) error
 	}
 }
 
+// startRuns starts queued runs under the run start cap (MaxActiveRuns),
+// oldest first, and counts those still waiting.
+func (r *Runner) startRuns(ctx context.Context, now time.Time, res *Result) error {
+	for {
+		started, waiting, err := r.w.StartQueuedRuns(ctx, r.cfg.MaxActiveRuns, ladder.PageSize, now)
+		if err != nil {
+			return err
+		}
+		res.RunsStarted = append(res.RunsStarted, started...)
+		res.RunsWaiting = waiting
+		for _, id := range started {
+			r.log.Info("run started", "run", id, "waiting", waiting)
+		}
+		if len(started) < ladder.PageSize {
+			return nil
+		}
+	}
+}
+
+// observeDispatches finds the attempts this runner queued that have since
+// reported running, and measures their dispatch latency. An attempt that
+// never reports running is forgotten once the dispatch-lost threshold and
+// a tick have passed: it is the reapers' then.
+func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Result) error {
+	if len(r.dispatched) == 0 {
+		return nil
+	}
+	pending := make([]sdk.Attempt, 0, len(r.dispatched))
+	for a, at := range r.dispatched {
+		if now.Sub(at) > r.cfg.Ladder.DispatchLost+r.cfg.Interval {
+			delete(r.dispatched, a)
+			continue
+		}
+		pending = append(pending, a)
+	}
+	for start := 0; start < len(pending); start += ladder.PageSize {
+		seen, err := r.w.RunningSince(ctx, pending[start:min(start+ladder.PageSize, len(pending))])
+		if err != nil {
+			return err
+		}
+		for a, t := range seen {
+			res.DispatchLatencies = append(res.DispatchLatencies, t[1].Sub(t[0]))
+			delete(r.dispatched, a)
+		}
+	}
+	return nil
+}
+
 // dispatch queues scheduled task instances and starts their agents, within
 // MaxParallel.
 func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
@@ -443,6 +511,7 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 	r.mu.Lock()
 	r.agents[a] = ag
 	r.mu.Unlock()
+	r.dispatched[a] = now
 	res.Dispatched++
 	return true, nil
 }
@@ -502,6 +571,11 @@ func (r *Runner) finalize(ctx context.Context, now time.Time, res *Result) error
 		}
 		res.Finalized += len(runs)
 		res.Finished = append(res.Finished, runs...)
+		for _, f := range runs {
+			if !f.SettledAt.IsZero() {
+				res.FinalizeLatencies = append(res.FinalizeLatencies, now.Sub(f.SettledAt))
+			}
+		}
 		if len(runs) < ladder.PageSize {
 			return nil
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,6 +64,7 @@ type bundle struct {
 
 type opts struct {
 	maxParallel int
+	maxRuns     int
 	agentPath   string
 	onResult    func(literunner.Result)
 }
@@ -86,15 +88,16 @@ func setup(t *testing.T, o opts) *bundle {
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
 	r, err := literunner.New(literunner.Config{
-		AgentPath:   o.agentPath,
-		RecordDir:   filepath.Join(tmp, "records"),
-		LogDir:      filepath.Join(tmp, "logs"),
-		DSN:         pgtest.DSN(pool),
-		MaxParallel: o.maxParallel,
-		Ladder:      lad,
-		OnResult:    o.onResult,
-		Clock:       clk,
-		Logger:      hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),
+		AgentPath:     o.agentPath,
+		RecordDir:     filepath.Join(tmp, "records"),
+		LogDir:        filepath.Join(tmp, "logs"),
+		DSN:           pgtest.DSN(pool),
+		MaxParallel:   o.maxParallel,
+		MaxActiveRuns: o.maxRuns,
+		Ladder:        lad,
+		OnResult:      o.onResult,
+		Clock:         clk,
+		Logger:        hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),
 	}, w)
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +168,8 @@ func (b *bundle) cycle(t *testing.T) literunner.Result {
 type totals struct {
 	scheduled, dispatched, retried, replaced, failed, finalized int
 	labels                                                      []string
+	runsStarted                                                 []string
+	dispatchLatencies, finalizeLatencies                        int
 }
 
 func (tt *totals) add(res literunner.Result) {
@@ -174,6 +179,9 @@ func (tt *totals) add(res literunner.Result) {
 	tt.replaced += res.Replaced
 	tt.failed += res.Failed
 	tt.finalized += res.Finalized
+	tt.runsStarted = append(tt.runsStarted, res.RunsStarted...)
+	tt.dispatchLatencies += len(res.DispatchLatencies)
+	tt.finalizeLatencies += len(res.FinalizeLatencies)
 	for _, d := range res.Decisions {
 		tt.labels = append(tt.labels, d.Label)
 	}
@@ -320,6 +328,52 @@ func TestRunToCompletion(t *testing.T) {
 			t.Fatalf("run %+v", run)
 		}
 	})
+}
+
+// The run start cap: queued runs start one at a time with a cap of one,
+// oldest first, each once the one before it has finished; every dispatch
+// and every finalization is measured.
+func TestRunStartCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, opts{maxRuns: 1})
+	for i, id := range []string{"second", "first", "third"} {
+		// Created in the order first, second, third.
+		at := b.clk.Now().Add(time.Duration([]int{1, 0, 2}[i]) * time.Second)
+		err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: id, DagID: "dag", State: sdk.RunQueued,
+			Tasks: []lifecycle.NewTask{task("a", "true", 0)}}, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var tt totals
+	res := b.cycle(t)
+	tt.add(res)
+	if len(res.RunsStarted) != 1 || res.RunsStarted[0] != "first" || res.RunsWaiting != 2 {
+		t.Fatalf("first tick: started %v, waiting %d", res.RunsStarted, res.RunsWaiting)
+	}
+	running := func() {
+		n := 0
+		for _, id := range []string{"first", "second", "third"} {
+			if run, err := b.w.Run(ctx, id); err == nil && run.State == sdk.RunRunning {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Fatalf("%d runs running under a cap of 1", n)
+		}
+	}
+	for _, id := range []string{"first", "second", "third"} {
+		if run := b.untilRunEnds(t, id, &tt, running); run.State != sdk.RunSuccess {
+			t.Fatalf("%s: %+v", id, run)
+		}
+	}
+	if got := strings.Join(tt.runsStarted, ","); got != "first,second,third" {
+		t.Fatalf("runs started in the order %s", got)
+	}
+	if tt.dispatchLatencies != 3 || tt.finalizeLatencies != 3 {
+		t.Fatalf("measured %d dispatches and %d finalizations, want 3 and 3", tt.dispatchLatencies, tt.finalizeLatencies)
+	}
 }
 
 func TestInfraMarks(t *testing.T) {
