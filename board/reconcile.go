@@ -84,14 +84,15 @@ func (s *Store) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkR
 const overrideSQL = leadCTE + `
 r AS (
     SELECT r.*, prev.failure_reason AS mark_reason
-    FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::timestamptz[], $7::int8[], $8::timestamptz[])
-        WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, marked_after, term, at, ord)
+    FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::timestamptz[], $7::int8[], $8::timestamptz[],
+                $11::timestamptz[])
+        WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, marked_after, term, at, ended_at, ord)
     JOIN task_instances prev ON prev.run_id = r.run_id AND prev.task_id = r.task_id
 ),
 applied AS (
     UPDATE task_instances ti SET
         state = 'success', last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
-        infra_marked_at = NULL, infra_confirmed_at = NULL, ended_at = r.at, updated_at = r.at
+        infra_marked_at = NULL, infra_confirmed_at = NULL, ended_at = r.ended_at, updated_at = r.at
     FROM r, runs
     WHERE -- the row still holds exactly the attempt that left the SUCCESS record,
           ` + sameAttempt + `
@@ -128,13 +129,13 @@ func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 	if err != nil {
 		return nil, fmt.Errorf("board: %w", err)
 	}
-	markedAfter := make([]time.Time, len(os))
+	markedAfter, ended := make([]time.Time, len(os)), make([]time.Time, len(os))
 	for i, o := range os {
-		markedAfter[i] = o.MarkedAfter
+		markedAfter[i], ended[i] = o.MarkedAfter, sdk.EndOf(o.EndedAt, o.At)
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, overrideSQL, runIDs, taskIDs, tries, epochs, markedAfter, b.terms, b.ats,
-		sdk.OverrideLogPrefix, sdk.OverrideLogLine(""))
+		sdk.OverrideLogPrefix, sdk.OverrideLogLine(""), ended)
 }
 
 // settleSQL settles a batch of finished attempts. Each request carries the
@@ -144,9 +145,10 @@ func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 const settleSQL = leadCTE + `
 r AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[],
-                         $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::timestamptz[])
+                         $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::timestamptz[],
+                         $13::timestamptz[])
         WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, from_states,
-                             to_state, failure_kind, reason, message, term, at, ord)
+                             to_state, failure_kind, reason, message, term, at, ended_at, ord)
 ),
 applied AS (
     UPDATE task_instances ti SET
@@ -156,7 +158,7 @@ applied AS (
         error_message      = CASE WHEN r.failure_kind <> '' THEN NULLIF(r.message, '') END,
         infra_marked_at    = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
         infra_confirmed_at = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
-        ended_at           = r.at,
+        ended_at           = r.ended_at,
         updated_at         = r.at
     FROM r, runs
     WHERE -- the row still holds exactly the attempt the outcome record names,
@@ -188,8 +190,9 @@ func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 	}
 	n := len(ss)
 	fromStates, toStates, kinds := make([]string, n), make([]string, n), make([]string, n)
-	reasons, messages := make([]string, n), make([]string, n)
+	reasons, messages, ended := make([]string, n), make([]string, n), make([]time.Time, n)
 	for i, st := range ss {
+		ended[i] = sdk.EndOf(st.EndedAt, st.At)
 		if err := validateSettlement(st); err != nil {
 			return nil, fmt.Errorf("board: settle %s: %w", st.Attempt, err)
 		}
@@ -199,7 +202,7 @@ func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, settleSQL, runIDs, taskIDs, tries, epochs, fromStates, toStates, kinds,
-		reasons, messages, b.terms, b.ats)
+		reasons, messages, b.terms, b.ats, ended)
 }
 
 func validateSettlement(st sdk.Settlement) error {

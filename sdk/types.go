@@ -292,8 +292,12 @@ type Confirm struct {
 type Override struct {
 	Attempt
 	MarkedAfter time.Time
-	Term        int64
-	At          time.Time
+	// EndedAt is when the attempt really ended, as its record or its
+	// container says (zero: At); the attempt's ended_at, from which its
+	// duration is measured (reaperctl tune), is this, not the sweep's time.
+	EndedAt time.Time
+	Term    int64
+	At      time.Time
 }
 
 // Outcome is how a finished execution ended, as its durable outcome record
@@ -327,6 +331,9 @@ type Settlement struct {
 	// error_message, starting with it.
 	Reason  string
 	Message string
+	// EndedAt is when the attempt really ended, as its record or its
+	// container says (zero: At).
+	EndedAt time.Time
 	Term    int64
 	At      time.Time
 }
@@ -436,4 +443,13 @@ type SweepResult struct {
 type WarmWorker struct {
 	Name  string
 	Phase string
+}
+
+// EndOf is when an attempt settled from an outcome ended: ended when it
+// says so, else at.
+func EndOf(ended, at time.Time) time.Time {
+	if ended.IsZero() {
+		return at
+	}
+	return ended
 }

@@ -379,7 +379,8 @@ func confirmsFromPB(cs []*pb.Confirm) []sdk.Confirm {
 func overridesToPB(os []sdk.Override) []*pb.Override {
 	out := make([]*pb.Override, len(os))
 	for i, o := range os {
-		out[i] = &pb.Override{Attempt: attemptToPB(o.Attempt), MarkedAfter: tsToPB(o.MarkedAfter), Term: o.Term, At: tsToPB(o.At)}
+		out[i] = &pb.Override{Attempt: attemptToPB(o.Attempt), MarkedAfter: tsToPB(o.MarkedAfter), Term: o.Term, At: tsToPB(o.At),
+			EndedAt: tsToPB(o.EndedAt)}
 	}
 	return out
 }
@@ -387,7 +388,8 @@ func overridesToPB(os []sdk.Override) []*pb.Override {
 func overridesFromPB(os []*pb.Override) []sdk.Override {
 	out := make([]sdk.Override, len(os))
 	for i, o := range os {
-		out[i] = sdk.Override{Attempt: attemptFromPB(o.Attempt), MarkedAfter: tsFromPB(o.MarkedAfter), Term: o.Term, At: tsFromPB(o.At)}
+		out[i] = sdk.Override{Attempt: attemptFromPB(o.Attempt), MarkedAfter: tsFromPB(o.MarkedAfter), Term: o.Term, At: tsFromPB(o.At),
+			EndedAt: tsFromPB(o.EndedAt)}
 	}
 	return out
 }
@@ -396,7 +398,7 @@ func settlementsToPB(ss []sdk.Settlement) []*pb.Settlement {
 	out := make([]*pb.Settlement, len(ss))
 	for i, s := range ss {
 		out[i] = &pb.Settlement{Attempt: attemptToPB(s.Attempt), Outcome: string(s.Outcome), FromStates: s.FromStates,
-			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At)}
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt)}
 	}
 	return out
 }
@@ -405,7 +407,7 @@ func settlementsFromPB(ss []*pb.Settlement) []sdk.Settlement {
 	out := make([]sdk.Settlement, len(ss))
 	for i, s := range ss {
 		out[i] = sdk.Settlement{Attempt: attemptFromPB(s.Attempt), Outcome: sdk.Outcome(s.Outcome), FromStates: s.FromStates,
-			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At)}
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At), EndedAt: tsFromPB(s.EndedAt)}
 	}
 	return out
 }

@@ -61,7 +61,7 @@ func (b *Board) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 		func(o sdk.Override, row sdk.TaskRow) string { return o.Refusal(row) },
 		func(o sdk.Override, t *TaskInstance) {
 			b.logs[o.Attempt] = append(b.logs[o.Attempt], sdk.OverrideLogLine(t.MarkReason))
-			t.State, t.EndedAt = sdk.StateSuccess, o.At
+			t.State, t.EndedAt = sdk.StateSuccess, sdk.EndOf(o.EndedAt, o.At)
 			t.LastFailureKind, t.MarkReason, t.ErrorMessage = "", "", ""
 			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
 		})
@@ -75,7 +75,7 @@ func (b *Board) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 		validSettlement,
 		func(s sdk.Settlement, row sdk.TaskRow) string { return s.Refusal(row) },
 		func(s sdk.Settlement, t *TaskInstance) {
-			t.State, t.LastFailureKind, t.EndedAt = s.Outcome.State(), s.Outcome.FailureKind(), s.At
+			t.State, t.LastFailureKind, t.EndedAt = s.Outcome.State(), s.Outcome.FailureKind(), sdk.EndOf(s.EndedAt, s.At)
 			t.MarkReason, t.ErrorMessage = "", ""
 			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
 			if t.LastFailureKind != "" {

@@ -92,6 +92,20 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("reasons %v, want %v", reasons, want)
 			}
 		},
+		// The attempt's duration (reaperctl tune) is measured to its real
+		// end, as its record says, not to the sweep that read it.
+		"OverrideAndSettleEndAtTheRecordsEnd": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			o.EndedAt = at(-90 * time.Second)
+			applied(t, overrideOne(t, f, o))
+			sameTime(t, "ended_at", row(t, f, o.Attempt).EndedAt, at(-90*time.Second))
+			a := attempt("run2", "task")
+			f.Put(Row{Attempt: a, State: sdk.StateRunning, RunningAt: at(-time.Hour), LastHeartbeatAt: at(-time.Minute)})
+			st := settlement(f, a, sdk.OutcomeSuccess)
+			st.EndedAt = at(-30 * time.Second)
+			applied(t, settleOne(t, f, st))
+			sameTime(t, "ended_at", row(t, f, a).EndedAt, at(-30*time.Second))
+		},
 		"ConfirmStampsAProvisionalMarkOnce": func(t *testing.T, f Fixture) {
 			o := fresh(f)
 			c := sdk.Confirm{Attempt: o.Attempt, Term: f.Term(), At: at(0)}

@@ -2135,6 +2135,7 @@ type Override struct {
 	MarkedAfter   int64                  `protobuf:"varint,2,opt,name=marked_after,json=markedAfter,proto3" json:"marked_after,omitempty"`
 	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
 	At            int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt       int64                  `protobuf:"varint,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2197,6 +2198,13 @@ func (x *Override) GetAt() int64 {
 	return 0
 }
 
+func (x *Override) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
+	}
+	return 0
+}
+
 type OverrideRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Overrides     []*Override            `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"`
@@ -2250,6 +2258,7 @@ type Settlement struct {
 	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	Term          int64                  `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
 	At            int64                  `protobuf:"varint,7,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt       int64                  `protobuf:"varint,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2329,6 +2338,13 @@ func (x *Settlement) GetTerm() int64 {
 func (x *Settlement) GetAt() int64 {
 	if x != nil {
 		return x.At
+	}
+	return 0
+}
+
+func (x *Settlement) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
 	}
 	return 0
 }
@@ -3308,14 +3324,15 @@ const file_reaper_proto_rawDesc = "" +
 	"\x04term\x18\x02 \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\x03 \x01(\x03R\x02at\"@\n" +
 	"\x0eConfirmRequest\x12.\n" +
-	"\bconfirms\x18\x01 \x03(\v2\x12.reaper.v1.ConfirmR\bconfirms\"\x7f\n" +
+	"\bconfirms\x18\x01 \x03(\v2\x12.reaper.v1.ConfirmR\bconfirms\"\x9a\x01\n" +
 	"\bOverride\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12!\n" +
 	"\fmarked_after\x18\x02 \x01(\x03R\vmarkedAfter\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x0e\n" +
-	"\x02at\x18\x04 \x01(\x03R\x02at\"D\n" +
+	"\x02at\x18\x04 \x01(\x03R\x02at\x12\x19\n" +
+	"\bended_at\x18\x05 \x01(\x03R\aendedAt\"D\n" +
 	"\x0fOverrideRequest\x121\n" +
-	"\toverrides\x18\x01 \x03(\v2\x13.reaper.v1.OverrideR\toverrides\"\xcb\x01\n" +
+	"\toverrides\x18\x01 \x03(\v2\x13.reaper.v1.OverrideR\toverrides\"\xe6\x01\n" +
 	"\n" +
 	"Settlement\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x18\n" +
@@ -3325,7 +3342,8 @@ const file_reaper_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x12\n" +
 	"\x04term\x18\x06 \x01(\x03R\x04term\x12\x0e\n" +
-	"\x02at\x18\a \x01(\x03R\x02at\"H\n" +
+	"\x02at\x18\a \x01(\x03R\x02at\x12\x19\n" +
+	"\bended_at\x18\b \x01(\x03R\aendedAt\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.reaper.v1.SettlementR\vsettlements\"\x95\x01\n" +
 	"\fSweepRequest\x12\x10\n" +
