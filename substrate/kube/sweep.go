@@ -113,7 +113,8 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			if mr.NoopReason == sdk.NoopDeposed {
 				return errDeposed
 			}
-			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound
+			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
+				mr.NoopReason == noopRunFinished
 			if mr.Applied {
 				st := batch[i]
 				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
@@ -274,3 +275,8 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	}
 	return nil
 }
+
+// noopRunFinished is the board's no-op reason for a settlement on a run
+// that is no longer running: nothing is left to settle, so the pod counts
+// as settled. (sdk.NoopRunFinished once the contract's board lands.)
+const noopRunFinished = "run_finished"
