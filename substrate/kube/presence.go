@@ -38,8 +38,16 @@ type presence struct {
 	done     chan struct{}
 }
 
-// startPresence starts the informer in a goroutine that stop ends.
+// startPresence starts the informer, reducing every pod, in a goroutine
+// that stop ends.
 func startPresence(client kubernetes.Interface, namespace string, resync time.Duration, log hclog.Logger) *presence {
+	return startInformer(client, namespace, resync, log, reduceObject)
+}
+
+// startInformer starts the informer with transform (nil: pods are kept
+// whole, which only a benchmark wants).
+func startInformer(client kubernetes.Interface, namespace string, resync time.Duration, log hclog.Logger,
+	transform cache.TransformFunc) *presence {
 	sel := taskPodSelector().String()
 	pods := client.CoreV1().Pods(namespace)
 	lw := &cache.ListWatch{
@@ -54,8 +62,10 @@ func startPresence(client kubernetes.Interface, namespace string, resync time.Du
 	}
 	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{},
 		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{attemptIndex: indexByAttempt}})
-	if err := inf.SetTransform(reduceObject); err != nil {
-		panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
+	if transform != nil {
+		if err := inf.SetTransform(transform); err != nil {
+			panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &presence{informer: inf, cancel: cancel, done: make(chan struct{})}
