@@ -210,33 +210,36 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 	}
 	if len(confirms) > 0 {
 		res, err := sw.board.ConfirmInfra(ctx, confirms)
-		if err != nil {
-			return fmt.Errorf("kube sweep: confirming %d infra marks: %w", len(confirms), err)
-		}
-		for i, mr := range res {
-			if mr.NoopReason == sdk.NoopDeposed {
-				return errDeposed
-			}
-			if mr.Applied && i < len(confirms) {
-				sw.decide(sdk.LabelReconcileInfraConfirmed, confirms[i].Attempt, true, cDetail[i], nil)
-			}
+		if err := sw.applied(res, err, "confirming", len(confirms), func(i int) {
+			sw.decide(sdk.LabelReconcileInfraConfirmed, confirms[i].Attempt, true, cDetail[i], nil)
+		}); err != nil {
+			return err
 		}
 	}
 	if len(overrides) > 0 {
 		res, err := sw.board.OverrideInfra(ctx, overrides)
-		if err != nil {
-			return fmt.Errorf("kube sweep: overriding %d infra marks: %w", len(overrides), err)
+		return sw.applied(res, err, "overriding", len(overrides), func(i int) {
+			mark := oCand[i].FailureReason
+			sw.res.Overrides[mark]++
+			sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
+				"outcome recovered from the durable record over "+mark+": "+oDetail[i], map[string]string{"mark": mark})
+		})
+	}
+	return nil
+}
+
+// applied walks the results of a batch of n writes, calling each for the
+// index of every one that applied. A deposed no-op ends the sweep.
+func (sw *sweep) applied(res []sdk.MarkResult, err error, doing string, n int, each func(int)) error {
+	if err != nil {
+		return fmt.Errorf("kube sweep: %s %d infra marks: %w", doing, n, err)
+	}
+	for i, mr := range res {
+		if mr.NoopReason == sdk.NoopDeposed {
+			return errDeposed
 		}
-		for i, mr := range res {
-			if mr.NoopReason == sdk.NoopDeposed {
-				return errDeposed
-			}
-			if mr.Applied && i < len(oCand) {
-				mark := oCand[i].FailureReason
-				sw.res.Overrides[mark]++
-				sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
-					"outcome recovered from the durable record over "+mark+": "+oDetail[i], map[string]string{"mark": mark})
-			}
+		if mr.Applied && i < n {
+			each(i)
 		}
 	}
 	return nil
