@@ -31,9 +31,11 @@ build:
 	done
 
 # The whole test suite: unit tests, real plugin binaries over go-plugin, and a
-# real PostgreSQL started from the machine's own server binaries.
+# real PostgreSQL started from the machine's own server binaries; then the
+# example plugin's own module (examples/parked), on its own go.mod.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
+	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
 
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
@@ -56,6 +58,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd examples/parked && GOWORK=off $(GO) vet ./...
 
 # Regenerates the protocol's Go code. Needs protoc (Debian: protobuf-compiler);
 # the Go generators are pinned as tool lines in go.mod.

@@ -15,11 +15,12 @@ import (
 
 var timeFields = map[sdk.TimeField]bool{
 	sdk.FieldQueuedAt: true, sdk.FieldRunningAt: true, sdk.FieldHeartbeatAt: true, sdk.FieldMarkedAt: true,
+	sdk.FieldEndedAt: true,
 }
 
 const candidateColumns = `run_id, task_id, try_number, attempt_epoch, state, executor,
 	queued_at, running_at, last_heartbeat_at, released_at, infra_marked_at, infra_confirmed_at,
-	last_failure_kind, warm_worker, execution_timeout_seconds`
+	last_failure_kind, warm_worker, execution_timeout_seconds, ended_at`
 
 // candidateSQL builds the listing statement for q. States, executors, the
 // order column and the limit come from closed sets (validated here) and are
@@ -172,16 +173,18 @@ func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
 	var (
 		c                                           sdk.Candidate
 		queued, running, hb, released, marked, conf *time.Time
+		ended                                       *time.Time
 		kind, warm                                  *string
 		timeout                                     *int32
 	)
 	err := row.Scan(&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
-		&queued, &running, &hb, &released, &marked, &conf, &kind, &warm, &timeout)
+		&queued, &running, &hb, &released, &marked, &conf, &kind, &warm, &timeout, &ended)
 	if err != nil {
 		return sdk.Candidate{}, err
 	}
 	c.QueuedAt, c.RunningAt, c.LastHeartbeatAt = timeOrZero(queued), timeOrZero(running), timeOrZero(hb)
 	c.ReleasedAt, c.InfraMarkedAt, c.InfraConfirmedAt = timeOrZero(released), timeOrZero(marked), timeOrZero(conf)
+	c.EndedAt = timeOrZero(ended)
 	c.LastFailureKind, c.WarmWorker = deref(kind), deref(warm)
 	if timeout != nil {
 		c.ExecutionTimeout = time.Duration(*timeout) * time.Second
@@ -197,6 +200,8 @@ func candidateTime(c sdk.Candidate, f sdk.TimeField) time.Time {
 		return c.RunningAt
 	case sdk.FieldHeartbeatAt:
 		return c.LastHeartbeatAt
+	case sdk.FieldEndedAt:
+		return c.EndedAt
 	default:
 		return c.InfraMarkedAt
 	}

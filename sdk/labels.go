@@ -53,6 +53,10 @@ const (
 
 	// LabelOrphanRun: a run with nothing live and no activity was failed.
 	LabelOrphanRun = "orphan_run"
+	// LabelOrphanRunPodDeleteErr: the run stays failed, but tearing down
+	// its executions failed (the pods' own deadlines and the reconciler's
+	// collection remain the backstops).
+	LabelOrphanRunPodDeleteErr = "orphan_run_pod_delete_error"
 	// LabelWarmWorkerLost: an attempt's warm worker is gone (kube warm pool).
 	LabelWarmWorkerLost = "warm_worker_lost"
 	// LabelWarmWorkerListErr: the live LIST of warm pods failed; the pass
@@ -74,7 +78,7 @@ const (
 	// LabelPassError: a reaper's pass ended in an error.
 	LabelPassError = "reap_pass_error"
 
-	// The Lite runner's rails (substrate/lite/runner). The two failures are
+	// The Lite runner's rails (runner/literunner). The two failures are
 	// also the failure_reason the runner writes when it ends a task for good.
 
 	// LabelTaskRetry: a task failure with retries left started its next try.
@@ -120,7 +124,7 @@ func Labels() []string {
 		LabelOrphanReapNoop,
 		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen,
 		LabelDispatchUnavailable, LabelDispatchUnavailableSpent,
-		LabelOrphanRun, LabelWarmWorkerLost, LabelWarmWorkerListErr,
+		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr,
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,

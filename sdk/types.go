@@ -97,6 +97,9 @@ const (
 	FieldRunningAt   TimeField = "running_at"
 	FieldHeartbeatAt TimeField = "last_heartbeat_at"
 	FieldMarkedAt    TimeField = "infra_marked_at"
+	// FieldEndedAt is when the attempt last ended or parked: a report of
+	// up_for_retry, up_for_reschedule or a failure stamps it.
+	FieldEndedAt TimeField = "ended_at"
 )
 
 // HeartbeatFilter selects on whether the current attempt has heartbeated.
@@ -140,6 +143,7 @@ type Candidate struct {
 	ReleasedAt       time.Time
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
+	EndedAt          time.Time // when the attempt ended or parked
 	LastFailureKind  string
 	FailureReason    string // the label of the last failure (agent_lost, ...); "" when none
 	WarmWorker       string
@@ -398,10 +402,14 @@ type StopRequest struct {
 	Reason string
 }
 
-// StopResult says whether the group is gone.
+// StopResult says whether the group is gone. A stop that needs longer
+// than the caller can wait (a group that ignores SIGTERM is given its
+// grace, then SIGKILL) goes on after the call: InFlight says so, and the
+// caller asks again on a later pass, which answers Stopped once it is over.
 type StopResult struct {
-	Stopped bool
-	Detail  string
+	Stopped  bool
+	InFlight bool
+	Detail   string
 }
 
 // SweepRequest starts one reconcile sweep.

@@ -46,6 +46,9 @@ const (
 	ReasonHeld        = "held"           // held for review: release it first
 	ReasonNoRetries   = "no_retries"     // Retry with no retries left
 	ReasonBudgetSpent = "budget_spent"   // Replace with the infra budget spent
+	// ReasonRunNotRunning: the task's run is not running (finished, or not
+	// started): no rail but the operator's clear starts anything in it.
+	ReasonRunNotRunning = "run_not_running"
 )
 
 // Options configure a Writer.

@@ -27,9 +27,13 @@ type Release struct {
 // rail is one way of starting a new execution. The rails below are fixed
 // tables, never modified.
 type rail struct {
-	name      string
-	to        string // the state the new attempt starts in
-	bumpTry   bool   // else the epoch
+	name    string
+	to      string // the state the new attempt starts in
+	bumpTry bool   // else the epoch
+	// operator: an operator's rail (clear) works on a task of a finished
+	// run too, and reopens the run; every other rail starts a new execution
+	// only while the task's run is running.
+	operator  bool
 	guard     string // SQL on ti: which released attempts qualify
 	set       string // SQL assignments of this rail, beyond the common ones
 	fromState func(state, kind string) bool
@@ -51,7 +55,7 @@ var (
 		},
 	}
 	clearRail = rail{
-		name: "clear", to: sdk.StateNone, bumpTry: true,
+		name: "clear", to: sdk.StateNone, bumpTry: true, operator: true,
 		guard:     `true`,
 		set:       `retries = ti.max_retries, infra_used = 0, held_at = NULL, dispatch_unavailable_since = NULL`,
 		fromState: func(string, string) bool { return true },
@@ -90,7 +94,11 @@ func (w *Writer) Retry(ctx context.Context, a sdk.Attempt, now time.Time) (Relea
 }
 
 // Clear is the operator's clear, from any state: try+1, the declared retries
-// and the whole infra budget restored, any hold lifted, back to none.
+// and the whole infra budget restored, any hold lifted, back to none. A
+// clear of a task whose run has finished reopens the run, in the same
+// transaction; against the runner finishing the run at the same moment it
+// is serialised on the run's row (see FinishSettledRuns), so a clear is
+// never lost in a run that finishes behind it.
 func (w *Writer) Clear(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
 	return w.release(ctx, clearRail, a, now)
 }
@@ -125,6 +133,10 @@ func (w *Writer) DispatchBackoff(ctx context.Context, a sdk.Attempt, now time.Ti
 	return w.release(ctx, backoffRail, a, now)
 }
 
+// runRunning is the guard of the automatic rails: the task's run is
+// running (a finished run starts nothing new).
+const runRunning = `EXISTS (SELECT 1 FROM runs r WHERE r.run_id = ti.run_id AND r.state = 'running')`
+
 func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.Time) (Release, error) {
 	bump := "try_number = ti.try_number + 1"
 	if !rl.bumpTry {
@@ -134,10 +146,14 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 	if rl.set != "" {
 		set = rl.set + ", "
 	}
+	guard := rl.guard
+	if !rl.operator {
+		guard += " AND " + runRunning
+	}
 	sql := `UPDATE task_instances ti SET state = '` + rl.to + `', ` + bump + `, ` + clearAttempt + `,
         ` + set + `released_at = $5, updated_at = $5
     WHERE ti.run_id = $1 AND ti.task_id = $2 AND ti.try_number = $3 AND ti.attempt_epoch = $4
-      AND ` + rl.guard + `
+      AND ` + guard + `
     RETURNING ti.try_number, ti.attempt_epoch, ti.dispatch_unavailable_since`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
@@ -145,7 +161,22 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 		next  = sdk.Attempt{RunID: a.RunID, TaskID: a.TaskID}
 		since *time.Time
 	)
-	err := w.pool.QueryRow(ctx, sql, a.RunID, a.TaskID, a.Try, a.Epoch, now).Scan(&next.Try, &next.Epoch, &since)
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if rl.operator {
+			// Take the run's row first: a runner finishing the run waits
+			// for this clear, or this clear for it (see reopen).
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE`, a.RunID); err != nil {
+				return err
+			}
+		}
+		if err := tx.QueryRow(ctx, sql, a.RunID, a.TaskID, a.Try, a.Epoch, now).Scan(&next.Try, &next.Epoch, &since); err != nil {
+			return err
+		}
+		if rl.operator {
+			return reopen(ctx, tx, a.RunID, now)
+		}
+		return nil
+	})
 	if err == nil {
 		r := Release{Applied: true, Attempt: next}
 		if rl.name == backoffRail.name && since != nil {
@@ -163,18 +194,46 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 	return Release{Reason: reason}, nil
 }
 
+// reopen makes the run of a task an operator cleared run again: a finished
+// run is running once more (its task instances back among the orphan-run
+// candidates); a running one gets a new row version, which tells a runner
+// that read the run before the clear not to finish it (FinishSettledRuns
+// compares the version it read).
+func reopen(ctx context.Context, tx pgx.Tx, runID string, now time.Time) error {
+	var reopened bool
+	err := tx.QueryRow(ctx, `UPDATE runs SET
+        state = CASE WHEN state IN ('success', 'failed') THEN 'running' ELSE state END,
+        ended_at = CASE WHEN state IN ('success', 'failed') THEN NULL ELSE ended_at END,
+        error_message = CASE WHEN state IN ('success', 'failed') THEN NULL ELSE error_message END,
+        updated_at = $2
+    WHERE run_id = $1
+    RETURNING ended_at IS NULL AND state = 'running'`, runID, now).Scan(&reopened)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reopen run %s: %w", runID, err)
+	}
+	_, err = tx.Exec(ctx, `UPDATE task_instances SET run_closed = false WHERE run_id = $1 AND run_closed`, runID)
+	if err != nil {
+		return fmt.Errorf("reopen run %s: %w", runID, err)
+	}
+	return nil
+}
+
 // whyNot reads the row a rail did not apply to and says why.
 func (w *Writer) whyNot(ctx context.Context, rl rail, a sdk.Attempt) (string, error) {
 	var (
 		try, epoch, retries, used, budget int32
-		state                             string
+		state, runState                   string
 		kind                              *string
 		held                              *time.Time
 	)
-	err := w.pool.QueryRow(ctx, `SELECT try_number, attempt_epoch, state, last_failure_kind, held_at,
-            retries, infra_used, infra_budget
-        FROM task_instances WHERE run_id = $1 AND task_id = $2`, a.RunID, a.TaskID).
-		Scan(&try, &epoch, &state, &kind, &held, &retries, &used, &budget)
+	err := w.pool.QueryRow(ctx, `SELECT ti.try_number, ti.attempt_epoch, ti.state, ti.last_failure_kind, ti.held_at,
+            ti.retries, ti.infra_used, ti.infra_budget, r.state
+        FROM task_instances ti JOIN runs r ON r.run_id = ti.run_id
+        WHERE ti.run_id = $1 AND ti.task_id = $2`, a.RunID, a.TaskID).
+		Scan(&try, &epoch, &state, &kind, &held, &retries, &used, &budget, &runState)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ReasonNotFound, nil
 	}
@@ -188,7 +247,9 @@ func (w *Writer) whyNot(ctx context.Context, rl rail, a sdk.Attempt) (string, er
 	switch {
 	case try != a.Try || epoch != a.Epoch || !rl.fromState(state, k):
 		return ReasonMovedOn, nil
-	case held != nil && rl.name != clearRail.name:
+	case !rl.operator && runState != sdk.RunRunning:
+		return ReasonRunNotRunning, nil
+	case held != nil && !rl.operator:
 		return ReasonHeld, nil
 	case rl.name == retryRail.name && retries <= 0:
 		return ReasonNoRetries, nil

@@ -207,18 +207,22 @@ type FinishedRun struct {
 // an error message naming the tasks. The check and the write are one
 // statement, by run id.
 func (w *Writer) FinishSettledRuns(ctx context.Context, limit int, now time.Time) ([]FinishedRun, error) {
+	// The run's row version (xmin) is read with the predicate and compared
+	// by the update: an operator's clear that lands in between gives the
+	// run a new version (see reopen), and the run is then left for the next
+	// tick to judge again, instead of finishing with a cleared task in it.
 	sql := `WITH done AS (
-    SELECT r.run_id FROM runs r
+    SELECT r.run_id, r.xmin::text AS seen FROM runs r
     WHERE r.state = 'running'
       AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND NOT ` + settledTI + `)
     ORDER BY r.run_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 ),
 summary AS (
-    SELECT d.run_id,
+    SELECT d.run_id, d.seen,
         coalesce(array_agg(ti.task_id ORDER BY ti.task_id)
             FILTER (WHERE ti.state NOT IN ('success', 'skipped')), '{}') AS unsuccessful
     FROM done d LEFT JOIN task_instances ti ON ti.run_id = d.run_id
-    GROUP BY d.run_id
+    GROUP BY d.run_id, d.seen
 ),
 fin AS (
     UPDATE runs r SET
@@ -227,7 +231,7 @@ fin AS (
         error_message = CASE WHEN cardinality(s.unsuccessful) = 0 THEN NULL
             ELSE 'tasks not successful: ' || array_to_string(s.unsuccessful, ', ') END
     FROM summary s
-    WHERE r.run_id = s.run_id AND r.state = 'running'
+    WHERE r.run_id = s.run_id AND r.state = 'running' AND r.xmin::text = s.seen
     RETURNING r.run_id, r.state, s.unsuccessful
 ),
 closed AS (

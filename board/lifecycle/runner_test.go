@@ -351,3 +351,114 @@ func TestIsTerminalFailure(t *testing.T) {
 		}
 	}
 }
+
+// The automatic rails start nothing in a run that is not running; the
+// operator's clear reopens a finished run.
+func TestRailsCheckTheRunsState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	at := base.Add(-10 * time.Minute)
+
+	t.Run("AutomaticRailsRefuseAFinishedRun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		as := b.mkRun(t, "r", sdk.RunRunning, lite("retry", 2), lite("infra", 0), lite("poke", 0))
+		b.to(t, as["retry"], sdk.StateFailed, at)
+		b.to(t, as["infra"], "infra", at)
+		b.to(t, as["poke"], sdk.StateUpForReschedule, at)
+		if ok, err := b.w.FinishRun(ctx, "r", sdk.RunFailed, "failed by hand", at); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		for name, rail := range map[string]func(context.Context, sdk.Attempt, time.Time) (lifecycle.Release, error){
+			"retry": b.w.Retry, "infra": b.w.Replace, "poke": b.w.Reschedule,
+		} {
+			rel, err := rail(ctx, as[name], at)
+			if err != nil || rel.Applied || rel.Reason != lifecycle.ReasonRunNotRunning {
+				t.Errorf("%s on a failed run: %+v, %v", name, rel, err)
+			}
+		}
+	})
+
+	t.Run("ClearReopensAFinishedRun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		as := b.mkRun(t, "r", sdk.RunRunning, lite("a", 0))
+		b.to(t, as["a"], sdk.StateFailed, at)
+		if done, err := b.w.FinishSettledRuns(ctx, 0, at); err != nil || len(done) != 1 {
+			t.Fatal(done, err)
+		}
+		rel, err := b.w.Clear(ctx, as["a"], at.Add(time.Minute))
+		if err != nil || !rel.Applied {
+			t.Fatal(rel, err)
+		}
+		run, err := b.w.Run(ctx, "r")
+		if err != nil || run.State != sdk.RunRunning || !run.EndedAt.IsZero() {
+			t.Fatalf("run after the clear: %+v, %v", run, err)
+		}
+		// The reopened run is an orphan-run candidate again once quiet.
+		var closed bool
+		if err := b.store.Pool().QueryRow(ctx, `SELECT run_closed FROM task_instances WHERE run_id = 'r'`).Scan(&closed); err != nil || closed {
+			t.Fatalf("run_closed %v, %v", closed, err)
+		}
+	})
+
+	// A clear that commits while the runner is finishing the run (the runner
+	// read every task settled before the clear) is not lost: the runner
+	// leaves the run to its next tick.
+	t.Run("ClearRacingTheFinish_NeverLost", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		as := b.mkRun(t, "r", sdk.RunRunning, lite("a", 0))
+		b.to(t, as["a"], sdk.StateFailed, at)
+		pool := b.store.Pool()
+
+		// The clear, held open: the run's row taken and touched, the task
+		// back to none.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `UPDATE runs SET updated_at = $2 WHERE run_id = $1`, "r", at); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE task_instances SET state = 'none', try_number = try_number + 1 WHERE run_id = 'r'`); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			done []lifecycle.FinishedRun
+			err  error
+		}
+		finished := make(chan result, 1)
+		go func() {
+			done, err := b.w.FinishSettledRuns(ctx, 0, at)
+			finished <- result{done, err}
+		}()
+		// The runner has read the run as settled and waits on its row.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var waiting int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+                WHERE wait_event_type = 'Lock' AND query LIKE '%WITH done AS%'`).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the runner's finish never waited on the run's row")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res := <-finished
+		if res.err != nil || len(res.done) != 0 {
+			t.Fatalf("finish behind a clear: %+v, %v", res.done, res.err)
+		}
+		if run, err := b.w.Run(ctx, "r"); err != nil || run.State != sdk.RunRunning {
+			t.Fatalf("run %+v, %v", run, err)
+		}
+	})
+}

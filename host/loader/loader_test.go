@@ -324,14 +324,15 @@ func TestPassFailures(t *testing.T) {
 		}
 	})
 
-	t.Run("BadConfigurationIsRefusedByThePlugin", func(t *testing.T) {
+	t.Run("BadConfigurationIsRefusedInThePluginsOwnWords", func(t *testing.T) {
 		p, err := launch(t, loader.Spec{Kind: sdk.KindReaper, Name: "echo"})
 		if err != nil {
 			t.Fatalf("launch: %v", err)
 		}
 		err = p.Base().Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{"mode": "sideways"}})
-		if err == nil || !strings.Contains(err.Error(), "mode must be") {
-			t.Fatalf("err = %v", err)
+		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not "sideways"`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want exactly the plugin's sentence %q", err, want)
 		}
 	})
 }

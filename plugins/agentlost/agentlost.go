@@ -32,6 +32,10 @@ import (
 // Name is the label the reaper is configured under.
 const Name = "agentlost"
 
+// CeilingMessage is the error_message of an attempt failed at the
+// credential ceiling, word for word what operators search their logs for.
+const CeilingMessage = "credential_ceiling: attempt outlived auth.max_attempt_credential_lifetime"
+
 // KilledLine is the try-log line written once an attempt ended at the
 // credential ceiling has exited: the last line of its log.
 const KilledLine = "killed: credential_ceiling"
@@ -99,8 +103,13 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	cfg := *r.cfg.Load()
 	p := newPass(r.logger, cfg, pass, board, exec, sink)
+	p.state = reap.LoadState(pass, r.logger)
+	p.stopping = reap.TakeStopping(p.state)
+	if p.lite && !pass.DryRun {
+		p.settleKillLines(ctx)
+	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
-		Listings: p.listings(), Finish: p.finish,
+		Listings: p.listings(), Finish: p.finish, State: p.state, Save: p.stopping.Keep,
 	})
 }

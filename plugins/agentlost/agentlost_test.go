@@ -217,6 +217,10 @@ func TestCredentialCeiling(t *testing.T) {
 		if row.LastFailureKind != sdk.FailureTask || !row.InfraMarkedAt.IsZero() || !row.InfraConfirmedAt.IsZero() || row.MarkReason != sdk.LabelCredentialCeiling {
 			t.Fatalf("row %+v", row)
 		}
+		// Operators search for this sentence: it is the specification's, word for word.
+		if row.ErrorMessage != "credential_ceiling: attempt outlived auth.max_attempt_credential_lifetime" {
+			t.Fatalf("error_message %q", row.ErrorMessage)
+		}
 		if m := b.h.Board.Marks()[0]; m.Kind != sdk.MarkTask || m.Confirm || m.Hold {
 			t.Fatalf("mark %+v", m)
 		}
@@ -743,4 +747,76 @@ func BenchmarkMassRecoveryLite(b *testing.B) {
 	}
 	b.ReportMetric(float64(marked)/elapsed.Seconds(), "marks/s")
 	b.ReportMetric(1, "passes")
+}
+
+// The kill line of an attempt ended at the credential ceiling is the last
+// line of its try log: when its agent is slow to exit, the pass that marks
+// it writes nothing more, and a later pass that finds the group and the
+// agent gone writes the line. Lines the agent appends in between stay
+// before it.
+func TestCeilingKillLineWaitsForTheAgentAndIsLast(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, ladder.EditionLite, nil)
+	a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
+	b.h.Exec.Alive(a)
+	b.h.Exec.ScriptStop(a, sdk.StopResult{Detail: "group gone; agent still running"}, nil)
+
+	if ds := b.reap(t); ds.Label(a) != sdk.LabelCredentialCeiling {
+		t.Fatalf("first pass: %+v", ds)
+	}
+	if log := b.h.Board.Log(a); len(log) != 0 {
+		t.Fatalf("kill line written while the agent still runs: %q", log)
+	}
+	// The agent reports its task's end before it exits.
+	if err := b.h.Board.AppendLog(ctx, 1, []sdk.LogLine{{Attempt: a, At: b.h.Now(), Line: "task exited: signal"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t) // still running: still owed
+	if log := b.h.Board.Log(a); len(log) != 1 {
+		t.Fatalf("try log %q", log)
+	}
+
+	b.h.Exec.ScriptStop(a, sdk.StopResult{Stopped: true, Detail: "task group and agent gone"}, nil)
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t)
+	log := b.h.Board.Log(a)
+	if len(log) != 2 || log[len(log)-1] != KilledLine {
+		t.Fatalf("try log %q; want the kill line last", log)
+	}
+	b.h.Clock.Advance(30 * time.Second)
+	b.reap(t)
+	if log := b.h.Board.Log(a); len(log) != 2 {
+		t.Fatalf("kill line written twice: %q", log)
+	}
+}
+
+// A stop that outlives the pass that began it defers the attempt as alive;
+// the pass that later finds the group gone marks it as stopped.
+func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t, ladder.EditionLite, nil)
+	a := b.h.Running("r", "t", 10*time.Minute, 5*time.Minute)
+	b.h.Exec.Orphaned(a)
+	b.h.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
+
+	ds := b.reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostProcessAlive || b.h.Board.Row(a).State != sdk.StateRunning {
+		t.Fatalf("first pass: %+v", ds)
+	}
+	// Still in flight on the next pass: it waits again, nothing marked.
+	b.h.Clock.Advance(30 * time.Second)
+	if ds := b.reap(t); ds.Label(a) != sdk.LabelAgentLostProcessAlive {
+		t.Fatalf("second pass: %+v", ds)
+	}
+	b.h.Exec.Dead(a)
+	b.h.Clock.Advance(30 * time.Second)
+	ds = b.reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostOrphanStopped || b.h.Board.Row(a).State != sdk.StateFailed {
+		t.Fatalf("later pass: %+v", ds)
+	}
+	if len(b.h.StateOf(Name)) != 0 {
+		t.Fatalf("state still carries %s", b.h.StateOf(Name))
+	}
 }

@@ -2,6 +2,7 @@ package agentlost
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -17,6 +18,10 @@ const (
 	listCeil   = "ceiling"           // Lite: running past the credential ceiling
 )
 
+// owedKillLine is the kind, in the pass state, of attempts ended at the
+// credential ceiling whose kill line waits for their processes to be gone.
+const owedKillLine = "kill_line"
+
 // passRun is one pass of the reaper.
 type passRun struct {
 	log   hclog.Logger
@@ -26,6 +31,9 @@ type passRun struct {
 	exec  sdk.Executions
 	rec   *reap.Recorder
 	lite  bool
+	state *reap.State // carries the kill lines still owed between passes
+	// stopping: attempts whose orphan stop is in flight (carried in state)
+	stopping reap.Stopping
 
 	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
 	judged int
@@ -95,6 +103,12 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 		if j.act == actNone {
 			continue
 		}
+		if j.act == actMark && p.stopping.Settled(c.Attempt) {
+			// An earlier pass began stopping its orphaned group; this one
+			// finds everything gone.
+			j.label = sdk.LabelAgentLostOrphanStopped
+			j.detail += "; its orphaned task group was stopped"
+		}
 		p.judged++
 		ev := evidence(p.pass, c, live, j)
 		switch j.act {
@@ -155,9 +169,12 @@ func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, e
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true // Settle records it unapplied
 	}
-	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelAgentLostOrphanStopErr, ev) {
+	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, p.stopping, c.Attempt, reap.OrphanStopLabels{
+		InFlight: sdk.LabelAgentLostProcessAlive, Failed: sdk.LabelAgentLostOrphanStopErr,
+	}, ev) {
 		return reap.Planned{}, false
 	}
+	p.stopping.Settled(c.Attempt)
 	return p.plan(c, j, ev), true
 }
 
@@ -171,9 +188,11 @@ func (p *passRun) afterMark(ctx context.Context, pl *reap.Planned) []reap.Follow
 }
 
 // endAtCeiling stops the task group of an attempt marked at the credential
-// ceiling, and only once it is gone appends the kill to its try log, so the
-// kill is the log's last line. A failed stop leaves the mark (the agent is
-// told to terminate at its next heartbeat) and is logged.
+// ceiling. Its kill line is written only once the group and the agent are
+// both gone, so it is the last line of the try log: at once when the stop
+// says so, otherwise on a later pass (the attempt is owed in the pass
+// state). A failed stop leaves the mark (the agent is told to terminate at
+// its next heartbeat) and is logged.
 func (p *passRun) endAtCeiling(ctx context.Context, pl *reap.Planned) []reap.FollowUp {
 	a := pl.Mark.Attempt
 	res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
@@ -183,21 +202,44 @@ func (p *passRun) endAtCeiling(ctx context.Context, pl *reap.Planned) []reap.Fol
 		p.log.Warn("marked at the credential ceiling, but stopping its task group failed", "attempt", a.String(), "error", err)
 		return nil
 	case !res.Stopped:
-		pl.Evidence[reap.EvStop] = "not stopped: " + res.Detail
-		p.log.Warn("marked at the credential ceiling, but its task group is not gone", "attempt", a.String(), "detail", res.Detail)
+		pl.Evidence[reap.EvStop] = "not yet gone: " + res.Detail
+		p.log.Info("marked at the credential ceiling; its kill line waits until its processes are gone", "attempt", a.String(), "detail", res.Detail)
+		p.state.Owe(owedKillLine, a)
 		return nil
 	}
 	pl.Evidence[reap.EvStop] = "stopped: " + res.Detail
+	if err := p.writeKillLine(ctx, a); err != nil {
+		pl.Evidence[reap.EvError] = err.Error()
+	}
+	return nil
+}
+
+// settleKillLines writes the kill lines owed by earlier passes whose
+// attempts are now gone, and keeps owing the others.
+func (p *passRun) settleKillLines(ctx context.Context) {
+	for _, a := range p.state.TakeOwed(owedKillLine) {
+		res, err := p.exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+		if err != nil || !res.Stopped {
+			p.state.Owe(owedKillLine, a)
+			continue
+		}
+		if err := p.writeKillLine(ctx, a); err != nil {
+			p.state.Owe(owedKillLine, a)
+		}
+	}
+}
+
+func (p *passRun) writeKillLine(ctx context.Context, a sdk.Attempt) error {
 	if err := p.board.AppendLog(ctx, p.pass.Term, []sdk.LogLine{{Attempt: a, At: p.pass.Now, Line: KilledLine}}); err != nil {
-		pl.Evidence[reap.EvError] = "append try log: " + err.Error()
 		p.log.Warn("ended at the credential ceiling, but its try log was not written", "attempt", a.String(), "error", err)
+		return fmt.Errorf("append try log: %w", err)
 	}
 	return nil
 }
 
 // finish applies the marks decided on silence alone, as far as the brake
 // allows, and defers the rest.
-func (p *passRun) finish(ctx context.Context) error {
+func (p *passRun) finish(ctx context.Context, _ reap.DrainStats) error {
 	v := p.cfg.Brake.Judge(p.judged, len(p.held))
 	apply, back := p.held[:v.Allowed], p.held[v.Allowed:]
 	if v.Engaged {

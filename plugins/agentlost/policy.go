@@ -175,7 +175,7 @@ func judgeLite(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer
 // message is the error_message a mark writes.
 func message(j judgment, l ladder.Ladder) string {
 	if j.reason == sdk.LabelCredentialCeiling {
-		return fmt.Sprintf("%s: attempt ran past auth.max_attempt_credential_lifetime (%s)", j.reason, l.CredentialCeiling)
+		return CeilingMessage
 	}
 	return j.reason + ": " + j.detail
 }

@@ -101,6 +101,8 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	p := &passRun{cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite}
+	st := reap.LoadState(pass, r.logger)
+	p.stopping = reap.TakeStopping(st)
 	executors := []string{sdk.ExecutorKube}
 	if p.lite {
 		executors = []string{sdk.ExecutorLite}
@@ -111,6 +113,7 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 			States: []string{sdk.StateQueued}, Executors: executors, OrderBy: sdk.FieldQueuedAt,
 			OlderThan: pass.Now.Add(-pass.Ladder.DispatchLost),
 		}, p.judgePage)},
+		State: st, Save: p.stopping.Keep,
 	})
 }
 
@@ -121,6 +124,9 @@ type passRun struct {
 	exec  sdk.Executions
 	rec   *reap.Recorder
 	lite  bool
+	// stopping: attempts whose orphan stop is in flight (carried in the
+	// pass state)
+	stopping reap.Stopping
 }
 
 // judgePage judges one page. On kube it reads the page from the
@@ -156,6 +162,12 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 		}
 		if j.act == actNone {
 			continue
+		}
+		if j.act == actMark && p.stopping.Settled(c.Attempt) {
+			// An earlier pass began stopping its orphaned group; this one
+			// finds everything gone.
+			j.label = sdk.LabelDispatchLostOrphanStopped
+			j.detail += "; its orphaned task group was stopped"
 		}
 		ev := reap.CandidateEvidence(p.pass, c, l.DispatchLost).Liveness(live)
 		if !p.lite {
@@ -202,9 +214,12 @@ func (p *passRun) stopOrphan(ctx context.Context, c sdk.Candidate, j judgment, e
 	if p.pass.DryRun {
 		return p.plan(c, j, ev), true
 	}
-	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, c.Attempt, sdk.LabelDispatchLostOrphanStopErr, ev) {
+	if !reap.StopOrphanGroup(ctx, p.exec, p.rec, p.stopping, c.Attempt, reap.OrphanStopLabels{
+		InFlight: sdk.LabelDispatchLostProcessAlive, Failed: sdk.LabelDispatchLostOrphanStopErr,
+	}, ev) {
 		return reap.Planned{}, false
 	}
+	p.stopping.Settled(c.Attempt)
 	return p.plan(c, j, ev), true
 }
 

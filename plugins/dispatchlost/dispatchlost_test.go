@@ -402,3 +402,31 @@ func TestConfigure(t *testing.T) {
 		})
 	}
 }
+
+// A stop that outlives the pass that began it (a group given its whole
+// SIGTERM grace) defers the attempt as alive; the pass that later finds the
+// group gone marks it as stopped, under the orphan-stopped label.
+func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t, ladder.EditionLite, nil)
+	a := b.h.Queued("r", "t", 5*time.Minute)
+	b.h.Exec.Orphaned(a)
+	b.h.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
+
+	ds := b.reap(t)
+	if ds.Label(a) != sdk.LabelDispatchLostProcessAlive || b.h.Board.Row(a).State != sdk.StateQueued {
+		t.Fatalf("first pass: %+v, row %s", ds, b.h.Board.Row(a).State)
+	}
+	if ev := ds.For(a)[0].Evidence[reap.EvStop]; !strings.HasPrefix(ev, "in flight") {
+		t.Fatalf("stop evidence %q", ev)
+	}
+	b.h.Exec.Dead(a) // the stop went on in the substrate and is over
+	b.h.Clock.Advance(30 * time.Second)
+	ds = b.reap(t)
+	if ds.Label(a) != sdk.LabelDispatchLostOrphanStopped || b.h.Board.Row(a).State != sdk.StateFailed {
+		t.Fatalf("later pass: %+v, row %s", ds, b.h.Board.Row(a).State)
+	}
+	if len(b.h.StateOf(Name)) != 0 {
+		t.Fatalf("state still carries %s", b.h.StateOf(Name))
+	}
+}

@@ -133,28 +133,28 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 			continue
 		}
 		ev[reap.EvAttached] = strconv.Itoa(len(res.Attached))
-		fallback := false
+		var more []reap.FollowUp
 		if p.pass.Edition == ladder.EditionKube {
-			fallback = p.teardown(ctx, run.RunID, ev)
+			more = p.teardown(ctx, run.RunID, ev)
 		}
 		p.rec.Add(sdk.LabelOrphanRun, a, true, detail, ev)
-		if fallback {
-			p.rec.Add(sdk.LabelTeardownDeleteFallback, a, true, "stopping in place was refused; deleted instead: "+ev[reap.EvTeardown], ev.Clone())
+		for _, f := range more {
+			p.rec.Add(f.Label, a, f.Applied, f.Detail, f.Evidence)
 		}
 	}
 	return nil
 }
 
-// teardown tears down every execution of a failed run (kube). A failure is
-// logged and kept in the evidence; it never undoes the reap (the pods' own
-// deadlines and the reconciler remain the backstops). It reports whether a
-// stop in place fell back to a delete.
-func (p *passRun) teardown(ctx context.Context, runID string, ev reap.Evidence) bool {
+// teardown tears down every execution of a failed run (kube) and returns
+// the follow-up decisions: orphan_run_pod_delete_error when it failed (the
+// run stays failed: the pods' own deadlines and the reconciler remain the
+// backstops), reap_teardown_delete_fallback when a stop in place was
+// refused and a pod deleted instead.
+func (p *passRun) teardown(ctx context.Context, runID string, ev reap.Evidence) []reap.FollowUp {
 	out, err := p.exec.Teardown(ctx, sdk.TeardownRequest{RunID: runID, Reason: sdk.LabelOrphanRun, Term: p.pass.Term})
-	failed, fallback, summary := reap.TeardownTrouble(out, err)
-	ev[reap.EvTeardown] = summary
-	if failed {
-		p.log.Warn("run failed as orphaned, but tearing down its executions failed", "run", runID, "teardown", summary)
+	more := reap.TeardownFollowUps(out, err, sdk.LabelOrphanRunPodDeleteErr, ev)
+	if len(more) > 0 && more[0].Label == sdk.LabelOrphanRunPodDeleteErr {
+		p.log.Warn("run failed as orphaned, but tearing down its executions failed", "run", runID, "teardown", ev[reap.EvTeardown])
 	}
-	return fallback
+	return more
 }

@@ -186,12 +186,15 @@ func TestRules(t *testing.T) {
 				t.Fatalf("%d teardowns", n)
 			}
 		}},
-		{name: "KubeTeardownFails_ReapStands", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
 			b.h.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvTeardown], "apiserver unavailable") {
 				t.Fatalf("decision %+v", d)
+			}
+			if d := ds.For(a)[1]; d.Applied || !strings.Contains(d.Detail, "apiserver unavailable") {
+				t.Fatalf("delete error decision %+v", d)
 			}
 		}},
 		{name: "KubeDeleteFallback_Recorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {

@@ -261,7 +261,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			LastHeartbeatAt: tsToPB(c.LastHeartbeatAt), ReleasedAt: tsToPB(c.ReleasedAt),
 			InfraMarkedAt: tsToPB(c.InfraMarkedAt), InfraConfirmedAt: tsToPB(c.InfraConfirmedAt),
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
-			ExecutionTimeout: durToPB(c.ExecutionTimeout),
+			ExecutionTimeout: durToPB(c.ExecutionTimeout), EndedAt: tsToPB(c.EndedAt),
 		}
 	}
 	return out
@@ -276,7 +276,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			LastHeartbeatAt: tsFromPB(c.LastHeartbeatAt), ReleasedAt: tsFromPB(c.ReleasedAt),
 			InfraMarkedAt: tsFromPB(c.InfraMarkedAt), InfraConfirmedAt: tsFromPB(c.InfraConfirmedAt),
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
-			ExecutionTimeout: durFromPB(c.ExecutionTimeout),
+			ExecutionTimeout: durFromPB(c.ExecutionTimeout), EndedAt: tsFromPB(c.EndedAt),
 		}
 	}
 	return out

@@ -44,7 +44,7 @@ func (c *executionsClient) StopOrphan(ctx context.Context, req sdk.StopRequest) 
 	if err != nil {
 		return sdk.StopResult{}, fmt.Errorf("substrate stop: %w", err)
 	}
-	return sdk.StopResult{Stopped: resp.Stopped, Detail: resp.Detail}, nil
+	return sdk.StopResult{Stopped: resp.Stopped, InFlight: resp.InFlight, Detail: resp.Detail}, nil
 }
 
 func (c *executionsClient) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, error) {
@@ -165,7 +165,7 @@ func (s *substrateServer) StopOrphan(ctx context.Context, req *pb.StopRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &pb.StopResponse{Stopped: res.Stopped, Detail: res.Detail}, nil
+	return &pb.StopResponse{Stopped: res.Stopped, InFlight: res.InFlight, Detail: res.Detail}, nil
 }
 
 func (s *substrateServer) WarmWorkers(ctx context.Context, _ *pb.Empty) (*pb.WarmWorkersResponse, error) {

@@ -29,7 +29,14 @@ type Spec struct {
 	Listings []Listing
 	// Finish, when set, runs after a drain that did not fail: the place
 	// for what needs every page of the pass judged first (the brake).
-	Finish func(ctx context.Context) error
+	Finish func(ctx context.Context, stats DrainStats) error
+	// Save, when set, runs last, whatever happened to the pass, before the
+	// state is encoded: for a reaper that keeps more in its state than the
+	// cursors (see Stopping).
+	Save func(st *State, stats DrainStats)
+	// State, when set, is the pass state already loaded (LoadState) by a
+	// reaper that keeps more in it than cursors; nil: Run loads it.
+	State *State
 }
 
 // Run runs one pass the way every reaper does: read the cursors the
@@ -47,14 +54,17 @@ func Run(ctx context.Context, pass sdk.Pass, rec *Recorder, spec Spec) (sdk.Pass
 	if watch == nil {
 		watch = clock.Real{}
 	}
-	st, err := DecodeState(pass.State)
-	if err != nil {
-		log.Warn("starting every listing over", "error", err)
+	st := spec.State
+	if st == nil {
+		st = LoadState(pass, log)
 	}
 	budget := NewBudget(watch, pass, spec.MaxPages)
-	stats, err := Drain(ctx, budget, st, spec.Listings...)
+	stats, err := Drain(ctx, budget, *st, spec.Listings...)
 	if err == nil && spec.Finish != nil {
-		err = spec.Finish(ctx)
+		err = spec.Finish(ctx, stats)
+	}
+	if spec.Save != nil {
+		spec.Save(st, stats)
 	}
 	state, encErr := st.Encode()
 	// The sink is still owed what was decided, even when the pass failed or

@@ -90,10 +90,14 @@ func noopWords(reason string) string {
 // object was deleted instead. What happened goes into ev.
 func TeardownAttempt(ctx context.Context, exec sdk.Executions, pass sdk.Pass, a sdk.Attempt, reason, deleteErrLabel string, ev Evidence) []FollowUp {
 	out, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: reason, Term: pass.Term})
-	return teardownFollowUps(out, err, deleteErrLabel, ev)
+	return TeardownFollowUps(out, err, deleteErrLabel, ev)
 }
 
-func teardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel string, ev Evidence) []FollowUp {
+// TeardownFollowUps turns what a teardown did into follow-up decisions:
+// deleteErrLabel when it failed (whatever was marked stays marked), then
+// sdk.LabelTeardownDeleteFallback when a stop in place was refused and the
+// object deleted instead. The summary goes into ev.
+func TeardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel string, ev Evidence) []FollowUp {
 	failed, fallback, summary := TeardownTrouble(out, err)
 	ev[EvTeardown] = summary
 	var more []FollowUp
@@ -108,24 +112,82 @@ func teardownFollowUps(out []sdk.TeardownOutcome, err error, deleteErrLabel stri
 	return more
 }
 
+// OwedOrphanStop is the kind, in the pass state, of attempts whose orphan
+// stop was still in flight when their pass ended: the pass that later finds
+// them dead marks them under the orphan-stopped label.
+const OwedOrphanStop = "orphan_stop"
+
+// OrphanStopLabels name the decisions of an orphan stop that did not end
+// in a mark: one still in flight (the attempt reads alive meanwhile), one
+// that failed or could not confirm the group gone.
+type OrphanStopLabels struct {
+	InFlight string
+	Failed   string
+}
+
 // StopOrphanGroup stops the orphaned task group of an attempt whose agent is
 // dead, before the attempt is marked, so that a re-placed attempt never runs
-// beside the old copy. It reports whether the group is gone; when it is not
-// (the stop failed, or could not confirm the group gone) it has recorded a
-// deferral under stopErrLabel and the attempt must not be marked. What
-// happened goes into ev.
-func StopOrphanGroup(ctx context.Context, exec sdk.Executions, rec *Recorder, a sdk.Attempt, stopErrLabel string, ev Evidence) bool {
+// beside the old copy. It reports whether the group is gone. When it is
+// not, it has recorded a deferral and the attempt must not be marked: under
+// labels.InFlight when the stop goes on in the substrate (the attempt is
+// then kept in stopping, so the pass that finds it dead marks it as
+// stopped), or
+// under labels.Failed when the stop failed or could not confirm the group
+// gone. What happened goes into ev.
+func StopOrphanGroup(ctx context.Context, exec sdk.Executions, rec *Recorder, stopping Stopping, a sdk.Attempt, labels OrphanStopLabels, ev Evidence) bool {
 	res, err := exec.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
 	switch {
 	case err != nil:
 		ev[EvStop] = "error: " + err.Error()
-		rec.Add(stopErrLabel, a, false, "stopping the orphaned task group failed: "+err.Error(), ev)
+		rec.Add(labels.Failed, a, false, "stopping the orphaned task group failed: "+err.Error(), ev)
+		return false
+	case res.InFlight:
+		ev[EvStop] = "in flight: " + res.Detail
+		stopping[a] = true
+		rec.Add(labels.InFlight, a, false, "the orphaned task group is being stopped; the mark waits until it is gone: "+res.Detail, ev)
 		return false
 	case !res.Stopped:
 		ev[EvStop] = "not stopped: " + res.Detail
-		rec.Add(stopErrLabel, a, false, "the orphaned task group is not gone: "+res.Detail, ev)
+		rec.Add(labels.Failed, a, false, "the orphaned task group is not gone: "+res.Detail, ev)
 		return false
 	}
 	ev[EvStop] = "stopped: " + res.Detail
 	return true
+}
+
+// Stopping is the set of attempts whose orphan stop is in flight. A pass
+// takes it from its state at the start (TakeStopping), asks Settled for
+// each attempt it marks, and hands it back at the end (Keep). An attempt
+// whose stop this pass found in flight is kept; one the pass did not reach
+// is kept while the listings were not drained to their end, and forgotten
+// once they were (it is no longer a candidate). The value says whether this
+// pass found the stop in flight.
+type Stopping map[sdk.Attempt]bool
+
+// TakeStopping takes the attempts owed an orphan-stopped mark from st.
+func TakeStopping(st *State) Stopping {
+	out := Stopping{}
+	for _, a := range st.TakeOwed(OwedOrphanStop) {
+		out[a] = false
+	}
+	return out
+}
+
+// Settled reports whether a was stopping, and forgets it.
+func (s Stopping) Settled(a sdk.Attempt) bool {
+	if _, ok := s[a]; !ok {
+		return false
+	}
+	delete(s, a)
+	return true
+}
+
+// Keep hands what is left back to st, unless the pass drained every
+// listing to its end.
+func (s Stopping) Keep(st *State, stats DrainStats) {
+	for a, inFlight := range s {
+		if inFlight || !stats.Exhausted {
+			st.Owe(OwedOrphanStop, a)
+		}
+	}
 }

@@ -37,6 +37,11 @@ type Cursor struct {
 type State struct {
 	Version int               `json:"v"`
 	Cursors map[string]Cursor `json:"cursors,omitempty"`
+	// Owed lists, by kind, attempts a reaper still owes a follow-up that
+	// must wait for the world to catch up (a try-log line written only once
+	// a stopped attempt's processes are all gone, say): carried from pass
+	// to pass until the reaper settles them.
+	Owed map[string][]sdk.Attempt `json:"owed,omitempty"`
 }
 
 // DecodeState reads a pass state. Empty input is the empty state. A state
@@ -56,12 +61,39 @@ func DecodeState(b []byte) (State, error) {
 		return s, fmt.Errorf("decode pass state: version %d, want %d", in.Version, StateVersion)
 	}
 	maps.Copy(s.Cursors, in.Cursors)
+	s.Owed = in.Owed
 	return s, nil
+}
+
+// LoadState reads the pass's state like DecodeState, logging (to log, when
+// not nil) why a state that cannot be read is started over.
+func LoadState(pass sdk.Pass, log interface{ Warn(string, ...any) }) *State {
+	st, err := DecodeState(pass.State)
+	if err != nil && log != nil {
+		log.Warn("starting every listing over", "error", err)
+	}
+	return &st
+}
+
+// Owe adds a to what is owed under kind.
+func (s *State) Owe(kind string, a sdk.Attempt) {
+	if s.Owed == nil {
+		s.Owed = map[string][]sdk.Attempt{}
+	}
+	s.Owed[kind] = append(s.Owed[kind], a)
+}
+
+// TakeOwed returns what is owed under kind and forgets it: the caller owes
+// again what it could not settle.
+func (s *State) TakeOwed(kind string) []sdk.Attempt {
+	owed := s.Owed[kind]
+	delete(s.Owed, kind)
+	return owed
 }
 
 // Encode writes the state; a state with no cursor encodes as nil.
 func (s State) Encode() ([]byte, error) {
-	if len(s.Cursors) == 0 {
+	if len(s.Cursors) == 0 && len(s.Owed) == 0 {
 		return nil, nil
 	}
 	s.Version = StateVersion

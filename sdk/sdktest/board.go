@@ -383,7 +383,7 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 		return sdk.CandidatePage{}, errors.New("list candidates: no states named")
 	}
 	switch q.OrderBy {
-	case sdk.FieldQueuedAt, sdk.FieldRunningAt, sdk.FieldHeartbeatAt, sdk.FieldMarkedAt:
+	case sdk.FieldQueuedAt, sdk.FieldRunningAt, sdk.FieldHeartbeatAt, sdk.FieldMarkedAt, sdk.FieldEndedAt:
 	default:
 		return sdk.CandidatePage{}, fmt.Errorf("list candidates: unknown order field %q", q.OrderBy)
 	}
@@ -736,6 +736,8 @@ func field(t *TaskInstance, f sdk.TimeField) time.Time {
 		return t.LastHeartbeatAt
 	case sdk.FieldMarkedAt:
 		return t.InfraMarkedAt
+	case sdk.FieldEndedAt:
+		return t.EndedAt
 	}
 	return time.Time{}
 }
@@ -761,6 +763,7 @@ func candidate(t *TaskInstance) sdk.Candidate {
 		ReleasedAt:       t.ReleasedAt,
 		InfraMarkedAt:    t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt,
+		EndedAt:          t.EndedAt,
 		LastFailureKind:  t.LastFailureKind,
 		WarmWorker:       t.WarmWorker,
 		ExecutionTimeout: t.ExecutionTimeout,

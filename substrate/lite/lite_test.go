@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -58,6 +61,7 @@ type bundle struct {
 
 type opts struct {
 	stopGrace, killWait string
+	clock               *clock.Fake // nil: the real clock
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -69,7 +73,13 @@ func setup(t *testing.T, o opts) *bundle {
 		o.killWait = "5s"
 	}
 	logs := &lockedBuffer{}
-	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	var clk clock.Clock = clock.Real{}
+	if o.clock != nil {
+		clk = o.clock
+	}
+
+	sub := NewWithClock(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), clk)
+	t.Cleanup(sub.Close)
 	err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: "lite", Values: sdk.Values{
 		AttrRecordDir: filepath.Join(t.TempDir(), "records"),
 		AttrStopGrace: o.stopGrace,
@@ -447,12 +457,22 @@ func TestRecordDirectoryRefused(t *testing.T) {
 	}
 }
 
-func TestNewRecordDirectoryIsCreatedWithAWarning(t *testing.T) {
+// Configuring has no side effect (reaperd validate configures every plugin):
+// a missing record directory is created by the first read, with a warning.
+func TestNewRecordDirectoryIsCreatedAtFirstUseWithAWarning(t *testing.T) {
 	logs := &bytes.Buffer{}
 	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs}))
 	path := filepath.Join(t.TempDir(), "fresh")
 	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Configure made the record directory (%v)", err)
+	}
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	live, err := sub.Liveness(context.Background(), sdk.LivenessRequest{Attempts: []sdk.Attempt{a}})
+	if err != nil || len(live) != 1 || live[0].State != sdk.Dead {
+		t.Fatalf("liveness in a new directory = %+v, %v; want dead", live, err)
 	}
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o700 {
 		t.Fatalf("record directory %v, %v; want mode 0700", st, err)
@@ -489,6 +509,47 @@ func TestOrphanStopKillsAGroupThatTrapsTerm(t *testing.T) {
 		t.Fatal("the group still runs")
 	}
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+// At the default timings a group that ignores SIGTERM needs 10 s, then
+// SIGKILL and up to 5 s more: longer than a reaper's share of the cycle may
+// allow. The stop goes on in the substrate and the call answers InFlight
+// shortly before its deadline; asked again once the grace has passed (the
+// substrate's clock is a fake one here, so no test waits 10 s), it answers
+// stopped.
+func TestOrphanStopOutlivesTheCallThatBeganIt(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	b := setup(t, opts{clock: clk}) // the defaults: 10s grace, 5s kill wait
+	a := b.attempt(t)
+	ag := b.spawn(t, a, `trap '' TERM; : > "$WORK/trapped"; sleep 1000 & while :; do sleep 0.02; done`, nil)
+	g := b.group(t, a)
+	b.await(t, "trapped")
+	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	defer cancel()
+	res, err := b.sub.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || res.Stopped || !res.InFlight {
+		t.Fatalf("StopOrphan = %+v, %v; want in flight", res, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the call used its whole deadline: no margin was left to the caller")
+	}
+	if r, _ := proc.GroupRunning(g.PGID); !r {
+		t.Fatal("the trapping group died within its grace")
+	}
+	eventually(t, "the stop to wait on its grace", func() bool { return clk.Waiters() > 0 })
+	clk.Advance(10 * time.Second) // the grace passes: SIGKILL
+	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
+	if err != nil || !res.Stopped || !strings.Contains(res.Detail, "SIGKILL") {
+		t.Fatalf("StopOrphan after the grace = %+v, %v; want stopped by SIGKILL", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
 }
 
 func TestOrphanStopRefusesWhileTheAgentLives(t *testing.T) {
@@ -529,6 +590,39 @@ func TestCeilingStopEndsTheGroupAndTheAgentReports(t *testing.T) {
 		t.Fatalf("last report %+v", last)
 	}
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
+}
+
+// The ceiling stop reports stopped only once the agent is gone too, so the
+// reaper's kill line comes after everything the agent writes. Here a
+// descendant that left the group (setsid) holds the task's output open, so
+// the agent drains it for up to 10 s after the group is killed: the first
+// stop answers "agent still running", a later one "stopped".
+func TestCeilingStopWaitsForTheAgentBeforeReportingStopped(t *testing.T) {
+	b := setup(t, opts{stopGrace: "200ms", killWait: "300ms"})
+	a := b.attempt(t)
+	escaped := filepath.Join(b.work, "escaped.pid")
+	t.Cleanup(func() {
+		if raw, err := os.ReadFile(escaped); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	ag := b.spawn(t, a, `setsid sh -c 'echo $$ > "$WORK/escaped.pid"; exec sleep 30' & exec sleep 1000`, nil)
+	g := b.group(t, a)
+	eventually(t, "the escaped descendant to record itself", func() bool { _, err := os.Stat(escaped); return err == nil })
+	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	if err != nil || res.Stopped || !strings.Contains(res.Detail, "agent still running") {
+		t.Fatalf("StopOrphan(ceiling) = %+v, %v; want not stopped while the agent runs", res, err)
+	}
+	if r, _ := proc.GroupRunning(g.PGID); r {
+		t.Fatal("the group still runs")
+	}
+	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
+	if err != nil || !res.Stopped {
+		t.Fatalf("StopOrphan(ceiling) after the agent exited = %+v, %v", res, err)
+	}
 }
 
 func TestSpawnFailsWhenTheRecordCannotBeWritten(t *testing.T) {
@@ -627,4 +721,88 @@ func TestSubstrateBasics(t *testing.T) {
 	if _, err := s.StopOrphan(ctx, sdk.StopRequest{Attempt: a, Reason: "whim"}); err == nil {
 		t.Fatal("an unknown stop reason was accepted")
 	}
+}
+
+// Pruning removes the records of attempts of which nothing is left, and
+// never those of an attempt whose agent or task group may still run.
+func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
+	b := setup(t, opts{})
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour) // every record counts as old enough
+	killAgent := func(t *testing.T, ag *Agent) {
+		t.Helper()
+		if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	}
+	loop := `: > "$WORK/%s"; sleep 1000 & while :; do sleep 0.02; done`
+
+	// Everything gone: agent killed -9, then its group.
+	deadA := b.attempt(t)
+	ag := b.spawn(t, deadA, fmt.Sprintf(loop, "dead"), nil)
+	g := b.group(t, deadA)
+	b.await(t, "dead")
+	killAgent(t, ag)
+	if err := unix.Kill(-g.PGID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+
+	// An orphan: agent killed -9, its group runs on.
+	orphanA := b.attempt(t)
+	ag = b.spawn(t, orphanA, fmt.Sprintf(loop, "orphan"), nil)
+	b.group(t, orphanA)
+	b.await(t, "orphan")
+	killAgent(t, ag)
+
+	// A group whose leader exited while a member runs on.
+	leaderlessA := b.attempt(t)
+	ag = b.spawn(t, leaderlessA, fmt.Sprintf(loop, "leaderless"), nil)
+	lg := b.group(t, leaderlessA)
+	b.await(t, "leaderless")
+	killAgent(t, ag)
+	if err := unix.Kill(lg.PGID, unix.SIGKILL); err != nil { // the leader only
+		t.Fatal(err)
+	}
+	eventually(t, "the leader to die", func() bool { return gone(lg.PGID) })
+	if r, _ := proc.GroupRunning(lg.PGID); !r {
+		t.Fatal("the group's member died with its leader")
+	}
+
+	// A live agent.
+	liveA := b.attempt(t)
+	b.spawn(t, liveA, fmt.Sprintf(loop, "live"), nil)
+	b.group(t, liveA)
+
+	// A garbled record.
+	garbledA := b.attempt(t)
+	if err := os.WriteFile(b.dir.AgentPath(garbledA), []byte("not a record"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Too fresh: nothing is judged that was written after the bound.
+	if pruned, err := b.sub.Prune(ctx, time.Now().Add(-time.Hour)); err != nil || len(pruned) != 0 {
+		t.Fatalf("prune of fresh records = %v, %v", pruned, err)
+	}
+	pruned, err := b.sub.Prune(ctx, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pruned) != 1 || pruned[0] != deadA {
+		t.Fatalf("pruned %v; want only %s", pruned, deadA)
+	}
+	if _, err := b.dir.ReadAgent(deadA); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the dead attempt's agent record: %v", err)
+	}
+	for _, a := range []sdk.Attempt{orphanA, leaderlessA, liveA} {
+		if _, err := b.dir.ReadGroup(a); err != nil {
+			t.Fatalf("%s: group record gone: %v", a, err)
+		}
+	}
+	if _, err := os.Stat(b.dir.AgentPath(garbledA)); err != nil {
+		t.Fatalf("the garbled record was removed: %v", err)
+	}
+	// The leaderless group is stopped by hand: nothing signals it.
+	_ = unix.Kill(-lg.PGID, unix.SIGKILL)
 }

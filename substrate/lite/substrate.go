@@ -12,7 +12,9 @@
 // server whose record directory changed (another TMPDIR, a cleaned /tmp)
 // sees none of them and reads their attempts dead: that can only matter for
 // an attempt that is also silent past agent_lost or queued past
-// dispatch_lost. Configure warns when it had to create the directory.
+// dispatch_lost. Configure only checks the directory (refusing an unsafe
+// one) and creates nothing, so that reaperd validate leaves no trace; the
+// first read creates a missing directory, with a warning.
 //
 // Liveness of an attempt (see Substrate.Liveness), read from the .pgid
 // record when there is one, else from the .pid record:
@@ -47,6 +49,7 @@ package lite
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -55,6 +58,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
@@ -78,10 +82,19 @@ type Substrate struct {
 
 	mu  sync.RWMutex
 	cfg *settings // nil until Configure
+
+	// Stops in flight, by attempt: a stop outlives the call that began it
+	// when the caller cannot wait for its whole grace (see StopOrphan).
+	stopsMu sync.Mutex
+	stops   map[sdk.Attempt]*stopRun
+	stopCtx context.Context // ends the stops in flight on Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 type settings struct {
-	dir       *records.Dir
+	path      string       // the record directory, absolute
+	dir       *records.Dir // nil until first used
 	stopGrace time.Duration
 	killWait  time.Duration
 }
@@ -99,7 +112,16 @@ func NewWithClock(logger hclog.Logger, clk clock.Clock) *Substrate {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Substrate{log: logger, clock: clk}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Substrate{log: logger, clock: clk, stops: map[sdk.Attempt]*stopRun{}, stopCtx: ctx, cancel: cancel}
+}
+
+// Close abandons the stops in flight (a signal already sent stays sent)
+// and waits for their goroutines. A plugin process is killed by its host
+// instead; Close is for a substrate used in process.
+func (s *Substrate) Close() {
+	s.cancel()
+	s.wg.Wait()
 }
 
 // Info describes the plugin.
@@ -132,8 +154,9 @@ func (s *Substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
 	}}, nil
 }
 
-// Configure verifies (creating it if missing) the record directory and
-// takes the stop durations.
+// Configure checks the record directory when it exists (it is created at
+// first use otherwise: configuring has no side effect) and takes the stop
+// durations.
 func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	if req.Edition != "" && req.Edition != ladder.EditionLite {
 		return fmt.Errorf("configuring the lite substrate: edition %q: it serves only %q", req.Edition, ladder.EditionLite)
@@ -152,26 +175,48 @@ func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) err
 		return fmt.Errorf("configuring the lite substrate: %s (%s) and %s (%s) must be positive",
 			AttrStopGrace, grace, AttrKillWait, killWait)
 	}
-	dir, err := records.Open(v.String(AttrRecordDir))
+	path, err := records.Resolve(v.String(AttrRecordDir))
 	if err != nil {
 		return fmt.Errorf("configuring the lite substrate: %w", err)
 	}
-	if dir.Created {
-		s.log.Warn("record directory is new: agents spawned earlier under another directory are invisible and read as gone",
-			"record_dir", dir.Path())
+	if _, err := os.Lstat(path); err == nil {
+		if err := records.Check(path); err != nil {
+			return fmt.Errorf("configuring the lite substrate: %w", err)
+		}
 	}
 	s.mu.Lock()
-	s.cfg = &settings{dir: dir, stopGrace: grace, killWait: killWait}
+	s.cfg = &settings{path: path, stopGrace: grace, killWait: killWait}
 	s.mu.Unlock()
-	s.log.Info("lite substrate configured", "record_dir", dir.Path(), "stop_grace", grace, "kill_wait", killWait)
+	s.log.Info("lite substrate configured", "record_dir", path, "stop_grace", grace, "kill_wait", killWait)
 	return nil
 }
 
+// settings returns the configuration, opening the record directory on first
+// use (and creating it when it is missing).
 func (s *Substrate) settings() (*settings, error) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.cfg == nil {
+	st := s.cfg
+	s.mu.RUnlock()
+	if st == nil {
 		return nil, fmt.Errorf("lite substrate: not configured")
+	}
+	if st.dir != nil {
+		return st, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.dir == nil {
+		dir, err := records.Open(s.cfg.path)
+		if err != nil {
+			return nil, fmt.Errorf("lite substrate: %w", err)
+		}
+		if dir.Created {
+			s.log.Warn("record directory is new: agents spawned earlier under another directory are invisible and read as gone",
+				"record_dir", dir.Path())
+		}
+		next := *s.cfg
+		next.dir = dir
+		s.cfg = &next
 	}
 	return s.cfg, nil
 }
@@ -185,8 +230,18 @@ func (s *Substrate) Records() *records.Dir {
 	return st.dir
 }
 
-// Sweep does nothing: Lite has no pods whose outcome could be recovered.
-func (s *Substrate) Sweep(context.Context, sdk.SweepRequest, sdk.Board) (sdk.SweepResult, error) {
+// Sweep is Lite's housekeeping: there are no pods whose outcome could be
+// recovered, but the records of agents that died without cleaning up after
+// themselves (kill -9, a crash, the OOM killer) are pruned (see Prune), so
+// a host that runs for months does not collect one pair of files per lost
+// agent. A dry run prunes nothing.
+func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, _ sdk.Board) (sdk.SweepResult, error) {
+	if req.DryRun {
+		return sdk.SweepResult{}, nil
+	}
+	if _, err := s.Prune(ctx, req.Now.Add(-req.Ladder.AgentLost)); err != nil {
+		s.log.Warn("pruning the record directory failed", "error", err)
+	}
 	return sdk.SweepResult{}, nil
 }
 
@@ -210,4 +265,52 @@ func (s *Substrate) Teardown(_ context.Context, req sdk.TeardownRequest) ([]sdk.
 // WarmWorkers lists nothing: Lite has no warm pool.
 func (s *Substrate) WarmWorkers(context.Context) ([]sdk.WarmWorker, error) {
 	return nil, nil
+}
+
+// Prune removes the records of attempts of which nothing is left: the
+// agent and the recorded task group both read dead on a fresh read, and no
+// record of the attempt was written after writtenBefore (so a record an
+// agent is writing this instant is never judged). A record that cannot be
+// read, a liveness that is unknown, a group whose leader exited while other
+// members run on (it reads alive): each keeps its records. Removing a dead
+// attempt's records changes no answer: a missing record reads dead too. It
+// returns the attempts whose records it removed.
+func (s *Substrate) Prune(ctx context.Context, writtenBefore time.Time) ([]sdk.Attempt, error) {
+	st, err := s.settings()
+	if err != nil {
+		return nil, err
+	}
+	entries, garbled, err := st.dir.List()
+	if err != nil {
+		return nil, err
+	}
+	if garbled > 0 {
+		s.log.Warn("record directory holds records that cannot be read: left alone", "count", garbled)
+	}
+	b := &batch{dir: st.dir, log: s.log}
+	if boot, err := proc.BootID(); err == nil {
+		b.boot = boot
+	}
+	f := b.facts(false)
+	var pruned []sdk.Attempt
+	for _, e := range entries {
+		if ctx.Err() != nil {
+			break
+		}
+		if !e.Modified.Before(writtenBefore) {
+			continue
+		}
+		if l := f.probe(e.Attempt); l.State != sdk.Dead {
+			continue
+		}
+		if err := st.dir.Remove(e.Attempt); err != nil {
+			s.log.Warn("could not prune a dead attempt's records", "attempt", e.Attempt.String(), "error", err)
+			continue
+		}
+		pruned = append(pruned, e.Attempt)
+	}
+	if len(pruned) > 0 {
+		s.log.Info("pruned the records of attempts with nothing left running", "count", len(pruned))
+	}
+	return pruned, nil
 }

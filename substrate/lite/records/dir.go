@@ -23,9 +23,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/ownerdir"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -64,12 +67,9 @@ type Dir struct {
 // owned by another user than the effective one, or is writable by group or
 // others.
 func Open(path string) (*Dir, error) {
-	if path == "" {
-		path = DefaultPath()
-	}
-	abs, err := filepath.Abs(path)
+	abs, err := Resolve(path)
 	if err != nil {
-		return nil, fmt.Errorf("record directory %s: %w", path, err)
+		return nil, err
 	}
 	d := &Dir{path: abs}
 	if _, err := os.Lstat(abs); errors.Is(err, fs.ErrNotExist) {
@@ -114,6 +114,19 @@ func Open(path string) (*Dir, error) {
 	return d, nil
 }
 
+// Resolve is the absolute path Open would open for path ("" means
+// DefaultPath). It touches nothing.
+func Resolve(path string) (string, error) {
+	if path == "" {
+		path = DefaultPath()
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("record directory %s: %w", path, err)
+	}
+	return abs, nil
+}
+
 // Close releases the directory's descriptor. The Dir must not be used after.
 func (d *Dir) Close() error { return d.fd.Close() }
 
@@ -127,15 +140,8 @@ func Check(path string) error {
 }
 
 func checkStat(path string, st *unix.Stat_t) error {
-	switch {
-	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return fmt.Errorf("record directory %s is refused: it is a symlink", path)
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("record directory %s is refused: it is not a directory", path)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("record directory %s is refused: it is owned by uid %d, not by uid %d", path, st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return fmt.Errorf("record directory %s is refused: it is writable by group or others (mode %04o)", path, st.Mode&0o7777)
+	if err := ownerdir.Refusal(st); err != nil {
+		return fmt.Errorf("record directory %s is refused: %w", path, err)
 	}
 	return nil
 }
@@ -251,6 +257,73 @@ func (d *Dir) Remove(a sdk.Attempt) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Entry is one attempt with records in the directory, as its records name
+// it, and the time its newest record was last written.
+type Entry struct {
+	Attempt  sdk.Attempt
+	Modified time.Time
+}
+
+// List returns the attempts that have records in the directory. A record
+// that cannot be read or parsed is skipped and counted in garbled: it is
+// never the ground for removing anything.
+func (d *Dir) List() (entries []Entry, garbled int, err error) {
+	des, err := os.ReadDir(d.path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("listing %s: %w", d.path, err)
+	}
+	seen := map[sdk.Attempt]int{}
+	for _, de := range des {
+		name := de.Name()
+		var a sdk.Attempt
+		switch {
+		case strings.HasSuffix(name, AgentExt):
+			data, err := d.read(name)
+			if err != nil {
+				garbled++
+				continue
+			}
+			r, err := ParseAgent(data)
+			if err != nil {
+				garbled++
+				continue
+			}
+			a = r.Attempt
+		case strings.HasSuffix(name, GroupExt):
+			data, err := d.read(name)
+			if err != nil {
+				garbled++
+				continue
+			}
+			r, err := ParseGroup(data)
+			if err != nil {
+				garbled++
+				continue
+			}
+			a = r.Attempt
+		default:
+			continue
+		}
+		if Name(a)+filepath.Ext(name) != name {
+			garbled++ // a record filed under another attempt's name
+			continue
+		}
+		info, err := de.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if i, ok := seen[a]; ok {
+			if info.ModTime().After(entries[i].Modified) {
+				entries[i].Modified = info.ModTime()
+			}
+			continue
+		}
+		seen[a] = len(entries)
+		entries = append(entries, Entry{Attempt: a, Modified: info.ModTime()})
+	}
+	return entries, garbled, nil
 }
 
 // RemoveGroup deletes an attempt's .pgid record; a missing one is fine.

@@ -1027,6 +1027,7 @@ type Candidate struct {
 	LastFailureKind  string                 `protobuf:"bytes,10,opt,name=last_failure_kind,json=lastFailureKind,proto3" json:"last_failure_kind,omitempty"`
 	WarmWorker       string                 `protobuf:"bytes,11,opt,name=warm_worker,json=warmWorker,proto3" json:"warm_worker,omitempty"`
 	ExecutionTimeout int64                  `protobuf:"varint,12,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
+	EndedAt          int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1141,6 +1142,13 @@ func (x *Candidate) GetWarmWorker() string {
 func (x *Candidate) GetExecutionTimeout() int64 {
 	if x != nil {
 		return x.ExecutionTimeout
+	}
+	return 0
+}
+
+func (x *Candidate) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
 	}
 	return 0
 }
@@ -2542,9 +2550,11 @@ func (x *StopRequest) GetReason() string {
 }
 
 type StopResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stopped       bool                   `protobuf:"varint,1,opt,name=stopped,proto3" json:"stopped,omitempty"`
-	Detail        string                 `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Stopped bool                   `protobuf:"varint,1,opt,name=stopped,proto3" json:"stopped,omitempty"`
+	Detail  string                 `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The stop has begun and goes on after this call: ask again later.
+	InFlight      bool `protobuf:"varint,3,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2591,6 +2601,13 @@ func (x *StopResponse) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *StopResponse) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
 }
 
 type WarmWorker struct {
@@ -2777,7 +2794,7 @@ const file_reaper_proto_rawDesc = "" +
 	"older_than\x18\x04 \x01(\x03R\tolderThan\x12\x1c\n" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\"\xc4\x03\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\"\xdf\x03\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -2794,7 +2811,8 @@ const file_reaper_proto_rawDesc = "" +
 	" \x01(\tR\x0flastFailureKind\x12\x1f\n" +
 	"\vwarm_worker\x18\v \x01(\tR\n" +
 	"warmWorker\x12+\n" +
-	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\"l\n" +
+	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
+	"\bended_at\x18\r \x01(\x03R\aendedAt\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x14.reaper.v1.CandidateR\n" +
@@ -2901,10 +2919,11 @@ const file_reaper_proto_rawDesc = "" +
 	"\boutcomes\x18\x01 \x03(\v2\x1a.reaper.v1.TeardownOutcomeR\boutcomes\"S\n" +
 	"\vStopRequest\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"]\n" +
 	"\fStopResponse\x12\x18\n" +
 	"\astopped\x18\x01 \x01(\bR\astopped\x12\x16\n" +
-	"\x06detail\x18\x02 \x01(\tR\x06detail\"6\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12\x1b\n" +
+	"\tin_flight\x18\x03 \x01(\bR\binFlight\"6\n" +
 	"\n" +
 	"WarmWorker\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +

@@ -1,4 +1,4 @@
-// Package runner is the Lite runner: the smallest real scheduler that the
+// Package literunner is the Lite runner: the smallest real scheduler that the
 // reapers need around them on Lite. On the leader, every cycle (RunOnce)
 // drives the task instances of the Lite executor through the board's
 // writers (package board/lifecycle), in a fixed order:
@@ -31,7 +31,12 @@
 // runner is their parent, so it waits for each one it spawned once the
 // process has exited, which costs no goroutine: nothing ever blocks on a live
 // agent, and stopping the runner leaves the agents running.
-package runner
+//
+// The runner is the scheduler's side of Lite, not part of the substrate: it
+// creates executions, where the substrate plugin only observes and stops
+// them. The two meet in the record directory, which the host resolves once
+// from its configuration and hands to both.
+package literunner
 
 import (
 	"context"

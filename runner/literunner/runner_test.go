@@ -1,4 +1,4 @@
-package runner_test
+package literunner_test
 
 import (
 	"bytes"
@@ -18,11 +18,11 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/runner"
 )
 
 // agentPath is the reaper-agent binary TestMain builds. TestMain sets it
@@ -54,7 +54,7 @@ type bundle struct {
 	w      *lifecycle.Writer
 	store  *board.Store
 	clk    *clock.Fake
-	runner *runner.Runner
+	runner *literunner.Runner
 	term   int64
 	work   string
 	logs   *lockedBuffer
@@ -64,7 +64,7 @@ type bundle struct {
 type opts struct {
 	maxParallel int
 	agentPath   string
-	onResult    func(runner.Result)
+	onResult    func(literunner.Result)
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -85,7 +85,7 @@ func setup(t *testing.T, o opts) *bundle {
 	logs := &lockedBuffer{}
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
-	r, err := runner.New(runner.Config{
+	r, err := literunner.New(literunner.Config{
 		AgentPath:   o.agentPath,
 		RecordDir:   filepath.Join(tmp, "records"),
 		LogDir:      filepath.Join(tmp, "logs"),
@@ -152,7 +152,7 @@ func (b *bundle) mkRun(t *testing.T, runID string, tasks ...lifecycle.NewTask) {
 }
 
 // cycle runs one cycle at the fake now.
-func (b *bundle) cycle(t *testing.T) runner.Result {
+func (b *bundle) cycle(t *testing.T) literunner.Result {
 	t.Helper()
 	res, err := b.runner.RunOnce(context.Background(), b.clk.Now())
 	if err != nil {
@@ -167,7 +167,7 @@ type totals struct {
 	labels                                                      []string
 }
 
-func (tt *totals) add(res runner.Result) {
+func (tt *totals) add(res literunner.Result) {
 	tt.scheduled += res.Scheduled
 	tt.dispatched += res.Dispatched
 	tt.retried += res.Retried
@@ -267,9 +267,9 @@ func (b *bundle) markInfra(t *testing.T, a sdk.Attempt, confirm, hold bool) {
 	}
 }
 
-func hasLabel(res runner.Result, label string, applied bool) bool {
+func hasLabel(res literunner.Result, label string, applied bool) bool {
 	for _, d := range res.Decisions {
-		if d.Label == label && d.Applied == applied && d.Reaper == runner.Name {
+		if d.Label == label && d.Applied == applied && d.Reaper == literunner.Name {
 			return true
 		}
 	}
@@ -525,8 +525,8 @@ func TestRun(t *testing.T) {
 
 	t.Run("CyclesOnlyWhileLeadingAndStopsOnCancelLeavingAgentsRunning", func(t *testing.T) {
 		t.Parallel()
-		results := make(chan runner.Result, 4)
-		b := setup(t, opts{onResult: func(res runner.Result) { results <- res }})
+		results := make(chan literunner.Result, 4)
+		b := setup(t, opts{onResult: func(res literunner.Result) { results <- res }})
 		marker := filepath.Join(b.work, "done")
 		b.mkRun(t, "run", task("a", "sleep 0.3; touch "+marker, 0))
 
@@ -559,10 +559,10 @@ func TestRun(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		b.clk.Advance(runner.IntervalDefault)
+		b.clk.Advance(literunner.IntervalDefault)
 		<-asked
 		answers <- false
-		b.clk.Advance(runner.IntervalDefault)
+		b.clk.Advance(literunner.IntervalDefault)
 		<-asked
 		answers <- true
 		res := <-results
@@ -600,20 +600,20 @@ func TestNew(t *testing.T) {
 
 	t.Run("RefusesAConfigurationWithoutDSN", func(t *testing.T) {
 		t.Parallel()
-		if _, err := runner.New(runner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r"}, w); err == nil {
+		if _, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r"}, w); err == nil {
 			t.Fatal("no error")
 		}
 	})
 	t.Run("RefusesANegativeMaxParallel", func(t *testing.T) {
 		t.Parallel()
-		_, err := runner.New(runner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r", DSN: "postgres://x", MaxParallel: -1}, w)
+		_, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r", DSN: "postgres://x", MaxParallel: -1}, w)
 		if err == nil {
 			t.Fatal("no error")
 		}
 	})
 	t.Run("RefusesAMissingAgentBinary", func(t *testing.T) {
 		t.Parallel()
-		_, err := runner.New(runner.Config{AgentPath: t.TempDir() + "/nope", RecordDir: t.TempDir() + "/r", DSN: "postgres://x"}, w)
+		_, err := literunner.New(literunner.Config{AgentPath: t.TempDir() + "/nope", RecordDir: t.TempDir() + "/r", DSN: "postgres://x"}, w)
 		if err == nil {
 			t.Fatal("no error")
 		}
