@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo e2e bench
+.PHONY: all build test lint proto clean demo e2e bench image
 
 all: build
 
@@ -32,10 +32,12 @@ build:
 
 # The whole test suite: unit tests, real plugin binaries over go-plugin, and a
 # real PostgreSQL started from the machine's own server binaries; then the
-# example plugin's own module (examples/parked), on its own go.mod.
+# example plugin's own module (examples/parked), on its own go.mod, and the
+# container image's builder (tools/image), which builds and inspects it.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
 	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
+	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
 
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
@@ -54,11 +56,18 @@ e2e:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/
 
+# The container image, built offline (no daemon, no base image): an OCI
+# layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
+image:
+	cd tools/image && GOWORK=off $(GO) run . -root ../.. -out ../../$(BIN)/image -version $(VERSION) \
+		-created $$(git log -1 --format=%ct 2>/dev/null || echo 0)
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	cd examples/parked && GOWORK=off $(GO) vet ./...
+	cd tools/image && GOWORK=off $(GO) vet ./...
 
 # Regenerates the protocol's Go code. Needs protoc (Debian: protobuf-compiler);
 # the Go generators are pinned as tool lines in go.mod.

@@ -141,9 +141,9 @@ type Candidate struct {
 	RunningAt        time.Time
 	LastHeartbeatAt  time.Time
 	ReleasedAt       time.Time
+	EndedAt          time.Time // the end of the attempt, or when it parked
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
-	EndedAt          time.Time // when the attempt ended or parked
 	LastFailureKind  string
 	FailureReason    string // the label of the last failure (agent_lost, ...); "" when none
 	WarmWorker       string
@@ -201,6 +201,11 @@ const (
 	NoopLocked      = "locked"      // another transaction holds a row
 	NoopActive      = "active"      // the run has a live task instance or fresh activity
 	NoopNotFound    = "not_found"   // no such row
+	// NoopRunFinished: the run is no longer running (an override, a settle).
+	NoopRunFinished = "run_finished"
+	// NoopValveOpen: the infra mark is older than the override allows (the
+	// confirmation valve has opened on it).
+	NoopValveOpen = "valve_open"
 )
 
 // MarkResult says whether one mark was applied.
