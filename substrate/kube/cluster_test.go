@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,10 +27,33 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 )
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+// cluster is the test binary's Kubernetes control plane. TestMain sets it
+// once before the tests and clears it after the last (kubetest's own
+// harness cannot be used: pgtest.Run runs the tests, for the sweep's
+// board).
+var cluster atomic.Pointer[kubetest.Cluster]
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	c, err := kubetest.Start(context.Background(), kubetest.Options{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kube: the test cluster did not start, so these tests cannot run:\n%v\n", err)
+		return 1
+	}
+	defer func() {
+		cluster.Store(nil)
+		if err := c.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}()
+	cluster.Store(c)
+	return pgtest.Run(m)
+}
 
 // counter counts the substrate's requests on pods, watches left out.
 type counter struct {
@@ -118,7 +142,10 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	c := kubetest.Current(t)
+	c := cluster.Load()
+	if c == nil {
+		t.Fatal("no test cluster: TestMain did not start one")
+	}
 	e := &env{t: t, c: c, cs: c.Client(t), ns: c.NewNamespace(t), node: c.AddNode(t, "").Name}
 	e.sub, e.calls, e.logs = e.substrateAs(kubetest.Admin, nil)
 	return e

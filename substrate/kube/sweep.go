@@ -11,16 +11,6 @@ import (
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
-// reconcileBoard is the part of the board the sweep writes through: the
-// provisional infra marks, their confirmation and override, and the
-// settlement of finished attempts.
-type reconcileBoard interface {
-	ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sdk.CandidatePage, error)
-	ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error)
-	OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error)
-	Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error)
-}
-
 // errDeposed ends a sweep whose term is no longer current.
 var errDeposed = errors.New("the leadership term is no longer current")
 
@@ -40,14 +30,10 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	if err != nil {
 		return sdk.SweepResult{}, err
 	}
-	rb, ok := board.(reconcileBoard)
-	if !ok {
-		return sdk.SweepResult{}, errors.New("kube sweep: the board does not serve the reconciler's calls")
-	}
 	if !r.presence.synced() {
 		return sdk.SweepResult{}, errors.New("kube sweep: the presence cache has not synced yet")
 	}
-	sw := &sweep{s: s, r: r, req: req, board: rb, res: sdk.SweepResult{Overrides: map[string]int64{}},
+	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
 		marked: map[sdk.Attempt]bool{}}
 	pods := r.presence.snapshot()
 	settled, err := sw.settle(ctx, pods)
@@ -68,7 +54,7 @@ type sweep struct {
 	s     *Substrate
 	r     *running
 	req   sdk.SweepRequest
-	board reconcileBoard
+	board sdk.Board
 	res   sdk.SweepResult
 	// marked: attempts with a provisional infra mark seen by this sweep;
 	// their pods are never collected while it stands.
@@ -114,7 +100,7 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 				return errDeposed
 			}
 			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
-				mr.NoopReason == noopRunFinished
+				mr.NoopReason == sdk.NoopRunFinished
 			if mr.Applied {
 				st := batch[i]
 				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
@@ -222,7 +208,7 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			mark := oCand[i].FailureReason
 			sw.res.Overrides[mark]++
 			sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
-				"outcome recovered from the durable record over "+mark+": "+oDetail[i], map[string]string{"mark": mark})
+				sdk.OverrideLogLine(mark)+": "+oDetail[i], map[string]string{"mark": mark})
 		})
 	}
 	return nil
@@ -278,8 +264,3 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	}
 	return nil
 }
-
-// noopRunFinished is the board's no-op reason for a settlement on a run
-// that is no longer running: nothing is left to settle, so the pod counts
-// as settled. (sdk.NoopRunFinished once the contract's board lands.)
-const noopRunFinished = "run_finished"
