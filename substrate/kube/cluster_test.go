@@ -486,16 +486,27 @@ func TestTeardown(t *testing.T) {
 			return p != nil && p.Status.Phase == corev1.PodFailed && p.Status.Reason == "DeadlineExceeded"
 		})
 	})
-	t.Run("NeverStartedPodDeleted", func(t *testing.T) {
+	// deleted: the teardown deletes the pod pod(e) makes, outright.
+	deleted := func(t *testing.T, pod func(e *env, a sdk.Attempt) *corev1.Pod) {
 		t.Parallel()
 		e := newEnv(t)
 		a := att("extract")
-		p := e.create(a, false)
+		p := pod(e, a)
 		out := teardown(t, e.sub, sdk.TeardownRequest{Attempt: &a})
 		if len(out) != 1 || out[0].Action != sdk.TeardownDeleted {
 			t.Fatalf("outcomes %+v, want one deleted", out)
 		}
 		e.waitPod(p.Name, "gone", func(p *corev1.Pod) bool { return p == nil })
+	}
+	t.Run("NeverStartedPodDeleted", func(t *testing.T) {
+		deleted(t, func(e *env, a sdk.Attempt) *corev1.Pod { return e.create(a, false) })
+	})
+	t.Run("UnknownPhaseTornDown", func(t *testing.T) {
+		deleted(t, func(e *env, a sdk.Attempt) *corev1.Pod {
+			p := e.running(a)
+			// The node controller's part: the node stopped reporting.
+			return e.playStatus(p.Name, func(s *corev1.PodStatus) { s.Phase = corev1.PodUnknown })
+		})
 	})
 	t.Run("TerminalPodSkippedWithItsRecord", func(t *testing.T) {
 		t.Parallel()
@@ -516,19 +527,6 @@ func TestTeardown(t *testing.T) {
 		if !strings.Contains(e.logs.String(), "reap teardown: task pod is already in a terminal phase") {
 			t.Fatalf("no INFO line for the skipped pod; logs:\n%s", e.logs)
 		}
-	})
-	t.Run("UnknownPhaseTornDown", func(t *testing.T) {
-		t.Parallel()
-		e := newEnv(t)
-		a := att("extract")
-		p := e.running(a)
-		// The node controller's part: the node stopped reporting.
-		e.playStatus(p.Name, func(s *corev1.PodStatus) { s.Phase = corev1.PodUnknown })
-		out := teardown(t, e.sub, sdk.TeardownRequest{Attempt: &a})
-		if len(out) != 1 || out[0].Action != sdk.TeardownDeleted {
-			t.Fatalf("outcomes %+v, want one deleted", out)
-		}
-		e.waitPod(p.Name, "gone", func(p *corev1.Pod) bool { return p == nil })
 	})
 	t.Run("UIDPreconditionSparesAPodRecreatedBetweenListAndStop", func(t *testing.T) {
 		t.Parallel()
