@@ -198,11 +198,15 @@ func selectorChunks(as []sdk.Attempt) [][]sdk.Attempt {
 // call (unless the request asks for a live read); every other attempt is
 // read live, all of them in one LIST. A read error answers unknown.
 func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
+	out := make([]sdk.AttemptLiveness, len(req.Attempts))
 	r, err := s.current()
 	if err != nil {
-		return nil, err
+		// Not configured: nothing is known, so every reaper defers.
+		for i, a := range req.Attempts {
+			out[i] = sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown, Agent: sdk.Unknown, Detail: err.Error()}
+		}
+		return out, nil
 	}
-	out := make([]sdk.AttemptLiveness, len(req.Attempts))
 	var misses []sdk.Attempt
 	useCache := !req.Live && r.presence.synced()
 	for i, a := range req.Attempts {
