@@ -93,6 +93,18 @@ const (
 	// error does not call for another offer: failed for good, retries kept
 	// out of it.
 	LabelDispatchFailed = "dispatch_failed"
+
+	// The kube reconcile sweep (substrate/kube).
+
+	// LabelReconcileSettled: a finished pod's attempt was settled from its
+	// durable outcome record or the cluster's word.
+	LabelReconcileSettled = "reconcile_settled"
+	// LabelReconcileInfraConfirmed: a provisional infra mark was confirmed:
+	// nothing of its attempt runs on.
+	LabelReconcileInfraConfirmed = "reconcile_infra_confirmed"
+	// LabelReconcileInfraOverride: a durable SUCCESS record settled the
+	// attempt over its provisional infra mark.
+	LabelReconcileInfraOverride = "reconcile_infra_override"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -116,5 +128,6 @@ func Labels() []string {
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
+		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 	}
 }

@@ -256,8 +256,9 @@ func TestLaunch(t *testing.T) {
 		if err != nil || len(live) != 1 || live[0].State != sdk.Unknown || live[0].Attempt != a {
 			t.Fatalf("liveness = %+v, %v", live, err)
 		}
-		if _, err := s.Sweep(context.Background(), sdk.SweepRequest{}, &recordingBoard{}); err != nil {
-			t.Fatalf("sweep: %v", err)
+		// Unconfigured, the kube substrate never reports a sweep complete.
+		if _, err := s.Sweep(context.Background(), sdk.SweepRequest{}, &recordingBoard{}); err == nil {
+			t.Fatal("an unconfigured kube substrate completed a sweep")
 		}
 	})
 

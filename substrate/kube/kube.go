@@ -1,88 +1,253 @@
-// Package kube is the Kubernetes substrate: task pods watched through an
-// informer, pinned teardown, and the reconcile sweep.
-//
-// STUB: this package serves the protocol and declares its configuration, but
-// talks to no API server yet. Liveness answers "unknown" for every attempt
-// (a reaper that asks defers); Synced is always false, so a leader's
-// settling gate would hold until its valve opens at twice the grace, after
-// which a reaper judging on heartbeat silence alone (agentlost) would fail
-// attempts it cannot see; Sweep does nothing; Teardown and WarmWorkers
-// return an error; StopOrphan stops nothing. That is why reaperd refuses
-// edition = "kube" (host/config/unavailable.go) until the kube substrate
-// issue fills this package in over client-go.
 package kube
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // Name is the label the substrate is configured under.
 const Name = "kube"
 
-// Substrate is the Kubernetes substrate.
+// Defaults of the substrate's configuration.
+const (
+	DefaultNamespace = "default"
+	// DefaultQPS and DefaultBurst bound the client's request rate. A
+	// teardown costs one LIST and one PATCH (or DELETE), so a mass teardown
+	// of 10,000 attempts takes about 400 s at 50 requests a second: minutes,
+	// off the reapers' critical path (a reaper marks first, then tears down).
+	DefaultQPS   = 50
+	DefaultBurst = 100
+	// DefaultWarmPoolSelector selects the warm pool's pods.
+	DefaultWarmPoolSelector = LabelWarmPool
+	// LabelWarmPool marks a warm pool pod (its value names the pool).
+	LabelWarmPool = "leoflow.io/warm-pool"
+	// CollectAfter is how long a finished, settled pod is kept before the
+	// sweep deletes it.
+	CollectAfter = 10 * time.Minute
+)
+
+// Config is the substrate "kube" block.
+type Config struct {
+	Namespace        string        `reaper:"namespace" help:"namespace of the task pods and of the warm pool"`
+	Kubeconfig       string        `reaper:"kubeconfig" help:"path to a kubeconfig file; empty: the in-cluster service account"`
+	QPS              float64       `reaper:"qps" help:"the client's sustained requests per second to the API server"`
+	Burst            int           `reaper:"burst" help:"the client's burst of requests above qps"`
+	WarmPoolSelector string        `reaper:"warm_pool_selector" help:"label selector of the warm pool's pods, read live by WarmWorkers"`
+	Resync           time.Duration `reaper:"resync" help:"how often the presence informer replays its cache; \"0s\": never"`
+}
+
+// DefaultConfig is the block's defaults.
+func DefaultConfig() Config {
+	return Config{Namespace: DefaultNamespace, QPS: DefaultQPS, Burst: DefaultBurst,
+		WarmPoolSelector: DefaultWarmPoolSelector}
+}
+
+// Validate checks the block.
+func (c Config) Validate() error {
+	if c.Namespace == "" {
+		return errors.New(`attribute "namespace": must not be empty`)
+	}
+	if c.QPS <= 0 {
+		return fmt.Errorf(`attribute "qps": must be positive, got %g`, c.QPS)
+	}
+	if c.Burst < 1 {
+		return fmt.Errorf(`attribute "burst": must be at least 1, got %d`, c.Burst)
+	}
+	if c.Resync < 0 {
+		return fmt.Errorf(`attribute "resync": must not be negative, got %s`, c.Resync)
+	}
+	if _, err := labels.Parse(c.WarmPoolSelector); err != nil {
+		return fmt.Errorf(`attribute "warm_pool_selector": %w`, err)
+	}
+	return nil
+}
+
+// Options are what a program embedding the substrate (a test, a benchmark)
+// may give it instead of a kubeconfig.
+type Options struct {
+	// RestConfig, when set, is used instead of the block's kubeconfig (its
+	// QPS and Burst are still the block's).
+	RestConfig *rest.Config
+	// Client, when set, is used as is (client-go's fake clientset, in
+	// unit tests of pure policy).
+	Client kubernetes.Interface
+	// Clock is the substrate's clock; default the wall clock.
+	Clock clock.Clock
+}
+
+// Substrate is the Kubernetes substrate. It is safe for concurrent use.
 type Substrate struct {
-	logger hclog.Logger
+	log  hclog.Logger
+	opts Options
+
+	mu  sync.RWMutex
+	run *running // nil until Configure
+}
+
+// running is a configured substrate: its client and its presence cache.
+type running struct {
+	cfg      Config
+	client   kubernetes.Interface
+	warm     labels.Selector
+	presence *presence
 }
 
 var _ sdk.Substrate = (*Substrate)(nil)
 
-// New returns the substrate.
-func New(logger hclog.Logger) *Substrate { return &Substrate{logger: logger} }
+// New returns an unconfigured substrate (plugin.Serve's constructor).
+func New(logger hclog.Logger) *Substrate { return NewWithOptions(logger, Options{}) }
+
+// NewWithOptions returns an unconfigured substrate with opts.
+func NewWithOptions(logger hclog.Logger, opts Options) *Substrate {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	return &Substrate{log: logger, opts: opts}
+}
 
 // Info describes the plugin.
 func (s *Substrate) Info(context.Context) (sdk.Info, error) {
 	return sdk.Info{Name: Name, Kind: sdk.KindSubstrate, Version: sdk.BuildVersion,
-		Editions: []string{ladder.EditionKube}, Description: "task pods on Kubernetes (stub)"}, nil
+		Editions:    []string{ladder.EditionKube},
+		Description: "task pods on Kubernetes: informer presence, pinned teardown, the reconcile sweep"}, nil
 }
 
 // ConfigSchema declares the block's attributes.
 func (s *Substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.Schema{Attributes: []sdk.Attribute{
-		{Name: "namespace", Type: sdk.TypeString, Default: "default", Description: "namespace of the task pods"},
-		{Name: "kubeconfig", Type: sdk.TypeString, Default: "", Description: "path to a kubeconfig; empty: in-cluster"},
-	}}, nil
+	return sdk.SchemaOf(DefaultConfig()), nil
 }
 
-// Configure accepts the decoded block.
-func (s *Substrate) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
-
-// Sweep does nothing yet.
-func (s *Substrate) Sweep(context.Context, sdk.SweepRequest, sdk.Board) (sdk.SweepResult, error) {
-	return sdk.SweepResult{}, nil
+// Configure decodes the block, builds the client and starts the presence
+// informer. A second call replaces the first configuration, stopping its
+// informer.
+func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
+	if req.Edition != "" && req.Edition != ladder.EditionKube {
+		return fmt.Errorf("configuring the kube substrate: edition %q: it serves only %q", req.Edition, ladder.EditionKube)
+	}
+	cfg := DefaultConfig()
+	if err := req.Values.Decode(&cfg); err != nil {
+		return fmt.Errorf("configuring the kube substrate: %w", err)
+	}
+	client, err := s.client(cfg)
+	if err != nil {
+		return fmt.Errorf("configuring the kube substrate: %w", err)
+	}
+	warm, err := labels.Parse(cfg.WarmPoolSelector)
+	if err != nil {
+		return fmt.Errorf("configuring the kube substrate: warm_pool_selector: %w", err)
+	}
+	r := &running{cfg: cfg, client: client, warm: warm,
+		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.log)}
+	s.mu.Lock()
+	old := s.run
+	s.run = r
+	s.mu.Unlock()
+	if old != nil {
+		old.presence.stop()
+	}
+	s.log.Info("kube substrate configured", "namespace", cfg.Namespace, "qps", cfg.QPS, "burst", cfg.Burst)
+	return nil
 }
 
-// Synced is false: the stub has no informer.
-func (s *Substrate) Synced(context.Context) (bool, error) { return false, nil }
+// client builds the API client the configuration asks for.
+func (s *Substrate) client(cfg Config) (kubernetes.Interface, error) {
+	if s.opts.Client != nil {
+		return s.opts.Client, nil
+	}
+	var rc *rest.Config
+	switch {
+	case s.opts.RestConfig != nil:
+		rc = rest.CopyConfig(s.opts.RestConfig)
+	case cfg.Kubeconfig != "":
+		c, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("reading kubeconfig %s: %w", cfg.Kubeconfig, err)
+		}
+		rc = c
+	default:
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no kubeconfig given and not in a cluster: %w", err)
+		}
+		rc = c
+	}
+	rc.QPS, rc.Burst = float32(cfg.QPS), cfg.Burst
+	rc.UserAgent = "reaper-substrate-kube/" + sdk.BuildVersion
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("building the API client: %w", err)
+	}
+	return cs, nil
+}
 
-// Liveness answers unknown for every attempt, so reapers defer.
-func (s *Substrate) Liveness(_ context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
-	out := make([]sdk.AttemptLiveness, len(req.Attempts))
-	for i, a := range req.Attempts {
-		out[i] = sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown, Agent: sdk.Unknown, Group: sdk.Unknown,
-			Detail: "the kube substrate is a stub in this release: liveness is unknown, so reapers defer"}
+// Close stops the presence informer. The plugin process is simply killed;
+// a program embedding the substrate calls Close.
+func (s *Substrate) Close() {
+	s.mu.Lock()
+	r := s.run
+	s.run = nil
+	s.mu.Unlock()
+	if r != nil {
+		r.presence.stop()
+	}
+}
+
+var errUnconfigured = errors.New("kube substrate: not configured")
+
+func (s *Substrate) current() (*running, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.run == nil {
+		return nil, errUnconfigured
+	}
+	return s.run, nil
+}
+
+// Synced reports whether the presence informer has listed every task pod
+// once: the fleet view is complete.
+func (s *Substrate) Synced(context.Context) (bool, error) {
+	r, err := s.current()
+	if err != nil {
+		return false, err
+	}
+	return r.presence.synced(), nil
+}
+
+// StopOrphan stops nothing: on kube an attempt is stopped by tearing its
+// pod down, never by signalling processes.
+func (s *Substrate) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult, error) {
+	return sdk.StopResult{Detail: "kube has no process groups: its attempts are stopped by teardown"}, nil
+}
+
+// WarmWorkers lists the warm pool's pods with a live read, never the cache:
+// the warm-worker-lost reaper marks on their absence.
+func (s *Substrate) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, error) {
+	r, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	var out []sdk.WarmWorker
+	err = r.list(ctx, r.warm, func(p *pod) {
+		out = append(out, sdk.WarmWorker{Name: p.Name, Phase: string(p.phase)})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the warm pool's pods: %w", err)
 	}
 	return out, nil
-}
-
-var errNotImplemented = errors.New("kube substrate: teardown is not available in this build")
-
-// Teardown is not available yet.
-func (s *Substrate) Teardown(context.Context, sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
-	return nil, errNotImplemented
-}
-
-// StopOrphan never stops anything on kube (pods are torn down instead).
-func (s *Substrate) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult, error) {
-	return sdk.StopResult{Detail: "kube has no process groups"}, nil
-}
-
-// WarmWorkers lists no workers yet.
-func (s *Substrate) WarmWorkers(context.Context) ([]sdk.WarmWorker, error) {
-	return nil, errNotImplemented
 }

@@ -1,0 +1,219 @@
+// Package kubelease elects the reaping replica through a Kubernetes Lease
+// (the coordination.k8s.io object client-go's leaderelection uses, through
+// its resourcelock.LeaseLock), fenced by the board's term.
+//
+// A Lease is a leader.Lease: the host's leader.Elector steps it exactly as
+// it steps the board's own lease row, so trust, renewal cadence and the
+// settling gate (counted from Status.Since) are the same for both. What
+// differs is where the choice is made:
+//
+//   - TryAcquire takes the Kubernetes Lease the way client-go's elector
+//     does (free, released, or not renewed within its duration as this
+//     process observed it), then takes a new term from the board. The
+//     Kubernetes Lease is no fence: client-go does not promise a single
+//     acting leader, and LeaderTransitions does not move when an identity
+//     re-acquires. The board's term is the fence: every write of a pass
+//     carries it and the database refuses a term that is not current.
+//     Until the board grants a term (the deposed leader's row may still be
+//     running out) the replica holds the Lease but does not lead.
+//   - Renew renews the Kubernetes Lease, then the board's term; losing
+//     either ends leadership.
+//   - Resign resigns the board's term, then releases the Kubernetes Lease
+//     (holder cleared) so a successor need not wait for it to run out. The
+//     caller stops every guarded piece of work before it resigns; leader's
+//     Elector.Run resigns only once its context is done.
+//
+// Each process needs an identity of its own (Identity): two processes with
+// one identity would each believe they hold the Lease.
+package kubelease
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/dexaflow/reaper/host/leader"
+)
+
+// Config names the Lease.
+type Config struct {
+	// Namespace and Name of the Lease object.
+	Namespace string
+	Name      string
+	// Client reaches the API server; it needs get, create and update on
+	// leases in Namespace.
+	Client kubernetes.Interface
+}
+
+// Lease is a leader.Lease over a Kubernetes Lease, fenced by board's terms.
+// It is safe for concurrent use, though the Elector calls it one step at a
+// time.
+type Lease struct {
+	board leader.Lease
+
+	mu   sync.Mutex
+	lock *resourcelock.LeaseLock
+	// observed is the Lease's record as last read, and observedAt when this
+	// process first saw it so (its own clock, as client-go's elector does:
+	// another process's clock is never compared with ours).
+	observed   []byte
+	observedAt time.Time
+}
+
+var _ leader.Lease = (*Lease)(nil)
+
+// New returns a Lease over cfg's Kubernetes Lease that takes its terms from
+// board (the board's lease row).
+func New(cfg Config, board leader.Lease) (*Lease, error) {
+	if cfg.Namespace == "" || cfg.Name == "" {
+		return nil, errors.New("kubelease: the Lease's namespace and name are required")
+	}
+	if cfg.Client == nil || board == nil {
+		return nil, errors.New("kubelease: a client and the board's lease are required")
+	}
+	return &Lease{board: board, lock: &resourcelock.LeaseLock{
+		LeaseMeta: metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name},
+		Client:    cfg.Client.CoordinationV1(),
+	}}, nil
+}
+
+// Identity returns an identity unique to this process: the host name and a
+// random suffix.
+func Identity() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "reaperd"
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return host + "_" + hex.EncodeToString(b)
+}
+
+func seconds(d time.Duration) int {
+	s := math.Ceil(d.Seconds())
+	if s < 1 {
+		return 1
+	}
+	return int(s)
+}
+
+// take takes or renews the Kubernetes Lease for holder at now. It reports
+// false when another holder's lease is still running as this process
+// observed it.
+func (l *Lease) take(ctx context.Context, holder string, ttl time.Duration, now time.Time) (bool, error) {
+	rec, raw, err := l.lock.Get(ctx)
+	if apierrors.IsNotFound(err) {
+		err = l.lock.Create(ctx, resourcelock.LeaderElectionRecord{HolderIdentity: holder,
+			LeaseDurationSeconds: seconds(ttl), AcquireTime: metav1.NewTime(now), RenewTime: metav1.NewTime(now)})
+		switch {
+		case apierrors.IsAlreadyExists(err):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("kubelease: creating Lease %s: %w", l.lock.Describe(), err)
+		}
+		l.observed, l.observedAt = nil, now
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("kubelease: reading Lease %s: %w", l.lock.Describe(), err)
+	}
+	if string(raw) != string(l.observed) {
+		l.observed, l.observedAt = raw, now
+	}
+	held := rec.HolderIdentity != "" && rec.HolderIdentity != holder &&
+		now.Before(l.observedAt.Add(time.Duration(rec.LeaseDurationSeconds)*time.Second))
+	if held {
+		return false, nil
+	}
+	next := *rec
+	if rec.HolderIdentity != holder {
+		next.AcquireTime = metav1.NewTime(now)
+		next.LeaderTransitions++
+	}
+	next.HolderIdentity, next.LeaseDurationSeconds, next.RenewTime = holder, seconds(ttl), metav1.NewTime(now)
+	if err := l.lock.Update(ctx, next); err != nil {
+		if apierrors.IsConflict(err) {
+			return false, nil // another replica wrote it first
+		}
+		return false, fmt.Errorf("kubelease: updating Lease %s: %w", l.lock.Describe(), err)
+	}
+	return true, nil
+}
+
+// TryAcquire takes the Kubernetes Lease for holder, then a new term from
+// the board. ok is false while another replica holds the Lease, or while
+// the board's row is still held (the Lease is then kept, and the next step
+// tries the board again).
+func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration, now time.Time) (int64, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ok, err := l.take(ctx, holder, ttl, now)
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	term, ok, err := l.board.TryAcquire(ctx, holder, ttl, now)
+	if err != nil {
+		return 0, false, fmt.Errorf("kubelease: taking a term from the board: %w", err)
+	}
+	return term, ok, nil
+}
+
+// Renew renews the Kubernetes Lease and then the board's term. ok is false
+// once another replica holds the Lease or the board's term is over.
+func (l *Lease) Renew(ctx context.Context, term int64, holder string, ttl time.Duration, now time.Time) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rec, _, err := l.lock.Get(ctx)
+	if err != nil {
+		return false, fmt.Errorf("kubelease: reading Lease %s: %w", l.lock.Describe(), err)
+	}
+	if rec.HolderIdentity != holder {
+		return false, nil
+	}
+	next := *rec
+	next.RenewTime, next.LeaseDurationSeconds = metav1.NewTime(now), seconds(ttl)
+	if err := l.lock.Update(ctx, next); err != nil {
+		return false, fmt.Errorf("kubelease: renewing Lease %s: %w", l.lock.Describe(), err)
+	}
+	ok, err := l.board.Renew(ctx, term, holder, ttl, now)
+	if err != nil {
+		return false, fmt.Errorf("kubelease: renewing term %d on the board: %w", term, err)
+	}
+	return ok, nil
+}
+
+// Resign ends the board's term, then releases the Kubernetes Lease if
+// holder still holds it. Every guarded piece of work must have stopped
+// before.
+func (l *Lease) Resign(ctx context.Context, term int64, holder string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	berr := l.board.Resign(ctx, term, holder)
+	if berr != nil {
+		berr = fmt.Errorf("kubelease: resigning term %d on the board: %w", term, berr)
+	}
+	rec, _, err := l.lock.Get(ctx)
+	if err != nil {
+		return errors.Join(berr, fmt.Errorf("kubelease: reading Lease %s to release it: %w", l.lock.Describe(), err))
+	}
+	if rec.HolderIdentity != holder {
+		return berr
+	}
+	next := *rec
+	next.HolderIdentity, next.LeaseDurationSeconds = "", 1
+	if err := l.lock.Update(ctx, next); err != nil {
+		return errors.Join(berr, fmt.Errorf("kubelease: releasing Lease %s: %w", l.lock.Describe(), err))
+	}
+	return berr
+}

@@ -1,0 +1,216 @@
+package kube
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Failure reasons of the task failures the sweep settles from a finished
+// pod; each also starts the error_message.
+const (
+	// ReasonTaskFailed: the task's own FAILED record, or a pod that failed
+	// with no record and no disruption.
+	ReasonTaskFailed = "task_failed"
+	// ReasonOOMKilled: the task container was OOM-killed: the kernel
+	// enforced the task's own memory limit.
+	ReasonOOMKilled = "oom_killed"
+	// ReasonOwnLimitEvicted: the kubelet evicted the pod for outgrowing a
+	// limit of its own (ephemeral storage, an emptyDir sizeLimit).
+	ReasonOwnLimitEvicted = "evicted_own_limit"
+)
+
+// disruptionConditions are the DisruptionTarget reasons that say the
+// cluster, not the task, stopped the pod.
+var disruptionConditions = []string{
+	"TerminationByKubelet", "PreemptionByScheduler", "EvictionByEvictionAPI",
+	"DeletionByTaintManager", "DeletionByPodGC",
+}
+
+// disruptionReasons are the pod reasons older kubelets and admission
+// refusals set without the condition.
+var disruptionReasons = []string{
+	"Evicted", "Shutdown", "NodeShutdown", "Terminated", "OutOfcpu", "OutOfmemory", "UnexpectedAdmissionError",
+}
+
+// ownLimitMessages are the kubelet's eviction messages that name a limit
+// of the pod's own (pkg/kubelet/eviction): a container over its
+// ephemeral-storage limit, the pod over its containers' total, an emptyDir
+// over its sizeLimit. The node-pressure message ("The node was low on
+// resource") is not among them.
+var ownLimitMessages = []string{
+	"exceeded its local ephemeral storage limit",
+	"exceeds the total limit of containers",
+	"Usage of EmptyDir volume",
+}
+
+// verdict is how the sweep settles one finished pod's attempt.
+type verdict struct {
+	outcome sdk.Outcome
+	reason  string // the failure label (failed and infra outcomes)
+	message string // the error_message, starting with reason
+	rule    string // the rule that decided, for the decision's evidence
+}
+
+// judgeFinished settles a finished pod from its durable outcome record and
+// what the cluster says. ok is false for a pod that has not finished
+// (Unknown is not finished: a container may still run on a silent node).
+//
+// In order: a SUCCESS or RESCHEDULE record wins; the infra marker with the
+// agent's shape settles control_plane_unavailable on the infra rail; a
+// disrupted pod settles pod_disrupted on the infra rail, unless its task
+// container was OOM-killed or the kubelet evicted it for a limit of its
+// own (task failures); otherwise the pod's phase decides, a FAILED record
+// giving the failure its words.
+func judgeFinished(p *pod) (verdict, bool) {
+	if !finished(p.phase) {
+		return verdict{}, false
+	}
+	rec, hasRec := p.record()
+	if hasRec {
+		switch {
+		case rec.Outcome == RecordSuccess:
+			return verdict{outcome: sdk.OutcomeSuccess, rule: "DurableSuccessRecord"}, true
+		case rec.Outcome == RecordReschedule:
+			return verdict{outcome: sdk.OutcomeReschedule, rule: "DurableRescheduleRecord"}, true
+		case rec.honoredInfra():
+			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonControlPlaneUnavailable,
+				message: sdk.ReasonControlPlaneUnavailable + ": " + rec.Reason, rule: "ControlPlaneUnavailableRecord"}, true
+		}
+	}
+	if cause, ok := disruption(p); ok {
+		task, _ := p.task()
+		switch {
+		case task.terminated && task.reason == "OOMKilled":
+			return verdict{outcome: sdk.OutcomeFailed, reason: ReasonOOMKilled,
+				message: fmt.Sprintf("%s: task container OOMKilled (exit %d) on a disrupted pod (%s)", ReasonOOMKilled, task.exitCode, cause),
+				rule:    "OOMKilledStaysTaskFailure"}, true
+		case p.reason == "Evicted" && ownLimit(p.message):
+			return verdict{outcome: sdk.OutcomeFailed, reason: ReasonOwnLimitEvicted,
+				message: ReasonOwnLimitEvicted + ": " + strings.TrimSpace(p.message), rule: "OwnLimitEvictionStaysTaskFailure"}, true
+		}
+		msg := sdk.ReasonPodDisrupted + ": " + cause
+		if m := strings.TrimSpace(p.message); m != "" {
+			msg += ": " + m
+		}
+		return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted, message: msg, rule: "DisruptedPodIsInfra"}, true
+	}
+	if p.phase == corev1.PodSucceeded {
+		return verdict{outcome: sdk.OutcomeSuccess, rule: "SucceededWithoutRecord"}, true
+	}
+	if hasRec && strings.TrimSpace(rec.Reason) != "" {
+		return verdict{outcome: sdk.OutcomeFailed, reason: ReasonTaskFailed,
+			message: ReasonTaskFailed + ": " + rec.Reason, rule: "FailedRecord"}, true
+	}
+	return verdict{outcome: sdk.OutcomeFailed, reason: ReasonTaskFailed,
+		message: ReasonTaskFailed + ": " + failedWords(p), rule: "FailedPod"}, true
+}
+
+// disruption reports whether the cluster stopped the pod, and how.
+func disruption(p *pod) (string, bool) {
+	for _, c := range disruptionConditions {
+		if p.disrupted == c {
+			return "DisruptionTarget " + c, true
+		}
+	}
+	for _, r := range disruptionReasons {
+		if p.reason == r {
+			return r, true
+		}
+	}
+	return "", false
+}
+
+func ownLimit(msg string) bool {
+	for _, m := range ownLimitMessages {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// failedWords says why a pod failed, as the cluster saw it.
+func failedWords(p *pod) string {
+	var parts []string
+	if p.reason != "" {
+		parts = append(parts, p.reason)
+	}
+	if task, ok := p.task(); ok && task.terminated {
+		parts = append(parts, fmt.Sprintf("task container exited %d", task.exitCode))
+		if task.reason != "" {
+			parts[len(parts)-1] += " (" + task.reason + ")"
+		}
+	}
+	if m := strings.TrimSpace(p.message); m != "" {
+		parts = append(parts, m)
+	}
+	if len(parts) == 0 {
+		return "pod failed"
+	}
+	return "pod failed: " + strings.Join(parts, ": ")
+}
+
+// markAction is what the sweep does with one provisional infra mark.
+type markAction int
+
+const (
+	// markHold: something of the attempt may still run, or its record
+	// came too late; leave the mark provisional.
+	markHold markAction = iota
+	// markConfirm: nothing of the attempt runs and it left no SUCCESS:
+	// the planner may act on the mark.
+	markConfirm
+	// markOverride: the attempt left a durable SUCCESS record while its
+	// mark is provisional and inside the valve: settle it success.
+	markOverride
+)
+
+// judgeMark decides a provisional infra mark from the pods of exactly its
+// attempt, read live. A SUCCESS record overrides the mark while it is
+// inside the infra confirmation valve (the board also requires the run to
+// be running); after the valve the record is ignored and the mark left to
+// the planner. Otherwise the mark is confirmed when no pod of the attempt
+// is left, or when every one's task container has terminated; a container
+// still running or yet to run (inside its termination grace, or not
+// started) holds it back. The containers' states decide, never the pod's
+// phase: a pod stopped in place can read Failed while its container runs.
+func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (markAction, string) {
+	for _, p := range pods {
+		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
+			if insideValve(c, now, l) {
+				return markOverride, fmt.Sprintf("%s left a durable SUCCESS record %s after the mark", p.ref(),
+					now.Sub(c.InfraMarkedAt).Round(time.Second))
+			}
+			return markHold, fmt.Sprintf("%s left a durable SUCCESS record, but the mark is past the valve (%s): ignored",
+				p.ref(), l.InfraConfirmValve)
+		}
+	}
+	if len(pods) == 0 {
+		return markConfirm, "no pod of the attempt is left"
+	}
+	for _, p := range pods {
+		task, ok := p.task()
+		if !ok || !task.terminated {
+			return markHold, fmt.Sprintf("the task container of %s has not terminated (pod %s)", p.ref(), p.phase)
+		}
+	}
+	return markConfirm, "every task container of the attempt terminated without a SUCCESS record"
+}
+
+// insideValve: the mark was made less than the infra confirmation valve
+// ago.
+func insideValve(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
+	return !c.InfraMarkedAt.IsZero() && c.InfraMarkedAt.After(now.Add(-l.InfraConfirmValve))
+}
+
+// collectible: a finished pod whose attempt is settled is deleted once it
+// has been finished for CollectAfter. Unknown is not finished.
+func collectible(p *pod, settled bool, now time.Time) bool {
+	return finished(p.phase) && settled && now.Sub(p.finishedAt()) >= CollectAfter
+}

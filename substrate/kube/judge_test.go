@@ -1,0 +1,305 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+var (
+	t0      = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	attempt = sdk.Attempt{RunID: "run-1", TaskID: "load_a", Try: 2, Epoch: 1}
+)
+
+// podOf builds a corev1.Pod of attempt a in phase, reduced as the cache
+// and live reads reduce it; opts adjust the corev1.Pod first.
+func podOf(a sdk.Attempt, phase corev1.PodPhase, opts ...func(*corev1.Pod)) *pod {
+	l, ann := AttemptLabels(a)
+	in := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "uid-1", Labels: l, Annotations: ann},
+		Status:     corev1.PodStatus{Phase: phase},
+	}
+	for _, o := range opts {
+		o(in)
+	}
+	return reduce(in)
+}
+
+func started(at time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Status.StartTime = &metav1.Time{Time: at} }
+}
+
+func taskTerminated(exit int32, reason, message string, at time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: TaskContainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: reason,
+				Message: message, FinishedAt: metav1.Time{Time: at}}}})
+	}
+}
+
+func taskRunning() func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: TaskContainer,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}})
+	}
+}
+
+func disrupted(reason string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget,
+			Status: corev1.ConditionTrue, Reason: reason})
+	}
+}
+
+func podReason(reason, message string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Status.Reason, p.Status.Message = reason, message }
+}
+
+func withoutAnnotation() func(*corev1.Pod) {
+	return func(p *corev1.Pod) { delete(p.Annotations, AnnotationRawTaskID) }
+}
+
+func withoutEpoch() func(*corev1.Pod) {
+	return func(p *corev1.Pod) { delete(p.Labels, LabelAttemptEpoch) }
+}
+
+// rec encodes a record of attempt a.
+func rec(t *testing.T, a sdk.Attempt, outcome RecordOutcome, exit *int32, reason string) string {
+	t.Helper()
+	s, err := Record{Outcome: outcome, RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch,
+		ExitCode: exit, Reason: reason}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func code(c int32) *int32 { return &c }
+
+func TestJudgeFinished(t *testing.T) {
+	other := attempt
+	other.Epoch = 0
+	tests := []struct {
+		name        string
+		pod         func(t *testing.T) *pod
+		wantOK      bool
+		wantOutcome sdk.Outcome
+		wantReason  string
+		wantMsg     string // prefix of the error_message
+	}{
+		{name: "RunningPod_NotSettled", pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodRunning, taskRunning())
+		}},
+		{name: "UnknownPhase_IsNotTerminal", pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodUnknown, taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0))
+		}},
+		{name: "SuccessRecord_SettlesSuccess", wantOK: true, wantOutcome: sdk.OutcomeSuccess, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodFailed, taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0))
+		}},
+		{name: "RescheduleRecord_SettlesReschedule", wantOK: true, wantOutcome: sdk.OutcomeReschedule, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodSucceeded, taskTerminated(0, "Completed", rec(t, attempt, RecordReschedule, code(0), ""), t0))
+		}},
+		{name: "RecordOfAnotherEpoch_IsNoRecord", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonTaskFailed,
+			wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", rec(t, other, RecordSuccess, code(0), ""), t0))
+			}},
+		{name: "SucceededWithoutRecord_SettlesSuccess", wantOK: true, wantOutcome: sdk.OutcomeSuccess, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodSucceeded, taskTerminated(0, "Completed", "task's own words", t0))
+		}},
+		{name: "FailedRecord_TaskFailureWithItsWords", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonTaskFailed,
+			wantMsg: "task_failed: exit status 3", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(3, "Error", rec(t, attempt, RecordFailed, code(3), "exit status 3"), t0))
+			}},
+		{name: "ControlPlaneUnavailable_InfraMarkerWithReasonNoExitCode", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonControlPlaneUnavailable, wantMsg: "control_plane_unavailable: Unavailable: GetTaskSpec",
+			pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", rec(t, attempt, RecordInfra, nil, "Unavailable: GetTaskSpec"), t0))
+			}},
+		{name: "ControlPlaneUnavailable_MarkerWithExitCodeStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", rec(t, attempt, RecordInfra, code(1), "Unavailable"), t0))
+			}},
+		{name: "ControlPlaneUnavailable_MarkerWithoutReasonStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", rec(t, attempt, RecordInfra, nil, ""), t0))
+			}},
+		{name: "Disruption_ConditionIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra, wantReason: sdk.ReasonPodDisrupted,
+			wantMsg: "pod_disrupted: DisruptionTarget DeletionByTaintManager", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, disrupted("DeletionByTaintManager"), taskTerminated(137, "Error", "", t0))
+			}},
+		{name: "Disruption_PodGCIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra, wantReason: sdk.ReasonPodDisrupted,
+			pod: func(t *testing.T) *pod { return podOf(attempt, corev1.PodFailed, disrupted("DeletionByPodGC")) }},
+		{name: "Disruption_NodeShutdownReasonIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra, wantReason: sdk.ReasonPodDisrupted,
+			wantMsg: "pod_disrupted: NodeShutdown: Pod was terminated", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("NodeShutdown", "Pod was terminated in response to imminent node shutdown."))
+			}},
+		{name: "Disruption_NodePressureEvictionIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra, wantReason: sdk.ReasonPodDisrupted,
+			wantMsg: "pod_disrupted: Evicted: The node was low on resource: memory.", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("Evicted", "The node was low on resource: memory. "))
+			}},
+		{name: "Disruption_FailedRecordDoesNotWin", wantOK: true, wantOutcome: sdk.OutcomeInfra, wantReason: sdk.ReasonPodDisrupted,
+			pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, disrupted("TerminationByKubelet"),
+					taskTerminated(143, "Error", rec(t, attempt, RecordFailed, code(143), "terminated by SIGTERM"), t0))
+			}},
+		{name: "Disruption_SuccessRecordWins", wantOK: true, wantOutcome: sdk.OutcomeSuccess, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodFailed, disrupted("TerminationByKubelet"),
+				taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0))
+		}},
+		{name: "Disruption_RescheduleRecordWins", wantOK: true, wantOutcome: sdk.OutcomeReschedule, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodFailed, podReason("Shutdown", ""),
+				taskTerminated(0, "Completed", rec(t, attempt, RecordReschedule, code(0), ""), t0))
+		}},
+		{name: "Disruption_OOMKilledStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonOOMKilled,
+			pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, disrupted("TerminationByKubelet"), taskTerminated(137, "OOMKilled", "", t0))
+			}},
+		{name: "Disruption_OwnEphemeralStorageEvictionStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonOwnLimitEvicted,
+			wantMsg:    `evicted_own_limit: Container task exceeded its local ephemeral storage limit "1Gi".`,
+			pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("Evicted", `Container task exceeded its local ephemeral storage limit "1Gi". `))
+			}},
+		{name: "Disruption_EmptyDirSizeLimitEvictionStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonOwnLimitEvicted, pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("Evicted", `Usage of EmptyDir volume "scratch" exceeds the limit "1Gi". `))
+			}},
+		{name: "Disruption_PodTotalEphemeralStorageEvictionStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonOwnLimitEvicted, pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("Evicted", "Pod ephemeral local storage usage exceeds the total limit of containers 2Gi. "))
+			}},
+		{name: "DeadlineExceeded_IsTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonTaskFailed,
+			wantMsg: "task_failed: pod failed: DeadlineExceeded", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("DeadlineExceeded", "Pod was active on the node longer than the specified deadline"))
+			}},
+		{name: "PodWithoutAnnotation_RecordMatchedOnLabels", wantOK: true, wantOutcome: sdk.OutcomeSuccess, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodFailed, withoutAnnotation(),
+				taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, ok := judgeFinished(tt.pod(t))
+			if ok != tt.wantOK {
+				t.Fatalf("settled = %v, want %v (%+v)", ok, tt.wantOK, v)
+			}
+			if !ok {
+				return
+			}
+			if v.outcome != tt.wantOutcome || (tt.wantReason != "" && v.reason != tt.wantReason) {
+				t.Fatalf("got %s/%s (%s), want %s/%s", v.outcome, v.reason, v.message, tt.wantOutcome, tt.wantReason)
+			}
+			if !strings.HasPrefix(v.message, tt.wantMsg) {
+				t.Fatalf("message %q, want prefix %q", v.message, tt.wantMsg)
+			}
+			if v.reason != "" && !strings.HasPrefix(v.message, v.reason+": ") {
+				t.Fatalf("message %q does not start with its reason %q", v.message, v.reason)
+			}
+		})
+	}
+}
+
+func TestJudgeMark(t *testing.T) {
+	l := ladder.Defaults()
+	now := t0
+	mark := sdk.Candidate{Attempt: attempt, State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+		FailureReason: sdk.LabelAgentLost, InfraMarkedAt: now.Add(-30 * time.Second)}
+	late := mark
+	late.InfraMarkedAt = now.Add(-l.InfraConfirmValve - time.Second)
+	tests := []struct {
+		name string
+		c    sdk.Candidate
+		pods func(t *testing.T) []*pod
+		want markAction
+	}{
+		{name: "NoPodLeft_Confirms", c: mark, want: markConfirm, pods: func(*testing.T) []*pod { return nil }},
+		{name: "TaskContainerTerminatedWithoutSuccess_Confirms", c: mark, want: markConfirm, pods: func(t *testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodFailed, taskTerminated(137, "Error", rec(t, attempt, RecordFailed, code(137), "killed"), now))}
+		}},
+		{name: "ContainerStillRunning_Holds", c: mark, want: markHold, pods: func(*testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodRunning, started(now.Add(-time.Minute)), taskRunning())}
+		}},
+		{name: "StoppedInPlaceReadsFailedWhileContainerRuns_Holds", c: mark, want: markHold, pods: func(*testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodFailed, podReason("DeadlineExceeded", ""), taskRunning())}
+		}},
+		{name: "InsideTerminationGrace_Holds", c: mark, want: markHold, pods: func(*testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodRunning, taskRunning(), func(p *corev1.Pod) {
+				p.DeletionTimestamp = &metav1.Time{Time: now.Add(20 * time.Second)}
+			})}
+		}},
+		{name: "PendingPodNoContainer_Holds", c: mark, want: markHold, pods: func(*testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodPending)}
+		}},
+		{name: "SuccessRecordInsideValve_Overrides", c: mark, want: markOverride, pods: func(t *testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodSucceeded, taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), now))}
+		}},
+		{name: "SuccessRecordAfterValve_Ignored", c: late, want: markHold, pods: func(t *testing.T) []*pod {
+			return []*pod{podOf(attempt, corev1.PodSucceeded, taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), now))}
+		}},
+		{name: "SuccessRecordOfAnotherEpoch_Confirms", c: mark, want: markConfirm, pods: func(t *testing.T) []*pod {
+			other := attempt
+			other.Epoch = 7
+			return []*pod{podOf(attempt, corev1.PodFailed, taskTerminated(0, "Completed", rec(t, other, RecordSuccess, code(0), ""), now))}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, detail := judgeMark(tt.c, tt.pods(t), now, l)
+			if got != tt.want {
+				t.Fatalf("got %d (%s), want %d", got, detail, tt.want)
+			}
+		})
+	}
+}
+
+func TestJudgeTeardown(t *testing.T) {
+	tests := []struct {
+		name string
+		pod  *pod
+		want stopAction
+	}{
+		{"SucceededPod_Skipped", podOf(attempt, corev1.PodSucceeded, started(t0)), stopSkipTerminal},
+		{"FailedPod_Skipped", podOf(attempt, corev1.PodFailed, started(t0)), stopSkipTerminal},
+		{"StartedPod_StoppedInPlace", podOf(attempt, corev1.PodRunning, started(t0)), stopInPlace},
+		{"StartedPendingPod_StoppedInPlace", podOf(attempt, corev1.PodPending, started(t0)), stopInPlace},
+		{"NeverStartedPod_Deleted", podOf(attempt, corev1.PodPending), stopDelete},
+		{"UnknownPhase_TornDown", podOf(attempt, corev1.PodUnknown, started(t0)), stopDelete},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, why := judgeTeardown(tt.pod); got != tt.want {
+				t.Fatalf("got %d (%s), want %d", got, why, tt.want)
+			}
+		})
+	}
+}
+
+func TestCollectible(t *testing.T) {
+	done := podOf(attempt, corev1.PodSucceeded, taskTerminated(0, "Completed", "", t0))
+	tests := []struct {
+		name    string
+		pod     *pod
+		settled bool
+		now     time.Time
+		want    bool
+	}{
+		{"SettledOlderThanTenMinutes_Collected", done, true, t0.Add(CollectAfter), true},
+		{"SettledYounger_Kept", done, true, t0.Add(CollectAfter - time.Second), false},
+		{"Unsettled_Kept", done, false, t0.Add(time.Hour), false},
+		{"UnknownPhase_NeverCollected", podOf(attempt, corev1.PodUnknown, taskTerminated(0, "Completed", "", t0)), true, t0.Add(time.Hour), false},
+		{"RunningPod_NeverCollected", podOf(attempt, corev1.PodRunning, started(t0)), true, t0.Add(time.Hour), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := collectible(tt.pod, tt.settled, tt.now); got != tt.want {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

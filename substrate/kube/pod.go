@@ -1,0 +1,163 @@
+package kube
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// pod is what reaping needs of a task pod, and all the presence cache
+// keeps of one: its identity, the attempt its labels and annotation name,
+// its phase and start, the disruption condition and the containers'
+// states. A live read is reduced to the same shape, so every judgment reads
+// one type.
+type pod struct {
+	// Name, Namespace, UID, ResourceVersion and the creation and deletion
+	// timestamps only: the informer keys and versions objects through them.
+	metav1.ObjectMeta
+
+	labels    podLabels
+	phase     corev1.PodPhase
+	reason    string // status.reason: Evicted, Shutdown, DeadlineExceeded, ...
+	message   string // status.message (the kubelet's eviction message); finished pods only
+	started   time.Time
+	deadline  *int64 // spec.activeDeadlineSeconds
+	disrupted string // reason of the DisruptionTarget=True condition; "" when none
+	// disruptedAt is when that condition turned true.
+	disruptedAt time.Time
+	containers  []container
+}
+
+// container is one container's state.
+type container struct {
+	name       string
+	running    bool
+	terminated bool
+	exitCode   int32
+	reason     string // OOMKilled, Error, Completed, ...
+	message    string // the termination message: the durable outcome record
+	finishedAt time.Time
+}
+
+var _ runtime.Object = (*pod)(nil)
+
+// GetObjectKind makes pod a runtime.Object, as cache code expects.
+func (p *pod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject copies p.
+func (p *pod) DeepCopyObject() runtime.Object {
+	c := *p
+	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.containers = append([]container(nil), p.containers...)
+	if p.deadline != nil {
+		d := *p.deadline
+		c.deadline = &d
+	}
+	return &c
+}
+
+// reduce keeps of a pod only what reaping needs.
+func reduce(in *corev1.Pod) *pod {
+	p := &pod{
+		ObjectMeta: metav1.ObjectMeta{Name: in.Name, Namespace: in.Namespace, UID: in.UID,
+			ResourceVersion: in.ResourceVersion, DeletionTimestamp: in.DeletionTimestamp,
+			CreationTimestamp: in.CreationTimestamp},
+		labels:   labelsOf(in.Labels, in.Annotations),
+		phase:    in.Status.Phase,
+		reason:   in.Status.Reason,
+		deadline: in.Spec.ActiveDeadlineSeconds,
+	}
+	if in.Status.StartTime != nil {
+		p.started = in.Status.StartTime.Time
+	}
+	if finished(in.Status.Phase) {
+		p.message = in.Status.Message
+	}
+	for _, c := range in.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			p.disrupted, p.disruptedAt = c.Reason, c.LastTransitionTime.Time
+		}
+	}
+	if n := len(in.Status.ContainerStatuses); n > 0 {
+		p.containers = make([]container, 0, n)
+	}
+	for _, cs := range in.Status.ContainerStatuses {
+		c := container{name: cs.Name, running: cs.State.Running != nil}
+		if t := cs.State.Terminated; t != nil {
+			c.terminated, c.exitCode, c.reason, c.message, c.finishedAt = true, t.ExitCode, t.Reason, t.Message, t.FinishedAt.Time
+		}
+		p.containers = append(p.containers, c)
+	}
+	return p
+}
+
+// reduceObject is the informer's transform: every pod it receives is
+// reduced before it is stored. Anything else (a tombstone) passes as is.
+func reduceObject(obj any) (any, error) {
+	if in, ok := obj.(*corev1.Pod); ok {
+		return reduce(in), nil
+	}
+	return obj, nil
+}
+
+// finished reports whether phase is terminal. Unknown is not: its node
+// stopped reporting, and a container may still run there.
+func finished(phase corev1.PodPhase) bool {
+	return phase == corev1.PodSucceeded || phase == corev1.PodFailed
+}
+
+// task is the pod's task container: the one named TaskContainer, else the
+// first one. ok is false while the pod reports no container at all.
+func (p *pod) task() (container, bool) {
+	for _, c := range p.containers {
+		if c.name == TaskContainer {
+			return c, true
+		}
+	}
+	if len(p.containers) > 0 {
+		return p.containers[0], true
+	}
+	return container{}, false
+}
+
+// record is the durable outcome record the pod's task container left, if
+// it left one that names the attempt of the pod's labels. A record naming
+// another attempt (another epoch above all: a superseded execution wrote
+// it) counts as no record.
+func (p *pod) record() (Record, bool) {
+	c, ok := p.task()
+	if !ok || !c.terminated {
+		return Record{}, false
+	}
+	r, ok := ParseRecord(c.message)
+	if !ok || !p.labels.matches(r.Attempt()) {
+		return Record{}, false
+	}
+	return r, true
+}
+
+// finishedAt is when the pod finished: its containers' last termination,
+// else its disruption, else its start, else its creation.
+func (p *pod) finishedAt() time.Time {
+	var at time.Time
+	for _, c := range p.containers {
+		if c.finishedAt.After(at) {
+			at = c.finishedAt
+		}
+	}
+	switch {
+	case !at.IsZero():
+		return at
+	case !p.disruptedAt.IsZero():
+		return p.disruptedAt
+	case !p.started.IsZero():
+		return p.started
+	}
+	return p.CreationTimestamp.Time
+}
+
+// ref names the pod for outcomes and logs.
+func (p *pod) ref() string { return "pod/" + p.Namespace + "/" + p.Name }

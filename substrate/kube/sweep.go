@@ -1,0 +1,266 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// errDeposed ends a sweep whose term is no longer current.
+var errDeposed = errors.New("the leadership term is no longer current")
+
+// settleFrom are the states a finished pod's attempt is settled from: an
+// attempt whose running report was lost is still queued.
+var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
+
+// Sweep is the reconcile phase, in three steps over one snapshot of the
+// presence cache: settle every finished pod's attempt from its durable
+// outcome record (or the cluster's word); confirm or override each
+// provisional infra mark from a live read of its attempt's pods; collect
+// finished pods that are settled and older than CollectAfter. The sweep
+// completes only on a synced cache: until then it fails, and the gate
+// holds.
+func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+	r, err := s.current()
+	if err != nil {
+		return sdk.SweepResult{}, err
+	}
+	if !r.presence.synced() {
+		return sdk.SweepResult{}, errors.New("kube sweep: the presence cache has not synced yet")
+	}
+	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
+		marked: map[sdk.Attempt]bool{}}
+	pods := r.presence.snapshot()
+	settled, err := sw.settle(ctx, pods)
+	if err != nil {
+		return sw.res, err
+	}
+	if err := sw.marks(ctx); err != nil {
+		return sw.res, err
+	}
+	if err := sw.collect(ctx, pods, settled); err != nil {
+		return sw.res, err
+	}
+	return sw.res, nil
+}
+
+// sweep is one sweep's working state.
+type sweep struct {
+	s     *Substrate
+	r     *running
+	req   sdk.SweepRequest
+	board sdk.Board
+	res   sdk.SweepResult
+	// marked: attempts with a provisional infra mark seen by this sweep;
+	// their pods are never collected while it stands.
+	marked map[sdk.Attempt]bool
+}
+
+func (sw *sweep) decide(label string, a sdk.Attempt, applied bool, detail string, ev map[string]string) {
+	sw.res.Decisions = append(sw.res.Decisions, sdk.Decision{Label: label, Attempt: a, Applied: applied,
+		DryRun: sw.req.DryRun, Detail: detail, Evidence: ev})
+}
+
+// settle settles the attempt of every finished pod, a page at a time, and
+// returns the pods whose attempt is settled (the settlement applied now,
+// or the row had already moved on from it).
+func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error) {
+	settled := map[*pod]bool{}
+	var (
+		batch []sdk.Settlement
+		owner []*pod
+		rules []string
+	)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		defer func() { batch, owner, rules = batch[:0], owner[:0], rules[:0] }()
+		if sw.req.DryRun {
+			for i, st := range batch {
+				sw.decide(sdk.LabelReconcileSettled, st.Attempt, false, "would settle "+string(st.Outcome)+" from "+owner[i].ref(),
+					map[string]string{"rule": rules[i], "pod": owner[i].Name})
+			}
+			return nil
+		}
+		res, err := sw.board.Settle(ctx, batch)
+		if err != nil {
+			return fmt.Errorf("kube sweep: settling %d finished pods: %w", len(batch), err)
+		}
+		for i, mr := range res {
+			if i >= len(owner) {
+				break
+			}
+			if mr.NoopReason == sdk.NoopDeposed {
+				return errDeposed
+			}
+			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
+				mr.NoopReason == sdk.NoopRunFinished
+			if mr.Applied {
+				st := batch[i]
+				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
+				if st.Message != "" {
+					detail += ": " + st.Message
+				}
+				sw.decide(sdk.LabelReconcileSettled, st.Attempt, true, detail,
+					map[string]string{"rule": rules[i], "pod": owner[i].Name, "outcome": string(st.Outcome)})
+			}
+		}
+		return nil
+	}
+	for _, p := range pods {
+		a, ok := p.labels.attempt()
+		if !ok {
+			continue
+		}
+		v, ok := judgeFinished(p)
+		if !ok {
+			continue
+		}
+		batch = append(batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
+			Reason: v.reason, Message: v.message, Term: sw.req.Term, At: sw.req.Now})
+		owner, rules = append(owner, p), append(rules, v.rule)
+		if len(batch) == ladder.PageSize {
+			if err := flush(); err != nil {
+				return settled, err
+			}
+		}
+	}
+	return settled, flush()
+}
+
+// marks pages through the provisional infra marks of kube attempts and
+// confirms or overrides each from a live read of its attempt's pods.
+func (sw *sweep) marks(ctx context.Context) error {
+	q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorKube}, Limit: ladder.PageSize}
+	for {
+		page, err := sw.board.ListProvisional(ctx, q)
+		if err != nil {
+			return fmt.Errorf("kube sweep: listing provisional infra marks: %w", err)
+		}
+		if err := sw.markPage(ctx, page.Candidates); err != nil {
+			return err
+		}
+		if page.Next == nil {
+			return nil
+		}
+		q.After = page.Next
+	}
+}
+
+func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	as := make([]sdk.Attempt, len(cs))
+	for i, c := range cs {
+		as[i] = c.Attempt
+		sw.marked[c.Attempt] = true
+	}
+	pods, err := sw.r.listAttempts(ctx, as)
+	if err != nil {
+		return fmt.Errorf("kube sweep: reading the pods of %d provisional marks: %w", len(as), err)
+	}
+	var (
+		confirms  []sdk.Confirm
+		overrides []sdk.Override
+		cDetail   []string
+		oCand     []sdk.Candidate
+		oDetail   []string
+	)
+	for _, c := range cs {
+		act, detail := judgeMark(c, pods[c.Attempt], sw.req.Now, sw.req.Ladder)
+		switch act {
+		case markConfirm:
+			confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: sw.req.Term, At: sw.req.Now})
+			cDetail = append(cDetail, detail)
+		case markOverride:
+			overrides = append(overrides, sdk.Override{Attempt: c.Attempt,
+				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), Term: sw.req.Term, At: sw.req.Now})
+			oCand, oDetail = append(oCand, c), append(oDetail, detail)
+		}
+	}
+	if sw.req.DryRun {
+		for i, c := range confirms {
+			sw.decide(sdk.LabelReconcileInfraConfirmed, c.Attempt, false, cDetail[i], nil)
+		}
+		for i, c := range oCand {
+			sw.decide(sdk.LabelReconcileInfraOverride, c.Attempt, false, oDetail[i], map[string]string{"mark": c.FailureReason})
+		}
+		return nil
+	}
+	if len(confirms) > 0 {
+		res, err := sw.board.ConfirmInfra(ctx, confirms)
+		if err := sw.applied(res, err, "confirming", len(confirms), func(i int) {
+			sw.decide(sdk.LabelReconcileInfraConfirmed, confirms[i].Attempt, true, cDetail[i], nil)
+		}); err != nil {
+			return err
+		}
+	}
+	if len(overrides) > 0 {
+		res, err := sw.board.OverrideInfra(ctx, overrides)
+		return sw.applied(res, err, "overriding", len(overrides), func(i int) {
+			mark := oCand[i].FailureReason
+			sw.res.Overrides[mark]++
+			sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
+				sdk.OverrideLogLine(mark)+": "+oDetail[i], map[string]string{"mark": mark})
+		})
+	}
+	return nil
+}
+
+// applied walks the results of a batch of n writes, calling each for the
+// index of every one that applied. A deposed no-op ends the sweep.
+func (sw *sweep) applied(res []sdk.MarkResult, err error, doing string, n int, each func(int)) error {
+	if err != nil {
+		return fmt.Errorf("kube sweep: %s %d infra marks: %w", doing, n, err)
+	}
+	for i, mr := range res {
+		if mr.NoopReason == sdk.NoopDeposed {
+			return errDeposed
+		}
+		if mr.Applied && i < n {
+			each(i)
+		}
+	}
+	return nil
+}
+
+// collect deletes finished pods that are settled and have been finished
+// for CollectAfter, each pinned by its UID. A pod whose attempt holds a
+// provisional infra mark is kept: its record may still decide it.
+func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool) error {
+	if sw.req.DryRun {
+		return nil
+	}
+	var n, failed int
+	for _, p := range pods {
+		a, ok := p.labels.attempt()
+		if !ok || sw.marked[a] || !collectible(p, settled[p], sw.req.Now) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kube sweep: collecting finished pods: %w", err)
+		}
+		uid := p.UID
+		err := sw.r.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &uid}})
+		switch {
+		case err == nil:
+			n++
+		case gone(err):
+		default:
+			failed++
+			sw.s.log.Warn("kube sweep: collecting a finished pod failed", "pod", p.Name, "error", err)
+		}
+	}
+	if n > 0 || failed > 0 {
+		sw.s.log.Info("kube sweep: collected finished pods", "deleted", n, "failed", failed)
+	}
+	return nil
+}

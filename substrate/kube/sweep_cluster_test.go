@@ -1,0 +1,421 @@
+package kube
+
+// The sweep's rules against the real API server and the Postgres board.
+// KWOK runs the pods; what a kubelet writes when a container ends (its
+// terminated state and termination message, an eviction, a disruption
+// condition) the test writes through the status subresource.
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// sweepEnv is an env with a board whose lease this test holds.
+type sweepEnv struct {
+	*env
+	store *board.Store
+	w     *lifecycle.Writer
+	term  int64
+	runs  map[string]bool
+}
+
+func newSweepEnv(t *testing.T) *sweepEnv {
+	t.Helper()
+	e := newEnv(t)
+	pool := pgtest.NewDB(t)
+	store := board.New(pool, board.Options{})
+	lease, ok, err := store.TryAcquire(context.Background(), "sweep-test", 24*time.Hour, time.Now().Add(-time.Hour))
+	if err != nil || !ok {
+		t.Fatalf("taking the board's lease: %v, %v", ok, err)
+	}
+	return &sweepEnv{env: e, store: store, w: lifecycle.New(pool, lifecycle.Options{}), term: lease.Term, runs: map[string]bool{}}
+}
+
+// runningOnBoard drives attempt a (a fresh first attempt of a kube task)
+// to running on the board.
+func (s *sweepEnv) runningOnBoard(a sdk.Attempt) {
+	s.t.Helper()
+	ctx := context.Background()
+	now := time.Now().Add(-10 * time.Minute)
+	if !s.runs[a.RunID] {
+		if err := s.w.CreateRun(ctx, lifecycle.NewRun{RunID: a.RunID, DagID: "dag"}, now); err != nil {
+			s.t.Fatal(err)
+		}
+		s.runs[a.RunID] = true
+	}
+	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries,
+        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, 'kube', 2, 2, 3, $3, $4, $5)`,
+		a.RunID, a.TaskID, a.Try, a.Epoch, now); err != nil {
+		s.t.Fatal(err)
+	}
+	for _, step := range []func(context.Context, sdk.Attempt, time.Time) (bool, error){s.w.Enqueue, s.w.Queue} {
+		if ok, err := step(ctx, a, now); err != nil || !ok {
+			s.t.Fatalf("driving %s to queued: %v, %v", a, ok, err)
+		}
+	}
+	if stop, err := s.w.Running(ctx, a, now); err != nil || stop {
+		s.t.Fatalf("driving %s to running: %v, %v", a, stop, err)
+	}
+}
+
+// mark puts a provisional infra mark for reason on a, made at at.
+func (s *sweepEnv) mark(a sdk.Attempt, reason string, at time.Time) {
+	s.t.Helper()
+	res, err := s.store.Mark(context.Background(), []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning},
+		Kind: sdk.MarkInfra, Reason: reason, Message: reason + ": test", Term: s.term, At: at}})
+	if err != nil || !res[0].Applied {
+		s.t.Fatalf("marking %s: %+v, %v", a, res, err)
+	}
+}
+
+func (s *sweepEnv) row(a sdk.Attempt) board.TaskInstance {
+	s.t.Helper()
+	ti, err := s.store.TaskInstance(context.Background(), a.RunID, a.TaskID)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return ti
+}
+
+func (s *sweepEnv) log(a sdk.Attempt) []string {
+	s.t.Helper()
+	lines, err := s.store.AttemptLog(context.Background(), a.RunID, a.TaskID)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = l.Line
+	}
+	return out
+}
+
+// sweep runs one sweep at now once the cache shows pod name in phase (""
+// skips the wait).
+func (s *sweepEnv) sweep(now time.Time) sdk.SweepResult {
+	s.t.Helper()
+	s.synced(s.sub)
+	res, err := s.sub.Sweep(context.Background(), sdk.SweepRequest{Now: now, Term: s.term, Ladder: ladder.Defaults()}, s.store)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return res
+}
+
+// finished makes a's pod, runs it, and plays the kubelet ending it with
+// status; it waits until the cache holds the finished pod.
+func (s *sweepEnv) finished(a sdk.Attempt, phase corev1.PodPhase, status func(*corev1.PodStatus)) *corev1.Pod {
+	s.t.Helper()
+	p := s.running(a)
+	p = s.playStatus(p.Name, func(st *corev1.PodStatus) {
+		st.Phase = phase
+		status(st)
+	})
+	s.cachedPhase(s.sub, a, p.Name, phase)
+	return p
+}
+
+func disruptedBy(reason string) func(*corev1.PodStatus) {
+	return func(st *corev1.PodStatus) {
+		st.Conditions = append(st.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+			Reason: reason, LastTransitionTime: metav1.Now()})
+	}
+}
+
+func both(fs ...func(*corev1.PodStatus)) func(*corev1.PodStatus) {
+	return func(st *corev1.PodStatus) {
+		for _, f := range fs {
+			f(st)
+		}
+	}
+}
+
+func wantRow(t *testing.T, ti board.TaskInstance, state, kind, msgPrefix string, confirmed bool) {
+	t.Helper()
+	if ti.State != state || ti.LastFailureKind != kind || !strings.HasPrefix(ti.ErrorMessage, msgPrefix) ||
+		ti.InfraConfirmedAt.IsZero() == confirmed {
+		t.Fatalf("row %s/%s %q confirmed=%v; want %s/%s %q... confirmed=%v", ti.State, ti.LastFailureKind, ti.ErrorMessage,
+			!ti.InfraConfirmedAt.IsZero(), state, kind, msgPrefix, confirmed)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	a := sdk.Attempt{RunID: "run-1", TaskID: "load_a", Try: 1, Epoch: 1}
+
+	t.Run("Settle", func(t *testing.T) {
+		t.Parallel()
+		cases := []struct {
+			name   string
+			phase  corev1.PodPhase
+			status func(t *testing.T) func(*corev1.PodStatus)
+			state  string
+			kind   string
+			msg    string
+			conf   bool
+		}{
+			{name: "DurableSuccessRecordSettlesSuccess", phase: corev1.PodFailed, state: sdk.StateSuccess,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodFailed, 0, "Completed", rec(t, a, RecordSuccess, code(0), ""))
+				}},
+			{name: "RescheduleRecordParksTheTask", phase: corev1.PodSucceeded, state: sdk.StateUpForReschedule,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordReschedule, code(0), ""))
+				}},
+			{name: "RecordOfAnotherEpochIsNoRecord", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureTask,
+				msg: "task_failed: pod failed", status: func(t *testing.T) func(*corev1.PodStatus) {
+					other := a
+					other.Epoch = 0
+					return finish(corev1.PodFailed, 1, "Error", rec(t, other, RecordSuccess, code(0), ""))
+				}},
+			{name: "FailedRecordIsATaskFailureInItsWords", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureTask,
+				msg: "task_failed: exit status 3", status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodFailed, 3, "Error", rec(t, a, RecordFailed, code(3), "exit status 3"))
+				}},
+			{name: "DisruptionConditionIsInfraConfirmedAtOnce", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureInfra,
+				msg: "pod_disrupted: DisruptionTarget DeletionByTaintManager", conf: true,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 137, "Error", ""), disruptedBy("DeletionByTaintManager"))
+				}},
+			{name: "NodePressureEvictionIsInfra", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureInfra,
+				msg: "pod_disrupted: Evicted: The node was low on resource: memory.", conf: true,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 137, "Error", ""), func(st *corev1.PodStatus) {
+						st.Reason, st.Message = "Evicted", "The node was low on resource: memory. "
+					})
+				}},
+			{name: "DisruptionFailedRecordDoesNotWin", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureInfra,
+				msg: "pod_disrupted: NodeShutdown", conf: true, status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 143, "Error", rec(t, a, RecordFailed, code(143), "SIGTERM")),
+						func(st *corev1.PodStatus) { st.Reason = "NodeShutdown" })
+				}},
+			{name: "DisruptionSuccessRecordWins", phase: corev1.PodFailed, state: sdk.StateSuccess,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 0, "Completed", rec(t, a, RecordSuccess, code(0), "")), disruptedBy("TerminationByKubelet"))
+				}},
+			{name: "DisruptionOOMKilledStaysTaskFailure", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureTask,
+				msg: "oom_killed:", status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 137, "OOMKilled", ""), disruptedBy("TerminationByKubelet"))
+				}},
+			{name: "DisruptionOwnLimitEvictionStaysTaskFailureQuotingTheKubelet", phase: corev1.PodFailed, state: sdk.StateFailed,
+				kind: sdk.FailureTask, msg: `evicted_own_limit: Container task exceeded its local ephemeral storage limit "1Gi".`,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return both(finish(corev1.PodFailed, 137, "Error", ""), func(st *corev1.PodStatus) {
+						st.Reason, st.Message = "Evicted", `Container task exceeded its local ephemeral storage limit "1Gi". `
+					})
+				}},
+			{name: "ControlPlaneUnavailableRecordIsInfraConfirmedAtOnce", phase: corev1.PodFailed, state: sdk.StateFailed,
+				kind: sdk.FailureInfra, msg: "control_plane_unavailable: Unavailable: GetTaskSpec", conf: true,
+				status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodFailed, 1, "Error", rec(t, a, RecordInfra, nil, "Unavailable: GetTaskSpec"))
+				}},
+			{name: "ControlPlaneMarkerWithAnExitCodeStaysTaskFailure", phase: corev1.PodFailed, state: sdk.StateFailed,
+				kind: sdk.FailureTask, msg: "task_failed:", status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodFailed, 1, "Error", rec(t, a, RecordInfra, code(1), "Unavailable"))
+				}},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				s := newSweepEnv(t)
+				s.runningOnBoard(a)
+				s.finished(a, c.phase, c.status(t))
+				res := s.sweep(time.Now())
+				wantRow(t, s.row(a), c.state, c.kind, c.msg, c.conf)
+				if len(res.Decisions) != 1 || res.Decisions[0].Label != sdk.LabelReconcileSettled || !res.Decisions[0].Applied {
+					t.Fatalf("decisions %+v, want one applied %s", res.Decisions, sdk.LabelReconcileSettled)
+				}
+			})
+		}
+	})
+
+	t.Run("SettleOnlyTheAttemptItsLabelsName", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		newer := a
+		newer.Epoch = 2
+		s.runningOnBoard(newer)
+		s.finished(a, corev1.PodSucceeded, finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordSuccess, code(0), "")))
+		s.sweep(time.Now())
+		if ti := s.row(newer); ti.State != sdk.StateRunning {
+			t.Fatalf("a superseded pod's SUCCESS settled its replacement: %s", ti.State)
+		}
+	})
+
+	t.Run("UnknownIsNotTerminal", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(a)
+		p := s.finished(a, corev1.PodUnknown, finish(corev1.PodUnknown, 0, "Completed", rec(t, a, RecordSuccess, code(0), "")))
+		s.sweep(time.Now().Add(time.Hour))
+		if ti := s.row(a); ti.State != sdk.StateRunning {
+			t.Fatalf("an Unknown pod settled its attempt: %s", ti.State)
+		}
+		if s.get(p.Name) == nil {
+			t.Fatal("an Unknown pod was collected")
+		}
+	})
+
+	t.Run("Confirm", func(t *testing.T) {
+		t.Parallel()
+		cases := []struct {
+			name    string
+			pod     func(s *sweepEnv)
+			confirm bool
+		}{
+			{name: "NoPodLeftConfirms", confirm: true, pod: func(*sweepEnv) {}},
+			{name: "TaskContainerTerminatedWithoutSuccessConfirms", confirm: true, pod: func(s *sweepEnv) {
+				s.finished(a, corev1.PodFailed, finish(corev1.PodFailed, 137, "Error", rec(t, a, RecordFailed, code(137), "killed")))
+			}},
+			{name: "ContainerStillRunningHoldsTheMark", pod: func(s *sweepEnv) { s.running(a) }},
+			{name: "StoppedInPlaceReadingFailedWhileItsContainerRunsHolds", pod: func(s *sweepEnv) {
+				p := s.running(a)
+				// The kubelet's part: the deadline passed, the pod reads
+				// Failed, the container is still inside its grace.
+				s.playStatus(p.Name, func(st *corev1.PodStatus) { st.Phase, st.Reason = corev1.PodFailed, "DeadlineExceeded" })
+			}},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				s := newSweepEnv(t)
+				s.runningOnBoard(a)
+				now := time.Now()
+				s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+				c.pod(s)
+				res := s.sweep(now)
+				ti := s.row(a)
+				if confirmed := !ti.InfraConfirmedAt.IsZero(); confirmed != c.confirm {
+					t.Fatalf("confirmed = %v, want %v (decisions %+v)", confirmed, c.confirm, res.Decisions)
+				}
+				wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", c.confirm)
+			})
+		}
+	})
+
+	t.Run("Override", func(t *testing.T) {
+		t.Parallel()
+		success := func(t *testing.T, s *sweepEnv) {
+			s.finished(a, corev1.PodFailed, finish(corev1.PodFailed, 0, "Completed", rec(t, a, RecordSuccess, code(0), "")))
+		}
+		t.Run("DurableSuccessInsideTheValveWins", func(t *testing.T) {
+			t.Parallel()
+			s := newSweepEnv(t)
+			s.runningOnBoard(a)
+			now := time.Now()
+			s.mark(a, sdk.LabelPodLost, now.Add(-time.Minute))
+			success(t, s)
+			res := s.sweep(now)
+			ti := s.row(a)
+			if ti.State != sdk.StateSuccess || ti.LastFailureKind != "" || ti.ErrorMessage != "" {
+				t.Fatalf("row %s/%s %q, want success with no infra kind", ti.State, ti.LastFailureKind, ti.ErrorMessage)
+			}
+			if !slices.Contains(s.log(a), "outcome recovered from the durable record over pod_lost") {
+				t.Fatalf("attempt log %q lacks the override line", s.log(a))
+			}
+			if res.Overrides[sdk.LabelPodLost] != 1 {
+				t.Fatalf("overrides %v, want pod_lost: 1", res.Overrides)
+			}
+		})
+		held := []struct {
+			name                   string
+			setup                  func(t *testing.T, s *sweepEnv, now time.Time)
+			confirmed, provisional bool
+		}{
+			{name: "FailedRecordNeverOverrides", confirmed: true, setup: func(t *testing.T, s *sweepEnv, now time.Time) {
+				s.mark(a, sdk.LabelAgentLost, now.Add(-time.Minute))
+				s.finished(a, corev1.PodFailed, finish(corev1.PodFailed, 143, "Error", rec(t, a, RecordFailed, code(143), "SIGTERM")))
+			}},
+			{name: "RecordAfterTheValveIgnored", provisional: true, setup: func(t *testing.T, s *sweepEnv, now time.Time) {
+				s.mark(a, sdk.LabelAgentLost, now.Add(-ladder.Defaults().InfraConfirmValve-time.Second))
+				success(t, s)
+			}},
+			{name: "RecordAfterTheRunFinalizedIgnored", setup: func(t *testing.T, s *sweepEnv, now time.Time) {
+				s.mark(a, sdk.LabelAgentLost, now.Add(-time.Minute))
+				if ok, err := s.w.FinishRun(context.Background(), a.RunID, sdk.RunFailed, "failed", now.Add(-time.Second)); err != nil || !ok {
+					t.Fatalf("finishing the run: %v, %v", ok, err)
+				}
+				success(t, s)
+			}},
+			{name: "RecordAfterConfirmationIgnored", confirmed: true, setup: func(t *testing.T, s *sweepEnv, now time.Time) {
+				s.mark(a, sdk.LabelAgentLost, now.Add(-time.Minute))
+				s.sweep(now.Add(-30 * time.Second)) // no pod yet: confirmed
+				success(t, s)
+			}},
+			{name: "UserMarkedFailedNotOverridden", setup: func(t *testing.T, s *sweepEnv, now time.Time) {
+				s.mark(a, sdk.LabelAgentLost, now.Add(-time.Minute))
+				// A user's mark-state action: a task failure, the infra kind
+				// cleared.
+				if ok, err := s.w.Fail(context.Background(), a, []string{sdk.StateFailed},
+					lifecycle.Failure{Kind: sdk.MarkTask, Reason: "marked_failed", Message: "marked_failed: by a user"},
+					now.Add(-time.Second)); err != nil || !ok {
+					t.Fatalf("the user's mark: %v, %v", ok, err)
+				}
+				success(t, s)
+			}},
+		}
+		for _, h := range held {
+			t.Run(h.name, func(t *testing.T) {
+				t.Parallel()
+				s := newSweepEnv(t)
+				s.runningOnBoard(a)
+				now := time.Now()
+				h.setup(t, s, now)
+				res := s.sweep(now)
+				ti := s.row(a)
+				if ti.State == sdk.StateSuccess || len(res.Overrides) != 0 {
+					t.Fatalf("overridden: row %s, overrides %v", ti.State, res.Overrides)
+				}
+				if slices.Contains(s.log(a), "outcome recovered from the durable record over agent_lost") {
+					t.Fatalf("attempt log %q has an override line", s.log(a))
+				}
+				if h.confirmed && ti.InfraConfirmedAt.IsZero() {
+					t.Fatalf("row %+v, want the mark confirmed", ti)
+				}
+				if h.provisional && (ti.LastFailureKind != sdk.FailureInfra || !ti.InfraConfirmedAt.IsZero()) {
+					t.Fatalf("row %+v, want the mark still provisional", ti)
+				}
+			})
+		}
+	})
+
+	t.Run("Collect", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		done, young := a, sdk.Attempt{RunID: "run-1", TaskID: "young", Try: 1, Epoch: 1}
+		s.runningOnBoard(done)
+		s.runningOnBoard(young)
+		old := s.finished(done, corev1.PodSucceeded, finish(corev1.PodSucceeded, 0, "Completed", rec(t, done, RecordSuccess, code(0), "")))
+		fresh := s.finished(young, corev1.PodSucceeded, func(st *corev1.PodStatus) {
+			finish(corev1.PodSucceeded, 0, "Completed", rec(t, young, RecordSuccess, code(0), ""))(st)
+			st.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.NewTime(time.Now().Add(5 * time.Minute))
+		})
+		s.sweep(time.Now().Add(CollectAfter + time.Second))
+		s.waitPod(old.Name, "collected", func(p *corev1.Pod) bool { return p == nil })
+		if s.get(fresh.Name) == nil {
+			t.Fatal("a pod finished less than ten minutes ago was collected")
+		}
+	})
+
+	t.Run("WaitsForTheCache", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		bob, _, _ := s.substrateAs(kubetest.Bob, nil) // may not list: never syncs
+		if _, err := bob.Sweep(context.Background(), sdk.SweepRequest{Now: time.Now(), Term: s.term, Ladder: ladder.Defaults()}, s.store); err == nil {
+			t.Fatal("a sweep on an unsynced cache completed")
+		}
+	})
+}
