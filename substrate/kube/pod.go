@@ -139,6 +139,25 @@ func (p *pod) record() (Record, bool) {
 	return r, true
 }
 
+// endedAt is when the attempt this pod ran really ended, as far as the pod
+// says: its containers' last termination, else its disruption; zero when
+// it says nothing (the sweep's own time is used then). Never after now.
+func (p *pod) endedAt(now time.Time) time.Time {
+	var at time.Time
+	for _, c := range p.containers {
+		if c.terminated && c.finishedAt.After(at) {
+			at = c.finishedAt
+		}
+	}
+	if at.IsZero() {
+		at = p.disruptedAt
+	}
+	if at.After(now) {
+		return time.Time{}
+	}
+	return at
+}
+
 // finishedAt is when the pod finished: its containers' last termination,
 // else its disruption, else its start, else its creation.
 func (p *pod) finishedAt() time.Time {

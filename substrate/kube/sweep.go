@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -123,7 +124,7 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			continue
 		}
 		batch = append(batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
-			Reason: v.reason, Message: v.message, Term: sw.req.Term, At: sw.req.Now})
+			Reason: v.reason, Message: v.message, EndedAt: p.endedAt(sw.req.Now), Term: sw.req.Term, At: sw.req.Now})
 		owner, rules = append(owner, p), append(rules, v.rule)
 		if len(batch) == ladder.PageSize {
 			if err := flush(); err != nil {
@@ -181,7 +182,8 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			cDetail = append(cDetail, detail)
 		case markOverride:
 			overrides = append(overrides, sdk.Override{Attempt: c.Attempt,
-				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), Term: sw.req.Term, At: sw.req.Now})
+				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), EndedAt: successEnd(pods[c.Attempt], sw.req.Now),
+				Term: sw.req.Term, At: sw.req.Now})
 			oCand, oDetail = append(oCand, c), append(oDetail, detail)
 		}
 	}
@@ -263,4 +265,15 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 		sw.s.log.Info("kube sweep: collected finished pods", "deleted", n, "failed", failed)
 	}
 	return nil
+}
+
+// successEnd is when the attempt whose pods left a SUCCESS record really
+// ended: the end of the pod that holds the record (zero: unknown).
+func successEnd(pods []*pod, now time.Time) time.Time {
+	for _, p := range pods {
+		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
+			return p.endedAt(now)
+		}
+	}
+	return time.Time{}
 }

@@ -317,11 +317,20 @@ func TestSweep(t *testing.T) {
 			s.runningOnBoard(a)
 			now := time.Now()
 			s.mark(a, sdk.LabelPodLost, now.Add(-time.Minute))
-			success(t, s)
+			// The task ended 90 s ago, before the mark (its report was lost).
+			ended := now.Add(-90 * time.Second).Truncate(time.Second)
+			s.finished(a, corev1.PodFailed, func(st *corev1.PodStatus) {
+				finish(corev1.PodFailed, 0, "Completed", rec(t, a, RecordSuccess, code(0), ""))(st)
+				st.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.NewTime(ended)
+			})
 			res := s.sweep(now)
 			ti := s.row(a)
 			if ti.State != sdk.StateSuccess || ti.LastFailureKind != "" || ti.ErrorMessage != "" {
 				t.Fatalf("row %s/%s %q, want success with no infra kind", ti.State, ti.LastFailureKind, ti.ErrorMessage)
+			}
+			// Measured to its real end, not to the sweep (reaperctl tune).
+			if !ti.EndedAt.Equal(ended) {
+				t.Fatalf("ended_at %s, want the container's end %s", ti.EndedAt, ended)
 			}
 			if !slices.Contains(s.log(a), "outcome recovered from the durable record over pod_lost") {
 				t.Fatalf("attempt log %q lacks the override line", s.log(a))
