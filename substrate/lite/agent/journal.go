@@ -27,7 +27,7 @@ const JournalDirEnv = "REAPER_AGENT_JOURNAL_DIR"
 
 // Journal events, the "event" field of a journal line.
 const (
-	JournalAgentStart = "agent_start" // the agent process began
+	JournalAgentStart = "agent_start" // the agent has its go-ahead and its record: it may act from now
 	JournalTaskStart  = "task_start"  // the group is recorded; the command is about to be released
 	JournalTaskEnd    = "task_end"    // the task's group is gone; the outcome is about to be reported
 	JournalAgentExit  = "agent_exit"  // the agent is about to exit

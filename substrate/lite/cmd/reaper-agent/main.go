@@ -89,19 +89,6 @@ func run(args []string) (code int) {
 		}
 		defer j.Close()
 		journal = j
-		var start uint64
-		if self, err := proc.Stat(os.Getpid()); err == nil {
-			start = self.Start
-		}
-		if err := j.Record(agent.JournalEntry{Event: agent.JournalAgentStart, AgentStart: start}); err != nil {
-			log.Warn("could not write the agent journal", "error", err)
-		}
-		defer func() {
-			c := code
-			if err := j.Record(agent.JournalEntry{Event: agent.JournalAgentExit, AgentStart: start, ExitCode: &c}); err != nil {
-				log.Warn("could not write the agent journal", "error", err)
-			}
-		}()
 	}
 
 	// Detached from any terminal: a hangup is not a reason to abandon a task.
@@ -125,6 +112,24 @@ func run(args []string) (code int) {
 			log.Error("refusing to run a task the reapers cannot see", "error", err)
 			return exitUsage
 		}
+	}
+
+	// From here the agent is recorded and may act on its attempt: its life
+	// in the journal starts now and ends with its exit.
+	if journal != nil {
+		var start uint64
+		if self, err := proc.Stat(os.Getpid()); err == nil {
+			start = self.Start
+		}
+		if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentStart, AgentStart: start}); err != nil {
+			log.Warn("could not write the agent journal", "error", err)
+		}
+		defer func() {
+			c := code
+			if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentExit, AgentStart: start, ExitCode: &c}); err != nil {
+				log.Warn("could not write the agent journal", "error", err)
+			}
+		}()
 	}
 
 	output := os.Stdout
