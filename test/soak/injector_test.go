@@ -54,18 +54,11 @@ type injector struct {
 }
 
 func (in *injector) draw() string {
-	total := 0
-	for _, f := range faultWeights {
-		total += f.weight
+	type kw = struct {
+		kind   string
+		weight int
 	}
-	n := in.rng.IntN(total)
-	for _, f := range faultWeights {
-		if n < f.weight {
-			return f.kind
-		}
-		n -= f.weight
-	}
-	return FaultAgentKill
+	return drawWeighted(in.rng, faultWeights, func(f kw) int { return f.weight }).kind
 }
 
 // dur draws a duration in [lo, hi).

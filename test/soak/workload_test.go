@@ -69,18 +69,23 @@ type workload struct {
 }
 
 func (wl *workload) pickKind() taskKind {
+	return drawWeighted(wl.rng, taskKinds, func(k taskKind) int { return k.weight })
+}
+
+// drawWeighted draws one of items, each as often as its weight.
+func drawWeighted[T any](rng *rand.Rand, items []T, weight func(T) int) T {
 	total := 0
-	for _, k := range taskKinds {
-		total += k.weight
+	for _, it := range items {
+		total += weight(it)
 	}
-	n := wl.rng.IntN(total)
-	for _, k := range taskKinds {
-		if n < k.weight {
-			return k
+	n := rng.IntN(total)
+	for _, it := range items {
+		if n < weight(it) {
+			return it
 		}
-		n -= k.weight
+		n -= weight(it)
 	}
-	return taskKinds[0]
+	return items[0]
 }
 
 // submit creates n runs of 2 to 4 tasks each.
