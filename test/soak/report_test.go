@@ -36,6 +36,9 @@ type Recovery struct {
 	Settled, RunFinal, Takeover []time.Duration
 	// Unrecovered lists the harmed attempts never seen settling.
 	Unrecovered []string
+	// Missed counts faults that landed on an attempt already settled (its
+	// agent had reported an instant before it was killed).
+	Missed int
 }
 
 // MeasureRecovery reads the recovery times out of a history.
@@ -47,10 +50,14 @@ func MeasureRecovery(h History) Recovery {
 			a, _ := targetOf(f)
 			settled := time.Time{}
 			for _, t := range h.Transitions {
-				if t.From == a && t.At.After(f.At) && t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
+				if t.From == a && t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
 					settled = t.At
 					break
 				}
+			}
+			if !settled.IsZero() && !settled.After(f.At) {
+				r.Missed++
+				continue
 			}
 			if settled.IsZero() {
 				r.Unrecovered = append(r.Unrecovered, fmt.Sprintf("%s (%s at %s)", a, f.Kind, stamp(f.At)))
@@ -173,6 +180,7 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	row("fault -> harmed attempt settled", spread(rec.Settled))
 	row("fault -> its run final", spread(rec.RunFinal))
 	row("leader fault -> next term", spread(rec.Takeover))
+	row("faults that found their attempt already settled", rec.Missed)
 	if len(rec.Unrecovered) > 0 {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
 	}
