@@ -153,15 +153,23 @@ func TestMeasureRecovery(t *testing.T) {
 	h := History{
 		Faults: []Fault{{Kind: FaultAgentKill, At: at(1), Target: &a}, {Kind: FaultLeaderKill, At: at(30)}},
 		Transitions: []Transition{
-			{At: at(0), From: a, NewState: sdk.StateRunning},
-			{At: at(9), From: a, NewState: sdk.StateFailed, FailureReason: sdk.LabelAgentLost},
+			{At: at(-2), From: a, OldState: sdk.StateNone, NewState: sdk.StateScheduled},
+			{At: at(-1), From: a, OldState: sdk.StateScheduled, NewState: sdk.StateQueued},
+			{At: at(0), From: a, OldState: sdk.StateQueued, NewState: sdk.StateRunning},
+			{At: at(9), From: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed, FailureReason: sdk.LabelAgentLost},
 		},
 		RunChanges: []RunChange{{At: at(15), RunID: "r", NewState: sdk.RunSuccess}},
 		Terms:      []Term{{Term: 1, At: at(0)}, {Term: 2, At: at(34)}},
 	}
 	r := MeasureRecovery(h)
 	if len(r.Settled) != 1 || r.Settled[0] != 8*time.Second || len(r.RunFinal) != 1 || r.RunFinal[0] != 14*time.Second ||
-		len(r.Takeover) != 1 || r.Takeover[0] != 4*time.Second {
+		len(r.Takeover) != 1 || r.Takeover[0] != 4*time.Second || r.Missed != 0 {
 		t.Fatalf("recovery %+v", r)
+	}
+	// A kill that lands after the attempt reported is no recovery to time.
+	late := h
+	late.Faults = []Fault{{Kind: FaultAgentKill, At: at(10), Target: &a}}
+	if r := MeasureRecovery(late); r.Missed != 1 || len(r.Settled) != 0 {
+		t.Fatalf("recovery of a late fault %+v", r)
 	}
 }

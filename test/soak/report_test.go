@@ -50,7 +50,8 @@ func MeasureRecovery(h History) Recovery {
 			a, _ := targetOf(f)
 			settled := time.Time{}
 			for _, t := range h.Transitions {
-				if t.From == a && t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
+				if t.From == a && (t.OldState == sdk.StateRunning || t.OldState == sdk.StateQueued) &&
+					t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
 					settled = t.At
 					break
 				}
