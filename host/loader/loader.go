@@ -13,6 +13,7 @@ import (
 	"github.com/dexaflow/reaper/sdk/plugin"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,7 +48,7 @@ type Loader struct {
 	// Env is added to each plugin's environment (after the host's own).
 	Env []string
 
-	sockets socketHome // the plugins' socket directory
+	sweep sync.Once // the socket directories of dead hosts, swept at the first launch
 }
 
 // Plugin is a launched plugin process.
@@ -57,9 +58,8 @@ type Plugin struct {
 	Info   sdk.Info
 	client *goplugin.Client
 	raw    any
-	// release gives back the host's socket directory, once.
-	release func()
-	proc    *cmdRunner
+	// sockets is the directory of the plugin's socket, removed with it.
+	sockets string
 }
 
 // Error is a refusal to launch a plugin, naming it and the reason.
@@ -101,32 +101,32 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	if err := checksumRefusal(secure, path); err != nil {
-		return nil, fail(err)
-	}
-	home, err := l.sockets.acquire(logger)
+	l.sweep.Do(func() {
+		for _, dir := range sweepSocketDirs(os.TempDir()) {
+			logger.Info("removed the plugin socket directory of a host that no longer runs", "dir", dir)
+		}
+	})
+	sockets, err := makeSocketDir()
 	if err != nil {
 		return nil, fail(err)
 	}
-	var (
-		once sync.Once
-		proc *cmdRunner
-	)
-	release := func() { once.Do(l.sockets.release) }
+	cmd := exec.Command(path)
+	cmd.Env = append(append(os.Environ(), l.Env...), socketEnv(sockets))
+	dieWithHost(cmd)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		VersionedPlugins: plugin.PluginSets(),
-		RunnerFunc:       runnerFunc(path, l.Env, &proc),
-		UnixSocketConfig: &goplugin.UnixSocketConfig{TempDir: home},
+		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
+		SecureConfig:     secure,
 		Logger:           logger.Named(spec.Name),
 		Managed:          false,
 	})
 	defer func() {
 		if err != nil {
 			client.Kill()
-			release()
+			_ = os.RemoveAll(sockets)
 		}
 	}()
 
@@ -156,7 +156,7 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if info.Name != spec.Name {
 		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
 	}
-	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw, release: release, proc: proc}, nil
+	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw, sockets: sockets}, nil
 }
 
 func checkExecutable(path string) error {
@@ -222,5 +222,5 @@ func (p *Plugin) ServesEdition(edition string) bool {
 // once.
 func (p *Plugin) Kill() {
 	p.client.Kill()
-	p.release()
+	_ = os.RemoveAll(p.sockets)
 }
