@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
@@ -47,8 +46,6 @@ type Loader struct {
 	Logger hclog.Logger
 	// Env is added to each plugin's environment (after the host's own).
 	Env []string
-
-	sweep sync.Once // the socket directories of dead hosts, swept at the first launch
 }
 
 // Plugin is a launched plugin process.
@@ -58,8 +55,6 @@ type Plugin struct {
 	Info   sdk.Info
 	client *goplugin.Client
 	raw    any
-	// sockets is the directory of the plugin's socket, removed with it.
-	sockets string
 }
 
 // Error is a refusal to launch a plugin, naming it and the reason.
@@ -101,17 +96,8 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	l.sweep.Do(func() {
-		for _, dir := range sweepSocketDirs(os.TempDir()) {
-			logger.Info("removed the plugin socket directory of a host that no longer runs", "dir", dir)
-		}
-	})
-	sockets, err := makeSocketDir()
-	if err != nil {
-		return nil, fail(err)
-	}
 	cmd := exec.Command(path)
-	cmd.Env = append(append(os.Environ(), l.Env...), socketEnv(sockets))
+	cmd.Env = append(os.Environ(), l.Env...)
 	dieWithHost(cmd)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
@@ -126,7 +112,6 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	defer func() {
 		if err != nil {
 			client.Kill()
-			_ = os.RemoveAll(sockets)
 		}
 	}()
 
@@ -156,7 +141,7 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if info.Name != spec.Name {
 		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
 	}
-	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw, sockets: sockets}, nil
+	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
 }
 
 func checkExecutable(path string) error {
@@ -217,10 +202,5 @@ func (p *Plugin) ServesEdition(edition string) bool {
 	return len(p.Info.Editions) == 0 || slices.Contains(p.Info.Editions, edition)
 }
 
-// Kill stops the plugin process and removes its socket directory, whether
-// the plugin exited cleanly or was killed. It is safe to call more than
-// once.
-func (p *Plugin) Kill() {
-	p.client.Kill()
-	_ = os.RemoveAll(p.sockets)
-}
+// Kill stops the plugin process. It is safe to call more than once.
+func (p *Plugin) Kill() { p.client.Kill() }
