@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./substrate/lite/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo e2e bench soak
+.PHONY: all build test lint proto clean demo e2e bench image
 
 all: build
 
@@ -31,9 +31,33 @@ build:
 	done
 
 # The whole test suite: unit tests, real plugin binaries over go-plugin, and a
-# real PostgreSQL started from the machine's own server binaries.
+# real PostgreSQL started from the machine's own server binaries; then the
+# example plugin's own module (examples/parked), on its own go.mod, and the
+# container image's builder (tools/image), which builds and inspects it.
 test:
 	$(GO) test -count=1 -timeout 20m ./...
+	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
+	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
+
+# The Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager,
+# KWOK), built from source by the nested module tools/kubecluster and cached
+# in the user's cache directory: about 15 minutes the first time on 2 cores,
+# seconds after. make test builds it too when it is missing; kube-build shows
+# the progress. kube-up starts one in the background and prints
+# KUBECONFIG=<path>; kube-down stops it and removes what it made.
+# make test runs the kube tests (internal/kubetest and its users) on it.
+KUBECLUSTER := $(GO) run ./internal/kubetest/cmd/kubecluster
+
+.PHONY: kube-build kube-up kube-down
+
+kube-build:
+	@$(KUBECLUSTER) build
+
+kube-up:
+	@$(KUBECLUSTER) up
+
+kube-down:
+	@$(KUBECLUSTER) down
 
 # The main job, end to end, in about a minute: a throwaway
 # PostgreSQL (unless REAPER_DSN is set), reaperd with the Lite runner, a run
@@ -54,6 +78,7 @@ e2e:
 # runs and at the end, then a report. SEED=N replays a soak's choices.
 SOAK ?= 10m
 SEED ?=
+.PHONY: soak
 soak: build
 	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
@@ -62,10 +87,18 @@ soak: build
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/
 
+# The container image, built offline (no daemon, no base image): an OCI
+# layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
+image:
+	cd tools/image && GOWORK=off $(GO) run . -root ../.. -out ../../$(BIN)/image -version $(VERSION) \
+		-created $$(git log -1 --format=%ct 2>/dev/null || echo 0)
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd examples/parked && GOWORK=off $(GO) vet ./...
+	cd tools/image && GOWORK=off $(GO) vet ./...
 
 # Regenerates the protocol's Go code. Needs protoc (Debian: protobuf-compiler);
 # the Go generators are pinned as tool lines in go.mod.

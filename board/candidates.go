@@ -15,11 +15,12 @@ import (
 
 var timeFields = map[sdk.TimeField]bool{
 	sdk.FieldQueuedAt: true, sdk.FieldRunningAt: true, sdk.FieldHeartbeatAt: true, sdk.FieldMarkedAt: true,
+	sdk.FieldEndedAt: true,
 }
 
 const candidateColumns = `run_id, task_id, try_number, attempt_epoch, state, executor,
-	queued_at, running_at, last_heartbeat_at, released_at, infra_marked_at, infra_confirmed_at,
-	last_failure_kind, warm_worker, execution_timeout_seconds`
+	queued_at, running_at, last_heartbeat_at, released_at, ended_at, infra_marked_at, infra_confirmed_at,
+	last_failure_kind, failure_reason, warm_worker, execution_timeout_seconds`
 
 // candidateSQL builds the listing statement for q. States, executors, the
 // order column and the limit come from closed sets (validated here) and are
@@ -45,21 +46,14 @@ func candidateSQL(q sdk.CandidateQuery) (string, []any, int, error) {
 	default:
 		return "", nil, 0, fmt.Errorf("unknown heartbeat filter %q", q.Heartbeat)
 	}
-	limit := q.Limit
-	if limit <= 0 || limit > ladder.PageSize {
-		limit = ladder.PageSize
-	}
+	limit := listingLimit(q.Limit)
 	states, err := literalList(q.States, taskStates, "state")
 	if err != nil {
 		return "", nil, 0, err
 	}
-	var execFilter string
-	if len(q.Executors) > 0 {
-		list, err := literalList(q.Executors, executors, "executor")
-		if err != nil {
-			return "", nil, 0, err
-		}
-		execFilter = " AND executor IN (" + strings.Join(list, ", ") + ")"
+	execFilter, err := executorFilter(q.Executors)
+	if err != nil {
+		return "", nil, 0, err
 	}
 
 	col := string(q.OrderBy)
@@ -120,23 +114,56 @@ func (s *Store) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
 	}
+	page, err := s.candidatePage(ctx, sql, args, limit, func(c sdk.Candidate) time.Time { return candidateTime(c, q.OrderBy) })
+	if err != nil {
+		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
+	}
+	return page, nil
+}
+
+// candidatePage runs a candidate listing (sql selects candidateColumns,
+// at most limit rows) and makes its page: Next, at the last row's key
+// (keyAt its timestamp), only when the page is full.
+func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit int, keyAt func(sdk.Candidate) time.Time) (sdk.CandidatePage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var cands []sdk.Candidate
-	err = s.listing(ctx, sql, args, func(rows pgx.Rows) error {
+	err := s.listing(ctx, sql, args, func(rows pgx.Rows) error {
 		var err error
 		cands, err = pgx.CollectRows(rows, scanCandidate)
 		return err
 	})
 	if err != nil {
-		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
+		return sdk.CandidatePage{}, err
 	}
 	page := sdk.CandidatePage{Candidates: cands}
 	if len(cands) == limit {
 		last := cands[len(cands)-1]
-		page.Next = &sdk.Cursor{At: candidateTime(last, q.OrderBy), RunID: last.RunID, TaskID: last.TaskID}
+		page.Next = &sdk.Cursor{At: keyAt(last), RunID: last.RunID, TaskID: last.TaskID}
 	}
 	return page, nil
+}
+
+// listingLimit is the page size of a reaper's listing asked for limit: at
+// most ladder.PageSize, and PageSize when limit is not positive.
+func listingLimit(limit int) int {
+	if limit <= 0 || limit > ladder.PageSize {
+		return ladder.PageSize
+	}
+	return limit
+}
+
+// executorFilter is the condition (" AND executor IN (...)") of a listing
+// of executors; empty when none are named (every executor).
+func executorFilter(execs []string) (string, error) {
+	if len(execs) == 0 {
+		return "", nil
+	}
+	list, err := literalList(execs, executors, "executor")
+	if err != nil {
+		return "", err
+	}
+	return " AND executor IN (" + strings.Join(list, ", ") + ")", nil
 }
 
 // listingSettings are set for the listing's own (implicit) transaction. The
@@ -170,19 +197,20 @@ func (s *Store) listing(ctx context.Context, sql string, args []any, read func(p
 
 func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
 	var (
-		c                                           sdk.Candidate
-		queued, running, hb, released, marked, conf *time.Time
-		kind, warm                                  *string
-		timeout                                     *int32
+		c                                                  sdk.Candidate
+		queued, running, hb, released, ended, marked, conf *time.Time
+		kind, reason, warm                                 *string
+		timeout                                            *int32
 	)
 	err := row.Scan(&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
-		&queued, &running, &hb, &released, &marked, &conf, &kind, &warm, &timeout)
+		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout)
 	if err != nil {
 		return sdk.Candidate{}, err
 	}
 	c.QueuedAt, c.RunningAt, c.LastHeartbeatAt = timeOrZero(queued), timeOrZero(running), timeOrZero(hb)
 	c.ReleasedAt, c.InfraMarkedAt, c.InfraConfirmedAt = timeOrZero(released), timeOrZero(marked), timeOrZero(conf)
-	c.LastFailureKind, c.WarmWorker = deref(kind), deref(warm)
+	c.EndedAt = timeOrZero(ended)
+	c.LastFailureKind, c.FailureReason, c.WarmWorker = deref(kind), deref(reason), deref(warm)
 	if timeout != nil {
 		c.ExecutionTimeout = time.Duration(*timeout) * time.Second
 	}
@@ -197,6 +225,8 @@ func candidateTime(c sdk.Candidate, f sdk.TimeField) time.Time {
 		return c.RunningAt
 	case sdk.FieldHeartbeatAt:
 		return c.LastHeartbeatAt
+	case sdk.FieldEndedAt:
+		return c.EndedAt
 	default:
 		return c.InfraMarkedAt
 	}

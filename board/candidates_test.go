@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -199,6 +200,40 @@ func TestListCandidates(t *testing.T) {
 		}
 	})
 
+	t.Run("ListsParkedAttemptsByWhenTheyParked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "poke", "trigger", "fresh")
+		poke := first("run", "poke")
+		b.running(t, poke, base.Add(-3*time.Hour), time.Time{})
+		if stop, err := b.w.Report(ctx, poke, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-2*time.Hour)); err != nil || stop {
+			t.Fatal(stop, err)
+		}
+		// Nothing writes deferred on this board yet: the row is placed.
+		b.exec(t, `UPDATE task_instances SET state = 'deferred', ended_at = $1 WHERE task_id = 'trigger'`, base.Add(-time.Hour))
+		b.exec(t, `UPDATE task_instances SET state = 'deferred', ended_at = $1 WHERE task_id = 'fresh'`, base.Add(-time.Minute))
+
+		q := sdk.CandidateQuery{States: []string{sdk.StateUpForReschedule, sdk.StateDeferred},
+			OrderBy: sdk.FieldEndedAt, OlderThan: base.Add(-30 * time.Minute), Limit: 1}
+		var got []string
+		for {
+			p, err := b.store.ListCandidates(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range p.Candidates {
+				got = append(got, c.TaskID+"@"+base.Sub(c.EndedAt).String())
+			}
+			if p.Next == nil {
+				break
+			}
+			q.After = p.Next
+		}
+		if len(got) != 2 || got[0] != "poke@2h0m0s" || got[1] != "trigger@1h0m0s" {
+			t.Fatalf("parked listing %v, want [poke@2h0m0s trigger@1h0m0s]", got)
+		}
+	})
+
 	t.Run("LimitIsAtMostAPage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -222,7 +257,7 @@ func TestListCandidates(t *testing.T) {
 			"NoStates":        {OrderBy: sdk.FieldQueuedAt, OlderThan: base},
 			"UnknownState":    {States: []string{"queued'; DROP TABLE runs; --"}, OrderBy: sdk.FieldQueuedAt, OlderThan: base},
 			"UnknownExecutor": {States: []string{sdk.StateQueued}, Executors: []string{"k8s"}, OrderBy: sdk.FieldQueuedAt, OlderThan: base},
-			"UnknownColumn":   {States: []string{sdk.StateQueued}, OrderBy: "ended_at", OlderThan: base},
+			"UnknownColumn":   {States: []string{sdk.StateQueued}, OrderBy: "updated_at", OlderThan: base},
 			"NoThreshold":     {States: []string{sdk.StateQueued}, OrderBy: sdk.FieldQueuedAt},
 			"UnknownFilter":   {States: []string{sdk.StateQueued}, OrderBy: sdk.FieldQueuedAt, OlderThan: base, Heartbeat: "maybe"},
 		} {

@@ -72,6 +72,8 @@ func reaperQueries() map[string]sdk.CandidateQuery {
 			OrderBy: sdk.FieldQueuedAt, OlderThan: base, After: after},
 		"InfraConfirmValve": {States: []string{sdk.StateFailed}, OrderBy: sdk.FieldMarkedAt,
 			OlderThan: base.Add(-2 * time.Minute), After: after},
+		"ParkedPastTTL": {States: []string{sdk.StateUpForReschedule, sdk.StateDeferred}, OrderBy: sdk.FieldEndedAt,
+			OlderThan: base.Add(-24 * time.Hour), After: after},
 	}
 }
 
@@ -99,19 +101,20 @@ func TestCandidateQueriesUseAnIndex(t *testing.T) {
 	}
 
 	t.Run("MarkFindsRowsByKey", func(t *testing.T) {
-		var runs, tasks, reasons, msgs []string
-		var tries, epochs, flags []int32
+		var runs, tasks, from, kinds, reasons, msgs []string
+		var tries, epochs []int32
+		var noHB, confirm, hold []bool
 		var hb, ats []time.Time
 		var terms []int64
 		for i := 0; i < 100; i++ {
 			runs, tasks = append(runs, fmt.Sprintf("run%06d", i)), append(tasks, "task006")
-			tries, epochs, flags = append(tries, 1), append(epochs, 0), append(flags, board.MarkFlags(sdk.Mark{
-				FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra}))
-			hb, reasons, msgs = append(hb, base), append(reasons, "agent_lost"), append(msgs, "")
+			tries, epochs, from = append(tries, 1), append(epochs, 0), append(from, sdk.StateRunning)
+			noHB, confirm, hold = append(noHB, false), append(confirm, false), append(hold, false)
+			hb, kinds, reasons, msgs = append(hb, base), append(kinds, "infra"), append(reasons, "agent_lost"), append(msgs, "")
 			terms, ats = append(terms, b.term), append(ats, base)
 		}
-		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, runs, tasks, tries, epochs, flags,
-			hb, reasons, msgs, terms, ats, board.LeaderNameDefault)
+		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, board.LeaderNameDefault, runs, tasks, tries, epochs,
+			from, hb, noHB, kinds, confirm, hold, reasons, msgs, terms, ats)
 		for _, n := range planNodes(plan) {
 			if n["Node Type"] == "Seq Scan" && n["Relation Name"] == "task_instances" {
 				t.Fatalf("the mark statement scans task_instances:\n%s", plan)

@@ -14,6 +14,23 @@ func TestReconcilerWrites(t *testing.T) {
 	valve := 2 * time.Minute
 	markedAt := base.Add(-time.Minute)
 
+	confirm := func(t *testing.T, b *bundle, term int64, a sdk.Attempt, at time.Time) sdk.MarkResult {
+		t.Helper()
+		res, err := b.store.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: a, Term: term, At: at}})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("confirm: %+v %v", res, err)
+		}
+		return res[0]
+	}
+	override := func(t *testing.T, b *bundle, a sdk.Attempt, markedAfter time.Time) sdk.MarkResult {
+		t.Helper()
+		res, err := b.store.OverrideInfra(ctx, []sdk.Override{{Attempt: a, MarkedAfter: markedAfter, Term: b.term, At: base}})
+		if err != nil || len(res) != 1 {
+			t.Fatalf("override: %+v %v", res, err)
+		}
+		return res[0]
+	}
+
 	// A kube attempt with a provisional agent_lost mark made a minute ago.
 	setupMarked := func(t *testing.T) (*bundle, sdk.Attempt) {
 		t.Helper()
@@ -29,12 +46,12 @@ func TestReconcilerWrites(t *testing.T) {
 	t.Run("ConfirmStampsAProvisionalMarkOnce", func(t *testing.T) {
 		t.Parallel()
 		b, a := setupMarked(t)
-		if ok, err := b.store.ConfirmInfra(ctx, b.term, a, base); err != nil || !ok {
-			t.Fatal(ok, err)
+		if r := confirm(t, b, b.term, a, base); !r.Applied {
+			t.Fatal(r)
 		}
 		sameTime(t, "infra_confirmed_at", b.ti(t, "run", "task").InfraConfirmedAt, base)
-		if ok, err := b.store.ConfirmInfra(ctx, b.term, a, base.Add(time.Second)); err != nil || ok {
-			t.Fatalf("a second confirmation applied: %v %v", ok, err)
+		if r := confirm(t, b, b.term, a, base.Add(time.Second)); r.Applied || r.NoopReason != sdk.NoopMovedOn {
+			t.Fatalf("a second confirmation: %+v", r)
 		}
 	})
 
@@ -44,11 +61,11 @@ func TestReconcilerWrites(t *testing.T) {
 		before := b.ti(t, "run", "task")
 		stale := a
 		stale.Epoch++
-		if ok, err := b.store.ConfirmInfra(ctx, b.term, stale, base); err != nil || ok {
-			t.Fatalf("stale epoch confirmed: %v %v", ok, err)
+		if r := confirm(t, b, b.term, stale, base); r.Applied || r.NoopReason != sdk.NoopMovedOn {
+			t.Fatalf("stale epoch: %+v", r)
 		}
-		if ok, err := b.store.ConfirmInfra(ctx, b.term+1, a, base); err != nil || ok {
-			t.Fatalf("wrong term confirmed: %v %v", ok, err)
+		if r := confirm(t, b, b.term+1, a, base); r.Applied || r.NoopReason != sdk.NoopDeposed {
+			t.Fatalf("wrong term: %+v", r)
 		}
 		unchanged(t, before, b.ti(t, "run", "task"))
 	})
@@ -56,9 +73,8 @@ func TestReconcilerWrites(t *testing.T) {
 	t.Run("DurableSuccessOverridesAProvisionalMark", func(t *testing.T) {
 		t.Parallel()
 		b, a := setupMarked(t)
-		reason, ok, err := b.store.OverrideInfraMark(ctx, b.term, a, base.Add(-valve), base)
-		if err != nil || !ok || reason != sdk.LabelAgentLost {
-			t.Fatalf("override: %q %v %v", reason, ok, err)
+		if r := override(t, b, a, base.Add(-valve)); !r.Applied {
+			t.Fatalf("override: %+v", r)
 		}
 		ti := b.ti(t, "run", "task")
 		if ti.State != sdk.StateSuccess || ti.LastFailureKind != "" || !ti.InfraMarkedAt.IsZero() || ti.ErrorMessage != "" {
@@ -73,8 +89,8 @@ func TestReconcilerWrites(t *testing.T) {
 
 	noOverride := map[string]func(t *testing.T, b *bundle, a sdk.Attempt) (sdk.Attempt, time.Time){
 		"Confirmed": func(t *testing.T, b *bundle, a sdk.Attempt) (sdk.Attempt, time.Time) {
-			if ok, err := b.store.ConfirmInfra(ctx, b.term, a, base.Add(-time.Second)); err != nil || !ok {
-				t.Fatal(ok, err)
+			if r := confirm(t, b, b.term, a, base.Add(-time.Second)); !r.Applied {
+				t.Fatal(r)
 			}
 			return a, base.Add(-valve)
 		},
@@ -98,8 +114,8 @@ func TestReconcilerWrites(t *testing.T) {
 			b, a := setupMarked(t)
 			att, after := prepare(t, b, a)
 			before := b.ti(t, "run", "task")
-			if _, ok, err := b.store.OverrideInfraMark(ctx, b.term, att, after, base); err != nil || ok {
-				t.Fatalf("override applied: %v %v", ok, err)
+			if r := override(t, b, att, after); r.Applied {
+				t.Fatalf("override applied: %+v", r)
 			}
 			unchanged(t, before, b.ti(t, "run", "task"))
 			if lines, _ := b.store.AttemptLog(ctx, "run", "task"); len(lines) != 0 {

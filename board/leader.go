@@ -95,12 +95,13 @@ RETURNING `+leaseColumns, s.leader, term, holder, now, now.Add(ttl)))
 }
 
 // Resign frees the lease of term if holder still holds it, so a successor
-// need not wait for it to expire. It reports whether it did.
+// need not wait for it to expire; term 0 frees whatever term holder holds.
+// It reports whether it did.
 func (s *Store) Resign(ctx context.Context, term int64, holder string) (bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, `UPDATE leader SET holder = NULL, expires_at = NULL
-        WHERE name = $1 AND term = $2 AND holder = $3`, s.leader, term, holder)
+        WHERE name = $1 AND ($2 = 0 OR term = $2) AND holder = $3`, s.leader, term, holder)
 	if err != nil {
 		return false, fmt.Errorf("board: resign leadership: %w", err)
 	}

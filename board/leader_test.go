@@ -89,6 +89,21 @@ func TestLeadership(t *testing.T) {
 		}
 	})
 
+	t.Run("ResignOfAnyTermFreesOnlyTheHoldersLease", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		acquire(t, s, "a", base)
+		if ok, err := s.Resign(ctx, 0, "b"); err != nil || ok {
+			t.Fatalf("b resigned a's lease: %v %v", ok, err)
+		}
+		if ok, err := s.Resign(ctx, 0, "a"); err != nil || !ok {
+			t.Fatalf("resign of whatever a holds: %v %v", ok, err)
+		}
+		if cur, _, err := s.CurrentLeader(ctx); err != nil || cur.Held(base) {
+			t.Fatalf("the lease still reads held: %+v %v", cur, err)
+		}
+	})
+
 	t.Run("ResignFreesTheLeaseForTheNextTerm", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)

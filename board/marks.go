@@ -3,6 +3,7 @@ package board
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -10,60 +11,51 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// markStates numbers the task instance states for the source-state bits of
-// a mark's flags, in the order of the array in markSQL.
-var markStates = []string{
-	sdk.StateNone, sdk.StateScheduled, sdk.StateQueued, sdk.StateRunning, sdk.StateSuccess, sdk.StateFailed,
-	sdk.StateSkipped, sdk.StateUpstreamFailed, sdk.StateUpForRetry, sdk.StateUpForReschedule, sdk.StateDeferred,
-}
-
-// The bits of a mark's flags: its kind and options, then one bit per source
-// state (markStates[i] is bit flagFirstState+i). Packing them keeps the
-// statement's arrays few, which is most of its cost after the row updates.
-const (
-	flagInfra       = 1 << 0
-	flagConfirm     = 1 << 1
-	flagHold        = 1 << 2
-	flagNoHeartbeat = 1 << 3
-	flagFirstState  = 4
-)
-
 // markSQL applies a batch of marks in one statement. The batch arrives as
-// parallel arrays; the leader row is share-locked so that a takeover waits
-// for the batch (and a batch after a takeover sees the new term). It returns
-// the ordinals of the marks that applied and the lease as it saw it.
-const markSQL = `
-WITH lead AS (
-    SELECT term, expires_at FROM leader WHERE name = $11 FOR SHARE
+// parallel arrays, one element per mark; the leader row is share-locked so
+// that a takeover waits for the batch (and a batch after a takeover sees the
+// new term). It returns the ordinals of the marks that applied and the lease
+// as it saw it.
+//
+// This is the statement that must never fail a live attempt. Its WHERE
+// clause is the rule, one condition per line.
+const markSQL = leadCTE + `
+r AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[],
+                         $6::text[], $7::timestamptz[], $8::bool[],
+                         $9::text[], $10::bool[], $11::bool[], $12::text[], $13::text[],
+                         $14::int8[], $15::timestamptz[])
+        WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch,
+                             from_states, heartbeat_before, require_no_heartbeat,
+                             kind, confirm, hold, reason, message,
+                             term, at, ord)
 ),
-marked AS (
+applied AS (
     UPDATE task_instances ti SET
         state              = 'failed',
-        last_failure_kind  = CASE WHEN m.flags & 1 <> 0 THEN 'infra' ELSE 'task' END,
-        failure_reason     = m.reason,
-        error_message      = m.message,
-        ended_at           = m.at,
-        infra_marked_at    = CASE WHEN m.flags & 1 <> 0 THEN m.at END,
-        infra_confirmed_at = CASE WHEN m.flags & 3 = 3 THEN m.at END,
-        held_at            = CASE WHEN m.flags & 4 <> 0 THEN m.at ELSE ti.held_at END,
-        updated_at         = m.at
-    FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[], $5::int4[],
-                $6::timestamptz[], $7::text[], $8::text[], $9::int8[], $10::timestamptz[])
-        WITH ORDINALITY AS m(run_id, task_id, try_number, attempt_epoch, flags,
-            heartbeat_before, reason, message, term, at, ord)
-    WHERE ti.run_id = m.run_id AND ti.task_id = m.task_id
-      AND ti.try_number = m.try_number AND ti.attempt_epoch = m.attempt_epoch
-      AND (m.flags >> (3 + array_position(
-            '{none,scheduled,queued,running,success,failed,skipped,upstream_failed,up_for_retry,up_for_reschedule,deferred}'::text[],
-            ti.state))) & 1 = 1
-      AND (m.heartbeat_before IS NULL OR ti.last_heartbeat_at IS NULL
-           OR ti.last_heartbeat_at < m.heartbeat_before)
-      AND (m.flags & 8 = 0 OR ti.last_heartbeat_at IS NULL)
-      AND m.term = (SELECT term FROM lead) AND m.at < (SELECT expires_at FROM lead)
-    RETURNING m.ord
-)
-SELECT (SELECT coalesce(array_agg(ord), '{}') FROM marked),
-       (SELECT term FROM lead), (SELECT expires_at FROM lead)`
+        last_failure_kind  = r.kind,
+        failure_reason     = r.reason,
+        error_message      = r.message,
+        ended_at           = r.at,
+        infra_marked_at    = CASE WHEN r.kind = 'infra' THEN r.at END,
+        infra_confirmed_at = CASE WHEN r.kind = 'infra' AND r.confirm THEN r.at END,
+        held_at            = CASE WHEN r.hold THEN r.at ELSE ti.held_at END,
+        updated_at         = r.at
+    FROM r
+    WHERE -- the row still holds exactly the attempt the reaper judged,
+          ` + sameAttempt + `
+          -- in one of the states the mark may move it from (from_states is
+          -- the mark's list, comma-separated),
+      AND ti.state = ANY (string_to_array(r.from_states, ','))
+          -- it has not heartbeated since the reaper's threshold,
+      AND (r.heartbeat_before IS NULL OR ti.last_heartbeat_at IS NULL
+           OR ti.last_heartbeat_at < r.heartbeat_before)
+          -- nor at all when the mark is for an attempt that never heartbeated,
+      AND (NOT r.require_no_heartbeat OR ti.last_heartbeat_at IS NULL)
+          -- and the mark's term still leads, its lease unexpired when marked.
+      AND ` + fenced + `
+    RETURNING r.ord
+)` + batchAnswer
 
 // Mark applies a batch of guarded marks in one statement (one round trip).
 // Each mark applies only while its row holds exactly its attempt, in one of
@@ -76,172 +68,51 @@ func (s *Store) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, e
 	if len(marks) == 0 {
 		return nil, nil
 	}
+	b, err := newBatch("mark", marks, func(m sdk.Mark) (sdk.Attempt, int64, time.Time) { return m.Attempt, m.Term, m.At },
+		func(i int, row sdk.TaskRow) string { return marks[i].Refusal(row) })
+	if err != nil {
+		return nil, fmt.Errorf("board: %w", err)
+	}
 	n := len(marks)
 	var (
-		runIDs, taskIDs, reasons, messages = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		tries, epochs, flags               = make([]int32, n), make([]int32, n), make([]int32, n)
-		hbBefore, ats                      = make([]pgtype.Timestamptz, n), make([]time.Time, n)
-		terms                              = make([]int64, n)
+		fromStates, kinds, reasons, messages = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		noHeartbeat, confirm, hold           = make([]bool, n), make([]bool, n), make([]bool, n)
+		hbBefore                             = make([]pgtype.Timestamptz, n)
 	)
-	seen := make(map[[2]string]bool, n)
 	for i, m := range marks {
 		if err := validateMark(m); err != nil {
 			return nil, fmt.Errorf("board: mark %s: %w", m.Attempt, err)
 		}
-		key := [2]string{m.RunID, m.TaskID}
-		if seen[key] {
-			return nil, fmt.Errorf("board: mark %s: task instance named twice in one batch", m.Attempt)
-		}
-		seen[key] = true
-		runIDs[i], taskIDs[i], tries[i], epochs[i] = m.RunID, m.TaskID, m.Try, m.Epoch
-		flags[i] = markFlags(m)
+		fromStates[i] = strings.Join(m.FromStates, ",")
 		hbBefore[i] = pgtype.Timestamptz{Time: m.HeartbeatBefore, Valid: !m.HeartbeatBefore.IsZero()}
-		reasons[i], messages[i], terms[i], ats[i] = m.Reason, m.Message, m.Term, m.At
+		noHeartbeat[i], confirm[i], hold[i] = m.RequireNoHeartbeat, m.Confirm, m.Hold
+		kinds[i], reasons[i], messages[i] = string(m.Kind), m.Reason, m.Message
 	}
-
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	var (
-		applied []int64
-		term    *int64
-		expires *time.Time
-	)
-	err := s.pool.QueryRow(ctx, markSQL, runIDs, taskIDs, tries, epochs, flags,
-		hbBefore, reasons, messages, terms, ats, s.leader).
-		Scan(&applied, &term, &expires)
-	if err != nil {
-		return nil, fmt.Errorf("board: mark: %w", err)
-	}
-	results := make([]sdk.MarkResult, n)
-	for i, m := range marks {
-		results[i] = sdk.MarkResult{Attempt: m.Attempt}
-	}
-	for _, ord := range applied {
-		results[ord-1].Applied = true
-	}
-	var missed []int // marks that did not apply and whose reason needs the row
-	for i, m := range marks {
-		switch {
-		case results[i].Applied:
-		case term == nil || *term != m.Term || expires == nil || !expires.After(m.At):
-			results[i].NoopReason = sdk.NoopDeposed
-		default:
-			missed = append(missed, i)
-		}
-	}
-	if len(missed) > 0 {
-		if err := s.explainNoops(ctx, marks, missed, results); err != nil {
-			return nil, fmt.Errorf("board: mark: %w", err)
-		}
-	}
-	return results, nil
-}
-
-// explainNoops reads the rows of the marks that did not apply (a second
-// round trip, only when some did not) and says why each did not.
-func (s *Store) explainNoops(ctx context.Context, marks []sdk.Mark, missed []int, results []sdk.MarkResult) error {
-	runIDs, taskIDs := make([]string, len(missed)), make([]string, len(missed))
-	for j, i := range missed {
-		runIDs[j], taskIDs[j] = marks[i].RunID, marks[i].TaskID
-	}
-	rows, err := s.pool.Query(ctx, `SELECT m.ord, ti.state, ti.try_number, ti.attempt_epoch, ti.last_heartbeat_at
-        FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS m(run_id, task_id, ord)
-        LEFT JOIN task_instances ti ON ti.run_id = m.run_id AND ti.task_id = m.task_id`, runIDs, taskIDs)
-	if err != nil {
-		return fmt.Errorf("read rows of no-op marks: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			ord        int64
-			state      *string
-			try, epoch *int32
-			hb         *time.Time
-		)
-		if err := rows.Scan(&ord, &state, &try, &epoch, &hb); err != nil {
-			return fmt.Errorf("read rows of no-op marks: %w", err)
-		}
-		i := missed[ord-1]
-		results[i].NoopReason = markNoopReason(marks[i], state, try, epoch, hb)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read rows of no-op marks: %w", err)
-	}
-	return nil
-}
-
-// markNoopReason says why a mark under a current term did not apply, from
-// its row as read after the statement. When the row shows nothing wrong it
-// changed in between (a concurrent write won the row lock): moved on.
-func markNoopReason(m sdk.Mark, state *string, try, epoch *int32, hb *time.Time) string {
-	switch {
-	case state == nil:
-		return sdk.NoopNotFound
-	case *try != m.Try || *epoch != m.Epoch || !contains(m.FromStates, *state):
-		return sdk.NoopMovedOn
-	case m.RequireNoHeartbeat && hb != nil:
-		return sdk.NoopHeartbeated
-	case !m.HeartbeatBefore.IsZero() && hb != nil && !hb.Before(m.HeartbeatBefore):
-		return sdk.NoopHeartbeated
-	default:
-		return sdk.NoopMovedOn
-	}
-}
-
-// markFlags packs a (validated) mark's kind, options and source states.
-func markFlags(m sdk.Mark) int32 {
-	var f int32
-	if m.Kind == sdk.MarkInfra {
-		f |= flagInfra
-	}
-	if m.Confirm {
-		f |= flagConfirm
-	}
-	if m.Hold {
-		f |= flagHold
-	}
-	if m.RequireNoHeartbeat {
-		f |= flagNoHeartbeat
-	}
-	for _, st := range m.FromStates {
-		for i, known := range markStates {
-			if st == known {
-				f |= 1 << (flagFirstState + i)
-			}
-		}
-	}
-	return f
+	runIDs, taskIDs, tries, epochs := b.attemptArrays()
+	return s.runBatch(ctx, b, markSQL, runIDs, taskIDs, tries, epochs,
+		fromStates, hbBefore, noHeartbeat, kinds, confirm, hold, reasons, messages, b.terms, b.ats)
 }
 
 func validateMark(m sdk.Mark) error {
-	if m.RunID == "" || m.TaskID == "" {
-		return fmt.Errorf("no run or task id")
-	}
-	if len(m.FromStates) == 0 {
-		return fmt.Errorf("no source states")
-	}
-	for _, st := range m.FromStates {
-		if !taskStates[st] {
-			return fmt.Errorf("unknown source state %q", st)
-		}
+	if err := validateStates(m.FromStates); err != nil {
+		return err
 	}
 	if m.Kind != sdk.MarkInfra && m.Kind != sdk.MarkTask {
 		return fmt.Errorf("unknown mark kind %q", m.Kind)
 	}
-	if m.Term <= 0 {
-		return fmt.Errorf("no leadership term")
-	}
-	if m.At.IsZero() {
-		return fmt.Errorf("no time (At)")
-	}
 	return nil
 }
 
-func contains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
+// validateStates checks a request's source states: at least one, each a
+// task instance state (they travel comma-separated).
+func validateStates(states []string) error {
+	if len(states) == 0 {
+		return fmt.Errorf("no source states")
+	}
+	for _, st := range states {
+		if !taskStates[st] {
+			return fmt.Errorf("unknown source state %q", st)
 		}
 	}
-	return false
+	return nil
 }

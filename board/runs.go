@@ -5,30 +5,49 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // liveTI is true for a task instance (aliased ti) that keeps its run alive:
-// one in a live state, a provisional infra mark (not yet confirmed: the
-// planner still treats the task as active), or an attempt held for review.
-const liveTI = `(ti.state IN ('scheduled', 'queued', 'running', 'up_for_retry', 'up_for_reschedule', 'deferred')
-    OR (ti.state = 'failed' AND ti.last_failure_kind = 'infra' AND ti.infra_confirmed_at IS NULL)
+// one in a live state (sdk.LiveStates), a provisional infra mark (not yet
+// confirmed: the planner still treats the task as active), or an attempt
+// held for review. sdk.TaskRow.Live in SQL.
+func liveTI() string {
+	return `(ti.state IN (` + sqlList(sdk.LiveStates()) + `)
+    OR ` + provisionalTI + `
     OR ti.held_at IS NOT NULL)`
+}
 
 // openSettledTI is true for a task instance (aliased ti) that is not live
 // and whose run is not finished: exactly the rows of
-// task_instances_open_settled_idx (migration 002), written the same way so
-// the planner matches the index. Only a run with such a row can be orphaned.
-const openSettledTI = `NOT ti.run_closed
-  AND ti.state IN ('none', 'success', 'failed', 'skipped', 'upstream_failed')
-  AND ti.held_at IS NULL
-  AND NOT (ti.state = 'failed' AND coalesce(ti.last_failure_kind, '') = 'infra' AND ti.infra_confirmed_at IS NULL)`
+// task_instances_open_settled_idx (migration 002). It is NOT liveTI written
+// the way the index's WHERE clause is written, so that the planner matches
+// the index; TestOpenSettledIndexIsTheComplementOfLive holds the migration's
+// text to openSettledWhere. Only a run with such a row can be orphaned.
+func openSettledTI() string { return openSettledWhere("ti.") }
+
+// openSettledWhere is the WHERE clause of task_instances_open_settled_idx,
+// its columns prefixed with p ("" writes it as migration 002 does, one
+// condition per line), built from the states in Go.
+func openSettledWhere(p string) string {
+	return `NOT ` + p + `run_closed
+  AND ` + p + `state IN (` + sqlList(sdk.SettledStates()) + `)
+  AND ` + p + `held_at IS NULL
+  AND NOT (` + p + `state = '` + sdk.StateFailed + `' AND coalesce(` + p + `last_failure_kind, '') = '` + sdk.FailureInfra +
+		`' AND ` + p + `infra_confirmed_at IS NULL)`
+}
+
+// sqlList writes states (plain words of a closed set) as a list of SQL
+// literals.
+func sqlList(states []string) string {
+	return "'" + strings.Join(states, "', '") + "'"
+}
 
 // tiActivity is the latest activity stamped on a task instance (aliased ti).
 // GREATEST skips NULLs.
@@ -48,10 +67,7 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
 	}
-	limit := q.Limit
-	if limit <= 0 || limit > ladder.PageSize {
-		limit = ladder.PageSize
-	}
+	limit := listingLimit(q.Limit)
 	args := []any{q.OlderThan}
 	after := ""
 	if q.After != nil {
@@ -59,14 +75,14 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 		after = " AND (a.last_activity, r.run_id) > ($2::timestamptz, $3::text)"
 	}
 	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
-FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI + `) c
+FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI() + `) c
 JOIN runs r ON r.run_id = c.run_id
 CROSS JOIN LATERAL (
     SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
     FROM task_instances ti WHERE ti.run_id = r.run_id
 ) a
 WHERE r.state = 'running'
-  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI + `)
+  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI() + `)
   AND a.last_activity < $1` + after + `
 ORDER BY a.last_activity, r.run_id
 LIMIT ` + strconv.Itoa(limit)
@@ -96,12 +112,14 @@ LIMIT ` + strconv.Itoa(limit)
 // reapCheckSQL share-locks every task instance of the run without waiting
 // and, over the locked rows, says whether any is live and when the latest
 // activity was.
-const reapCheckSQL = `WITH locked AS (
-    SELECT ` + liveTI + ` AS live, ` + tiActivity + ` AS activity
+func reapCheckSQL() string {
+	return `WITH locked AS (
+    SELECT ` + liveTI() + ` AS live, ` + tiActivity + ` AS activity
     FROM task_instances ti WHERE ti.run_id = $1
     FOR SHARE NOWAIT
 )
 SELECT coalesce(bool_or(live), false), max(activity) FROM locked`
+}
 
 // ReapRun fails an orphaned run after checking the whole orphan predicate
 // again inside one transaction: the run and its task instances are locked
@@ -162,7 +180,7 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 		live     bool
 		activity *time.Time
 	)
-	err = tx.QueryRow(ctx, reapCheckSQL, r.RunID).Scan(&live, &activity)
+	err = tx.QueryRow(ctx, reapCheckSQL(), r.RunID).Scan(&live, &activity)
 	switch {
 	case isLockNotAvailable(err):
 		return noop(sdk.NoopLocked)

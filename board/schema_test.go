@@ -157,6 +157,20 @@ func TestUnreachableDatabase(t *testing.T) {
 			_, err := s.ReapRun(ctx, sdk.RunReap{RunID: "r", OlderThan: base, Term: 1, At: base})
 			return err
 		},
+		"board: list provisional marks": func() error { _, err := s.ListProvisional(ctx, sdk.ProvisionalQuery{}); return err },
+		"board: confirm infra": func() error {
+			_, err := s.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: a, Term: 1, At: base}})
+			return err
+		},
+		"board: override infra mark": func() error {
+			_, err := s.OverrideInfra(ctx, []sdk.Override{{Attempt: a, Term: 1, At: base}})
+			return err
+		},
+		"board: settle": func() error {
+			_, err := s.Settle(ctx, []sdk.Settlement{{Attempt: a, Outcome: sdk.OutcomeSuccess,
+				FromStates: []string{sdk.StateRunning}, Term: 1, At: base}})
+			return err
+		},
 		"board: append log": func() error {
 			return s.AppendLog(ctx, 1, []sdk.LogLine{{Attempt: a, At: base, Line: "x"}})
 		},

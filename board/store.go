@@ -66,13 +66,17 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // The enumerations of the schema, for validating input before it reaches SQL
 // (some of it is inlined into statements as literals).
 var (
-	taskStates = map[string]bool{
-		sdk.StateNone: true, sdk.StateScheduled: true, sdk.StateQueued: true, sdk.StateRunning: true,
-		sdk.StateSuccess: true, sdk.StateFailed: true, sdk.StateSkipped: true, sdk.StateUpstreamFailed: true,
-		sdk.StateUpForRetry: true, sdk.StateUpForReschedule: true, sdk.StateDeferred: true,
-	}
-	executors = map[string]bool{sdk.ExecutorKube: true, sdk.ExecutorLite: true, sdk.ExecutorWarm: true}
+	taskStates = setOf(sdk.TaskStates())
+	executors  = map[string]bool{sdk.ExecutorKube: true, sdk.ExecutorLite: true, sdk.ExecutorWarm: true}
 )
+
+func setOf(vals []string) map[string]bool {
+	m := make(map[string]bool, len(vals))
+	for _, v := range vals {
+		m[v] = true
+	}
+	return m
+}
 
 // IsTaskState reports whether s is a task instance state.
 func IsTaskState(s string) bool { return taskStates[s] }

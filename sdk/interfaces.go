@@ -55,6 +55,26 @@ type Board interface {
 	ReapRun(ctx context.Context, r RunReap) (RunReapResult, error)
 	// AppendLog appends lines to attempts' try logs.
 	AppendLog(ctx context.Context, term int64, lines []LogLine) error
+
+	// The reconciler's writes (a substrate's Sweep). Each is a batch that
+	// answers one result per request, in order; a request whose guard fails
+	// (another attempt, another state, a term that no longer leads or whose
+	// lease has run out at its At) is a no-op with a NoopReason, never an
+	// error. An error means nothing was written.
+
+	// ListProvisional returns one page of provisional infra marks: failed
+	// on the infra rail, not yet confirmed, oldest mark first, by keyset.
+	ListProvisional(ctx context.Context, q ProvisionalQuery) (CandidatePage, error)
+	// ConfirmInfra confirms provisional infra marks: the planner may then
+	// re-place (or finally fail) their tasks.
+	ConfirmInfra(ctx context.Context, cs []Confirm) ([]MarkResult, error)
+	// OverrideInfra settles attempts as successes over their provisional
+	// infra marks from a durable SUCCESS record, and appends "outcome
+	// recovered from the durable record over <mark>" to each one's log in
+	// the same write.
+	OverrideInfra(ctx context.Context, os []Override) ([]MarkResult, error)
+	// Settle settles finished attempts from their outcome records.
+	Settle(ctx context.Context, ss []Settlement) ([]MarkResult, error)
 }
 
 // Executions is the part of a substrate a reaper uses: the world where
@@ -99,6 +119,7 @@ type Reaper interface {
 	// carries it too). Every judgment it makes, one per attempt or run it
 	// judged, goes to sink, as it goes or at the end; decisions recorded
 	// before an error are kept. It returns the state to hand to its next
-	// pass.
+	// pass; a pass that fails may return one too (nil: the host keeps the
+	// previous state).
 	Reap(ctx context.Context, pass Pass, board Board, exec Executions, sink Sink) (PassResult, error)
 }

@@ -78,7 +78,7 @@ const (
 	// LabelPassError: a reaper's pass ended in an error.
 	LabelPassError = "reap_pass_error"
 
-	// The Lite runner's rails (substrate/lite/runner). The two failures are
+	// The Lite runner's rails (runner/literunner). The two failures are
 	// also the failure_reason the runner writes when it ends a task for good.
 
 	// LabelTaskRetry: a task failure with retries left started its next try.

@@ -97,6 +97,9 @@ const (
 	FieldRunningAt   TimeField = "running_at"
 	FieldHeartbeatAt TimeField = "last_heartbeat_at"
 	FieldMarkedAt    TimeField = "infra_marked_at"
+	// FieldEndedAt is when the attempt last ended or parked: a report of
+	// up_for_retry, up_for_reschedule or a failure stamps it.
+	FieldEndedAt TimeField = "ended_at"
 )
 
 // HeartbeatFilter selects on whether the current attempt has heartbeated.
@@ -138,6 +141,7 @@ type Candidate struct {
 	RunningAt        time.Time
 	LastHeartbeatAt  time.Time
 	ReleasedAt       time.Time
+	EndedAt          time.Time // the end of the attempt, or when it parked
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
 	LastFailureKind  string
@@ -197,6 +201,11 @@ const (
 	NoopLocked      = "locked"      // another transaction holds a row
 	NoopActive      = "active"      // the run has a live task instance or fresh activity
 	NoopNotFound    = "not_found"   // no such row
+	// NoopRunFinished: the run is no longer running (an override, a settle).
+	NoopRunFinished = "run_finished"
+	// NoopValveOpen: the infra mark is older than the override allows (the
+	// confirmation valve has opened on it).
+	NoopValveOpen = "valve_open"
 )
 
 // MarkResult says whether one mark was applied.
@@ -283,8 +292,12 @@ type Confirm struct {
 type Override struct {
 	Attempt
 	MarkedAfter time.Time
-	Term        int64
-	At          time.Time
+	// EndedAt is when the attempt really ended, as its record or its
+	// container says (zero: At); the attempt's ended_at, from which its
+	// duration is measured (reaperctl tune), is this, not the sweep's time.
+	EndedAt time.Time
+	Term    int64
+	At      time.Time
 }
 
 // Outcome is how a finished execution ended, as its durable outcome record
@@ -318,6 +331,9 @@ type Settlement struct {
 	// error_message, starting with it.
 	Reason  string
 	Message string
+	// EndedAt is when the attempt really ended, as its record or its
+	// container says (zero: At).
+	EndedAt time.Time
 	Term    int64
 	At      time.Time
 }
@@ -427,4 +443,13 @@ type SweepResult struct {
 type WarmWorker struct {
 	Name  string
 	Phase string
+}
+
+// EndOf is when an attempt settled from an outcome ended: ended when it
+// says so, else at.
+func EndOf(ended, at time.Time) time.Time {
+	if ended.IsZero() {
+		return at
+	}
+	return ended
 }

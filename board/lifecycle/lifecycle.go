@@ -171,6 +171,84 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	return nil
 }
 
+// StartQueuedRuns starts queued runs, oldest first (by creation, then run
+// id: a queued run's updated_at is its creation, since nothing writes a run
+// before it starts), while fewer than maxRunning runs are running (0 or less: no cap),
+// at most limit of them (at most a page). It returns the runs it started
+// and how many queued runs are still waiting. The cap is read and the runs
+// started in one statement.
+func (w *Writer) StartQueuedRuns(ctx context.Context, maxRunning, limit int, now time.Time) ([]string, int, error) {
+	limit = pageLimit(limit)
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var (
+		started []string
+		waiting int
+	)
+	err := w.pool.QueryRow(ctx, `WITH room AS (
+    SELECT CASE WHEN $1 <= 0 THEN $2
+                ELSE LEAST($2, GREATEST(0, $1 - (SELECT count(*) FROM runs WHERE state = 'running'))) END AS n
+),
+pick AS (
+    SELECT run_id FROM runs WHERE state = 'queued'
+    ORDER BY updated_at, run_id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+),
+started AS (
+    UPDATE runs r SET state = 'running', started_at = $3, updated_at = $3
+    FROM pick WHERE r.run_id = pick.run_id AND r.state = 'queued'
+    RETURNING r.run_id
+)
+SELECT coalesce((SELECT array_agg(run_id ORDER BY run_id) FROM started), '{}'),
+       (SELECT count(*) FROM runs WHERE state = 'queued') - (SELECT count(*) FROM started)`,
+		maxRunning, limit, now).Scan(&started, &waiting)
+	if err != nil {
+		return nil, 0, fmt.Errorf("board: start queued runs: %w", err)
+	}
+	return started, waiting, nil
+}
+
+// RunningSince returns, of the given attempts, those that have reported
+// running, with the time they were queued and the time they started
+// running: the runner's dispatch latency. At most a page of attempts.
+func (w *Writer) RunningSince(ctx context.Context, as []sdk.Attempt) (map[sdk.Attempt][2]time.Time, error) {
+	out := map[sdk.Attempt][2]time.Time{}
+	if len(as) == 0 {
+		return out, nil
+	}
+	runs, tasks := make([]string, len(as)), make([]string, len(as))
+	tries, epochs := make([]int32, len(as)), make([]int32, len(as))
+	for i, a := range as {
+		runs[i], tasks[i], tries[i], epochs[i] = a.RunID, a.TaskID, a.Try, a.Epoch
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `SELECT ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.queued_at, ti.running_at
+FROM task_instances ti
+JOIN unnest($1::text[], $2::text[], $3::int4[], $4::int4[]) AS a(run_id, task_id, try_number, attempt_epoch)
+  ON ti.run_id = a.run_id AND ti.task_id = a.task_id AND ti.try_number = a.try_number AND ti.attempt_epoch = a.attempt_epoch
+WHERE ti.running_at IS NOT NULL AND ti.queued_at IS NOT NULL`, runs, tasks, tries, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("board: read running attempts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			a            sdk.Attempt
+			queued, runs time.Time
+		)
+		if err := rows.Scan(&a.RunID, &a.TaskID, &a.Try, &a.Epoch, &queued, &runs); err != nil {
+			return nil, fmt.Errorf("board: read running attempts: %w", err)
+		}
+		out[a] = [2]time.Time{queued, runs}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("board: read running attempts: %w", err)
+	}
+	return out, nil
+}
+
 // StartRun moves a queued run to running and stamps its start.
 func (w *Writer) StartRun(ctx context.Context, runID string, now time.Time) (bool, error) {
 	ctx, cancel := w.bound(ctx)

@@ -196,6 +196,9 @@ type FinishedRun struct {
 	// Unsuccessful lists, by task id, the task instances that neither
 	// succeeded nor were skipped (empty for a success).
 	Unsuccessful []string
+	// SettledAt is when its last task instance ended (zero when none did):
+	// the finalization's latency is measured from it.
+	SettledAt time.Time
 }
 
 // FinishSettledRuns finishes up to limit running runs (at most
@@ -218,7 +221,7 @@ func (w *Writer) FinishSettledRuns(ctx context.Context, limit int, now time.Time
     ORDER BY r.run_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 ),
 summary AS (
-    SELECT d.run_id, d.seen,
+    SELECT d.run_id, d.seen, max(ti.ended_at) AS settled_at,
         coalesce(array_agg(ti.task_id ORDER BY ti.task_id)
             FILTER (WHERE ti.state NOT IN ('success', 'skipped')), '{}') AS unsuccessful
     FROM done d LEFT JOIN task_instances ti ON ti.run_id = d.run_id
@@ -232,12 +235,12 @@ fin AS (
             ELSE 'tasks not successful: ' || array_to_string(s.unsuccessful, ', ') END
     FROM summary s
     WHERE r.run_id = s.run_id AND r.state = 'running' AND r.xmin::text = s.seen
-    RETURNING r.run_id, r.state, s.unsuccessful
+    RETURNING r.run_id, r.state, s.unsuccessful, s.settled_at
 ),
 closed AS (
     UPDATE task_instances ti SET run_closed = true FROM fin WHERE ti.run_id = fin.run_id
 )
-SELECT run_id, state, unsuccessful FROM fin`
+SELECT run_id, state, unsuccessful, settled_at FROM fin`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	rows, err := w.pool.Query(ctx, sql, now)
@@ -245,8 +248,14 @@ SELECT run_id, state, unsuccessful FROM fin`
 		return nil, fmt.Errorf("board: finish settled runs: %w", err)
 	}
 	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FinishedRun, error) {
-		var f FinishedRun
-		err := row.Scan(&f.RunID, &f.State, &f.Unsuccessful)
+		var (
+			f       FinishedRun
+			settled *time.Time
+		)
+		err := row.Scan(&f.RunID, &f.State, &f.Unsuccessful, &settled)
+		if settled != nil {
+			f.SettledAt = *settled
+		}
 		return f, err
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -297,10 +298,15 @@ func TestFinishSettledRuns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// SettledAt: the last task end, from which the finalization's
+		// latency is measured (none for a run without task instances).
 		want := []lifecycle.FinishedRun{
-			{RunID: "bad", State: sdk.RunFailed, Unsuccessful: []string{"b", "c"}},
+			{RunID: "bad", State: sdk.RunFailed, Unsuccessful: []string{"b", "c"}, SettledAt: at},
 			{RunID: "empty", State: sdk.RunSuccess, Unsuccessful: []string{}},
-			{RunID: "ok", State: sdk.RunSuccess, Unsuccessful: []string{}},
+			{RunID: "ok", State: sdk.RunSuccess, Unsuccessful: []string{}, SettledAt: at},
+		}
+		for i := range got {
+			got[i].SettledAt = got[i].SettledAt.UTC()
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("finished %+v, want %+v", got, want)
@@ -461,4 +467,41 @@ func TestRailsCheckTheRunsState(t *testing.T) {
 			t.Fatalf("run %+v, %v", run, err)
 		}
 	})
+}
+
+// The run start cap: N queued runs with a cap of M start M at a time,
+// oldest first; a finished run makes room for the next oldest.
+func TestStartQueuedRunsUnderTheCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	for i, id := range []string{"r3", "r1", "r5", "r2", "r4"} {
+		// Created a minute apart, in this order: r3 is the oldest.
+		err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: id, DagID: "dag", State: sdk.RunQueued,
+			Tasks: []lifecycle.NewTask{lite("a", 0)}}, base.Add(time.Duration(i)*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := base.Add(time.Hour)
+	started, waiting, err := b.w.StartQueuedRuns(ctx, 2, 0, at)
+	if err != nil || !slices.Equal(started, []string{"r1", "r3"}) || waiting != 3 {
+		t.Fatalf("first tick: started %v, waiting %d, %v; want r3 and r1 (the oldest), 3 waiting", started, waiting, err)
+	}
+	if started, waiting, err := b.w.StartQueuedRuns(ctx, 2, 0, at); err != nil || len(started) != 0 || waiting != 3 {
+		t.Fatalf("at the cap: started %v, waiting %d, %v", started, waiting, err)
+	}
+	if ok, err := b.w.FinishRun(ctx, "r3", sdk.RunSuccess, "", at); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if started, waiting, err := b.w.StartQueuedRuns(ctx, 2, 0, at); err != nil || !slices.Equal(started, []string{"r5"}) || waiting != 2 {
+		t.Fatalf("after a finish: started %v, waiting %d, %v; want r5, the next oldest", started, waiting, err)
+	}
+	if started, waiting, err := b.w.StartQueuedRuns(ctx, 0, 0, at); err != nil || len(started) != 2 || waiting != 0 {
+		t.Fatalf("no cap: started %v, waiting %d, %v; want the rest", started, waiting, err)
+	}
+	run, err := b.w.Run(ctx, "r5")
+	if err != nil || run.State != sdk.RunRunning || !run.StartedAt.Equal(at) {
+		t.Fatalf("a started run: %+v, %v", run, err)
+	}
 }

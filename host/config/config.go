@@ -15,9 +15,12 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/zclconf/go-cty/cty"
+	"github.com/zclconf/go-cty/cty/convert"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
 // EnvDSN overrides store.dsn when set.
@@ -52,6 +55,13 @@ type Config struct {
 	Substrate PluginBlock
 	Reapers   []PluginBlock // in configured order
 
+	// RecordDir is the Lite record directory, resolved once here: the
+	// record_dir of the substrate "lite" block (relative to the file), or
+	// $TMPDIR/dexaflow-agent-pids-<uid> when it is empty or absent. The
+	// host hands it to the Lite substrate plugin (as its record_dir value)
+	// and to the runner, so the two cannot disagree. Empty on kube.
+	RecordDir string
+
 	// Runner is the runner block (Lite only): the built-in scheduler that
 	// dispatches Lite tasks as agent processes. nil when absent.
 	Runner *Runner
@@ -62,6 +72,9 @@ type Config struct {
 	// ranges records where ladder keys were set, for ladder diagnostics.
 	ranges map[string]hcl.Range
 	file   hcl.Range
+	// editionRange and leaderRange are where the edition and the leader
+	// kind were written (zero when absent).
+	editionRange, leaderRange hcl.Range
 }
 
 // Leader is the leader block.
@@ -79,10 +92,11 @@ type Telemetry struct {
 
 // Runner is the runner block.
 type Runner struct {
-	Interval    time.Duration // the runner's tick; 0: its default (1s)
-	MaxParallel int           // bound on queued plus running Lite attempts; 0: none
-	Agent       string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
-	LogDir      string        // where task output and agent logs go; default: the record directory
+	Interval      time.Duration // the runner's tick; 0: its default (1s)
+	MaxParallel   int           // bound on queued plus running Lite attempts; 0: none
+	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
+	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
+	LogDir        string        // where task output and agent logs go; default: the record directory
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -101,6 +115,11 @@ const (
 	keyDryRun = "dry_run"
 	keySHA256 = "sha256"
 )
+
+// RecordDirKey is the attribute of the substrate "lite" block that the host
+// reads too (see Config.RecordDir). It stays the plugin's attribute: the
+// plugin declares it and receives the resolved value.
+const RecordDirKey = "record_dir"
 
 // Error is a configuration error: one or more diagnostics, each naming the
 // file, line and column.
@@ -147,6 +166,58 @@ func Load(path string, opts Options) (*Config, error) {
 		return nil, fmt.Errorf("read configuration: %w", err)
 	}
 	return Parse(path, src, opts)
+}
+
+// Parse is Load on bytes already read.
+func Parse(path string, src []byte, opts Options) (*Config, error) {
+	cfg, diags := Check(path, src, opts)
+	if diags.HasErrors() {
+		return nil, &Error{Diags: diags}
+	}
+	return cfg, nil
+}
+
+// CheckFile is Check on a file. The error is a file that cannot be read.
+func CheckFile(path string, opts Options) (*Config, hcl.Diagnostics, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read configuration: %w", err)
+	}
+	cfg, diags := Check(path, src, opts)
+	return cfg, diags, nil
+}
+
+// Check decodes a configuration like Parse but does not stop at the first
+// problem: it returns every diagnostic of the file, and the configuration as
+// far as it could be decoded (nil only when the file is not valid HCL), so
+// that reaperd validate can go on to check the plugins' blocks too. A
+// configuration that comes with errors must not be run.
+func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	parser := hclparse.NewParser()
+	file, diags := parser.ParseHCL(src, path)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	content, diags := file.Body.Content(rootSchema)
+	cfg := &Config{
+		Path:      path,
+		Leader:    Leader{Kind: LeaderPostgres, Lease: DefaultLease},
+		Ladder:    ladder.Defaults(),
+		Telemetry: Telemetry{Listen: DefaultTelemetryAddr},
+		ranges:    map[string]hcl.Range{},
+		file:      file.Body.MissingItemRange(),
+	}
+	diags = append(diags, cfg.decode(content)...)
+	if env := getenv(EnvDSN); env != "" {
+		cfg.StoreDSN = env
+	}
+	diags = append(diags, cfg.validateLadder()...)
+	diags = append(diags, cfg.refuseUnavailable()...)
+	return cfg, diags
 }
 
 var rootSchema = &hcl.BodySchema{
@@ -203,6 +274,7 @@ var (
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
 		{Name: "max_parallel", Type: sdk.TypeNumber, Default: float64(0)},
+		{Name: "max_active_runs", Type: sdk.TypeNumber, Default: float64(0)},
 		{Name: "agent", Type: sdk.TypeString},
 		{Name: "log_dir", Type: sdk.TypeString},
 	}}
@@ -211,30 +283,9 @@ var (
 	}}
 )
 
-// Parse is Load on bytes already read.
-func Parse(path string, src []byte, opts Options) (*Config, error) {
-	getenv := opts.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	parser := hclparse.NewParser()
-	file, diags := parser.ParseHCL(src, path)
-	if diags.HasErrors() {
-		return nil, &Error{Diags: diags}
-	}
-	content, diags := file.Body.Content(rootSchema)
-	if diags.HasErrors() {
-		return nil, &Error{Diags: diags}
-	}
-	cfg := &Config{
-		Path:      path,
-		Leader:    Leader{Kind: LeaderPostgres, Lease: DefaultLease},
-		Ladder:    ladder.Defaults(),
-		Telemetry: Telemetry{Listen: DefaultTelemetryAddr},
-		ranges:    map[string]hcl.Range{},
-		file:      file.Body.MissingItemRange(),
-	}
-
+// decode fills cfg from the file's content and returns every problem found.
+func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
+	var diags hcl.Diagnostics
 	// Top-level attributes go through the same typed decoder as blocks.
 	attrBody := hcl.Body(attrsOnly{content.Attributes})
 	top, _, d := DecodeBlock(attrBody, rootAttrs)
@@ -242,6 +293,9 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 	cfg.Edition = top.String("edition")
 	cfg.PluginDir = top.String("plugin_dir")
 	cfg.DryRun = top.Bool("dry_run")
+	if a, ok := content.Attributes["edition"]; ok {
+		cfg.editionRange = a.Expr.Range()
+	}
 	if a, ok := content.Attributes["edition"]; ok && !d.HasErrors() &&
 		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
 		r := a.Expr.Range()
@@ -249,9 +303,7 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 			Summary: `Invalid value for "edition"`,
 			Detail:  fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)})
 	}
-	if cfg.PluginDir != "" && !filepath.IsAbs(cfg.PluginDir) {
-		cfg.PluginDir = filepath.Join(filepath.Dir(path), cfg.PluginDir)
-	}
+	cfg.PluginDir = cfg.relative(cfg.PluginDir)
 
 	seen := map[string]*hcl.Block{}
 	once := func(b *hcl.Block) bool {
@@ -324,6 +376,12 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 			pb, d := decodePluginBlock(b, sdk.KindSubstrate, cfg.DryRun)
 			diags = append(diags, d...)
 			cfg.Substrate = pb
+			if pb.Name == ladder.EditionLite {
+				cfg.RecordDir = cfg.relative(peekString(pb.Body, RecordDirKey))
+				if cfg.RecordDir == "" {
+					cfg.RecordDir = records.DefaultPath()
+				}
+			}
 		case "reaper":
 			name := b.Labels[0]
 			if prev, ok := reaperSeen[name]; ok {
@@ -350,16 +408,36 @@ func Parse(path string, src []byte, opts Options) (*Config, error) {
 			Summary: "Substrate does not match the edition",
 			Detail:  fmt.Sprintf("edition %q needs substrate %q, not %q.", cfg.Edition, cfg.Edition, cfg.Substrate.Name)})
 	}
-	if env := getenv(EnvDSN); env != "" {
-		cfg.StoreDSN = env
+	return diags
+}
+
+// relative makes a path written in the file relative to the file's
+// directory; "" stays "".
+func (cfg *Config) relative(path string) string {
+	if path == "" || filepath.IsAbs(path) {
+		return path
 	}
-	if diags.HasErrors() {
-		return nil, &Error{Diags: diags}
+	return filepath.Join(filepath.Dir(cfg.Path), path)
+}
+
+// peekString reads one string attribute of a plugin block without taking
+// it from the block (the plugin's schema still decodes it, and reports its
+// problems). A missing or malformed value reads "".
+func peekString(body hcl.Body, name string) string {
+	content, _, _ := body.PartialContent(&hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: name}}})
+	a, ok := content.Attributes[name]
+	if !ok {
+		return ""
 	}
-	if d := cfg.validateLadder(); d.HasErrors() {
-		return nil, &Error{Diags: d}
+	v, diags := a.Expr.Value(nil)
+	if diags.HasErrors() || v.IsNull() || !v.IsWhollyKnown() {
+		return ""
 	}
-	return cfg, nil
+	v, err := convert.Convert(v, cty.String)
+	if err != nil {
+		return ""
+	}
+	return v.AsString()
 }
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
@@ -373,10 +451,17 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 			Summary: `Invalid value for "max_parallel"`, Detail: "max_parallel must be a whole number, 0 or more."})
 	}
 	r.MaxParallel = int(n)
+	n = v.Number("max_active_runs")
+	if n < 0 || n != float64(int(n)) {
+		rr := ranges["max_active_runs"]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: `Invalid value for "max_active_runs"`, Detail: "max_active_runs must be a whole number, 0 (no cap) or more."})
+	}
+	r.MaxActiveRuns = int(n)
 	if r.Agent == "" && cfg.PluginDir != "" {
 		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
-	} else if r.Agent != "" && !filepath.IsAbs(r.Agent) {
-		r.Agent = filepath.Join(filepath.Dir(cfg.Path), r.Agent)
+	} else {
+		r.Agent = cfg.relative(r.Agent)
 	}
 	if cfg.Edition != ladder.EditionLite {
 		dr := b.DefRange
@@ -391,6 +476,7 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	kind := b.Labels[0]
 	cfg.Leader.Kind = kind
+	cfg.leaderRange = b.LabelRanges[0]
 	v, _, diags := DecodeBlock(b.Body, leaderSchema)
 	if lease, _ := v.Duration("lease"); lease != 0 {
 		cfg.Leader.Lease = lease

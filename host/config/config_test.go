@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,7 @@ func TestBadFiles(t *testing.T) {
 		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
 		{"RunnerOnKube", "edition = \"kube\"\nsubstrate \"kube\" {}\nrunner {}\n", []string{"reaper.hcl:3:1:", "lite"}},
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
+		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
 	}
 	for _, tc := range cases {
@@ -132,10 +134,15 @@ func TestLadderRules(t *testing.T) {
 	}
 
 	t.Run("DefaultsPass", func(t *testing.T) {
-		for _, ed := range []string{"lite", "kube"} {
-			if _, err := parse(t, "edition = \""+ed+"\"\nsubstrate \""+ed+"\" {}\n", nil); err != nil {
-				t.Errorf("%s defaults: %v", ed, err)
-			}
+		if _, err := parse(t, minimal, nil); err != nil {
+			t.Errorf("lite defaults: %v", err)
+		}
+		// The kube defaults pass the ladder; the edition itself is refused
+		// (TestKubeRefusedUntilReal), and only for that.
+		_, err := parse(t, "edition = \"kube\"\nsubstrate \"kube\" {}\n", nil)
+		var cerr *config.Error
+		if !errors.As(err, &cerr) || len(cerr.Diags) != 1 || !strings.Contains(err.Error(), "not available in this build") {
+			t.Errorf("kube defaults: %v, want the edition refused alone", err)
 		}
 	})
 
@@ -258,4 +265,82 @@ func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestKubeRefusedUntilReal(t *testing.T) {
+	cases := []struct {
+		name, src string
+		want      []string
+	}{
+		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
+			[]string{`reaper.hcl:1:11: Edition "kube" is not available`, "The Kubernetes edition is not available in this build yet"}},
+		{"KubernetesLeader", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n  name = \"y\"\n}\n",
+			[]string{`reaper.hcl:3:8: Leader "kubernetes" is not available`, "not available in this build yet"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.src, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckReportsEveryProblem(t *testing.T) {
+	src := "edition = \"lite\"\ncolour = \"red\"\nsubstrate \"lite\" {}\nladder {\n  agent_lost = \"10s\"\n}\nmaintenance {\n  interval = 30\n}\n"
+	cfg, diags := config.Check("reaper.hcl", []byte(src), config.Options{Getenv: func(string) string { return "" }})
+	if cfg == nil {
+		t.Fatal("no configuration decoded")
+	}
+	msg := config.FormatDiagnostics(diags)
+	for _, w := range []string{
+		`reaper.hcl:2:1: Unsupported argument`,
+		`reaper.hcl:8:14: Invalid value for "interval"`,
+		`reaper.hcl:5:16: Timing ladder out of order: agent_lost (10s) must be greater than heartbeat (15s)`,
+	} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("diagnostics lack %q:\n%s", w, msg)
+		}
+	}
+}
+
+func TestRecordDir(t *testing.T) {
+	load := func(t *testing.T, src string) *config.Config {
+		t.Helper()
+		dir := t.TempDir()
+		path := filepath.Join(dir, "r.hcl")
+		if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path, config.Options{Getenv: func(string) string { return "" }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	t.Run("DefaultIsTheTemporaryDirectoryOfTheUser", func(t *testing.T) {
+		cfg := load(t, minimal)
+		want := filepath.Join(os.TempDir(), "dexaflow-agent-pids-"+strconv.Itoa(os.Getuid()))
+		if cfg.RecordDir != want {
+			t.Fatalf("record dir %q, want %q", cfg.RecordDir, want)
+		}
+	})
+	t.Run("EmptyIsTheDefault", func(t *testing.T) {
+		cfg := load(t, "edition = \"lite\"\nsubstrate \"lite\" {\n  record_dir = \"\"\n}\n")
+		if !strings.HasPrefix(filepath.Base(cfg.RecordDir), "dexaflow-agent-pids-") {
+			t.Fatalf("record dir %q", cfg.RecordDir)
+		}
+	})
+	t.Run("RelativeToTheFile", func(t *testing.T) {
+		cfg := load(t, "edition = \"lite\"\nsubstrate \"lite\" {\n  record_dir = \"records\"\n}\n")
+		if cfg.RecordDir != filepath.Join(filepath.Dir(cfg.Path), "records") {
+			t.Fatalf("record dir %q", cfg.RecordDir)
+		}
+	})
 }

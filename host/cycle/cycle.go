@@ -305,8 +305,15 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	if err != nil {
 		// What the reaper decided before the error is kept (over gRPC
-		// too: the decisions travel ahead of the error).
+		// too: the decisions travel ahead of the error), and so is the
+		// state it handed back, if any: what it owes its next pass (an
+		// orphan stop in flight, a kill line) must not be lost with it.
 		l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
+		if pr.State != nil {
+			l.mu.Lock()
+			l.states[r.Name] = pr.State
+			l.mu.Unlock()
+		}
 		// Its share ran out (the phase's own deadline included), as
 		// opposed to the loop shutting down: the plugin may still be busy.
 		if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || elapsed > share {

@@ -15,11 +15,7 @@ const noopDryRun = "dry_run"
 type dryRunBoard struct{ sdk.Board }
 
 func (b dryRunBoard) Mark(_ context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
-	out := make([]sdk.MarkResult, len(marks))
-	for i, m := range marks {
-		out[i] = sdk.MarkResult{Attempt: m.Attempt, NoopReason: noopDryRun}
-	}
-	return out, nil
+	return dryRunResults(marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt }), nil
 }
 
 func (b dryRunBoard) ReapRun(context.Context, sdk.RunReap) (sdk.RunReapResult, error) {
@@ -36,4 +32,27 @@ func (e dryRunExecutions) Teardown(context.Context, sdk.TeardownRequest) ([]sdk.
 
 func (e dryRunExecutions) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult, error) {
 	return sdk.StopResult{Detail: noopDryRun}, nil
+}
+
+// The reconciler's writes are refused like marks; listing still reads.
+
+func (b dryRunBoard) ConfirmInfra(_ context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return dryRunResults(cs, func(c sdk.Confirm) sdk.Attempt { return c.Attempt }), nil
+}
+
+func (b dryRunBoard) OverrideInfra(_ context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
+	return dryRunResults(os, func(o sdk.Override) sdk.Attempt { return o.Attempt }), nil
+}
+
+func (b dryRunBoard) Settle(_ context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return dryRunResults(ss, func(s sdk.Settlement) sdk.Attempt { return s.Attempt }), nil
+}
+
+// dryRunResults answers every request of a batch as a dry-run no-op.
+func dryRunResults[T any](reqs []T, attempt func(T) sdk.Attempt) []sdk.MarkResult {
+	out := make([]sdk.MarkResult, len(reqs))
+	for i, r := range reqs {
+		out[i] = sdk.MarkResult{Attempt: attempt(r), NoopReason: noopDryRun}
+	}
+	return out
 }

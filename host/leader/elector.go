@@ -20,7 +20,9 @@ type Lease interface {
 	// Renew extends the lease of term for holder; false when that term is
 	// no longer the current one or is not held by holder.
 	Renew(ctx context.Context, term int64, holder string, ttl time.Duration, now time.Time) (bool, error)
-	// Resign releases the lease of term held by holder, if it still is.
+	// Resign releases the lease of term held by holder, if it still is;
+	// term 0 releases whatever term holder holds (an acquisition whose
+	// answer was lost may have won one).
 	Resign(ctx context.Context, term int64, holder string) error
 }
 
@@ -88,6 +90,9 @@ type Elector struct {
 	state Status
 	// lastErr is the last store error, for health reporting.
 	lastErr error
+	// unsure: the last acquisition's answer was lost, so it may have won a
+	// term this replica does not know of (Resign releases it by holder).
+	unsure bool
 }
 
 // New returns an Elector.
@@ -149,11 +154,14 @@ func (e *Elector) Step(ctx context.Context) Status {
 	case err != nil:
 		e.cfg.Logger.Warn("lease acquisition failed", "error", err)
 		e.state.Leading = false
+		e.unsure = true
 	case ok:
+		e.unsure = false
 		e.state = Status{Leading: true, Term: term, Since: start, ValidUntil: start.Add(e.cfg.Lease - e.cfg.Margin)}
 		e.cfg.Logger.Info("gained leadership", "term", term, "holder", e.cfg.Holder)
 	default:
 		e.state.Leading = false
+		e.unsure = false
 	}
 	return e.statusLocked(start)
 }
@@ -185,13 +193,23 @@ func (e *Elector) Run(ctx context.Context) {
 func (e *Elector) Resign() {
 	e.mu.Lock()
 	s := e.state
+	unsure := e.unsure
 	e.state.Leading = false
+	e.unsure = false
 	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !s.Leading && unsure {
+		// The last acquisition may have won a term whose answer never came:
+		// release whatever this replica holds, so no successor waits for it.
+		if err := e.lease.Resign(ctx, 0, e.cfg.Holder); err != nil {
+			e.cfg.Logger.Warn("releasing a lease this replica may hold failed; it will expire on its own", "error", err)
+		}
+		return
+	}
 	if s.Term == 0 || !s.Leading {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	if err := e.lease.Resign(ctx, s.Term, e.cfg.Holder); err != nil {
 		e.cfg.Logger.Warn("resigning the lease failed; it will expire on its own", "term", s.Term, "error", err)
 		return

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/dexaflow/reaper/sdk/plugin"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -20,8 +19,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/go-plugin/runner"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
 // BinaryName is the file name of a plugin: reaper-<name> for a reaper,
@@ -46,6 +47,12 @@ type Loader struct {
 	Logger hclog.Logger
 	// Env is added to each plugin's environment (after the host's own).
 	Env []string
+	// SocketDir is where each plugin gets the directory of its unix sockets
+	// (both ends': the plugin's listeners and the host's broker listener),
+	// removed when the plugin is killed. The host gives its own (a
+	// SocketDir's Path) so that sockets of a host killed with kill -9 can be
+	// swept; "" is the system's temporary directory.
+	SocketDir string
 }
 
 // Plugin is a launched plugin process.
@@ -84,28 +91,28 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if err := checkExecutable(path); err != nil {
 		return nil, fail(err)
 	}
-	var secure *goplugin.SecureConfig
 	if spec.SHA256 != "" {
 		sum, err := hex.DecodeString(spec.SHA256)
 		if err != nil {
 			return nil, fail(fmt.Errorf("bad sha256 %q: %w", spec.SHA256, err))
 		}
-		secure = &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+		if err := checksum(path, &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()}); err != nil {
+			return nil, fail(classify(err))
+		}
 	}
 	logger := l.Logger
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	cmd := exec.Command(path)
-	cmd.Env = append(os.Environ(), l.Env...)
-	dieWithHost(cmd)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		VersionedPlugins: plugin.PluginSets(),
-		Cmd:              cmd,
+		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
+			return newProcess(path, spec, l.Env)
+		},
+		UnixSocketConfig: &goplugin.UnixSocketConfig{TempDir: l.SocketDir},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		SecureConfig:     secure,
 		Logger:           logger.Named(spec.Name),
 		Managed:          false,
 	})

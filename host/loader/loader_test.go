@@ -21,6 +21,7 @@ import (
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 // pluginDir holds the real plugin binaries built once for this package.
@@ -45,6 +46,10 @@ func runMain(m *testing.M) int {
 	}
 	if err := build("./testdata/testreaper", "reaper-echo"); err != nil {
 		fmt.Fprintln(os.Stderr, "build test plugin:", err)
+		return 1
+	}
+	if err := build("./testdata/testsubstrate", "reaper-substrate-reconcile"); err != nil {
+		fmt.Fprintln(os.Stderr, "build test substrate:", err)
 		return 1
 	}
 	if err := build("../../substrate/kube/cmd/reaper-substrate-kube", "reaper-substrate-kube"); err != nil {
@@ -116,6 +121,22 @@ func (b *recordingBoard) ReapRun(context.Context, sdk.RunReap) (sdk.RunReapResul
 }
 
 func (b *recordingBoard) AppendLog(context.Context, int64, []sdk.LogLine) error { return nil }
+
+func (b *recordingBoard) ListProvisional(context.Context, sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
+	return sdk.CandidatePage{}, nil
+}
+
+func (b *recordingBoard) ConfirmInfra(context.Context, []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
+func (b *recordingBoard) OverrideInfra(context.Context, []sdk.Override) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
+func (b *recordingBoard) Settle(context.Context, []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
 
 // scriptedExec answers liveness from a map.
 type scriptedExec struct {
@@ -240,6 +261,46 @@ func TestLaunch(t *testing.T) {
 		}
 	})
 
+	t.Run("SweepReconcilesThroughTheBrokeredBoard", func(t *testing.T) {
+		p, err := launch(t, loader.Spec{Kind: sdk.KindSubstrate, Name: "reconcile"})
+		if err != nil {
+			t.Fatalf("launch: %v", err)
+		}
+		now := sdktest.T0()
+		board := sdktest.NewBoard()
+		board.SetDefaultExecutor(sdk.ExecutorKube)
+		provisional := func(task, reason string, markedAt time.Time) sdk.Attempt {
+			return board.Put(sdktest.TaskInstance{RunID: "r", TaskID: task, State: sdk.StateFailed,
+				LastFailureKind: sdk.FailureInfra, MarkReason: reason, InfraMarkedAt: markedAt, EndedAt: markedAt})
+		}
+		confirmed := provisional("lost", sdk.LabelPodLost, now.Add(-100*time.Second))
+		overridden := provisional("finished", sdk.LabelAgentLost, now.Add(-time.Minute))
+		running := board.PutRunning("r", "done", now.Add(-time.Hour), now.Add(-time.Minute))
+
+		res, err := p.Substrate().Sweep(context.Background(), sdk.SweepRequest{Now: now, Term: board.Term()}, board)
+		if err != nil {
+			t.Fatalf("sweep: %v", err)
+		}
+		if len(res.Overrides) != 1 || res.Overrides[sdk.LabelAgentLost] != 1 {
+			t.Fatalf("overrides %v, want one over agent_lost", res.Overrides)
+		}
+		if r := board.Row(confirmed); !r.InfraConfirmedAt.Equal(now) || r.State != sdk.StateFailed {
+			t.Fatalf("the confirmed mark: %+v", r)
+		}
+		if got := board.Log(confirmed); len(got) != 1 || got[0] != "confirmed by the sweep" {
+			t.Fatalf("log of the confirmed attempt: %q", got)
+		}
+		if r := board.Row(overridden); r.State != sdk.StateSuccess || r.LastFailureKind != "" {
+			t.Fatalf("the overridden mark: %+v", r)
+		}
+		if got := board.Log(overridden); len(got) != 1 || got[0] != sdk.OverrideLogLine(sdk.LabelAgentLost) {
+			t.Fatalf("log of the overridden attempt: %q", got)
+		}
+		if r := board.Row(running); r.State != sdk.StateSuccess || !r.EndedAt.Equal(now) {
+			t.Fatalf("the settled attempt: %+v", r)
+		}
+	})
+
 	t.Run("ChecksumMatch_Accepted", func(t *testing.T) {
 		sum := fileSHA256(t, filepath.Join(pluginDir, "reaper-echo"))
 		if _, err := launch(t, loader.Spec{Kind: sdk.KindReaper, Name: "echo", SHA256: sum}); err != nil {
@@ -324,14 +385,15 @@ func TestPassFailures(t *testing.T) {
 		}
 	})
 
-	t.Run("BadConfigurationIsRefusedByThePlugin", func(t *testing.T) {
+	t.Run("BadConfigurationIsRefusedInThePluginsOwnWords", func(t *testing.T) {
 		p, err := launch(t, loader.Spec{Kind: sdk.KindReaper, Name: "echo"})
 		if err != nil {
 			t.Fatalf("launch: %v", err)
 		}
 		err = p.Base().Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{"mode": "sideways"}})
-		if err == nil || !strings.Contains(err.Error(), "mode must be") {
-			t.Fatalf("err = %v", err)
+		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not "sideways"`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want exactly the plugin's sentence %q", err, want)
 		}
 	})
 }
@@ -385,14 +447,15 @@ func TestPassDecisionsReportedEarly(t *testing.T) {
 		}
 	})
 
-	t.Run("FailedPassStillDeliversItsDecisions", func(t *testing.T) {
+	t.Run("FailedPassStillDeliversItsDecisionsAndState", func(t *testing.T) {
 		res, ds, err := run(t, "report_fail")
 		if err == nil || !strings.Contains(err.Error(), "failed on purpose") {
 			t.Fatalf("err = %v, want the pass's error", err)
 		}
 		want(t, ds, 155)
-		if res.State != nil {
-			t.Fatalf("a failed pass returned state %q", res.State)
+		// What the pass owes its next one travels ahead of the error.
+		if string(res.State) != "reported" {
+			t.Fatalf("a failed pass's state %q did not arrive", res.State)
 		}
 	})
 }

@@ -27,6 +27,14 @@ type Metrics struct {
 	pluginRestarts *prometheus.CounterVec
 	cycles         prometheus.Counter
 	lastCycle      prometheus.Gauge
+
+	// The runner's collectors (Lite runner block), written on every tick
+	// or dispatch.
+	loopDuration    prometheus.Histogram
+	dispatchLatency prometheus.Histogram
+	runsWaiting     prometheus.Gauge
+	runsStarted     prometheus.Counter
+	finalizeLatency prometheus.Histogram
 }
 
 // New registers every collector on a new registry, with the decision
@@ -77,9 +85,33 @@ func New() *Metrics {
 			Name: "reaper_last_cycle_timestamp_seconds",
 			Help: "When the last maintenance cycle started (host clock).",
 		}),
+		loopDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dexaflow_scheduler_loop_duration_seconds",
+			Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dexaflow_scheduler_dispatch_latency_seconds",
+			Help:    "Time from an attempt's queueing by the runner to its agent's running report.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}),
+		runsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dexaflow_scheduler_runs_waiting_start_cap",
+			Help: "Queued runs waiting for the run start cap (runner max_active_runs), as of the last tick.",
+		}),
+		runsStarted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dexaflow_scheduler_runs_started_total",
+			Help: "Queued runs the runner started.",
+		}),
+		finalizeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dexaflow_scheduler_run_finalize_latency_seconds",
+			Help:    "Time from a run's last task instance settling to the run's finalization.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}),
 	}
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle,
+		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
 		m.decisions.WithLabelValues(l, "false")
@@ -129,4 +161,19 @@ func (m *Metrics) PluginRestart(name string) { m.pluginRestarts.WithLabelValues(
 func (m *Metrics) Cycle(at time.Time) {
 	m.cycles.Inc()
 	m.lastCycle.Set(float64(at.UnixNano()) / 1e9)
+}
+
+// RunnerTick records one tick of the runner: its duration, the runs it
+// started, the runs still waiting on the start cap, and the dispatch and
+// finalization latencies it observed.
+func (m *Metrics) RunnerTick(loop time.Duration, started, waiting int, dispatch, finalize []time.Duration) {
+	m.loopDuration.Observe(loop.Seconds())
+	m.runsStarted.Add(float64(started))
+	m.runsWaiting.Set(float64(waiting))
+	for _, d := range dispatch {
+		m.dispatchLatency.Observe(d.Seconds())
+	}
+	for _, d := range finalize {
+		m.finalizeLatency.Observe(d.Seconds())
+	}
 }

@@ -3,8 +3,10 @@
 // pod_lost.
 //
 // STUB: this package serves the protocol and declares its configuration, but
-// its policy is not written yet: every pass returns no decisions. The kube
-// substrate issue fills it in.
+// its policy is not written yet: every pass reads nothing, writes nothing and
+// returns no decisions, handing its state back unchanged. It serves only the
+// kube edition, which reaperd refuses in this build; the kube substrate
+// issue fills it in.
 package podlost
 
 import (

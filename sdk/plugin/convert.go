@@ -262,6 +262,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			InfraMarkedAt: tsToPB(c.InfraMarkedAt), InfraConfirmedAt: tsToPB(c.InfraConfirmedAt),
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
 			ExecutionTimeout: durToPB(c.ExecutionTimeout),
+			EndedAt:          tsToPB(c.EndedAt), FailureReason: c.FailureReason,
 		}
 	}
 	return out
@@ -277,6 +278,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			InfraMarkedAt: tsFromPB(c.InfraMarkedAt), InfraConfirmedAt: tsFromPB(c.InfraConfirmedAt),
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
 			ExecutionTimeout: durFromPB(c.ExecutionTimeout),
+			EndedAt:          tsFromPB(c.EndedAt), FailureReason: c.FailureReason,
 		}
 	}
 	return out
@@ -309,28 +311,103 @@ func marksFromPB(ms []*pb.Mark) []sdk.Mark {
 }
 
 // markResultsToPB leaves out the attempt of a result that answers the
-// mark at its position, as most do; markResultsFromPB puts it back.
-func markResultsToPB(rs []sdk.MarkResult, marks []sdk.Mark) []*pb.MarkResult {
+// request at its position (asked), as most do; markResultsFromPB puts it
+// back.
+func markResultsToPB(rs []sdk.MarkResult, asked []sdk.Attempt) []*pb.MarkResult {
 	out := make([]*pb.MarkResult, len(rs))
 	for i, r := range rs {
 		out[i] = &pb.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
-		if i >= len(marks) || marks[i].Attempt != r.Attempt {
+		if i >= len(asked) || asked[i] != r.Attempt {
 			out[i].Attempt = attemptToPB(r.Attempt)
 		}
 	}
 	return out
 }
 
-func markResultsFromPB(rs []*pb.MarkResult, marks []sdk.Mark) []sdk.MarkResult {
+func markResultsFromPB(rs []*pb.MarkResult, asked []sdk.Attempt) []sdk.MarkResult {
 	out := make([]sdk.MarkResult, len(rs))
 	for i, r := range rs {
 		out[i] = sdk.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
 		switch {
 		case r.Attempt != nil:
 			out[i].Attempt = attemptFromPB(r.Attempt)
-		case i < len(marks):
-			out[i].Attempt = marks[i].Attempt
+		case i < len(asked):
+			out[i].Attempt = asked[i]
 		}
+	}
+	return out
+}
+
+// attemptsOf returns the attempts a batch of requests names, in order.
+func attemptsOf[T any](reqs []T, attempt func(T) sdk.Attempt) []sdk.Attempt {
+	out := make([]sdk.Attempt, len(reqs))
+	for i, r := range reqs {
+		out[i] = attempt(r)
+	}
+	return out
+}
+
+func markAttempt(m sdk.Mark) sdk.Attempt             { return m.Attempt }
+func confirmAttempt(c sdk.Confirm) sdk.Attempt       { return c.Attempt }
+func overrideAttempt(o sdk.Override) sdk.Attempt     { return o.Attempt }
+func settlementAttempt(s sdk.Settlement) sdk.Attempt { return s.Attempt }
+
+func provisionalQueryToPB(q sdk.ProvisionalQuery) *pb.ProvisionalQuery {
+	return &pb.ProvisionalQuery{Executors: q.Executors, After: cursorToPB(q.After), Limit: int32(q.Limit)}
+}
+
+func provisionalQueryFromPB(q *pb.ProvisionalQuery) sdk.ProvisionalQuery {
+	return sdk.ProvisionalQuery{Executors: q.Executors, After: cursorFromPB(q.After), Limit: int(q.Limit)}
+}
+
+func confirmsToPB(cs []sdk.Confirm) []*pb.Confirm {
+	out := make([]*pb.Confirm, len(cs))
+	for i, c := range cs {
+		out[i] = &pb.Confirm{Attempt: attemptToPB(c.Attempt), Term: c.Term, At: tsToPB(c.At)}
+	}
+	return out
+}
+
+func confirmsFromPB(cs []*pb.Confirm) []sdk.Confirm {
+	out := make([]sdk.Confirm, len(cs))
+	for i, c := range cs {
+		out[i] = sdk.Confirm{Attempt: attemptFromPB(c.Attempt), Term: c.Term, At: tsFromPB(c.At)}
+	}
+	return out
+}
+
+func overridesToPB(os []sdk.Override) []*pb.Override {
+	out := make([]*pb.Override, len(os))
+	for i, o := range os {
+		out[i] = &pb.Override{Attempt: attemptToPB(o.Attempt), MarkedAfter: tsToPB(o.MarkedAfter), Term: o.Term, At: tsToPB(o.At),
+			EndedAt: tsToPB(o.EndedAt)}
+	}
+	return out
+}
+
+func overridesFromPB(os []*pb.Override) []sdk.Override {
+	out := make([]sdk.Override, len(os))
+	for i, o := range os {
+		out[i] = sdk.Override{Attempt: attemptFromPB(o.Attempt), MarkedAfter: tsFromPB(o.MarkedAfter), Term: o.Term, At: tsFromPB(o.At),
+			EndedAt: tsFromPB(o.EndedAt)}
+	}
+	return out
+}
+
+func settlementsToPB(ss []sdk.Settlement) []*pb.Settlement {
+	out := make([]*pb.Settlement, len(ss))
+	for i, s := range ss {
+		out[i] = &pb.Settlement{Attempt: attemptToPB(s.Attempt), Outcome: string(s.Outcome), FromStates: s.FromStates,
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt)}
+	}
+	return out
+}
+
+func settlementsFromPB(ss []*pb.Settlement) []sdk.Settlement {
+	out := make([]sdk.Settlement, len(ss))
+	for i, s := range ss {
+		out[i] = sdk.Settlement{Attempt: attemptFromPB(s.Attempt), Outcome: sdk.Outcome(s.Outcome), FromStates: s.FromStates,
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At), EndedAt: tsFromPB(s.EndedAt)}
 	}
 	return out
 }

@@ -76,12 +76,12 @@ func TestResultsAnswerByPosition(t *testing.T) {
 	// The second result is about another attempt than the mark at its
 	// position, and the third has no mark: both travel with their attempt.
 	results := []sdk.MarkResult{{Attempt: a, Applied: true}, {Attempt: c, NoopReason: "state"}, {Attempt: b}}
-	enc := markResultsToPB(results, marks)
+	enc := markResultsToPB(results, attemptsOf(marks, markAttempt))
 	if enc[0].Attempt != nil || enc[1].Attempt == nil || enc[2].Attempt == nil {
 		t.Fatalf("attempts sent: %v", enc)
 	}
 	back := wire(t, &pb.MarkResponse{Results: enc}, &pb.MarkResponse{})
-	if got := markResultsFromPB(back.Results, marks); !reflect.DeepEqual(got, results) {
+	if got := markResultsFromPB(back.Results, attemptsOf(marks, markAttempt)); !reflect.DeepEqual(got, results) {
 		t.Fatalf("mark results %+v, want %+v", got, results)
 	}
 
@@ -107,5 +107,32 @@ func TestTimesRoundTrip(t *testing.T) {
 	}
 	if tsToPB(time.Time{}) != 0 {
 		t.Fatal("the zero time must travel as 0 (none)")
+	}
+}
+
+func TestReconcilerRequestsRoundTrip(t *testing.T) {
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 2, Epoch: 3}
+	cs := []sdk.Confirm{{Attempt: a, Term: 4, At: at}}
+	if got := confirmsFromPB(wire(t, &pb.ConfirmRequest{Confirms: confirmsToPB(cs)}, &pb.ConfirmRequest{}).Confirms); !reflect.DeepEqual(got, cs) {
+		t.Fatalf("confirms %+v, want %+v", got, cs)
+	}
+	os := []sdk.Override{{Attempt: a, MarkedAfter: at.Add(-time.Minute), Term: 4, At: at}}
+	if got := overridesFromPB(wire(t, &pb.OverrideRequest{Overrides: overridesToPB(os)}, &pb.OverrideRequest{}).Overrides); !reflect.DeepEqual(got, os) {
+		t.Fatalf("overrides %+v, want %+v", got, os)
+	}
+	ss := []sdk.Settlement{{Attempt: a, Outcome: sdk.OutcomeInfra, FromStates: []string{sdk.StateRunning},
+		Reason: sdk.ReasonPodDisrupted, Message: "pod_disrupted: node shutdown", Term: 4, At: at}}
+	if got := settlementsFromPB(wire(t, &pb.SettleRequest{Settlements: settlementsToPB(ss)}, &pb.SettleRequest{}).Settlements); !reflect.DeepEqual(got, ss) {
+		t.Fatalf("settlements %+v, want %+v", got, ss)
+	}
+	q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorKube}, After: &sdk.Cursor{At: at, RunID: "r", TaskID: "t"}, Limit: 7}
+	if got := provisionalQueryFromPB(wire(t, provisionalQueryToPB(q), &pb.ProvisionalQuery{})); !reflect.DeepEqual(got, q) {
+		t.Fatalf("query %+v, want %+v", got, q)
+	}
+	page := sdk.CandidatePage{Candidates: []sdk.Candidate{{Attempt: a, State: sdk.StateFailed, EndedAt: at,
+		InfraMarkedAt: at, LastFailureKind: sdk.FailureInfra, FailureReason: sdk.LabelAgentLost}}}
+	if got := candidatePageFromPB(wire(t, candidatePageToPB(page), &pb.CandidatePage{})); !reflect.DeepEqual(got, page) {
+		t.Fatalf("page %+v, want %+v", got, page)
 	}
 }

@@ -3,7 +3,11 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dexaflow/reaper/sdk"
 	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
@@ -17,7 +21,7 @@ type baseClient struct {
 func (c *baseClient) Info(ctx context.Context) (sdk.Info, error) {
 	resp, err := c.client.Info(ctx, &pb.Empty{})
 	if err != nil {
-		return sdk.Info{}, fmt.Errorf("plugin info: %w", err)
+		return sdk.Info{}, remoteError("plugin info", err)
 	}
 	return sdk.Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
 		Editions: resp.Editions, Description: resp.Description}, nil
@@ -26,7 +30,7 @@ func (c *baseClient) Info(ctx context.Context) (sdk.Info, error) {
 func (c *baseClient) ConfigSchema(ctx context.Context) (sdk.Schema, error) {
 	resp, err := c.client.ConfigSchema(ctx, &pb.Empty{})
 	if err != nil {
-		return sdk.Schema{}, fmt.Errorf("plugin config schema: %w", err)
+		return sdk.Schema{}, remoteError("plugin config schema", err)
 	}
 	s := sdk.Schema{Attributes: make([]sdk.Attribute, len(resp.Attributes))}
 	for i, a := range resp.Attributes {
@@ -51,9 +55,21 @@ func (c *baseClient) Configure(ctx context.Context, req sdk.ConfigureRequest) er
 		Edition: req.Edition, ValuesJson: values, Ladder: ladderToPB(req.Ladder),
 	})
 	if err != nil {
-		return fmt.Errorf("plugin configure: %w", err)
+		return remoteError("plugin configure", err)
 	}
 	return nil
+}
+
+// remoteError is what the host sees of a failed call. An error the plugin's
+// own method returned travels as a status of code Unknown: it comes back as
+// the plugin's sentence alone, without "rpc error: code = Unknown desc =" or
+// a prefix of ours, since the plugin wrote it for the operator. Any other
+// status is the transport failing, and says what was being done.
+func remoteError(what string, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unknown {
+		return errors.New(st.Message())
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // baseServer serves a plugin's Base service.

@@ -67,7 +67,7 @@ func (c *boardClient) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkRes
 	if err != nil {
 		return nil, fmt.Errorf("board mark: %w", err)
 	}
-	return markResultsFromPB(resp.Results, marks), nil
+	return markResultsFromPB(resp.Results, attemptsOf(marks, markAttempt)), nil
 }
 
 func (c *boardClient) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
@@ -112,6 +112,41 @@ func (c *boardClient) AppendLog(ctx context.Context, term int64, lines []sdk.Log
 	return nil
 }
 
+func (c *boardClient) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
+	resp, err := c.client.ListProvisional(ctx, provisionalQueryToPB(q))
+	if err != nil {
+		return sdk.CandidatePage{}, fmt.Errorf("board list provisional marks: %w", err)
+	}
+	return candidatePageFromPB(resp), nil
+}
+
+func (c *boardClient) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
+	c.fire()
+	resp, err := c.client.ConfirmInfra(ctx, &pb.ConfirmRequest{Confirms: confirmsToPB(cs)})
+	if err != nil {
+		return nil, fmt.Errorf("board confirm infra: %w", err)
+	}
+	return markResultsFromPB(resp.Results, attemptsOf(cs, confirmAttempt)), nil
+}
+
+func (c *boardClient) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
+	c.fire()
+	resp, err := c.client.OverrideInfra(ctx, &pb.OverrideRequest{Overrides: overridesToPB(os)})
+	if err != nil {
+		return nil, fmt.Errorf("board override infra: %w", err)
+	}
+	return markResultsFromPB(resp.Results, attemptsOf(os, overrideAttempt)), nil
+}
+
+func (c *boardClient) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	c.fire()
+	resp, err := c.client.Settle(ctx, &pb.SettleRequest{Settlements: settlementsToPB(ss)})
+	if err != nil {
+		return nil, fmt.Errorf("board settle: %w", err)
+	}
+	return markResultsFromPB(resp.Results, attemptsOf(ss, settlementAttempt)), nil
+}
+
 // boardServer is the host's Board service, served to plugins.
 type boardServer struct {
 	pb.UnimplementedBoardServer
@@ -140,7 +175,7 @@ func (s *boardServer) Mark(ctx context.Context, req *pb.MarkRequest) (*pb.MarkRe
 	if err != nil {
 		return nil, err
 	}
-	return &pb.MarkResponse{Results: markResultsToPB(res, marks)}, nil
+	return &pb.MarkResponse{Results: markResultsToPB(res, attemptsOf(marks, markAttempt))}, nil
 }
 
 func (s *boardServer) ListOrphanRuns(ctx context.Context, q *pb.RunQuery) (*pb.RunPage, error) {
@@ -176,4 +211,44 @@ func (s *boardServer) AppendLog(ctx context.Context, req *pb.AppendLogRequest) (
 		return nil, err
 	}
 	return &pb.Empty{}, nil
+}
+
+func (s *boardServer) ListProvisional(ctx context.Context, q *pb.ProvisionalQuery) (*pb.CandidatePage, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	page, err := b.ListProvisional(ctx, provisionalQueryFromPB(q))
+	if err != nil {
+		return nil, err
+	}
+	return candidatePageToPB(page), nil
+}
+
+func (s *boardServer) ConfirmInfra(ctx context.Context, req *pb.ConfirmRequest) (*pb.MarkResponse, error) {
+	cs := confirmsFromPB(req.Confirms)
+	return serveBatch(s, cs, confirmAttempt, func(b sdk.Board) ([]sdk.MarkResult, error) { return b.ConfirmInfra(ctx, cs) })
+}
+
+func (s *boardServer) OverrideInfra(ctx context.Context, req *pb.OverrideRequest) (*pb.MarkResponse, error) {
+	os := overridesFromPB(req.Overrides)
+	return serveBatch(s, os, overrideAttempt, func(b sdk.Board) ([]sdk.MarkResult, error) { return b.OverrideInfra(ctx, os) })
+}
+
+func (s *boardServer) Settle(ctx context.Context, req *pb.SettleRequest) (*pb.MarkResponse, error) {
+	ss := settlementsFromPB(req.Settlements)
+	return serveBatch(s, ss, settlementAttempt, func(b sdk.Board) ([]sdk.MarkResult, error) { return b.Settle(ctx, ss) })
+}
+
+// serveBatch answers a guarded batch write on the host's board.
+func serveBatch[T any](s *boardServer, reqs []T, attempt func(T) sdk.Attempt, write func(sdk.Board) ([]sdk.MarkResult, error)) (*pb.MarkResponse, error) {
+	b, err := s.get()
+	if err != nil {
+		return nil, err
+	}
+	res, err := write(b)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.MarkResponse{Results: markResultsToPB(res, attemptsOf(reqs, attempt))}, nil
 }

@@ -89,7 +89,9 @@ func (s *reaperServer) Reap(req *pb.PassRequest, stream grpc.ServerStreamingServ
 	// What was recorded goes out even when the pass failed: the host keeps
 	// what was decided before the error.
 	sendErr := sink.close()
-	if sendErr == nil && err == nil {
+	// A failed pass may still hand back its state (what it owes its next
+	// pass): it travels ahead of the error too.
+	if sendErr == nil && (err == nil || res.State != nil) {
 		sendErr = stream.Send(&pb.PassResponse{State: res.State})
 	}
 	if err != nil {

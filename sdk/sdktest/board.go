@@ -35,7 +35,8 @@ type TaskInstance struct {
 	ExecutionTimeout time.Duration
 	// Held is set by a mark with Hold: failed and held for review.
 	Held bool
-	// MarkReason is the Reason of the mark that failed the attempt.
+	// MarkReason is the failure_reason: the Reason of the mark (or the
+	// settlement) that failed the attempt.
 	MarkReason string
 }
 
@@ -47,19 +48,14 @@ func (t TaskInstance) Attempt() sdk.Attempt {
 // Live reports whether the row keeps its run alive: a state that is still
 // executing or parked for the scheduler to bring back, a provisional infra
 // mark (failed on the infra rail, not yet confirmed), or an attempt held for
-// an operator's review (as on the real board).
-func (t TaskInstance) Live() bool {
-	if t.Held {
-		return true
-	}
-	switch t.State {
-	case sdk.StateScheduled, sdk.StateQueued, sdk.StateRunning,
-		sdk.StateUpForRetry, sdk.StateUpForReschedule, sdk.StateDeferred:
-		return true
-	case sdk.StateFailed:
-		return t.LastFailureKind == sdk.FailureInfra && t.InfraConfirmedAt.IsZero()
-	}
-	return false
+// an operator's review (sdk.TaskRow.Live, the real board's rule).
+func (t TaskInstance) Live() bool { return t.guardRow("").Live() }
+
+// guardRow is the row as the board's guards read it.
+func (t TaskInstance) guardRow(runState string) sdk.TaskRow {
+	return sdk.TaskRow{Attempt: t.Attempt(), State: t.State, LastFailureKind: t.LastFailureKind,
+		LastHeartbeatAt: t.LastHeartbeatAt, InfraMarkedAt: t.InfraMarkedAt, InfraConfirmedAt: t.InfraConfirmedAt,
+		Held: t.Held, RunState: runState}
 }
 
 // Run is one row of the board's runs.
@@ -78,11 +74,15 @@ type Op string
 
 // Board operations.
 const (
-	OpListCandidates Op = "ListCandidates"
-	OpMark           Op = "Mark"
-	OpListOrphanRuns Op = "ListOrphanRuns"
-	OpReapRun        Op = "ReapRun"
-	OpAppendLog      Op = "AppendLog"
+	OpListCandidates  Op = "ListCandidates"
+	OpMark            Op = "Mark"
+	OpListOrphanRuns  Op = "ListOrphanRuns"
+	OpReapRun         Op = "ReapRun"
+	OpAppendLog       Op = "AppendLog"
+	OpListProvisional Op = "ListProvisional"
+	OpConfirmInfra    Op = "ConfirmInfra"
+	OpOverrideInfra   Op = "OverrideInfra"
+	OpSettle          Op = "Settle"
 )
 
 // Board is an in-memory sdk.Board with the guards of the Postgres board. It
@@ -91,6 +91,7 @@ const (
 type Board struct {
 	mu       sync.Mutex
 	term     int64
+	expires  time.Time // the term's lease; zero: never expires
 	executor string
 	runs     map[string]*Run
 	tasks    map[string]map[string]*TaskInstance // run -> task -> row
@@ -105,6 +106,7 @@ type Board struct {
 
 	marks     []sdk.Mark
 	markCalls int
+	reconcile int // reconciler write calls
 	reaps     []sdk.RunReap
 	logCalls  int
 	lists     int
@@ -134,6 +136,21 @@ func (b *Board) SetTerm(term int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.term = term
+}
+
+// SetLease sets when the current term's lease expires: a write whose At is
+// at or after it is deposed, as on the real board. Zero (the default) never
+// expires.
+func (b *Board) SetLease(expires time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expires = expires
+}
+
+// deposedLocked reports whether a write of term made at at is fenced out:
+// term is not current, or its lease has expired by at.
+func (b *Board) deposedLocked(term int64, at time.Time) bool {
+	return term != b.term || (!b.expires.IsZero() && !at.Before(b.expires))
 }
 
 // Term returns the current leadership term.
@@ -345,11 +362,12 @@ func (b *Board) RunReaps() []sdk.RunReap {
 	return slices.Clone(b.reaps)
 }
 
-// Writes counts the write calls received (Mark, ReapRun, AppendLog).
+// Writes counts the write calls received (Mark, ReapRun, AppendLog and
+// the reconciler's writes).
 func (b *Board) Writes() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.markCalls + len(b.reaps) + b.logCalls
+	return b.markCalls + len(b.reaps) + b.logCalls + b.reconcile
 }
 
 // Listings counts the listing calls received.
@@ -375,15 +393,20 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if hook != nil {
 		hook(q)
 	}
-	limit, err := pageLimit(q.Limit)
-	if err != nil {
-		return sdk.CandidatePage{}, fmt.Errorf("list candidates: %w", err)
-	}
+	limit := pageLimit(q.Limit)
 	if len(q.States) == 0 {
 		return sdk.CandidatePage{}, errors.New("list candidates: no states named")
 	}
+	for _, st := range q.States {
+		if !sdk.IsTaskState(st) {
+			return sdk.CandidatePage{}, fmt.Errorf("list candidates: unknown state %q", st)
+		}
+	}
+	if q.OlderThan.IsZero() {
+		return sdk.CandidatePage{}, errors.New("list candidates: no threshold")
+	}
 	switch q.OrderBy {
-	case sdk.FieldQueuedAt, sdk.FieldRunningAt, sdk.FieldHeartbeatAt, sdk.FieldMarkedAt:
+	case sdk.FieldQueuedAt, sdk.FieldRunningAt, sdk.FieldHeartbeatAt, sdk.FieldMarkedAt, sdk.FieldEndedAt:
 	default:
 		return sdk.CandidatePage{}, fmt.Errorf("list candidates: unknown order field %q", q.OrderBy)
 	}
@@ -408,7 +431,7 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 		if len(q.Executors) > 0 && !slices.Contains(q.Executors, t.Executor) {
 			continue
 		}
-		if !q.OlderThan.IsZero() && !at.Before(q.OlderThan) {
+		if !at.Before(q.OlderThan) {
 			continue
 		}
 		if q.Heartbeat == sdk.HeartbeatSeen && t.LastHeartbeatAt.IsZero() ||
@@ -420,16 +443,7 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 		}
 		oldest.offer(row{at, t})
 	}
-	rows := oldest.sorted()
-	var page sdk.CandidatePage
-	for _, r := range rows {
-		page.Candidates = append(page.Candidates, candidate(r.t))
-	}
-	if len(rows) >= limit {
-		last := rows[limit-1]
-		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
-	}
-	return page, nil
+	return oldest.page(), nil
 }
 
 // Mark applies guarded marks. A mark without an attempt, source states,
@@ -443,6 +457,9 @@ func (b *Board) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, e
 		if err := validMark(m); err != nil {
 			return nil, fmt.Errorf("mark %s: %w", m.Attempt, err)
 		}
+	}
+	if err := onceEach("mark", marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt }); err != nil {
+		return nil, err
 	}
 	b.mu.Lock()
 	b.markCalls++
@@ -469,16 +486,12 @@ func (b *Board) markOne(m sdk.Mark) sdk.MarkResult {
 	res := sdk.MarkResult{Attempt: m.Attempt}
 	t, ok := b.tasks[m.RunID][m.TaskID]
 	switch {
-	case m.Term != b.term:
+	case b.deposedLocked(m.Term, m.At):
 		res.NoopReason = sdk.NoopDeposed
 	case !ok:
 		res.NoopReason = sdk.NoopNotFound
-	case t.Try != m.Try || t.Epoch != m.Epoch || !slices.Contains(m.FromStates, t.State):
-		res.NoopReason = sdk.NoopMovedOn
-	case m.RequireNoHeartbeat && !t.LastHeartbeatAt.IsZero():
-		res.NoopReason = sdk.NoopHeartbeated
-	case !m.HeartbeatBefore.IsZero() && !t.LastHeartbeatAt.IsZero() && !t.LastHeartbeatAt.Before(m.HeartbeatBefore):
-		res.NoopReason = sdk.NoopHeartbeated
+	default:
+		res.NoopReason = m.Refusal(t.guardRow(b.runStateLocked(m.RunID)))
 	}
 	if res.NoopReason != "" {
 		return res
@@ -510,6 +523,8 @@ func validMark(m sdk.Mark) error {
 		return errors.New("no source states named")
 	case m.Kind != sdk.MarkInfra && m.Kind != sdk.MarkTask:
 		return fmt.Errorf("unknown kind %q", m.Kind)
+	case m.Term <= 0:
+		return errors.New("no leadership term")
 	case m.Reason == "":
 		return errors.New("no reason")
 	case m.At.IsZero():
@@ -526,10 +541,7 @@ func (b *Board) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if err := ctx.Err(); err != nil {
 		return sdk.RunPage{}, fmt.Errorf("list orphan runs: %w", err)
 	}
-	limit, err := pageLimit(q.Limit)
-	if err != nil {
-		return sdk.RunPage{}, fmt.Errorf("list orphan runs: %w", err)
-	}
+	limit := pageLimit(q.Limit)
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, errors.New("list orphan runs: no threshold")
 	}
@@ -586,7 +598,7 @@ func (b *Board) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 	defer b.mu.Unlock()
 	run, ok := b.runs[r.RunID]
 	switch {
-	case r.Term != b.term:
+	case b.deposedLocked(r.Term, r.At):
 		return sdk.RunReapResult{NoopReason: sdk.NoopDeposed}, nil
 	case !ok:
 		return sdk.RunReapResult{NoopReason: sdk.NoopNotFound}, nil
@@ -716,14 +728,29 @@ func (o *oldestRows) sorted() []row {
 	return o.heap
 }
 
-func pageLimit(limit int) (int, error) {
-	switch {
-	case limit == 0:
-		return ladder.PageSize, nil
-	case limit < 0 || limit > ladder.PageSize:
-		return 0, fmt.Errorf("page size %d outside 1..%d", limit, ladder.PageSize)
+// page is the rows offered as a page of candidates, oldest first, with a
+// cursor at the last when the page is full.
+func (o *oldestRows) page() sdk.CandidatePage {
+	rows := o.sorted()
+	var page sdk.CandidatePage
+	for _, r := range rows {
+		page.Candidates = append(page.Candidates, candidate(r.t))
 	}
-	return limit, nil
+	if len(rows) >= o.n {
+		last := rows[o.n-1]
+		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
+	}
+	return page
+}
+
+// pageLimit is the page size of a listing asked for limit: at most
+// ladder.PageSize, and PageSize when limit is not positive (as on the real
+// board).
+func pageLimit(limit int) int {
+	if limit <= 0 || limit > ladder.PageSize {
+		return ladder.PageSize
+	}
+	return limit
 }
 
 func field(t *TaskInstance, f sdk.TimeField) time.Time {
@@ -736,6 +763,8 @@ func field(t *TaskInstance, f sdk.TimeField) time.Time {
 		return t.LastHeartbeatAt
 	case sdk.FieldMarkedAt:
 		return t.InfraMarkedAt
+	case sdk.FieldEndedAt:
+		return t.EndedAt
 	}
 	return time.Time{}
 }
@@ -759,9 +788,11 @@ func candidate(t *TaskInstance) sdk.Candidate {
 		RunningAt:        t.RunningAt,
 		LastHeartbeatAt:  t.LastHeartbeatAt,
 		ReleasedAt:       t.ReleasedAt,
+		EndedAt:          t.EndedAt,
 		InfraMarkedAt:    t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt,
 		LastFailureKind:  t.LastFailureKind,
+		FailureReason:    t.MarkReason,
 		WarmWorker:       t.WarmWorker,
 		ExecutionTimeout: t.ExecutionTimeout,
 	}

@@ -6,8 +6,10 @@
 //     board (marks pinned to the attempt and its source states, the
 //     heartbeat guards, fencing on the leadership term; keyset listings with
 //     the threshold applied before the limit; the atomic re-check of a run
-//     reap), factories to put rows on it, setters to move rows, and hooks to
-//     move them between a listing and a write.
+//     reap; the reconciler's writes), factories to put rows on it, setters
+//     to move rows, and hooks to move them between a listing and a write.
+//     It passes the same conformance suite as the Postgres board
+//     (sdk/sdktest/boardtest).
 //   - Executions: a scripted sdk.Executions that answers liveness per
 //     attempt, reports scripted stop and teardown outcomes, and records
 //     every call.

@@ -92,7 +92,8 @@ func (h *Harness) Configure(ctx context.Context, p sdk.Plugin, values sdk.Values
 // Reap runs one pass of r against the harness's board and substrate, keeps
 // the state it returns for r's next pass (by r's name, so one harness can
 // drive several reapers), and returns its decisions. After an error the
-// state is left as it was, as the host leaves it.
+// state the pass handed back is kept, or, when it handed back none, the
+// previous one, as the host does.
 func (h *Harness) Reap(ctx context.Context, r sdk.Reaper) (Decisions, error) {
 	info, err := r.Info(ctx)
 	if err != nil {
@@ -102,6 +103,11 @@ func (h *Harness) Reap(ctx context.Context, r sdk.Reaper) (Decisions, error) {
 	res, err := r.Reap(ctx, h.Pass(info.Name), h.Board, h.Exec, &sink)
 	h.Last = res
 	if err != nil {
+		// A failed pass that hands back a state is kept, as the host keeps
+		// it; one that hands back none leaves the previous state.
+		if res.State != nil {
+			h.states[info.Name] = res.State
+		}
 		return Decisions(sink.Decisions()), err
 	}
 	h.states[info.Name] = res.State

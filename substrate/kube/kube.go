@@ -2,10 +2,14 @@
 // informer, pinned teardown, and the reconcile sweep.
 //
 // STUB: this package serves the protocol and declares its configuration, but
-// talks to no API server yet. It answers every liveness question "unknown",
-// so every reaper defers; it never reports its cache synced; its sweep does
-// nothing; teardown and stops do nothing. The kube substrate issue fills it
-// in over client-go.
+// talks to no API server yet. Liveness answers "unknown" for every attempt
+// (a reaper that asks defers); Synced is always false, so a leader's
+// settling gate would hold until its valve opens at twice the grace, after
+// which a reaper judging on heartbeat silence alone (agentlost) would fail
+// attempts it cannot see; Sweep does nothing; Teardown and WarmWorkers
+// return an error; StopOrphan stops nothing. That is why reaperd refuses
+// edition = "kube" (host/config/unavailable.go) until the kube substrate
+// issue fills this package in over client-go.
 package kube
 
 import (

@@ -457,12 +457,22 @@ func TestRecordDirectoryRefused(t *testing.T) {
 	}
 }
 
-func TestNewRecordDirectoryIsCreatedWithAWarning(t *testing.T) {
+// Configuring has no side effect (reaperd validate configures every plugin):
+// a missing record directory is created by the first read, with a warning.
+func TestNewRecordDirectoryIsCreatedAtFirstUseWithAWarning(t *testing.T) {
 	logs := &bytes.Buffer{}
 	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs}))
 	path := filepath.Join(t.TempDir(), "fresh")
 	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Configure made the record directory (%v)", err)
+	}
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	live, err := sub.Liveness(context.Background(), sdk.LivenessRequest{Attempts: []sdk.Attempt{a}})
+	if err != nil || len(live) != 1 || live[0].State != sdk.Dead {
+		t.Fatalf("liveness in a new directory = %+v, %v; want dead", live, err)
 	}
 	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o700 {
 		t.Fatalf("record directory %v, %v; want mode 0700", st, err)

@@ -12,7 +12,9 @@
 // server whose record directory changed (another TMPDIR, a cleaned /tmp)
 // sees none of them and reads their attempts dead: that can only matter for
 // an attempt that is also silent past agent_lost or queued past
-// dispatch_lost. Configure warns when it had to create the directory.
+// dispatch_lost. Configure only checks the directory (refusing an unsafe
+// one) and creates nothing, so that reaperd validate leaves no trace; the
+// first read creates a missing directory, with a warning.
 //
 // Liveness of an attempt (see Substrate.Liveness), read from the .pgid
 // record when there is one, else from the .pid record:
@@ -47,6 +49,7 @@ package lite
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -90,7 +93,8 @@ type Substrate struct {
 }
 
 type settings struct {
-	dir       *records.Dir
+	path      string       // the record directory, absolute
+	dir       *records.Dir // nil until first used
 	stopGrace time.Duration
 	killWait  time.Duration
 }
@@ -150,8 +154,9 @@ func (s *Substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
 	}}, nil
 }
 
-// Configure verifies (creating it if missing) the record directory and
-// takes the stop durations.
+// Configure checks the record directory when it exists (it is created at
+// first use otherwise: configuring has no side effect) and takes the stop
+// durations.
 func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) error {
 	if req.Edition != "" && req.Edition != ladder.EditionLite {
 		return fmt.Errorf("configuring the lite substrate: edition %q: it serves only %q", req.Edition, ladder.EditionLite)
@@ -170,26 +175,48 @@ func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) err
 		return fmt.Errorf("configuring the lite substrate: %s (%s) and %s (%s) must be positive",
 			AttrStopGrace, grace, AttrKillWait, killWait)
 	}
-	dir, err := records.Open(v.String(AttrRecordDir))
+	path, err := records.Resolve(v.String(AttrRecordDir))
 	if err != nil {
 		return fmt.Errorf("configuring the lite substrate: %w", err)
 	}
-	if dir.Created {
-		s.log.Warn("record directory is new: agents spawned earlier under another directory are invisible and read as gone",
-			"record_dir", dir.Path())
+	if _, err := os.Lstat(path); err == nil {
+		if err := records.Check(path); err != nil {
+			return fmt.Errorf("configuring the lite substrate: %w", err)
+		}
 	}
 	s.mu.Lock()
-	s.cfg = &settings{dir: dir, stopGrace: grace, killWait: killWait}
+	s.cfg = &settings{path: path, stopGrace: grace, killWait: killWait}
 	s.mu.Unlock()
-	s.log.Info("lite substrate configured", "record_dir", dir.Path(), "stop_grace", grace, "kill_wait", killWait)
+	s.log.Info("lite substrate configured", "record_dir", path, "stop_grace", grace, "kill_wait", killWait)
 	return nil
 }
 
+// settings returns the configuration, opening the record directory on first
+// use (and creating it when it is missing).
 func (s *Substrate) settings() (*settings, error) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.cfg == nil {
+	st := s.cfg
+	s.mu.RUnlock()
+	if st == nil {
 		return nil, fmt.Errorf("lite substrate: not configured")
+	}
+	if st.dir != nil {
+		return st, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.dir == nil {
+		dir, err := records.Open(s.cfg.path)
+		if err != nil {
+			return nil, fmt.Errorf("lite substrate: %w", err)
+		}
+		if dir.Created {
+			s.log.Warn("record directory is new: agents spawned earlier under another directory are invisible and read as gone",
+				"record_dir", dir.Path())
+		}
+		next := *s.cfg
+		next.dir = dir
+		s.cfg = &next
 	}
 	return s.cfg, nil
 }

@@ -219,7 +219,7 @@ func (d *daemon) passes(reaper string) float64 {
 // waitGateOpen waits until the daemon's settling gate has let a reaper run.
 func (s *scenario) waitGateOpen(d *daemon, reaper string) {
 	s.t.Helper()
-	s.eventually(3*grace, d.name+"'s settling gate to open", func() bool { return d.passes(reaper) >= 1 })
+	s.eventually(3*s.timing.grace, d.name+"'s settling gate to open", func() bool { return d.passes(reaper) >= 1 })
 }
 
 // killMidCycle kills the daemon with SIGKILL right after it starts a
@@ -230,7 +230,7 @@ func (s *scenario) killMidCycle(d *daemon) time.Time {
 	if !ok {
 		s.t.Fatalf("%s: /metrics unreadable", d.name)
 	}
-	deadline := time.Now().Add(3 * interval)
+	deadline := time.Now().Add(3 * s.timing.interval)
 	for time.Now().Before(deadline) {
 		if v, ok := d.metric("reaper_last_cycle_timestamp_seconds"); ok && v != last {
 			break

@@ -4,7 +4,7 @@
 // while faults are injected into it, with figures at the end.
 //
 // Each scenario gets its own database, record directory, log directory,
-// task files and telemetry port, so the eight run side by side:
+// task files and telemetry port, so the ten run side by side:
 //
 //  1. an agent killed with SIGKILL while its task runs on;
 //  2. an agent and its whole task group killed;
@@ -16,7 +16,14 @@
 //  5. PostgreSQL stopped past the lease and agent_lost, then restarted;
 //  6. two replicas, the leader killed;
 //  7. a reaper plugin that crashes in every pass;
-//  8. a reaper plugin that hangs in every pass until its budget ends it.
+//  8. a reaper plugin that hangs in every pass until its budget ends it;
+//  9. and 10. at the specification's cycle and stop timings (30 s; SIGTERM,
+//     10 s, SIGKILL, 5 s), an agent killed while its task group ignores
+//     SIGTERM: the stop outlasts the reaper's share of the reap phase and
+//     goes on in the substrate, the mark lands on the pass that finds the
+//     group gone, with agentlost first in the order (9) and last (10), and
+//     no plugin is recycled for it (about two and a half minutes: these
+//     two set the suite's wall time).
 //
 // Every scenario runs one run of a victim task (or two) next to bystanders
 // and checks the same three promises: the attempts the test did not harm

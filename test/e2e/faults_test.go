@@ -55,6 +55,8 @@ func TestFaultSuite(t *testing.T) {
 			{"6_leader_replica_killed", leaderReplicaKilled},
 			{"7_reaper_plugin_crashing", pluginCrashing},
 			{"8_reaper_plugin_hanging", pluginHanging},
+			{"9_trapping_orphan_at_defaults_first", orphanStopAtDefaults(true)},
+			{"10_trapping_orphan_at_defaults_last", orphanStopAtDefaults(false)},
 		} {
 			// Run is called from a goroutine of its own rather than with
 			// t.Parallel, which -parallel (GOMAXPROCS by default) would
@@ -497,4 +499,43 @@ func pluginHanging(t *testing.T, mon *monitor) {
 		t.Errorf("no decision records the hung passes")
 	}
 	s.finish()
+}
+
+// 9, 10. At the specification's cycle and stop timings (30 s; SIGTERM,
+// 10 s, SIGKILL, 5 s), an agent is killed with kill -9 and its task group,
+// which ignores SIGTERM, runs on. Its stop needs longer than agentlost's
+// share of the reap phase: the stop goes on in the substrate, the attempt
+// defers as alive, and the mark lands on the pass that finds the group
+// gone, within two cycles, with agentlost first in the order (9) and last
+// (10). No pass overruns its share and no plugin is recycled for it.
+func orphanStopAtDefaults(first bool) func(*testing.T, *monitor) {
+	return func(t *testing.T, mon *monitor) {
+		num, title := 9, "trapping orphan, default stop, agentlost first"
+		reapers := "reaper \"agentlost\" {}\nreaper \"dispatchlost\" {}\nreaper \"orphanrun\" {}\n"
+		if !first {
+			num, title = 10, "trapping orphan, default stop, agentlost last"
+			reapers = "reaper \"dispatchlost\" {}\nreaper \"orphanrun\" {}\nreaper \"agentlost\" {}\n"
+		}
+		s := newScenario(t, num, title, mon, pgtest.NewDSN(t))
+		s.timing = defaultStopTiming()
+		s.startWork(reapers, trapping("victim"), bystander("by1"))
+		f := s.harmAgent("victim", false, "agent killed, its group ignores SIGTERM")
+		// Judged within two cycles of the threshold: the stop takes one.
+		f.threshold = agentLost + s.timing.interval
+		r := s.waitReaped(*f.target, agentLost+4*s.timing.interval)
+		if r.Label != sdk.LabelAgentLostOrphanStopped {
+			t.Errorf("reaped as %s, want %s", r.Label, sdk.LabelAgentLostOrphanStopped)
+		}
+		ds, err := s.decisions("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			if d.Label == sdk.LabelPluginUnavailable || d.Label == sdk.LabelPassError {
+				t.Errorf("%s at %s: %s", d.Label, d.At.Format("15:04:05.000"), d.Detail)
+			}
+		}
+		s.waitRecovered("victim")
+		s.finish()
+	}
 }

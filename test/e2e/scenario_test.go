@@ -78,6 +78,26 @@ type scenario struct {
 	terms   map[int64]time.Time
 	started time.Time
 	row     *figures
+	timing  timing
+}
+
+// timing is the part of the ladder and of the Lite stop a scenario may set
+// apart from the suite's: most use the short suite values; the default-
+// timing scenarios use the specification's interval and stop.
+type timing struct {
+	interval, grace, stopGrace, killWait time.Duration
+}
+
+// suiteTiming is the suite's short timing.
+func suiteTiming() timing {
+	return timing{interval: interval, grace: grace, stopGrace: stopGrace, killWait: killWait}
+}
+
+// defaultStopTiming is the specification's cycle (30 s) and orphan stop
+// (SIGTERM, 10 s, SIGKILL, 5 s), with the shortest settling grace the
+// ladder allows beside that interval (more than two intervals).
+func defaultStopTiming() timing {
+	return timing{interval: 30 * time.Second, grace: 65 * time.Second, stopGrace: 10 * time.Second, killWait: 5 * time.Second}
 }
 
 // taskSpec is one task of the scenario's run.
@@ -90,10 +110,14 @@ type taskSpec struct {
 	// escape: the first attempt starts a process that leaves the task's
 	// process group with setsid, and records its pid in <id>.escaped.
 	escape bool
+	// trapTerm: the first attempt's whole process group ignores SIGTERM,
+	// so only SIGKILL ends it.
+	trapTerm bool
 }
 
 func bystander(id string) taskSpec { return taskSpec{id: id} }
 func victim(id string) taskSpec    { return taskSpec{id: id, victim: true} }
+func trapping(id string) taskSpec  { return taskSpec{id: id, victim: true, trapTerm: true} }
 
 // newScenario prepares a scenario on the board at dsn (already migrated).
 func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) *scenario {
@@ -108,6 +132,7 @@ func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) 
 		harmed:  map[sdk.Attempt]bool{},
 		terms:   map[int64]time.Time{},
 		started: time.Now(),
+		timing:  suiteTiming(),
 	}
 	s.row = book.add(num, title)
 	s.row.track(t)
@@ -187,8 +212,8 @@ runner {
   log_dir = %q
 }
 
-%s`, binDir, s.dsn, lease, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun,
-		s.recordDir, stopGrace, killWait, s.logDir, reapers)
+%s`, binDir, s.dsn, lease, s.timing.interval, heartbeat, agentLost, s.timing.grace, dispatchLost, orphanRun,
+		s.recordDir, s.timing.stopGrace, s.timing.killWait, s.logDir, reapers)
 	path := filepath.Join(s.dir, fmt.Sprintf("reaperd-%d.hcl", len(s.daemons)+1))
 	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
 		s.t.Fatal(err)
@@ -226,6 +251,9 @@ func (s *scenario) command(ts taskSpec) string {
 		if ts.escape {
 			esc := q(filepath.Join(s.taskDir, ts.id+".escaped"))
 			first = "setsid sh -c 'echo $$ > \"$0\"; exec sleep 300' " + esc + " </dev/null >/dev/null 2>&1 & " + wait
+		}
+		if ts.trapTerm {
+			first = "trap '' TERM; " + first
 		}
 		body = `if [ "$REAPER_EPOCH" = 0 ]; then ` + first + "; else sleep 1; fi"
 	}
@@ -677,11 +705,11 @@ func (s *scenario) evaluate(ds []decision) int {
 		f.reap = r
 		base := f.at.Add(f.threshold)
 		if f.agent {
-			if gained, ok := s.terms[r.Term]; ok && gained.Add(grace).After(base) {
-				base = gained.Add(grace)
+			if gained, ok := s.terms[r.Term]; ok && gained.Add(s.timing.grace).After(base) {
+				base = gained.Add(s.timing.grace)
 			}
 		}
-		f.deadline = base.Add(interval)
+		f.deadline = base.Add(s.timing.interval)
 		late := r.At.Sub(f.deadline)
 		f.recovered = late <= 0
 		if f.recovered {
@@ -696,7 +724,7 @@ func (s *scenario) evaluate(ds []decision) int {
 			f.deadline.Sub(f.at).Round(time.Millisecond), verdict)
 		// Lateness is a figure up to one more interval of scheduling jitter
 		// on a loaded machine; beyond that, recovery is broken.
-		if late > interval {
+		if late > s.timing.interval {
 			s.t.Errorf("fault %q: recovered %s past its deadline", f.what, late.Round(time.Millisecond))
 		}
 	}

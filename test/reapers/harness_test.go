@@ -20,11 +20,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
-	"github.com/dexaflow/reaper/host/leader"
-	"github.com/dexaflow/reaper/host/loader"
-	"github.com/dexaflow/reaper/host/metrics"
-	"github.com/dexaflow/reaper/host/plugins"
-	"github.com/dexaflow/reaper/host/supervise"
+	"github.com/dexaflow/reaper/host/daemon"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -38,7 +34,7 @@ import (
 // from: the Lite edition with the specification's ladder (interval 30s,
 // settling grace 180s, agent_lost 90s, dispatch_lost 3m, orphan_run 5m,
 // credential ceiling 1h) and the reapers a test names. Only the clock is
-// fake, so the real values cost nothing.
+// fake, so the real values cost nothing; the lease outlasts any test.
 const hostConfig = `edition    = "lite"
 plugin_dir = %q
 
@@ -48,6 +44,10 @@ store {
 
 maintenance {
   interval = "30s"
+}
+
+leader "postgres" {
+  lease = "24h"
 }
 
 substrate "lite" {
@@ -70,11 +70,11 @@ const unreachableDSN = "postgres://reaper@127.0.0.1:1/none?sslmode=disable&conne
 const taskCommand = `trap 'touch "$WORK/$REAPER_TASK_ID.term"; sleep 0.3; exit 0' TERM; sleep 1000 & wait`
 
 // world is one test's Lite deployment: a fresh board, a record directory and
-// a spawner of real agents, and the host itself (the real plugin binaries,
-// launched and configured by the host's plugin code from a parsed
-// configuration, under its supervisor and its maintenance loop) driven one
-// cycle at a time on a fake clock, under a leadership term really acquired
-// on the board.
+// a spawner of real agents, and the host itself — reaperd's own daemon
+// (package host/daemon) built from a parsed configuration: the real plugin
+// binaries under their supervisors, the elector and the maintenance loop —
+// driven one cycle at a time on a fake clock, under a leadership term its
+// elector really acquired on the board.
 type world struct {
 	t       *testing.T
 	ctx     context.Context
@@ -88,8 +88,7 @@ type world struct {
 	clock   *clock.Fake
 	t0      time.Time // the fake time of the first cycle; leadership began then
 	term    int64
-	loop    *cycle.Loop
-	metrics *metrics.Metrics
+	host    *daemon.Daemon
 	logs    *lockedBuffer
 }
 
@@ -111,11 +110,6 @@ func newWorld(t *testing.T, reaperBlocks string) *world {
 	// agents write themselves are near the scenario's.
 	w.t0 = time.Now().UTC().Truncate(time.Second)
 	w.clock = clock.NewFake(w.t0)
-	lease, ok, err := w.store.TryAcquire(ctx, "reapers-test", 24*time.Hour, w.t0)
-	if err != nil || !ok {
-		t.Fatalf("acquire leadership: ok=%v err=%v", ok, err)
-	}
-	w.term = lease.Term
 
 	recordDir := filepath.Join(t.TempDir(), "records")
 	if w.dir, err = records.Open(recordDir); err != nil {
@@ -141,74 +135,23 @@ func newWorld(t *testing.T, reaperBlocks string) *world {
 			t.Logf("host and plugin log:\n%s", w.logs.String())
 		}
 	})
-	set, err := plugins.Start(ctx, cfg, logger)
+	w.host, err = daemon.New(ctx, cfg, daemon.Options{Clock: w.clock, Logger: logger})
 	if err != nil {
-		t.Fatalf("start the plugins: %v", err)
+		t.Fatalf("start the host: %v", err)
 	}
-	w.metrics = metrics.New()
-	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: logger}
-	supervised := func(h *plugins.Handle) supervisedPlugin {
-		s := supervise.New(supervise.Config[*plugins.Handle]{
-			Name:      h.Block.Name,
-			Start:     func(ctx context.Context) (*plugins.Handle, error) { return plugins.StartOne(ctx, ld, cfg, h.Block) },
-			OnRestart: w.metrics.PluginRestart,
-			Clock:     w.clock,
-			Logger:    logger,
-		}, h, true, func(h *plugins.Handle) *plugins.Handle { return h })
-		t.Cleanup(s.Kill)
-		return supervisedPlugin{s}
+	t.Cleanup(w.host.Close)
+	st := w.host.Campaign(ctx)
+	if !st.Leading {
+		t.Fatalf("the host did not gain leadership: %+v", st)
 	}
-	sub := substratePlugin{supervised(set.Substrate)}
-	var reapers []cycle.Reaper
-	for _, h := range set.Reapers {
-		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperPlugin{supervised(h)}})
-	}
-	lead := fixedLeadership{leader.Status{Leading: true, Term: w.term, Since: w.t0, ValidUntil: lease.ExpiresAt}}
-	w.loop = cycle.New(cycle.Config{
-		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: w.clock,
-		Logger: logger.Named("cycle"), Metrics: w.metrics,
-	}, lead, w.store, w.store, sub, reapers)
+	w.term = st.Term
 	return w
-}
-
-// fixedLeadership is a replica that leads under one term for the whole test.
-type fixedLeadership struct{ st leader.Status }
-
-func (f fixedLeadership) Status(time.Time) leader.Status { return f.st }
-
-// supervisedPlugin and its two typed views give the loop the plugins the
-// way reaperd does: through the supervisor that restarts a plugin that died.
-type supervisedPlugin struct {
-	s *supervise.Supervisor[*plugins.Handle, *plugins.Handle]
-}
-
-func (p supervisedPlugin) Down() bool { return p.s.Down() }
-func (p supervisedPlugin) Recycle()   { p.s.Recycle() }
-
-type reaperPlugin struct{ supervisedPlugin }
-
-func (p reaperPlugin) Get(ctx context.Context, now time.Time) (sdk.Reaper, error) {
-	h, err := p.s.Get(ctx, now)
-	if err != nil {
-		return nil, err
-	}
-	return h.Reaper(), nil
-}
-
-type substratePlugin struct{ supervisedPlugin }
-
-func (p substratePlugin) Get(ctx context.Context, now time.Time) (sdk.Substrate, error) {
-	h, err := p.s.Get(ctx, now)
-	if err != nil {
-		return nil, err
-	}
-	return h.Substrate(), nil
 }
 
 // runCycle runs one maintenance cycle at the fake clock's time.
 func (w *world) runCycle() cycle.Result {
 	w.t.Helper()
-	res := w.loop.RunOnce(w.ctx)
+	res := w.host.RunCycle(w.ctx)
 	if !res.Leading {
 		w.t.Fatalf("cycle at %s: not leading", res.Started)
 	}
@@ -501,7 +444,7 @@ func (w *world) expectCycle(t *testing.T, name string, res cycle.Result, want ..
 // decision type counted at least once (dry_run="false").
 func (w *world) metered(t *testing.T) map[string]int {
 	t.Helper()
-	mfs, err := w.metrics.Registry.Gather()
+	mfs, err := w.host.Metrics().Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,15 +17,17 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
-	"github.com/dexaflow/reaper/sdk/plugin"
-
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/host/config"
-	"github.com/dexaflow/reaper/host/plugins"
+	"github.com/dexaflow/reaper/host/daemon"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/plugin"
 )
 
 const usage = `usage: reaperd <command> [flags]
@@ -34,7 +37,8 @@ commands:
                           the reconcile-then-reap cycle on the leader
   migrate -config FILE    apply the board's schema migrations (idempotent)
   validate -config FILE   check a configuration: syntax, keys, timing ladder,
-                          and every plugin's own block (the plugins are started)
+                          and every plugin's own block (the plugins are started);
+                          reports every problem, writes nothing
   version                 print the version
 `
 
@@ -129,18 +133,50 @@ func commandSetup(name string, args []string, stderr io.Writer, level hclog.Leve
 	return path, cfg, logger, 0
 }
 
+// cmdValidate checks a file as far as it can and reports every problem it
+// finds, in the order of the file: the host's own keys and the timing
+// ladder, then each plugin's block, checked by the plugin itself (each is
+// started, configured and stopped). It writes nothing and connects to no
+// database.
 func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	path, cfg, logger, code := commandSetup("validate", args, stderr, hclog.Warn)
-	if code != 0 {
-		return code
+	path, ok := parseConfigFlag("validate", args, stderr)
+	if !ok {
+		return 2
 	}
-	set, err := plugins.Start(ctx, cfg, logger)
+	logger := newLogger(stderr, hclog.Warn)
+	cfg, diags, err := config.CheckFile(path, config.Options{})
 	if err != nil {
-		fmt.Fprintf(stderr, "%v\n", err)
+		fmt.Fprintf(stderr, "reaperd: %v\n", err)
 		return 1
 	}
-	defer set.Kill()
+	if cfg != nil && (cfg.Edition == ladder.EditionLite || cfg.Edition == ladder.EditionKube) {
+		diags = append(diags, daemon.Check(ctx, cfg, daemon.Options{Logger: logger})...)
+	}
+	if diags.HasErrors() {
+		sortByPosition(diags)
+		fmt.Fprintln(stderr, config.FormatDiagnostics(diags))
+		return 1
+	}
+	for _, w := range cfg.Warnings {
+		logger.Warn(w)
+	}
 	fmt.Fprintf(stdout, "%s: valid (edition %s, substrate %s, reapers %v)\n",
 		path, cfg.Edition, cfg.Substrate.Name, cfg.ReaperNames())
 	return 0
+}
+
+// sortByPosition orders diagnostics as an operator reads the file: top to
+// bottom, those about no position first.
+func sortByPosition(diags hcl.Diagnostics) {
+	pos := func(d *hcl.Diagnostic) (int, int) {
+		if d.Subject == nil {
+			return 0, 0
+		}
+		return d.Subject.Start.Line, d.Subject.Start.Column
+	}
+	slices.SortStableFunc(diags, func(a, b *hcl.Diagnostic) int {
+		al, ac := pos(a)
+		bl, bc := pos(b)
+		return cmp.Or(cmp.Compare(al, bl), cmp.Compare(ac, bc))
+	})
 }

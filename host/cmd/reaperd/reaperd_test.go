@@ -42,11 +42,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// realDir is the subdirectory of binDir holding real plugins (the Lite
+// substrate and a reaper), for what the test plugins cannot show.
+const realDir = "real"
+
 func buildBinaries(dir string) int {
 	for out, pkg := range map[string]string{
 		"reaperd":               ".",
 		"reaper-echo":           "../../loader/testdata/testreaper",
 		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
+		filepath.Join(realDir, "reaper-substrate-lite"): "../../../substrate/lite/cmd/reaper-substrate-lite",
+		filepath.Join(realDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
 		cmd.Stderr = os.Stderr
@@ -94,18 +100,18 @@ func writeConfig(t *testing.T, dsn, reapers string) string {
 	return path
 }
 
-// daemon is a reaperd process.
-type daemon struct {
+// reaperdProc is a reaperd process.
+type reaperdProc struct {
 	cmd  *exec.Cmd
 	mu   sync.Mutex
 	logs []string
 	done chan struct{}
 }
 
-func startDaemon(t *testing.T, config string) *daemon {
+func startDaemon(t *testing.T, config string, env ...string) *reaperdProc {
 	t.Helper()
-	d := &daemon{cmd: exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config), done: make(chan struct{})}
-	d.cmd.Env = append(os.Environ(), "REAPER_DSN=")
+	d := &reaperdProc{cmd: exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config), done: make(chan struct{})}
+	d.cmd.Env = append(append(os.Environ(), "REAPER_DSN="), env...)
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +149,7 @@ func startDaemon(t *testing.T, config string) *daemon {
 	return d
 }
 
-func (d *daemon) holder() string {
+func (d *reaperdProc) holder() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s/%d", host, d.cmd.Process.Pid)
 }
@@ -440,7 +446,7 @@ func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
 
 // telemetryAddr is the address the daemon's telemetry server bound, read
 // from its log.
-func (d *daemon) telemetryAddr() string {
+func (d *reaperdProc) telemetryAddr() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, l := range d.logs {
@@ -455,7 +461,7 @@ func (d *daemon) telemetryAddr() string {
 	return ""
 }
 
-func (d *daemon) health(t *testing.T) (int, string) {
+func (d *reaperdProc) health(t *testing.T) (int, string) {
 	t.Helper()
 	addr := d.telemetryAddr()
 	if addr == "" {

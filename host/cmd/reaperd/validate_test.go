@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,8 +38,8 @@ func TestValidateCommand(t *testing.T) {
 	}{
 		{"UnknownKeyInAPluginBlock", "reaper \"echo\" {\n  mood = \"normal\"\n}\n", `reaper.hcl:5:3: Unsupported argument: An argument named "mood"`},
 		{"WrongTypeInAPluginBlock", "reaper \"echo\" {\n  threshold = \"soon\"\n}\n", `reaper.hcl:5:15: Invalid value for "threshold"`},
-		{"ValueThePluginRefuses", "reaper \"echo\" {\n  mode = \"sideways\"\n}\n", `reaper.hcl:4:1: reaper plugin "echo" refused its configuration`},
-		{"MissingPluginBinary", "reaper \"nosuch\" {}\n", `reaper plugin "nosuch"`},
+		{"ValueThePluginRefuses", "reaper \"echo\" {\n  mode = \"sideways\"\n}\n", `reaper.hcl:5:10: reaper plugin "echo" refused its configuration: attribute "mode": must be "normal"`},
+		{"MissingPluginBinary", "reaper \"nosuch\" {}\n", `reaper.hcl:4:1: reaper plugin "nosuch"`},
 		{"ChecksumMismatch", "reaper \"echo\" {\n  sha256 = \"" + strings.Repeat("0", 64) + "\"\n}\n", "checksum mismatch"},
 		{"LadderOutOfOrder", "ladder {\n  agent_lost = \"10s\"\n}\n", "reaper.hcl:5:16: Timing ladder out of order: agent_lost (10s) must be greater than heartbeat (15s)"},
 	}
@@ -62,4 +63,149 @@ func TestValidateCommand(t *testing.T) {
 			t.Fatalf("version: %d %q", code, out.String())
 		}
 	})
+}
+
+// validateFile runs reaperd validate in process on a file holding src.
+func validateFile(t *testing.T, src string) (code int, stdout, stderr string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "reaper.hcl")
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code = run(context.Background(), []string{"validate", "-config", path}, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestValidateReportsEveryProblemOfTheFile(t *testing.T) {
+	src := fmt.Sprintf(`edition    = "lite"
+plugin_dir = %q
+ladder {
+  agent_lost = "10s"
+}
+substrate "lite" {}
+reaper "nosuch" {}
+reaper "echo" {
+  mode = "sideways"
+}
+`, binDir)
+	code, _, errs := validateFile(t, src)
+	if code != 1 {
+		t.Fatalf("code %d, stderr %q", code, errs)
+	}
+	want := []string{
+		"reaper.hcl:4:16: Timing ladder out of order: agent_lost (10s) must be greater than heartbeat (15s)",
+		`reaper.hcl:7:1: reaper plugin "nosuch" (` + filepath.Join(binDir, "reaper-nosuch") + `): binary not found`,
+		`reaper.hcl:9:10: reaper plugin "echo" refused its configuration: attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not "sideways"`,
+	}
+	lines := strings.Split(strings.TrimSpace(errs), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d problems reported, want %d:\n%s", len(lines), len(want), errs)
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], string(filepath.Separator)+w) {
+			t.Errorf("problem %d:\n got  %s\n want %s...", i+1, lines[i], w)
+		}
+	}
+	if strings.Contains(errs, "rpc error") {
+		t.Errorf("a gRPC status leaked into the report:\n%s", errs)
+	}
+}
+
+// snapshot lists every entry under the roots with its type, mode and size.
+func snapshot(t *testing.T, roots ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, root := range roots {
+		err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			info, err := e.Info()
+			if err != nil {
+				return err
+			}
+			size := info.Size()
+			if info.IsDir() {
+				size = 0
+			}
+			out[path] = fmt.Sprintf("%s %d", info.Mode(), size)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func TestValidateLeavesTheFileSystemAsItFoundIt(t *testing.T) {
+	// The real Lite substrate, with its record directory left to the
+	// default under $TMPDIR, and a real reaper; no database.
+	tmp := shortTempDir(t)
+	t.Setenv("TMPDIR", tmp)
+	cfgDir := t.TempDir()
+	path := filepath.Join(cfgDir, "reaper.hcl")
+	src := fmt.Sprintf("edition = \"lite\"\nplugin_dir = %q\nsubstrate \"lite\" {}\nreaper \"agentlost\" {}\n",
+		filepath.Join(binDir, realDir))
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, tmp, cfgDir)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"validate", "-config", path}, &out, &errb); code != 0 {
+		t.Fatalf("code %d, stderr %s", code, errb.String())
+	}
+	after := snapshot(t, tmp, cfgDir)
+	for p, v := range after {
+		if before[p] != v {
+			t.Errorf("validate left %s (%s)", p, v)
+		}
+	}
+	for p := range before {
+		if _, ok := after[p]; !ok {
+			t.Errorf("validate removed %s", p)
+		}
+	}
+}
+
+func TestKubeRefusedUntilReal(t *testing.T) {
+	cases := []struct{ name, src, want string }{
+		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
+			`reaper.hcl:1:11: Edition "kube" is not available: The Kubernetes edition is not available in this build yet`},
+		{"KubernetesLeader", "edition = \"lite\"\nsubstrate \"lite\" {}\nleader \"kubernetes\" {\n  namespace = \"n\"\n  name = \"l\"\n}\n",
+			`reaper.hcl:3:8: Leader "kubernetes" is not available`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name+"_ByValidate", func(t *testing.T) {
+			code, _, errs := validateFile(t, tc.src)
+			if code != 1 || !strings.Contains(errs, tc.want) {
+				t.Fatalf("code %d, stderr %q; want 1 and %q", code, errs, tc.want)
+			}
+		})
+		t.Run(tc.name+"_ByRun", func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "reaper.hcl")
+			if err := os.WriteFile(path, []byte(tc.src+"store {\n  dsn = \"postgres://127.0.0.1:1/none\"\n}\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			code := run(context.Background(), []string{"run", "-config", path}, &out, &errb)
+			if code != 1 || !strings.Contains(errb.String(), tc.want) {
+				t.Fatalf("code %d, stderr %q; want 1 and %q", code, errb.String(), tc.want)
+			}
+		})
+	}
+}
+
+// shortTempDir is a fresh directory with a short path, removed after the
+// test: it stands for $TMPDIR, under which unix sockets are made, and a
+// socket's path is limited to about 100 bytes.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/ownerdir"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -66,12 +67,9 @@ type Dir struct {
 // owned by another user than the effective one, or is writable by group or
 // others.
 func Open(path string) (*Dir, error) {
-	if path == "" {
-		path = DefaultPath()
-	}
-	abs, err := filepath.Abs(path)
+	abs, err := Resolve(path)
 	if err != nil {
-		return nil, fmt.Errorf("record directory %s: %w", path, err)
+		return nil, err
 	}
 	d := &Dir{path: abs}
 	if _, err := os.Lstat(abs); errors.Is(err, fs.ErrNotExist) {
@@ -116,6 +114,19 @@ func Open(path string) (*Dir, error) {
 	return d, nil
 }
 
+// Resolve is the absolute path Open would open for path ("" means
+// DefaultPath). It touches nothing.
+func Resolve(path string) (string, error) {
+	if path == "" {
+		path = DefaultPath()
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("record directory %s: %w", path, err)
+	}
+	return abs, nil
+}
+
 // Close releases the directory's descriptor. The Dir must not be used after.
 func (d *Dir) Close() error { return d.fd.Close() }
 
@@ -129,15 +140,8 @@ func Check(path string) error {
 }
 
 func checkStat(path string, st *unix.Stat_t) error {
-	switch {
-	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return fmt.Errorf("record directory %s is refused: it is a symlink", path)
-	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
-		return fmt.Errorf("record directory %s is refused: it is not a directory", path)
-	case int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("record directory %s is refused: it is owned by uid %d, not by uid %d", path, st.Uid, os.Geteuid())
-	case st.Mode&0o022 != 0:
-		return fmt.Errorf("record directory %s is refused: it is writable by group or others (mode %04o)", path, st.Mode&0o7777)
+	if err := ownerdir.Refusal(st); err != nil {
+		return fmt.Errorf("record directory %s is refused: %w", path, err)
 	}
 	return nil
 }

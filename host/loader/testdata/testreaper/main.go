@@ -56,7 +56,7 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	case "normal", "crash", "hang", "crash_once", "report", "report_fail":
 		return nil
 	}
-	return errors.New(`mode must be "normal", "crash", "crash_once", "hang", "report" or "report_fail"`)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {

@@ -3,6 +3,12 @@
 // every attempt dead unless its run id starts with "alive", is always
 // synced, stops every orphan, and its sweep lists candidates through the
 // host's board (proving the broker callback for substrates).
+//
+// Named "reconcile", its sweep plays a reconciler over the host's board
+// instead: it lists the provisional infra marks, confirms the first, third,
+// ... and overrides the second, fourth, ... as durable successes, settles
+// every running attempt as a success, and appends "confirmed by the sweep"
+// to the log of each attempt it confirmed.
 package main
 
 import (
@@ -10,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/dexaflow/reaper/sdk/plugin"
 
@@ -35,12 +42,73 @@ func (s *substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
 func (s *substrate) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
 
 func (s *substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+	if s.name == "reconcile" {
+		return reconcile(ctx, req, board)
+	}
 	if _, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldRunningAt, OlderThan: req.Now,
 	}); err != nil {
 		return sdk.SweepResult{}, err
 	}
 	return sdk.SweepResult{}, nil
+}
+
+// valve is the infra confirmation valve the reconciling sweep honours.
+const valve = 2 * time.Minute
+
+func reconcile(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+	marks, err := board.ListProvisional(ctx, sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorKube}})
+	if err != nil {
+		return sdk.SweepResult{}, err
+	}
+	var (
+		confirms  []sdk.Confirm
+		overrides []sdk.Override
+		lines     []sdk.LogLine
+		reasons   []string
+	)
+	for i, c := range marks.Candidates {
+		if i%2 == 0 {
+			confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: req.Term, At: req.Now})
+			lines = append(lines, sdk.LogLine{Attempt: c.Attempt, At: req.Now, Line: "confirmed by the sweep"})
+			continue
+		}
+		overrides = append(overrides, sdk.Override{Attempt: c.Attempt, MarkedAfter: req.Now.Add(-valve), Term: req.Term, At: req.Now})
+		reasons = append(reasons, c.FailureReason)
+	}
+	if _, err := board.ConfirmInfra(ctx, confirms); err != nil {
+		return sdk.SweepResult{}, err
+	}
+	res := sdk.SweepResult{Overrides: map[string]int64{}}
+	applied, err := board.OverrideInfra(ctx, overrides)
+	if err != nil {
+		return sdk.SweepResult{}, err
+	}
+	for i, r := range applied {
+		if r.Applied {
+			res.Overrides[reasons[i]]++
+		}
+	}
+	running, err := board.ListCandidates(ctx, sdk.CandidateQuery{
+		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldRunningAt, OlderThan: req.Now,
+	})
+	if err != nil {
+		return sdk.SweepResult{}, err
+	}
+	var settle []sdk.Settlement
+	for _, c := range running.Candidates {
+		settle = append(settle, sdk.Settlement{Attempt: c.Attempt, Outcome: sdk.OutcomeSuccess,
+			FromStates: []string{sdk.StateRunning}, Term: req.Term, At: req.Now})
+	}
+	if _, err := board.Settle(ctx, settle); err != nil {
+		return sdk.SweepResult{}, err
+	}
+	if len(lines) > 0 {
+		if err := board.AppendLog(ctx, req.Term, lines); err != nil {
+			return sdk.SweepResult{}, err
+		}
+	}
+	return res, nil
 }
 
 func (s *substrate) Synced(context.Context) (bool, error) { return true, nil }

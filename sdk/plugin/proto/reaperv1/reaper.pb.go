@@ -1027,6 +1027,8 @@ type Candidate struct {
 	LastFailureKind  string                 `protobuf:"bytes,10,opt,name=last_failure_kind,json=lastFailureKind,proto3" json:"last_failure_kind,omitempty"`
 	WarmWorker       string                 `protobuf:"bytes,11,opt,name=warm_worker,json=warmWorker,proto3" json:"warm_worker,omitempty"`
 	ExecutionTimeout int64                  `protobuf:"varint,12,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
+	EndedAt          int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	FailureReason    string                 `protobuf:"bytes,14,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -1143,6 +1145,20 @@ func (x *Candidate) GetExecutionTimeout() int64 {
 		return x.ExecutionTimeout
 	}
 	return 0
+}
+
+func (x *Candidate) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
+	}
+	return 0
+}
+
+func (x *Candidate) GetFailureReason() string {
+	if x != nil {
+		return x.FailureReason
+	}
+	return ""
 }
 
 type CandidatePage struct {
@@ -1949,6 +1965,434 @@ func (x *AppendLogRequest) GetTerm() int64 {
 	return 0
 }
 
+type ProvisionalQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Executors     []string               `protobuf:"bytes,1,rep,name=executors,proto3" json:"executors,omitempty"`
+	After         *Cursor                `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvisionalQuery) Reset() {
+	*x = ProvisionalQuery{}
+	mi := &file_reaper_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvisionalQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvisionalQuery) ProtoMessage() {}
+
+func (x *ProvisionalQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvisionalQuery.ProtoReflect.Descriptor instead.
+func (*ProvisionalQuery) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ProvisionalQuery) GetExecutors() []string {
+	if x != nil {
+		return x.Executors
+	}
+	return nil
+}
+
+func (x *ProvisionalQuery) GetAfter() *Cursor {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *ProvisionalQuery) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type Confirm struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Term          int64                  `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	At            int64                  `protobuf:"varint,3,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Confirm) Reset() {
+	*x = Confirm{}
+	mi := &file_reaper_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Confirm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Confirm) ProtoMessage() {}
+
+func (x *Confirm) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Confirm.ProtoReflect.Descriptor instead.
+func (*Confirm) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Confirm) GetAttempt() *Attempt {
+	if x != nil {
+		return x.Attempt
+	}
+	return nil
+}
+
+func (x *Confirm) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Confirm) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+type ConfirmRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Confirms      []*Confirm             `protobuf:"bytes,1,rep,name=confirms,proto3" json:"confirms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmRequest) Reset() {
+	*x = ConfirmRequest{}
+	mi := &file_reaper_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmRequest) ProtoMessage() {}
+
+func (x *ConfirmRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmRequest.ProtoReflect.Descriptor instead.
+func (*ConfirmRequest) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ConfirmRequest) GetConfirms() []*Confirm {
+	if x != nil {
+		return x.Confirms
+	}
+	return nil
+}
+
+type Override struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	MarkedAfter   int64                  `protobuf:"varint,2,opt,name=marked_after,json=markedAfter,proto3" json:"marked_after,omitempty"`
+	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	At            int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt       int64                  `protobuf:"varint,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Override) Reset() {
+	*x = Override{}
+	mi := &file_reaper_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Override) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Override) ProtoMessage() {}
+
+func (x *Override) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Override.ProtoReflect.Descriptor instead.
+func (*Override) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Override) GetAttempt() *Attempt {
+	if x != nil {
+		return x.Attempt
+	}
+	return nil
+}
+
+func (x *Override) GetMarkedAfter() int64 {
+	if x != nil {
+		return x.MarkedAfter
+	}
+	return 0
+}
+
+func (x *Override) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Override) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *Override) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
+	}
+	return 0
+}
+
+type OverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Overrides     []*Override            `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverrideRequest) Reset() {
+	*x = OverrideRequest{}
+	mi := &file_reaper_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverrideRequest) ProtoMessage() {}
+
+func (x *OverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverrideRequest.ProtoReflect.Descriptor instead.
+func (*OverrideRequest) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *OverrideRequest) GetOverrides() []*Override {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+type Settlement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Outcome       string                 `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	FromStates    []string               `protobuf:"bytes,3,rep,name=from_states,json=fromStates,proto3" json:"from_states,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Term          int64                  `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
+	At            int64                  `protobuf:"varint,7,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt       int64                  `protobuf:"varint,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Settlement) Reset() {
+	*x = Settlement{}
+	mi := &file_reaper_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Settlement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Settlement) ProtoMessage() {}
+
+func (x *Settlement) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Settlement.ProtoReflect.Descriptor instead.
+func (*Settlement) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Settlement) GetAttempt() *Attempt {
+	if x != nil {
+		return x.Attempt
+	}
+	return nil
+}
+
+func (x *Settlement) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *Settlement) GetFromStates() []string {
+	if x != nil {
+		return x.FromStates
+	}
+	return nil
+}
+
+func (x *Settlement) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Settlement) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Settlement) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Settlement) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+func (x *Settlement) GetEndedAt() int64 {
+	if x != nil {
+		return x.EndedAt
+	}
+	return 0
+}
+
+type SettleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Settlements   []*Settlement          `protobuf:"bytes,1,rep,name=settlements,proto3" json:"settlements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_reaper_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *SettleRequest) GetSettlements() []*Settlement {
+	if x != nil {
+		return x.Settlements
+	}
+	return nil
+}
+
 type SweepRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Now           int64                  `protobuf:"varint,1,opt,name=now,proto3" json:"now,omitempty"`
@@ -1962,7 +2406,7 @@ type SweepRequest struct {
 
 func (x *SweepRequest) Reset() {
 	*x = SweepRequest{}
-	mi := &file_reaper_proto_msgTypes[27]
+	mi := &file_reaper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2418,7 @@ func (x *SweepRequest) String() string {
 func (*SweepRequest) ProtoMessage() {}
 
 func (x *SweepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[27]
+	mi := &file_reaper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2431,7 @@ func (x *SweepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepRequest.ProtoReflect.Descriptor instead.
 func (*SweepRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{27}
+	return file_reaper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SweepRequest) GetNow() int64 {
@@ -2035,7 +2479,7 @@ type SweepResponse struct {
 
 func (x *SweepResponse) Reset() {
 	*x = SweepResponse{}
-	mi := &file_reaper_proto_msgTypes[28]
+	mi := &file_reaper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2491,7 @@ func (x *SweepResponse) String() string {
 func (*SweepResponse) ProtoMessage() {}
 
 func (x *SweepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[28]
+	mi := &file_reaper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2504,7 @@ func (x *SweepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepResponse.ProtoReflect.Descriptor instead.
 func (*SweepResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{28}
+	return file_reaper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SweepResponse) GetDecisions() *DecisionSet {
@@ -2086,7 +2530,7 @@ type SyncedResponse struct {
 
 func (x *SyncedResponse) Reset() {
 	*x = SyncedResponse{}
-	mi := &file_reaper_proto_msgTypes[29]
+	mi := &file_reaper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2542,7 @@ func (x *SyncedResponse) String() string {
 func (*SyncedResponse) ProtoMessage() {}
 
 func (x *SyncedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[29]
+	mi := &file_reaper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2555,7 @@ func (x *SyncedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncedResponse.ProtoReflect.Descriptor instead.
 func (*SyncedResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{29}
+	return file_reaper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SyncedResponse) GetSynced() bool {
@@ -2132,7 +2576,7 @@ type LivenessRequest struct {
 
 func (x *LivenessRequest) Reset() {
 	*x = LivenessRequest{}
-	mi := &file_reaper_proto_msgTypes[30]
+	mi := &file_reaper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2588,7 @@ func (x *LivenessRequest) String() string {
 func (*LivenessRequest) ProtoMessage() {}
 
 func (x *LivenessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[30]
+	mi := &file_reaper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2601,7 @@ func (x *LivenessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LivenessRequest.ProtoReflect.Descriptor instead.
 func (*LivenessRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{30}
+	return file_reaper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LivenessRequest) GetAttempts() []*Attempt {
@@ -2196,7 +2640,7 @@ type AttemptLiveness struct {
 
 func (x *AttemptLiveness) Reset() {
 	*x = AttemptLiveness{}
-	mi := &file_reaper_proto_msgTypes[31]
+	mi := &file_reaper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2652,7 @@ func (x *AttemptLiveness) String() string {
 func (*AttemptLiveness) ProtoMessage() {}
 
 func (x *AttemptLiveness) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[31]
+	mi := &file_reaper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2665,7 @@ func (x *AttemptLiveness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptLiveness.ProtoReflect.Descriptor instead.
 func (*AttemptLiveness) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{31}
+	return file_reaper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AttemptLiveness) GetAttempt() *Attempt {
@@ -2282,7 +2726,7 @@ type LivenessResponse struct {
 
 func (x *LivenessResponse) Reset() {
 	*x = LivenessResponse{}
-	mi := &file_reaper_proto_msgTypes[32]
+	mi := &file_reaper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2738,7 @@ func (x *LivenessResponse) String() string {
 func (*LivenessResponse) ProtoMessage() {}
 
 func (x *LivenessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[32]
+	mi := &file_reaper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2751,7 @@ func (x *LivenessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LivenessResponse.ProtoReflect.Descriptor instead.
 func (*LivenessResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{32}
+	return file_reaper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LivenessResponse) GetResults() []*AttemptLiveness {
@@ -2329,7 +2773,7 @@ type TeardownRequest struct {
 
 func (x *TeardownRequest) Reset() {
 	*x = TeardownRequest{}
-	mi := &file_reaper_proto_msgTypes[33]
+	mi := &file_reaper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2785,7 @@ func (x *TeardownRequest) String() string {
 func (*TeardownRequest) ProtoMessage() {}
 
 func (x *TeardownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[33]
+	mi := &file_reaper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2798,7 @@ func (x *TeardownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownRequest.ProtoReflect.Descriptor instead.
 func (*TeardownRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{33}
+	return file_reaper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TeardownRequest) GetAttempt() *Attempt {
@@ -2396,7 +2840,7 @@ type TeardownOutcome struct {
 
 func (x *TeardownOutcome) Reset() {
 	*x = TeardownOutcome{}
-	mi := &file_reaper_proto_msgTypes[34]
+	mi := &file_reaper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2852,7 @@ func (x *TeardownOutcome) String() string {
 func (*TeardownOutcome) ProtoMessage() {}
 
 func (x *TeardownOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[34]
+	mi := &file_reaper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2865,7 @@ func (x *TeardownOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownOutcome.ProtoReflect.Descriptor instead.
 func (*TeardownOutcome) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{34}
+	return file_reaper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TeardownOutcome) GetObject() string {
@@ -2454,7 +2898,7 @@ type TeardownResponse struct {
 
 func (x *TeardownResponse) Reset() {
 	*x = TeardownResponse{}
-	mi := &file_reaper_proto_msgTypes[35]
+	mi := &file_reaper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2910,7 @@ func (x *TeardownResponse) String() string {
 func (*TeardownResponse) ProtoMessage() {}
 
 func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[35]
+	mi := &file_reaper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2923,7 @@ func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownResponse.ProtoReflect.Descriptor instead.
 func (*TeardownResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{35}
+	return file_reaper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TeardownResponse) GetOutcomes() []*TeardownOutcome {
@@ -2499,7 +2943,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_reaper_proto_msgTypes[36]
+	mi := &file_reaper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2955,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[36]
+	mi := &file_reaper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2968,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{36}
+	return file_reaper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StopRequest) GetAttempt() *Attempt {
@@ -2553,7 +2997,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_reaper_proto_msgTypes[37]
+	mi := &file_reaper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +3009,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[37]
+	mi := &file_reaper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +3022,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{37}
+	return file_reaper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StopResponse) GetStopped() bool {
@@ -2612,7 +3056,7 @@ type WarmWorker struct {
 
 func (x *WarmWorker) Reset() {
 	*x = WarmWorker{}
-	mi := &file_reaper_proto_msgTypes[38]
+	mi := &file_reaper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +3068,7 @@ func (x *WarmWorker) String() string {
 func (*WarmWorker) ProtoMessage() {}
 
 func (x *WarmWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[38]
+	mi := &file_reaper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +3081,7 @@ func (x *WarmWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmWorker.ProtoReflect.Descriptor instead.
 func (*WarmWorker) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{38}
+	return file_reaper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WarmWorker) GetName() string {
@@ -2663,7 +3107,7 @@ type WarmWorkersResponse struct {
 
 func (x *WarmWorkersResponse) Reset() {
 	*x = WarmWorkersResponse{}
-	mi := &file_reaper_proto_msgTypes[39]
+	mi := &file_reaper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +3119,7 @@ func (x *WarmWorkersResponse) String() string {
 func (*WarmWorkersResponse) ProtoMessage() {}
 
 func (x *WarmWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[39]
+	mi := &file_reaper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +3132,7 @@ func (x *WarmWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmWorkersResponse.ProtoReflect.Descriptor instead.
 func (*WarmWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{39}
+	return file_reaper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WarmWorkersResponse) GetWorkers() []*WarmWorker {
@@ -2786,7 +3230,7 @@ const file_reaper_proto_rawDesc = "" +
 	"older_than\x18\x04 \x01(\x03R\tolderThan\x12\x1c\n" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\"\xc4\x03\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\"\x86\x04\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -2803,7 +3247,9 @@ const file_reaper_proto_rawDesc = "" +
 	" \x01(\tR\x0flastFailureKind\x12\x1f\n" +
 	"\vwarm_worker\x18\v \x01(\tR\n" +
 	"warmWorker\x12+\n" +
-	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\"l\n" +
+	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
+	"\bended_at\x18\r \x01(\x03R\aendedAt\x12%\n" +
+	"\x0efailure_reason\x18\x0e \x01(\tR\rfailureReason\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x14.reaper.v1.CandidateR\n" +
@@ -2868,7 +3314,38 @@ const file_reaper_proto_rawDesc = "" +
 	"\x04line\x18\x03 \x01(\tR\x04line\"P\n" +
 	"\x10AppendLogRequest\x12(\n" +
 	"\x05lines\x18\x01 \x03(\v2\x12.reaper.v1.LogLineR\x05lines\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x03R\x04term\"\x95\x01\n" +
+	"\x04term\x18\x02 \x01(\x03R\x04term\"o\n" +
+	"\x10ProvisionalQuery\x12\x1c\n" +
+	"\texecutors\x18\x01 \x03(\tR\texecutors\x12'\n" +
+	"\x05after\x18\x02 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"[\n" +
+	"\aConfirm\x12,\n" +
+	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x03R\x04term\x12\x0e\n" +
+	"\x02at\x18\x03 \x01(\x03R\x02at\"@\n" +
+	"\x0eConfirmRequest\x12.\n" +
+	"\bconfirms\x18\x01 \x03(\v2\x12.reaper.v1.ConfirmR\bconfirms\"\x9a\x01\n" +
+	"\bOverride\x12,\n" +
+	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12!\n" +
+	"\fmarked_after\x18\x02 \x01(\x03R\vmarkedAfter\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x0e\n" +
+	"\x02at\x18\x04 \x01(\x03R\x02at\x12\x19\n" +
+	"\bended_at\x18\x05 \x01(\x03R\aendedAt\"D\n" +
+	"\x0fOverrideRequest\x121\n" +
+	"\toverrides\x18\x01 \x03(\v2\x13.reaper.v1.OverrideR\toverrides\"\xe6\x01\n" +
+	"\n" +
+	"Settlement\x12,\n" +
+	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x1f\n" +
+	"\vfrom_states\x18\x03 \x03(\tR\n" +
+	"fromStates\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12\x12\n" +
+	"\x04term\x18\x06 \x01(\x03R\x04term\x12\x0e\n" +
+	"\x02at\x18\a \x01(\x03R\x02at\x12\x19\n" +
+	"\bended_at\x18\b \x01(\x03R\aendedAt\"H\n" +
+	"\rSettleRequest\x127\n" +
+	"\vsettlements\x18\x01 \x03(\v2\x15.reaper.v1.SettlementR\vsettlements\"\x95\x01\n" +
 	"\fSweepRequest\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x03R\x04term\x12\x17\n" +
@@ -2926,13 +3403,17 @@ const file_reaper_proto_rawDesc = "" +
 	"\fConfigSchema\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SchemaResponse\x12:\n" +
 	"\tConfigure\x12\x1b.reaper.v1.ConfigureRequest\x1a\x10.reaper.v1.Empty2C\n" +
 	"\x06Reaper\x129\n" +
-	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse0\x012\xb7\x02\n" +
+	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse0\x012\xc8\x04\n" +
 	"\x05Board\x12E\n" +
 	"\x0eListCandidates\x12\x19.reaper.v1.CandidateQuery\x1a\x18.reaper.v1.CandidatePage\x127\n" +
 	"\x04Mark\x12\x16.reaper.v1.MarkRequest\x1a\x17.reaper.v1.MarkResponse\x129\n" +
 	"\x0eListOrphanRuns\x12\x13.reaper.v1.RunQuery\x1a\x12.reaper.v1.RunPage\x127\n" +
 	"\aReapRun\x12\x12.reaper.v1.RunReap\x1a\x18.reaper.v1.RunReapResult\x12:\n" +
-	"\tAppendLog\x12\x1b.reaper.v1.AppendLogRequest\x1a\x10.reaper.v1.Empty2\x88\x03\n" +
+	"\tAppendLog\x12\x1b.reaper.v1.AppendLogRequest\x1a\x10.reaper.v1.Empty\x12H\n" +
+	"\x0fListProvisional\x12\x1b.reaper.v1.ProvisionalQuery\x1a\x18.reaper.v1.CandidatePage\x12B\n" +
+	"\fConfirmInfra\x12\x19.reaper.v1.ConfirmRequest\x1a\x17.reaper.v1.MarkResponse\x12D\n" +
+	"\rOverrideInfra\x12\x1a.reaper.v1.OverrideRequest\x1a\x17.reaper.v1.MarkResponse\x12;\n" +
+	"\x06Settle\x12\x18.reaper.v1.SettleRequest\x1a\x17.reaper.v1.MarkResponse2\x88\x03\n" +
 	"\tSubstrate\x12:\n" +
 	"\x05Sweep\x12\x17.reaper.v1.SweepRequest\x1a\x18.reaper.v1.SweepResponse\x125\n" +
 	"\x06Synced\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SyncedResponse\x12C\n" +
@@ -2954,7 +3435,7 @@ func file_reaper_proto_rawDescGZIP() []byte {
 	return file_reaper_proto_rawDescData
 }
 
-var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_reaper_proto_goTypes = []any{
 	(*Attempt)(nil),             // 0: reaper.v1.Attempt
 	(*Ladder)(nil),              // 1: reaper.v1.Ladder
@@ -2983,20 +3464,27 @@ var file_reaper_proto_goTypes = []any{
 	(*RunReapResult)(nil),       // 24: reaper.v1.RunReapResult
 	(*LogLine)(nil),             // 25: reaper.v1.LogLine
 	(*AppendLogRequest)(nil),    // 26: reaper.v1.AppendLogRequest
-	(*SweepRequest)(nil),        // 27: reaper.v1.SweepRequest
-	(*SweepResponse)(nil),       // 28: reaper.v1.SweepResponse
-	(*SyncedResponse)(nil),      // 29: reaper.v1.SyncedResponse
-	(*LivenessRequest)(nil),     // 30: reaper.v1.LivenessRequest
-	(*AttemptLiveness)(nil),     // 31: reaper.v1.AttemptLiveness
-	(*LivenessResponse)(nil),    // 32: reaper.v1.LivenessResponse
-	(*TeardownRequest)(nil),     // 33: reaper.v1.TeardownRequest
-	(*TeardownOutcome)(nil),     // 34: reaper.v1.TeardownOutcome
-	(*TeardownResponse)(nil),    // 35: reaper.v1.TeardownResponse
-	(*StopRequest)(nil),         // 36: reaper.v1.StopRequest
-	(*StopResponse)(nil),        // 37: reaper.v1.StopResponse
-	(*WarmWorker)(nil),          // 38: reaper.v1.WarmWorker
-	(*WarmWorkersResponse)(nil), // 39: reaper.v1.WarmWorkersResponse
-	nil,                         // 40: reaper.v1.SweepResponse.OverridesEntry
+	(*ProvisionalQuery)(nil),    // 27: reaper.v1.ProvisionalQuery
+	(*Confirm)(nil),             // 28: reaper.v1.Confirm
+	(*ConfirmRequest)(nil),      // 29: reaper.v1.ConfirmRequest
+	(*Override)(nil),            // 30: reaper.v1.Override
+	(*OverrideRequest)(nil),     // 31: reaper.v1.OverrideRequest
+	(*Settlement)(nil),          // 32: reaper.v1.Settlement
+	(*SettleRequest)(nil),       // 33: reaper.v1.SettleRequest
+	(*SweepRequest)(nil),        // 34: reaper.v1.SweepRequest
+	(*SweepResponse)(nil),       // 35: reaper.v1.SweepResponse
+	(*SyncedResponse)(nil),      // 36: reaper.v1.SyncedResponse
+	(*LivenessRequest)(nil),     // 37: reaper.v1.LivenessRequest
+	(*AttemptLiveness)(nil),     // 38: reaper.v1.AttemptLiveness
+	(*LivenessResponse)(nil),    // 39: reaper.v1.LivenessResponse
+	(*TeardownRequest)(nil),     // 40: reaper.v1.TeardownRequest
+	(*TeardownOutcome)(nil),     // 41: reaper.v1.TeardownOutcome
+	(*TeardownResponse)(nil),    // 42: reaper.v1.TeardownResponse
+	(*StopRequest)(nil),         // 43: reaper.v1.StopRequest
+	(*StopResponse)(nil),        // 44: reaper.v1.StopResponse
+	(*WarmWorker)(nil),          // 45: reaper.v1.WarmWorker
+	(*WarmWorkersResponse)(nil), // 46: reaper.v1.WarmWorkersResponse
+	nil,                         // 47: reaper.v1.SweepResponse.OverridesEntry
 }
 var file_reaper_proto_depIdxs = []int32{
 	0,  // 0: reaper.v1.Decision.attempt:type_name -> reaper.v1.Attempt
@@ -3019,51 +3507,66 @@ var file_reaper_proto_depIdxs = []int32{
 	0,  // 17: reaper.v1.RunReapResult.attached:type_name -> reaper.v1.Attempt
 	0,  // 18: reaper.v1.LogLine.attempt:type_name -> reaper.v1.Attempt
 	25, // 19: reaper.v1.AppendLogRequest.lines:type_name -> reaper.v1.LogLine
-	1,  // 20: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
-	3,  // 21: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
-	40, // 22: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
-	0,  // 23: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
-	0,  // 24: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
-	31, // 25: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
-	0,  // 26: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
-	34, // 27: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
-	0,  // 28: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
-	38, // 29: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
-	4,  // 30: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
-	4,  // 31: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
-	8,  // 32: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
-	9,  // 33: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
-	12, // 34: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
-	16, // 35: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
-	20, // 36: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
-	23, // 37: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
-	26, // 38: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
-	27, // 39: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
-	4,  // 40: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
-	30, // 41: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
-	33, // 42: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
-	36, // 43: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
-	4,  // 44: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
-	5,  // 45: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
-	7,  // 46: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
-	4,  // 47: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
-	10, // 48: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
-	14, // 49: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
-	18, // 50: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
-	22, // 51: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
-	24, // 52: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
-	4,  // 53: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
-	28, // 54: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
-	29, // 55: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
-	32, // 56: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
-	35, // 57: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
-	37, // 58: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
-	39, // 59: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
-	45, // [45:60] is the sub-list for method output_type
-	30, // [30:45] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	11, // 20: reaper.v1.ProvisionalQuery.after:type_name -> reaper.v1.Cursor
+	0,  // 21: reaper.v1.Confirm.attempt:type_name -> reaper.v1.Attempt
+	28, // 22: reaper.v1.ConfirmRequest.confirms:type_name -> reaper.v1.Confirm
+	0,  // 23: reaper.v1.Override.attempt:type_name -> reaper.v1.Attempt
+	30, // 24: reaper.v1.OverrideRequest.overrides:type_name -> reaper.v1.Override
+	0,  // 25: reaper.v1.Settlement.attempt:type_name -> reaper.v1.Attempt
+	32, // 26: reaper.v1.SettleRequest.settlements:type_name -> reaper.v1.Settlement
+	1,  // 27: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
+	3,  // 28: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
+	47, // 29: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
+	0,  // 30: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
+	0,  // 31: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
+	38, // 32: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
+	0,  // 33: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
+	41, // 34: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
+	0,  // 35: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
+	45, // 36: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
+	4,  // 37: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
+	4,  // 38: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
+	8,  // 39: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
+	9,  // 40: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
+	12, // 41: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
+	16, // 42: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
+	20, // 43: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
+	23, // 44: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
+	26, // 45: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
+	27, // 46: reaper.v1.Board.ListProvisional:input_type -> reaper.v1.ProvisionalQuery
+	29, // 47: reaper.v1.Board.ConfirmInfra:input_type -> reaper.v1.ConfirmRequest
+	31, // 48: reaper.v1.Board.OverrideInfra:input_type -> reaper.v1.OverrideRequest
+	33, // 49: reaper.v1.Board.Settle:input_type -> reaper.v1.SettleRequest
+	34, // 50: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
+	4,  // 51: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
+	37, // 52: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
+	40, // 53: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
+	43, // 54: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
+	4,  // 55: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
+	5,  // 56: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
+	7,  // 57: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
+	4,  // 58: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
+	10, // 59: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
+	14, // 60: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
+	18, // 61: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
+	22, // 62: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
+	24, // 63: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
+	4,  // 64: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
+	14, // 65: reaper.v1.Board.ListProvisional:output_type -> reaper.v1.CandidatePage
+	18, // 66: reaper.v1.Board.ConfirmInfra:output_type -> reaper.v1.MarkResponse
+	18, // 67: reaper.v1.Board.OverrideInfra:output_type -> reaper.v1.MarkResponse
+	18, // 68: reaper.v1.Board.Settle:output_type -> reaper.v1.MarkResponse
+	35, // 69: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
+	36, // 70: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
+	39, // 71: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
+	42, // 72: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
+	44, // 73: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
+	46, // 74: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
+	56, // [56:75] is the sub-list for method output_type
+	37, // [37:56] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_reaper_proto_init() }
@@ -3077,7 +3580,7 @@ func file_reaper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reaper_proto_rawDesc), len(file_reaper_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -317,11 +317,15 @@ var Reaper_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Board_ListCandidates_FullMethodName = "/reaper.v1.Board/ListCandidates"
-	Board_Mark_FullMethodName           = "/reaper.v1.Board/Mark"
-	Board_ListOrphanRuns_FullMethodName = "/reaper.v1.Board/ListOrphanRuns"
-	Board_ReapRun_FullMethodName        = "/reaper.v1.Board/ReapRun"
-	Board_AppendLog_FullMethodName      = "/reaper.v1.Board/AppendLog"
+	Board_ListCandidates_FullMethodName  = "/reaper.v1.Board/ListCandidates"
+	Board_Mark_FullMethodName            = "/reaper.v1.Board/Mark"
+	Board_ListOrphanRuns_FullMethodName  = "/reaper.v1.Board/ListOrphanRuns"
+	Board_ReapRun_FullMethodName         = "/reaper.v1.Board/ReapRun"
+	Board_AppendLog_FullMethodName       = "/reaper.v1.Board/AppendLog"
+	Board_ListProvisional_FullMethodName = "/reaper.v1.Board/ListProvisional"
+	Board_ConfirmInfra_FullMethodName    = "/reaper.v1.Board/ConfirmInfra"
+	Board_OverrideInfra_FullMethodName   = "/reaper.v1.Board/OverrideInfra"
+	Board_Settle_FullMethodName          = "/reaper.v1.Board/Settle"
 )
 
 // BoardClient is the client API for Board service.
@@ -333,6 +337,10 @@ type BoardClient interface {
 	ListOrphanRuns(ctx context.Context, in *RunQuery, opts ...grpc.CallOption) (*RunPage, error)
 	ReapRun(ctx context.Context, in *RunReap, opts ...grpc.CallOption) (*RunReapResult, error)
 	AppendLog(ctx context.Context, in *AppendLogRequest, opts ...grpc.CallOption) (*Empty, error)
+	ListProvisional(ctx context.Context, in *ProvisionalQuery, opts ...grpc.CallOption) (*CandidatePage, error)
+	ConfirmInfra(ctx context.Context, in *ConfirmRequest, opts ...grpc.CallOption) (*MarkResponse, error)
+	OverrideInfra(ctx context.Context, in *OverrideRequest, opts ...grpc.CallOption) (*MarkResponse, error)
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*MarkResponse, error)
 }
 
 type boardClient struct {
@@ -393,6 +401,46 @@ func (c *boardClient) AppendLog(ctx context.Context, in *AppendLogRequest, opts 
 	return out, nil
 }
 
+func (c *boardClient) ListProvisional(ctx context.Context, in *ProvisionalQuery, opts ...grpc.CallOption) (*CandidatePage, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CandidatePage)
+	err := c.cc.Invoke(ctx, Board_ListProvisional_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *boardClient) ConfirmInfra(ctx context.Context, in *ConfirmRequest, opts ...grpc.CallOption) (*MarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MarkResponse)
+	err := c.cc.Invoke(ctx, Board_ConfirmInfra_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *boardClient) OverrideInfra(ctx context.Context, in *OverrideRequest, opts ...grpc.CallOption) (*MarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MarkResponse)
+	err := c.cc.Invoke(ctx, Board_OverrideInfra_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *boardClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*MarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MarkResponse)
+	err := c.cc.Invoke(ctx, Board_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BoardServer is the server API for Board service.
 // All implementations must embed UnimplementedBoardServer
 // for forward compatibility.
@@ -402,6 +450,10 @@ type BoardServer interface {
 	ListOrphanRuns(context.Context, *RunQuery) (*RunPage, error)
 	ReapRun(context.Context, *RunReap) (*RunReapResult, error)
 	AppendLog(context.Context, *AppendLogRequest) (*Empty, error)
+	ListProvisional(context.Context, *ProvisionalQuery) (*CandidatePage, error)
+	ConfirmInfra(context.Context, *ConfirmRequest) (*MarkResponse, error)
+	OverrideInfra(context.Context, *OverrideRequest) (*MarkResponse, error)
+	Settle(context.Context, *SettleRequest) (*MarkResponse, error)
 	mustEmbedUnimplementedBoardServer()
 }
 
@@ -426,6 +478,18 @@ func (UnimplementedBoardServer) ReapRun(context.Context, *RunReap) (*RunReapResu
 }
 func (UnimplementedBoardServer) AppendLog(context.Context, *AppendLogRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method AppendLog not implemented")
+}
+func (UnimplementedBoardServer) ListProvisional(context.Context, *ProvisionalQuery) (*CandidatePage, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProvisional not implemented")
+}
+func (UnimplementedBoardServer) ConfirmInfra(context.Context, *ConfirmRequest) (*MarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConfirmInfra not implemented")
+}
+func (UnimplementedBoardServer) OverrideInfra(context.Context, *OverrideRequest) (*MarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OverrideInfra not implemented")
+}
+func (UnimplementedBoardServer) Settle(context.Context, *SettleRequest) (*MarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedBoardServer) mustEmbedUnimplementedBoardServer() {}
 func (UnimplementedBoardServer) testEmbeddedByValue()               {}
@@ -538,6 +602,78 @@ func _Board_AppendLog_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Board_ListProvisional_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProvisionalQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BoardServer).ListProvisional(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Board_ListProvisional_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BoardServer).ListProvisional(ctx, req.(*ProvisionalQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Board_ConfirmInfra_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfirmRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BoardServer).ConfirmInfra(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Board_ConfirmInfra_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BoardServer).ConfirmInfra(ctx, req.(*ConfirmRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Board_OverrideInfra_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BoardServer).OverrideInfra(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Board_OverrideInfra_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BoardServer).OverrideInfra(ctx, req.(*OverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Board_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BoardServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Board_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BoardServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Board_ServiceDesc is the grpc.ServiceDesc for Board service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -564,6 +700,22 @@ var Board_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AppendLog",
 			Handler:    _Board_AppendLog_Handler,
+		},
+		{
+			MethodName: "ListProvisional",
+			Handler:    _Board_ListProvisional_Handler,
+		},
+		{
+			MethodName: "ConfirmInfra",
+			Handler:    _Board_ConfirmInfra_Handler,
+		},
+		{
+			MethodName: "OverrideInfra",
+			Handler:    _Board_OverrideInfra_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _Board_Settle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

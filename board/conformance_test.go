@@ -1,0 +1,161 @@
+package board_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest/boardtest"
+)
+
+// The Postgres board passes the board's conformance suite; the in-memory
+// board (sdktest.Board) runs the same suite in package boardtest.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	boardtest.Run(t, newFixture)
+}
+
+// fixture is a fresh database with a current term whose lease runs a day
+// past boardtest.T0. It seeds rows with plain SQL, as the scheduler would
+// have written them.
+type fixture struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	store *board.Store
+	term  int64
+}
+
+func newFixture(t *testing.T) boardtest.Fixture {
+	t.Helper()
+	pool := pgtest.NewDB(t)
+	store := board.New(pool, board.Options{})
+	lease, ok, err := store.TryAcquire(context.Background(), "conformance", 24*time.Hour+time.Minute, boardtest.T0().Add(-time.Minute))
+	if err != nil || !ok {
+		t.Fatalf("acquire leadership: ok=%v err=%v", ok, err)
+	}
+	return &fixture{t: t, pool: pool, store: store, term: lease.Term}
+}
+
+func (f *fixture) Board() sdk.Board { return f.store }
+func (f *fixture) Term() int64      { return f.term }
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), sql, args...); err != nil {
+		f.t.Fatalf("%v\n%s", err, sql)
+	}
+}
+
+func (f *fixture) PutRun(r boardtest.RunRow) {
+	f.exec(`INSERT INTO runs (run_id, dag_id, state, started_at, updated_at) VALUES ($1, 'dag', $2, $3, $3)
+        ON CONFLICT (run_id) DO UPDATE SET state = $2, started_at = $3`, r.RunID, r.State, r.StartedAt)
+	if r.State == sdk.RunSuccess || r.State == sdk.RunFailed {
+		f.exec(`UPDATE task_instances SET run_closed = true WHERE run_id = $1`, r.RunID)
+	}
+}
+
+func ts(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()} }
+
+func text(s string) pgtype.Text { return pgtype.Text{String: s, Valid: s != ""} }
+
+func (f *fixture) Put(r boardtest.Row) {
+	f.exec(`INSERT INTO runs (run_id, dag_id, state, started_at, updated_at) VALUES ($1, 'dag', 'running', $2, $2)
+        ON CONFLICT (run_id) DO NOTHING`, r.RunID, boardtest.T0().Add(-24*time.Hour))
+	if r.Try == 0 {
+		r.Try = 1
+	}
+	if r.Executor == "" {
+		r.Executor = sdk.ExecutorLite
+	}
+	var held pgtype.Timestamptz
+	if r.Held {
+		held = pgtype.Timestamptz{Time: boardtest.T0().Add(-time.Minute), Valid: true}
+	}
+	f.exec(`INSERT INTO task_instances (run_id, task_id, try_number, attempt_epoch, state, executor,
+            queued_at, running_at, last_heartbeat_at, released_at, ended_at, last_failure_kind, failure_reason,
+            infra_marked_at, infra_confirmed_at, error_message, held_at, run_closed, updated_at)
+        SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+            r.state IN ('success', 'failed'), $18
+        FROM runs r WHERE r.run_id = $1
+        ON CONFLICT (run_id, task_id) DO UPDATE SET try_number = $3, attempt_epoch = $4, state = $5, executor = $6,
+            queued_at = $7, running_at = $8, last_heartbeat_at = $9, released_at = $10, ended_at = $11,
+            last_failure_kind = $12, failure_reason = $13, infra_marked_at = $14, infra_confirmed_at = $15,
+            error_message = $16, held_at = $17, updated_at = $18`,
+		r.RunID, r.TaskID, r.Try, r.Epoch, r.State, r.Executor,
+		ts(r.QueuedAt), ts(r.RunningAt), ts(r.LastHeartbeatAt), ts(r.ReleasedAt), ts(r.EndedAt),
+		text(r.LastFailureKind), text(r.FailureReason), ts(r.InfraMarkedAt), ts(r.InfraConfirmedAt),
+		text(r.ErrorMessage), held, boardtest.T0().Add(-48*time.Hour))
+}
+
+func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
+	f.t.Helper()
+	ti, err := f.store.TaskInstance(context.Background(), runID, taskID)
+	if errors.Is(err, board.ErrNotFound) {
+		return boardtest.Row{}, false
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return boardtest.Row{Attempt: ti.Attempt, State: ti.State, Executor: ti.Executor, QueuedAt: ti.QueuedAt,
+		RunningAt: ti.RunningAt, LastHeartbeatAt: ti.LastHeartbeatAt, ReleasedAt: ti.ReleasedAt, EndedAt: ti.EndedAt,
+		LastFailureKind: ti.LastFailureKind, FailureReason: ti.FailureReason, InfraMarkedAt: ti.InfraMarkedAt,
+		InfraConfirmedAt: ti.InfraConfirmedAt, ErrorMessage: ti.ErrorMessage, Held: !ti.HeldAt.IsZero()}, true
+}
+
+func (f *fixture) RunState(runID string) string {
+	f.t.Helper()
+	r, err := f.store.Run(context.Background(), runID)
+	if errors.Is(err, board.ErrNotFound) {
+		return ""
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r.State
+}
+
+func (f *fixture) Log(a sdk.Attempt) []string {
+	f.t.Helper()
+	lines, err := f.store.AttemptLog(context.Background(), a.RunID, a.TaskID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, l := range lines {
+		if l.Attempt == a {
+			out = append(out, l.Line)
+		}
+	}
+	return out
+}
+
+func (f *fixture) Depose() { f.exec(`UPDATE leader SET term = term + 1`) }
+
+func (f *fixture) ExpireLease(at time.Time) { f.exec(`UPDATE leader SET expires_at = $1`, at) }
+
+// LockRun holds every row of the run in another transaction, as a
+// scheduler writing them would, until the test ends.
+func (f *fixture) LockRun(runID string) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // the lock's end
+	rows, err := tx.Query(ctx, `SELECT 1 FROM task_instances WHERE run_id = $1 FOR UPDATE`, runID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := pgx.CollectRows(rows, pgx.RowTo[int32]); err != nil {
+		f.t.Fatal(err)
+	}
+}

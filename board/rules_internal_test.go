@@ -1,0 +1,69 @@
+package board
+
+import (
+	"io/fs"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/dexaflow/reaper/board/migrations"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// A migration is immutable SQL, so its text cannot be built from Go. These
+// tests hold the migrations' copies of the live-instance rule to the Go
+// definition (sdk.LiveStates, sdk.SettledStates): a change to the rule in Go
+// that the schema does not follow fails here.
+
+// indexWhere returns the WHERE clause of the named CREATE INDEX in the
+// migration file, whitespace collapsed.
+func indexWhere(t *testing.T, file, index string) string {
+	t.Helper()
+	body, err := fs.ReadFile(migrations.FS, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?s)CREATE INDEX ` + index + `\b.*?\bWHERE\s+(.*?);`)
+	m := re.FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("%s: no index %s with a WHERE clause", file, index)
+	}
+	return flat(string(m[1]))
+}
+
+func flat(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func TestOpenSettledIndexIsTheComplementOfLive(t *testing.T) {
+	got := indexWhere(t, "002_open_settled_index.sql", "task_instances_open_settled_idx")
+	if want := flat(openSettledWhere("")); got != want {
+		t.Fatalf("migration 002's index no longer matches the live rule:\nmigration %s\ngo        %s", got, want)
+	}
+	// The complement is exact: every state is live or settled, never both.
+	live, settled := sdk.LiveStates(), sdk.SettledStates()
+	if len(live)+len(settled) != len(sdk.TaskStates()) {
+		t.Fatalf("live %v and settled %v do not partition %v", live, settled, sdk.TaskStates())
+	}
+}
+
+func TestCandidateIndexesCoverTheLiveStates(t *testing.T) {
+	want := flat("state IN (" + sqlList(sdk.LiveStates()) + ")")
+	for _, idx := range []string{"task_instances_queued_at_idx", "task_instances_running_at_idx", "task_instances_heartbeat_idx"} {
+		if got := indexWhere(t, "001_board.sql", idx); got != want {
+			t.Errorf("%s covers %s, the live states are %s", idx, got, want)
+		}
+	}
+}
+
+// The SQL of the live rule is built from the same lists.
+func TestLiveSQLIsBuiltFromTheStates(t *testing.T) {
+	for _, st := range sdk.LiveStates() {
+		if !strings.Contains(liveTI(), "'"+st+"'") {
+			t.Errorf("liveTI does not name %s", st)
+		}
+	}
+	for _, st := range sdk.SettledStates() {
+		if strings.Contains(liveTI(), "ti.state IN ('"+st+"'") || strings.Contains(liveTI(), ", '"+st+"'") {
+			t.Errorf("liveTI names the settled state %s among the live ones", st)
+		}
+	}
+}

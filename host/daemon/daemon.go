@@ -1,0 +1,347 @@
+// Package daemon is reaperd's wiring, in one place for `reaperd run` and for
+// the integration tests: the board's pool, the plugins under their
+// supervisors (in a socket directory the host owns), the leader elector
+// behind the schema check, the maintenance loop with its settling gate,
+// telemetry, and the Lite runner when the configuration has one.
+//
+// New builds everything and starts only the plugins; Run runs it on the
+// injected clock until its context ends; Close releases what New took.
+// Tests drive the same daemon one step at a time with Campaign and
+// RunCycle on a fake clock.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/config"
+	"github.com/dexaflow/reaper/host/cycle"
+	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/host/loader"
+	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/plugins"
+	"github.com/dexaflow/reaper/host/supervise"
+	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/runner/literunner"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+// auditTimeout bounds the audit of one batch of the runner's decisions.
+const auditTimeout = 10 * time.Second
+
+// Options are what the caller injects. Zero values are reaperd's own.
+type Options struct {
+	// Clock is the only time the daemon reads. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger receives the host's logs and its plugins'. Default: none.
+	Logger hclog.Logger
+	// Holder names this replica in the lease row. Default: host name/pid.
+	Holder string
+	// SocketRoot is where the host makes the directory of its plugins'
+	// unix sockets. Default loader.DefaultSocketRoot().
+	SocketRoot string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Holder == "" {
+		host, _ := os.Hostname()
+		o.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	return o
+}
+
+// Daemon is one reaperd replica.
+type Daemon struct {
+	cfg  *config.Config
+	opts Options
+	log  hclog.Logger
+
+	pool    *pgxpool.Pool
+	store   *board.Store
+	sockets *loader.SocketDir
+	plugins []*supervised // the substrate first, then the reapers in order
+	elector *leader.Elector
+	loop    *cycle.Loop
+	runner  *literunner.Runner // nil without a runner block
+	metrics *metrics.Metrics
+
+	// fatal receives an error that must stop Run (a board of another
+	// schema version).
+	fatal chan error
+}
+
+type supervised = supervise.Supervisor[*plugins.Handle, *plugins.Handle]
+
+// New opens the board (lazily: a database down at start is retried by the
+// elector), launches and configures every plugin, and builds the elector,
+// the loop and the runner. On error everything already started is stopped.
+func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err error) {
+	opts = opts.withDefaults()
+	if cfg.StoreDSN == "" {
+		return nil, errors.New("no database: set store.dsn or REAPER_DSN")
+	}
+	d = &Daemon{cfg: cfg, opts: opts, log: opts.Logger, metrics: metrics.New(), fatal: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	poolCfg, err := pgxpool.ParseConfig(cfg.StoreDSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse store dsn: %w", err)
+	}
+	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	d.store = board.New(d.pool, board.Options{})
+
+	ld, err := d.openLoader()
+	if err != nil {
+		return nil, err
+	}
+	set, err := plugins.Start(ctx, ld, cfg)
+	if err != nil {
+		return nil, err
+	}
+	sub := d.supervise(ld, set.Substrate)
+	var reapers []cycle.Reaper
+	for _, h := range set.Reapers {
+		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)}})
+	}
+
+	if d.elector, err = d.newElector(); err != nil {
+		return nil, err
+	}
+	d.loop = cycle.New(cycle.Config{
+		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics,
+	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
+
+	if cfg.Runner != nil {
+		if d.runner, err = d.newRunner(); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// openLoader makes the host's socket directory and a loader that uses it.
+func (d *Daemon) openLoader() (*loader.Loader, error) {
+	var err error
+	if d.sockets, err = loader.OpenSocketDir(d.opts.SocketRoot, d.log.Named("sockets")); err != nil {
+		return nil, err
+	}
+	return &loader.Loader{Dir: d.cfg.PluginDir, Logger: d.log, SocketDir: d.sockets.Path()}, nil
+}
+
+// supervise puts a started plugin under a supervisor that restarts it (with
+// the same block) when it has exited.
+func (d *Daemon) supervise(ld *loader.Loader, h *plugins.Handle) *supervised {
+	block := h.Block
+	s := supervise.New(supervise.Config[*plugins.Handle]{
+		Name:      block.Name,
+		Start:     func(ctx context.Context) (*plugins.Handle, error) { return plugins.StartOne(ctx, ld, d.cfg, block) },
+		OnRestart: d.metrics.PluginRestart,
+		Clock:     d.opts.Clock,
+		Logger:    d.log,
+	}, h, true, func(h *plugins.Handle) *plugins.Handle { return h })
+	d.plugins = append(d.plugins, s)
+	return s
+}
+
+func (d *Daemon) newElector() (*leader.Elector, error) {
+	if d.cfg.Leader.Kind != config.LeaderPostgres {
+		return nil, fmt.Errorf("leader %q has no elector in this build", d.cfg.Leader.Kind)
+	}
+	return leader.New(&schemaGate{Lease: leaseStore{d.store}, pool: d.pool, fatal: d.fail}, leader.Config{
+		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, Clock: d.opts.Clock, Logger: d.log.Named("leader"),
+	})
+}
+
+// newRunner builds the Lite runner of the runner block: it writes agent
+// records into the record directory the configuration resolved for the
+// Lite substrate too, and its decisions are metered and audited like the
+// reapers'.
+func (d *Daemon) newRunner() (*literunner.Runner, error) {
+	cfg := d.cfg
+	logger := d.log.Named("runner")
+	rn, err := literunner.New(literunner.Config{
+		AgentPath:     cfg.Runner.Agent,
+		RecordDir:     cfg.RecordDir,
+		LogDir:        cfg.Runner.LogDir,
+		DSN:           cfg.StoreDSN,
+		MaxParallel:   cfg.Runner.MaxParallel,
+		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Interval:      cfg.Runner.Interval,
+		Ladder:        cfg.Ladder,
+		Clock:         d.opts.Clock,
+		Logger:        logger,
+		OnResult:      func(res literunner.Result) { d.audit(logger, res) },
+	}, lifecycle.New(d.pool, lifecycle.Options{}))
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	return rn, nil
+}
+
+func (d *Daemon) audit(logger hclog.Logger, res literunner.Result) {
+	d.metrics.RunnerTick(res.Took, len(res.RunsStarted), res.RunsWaiting, res.DispatchLatencies, res.FinalizeLatencies)
+	if len(res.Decisions) == 0 {
+		return
+	}
+	for _, dec := range res.Decisions {
+		d.metrics.Decision(dec)
+	}
+	term := d.elector.Status(res.At).Term
+	ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
+	defer cancel()
+	if err := d.store.RecordDecisions(ctx, term, res.At, res.Decisions); err != nil {
+		logger.Warn("audit of the runner's decisions failed", "error", err)
+	}
+}
+
+func (d *Daemon) fail(err error) {
+	select {
+	case d.fatal <- err:
+	default:
+	}
+}
+
+// Run runs the elector, the maintenance loop, the telemetry server and the
+// runner until ctx is done (a clean stop: nil; the cycle in flight ends at
+// its next boundary and the elector resigns) or a fatal error.
+func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	started := d.opts.Clock.Now()
+	_, served, err := telemetry.Serve(ctx, d.cfg.Telemetry.Listen, telemetry.Handler(d.metrics.Registry, telemetry.HealthSource{
+		Ping:     d.pool.Ping,
+		LastTick: d.loop.LastTick,
+		Leader: func(now time.Time) (bool, int64) {
+			st := d.elector.Status(now)
+			return st.Leading, st.Term
+		},
+		Interval: d.cfg.Ladder.MaintenanceInterval, Started: started, Clock: d.opts.Clock,
+	}), d.log.Named("telemetry"))
+	if err != nil {
+		return err
+	}
+	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
+		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.elector.Run(ctx) }()
+	go func() { defer wg.Done(); d.loop.Run(ctx) }()
+	if d.runner != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.runner.Run(ctx, func(now time.Time) bool { return d.elector.Status(now).Leading })
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-d.fatal:
+		cancel(err)
+	}
+	wg.Wait()
+	if err := <-served; err != nil {
+		d.log.Warn("telemetry server", "error", err)
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	d.log.Info("reaperd stopped cleanly")
+	return nil
+}
+
+// Campaign makes one attempt to gain or renew leadership, as Run does every
+// renewal period, and returns the resulting status.
+func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.Step(ctx) }
+
+// RunCycle runs one maintenance cycle now, as Run does every interval.
+func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
+
+// Metrics is the daemon's metric registry.
+func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
+
+// Close stops the plugins and the runner (its agents live on), removes the
+// socket directory and closes the board's pool. Call it after Run returned.
+func (d *Daemon) Close() {
+	for _, s := range d.plugins {
+		s.Kill()
+	}
+	if d.runner != nil {
+		d.runner.Close()
+	}
+	if d.sockets != nil {
+		if err := d.sockets.Close(); err != nil {
+			d.log.Warn("plugin socket directory", "error", err)
+		}
+	}
+	if d.pool != nil {
+		d.pool.Close()
+	}
+}
+
+// Check starts and configures each plugin of cfg in turn, as New would,
+// and returns the problems of all of them (reaperd validate). It touches no
+// database and leaves nothing behind.
+func Check(ctx context.Context, cfg *config.Config, opts Options) hcl.Diagnostics {
+	opts = opts.withDefaults()
+	sockets, err := loader.OpenSocketDir(opts.SocketRoot, opts.Logger.Named("sockets"))
+	if err != nil {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot start the plugins", Detail: err.Error()}}
+	}
+	defer sockets.Close()
+	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path()}
+	return plugins.Check(ctx, ld, cfg)
+}
+
+// reaperOf and substrateOf give the loop the typed plugin it needs from a
+// supervised handle.
+type reaperOf struct{ s *supervised }
+
+func (r reaperOf) Get(ctx context.Context, now time.Time) (sdk.Reaper, error) {
+	h, err := r.s.Get(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	return h.Reaper(), nil
+}
+
+func (r reaperOf) Down() bool { return r.s.Down() }
+
+func (r reaperOf) Recycle() { r.s.Recycle() }
+
+type substrateOf struct{ s *supervised }
+
+func (r substrateOf) Get(ctx context.Context, now time.Time) (sdk.Substrate, error) {
+	h, err := r.s.Get(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	return h.Substrate(), nil
+}
+
+func (r substrateOf) Down() bool { return r.s.Down() }
+
+func (r substrateOf) Recycle() { r.s.Recycle() }

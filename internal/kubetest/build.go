@@ -1,0 +1,341 @@
+package kubetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// SourceDir is where the nested module that pins the cluster's binaries
+// lives, relative to the repository root.
+const SourceDir = "tools/kubecluster"
+
+// The versions the nested modules pin; the build stamps them into the
+// binaries (an unstamped kube-apiserver reports v0.0.0-master).
+const (
+	KubernetesVersion = "v1.37.2"
+	EtcdVersion       = "v3.7.0"
+	KWOKVersion       = "v0.8.0"
+)
+
+// Binaries are the paths of the cluster's executables.
+type Binaries struct {
+	Dir                   string
+	Etcd                  string
+	KubeAPIServer         string
+	KubeControllerManager string
+	KWOK                  string
+}
+
+// target is one binary of the build: the package built, from which module
+// directory (relative to SourceDir), with which linker flags.
+type target struct {
+	name    string
+	module  string
+	pkg     string
+	ldflags string
+}
+
+// targets lists what Build makes, in order. Part of the cache key.
+func targets() []target {
+	stamp := strings.Join([]string{
+		"-X k8s.io/component-base/version.gitVersion=" + KubernetesVersion,
+		"-X k8s.io/component-base/version.gitMajor=1",
+		"-X k8s.io/component-base/version.gitMinor=37",
+	}, " ")
+	return []target{
+		{name: "etcd", module: ".", pkg: "./cmd/etcd", ldflags: "-s -w"},
+		{name: "kube-apiserver", module: ".", pkg: "./cmd/kube-apiserver", ldflags: "-s -w " + stamp},
+		{name: "kube-controller-manager", module: ".", pkg: "./cmd/kube-controller-manager", ldflags: "-s -w " + stamp},
+		{name: "kwok", module: "kwok", pkg: "sigs.k8s.io/kwok/cmd/kwok", ldflags: "-s -w"},
+	}
+}
+
+// buildEnv is the environment of every build: the nested module alone (no
+// workspace), exactly its go.sum, a static binary. Part of the cache key.
+func buildEnv() []string {
+	return []string{"GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false", "CGO_ENABLED=0"}
+}
+
+// BuildOptions configure Build.
+type BuildOptions struct {
+	// Source is the nested module's directory; default: SourceDir under
+	// the repository that holds the working directory.
+	Source string
+	// CacheDir is where built binaries are kept; default:
+	// os.UserCacheDir()/reaper/kubecluster.
+	CacheDir string
+	// Progress receives one line per step and a line every 30 seconds
+	// while a binary builds; default os.Stderr.
+	Progress io.Writer
+}
+
+// Build returns the cluster's binaries, building them first when the cache
+// holds none for the nested module's current content. A cold build takes
+// about fifteen minutes on two idle cores; a cached one costs a hash of a few
+// files. Concurrent callers (test binaries of several packages) wait for one
+// build.
+func Build(ctx context.Context, opts BuildOptions) (Binaries, error) {
+	if opts.Progress == nil {
+		opts.Progress = os.Stderr
+	}
+	src := opts.Source
+	if src == "" {
+		var err error
+		if src, err = findSource(); err != nil {
+			return Binaries{}, err
+		}
+	}
+	cacheRoot := opts.CacheDir
+	if cacheRoot == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return Binaries{}, fmt.Errorf("kubetest: find the user's cache directory for the cluster's binaries: %w", err)
+		}
+		cacheRoot = filepath.Join(dir, "reaper", "kubecluster")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return Binaries{}, fmt.Errorf("kubetest: the cluster's binaries are built from source and need the go command on PATH: %w", err)
+	}
+	key, err := cacheKey(ctx, gobin, src)
+	if err != nil {
+		return Binaries{}, err
+	}
+	bins := binariesIn(filepath.Join(cacheRoot, key))
+	if bins.complete() {
+		touch(bins.Dir)
+		return bins, nil
+	}
+
+	if err := os.MkdirAll(cacheRoot, 0o755); err != nil {
+		return Binaries{}, fmt.Errorf("kubetest: make the binary cache %s: %w", cacheRoot, err)
+	}
+	unlock, err := lockFile(ctx, filepath.Join(cacheRoot, "build.lock"), opts.Progress)
+	if err != nil {
+		return Binaries{}, err
+	}
+	defer unlock()
+	if bins.complete() { // another process built them while this one waited
+		return bins, nil
+	}
+	removeAbandoned(cacheRoot) // safe: builds happen only under the lock
+	if err := build(ctx, gobin, src, bins.Dir, opts.Progress); err != nil {
+		return Binaries{}, err
+	}
+	pruneCache(cacheRoot, key)
+	return bins, nil
+}
+
+func binariesIn(dir string) Binaries {
+	return Binaries{
+		Dir:                   dir,
+		Etcd:                  filepath.Join(dir, "etcd"),
+		KubeAPIServer:         filepath.Join(dir, "kube-apiserver"),
+		KubeControllerManager: filepath.Join(dir, "kube-controller-manager"),
+		KWOK:                  filepath.Join(dir, "kwok"),
+	}
+}
+
+func (b Binaries) complete() bool {
+	for _, p := range []string{b.Etcd, b.KubeAPIServer, b.KubeControllerManager, b.KWOK} {
+		st, err := os.Stat(p)
+		if err != nil || st.Mode()&0o111 == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// build builds every target into a fresh directory beside dir and renames
+// it to dir when all are built, so that dir is either complete or absent.
+func build(ctx context.Context, gobin, src, dir string, progress io.Writer) error {
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
+	if err != nil {
+		return fmt.Errorf("kubetest: make a build directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	all := targets()
+	start := time.Now()
+	fmt.Fprintf(progress, "kubetest: building the test cluster's binaries (kubernetes %s, etcd %s, kwok %s) into %s\n",
+		KubernetesVersion, EtcdVersion, KWOKVersion, dir)
+	fmt.Fprintf(progress, "kubetest: a first build takes about 15 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it\n")
+	for i, t := range all {
+		step := fmt.Sprintf("[%d/%d] %s", i+1, len(all), t.name)
+		if err := buildOne(ctx, gobin, src, tmp, t, step, progress); err != nil {
+			return err
+		}
+	}
+	_ = os.RemoveAll(dir) // a partial directory from an older layout
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("kubetest: move the built binaries to %s: %w", dir, err)
+	}
+	fmt.Fprintf(progress, "kubetest: cluster binaries ready in %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+func buildOne(ctx context.Context, gobin, src, out string, t target, step string, progress io.Writer) error {
+	cmd := exec.CommandContext(ctx, gobin, "build", "-trimpath", "-ldflags", t.ldflags,
+		"-o", filepath.Join(out, t.name), t.pkg)
+	cmd.Dir = filepath.Join(src, t.module)
+	cmd.Env = append(os.Environ(), buildEnv()...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	// The build is this process's child: it dies with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	begin := time.Now()
+	fmt.Fprintf(progress, "kubetest: %s: building\n", step)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("kubetest: %s: start go build: %w", step, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }() // owned here: always received below
+	tick := time.NewTicker(30 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("kubetest: %s: go build in %s: %w\n%s", step, cmd.Dir, err, tail(stderr.Bytes(), 8000))
+			}
+			fmt.Fprintf(progress, "kubetest: %s: built in %s\n", step, time.Since(begin).Round(time.Second))
+			return nil
+		case <-tick.C:
+			fmt.Fprintf(progress, "kubetest: %s: still building, %s so far\n", step, time.Since(begin).Round(time.Second))
+		}
+	}
+}
+
+// cacheKey hashes what decides the binaries: the nested modules' go.mod,
+// go.sum and Go files, the targets and their flags, the build environment
+// and the Go toolchain.
+func cacheKey(ctx context.Context, gobin, src string) (string, error) {
+	out, err := exec.CommandContext(ctx, gobin, "env", "GOVERSION", "GOOS", "GOARCH").Output()
+	if err != nil {
+		return "", fmt.Errorf("kubetest: ask go for its version: %w", err)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "toolchain %s\nenv %q\n", strings.Fields(string(out)), buildEnv())
+	for _, t := range targets() {
+		fmt.Fprintf(h, "target %q %q %q %q\n", t.name, t.module, t.pkg, t.ldflags)
+	}
+	var files []string
+	err = filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if !d.IsDir() && (name == "go.mod" || name == "go.sum" || strings.HasSuffix(name, ".go")) {
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("kubetest: read the cluster's module %s: %w", src, err)
+	}
+	sort.Strings(files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("kubetest: read %s: %w", f, err)
+		}
+		rel, _ := filepath.Rel(src, f)
+		fmt.Fprintf(h, "file %q %d\n", filepath.ToSlash(rel), len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// findSource finds SourceDir in the working directory or one of its
+// parents (a test runs in its package's directory, make in the root).
+func findSource() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("kubetest: %w", err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		src := filepath.Join(dir, filepath.FromSlash(SourceDir))
+		if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
+			return src, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("kubetest: %s/go.mod is not in %s or any parent: run from inside the reaper repository", SourceDir, wd)
+		}
+	}
+}
+
+// lockFile takes an exclusive lock on path, saying so when it has to wait
+// (it polls: a blocked flock cannot be abandoned when ctx ends).
+func lockFile(ctx context.Context, path string, progress io.Writer) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("kubetest: open the build lock: %w", err)
+	}
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for said := false; ; said = true {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("kubetest: lock %s: %w", path, err)
+		}
+		if !said {
+			fmt.Fprintf(progress, "kubetest: another process is building the cluster's binaries; waiting for it\n")
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("kubetest: wait for the build lock: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// pruneCache removes binary sets other than key that have not been used
+// for a week (each set is a few hundred megabytes).
+func pruneCache(root, key string) {
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if !e.IsDir() || e.Name() == key || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > 7*24*time.Hour {
+			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		}
+	}
+}
+
+// removeAbandoned removes the build directories of builds that were killed.
+func removeAbandoned(root string) {
+	dirs, _ := filepath.Glob(filepath.Join(root, ".build-*"))
+	for _, d := range dirs {
+		_ = os.RemoveAll(d)
+	}
+}
+
+func touch(dir string) {
+	now := time.Now()
+	_ = os.Chtimes(dir, now, now)
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

@@ -1,0 +1,164 @@
+package sdk
+
+import (
+	"slices"
+	"time"
+)
+
+// The board's rules, written once. The Postgres board builds its SQL from
+// the state lists below and explains a no-op with the guards below; the
+// in-memory board (sdktest) decides with them; one conformance suite holds
+// both to the same answers.
+
+// TaskStates returns every task instance state, in the schema's order.
+func TaskStates() []string {
+	return []string{StateNone, StateScheduled, StateQueued, StateRunning, StateSuccess, StateFailed,
+		StateSkipped, StateUpstreamFailed, StateUpForRetry, StateUpForReschedule, StateDeferred}
+}
+
+// LiveStates returns the states in which a task instance keeps its run
+// alive whatever else its row says: still on its way to execute or
+// executing (scheduled, queued, running), or parked until the scheduler
+// brings it back (up_for_retry, up_for_reschedule, deferred). Those parked
+// states stamp no fresh activity, so without them a long retry delay or
+// poke interval would get a healthy run reaped as orphaned.
+func LiveStates() []string {
+	return []string{StateScheduled, StateQueued, StateRunning, StateUpForRetry, StateUpForReschedule, StateDeferred}
+}
+
+// SettledStates returns the complement of LiveStates: never started
+// (none), or ended. A row in one of them is still live when it is a
+// provisional infra mark or held for review (TaskRow.Live).
+func SettledStates() []string {
+	return slices.DeleteFunc(TaskStates(), func(s string) bool { return slices.Contains(LiveStates(), s) })
+}
+
+// IsTaskState reports whether s is a task instance state.
+func IsTaskState(s string) bool { return slices.Contains(TaskStates(), s) }
+
+// TaskRow is a task instance as the board's guards read it. Zero times
+// stand for NULL.
+type TaskRow struct {
+	Attempt
+	State            string
+	LastFailureKind  string
+	LastHeartbeatAt  time.Time
+	InfraMarkedAt    time.Time
+	InfraConfirmedAt time.Time
+	// Held: failed and held for an operator's review (held_at set).
+	Held bool
+	// RunState is the state of the row's run.
+	RunState string
+}
+
+// Provisional reports whether the row is a provisional infra mark: failed
+// on the infra rail and not confirmed yet. The planner still treats such a
+// task as active (Kubernetes: the reconciler has not seen its pods gone).
+func (r TaskRow) Provisional() bool {
+	return r.State == StateFailed && r.LastFailureKind == FailureInfra && r.InfraConfirmedAt.IsZero()
+}
+
+// Live reports whether the row keeps its run alive: a live state, a
+// provisional infra mark, or an attempt held for an operator's review.
+func (r TaskRow) Live() bool {
+	return slices.Contains(LiveStates(), r.State) || r.Provisional() || r.Held
+}
+
+// holds reports whether the row still holds exactly attempt a.
+func (r TaskRow) holds(a Attempt) bool {
+	return r.RunID == a.RunID && r.TaskID == a.TaskID && r.Try == a.Try && r.Epoch == a.Epoch
+}
+
+// Refusal says why the mark would not apply to the row ("" when it would):
+// NoopMovedOn when the row holds another try or epoch or a state outside
+// FromStates, NoopHeartbeated when the attempt heartbeated past its guard.
+// The term and the row's existence are the board's to check.
+func (m Mark) Refusal(r TaskRow) string {
+	switch {
+	case !r.holds(m.Attempt) || !slices.Contains(m.FromStates, r.State):
+		return NoopMovedOn
+	case m.RequireNoHeartbeat && !r.LastHeartbeatAt.IsZero():
+		return NoopHeartbeated
+	case !m.HeartbeatBefore.IsZero() && !r.LastHeartbeatAt.IsZero() && !r.LastHeartbeatAt.Before(m.HeartbeatBefore):
+		return NoopHeartbeated
+	}
+	return ""
+}
+
+// Refusal says why the confirmation would not apply to the row: it applies
+// only to a provisional infra mark of exactly its attempt.
+func (c Confirm) Refusal(r TaskRow) string {
+	if !r.holds(c.Attempt) || !r.Provisional() {
+		return NoopMovedOn
+	}
+	return ""
+}
+
+// Refusal says why the override would not apply to the row: it applies
+// only to a provisional infra mark of exactly its attempt, made after
+// MarkedAfter (NoopValveOpen otherwise), on a run still running
+// (NoopRunFinished otherwise).
+func (o Override) Refusal(r TaskRow) string {
+	switch {
+	case !r.holds(o.Attempt) || !r.Provisional():
+		return NoopMovedOn
+	case !r.InfraMarkedAt.After(o.MarkedAfter):
+		return NoopValveOpen
+	case r.RunState != RunRunning:
+		return NoopRunFinished
+	}
+	return ""
+}
+
+// Refusal says why the settlement would not apply to the row: it applies
+// only to exactly its attempt in one of FromStates, on a run still running
+// (an agent's own report is refused on a finished run the same way).
+func (s Settlement) Refusal(r TaskRow) string {
+	switch {
+	case !r.holds(s.Attempt) || !slices.Contains(s.FromStates, r.State):
+		return NoopMovedOn
+	case r.RunState != RunRunning:
+		return NoopRunFinished
+	}
+	return ""
+}
+
+// OverrideLogPrefix starts the try log line of a durable-SUCCESS override.
+const OverrideLogPrefix = "outcome recovered from the durable record over "
+
+// OverrideLogLine is the try log line of a durable-SUCCESS override of a
+// mark made for reason (agent_lost, pod_lost, ...).
+func OverrideLogLine(reason string) string {
+	if reason == "" {
+		reason = "an infra mark"
+	}
+	return OverrideLogPrefix + reason
+}
+
+// State is the task instance state a settlement with this outcome leaves
+// ("" for an unknown outcome). A failure of either kind is failed; the
+// planner tells them apart by FailureKind.
+func (o Outcome) State() string {
+	switch o {
+	case OutcomeSuccess:
+		return StateSuccess
+	case OutcomeFailed, OutcomeInfra:
+		return StateFailed
+	case OutcomeReschedule:
+		return StateUpForReschedule
+	}
+	return ""
+}
+
+// FailureKind is the last_failure_kind a settlement with this outcome
+// leaves: task for a failure (its retry policy applies, as for an agent's
+// own failed report), infra for an infra failure, none otherwise.
+func (o Outcome) FailureKind() string {
+	switch o {
+	case OutcomeFailed:
+		return FailureTask
+	case OutcomeInfra:
+		return FailureInfra
+	}
+	return ""
+}

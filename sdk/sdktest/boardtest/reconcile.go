@@ -1,0 +1,278 @@
+package boardtest
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// valve is the infra confirmation valve of the cases: an override must
+// come within it of the mark.
+const valve = 2 * time.Minute
+
+func confirmOne(t *testing.T, f Fixture, c sdk.Confirm) sdk.MarkResult {
+	t.Helper()
+	res, err := f.Board().ConfirmInfra(t.Context(), []sdk.Confirm{c})
+	return one(t, c.Attempt, res, err)
+}
+
+func overrideOne(t *testing.T, f Fixture, o sdk.Override) sdk.MarkResult {
+	t.Helper()
+	res, err := f.Board().OverrideInfra(t.Context(), []sdk.Override{o})
+	return one(t, o.Attempt, res, err)
+}
+
+func settleOne(t *testing.T, f Fixture, s sdk.Settlement) sdk.MarkResult {
+	t.Helper()
+	res, err := f.Board().Settle(t.Context(), []sdk.Settlement{s})
+	return one(t, s.Attempt, res, err)
+}
+
+// fresh seeds a provisional agent_lost mark made a minute before T0 and
+// returns the override a sweep at T0 would make of it.
+func fresh(f Fixture) sdk.Override {
+	a := provisional(f, "run", "task", sdk.LabelAgentLost, at(-time.Minute))
+	return sdk.Override{Attempt: a, MarkedAfter: at(-valve), Term: f.Term(), At: at(0)}
+}
+
+func noOverride(t *testing.T, f Fixture, o sdk.Override, reason string) {
+	t.Helper()
+	before := row(t, f, o.Attempt)
+	noop(t, overrideOne(t, f, o), reason)
+	unchanged(t, f, o.Attempt, before)
+	if lines := f.Log(o.Attempt); len(lines) != 0 {
+		t.Fatalf("a refused override logged %v", lines)
+	}
+}
+
+func settlement(f Fixture, a sdk.Attempt, o sdk.Outcome) sdk.Settlement {
+	return sdk.Settlement{Attempt: a, Outcome: o, FromStates: []string{sdk.StateRunning}, Term: f.Term(), At: at(0)}
+}
+
+func reconcileCases() map[string]func(t *testing.T, f Fixture) {
+	return map[string]func(t *testing.T, f Fixture){
+		"ListProvisionalOldestMarkFirstByKeyset": func(t *testing.T, f Fixture) {
+			provisional(f, "b", "t", sdk.LabelPodLost, at(-time.Hour))
+			provisional(f, "a", "t", sdk.LabelAgentLost, at(-time.Hour))
+			provisional(f, "c", "t", sdk.LabelDispatchLost, at(-2*time.Hour))
+			confirmed := provisional(f, "d", "t", sdk.LabelPodLost, at(-3*time.Hour))
+			r := row(t, f, confirmed)
+			r.InfraConfirmedAt = at(-time.Hour)
+			f.Put(r)
+			f.Put(Row{Attempt: attempt("e", "t"), State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
+				EndedAt: at(-4 * time.Hour)})
+			lite := provisional(f, "f", "t", sdk.LabelAgentLost, at(-5*time.Hour))
+			r = row(t, f, lite)
+			r.Executor = sdk.ExecutorLite
+			f.Put(r)
+
+			q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorKube}, Limit: 2}
+			var got []string
+			var reasons []string
+			for range 5 {
+				page, err := f.Board().ListProvisional(t.Context(), q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, keys(page.Candidates)...)
+				for _, c := range page.Candidates {
+					reasons = append(reasons, c.FailureReason)
+				}
+				if page.Next == nil {
+					break
+				}
+				q.After = page.Next
+			}
+			if want := []string{"c/t", "a/t", "b/t"}; !slices.Equal(got, want) {
+				t.Fatalf("provisional marks %v, want %v", got, want)
+			}
+			if want := []string{sdk.LabelDispatchLost, sdk.LabelAgentLost, sdk.LabelPodLost}; !slices.Equal(reasons, want) {
+				t.Fatalf("reasons %v, want %v", reasons, want)
+			}
+		},
+		// The attempt's duration (reaperctl tune) is measured to its real
+		// end, as its record says, not to the sweep that read it.
+		"OverrideAndSettleEndAtTheRecordsEnd": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			o.EndedAt = at(-90 * time.Second)
+			applied(t, overrideOne(t, f, o))
+			sameTime(t, "ended_at", row(t, f, o.Attempt).EndedAt, at(-90*time.Second))
+			a := attempt("run2", "task")
+			f.Put(Row{Attempt: a, State: sdk.StateRunning, RunningAt: at(-time.Hour), LastHeartbeatAt: at(-time.Minute)})
+			st := settlement(f, a, sdk.OutcomeSuccess)
+			st.EndedAt = at(-30 * time.Second)
+			applied(t, settleOne(t, f, st))
+			sameTime(t, "ended_at", row(t, f, a).EndedAt, at(-30*time.Second))
+		},
+		"ConfirmStampsAProvisionalMarkOnce": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			c := sdk.Confirm{Attempt: o.Attempt, Term: f.Term(), At: at(0)}
+			applied(t, confirmOne(t, f, c))
+			sameTime(t, "infra_confirmed_at", row(t, f, o.Attempt).InfraConfirmedAt, at(0))
+			c.At = at(time.Second)
+			noop(t, confirmOne(t, f, c), sdk.NoopMovedOn)
+			sameTime(t, "infra_confirmed_at", row(t, f, o.Attempt).InfraConfirmedAt, at(0))
+		},
+		"ConfirmOfAnotherEpochIsMovedOn": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			before := row(t, f, o.Attempt)
+			stale := o.Attempt
+			stale.Epoch++
+			noop(t, confirmOne(t, f, sdk.Confirm{Attempt: stale, Term: f.Term(), At: at(0)}), sdk.NoopMovedOn)
+			unchanged(t, f, o.Attempt, before)
+		},
+		"ConfirmOfATaskFailureIsMovedOn": func(t *testing.T, f Fixture) {
+			a := attempt("run", "task")
+			f.Put(Row{Attempt: a, State: sdk.StateFailed, LastFailureKind: sdk.FailureTask, EndedAt: at(-time.Minute)})
+			noop(t, confirmOne(t, f, sdk.Confirm{Attempt: a, Term: f.Term(), At: at(0)}), sdk.NoopMovedOn)
+		},
+		"ConfirmUnderADeposedTermOrExpiredLeaseIsANoop": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			before := row(t, f, o.Attempt)
+			noop(t, confirmOne(t, f, sdk.Confirm{Attempt: o.Attempt, Term: f.Term() + 1, At: at(0)}), sdk.NoopDeposed)
+			f.ExpireLease(at(0))
+			noop(t, confirmOne(t, f, sdk.Confirm{Attempt: o.Attempt, Term: f.Term(), At: at(0)}), sdk.NoopDeposed)
+			unchanged(t, f, o.Attempt, before)
+		},
+		"ConfirmOfAMissingRowIsNotFound": func(t *testing.T, f Fixture) {
+			fresh(f)
+			noop(t, confirmOne(t, f, sdk.Confirm{Attempt: attempt("run", "ghost"), Term: f.Term(), At: at(0)}), sdk.NoopNotFound)
+		},
+		"DurableSuccessOverridesAProvisionalMark": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			applied(t, overrideOne(t, f, o))
+			r := row(t, f, o.Attempt)
+			if r.State != sdk.StateSuccess || r.LastFailureKind != "" || r.FailureReason != "" || r.ErrorMessage != "" ||
+				!r.InfraMarkedAt.IsZero() || !r.InfraConfirmedAt.IsZero() {
+				t.Fatalf("row after the override: %+v", r)
+			}
+			sameTime(t, "ended_at", r.EndedAt, at(0))
+			if lines := f.Log(o.Attempt); !slices.Equal(lines, []string{"outcome recovered from the durable record over agent_lost"}) {
+				t.Fatalf("log after the override: %q", lines)
+			}
+		},
+		"NoOverrideOnceTheValveOpened": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			o.MarkedAfter = at(-time.Minute) // the valve opened at the mark itself
+			noOverride(t, f, o, sdk.NoopValveOpen)
+		},
+		"NoOverrideOnceTheRunFinished": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			f.PutRun(RunRow{RunID: "run", State: sdk.RunFailed, StartedAt: at(-24 * time.Hour)})
+			noOverride(t, f, o, sdk.NoopRunFinished)
+		},
+		"NoOverrideOfAConfirmedMark": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			applied(t, confirmOne(t, f, sdk.Confirm{Attempt: o.Attempt, Term: f.Term(), At: at(-time.Second)}))
+			noOverride(t, f, o, sdk.NoopMovedOn)
+		},
+		"NoOverrideFromASupersededPod": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			o.Epoch++ // the record names another execution of the try
+			before := row(t, f, o.Attempt)
+			noop(t, overrideOne(t, f, o), sdk.NoopMovedOn)
+			o.Epoch--
+			unchanged(t, f, o.Attempt, before)
+		},
+		"NoOverrideUnderADeposedTerm": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			f.Depose()
+			noOverride(t, f, o, sdk.NoopDeposed)
+		},
+		"SettleSuccess": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			applied(t, settleOne(t, f, settlement(f, a, sdk.OutcomeSuccess)))
+			r := row(t, f, a)
+			if r.State != sdk.StateSuccess || r.LastFailureKind != "" || r.ErrorMessage != "" {
+				t.Fatalf("row after a success: %+v", r)
+			}
+			sameTime(t, "ended_at", r.EndedAt, at(0))
+		},
+		"SettleFailedIsATaskFailure": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			s := settlement(f, a, sdk.OutcomeFailed)
+			s.Reason, s.Message = "exit_code", "exit_code: 3"
+			applied(t, settleOne(t, f, s))
+			r := row(t, f, a)
+			if r.State != sdk.StateFailed || r.LastFailureKind != sdk.FailureTask || r.FailureReason != "exit_code" ||
+				r.ErrorMessage != s.Message || !r.InfraMarkedAt.IsZero() || !r.InfraConfirmedAt.IsZero() {
+				t.Fatalf("row after a failure: %+v", r)
+			}
+			sameTime(t, "ended_at", r.EndedAt, at(0))
+		},
+		"SettleRescheduleParksTheAttempt": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			applied(t, settleOne(t, f, settlement(f, a, sdk.OutcomeReschedule)))
+			r := row(t, f, a)
+			if r.State != sdk.StateUpForReschedule || r.LastFailureKind != "" || r.ErrorMessage != "" {
+				t.Fatalf("row after a reschedule: %+v", r)
+			}
+			sameTime(t, "ended_at", r.EndedAt, at(0))
+		},
+		"SettleInfraIsConfirmedAtOnce": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			s := settlement(f, a, sdk.OutcomeInfra)
+			s.Reason, s.Message = sdk.ReasonPodDisrupted, "pod_disrupted: node shutdown"
+			applied(t, settleOne(t, f, s))
+			r := row(t, f, a)
+			if r.State != sdk.StateFailed || r.LastFailureKind != sdk.FailureInfra || r.FailureReason != sdk.ReasonPodDisrupted ||
+				r.ErrorMessage != s.Message {
+				t.Fatalf("row after an infra settle: %+v", r)
+			}
+			sameTime(t, "infra_marked_at", r.InfraMarkedAt, at(0))
+			sameTime(t, "infra_confirmed_at", r.InfraConfirmedAt, at(0))
+			page, err := f.Board().ListProvisional(t.Context(), sdk.ProvisionalQuery{})
+			if err != nil || len(page.Candidates) != 0 {
+				t.Fatalf("a confirmed infra settle is listed as provisional: %+v %v", page, err)
+			}
+		},
+		"SettleGuardsTheAttemptAndItsState": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			before := row(t, f, a)
+			s := settlement(f, a, sdk.OutcomeSuccess)
+			s.FromStates = []string{sdk.StateQueued}
+			noop(t, settleOne(t, f, s), sdk.NoopMovedOn)
+			s = settlement(f, a, sdk.OutcomeSuccess)
+			s.Try++
+			noop(t, settleOne(t, f, s), sdk.NoopMovedOn)
+			unchanged(t, f, a, before)
+		},
+		"SettleOnAFinishedRunIsANoop": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			f.PutRun(RunRow{RunID: "run", State: sdk.RunFailed, StartedAt: at(-24 * time.Hour)})
+			before := row(t, f, a)
+			noop(t, settleOne(t, f, settlement(f, a, sdk.OutcomeSuccess)), sdk.NoopRunFinished)
+			unchanged(t, f, a, before)
+		},
+		"SettleUnderAnExpiredLeaseIsANoop": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			f.ExpireLease(at(-time.Second))
+			noop(t, settleOne(t, f, settlement(f, a, sdk.OutcomeSuccess)), sdk.NoopDeposed)
+		},
+		"MalformedReconcilerWritesAreErrors": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			b := f.Board()
+			noReason := settlement(f, a, sdk.OutcomeInfra)
+			unknown := settlement(f, a, "exploded")
+			noStates := settlement(f, a, sdk.OutcomeSuccess)
+			noStates.FromStates = nil
+			for name, s := range map[string]sdk.Settlement{"InfraWithoutReason": noReason, "UnknownOutcome": unknown,
+				"NoStates": noStates} {
+				if _, err := b.Settle(t.Context(), []sdk.Settlement{s}); err == nil {
+					t.Errorf("settle %s: accepted", name)
+				}
+			}
+			if _, err := b.ConfirmInfra(t.Context(), []sdk.Confirm{{Attempt: a, At: at(0)}}); err == nil {
+				t.Error("a confirmation without a term was accepted")
+			}
+			if _, err := b.OverrideInfra(t.Context(), []sdk.Override{{Attempt: a, Term: f.Term()}}); err == nil {
+				t.Error("an override without a time was accepted")
+			}
+			if r := row(t, f, a); r.State != sdk.StateRunning {
+				t.Fatalf("a refused batch wrote: %+v", r)
+			}
+		},
+	}
+}

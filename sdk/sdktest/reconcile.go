@@ -1,0 +1,182 @@
+package sdktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// The reconciler's writes, with the guards of the Postgres board (the
+// requests' own Refusal methods) and the same column effects.
+
+// ListProvisional lists provisional infra marks (failed on the infra rail,
+// not yet confirmed) of q.Executors, oldest mark first by (infra_marked_at,
+// run, task), after the cursor. Next is nil on a short page.
+func (b *Board) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
+	if err := ctx.Err(); err != nil {
+		return sdk.CandidatePage{}, fmt.Errorf("list provisional marks: %w", err)
+	}
+	limit := pageLimit(q.Limit)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lists++
+	if err := b.errs[OpListProvisional]; err != nil {
+		return sdk.CandidatePage{}, fmt.Errorf("list provisional marks: %w", err)
+	}
+	oldest := newOldest(limit)
+	for _, t := range b.rows {
+		if !t.guardRow("").Provisional() || t.InfraMarkedAt.IsZero() {
+			continue
+		}
+		if len(q.Executors) > 0 && !slices.Contains(q.Executors, t.Executor) {
+			continue
+		}
+		if q.After != nil && compareKey(t.InfraMarkedAt, t.RunID, t.TaskID, q.After.At, q.After.RunID, q.After.TaskID) <= 0 {
+			continue
+		}
+		oldest.offer(row{t.InfraMarkedAt, t})
+	}
+	return oldest.page(), nil
+}
+
+// ConfirmInfra confirms provisional infra marks of exactly their attempts.
+func (b *Board) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return guardedBatch(ctx, b, "confirm infra", OpConfirmInfra, cs,
+		func(c sdk.Confirm) (sdk.Attempt, int64, time.Time) { return c.Attempt, c.Term, c.At },
+		func(c sdk.Confirm) error { return nil },
+		func(c sdk.Confirm, row sdk.TaskRow) string { return c.Refusal(row) },
+		func(c sdk.Confirm, t *TaskInstance) { t.InfraConfirmedAt = c.At })
+}
+
+// OverrideInfra settles attempts as successes over their provisional infra
+// marks and appends the override line to each one's log.
+func (b *Board) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
+	return guardedBatch(ctx, b, "override infra mark", OpOverrideInfra, os,
+		func(o sdk.Override) (sdk.Attempt, int64, time.Time) { return o.Attempt, o.Term, o.At },
+		func(o sdk.Override) error { return nil },
+		func(o sdk.Override, row sdk.TaskRow) string { return o.Refusal(row) },
+		func(o sdk.Override, t *TaskInstance) {
+			b.logs[o.Attempt] = append(b.logs[o.Attempt], sdk.OverrideLogLine(t.MarkReason))
+			t.State, t.EndedAt = sdk.StateSuccess, sdk.EndOf(o.EndedAt, o.At)
+			t.LastFailureKind, t.MarkReason, t.ErrorMessage = "", "", ""
+			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
+		})
+}
+
+// Settle settles finished attempts from their outcomes, as an agent's own
+// report would (an infra outcome confirmed at once).
+func (b *Board) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return guardedBatch(ctx, b, "settle", OpSettle, ss,
+		func(s sdk.Settlement) (sdk.Attempt, int64, time.Time) { return s.Attempt, s.Term, s.At },
+		validSettlement,
+		func(s sdk.Settlement, row sdk.TaskRow) string { return s.Refusal(row) },
+		func(s sdk.Settlement, t *TaskInstance) {
+			t.State, t.LastFailureKind, t.EndedAt = s.Outcome.State(), s.Outcome.FailureKind(), sdk.EndOf(s.EndedAt, s.At)
+			t.MarkReason, t.ErrorMessage = "", ""
+			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
+			if t.LastFailureKind != "" {
+				t.MarkReason, t.ErrorMessage = s.Reason, s.Message
+			}
+			if t.LastFailureKind == sdk.FailureInfra {
+				t.InfraMarkedAt, t.InfraConfirmedAt = s.At, s.At
+			}
+		})
+}
+
+func validSettlement(s sdk.Settlement) error {
+	switch {
+	case s.Outcome.State() == "":
+		return fmt.Errorf("unknown outcome %q", s.Outcome)
+	case s.Outcome == sdk.OutcomeInfra && s.Reason == "":
+		return errors.New("an infra outcome names no reason")
+	case len(s.FromStates) == 0:
+		return errors.New("no source states named")
+	}
+	for _, st := range s.FromStates {
+		if !sdk.IsTaskState(st) {
+			return fmt.Errorf("unknown source state %q", st)
+		}
+	}
+	return nil
+}
+
+// guardedBatch applies a batch of guarded writes: each request applies
+// (apply, under the board's lock) only when its term leads, its row exists
+// and refusal finds nothing wrong; one result per request, in order. A
+// malformed request fails the whole batch before anything is written.
+func guardedBatch[T any](ctx context.Context, b *Board, what string, op Op, reqs []T,
+	fields func(T) (sdk.Attempt, int64, time.Time), valid func(T) error,
+	refusal func(T, sdk.TaskRow) string, apply func(T, *TaskInstance)) ([]sdk.MarkResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	for _, r := range reqs {
+		a, term, at := fields(r)
+		switch {
+		case a.RunID == "" || a.TaskID == "":
+			return nil, fmt.Errorf("%s: no attempt named", what)
+		case term <= 0:
+			return nil, fmt.Errorf("%s %s: no leadership term", what, a)
+		case at.IsZero():
+			return nil, fmt.Errorf("%s %s: no time", what, a)
+		}
+		if err := valid(r); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, a, err)
+		}
+	}
+	if err := onceEach(what, reqs, func(r T) sdk.Attempt { a, _, _ := fields(r); return a }); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reconcile++
+	if err := b.errs[op]; err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	results := make([]sdk.MarkResult, len(reqs))
+	for i, r := range reqs {
+		a, term, at := fields(r)
+		results[i].Attempt = a
+		t, ok := b.tasks[a.RunID][a.TaskID]
+		switch {
+		case b.deposedLocked(term, at):
+			results[i].NoopReason = sdk.NoopDeposed
+		case !ok:
+			results[i].NoopReason = sdk.NoopNotFound
+		default:
+			results[i].NoopReason = refusal(r, t.guardRow(b.runStateLocked(a.RunID)))
+		}
+		if results[i].NoopReason == "" {
+			apply(r, t)
+			results[i].Applied = true
+		}
+	}
+	return results, nil
+}
+
+// onceEach refuses a batch that names a task instance twice, as the real
+// board does.
+func onceEach[T any](what string, reqs []T, attempt func(T) sdk.Attempt) error {
+	seen := make(map[[2]string]bool, len(reqs))
+	for _, r := range reqs {
+		a := attempt(r)
+		key := [2]string{a.RunID, a.TaskID}
+		if seen[key] {
+			return fmt.Errorf("%s %s: task instance named twice in one batch", what, a)
+		}
+		seen[key] = true
+	}
+	return nil
+}
+
+// runStateLocked is the state of the run ("" when there is none).
+func (b *Board) runStateLocked(runID string) string {
+	if r, ok := b.runs[runID]; ok {
+		return r.State
+	}
+	return ""
+}

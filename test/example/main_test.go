@@ -1,0 +1,58 @@
+// Package example_test runs the example plugin of examples/parked the way
+// its author would ship it: built from its own module as a separate binary,
+// put in reaperd's plugin_dir next to the real Lite substrate, configured in
+// HCL, and run by the real reaperd against a real PostgreSQL.
+package example_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/dexaflow/reaper/internal/pgtest"
+)
+
+// binDir is reaperd's plugin_dir in every test: reaperd, the Lite substrate
+// and agent, and reaper-parked, built once by TestMain.
+var binDir string
+
+// packages of this module built into binDir, each under its package's name.
+var packages = []string{
+	"github.com/dexaflow/reaper/host/cmd/reaperd",
+	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-substrate-lite",
+}
+
+// exampleModule is the example plugin's module, relative to this package.
+const exampleModule = "../../examples/parked"
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "reaper-example-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "example test: make the binary directory:", err)
+		return 2
+	}
+	defer os.RemoveAll(dir)
+	build := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, packages...)...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "example test: build the host's binaries:", err)
+		return 2
+	}
+	// The plugin is built from its own module, with its own go.mod, as an
+	// author outside this repository builds it: no workspace joins the two.
+	plugin := exec.Command("go", "build", "-C", exampleModule, "-o", dir+"/reaper-parked", "./cmd/reaper-parked")
+	plugin.Env = append(os.Environ(), "GOWORK=off")
+	plugin.Stdout, plugin.Stderr = os.Stderr, os.Stderr
+	if err := plugin.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "example test: build reaper-parked from its module:", err)
+		return 2
+	}
+	binDir = dir
+	return pgtest.Run(m)
+}

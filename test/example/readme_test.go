@@ -1,0 +1,64 @@
+package example_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestReadmeSnippetsAreTheExample: every Go snippet of the README's
+// plugin-author walk is an excerpt of examples/parked, word for word, so
+// each one compiles whenever the example does (make test builds and tests
+// it) and the walk cannot drift from the code it teaches.
+func TestReadmeSnippetsAreTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := string(readme)
+	start := strings.Index(section, "## Writing a reaper plugin")
+	if start < 0 {
+		t.Fatal("README has no section \"Writing a reaper plugin\"")
+	}
+	section = section[start+2:]
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+
+	var source strings.Builder
+	err = filepath.WalkDir(exampleModule, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".go" {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		source.Write(b)
+		source.WriteString("\n")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	snippets := 0
+	for rest := section; ; {
+		i := strings.Index(rest, "```go\n")
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len("```go\n"):]
+		j := strings.Index(rest, "```")
+		if j < 0 {
+			t.Fatal("an unterminated Go snippet")
+		}
+		snippet := rest[:j]
+		rest = rest[j+3:]
+		snippets++
+		if !strings.Contains(source.String(), snippet) {
+			t.Errorf("README snippet %d is not an excerpt of %s:\n%s", snippets, exampleModule, snippet)
+		}
+	}
+	if snippets < 5 {
+		t.Fatalf("found %d Go snippets in the walk, want the example's config, schema, Reap, judge, mark, main and test", snippets)
+	}
+}
