@@ -72,6 +72,17 @@ demo: build
 e2e:
 	$(GO) test -count=1 -v -timeout 15m ./test/e2e/
 
+# The randomized fault soak of the Lite edition (not part of make test):
+# PostgreSQL, three reaperd replicas, a stream of short tasks and random
+# overlapping faults for SOAK (any Go duration), invariants judged while it
+# runs and at the end, then a report. SEED=N replays a soak's choices.
+SOAK ?= 10m
+SEED ?=
+.PHONY: soak
+soak: build
+	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
+		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
+
 # Benchmarks of the board, the Lite substrate and the reapers.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/

@@ -150,6 +150,10 @@ type Config struct {
 	Clock clock.Clock
 	// Logger is the agent's log; default a null logger.
 	Logger hclog.Logger
+	// Journal, when set, receives the task's start (once its group is
+	// recorded, before its command is released) and its end (once its group
+	// is gone, before the outcome is reported). Default: none.
+	Journal *Journal
 	// OnTaskStarted, when set, is called with the group id once the group is
 	// recorded and the task released, after the agent's timers are armed.
 	// Tests use it to know when to act; production leaves it nil.
@@ -249,9 +253,21 @@ func (r *runner) run(ctx context.Context) (Outcome, error) {
 		t.reap()
 		return r.finish(ctx, t, out)
 	}
+	r.journal(JournalEntry{Event: JournalTaskStart, PGID: t.pgid, LeaderStart: t.start})
 	t.release(r.log)
 	out := r.supervise(ctx, t)
+	code := out.ExitCode
+	r.journal(JournalEntry{Event: JournalTaskEnd, PGID: t.pgid, LeaderStart: t.start,
+		State: out.State, Reason: out.Reason, ExitCode: &code})
 	return r.finish(ctx, t, out)
+}
+
+// journal records an entry in the agent's journal, when it keeps one. A
+// journal that cannot be written never stops the task.
+func (r *runner) journal(e JournalEntry) {
+	if err := r.cfg.Journal.Record(e); err != nil {
+		r.log.Warn("could not write the agent journal", "error", err)
+	}
 }
 
 func failed(reason string, code int, detail string) Outcome {

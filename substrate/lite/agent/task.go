@@ -192,8 +192,9 @@ func stopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 }
 
 // privateEnv names the agent's own settings that a task must not inherit:
-// the board's connection string carries its credentials.
-var privateEnv = []string{"REAPER_DSN="}
+// the board's connection string carries its credentials, and the journal is
+// the agent's own.
+var privateEnv = []string{"REAPER_DSN=", JournalDirEnv + "="}
 
 // taskEnviron is the agent's environment less what is private to it.
 func taskEnviron(env []string) []string {

@@ -14,3 +14,10 @@ func TestTaskEnvironDropsTheBoardCredentials(t *testing.T) {
 		t.Fatalf("environment = %v", got)
 	}
 }
+
+func TestTaskEnvironDropsTheAgentJournal(t *testing.T) {
+	got := taskEnviron([]string{"PATH=/bin", JournalDirEnv + "=/j"})
+	if len(got) != 1 || got[0] != "PATH=/bin" {
+		t.Fatalf("the task would inherit the agent's journal: %v", got)
+	}
+}

@@ -16,6 +16,11 @@
 //	4  the control plane could not be reached (RUNNING or the outcome)
 //	5  the spawner never sent the go-ahead: the task never started
 //
+// With REAPER_AGENT_JOURNAL_DIR set, the agent also appends its own journal
+// to a file of its own in that directory (agent.Journal): when it began,
+// when its task started and ended, when it exited. It is off by default;
+// fault soaks read it to judge the system from the processes' side.
+//
 // Reporters: -reporter board (the real one) reports RUNNING, heartbeats and
 // the outcome to the board named by REAPER_DSN through the board's writers,
 // each guarded on the attempt's (state, try, epoch); -reporter file appends
@@ -38,6 +43,7 @@ import (
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
@@ -55,7 +61,7 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
-func run(args []string) int {
+func run(args []string) (code int) {
 	var inv agent.Invocation
 	fs := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
 	inv.Bind(fs)
@@ -72,6 +78,18 @@ func run(args []string) int {
 		JSONFormat: inv.LogJSON,
 		Output:     os.Stderr,
 	})
+
+	// The journal, off unless the environment names its directory.
+	var journal *agent.Journal
+	if jdir := os.Getenv(agent.JournalDirEnv); jdir != "" {
+		j, err := agent.OpenJournal(jdir, inv.Attempt)
+		if err != nil {
+			log.Error("cannot open the agent journal", "error", err)
+			return exitUsage
+		}
+		defer j.Close()
+		journal = j
+	}
 
 	// Detached from any terminal: a hangup is not a reason to abandon a task.
 	signal.Ignore(syscall.SIGHUP)
@@ -94,6 +112,24 @@ func run(args []string) int {
 			log.Error("refusing to run a task the reapers cannot see", "error", err)
 			return exitUsage
 		}
+	}
+
+	// From here the agent is recorded and may act on its attempt: its life
+	// in the journal starts now and ends with its exit.
+	if journal != nil {
+		var start uint64
+		if self, err := proc.Stat(os.Getpid()); err == nil {
+			start = self.Start
+		}
+		if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentStart, AgentStart: start}); err != nil {
+			log.Warn("could not write the agent journal", "error", err)
+		}
+		defer func() {
+			c := code
+			if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentExit, AgentStart: start, ExitCode: &c}); err != nil {
+				log.Warn("could not write the agent journal", "error", err)
+			}
+		}()
 	}
 
 	output := os.Stdout
@@ -134,6 +170,7 @@ func run(args []string) int {
 		DrainBound:       inv.DrainBound,
 		TerminateGrace:   inv.TerminateGrace,
 		KillWait:         inv.KillWait,
+		Journal:          journal,
 		Logger:           log,
 	}, rep)
 	switch {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -61,5 +62,41 @@ func TestRunsAndReports(t *testing.T) {
 	}
 	if out, _ := os.ReadFile(output); string(out) != "hi\n" {
 		t.Fatalf("output %q", out)
+	}
+}
+
+func TestJournalKeptWhenTheEnvironmentNamesItsDirectory(t *testing.T) {
+	dir := t.TempDir()
+	jdir := filepath.Join(dir, "journal")
+	if err := os.Mkdir(jdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(agent.JournalDirEnv, jdir)
+	code := run([]string{"-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t", "-try", "2",
+		"-command", "exit 4", "-report-file", filepath.Join(dir, "report.jsonl"), "-output", filepath.Join(dir, "out")})
+	if code != exitFailed {
+		t.Fatalf("exit %d, want %d", code, exitFailed)
+	}
+	files, err := filepath.Glob(filepath.Join(jdir, "*.journal"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("journal files %v (%v), want one", files, err)
+	}
+	entries, err := agent.ReadJournal(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for _, e := range entries {
+		events = append(events, e.Event)
+		if e.Try != 2 || e.TaskID != "t" || e.PID != os.Getpid() {
+			t.Fatalf("entry %+v names another attempt or agent", e)
+		}
+	}
+	want := []string{agent.JournalAgentStart, agent.JournalTaskStart, agent.JournalTaskEnd, agent.JournalAgentExit}
+	if strings.Join(events, ",") != strings.Join(want, ",") {
+		t.Fatalf("events %v, want %v", events, want)
+	}
+	if last := entries[len(entries)-1]; last.ExitCode == nil || *last.ExitCode != exitFailed {
+		t.Fatalf("agent_exit %+v, want exit code %d", last, exitFailed)
 	}
 }

@@ -1,0 +1,305 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/internal/pgtest"
+)
+
+// The ladder of the soak: the specification's order, shortened so that ten
+// minutes see hundreds of cycles, tens of leadership changes and every
+// threshold crossed many times.
+const (
+	interval     = 2 * time.Second
+	lease        = 3 * time.Second
+	heartbeat    = time.Second
+	agentLost    = 5 * time.Second
+	grace        = 8 * time.Second
+	dispatchLost = 10 * time.Second
+	orphanRun    = 20 * time.Second
+	stopGrace    = 2 * time.Second
+	killWait     = 2 * time.Second
+	runnerTick   = time.Second
+	replicas     = 3
+)
+
+// Environment variables the soak hands to reaperd, and through it to
+// every plugin, agent and task.
+const (
+	markEnv = "REAPER_SOAK_MARK" // marks every process of this soak
+	escEnv  = "SOAK_ESC"         // where an escaping task writes its escaped child's pid
+)
+
+// triggersSQL makes the database keep its own history of every change of
+// a task instance's state or attempt, of a run's state and of the leader
+// row's term, each with clock_timestamp() and the term current in the
+// writing transaction.
+const triggersSQL = `
+CREATE TABLE soak_ti_history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL,
+    old_try int NOT NULL, old_epoch int NOT NULL, new_try int NOT NULL, new_epoch int NOT NULL,
+    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, term bigint);
+CREATE FUNCTION soak_ti_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_ti_history (at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
+        old_state, new_state, failure_reason, term)
+    VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, OLD.try_number, OLD.attempt_epoch,
+        NEW.try_number, NEW.attempt_epoch, OLD.state, NEW.state, NEW.failure_reason,
+        (SELECT max(term) FROM leader));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER soak_ti AFTER UPDATE ON task_instances FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.try_number <> NEW.try_number
+          OR OLD.attempt_epoch <> NEW.attempt_epoch)
+    EXECUTE FUNCTION soak_ti_log();
+
+CREATE TABLE soak_run_history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL, run_id text NOT NULL, old_state text NOT NULL, new_state text NOT NULL, term bigint);
+CREATE FUNCTION soak_run_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_run_history (at, run_id, old_state, new_state, term)
+    VALUES (clock_timestamp(), NEW.run_id, OLD.state, NEW.state, (SELECT max(term) FROM leader));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER soak_run AFTER UPDATE ON runs FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION soak_run_log();
+
+CREATE TABLE soak_leader_history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL, term bigint NOT NULL, holder text);
+CREATE FUNCTION soak_leader_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_leader_history (at, term, holder) VALUES (clock_timestamp(), NEW.term, NEW.holder);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER soak_leader_insert AFTER INSERT ON leader FOR EACH ROW EXECUTE FUNCTION soak_leader_log();
+CREATE TRIGGER soak_leader_update AFTER UPDATE ON leader FOR EACH ROW
+    WHEN (OLD.term IS DISTINCT FROM NEW.term) EXECUTE FUNCTION soak_leader_log();
+`
+
+// database is the soak's PostgreSQL: one server, restarted by the injector.
+type database struct {
+	mu  sync.Mutex // Pause and Resume are not safe together
+	srv *pgtest.Server
+	dsn string
+}
+
+func startDatabase(ctx context.Context, base string) (*database, error) {
+	srv, err := pgtest.Start(ctx, pgtest.Options{BaseDir: base})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.CreateDatabase(ctx, "reaper", ""); err != nil {
+		srv.Stop()
+		return nil, err
+	}
+	return &database{srv: srv, dsn: srv.DSN("reaper")}, nil
+}
+
+// restart stops the server (fast shutdown: connections cut), keeps it down
+// for down, and starts it again on the same port.
+func (db *database) restart(ctx context.Context, down time.Duration) error {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if err := db.srv.Pause(); err != nil {
+		return err
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+	}
+	return db.srv.Resume(context.WithoutCancel(ctx))
+}
+
+func (db *database) stop() error {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.srv.Stop()
+}
+
+// installTriggers adds the soak's history tables to the migrated board.
+func installTriggers(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, triggersSQL); err != nil {
+		return fmt.Errorf("install the soak's history triggers: %w", err)
+	}
+	return nil
+}
+
+// configHCL is every replica's configuration.
+func configHCL(bin, dsn, recordDir, logDir string) string {
+	return fmt.Sprintf(`edition    = "lite"
+plugin_dir = %q
+
+store {
+  dsn = %q
+}
+
+leader "postgres" {
+  lease = %q
+}
+
+maintenance {
+  interval = %q
+}
+
+ladder {
+  heartbeat      = %q
+  agent_lost     = %q
+  settling_grace = %q
+  dispatch_lost  = %q
+  orphan_run     = %q
+}
+
+telemetry {
+  listen = "127.0.0.1:0"
+}
+
+substrate "lite" {
+  record_dir = %q
+  stop_grace = %q
+  kill_wait  = %q
+}
+
+runner {
+  log_dir  = %q
+  interval = %q
+}
+
+reaper "dispatchlost" {}
+reaper "agentlost" {}
+reaper "orphanrun" {}
+`, bin, dsn, lease, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun,
+		recordDir, stopGrace, killWait, logDir, runnerTick)
+}
+
+// daemon is one reaperd replica slot: the process running in it now, and
+// how to start the next.
+type daemon struct {
+	slot   int
+	bin    string
+	config string
+	env    []string
+	logDir string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	paused bool
+	starts int
+}
+
+func (d *daemon) start() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.starts++
+	logf, err := os.OpenFile(filepath.Join(d.logDir, fmt.Sprintf("reaperd-%d.log", d.slot)),
+		os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("reaperd #%d: open its log: %w", d.slot, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(d.bin, "reaperd"), "run", "-config", d.config)
+	cmd.Env = d.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A soak killed outright takes its replicas with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("reaperd #%d: start: %w", d.slot, err)
+	}
+	done := make(chan struct{})
+	go func() { // owned by the daemon: ends when the process does
+		_ = cmd.Wait()
+		close(done)
+	}()
+	d.cmd, d.done, d.paused = cmd, done, false
+	return nil
+}
+
+// pid is the running process's id, 0 when none runs.
+func (d *daemon) pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.exited() {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// usable: running and not paused.
+func (d *daemon) usable() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cmd != nil && !d.exited() && !d.paused
+}
+
+func (d *daemon) signal(sig syscall.Signal) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.exited() {
+		return fmt.Errorf("reaperd #%d is not running", d.slot)
+	}
+	switch sig {
+	case syscall.SIGSTOP:
+		d.paused = true
+	case syscall.SIGCONT:
+		d.paused = false
+	}
+	return d.cmd.Process.Signal(sig)
+}
+
+// kill sends SIGKILL and waits for the process.
+func (d *daemon) kill() {
+	if err := d.signal(syscall.SIGKILL); err != nil {
+		return
+	}
+	<-d.done
+}
+
+// stop resumes the process if paused, sends SIGTERM and waits up to bound
+// for a clean exit, then kills it. It reports whether it exited cleanly.
+func (d *daemon) stop(bound time.Duration) bool {
+	if d.pid() == 0 {
+		return true
+	}
+	_ = d.signal(syscall.SIGCONT)
+	_ = d.signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(bound):
+		d.kill()
+		return false
+	}
+}
+
+// holderPID is the pid in a lease holder's name (host/pid).
+func holderPID(holder string) int {
+	i := strings.LastIndexByte(holder, '/')
+	if i < 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(holder[i+1:])
+	return pid
+}

@@ -1,0 +1,124 @@
+package soak
+
+import (
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// History is everything a soak observed, from three independent accounts:
+// the agents' own journals and the process table (Executions, Agents), the
+// database's triggers (Transitions, RunChanges, Terms), and the control
+// plane's audit (Decisions). The faults are the injector's own record.
+// The invariants judge a History; none of them takes the board's current
+// rows as evidence.
+type History struct {
+	Executions  []Execution
+	Agents      []AgentLife
+	Transitions []Transition
+	RunChanges  []RunChange
+	Terms       []Term
+	Decisions   []Decision
+	Faults      []Fault
+	// Now is when the history was taken: processes still alive were seen
+	// alive up to about then.
+	Now time.Time
+}
+
+// Execution is one run of a task's command: from the agent's task_start
+// journal line to the end of its process group.
+type Execution struct {
+	Attempt     sdk.Attempt
+	AgentPID    int
+	PGID        int
+	LeaderStart uint64
+	Start       time.Time // task_start: the group recorded, the command about to run
+	// End is the agent's task_end line (zero when the agent never wrote
+	// one: it was killed).
+	End       time.Time
+	EndState  string
+	EndReason string
+	// LastSeenAlive is the last time the process table showed a member of
+	// the group; Gone says a later look found none (and then the group
+	// stays gone: its id may be reused by another group).
+	LastSeenAlive time.Time
+	Gone          bool
+	GoneSeen      time.Time
+}
+
+// Over is the latest moment the execution is known to have been running:
+// its end line or the last sight of its group, whichever is later.
+func (e Execution) Over() time.Time {
+	end := e.Start
+	if e.End.After(end) {
+		end = e.End
+	}
+	if e.LastSeenAlive.After(end) {
+		end = e.LastSeenAlive
+	}
+	return end
+}
+
+// AgentLife is one agent process: from its agent_start journal line to its
+// exit (its agent_exit line, or the first look that found it gone).
+type AgentLife struct {
+	Attempt       sdk.Attempt
+	PID           int
+	StartTicks    uint64
+	Began         time.Time
+	Exited        time.Time // agent_exit line; zero when it never wrote one
+	LastSeenAlive time.Time
+	Gone          bool
+	GoneSeen      time.Time
+}
+
+// Transition is one change of a task instance's row as the database saw
+// it (a trigger), with the leadership term current in that transaction.
+type Transition struct {
+	At            time.Time
+	From          sdk.Attempt // the attempt the row held before
+	To            sdk.Attempt // and after (a new try or epoch on a rail)
+	OldState      string
+	NewState      string
+	FailureReason string
+	Term          int64 // the leader row's term at the write; 0 when none
+}
+
+// RunChange is one change of a run's state as the database saw it.
+type RunChange struct {
+	At       time.Time
+	RunID    string
+	OldState string
+	NewState string
+	Term     int64
+}
+
+// Term is one leadership term as the database saw it begin.
+type Term struct {
+	Term   int64
+	Holder string
+	At     time.Time
+}
+
+// Decision is one audit row (reap_decisions).
+type Decision struct {
+	ID      int64
+	At      time.Time
+	Term    int64
+	Reaper  string
+	Label   string
+	Applied bool
+	Attempt sdk.Attempt // zero task for run and gate decisions
+}
+
+// Fault is one fault the injector caused.
+type Fault struct {
+	Kind   string
+	At     time.Time
+	Ended  time.Time // when the injector undid it (SIGCONT, restart); At for instant faults
+	Target *sdk.Attempt
+	Detail string
+	// KilledGroup: the injector killed the target's task group itself, so
+	// its task may end by a signal no reaper sent.
+	KilledGroup bool
+}

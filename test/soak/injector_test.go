@@ -1,0 +1,337 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/proc"
+)
+
+// Fault kinds.
+const (
+	FaultAgentKill      = "kill_agent"
+	FaultAgentGroupKill = "kill_agent_and_group"
+	FaultEscapedKill    = "kill_escaped_child"
+	FaultLeaderKill     = "kill_leader"
+	FaultPluginKill     = "kill_plugin"
+	FaultAgentPause     = "pause_agent"
+	FaultLeaderPause    = "pause_leader"
+	FaultPostgres       = "restart_postgres"
+	FaultBurst          = "burst_of_runs"
+)
+
+// faultWeights: how often each kind is drawn.
+var faultWeights = []struct {
+	kind   string
+	weight int
+}{
+	{FaultAgentKill, 4}, {FaultAgentGroupKill, 4}, {FaultEscapedKill, 2}, {FaultLeaderKill, 2},
+	{FaultPluginKill, 2}, {FaultAgentPause, 3}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
+}
+
+// injector throws faults at the system: one every 1 to 3.5 seconds, each on
+// a goroutine of its own, so faults with a duration (a pause, a restart)
+// overlap with the ones after.
+type injector struct {
+	s   *soak
+	rng *rand.Rand // used only on the injector's goroutine
+
+	mu      sync.Mutex
+	faults  []*Fault
+	skipped map[string]int
+	paused  map[int]bool // agents under SIGSTOP
+	wg      sync.WaitGroup
+}
+
+func (in *injector) draw() string {
+	type kw = struct {
+		kind   string
+		weight int
+	}
+	return drawWeighted(in.rng, faultWeights, func(f kw) int { return f.weight }).kind
+}
+
+// dur draws a duration in [lo, hi).
+func (in *injector) dur(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(in.rng.Int64N(int64(hi-lo)))
+}
+
+// run injects until ctx ends, then waits for every fault under way to be
+// undone (paused processes resumed, killed replicas restarted).
+func (in *injector) run(ctx context.Context) {
+	defer in.wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(in.dur(time.Second, 3500*time.Millisecond)):
+		}
+		kind := in.draw()
+		// Every choice is drawn here, on this goroutine, in order: the seed
+		// decides them all.
+		pick := in.rng.Uint64()
+		d1 := in.dur(500*time.Millisecond, 3*time.Second)
+		dPause := in.dur(time.Second, 8*time.Second)
+		dLeader := in.dur(lease+time.Second, lease+grace+2*time.Second)
+		in.wg.Add(1)
+		go func() {
+			defer in.wg.Done()
+			if _, err := in.inject(ctx, kind, pick, d1, dPause, dLeader); err != nil {
+				in.mu.Lock()
+				in.skipped[kind]++
+				in.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// record adds a fault as it begins.
+func (in *injector) record(f Fault) *Fault {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	p := &f
+	in.faults = append(in.faults, p)
+	in.s.logf("fault %-22s %s", f.Kind, f.Detail)
+	return p
+}
+
+func (in *injector) ended(f *Fault) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	f.Ended = in.s.tl.now()
+}
+
+// list copies the faults so far.
+func (in *injector) list() []Fault {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	out := make([]Fault, len(in.faults))
+	for i, f := range in.faults {
+		out[i] = *f
+	}
+	return out
+}
+
+var errNoTarget = fmt.Errorf("no target")
+
+func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dPause, dLeader time.Duration) (*Fault, error) {
+	s := in.s
+	switch kind {
+	case FaultAgentKill, FaultAgentGroupKill:
+		e, ok := in.target(pick)
+		if !ok {
+			return nil, errNoTarget
+		}
+		group := kind == FaultAgentGroupKill
+		if _, err := proc.Signal(e.AgentPID, syscall.SIGKILL); err != nil {
+			return nil, err
+		}
+		at := s.tl.now()
+		detail := fmt.Sprintf("agent %d of %s", e.AgentPID, e.Attempt)
+		if group {
+			// Only the group the agent recorded, while its leader is still
+			// the recorded process.
+			if info, err := proc.Stat(e.PGID); err == nil && info.Start == e.LeaderStart && info.PGID == e.PGID {
+				_, _ = proc.SignalGroup(e.PGID, syscall.SIGKILL)
+			}
+			detail += fmt.Sprintf(" and its task group %d", e.PGID)
+		}
+		a := e.Attempt
+		f := in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: group, Detail: detail})
+		return f, nil
+
+	case FaultAgentPause:
+		e, ok := in.target(pick)
+		if !ok {
+			return nil, errNoTarget
+		}
+		in.mu.Lock()
+		in.paused[e.AgentPID] = true
+		in.mu.Unlock()
+		defer func() {
+			in.mu.Lock()
+			delete(in.paused, e.AgentPID)
+			in.mu.Unlock()
+		}()
+		l, ok := s.obs.agentOf(e.AgentPID)
+		if !ok {
+			return nil, errNoTarget
+		}
+		if _, err := proc.Signal(e.AgentPID, syscall.SIGSTOP); err != nil {
+			return nil, err
+		}
+		a := e.Attempt
+		f := in.record(Fault{Kind: kind, At: s.tl.now(), Target: &a,
+			Detail: fmt.Sprintf("agent %d of %s stopped for %s", e.AgentPID, e.Attempt, dPause.Round(time.Millisecond))})
+		sleep(ctx, dPause)
+		// Resume it only if it is still the same process.
+		if info, err := proc.Stat(l.PID); err == nil && info.Start == l.StartTicks {
+			_, _ = proc.Signal(l.PID, syscall.SIGCONT)
+		}
+		in.ended(f)
+		return f, nil
+
+	case FaultEscapedKill:
+		pid, ok := in.escaped(pick)
+		if !ok {
+			return nil, errNoTarget
+		}
+		if _, err := proc.Signal(pid, syscall.SIGKILL); err != nil {
+			return nil, err
+		}
+		at := s.tl.now()
+		return in.record(Fault{Kind: kind, At: at, Ended: at, Detail: fmt.Sprintf("escaped child %d", pid)}), nil
+
+	case FaultLeaderKill:
+		d, others := s.leaderDaemon()
+		if d == nil || others == 0 {
+			return nil, errNoTarget
+		}
+		pid := d.pid()
+		d.kill()
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("reaperd #%d (pid %d), restarted after %s", d.slot, pid, d1.Round(time.Millisecond))})
+		sleep(context.WithoutCancel(ctx), d1)
+		if err := d.start(); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: err.Error()})
+		}
+		in.ended(f)
+		return f, nil
+
+	case FaultLeaderPause:
+		d, others := s.leaderDaemon()
+		if d == nil || others == 0 {
+			return nil, errNoTarget
+		}
+		pid := d.pid()
+		if err := d.signal(syscall.SIGSTOP); err != nil {
+			return nil, err
+		}
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("reaperd #%d (pid %d) stopped for %s", d.slot, pid, dLeader.Round(time.Millisecond))})
+		sleep(context.WithoutCancel(ctx), dLeader)
+		_ = d.signal(syscall.SIGCONT)
+		in.ended(f)
+		return f, nil
+
+	case FaultPluginKill:
+		d, _ := s.leaderDaemon()
+		if d == nil {
+			return nil, errNoTarget
+		}
+		var plugins []procInfo
+		for _, p := range s.obs.children(d.pid()) {
+			if strings.HasPrefix(p.comm, "reaper-") && p.comm != "reaper-agent" {
+				plugins = append(plugins, p)
+			}
+		}
+		if len(plugins) == 0 {
+			return nil, errNoTarget
+		}
+		p := plugins[pick%uint64(len(plugins))]
+		if info, err := proc.Stat(p.info.PID); err != nil || info.Start != p.info.Start {
+			return nil, errNoTarget
+		}
+		if _, err := proc.Signal(p.info.PID, syscall.SIGKILL); err != nil {
+			return nil, err
+		}
+		at := s.tl.now()
+		return in.record(Fault{Kind: kind, At: at, Ended: at,
+			Detail: fmt.Sprintf("%s (pid %d) of reaperd #%d", p.comm, p.info.PID, d.slot)}), nil
+
+	case FaultPostgres:
+		f := in.record(Fault{Kind: kind, At: s.tl.now(), Detail: fmt.Sprintf("down for %s", d1.Round(time.Millisecond))})
+		if err := s.db.restart(ctx, d1); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "restart postgres: " + err.Error()})
+		}
+		in.ended(f)
+		return f, nil
+
+	case FaultBurst:
+		n := 3 + int(pick%6)
+		at := s.tl.now()
+		if err := s.wl.submit(ctx, n); err != nil {
+			return nil, err
+		}
+		return in.record(Fault{Kind: kind, At: at, Ended: s.tl.now(), Detail: fmt.Sprintf("%d runs at once", n)}), nil
+	}
+	return nil, fmt.Errorf("unknown fault kind %q", kind)
+}
+
+// target picks a running execution whose agent is not paused.
+func (in *injector) target(pick uint64) (Execution, bool) {
+	var cands []Execution
+	in.mu.Lock()
+	for _, e := range in.s.obs.running() {
+		if !in.paused[e.AgentPID] {
+			cands = append(cands, e)
+		}
+	}
+	in.mu.Unlock()
+	if len(cands) == 0 {
+		return Execution{}, false
+	}
+	e := cands[pick%uint64(len(cands))]
+	// Still the same agent process?
+	l, ok := in.s.obs.agentOf(e.AgentPID)
+	if !ok {
+		return Execution{}, false
+	}
+	if info, err := proc.Stat(l.PID); err != nil || info.Zombie || (l.StartTicks != 0 && info.Start != l.StartTicks) {
+		return Execution{}, false
+	}
+	return e, true
+}
+
+// escaped picks a live escaped child: a process of this soak, named by a
+// pid file an escaping task wrote, still running sleep.
+func (in *injector) escaped(pick uint64) (int, bool) {
+	files, _ := filepath.Glob(filepath.Join(in.s.escDir, "*"))
+	sort.Strings(files)
+	var pids []int
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil || pid <= 1 {
+			continue
+		}
+		if in.s.marked(pid) {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			if strings.TrimSpace(string(comm)) == "sleep" {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	if len(pids) == 0 {
+		return 0, false
+	}
+	return pids[pick%uint64(len(pids))], true
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// targetOf is the attempt a fault harmed, if any.
+func targetOf(f Fault) (sdk.Attempt, bool) {
+	if f.Target == nil {
+		return sdk.Attempt{}, false
+	}
+	return *f.Target, true
+}

@@ -1,0 +1,239 @@
+package soak
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+)
+
+// The invariants, by name. Each is a function of a History that returns the
+// violations it finds, each with its evidence; the soak runs them while the
+// system runs and once more at the end.
+const (
+	// NeverTwoLiveExecutions: no two executions of one task overlap, judged
+	// from the agents' journals and the process table.
+	NeverTwoLiveExecutions = "never_two_live_executions"
+	// NoReapOfALiveAttempt: no reaper marks an attempt failed while its
+	// agent or its task group is alive, and no live task is stopped by
+	// anyone but its own agent (or the injector).
+	NoReapOfALiveAttempt = "no_reap_of_a_live_attempt"
+	// NoDeposedLeaderWrite: every applied reaper mark was written under the
+	// term current in the database at that moment, the term its decision
+	// was made under.
+	NoDeposedLeaderWrite = "no_deposed_leader_write"
+	// BoundedRecovery: once the faults stop, every run is final within the
+	// bound, and no attempt is left queued or running.
+	BoundedRecovery = "bounded_recovery"
+	// NothingLeftBehind: no process, record or socket outlives the soak.
+	NothingLeftBehind = "nothing_left_behind"
+)
+
+// Violation is one breach of an invariant, with what shows it.
+type Violation struct {
+	Check    string
+	Evidence string
+}
+
+func (v Violation) String() string { return v.Check + ": " + v.Evidence }
+
+// reaperMarks are the failure reasons a reaper writes when it fails an
+// attempt it judged lost. A reaper may only write them about an attempt
+// whose agent and task group are gone.
+var reaperMarks = map[string]bool{
+	sdk.LabelAgentLost: true, sdk.LabelDispatchLost: true, sdk.LabelPodLost: true,
+	sdk.LabelStartExpired: true, sdk.LabelWarmWorkerLost: true,
+}
+
+// markLabels are the audit labels of decisions that mark an attempt
+// failed; their term is the term the mark was made under.
+var markLabels = map[string]bool{
+	sdk.LabelAgentLost: true, sdk.LabelAgentLostOrphanStopped: true, sdk.LabelAgentLostNeverHeartbeated: true,
+	sdk.LabelDispatchLost: true, sdk.LabelDispatchLostOrphanStopped: true, sdk.LabelCredentialCeiling: true,
+	sdk.LabelPodLost: true, sdk.LabelStartExpired: true, sdk.LabelWarmWorkerLost: true,
+}
+
+// isReaperMark says whether a transition is a reaper's mark.
+func isReaperMark(t Transition) bool {
+	return t.NewState == sdk.StateFailed && (reaperMarks[t.FailureReason] || t.FailureReason == sdk.LabelCredentialCeiling)
+}
+
+// IsReaper tells a reaper's decision from the runner's and the gate's.
+func IsReaper(d Decision) bool { return d.Reaper != "runner" && d.Reaper != "gate" && d.Reaper != "" }
+
+func stamp(t time.Time) string { return t.Format("15:04:05.000000") }
+
+// CheckNeverTwoLiveExecutions finds executions of one task that overlap:
+// one began before another had provably ended (its end line, or the last
+// sight of its group, whichever is later).
+func CheckNeverTwoLiveExecutions(h History) []Violation {
+	byTask := map[[2]string][]Execution{}
+	for _, e := range h.Executions {
+		k := [2]string{e.Attempt.RunID, e.Attempt.TaskID}
+		byTask[k] = append(byTask[k], e)
+	}
+	var out []Violation
+	for _, es := range byTask {
+		sort.Slice(es, func(i, j int) bool { return es[i].Start.Before(es[j].Start) })
+		for i := range es {
+			for j := i + 1; j < len(es); j++ {
+				a, b := es[i], es[j]
+				if b.Start.Before(a.Over()) {
+					out = append(out, Violation{Check: NeverTwoLiveExecutions, Evidence: fmt.Sprintf(
+						"%s (agent %d, group %d) ran from %s to at least %s; %s (agent %d, group %d) started at %s",
+						a.Attempt, a.AgentPID, a.PGID, stamp(a.Start), stamp(a.Over()),
+						b.Attempt, b.AgentPID, b.PGID, stamp(b.Start))})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// CheckNoReapOfALiveAttempt finds reaper marks written while the marked
+// attempt's agent or task group was still alive (seen alive, or writing
+// its journal, after the mark), and tasks stopped by someone other than
+// their agent or the injector: a task told should_terminate (its attempt
+// moved on under it) or killed by a signal its agent did not send.
+func CheckNoReapOfALiveAttempt(h History) []Violation {
+	agents := map[sdk.Attempt][]AgentLife{}
+	for _, a := range h.Agents {
+		agents[a.Attempt] = append(agents[a.Attempt], a)
+	}
+	execs := map[sdk.Attempt][]Execution{}
+	for _, e := range h.Executions {
+		execs[e.Attempt] = append(execs[e.Attempt], e)
+	}
+	var out []Violation
+	for _, t := range h.Transitions {
+		if !isReaperMark(t) || !reaperMarks[t.FailureReason] {
+			continue // credential_ceiling ends live attempts by design
+		}
+		for _, a := range agents[t.From] {
+			alive := a.LastSeenAlive
+			if a.Exited.After(alive) {
+				alive = a.Exited
+			}
+			if a.Began.Before(t.At) && alive.After(t.At) {
+				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
+					"%s marked %s at %s (term %d) while its agent %d was alive (began %s, alive at %s)",
+					t.From, t.FailureReason, stamp(t.At), t.Term, a.PID, stamp(a.Began), stamp(alive))})
+			}
+		}
+		for _, e := range execs[t.From] {
+			if e.Start.Before(t.At) && e.Over().After(t.At) {
+				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
+					"%s marked %s at %s (term %d) while its task group %d was alive (started %s, alive at %s)",
+					t.From, t.FailureReason, stamp(t.At), t.Term, e.PGID, stamp(e.Start), stamp(e.Over()))})
+			}
+		}
+	}
+	killed := map[sdk.Attempt]bool{}
+	for _, f := range h.Faults {
+		if f.KilledGroup && f.Target != nil {
+			killed[*f.Target] = true
+		}
+	}
+	for _, e := range h.Executions {
+		switch {
+		case e.EndReason == agent.ReasonTerminated:
+			out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
+				"%s: its live agent %d was told should_terminate and stopped its task group %d (ended %s)",
+				e.Attempt, e.AgentPID, e.PGID, stamp(e.End))})
+		case e.EndReason == agent.ReasonSignal && !killed[e.Attempt]:
+			out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
+				"%s: its task group %d was killed by a signal neither its agent %d nor the injector sent (ended %s)",
+				e.Attempt, e.PGID, e.AgentPID, stamp(e.End))})
+		}
+	}
+	return out
+}
+
+// CheckNoDeposedLeaderWrite finds applied reaper marks (task marks and run
+// reaps) whose transaction ran under another term than the one their
+// decision was made under, or under a term that a newer one had already
+// replaced when the write landed.
+func CheckNoDeposedLeaderWrite(h History) []Violation {
+	var out []Violation
+	marks := map[sdk.Attempt][]Decision{}
+	runReaps := map[string][]Decision{}
+	for _, d := range h.Decisions {
+		if !d.Applied || !IsReaper(d) {
+			continue
+		}
+		switch {
+		case markLabels[d.Label] && d.Attempt.TaskID != "":
+			marks[d.Attempt] = append(marks[d.Attempt], d)
+		case d.Label == sdk.LabelOrphanRun:
+			runReaps[d.Attempt.RunID] = append(runReaps[d.Attempt.RunID], d)
+		}
+	}
+	terms := append([]Term(nil), h.Terms...)
+	sort.Slice(terms, func(i, j int) bool { return terms[i].At.Before(terms[j].At) })
+	// current is the newest term the database had begun at t.
+	current := func(t time.Time) (Term, bool) {
+		i := sort.Search(len(terms), func(i int) bool { return terms[i].At.After(t) })
+		if i == 0 {
+			return Term{}, false
+		}
+		return terms[i-1], true
+	}
+	judge := func(what string, at time.Time, writeTerm int64, ds []Decision) {
+		for _, d := range ds {
+			if d.Term != writeTerm {
+				out = append(out, Violation{Check: NoDeposedLeaderWrite, Evidence: fmt.Sprintf(
+					"%s applied at %s under term %d, but decided (%s by %s, audit %d) under term %d",
+					what, stamp(at), writeTerm, d.Label, d.Reaper, d.ID, d.Term)})
+			}
+		}
+		if cur, ok := current(at); ok && cur.Term != writeTerm {
+			out = append(out, Violation{Check: NoDeposedLeaderWrite, Evidence: fmt.Sprintf(
+				"%s applied at %s under term %d, while term %d (%s) had begun at %s",
+				what, stamp(at), writeTerm, cur.Term, cur.Holder, stamp(cur.At))})
+		}
+	}
+	for _, t := range h.Transitions {
+		if isReaperMark(t) {
+			judge(fmt.Sprintf("mark %s of %s", t.FailureReason, t.From), t.At, t.Term, marks[t.From])
+		}
+	}
+	for _, rc := range h.RunChanges {
+		if rc.NewState == sdk.RunFailed && len(runReaps[rc.RunID]) > 0 {
+			judge("orphan reap of run "+rc.RunID, rc.At, rc.Term, runReaps[rc.RunID])
+		}
+	}
+	return out
+}
+
+// CheckAll runs the invariants that judge a history while the system runs.
+func CheckAll(h History) map[string][]Violation {
+	return map[string][]Violation{
+		NeverTwoLiveExecutions: CheckNeverTwoLiveExecutions(h),
+		NoReapOfALiveAttempt:   CheckNoReapOfALiveAttempt(h),
+		NoDeposedLeaderWrite:   CheckNoDeposedLeaderWrite(h),
+	}
+}
+
+// Unsettled lists what BoundedRecovery refuses at its deadline: runs not
+// final, attempts still queued or running.
+func Unsettled(runs map[string]string, live []sdk.Attempt, deadline time.Time) []Violation {
+	var out []Violation
+	ids := make([]string, 0, len(runs))
+	for id, st := range runs {
+		if st != sdk.RunSuccess && st != sdk.RunFailed {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		out = append(out, Violation{Check: BoundedRecovery, Evidence: fmt.Sprintf(
+			"run %s still %s at the deadline %s", id, runs[id], stamp(deadline))})
+	}
+	for _, a := range live {
+		out = append(out, Violation{Check: BoundedRecovery, Evidence: fmt.Sprintf(
+			"attempt %s still queued or running at the deadline %s", a, stamp(deadline))})
+	}
+	return out
+}

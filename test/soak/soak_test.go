@@ -1,0 +1,549 @@
+package soak
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+)
+
+// Environment of `make soak`.
+const (
+	soakEnv = "REAPER_SOAK"      // the soak's duration; unset: TestSoak skips
+	seedEnv = "REAPER_SOAK_SEED" // the seed to replay; unset: a new one
+	binEnv  = "REAPER_SOAK_BIN"  // the directory `make build` filled
+)
+
+// checkEvery is how often the invariants are judged while the system runs.
+const checkEvery = 5 * time.Second
+
+// recoveryBound is how long after the last fault every run must be final:
+// the specification's worst case, max(dispatch_lost, orphan_run) plus one
+// interval, plus what the soak's own faults and tasks add to it — a
+// leadership change just before the end (the lease, then the settling
+// grace of the new term), an orphan stop (grace and kill wait), a task
+// re-placed and run again from the start (its longest run, twice for a
+// retry), and the runner's ticks between the rails.
+const recoveryBound = max(dispatchLost, orphanRun) + interval +
+	lease + grace + stopGrace + killWait + 2*longestTask + 4*runnerTick
+
+// soak is one soak run.
+type soak struct {
+	t    *testing.T
+	seed uint64
+	dur  time.Duration
+	bin  string
+	tl   timeline
+
+	dir, recordDir, logDir, journalDir, escDir, tmpDir string
+	mark                                               string
+
+	db      *database
+	pool    *pgxpool.Pool
+	store   *board.Store
+	daemons []*daemon
+	obs     *observer
+	wl      *workload
+	inj     *injector
+	cancel  context.CancelFunc
+
+	mu         sync.Mutex
+	violations []Violation
+	passed     map[string]int // checks judged clean, by invariant
+	decisions  []Decision
+	lastAudit  int64
+	out        *os.File // the report, as it is written
+}
+
+func (s *soak) logf(format string, args ...any) {
+	line := fmt.Sprintf("%8.1fs  ", time.Since(s.tl.wall).Seconds()) + fmt.Sprintf(format, args...)
+	fmt.Println(line)
+}
+
+// fail records a violation and ends the soak.
+func (s *soak) fail(v Violation) {
+	s.mu.Lock()
+	s.violations = append(s.violations, v)
+	s.mu.Unlock()
+	s.logf("VIOLATION %s", v)
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+func (s *soak) failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.violations) > 0
+}
+
+func TestSoak(t *testing.T) {
+	durText := os.Getenv(soakEnv)
+	if durText == "" {
+		t.Skip("the soak runs under `make soak` (" + soakEnv + "=duration)")
+	}
+	dur, err := time.ParseDuration(durText)
+	if err != nil || dur <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", soakEnv, durText)
+	}
+	seed := newSeed()
+	if text := os.Getenv(seedEnv); text != "" {
+		if seed, err = strconv.ParseUint(text, 10, 64); err != nil {
+			t.Fatalf("%s=%q: want an unsigned integer", seedEnv, text)
+		}
+	}
+	bin := os.Getenv(binEnv)
+	if bin == "" {
+		t.Fatalf("%s must name the directory of the built binaries (make soak sets it)", binEnv)
+	}
+	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}}
+	s.logf("soak: seed %d, %s (replay: make soak SEED=%d SOAK=%s)", seed, dur, seed, dur)
+	s.run()
+}
+
+func newSeed() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+func (s *soak) run() {
+	t := s.t
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer s.cleanup()
+	s.setup(ctx)
+
+	// The soak's own clock of phases: cancel ends the fault phase early on
+	// a violation.
+	faultCtx, stopFaults := context.WithTimeout(ctx, s.dur)
+	defer stopFaults()
+	s.cancel = stopFaults
+
+	obsCtx, stopObs := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() { defer bg.Done(); s.obs.run(obsCtx, 100*time.Millisecond) }()
+	defer func() { stopObs(); bg.Wait() }()
+
+	for _, d := range s.daemons {
+		if err := d.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.logf("PostgreSQL and %d reaperd replicas up; runs and faults start", len(s.daemons))
+
+	var phase sync.WaitGroup
+	phase.Add(3)
+	go func() { defer phase.Done(); s.wl.stream(faultCtx) }()
+	go func() {
+		defer phase.Done()
+		// The first faults wait for a leader to settle.
+		sleep(faultCtx, grace+lease)
+		s.inj.run(faultCtx)
+	}()
+	go func() { defer phase.Done(); s.checkLoop(faultCtx) }()
+	phase.Wait()
+	quiet := s.tl.now()
+	s.logf("faults stopped (every paused process resumed, every replica running); recovery bound %s", recoveryBound)
+
+	if !s.failed() {
+		s.awaitRecovery(ctx, quiet)
+	}
+	// Last look: the observer sees the final exits, then the invariants
+	// are judged on the whole history.
+	sleep(ctx, time.Second)
+	if !s.failed() {
+		s.check(ctx)
+	}
+	s.stopAll()
+	s.report(ctx, quiet)
+}
+
+// setup makes the soak's directories, database and replicas (not started).
+func (s *soak) setup(ctx context.Context) {
+	t := s.t
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	s.mark = "soak-" + hex.EncodeToString(b[:])
+	dir, err := os.MkdirTemp("", "reaper-soak-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dir = dir
+	_ = os.Chmod(dir, 0o755) // the database server's account reaches its directory through it
+	s.recordDir = filepath.Join(dir, "records")
+	s.logDir = filepath.Join(dir, "logs")
+	s.journalDir = filepath.Join(dir, "journals")
+	s.escDir = filepath.Join(dir, "escaped")
+	s.tmpDir = filepath.Join(dir, "tmp")
+	for _, d := range []string{s.logDir, s.journalDir, s.escDir, s.tmpDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.logf("soak directory %s", dir)
+
+	s.db, err = startDatabase(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(dir, "reaperd.hcl")
+	if err := os.WriteFile(config, []byte(configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "REAPER_DSN=", "TMPDIR="+s.tmpDir, agent.JournalDirEnv+"="+s.journalDir,
+		markEnv+"="+s.mark, escEnv+"="+s.escDir)
+	for _, step := range []string{"validate", "migrate"} {
+		cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperd"), step, "-config", config)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("reaperd %s: %v\n%s", step, err, out)
+		}
+	}
+	if s.pool, err = pgxpool.New(ctx, s.db.dsn); err != nil {
+		t.Fatal(err)
+	}
+	if err := installTriggers(ctx, s.pool); err != nil {
+		t.Fatal(err)
+	}
+	s.store = board.New(s.pool, board.Options{})
+	for i := 1; i <= replicas; i++ {
+		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: env, logDir: s.logDir})
+	}
+	s.obs = newObserver(s.journalDir, s.tl)
+	s.wl = &workload{w: lifecycle.New(s.pool, lifecycle.Options{}), rng: rand.New(rand.NewPCG(s.seed, 1)),
+		tl: s.tl, kinds: map[string]int{}}
+	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), skipped: map[string]int{}, paused: map[int]bool{}}
+}
+
+// checkLoop judges the invariants every checkEvery until ctx ends.
+func (s *soak) checkLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(checkEvery):
+		}
+		s.check(ctx)
+	}
+}
+
+// check builds the history and judges it.
+func (s *soak) check(ctx context.Context) {
+	h, err := s.history(context.WithoutCancel(ctx))
+	if err != nil {
+		return // the database is restarting: judge at the next check
+	}
+	for name, vs := range CheckAll(h) {
+		if len(vs) == 0 {
+			s.mu.Lock()
+			s.passed[name]++
+			s.mu.Unlock()
+			continue
+		}
+		for _, v := range vs {
+			s.fail(v)
+		}
+	}
+}
+
+// history gathers the three accounts. The observer is read after the
+// database, so a process the database saw marked has had its last sight
+// taken after the mark.
+func (s *soak) history(ctx context.Context) (History, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	h := History{Faults: s.inj.list()}
+	rows, err := s.pool.Query(ctx, `SELECT at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
+	        old_state, new_state, coalesce(failure_reason, ''), coalesce(term, 0)
+	    FROM soak_ti_history ORDER BY id`)
+	if err != nil {
+		return h, err
+	}
+	for rows.Next() {
+		var tr Transition
+		if err := rows.Scan(&tr.At, &tr.From.RunID, &tr.From.TaskID, &tr.From.Try, &tr.From.Epoch,
+			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.Term); err != nil {
+			rows.Close()
+			return h, err
+		}
+		tr.To.RunID, tr.To.TaskID = tr.From.RunID, tr.From.TaskID
+		h.Transitions = append(h.Transitions, tr)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return h, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0) FROM soak_run_history ORDER BY id`)
+	if err != nil {
+		return h, err
+	}
+	for rows.Next() {
+		var rc RunChange
+		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term); err != nil {
+			rows.Close()
+			return h, err
+		}
+		h.RunChanges = append(h.RunChanges, rc)
+	}
+	rows.Close()
+	rows, err = s.pool.Query(ctx, `SELECT term, coalesce(holder, ''), at FROM soak_leader_history ORDER BY id`)
+	if err != nil {
+		return h, err
+	}
+	for rows.Next() {
+		var tm Term
+		if err := rows.Scan(&tm.Term, &tm.Holder, &tm.At); err != nil {
+			rows.Close()
+			return h, err
+		}
+		h.Terms = append(h.Terms, tm)
+	}
+	rows.Close()
+	if err := s.readAudit(ctx); err != nil {
+		return h, err
+	}
+	s.mu.Lock()
+	h.Decisions = append([]Decision(nil), s.decisions...)
+	s.mu.Unlock()
+	s.obs.poll()
+	s.obs.snapshot(&h)
+	h.Now = s.tl.now()
+	return h, nil
+}
+
+// readAudit reads the audit rows added since the last read.
+func (s *soak) readAudit(ctx context.Context) error {
+	s.mu.Lock()
+	after := s.lastAudit
+	s.mu.Unlock()
+	rows, err := s.pool.Query(ctx, `SELECT id, at, term, reaper, label, applied, coalesce(run_id, ''),
+	        coalesce(task_id, ''), coalesce(try_number, 0), coalesce(attempt_epoch, 0)
+	    FROM reap_decisions WHERE id > $1 ORDER BY id`, after)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var ds []Decision
+	for rows.Next() {
+		var d Decision
+		if err := rows.Scan(&d.ID, &d.At, &d.Term, &d.Reaper, &d.Label, &d.Applied, &d.Attempt.RunID,
+			&d.Attempt.TaskID, &d.Attempt.Try, &d.Attempt.Epoch); err != nil {
+			return err
+		}
+		ds = append(ds, d)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.decisions = append(s.decisions, ds...)
+	if len(ds) > 0 {
+		s.lastAudit = ds[len(ds)-1].ID
+	}
+	return nil
+}
+
+// leaderDaemon is the replica holding the lease now, and how many others
+// are running and not paused.
+func (s *soak) leaderDaemon() (*daemon, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	l, ok, err := s.store.CurrentLeader(ctx)
+	if err != nil || !ok || !l.Held(time.Now()) {
+		return nil, 0
+	}
+	pid := holderPID(l.Holder)
+	var leader *daemon
+	others := 0
+	for _, d := range s.daemons {
+		switch {
+		case d.pid() == pid && d.usable():
+			leader = d
+		case d.usable():
+			others++
+		}
+	}
+	return leader, others
+}
+
+// awaitRecovery waits until every run on the board is final and no
+// attempt is queued or running, for at most recoveryBound after quiet.
+func (s *soak) awaitRecovery(ctx context.Context, quiet time.Time) {
+	deadline := quiet.Add(recoveryBound)
+	for {
+		runs, live, err := s.unsettled(ctx)
+		if err == nil && len(runs) == 0 && len(live) == 0 {
+			s.logf("every run final %.1fs after the faults stopped", s.tl.now().Sub(quiet).Seconds())
+			s.mu.Lock()
+			s.passed[BoundedRecovery]++
+			s.mu.Unlock()
+			return
+		}
+		if s.tl.now().After(deadline) {
+			for _, v := range Unsettled(runs, live, deadline) {
+				s.fail(v)
+			}
+			return
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+}
+
+// unsettled reads the runs not final and the attempts queued or running.
+func (s *soak) unsettled(ctx context.Context) (map[string]string, []sdk.Attempt, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	runs := map[string]string{}
+	rows, err := s.pool.Query(ctx, `SELECT run_id, state FROM runs WHERE state NOT IN ('success', 'failed') ORDER BY run_id`)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var id, st string
+		if err := rows.Scan(&id, &st); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		runs[id] = st
+	}
+	rows.Close()
+	rows, err = s.pool.Query(ctx, `SELECT run_id, task_id, try_number, attempt_epoch FROM task_instances
+	    WHERE state IN ('queued', 'running') ORDER BY run_id, task_id`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var live []sdk.Attempt
+	for rows.Next() {
+		var a sdk.Attempt
+		if err := rows.Scan(&a.RunID, &a.TaskID, &a.Try, &a.Epoch); err != nil {
+			return nil, nil, err
+		}
+		live = append(live, a)
+	}
+	return runs, live, rows.Err()
+}
+
+// marked reports whether pid carries the soak's marker.
+func (s *soak) marked(pid int) bool {
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	return err == nil && bytes.Contains(env, []byte(markEnv+"="+s.mark+"\x00"))
+}
+
+// leftovers lists what outlives the soak: processes carrying its marker,
+// records in its record directory, sockets in its temporary directory.
+func (s *soak) leftovers() []string {
+	var out []string
+	for pid, p := range scanProcs() {
+		if !p.info.Zombie && s.marked(pid) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			out = append(out, fmt.Sprintf("process %d (%s): %s", pid, p.comm, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+	}
+	for _, root := range []string{s.recordDir, s.tmpDir} {
+		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return nil
+			}
+			rel, _ := filepath.Rel(s.dir, path)
+			switch {
+			case d.Type()&fs.ModeSocket != 0:
+				out = append(out, "socket "+rel)
+			case strings.HasSuffix(path, ".pid") || strings.HasSuffix(path, ".pgid"):
+				out = append(out, "record "+rel)
+			}
+			return nil
+		})
+	}
+	sort.Strings(out)
+	return out
+}
+
+// stopAll stops the replicas, waits for the soak's processes to end (an
+// escaped child lives out its sleep) and judges what is left behind.
+func (s *soak) stopAll() {
+	for _, d := range s.daemons {
+		if !d.stop(30 * time.Second) {
+			s.logf("reaperd #%d did not stop within 30s of SIGTERM: killed", d.slot)
+		}
+	}
+	deadline := time.Now().Add(escapeLife + 5*time.Second)
+	var left []string
+	for {
+		left = s.leftovers()
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(left) == 0 {
+		s.mu.Lock()
+		s.passed[NothingLeftBehind]++
+		s.mu.Unlock()
+		return
+	}
+	for _, l := range left {
+		s.fail(Violation{Check: NothingLeftBehind, Evidence: l})
+	}
+}
+
+// cleanup makes sure nothing of the soak runs on, stops the database, and
+// removes the soak's directory unless the soak failed (its logs and
+// journals are the evidence).
+func (s *soak) cleanup() {
+	for _, d := range s.daemons {
+		d.stop(10 * time.Second)
+	}
+	for pid, p := range scanProcs() {
+		if !p.info.Zombie && s.marked(pid) {
+			_ = syscallKill(pid)
+		}
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	if s.db != nil {
+		if err := s.db.stop(); err != nil {
+			s.logf("stop postgres: %v", err)
+		}
+	}
+	if s.dir == "" {
+		return
+	}
+	if s.failed() || s.t.Failed() {
+		s.logf("soak FAILED; its logs and journals are kept in %s", s.dir)
+		s.mu.Lock()
+		for _, v := range s.violations {
+			s.t.Errorf("%s", v)
+		}
+		s.mu.Unlock()
+		return
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		s.logf("remove %s: %v", s.dir, err)
+	}
+	s.logf("soak passed; its directory is removed")
+}
