@@ -272,24 +272,27 @@ func (l *Loop) reap(ctx context.Context, term int64, sub sdk.Substrate, subErr e
 }
 
 func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Executions, now time.Time, share time.Duration, res *Result) {
-	ctx, cancel := clock.WithTimeout(phase, l.cfg.Clock, share)
-	defer cancel()
-	deadline := now.Add(share)
 	dry := r.DryRun || l.cfg.DryRun
 	unavailable := func(err error) {
 		l.cfg.Logger.Error("reaper unavailable this cycle", "reaper", r.Name, "error", err)
-		l.record(ctx, term, now, []sdk.Decision{{Reaper: r.Name, Label: sdk.LabelPluginUnavailable, DryRun: dry,
+		l.record(phase, term, now, []sdk.Decision{{Reaper: r.Name, Label: sdk.LabelPluginUnavailable, DryRun: dry,
 			Detail: err.Error()}}, res)
 	}
 	if exec == nil {
 		unavailable(errors.New("the substrate is unavailable"))
 		return
 	}
-	rp, err := r.Plugin.Get(ctx, now)
+	rp, err := l.plugin(phase, r, now)
 	if err != nil {
 		unavailable(err)
 		return
 	}
+	// The share counts from here: a plugin (re)started above had a bound of
+	// its own, and its start is not the pass's time.
+	passStart := l.cfg.Clock.Now()
+	ctx, cancel := clock.WithTimeout(phase, l.cfg.Clock, share)
+	defer cancel()
+	deadline := passStart.Add(share)
 	if dry {
 		exec = dryRunExecutions{exec}
 	}
@@ -301,7 +304,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
 	}, l.boardFor(dry), exec, &sink)
-	elapsed := l.cfg.Clock.Now().Sub(now)
+	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	if err != nil {
 		// What the reaper decided before the error is kept (over gRPC
@@ -337,6 +340,27 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.states[r.Name] = pr.State
 	l.mu.Unlock()
 	l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
+}
+
+// PluginStartTimeout bounds a plugin's (re)start before its pass: the
+// process, the handshake and its configuration. It is its own bound, not
+// the pass's share: a share of a short interval is far less than a process
+// needs to start on a loaded host, and a restart that could never finish
+// inside it would leave the plugin down for good.
+const PluginStartTimeout = 10 * time.Second
+
+// plugin returns the reaper's plugin, (re)starting it if it is down, under
+// PluginStartTimeout; a stop of the loop still cuts a start short.
+func (l *Loop) plugin(phase context.Context, r Reaper, now time.Time) (sdk.Reaper, error) {
+	ctx, cancel := clock.WithTimeout(context.WithoutCancel(phase), l.cfg.Clock, PluginStartTimeout)
+	defer cancel()
+	stop := context.AfterFunc(phase, func() {
+		if !errors.Is(phase.Err(), context.DeadlineExceeded) {
+			cancel() // the loop is stopping, not merely out of budget
+		}
+	})
+	defer stop()
+	return r.Plugin.Get(ctx, now)
 }
 
 func (l *Loop) boardFor(dry bool) sdk.Board {
