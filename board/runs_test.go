@@ -90,6 +90,7 @@ func TestOrphanRuns(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.run(t, "run", "lost", "done", "never")
+		b.spendInfraBudget(t, "run")
 		lost := first("run", "lost")
 		b.running(t, lost, base.Add(-20*time.Minute), base.Add(-19*time.Minute))
 		if _, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: lost, FromStates: []string{sdk.StateRunning},
@@ -175,10 +176,11 @@ func TestOrphanRuns(t *testing.T) {
 		})
 	}
 
-	t.Run("ConfirmedInfraMarkAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
+	t.Run("ConfirmedInfraMarkWithTheBudgetSpentAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.run(t, "run", "marked", "waiting")
+		b.spendInfraBudget(t, "run")
 		a := first("run", "marked")
 		b.running(t, a, base.Add(-time.Hour), base.Add(-59*time.Minute))
 		mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,

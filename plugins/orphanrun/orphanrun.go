@@ -88,10 +88,12 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 // the RunID), plus one per teardown that fell back to a delete.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	p := &passRun{log: r.logger, pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink),
-		olderThan: pass.Now.Add(-pass.Ladder.OrphanRun)}
+		olderThan:        pass.Now.Add(-pass.Ladder.OrphanRun),
+		provisionalAfter: pass.Now.Add(-pass.Ladder.InfraConfirmValve)}
+	q := sdk.RunQuery{OlderThan: p.olderThan, ProvisionalAfter: p.provisionalAfter}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: r.cfg.Load().MaxPages,
-		Listings: []reap.Listing{reap.Runs(listRuns, board, p.olderThan, p.judgePage)},
+		Listings: []reap.Listing{reap.Runs(listRuns, board, q, p.judgePage)},
 	})
 }
 
@@ -102,6 +104,10 @@ type passRun struct {
 	exec      sdk.Executions
 	rec       *reap.Recorder
 	olderThan time.Time
+	// provisionalAfter is the infra confirmation valve's cutoff: a
+	// provisional infra mark made at or before it no longer keeps its run
+	// alive, since the planner acts on it unconfirmed.
+	provisionalAfter time.Time
 }
 
 // judgePage reaps each listed run through the board's atomic re-check.
@@ -122,7 +128,8 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 			p.rec.Add(sdk.LabelOrphanRun, a, false, detail+" (dry run: not failed)", ev)
 			continue
 		}
-		res, err := p.board.ReapRun(ctx, sdk.RunReap{RunID: run.RunID, OlderThan: p.olderThan, Term: p.pass.Term,
+		res, err := p.board.ReapRun(ctx, sdk.RunReap{RunID: run.RunID, OlderThan: p.olderThan,
+			ProvisionalAfter: p.provisionalAfter, Term: p.pass.Term,
 			At: p.pass.Now, Message: sdk.LabelOrphanRun + ": " + detail})
 		if err != nil {
 			return fmt.Errorf("reap run %s: %w", run.RunID, err)
