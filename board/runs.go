@@ -77,26 +77,7 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
 	}
-	limit := listingLimit(q.Limit)
-	args := []any{q.OlderThan, nullTime(q.ProvisionalAfter)}
-	after := ""
-	if q.After != nil {
-		args = append(args, q.After.At, q.After.RunID)
-		after = " AND (a.last_activity, r.run_id) > ($3::timestamptz, $4::text)"
-	}
-	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
-FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI() + `) c
-JOIN runs r ON r.run_id = c.run_id
-CROSS JOIN LATERAL (
-    SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
-    FROM task_instances ti WHERE ti.run_id = r.run_id
-) a
-WHERE r.state = 'running'
-  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI("$2") + `)
-  AND a.last_activity < $1` + after + `
-ORDER BY a.last_activity, r.run_id
-LIMIT ` + strconv.Itoa(limit)
-
+	sql, args, limit := orphanRunsSQL(q)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, sql, args...)
@@ -117,6 +98,31 @@ LIMIT ` + strconv.Itoa(limit)
 		page.Next = &sdk.RunCursor{At: last.LastActivity, RunID: last.RunID}
 	}
 	return page, nil
+}
+
+// orphanRunsSQL is the listing of ListOrphanRuns: its statement, its
+// arguments and its page size.
+func orphanRunsSQL(q sdk.RunQuery) (string, []any, int) {
+	limit := listingLimit(q.Limit)
+	args := []any{q.OlderThan, nullTime(q.ProvisionalAfter)}
+	after := ""
+	if q.After != nil {
+		args = append(args, q.After.At, q.After.RunID)
+		after = " AND (a.last_activity, r.run_id) > ($3::timestamptz, $4::text)"
+	}
+	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
+FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI() + `) c
+JOIN runs r ON r.run_id = c.run_id
+CROSS JOIN LATERAL (
+    SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
+    FROM task_instances ti WHERE ti.run_id = r.run_id
+) a
+WHERE r.state = 'running'
+  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI("$2") + `)
+  AND a.last_activity < $1` + after + `
+ORDER BY a.last_activity, r.run_id
+LIMIT ` + strconv.Itoa(limit)
+	return sql, args, limit
 }
 
 // reapCheckSQL share-locks every task instance of the run ($1) without
