@@ -178,6 +178,28 @@ func TestOrphanRuns(t *testing.T) {
 		})
 	}
 
+	// A dispatch that failed for good is a terminal infra failure: it spends
+	// the infra budget, so nothing will re-place it and the run is an
+	// orphan once quiet, whatever budget the task was given.
+	t.Run("TerminalInfraFailureSpendsTheBudgetAndDoesNotKeepTheRunAlive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		a := first("run", "task")
+		b.queued(t, a, base.Add(-time.Hour))
+		if ok, err := b.w.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{Kind: sdk.MarkInfra,
+			Reason: sdk.LabelDispatchFailed, Message: "dispatch_failed: no record", Terminal: true, Confirm: true},
+			base.Add(-50*time.Minute)); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		if res := reap(t, b, "run"); !res.Applied {
+			t.Fatalf("reap = %+v", res)
+		}
+	})
+
 	t.Run("ConfirmedInfraMarkWithTheBudgetSpentAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
