@@ -2,10 +2,15 @@
 // task instance and no activity for the orphan_run threshold is failed.
 //
 // Live means scheduled, queued or running, parked for the scheduler to
-// bring back (up_for_retry, up_for_reschedule, deferred), or failed with a
-// provisional infra mark the reconciler has not confirmed yet. Activity is
-// the run's start and every task instance's queued, running, heartbeat,
-// end, release and infra-mark times. The board lists runs that looked
+// bring back (up_for_retry, up_for_reschedule, deferred), held for review,
+// an infra failure the planner will re-place (infra budget left), or a
+// provisional infra mark still inside the infra confirmation valve (the
+// pass sends the valve's cutoff, now - infra_confirm_valve, with its
+// listing and its reaps). Activity is the run's start and every task
+// instance's queued, running, heartbeat and release times, and its end
+// unless an infra mark ended it: the reapers' own marks are not run
+// activity, so a scheduler crash that leaves attempts queued is reaped
+// within max(dispatch_lost, orphan_run) + one interval. The board lists runs that looked
 // orphaned and re-checks the whole predicate atomically when failing one;
 // if anything moved in between, the reap is a no-op (orphan_reap_noop). On
 // kube every execution of a failed run is then torn down; attempts still
