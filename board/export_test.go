@@ -32,3 +32,9 @@ func (s *Store) ExplainCandidates(ctx context.Context, q sdk.CandidateQuery) (st
 	})
 	return plan, err
 }
+
+// OrphanRunsSQL is the statement and arguments of ListOrphanRuns for q.
+func OrphanRunsSQL(q sdk.RunQuery) (string, []any) {
+	sql, args, _ := orphanRunsSQL(q)
+	return sql, args
+}

@@ -62,6 +62,14 @@ func (b *bundle) runWith(t *testing.T, runID, executor string, taskIDs ...string
 	}
 }
 
+// spendInfraBudget leaves the run's task instances no infra re-place: an
+// infra failure of theirs is not re-placed, so it does not keep the run
+// alive.
+func (b *bundle) spendInfraBudget(t *testing.T, runID string) {
+	t.Helper()
+	b.exec(t, "UPDATE task_instances SET infra_used = infra_budget WHERE run_id = $1", runID)
+}
+
 // first is the first attempt of a task instance.
 func first(runID, taskID string) sdk.Attempt {
 	return sdk.Attempt{RunID: runID, TaskID: taskID, Try: 1, Epoch: 0}

@@ -15,32 +15,40 @@ import (
 )
 
 // liveTI is true for a task instance (aliased ti) that keeps its run alive:
-// one in a live state (sdk.LiveStates), a provisional infra mark (not yet
-// confirmed: the planner still treats the task as active), or an attempt
-// held for review. sdk.TaskRow.Live in SQL.
-func liveTI() string {
+// one in a live state (sdk.LiveStates), one held for review, an infra
+// failure the planner will re-place (not held, budget left), or a
+// provisional infra mark made after the valve's cutoff, the parameter
+// named by cutoff (a NULL cutoff: every provisional mark). It is never
+// NULL. sdk.TaskRow.Live in SQL.
+func liveTI(cutoff string) string {
 	return `(ti.state IN (` + sqlList(sdk.LiveStates()) + `)
-    OR ` + provisionalTI + `
-    OR ti.held_at IS NOT NULL)`
+    OR ti.held_at IS NOT NULL
+    OR ` + replaceableTI + `
+    OR (` + provisionalTI + ` AND coalesce(` + cutoff + `::timestamptz IS NULL OR ti.infra_marked_at > ` + cutoff + `, false)))`
 }
 
-// openSettledTI is true for a task instance (aliased ti) that is not live
-// and whose run is not finished: exactly the rows of
-// task_instances_open_settled_idx (migration 002). It is NOT liveTI written
-// the way the index's WHERE clause is written, so that the planner matches
-// the index; TestOpenSettledIndexIsTheComplementOfLive holds the migration's
-// text to openSettledWhere. Only a run with such a row can be orphaned.
+// replaceableTI is true for an infra failure the planner will re-place
+// (aliased ti): failed on the infra rail, not held, infra budget left.
+// sdk.TaskRow.Replaceable in SQL.
+const replaceableTI = `(ti.state = '` + sdk.StateFailed + `' AND ti.last_failure_kind = '` + sdk.FailureInfra + `'
+    AND ti.held_at IS NULL AND ti.infra_used < ti.infra_budget)`
+
+// openSettledTI is true for a task instance (aliased ti) that is in a
+// settled state, not held, and whose run is not finished: exactly the rows
+// of task_instances_open_settled_idx (migration 004), a superset of the
+// rows that are not live. It is written the way the index's WHERE clause is
+// written, so that the planner matches the index;
+// TestOpenSettledIndexIsTheComplementOfLive holds the migration's text to
+// openSettledWhere. Only a run with such a row can be orphaned.
 func openSettledTI() string { return openSettledWhere("ti.") }
 
 // openSettledWhere is the WHERE clause of task_instances_open_settled_idx,
-// its columns prefixed with p ("" writes it as migration 002 does, one
+// its columns prefixed with p ("" writes it as migration 004 does, one
 // condition per line), built from the states in Go.
 func openSettledWhere(p string) string {
 	return `NOT ` + p + `run_closed
   AND ` + p + `state IN (` + sqlList(sdk.SettledStates()) + `)
-  AND ` + p + `held_at IS NULL
-  AND NOT (` + p + `state = '` + sdk.StateFailed + `' AND coalesce(` + p + `last_failure_kind, '') = '` + sdk.FailureInfra +
-		`' AND ` + p + `infra_confirmed_at IS NULL)`
+  AND ` + p + `held_at IS NULL`
 }
 
 // sqlList writes states (plain words of a closed set) as a list of SQL
@@ -49,10 +57,12 @@ func sqlList(states []string) string {
 	return "'" + strings.Join(states, "', '") + "'"
 }
 
-// tiActivity is the latest activity stamped on a task instance (aliased ti).
-// GREATEST skips NULLs.
-const tiActivity = `GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at,
-    ti.ended_at, ti.released_at, ti.infra_marked_at)`
+// tiActivity is the latest activity stamped on a task instance (aliased
+// ti): its ended_at only when no infra mark ended it, and never
+// infra_marked_at (the reaper's own marks are not the run's activity).
+// GREATEST skips NULLs. sdk.ActivityAt in SQL.
+const tiActivity = `GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at, ti.released_at,
+    CASE WHEN ti.infra_marked_at IS NULL THEN ti.ended_at END)`
 
 // ListOrphanRuns returns one page of running runs that have no live task
 // instance and whose last activity (the run's start, or the latest stamp on
@@ -67,26 +77,7 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, fmt.Errorf("board: list orphan runs: no threshold (OlderThan)")
 	}
-	limit := listingLimit(q.Limit)
-	args := []any{q.OlderThan}
-	after := ""
-	if q.After != nil {
-		args = append(args, q.After.At, q.After.RunID)
-		after = " AND (a.last_activity, r.run_id) > ($2::timestamptz, $3::text)"
-	}
-	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
-FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI() + `) c
-JOIN runs r ON r.run_id = c.run_id
-CROSS JOIN LATERAL (
-    SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
-    FROM task_instances ti WHERE ti.run_id = r.run_id
-) a
-WHERE r.state = 'running'
-  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI() + `)
-  AND a.last_activity < $1` + after + `
-ORDER BY a.last_activity, r.run_id
-LIMIT ` + strconv.Itoa(limit)
-
+	sql, args, limit := orphanRunsSQL(q)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, sql, args...)
@@ -109,12 +100,37 @@ LIMIT ` + strconv.Itoa(limit)
 	return page, nil
 }
 
-// reapCheckSQL share-locks every task instance of the run without waiting
-// and, over the locked rows, says whether any is live and when the latest
-// activity was.
+// orphanRunsSQL is the listing of ListOrphanRuns: its statement, its
+// arguments and its page size.
+func orphanRunsSQL(q sdk.RunQuery) (string, []any, int) {
+	limit := listingLimit(q.Limit)
+	args := []any{q.OlderThan, nullTime(q.ProvisionalAfter)}
+	after := ""
+	if q.After != nil {
+		args = append(args, q.After.At, q.After.RunID)
+		after = " AND (a.last_activity, r.run_id) > ($3::timestamptz, $4::text)"
+	}
+	sql := `SELECT r.run_id, r.dag_id, r.started_at, a.last_activity
+FROM (SELECT DISTINCT ti.run_id FROM task_instances ti WHERE ` + openSettledTI() + `) c
+JOIN runs r ON r.run_id = c.run_id
+CROSS JOIN LATERAL (
+    SELECT GREATEST(r.started_at, max(` + tiActivity + `)) AS last_activity
+    FROM task_instances ti WHERE ti.run_id = r.run_id
+) a
+WHERE r.state = 'running'
+  AND NOT EXISTS (SELECT 1 FROM task_instances ti WHERE ti.run_id = r.run_id AND ` + liveTI("$2") + `)
+  AND a.last_activity < $1` + after + `
+ORDER BY a.last_activity, r.run_id
+LIMIT ` + strconv.Itoa(limit)
+	return sql, args, limit
+}
+
+// reapCheckSQL share-locks every task instance of the run ($1) without
+// waiting and, over the locked rows, says whether any is live (the valve's
+// cutoff is $2) and when the latest activity was.
 func reapCheckSQL() string {
 	return `WITH locked AS (
-    SELECT ` + liveTI() + ` AS live, ` + tiActivity + ` AS activity
+    SELECT ` + liveTI("$2") + ` AS live, ` + tiActivity + ` AS activity
     FROM task_instances ti WHERE ti.run_id = $1
     FOR SHARE NOWAIT
 )
@@ -180,7 +196,7 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 		live     bool
 		activity *time.Time
 	)
-	err = tx.QueryRow(ctx, reapCheckSQL(), r.RunID).Scan(&live, &activity)
+	err = tx.QueryRow(ctx, reapCheckSQL(), r.RunID, nullTime(r.ProvisionalAfter)).Scan(&live, &activity)
 	switch {
 	case isLockNotAvailable(err):
 		return noop(sdk.NoopLocked)
@@ -239,4 +255,12 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, term int64, at time.Time) 
 func isLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// nullTime is t as a query argument: NULL when zero.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

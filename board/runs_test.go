@@ -2,9 +2,11 @@ package board_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -90,6 +92,7 @@ func TestOrphanRuns(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.run(t, "run", "lost", "done", "never")
+		b.spendInfraBudget(t, "run")
 		lost := first("run", "lost")
 		b.running(t, lost, base.Add(-20*time.Minute), base.Add(-19*time.Minute))
 		if _, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: lost, FromStates: []string{sdk.StateRunning},
@@ -175,10 +178,33 @@ func TestOrphanRuns(t *testing.T) {
 		})
 	}
 
-	t.Run("ConfirmedInfraMarkAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
+	// A dispatch that failed for good is a terminal infra failure: it spends
+	// the infra budget, so nothing will re-place it and the run is an
+	// orphan once quiet, whatever budget the task was given.
+	t.Run("TerminalInfraFailureSpendsTheBudgetAndDoesNotKeepTheRunAlive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "task")
+		a := first("run", "task")
+		b.queued(t, a, base.Add(-time.Hour))
+		if ok, err := b.w.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{Kind: sdk.MarkInfra,
+			Reason: sdk.LabelDispatchFailed, Message: "dispatch_failed: no record", Terminal: true, Confirm: true},
+			base.Add(-50*time.Minute)); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if got := list(t, b); len(got) != 1 {
+			t.Fatalf("listed %v, want the run", got)
+		}
+		if res := reap(t, b, "run"); !res.Applied {
+			t.Fatalf("reap = %+v", res)
+		}
+	})
+
+	t.Run("ConfirmedInfraMarkWithTheBudgetSpentAndNoneDoNotKeepTheRunAlive", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.run(t, "run", "marked", "waiting")
+		b.spendInfraBudget(t, "run")
 		a := first("run", "marked")
 		b.running(t, a, base.Add(-time.Hour), base.Add(-59*time.Minute))
 		mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
@@ -419,4 +445,50 @@ func TestOrphanCandidatesIndex(t *testing.T) {
 			t.Fatalf("listed %+v, %v", p.Runs, err)
 		}
 	})
+}
+
+// The orphan-run listing starts from task_instances_open_settled_idx, with
+// the valve's cutoff as with none: over many healthy running runs and a few
+// settled ones, the plan reads the index, never the whole table.
+func TestOrphanListingUsesTheOpenSettledIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, s := range []string{
+		`INSERT INTO runs (run_id, dag_id, state, started_at, updated_at)
+         SELECT 'run' || lpad(r::text, 6, '0'), 'dag', 'running', $1::timestamptz - interval '1 day', $1
+         FROM generate_series(0, 999) r`,
+		`INSERT INTO task_instances (run_id, task_id, executor, state, queued_at, running_at, last_heartbeat_at,
+             ended_at, last_failure_kind, infra_marked_at, updated_at)
+         SELECT 'run' || lpad((i / 100)::text, 6, '0'), 'task' || lpad((i % 100)::text, 3, '0'), 'lite',
+             CASE WHEN i < 50 THEN 'failed' ELSE 'running' END, $1::timestamptz - interval '1 hour',
+             $1::timestamptz - interval '59 minutes', $1::timestamptz - interval '58 minutes',
+             CASE WHEN i < 50 THEN $1::timestamptz - interval '50 minutes' END,
+             CASE WHEN i < 50 THEN 'infra' END, CASE WHEN i < 50 THEN $1::timestamptz - interval '50 minutes' END, $1
+         FROM generate_series(0, 99999) i`,
+	} {
+		if _, err := b.pool.Exec(ctx, s, base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	for name, cutoff := range map[string]time.Time{"NoCutoff": {}, "ValveCutoff": base.Add(-2 * time.Minute)} {
+		t.Run(name, func(t *testing.T) {
+			sql, args := board.OrphanRunsSQL(sdk.RunQuery{OlderThan: base.Add(-5 * time.Minute), ProvisionalAfter: cutoff})
+			var plan string
+			if err := b.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(plan, `"task_instances_open_settled_idx"`) {
+				t.Fatalf("the listing does not read task_instances_open_settled_idx:\n%s", plan)
+			}
+			for _, n := range planNodes(plan) {
+				if n["Node Type"] == "Seq Scan" && n["Relation Name"] == "task_instances" {
+					t.Fatalf("the listing scans task_instances:\n%s", plan)
+				}
+			}
+		})
+	}
 }

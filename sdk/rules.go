@@ -27,8 +27,9 @@ func LiveStates() []string {
 }
 
 // SettledStates returns the complement of LiveStates: never started
-// (none), or ended. A row in one of them is still live when it is a
-// provisional infra mark or held for review (TaskRow.Live).
+// (none), or ended. A row in one of them is still live when it is held for
+// review, an infra failure the planner will re-place, or a provisional
+// infra mark inside its valve (TaskRow.Live).
 func SettledStates() []string {
 	return slices.DeleteFunc(TaskStates(), func(s string) bool { return slices.Contains(LiveStates(), s) })
 }
@@ -45,6 +46,10 @@ type TaskRow struct {
 	LastHeartbeatAt  time.Time
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
+	// InfraBudget and InfraUsed are the task's infra re-places allowed and
+	// spent: the planner re-places an infra failure while used < budget.
+	InfraBudget int32
+	InfraUsed   int32
 	// Held: failed and held for an operator's review (held_at set).
 	Held bool
 	// RunState is the state of the row's run.
@@ -58,10 +63,42 @@ func (r TaskRow) Provisional() bool {
 	return r.State == StateFailed && r.LastFailureKind == FailureInfra && r.InfraConfirmedAt.IsZero()
 }
 
-// Live reports whether the row keeps its run alive: a live state, a
-// provisional infra mark, or an attempt held for an operator's review.
-func (r TaskRow) Live() bool {
-	return slices.Contains(LiveStates(), r.State) || r.Provisional() || r.Held
+// Replaceable reports whether the row is an infra failure the planner will
+// re-place: failed on the infra rail, not held, with infra budget left. It
+// waits for its next attempt the way a parked up_for_retry does, whether
+// its mark is confirmed or not.
+func (r TaskRow) Replaceable() bool {
+	return r.State == StateFailed && r.LastFailureKind == FailureInfra && !r.Held && r.InfraUsed < r.InfraBudget
+}
+
+// Live reports whether the row keeps its run alive: a live state, an
+// attempt held for an operator's review, an infra failure the planner will
+// re-place, or a provisional infra mark made after provisionalAfter (the
+// infra confirmation valve's cutoff: past it the planner acts on the mark
+// unconfirmed, so the mark no longer holds the run). A zero provisionalAfter
+// puts no bound on a provisional mark.
+func (r TaskRow) Live(provisionalAfter time.Time) bool {
+	return slices.Contains(LiveStates(), r.State) || r.Held || r.Replaceable() ||
+		(r.Provisional() && (provisionalAfter.IsZero() || r.InfraMarkedAt.After(provisionalAfter)))
+}
+
+// ActivityAt returns the latest activity stamped on the row's attempt
+// (zero when none): its queue, running and heartbeat stamps, its release,
+// and its end unless an infra mark ended it. The reaper's own marks are not
+// the run's activity: a run whose attempt a mark failed is measured from
+// what the attempt last did, so the mark does not restart the orphan clock.
+func ActivityAt(queuedAt, runningAt, heartbeatAt, releasedAt, endedAt, infraMarkedAt time.Time) time.Time {
+	last := time.Time{}
+	stamps := []time.Time{queuedAt, runningAt, heartbeatAt, releasedAt}
+	if infraMarkedAt.IsZero() {
+		stamps = append(stamps, endedAt)
+	}
+	for _, at := range stamps {
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last
 }
 
 // holds reports whether the row still holds exactly attempt a.

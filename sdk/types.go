@@ -225,8 +225,12 @@ type RunCursor struct {
 // activity is older than OlderThan, oldest activity first.
 type RunQuery struct {
 	OlderThan time.Time
-	After     *RunCursor
-	Limit     int
+	// ProvisionalAfter is the infra confirmation valve's cutoff: a
+	// provisional infra mark made at or before it no longer keeps its run
+	// alive (TaskRow.Live). Zero: every provisional mark does.
+	ProvisionalAfter time.Time
+	After            *RunCursor
+	Limit            int
 }
 
 // RunCandidate is a run that looked orphaned when listed.
@@ -248,9 +252,11 @@ type RunPage struct {
 type RunReap struct {
 	RunID     string
 	OlderThan time.Time
-	Term      int64
-	At        time.Time
-	Message   string
+	// ProvisionalAfter is the valve's cutoff, as in RunQuery.
+	ProvisionalAfter time.Time
+	Term             int64
+	At               time.Time
+	Message          string
 }
 
 // RunReapResult reports a run reap. Attached lists task instances whose

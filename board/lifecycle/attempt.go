@@ -107,8 +107,11 @@ type Failure struct {
 	Kind    sdk.MarkKind // sdk.MarkTask or sdk.MarkInfra
 	Reason  string       // dispatch_failed, ...
 	Message string
-	// Terminal spends the retries left: the task does not run again unless
-	// cleared (a dispatch that failed for good, say).
+	// Terminal spends the retries left, and for an infra failure the infra
+	// budget left: the task does not run again unless cleared (a dispatch
+	// that failed for good, say). With its budget spent, a terminal infra
+	// failure no longer reads as one the planner will re-place, so it does
+	// not keep its run alive (sdk.TaskRow.Replaceable).
 	Terminal bool
 	// Confirm confirms an infra failure as it is made (no reconciler will).
 	Confirm bool
@@ -127,6 +130,7 @@ func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failu
             state = 'failed', ended_at = $5, updated_at = $5, last_failure_kind = $6,
             failure_reason = NULLIF($7, ''), error_message = NULLIF($8, ''),
             retries = CASE WHEN $9::bool THEN 0 ELSE ti.retries END,
+            infra_used = CASE WHEN $9::bool AND $6 = 'infra' THEN ti.infra_budget ELSE ti.infra_used END,
             infra_marked_at = CASE WHEN $6 = 'infra' THEN $5::timestamptz END,
             infra_confirmed_at = CASE WHEN $6 = 'infra' AND $10::bool THEN $5::timestamptz END
         FROM runs r WHERE `+guardAttempt+` AND ti.state = ANY ($11::text[])`,

@@ -2,10 +2,15 @@
 // task instance and no activity for the orphan_run threshold is failed.
 //
 // Live means scheduled, queued or running, parked for the scheduler to
-// bring back (up_for_retry, up_for_reschedule, deferred), or failed with a
-// provisional infra mark the reconciler has not confirmed yet. Activity is
-// the run's start and every task instance's queued, running, heartbeat,
-// end, release and infra-mark times. The board lists runs that looked
+// bring back (up_for_retry, up_for_reschedule, deferred), held for review,
+// an infra failure the planner will re-place (infra budget left), or a
+// provisional infra mark still inside the infra confirmation valve (the
+// pass sends the valve's cutoff, now - infra_confirm_valve, with its
+// listing and its reaps). Activity is the run's start and every task
+// instance's queued, running, heartbeat and release times, and its end
+// unless an infra mark ended it: the reapers' own marks are not run
+// activity, so a scheduler crash that leaves attempts queued is reaped
+// within max(dispatch_lost, orphan_run) + one interval. The board lists runs that looked
 // orphaned and re-checks the whole predicate atomically when failing one;
 // if anything moved in between, the reap is a no-op (orphan_reap_noop). On
 // kube every execution of a failed run is then torn down; attempts still
@@ -88,10 +93,12 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 // the RunID), plus one per teardown that fell back to a delete.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	p := &passRun{log: r.logger, pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink),
-		olderThan: pass.Now.Add(-pass.Ladder.OrphanRun)}
+		olderThan:        pass.Now.Add(-pass.Ladder.OrphanRun),
+		provisionalAfter: pass.Now.Add(-pass.Ladder.InfraConfirmValve)}
+	q := sdk.RunQuery{OlderThan: p.olderThan, ProvisionalAfter: p.provisionalAfter}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: r.cfg.Load().MaxPages,
-		Listings: []reap.Listing{reap.Runs(listRuns, board, p.olderThan, p.judgePage)},
+		Listings: []reap.Listing{reap.Runs(listRuns, board, q, p.judgePage)},
 	})
 }
 
@@ -102,6 +109,10 @@ type passRun struct {
 	exec      sdk.Executions
 	rec       *reap.Recorder
 	olderThan time.Time
+	// provisionalAfter is the infra confirmation valve's cutoff: a
+	// provisional infra mark made at or before it no longer keeps its run
+	// alive, since the planner acts on it unconfirmed.
+	provisionalAfter time.Time
 }
 
 // judgePage reaps each listed run through the board's atomic re-check.
@@ -122,7 +133,8 @@ func (p *passRun) judgePage(ctx context.Context, runs []sdk.RunCandidate) error 
 			p.rec.Add(sdk.LabelOrphanRun, a, false, detail+" (dry run: not failed)", ev)
 			continue
 		}
-		res, err := p.board.ReapRun(ctx, sdk.RunReap{RunID: run.RunID, OlderThan: p.olderThan, Term: p.pass.Term,
+		res, err := p.board.ReapRun(ctx, sdk.RunReap{RunID: run.RunID, OlderThan: p.olderThan,
+			ProvisionalAfter: p.provisionalAfter, Term: p.pass.Term,
 			At: p.pass.Now, Message: sdk.LabelOrphanRun + ": " + detail})
 		if err != nil {
 			return fmt.Errorf("reap run %s: %w", run.RunID, err)

@@ -105,9 +105,18 @@ func TestRules(t *testing.T) {
 		{name: "ParkedDeferred_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateDeferred})
 		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ProvisionalInfraMark_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		{name: "ProvisionalInfraMarkInsideTheValve_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+				QueuedAt: ago(b, 20*time.Minute), InfraMarkedAt: ago(b, time.Minute), EndedAt: ago(b, time.Minute)})
+		}, want: "", wantRun: sdk.RunRunning},
+		{name: "ProvisionalInfraMarkPastTheValve_RunFailed", arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
+		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
+		{name: "ReplaceableInfraMark_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
+				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
+				EndedAt: ago(b, 20*time.Minute), InfraBudget: 3, InfraUsed: 2})
 		}, want: "", wantRun: sdk.RunRunning},
 		{name: "HeldForReview_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
@@ -229,26 +238,50 @@ func TestRules(t *testing.T) {
 // A scheduler crash mid-tick leaves a run's task queued: dispatch-lost
 // fails it first (Lite: confirmed at once), and orphan-run fails the run
 // once the mark itself is older than the orphan threshold.
+// A dispatch-lost mark is the reaper's, not the run's activity: once the
+// mark leaves the run nothing live (its infra budget spent), the next
+// orphan-run pass fails the run, measured from the queueing, not from the
+// mark. With budget left the planner will re-place the attempt, and the run
+// lives on.
 func TestLostDispatchThenOrphanRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, ladder.EditionLite, nil)
-	dl := dispatchlost.New(nil)
-	b.h.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.h.Now().Add(-10 * time.Minute)})
-	stuck := b.h.Queued("r", "t", 10*time.Minute)
+	for _, tc := range []struct {
+		name    string
+		budget  int32
+		wantRun string
+	}{
+		{name: "BudgetSpent_RunFailedOnTheNextPass", budget: 0, wantRun: sdk.RunFailed},
+		{name: "BudgetLeft_RunLivesUntilTheReplace", budget: 1, wantRun: sdk.RunRunning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, ladder.EditionLite, nil)
+			dl := dispatchlost.New(nil)
+			b.h.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.h.Now().Add(-10 * time.Minute)})
+			stuck := b.h.Queued("r", "t", 10*time.Minute)
+			row, _ := b.h.Board.Task("r", "t")
+			row.InfraBudget = tc.budget
+			b.h.Board.Put(row)
 
-	if ds := b.reap(t); len(ds) != 0 {
-		t.Fatalf("a queued task keeps the run alive: %v", ds.Labels())
-	}
-	if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
-		t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
-	}
-	if ds := b.reap(t); len(ds) != 0 {
-		t.Fatalf("the mark is fresh activity: %v", ds.Labels())
-	}
-	b.h.Clock.Advance(b.h.Ladder.OrphanRun + time.Second)
-	if ds := b.reap(t); ds.Label(sdk.Attempt{RunID: "r"}) != sdk.LabelOrphanRun {
-		t.Fatalf("orphan-run: %v", ds.Labels())
+			if ds := b.reap(t); len(ds) != 0 {
+				t.Fatalf("a queued task keeps the run alive: %v", ds.Labels())
+			}
+			if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
+				t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
+			}
+			b.reap(t)
+			if r, _ := b.h.Board.Run("r"); r.State != tc.wantRun {
+				t.Fatalf("run %s after the mark's pass, want %s", r.State, tc.wantRun)
+			}
+			if tc.wantRun == sdk.RunRunning {
+				b.h.Clock.Advance(time.Hour)
+				b.reap(t)
+				if r, _ := b.h.Board.Run("r"); r.State != sdk.RunRunning {
+					t.Fatalf("a re-placeable mark let the run fail: %s", r.State)
+				}
+			}
+		})
 	}
 }
 

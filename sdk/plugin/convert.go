@@ -504,3 +504,23 @@ func teardownOutcomesFromPB(os []*pb.TeardownOutcome) []sdk.TeardownOutcome {
 	}
 	return out
 }
+
+func runQueryToPB(q sdk.RunQuery) *pb.RunQuery {
+	return &pb.RunQuery{OlderThan: tsToPB(q.OlderThan), After: runCursorToPB(q.After), Limit: int32(q.Limit),
+		ProvisionalAfter: tsToPB(q.ProvisionalAfter)}
+}
+
+func runQueryFromPB(q *pb.RunQuery) sdk.RunQuery {
+	return sdk.RunQuery{OlderThan: tsFromPB(q.OlderThan), After: runCursorFromPB(q.After), Limit: int(q.Limit),
+		ProvisionalAfter: tsFromPB(q.ProvisionalAfter)}
+}
+
+func runReapToPB(r sdk.RunReap) *pb.RunReap {
+	return &pb.RunReap{RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At),
+		Message: r.Message, ProvisionalAfter: tsToPB(r.ProvisionalAfter)}
+}
+
+func runReapFromPB(r *pb.RunReap) sdk.RunReap {
+	return sdk.RunReap{RunID: r.RunId, OlderThan: tsFromPB(r.OlderThan), Term: r.Term, At: tsFromPB(r.At),
+		Message: r.Message, ProvisionalAfter: tsFromPB(r.ProvisionalAfter)}
+}

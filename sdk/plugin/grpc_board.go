@@ -84,9 +84,7 @@ func (c *boardClient) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.R
 }
 
 func (c *boardClient) listOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage, error) {
-	resp, err := c.client.ListOrphanRuns(ctx, &pb.RunQuery{
-		OlderThan: tsToPB(q.OlderThan), After: runCursorToPB(q.After), Limit: int32(q.Limit),
-	})
+	resp, err := c.client.ListOrphanRuns(ctx, runQueryToPB(q))
 	if err != nil {
 		return sdk.RunPage{}, fmt.Errorf("board list orphan runs: %w", err)
 	}
@@ -95,9 +93,7 @@ func (c *boardClient) listOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.R
 
 func (c *boardClient) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
 	c.fire()
-	resp, err := c.client.ReapRun(ctx, &pb.RunReap{
-		RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At), Message: r.Message,
-	})
+	resp, err := c.client.ReapRun(ctx, runReapToPB(r))
 	if err != nil {
 		return sdk.RunReapResult{}, fmt.Errorf("board reap run: %w", err)
 	}
@@ -183,7 +179,7 @@ func (s *boardServer) ListOrphanRuns(ctx context.Context, q *pb.RunQuery) (*pb.R
 	if err != nil {
 		return nil, err
 	}
-	page, err := b.ListOrphanRuns(ctx, sdk.RunQuery{OlderThan: tsFromPB(q.OlderThan), After: runCursorFromPB(q.After), Limit: int(q.Limit)})
+	page, err := b.ListOrphanRuns(ctx, runQueryFromPB(q))
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +191,7 @@ func (s *boardServer) ReapRun(ctx context.Context, r *pb.RunReap) (*pb.RunReapRe
 	if err != nil {
 		return nil, err
 	}
-	res, err := b.ReapRun(ctx, sdk.RunReap{RunID: r.RunId, OlderThan: tsFromPB(r.OlderThan), Term: r.Term, At: tsFromPB(r.At), Message: r.Message})
+	res, err := b.ReapRun(ctx, runReapFromPB(r))
 	if err != nil {
 		return nil, err
 	}

@@ -148,11 +148,13 @@ func Candidates(name string, board sdk.Board, q sdk.CandidateQuery, judge func(c
 	}}
 }
 
-// Runs is a listing of orphan-looking runs older than olderThan, a page of
-// ladder.PageSize at a time, each page handed to judge.
-func Runs(name string, board sdk.Board, olderThan time.Time, judge func(context.Context, []sdk.RunCandidate) error) Listing {
+// Runs is a listing of the orphan-looking runs that query selects (its
+// threshold and valve cutoff; its cursor and limit are the listing's), a
+// page of ladder.PageSize at a time, each page handed to judge.
+func Runs(name string, board sdk.Board, query sdk.RunQuery, judge func(context.Context, []sdk.RunCandidate) error) Listing {
 	return Listing{Name: name, Page: func(ctx context.Context, after *Cursor) (*Cursor, error) {
-		q := sdk.RunQuery{OlderThan: olderThan, Limit: ladder.PageSize}
+		q := query
+		q.After, q.Limit = nil, ladder.PageSize
 		if after != nil {
 			q.After = &sdk.RunCursor{At: after.At, RunID: after.RunID}
 		}

@@ -30,6 +30,11 @@ type TaskInstance struct {
 	LastFailureKind  string
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
+	// InfraBudget and InfraUsed are the infra re-places allowed and spent.
+	// The zero row has no budget: an infra failure of it is not
+	// re-placed.
+	InfraBudget      int32
+	InfraUsed        int32
 	ErrorMessage     string
 	WarmWorker       string
 	ExecutionTimeout time.Duration
@@ -45,17 +50,18 @@ func (t TaskInstance) Attempt() sdk.Attempt {
 	return sdk.Attempt{RunID: t.RunID, TaskID: t.TaskID, Try: t.Try, Epoch: t.Epoch}
 }
 
-// Live reports whether the row keeps its run alive: a state that is still
-// executing or parked for the scheduler to bring back, a provisional infra
-// mark (failed on the infra rail, not yet confirmed), or an attempt held for
-// an operator's review (sdk.TaskRow.Live, the real board's rule).
-func (t TaskInstance) Live() bool { return t.guardRow("").Live() }
+// Live reports whether the row keeps its run alive with no bound on a
+// provisional infra mark: a state that is still executing or parked for the
+// scheduler to bring back, an attempt held for an operator's review, an
+// infra failure the planner will re-place, or a provisional infra mark
+// (sdk.TaskRow.Live with a zero cutoff, the real board's rule).
+func (t TaskInstance) Live() bool { return t.guardRow("").Live(time.Time{}) }
 
 // guardRow is the row as the board's guards read it.
 func (t TaskInstance) guardRow(runState string) sdk.TaskRow {
 	return sdk.TaskRow{Attempt: t.Attempt(), State: t.State, LastFailureKind: t.LastFailureKind,
 		LastHeartbeatAt: t.LastHeartbeatAt, InfraMarkedAt: t.InfraMarkedAt, InfraConfirmedAt: t.InfraConfirmedAt,
-		Held: t.Held, RunState: runState}
+		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState}
 }
 
 // Run is one row of the board's runs.
@@ -553,7 +559,7 @@ func (b *Board) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	}
 	var runs []sdk.RunCandidate
 	for _, r := range b.runs {
-		last, live := b.runActivityLocked(r)
+		last, live := b.runActivityLocked(r, q.ProvisionalAfter)
 		if r.State != sdk.RunRunning || live || !last.Before(q.OlderThan) {
 			continue
 		}
@@ -607,7 +613,7 @@ func (b *Board) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 	case run.State != sdk.RunRunning:
 		return sdk.RunReapResult{NoopReason: sdk.NoopMovedOn}, nil
 	}
-	if last, live := b.runActivityLocked(run); live || !last.Before(r.OlderThan) {
+	if last, live := b.runActivityLocked(run, r.ProvisionalAfter); live || !last.Before(r.OlderThan) {
 		return sdk.RunReapResult{NoopReason: sdk.NoopActive}, nil
 	}
 	run.State = sdk.RunFailed
@@ -657,16 +663,15 @@ func (b *Board) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 	return nil
 }
 
-// runActivityLocked returns the run's last activity and whether a row of it
-// is live.
-func (b *Board) runActivityLocked(r *Run) (time.Time, bool) {
+// runActivityLocked returns the run's last activity (sdk.ActivityAt of its
+// rows, or its start) and whether a row of it is live, a provisional infra
+// mark counting only when made after provisionalAfter.
+func (b *Board) runActivityLocked(r *Run, provisionalAfter time.Time) (time.Time, bool) {
 	last, live := r.StartedAt, false
 	for _, t := range b.tasks[r.RunID] {
-		live = live || t.Live()
-		for _, at := range []time.Time{t.QueuedAt, t.RunningAt, t.LastHeartbeatAt, t.EndedAt, t.ReleasedAt, t.InfraMarkedAt} {
-			if at.After(last) {
-				last = at
-			}
+		live = live || t.guardRow(r.State).Live(provisionalAfter)
+		if at := sdk.ActivityAt(t.QueuedAt, t.RunningAt, t.LastHeartbeatAt, t.ReleasedAt, t.EndedAt, t.InfraMarkedAt); at.After(last) {
+			last = at
 		}
 	}
 	return last, live

@@ -48,8 +48,8 @@ func TestOrphanRunOnLite(t *testing.T) {
 		ended: at(t0.Add(-10 * time.Minute))})
 
 	// lost: a real agent and its group were killed -9, and agentlost failed
-	// the attempt on the infra rail (confirmed, as on Lite); nobody
-	// re-placed it.
+	// the attempt on the infra rail (confirmed, as on Lite); its infra
+	// budget is spent, so nothing will re-place it.
 	w.queue(a["lost"], t0)
 	lost := w.spawn(a["lost"], w.dsn)
 	w.awaitTask(lost)
@@ -58,6 +58,7 @@ func TestOrphanRunOnLite(t *testing.T) {
 	w.stamp(a["lost"], stamps{queued: at(t0.Add(-22 * time.Minute)), running: at(t0.Add(-21 * time.Minute)),
 		heartbeat: at(t0.Add(-20 * time.Minute))})
 	w.markAgentLost(a["lost"], t0.Add(-15*time.Minute), false)
+	w.spendInfraBudget("lost")
 
 	// busy: a real agent is running its task and heartbeating.
 	w.queue(a["busy"], t0)
@@ -213,5 +214,14 @@ func (w *world) markAgentLost(a sdk.Attempt, when time.Time, hold bool) {
 	}})
 	if err != nil || len(res) != 1 || !res[0].Applied {
 		w.t.Fatalf("mark %s: %+v %v", a, res, err)
+	}
+}
+
+// spendInfraBudget leaves the run's task instances no infra re-place: an
+// infra failure of theirs is final, so it no longer keeps the run alive.
+func (w *world) spendInfraBudget(runID string) {
+	w.t.Helper()
+	if _, err := w.pool.Exec(w.ctx, "UPDATE task_instances SET infra_used = infra_budget WHERE run_id = $1", runID); err != nil {
+		w.t.Fatalf("spend the infra budget of %s: %v", runID, err)
 	}
 }

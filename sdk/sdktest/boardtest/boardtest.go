@@ -88,7 +88,8 @@ func sameRow(x, y Row) bool {
 		x.QueuedAt.Equal(y.QueuedAt) && x.RunningAt.Equal(y.RunningAt) && x.LastHeartbeatAt.Equal(y.LastHeartbeatAt) &&
 		x.ReleasedAt.Equal(y.ReleasedAt) && x.EndedAt.Equal(y.EndedAt) && x.LastFailureKind == y.LastFailureKind &&
 		x.FailureReason == y.FailureReason && x.InfraMarkedAt.Equal(y.InfraMarkedAt) &&
-		x.InfraConfirmedAt.Equal(y.InfraConfirmedAt) && x.ErrorMessage == y.ErrorMessage && x.Held == y.Held
+		x.InfraConfirmedAt.Equal(y.InfraConfirmedAt) && x.ErrorMessage == y.ErrorMessage && x.Held == y.Held &&
+		x.InfraBudget == y.InfraBudget && x.InfraUsed == y.InfraUsed
 }
 
 func sameTime(t *testing.T, what string, got, want time.Time) {

@@ -36,8 +36,12 @@ type Row struct {
 	FailureReason    string
 	InfraMarkedAt    time.Time
 	InfraConfirmedAt time.Time
-	ErrorMessage     string
-	Held             bool
+	// InfraBudget and InfraUsed are the infra re-places allowed and spent
+	// (both zero: no budget, an infra failure is not re-placed).
+	InfraBudget  int32
+	InfraUsed    int32
+	ErrorMessage string
+	Held         bool
 }
 
 // RunRow is a run as a case seeds it.
@@ -101,7 +105,8 @@ func (m *memory) Put(r Row) {
 	m.b.Put(sdktest.TaskInstance{RunID: r.RunID, TaskID: r.TaskID, Try: r.Try, Epoch: r.Epoch, State: r.State,
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
-		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, ErrorMessage: r.ErrorMessage, Held: r.Held})
+		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
+		ErrorMessage: r.ErrorMessage, Held: r.Held})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {
@@ -112,7 +117,8 @@ func (m *memory) Row(runID, taskID string) (Row, bool) {
 	return Row{Attempt: t.Attempt(), State: t.State, Executor: t.Executor, QueuedAt: t.QueuedAt,
 		RunningAt: t.RunningAt, LastHeartbeatAt: t.LastHeartbeatAt, ReleasedAt: t.ReleasedAt, EndedAt: t.EndedAt,
 		LastFailureKind: t.LastFailureKind, FailureReason: t.MarkReason, InfraMarkedAt: t.InfraMarkedAt,
-		InfraConfirmedAt: t.InfraConfirmedAt, ErrorMessage: t.ErrorMessage, Held: t.Held}, true
+		InfraConfirmedAt: t.InfraConfirmedAt, InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed,
+		ErrorMessage: t.ErrorMessage, Held: t.Held}, true
 }
 
 func (m *memory) RunState(runID string) string {

@@ -1538,12 +1538,14 @@ func (x *RunCursor) GetRunId() string {
 }
 
 type RunQuery struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OlderThan     int64                  `protobuf:"varint,1,opt,name=older_than,json=olderThan,proto3" json:"older_than,omitempty"`
-	After         *RunCursor             `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
-	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	OlderThan int64                  `protobuf:"varint,1,opt,name=older_than,json=olderThan,proto3" json:"older_than,omitempty"`
+	After     *RunCursor             `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	Limit     int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The infra confirmation valve's cutoff (0: none).
+	ProvisionalAfter int64 `protobuf:"varint,4,opt,name=provisional_after,json=provisionalAfter,proto3" json:"provisional_after,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RunQuery) Reset() {
@@ -1593,6 +1595,13 @@ func (x *RunQuery) GetAfter() *RunCursor {
 func (x *RunQuery) GetLimit() int32 {
 	if x != nil {
 		return x.Limit
+	}
+	return 0
+}
+
+func (x *RunQuery) GetProvisionalAfter() int64 {
+	if x != nil {
+		return x.ProvisionalAfter
 	}
 	return 0
 }
@@ -1718,14 +1727,16 @@ func (x *RunPage) GetNext() *RunCursor {
 }
 
 type RunReap struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	OlderThan     int64                  `protobuf:"varint,2,opt,name=older_than,json=olderThan,proto3" json:"older_than,omitempty"`
-	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
-	At            int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
-	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RunId     string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	OlderThan int64                  `protobuf:"varint,2,opt,name=older_than,json=olderThan,proto3" json:"older_than,omitempty"`
+	Term      int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	At        int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
+	Message   string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// The infra confirmation valve's cutoff (0: none).
+	ProvisionalAfter int64 `protobuf:"varint,6,opt,name=provisional_after,json=provisionalAfter,proto3" json:"provisional_after,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RunReap) Reset() {
@@ -1791,6 +1802,13 @@ func (x *RunReap) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *RunReap) GetProvisionalAfter() int64 {
+	if x != nil {
+		return x.ProvisionalAfter
+	}
+	return 0
 }
 
 type RunReapResult struct {
@@ -3281,12 +3299,13 @@ const file_reaper_proto_rawDesc = "" +
 	"\aresults\x18\x01 \x03(\v2\x15.reaper.v1.MarkResultR\aresults\"2\n" +
 	"\tRunCursor\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x03R\x02at\x12\x15\n" +
-	"\x06run_id\x18\x02 \x01(\tR\x05runId\"k\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\"\x98\x01\n" +
 	"\bRunQuery\x12\x1d\n" +
 	"\n" +
 	"older_than\x18\x01 \x01(\x03R\tolderThan\x12*\n" +
 	"\x05after\x18\x02 \x01(\v2\x14.reaper.v1.RunCursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\x80\x01\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12+\n" +
+	"\x11provisional_after\x18\x04 \x01(\x03R\x10provisionalAfter\"\x80\x01\n" +
 	"\fRunCandidate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x15\n" +
 	"\x06dag_id\x18\x02 \x01(\tR\x05dagId\x12\x1d\n" +
@@ -3295,14 +3314,15 @@ const file_reaper_proto_rawDesc = "" +
 	"\rlast_activity\x18\x04 \x01(\x03R\flastActivity\"`\n" +
 	"\aRunPage\x12+\n" +
 	"\x04runs\x18\x01 \x03(\v2\x17.reaper.v1.RunCandidateR\x04runs\x12(\n" +
-	"\x04next\x18\x02 \x01(\v2\x14.reaper.v1.RunCursorR\x04next\"}\n" +
+	"\x04next\x18\x02 \x01(\v2\x14.reaper.v1.RunCursorR\x04next\"\xaa\x01\n" +
 	"\aRunReap\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
 	"older_than\x18\x02 \x01(\x03R\tolderThan\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\x04 \x01(\x03R\x02at\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage\"z\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12+\n" +
+	"\x11provisional_after\x18\x06 \x01(\x03R\x10provisionalAfter\"z\n" +
 	"\rRunReapResult\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x1f\n" +
 	"\vnoop_reason\x18\x02 \x01(\tR\n" +
