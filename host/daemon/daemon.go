@@ -134,7 +134,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 		Logger: d.log.Named("cycle"), Metrics: d.metrics,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
-	if cfg.Runner != nil {
+	if cfg.Runner != nil && cfg.Runner.Kube == nil { // the kube runner is not wired in yet
 		if d.runner, err = d.newRunner(); err != nil {
 			return nil, err
 		}
