@@ -111,6 +111,7 @@ const DefaultKubeNamespace = "default"
 // KubeRunner is the runner's kube block: the task pods' template.
 type KubeRunner struct {
 	Namespace        string        // the task pods' namespace; default: the kube substrate's, else "default"
+	Kubeconfig       string        // the kube substrate's kubeconfig ("": the in-cluster service account)
 	Image            string        // the task image (holds the agent); required
 	Agent            string        // the agent binary inside the image; default "reaper-agent"
 	ServiceAccount   string        // "" leaves the namespace's default
@@ -430,6 +431,10 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			diags = append(diags, d...)
 			cfg.Reapers = append(cfg.Reapers, pb)
 		}
+	}
+	if r := cfg.Runner; r != nil && r.Kube != nil && cfg.Substrate.Body != nil {
+		// The runner talks to the substrate's cluster.
+		r.Kube.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
 	}
 	if r := cfg.Runner; r != nil && r.Kube != nil && r.Kube.Namespace == "" {
 		// The pods go where the substrate looks for them.

@@ -26,7 +26,8 @@ substrate "kube" {}
 func TestKubeRunnerBlock(t *testing.T) {
 	src := `edition = "kube"
 substrate "kube" {
-  namespace = "tasks"
+  namespace  = "tasks"
+  kubeconfig = "cluster.kubeconfig"
 }
 runner {
   max_parallel = 8
@@ -55,7 +56,7 @@ runner {
 	cfg := check(src)
 	k := cfg.Runner.Kube
 	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
-		k.ServiceAccount != "task" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
+		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
 		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
