@@ -3,6 +3,7 @@ package kuberunner_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
 	"net"
 	"os"
@@ -155,6 +156,7 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 	cfg := e.config(e.cs)
 	cfg.TerminationGrace = 90 * time.Second // over the 60 s the arithmetic adds
 	cfg.ServiceAccount = "default"
+	cfg.Credentials = credentials{}
 	cfg.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}}
 	res := cycle(t, e.runner(t, cfg), e.clk.Now())
 	if res.Scheduled != 3 || res.Dispatched != 3 || len(res.Decisions) != 0 {
@@ -203,6 +205,13 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if c.TerminationMessagePath != kuberunner.TerminationMessagePath || c.TerminationMessagePolicy != corev1.TerminationMessageReadFile {
 			t.Errorf("%s: termination message %s %s", task, c.TerminationMessagePath, c.TerminationMessagePolicy)
 		}
+		envs := map[string]string{}
+		for _, v := range c.Env {
+			envs[v.Name] = v.Value
+		}
+		if envs[kuberunner.EnvRecordFile] != kuberunner.TerminationMessagePath || envs["REAPER_ATTEMPT_TOKEN"] != "token-of-"+ti.Attempt.String() {
+			t.Errorf("%s: environment %v: want the record file and the attempt's credential", task, envs)
+		}
 		if !c.Resources.Limits.Memory().Equal(resource.MustParse("64Mi")) {
 			t.Errorf("%s: resources %v", task, c.Resources)
 		}
@@ -223,6 +232,34 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 	p := e.pods(t)[e.ti(t, "run-2", "no_timeout").Attempt]
 	if p.Name == "" || p.Spec.ActiveDeadlineSeconds != nil {
 		t.Fatalf("pod %q: activeDeadlineSeconds %v, want none", p.Name, p.Spec.ActiveDeadlineSeconds)
+	}
+}
+
+// credentials mints a fake credential per attempt, or fails when fail is
+// set.
+type credentials struct{ fail bool }
+
+func (c credentials) Env(_ context.Context, a sdk.Attempt, _ time.Time) ([]corev1.EnvVar, error) {
+	if c.fail {
+		return nil, errors.New("the credential store is down")
+	}
+	return []corev1.EnvVar{{Name: "REAPER_ATTEMPT_TOKEN", Value: "token-of-" + a.String()}}, nil
+}
+
+// TestACredentialNotMintedIsOfferedAgain: a dispatch whose credential
+// cannot be minted creates no pod and is offered again on a new epoch, as
+// for an unavailable API.
+func TestACredentialNotMintedIsOfferedAgain(t *testing.T) {
+	e := newEnv(t)
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
+	cfg := e.config(e.cs)
+	cfg.Credentials = credentials{fail: true}
+	res := cycle(t, e.runner(t, cfg), e.clk.Now())
+	if !slices.Equal(labels(res), []string{sdk.LabelDispatchUnavailable}) || res.Dispatched != 0 {
+		t.Fatalf("decisions %v, dispatched %d", labels(res), res.Dispatched)
+	}
+	if ti := e.ti(t, "run-1", "t"); ti.Epoch != 1 || ti.State != sdk.StateScheduled || len(e.pods(t)) != 0 {
+		t.Fatalf("row %+v, %d pods", ti, len(e.pods(t)))
 	}
 }
 
