@@ -501,3 +501,56 @@ func TestACreateRepeatedForTheSameAttemptAdoptsItsPod(t *testing.T) {
 		t.Fatalf("recorded UID %q (%v), want the existing pod's %q", uid, err, made.UID)
 	}
 }
+
+// TestACreateWhoseAnswerWasLostIsHarmless: a create that made its pod but
+// whose answer never came (here: the pod made beforehand, the runner's
+// client unreachable) is offered again on a new epoch, so the stray pod's
+// agent is told to stop at its RUNNING report; the new attempt's pod is the
+// only one that may run the task.
+func TestACreateWhoseAnswerWasLostIsHarmless(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
+	cycle(t, e.runner(t, e.config(unreachable(t))), e.clk.Now()) // scheduled, then re-offered
+	stray := e.ti(t, "run-1", "t").Attempt
+	stray.Epoch-- // the attempt whose create "got through"
+	spec := kuberunner.PodSpec{Namespace: e.ns, Image: "x", AgentPath: "reaper-agent"}
+	ti := e.ti(t, "run-1", "t")
+	ti.Attempt = stray
+	if _, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, kuberunner.BuildPod(spec, ti, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if sd, err := e.w.Running(ctx, stray, e.clk.Now()); err != nil || !sd {
+		t.Fatalf("the stray pod's RUNNING report: should_terminate %v (%v), want true", sd, err)
+	}
+	e.clk.Advance(time.Second)
+	if res := cycle(t, e.runner(t, e.config(e.cs)), e.clk.Now()); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d, decisions %v", res.Dispatched, labels(res))
+	}
+	current := e.ti(t, "run-1", "t").Attempt
+	if pods := e.pods(t); len(pods) != 2 || pods[current].Name == "" {
+		t.Fatalf("pods %d, current %s has one: %v", len(pods), current, pods[current].Name != "")
+	}
+	if sd, err := e.w.Running(ctx, current, e.clk.Now()); err != nil || sd {
+		t.Fatalf("the current pod's RUNNING report: should_terminate %v (%v), want false", sd, err)
+	}
+}
+
+// TestMaxParallelBoundsTheQueuedAndRunningAttempts: no more pods than
+// max_parallel attempts are handed out at once; the rest wait scheduled.
+func TestMaxParallelBoundsTheQueuedAndRunningAttempts(t *testing.T) {
+	e := newEnv(t)
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "a"}, lifecycle.NewTask{TaskID: "b"}, lifecycle.NewTask{TaskID: "c"})
+	cfg := e.config(e.cs)
+	cfg.MaxParallel = 2
+	r := e.runner(t, cfg)
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 2 {
+		t.Fatalf("dispatched %d, want 2", res.Dispatched)
+	}
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 0 || len(e.pods(t)) != 2 {
+		t.Fatalf("dispatched %d with both slots taken, %d pods", res.Dispatched, len(e.pods(t)))
+	}
+	if ti := e.ti(t, "run-1", "c"); ti.State != sdk.StateScheduled {
+		t.Fatalf("c is %s, want scheduled", ti.State)
+	}
+}
