@@ -40,6 +40,7 @@ import (
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // auditTimeout bounds the audit of one batch of the runner's decisions.
@@ -233,6 +234,9 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner: the Kubernetes client configuration: %w", err)
 	}
+	// client-go's own default (5 requests a second) would hold dispatch to
+	// 5 pods a second: take the substrate's default rate instead.
+	rc.QPS, rc.Burst = kube.DefaultQPS, kube.DefaultBurst
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("runner: the Kubernetes client: %w", err)
