@@ -506,6 +506,21 @@ func TestBrake(t *testing.T) {
 			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
+	t.Run("WarmAttemptsWithoutAPodOfTheirOwn_SilenceOnlyBraked", func(t *testing.T) {
+		t.Parallel()
+		// A warm attempt reads dead (it has no attempt pod), which says
+		// nothing about its worker: its mark rests on silence alone.
+		b := setup(t, ladder.EditionKube, nil)
+		now := b.h.Now()
+		for i := range 30 {
+			b.h.Board.Put(sdktest.TaskInstance{RunID: fmt.Sprintf("warm-%03d", i), TaskID: "t", State: running,
+				Executor: sdk.ExecutorWarm, RunningAt: now.Add(-time.Hour), LastHeartbeatAt: now.Add(-10 * time.Minute),
+				WarmWorker: "warm-0"})
+		}
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
 	t.Run("LiteMarksNeverBraked", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)})
