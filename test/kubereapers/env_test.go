@@ -46,24 +46,32 @@ type env struct {
 	seq    int
 }
 
+// newEnv is an env whose board lease the test holds, for reaper passes run
+// in process.
 func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := newWorld(t)
+	lease, ok, err := e.store.TryAcquire(context.Background(), "kubereapers-test", 24*time.Hour, time.Now().Add(-time.Hour))
+	if err != nil || !ok {
+		t.Fatalf("taking the board's lease: %v, %v", ok, err)
+	}
+	e.term = lease.Term
+	e.sub = e.substrateAs(kubetest.Admin)
+	return e
+}
+
+// newWorld is the cluster's share and a board nobody leads yet.
+func newWorld(t *testing.T) *env {
 	t.Helper()
 	c := cluster.Load()
 	if c == nil {
 		t.Fatal("no test cluster: TestMain did not start one")
 	}
 	pool := pgtest.NewDB(t)
-	store := board.New(pool, board.Options{})
-	lease, ok, err := store.TryAcquire(context.Background(), "kubereapers-test", 24*time.Hour, time.Now().Add(-time.Hour))
-	if err != nil || !ok {
-		t.Fatalf("taking the board's lease: %v, %v", ok, err)
-	}
-	e := &env{t: t, c: c, cs: c.Client(t), ns: c.NewNamespace(t), node: c.AddNode(t, "").Name,
-		store: store, w: lifecycle.New(pool, lifecycle.Options{}), term: lease.Term,
-		clk: clock.NewFake(time.Now().Truncate(time.Millisecond)), ladder: ladder.Defaults(),
+	return &env{t: t, c: c, cs: c.Client(t), ns: c.NewNamespace(t), node: c.AddNode(t, "").Name,
+		store: board.New(pool, board.Options{}), w: lifecycle.New(pool, lifecycle.Options{}),
+		clk: clock.NewFake(time.Now().Truncate(time.Second)), ladder: ladder.Defaults(),
 		states: map[string][]byte{}, runs: map[string]bool{}}
-	e.sub = e.substrateAs(kubetest.Admin)
-	return e
 }
 
 // substrateAs configures a kube substrate on the namespace as user and, for
@@ -293,7 +301,7 @@ func (e *env) remove(p *corev1.Pod, a *sdk.Attempt) {
 		e.t.Fatal(err)
 	}
 	e.waitFor("pod "+p.Name+" to go", func() bool { return e.get(p.Name) == nil })
-	if a != nil {
+	if a != nil && e.sub != nil {
 		e.waitFor("the cache to drop "+p.Name, func() bool {
 			got, err := e.sub.Liveness(context.Background(), sdk.LivenessRequest{Attempts: []sdk.Attempt{*a}, Now: time.Now()})
 			return err == nil && len(got) == 1 && got[0].State == sdk.Dead
@@ -330,4 +338,6 @@ func stoppedInPlace(p *corev1.Pod) bool {
 	return p != nil && p.Spec.ActiveDeadlineSeconds != nil && *p.Spec.ActiveDeadlineSeconds == 1
 }
 
-func att(run, task string) sdk.Attempt { return sdk.Attempt{RunID: run, TaskID: task, Try: 1, Epoch: 1} }
+func att(run, task string) sdk.Attempt {
+	return sdk.Attempt{RunID: run, TaskID: task, Try: 1, Epoch: 1}
+}
