@@ -14,10 +14,17 @@
 // cache. An attempt is marked only when the read says it has no pod object
 // at all: a finished or unreachable pod is still present (its outcome is
 // the reconciler's), and a read error defers (pod_lost_pod_query_error).
-// The mark is provisional (the sweep confirms it, or the valve opens), and
-// the attempt's pod is then torn down; a teardown that fails is recorded as
-// pod_lost_pod_delete_error and never undoes the mark. Every mark rests on
-// a positive signal, so the mass-reap brake never holds one back.
+// The mark is provisional (the sweep confirms it, or the valve opens). Every
+// mark rests on a positive signal, so the mass-reap brake never holds one
+// back.
+//
+// The marked attempts' pods are torn down after the pass's marks, not
+// between them: a teardown costs an API read of its own, and a lost node
+// pool must not wait for thousands of them before its last attempt is
+// marked. Teardowns run while the phase budget lasts; those it leaves are
+// carried in the pass state and done first by the next pass. A teardown
+// that fails is recorded as pod_lost_pod_delete_error and never undoes the
+// mark.
 //
 // A present pod is the normal case and makes no decision, so a pass over a
 // healthy fleet records nothing; the one exception is an attempt running
@@ -29,6 +36,7 @@ package podlost
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -103,22 +111,43 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 // Reap runs one pass: one decision per attempt marked or deferred, plus
 // one per teardown that failed or fell back.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink)}
+	p := &passRun{log: r.logger, cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
+		rec: reap.NewRecorder(Name, pass, sink), watch: r.stopwatch, started: r.stopwatch.Now()}
+	st := reap.LoadState(pass, r.logger)
+	p.teardowns = st.TakeOwed(owedTeardown)
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
 		Listings: []reap.Listing{reap.Candidates(listRunning, board, sdk.CandidateQuery{
 			States: []string{sdk.StateRunning}, Executors: []string{sdk.ExecutorKube},
 			OrderBy: sdk.FieldRunningAt, OlderThan: pass.Now.Add(-pass.Ladder.PodLostFloor),
 		}, p.judgePage)},
+		Finish: p.tearDown,
+		State:  st,
+		Save: func(st *reap.State, _ reap.DrainStats) {
+			for _, a := range p.teardowns {
+				st.Owe(owedTeardown, a)
+			}
+		},
 	})
 }
 
+// owedTeardown is the kind, in the pass state, of marked attempts whose
+// teardown a pass did not get to.
+const owedTeardown = "teardown"
+
 type passRun struct {
+	log   hclog.Logger
 	cfg   Config
 	pass  sdk.Pass
 	board sdk.Board
 	exec  sdk.Executions
 	rec   *reap.Recorder
+
+	watch   clock.Clock
+	started time.Time
+	// teardowns: marked attempts whose pods are still to be torn down,
+	// those owed by earlier passes first.
+	teardowns []sdk.Attempt
 }
 
 // judgePage reads the page's pods in one call, judges each attempt, then
@@ -161,11 +190,49 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	return reap.Settle(ctx, p.board, p.rec, planned, p.afterMark)
 }
 
-// afterMark tears down exactly the marked attempt's pod: normally there is
-// none, but one created since the read belongs to an attempt that is now
-// failed.
-func (p *passRun) afterMark(ctx context.Context, pl *reap.Planned) []reap.FollowUp {
-	return reap.TeardownAttempt(ctx, p.exec, p.pass, pl.Mark.Attempt, sdk.LabelPodLost, sdk.LabelPodLostPodDeleteErr, pl.Evidence)
+// afterMark queues the marked attempt's teardown for the end of the pass.
+func (p *passRun) afterMark(_ context.Context, pl *reap.Planned) []reap.FollowUp {
+	p.teardowns = append(p.teardowns, pl.Mark.Attempt)
+	pl.Evidence[reap.EvTeardown] = "after the pass's marks"
+	return nil
+}
+
+// tearDown tears down exactly each marked attempt's pod (normally there is
+// none; one created since the read belongs to an attempt that is now
+// failed) while the phase budget lasts, keeping a tenth of it in hand, and
+// leaves the rest to the next pass. A failure is recorded against the
+// attempt; its mark stays.
+func (p *passRun) tearDown(ctx context.Context, _ reap.DrainStats) error {
+	if p.pass.DryRun {
+		return nil // a dry run stops nothing; what is owed stays owed
+	}
+	done := 0
+	for _, a := range p.teardowns {
+		if ctx.Err() != nil || !p.timeLeft() {
+			break
+		}
+		ev := reap.Evidence{reap.EvTerm: strconv.FormatInt(p.pass.Term, 10), reap.EvEdition: p.pass.Edition,
+			reap.EvMark: sdk.LabelPodLost}
+		for _, f := range reap.TeardownAttempt(ctx, p.exec, p.pass, a, sdk.LabelPodLost, sdk.LabelPodLostPodDeleteErr, ev) {
+			p.rec.Add(f.Label, a, f.Applied, f.Detail, f.Evidence)
+		}
+		done++
+	}
+	p.teardowns = p.teardowns[done:]
+	if len(p.teardowns) > 0 {
+		p.log.Info("teardowns left to the next pass: the phase budget is spent", "done", done, "left", len(p.teardowns))
+	}
+	return p.rec.Flush(ctx)
+}
+
+// timeLeft reports whether another teardown may start: more than a tenth of
+// the phase budget is left (always, for a pass without a deadline).
+func (p *passRun) timeLeft() bool {
+	if p.pass.Deadline.IsZero() {
+		return true
+	}
+	total := p.pass.Deadline.Sub(p.pass.Now)
+	return p.watch.Now().Sub(p.started) < total-total/10
 }
 
 type action int

@@ -229,6 +229,41 @@ func TestPaging_KeysetCursorKeptBetweenPasses(t *testing.T) {
 	}
 }
 
+// Teardowns follow the pass's marks while the budget lasts; those left over
+// are carried in the pass state and done first by the next pass, and a dry
+// run never does them.
+func TestTeardownsAfterTheMarks_LeftoversCarriedToTheNextPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	as := make([]sdk.Attempt, 5)
+	for i := range as {
+		as[i] = b.h.Running("r", fmt.Sprintf("t-%d", i), 5*time.Minute, 10*time.Second)
+	}
+	b.h.Budget = 0 // spent before the first teardown
+	ds := b.reap(t)
+	if n := ds.Applied().Count(sdk.LabelPodLost); n != 5 || len(b.h.Exec.Teardowns()) != 0 {
+		t.Fatalf("marked %d, tore down %d", n, len(b.h.Exec.Teardowns()))
+	}
+	b.h.DryRun, b.h.Budget = true, 30*time.Second
+	b.reap(t)
+	if n := len(b.h.Exec.Teardowns()); n != 0 {
+		t.Fatalf("a dry run tore down %d", n)
+	}
+	b.h.DryRun = false
+	b.h.Exec.ScriptTeardown(as[2], nil, errors.New("forbidden"))
+	ds = b.reap(t)
+	tds := b.h.Exec.Teardowns()
+	if len(tds) != 5 || *tds[0].Attempt != as[0] || *tds[4].Attempt != as[4] {
+		t.Fatalf("teardowns %+v", tds)
+	}
+	if got := strings.Join(ds.For(as[2]).Labels(), ","); got != sdk.LabelPodLostPodDeleteErr || b.h.Board.Row(as[2]).State != failed {
+		t.Fatalf("decisions %q, row %+v", got, b.h.Board.Row(as[2]))
+	}
+	if b.h.StateOf(Name) != nil {
+		t.Fatalf("state left: %s", b.h.StateOf(Name))
+	}
+}
+
 func TestDryRunWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
