@@ -90,6 +90,22 @@ func (e *env) substrateAs(user string) *kube.Substrate {
 	return s
 }
 
+// unreachableSubstrate is a kube substrate whose API server address
+// nothing listens on (a stopped API server, as its clients see it).
+func (e *env) unreachableSubstrate() *kube.Substrate {
+	e.t.Helper()
+	rc := e.c.ConfigFor(kubetest.Admin)
+	rc.Host = "https://127.0.0.1:1"
+	rc.Timeout = 5 * time.Second
+	s := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: rc})
+	if err := s.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
+		Values: sdk.Values{"namespace": e.ns}}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(s.Close)
+	return s
+}
+
 // reap runs one pass of r at the fake clock's time against the board and
 // exec, carrying r's state from its previous pass, and returns the pass's
 // decisions.

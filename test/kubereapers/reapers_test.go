@@ -281,3 +281,31 @@ func TestOrphanRun(t *testing.T) {
 func lifecycleFailed() lifecycle.Outcome {
 	return lifecycle.Outcome{State: sdk.StateFailed, Reason: "exit_code", Message: "exit_code: 1"}
 }
+
+// An API server that cannot be reached at all: every pod read fails, so
+// podlost and dispatchlost defer and warmworker marks nothing.
+func TestAPIServerUnreachable_EveryReaperDefers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lost, queued, warm := att("run-1", "lost"), att("run-1", "queued"), att("run-1", "warm")
+	e.running(lost)
+	e.queued(queued)
+	e.runningWarm(warm, "warm-0")
+	blind := e.unreachableSubstrate()
+	e.clk.Advance(e.ladder.DispatchLost + time.Second)
+	for _, a := range []sdk.Attempt{lost, warm} {
+		e.beat(a)
+	}
+	if ds := e.reap(podlost.New(nil), blind); labels(ds, lost) != sdk.LabelPodLostPodQueryErr {
+		t.Fatalf("podlost: %+v", ds)
+	}
+	if ds := e.reap(dispatchlost.New(nil), blind); labels(ds, queued) != sdk.LabelDispatchLostPodQueryErr {
+		t.Fatalf("dispatchlost: %+v", ds)
+	}
+	if ds := e.reap(warmworker.New(nil), blind); len(ds) != 1 || ds[0].Label != sdk.LabelWarmWorkerListErr {
+		t.Fatalf("warmworker: %+v", ds)
+	}
+	e.wantState(lost, sdk.StateRunning)
+	e.wantState(queued, sdk.StateQueued)
+	e.wantState(warm, sdk.StateRunning)
+}
