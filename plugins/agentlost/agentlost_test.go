@@ -520,6 +520,9 @@ func TestBrake(t *testing.T) {
 		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 {
 			t.Fatalf("labels %v", ds.Labels())
 		}
+		if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+			t.Fatalf("%d liveness reads of warm attempts", n)
+		}
 	})
 	t.Run("LiteMarksNeverBraked", func(t *testing.T) {
 		t.Parallel()
