@@ -2,6 +2,7 @@ package kubereapers_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/kubetest"
@@ -34,6 +36,63 @@ func (c *podLists) wrap(rt http.RoundTripper) http.RoundTripper {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// countedSubstrate is an admin kube substrate on the namespace whose pod
+// LISTs are counted, its cache synced.
+func (e *env) countedSubstrate() (*kube.Substrate, *podLists) {
+	e.t.Helper()
+	ctx := context.Background()
+	lists := &podLists{}
+	rc := e.c.ConfigFor(kubetest.Admin)
+	rc.Wrap(lists.wrap)
+	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: rc})
+	if err := sub.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Values: sdk.Values{"namespace": e.ns}}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(sub.Close)
+	e.waitFor("the presence cache to sync", func() bool { ok, _ := sub.Synced(ctx); return ok })
+	return sub, lists
+}
+
+// Steady state: a pass over a page of healthy running attempts, their pods
+// Running in the substrate's cache, makes no API call and no decision.
+func TestHealthyFleet_CachedPresentDefersWithoutAPICall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	sub, lists := e.countedSubstrate()
+	var names []string
+	var as []sdk.Attempt
+	for i := range ladder.PageSize {
+		a := att("run-1", fmt.Sprintf("task-%03d", i))
+		e.running(a)
+		l, ann := kube.AttemptLabels(a)
+		names = append(names, e.create(fmt.Sprintf("task-%03d", i), l, ann, true).Name)
+		as = append(as, a)
+	}
+	for _, name := range names {
+		e.waitPhase(name, corev1.PodRunning)
+	}
+	e.waitFor("the cache to hold every pod Running", func() bool {
+		got, err := sub.Liveness(context.Background(), sdk.LivenessRequest{Attempts: as})
+		if err != nil {
+			return false
+		}
+		for _, l := range got {
+			if l.State != sdk.Alive || !strings.HasPrefix(l.Detail, "cached") {
+				return false
+			}
+		}
+		return true
+	})
+	e.clk.Advance(10 * time.Minute)
+	lists.n.Store(0)
+	if ds := e.reap(podlost.New(nil), sub); len(ds) != 0 {
+		t.Fatalf("decisions about healthy attempts: %+v", ds)
+	}
+	if n := lists.n.Load(); n != 0 {
+		t.Fatalf("%d pod LISTs for a healthy page", n)
+	}
+}
 
 // timedBoard notes when the last mark was written.
 type timedBoard struct {
@@ -69,15 +128,7 @@ func TestMassPodLoss_AllMarkedInOnePass(t *testing.T) {
         FROM generate_series(1, $2) AS i`, now, n); err != nil {
 		t.Fatal(err)
 	}
-	lists := &podLists{}
-	rc := e.c.ConfigFor(kubetest.Admin)
-	rc.Wrap(lists.wrap)
-	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: rc})
-	if err := sub.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Values: sdk.Values{"namespace": e.ns}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sub.Close)
-	e.waitFor("the presence cache to sync", func() bool { ok, _ := sub.Synced(ctx); return ok })
+	sub, lists := e.countedSubstrate()
 	e.clk.Advance(e.ladder.PodLostFloor + time.Second)
 
 	lists.n.Store(0)
