@@ -190,12 +190,8 @@ func TestLadderRules(t *testing.T) {
 		if _, err := parse(t, minimal, nil); err != nil {
 			t.Errorf("lite defaults: %v", err)
 		}
-		// The kube defaults pass the ladder; the edition itself is refused
-		// (TestKubeRefusedUntilReal), and only for that.
-		_, err := parse(t, "edition = \"kube\"\nsubstrate \"kube\" {}\n", nil)
-		var cerr *config.Error
-		if !errors.As(err, &cerr) || len(cerr.Diags) != 1 || !strings.Contains(err.Error(), "not available in this build") {
-			t.Errorf("kube defaults: %v, want the edition refused alone", err)
+		if _, err := parse(t, "edition = \"kube\"\nsubstrate \"kube\" {}\n", nil); err != nil {
+			t.Errorf("kube defaults: %v", err)
 		}
 	})
 
@@ -320,13 +316,23 @@ func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
 	}
 }
 
-func TestKubeRefusedUntilReal(t *testing.T) {
+func TestKubeEditionAccepted(t *testing.T) {
+	src := "edition = \"kube\"\nsubstrate \"kube\" {\n  namespace = \"tasks\"\n}\n" +
+		"reaper \"dispatchlost\" {}\nreaper \"podlost\" {}\nreaper \"agentlost\" {}\nreaper \"warmworker\" {}\nreaper \"orphanrun\" {}\n"
+	cfg, err := parse(t, src, nil)
+	if err != nil {
+		t.Fatalf("kube configuration refused: %v", err)
+	}
+	if cfg.Edition != "kube" || cfg.Substrate.Name != "kube" || len(cfg.ReaperNames()) != 5 {
+		t.Fatalf("decoded %s %s %v", cfg.Edition, cfg.Substrate.Name, cfg.ReaperNames())
+	}
+}
+
+func TestKubernetesLeaderRefusedUntilWired(t *testing.T) {
 	cases := []struct {
 		name, src string
 		want      []string
 	}{
-		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
-			[]string{`reaper.hcl:1:11: Edition "kube" is not available`, "The Kubernetes edition is not available in this build yet"}},
 		{"KubernetesLeader", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n  name = \"y\"\n}\n",
 			[]string{`reaper.hcl:3:8: Leader "kubernetes" is not available`, "not available in this build yet"}},
 	}
