@@ -71,6 +71,9 @@ func TestBadFiles(t *testing.T) {
 		{"BadChecksum", minimal + "reaper \"agentlost\" {\n  sha256 = \"abc\"\n}\n", []string{"reaper.hcl:4:12:", "sha256"}},
 		{"UnknownLeaderKind", minimal + "leader \"zookeeper\" {}\n", []string{"reaper.hcl:3:8:", `"zookeeper"`}},
 		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
+		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
+		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},
+		{"NegativeRenew", minimal + "leader \"postgres\" {\n  renew = \"-1s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`}},
 		{"RunnerOnKube", "edition = \"kube\"\nsubstrate \"kube\" {}\nrunner {}\n", []string{"reaper.hcl:3:1:", "lite"}},
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
 		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
@@ -267,6 +270,27 @@ func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
 	}
 }
 
+func TestKubernetesLeaderIsAccepted(t *testing.T) {
+	src := minimal + "leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n  lease = \"10s\"\n  renew = \"2s\"\n  kubeconfig = \"kube/admin.conf\"\n}\n"
+	cfg, err := config.Parse(filepath.Join("etc", "reaper.hcl"), []byte(src), config.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Leader{Kind: config.LeaderKubernetes, Lease: 10 * time.Second, Renew: 2 * time.Second,
+		Namespace: "reaper", Name: "reaperd", Kubeconfig: filepath.Join("etc", "kube", "admin.conf")}
+	if cfg.Leader != want {
+		t.Fatalf("leader = %+v, want %+v", cfg.Leader, want)
+	}
+	// No kubeconfig: the in-cluster configuration.
+	cfg, err = parse(t, minimal+"leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Leader.Kubeconfig != "" || cfg.Leader.Renew != 0 || cfg.Leader.Lease != config.DefaultLease {
+		t.Fatalf("leader = %+v", cfg.Leader)
+	}
+}
+
 func TestKubeRefusedUntilReal(t *testing.T) {
 	cases := []struct {
 		name, src string
@@ -274,8 +298,6 @@ func TestKubeRefusedUntilReal(t *testing.T) {
 	}{
 		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
 			[]string{`reaper.hcl:1:11: Edition "kube" is not available`, "The Kubernetes edition is not available in this build yet"}},
-		{"KubernetesLeader", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n  name = \"y\"\n}\n",
-			[]string{`reaper.hcl:3:8: Leader "kubernetes" is not available`, "not available in this build yet"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,12 +7,12 @@ import (
 )
 
 // refuseUnavailable refuses what this build cannot run safely yet: the kube
-// edition and the kubernetes leader. The kube substrate is a stub that never
-// reports its cache synced, so the settling valve would open after twice the
-// grace and agentlost would then fail kube attempts on heartbeat silence
-// alone, while every teardown errors; the kubernetes leader has no elector.
+// edition. The kube substrate is a stub that never reports its cache
+// synced, so the settling valve would open after twice the grace and
+// agentlost would then fail kube attempts on heartbeat silence alone, while
+// every teardown errors.
 //
-// This is the only place that refuses them: the Kubernetes work lifts the
+// This is the only place that refuses it: the Kubernetes work lifts the
 // refusal by deleting this file and its call in Check.
 func (cfg *Config) refuseUnavailable() hcl.Diagnostics {
 	var diags hcl.Diagnostics
@@ -21,12 +21,6 @@ func (cfg *Config) refuseUnavailable() hcl.Diagnostics {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: `Edition "kube" is not available`,
 			Detail:  `The Kubernetes edition is not available in this build yet; use edition = "lite".`})
-	}
-	if cfg.Leader.Kind == LeaderKubernetes {
-		r := cfg.leaderRange
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
-			Summary: `Leader "kubernetes" is not available`,
-			Detail:  `The Kubernetes lease is not available in this build yet; use leader "postgres".`})
 	}
 	return diags
 }

@@ -173,8 +173,6 @@ func TestKubeRefusedUntilReal(t *testing.T) {
 	cases := []struct{ name, src, want string }{
 		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
 			`reaper.hcl:1:11: Edition "kube" is not available: The Kubernetes edition is not available in this build yet`},
-		{"KubernetesLeader", "edition = \"lite\"\nsubstrate \"lite\" {}\nleader \"kubernetes\" {\n  namespace = \"n\"\n  name = \"l\"\n}\n",
-			`reaper.hcl:3:8: Leader "kubernetes" is not available`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+"_ByValidate", func(t *testing.T) {
