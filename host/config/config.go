@@ -73,9 +73,8 @@ type Config struct {
 	// ranges records where ladder keys were set, for ladder diagnostics.
 	ranges map[string]hcl.Range
 	file   hcl.Range
-	// editionRange and leaderRange are where the edition and the leader
-	// kind were written (zero when absent).
-	editionRange, leaderRange hcl.Range
+	// editionRange is where the edition was written (zero when absent).
+	editionRange hcl.Range
 }
 
 // Leader is the leader block.
@@ -488,7 +487,6 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	kind := b.Labels[0]
 	cfg.Leader.Kind = kind
-	cfg.leaderRange = b.LabelRanges[0]
 	v, _, diags := DecodeBlock(b.Body, leaderSchema)
 	if lease, _ := v.Duration("lease"); lease != 0 {
 		cfg.Leader.Lease = lease
