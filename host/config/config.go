@@ -19,6 +19,7 @@ import (
 	"github.com/zclconf/go-cty/cty/convert"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -74,17 +75,23 @@ type Config struct {
 	// ranges records where ladder keys were set, for ladder diagnostics.
 	ranges map[string]hcl.Range
 	file   hcl.Range
-	// editionRange and leaderRange are where the edition and the leader
-	// kind were written (zero when absent).
-	editionRange, leaderRange hcl.Range
 }
 
 // Leader is the leader block.
 type Leader struct {
-	Kind      string        // LeaderPostgres or LeaderKubernetes
-	Lease     time.Duration // lease duration
-	Namespace string        // kubernetes only
-	Name      string        // kubernetes only
+	Kind  string        // LeaderPostgres or LeaderKubernetes
+	Lease time.Duration // lease duration
+	// Renew is how often the leader renews, and a follower tries to take
+	// over; 0: the elector's default (a third of the lease). It must leave
+	// room inside the part of the lease a leader trusts (four fifths).
+	Renew time.Duration
+	// Namespace and Name of the Kubernetes Lease (kubernetes only).
+	Namespace string
+	Name      string
+	// Kubeconfig reaches the API server (kubernetes only): a file,
+	// relative to the configuration's; empty: the in-cluster config of
+	// the pod's service account.
+	Kubeconfig string
 }
 
 // Telemetry is the telemetry block.
@@ -239,7 +246,6 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		cfg.StoreDSN = env
 	}
 	diags = append(diags, cfg.validateLadder()...)
-	diags = append(diags, cfg.refuseUnavailable()...)
 	return cfg, diags
 }
 
@@ -274,8 +280,10 @@ var (
 	}}
 	leaderSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "lease", Type: sdk.TypeDuration},
+		{Name: "renew", Type: sdk.TypeDuration},
 		{Name: "namespace", Type: sdk.TypeString},
 		{Name: "name", Type: sdk.TypeString},
+		{Name: "kubeconfig", Type: sdk.TypeString},
 	}}
 	maintenanceSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -328,9 +336,6 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 	cfg.Edition = top.String("edition")
 	cfg.PluginDir = top.String("plugin_dir")
 	cfg.DryRun = top.Bool("dry_run")
-	if a, ok := content.Attributes["edition"]; ok {
-		cfg.editionRange = a.Expr.Range()
-	}
 	if a, ok := content.Attributes["edition"]; ok && !d.HasErrors() &&
 		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
 		r := a.Expr.Range()
@@ -586,20 +591,21 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	kind := b.Labels[0]
 	cfg.Leader.Kind = kind
-	cfg.leaderRange = b.LabelRanges[0]
 	v, _, diags := DecodeBlock(b.Body, leaderSchema)
 	if lease, _ := v.Duration("lease"); lease != 0 {
 		cfg.Leader.Lease = lease
 	}
+	cfg.Leader.Renew, _ = v.Duration("renew")
 	cfg.Leader.Namespace = v.String("namespace")
 	cfg.Leader.Name = v.String("name")
+	cfg.Leader.Kubeconfig = cfg.relative(v.String("kubeconfig"))
 	r := b.LabelRanges[0]
 	switch kind {
 	case LeaderPostgres:
-		if cfg.Leader.Namespace != "" || cfg.Leader.Name != "" {
+		if cfg.Leader.Namespace != "" || cfg.Leader.Name != "" || cfg.Leader.Kubeconfig != "" {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 				Summary: "Unexpected attributes for the postgres leader",
-				Detail:  `namespace and name belong to leader "kubernetes".`})
+				Detail:  `namespace, name and kubeconfig belong to leader "kubernetes".`})
 		}
 	case LeaderKubernetes:
 		if cfg.Leader.Namespace == "" || cfg.Leader.Name == "" {
@@ -615,6 +621,11 @@ func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	if cfg.Leader.Lease <= 0 {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: `Invalid value for "lease"`, Detail: "the lease must be positive."})
+	} else if trusted := cfg.Leader.Lease - cfg.Leader.Lease/leader.DefaultMarginShare; cfg.Leader.Renew < 0 || cfg.Leader.Renew >= trusted {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: `Invalid value for "renew"`,
+			Detail: fmt.Sprintf("renew %s must be positive and shorter than the part of the lease a leader trusts (%s of %s), "+
+				"or the leader would stop trusting its lease between two renewals.", cfg.Leader.Renew, trusted, cfg.Leader.Lease)})
 	}
 	return diags
 }

@@ -125,6 +125,9 @@ func TestBadFiles(t *testing.T) {
 		{"RunnerKubeWithoutImage", kubeMinimal + "runner {\n  kube {}\n}\n", []string{"reaper.hcl:4:", `"image"`}},
 		{"RunnerKubeBadQuantity", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    cpu_limit = \"lots\"\n  }\n}\n", []string{"reaper.hcl:6:17:", "cpu_limit"}},
 		{"RunnerKubeBadPullPolicy", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    image_pull_policy = \"Sometimes\"\n  }\n}\n", []string{"reaper.hcl:6:25:", "image_pull_policy"}},
+		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
+		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},
+		{"NegativeRenew", minimal + "leader \"postgres\" {\n  renew = \"-1s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`}},
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
 		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
@@ -316,6 +319,27 @@ func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
 	}
 }
 
+func TestKubernetesLeaderIsAccepted(t *testing.T) {
+	src := minimal + "leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n  lease = \"10s\"\n  renew = \"2s\"\n  kubeconfig = \"kube/admin.conf\"\n}\n"
+	cfg, err := config.Parse(filepath.Join("etc", "reaper.hcl"), []byte(src), config.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Leader{Kind: config.LeaderKubernetes, Lease: 10 * time.Second, Renew: 2 * time.Second,
+		Namespace: "reaper", Name: "reaperd", Kubeconfig: filepath.Join("etc", "kube", "admin.conf")}
+	if cfg.Leader != want {
+		t.Fatalf("leader = %+v, want %+v", cfg.Leader, want)
+	}
+	// No kubeconfig: the in-cluster configuration.
+	cfg, err = parse(t, minimal+"leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Leader.Kubeconfig != "" || cfg.Leader.Renew != 0 || cfg.Leader.Lease != config.DefaultLease {
+		t.Fatalf("leader = %+v", cfg.Leader)
+	}
+}
+
 func TestKubeEditionAccepted(t *testing.T) {
 	src := "edition = \"kube\"\nsubstrate \"kube\" {\n  namespace = \"tasks\"\n}\n" +
 		"reaper \"dispatchlost\" {}\nreaper \"podlost\" {}\nreaper \"agentlost\" {}\nreaper \"warmworker\" {}\nreaper \"orphanrun\" {}\n"
@@ -325,29 +349,6 @@ func TestKubeEditionAccepted(t *testing.T) {
 	}
 	if cfg.Edition != "kube" || cfg.Substrate.Name != "kube" || len(cfg.ReaperNames()) != 5 {
 		t.Fatalf("decoded %s %s %v", cfg.Edition, cfg.Substrate.Name, cfg.ReaperNames())
-	}
-}
-
-func TestKubernetesLeaderRefusedUntilWired(t *testing.T) {
-	cases := []struct {
-		name, src string
-		want      []string
-	}{
-		{"KubernetesLeader", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n  name = \"y\"\n}\n",
-			[]string{`reaper.hcl:3:8: Leader "kubernetes" is not available`, "not available in this build yet"}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parse(t, tc.src, nil)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q lacks %q", err, w)
-				}
-			}
-		})
 	}
 }
 

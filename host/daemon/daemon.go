@@ -177,12 +177,17 @@ func (d *Daemon) supervise(ld *loader.Loader, h *plugins.Handle) *supervised {
 	return s
 }
 
+// newElector builds the elector of the leader block. Both kinds take their
+// terms from the board's lease row, behind the schema check: the Kubernetes
+// Lease is not taken while the board cannot grant a term.
 func (d *Daemon) newElector() (*leader.Elector, error) {
-	if d.cfg.Leader.Kind != config.LeaderPostgres {
-		return nil, fmt.Errorf("leader %q has no elector in this build", d.cfg.Leader.Kind)
+	lease, err := d.leaderLease()
+	if err != nil {
+		return nil, err
 	}
-	return leader.New(&schemaGate{Lease: leaseStore{d.store}, pool: d.pool, fatal: d.fail}, leader.Config{
-		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, Clock: d.opts.Clock, Logger: d.log.Named("leader"),
+	return leader.New(&schemaGate{Lease: lease, pool: d.pool, fatal: d.fail}, leader.Config{
+		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, RenewEvery: d.cfg.Leader.Renew,
+		Clock: d.opts.Clock, Logger: d.log.Named("leader"),
 	})
 }
 
@@ -324,9 +329,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
 		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
 
+	// The elector outlives the work it guards: it resigns (releasing the
+	// board's row and a Kubernetes Lease) only once the loop and the runner
+	// have returned, so no pass of this term is still writing when another
+	// replica may take over.
+	electing, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElecting()
+	elected := make(chan struct{})
+	go func() { defer close(elected); d.elector.Run(electing) }()
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); d.elector.Run(ctx) }()
+	wg.Add(1)
 	go func() { defer wg.Done(); d.loop.Run(ctx) }()
 	if d.runner != nil {
 		wg.Add(1)
@@ -341,6 +353,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		cancel(err)
 	}
 	wg.Wait()
+	stopElecting()
+	<-elected
 	if err := <-served; err != nil {
 		d.log.Warn("telemetry server", "error", err)
 	}

@@ -208,28 +208,6 @@ users:
 	}
 }
 
-func TestKubernetesLeaderRefusedUntilWired(t *testing.T) {
-	const src = "edition = \"lite\"\nsubstrate \"lite\" {}\nleader \"kubernetes\" {\n  namespace = \"n\"\n  name = \"l\"\n}\n"
-	const want = `reaper.hcl:3:8: Leader "kubernetes" is not available`
-	t.Run("ByValidate", func(t *testing.T) {
-		code, _, errs := validateFile(t, src)
-		if code != 1 || !strings.Contains(errs, want) {
-			t.Fatalf("code %d, stderr %q; want 1 and %q", code, errs, want)
-		}
-	})
-	t.Run("ByRun", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "reaper.hcl")
-		if err := os.WriteFile(path, []byte(src+"store {\n  dsn = \"postgres://127.0.0.1:1/none\"\n}\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		var out, errb bytes.Buffer
-		code := run(context.Background(), []string{"run", "-config", path}, &out, &errb)
-		if code != 1 || !strings.Contains(errb.String(), want) {
-			t.Fatalf("code %d, stderr %q; want 1 and %q", code, errb.String(), want)
-		}
-	})
-}
-
 // shortTempDir is a fresh directory with a short path, removed after the
 // test: it stands for $TMPDIR, under which unix sockets are made, and a
 // socket's path is limited to about 100 bytes.
