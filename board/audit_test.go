@@ -57,6 +57,39 @@ func TestAudit(t *testing.T) {
 		}
 	})
 
+	t.Run("EvidenceOfAnyTextIsKeptAsWritten", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
+		ev := map[string]string{
+			"quote": `say "dead"`, "backslash": `C:\tmp\x`, "control": "tab\there\nnewline\x01",
+			"html": "<a> & </a>", "unicode": "héllo ✓", "invalid": "bad\xffbyte", "": "empty key",
+		}
+		ds := []sdk.Decision{
+			{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: a, Evidence: ev},
+			{Reaper: "agentlost", Label: sdk.LabelAgentLostProcessAlive, Attempt: a}, // no evidence: {}
+		}
+		if err := b.store.RecordDecisions(ctx, b.term, base, ds); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := b.store.DecisionsFor(ctx, "run", "task", 0)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("records %+v %v", recs, err)
+		}
+		for k, v := range ev {
+			want := v
+			if k == "invalid" {
+				want = "bad\ufffdbyte" // as encoding/json writes it
+			}
+			if got := recs[0].Evidence[k]; got != want {
+				t.Errorf("evidence %q read back %q, want %q", k, got, want)
+			}
+		}
+		if len(recs[0].Evidence) != len(ev) || len(recs[1].Evidence) != 0 {
+			t.Fatalf("evidence read back %v and %v", recs[0].Evidence, recs[1].Evidence)
+		}
+	})
+
 	t.Run("DecisionWithoutLabelIsRejected", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
