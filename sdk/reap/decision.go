@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // Evidence keys. A decision's evidence says what the judgment saw.
@@ -193,12 +192,12 @@ func (r *Recorder) total() int {
 	return n
 }
 
-// ApplyMarks sends marks to the board in batches of at most a page and
+// ApplyMarks sends marks to the board in batches of at most MarkBatch and
 // returns one result per mark, in order.
 func ApplyMarks(ctx context.Context, board sdk.Board, marks []sdk.Mark) ([]sdk.MarkResult, error) {
 	out := make([]sdk.MarkResult, 0, len(marks))
-	for start := 0; start < len(marks); start += ladder.PageSize {
-		batch := marks[start:min(start+ladder.PageSize, len(marks))]
+	for start := 0; start < len(marks); start += MarkBatch {
+		batch := marks[start:min(start+MarkBatch, len(marks))]
 		res, err := board.Mark(ctx, batch)
 		if err != nil {
 			return out, fmt.Errorf("mark %d attempts: %w", len(batch), err)

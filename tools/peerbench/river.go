@@ -20,7 +20,8 @@ import (
 )
 
 // The River side: N jobs stuck in running (attempted two hours ago, attempt
-// 5 of 25, so the rescuer retries each of them, an hour or so later), and a
+// 5 of 25, so the rescuer retries each of them, an hour later: far enough
+// that River's scheduler leaves them alone while the benchmark runs), and a
 // River client whose leader runs the JobRescuer at its start. The rescuer
 // reaches the database only through its pilot's two calls (JobGetStuck,
 // JobRescueMany), so a pilot that times them measures its work exactly:
@@ -40,6 +41,11 @@ type stuckWorker struct {
 }
 
 func (stuckWorker) Work(context.Context, *river.Job[stuckArgs]) error { return nil }
+
+// laterRetry retries a job an hour after now.
+type laterRetry struct{}
+
+func (laterRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(time.Hour) }
 
 // span is one pilot call.
 type span struct {
@@ -151,6 +157,7 @@ func runRiver(ctx context.Context, pool *pgxpool.Pool, n int) (riverResult, erro
 		Logger:               slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Queues:               map[string]river.QueueConfig{"other": {MaxWorkers: 1}},
 		RescueStuckJobsAfter: time.Hour,
+		RetryPolicy:          laterRetry{},
 		Workers:              workers,
 	})
 	if err != nil {
@@ -203,7 +210,8 @@ func runRiver(ctx context.Context, pool *pgxpool.Pool, n int) (riverResult, erro
 	}
 	res.total = last.Sub(started)
 	var retried int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'retryable'").Scan(&retried); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job
+        WHERE state = 'retryable' AND cardinality(errors) = 1 AND scheduled_at > now()`).Scan(&retried); err != nil {
 		return res, fmt.Errorf("river: count rescued jobs: %w", err)
 	}
 	if retried != n || res.rescued != n {
