@@ -75,16 +75,21 @@ func Age(now, t time.Time) string {
 	return now.Sub(t).Round(time.Millisecond).String()
 }
 
+// evidenceSize is room for the evidence of a decision about a listed
+// attempt, everything a reaper adds included.
+const evidenceSize = 20
+
 // CandidateEvidence is what every decision about a listed attempt carries.
 func CandidateEvidence(pass sdk.Pass, c sdk.Candidate, threshold time.Duration) Evidence {
-	e := Evidence{
-		EvTerm:         strconv.FormatInt(pass.Term, 10),
-		EvEdition:      pass.Edition,
-		EvState:        c.State,
-		EvExecutor:     c.Executor,
-		EvThreshold:    threshold.String(),
-		EvHeartbeatAge: Age(pass.Now, c.LastHeartbeatAt),
-	}
+	// Sized for what a reaper adds after it (liveness, signal, mark...), so
+	// that the map is not grown and rehashed on the way.
+	e := make(Evidence, evidenceSize)
+	e[EvTerm] = strconv.FormatInt(pass.Term, 10)
+	e[EvEdition] = pass.Edition
+	e[EvState] = c.State
+	e[EvExecutor] = c.Executor
+	e[EvThreshold] = threshold.String()
+	e[EvHeartbeatAge] = Age(pass.Now, c.LastHeartbeatAt)
 	if !c.RunningAt.IsZero() {
 		e[EvRunningAge] = Age(pass.Now, c.RunningAt)
 	}
