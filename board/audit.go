@@ -26,10 +26,17 @@ type AuditRecord struct {
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
 	"applied", "dry_run", "detail", "evidence"}
 
-// RecordDecisions writes a batch of decisions to the audit in one COPY (the
-// bulk path of the protocol, in order, all or nothing), all stamped at and
-// term. It is not fenced: what a deposed leader decided is history too. The
-// try and epoch are stored only for decisions about a task instance.
+// AuditChunk is the most decisions RecordDecisions copies in one COPY; each
+// chunk has the store's query timeout to itself, so a mass recovery's audit
+// is not lost to a bound sized for a page.
+const AuditChunk = 5_000
+
+// RecordDecisions writes a batch of decisions to the audit with COPY (the
+// bulk path of the protocol, in order), AuditChunk at a time, all stamped at
+// and term. It is not fenced: what a deposed leader decided is history too.
+// The try and epoch are stored only for decisions about a task instance. On
+// an error the chunks before the failing one are kept, and the error says
+// how many decisions were written.
 func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error {
 	if len(ds) == 0 {
 		return nil
@@ -66,12 +73,20 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 		rows[i] = []any{at, term, d.Reaper, d.Label, run, task, try, epoch, d.Applied, d.DryRun, d.Detail,
 			buf[start:ends[i]:ends[i]]}
 	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	if _, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, pgx.CopyFromRows(rows)); err != nil {
-		return fmt.Errorf("board: record decisions: %w", err)
+	for start := 0; start < len(rows); start += AuditChunk {
+		chunk := rows[start:min(start+AuditChunk, len(rows))]
+		if err := s.copyDecisions(ctx, chunk); err != nil {
+			return fmt.Errorf("board: record decisions (%d of %d written): %w", start, len(rows), err)
+		}
 	}
 	return nil
+}
+
+func (s *Store) copyDecisions(ctx context.Context, rows [][]any) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, pgx.CopyFromRows(rows))
+	return err
 }
 
 // appendEvidence appends ev as a JSON object, its keys sorted (as
