@@ -37,15 +37,20 @@ type passRun struct {
 
 	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
 	judged int
+	// backlog: the marks on a positive signal, settled a few pages at a
+	// time (reap.MarkBatch) and at the end of the drain.
+	backlog *reap.Backlog
 	// held: marks decided on silence alone, applied at the end of the pass
 	// once the brake has seen every attempt the pass judged.
 	held []reap.Planned
 }
 
 func newPass(log hclog.Logger, cfg Config, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) *passRun {
-	return &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
+	p := &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite,
 		seen: map[sdk.Attempt]bool{}}
+	p.backlog = reap.NewBacklog(board, p.rec, p.afterMark)
+	return p
 }
 
 // listings are the candidate listings of the pass, each with its threshold
@@ -139,7 +144,7 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			stopAfter = append(stopAfter, p.plan(c, j, ev))
 		}
 	}
-	if err := reap.Settle(ctx, p.board, p.rec, now, p.afterMark); err != nil {
+	if err := p.backlog.Add(ctx, now...); err != nil {
 		return err
 	}
 	return reap.Settle(ctx, p.board, p.rec, stopAfter, p.endAtCeiling)
