@@ -237,7 +237,7 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 
 	hcl := configOf(t, objs, "reaperd")
 	for _, line := range []string{
-		`dry_run    = true`, `name      = "reaper-leader"`, `lease     = "20s"`, `interval = "20s"`,
+		`dry_run    = true`, `name      = "reaper-leader"`, `lease     = "20s"`, `renew = "4s"`, `interval = "20s"`,
 		`heartbeat = "10s"`, `agent_lost = "2m"`, `settling_grace = "4m"`,
 		`max_attempt_credential_lifetime = "2h"`, `listen = ":9500"`,
 		`namespace = "tasks"`, `qps = 20`, `burst = 40`, `warm_pool_selector = "pool in (warm)"`,
