@@ -3,6 +3,7 @@ package helm_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -204,5 +205,64 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestChartInstallsUpgradesAndRollsBackWithHelm runs what docs/operate.md
+// tells an operator to run, with Helm itself against the API server:
+// install, upgrade with --reuse-values, rollback; the ConfigMap follows
+// each revision.
+func TestChartInstallsUpgradesAndRollsBackWithHelm(t *testing.T) {
+	c := kubetest.Current(t)
+	ns := c.NewNamespace(t)
+	cs := c.Client(t)
+	run := func(args ...string) {
+		t.Helper()
+		out, err := helm(t, append(args, "--namespace", ns, "--kubeconfig", c.Kubeconfig())...)
+		if err != nil {
+			t.Fatalf("helm %v: %v\n%s", args, err, out)
+		}
+	}
+	dryRun := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the release's ConfigMap: %v", err)
+		}
+		for _, line := range strings.Split(cm.Data["reaper.hcl"], "\n") {
+			if v, ok := strings.CutPrefix(line, "dry_run    = "); ok {
+				return v
+			}
+		}
+		t.Fatalf("no dry_run in the ConfigMap:\n%s", cm.Data["reaper.hcl"])
+		return ""
+	}
+
+	run("install", "reaper", chartDir, "--set", "config.dryRun=true", "--set", "image.tag=v1")
+	if got := dryRun(); got != "true" {
+		t.Fatalf("after install: dry_run = %s", got)
+	}
+	run("upgrade", "reaper", chartDir, "--reuse-values", "--set", "config.dryRun=false")
+	if got := dryRun(); got != "false" {
+		t.Fatalf("after upgrade: dry_run = %s", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := cs.AppsV1().Deployments(ns).Get(ctx, "reaper", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := d.Spec.Template.Spec.Containers[0].Image; img != "reaper:v1" {
+		t.Errorf("--reuse-values lost image.tag: %s", img)
+	}
+	run("rollback", "reaper", "1")
+	if got := dryRun(); got != "true" {
+		t.Fatalf("after rollback: dry_run = %s", got)
+	}
+	run("uninstall", "reaper")
+	if _, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{}); err == nil {
+		t.Errorf("the ConfigMap outlived helm uninstall")
 	}
 }
