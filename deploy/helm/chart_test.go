@@ -269,6 +269,27 @@ func TestChartTemplateRefusesAnInstallWithoutTheDatabaseSecret(t *testing.T) {
 	}
 }
 
+// TestChartValuesSchemaRefusesMisspelledAndMistypedValues: a misspelled
+// reaper or ladder key would otherwise be ignored in silence (a reaper meant
+// to run dry would run live), and a duration must be a string.
+func TestChartValuesSchemaRefusesMisspelledAndMistypedValues(t *testing.T) {
+	for _, set := range []string{
+		"config.reapers.agentLost.dryRun=true",
+		"config.reapers.agentlost.dry_run=true",
+		"config.ladder.agentLost=2m",
+		"config.ladder.agent_lost=90",
+		"config.ladder.agent_lost=90 seconds",
+		"config.kube.qps=-1",
+		"config.reapers.podlost.sha256=abc",
+		"replicaCount=0",
+	} {
+		out, err := helm(t, "template", "reaper", chartDir, "--set", set)
+		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
+			t.Errorf("--set %s: accepted (%v)\n%s", set, err, out)
+		}
+	}
+}
+
 // TestChartTemplateEscapesHCLTemplateSequencesInValues: a value is data in
 // the HCL file, never an interpolation.
 func TestChartTemplateEscapesHCLTemplateSequencesInValues(t *testing.T) {
