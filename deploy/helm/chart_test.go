@@ -224,6 +224,15 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	checkPodHardening(t, d.Spec.Template.Spec)
 	checkDSNFromSecret(t, c, "scheduler-db", "url")
 	checkProbes(t, c, 9500)
+	if vs := d.Spec.Template.Spec.Volumes; len(vs) != 3 || vs[2].Secret == nil || vs[2].Secret.SecretName != "reaper-db-ca" {
+		t.Errorf("volumes %+v, want config, state and the extra db-ca", vs)
+	}
+	if ms := c.VolumeMounts; len(ms) != 3 || ms[2].MountPath != "/etc/reaper-db-ca" || !ms[2].ReadOnly {
+		t.Errorf("mounts %+v, want config, state and the extra db-ca", ms)
+	}
+	if env := c.Env; len(env) != 3 || env[2].Name != "PGCONNECT_TIMEOUT" {
+		t.Errorf("env %+v, want REAPER_DSN, TMPDIR and the extra PGCONNECT_TIMEOUT", env)
+	}
 	if got := c.Resources.Limits.Memory().String(); got != "1Gi" {
 		t.Errorf("memory limit %s", got)
 	}
