@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -62,8 +63,9 @@ type Config struct {
 	// and to the runner, so the two cannot disagree. Empty on kube.
 	RecordDir string
 
-	// Runner is the runner block (Lite only): the built-in scheduler that
-	// dispatches Lite tasks as agent processes. nil when absent.
+	// Runner is the runner block: the built-in scheduler that dispatches
+	// Lite tasks as agent processes, or on edition "kube" (with its kube
+	// block) kube tasks as pods. nil when absent.
 	Runner *Runner
 
 	// Warnings are accepted settings worth a WARN at boot.
@@ -97,6 +99,27 @@ type Runner struct {
 	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
 	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
 	LogDir        string        // where task output and agent logs go; default: the record directory
+	// Kube is the runner's kube block: required on edition "kube", refused
+	// on "lite". nil when absent.
+	Kube *KubeRunner
+}
+
+// DefaultKubeNamespace is the task pods' namespace when neither the runner's
+// kube block nor the kube substrate names one (the substrate's own default).
+const DefaultKubeNamespace = "default"
+
+// KubeRunner is the runner's kube block: the task pods' template.
+type KubeRunner struct {
+	Namespace        string        // the task pods' namespace; default: the kube substrate's, else "default"
+	Kubeconfig       string        // the kube substrate's kubeconfig ("": the in-cluster service account)
+	Image            string        // the task image (holds the agent); required
+	Agent            string        // the agent binary inside the image; default "reaper-agent"
+	ServiceAccount   string        // "" leaves the namespace's default
+	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
+	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
+	// Requests and Limits of the task container, by resource name (cpu,
+	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
+	Requests, Limits map[string]string
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -271,6 +294,18 @@ var (
 	authSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
 	}}
+	kubeRunnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "namespace", Type: sdk.TypeString},
+		{Name: "image", Type: sdk.TypeString, Required: true},
+		{Name: "agent", Type: sdk.TypeString},
+		{Name: "service_account", Type: sdk.TypeString},
+		{Name: "image_pull_policy", Type: sdk.TypeString},
+		{Name: "termination_grace", Type: sdk.TypeDuration},
+		{Name: "cpu_request", Type: sdk.TypeString},
+		{Name: "memory_request", Type: sdk.TypeString},
+		{Name: "cpu_limit", Type: sdk.TypeString},
+		{Name: "memory_limit", Type: sdk.TypeString},
+	}}
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
 		{Name: "max_parallel", Type: sdk.TypeNumber, Default: float64(0)},
@@ -397,6 +432,19 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			cfg.Reapers = append(cfg.Reapers, pb)
 		}
 	}
+	if r := cfg.Runner; r != nil && r.Kube != nil && cfg.Substrate.Body != nil {
+		// The runner talks to the substrate's cluster.
+		r.Kube.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
+	}
+	if r := cfg.Runner; r != nil && r.Kube != nil && r.Kube.Namespace == "" {
+		// The pods go where the substrate looks for them.
+		if cfg.Substrate.Body != nil {
+			r.Kube.Namespace = peekString(cfg.Substrate.Body, "namespace")
+		}
+		if r.Kube.Namespace == "" {
+			r.Kube.Namespace = DefaultKubeNamespace
+		}
+	}
 	if _, ok := seen["substrate"]; !ok {
 		r := cfg.file
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
@@ -441,7 +489,9 @@ func peekString(body hcl.Body, name string) string {
 }
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
-	v, ranges, diags := DecodeBlock(b.Body, runnerSchema)
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
+	v, ranges, d := DecodeBlock(rest, runnerSchema)
+	diags = append(diags, d...)
 	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir")}
 	r.Interval, _ = v.Duration("interval")
 	n := v.Number("max_parallel")
@@ -463,14 +513,74 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	if cfg.Edition != ladder.EditionLite {
+	for i, kb := range inner.Blocks {
+		if i > 0 {
+			dr := kb.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+				Summary: "Duplicate kube block", Detail: "The runner takes one kube block."})
+			continue
+		}
+		k, d := decodeKubeRunner(kb)
+		diags = append(diags, d...)
+		r.Kube = k
+	}
+	switch {
+	case cfg.Edition == ladder.EditionKube && r.Kube == nil:
 		dr := b.DefRange
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
-			Summary: "Runner needs the lite edition",
-			Detail:  "The runner dispatches Lite tasks as local processes; remove it for edition \"kube\"."})
+			Summary: "Runner needs a kube block on edition \"kube\"",
+			Detail: "On edition \"kube\" the runner dispatches pods: add a kube { image = ... } block " +
+				"(the runner's other attributes are those of the lite edition's runner, and its tick and caps)."})
+	case cfg.Edition != ladder.EditionKube && r.Kube != nil:
+		dr := inner.Blocks[0].DefRange
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Runner kube block needs the kube edition",
+			Detail:  "The kube block configures task pods; edition \"lite\" dispatches local processes."})
 	}
 	cfg.Runner = r
 	return diags
+}
+
+// decodeKubeRunner decodes the runner's kube block.
+func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
+	v, ranges, diags := DecodeBlock(b.Body, kubeRunnerSchema)
+	k := &KubeRunner{
+		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
+		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
+		Requests: map[string]string{}, Limits: map[string]string{},
+	}
+	k.TerminationGrace, _ = v.Duration("termination_grace")
+	bad := func(key, detail string) {
+		rr := ranges[key]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
+	}
+	switch k.PullPolicy {
+	case "", "Always", "IfNotPresent", "Never":
+	default:
+		bad("image_pull_policy", `image_pull_policy must be "Always", "IfNotPresent" or "Never".`)
+	}
+	if k.TerminationGrace < 0 {
+		bad("termination_grace", "termination_grace must not be negative.")
+	}
+	for _, q := range []struct {
+		key, resource string
+		into          map[string]string
+	}{
+		{"cpu_request", "cpu", k.Requests}, {"memory_request", "memory", k.Requests},
+		{"cpu_limit", "cpu", k.Limits}, {"memory_limit", "memory", k.Limits},
+	} {
+		s := v.String(q.key)
+		if s == "" {
+			continue
+		}
+		if _, err := resource.ParseQuantity(s); err != nil {
+			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
+			continue
+		}
+		q.into[q.resource] = s
+	}
+	return k, diags
 }
 
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {

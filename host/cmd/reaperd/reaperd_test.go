@@ -46,6 +46,10 @@ func TestMain(m *testing.M) {
 // substrate and a reaper), for what the test plugins cannot show.
 const realDir = "real"
 
+// kubeDir is the subdirectory of binDir holding the kube edition's real
+// plugins: its substrate and the five reapers.
+const kubeDir = "kube"
+
 func buildBinaries(dir string) int {
 	for out, pkg := range map[string]string{
 		"reaperd":               ".",
@@ -53,6 +57,12 @@ func buildBinaries(dir string) int {
 		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
 		filepath.Join(realDir, "reaper-substrate-lite"): "../../../substrate/lite/cmd/reaper-substrate-lite",
 		filepath.Join(realDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(kubeDir, "reaper-substrate-kube"): "../../../substrate/kube/cmd/reaper-substrate-kube",
+		filepath.Join(kubeDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
+		filepath.Join(kubeDir, "reaper-dispatchlost"):   "../../../plugins/dispatchlost/cmd/reaper-dispatchlost",
+		filepath.Join(kubeDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(kubeDir, "reaper-warmworker"):     "../../../plugins/warmworker/cmd/reaper-warmworker",
+		filepath.Join(kubeDir, "reaper-orphanrun"):      "../../../plugins/orphanrun/cmd/reaper-orphanrun",
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
 		cmd.Stderr = os.Stderr
