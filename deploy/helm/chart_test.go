@@ -271,6 +271,26 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	}
 }
 
+// TestChartTemplateWithThePostgresLeaderHasNoLease: leader "postgres" keeps
+// its lease in the board, so the configuration names no Lease and the Role
+// grants none.
+func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
+	objs := render(t, "reaper-system", "--set", "config.leader.kind=postgres")
+	hcl := configOf(t, objs, "reaper")
+	if !strings.Contains(hcl, "leader \"postgres\" {\n  lease     = \"15s\"\n}") || strings.Contains(hcl, `"kubernetes"`) {
+		t.Errorf("want leader \"postgres\" with its lease alone:\n%s", hcl)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, o := range objs {
+		if o.GetKind() == "Role" {
+			rules = append(rules, convert[rbacv1.Role](t, o).Rules...)
+		}
+	}
+	if len(rules) != 1 || rules[0].Resources[0] != "pods" {
+		t.Errorf("rules %+v, want the pods rule alone", rules)
+	}
+}
+
 func TestChartTemplateRefusesAnInstallWithoutTheDatabaseSecret(t *testing.T) {
 	out, err := helm(t, "template", "reaper", chartDir, "--set", "database.existingSecret=")
 	if err == nil || !strings.Contains(out, "database.existingSecret") {

@@ -130,13 +130,14 @@ func allowed(ctx context.Context, t *testing.T, cs kubernetes.Interface, user, s
 // authorizer, for the chart's ServiceAccount: the calls of the kube
 // substrate on the task namespace's pods and of the leader elector on its
 // Lease are allowed; secrets, pod creation, exec, status writes, other
-// namespaces and anything cluster-wide are not. Both layouts: task pods in
-// the release's namespace, and in a namespace of their own.
+// namespaces and anything cluster-wide are not. Task pods in the release's
+// namespace or in one of their own; with leader "postgres", no Lease at all.
 func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 	c := kubetest.Current(t)
 	cs := c.Client(t)
-	for _, split := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v", split), func(t *testing.T) {
+	for _, layout := range []struct{ split, postgres bool }{{false, false}, {true, false}, {false, true}} {
+		split := layout.split
+		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v,leader_postgres=%v", split, layout.postgres), func(t *testing.T) {
 			release := c.NewNamespace(t)
 			tasks, other := release, c.NewNamespace(t)
 			var args []string
@@ -144,17 +145,25 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 				tasks = c.NewNamespace(t)
 				args = []string{"--set", "config.kube.namespace=" + tasks}
 			}
+			if layout.postgres {
+				args = append(args, "--set", "config.leader.kind=postgres")
+			}
 			apply(t, c, render(t, release, args...))
 			user := "system:serviceaccount:" + release + ":reaper"
 
-			var allow []access
+			var allow, deny []access
 			for _, v := range []string{"get", "list", "watch", "patch", "delete"} {
 				allow = append(allow, access{ns: tasks, verb: v, resource: "pods"})
 			}
 			for _, v := range []string{"get", "create", "update"} {
-				allow = append(allow, access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases"})
+				lease := access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases"}
+				if layout.postgres {
+					deny = append(deny, lease) // the lease is the board's row
+				} else {
+					allow = append(allow, lease)
+				}
 			}
-			deny := []access{
+			deny = append(deny, []access{
 				{ns: tasks, verb: "create", resource: "pods"},
 				{ns: tasks, verb: "update", resource: "pods"},
 				{ns: tasks, verb: "deletecollection", resource: "pods"},
@@ -176,7 +185,7 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 				{ns: "", verb: "list", resource: "pods"},
 				{ns: "", verb: "list", resource: "nodes"},
 				{ns: "", verb: "list", resource: "namespaces"},
-			}
+			}...)
 			if split {
 				deny = append(deny,
 					access{ns: release, verb: "list", resource: "pods"},

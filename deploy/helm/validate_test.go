@@ -9,7 +9,8 @@ import (
 )
 
 // TestChartConfigurationIsAcceptedByReaperdValidate renders the chart's
-// ConfigMap, with the default and with other values, and runs reaperd
+// ConfigMap, with the default and with other values and with the postgres
+// leader, and runs reaperd
 // validate on its HCL with the real plugin binaries: the file parses, the
 // ladder is in order, and the kube substrate and the five reapers start and
 // accept their blocks. Two things change from what the pod would run:
@@ -27,8 +28,9 @@ func TestChartConfigurationIsAcceptedByReaperdValidate(t *testing.T) {
 	bin := validatetest.Build(t, pkgs...)
 
 	for name, values := range map[string][]string{
-		"defaults": nil,
-		"custom":   {"--values", customValues},
+		"defaults":        nil,
+		"custom":          {"--values", customValues},
+		"leader_postgres": {"--set", "config.leader.kind=postgres"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := c.NewNamespace(t)
