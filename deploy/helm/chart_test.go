@@ -291,6 +291,28 @@ func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
 	}
 }
 
+// TestChartTemplateWithTheKubeRunnerGrantsPodCreation: the runner block
+// with its kube block, and pods create in the Role, only when it is on.
+func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
+	objs := render(t, "reaper-system", "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1",
+		"--set", "config.runner.settings.max_parallel=10", "--set", "config.runner.kube.cpu_request=250m")
+	hcl := configOf(t, objs, "reaper")
+	if want := "runner {\n  max_parallel = 10\n  kube {\n    image = \"task:1\"\n    cpu_request = \"250m\"\n  }\n}"; !strings.Contains(hcl, want) {
+		t.Errorf("want\n%s\nin:\n%s", want, hcl)
+	}
+	role := convert[rbacv1.Role](t, find(t, objs, "Role", "reaper"))
+	if got := strings.Join(role.Rules[0].Verbs, " "); got != "get list watch patch delete create" {
+		t.Errorf("pods verbs %q, want create added", got)
+	}
+	out, err := helm(t, "template", "reaper", chartDir, "--set", "config.runner.enabled=true")
+	if err == nil || !strings.Contains(out, "config.runner.kube.image") {
+		t.Errorf("a runner without an image: %v\n%s", err, out)
+	}
+	if hcl := configOf(t, render(t, "ns"), "reaper"); strings.Contains(hcl, "runner") {
+		t.Errorf("runner rendered while off:\n%s", hcl)
+	}
+}
+
 func TestChartTemplateRefusesAnInstallWithoutTheDatabaseSecret(t *testing.T) {
 	out, err := helm(t, "template", "reaper", chartDir, "--set", "database.existingSecret=")
 	if err == nil || !strings.Contains(out, "database.existingSecret") {

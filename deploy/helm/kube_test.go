@@ -129,15 +129,18 @@ func allowed(ctx context.Context, t *testing.T, cs kubernetes.Interface, user, s
 // TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes asks the real
 // authorizer, for the chart's ServiceAccount: the calls of the kube
 // substrate on the task namespace's pods and of the leader elector on its
-// Lease are allowed; secrets, pod creation, exec, status writes, other
+// Lease are allowed; secrets, pod creation (without the runner), exec, status writes, other
 // namespaces and anything cluster-wide are not. Task pods in the release's
-// namespace or in one of their own; with leader "postgres", no Lease at all.
+// namespace or in one of their own; with leader "postgres", no Lease at all;
+// with the kube runner, pod creation too.
 func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 	c := kubetest.Current(t)
 	cs := c.Client(t)
-	for _, layout := range []struct{ split, postgres bool }{{false, false}, {true, false}, {false, true}} {
+	for _, layout := range []struct{ split, postgres, runner bool }{
+		{false, false, false}, {true, false, false}, {false, true, false}, {true, false, true},
+	} {
 		split := layout.split
-		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v,leader_postgres=%v", split, layout.postgres), func(t *testing.T) {
+		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v,leader_postgres=%v,runner=%v", split, layout.postgres, layout.runner), func(t *testing.T) {
 			release := c.NewNamespace(t)
 			tasks, other := release, c.NewNamespace(t)
 			var args []string
@@ -147,6 +150,9 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			}
 			if layout.postgres {
 				args = append(args, "--set", "config.leader.kind=postgres")
+			}
+			if layout.runner {
+				args = append(args, "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1")
 			}
 			apply(t, c, render(t, release, args...))
 			user := "system:serviceaccount:" + release + ":reaper"
@@ -163,8 +169,12 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 					allow = append(allow, lease)
 				}
 			}
+			if layout.runner {
+				allow = append(allow, access{ns: tasks, verb: "create", resource: "pods"}) // the kube runner's dispatch
+			} else {
+				deny = append(deny, access{ns: tasks, verb: "create", resource: "pods"})
+			}
 			deny = append(deny, []access{
-				{ns: tasks, verb: "create", resource: "pods"},
 				{ns: tasks, verb: "update", resource: "pods"},
 				{ns: tasks, verb: "deletecollection", resource: "pods"},
 				{ns: tasks, verb: "create", resource: "pods", sub: "exec"},

@@ -9,8 +9,8 @@ import (
 )
 
 // TestChartConfigurationIsAcceptedByReaperdValidate renders the chart's
-// ConfigMap, with the default and with other values and with the postgres
-// leader, and runs reaperd
+// ConfigMap, with the default and with other values, with the postgres
+// leader and with the kube runner, and runs reaperd
 // validate on its HCL with the real plugin binaries: the file parses, the
 // ladder is in order, and the kube substrate and the five reapers start and
 // accept their blocks. Two things change from what the pod would run:
@@ -31,6 +31,8 @@ func TestChartConfigurationIsAcceptedByReaperdValidate(t *testing.T) {
 		"defaults":        nil,
 		"custom":          {"--values", customValues},
 		"leader_postgres": {"--set", "config.leader.kind=postgres"},
+		"runner": {"--set", "config.leader.kind=postgres", "--set", "config.runner.enabled=true",
+			"--set", "config.runner.kube.image=task:1", "--set", "config.runner.settings.max_parallel=10"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := c.NewNamespace(t)
