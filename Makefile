@@ -40,8 +40,9 @@ test:
 	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
 
 # The Kubernetes test cluster (etcd, kube-apiserver, kube-controller-manager,
-# KWOK), built from source by the nested module tools/kubecluster and cached
-# in the user's cache directory: about 15 minutes the first time on 2 cores,
+# KWOK) and Helm for the chart's tests, built from source by the nested
+# modules in tools/kubecluster and cached
+# in the user's cache directory: about 18 minutes the first time on 2 cores,
 # seconds after. make test builds it too when it is missing; kube-build shows
 # the progress. kube-up starts one in the background and prints
 # KUBECONFIG=<path>; kube-down stops it and removes what it made.

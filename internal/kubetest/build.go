@@ -18,8 +18,9 @@ import (
 	"time"
 )
 
-// SourceDir is where the nested module that pins the cluster's binaries
-// lives, relative to the repository root.
+// SourceDir is where the nested modules that pin the cluster's binaries
+// (and Helm, which the chart's tests run against the cluster) live, relative
+// to the repository root.
 const SourceDir = "tools/kubecluster"
 
 // The versions the nested modules pin; the build stamps them into the
@@ -28,6 +29,7 @@ const (
 	KubernetesVersion = "v1.37.2"
 	EtcdVersion       = "v3.7.0"
 	KWOKVersion       = "v0.8.0"
+	HelmVersion       = "v3.22.0"
 )
 
 // Binaries are the paths of the cluster's executables.
@@ -37,6 +39,7 @@ type Binaries struct {
 	KubeAPIServer         string
 	KubeControllerManager string
 	KWOK                  string
+	Helm                  string
 }
 
 // target is one binary of the build: the package built, from which module
@@ -60,6 +63,8 @@ func targets() []target {
 		{name: "kube-apiserver", module: ".", pkg: "./cmd/kube-apiserver", ldflags: "-s -w " + stamp},
 		{name: "kube-controller-manager", module: ".", pkg: "./cmd/kube-controller-manager", ldflags: "-s -w " + stamp},
 		{name: "kwok", module: "kwok", pkg: "sigs.k8s.io/kwok/cmd/kwok", ldflags: "-s -w"},
+		{name: "helm", module: "helm", pkg: "helm.sh/helm/v3/cmd/helm",
+			ldflags: "-s -w -X helm.sh/helm/v3/internal/version.version=" + HelmVersion},
 	}
 }
 
@@ -84,7 +89,7 @@ type BuildOptions struct {
 
 // Build returns the cluster's binaries, building them first when the cache
 // holds none for the nested module's current content. A cold build takes
-// about fifteen minutes on two idle cores; a cached one costs a hash of a few
+// about eighteen minutes on two idle cores; a cached one costs a hash of a few
 // files. Concurrent callers (test binaries of several packages) wait for one
 // build.
 func Build(ctx context.Context, opts BuildOptions) (Binaries, error) {
@@ -146,11 +151,12 @@ func binariesIn(dir string) Binaries {
 		KubeAPIServer:         filepath.Join(dir, "kube-apiserver"),
 		KubeControllerManager: filepath.Join(dir, "kube-controller-manager"),
 		KWOK:                  filepath.Join(dir, "kwok"),
+		Helm:                  filepath.Join(dir, "helm"),
 	}
 }
 
 func (b Binaries) complete() bool {
-	for _, p := range []string{b.Etcd, b.KubeAPIServer, b.KubeControllerManager, b.KWOK} {
+	for _, p := range []string{b.Etcd, b.KubeAPIServer, b.KubeControllerManager, b.KWOK, b.Helm} {
 		st, err := os.Stat(p)
 		if err != nil || st.Mode()&0o111 == 0 {
 			return false
@@ -169,9 +175,9 @@ func build(ctx context.Context, gobin, src, dir string, progress io.Writer) erro
 	defer os.RemoveAll(tmp)
 	all := targets()
 	start := time.Now()
-	fmt.Fprintf(progress, "kubetest: building the test cluster's binaries (kubernetes %s, etcd %s, kwok %s) into %s\n",
-		KubernetesVersion, EtcdVersion, KWOKVersion, dir)
-	fmt.Fprintf(progress, "kubetest: a first build takes about 15 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it\n")
+	fmt.Fprintf(progress, "kubetest: building the test cluster's binaries (kubernetes %s, etcd %s, kwok %s, helm %s) into %s\n",
+		KubernetesVersion, EtcdVersion, KWOKVersion, HelmVersion, dir)
+	fmt.Fprintf(progress, "kubetest: a first build takes about 18 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it\n")
 	for i, t := range all {
 		step := fmt.Sprintf("[%d/%d] %s", i+1, len(all), t.name)
 		if err := buildOne(ctx, gobin, src, tmp, t, step, progress); err != nil {

@@ -3,8 +3,9 @@
 // simulates nodes and the kubelet's pod lifecycle, all on free loopback ports
 // in a temporary directory. The binaries are built from source, pinned, by
 // the nested module in tools/kubecluster, and cached in the user's cache
-// directory (Build); the first build takes about fifteen minutes on two idle cores,
-// a start from the cache a few seconds.
+// directory (Build), with Helm for the chart's tests; the first build takes
+// about eighteen minutes on two idle cores, a start from the cache a few
+// seconds.
 //
 // A test package wires it in with
 //
@@ -499,6 +500,10 @@ func ownedBy(pid int, dir string) bool {
 
 // Dir is the cluster's directory.
 func (c *Cluster) Dir() string { return c.dir }
+
+// Binaries are the executables the cluster runs from, Helm among them (for
+// tests of the chart against this cluster).
+func (c *Cluster) Binaries() Binaries { return c.bins }
 
 // Host is the API server's URL, https on 127.0.0.1.
 func (c *Cluster) Host() string { return c.host }

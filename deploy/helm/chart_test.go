@@ -1,0 +1,478 @@
+// Package helm_test checks the Helm chart in reaper/ with a real Helm (built
+// pinned from the module proxy with the test cluster, see internal/kubetest)
+// and on a real API server: helm lint, helm template with the default and
+// with other values, the rendered objects applied, the ServiceAccount's
+// rights asked of the API server's authorizer, and the rendered
+// configuration checked by reaperd validate.
+package helm_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/dexaflow/reaper/internal/kubetest"
+)
+
+func TestMain(m *testing.M) { kubetest.Main(m) }
+
+const (
+	chartDir     = "reaper"
+	customValues = "testdata/values-custom.yaml"
+	// The reapers, in the order reaperd runs them.
+	reaperOrder = "podlost dispatchlost agentlost warmworker orphanrun"
+)
+
+// helm runs the cached Helm binary with its own empty home directories, so
+// that nothing of the user's Helm setup (repositories, plugins) takes part.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(kubetest.Current(t).Binaries().Helm, args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+		"KUBECONFIG="+filepath.Join(home, "no-kubeconfig"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// render runs helm template for release "reaper" in namespace ns and
+// returns the objects, in the order Helm printed them.
+func render(t *testing.T, ns string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", "reaper", chartDir, "--namespace", ns}, args...)...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v\n%s", args, err, out)
+	}
+	return decodeAll(t, "helm template's output", []byte(out))
+}
+
+// decodeAll decodes a multi-document YAML stream into objects.
+func decodeAll(t *testing.T, what string, src []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(src), 4096)
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decode %s: %v\n%s", what, err, src)
+		}
+		if m != nil {
+			objs = append(objs, &unstructured.Unstructured{Object: m})
+		}
+	}
+	return objs
+}
+
+// find returns the one rendered object of kind and name.
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %q in the rendered chart (have %s)", kind, name, kinds(objs))
+	return nil
+}
+
+func kinds(objs []*unstructured.Unstructured) string {
+	var ks []string
+	for _, o := range objs {
+		ks = append(ks, o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName())
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, " ")
+}
+
+func convert[T any](t *testing.T, o *unstructured.Unstructured) *T {
+	t.Helper()
+	v := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, v); err != nil {
+		t.Fatalf("convert %s %s: %v", o.GetKind(), o.GetName(), err)
+	}
+	return v
+}
+
+// configOf returns the HCL file of the rendered ConfigMap.
+func configOf(t *testing.T, objs []*unstructured.Unstructured, name string) string {
+	t.Helper()
+	cm := convert[corev1.ConfigMap](t, find(t, objs, "ConfigMap", name))
+	hcl, ok := cm.Data["reaper.hcl"]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no reaper.hcl", name)
+	}
+	return hcl
+}
+
+func TestChartLintsStrictWithDefaultAndCustomValues(t *testing.T) {
+	for _, args := range [][]string{nil, {"--values", customValues}} {
+		out, err := helm(t, append([]string{"lint", "--strict", chartDir}, args...)...)
+		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+			t.Fatalf("helm lint --strict %v: %v\n%s", args, err, out)
+		}
+	}
+	out, err := helm(t, "version", "--short")
+	if err != nil || !strings.HasPrefix(out, kubetest.HelmVersion) {
+		t.Fatalf("helm version: %v: %q, want %s", err, out, kubetest.HelmVersion)
+	}
+}
+
+func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *testing.T) {
+	objs := render(t, "reaper-system")
+	want := "ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
+		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper"
+	if got := kinds(objs); got != want {
+		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
+	}
+
+	d := convert[appsv1.Deployment](t, find(t, objs, "Deployment", "reaper"))
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+		t.Errorf("replicas = %v, want 2", d.Spec.Replicas)
+	}
+	pod := d.Spec.Template.Spec
+	if pod.ServiceAccountName != "reaper" {
+		t.Errorf("serviceAccountName = %q", pod.ServiceAccountName)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("containers: %d", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != "reaper:0.1.0" {
+		t.Errorf("image = %q, want the chart's appVersion", c.Image)
+	}
+	if got := strings.Join(c.Args, " "); got != "run -config /etc/reaper/reaper.hcl" {
+		t.Errorf("args = %q", got)
+	}
+	checkPodHardening(t, pod)
+	checkDSNFromSecret(t, c, "reaper-database", "dsn")
+	checkProbes(t, c, 9464)
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources: %+v, want cpu and memory requests and a memory limit", c.Resources)
+	}
+	if d.Spec.Template.Annotations["checksum/config"] == "" {
+		t.Errorf("no checksum/config annotation: a changed configuration would not roll the pods")
+	}
+
+	hcl := configOf(t, objs, "reaper")
+	for _, line := range []string{
+		`edition    = "kube"`, `plugin_dir = "/usr/local/bin"`, `dry_run    = false`,
+		`leader "kubernetes" {`, `namespace = "reaper-system"`, `name      = "reaper"`, `lease     = "15s"`,
+		`interval = "30s"`, `listen = ":9464"`, `substrate "kube" {`,
+	} {
+		if !strings.Contains(hcl, line) {
+			t.Errorf("the configuration lacks %q:\n%s", line, hcl)
+		}
+	}
+	if got := reapersIn(hcl); got != reaperOrder {
+		t.Errorf("reapers %q, want %q", got, reaperOrder)
+	}
+	if strings.Contains(hcl, "dsn") && strings.Contains(hcl, "postgres://") {
+		t.Errorf("the configuration holds a DSN:\n%s", hcl)
+	}
+
+	svc := convert[corev1.Service](t, find(t, objs, "Service", "reaper"))
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9464 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+		t.Errorf("service ports: %+v", svc.Spec.Ports)
+	}
+	if !reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) {
+		t.Errorf("service selector %v != deployment selector %v", svc.Spec.Selector, d.Spec.Selector.MatchLabels)
+	}
+}
+
+func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
+	objs := render(t, "reaper-system", "--values", customValues)
+	want := "ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
+		"Role/tasks/reaperd RoleBinding/reaper-system/reaperd-leader RoleBinding/tasks/reaperd " +
+		"Service/reaper-system/reaperd ServiceAccount/reaper-system/reaper-sa ServiceMonitor/reaper-system/reaperd"
+	if got := kinds(objs); got != want {
+		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
+	}
+	d := convert[appsv1.Deployment](t, find(t, objs, "Deployment", "reaperd"))
+	if *d.Spec.Replicas != 3 {
+		t.Errorf("replicas = %d", *d.Spec.Replicas)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	if want := "registry.example/reaper@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"; c.Image != want {
+		t.Errorf("image = %q, want %q", c.Image, want)
+	}
+	if d.Spec.Template.Spec.ServiceAccountName != "reaper-sa" {
+		t.Errorf("serviceAccountName = %q", d.Spec.Template.Spec.ServiceAccountName)
+	}
+	checkPodHardening(t, d.Spec.Template.Spec)
+	checkDSNFromSecret(t, c, "scheduler-db", "url")
+	checkProbes(t, c, 9500)
+	if vs := d.Spec.Template.Spec.Volumes; len(vs) != 3 || vs[2].Secret == nil || vs[2].Secret.SecretName != "reaper-db-ca" {
+		t.Errorf("volumes %+v, want config, state and the extra db-ca", vs)
+	}
+	if ms := c.VolumeMounts; len(ms) != 3 || ms[2].MountPath != "/etc/reaper-db-ca" || !ms[2].ReadOnly {
+		t.Errorf("mounts %+v, want config, state and the extra db-ca", ms)
+	}
+	if env := c.Env; len(env) != 3 || env[2].Name != "PGCONNECT_TIMEOUT" {
+		t.Errorf("env %+v, want REAPER_DSN, TMPDIR and the extra PGCONNECT_TIMEOUT", env)
+	}
+	if got := c.Resources.Limits.Memory().String(); got != "1Gi" {
+		t.Errorf("memory limit %s", got)
+	}
+	for _, rb := range []string{"reaperd", "reaperd-leader"} {
+		o := find(t, objs, "RoleBinding", rb)
+		b := convert[rbacv1.RoleBinding](t, o)
+		if len(b.Subjects) != 1 || b.Subjects[0].Name != "reaper-sa" || b.Subjects[0].Namespace != "reaper-system" {
+			t.Errorf("RoleBinding %s/%s subjects %+v", o.GetNamespace(), rb, b.Subjects)
+		}
+	}
+
+	hcl := configOf(t, objs, "reaperd")
+	for _, line := range []string{
+		`dry_run    = true`, `name      = "reaper-leader"`, `lease     = "20s"`, `renew = "4s"`, `interval = "20s"`,
+		`heartbeat = "10s"`, `agent_lost = "2m"`, `settling_grace = "4m"`,
+		`max_attempt_credential_lifetime = "2h"`, `listen = ":9500"`,
+		`namespace = "tasks"`, `qps = 20`, `burst = 40`, `warm_pool_selector = "pool in (warm)"`,
+		"reaper \"podlost\" {\n  policy = \"hold\"\n}",
+		"reaper \"agentlost\" {\n  dry_run = true\n}",
+	} {
+		if !strings.Contains(hcl, line) {
+			t.Errorf("the configuration lacks %q:\n%s", line, hcl)
+		}
+	}
+	if got := reapersIn(hcl); got != "podlost dispatchlost agentlost orphanrun" {
+		t.Errorf("reapers %q, want warmworker left out", got)
+	}
+
+	sm := find(t, objs, "ServiceMonitor", "reaperd")
+	if sm.GetLabels()["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor labels %v", sm.GetLabels())
+	}
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" || eps[0].(map[string]any)["path"] != "/metrics" {
+		t.Errorf("ServiceMonitor endpoints %v", eps)
+	}
+}
+
+// TestChartTemplateWithThePostgresLeaderHasNoLease: leader "postgres" keeps
+// its lease in the board, so the configuration names no Lease and the Role
+// grants none.
+func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
+	objs := render(t, "reaper-system", "--set", "config.leader.kind=postgres")
+	hcl := configOf(t, objs, "reaper")
+	if !strings.Contains(hcl, "leader \"postgres\" {\n  lease     = \"15s\"\n}") || strings.Contains(hcl, `"kubernetes"`) {
+		t.Errorf("want leader \"postgres\" with its lease alone:\n%s", hcl)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, o := range objs {
+		if o.GetKind() == "Role" {
+			rules = append(rules, convert[rbacv1.Role](t, o).Rules...)
+		}
+	}
+	if len(rules) != 1 || rules[0].Resources[0] != "pods" {
+		t.Errorf("rules %+v, want the pods rule alone", rules)
+	}
+}
+
+// TestChartTemplateWithTheKubeRunnerGrantsPodCreation: the runner block
+// with its kube block, and pods create in the Role, only when it is on.
+func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
+	objs := render(t, "reaper-system", "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1",
+		"--set", "config.runner.settings.max_parallel=10", "--set", "config.runner.kube.cpu_request=250m")
+	hcl := configOf(t, objs, "reaper")
+	if want := "runner {\n  max_parallel = 10\n  kube {\n    image = \"task:1\"\n    cpu_request = \"250m\"\n  }\n}"; !strings.Contains(hcl, want) {
+		t.Errorf("want\n%s\nin:\n%s", want, hcl)
+	}
+	role := convert[rbacv1.Role](t, find(t, objs, "Role", "reaper"))
+	if got := strings.Join(role.Rules[0].Verbs, " "); got != "get list watch patch delete create" {
+		t.Errorf("pods verbs %q, want create added", got)
+	}
+	out, err := helm(t, "template", "reaper", chartDir, "--set", "config.runner.enabled=true")
+	if err == nil || !strings.Contains(out, "config.runner.kube.image") {
+		t.Errorf("a runner without an image: %v\n%s", err, out)
+	}
+	if hcl := configOf(t, render(t, "ns"), "reaper"); strings.Contains(hcl, "runner") {
+		t.Errorf("runner rendered while off:\n%s", hcl)
+	}
+}
+
+func TestChartTemplateRefusesAnInstallWithoutTheDatabaseSecret(t *testing.T) {
+	out, err := helm(t, "template", "reaper", chartDir, "--set", "database.existingSecret=")
+	if err == nil || !strings.Contains(out, "database.existingSecret") {
+		t.Fatalf("helm template without a Secret: %v\n%s", err, out)
+	}
+}
+
+// TestChartValuesSchemaRefusesMisspelledAndMistypedValues: a misspelled
+// reaper or ladder key would otherwise be ignored in silence (a reaper meant
+// to run dry would run live), and a duration must be a string.
+func TestChartValuesSchemaRefusesMisspelledAndMistypedValues(t *testing.T) {
+	for _, set := range []string{
+		"config.reapers.agentLost.dryRun=true",
+		"config.reapers.agentlost.dry_run=true",
+		"config.ladder.agentLost=2m",
+		"config.ladder.agent_lost=90",
+		"config.ladder.agent_lost=90 seconds",
+		"config.kube.qps=-1",
+		"config.reapers.podlost.sha256=abc",
+		"replicaCount=0",
+	} {
+		out, err := helm(t, "template", "reaper", chartDir, "--set", set)
+		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
+			t.Errorf("--set %s: accepted (%v)\n%s", set, err, out)
+		}
+	}
+}
+
+// TestChartTemplateEscapesHCLTemplateSequencesInValues: a value is data in
+// the HCL file, never an interpolation.
+func TestChartTemplateEscapesHCLTemplateSequencesInValues(t *testing.T) {
+	objs := render(t, "ns", "--set", `config.kube.warm_pool_selector=a=${b}%{c}"d`)
+	hcl := configOf(t, objs, "reaper")
+	if want := `warm_pool_selector = "a=$${b}%%{c}\"d"`; !strings.Contains(hcl, want) {
+		t.Fatalf("want %s in:\n%s", want, hcl)
+	}
+}
+
+// TestChartRBACHasTheRulesOfDeployKube: the chart's Roles and the plain
+// manifest deploy/kube/rbac.yaml grant the same rules, whether the task pods
+// live in the release's namespace or in another.
+func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
+	manifest, err := os.ReadFile("../kube/rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []rbacv1.PolicyRule
+	for _, u := range decodeAll(t, "deploy/kube/rbac.yaml", manifest) {
+		if u.GetKind() == "Role" {
+			want = append(want, convert[rbacv1.Role](t, u).Rules...)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("no Role in deploy/kube/rbac.yaml")
+	}
+	for _, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}} {
+		var got []rbacv1.PolicyRule
+		for _, o := range render(t, "reaper-system", args...) {
+			if o.GetKind() == "Role" {
+				got = append(got, convert[rbacv1.Role](t, o).Rules...)
+			}
+		}
+		if !reflect.DeepEqual(ruleSet(got), ruleSet(want)) {
+			t.Errorf("%v: chart rules %v, deploy/kube/rbac.yaml rules %v", args, got, want)
+		}
+	}
+}
+
+func ruleSet(rules []rbacv1.PolicyRule) []string {
+	var s []string
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					s = append(s, fmt.Sprintf("%s/%s/%s/%v", g, res, v, r.ResourceNames))
+				}
+			}
+		}
+	}
+	sort.Strings(s)
+	return s
+}
+
+// reapersIn lists the reaper blocks of an HCL file in order.
+func reapersIn(hcl string) string {
+	var names []string
+	for _, line := range strings.Split(hcl, "\n") {
+		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, `reaper "`); ok {
+			names = append(names, rest[:strings.IndexByte(rest, '"')])
+		}
+	}
+	return strings.Join(names, " ")
+}
+
+func checkPodHardening(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("pod securityContext %+v: want a non-root user", psc)
+	}
+	sc := pod.Containers[0].SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container securityContext %+v: want a read-only root, no escalation, no capabilities", sc)
+	}
+	// The read-only root needs one writable directory: TMPDIR (go-plugin's
+	// sockets) on the state volume.
+	var tmpdir string
+	for _, e := range pod.Containers[0].Env {
+		if e.Name == "TMPDIR" {
+			tmpdir = e.Value
+		}
+	}
+	var mounted bool
+	for _, m := range pod.Containers[0].VolumeMounts {
+		if m.MountPath == tmpdir && !m.ReadOnly {
+			mounted = true
+		}
+	}
+	if tmpdir == "" || !mounted {
+		t.Errorf("TMPDIR %q is not a writable volume: %+v", tmpdir, pod.Containers[0].VolumeMounts)
+	}
+}
+
+func checkDSNFromSecret(t *testing.T, c corev1.Container, secret, key string) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Value != "" && strings.Contains(strings.ToLower(e.Value), "postgres") {
+			t.Errorf("env %s holds a value in the clear: %q", e.Name, e.Value)
+		}
+		if e.Name != "REAPER_DSN" {
+			continue
+		}
+		if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+			e.ValueFrom.SecretKeyRef.Name != secret || e.ValueFrom.SecretKeyRef.Key != key {
+			t.Errorf("REAPER_DSN = %+v, want secretKeyRef %s/%s", e, secret, key)
+		}
+		return
+	}
+	t.Errorf("no REAPER_DSN in %+v", c.Env)
+}
+
+// checkProbes: readiness follows /monitor/health; liveness only asks that
+// the process serve HTTP, so that a database outage or a long cycle never
+// gets a leader killed mid-cycle.
+func checkProbes(t *testing.T, c corev1.Container, port int32) {
+	t.Helper()
+	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != port {
+		t.Errorf("ports %+v, want metrics on %d", c.Ports, port)
+	}
+	r, l := c.ReadinessProbe, c.LivenessProbe
+	if r == nil || r.HTTPGet == nil || r.HTTPGet.Path != "/monitor/health" || r.HTTPGet.Port.String() != "metrics" {
+		t.Errorf("readiness probe %+v, want /monitor/health", r)
+	}
+	if l == nil || l.HTTPGet == nil || l.HTTPGet.Path == "/monitor/health" || l.HTTPGet.Port.String() != "metrics" {
+		t.Errorf("liveness probe %+v, want an HTTP check that is not /monitor/health", l)
+	}
+	if l != nil && time.Duration(l.PeriodSeconds*l.FailureThreshold)*time.Second < 2*time.Minute {
+		t.Errorf("liveness gives up after %ds: want at least two minutes", l.PeriodSeconds*l.FailureThreshold)
+	}
+}

@@ -1,0 +1,287 @@
+package helm_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/dexaflow/reaper/internal/kubetest"
+)
+
+// apply creates or updates every object on the API server by server-side
+// apply, as helm install would send them.
+func apply(t *testing.T, c *kubetest.Cluster, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	disc, err := discovery.NewDiscoveryClientForConfig(c.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	dyn, err := dynamic.NewForConfig(c.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("map %s: %v", gvk, err)
+		}
+		_, err = dyn.Resource(m.Resource).Namespace(o.GetNamespace()).Apply(ctx, o.GetName(), o,
+			metav1.ApplyOptions{FieldManager: "helm-chart-test", Force: true})
+		if err != nil {
+			t.Fatalf("apply %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+		}
+	}
+}
+
+// TestChartAppliesToTheAPIServerAndItsReplicasArePlaced: every rendered
+// object, with the default and with other values, is accepted by a real API
+// server (schema, RBAC escalation checks), and the Deployment's controller
+// makes the two pods from its template.
+func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
+	c := kubetest.Current(t)
+	ns := c.NewNamespace(t)
+	objs := render(t, ns)
+	apply(t, c, objs)
+
+	// The other values too (no ServiceMonitor: the test cluster has not its
+	// CRD).
+	custom := render(t, c.NewNamespace(t), "--values", customValues,
+		"--set", "config.kube.namespace="+c.NewNamespace(t), "--set", "serviceMonitor.enabled=false")
+	apply(t, c, custom)
+
+	if !c.HasControllerManager() {
+		return
+	}
+	cs := c.Client(t)
+	sel := labels.Set{"app.kubernetes.io/name": "reaper", "app.kubernetes.io/instance": "reaper"}.String()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var pods []corev1.Pod
+	for len(pods) != 2 {
+		list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			t.Fatalf("list the chart's pods: %v", err)
+		}
+		pods = list.Items
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the Deployment made %d pods, want 2", len(pods))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, p := range pods {
+		if p.Spec.ServiceAccountName != "reaper" || p.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef.Name != "reaper-database" {
+			t.Errorf("pod %s: service account %q, env %+v", p.Name, p.Spec.ServiceAccountName, p.Spec.Containers[0].Env)
+		}
+	}
+}
+
+// access is one call the ServiceAccount might make.
+type access struct {
+	ns, verb, group, resource, sub string
+}
+
+func (a access) String() string {
+	r := a.resource
+	if a.group != "" {
+		r += "." + a.group
+	}
+	if a.sub != "" {
+		r += "/" + a.sub
+	}
+	return fmt.Sprintf("%s %s in %q", a.verb, r, a.ns)
+}
+
+// allowed asks the API server's authorizer whether user may make the call.
+func allowed(ctx context.Context, t *testing.T, cs kubernetes.Interface, user, saNS string, a access) bool {
+	t.Helper()
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   user,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNS, "system:authenticated"},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: a.ns, Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.sub,
+		},
+	}}
+	got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SubjectAccessReview %s: %v", a, err)
+	}
+	return got.Status.Allowed
+}
+
+// TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes asks the real
+// authorizer, for the chart's ServiceAccount: the calls of the kube
+// substrate on the task namespace's pods and of the leader elector on its
+// Lease are allowed; secrets, pod creation (without the runner), exec, status writes, other
+// namespaces and anything cluster-wide are not. Task pods in the release's
+// namespace or in one of their own; with leader "postgres", no Lease at all;
+// with the kube runner, pod creation too.
+func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
+	c := kubetest.Current(t)
+	cs := c.Client(t)
+	for _, layout := range []struct{ split, postgres, runner bool }{
+		{false, false, false}, {true, false, false}, {false, true, false}, {true, false, true},
+	} {
+		split := layout.split
+		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v,leader_postgres=%v,runner=%v", split, layout.postgres, layout.runner), func(t *testing.T) {
+			release := c.NewNamespace(t)
+			tasks, other := release, c.NewNamespace(t)
+			var args []string
+			if split {
+				tasks = c.NewNamespace(t)
+				args = []string{"--set", "config.kube.namespace=" + tasks}
+			}
+			if layout.postgres {
+				args = append(args, "--set", "config.leader.kind=postgres")
+			}
+			if layout.runner {
+				args = append(args, "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1")
+			}
+			apply(t, c, render(t, release, args...))
+			user := "system:serviceaccount:" + release + ":reaper"
+
+			var allow, deny []access
+			for _, v := range []string{"get", "list", "watch", "patch", "delete"} {
+				allow = append(allow, access{ns: tasks, verb: v, resource: "pods"})
+			}
+			for _, v := range []string{"get", "create", "update"} {
+				lease := access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases"}
+				if layout.postgres {
+					deny = append(deny, lease) // the lease is the board's row
+				} else {
+					allow = append(allow, lease)
+				}
+			}
+			if layout.runner {
+				allow = append(allow, access{ns: tasks, verb: "create", resource: "pods"}) // the kube runner's dispatch
+			} else {
+				deny = append(deny, access{ns: tasks, verb: "create", resource: "pods"})
+			}
+			deny = append(deny, []access{
+				{ns: tasks, verb: "update", resource: "pods"},
+				{ns: tasks, verb: "deletecollection", resource: "pods"},
+				{ns: tasks, verb: "create", resource: "pods", sub: "exec"},
+				{ns: tasks, verb: "get", resource: "pods", sub: "log"},
+				{ns: tasks, verb: "update", resource: "pods", sub: "status"},
+				{ns: tasks, verb: "patch", resource: "pods", sub: "status"},
+				{ns: tasks, verb: "create", resource: "pods", sub: "eviction"},
+				{ns: tasks, verb: "get", resource: "secrets"},
+				{ns: tasks, verb: "list", resource: "secrets"},
+				{ns: release, verb: "get", resource: "secrets"},
+				{ns: release, verb: "list", resource: "configmaps"},
+				{ns: release, verb: "delete", group: "coordination.k8s.io", resource: "leases"},
+				{ns: release, verb: "list", group: "coordination.k8s.io", resource: "leases"},
+				{ns: release, verb: "patch", group: "apps", resource: "deployments"},
+				{ns: other, verb: "list", resource: "pods"},
+				{ns: other, verb: "delete", resource: "pods"},
+				{ns: other, verb: "update", group: "coordination.k8s.io", resource: "leases"},
+				{ns: "", verb: "list", resource: "pods"},
+				{ns: "", verb: "list", resource: "nodes"},
+				{ns: "", verb: "list", resource: "namespaces"},
+			}...)
+			if split {
+				deny = append(deny,
+					access{ns: release, verb: "list", resource: "pods"},
+					access{ns: tasks, verb: "update", group: "coordination.k8s.io", resource: "leases"})
+			}
+
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			// The authorizer sees new bindings through its informers: wait
+			// for the first allowed call before judging.
+			for !allowed(ctx, t, cs, user, release, allow[0]) {
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the chart's ServiceAccount never got %s", allow[0])
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			for _, a := range allow {
+				if !allowed(ctx, t, cs, user, release, a) {
+					t.Errorf("denied %s: reaperd makes this call", a)
+				}
+			}
+			for _, a := range deny {
+				if allowed(ctx, t, cs, user, release, a) {
+					t.Errorf("allowed %s: reaperd does not need it", a)
+				}
+			}
+		})
+	}
+}
+
+// TestChartInstallsUpgradesAndRollsBackWithHelm runs what docs/operate.md
+// tells an operator to run, with Helm itself against the API server:
+// install, upgrade with --reuse-values, rollback; the ConfigMap follows
+// each revision.
+func TestChartInstallsUpgradesAndRollsBackWithHelm(t *testing.T) {
+	c := kubetest.Current(t)
+	ns := c.NewNamespace(t)
+	cs := c.Client(t)
+	run := func(args ...string) {
+		t.Helper()
+		out, err := helm(t, append(args, "--namespace", ns, "--kubeconfig", c.Kubeconfig())...)
+		if err != nil {
+			t.Fatalf("helm %v: %v\n%s", args, err, out)
+		}
+	}
+	dryRun := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the release's ConfigMap: %v", err)
+		}
+		for _, line := range strings.Split(cm.Data["reaper.hcl"], "\n") {
+			if v, ok := strings.CutPrefix(line, "dry_run    = "); ok {
+				return v
+			}
+		}
+		t.Fatalf("no dry_run in the ConfigMap:\n%s", cm.Data["reaper.hcl"])
+		return ""
+	}
+
+	run("install", "reaper", chartDir, "--set", "config.dryRun=true", "--set", "image.tag=v1")
+	if got := dryRun(); got != "true" {
+		t.Fatalf("after install: dry_run = %s", got)
+	}
+	run("upgrade", "reaper", chartDir, "--reuse-values", "--set", "config.dryRun=false")
+	if got := dryRun(); got != "false" {
+		t.Fatalf("after upgrade: dry_run = %s", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := cs.AppsV1().Deployments(ns).Get(ctx, "reaper", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img := d.Spec.Template.Spec.Containers[0].Image; img != "reaper:v1" {
+		t.Errorf("--reuse-values lost image.tag: %s", img)
+	}
+	run("rollback", "reaper", "1")
+	if got := dryRun(); got != "true" {
+		t.Fatalf("after rollback: dry_run = %s", got)
+	}
+	run("uninstall", "reaper")
+	if _, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{}); err == nil {
+		t.Errorf("the ConfigMap outlived helm uninstall")
+	}
+}

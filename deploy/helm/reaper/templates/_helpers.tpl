@@ -1,0 +1,91 @@
+{{/* The chart's name, truncated to a DNS label. */}}
+{{- define "reaper.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: the prefix of every object. */}}
+{{- define "reaper.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "reaper.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "reaper.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "reaper.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "reaper.labels" -}}
+helm.sh/chart: {{ include "reaper.chart" . }}
+{{ include "reaper.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: reaperd
+{{- end }}
+
+{{- define "reaper.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "reaper.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The namespace of the task pods (the substrate's, and the pods Role's). */}}
+{{- define "reaper.taskNamespace" -}}
+{{- default .Release.Namespace .Values.config.kube.namespace }}
+{{- end }}
+
+{{- define "reaper.leaseName" -}}
+{{- default (include "reaper.fullname" .) .Values.config.leader.name }}
+{{- end }}
+
+{{- define "reaper.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+An HCL literal: a string as a JSON string (also valid HCL) with HCL's
+template sequences escaped; a number or a bool as is.
+*/}}
+{{- define "reaper.hcl" -}}
+{{- if kindIs "string" . }}
+{{- toJson . | replace "${" "$${" | replace "%{" "%%{" }}
+{{- else if or (kindIs "bool" .) (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
+{{- toString . }}
+{{- else }}
+{{- fail (printf "reaper chart: %v is not a string, a number or a bool" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The attributes of a map, sorted, one per line, empty strings left out. */}}
+{{- define "reaper.hclAttrs" -}}
+{{- $m := .map }}
+{{- range $k := keys $m | sortAlpha }}
+{{- $v := index $m $k }}
+{{- if not (and (kindIs "string" $v) (eq $v "")) }}
+{{ $.indent }}{{ $k }} = {{ include "reaper.hcl" $v }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The reapers in the order they run. */}}
+{{- define "reaper.reaperOrder" -}}
+podlost dispatchlost agentlost warmworker orphanrun
+{{- end }}
