@@ -8,6 +8,10 @@
 // JSON-lines FileReporter, and a Postgres reporter over the board's writers
 // plugs in at the same seam (see Reporter).
 //
+// RunInPod is the same agent as the task container of a Kubernetes pod: it
+// also leaves the attempt's durable outcome record in the container's
+// termination message (see pod.go).
+//
 // The life of one attempt:
 //
 //  1. RUNNING is reported (retried for up to StartRetry). An answer of
