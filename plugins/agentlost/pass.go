@@ -82,14 +82,24 @@ func (p *passRun) listings() []reap.Listing {
 func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	fresh := make([]sdk.Candidate, 0, len(page))
 	attempts := make([]sdk.Attempt, 0, len(page))
+	var warm []sdk.Attempt
 	for _, c := range page {
-		if !p.seen[c.Attempt] {
-			p.seen[c.Attempt] = true
-			fresh = append(fresh, c)
-			attempts = append(attempts, c.Attempt)
+		if p.seen[c.Attempt] {
+			continue
 		}
+		p.seen[c.Attempt] = true
+		fresh = append(fresh, c)
+		if c.Executor == sdk.ExecutorWarm {
+			warm = append(warm, c.Attempt) // no pod of its own: nothing to read
+			continue
+		}
+		attempts = append(attempts, c.Attempt)
 	}
 	answers := reap.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+	for _, a := range warm {
+		answers[a] = reap.Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown,
+			Detail: "a warm attempt has no pod of its own: not read"}}
+	}
 
 	var now, stopAfter []reap.Planned
 	for _, c := range fresh {

@@ -31,16 +31,25 @@ func overdue(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 	return !c.QueuedAt.IsZero() && now.Sub(c.QueuedAt) > l.DispatchLost
 }
 
+// credentialMintedAt is when the attempt credential was minted. Under the
+// env-var transport it is minted at dispatch, which the board records as
+// queued_at (a release clears queued_at, so a re-offered attempt counts
+// from its new dispatch).
+//
+// Seam: when the board carries the mint time itself, read it here (and
+// fall back to queued_at for rows written before it existed).
+func credentialMintedAt(c sdk.Candidate) time.Time { return c.QueuedAt }
+
 // credentialLapse is when the attempt credential minted at dispatch runs out.
 func credentialLapse(c sdk.Candidate, l ladder.Ladder) time.Time {
-	return c.QueuedAt.Add(l.AttemptTokenTTL)
+	return credentialMintedAt(c).Add(l.AttemptTokenTTL)
 }
 
 // nearStartExpiry: the credential minted at dispatch lapses within the
 // start-expiry margin, so an agent that starts now would start with a
 // credential about to be refused.
 func nearStartExpiry(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
-	return !c.QueuedAt.IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
+	return !credentialMintedAt(c).IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
 }
 
 // judgeLite: the dispatch is lost only when the agent (and any task group)
