@@ -20,8 +20,9 @@
 //     scratch directory as its TMPDIR and working directory. It then writes
 //     the container running with the process's startedAt.
 //   - the container's termination message is a file in that directory; the
-//     process is told its path in REAPER_TERMINATION_MESSAGE_PATH (a real
-//     kubelet mounts it at the container's terminationMessagePath).
+//     process is told its path in REAPER_RECORD_FILE, which replaces any
+//     value the pod spec gives it (a real kubelet mounts the file at the
+//     container's terminationMessagePath).
 //   - when the process exits, the player writes what the kubelet would: the
 //     container terminated with its exit code (128+signal when a signal
 //     ended it), reason Completed, Error or OOMKilled, the termination
@@ -91,8 +92,9 @@ const (
 	// TaskContainer is the container the player runs when the pod has one
 	// of that name (the kube substrate's task container).
 	TaskContainer = "task"
-	// MessagePathEnv tells the process where its termination message goes.
-	MessagePathEnv = "REAPER_TERMINATION_MESSAGE_PATH"
+	// MessagePathEnv tells the process where its termination message goes
+	// (the agent's record file variable, which the kube runner also sets).
+	MessagePathEnv = "REAPER_RECORD_FILE"
 	// MaxMessageBytes is the most of a termination message the kubelet
 	// keeps.
 	MaxMessageBytes = 4096
@@ -143,8 +145,9 @@ type Player struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	conts map[types.UID]*container // guarded by mu; written by the loop only
+	mu       sync.Mutex
+	conts    map[types.UID]*container // guarded by mu; written by the loop only
+	commands map[string]string        // guarded by mu
 }
 
 // event is what the loop acts on: a pod seen (or gone), or a process exit.
@@ -203,7 +206,10 @@ func Start(ctx context.Context, cfg Config) (*Player, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	p := &Player{cfg: cfg, log: cfg.Logger.Named("kubelet-player"), events: make(chan event, 256), cancel: cancel,
-		conts: map[types.UID]*container{}}
+		conts: map[types.UID]*container{}, commands: map[string]string{}}
+	for k, v := range cfg.Commands {
+		p.commands[k] = v
+	}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelOwner + "=" + OwnerValue }))
@@ -246,6 +252,15 @@ func podEvent(obj any, deleted bool, send func(event)) {
 func (p *Player) Stop() {
 	p.cancel()
 	p.wg.Wait()
+}
+
+// MapCommand maps a container command's first word to a local executable
+// from now on (Config.Commands, for a command known only once the player
+// runs).
+func (p *Player) MapCommand(word, path string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.commands[word] = path
 }
 
 // Process is a pod's task container process: its pid (the leader of its
@@ -449,7 +464,9 @@ func (p *Player) spawn(c *container, spec corev1.Container) error {
 	if len(argv) == 0 {
 		return fmt.Errorf("container %q has no command (the player pulls no image)", spec.Name)
 	}
-	path, ok := p.cfg.Commands[argv[0]]
+	p.mu.Lock()
+	path, ok := p.commands[argv[0]]
+	p.mu.Unlock()
 	if !ok {
 		var err error
 		if path, err = exec.LookPath(argv[0]); err != nil {
@@ -463,8 +480,11 @@ func (p *Player) spawn(c *container, spec corev1.Container) error {
 	defer out.Close()
 	cmd := exec.Command(path, argv[1:]...)
 	cmd.Dir = c.dir
-	cmd.Env = append(append(append([]string(nil), p.cfg.Env...), "TMPDIR="+c.dir, MessagePathEnv+"="+c.msgPath),
-		containerEnv(c.pod, spec, p.log)...)
+	// The container's own env comes after the base; the player's names
+	// come last, so a record path the pod spec names (the container's
+	// terminationMessagePath, which does not exist here) is replaced.
+	cmd.Env = append(append(append([]string(nil), p.cfg.Env...), containerEnv(c.pod, spec, p.log)...),
+		"TMPDIR="+c.dir, MessagePathEnv+"="+c.msgPath)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

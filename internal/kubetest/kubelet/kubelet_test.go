@@ -28,6 +28,7 @@ import (
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -256,9 +257,16 @@ type boardEnv struct {
 	store *board.Store
 	sub   *kube.Substrate
 	term  int64
+	dsn   string
 }
 
 func (e *env) board(as ...sdk.Attempt) *boardEnv {
+	e.t.Helper()
+	return e.boardUpTo(true, as...)
+}
+
+// boardUpTo is board with the attempts left queued unless running.
+func (e *env) boardUpTo(running bool, as ...sdk.Attempt) *boardEnv {
 	e.t.Helper()
 	ctx := context.Background()
 	pool := pgtest.NewDB(e.t)
@@ -279,6 +287,9 @@ func (e *env) board(as ...sdk.Attempt) *boardEnv {
 				e.t.Fatalf("driving %s to queued: %v, %v", a, ok, err)
 			}
 		}
+		if !running {
+			continue
+		}
 		if stop, err := w.Running(ctx, a, now); err != nil || stop {
 			e.t.Fatalf("driving %s to running: %v, %v", a, stop, err)
 		}
@@ -288,7 +299,7 @@ func (e *env) board(as ...sdk.Attempt) *boardEnv {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(sub.Close)
-	return &boardEnv{t: e.t, store: store, sub: sub, term: lease.Term}
+	return &boardEnv{t: e.t, store: store, sub: sub, term: lease.Term, dsn: pgtest.DSN(pool)}
 }
 
 // sweepUntilSettled sweeps until a's row has left running (the cache may
@@ -506,5 +517,37 @@ func TestPlayerLeavesPodsItDoesNotOwn(t *testing.T) {
 	e.awaitPhase(owned, corev1.PodSucceeded)
 	if _, _, ok := e.player.Process(pod.Name); ok {
 		t.Fatal("the player ran a pod it does not own")
+	}
+}
+
+// The kube runner's own pod (kuberunner.BuildPod), handed to the player:
+// the agent finds its record file where the runner says, in pod mode
+// without being told, and reports to the board itself.
+func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := sdk.Attempt{RunID: "run-runner", TaskID: "load.c", Try: 1}
+	b := e.boardUpTo(false, a)
+	ti, err := b.store.TaskInstance(context.Background(), a.RunID, a.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti.Command = "echo from the runner pod"
+	pod := kuberunner.BuildPod(kuberunner.PodSpec{Namespace: e.ns, Image: "agent", AgentPath: "/usr/local/bin/reaper-agent",
+		Heartbeat: 100 * time.Millisecond, TerminationGrace: time.Second, DispatchLost: time.Minute, CredentialCeiling: time.Hour},
+		ti, []corev1.EnvVar{{Name: "REAPER_DSN", Value: b.dsn}})
+	pod.Spec.NodeName = e.node
+	kubelet.Own(pod)
+	e.player.MapCommand("/usr/local/bin/reaper-agent", e.s.agent)
+	pod, err = e.cs.CoreV1().Pods(e.ns).Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := e.awaitPhase(pod, corev1.PodSucceeded)
+	if rec := recordOf(t, done); rec.Outcome != podrecord.Success || rec.Attempt() != a {
+		t.Fatalf("record %+v", rec)
+	}
+	if ti, err := b.store.TaskInstance(context.Background(), a.RunID, a.TaskID); err != nil || ti.State != sdk.StateSuccess {
+		t.Fatalf("row %s (%v); want success as the agent reported it", ti.State, err)
 	}
 }

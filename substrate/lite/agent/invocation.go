@@ -37,11 +37,25 @@ const (
 	// ModeEnv selects the mode when -mode is not given (a pod template can
 	// set it once for every task).
 	ModeEnv = "REAPER_AGENT_MODE"
-	// TerminationMessagePathEnv overrides the default of
-	// -termination-message-path (a harness that plays the kubelet points it
-	// at a file of its own).
-	TerminationMessagePathEnv = "REAPER_TERMINATION_MESSAGE_PATH"
+	// TerminationMessagePathEnv names the file the outcome record goes to:
+	// the default of -termination-message-path. The kube runner sets it in
+	// every task container (to the container's terminationMessagePath), so
+	// without -mode or REAPER_AGENT_MODE its presence selects pod mode; a
+	// harness that plays the kubelet points it at a file of its own.
+	TerminationMessagePathEnv = "REAPER_RECORD_FILE"
 )
+
+// defaultMode is the mode when -mode is not given: REAPER_AGENT_MODE, else
+// pod when the environment names a record file, else lite.
+func defaultMode() string {
+	switch {
+	case os.Getenv(ModeEnv) != "":
+		return os.Getenv(ModeEnv)
+	case os.Getenv(TerminationMessagePathEnv) != "":
+		return ModePod
+	}
+	return ModeLite
+}
 
 // Invocation is the reaper-agent command line. The spawner builds one and
 // turns it into arguments with Args; the binary reads it back with Bind and
@@ -66,11 +80,12 @@ type Invocation struct {
 	TerminateFile string // -terminate-file: its should_terminate trigger
 	LogLevel      string // -log-level
 	LogJSON       bool   // -log-json
-	// Mode is ModeLite or ModePod (-mode; default $REAPER_AGENT_MODE, else lite).
+	// Mode is ModeLite or ModePod (-mode; default $REAPER_AGENT_MODE, else
+	// pod when $REAPER_RECORD_FILE is set, else lite).
 	Mode string
 	// TerminationMessagePath is where pod mode writes the outcome record
-	// (-termination-message-path; default $REAPER_TERMINATION_MESSAGE_PATH,
-	// else DefaultTerminationMessagePath).
+	// (-termination-message-path; default $REAPER_RECORD_FILE, else
+	// DefaultTerminationMessagePath).
 	TerminationMessagePath string
 	// StartRetry bounds the retries of the RUNNING report (-start-retry;
 	// default DefaultStartRetry).
@@ -102,7 +117,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.StringVar(&inv.TerminateFile, "terminate-file", "", "the file reporter answers should_terminate once this file exists")
 	fs.StringVar(&inv.LogLevel, "log-level", "info", "log level")
 	fs.BoolVar(&inv.LogJSON, "log-json", false, "log JSON lines")
-	fs.StringVar(&inv.Mode, "mode", envOr(ModeEnv, ModeLite), "lite (a local process) or pod (the task container of a pod; writes the outcome record)")
+	fs.StringVar(&inv.Mode, "mode", defaultMode(), "lite (a local process) or pod (the task container of a pod; writes the outcome record)")
 	fs.StringVar(&inv.TerminationMessagePath, "termination-message-path", envOr(TerminationMessagePathEnv, DefaultTerminationMessagePath),
 		"pod mode: the file the durable outcome record is written to")
 	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")

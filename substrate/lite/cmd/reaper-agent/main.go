@@ -24,11 +24,12 @@
 // fault soaks read it to judge the system from the processes' side.
 //
 // Modes: -mode lite (default) is the agent of a local process, started by
-// the Lite spawner. -mode pod (or REAPER_AGENT_MODE=pod) is the agent as the
+// the Lite spawner. -mode pod (or REAPER_AGENT_MODE=pod, or without either
+// REAPER_RECORD_FILE set, as the kube runner sets it) is the agent as the
 // task container of a dedicated Kubernetes pod: it runs the attempt the same
 // way and also writes the durable outcome record to
-// -termination-message-path (default /dev/termination-log, or
-// REAPER_TERMINATION_MESSAGE_PATH): SUCCESS, FAILED or RESCHEDULE with the
+// -termination-message-path (default REAPER_RECORD_FILE, else
+// /dev/termination-log): SUCCESS, FAILED or RESCHEDULE with the
 // task's exit code before the outcome is reported, or the infra marker when
 // its pre-start calls went unanswered for -start-retry (see
 // agent.RunInPod).

@@ -116,10 +116,11 @@ func readRecord(t *testing.T, path string) podrecord.Record {
 	return rec
 }
 
-func TestPodModeWritesTheOutcomeRecord(t *testing.T) {
+// The kube runner sets only the record file's variable: that alone selects
+// pod mode.
+func TestRecordFileInTheEnvironmentSelectsPodMode(t *testing.T) {
 	dir := t.TempDir()
 	msg := filepath.Join(dir, "termination-log")
-	t.Setenv(agent.ModeEnv, agent.ModePod)
 	t.Setenv(agent.TerminationMessagePathEnv, msg)
 	code := run([]string{"-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t", "-try", "1", "-epoch", "2",
 		"-command", "exit 3", "-report-file", filepath.Join(dir, "report.jsonl"), "-output", filepath.Join(dir, "out")})
