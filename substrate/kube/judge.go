@@ -78,7 +78,7 @@ func judgeFinished(p *pod) (verdict, bool) {
 			return verdict{outcome: sdk.OutcomeSuccess, rule: "DurableSuccessRecord"}, true
 		case rec.Outcome == RecordReschedule:
 			return verdict{outcome: sdk.OutcomeReschedule, rule: "DurableRescheduleRecord"}, true
-		case rec.honoredInfra():
+		case rec.HonoredInfra():
 			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonControlPlaneUnavailable,
 				message: sdk.ReasonControlPlaneUnavailable + ": " + rec.Reason, rule: "ControlPlaneUnavailableRecord"}, true
 		}

@@ -8,6 +8,10 @@
 // JSON-lines FileReporter, and a Postgres reporter over the board's writers
 // plugs in at the same seam (see Reporter).
 //
+// RunInPod is the same agent as the task container of a Kubernetes pod: it
+// also leaves the attempt's durable outcome record in the container's
+// termination message (see pod.go).
+//
 // The life of one attempt:
 //
 //  1. RUNNING is reported (retried for up to StartRetry). An answer of
@@ -98,6 +102,11 @@ var (
 	ErrSuperseded = errors.New("the control plane says the attempt has moved on")
 	// ErrNotReported: the outcome could not be delivered within ReportRetry.
 	ErrNotReported = errors.New("the outcome could not be reported")
+	// ErrStartUnanswered: the RUNNING report went unanswered for all of
+	// StartRetry: every failure was one Config.Unanswered counts as an
+	// answer that never came (see ControlPlaneUnanswered). The task did
+	// not start and nothing was reported.
+	ErrStartUnanswered = errors.New("the control plane never answered the pre-start calls")
 )
 
 // Defaults.
@@ -158,6 +167,19 @@ type Config struct {
 	// recorded and the task released, after the agent's timers are armed.
 	// Tests use it to know when to act; production leaves it nil.
 	OnTaskStarted func(pgid int)
+	// OnOutcome, when set, is called with the attempt's outcome once it is
+	// known and the task's group is stopped, before the outcome is reported:
+	// pod mode writes the durable outcome record there, so the record
+	// exists whether or not the report gets through.
+	OnOutcome func(Outcome)
+	// Unanswered tells a failed pre-start call whose answer never came (the
+	// control plane was down or unreachable) from a refusal; default
+	// ControlPlaneUnanswered.
+	Unanswered func(error) bool
+	// RescheduleExitCode, when positive, is the exit code by which a task
+	// asks for its next poke (a reschedule-mode sensor): the attempt ends
+	// up_for_reschedule instead of failed. 0: none.
+	RescheduleExitCode int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -193,6 +215,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+	if c.Unanswered == nil {
+		c.Unanswered = ControlPlaneUnanswered
+	}
+	if c.RescheduleExitCode < 0 || c.RescheduleExitCode > 255 {
+		return c, fmt.Errorf("agent config: reschedule exit code %d is not an exit code", c.RescheduleExitCode)
+	}
 	return c, nil
 }
 
@@ -225,11 +253,21 @@ type runner struct {
 
 func (r *runner) run(ctx context.Context) (Outcome, error) {
 	a := r.cfg.Attempt
+	unanswered := true // every failure of the RUNNING report so far was an answer that never came
 	if err := r.retry(ctx, "running report", r.cfg.StartRetry, func(cctx context.Context) (bool, error) {
-		return r.rep.Running(cctx, a, r.cfg.Clock.Now())
+		term, err := r.rep.Running(cctx, a, r.cfg.Clock.Now())
+		if err != nil && !r.cfg.Unanswered(err) {
+			unanswered = false
+		}
+		return term, err
 	}); err != nil {
-		if errors.Is(err, ErrSuperseded) {
+		switch {
+		case errors.Is(err, ErrSuperseded):
 			r.log.Warn("the control plane answered should_terminate to RUNNING: not starting the task")
+		case errors.Is(err, errGaveUp) && unanswered:
+			r.log.Error("the control plane never answered the RUNNING report: not starting the task",
+				"start_retry", r.cfg.StartRetry, "error", err)
+			err = fmt.Errorf("%w: %w", ErrStartUnanswered, err)
 		}
 		// Nothing was started: the spawner's record names an agent that is
 		// about to exit, which reads dead with or without it.
@@ -390,6 +428,8 @@ wait:
 		out.ExitCode = exitCode(t.state)
 	case t.state.Success():
 		out = Outcome{State: sdk.StateSuccess, ExitCode: 0}
+	case r.cfg.RescheduleExitCode > 0 && exitCode(t.state) == r.cfg.RescheduleExitCode:
+		out = Outcome{State: sdk.StateUpForReschedule, ExitCode: r.cfg.RescheduleExitCode}
 	case exitCode(t.state) >= 0:
 		out = failed(ReasonExitCode, exitCode(t.state), fmt.Sprintf("task exited with code %d", exitCode(t.state)))
 	default:
@@ -474,6 +514,9 @@ func (r *runner) stopLeftovers(ctx context.Context, t *task) {
 func (r *runner) finish(ctx context.Context, t *task, out Outcome) (Outcome, error) {
 	a := r.cfg.Attempt
 	r.log.Info("task finished", "state", out.State, "exit_code", out.ExitCode, "message", out.Message)
+	if r.cfg.OnOutcome != nil {
+		r.cfg.OnOutcome(out)
+	}
 	// The outcome is reported even when the agent is being stopped.
 	rctx := context.WithoutCancel(ctx)
 	err := r.retry(rctx, "terminal report", r.cfg.ReportRetry, func(cctx context.Context) (bool, error) {
@@ -502,6 +545,9 @@ func (r *runner) reportErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrNotReported, err)
 }
 
+// errGaveUp marks a retry that ran out of its bound.
+var errGaveUp = errors.New("gave up")
+
 // retry calls f until it succeeds, backing off from 1 s up to 15 s, for at
 // most bound. An answer of should_terminate is ErrSuperseded.
 func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f func(context.Context) (bool, error)) error {
@@ -520,7 +566,7 @@ func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f 
 		}
 		left := deadline.Sub(clk.Now())
 		if left <= 0 {
-			return fmt.Errorf("%s: gave up after %s: %w", what, bound, err)
+			return fmt.Errorf("%s: %w after %s: %w", what, errGaveUp, bound, err)
 		}
 		r.log.Warn(what+" failed; retrying", "error", err, "in", min(backoff, left))
 		select {

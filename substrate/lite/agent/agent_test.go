@@ -435,6 +435,7 @@ func TestInvocationRoundTrip(t *testing.T) {
 		Heartbeat: time.Second, DrainBound: 2 * time.Second, TerminateGrace: 3 * time.Second,
 		KillWait: 4 * time.Second, GateFD: 3, Reporter: ReporterFile, ReportFile: "/f",
 		TerminateFile: "/t", Shell: "/bin/bash", Dir: "/w", LogLevel: "debug", LogJSON: true,
+		Mode: ModePod, TerminationMessagePath: "/m", StartRetry: 5 * time.Second, RescheduleExitCode: 99,
 	}
 	var out Invocation
 	flags := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
@@ -450,6 +451,15 @@ func TestInvocationRoundTrip(t *testing.T) {
 	}
 	if err := (Invocation{Reporter: "carrier-pigeon"}).Validate(); err == nil {
 		t.Fatal("an empty invocation validated")
+	}
+	bad := in
+	bad.Mode = "vm"
+	if err := bad.Validate(); err == nil {
+		t.Fatal("an unknown mode validated")
+	}
+	bad.Mode, bad.TerminationMessagePath = ModePod, ""
+	if err := bad.Validate(); err == nil {
+		t.Fatal("pod mode validated without a termination message path")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
@@ -19,6 +20,42 @@ const (
 	// every user in the process list).
 	ReporterBoard = "board"
 )
+
+// Agent modes of the reaper-agent command line.
+const (
+	// ModeLite is the agent of a local process (the Lite edition): it is
+	// started by the spawner and recorded in the record directory.
+	ModeLite = "lite"
+	// ModePod is the agent as the task container of a dedicated pod: it
+	// also writes the durable outcome record to the termination message
+	// path (RunInPod).
+	ModePod = "pod"
+)
+
+// Environment variables the reaper-agent command line reads.
+const (
+	// ModeEnv selects the mode when -mode is not given (a pod template can
+	// set it once for every task).
+	ModeEnv = "REAPER_AGENT_MODE"
+	// TerminationMessagePathEnv names the file the outcome record goes to:
+	// the default of -termination-message-path. The kube runner sets it in
+	// every task container (to the container's terminationMessagePath), so
+	// without -mode or REAPER_AGENT_MODE its presence selects pod mode; a
+	// harness that plays the kubelet points it at a file of its own.
+	TerminationMessagePathEnv = "REAPER_RECORD_FILE"
+)
+
+// defaultMode is the mode when -mode is not given: REAPER_AGENT_MODE, else
+// pod when the environment names a record file, else lite.
+func defaultMode() string {
+	switch {
+	case os.Getenv(ModeEnv) != "":
+		return os.Getenv(ModeEnv)
+	case os.Getenv(TerminationMessagePathEnv) != "":
+		return ModePod
+	}
+	return ModeLite
+}
 
 // Invocation is the reaper-agent command line. The spawner builds one and
 // turns it into arguments with Args; the binary reads it back with Bind and
@@ -43,6 +80,19 @@ type Invocation struct {
 	TerminateFile string // -terminate-file: its should_terminate trigger
 	LogLevel      string // -log-level
 	LogJSON       bool   // -log-json
+	// Mode is ModeLite or ModePod (-mode; default $REAPER_AGENT_MODE, else
+	// pod when $REAPER_RECORD_FILE is set, else lite).
+	Mode string
+	// TerminationMessagePath is where pod mode writes the outcome record
+	// (-termination-message-path; default $REAPER_RECORD_FILE, else
+	// DefaultTerminationMessagePath).
+	TerminationMessagePath string
+	// StartRetry bounds the retries of the RUNNING report (-start-retry;
+	// default DefaultStartRetry).
+	StartRetry time.Duration
+	// RescheduleExitCode is the exit code by which the task asks for its
+	// next poke (-reschedule-exit-code; 0: none).
+	RescheduleExitCode int
 }
 
 // Bind registers the flags on fs, writing into inv.
@@ -67,6 +117,19 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.StringVar(&inv.TerminateFile, "terminate-file", "", "the file reporter answers should_terminate once this file exists")
 	fs.StringVar(&inv.LogLevel, "log-level", "info", "log level")
 	fs.BoolVar(&inv.LogJSON, "log-json", false, "log JSON lines")
+	fs.StringVar(&inv.Mode, "mode", defaultMode(), "lite (a local process) or pod (the task container of a pod; writes the outcome record)")
+	fs.StringVar(&inv.TerminationMessagePath, "termination-message-path", envOr(TerminationMessagePathEnv, DefaultTerminationMessagePath),
+		"pod mode: the file the durable outcome record is written to")
+	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")
+	fs.IntVar(&inv.RescheduleExitCode, "reschedule-exit-code", 0, "the task's exit code that asks for its next poke (0: none)")
+}
+
+// envOr is the environment variable name's value, or def when unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 func int32Var(fs *flag.FlagSet, p *int32, name, usage string) {
@@ -100,6 +163,18 @@ func (inv Invocation) Validate() error {
 	case ReporterBoard:
 	default:
 		errs = append(errs, fmt.Errorf("-reporter %q: unknown (known: %s, %s)", inv.Reporter, ReporterFile, ReporterBoard))
+	}
+	switch inv.Mode {
+	case ModeLite, "":
+	case ModePod:
+		if inv.TerminationMessagePath == "" {
+			errs = append(errs, errors.New("-mode pod needs -termination-message-path"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("-mode %q: unknown (known: %s, %s)", inv.Mode, ModeLite, ModePod))
+	}
+	if inv.RescheduleExitCode < 0 || inv.RescheduleExitCode > 255 {
+		errs = append(errs, fmt.Errorf("-reschedule-exit-code %d: not an exit code", inv.RescheduleExitCode))
 	}
 	if inv.GateFD < 0 || inv.GateFD == 1 || inv.GateFD == 2 {
 		errs = append(errs, fmt.Errorf("-gate-fd %d: not a usable descriptor", inv.GateFD))
@@ -144,6 +219,12 @@ func (inv Invocation) Args() []string {
 	str("log-level", inv.LogLevel)
 	if inv.LogJSON {
 		args = append(args, "-log-json")
+	}
+	str("mode", inv.Mode)
+	str("termination-message-path", inv.TerminationMessagePath)
+	dur("start-retry", inv.StartRetry)
+	if inv.RescheduleExitCode != 0 {
+		args = append(args, "-reschedule-exit-code="+strconv.Itoa(inv.RescheduleExitCode))
 	}
 	return args
 }

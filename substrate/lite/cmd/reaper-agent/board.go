@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
@@ -40,13 +43,34 @@ func newBoardReporter(ctx context.Context, dsn string) (*boardReporter, error) {
 func (r *boardReporter) Close() { r.pool.Close() }
 
 func (r *boardReporter) Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
-	return r.w.Running(ctx, a, now)
+	term, err := r.w.Running(ctx, a, now)
+	return term, unanswered(err)
 }
 
 func (r *boardReporter) Heartbeat(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
-	return r.w.Heartbeat(ctx, a, now)
+	term, err := r.w.Heartbeat(ctx, a, now)
+	return term, unanswered(err)
 }
 
 func (r *boardReporter) Report(ctx context.Context, a sdk.Attempt, o agent.Outcome, now time.Time) (bool, error) {
-	return r.w.Report(ctx, a, lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, now)
+	term, err := r.w.Report(ctx, a, lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, now)
+	return term, unanswered(err)
+}
+
+// unanswered gives the board's failures that are answers that never came
+// the gRPC code the agent counts as such (agent.ControlPlaneUnanswered): a
+// board that cannot be reached is Unavailable, a call that ran out of time
+// DeadlineExceeded. Anything else (an error the database answered) is left
+// as it is.
+func unanswered(err error) error {
+	var ce *pgconn.ConnectError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce):
+		return fmt.Errorf("%w: %w", status.Error(codes.Unavailable, "the board cannot be reached"), err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", status.Error(codes.DeadlineExceeded, "the board did not answer in time"), err)
+	}
+	return err
 }

@@ -15,11 +15,24 @@
 //	3  RUNNING was answered should_terminate: the task never started
 //	4  the control plane could not be reached (RUNNING or the outcome)
 //	5  the spawner never sent the go-ahead: the task never started
+//	6  pod mode: the RUNNING report went unanswered for -start-retry (2m);
+//	   the infra marker was written, the task never started
 //
 // With REAPER_AGENT_JOURNAL_DIR set, the agent also appends its own journal
 // to a file of its own in that directory (agent.Journal): when it began,
 // when its task started and ended, when it exited. It is off by default;
 // fault soaks read it to judge the system from the processes' side.
+//
+// Modes: -mode lite (default) is the agent of a local process, started by
+// the Lite spawner. -mode pod (or REAPER_AGENT_MODE=pod, or without either
+// REAPER_RECORD_FILE set, as the kube runner sets it) is the agent as the
+// task container of a dedicated Kubernetes pod: it runs the attempt the same
+// way and also writes the durable outcome record to
+// -termination-message-path (default REAPER_RECORD_FILE, else
+// /dev/termination-log): SUCCESS, FAILED or RESCHEDULE with the
+// task's exit code before the outcome is reported, or the infra marker when
+// its pre-start calls went unanswered for -start-retry (see
+// agent.RunInPod).
 //
 // Reporters: -reporter board (the real one) reports RUNNING, heartbeats and
 // the outcome to the board named by REAPER_DSN through the board's writers,
@@ -55,6 +68,7 @@ const (
 	exitSuperseded = 3
 	exitUnreported = 4
 	exitNoGoAhead  = 5
+	exitUnanswered = 6
 )
 
 func main() {
@@ -158,22 +172,32 @@ func run(args []string) (code int) {
 		return exitUsage
 	}
 
-	out, err := agent.Run(ctx, agent.Config{
-		Attempt:          inv.Attempt,
-		Command:          inv.Command,
-		Shell:            inv.Shell,
-		Dir:              inv.Dir,
-		Records:          dir,
-		Output:           output,
-		ExecutionTimeout: inv.ExecutionTimeout,
-		Heartbeat:        inv.Heartbeat,
-		DrainBound:       inv.DrainBound,
-		TerminateGrace:   inv.TerminateGrace,
-		KillWait:         inv.KillWait,
-		Journal:          journal,
-		Logger:           log,
-	}, rep)
+	cfg := agent.Config{
+		Attempt:            inv.Attempt,
+		Command:            inv.Command,
+		Shell:              inv.Shell,
+		Dir:                inv.Dir,
+		Records:            dir,
+		Output:             output,
+		ExecutionTimeout:   inv.ExecutionTimeout,
+		Heartbeat:          inv.Heartbeat,
+		DrainBound:         inv.DrainBound,
+		TerminateGrace:     inv.TerminateGrace,
+		KillWait:           inv.KillWait,
+		Journal:            journal,
+		Logger:             log,
+		StartRetry:         inv.StartRetry,
+		RescheduleExitCode: inv.RescheduleExitCode,
+	}
+	var out agent.Outcome
+	if inv.Mode == agent.ModePod {
+		out, err = agent.RunInPod(ctx, cfg, rep, inv.TerminationMessagePath)
+	} else {
+		out, err = agent.Run(ctx, cfg, rep)
+	}
 	switch {
+	case errors.Is(err, agent.ErrStartUnanswered):
+		return exitUnanswered
 	case errors.Is(err, agent.ErrSuperseded):
 		return exitSuperseded
 	case err != nil && out.State == "":
@@ -181,7 +205,7 @@ func run(args []string) (code int) {
 		return exitUnreported
 	case err != nil:
 		return exitUnreported
-	case out.State == sdk.StateSuccess:
+	case out.State == sdk.StateSuccess, out.State == sdk.StateUpForReschedule:
 		return exitSuccess
 	default:
 		return exitFailed

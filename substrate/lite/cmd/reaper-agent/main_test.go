@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/substrate/kube/podrecord"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
@@ -98,5 +100,63 @@ func TestJournalKeptWhenTheEnvironmentNamesItsDirectory(t *testing.T) {
 	}
 	if last := entries[len(entries)-1]; last.ExitCode == nil || *last.ExitCode != exitFailed {
 		t.Fatalf("agent_exit %+v, want exit code %d", last, exitFailed)
+	}
+}
+
+func readRecord(t *testing.T, path string) podrecord.Record {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := podrecord.Parse(string(data))
+	if !ok {
+		t.Fatalf("termination message %q is no record", data)
+	}
+	return rec
+}
+
+// The kube runner sets only the record file's variable: that alone selects
+// pod mode.
+func TestRecordFileInTheEnvironmentSelectsPodMode(t *testing.T) {
+	dir := t.TempDir()
+	msg := filepath.Join(dir, "termination-log")
+	t.Setenv(agent.TerminationMessagePathEnv, msg)
+	code := run([]string{"-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t", "-try", "1", "-epoch", "2",
+		"-command", "exit 3", "-report-file", filepath.Join(dir, "report.jsonl"), "-output", filepath.Join(dir, "out")})
+	if code != exitFailed {
+		t.Fatalf("exit %d, want %d", code, exitFailed)
+	}
+	rec := readRecord(t, msg)
+	if rec.Outcome != podrecord.Failed || rec.Epoch != 2 || rec.ExitCode == nil || *rec.ExitCode != 3 {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+// A board that cannot be reached is an answer that never came: past
+// -start-retry the agent writes the infra marker and exits 6.
+func TestPodModeUnreachableBoardWritesTheInfraMarker(t *testing.T) {
+	dir := t.TempDir()
+	msg := filepath.Join(dir, "termination-log")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	t.Setenv("REAPER_DSN", "postgres://nobody@"+addr+"/board?sslmode=disable&connect_timeout=1")
+	marker := filepath.Join(dir, "ran")
+	code := run([]string{"-mode", agent.ModePod, "-termination-message-path", msg, "-reporter", agent.ReporterBoard,
+		"-start-retry", "1s", "-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t", "-try", "1",
+		"-command", "touch " + marker})
+	if code != exitUnanswered {
+		t.Fatalf("exit %d, want %d", code, exitUnanswered)
+	}
+	rec := readRecord(t, msg)
+	if !rec.HonoredInfra() {
+		t.Fatalf("record %+v is not the agent's infra marker", rec)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the task ran")
 	}
 }

@@ -1,0 +1,290 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/kube/podrecord"
+)
+
+// flakyReporter is a control plane whose calls fail as told.
+type flakyReporter struct {
+	memReporter
+	mu         sync.Mutex
+	runningErr func(n int) error // the n-th RUNNING call's error (nil: answered)
+	reportErr  error
+	runningN   int
+	// seenAtReport is the termination message as it was when the outcome
+	// was first reported.
+	seenAtReport *string
+	msgPath      string
+}
+
+func (f *flakyReporter) Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+	f.mu.Lock()
+	f.runningN++
+	n := f.runningN
+	f.mu.Unlock()
+	if f.runningErr != nil {
+		if err := f.runningErr(n); err != nil {
+			return false, err
+		}
+	}
+	return f.memReporter.Running(ctx, a, now)
+}
+
+func (f *flakyReporter) Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (bool, error) {
+	f.mu.Lock()
+	if f.seenAtReport == nil && f.msgPath != "" {
+		data, _ := os.ReadFile(f.msgPath)
+		s := string(data)
+		f.seenAtReport = &s
+	}
+	f.mu.Unlock()
+	if f.reportErr != nil {
+		return false, f.reportErr
+	}
+	return f.memReporter.Report(ctx, a, o, now)
+}
+
+type podBundle struct {
+	*bundle
+	rep     *flakyReporter
+	msgPath string
+	fake    *clock.Fake
+}
+
+func setupPod(t *testing.T, command string) *podBundle {
+	t.Helper()
+	b := setup(t, command)
+	msgPath := filepath.Join(b.work, "termination-log")
+	return &podBundle{bundle: b, rep: &flakyReporter{msgPath: msgPath}, msgPath: msgPath}
+}
+
+// run runs the agent in pod mode to its end. With a fake clock it keeps
+// advancing the clock a second at a time while the agent waits on it.
+func (p *podBundle) run(t *testing.T, ctx context.Context) result {
+	t.Helper()
+	done := make(chan result, 1)
+	go func() {
+		out, err := RunInPod(ctx, p.cfg, p.rep, p.msgPath)
+		done <- result{out, err, time.Now()}
+	}()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case r := <-done:
+			return r
+		case <-deadline:
+			t.Fatal("the agent did not finish")
+		case <-time.After(2 * time.Millisecond):
+			if p.fake != nil && p.fake.Waiters() > 0 {
+				p.fake.Advance(time.Second)
+			}
+		}
+	}
+}
+
+// record reads the termination message as a record; ok is false when
+// there is none.
+func (p *podBundle) record(t *testing.T) (podrecord.Record, bool) {
+	t.Helper()
+	data, err := os.ReadFile(p.msgPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return podrecord.Record{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := podrecord.Parse(string(data))
+	if !ok {
+		t.Fatalf("termination message %q is no record", data)
+	}
+	return rec, true
+}
+
+func wantRecord(t *testing.T, rec podrecord.Record, outcome podrecord.Outcome, exit int32, a sdk.Attempt) {
+	t.Helper()
+	if rec.Outcome != outcome || rec.Attempt() != a || rec.ExitCode == nil || *rec.ExitCode != exit {
+		t.Fatalf("record %+v; want %s exit %d of %s", rec, outcome, exit, a)
+	}
+}
+
+func TestPodModeSuccessRecordWrittenBeforeTheReport(t *testing.T) {
+	p := setupPod(t, `echo done`)
+	r := p.run(t, context.Background())
+	if r.err != nil || r.out.State != sdk.StateSuccess {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	rec, ok := p.record(t)
+	if !ok {
+		t.Fatal("no record")
+	}
+	wantRecord(t, rec, podrecord.Success, 0, p.cfg.Attempt)
+	if p.rep.seenAtReport == nil || !strings.Contains(*p.rep.seenAtReport, `"SUCCESS"`) {
+		t.Fatalf("at the report the termination message was %v", p.rep.seenAtReport)
+	}
+}
+
+func TestPodModeFailedTaskWritesFailedRecordWithItsExitCode(t *testing.T) {
+	p := setupPod(t, `exit 3`)
+	r := p.run(t, context.Background())
+	if r.err != nil || r.out.State != sdk.StateFailed {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	rec, _ := p.record(t)
+	wantRecord(t, rec, podrecord.Failed, 3, p.cfg.Attempt)
+	if rec.Reason != "exit_code: task exited with code 3" {
+		t.Fatalf("reason %q", rec.Reason)
+	}
+}
+
+func TestPodModeRescheduleExitCodeWritesRescheduleRecord(t *testing.T) {
+	p := setupPod(t, `exit 99`)
+	p.cfg.RescheduleExitCode = 99
+	r := p.run(t, context.Background())
+	if r.err != nil || r.out.State != sdk.StateUpForReschedule {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	rec, _ := p.record(t)
+	wantRecord(t, rec, podrecord.Reschedule, 99, p.cfg.Attempt)
+	if got := p.rep.reported(); len(got) != 1 || got[0].State != sdk.StateUpForReschedule {
+		t.Fatalf("reported %+v", got)
+	}
+}
+
+func TestPodModeLostReportKeepsTheDurableSuccessRecord(t *testing.T) {
+	p := setupPod(t, `true`)
+	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
+	p.cfg.Clock = p.fake
+	p.rep.reportErr = status.Error(codes.Unavailable, "control plane down")
+	r := p.run(t, context.Background())
+	if !errors.Is(r.err, ErrNotReported) || r.out.State != sdk.StateSuccess {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	rec, _ := p.record(t)
+	wantRecord(t, rec, podrecord.Success, 0, p.cfg.Attempt)
+}
+
+// The infra marker: RUNNING unanswered for 2 minutes (fake clock).
+func TestPodModePreStartUnansweredFor2MinutesWritesInfraMarker(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Internal} {
+		t.Run(code.String(), func(t *testing.T) {
+			p := setupPod(t, `touch "$WORK/ran"`)
+			start := time.Unix(1_700_000_000, 0)
+			p.fake = clock.NewFake(start)
+			p.cfg.Clock = p.fake
+			p.rep.runningErr = func(int) error { return status.Error(code, "no answer") }
+			r := p.run(t, context.Background())
+			if !errors.Is(r.err, ErrStartUnanswered) {
+				t.Fatalf("err %v; want ErrStartUnanswered", r.err)
+			}
+			if waited := p.fake.Now().Sub(start); waited < DefaultStartRetry {
+				t.Fatalf("gave up after %s, before the 2-minute pre-start retry", waited)
+			}
+			rec, ok := p.record(t)
+			if !ok || rec.Outcome != podrecord.Infra || rec.ExitCode != nil || !rec.HonoredInfra() || rec.Attempt() != p.cfg.Attempt {
+				t.Fatalf("record %+v (%v); want the agent's infra marker", rec, ok)
+			}
+			if len(p.rep.calls) != 0 {
+				t.Fatalf("reported %v; want nothing", p.rep.calls)
+			}
+			if _, err := os.Stat(filepath.Join(p.work, "ran")); err == nil {
+				t.Fatal("the task's code ran")
+			}
+		})
+	}
+}
+
+func TestPodModePreStartAnsweredWithinTheWindowRunsTheTask(t *testing.T) {
+	p := setupPod(t, `true`)
+	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
+	p.cfg.Clock = p.fake
+	p.rep.runningErr = func(n int) error {
+		if n < 4 {
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		return nil
+	}
+	r := p.run(t, context.Background())
+	if r.err != nil || r.out.State != sdk.StateSuccess {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	rec, _ := p.record(t)
+	wantRecord(t, rec, podrecord.Success, 0, p.cfg.Attempt)
+}
+
+func TestPodModePreStartRefusalIsNoInfraMarker(t *testing.T) {
+	for name, errFor := range map[string]func(n int) error{
+		"PermissionDenied": func(int) error { return status.Error(codes.PermissionDenied, "superseded") },
+		"OneRefusalAmongUnanswered": func(n int) error {
+			if n == 2 {
+				return status.Error(codes.PermissionDenied, "refused")
+			}
+			return status.Error(codes.Unavailable, "down")
+		},
+		"NoGRPCCode": func(int) error { return errors.New("some other failure") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := setupPod(t, `true`)
+			p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
+			p.cfg.Clock = p.fake
+			p.rep.runningErr = errFor
+			r := p.run(t, context.Background())
+			if r.err == nil || errors.Is(r.err, ErrStartUnanswered) {
+				t.Fatalf("err %v; want a plain start failure", r.err)
+			}
+			if rec, ok := p.record(t); ok {
+				t.Fatalf("wrote record %+v; want none", rec)
+			}
+		})
+	}
+}
+
+func TestPodModeSupersededAtRunningWritesNoRecord(t *testing.T) {
+	p := setupPod(t, `true`)
+	p.rep.terminateRunning = true
+	r := p.run(t, context.Background())
+	if !errors.Is(r.err, ErrSuperseded) {
+		t.Fatalf("err %v", r.err)
+	}
+	if rec, ok := p.record(t); ok {
+		t.Fatalf("wrote record %+v; want none", rec)
+	}
+}
+
+func TestPodModeShouldTerminateStopsTaskGroupAndWritesFailed(t *testing.T) {
+	p := setupPod(t, `sleep 1000 & sleep 1000`)
+	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
+	p.cfg.Clock = p.fake
+	p.rep.terminateHeartbeat = true
+	var pgid int
+	p.cfg.OnTaskStarted = func(g int) { pgid = g }
+	r := p.run(t, context.Background())
+	if r.err != nil || r.out.Reason != ReasonTerminated {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	assertGroupGone(t, pgid)
+	rec, ok := p.record(t)
+	if !ok || rec.Outcome != podrecord.Failed || !strings.HasPrefix(rec.Reason, ReasonTerminated+":") {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+func TestPodModeNeedsAMessagePath(t *testing.T) {
+	p := setupPod(t, `true`)
+	if _, err := RunInPod(context.Background(), p.cfg, p.rep, ""); err == nil {
+		t.Fatal("pod mode ran without a termination message path")
+	}
+}
