@@ -90,6 +90,10 @@
 //     kubelet's eviction message names a limit of the pod's own (task
 //     failures); otherwise the phase decides, a FAILED record giving the
 //     failure its words. Infra settlements are confirmed as they are made.
+//     The finished pods include tombstones: the final state of finished
+//     task pods the informer saw deleted since the last sweep (Pod GC
+//     deletes what it stops at once), each offered once, never presence,
+//     never collected; bounded in count and age (tombstone.go).
 //  2. For each provisional infra mark of a kube attempt, read the
 //     attempt's pods live: a SUCCESS record inside the infra confirmation
 //     valve overrides the mark (the board also requires the run to be

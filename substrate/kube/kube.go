@@ -153,7 +153,7 @@ func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) err
 		return fmt.Errorf("configuring the kube substrate: warm_pool_selector: %w", err)
 	}
 	r := &running{cfg: cfg, client: client, warm: warm,
-		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.log)}
+		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.opts.Clock, s.log)}
 	s.mu.Lock()
 	old := s.run
 	s.run = r

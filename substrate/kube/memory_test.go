@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 )
 
 // taskPod is a Running task pod as a runner would make it and a kubelet
@@ -94,7 +95,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 						if !transformed {
 							transform = nil
 						}
-						p := startInformer(cs, "ns", 0, hclog.NewNullLogger(), transform)
+						p := startInformer(cs, "ns", 0, clock.Real{}, hclog.NewNullLogger(), transform)
 						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 						defer cancel()
 						if !p.waitSynced(ctx) {

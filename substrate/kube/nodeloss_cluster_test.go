@@ -1,19 +1,16 @@
 package kube
 
 // Node loss end to end: the real kube-controller-manager (Pod GC and
-// taint-based eviction) stops the task pod and writes its DisruptionTarget
-// condition; the sweep then settles the attempt on the infra rail. The test
-// writes no condition. Two things are the test's, and say so where they
-// happen:
-//   - KWOK plays no kubelet stopping an evicted pod: a kubelet would kill
-//     its containers and write the terminal phase and their terminated
-//     states. After a taint eviction the test writes that status.
-//   - The task pods carry a finalizer of the test's own, so that a pod the
-//     controller deleted is still there for the sweep to read. Pod GC
-//     deletes the pods it stops at once, with no grace, and the taint
-//     manager once the kubelet is done; without something that holds the
-//     object, the pod may be gone before a sweep runs, and the attempt is
-//     then the pod-lost reaper's.
+// taint-based eviction) stops the task pod, writes its DisruptionTarget
+// condition and deletes it; the sweep then settles the attempt on the infra
+// rail. The test writes no condition and holds no pod: Pod GC deletes the
+// pod at once, and the sweep settles it from the tombstone the presence
+// cache kept of its final state. KWOK plays no kubelet stopping an evicted
+// pod: it deletes the pod as it is, Running, where a kubelet would first
+// write the terminal phase; the taint case proves that such a deletion is
+// left to the pod-lost reaper, and, with a finalizer standing for the
+// kubelet's own hold on the object, that the terminal state it writes is
+// settled as a disruption.
 
 import (
 	"context"
@@ -28,7 +25,9 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// keepFinalizer holds a deleted task pod until the test lets it go.
+// keepFinalizer holds a deleted task pod until the test lets it go: it
+// stands for the kubelet, which keeps a pod it stops until it has written
+// the terminal status.
 const keepFinalizer = "reaper.test/keep"
 
 // kept adds keepFinalizer to a pod, and removes it when the test ends (so
@@ -105,24 +104,61 @@ func TestSweepNodeLoss(t *testing.T) {
 	// The node object is deleted: Pod GC marks the orphaned pod Failed with
 	// DisruptionTarget DeletionByPodGC and deletes it, after its quarantine
 	// of 40s (checked every 20s): about a minute.
-	t.Run("NodeDeletedPodGCIsInfraConfirmedAtOnce", func(t *testing.T) {
+	t.Run("NodeDeletedPodGCIsInfraConfirmedAtOnce_FromTheTombstone", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)
 		s.runningOnBoard(a)
-		p := s.running(a, s.kept)
+		p := s.running(a)
 		if err := s.cs.CoreV1().Nodes().Delete(context.Background(), s.node, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("deleting the node: %v", err)
 		}
-		got := s.disruptedWith(a, p.Name, "DeletionByPodGC", 3*time.Minute)
-		if got.Status.Phase != corev1.PodFailed {
-			t.Fatalf("Pod GC left the pod %s, want Failed", got.Status.Phase)
+		got := s.tombstoned(p.Name, 3*time.Minute)
+		if got.phase != corev1.PodFailed || got.disrupted != "DeletionByPodGC" {
+			t.Fatalf("Pod GC's last state of the pod: %s, DisruptionTarget %q; want Failed, DeletionByPodGC", got.phase, got.disrupted)
 		}
-		s.cachedPhase(s.sub, a, p.Name, corev1.PodFailed)
+		// Gone is gone: the tombstone is no presence.
+		if l := liveness(t, s.sub, false, a)[0]; l.State != sdk.Dead {
+			t.Fatalf("liveness of the deleted pod's attempt %+v, want dead", l)
+		}
 		s.settledDisrupted(a, p.Name, "DeletionByPodGC")
+		// Offered once: the next sweep has nothing of it.
+		if n := s.tombs().len(); n != 0 {
+			t.Fatalf("%d tombstones after the sweep, want 0", n)
+		}
+		if res := s.sweep(time.Now()); len(res.Decisions) != 0 {
+			t.Fatalf("second sweep decisions %+v, want none", res.Decisions)
+		}
+	})
+
+	// A NoExecute taint, and KWOK deleting the evicted pod as it is
+	// (Running): nothing says how it ended, so the sweep settles nothing and
+	// the attempt, with no pod object left, is the pod-lost reaper's.
+	t.Run("DeletedWhileNotTerminalIsLeftToPodLost", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(a)
+		p := s.running(a)
+		patch := []byte(`{"spec":{"taints":[{"key":"reaper.test/gone","effect":"NoExecute"}]}}`)
+		if _, err := s.cs.CoreV1().Nodes().Patch(context.Background(), s.node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatalf("tainting the node: %v", err)
+		}
+		s.polled("the pod's deletion seen by the cache", time.Minute, func() bool {
+			return s.get(p.Name) == nil && s.tombs().droppedBy(dropNotTerminal) == 1
+		})
+		if res := s.sweep(time.Now()); len(res.Decisions) != 0 {
+			t.Fatalf("sweep decisions %+v, want none", res.Decisions)
+		}
+		if ti := s.row(a); ti.State != sdk.StateRunning {
+			t.Fatalf("row %s, want it left running for the pod-lost reaper", ti.State)
+		}
+		if l := liveness(t, s.sub, false, a)[0]; l.State != sdk.Dead {
+			t.Fatalf("liveness %+v, want dead (no pod object at all)", l)
+		}
 	})
 
 	// A NoExecute taint on the node: the taint manager writes DisruptionTarget
-	// DeletionByTaintManager and deletes the pod at once.
+	// DeletionByTaintManager and deletes the pod at once; the finalizer
+	// plays the kubelet's hold until its terminal status is written.
 	t.Run("NoExecuteTaintEvictionIsInfraConfirmedAtOnce", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)
@@ -152,4 +188,50 @@ func (s *sweepEnv) killedByKubelet(a sdk.Attempt, name string) {
 	s.t.Helper()
 	s.playStatus(name, finish(corev1.PodFailed, 143, "Error", ""))
 	s.cachedPhase(s.sub, a, name, corev1.PodFailed)
+}
+
+// tombs is the tombstone store of the env's substrate.
+func (s *sweepEnv) tombs() *tombstones {
+	s.t.Helper()
+	r, err := s.sub.current()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return r.presence.tombs
+}
+
+// tombstoned waits (within bound: the controllers' own periods) until pod
+// name is gone from the API server and the cache holds its tombstone, and
+// returns the tombstone.
+func (s *sweepEnv) tombstoned(name string, bound time.Duration) *pod {
+	s.t.Helper()
+	var got *pod
+	s.polled("pod "+name+" deleted and tombstoned", bound, func() bool {
+		if s.get(name) != nil {
+			return false
+		}
+		tb := s.tombs()
+		tb.mu.Lock()
+		defer tb.mu.Unlock()
+		for _, t := range tb.byUID {
+			if t.pod.Name == name {
+				got = t.pod
+			}
+		}
+		return got != nil
+	})
+	return got
+}
+
+// polled polls cond every 100ms until it holds, within bound (the
+// controllers' own periods, not a threshold of ours).
+func (s *sweepEnv) polled(what string, bound time.Duration, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out after %s waiting for %s", bound, what)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the controllers' progress
+	}
 }

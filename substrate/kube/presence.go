@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 )
 
 // attemptIndex indexes the cache by the attempt a pod's labels spell.
@@ -34,20 +35,22 @@ const maxSelectorBytes = 6000
 // transform to what reaping needs.
 type presence struct {
 	informer cache.SharedIndexInformer
+	tombs    *tombstones
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
 
 // startPresence starts the informer, reducing every pod, in a goroutine
 // that stop ends.
-func startPresence(client kubernetes.Interface, namespace string, resync time.Duration, log hclog.Logger) *presence {
-	return startInformer(client, namespace, resync, log, reduceObject)
+func startPresence(client kubernetes.Interface, namespace string, resync time.Duration, c clock.Clock,
+	log hclog.Logger) *presence {
+	return startInformer(client, namespace, resync, c, log, reduceObject)
 }
 
 // startInformer starts the informer with transform (nil: pods are kept
 // whole, which only a benchmark wants).
-func startInformer(client kubernetes.Interface, namespace string, resync time.Duration, log hclog.Logger,
-	transform cache.TransformFunc) *presence {
+func startInformer(client kubernetes.Interface, namespace string, resync time.Duration, c clock.Clock,
+	log hclog.Logger, transform cache.TransformFunc) *presence {
 	sel := taskPodSelector().String()
 	pods := client.CoreV1().Pods(namespace)
 	lw := &cache.ListWatch{
@@ -67,8 +70,12 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 			panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
 		}
 	}
+	tombs := newTombstones(c, log)
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: tombs.deleted}); err != nil {
+		panic(fmt.Sprintf("kube: adding the informer's delete handler before it runs: %v", err)) // cannot fail before Run
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &presence{informer: inf, cancel: cancel, done: make(chan struct{})}
+	p := &presence{informer: inf, tombs: tombs, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		log.Debug("presence informer started", "namespace", namespace, "selector", sel)
@@ -116,8 +123,12 @@ func (p *presence) snapshot() []*pod {
 			out = append(out, pd)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sortPods(out)
 	return out
+}
+
+func sortPods(ps []*pod) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
 }
 
 // list reads the pods sel selects live, page by page, reduced.

@@ -36,10 +36,15 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	}
 	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
 		marked: map[sdk.Attempt]bool{}}
-	pods := r.presence.snapshot()
-	settled, err := sw.settle(ctx, pods)
+	// The tombstones are finished pods already deleted: settled like the
+	// others, offered once, never collected.
+	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
+	settled, err := sw.settle(ctx, append(append(make([]*pod, 0, len(pods)+len(tombs)), pods...), tombs...))
 	if err != nil {
 		return sw.res, err
+	}
+	if !req.DryRun {
+		r.presence.tombs.forget(tombs, settled)
 	}
 	if err := sw.marks(ctx); err != nil {
 		return sw.res, err
@@ -250,6 +255,7 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 			return fmt.Errorf("kube sweep: collecting finished pods: %w", err)
 		}
 		uid := p.UID
+		sw.r.presence.tombs.collected(uid) // before the delete event can arrive
 		err := sw.r.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 			Preconditions: &metav1.Preconditions{UID: &uid}})
 		switch {
