@@ -81,6 +81,7 @@ type Daemon struct {
 	loop    *cycle.Loop
 	runner  *literunner.Runner // nil without a runner block
 	metrics *metrics.Metrics
+	api     *attemptAPI
 
 	// fatal receives an error that must stop Run (a board of another
 	// schema version).
@@ -134,6 +135,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 		Logger: d.log.Named("cycle"), Metrics: d.metrics,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
+	if d.api, err = newAttemptAPI(ctx, cfg, d.pool, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
+		return nil, err
+	}
 	if cfg.Runner != nil {
 		if d.runner, err = d.newRunner(); err != nil {
 			return nil, err
@@ -186,7 +190,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		AgentPath:     cfg.Runner.Agent,
 		RecordDir:     cfg.RecordDir,
 		LogDir:        cfg.Runner.LogDir,
-		DSN:           cfg.StoreDSN,
+		Credentials:   d.api.issuer(cfg.Ladder.AttemptTokenTTL),
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,
@@ -246,6 +250,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
 		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
 
+	apiDone := d.api.run(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); d.elector.Run(ctx) }()
@@ -266,6 +271,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := <-served; err != nil {
 		d.log.Warn("telemetry server", "error", err)
 	}
+	if err := <-apiDone; err != nil {
+		d.log.Warn("attempt api server", "error", err)
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -280,6 +288,9 @@ func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.
 // RunCycle runs one maintenance cycle now, as Run does every interval.
 func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
 
+// AttemptAPIURL is the base URL this replica's attempt API is reached at.
+func (d *Daemon) AttemptAPIURL() string { return d.api.ln.URL }
+
 // Metrics is the daemon's metric registry.
 func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
 
@@ -291,6 +302,9 @@ func (d *Daemon) Close() {
 	}
 	if d.runner != nil {
 		d.runner.Close()
+	}
+	if d.api != nil {
+		d.api.close()
 	}
 	if d.sockets != nil {
 		if err := d.sockets.Close(); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
@@ -53,6 +54,11 @@ ladder {
 
 telemetry {
   listen = "127.0.0.1:0"
+}
+
+attempt_api {
+  listen    = %q
+  state_dir = %q
 }
 
 substrate "lite" {
@@ -117,7 +123,8 @@ func newWorld(t *testing.T, ttl string) *world {
 		t.Fatal(err)
 	}
 	w.config = filepath.Join(t.TempDir(), "reaper.hcl")
-	src := fmt.Sprintf(hostConfig, binDir, w.dsn, recordDir, logDir, ttl)
+	src := fmt.Sprintf(hostConfig, binDir, w.dsn, attemptapitest.FreeAddr(t),
+		filepath.Join(t.TempDir(), "attempt-api"), recordDir, logDir, ttl)
 	if err := os.WriteFile(w.config, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -98,6 +98,10 @@ var (
 	ErrSuperseded = errors.New("the control plane says the attempt has moved on")
 	// ErrNotReported: the outcome could not be delivered within ReportRetry.
 	ErrNotReported = errors.New("the outcome could not be reported")
+	// ErrRefused, wrapped by a Reporter's error, says the control plane
+	// refused the call for good (a lapsed or invalid credential): the agent
+	// does not retry it. Any other error is retried within its bound.
+	ErrRefused = errors.New("the control plane refused the call")
 )
 
 // Defaults.
@@ -503,7 +507,9 @@ func (r *runner) reportErr(err error) error {
 }
 
 // retry calls f until it succeeds, backing off from 1 s up to 15 s, for at
-// most bound. An answer of should_terminate is ErrSuperseded.
+// most bound: an outage of the control plane (reaperd restarting, the API
+// unreachable) is ridden out. A refusal (ErrRefused) is not retried. An
+// answer of should_terminate is ErrSuperseded.
 func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f func(context.Context) (bool, error)) error {
 	clk := r.cfg.Clock
 	deadline := clk.Now().Add(bound)
@@ -517,6 +523,9 @@ func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f 
 				return ErrSuperseded
 			}
 			return nil
+		}
+		if errors.Is(err, ErrRefused) {
+			return fmt.Errorf("%s: not retried: %w", what, err)
 		}
 		left := deadline.Sub(clk.Now())
 		if left <= 0 {

@@ -21,11 +21,14 @@
 // when its task started and ended, when it exited. It is off by default;
 // fault soaks read it to judge the system from the processes' side.
 //
-// Reporters: -reporter board (the real one) reports RUNNING, heartbeats and
-// the outcome to the board named by REAPER_DSN through the board's writers,
-// each guarded on the attempt's (state, try, epoch); -reporter file appends
-// JSON lines to -report-file and answers should_terminate once
-// -terminate-file exists (tests of the agent alone).
+// Reporters: -reporter api (the runners') reports RUNNING, heartbeats and
+// the outcome to reaperd's attempt API with the attempt's own credential
+// (REAPER_ATTEMPT_TOKEN, REAPER_ATTEMPT_API, REAPER_ATTEMPT_API_CA from the
+// environment), renewing it with each accepted heartbeat; -reporter board
+// writes to the board named by REAPER_DSN directly (test harnesses without a
+// reaperd only); -reporter file appends JSON lines to -report-file and
+// answers should_terminate once -terminate-file exists (tests of the agent
+// alone).
 package main
 
 import (
@@ -146,6 +149,14 @@ func run(args []string) (code int) {
 	switch inv.Reporter {
 	case agent.ReporterFile:
 		rep = agent.NewFileReporter(inv.ReportFile, inv.TerminateFile)
+	case agent.ReporterAPI:
+		ar, err := newAPIReporter(os.Getenv)
+		if err != nil {
+			log.Error("cannot reach the attempt API", "error", err)
+			return exitUsage
+		}
+		defer ar.Close()
+		rep = ar
 	case agent.ReporterBoard:
 		br, err := newBoardReporter(ctx, os.Getenv("REAPER_DSN"))
 		if err != nil {
