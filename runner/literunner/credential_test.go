@@ -14,6 +14,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -180,5 +181,83 @@ func wantRefused(t *testing.T, what string, err error) {
 	var ce *attemptapi.CallError
 	if !errors.As(err, &ce) || ce.Body.Code != attemptapi.CodeWrongScope {
 		t.Errorf("%s: err %v, want refused %s", what, err, attemptapi.CodeWrongScope)
+	}
+}
+
+// minterFunc adapts a function to literunner.Minter.
+type minterFunc func(a sdk.Attempt, now time.Time) (attempttoken.Credential, error)
+
+func (f minterFunc) Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) { return f(a, now) }
+
+// pollUntil polls cond every 20 ms for at most bound (real agents, real
+// network), failing with what when it never holds.
+func pollUntil(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", bound, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The attempt API goes down (reaperd stopped) before the agent's RUNNING
+// report, again while its task runs, and again when it reports: the agent
+// rides out each outage (pre-start retry, heartbeat retries, report retry)
+// and its attempt ends as if nothing had happened.
+func TestAgentRidesOutAnAttemptAPIOutage(t *testing.T) {
+	t.Parallel()
+	addr := attemptapitest.FreeAddr(t)
+	state := filepath.Join(t.TempDir(), "attempt-api")
+	var api *attemptapitest.API
+	b := setup(t, opts{heartbeat: 500 * time.Millisecond, credentials: minterFunc(
+		func(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) { return api.Issuer.Mint(a, now) })})
+	start := func() { api = attemptapitest.Start(t, b.w, attemptapitest.Options{Listen: addr, StateDir: state}) }
+	start()
+	api.Stop() // down before the dispatch
+
+	started, release := filepath.Join(b.work, "started"), filepath.Join(b.work, "go")
+	b.mkRun(t, "run", task("t", `touch `+started+`; while [ ! -f `+release+` ]; do sleep 0.05; done`, 0))
+	if res := b.cycle(t); res.Dispatched != 1 {
+		t.Fatalf("dispatch: %+v", res)
+	}
+
+	t.Run("PreStartRetryRidesOutTheOutage", func(t *testing.T) {
+		time.Sleep(2 * time.Second) // the agent is retrying RUNNING against nothing
+		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateQueued {
+			t.Fatalf("state %s while the API is down", ti.State)
+		}
+		if _, err := os.Stat(started); err == nil {
+			t.Fatal("the task started before RUNNING was accepted")
+		}
+		start()
+		pollUntil(t, 30*time.Second, "the attempt running after the API came back", func() bool {
+			_, err := os.Stat(started)
+			return b.ti(t, "run", "t").State == sdk.StateRunning && err == nil
+		})
+	})
+
+	t.Run("HeartbeatsAndTheReportRideOutTheOutage", func(t *testing.T) {
+		pollUntil(t, 30*time.Second, "a renewed credential", func() bool {
+			return !b.ti(t, "run", "t").CredentialRenewedAt.IsZero()
+		})
+		api.Stop()
+		time.Sleep(1500 * time.Millisecond) // heartbeats fail meanwhile
+		if err := os.WriteFile(release, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // the report fails meanwhile
+		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateRunning {
+			t.Fatalf("state %s while the API is down", ti.State)
+		}
+		start()
+		pollUntil(t, 30*time.Second, "the outcome reported after the API came back", func() bool {
+			return b.ti(t, "run", "t").State == sdk.StateSuccess
+		})
+	})
+	var tt totals
+	if run := b.untilRunEnds(t, "run", &tt, nil); run.State != sdk.RunSuccess {
+		t.Fatalf("run %+v", run)
 	}
 }

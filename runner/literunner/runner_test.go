@@ -69,6 +69,9 @@ type opts struct {
 	maxRuns     int
 	agentPath   string
 	onResult    func(literunner.Result)
+	// credentials: default an attempt API of the test's own.
+	credentials literunner.Minter
+	heartbeat   time.Duration
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -89,11 +92,15 @@ func setup(t *testing.T, o opts) *bundle {
 	logs := &lockedBuffer{}
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
+	if o.credentials == nil {
+		o.credentials = attemptapitest.Start(t, w, attemptapitest.Options{}).Issuer
+	}
 	r, err := literunner.New(literunner.Config{
 		AgentPath:     o.agentPath,
 		RecordDir:     filepath.Join(tmp, "records"),
 		LogDir:        filepath.Join(tmp, "logs"),
-		Credentials:   attemptapitest.Start(t, w, attemptapitest.Options{}).Issuer,
+		Credentials:   o.credentials,
+		Heartbeat:     o.heartbeat,
 		MaxParallel:   o.maxParallel,
 		MaxActiveRuns: o.maxRuns,
 		Ladder:        lad,

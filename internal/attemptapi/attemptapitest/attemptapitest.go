@@ -7,6 +7,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,10 @@ type Options struct {
 	Listen  string
 	Meter   attemptapi.Meter
 	Logger  hclog.Logger
+	// StateDir holds the generated key and certificate; a second Start on
+	// the same StateDir and Listen is the same API restarted. Default: a
+	// directory of the test's.
+	StateDir string
 }
 
 // API is a served attempt API.
@@ -35,7 +40,12 @@ type API struct {
 	Issuer attempttoken.Issuer
 	URL    string
 	CA     string
+
+	stop func()
 }
+
+// Stop stops serving (the API's outage); the test's end stops it too.
+func (a *API) Stop() { a.stop() }
 
 // Start serves the API until the test ends.
 func Start(t testing.TB, b attemptapi.Board, o Options) *API {
@@ -55,7 +65,10 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	state := filepath.Join(t.TempDir(), "attempt-api")
+	state := o.StateDir
+	if state == "" {
+		state = filepath.Join(t.TempDir(), "attempt-api")
+	}
 	kr, err := attempttoken.LoadOrCreateKeyFile(filepath.Join(state, "signing-keys.hcl"))
 	if err != nil {
 		t.Fatal(err)
@@ -72,13 +85,17 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 		t.Fatal(err)
 	}
 	done := attemptapi.Serve(ctx, ln, srv, o.Logger)
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("attempt api: %v", err)
-		}
-	})
-	return &API{Keys: kr, URL: ln.URL, CA: ln.CA,
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("attempt api: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &API{Keys: kr, URL: ln.URL, CA: ln.CA, stop: stop,
 		Issuer: attempttoken.Issuer{Keys: func() *attempttoken.Keyring { return kr }, TTL: o.TTL, API: ln.URL, CA: ln.CA}}
 }
 
