@@ -187,7 +187,9 @@ func wantRefused(t *testing.T, what string, err error) {
 // minterFunc adapts a function to literunner.Minter.
 type minterFunc func(a sdk.Attempt, now time.Time) (attempttoken.Credential, error)
 
-func (f minterFunc) Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) { return f(a, now) }
+func (f minterFunc) Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) {
+	return f(a, now)
+}
 
 // pollUntil polls cond every 20 ms for at most bound (real agents, real
 // network), failing with what when it never holds.
