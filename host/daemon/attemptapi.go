@@ -26,6 +26,10 @@ import (
 // rotation.
 const keyReloadInterval = 30 * time.Second
 
+// apiPoolConns bounds the attempt API's connections to the board: each
+// heartbeat is one short statement.
+const apiPoolConns = 4
+
 // generatedKeyFile is the signing key file reaperd generates in the
 // attempt API's state directory when the operator names none.
 const generatedKeyFile = "signing-keys.hcl"
@@ -33,6 +37,7 @@ const generatedKeyFile = "signing-keys.hcl"
 // attemptAPI is this replica's attempt API: its listener, its server, and
 // the keyring in force (swapped when the key file changes).
 type attemptAPI struct {
+	pool    *pgxpool.Pool // the API's own: agents' calls never queue behind the elector or the cycle
 	ln      *attemptapi.Listener
 	srv     *attemptapi.Server
 	keys    atomic.Pointer[attempttoken.Keyring]
@@ -45,14 +50,24 @@ type attemptAPI struct {
 
 // newAttemptAPI loads (or generates) the signing keys and the certificate
 // and binds the listener. Every replica serves it, leading or not.
-func newAttemptAPI(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, m *metrics.Metrics,
-	clk clock.Clock, log hclog.Logger) (*attemptAPI, error) {
+func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
+	clk clock.Clock, log hclog.Logger) (api *attemptAPI, err error) {
 	c := cfg.AttemptAPI
-	api := &attemptAPI{keyFile: c.SigningKeyFile, clk: clk, log: log}
-	var (
-		kr  *attempttoken.Keyring
-		err error
-	)
+	api = &attemptAPI{keyFile: c.SigningKeyFile, clk: clk, log: log}
+	defer func() {
+		if err != nil {
+			api.close()
+		}
+	}()
+	poolCfg, err := pgxpool.ParseConfig(cfg.StoreDSN)
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: parse store dsn: %w", err)
+	}
+	poolCfg.MaxConns = apiPoolConns
+	if api.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
+		return nil, fmt.Errorf("attempt api: open store: %w", err)
+	}
+	var kr *attempttoken.Keyring
 	if api.keyFile != "" {
 		kr, err = attempttoken.LoadKeyFile(api.keyFile)
 	} else {
@@ -65,7 +80,7 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, 
 	api.keys.Store(kr)
 	api.srv, err = attemptapi.NewServer(attemptapi.ServerConfig{
 		Keys: api.keys.Load, TTL: cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling,
-		Board: lifecycle.New(pool, lifecycle.Options{}), Meter: m, Clock: clk, Logger: log,
+		Board: lifecycle.New(api.pool, lifecycle.Options{}), Meter: m, Clock: clk, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -131,11 +146,16 @@ func modTime(path string) time.Time {
 	return st.ModTime()
 }
 
-// close releases the listener when run never served it.
+// close releases the listener (when run never served it) and the pool.
 func (a *attemptAPI) close() {
 	a.closeOnce.Do(func() {
-		if err := a.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			a.log.Warn("closing the attempt api listener", "error", err)
+		if a.ln != nil {
+			if err := a.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				a.log.Warn("closing the attempt api listener", "error", err)
+			}
+		}
+		if a.pool != nil {
+			a.pool.Close()
 		}
 	})
 }

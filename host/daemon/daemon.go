@@ -135,7 +135,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 		Logger: d.log.Named("cycle"), Metrics: d.metrics,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
-	if d.api, err = newAttemptAPI(ctx, cfg, d.pool, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
+	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
 		return nil, err
 	}
 	if cfg.Runner != nil {
