@@ -85,7 +85,7 @@ soak: build
 
 # Benchmarks of the board, the Lite substrate and the reapers.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/
 
 # The container image, built offline (no daemon, no base image): an OCI
 # layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
