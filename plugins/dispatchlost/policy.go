@@ -33,14 +33,24 @@ func overdue(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 
 // credentialLapse is when the attempt credential minted at dispatch runs out.
 func credentialLapse(c sdk.Candidate, l ladder.Ladder) time.Time {
-	return c.QueuedAt.Add(l.AttemptTokenTTL)
+	return mintedAt(c).Add(l.AttemptTokenTTL)
+}
+
+// mintedAt is when the attempt's credential was minted: recorded by the
+// runner that minted it, else the dispatch (queued_at), when the
+// specification's runner mints it.
+func mintedAt(c sdk.Candidate) time.Time {
+	if !c.CredentialMintedAt.IsZero() {
+		return c.CredentialMintedAt
+	}
+	return c.QueuedAt
 }
 
 // nearStartExpiry: the credential minted at dispatch lapses within the
 // start-expiry margin, so an agent that starts now would start with a
 // credential about to be refused.
 func nearStartExpiry(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
-	return !c.QueuedAt.IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
+	return !mintedAt(c).IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
 }
 
 // judgeLite: the dispatch is lost only when the agent (and any task group)
