@@ -4,9 +4,9 @@
 //
 // Run is the whole agent as a library function. It talks to the control
 // plane only through the Reporter interface, so tests drive it with an
-// in-memory reporter and real processes, the reaper-agent binary uses the
-// JSON-lines FileReporter, and a Postgres reporter over the board's writers
-// plugs in at the same seam (see Reporter).
+// in-memory reporter and real processes, and the reaper-agent binary plugs
+// in the attempt API's client (its production reporter) or the JSON-lines
+// FileReporter at the same seam (see Reporter).
 //
 // The life of one attempt:
 //
@@ -57,9 +57,9 @@ import (
 // attempt, so the board applies it only while the task instance still holds
 // exactly that (try, epoch), and answers should_terminate otherwise.
 //
-// This is the seam where the board's writers package plugs in: a Postgres
-// reporter implements these three calls with the guarded running, heartbeat
-// and report transitions. The agent imports no database code itself.
+// reaper-agent implements it over reaperd's attempt API, whose server makes
+// the board's guarded running, heartbeat and report transitions. The agent
+// imports no database code and never holds the database's credentials.
 type Reporter interface {
 	// Running reports that the attempt starts its task.
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error)

@@ -24,11 +24,10 @@
 // Reporters: -reporter api (the runners') reports RUNNING, heartbeats and
 // the outcome to reaperd's attempt API with the attempt's own credential
 // (REAPER_ATTEMPT_TOKEN, REAPER_ATTEMPT_API, REAPER_ATTEMPT_API_CA from the
-// environment), renewing it with each accepted heartbeat; -reporter board
-// writes to the board named by REAPER_DSN directly (test harnesses without a
-// reaperd only); -reporter file appends JSON lines to -report-file and
-// answers should_terminate once -terminate-file exists (tests of the agent
-// alone).
+// environment), renewing it with each accepted heartbeat; -reporter file
+// appends JSON lines to -report-file and answers should_terminate once
+// -terminate-file exists (tests of the agent alone). The agent has no way
+// to reach the board itself: it never holds the database's credentials.
 package main
 
 import (
@@ -157,14 +156,6 @@ func run(args []string) (code int) {
 		}
 		defer ar.Close()
 		rep = ar
-	case agent.ReporterBoard:
-		br, err := newBoardReporter(ctx, os.Getenv("REAPER_DSN"))
-		if err != nil {
-			log.Error("cannot reach the board", "error", err)
-			return exitUsage
-		}
-		defer br.Close()
-		rep = br
 	default: // Validate refused it already
 		return exitUsage
 	}
