@@ -83,9 +83,22 @@ soak: build
 	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
 
-# Benchmarks of the board, the Lite substrate and the reapers.
+# Benchmarks of the board, the Lite substrate and the reapers (the mass
+# recovery over 10,000 and 100,000 dead attempts, audit rows written).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/
+	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/
+
+# The peer benchmark (not part of make test): River's JobRescuer, the
+# reaper's agentlost mass recovery (in and out of process) and plain-SQL
+# baselines over N stuck rows on one throwaway PostgreSQL, one table of rows/s
+# and ratios. A module of its own (tools/peerbench): River never enters the
+# product's go.mod. PEERS_N is a comma-separated list of sizes, PEERS_RUNS
+# the interleaved runs per size.
+PEERS_N    ?= 10000,100000
+PEERS_RUNS ?= 3
+.PHONY: bench-peers
+bench-peers: build
+	cd tools/peerbench && GOWORK=off $(GO) run . -bin $(CURDIR)/$(BIN) -n $(PEERS_N) -runs $(PEERS_RUNS)
 
 # The container image, built offline (no daemon, no base image): an OCI
 # layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
@@ -99,6 +112,7 @@ lint:
 	$(GO) vet ./...
 	cd examples/parked && GOWORK=off $(GO) vet ./...
 	cd tools/image && GOWORK=off $(GO) vet ./...
+	cd tools/peerbench && GOWORK=off $(GO) vet ./...
 
 # Regenerates the protocol's Go code. Needs protoc (Debian: protobuf-compiler);
 # the Go generators are pinned as tool lines in go.mod.

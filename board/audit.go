@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -20,56 +21,118 @@ type AuditRecord struct {
 	sdk.Decision
 }
 
-const recordDecisionsSQL = `
-INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
-    applied, dry_run, detail, evidence)
-SELECT $1, $2, d.reaper, d.label, NULLIF(d.run_id, ''), NULLIF(d.task_id, ''), d.try_number, d.attempt_epoch,
-    d.applied, d.dry_run, d.detail, d.evidence::jsonb
-FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::int4[],
-    $9::bool[], $10::bool[], $11::text[], $12::text[])
-    WITH ORDINALITY AS d(reaper, label, run_id, task_id, try_number, attempt_epoch,
-        applied, dry_run, detail, evidence, ord)
-ORDER BY d.ord`
+// auditColumns are the columns RecordDecisions copies into reap_decisions
+// (id is generated).
+var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
+	"applied", "dry_run", "detail", "evidence"}
 
-// RecordDecisions writes a batch of decisions to the audit in one statement,
-// all stamped at and term. It is not fenced: what a deposed leader decided is
-// history too. The try and epoch are stored only for decisions about a task
-// instance.
+// AuditChunk is the most decisions RecordDecisions copies in one COPY; each
+// chunk has the store's query timeout to itself, so a mass recovery's audit
+// is not lost to a bound sized for a page.
+const AuditChunk = 5_000
+
+// RecordDecisions writes a batch of decisions to the audit with COPY (the
+// bulk path of the protocol, in order), AuditChunk at a time, all stamped at
+// and term. It is not fenced: what a deposed leader decided is history too.
+// The try and epoch are stored only for decisions about a task instance. On
+// an error the chunks before the failing one are kept, and the error says
+// how many decisions were written.
 func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	n := len(ds)
-	reapers, labels, runIDs, taskIDs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	details, evidence := make([]string, n), make([]string, n)
-	tries, epochs := make([]pgtype.Int4, n), make([]pgtype.Int4, n)
-	applied, dry := make([]bool, n), make([]bool, n)
+	// The evidence of every row goes into one buffer, one object after the
+	// other; ends[i] is where row i's ends.
+	var (
+		buf  []byte
+		ends = make([]int, len(ds))
+	)
 	for i, d := range ds {
 		if d.Label == "" {
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
-		ev := d.Evidence
-		if ev == nil {
-			ev = map[string]string{}
-		}
-		b, err := json.Marshal(ev)
-		if err != nil {
+		var err error
+		if buf, err = appendEvidence(buf, d.Evidence); err != nil {
 			return fmt.Errorf("board: record decisions: encode evidence: %w", err)
 		}
-		reapers[i], labels[i], runIDs[i], taskIDs[i] = d.Reaper, d.Label, d.Attempt.RunID, d.Attempt.TaskID
-		if d.Attempt.TaskID != "" {
-			tries[i] = pgtype.Int4{Int32: d.Attempt.Try, Valid: true}
-			epochs[i] = pgtype.Int4{Int32: d.Attempt.Epoch, Valid: true}
-		}
-		applied[i], dry[i], details[i], evidence[i] = d.Applied, d.DryRun, d.Detail, string(b)
+		ends[i] = len(buf)
 	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	if _, err := s.pool.Exec(ctx, recordDecisionsSQL, at, term, reapers, labels, runIDs, taskIDs,
-		tries, epochs, applied, dry, details, evidence); err != nil {
-		return fmt.Errorf("board: record decisions: %w", err)
+	rows := make([][]any, len(ds))
+	for i, d := range ds {
+		var run, task, try, epoch any // NULL unless about a run or a task instance
+		if d.Attempt.RunID != "" {
+			run = d.Attempt.RunID
+		}
+		if d.Attempt.TaskID != "" {
+			task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
+		}
+		start := 0
+		if i > 0 {
+			start = ends[i-1]
+		}
+		rows[i] = []any{at, term, d.Reaper, d.Label, run, task, try, epoch, d.Applied, d.DryRun, d.Detail,
+			buf[start:ends[i]:ends[i]]}
+	}
+	for start := 0; start < len(rows); start += AuditChunk {
+		chunk := rows[start:min(start+AuditChunk, len(rows))]
+		if err := s.copyDecisions(ctx, chunk); err != nil {
+			return fmt.Errorf("board: record decisions (%d of %d written): %w", start, len(rows), err)
+		}
 	}
 	return nil
+}
+
+func (s *Store) copyDecisions(ctx context.Context, rows [][]any) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, pgx.CopyFromRows(rows))
+	return err
+}
+
+// appendEvidence appends ev as a JSON object, its keys sorted (as
+// encoding/json writes a map), without reflection. A string that is not
+// valid UTF-8 is left to encoding/json, which replaces what is invalid.
+func appendEvidence(buf []byte, ev map[string]string) ([]byte, error) {
+	keys := make([]string, 0, len(ev))
+	for k := range ev {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	buf = append(buf, '{')
+	for i, k := range keys {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		var err error
+		if buf, err = appendJSONString(buf, k); err != nil {
+			return buf, err
+		}
+		buf = append(buf, ':')
+		if buf, err = appendJSONString(buf, ev[k]); err != nil {
+			return buf, err
+		}
+	}
+	return append(buf, '}'), nil
+}
+
+func appendJSONString(buf []byte, s string) ([]byte, error) {
+	if !utf8.ValidString(s) {
+		b, err := json.Marshal(s)
+		return append(buf, b...), err
+	}
+	const hex = "0123456789abcdef"
+	buf = append(buf, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			buf = append(buf, '\\', c)
+		case c < 0x20:
+			buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return append(buf, '"'), nil
 }
 
 // DecisionsFor returns the audit of one task instance, oldest first: every

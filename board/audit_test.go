@@ -3,6 +3,8 @@ package board_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -54,6 +56,62 @@ func TestAudit(t *testing.T) {
 		}
 		if n, err := b.store.PruneDecisions(ctx, base.Add(time.Second)); err != nil || n != 5 {
 			t.Fatalf("pruned %d %v, want 5", n, err)
+		}
+	})
+
+	t.Run("EvidenceOfAnyTextIsKeptAsWritten", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
+		ev := map[string]string{
+			"quote": `say "dead"`, "backslash": `C:\tmp\x`, "control": "tab\there\nnewline\x01",
+			"html": "<a> & </a>", "unicode": "héllo ✓", "invalid": "bad\xffbyte", "": "empty key",
+		}
+		ds := []sdk.Decision{
+			{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: a, Evidence: ev},
+			{Reaper: "agentlost", Label: sdk.LabelAgentLostProcessAlive, Attempt: a}, // no evidence: {}
+		}
+		if err := b.store.RecordDecisions(ctx, b.term, base, ds); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := b.store.DecisionsFor(ctx, "run", "task", 0)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("records %+v %v", recs, err)
+		}
+		for k, v := range ev {
+			want := v
+			if k == "invalid" {
+				want = "bad\ufffdbyte" // as encoding/json writes it
+			}
+			if got := recs[0].Evidence[k]; got != want {
+				t.Errorf("evidence %q read back %q, want %q", k, got, want)
+			}
+		}
+		if len(recs[0].Evidence) != len(ev) || len(recs[1].Evidence) != 0 {
+			t.Fatalf("evidence read back %v and %v", recs[0].Evidence, recs[1].Evidence)
+		}
+	})
+
+	t.Run("AnAuditLargerThanAChunkIsWrittenWholeInOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ds := make([]sdk.Decision, 2*board.AuditChunk+1)
+		for i := range ds {
+			ds[i] = sdk.Decision{Reaper: "agentlost", Label: sdk.LabelAgentLost, Applied: true,
+				Attempt:  sdk.Attempt{RunID: "run", TaskID: fmt.Sprintf("task%05d", i), Try: 1},
+				Evidence: map[string]string{"n": strconv.Itoa(i)}}
+		}
+		if err := b.store.RecordDecisions(ctx, b.term, base, ds); err != nil {
+			t.Fatal(err)
+		}
+		recs, err := b.store.DecisionsFor(ctx, "run", "", 0)
+		if err != nil || len(recs) != len(ds) {
+			t.Fatalf("%d records (%v), want %d", len(recs), err, len(ds))
+		}
+		for i, r := range recs {
+			if r.Attempt != ds[i].Attempt || r.Evidence["n"] != strconv.Itoa(i) {
+				t.Fatalf("record %d is %+v, want the decision about %s", i, r, ds[i].Attempt)
+			}
 		}
 	})
 

@@ -2,8 +2,11 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -47,6 +50,38 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
 	return w.step(ctx, "queue", a, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, warm_worker = $6,
         updated_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
+}
+
+// RecordPodUID records the UID of the pod created for the attempt (the
+// kube runner, once the create answered), while the row holds the attempt
+// queued or running and its run is running. It reports whether it applied.
+func (w *Writer) RecordPodUID(ctx context.Context, a sdk.Attempt, uid string, now time.Time) (bool, error) {
+	if uid == "" {
+		return false, fmt.Errorf("board: record the pod of %s: no UID", a)
+	}
+	return w.step(ctx, "record the pod of", a, `UPDATE task_instances ti SET pod_uid = $6, updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, uid)
+}
+
+// PodUID reads the pod UID recorded on the attempt ("" when none is, or
+// the row holds another attempt).
+func (w *Writer) PodUID(ctx context.Context, a sdk.Attempt) (string, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var uid *string
+	err := w.pool.QueryRow(ctx, `SELECT pod_uid FROM task_instances
+        WHERE run_id = $1 AND task_id = $2 AND try_number = $3 AND attempt_epoch = $4`,
+		a.RunID, a.TaskID, a.Try, a.Epoch).Scan(&uid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("board: read the pod of %s: %w", a, err)
+	}
+	if uid == nil {
+		return "", nil
+	}
+	return *uid, nil
 }
 
 // Running records the attempt's RUNNING report: queued to running, stamping

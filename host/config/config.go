@@ -19,7 +19,9 @@ import (
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
+	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -66,8 +68,9 @@ type Config struct {
 	// and to the runner, so the two cannot disagree. Empty on kube.
 	RecordDir string
 
-	// Runner is the runner block (Lite only): the built-in scheduler that
-	// dispatches Lite tasks as agent processes. nil when absent.
+	// Runner is the runner block: the built-in scheduler that dispatches
+	// Lite tasks as agent processes, or on edition "kube" (with its kube
+	// block) kube tasks as pods. nil when absent.
 	Runner *Runner
 
 	// Warnings are accepted settings worth a WARN at boot.
@@ -76,17 +79,23 @@ type Config struct {
 	// ranges records where ladder keys were set, for ladder diagnostics.
 	ranges map[string]hcl.Range
 	file   hcl.Range
-	// editionRange and leaderRange are where the edition and the leader
-	// kind were written (zero when absent).
-	editionRange, leaderRange hcl.Range
 }
 
 // Leader is the leader block.
 type Leader struct {
-	Kind      string        // LeaderPostgres or LeaderKubernetes
-	Lease     time.Duration // lease duration
-	Namespace string        // kubernetes only
-	Name      string        // kubernetes only
+	Kind  string        // LeaderPostgres or LeaderKubernetes
+	Lease time.Duration // lease duration
+	// Renew is how often the leader renews, and a follower tries to take
+	// over; 0: the elector's default (a third of the lease). It must leave
+	// room inside the part of the lease a leader trusts (four fifths).
+	Renew time.Duration
+	// Namespace and Name of the Kubernetes Lease (kubernetes only).
+	Namespace string
+	Name      string
+	// Kubeconfig reaches the API server (kubernetes only): a file,
+	// relative to the configuration's; empty: the in-cluster config of
+	// the pod's service account.
+	Kubeconfig string
 }
 
 // Telemetry is the telemetry block.
@@ -124,6 +133,27 @@ type Runner struct {
 	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
 	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
 	LogDir        string        // where task output and agent logs go; default: the record directory
+	// Kube is the runner's kube block: required on edition "kube", refused
+	// on "lite". nil when absent.
+	Kube *KubeRunner
+}
+
+// DefaultKubeNamespace is the task pods' namespace when neither the runner's
+// kube block nor the kube substrate names one (the substrate's own default).
+const DefaultKubeNamespace = "default"
+
+// KubeRunner is the runner's kube block: the task pods' template.
+type KubeRunner struct {
+	Namespace        string        // the task pods' namespace; default: the kube substrate's, else "default"
+	Kubeconfig       string        // the kube substrate's kubeconfig ("": the in-cluster service account)
+	Image            string        // the task image (holds the agent); required
+	Agent            string        // the agent binary inside the image; default "reaper-agent"
+	ServiceAccount   string        // "" leaves the namespace's default
+	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
+	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
+	// Requests and Limits of the task container, by resource name (cpu,
+	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
+	Requests, Limits map[string]string
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -244,7 +274,6 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		cfg.StoreDSN = env
 	}
 	diags = append(diags, cfg.validateLadder()...)
-	diags = append(diags, cfg.refuseUnavailable()...)
 	return cfg, diags
 }
 
@@ -280,8 +309,10 @@ var (
 	}}
 	leaderSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "lease", Type: sdk.TypeDuration},
+		{Name: "renew", Type: sdk.TypeDuration},
 		{Name: "namespace", Type: sdk.TypeString},
 		{Name: "name", Type: sdk.TypeString},
+		{Name: "kubeconfig", Type: sdk.TypeString},
 	}}
 	maintenanceSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -299,6 +330,18 @@ var (
 	}}
 	authSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
+	}}
+	kubeRunnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "namespace", Type: sdk.TypeString},
+		{Name: "image", Type: sdk.TypeString, Required: true},
+		{Name: "agent", Type: sdk.TypeString},
+		{Name: "service_account", Type: sdk.TypeString},
+		{Name: "image_pull_policy", Type: sdk.TypeString},
+		{Name: "termination_grace", Type: sdk.TypeDuration},
+		{Name: "cpu_request", Type: sdk.TypeString},
+		{Name: "memory_request", Type: sdk.TypeString},
+		{Name: "cpu_limit", Type: sdk.TypeString},
+		{Name: "memory_limit", Type: sdk.TypeString},
 	}}
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -331,9 +374,6 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 	cfg.Edition = top.String("edition")
 	cfg.PluginDir = top.String("plugin_dir")
 	cfg.DryRun = top.Bool("dry_run")
-	if a, ok := content.Attributes["edition"]; ok {
-		cfg.editionRange = a.Expr.Range()
-	}
 	if a, ok := content.Attributes["edition"]; ok && !d.HasErrors() &&
 		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
 		r := a.Expr.Range()
@@ -440,6 +480,19 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			cfg.Reapers = append(cfg.Reapers, pb)
 		}
 	}
+	if r := cfg.Runner; r != nil && r.Kube != nil && cfg.Substrate.Body != nil {
+		// The runner talks to the substrate's cluster.
+		r.Kube.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
+	}
+	if r := cfg.Runner; r != nil && r.Kube != nil && r.Kube.Namespace == "" {
+		// The pods go where the substrate looks for them.
+		if cfg.Substrate.Body != nil {
+			r.Kube.Namespace = peekString(cfg.Substrate.Body, "namespace")
+		}
+		if r.Kube.Namespace == "" {
+			r.Kube.Namespace = DefaultKubeNamespace
+		}
+	}
 	if _, ok := seen["substrate"]; !ok {
 		r := cfg.file
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
@@ -484,7 +537,9 @@ func peekString(body hcl.Body, name string) string {
 }
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
-	v, ranges, diags := DecodeBlock(b.Body, runnerSchema)
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
+	v, ranges, d := DecodeBlock(rest, runnerSchema)
+	diags = append(diags, d...)
 	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir")}
 	r.Interval, _ = v.Duration("interval")
 	n := v.Number("max_parallel")
@@ -506,11 +561,29 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	if cfg.Edition != ladder.EditionLite {
+	for i, kb := range inner.Blocks {
+		if i > 0 {
+			dr := kb.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+				Summary: "Duplicate kube block", Detail: "The runner takes one kube block."})
+			continue
+		}
+		k, d := decodeKubeRunner(kb)
+		diags = append(diags, d...)
+		r.Kube = k
+	}
+	switch {
+	case cfg.Edition == ladder.EditionKube && r.Kube == nil:
 		dr := b.DefRange
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
-			Summary: "Runner needs the lite edition",
-			Detail:  "The runner dispatches Lite tasks as local processes; remove it for edition \"kube\"."})
+			Summary: "Runner needs a kube block on edition \"kube\"",
+			Detail: "On edition \"kube\" the runner dispatches pods: add a kube { image = ... } block " +
+				"(the runner's other attributes are those of the lite edition's runner, and its tick and caps)."})
+	case cfg.Edition != ladder.EditionKube && r.Kube != nil:
+		dr := inner.Blocks[0].DefRange
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Runner kube block needs the kube edition",
+			Detail:  "The kube block configures task pods; edition \"lite\" dispatches local processes."})
 	}
 	cfg.Runner = r
 	return diags
@@ -565,23 +638,66 @@ func loopbackListen(listen string) bool {
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
+// decodeKubeRunner decodes the runner's kube block.
+func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
+	v, ranges, diags := DecodeBlock(b.Body, kubeRunnerSchema)
+	k := &KubeRunner{
+		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
+		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
+		Requests: map[string]string{}, Limits: map[string]string{},
+	}
+	k.TerminationGrace, _ = v.Duration("termination_grace")
+	bad := func(key, detail string) {
+		rr := ranges[key]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
+	}
+	switch k.PullPolicy {
+	case "", "Always", "IfNotPresent", "Never":
+	default:
+		bad("image_pull_policy", `image_pull_policy must be "Always", "IfNotPresent" or "Never".`)
+	}
+	if k.TerminationGrace < 0 {
+		bad("termination_grace", "termination_grace must not be negative.")
+	}
+	for _, q := range []struct {
+		key, resource string
+		into          map[string]string
+	}{
+		{"cpu_request", "cpu", k.Requests}, {"memory_request", "memory", k.Requests},
+		{"cpu_limit", "cpu", k.Limits}, {"memory_limit", "memory", k.Limits},
+	} {
+		s := v.String(q.key)
+		if s == "" {
+			continue
+		}
+		if _, err := resource.ParseQuantity(s); err != nil {
+			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
+			continue
+		}
+		q.into[q.resource] = s
+	}
+	return k, diags
+}
+
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	kind := b.Labels[0]
 	cfg.Leader.Kind = kind
-	cfg.leaderRange = b.LabelRanges[0]
 	v, _, diags := DecodeBlock(b.Body, leaderSchema)
 	if lease, _ := v.Duration("lease"); lease != 0 {
 		cfg.Leader.Lease = lease
 	}
+	cfg.Leader.Renew, _ = v.Duration("renew")
 	cfg.Leader.Namespace = v.String("namespace")
 	cfg.Leader.Name = v.String("name")
+	cfg.Leader.Kubeconfig = cfg.relative(v.String("kubeconfig"))
 	r := b.LabelRanges[0]
 	switch kind {
 	case LeaderPostgres:
-		if cfg.Leader.Namespace != "" || cfg.Leader.Name != "" {
+		if cfg.Leader.Namespace != "" || cfg.Leader.Name != "" || cfg.Leader.Kubeconfig != "" {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 				Summary: "Unexpected attributes for the postgres leader",
-				Detail:  `namespace and name belong to leader "kubernetes".`})
+				Detail:  `namespace, name and kubeconfig belong to leader "kubernetes".`})
 		}
 	case LeaderKubernetes:
 		if cfg.Leader.Namespace == "" || cfg.Leader.Name == "" {
@@ -597,6 +713,11 @@ func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	if cfg.Leader.Lease <= 0 {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: `Invalid value for "lease"`, Detail: "the lease must be positive."})
+	} else if trusted := cfg.Leader.Lease - cfg.Leader.Lease/leader.DefaultMarginShare; cfg.Leader.Renew < 0 || cfg.Leader.Renew >= trusted {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: `Invalid value for "renew"`,
+			Detail: fmt.Sprintf("renew %s must be positive and shorter than the part of the lease a leader trusts (%s of %s), "+
+				"or the leader would stop trusting its lease between two renewals.", cfg.Leader.Renew, trusted, cfg.Leader.Lease)})
 	}
 	return diags
 }

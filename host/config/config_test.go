@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/hcl/v2"
+
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -16,6 +18,53 @@ import (
 const minimal = `edition = "lite"
 substrate "lite" {}
 `
+
+const kubeMinimal = `edition = "kube"
+substrate "kube" {}
+`
+
+func TestKubeRunnerBlock(t *testing.T) {
+	src := `edition = "kube"
+substrate "kube" {
+  namespace  = "tasks"
+  kubeconfig = "cluster.kubeconfig"
+}
+runner {
+  max_parallel = 8
+  kube {
+    image             = "registry.example/task:1"
+    service_account   = "task"
+    image_pull_policy = "IfNotPresent"
+    termination_grace = "45s"
+    cpu_request       = "250m"
+    memory_limit      = "1Gi"
+  }
+}
+`
+	// The build still refuses the kube edition: Check decodes all the same,
+	// and that refusal must be its only complaint.
+	check := func(src string) *config.Config {
+		t.Helper()
+		cfg, diags := config.Check("reaper.hcl", []byte(src), config.Options{Getenv: func(string) string { return "" }})
+		for _, d := range diags {
+			if d.Severity == hcl.DiagError && d.Summary != `Edition "kube" is not available` {
+				t.Fatalf("%s: %s", d.Summary, d.Detail)
+			}
+		}
+		return cfg
+	}
+	cfg := check(src)
+	k := cfg.Runner.Kube
+	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
+		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
+		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 {
+		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
+	}
+	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
+	if cfg.Runner.Kube.Namespace != config.DefaultKubeNamespace {
+		t.Fatalf("namespace %q, want the default", cfg.Runner.Kube.Namespace)
+	}
+}
 
 func parse(t *testing.T, src string, env map[string]string) (*config.Config, error) {
 	t.Helper()
@@ -75,7 +124,14 @@ func TestBadFiles(t *testing.T) {
 		{"BadChecksum", minimal + "reaper \"agentlost\" {\n  sha256 = \"abc\"\n}\n", []string{"reaper.hcl:4:12:", "sha256"}},
 		{"UnknownLeaderKind", minimal + "leader \"zookeeper\" {}\n", []string{"reaper.hcl:3:8:", `"zookeeper"`}},
 		{"KubernetesLeaderWithoutName", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n}\n", []string{"reaper.hcl:3:8:", "name"}},
-		{"RunnerOnKube", "edition = \"kube\"\nsubstrate \"kube\" {}\nrunner {}\n", []string{"reaper.hcl:3:1:", "lite"}},
+		{"RunnerOnKubeWithoutItsKubeBlock", kubeMinimal + "runner {}\n", []string{"reaper.hcl:3:1:", "kube block"}},
+		{"RunnerKubeBlockOnLite", minimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n", []string{"reaper.hcl:4:3:", "kube edition"}},
+		{"RunnerKubeWithoutImage", kubeMinimal + "runner {\n  kube {}\n}\n", []string{"reaper.hcl:4:", `"image"`}},
+		{"RunnerKubeBadQuantity", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    cpu_limit = \"lots\"\n  }\n}\n", []string{"reaper.hcl:6:17:", "cpu_limit"}},
+		{"RunnerKubeBadPullPolicy", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    image_pull_policy = \"Sometimes\"\n  }\n}\n", []string{"reaper.hcl:6:25:", "image_pull_policy"}},
+		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
+		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},
+		{"NegativeRenew", minimal + "leader \"postgres\" {\n  renew = \"-1s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`}},
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
 		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
@@ -146,12 +202,8 @@ func TestLadderRules(t *testing.T) {
 		if _, err := parse(t, minimal, nil); err != nil {
 			t.Errorf("lite defaults: %v", err)
 		}
-		// The kube defaults pass the ladder; the edition itself is refused
-		// (TestKubeRefusedUntilReal), and only for that.
-		_, err := parse(t, "edition = \"kube\"\nsubstrate \"kube\" {}\n", nil)
-		var cerr *config.Error
-		if !errors.As(err, &cerr) || len(cerr.Diags) != 1 || !strings.Contains(err.Error(), "not available in this build") {
-			t.Errorf("kube defaults: %v, want the edition refused alone", err)
+		if _, err := parse(t, "edition = \"kube\"\nsubstrate \"kube\" {}\n", nil); err != nil {
+			t.Errorf("kube defaults: %v", err)
 		}
 	})
 
@@ -276,28 +328,36 @@ func TestDecodeBlockAgainstPluginSchema(t *testing.T) {
 	}
 }
 
-func TestKubeRefusedUntilReal(t *testing.T) {
-	cases := []struct {
-		name, src string
-		want      []string
-	}{
-		{"KubeEdition", "edition = \"kube\"\nsubstrate \"kube\" {}\n",
-			[]string{`reaper.hcl:1:11: Edition "kube" is not available`, "The Kubernetes edition is not available in this build yet"}},
-		{"KubernetesLeader", minimal + "leader \"kubernetes\" {\n  namespace = \"x\"\n  name = \"y\"\n}\n",
-			[]string{`reaper.hcl:3:8: Leader "kubernetes" is not available`, "not available in this build yet"}},
+func TestKubernetesLeaderIsAccepted(t *testing.T) {
+	src := minimal + "leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n  lease = \"10s\"\n  renew = \"2s\"\n  kubeconfig = \"kube/admin.conf\"\n}\n"
+	cfg, err := config.Parse(filepath.Join("etc", "reaper.hcl"), []byte(src), config.Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parse(t, tc.src, nil)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q lacks %q", err, w)
-				}
-			}
-		})
+	want := config.Leader{Kind: config.LeaderKubernetes, Lease: 10 * time.Second, Renew: 2 * time.Second,
+		Namespace: "reaper", Name: "reaperd", Kubeconfig: filepath.Join("etc", "kube", "admin.conf")}
+	if cfg.Leader != want {
+		t.Fatalf("leader = %+v, want %+v", cfg.Leader, want)
+	}
+	// No kubeconfig: the in-cluster configuration.
+	cfg, err = parse(t, minimal+"leader \"kubernetes\" {\n  namespace = \"reaper\"\n  name = \"reaperd\"\n}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Leader.Kubeconfig != "" || cfg.Leader.Renew != 0 || cfg.Leader.Lease != config.DefaultLease {
+		t.Fatalf("leader = %+v", cfg.Leader)
+	}
+}
+
+func TestKubeEditionAccepted(t *testing.T) {
+	src := "edition = \"kube\"\nsubstrate \"kube\" {\n  namespace = \"tasks\"\n}\n" +
+		"reaper \"dispatchlost\" {}\nreaper \"podlost\" {}\nreaper \"agentlost\" {}\nreaper \"warmworker\" {}\nreaper \"orphanrun\" {}\n"
+	cfg, err := parse(t, src, nil)
+	if err != nil {
+		t.Fatalf("kube configuration refused: %v", err)
+	}
+	if cfg.Edition != "kube" || cfg.Substrate.Name != "kube" || len(cfg.ReaperNames()) != 5 {
+		t.Fatalf("decoded %s %s %v", cfg.Edition, cfg.Substrate.Name, cfg.ReaperNames())
 	}
 }
 

@@ -29,6 +29,10 @@ type Leadership interface {
 	Status(now time.Time) leader.Status
 }
 
+// auditPer is how many decisions the audit gets 10s to write (the board's
+// chunk, board.AuditChunk).
+const auditPer = 5_000
+
 // Auditor keeps decision audit rows.
 type Auditor interface {
 	RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error
@@ -416,7 +420,11 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 	if l.audit == nil {
 		return
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	// 10s for every auditPer decisions (the board copies them in chunks of
+	// that size, each under its own query timeout): a mass recovery's audit
+	// is written whole, not cut off by a bound sized for one page.
+	chunks := (len(ds) + auditPer - 1) / auditPer
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(chunks)*10*time.Second)
 	defer cancel()
 	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
 		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)

@@ -2,7 +2,7 @@
 // the integration tests: the board's pool, the plugins under their
 // supervisors (in a socket directory the host owns), the leader elector
 // behind the schema check, the maintenance loop with its settling gate,
-// telemetry, and the Lite runner when the configuration has one.
+// telemetry, and the runner (Lite or kube) when the configuration has one.
 //
 // New builds everything and starts only the plugins; Run runs it on the
 // injected clock until its context ends; Close releases what New took.
@@ -21,6 +21,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -32,9 +36,11 @@ import (
 	"github.com/dexaflow/reaper/host/plugins"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // auditTimeout bounds the audit of one batch of the runner's decisions.
@@ -79,7 +85,7 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
-	runner  *literunner.Runner // nil without a runner block
+	runner  runnerLoop // nil without a runner block
 	metrics *metrics.Metrics
 	api     *attemptAPI
 
@@ -138,7 +144,12 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
 		return nil, err
 	}
-	if cfg.Runner != nil {
+	switch {
+	case cfg.Runner != nil && cfg.Runner.Kube != nil:
+		if d.runner, err = d.newKubeRunner(); err != nil {
+			return nil, err
+		}
+	case cfg.Runner != nil:
 		if d.runner, err = d.newRunner(); err != nil {
 			return nil, err
 		}
@@ -170,13 +181,25 @@ func (d *Daemon) supervise(ld *loader.Loader, h *plugins.Handle) *supervised {
 	return s
 }
 
+// newElector builds the elector of the leader block. Both kinds take their
+// terms from the board's lease row, behind the schema check: the Kubernetes
+// Lease is not taken while the board cannot grant a term.
 func (d *Daemon) newElector() (*leader.Elector, error) {
-	if d.cfg.Leader.Kind != config.LeaderPostgres {
-		return nil, fmt.Errorf("leader %q has no elector in this build", d.cfg.Leader.Kind)
+	lease, err := d.leaderLease()
+	if err != nil {
+		return nil, err
 	}
-	return leader.New(&schemaGate{Lease: leaseStore{d.store}, pool: d.pool, fatal: d.fail}, leader.Config{
-		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, Clock: d.opts.Clock, Logger: d.log.Named("leader"),
+	return leader.New(&schemaGate{Lease: lease, pool: d.pool, fatal: d.fail}, leader.Config{
+		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, RenewEvery: d.cfg.Leader.Renew,
+		Clock: d.opts.Clock, Logger: d.log.Named("leader"),
 	})
+}
+
+// runnerLoop is a runner as the daemon drives it: the Lite runner or the
+// kube runner.
+type runnerLoop interface {
+	Run(ctx context.Context, leading func(now time.Time) bool)
+	Close() error
 }
 
 // newRunner builds the Lite runner of the runner block: it writes agent
@@ -197,7 +220,10 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Ladder:        cfg.Ladder,
 		Clock:         d.opts.Clock,
 		Logger:        logger,
-		OnResult:      func(res literunner.Result) { d.audit(logger, res) },
+		OnResult: func(res literunner.Result) {
+			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
+		},
 	}, lifecycle.New(d.pool, lifecycle.Options{}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
@@ -205,18 +231,77 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 	return rn, nil
 }
 
-func (d *Daemon) audit(logger hclog.Logger, res literunner.Result) {
-	d.metrics.RunnerTick(res.Took, len(res.RunsStarted), res.RunsWaiting, res.DispatchLatencies, res.FinalizeLatencies)
-	if len(res.Decisions) == 0 {
+// newKubeRunner builds the kube runner of the runner block's kube block: it
+// creates the task pods with the kube substrate's kubeconfig (empty: the
+// in-cluster service account), and its decisions are metered and audited
+// like the Lite runner's.
+func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
+	cfg := d.cfg
+	k := cfg.Runner.Kube
+	logger := d.log.Named("runner")
+	rc, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("runner: the Kubernetes client configuration: %w", err)
+	}
+	// client-go's own default (5 requests a second) would hold dispatch to
+	// 5 pods a second: take the substrate's default rate instead.
+	rc.QPS, rc.Burst = kube.DefaultQPS, kube.DefaultBurst
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("runner: the Kubernetes client: %w", err)
+	}
+	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	for name, q := range k.Requests {
+		res.Requests[corev1.ResourceName(name)] = resource.MustParse(q) // checked by config
+	}
+	for name, q := range k.Limits {
+		res.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
+	}
+	rn, err := kuberunner.New(kuberunner.Config{
+		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
+		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
+		TerminationGrace: k.TerminationGrace,
+		Credentials: podCredentials{issuer: d.api.issuer(cfg.Ladder.AttemptTokenTTL),
+			w: lifecycle.New(d.pool, lifecycle.Options{})},
+		MaxParallel:   cfg.Runner.MaxParallel,
+		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Interval:      cfg.Runner.Interval,
+		Ladder:        cfg.Ladder,
+		Clock:         d.opts.Clock,
+		Logger:        logger,
+		OnResult: func(res kuberunner.Result) {
+			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
+				finalize: res.FinalizeLatencies, decisions: res.Decisions})
+		},
+	}, lifecycle.New(d.pool, lifecycle.Options{}))
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	return rn, nil
+}
+
+// runnerTick is what the daemon meters and audits of one runner cycle.
+type runnerTick struct {
+	at                 time.Time
+	took               time.Duration
+	started            []string
+	waiting            int
+	dispatch, finalize []time.Duration
+	decisions          []sdk.Decision
+}
+
+func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
+	d.metrics.RunnerTick(res.took, len(res.started), res.waiting, res.dispatch, res.finalize)
+	if len(res.decisions) == 0 {
 		return
 	}
-	for _, dec := range res.Decisions {
+	for _, dec := range res.decisions {
 		d.metrics.Decision(dec)
 	}
-	term := d.elector.Status(res.At).Term
+	term := d.elector.Status(res.at).Term
 	ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
 	defer cancel()
-	if err := d.store.RecordDecisions(ctx, term, res.At, res.Decisions); err != nil {
+	if err := d.store.RecordDecisions(ctx, term, res.at, res.decisions); err != nil {
 		logger.Warn("audit of the runner's decisions failed", "error", err)
 	}
 }
@@ -251,9 +336,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
 
 	apiDone := d.api.run(ctx)
+	// The elector outlives the work it guards: it resigns (releasing the
+	// board's row and a Kubernetes Lease) only once the loop and the runner
+	// have returned, so no pass of this term is still writing when another
+	// replica may take over.
+	electing, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElecting()
+	elected := make(chan struct{})
+	go func() { defer close(elected); d.elector.Run(electing) }()
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); d.elector.Run(ctx) }()
+	wg.Add(1)
 	go func() { defer wg.Done(); d.loop.Run(ctx) }()
 	if d.runner != nil {
 		wg.Add(1)
@@ -268,6 +360,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		cancel(err)
 	}
 	wg.Wait()
+	stopElecting()
+	<-elected
 	if err := <-served; err != nil {
 		d.log.Warn("telemetry server", "error", err)
 	}

@@ -44,6 +44,13 @@ func Run(m *testing.M) int {
 // RunWith is Run with options (for example, a package that needs no
 // controller manager).
 func RunWith(m *testing.M, opts Options) int {
+	return RunWithin(m, opts, (*testing.M).Run)
+}
+
+// RunWithin is RunWith whose tests are run by inner instead of m.Run: for
+// a package that needs another harness around its tests too (pgtest.Run,
+// for a board), with Current answering inside it.
+func RunWithin(m *testing.M, opts Options, inner func(*testing.M) int) int {
 	c, err := Start(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kubetest: the test cluster did not start, so these tests cannot run:\n%v\n", err)
@@ -56,7 +63,7 @@ func RunWith(m *testing.M, opts Options) int {
 		}
 	}()
 	harness.Store(c)
-	return m.Run()
+	return inner(m)
 }
 
 // Current returns the test binary's cluster. It fails t when the package's

@@ -110,6 +110,6 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
-		Listings: p.listings(), Finish: p.finish, State: p.state, Save: p.stopping.Keep,
+		Listings: p.listings(), Backlog: p.backlog, Finish: p.finish, State: p.state, Save: p.stopping.Keep,
 	})
 }

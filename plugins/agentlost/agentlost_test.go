@@ -423,6 +423,22 @@ func TestKube(t *testing.T) {
 				t.Fatalf("%d teardowns of a warm attempt", n)
 			}
 		}},
+		{name: "KubeWarmAttemptEndedByWatchdog_CredentialCeilingNoTeardown", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+			// The warm worker's watchdog (the credential ceiling) ended the
+			// attempt: its last heartbeat came past the ceiling less two
+			// heartbeats, then silence.
+			now := b.h.Now()
+			since := now.Add(-75 * time.Minute)
+			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+				RunningAt: since, LastHeartbeatAt: since.Add(b.h.Ladder.WarmAttemptWatchdog() - 20*time.Second), WarmWorker: "warm-0"})
+		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			if row := b.h.Board.Row(a); row.LastFailureKind != sdk.FailureTask {
+				t.Fatalf("row %+v", row)
+			}
+			if n := len(b.h.Exec.Teardowns()); n != 0 {
+				t.Fatalf("%d teardowns of a warm attempt", n)
+			}
+		}},
 		{name: "KubeLivenessError_StillMarkedOnSilence", edition: kube, arrange: func(b *bundle) sdk.Attempt {
 			b.h.Exec.FailLiveness(errors.New("informer not synced"))
 			return silent(b)
@@ -488,6 +504,24 @@ func TestBrake(t *testing.T) {
 		put(b, "gone", 30, sdk.Dead)
 		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
 			t.Fatalf("labels %v", ds.Labels())
+		}
+	})
+	t.Run("WarmAttemptsWithoutAPodOfTheirOwn_SilenceOnlyBraked", func(t *testing.T) {
+		t.Parallel()
+		// A warm attempt reads dead (it has no attempt pod), which says
+		// nothing about its worker: its mark rests on silence alone.
+		b := setup(t, ladder.EditionKube, nil)
+		now := b.h.Now()
+		for i := range 30 {
+			b.h.Board.Put(sdktest.TaskInstance{RunID: fmt.Sprintf("warm-%03d", i), TaskID: "t", State: running,
+				Executor: sdk.ExecutorWarm, RunningAt: now.Add(-time.Hour), LastHeartbeatAt: now.Add(-10 * time.Minute),
+				WarmWorker: "warm-0"})
+		}
+		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 {
+			t.Fatalf("labels %v", ds.Labels())
+		}
+		if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+			t.Fatalf("%d liveness reads of warm attempts", n)
 		}
 	})
 	t.Run("LiteMarksNeverBraked", func(t *testing.T) {

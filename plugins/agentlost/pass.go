@@ -37,15 +37,20 @@ type passRun struct {
 
 	seen   map[sdk.Attempt]bool // judged in this pass (listings overlap)
 	judged int
+	// backlog: the marks on a positive signal, settled a few pages at a
+	// time (reap.MarkBatch) and at the end of the drain.
+	backlog *reap.Backlog
 	// held: marks decided on silence alone, applied at the end of the pass
 	// once the brake has seen every attempt the pass judged.
 	held []reap.Planned
 }
 
 func newPass(log hclog.Logger, cfg Config, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) *passRun {
-	return &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
+	p := &passRun{log: log, cfg: cfg, pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite,
 		seen: map[sdk.Attempt]bool{}}
+	p.backlog = reap.NewBacklog(board, p.rec, p.afterMark)
+	return p
 }
 
 // listings are the candidate listings of the pass, each with its threshold
@@ -82,14 +87,24 @@ func (p *passRun) listings() []reap.Listing {
 func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	fresh := make([]sdk.Candidate, 0, len(page))
 	attempts := make([]sdk.Attempt, 0, len(page))
+	var warm []sdk.Attempt
 	for _, c := range page {
-		if !p.seen[c.Attempt] {
-			p.seen[c.Attempt] = true
-			fresh = append(fresh, c)
-			attempts = append(attempts, c.Attempt)
+		if p.seen[c.Attempt] {
+			continue
 		}
+		p.seen[c.Attempt] = true
+		fresh = append(fresh, c)
+		if c.Executor == sdk.ExecutorWarm {
+			warm = append(warm, c.Attempt) // no pod of its own: nothing to read
+			continue
+		}
+		attempts = append(attempts, c.Attempt)
 	}
 	answers := reap.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+	for _, a := range warm {
+		answers[a] = reap.Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown,
+			Detail: "a warm attempt has no pod of its own: not read"}}
+	}
 
 	var now, stopAfter []reap.Planned
 	for _, c := range fresh {
@@ -129,7 +144,7 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			stopAfter = append(stopAfter, p.plan(c, j, ev))
 		}
 	}
-	if err := reap.Settle(ctx, p.board, p.rec, now, p.afterMark); err != nil {
+	if err := p.backlog.Add(ctx, now...); err != nil {
 		return err
 	}
 	return reap.Settle(ctx, p.board, p.rec, stopAfter, p.endAtCeiling)

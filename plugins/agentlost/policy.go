@@ -102,14 +102,17 @@ func silenceMark(c sdk.Candidate, now time.Time, l ladder.Ladder) judgment {
 }
 
 // judgeKube is the kube policy: a silent attempt is marked on its silence
-// (the pod is then torn down); the substrate's cached answer only tells a
-// positive death signal (no pod left) from silence alone, for the brake.
+// (the pod is then torn down); the substrate's answer only tells a positive
+// death signal (no pod left, read live: the substrate never answers dead
+// from its cache) from silence alone, for the brake. A warm attempt has no
+// pod of its own, so its reading says nothing about it: its mark rests on
+// silence alone.
 func judgeKube(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) judgment {
 	if !silent(c, now, l) {
 		return judgment{act: actNone}
 	}
 	j := silenceMark(c, now, l)
-	j.positive = !live.Unknown() && live.State == sdk.Dead
+	j.positive = c.Executor != sdk.ExecutorWarm && !live.Unknown() && live.State == sdk.Dead
 	return j
 }
 

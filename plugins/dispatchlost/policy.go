@@ -31,26 +31,27 @@ func overdue(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 	return !c.QueuedAt.IsZero() && now.Sub(c.QueuedAt) > l.DispatchLost
 }
 
-// credentialLapse is when the attempt credential minted at dispatch runs out.
-func credentialLapse(c sdk.Candidate, l ladder.Ladder) time.Time {
-	return mintedAt(c).Add(l.AttemptTokenTTL)
-}
-
-// mintedAt is when the attempt's credential was minted: recorded by the
-// runner that minted it, else the dispatch (queued_at), when the
-// specification's runner mints it.
-func mintedAt(c sdk.Candidate) time.Time {
+// credentialMintedAt is when the attempt credential was minted: the time
+// the runner recorded when it minted it (credential_minted_at), else the
+// dispatch (queued_at), for rows of a runner that records none. A release
+// clears both, so a re-offered attempt counts from its new dispatch.
+func credentialMintedAt(c sdk.Candidate) time.Time {
 	if !c.CredentialMintedAt.IsZero() {
 		return c.CredentialMintedAt
 	}
 	return c.QueuedAt
 }
 
+// credentialLapse is when the attempt credential minted at dispatch runs out.
+func credentialLapse(c sdk.Candidate, l ladder.Ladder) time.Time {
+	return credentialMintedAt(c).Add(l.AttemptTokenTTL)
+}
+
 // nearStartExpiry: the credential minted at dispatch lapses within the
 // start-expiry margin, so an agent that starts now would start with a
 // credential about to be refused.
 func nearStartExpiry(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
-	return !mintedAt(c).IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
+	return !credentialMintedAt(c).IsZero() && !now.Before(credentialLapse(c, l).Add(-ladder.StartExpiryMargin))
 }
 
 // judgeLite: the dispatch is lost only when the agent (and any task group)

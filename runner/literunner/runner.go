@@ -44,7 +44,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -52,6 +51,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/internal/cycle"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite"
@@ -72,6 +72,7 @@ type Runner struct {
 	dir     *records.Dir
 	ownsDir bool
 	log     hclog.Logger
+	steps   cycle.Driver
 
 	mu     sync.Mutex
 	agents map[sdk.Attempt]*lite.Agent // spawned and not yet waited for
@@ -110,6 +111,10 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 	}
 	return &Runner{
 		cfg: cfg, w: w, spawner: sp, dir: dir, ownsDir: owns, log: cfg.Logger,
+		steps: cycle.Driver{
+			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
+			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
+		},
 		agents: map[sdk.Attempt]*lite.Agent{}, dispatched: map[sdk.Attempt]time.Time{},
 	}, nil
 }
@@ -132,33 +137,16 @@ type Result struct {
 	// AgentsExited counts agents this runner spawned that were found exited
 	// and waited for.
 	AgentsExited int
-	Scheduled    int // none -> scheduled
 	Dispatched   int // scheduled -> queued, with an agent started
-	Retried      int // retry rail
-	Rescheduled  int // reschedule rail
-	Replaced     int // infra re-place rail
-	OfferedAgain int // dispatch-failure backoff rail
-	// Failed counts attempts the runner failed for good: infra budget
-	// spent, dispatch failed, up_for_retry without retries.
-	Failed    int
-	Finalized int // runs finished
-	// Waiting counts unconfirmed infra marks still inside their valve.
-	Waiting int
-	// RunsStarted lists the queued runs started under the run start cap;
-	// RunsWaiting counts the queued runs still waiting on it.
-	RunsStarted []string
-	RunsWaiting int
 	// Took is how long the cycle took (the runner's clock).
 	Took time.Duration
 	// DispatchLatencies are the times from queueing to the running report
-	// of the attempts this cycle found running; FinalizeLatencies the times
-	// from each finished run's last task end to its finalization.
+	// of the attempts this cycle found running.
 	DispatchLatencies []time.Duration
-	FinalizeLatencies []time.Duration
-	// Finished lists the runs finished, by run id.
-	Finished []lifecycle.FinishedRun
-	// Decisions are the judgments made, for the host to meter and audit.
-	Decisions []sdk.Decision
+	// Tally counts the shared steps (release, schedule, finalize, dispatch
+	// failures) and holds the decisions made, for the host to meter and
+	// audit.
+	cycle.Tally
 }
 
 // Changed reports whether the cycle wrote or reaped anything.
@@ -197,6 +185,11 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
 	}
 }
 
+// shared adapts a shared step to RunOnce's steps.
+func (r *Runner) shared(step func(context.Context, time.Time, *cycle.Tally) error) func(context.Context, time.Time, *Result) error {
+	return func(ctx context.Context, now time.Time, res *Result) error { return step(ctx, now, &res.Tally) }
+}
+
 // RunOnce runs one cycle at now: release, schedule, dispatch, finalize (see
 // the package documentation), after waiting for the agents that exited. It
 // must run on the leader only. On an error it stops where it was: what was
@@ -207,12 +200,12 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 		name string
 		run  func(context.Context, time.Time, *Result) error
 	}{
-		{"release", r.release},
-		{"start", r.startRuns},
-		{"schedule", r.schedule},
+		{"release", r.shared(r.steps.Release)},
+		{"start", r.shared(r.steps.StartRuns)},
+		{"schedule", r.shared(r.steps.Schedule)},
 		{"dispatch", r.dispatch},
 		{"observe", r.observeDispatches},
-		{"finalize", r.finalize},
+		{"finalize", r.shared(r.steps.Finalize)},
 	}
 	var err error
 	for _, s := range steps {
@@ -230,181 +223,6 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 			"waiting", res.Waiting, "agents_exited", res.AgentsExited)
 	}
 	return res, err
-}
-
-// decide records one decision and logs it at level.
-func (r *Runner) decide(res *Result, level hclog.Level, d sdk.Decision) {
-	d.Reaper = Name
-	res.Decisions = append(res.Decisions, d)
-	args := []any{"decision", d.Label, "applied", d.Applied}
-	if d.Attempt.TaskID != "" {
-		args = append(args, "attempt", d.Attempt.String())
-	}
-	for k, v := range d.Evidence {
-		args = append(args, k, v)
-	}
-	r.log.Log(level, d.Detail, args...)
-}
-
-// release walks the task instances waiting for a decision.
-func (r *Runner) release(ctx context.Context, now time.Time, res *Result) error {
-	var after *lifecycle.Key
-	for {
-		page, err := r.w.ListReleasable(ctx, sdk.ExecutorLite, after, ladder.PageSize)
-		if err != nil {
-			return err
-		}
-		for _, ti := range page {
-			if err := r.releaseOne(ctx, ti, now, res); err != nil {
-				return err
-			}
-		}
-		if len(page) < ladder.PageSize {
-			return nil
-		}
-		last := page[len(page)-1]
-		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
-	}
-}
-
-func (r *Runner) releaseOne(ctx context.Context, ti board.TaskInstance, now time.Time, res *Result) error {
-	a := ti.Attempt
-	v := decideRelease(ti, now, r.cfg.Ladder.InfraConfirmValve)
-	var (
-		applied bool
-		label   string
-		detail  string
-		level   = hclog.Info
-		ev      = map[string]string{}
-	)
-	switch v.move {
-	case moveNone:
-		if v.wait > 0 {
-			res.Waiting++
-		}
-		return nil
-
-	case moveRetry:
-		rel, err := r.w.Retry(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		applied, label = rel.Applied, sdk.LabelTaskRetry
-		ev["retries_left"] = strconv.Itoa(int(ti.Retries))
-		ev["failure"] = ti.FailureReason
-		detail = "task failure with retries left: next try"
-		if rel.Applied {
-			res.Retried++
-			ev["next"] = rel.Attempt.String()
-		} else {
-			detail += " not started: " + rel.Reason
-		}
-
-	case moveReschedule:
-		rel, err := r.w.Reschedule(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		if rel.Applied {
-			res.Rescheduled++
-		}
-		return nil
-
-	case moveRetriesSpent:
-		ok, err := r.w.Fail(ctx, a, []string{sdk.StateUpForRetry}, lifecycle.Failure{
-			Kind: sdk.MarkTask, Reason: ti.FailureReason, Terminal: true,
-			Message: "parked for a retry with no retries left: " + ti.ErrorMessage,
-		}, now)
-		if err != nil {
-			return err
-		}
-		if ok {
-			res.Failed++
-			r.log.Warn("an attempt parked for a retry had no retries left: failed for good", "attempt", a.String())
-		}
-		return nil
-
-	case moveReplace:
-		rel, err := r.w.Replace(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		applied, label = rel.Applied, sdk.LabelInfraReplace
-		ev["mark"] = ti.FailureReason
-		ev["infra_used"] = strconv.Itoa(int(ti.InfraUsed))
-		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
-		detail = "infra failure re-placed on the infra budget"
-		if rel.Applied {
-			res.Replaced++
-			ev["next"] = rel.Attempt.String()
-		} else {
-			detail += " not done: " + rel.Reason
-		}
-
-	case moveBudgetSpent:
-		ok, err := r.w.Fail(ctx, a, []string{sdk.StateFailed}, lifecycle.Failure{
-			Kind: sdk.MarkInfra, Reason: sdk.LabelInfraBudgetSpent, Terminal: true, Confirm: true,
-			Message: fmt.Sprintf("%s: %s with all %d infra re-places spent: %s",
-				sdk.LabelInfraBudgetSpent, ti.FailureReason, ti.InfraBudget, ti.ErrorMessage),
-		}, now)
-		if err != nil {
-			return err
-		}
-		applied, label, level = ok, sdk.LabelInfraBudgetSpent, hclog.Warn
-		ev["mark"] = ti.FailureReason
-		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
-		detail = "infra failure with its budget spent: failed for good"
-		if ok {
-			res.Failed++
-		}
-	}
-
-	if v.valveOpen {
-		r.decide(res, hclog.Warn, sdk.Decision{
-			Label: sdk.LabelInfraConfirmValveOpen, Attempt: a, Applied: applied,
-			Detail: "infra mark still unconfirmed past the confirmation valve: acted on anyway",
-			Evidence: map[string]string{
-				"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339),
-				"valve":     ladder.Format(r.cfg.Ladder.InfraConfirmValve),
-			},
-		})
-	}
-	r.decide(res, level, sdk.Decision{Label: label, Attempt: a, Applied: applied, Detail: detail, Evidence: ev})
-	return nil
-}
-
-// schedule moves every task instance in state none of a running run to
-// scheduled.
-func (r *Runner) schedule(ctx context.Context, now time.Time, res *Result) error {
-	for {
-		as, err := r.w.EnqueueNew(ctx, sdk.ExecutorLite, ladder.PageSize, now)
-		if err != nil {
-			return err
-		}
-		res.Scheduled += len(as)
-		if len(as) < ladder.PageSize {
-			return nil
-		}
-	}
-}
-
-// startRuns starts queued runs under the run start cap (MaxActiveRuns),
-// oldest first, and counts those still waiting.
-func (r *Runner) startRuns(ctx context.Context, now time.Time, res *Result) error {
-	for {
-		started, waiting, err := r.w.StartQueuedRuns(ctx, r.cfg.MaxActiveRuns, ladder.PageSize, now)
-		if err != nil {
-			return err
-		}
-		res.RunsStarted = append(res.RunsStarted, started...)
-		res.RunsWaiting = waiting
-		for _, id := range started {
-			r.log.Info("run started", "run", id, "waiting", waiting)
-		}
-		if len(started) < ladder.PageSize {
-			return nil
-		}
-	}
 }
 
 // observeDispatches finds the attempts this runner queued that have since
@@ -529,68 +347,11 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 
 // spawnFailed settles a queued attempt whose agent could not be started.
 func (r *Runner) spawnFailed(ctx context.Context, ti board.TaskInstance, spawnErr error, now time.Time, res *Result) error {
-	a := ti.Attempt
-	ev := map[string]string{"error": spawnErr.Error()}
-	if !ti.DispatchUnavailableSince.IsZero() {
-		ev["unavailable_since"] = ti.DispatchUnavailableSince.UTC().Format(time.RFC3339)
-	}
-	m := decideSpawnFailure(spawnErr, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow)
-	if m == spawnOfferAgain {
-		rel, err := r.w.DispatchBackoff(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		if rel.Applied {
-			res.OfferedAgain++
-			ev["next"] = rel.Attempt.String()
-		}
-		r.decide(res, hclog.Warn, sdk.Decision{
-			Label: sdk.LabelDispatchUnavailable, Attempt: a, Applied: rel.Applied, Evidence: ev,
-			Detail: "the agent could not be started for now: offering the task again",
-		})
-		return nil
-	}
-	label, detail := sdk.LabelDispatchFailed, "the agent could not be started: dispatch failed for good"
-	if m == spawnExhausted {
-		label = sdk.LabelDispatchUnavailableSpent
-		detail = "the agent could not be started for " + ladder.Format(r.cfg.DispatchUnavailableWindow) +
-			": dispatch failed for good"
-	}
-	ok, err := r.w.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{
-		Kind: sdk.MarkInfra, Reason: sdk.LabelDispatchFailed, Terminal: true, Confirm: true,
-		Message: sdk.LabelDispatchFailed + ": " + spawnErr.Error(),
-	}, now)
-	if err != nil {
-		return err
-	}
-	if ok {
-		res.Failed++
-	}
-	r.decide(res, hclog.Error, sdk.Decision{Label: label, Attempt: a, Applied: ok, Detail: detail, Evidence: ev})
-	return nil
-}
-
-// finalize finishes the running runs whose task instances are all settled.
-func (r *Runner) finalize(ctx context.Context, now time.Time, res *Result) error {
-	for {
-		runs, err := r.w.FinishSettledRuns(ctx, ladder.PageSize, now)
-		if err != nil {
-			return err
-		}
-		for _, f := range runs {
-			r.log.Info("run finished", "run", f.RunID, "state", f.State, "unsuccessful", f.Unsuccessful)
-		}
-		res.Finalized += len(runs)
-		res.Finished = append(res.Finished, runs...)
-		for _, f := range runs {
-			if !f.SettledAt.IsZero() {
-				res.FinalizeLatencies = append(res.FinalizeLatencies, now.Sub(f.SettledAt))
-			}
-		}
-		if len(runs) < ladder.PageSize {
-			return nil
-		}
-	}
+	return r.steps.DispatchFailed(ctx, cycle.DispatchFailure{
+		TI: ti, Err: spawnErr, What: "the agent could not be started",
+		Move:        decideSpawnFailure(spawnErr, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
+		AgainDetail: "the agent could not be started for now: offering the task again",
+	}, now, &res.Tally)
 }
 
 // ReapAgents waits for every agent this runner spawned whose process has

@@ -72,6 +72,17 @@ func (l Ladder) SettlingValve() time.Duration { return 2 * l.SettlingGrace }
 // CeilingEnabled reports whether the credential ceiling is in force.
 func (l Ladder) CeilingEnabled() bool { return l.CredentialCeiling > 0 }
 
+// WarmAttemptWatchdog is the wall-clock bound a warm worker puts on each
+// attempt it runs (warm pods carry no activeDeadlineSeconds): the credential
+// ceiling, past which the attempt's credential is no longer renewed. Zero
+// when the ceiling is disabled, which disables the watchdog with it.
+func (l Ladder) WarmAttemptWatchdog() time.Duration {
+	if !l.CeilingEnabled() {
+		return 0
+	}
+	return l.CredentialCeiling
+}
+
 // Format renders a duration the way the configuration writes it: "90s",
 // "10m", "1h".
 func Format(d time.Duration) string {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // Evidence keys. A decision's evidence says what the judgment saw.
@@ -76,16 +75,21 @@ func Age(now, t time.Time) string {
 	return now.Sub(t).Round(time.Millisecond).String()
 }
 
+// evidenceSize is room for the evidence of a decision about a listed
+// attempt, everything a reaper adds included.
+const evidenceSize = 20
+
 // CandidateEvidence is what every decision about a listed attempt carries.
 func CandidateEvidence(pass sdk.Pass, c sdk.Candidate, threshold time.Duration) Evidence {
-	e := Evidence{
-		EvTerm:         strconv.FormatInt(pass.Term, 10),
-		EvEdition:      pass.Edition,
-		EvState:        c.State,
-		EvExecutor:     c.Executor,
-		EvThreshold:    threshold.String(),
-		EvHeartbeatAge: Age(pass.Now, c.LastHeartbeatAt),
-	}
+	// Sized for what a reaper adds after it (liveness, signal, mark...), so
+	// that the map is not grown and rehashed on the way.
+	e := make(Evidence, evidenceSize)
+	e[EvTerm] = strconv.FormatInt(pass.Term, 10)
+	e[EvEdition] = pass.Edition
+	e[EvState] = c.State
+	e[EvExecutor] = c.Executor
+	e[EvThreshold] = threshold.String()
+	e[EvHeartbeatAge] = Age(pass.Now, c.LastHeartbeatAt)
 	if !c.RunningAt.IsZero() {
 		e[EvRunningAge] = Age(pass.Now, c.RunningAt)
 	}
@@ -193,12 +197,12 @@ func (r *Recorder) total() int {
 	return n
 }
 
-// ApplyMarks sends marks to the board in batches of at most a page and
+// ApplyMarks sends marks to the board in batches of at most MarkBatch and
 // returns one result per mark, in order.
 func ApplyMarks(ctx context.Context, board sdk.Board, marks []sdk.Mark) ([]sdk.MarkResult, error) {
 	out := make([]sdk.MarkResult, 0, len(marks))
-	for start := 0; start < len(marks); start += ladder.PageSize {
-		batch := marks[start:min(start+ladder.PageSize, len(marks))]
+	for start := 0; start < len(marks); start += MarkBatch {
+		batch := marks[start:min(start+MarkBatch, len(marks))]
 		res, err := board.Mark(ctx, batch)
 		if err != nil {
 			return out, fmt.Errorf("mark %d attempts: %w", len(batch), err)

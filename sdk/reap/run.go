@@ -27,6 +27,9 @@ type Spec struct {
 	// Listings are drained round-robin within the budget; each one's
 	// cursor is kept in the pass state between passes.
 	Listings []Listing
+	// Backlog, when set, holds marks across the drain's pages; Run settles
+	// what it still holds once the drain ends, failed or not, before Finish.
+	Backlog *Backlog
 	// Finish, when set, runs after a drain that did not fail: the place
 	// for what needs every page of the pass judged first (the brake).
 	Finish func(ctx context.Context, stats DrainStats) error
@@ -60,6 +63,9 @@ func Run(ctx context.Context, pass sdk.Pass, rec *Recorder, spec Spec) (sdk.Pass
 	}
 	budget := NewBudget(watch, pass, spec.MaxPages)
 	stats, err := Drain(ctx, budget, *st, spec.Listings...)
+	if spec.Backlog != nil {
+		err = errors.Join(err, spec.Backlog.Settle(ctx))
+	}
 	if err == nil && spec.Finish != nil {
 		err = spec.Finish(ctx, stats)
 	}

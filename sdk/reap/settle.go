@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // Planned is a mark a pass decided on, with the decision it becomes.
@@ -68,6 +69,48 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 		return err
 	}
 	return rec.Flush(ctx)
+}
+
+// MarkBatch is the most marks a Backlog settles in one guarded write: ten
+// listing pages. The listing page (ladder.PageSize) bounds what a pass reads
+// at a time; a drain that finds a backlog of dead attempts marks them in
+// fewer, larger writes, each mark guarded exactly as in a write of one page.
+const MarkBatch = 10 * ladder.PageSize
+
+// Backlog holds planned marks across the pages of a drain and settles them
+// (Settle) once MarkBatch of them wait, and at the end of the drain. Every
+// mark keeps its own guard (attempt, source state, heartbeat, term and
+// lease), so a mark that waits a few pages is no less safe: a row that
+// moved, heartbeated or changed leader in between makes it a no-op, recorded
+// as such. A pass hands its Backlog to Run (Spec.Backlog), which settles
+// what is left after the drain, whether or not the drain failed.
+type Backlog struct {
+	board   sdk.Board
+	rec     *Recorder
+	after   AfterMark
+	pending []Planned
+}
+
+// NewBacklog starts an empty backlog whose marks are settled on board, their
+// decisions recorded in rec, after run for each applied mark.
+func NewBacklog(board sdk.Board, rec *Recorder, after AfterMark) *Backlog {
+	return &Backlog{board: board, rec: rec, after: after}
+}
+
+// Add queues planned marks, and settles the backlog once MarkBatch wait.
+func (b *Backlog) Add(ctx context.Context, planned ...Planned) error {
+	b.pending = append(b.pending, planned...)
+	if len(b.pending) < MarkBatch {
+		return nil
+	}
+	return b.Settle(ctx)
+}
+
+// Settle settles every mark waiting.
+func (b *Backlog) Settle(ctx context.Context) error {
+	planned := b.pending
+	b.pending = nil
+	return Settle(ctx, b.board, b.rec, planned, b.after)
 }
 
 func noopWords(reason string) string {

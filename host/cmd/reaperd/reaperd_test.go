@@ -27,6 +27,10 @@ import (
 // binDir holds reaperd and the test plugins, built once for the package.
 var binDir string
 
+// cluster is the API server of the kubernetes-leader tests, started by the
+// first of them and stopped after the last.
+var cluster kubeOnce
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "reaperd-test-")
 	if err != nil {
@@ -38,6 +42,7 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		code = pgtest.Run(m)
 	}
+	cluster.stop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -46,6 +51,10 @@ func TestMain(m *testing.M) {
 // substrate and a reaper), for what the test plugins cannot show.
 const realDir = "real"
 
+// kubeDir is the subdirectory of binDir holding the kube edition's real
+// plugins: its substrate and the five reapers.
+const kubeDir = "kube"
+
 func buildBinaries(dir string) int {
 	for out, pkg := range map[string]string{
 		"reaperd":               ".",
@@ -53,6 +62,12 @@ func buildBinaries(dir string) int {
 		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
 		filepath.Join(realDir, "reaper-substrate-lite"): "../../../substrate/lite/cmd/reaper-substrate-lite",
 		filepath.Join(realDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(kubeDir, "reaper-substrate-kube"): "../../../substrate/kube/cmd/reaper-substrate-kube",
+		filepath.Join(kubeDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
+		filepath.Join(kubeDir, "reaper-dispatchlost"):   "../../../plugins/dispatchlost/cmd/reaper-dispatchlost",
+		filepath.Join(kubeDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(kubeDir, "reaper-warmworker"):     "../../../plugins/warmworker/cmd/reaper-warmworker",
+		filepath.Join(kubeDir, "reaper-orphanrun"):      "../../../plugins/orphanrun/cmd/reaper-orphanrun",
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
 		cmd.Stderr = os.Stderr
@@ -294,8 +309,16 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 		t.Fatalf("takeover took %v", took)
 	}
 
-	// The new leader waits its own grace before its first reap, recording a
-	// settling skip each cycle meanwhile.
+	gateResetAndOldTermFenced(t, store, a, firstTerm, lease, time.Second)
+}
+
+// gateResetAndOldTermFenced checks what follows a takeover under lease:
+// the new leader waits its own grace (from its acquisition) before its
+// first reap, recording a settling skip each cycle meanwhile; and a write
+// carrying the deposed leader's oldTerm is a no-op.
+func gateResetAndOldTermFenced(t *testing.T, store *board.Store, a sdk.Attempt, oldTerm int64, lease board.Lease, grace time.Duration) {
+	t.Helper()
+	ctx := context.Background()
 	eventually(t, 20*time.Second, "the new leader's first reap", func() bool {
 		for _, r := range decisions(t, store, a) {
 			if r.Reaper == "echo" && r.Term == lease.Term {
@@ -321,13 +344,13 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 	if skips == 0 {
 		t.Fatal("the new leader recorded no settling skip")
 	}
-	if firstReap.Sub(lease.AcquiredAt) < time.Second {
-		t.Fatalf("first reap %v after leadership, inside the 1s grace", firstReap.Sub(lease.AcquiredAt))
+	if firstReap.Sub(lease.AcquiredAt) < grace {
+		t.Fatalf("first reap %v after leadership, inside the %s grace", firstReap.Sub(lease.AcquiredAt), grace)
 	}
 
 	// A write carrying the old term is a no-op.
 	res, err := store.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
-		Reason: sdk.LabelAgentLost, Term: firstTerm, At: time.Now()}})
+		Reason: sdk.LabelAgentLost, Term: oldTerm, At: time.Now()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,6 +434,20 @@ func childPIDs(t *testing.T, pid int) []int {
 	return out
 }
 
+// stopCleanly sends SIGTERM and waits for an exit with code 0.
+func (d *reaperdProc) stopCleanly(t *testing.T) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("reaperd did not exit after SIGTERM")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
 func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
 	store, _, dsn := migratedStore(t)
 	cfg := writeConfig(t, dsn, "reaper \"first\" {}\nreaper \"last\" {}\n")
@@ -424,15 +461,7 @@ func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
 	if len(plugins) != 3 {
 		t.Fatalf("plugin processes = %v, want substrate + 2 reapers", plugins)
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("reaperd did not exit after SIGTERM")
-	}
-	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d, want 0", code)
-	}
+	d.stopCleanly(t)
 	l, _, err := store.CurrentLeader(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -61,15 +61,6 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 			return false
 		})
 	}
-	stop := func(d *reaperdProc) {
-		t.Helper()
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.done:
-		case <-time.After(20 * time.Second):
-			t.Fatal("reaperd did not exit after SIGTERM")
-		}
-	}
 	expectNothingLeft := func(when string) {
 		t.Helper()
 		if s := sockets(t, tmp); len(s) != 0 {
@@ -91,7 +82,7 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 		if all := sockets(t, tmp); len(all) != len(sockets(t, root)) {
 			t.Fatalf("sockets outside the host's directory: %v", all)
 		}
-		stop(d)
+		d.stopCleanly(t)
 		expectNothingLeft("after SIGTERM")
 	})
 
@@ -114,7 +105,7 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 		}
 		second := startDaemon(t, cfg, "TMPDIR="+tmp)
 		reaped(second)
-		stop(second)
+		second.stopCleanly(t)
 		expectNothingLeft("after kill -9 and a clean restart")
 	})
 }

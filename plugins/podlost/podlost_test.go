@@ -1,0 +1,301 @@
+package podlost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
+	"github.com/dexaflow/reaper/sdk/sdktest"
+)
+
+type bundle struct {
+	h *sdktest.Harness
+	r *Reaper
+}
+
+func setup(t testing.TB, values sdk.Values) *bundle {
+	t.Helper()
+	h := sdktest.New(ladder.EditionKube)
+	r := New(nil)
+	if err := h.Configure(context.Background(), r, values); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	return &bundle{h: h, r: r}
+}
+
+func (b *bundle) reap(t testing.TB) sdktest.Decisions {
+	t.Helper()
+	ds, err := b.h.Reap(context.Background(), b.r)
+	if err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	return ds
+}
+
+const (
+	failed  = sdk.StateFailed
+	running = sdk.StateRunning
+)
+
+// lost is a running kube attempt past the floor that heartbeats; the
+// scripted substrate reads it dead unless told otherwise.
+func lost(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 2*time.Minute, 10*time.Second) }
+
+func TestRules(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		values    sdk.Values
+		arrange   func(b *bundle) sdk.Attempt
+		want      string // comma-joined labels about the attempt
+		wantState string
+		check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
+	}{
+		{name: "NoPodObjectPastFloor_PodLostProvisionalThenTornDown", arrange: lost, want: sdk.LabelPodLost, wantState: failed,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				row := b.h.Board.Row(a)
+				if row.LastFailureKind != sdk.FailureInfra || row.MarkReason != sdk.LabelPodLost || !row.InfraConfirmedAt.IsZero() || row.Held {
+					t.Fatalf("row %+v", row)
+				}
+				m := b.h.Board.Marks()[0]
+				if m.Confirm || m.Kind != sdk.MarkInfra || len(m.FromStates) != 1 || m.FromStates[0] != running || m.Term != 1 ||
+					!strings.HasPrefix(m.Message, sdk.LabelPodLost+": ") {
+					t.Fatalf("mark %+v", m)
+				}
+				tds := b.h.Exec.Teardowns()
+				if len(tds) != 1 || tds[0].Attempt == nil || *tds[0].Attempt != a || tds[0].Reason != sdk.LabelPodLost {
+					t.Fatalf("teardowns %+v", tds)
+				}
+				if ev := ds[0].Evidence; ev[reap.EvSignal] != reap.SignalPositive || ev[reap.EvLiveness] != string(sdk.Dead) {
+					t.Fatalf("evidence %v", ev)
+				}
+			}},
+		{name: "InsideFloor_NotListed", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Running("r", "t", time.Minute, 5*time.Second)
+		}, want: "", wantState: running, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+				t.Fatalf("%d liveness reads for an attempt inside the floor", n)
+			}
+		}},
+		{name: "PodPresent_NoDecisionNoMark", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.Alive(a)
+			return a
+		}, want: "", wantState: running, check: noTeardown},
+		{name: "FinishedPodPresent_NoMark", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive,
+				Detail: "pod p Succeeded present: a finished or unreachable pod is the reconciler's"})
+			return a
+		}, want: "", wantState: running, check: noTeardown},
+		{name: "NeverHeartbeatedPodPresent_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.h.Exec.Pending(a)
+			return a
+		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
+		{name: "NeverHeartbeatedNoPod_PodLost", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+		}, want: sdk.LabelPodLost, wantState: failed},
+		{name: "PodQueryError_Defers", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.Unknown(a, "reading the attempt's pods failed: forbidden")
+			return a
+		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
+		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
+			b.h.Exec.FailLiveness(errors.New("connection refused"))
+			return lost(b)
+		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
+		{name: "TeardownFails_PodDeleteErrorMarkStays", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
+			return a
+		}, want: sdk.LabelPodLost + "," + sdk.LabelPodLostPodDeleteErr, wantState: failed},
+		{name: "DeleteFallback_Recorded", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
+			return a
+		}, want: sdk.LabelPodLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
+		{name: "PolicyHold_MarkHeld", values: sdk.Values{"policy": "hold"}, arrange: lost, want: sdk.LabelPodLost, wantState: failed,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if !b.h.Board.Row(a).Held || !b.h.Board.Marks()[0].Hold {
+					t.Fatalf("not held: %+v", b.h.Board.Row(a))
+				}
+			}},
+		{name: "ReplacedBetweenReadAndMark_NewAttemptUntouched", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, running, b.h.Now()) })
+			return a
+		}, want: sdk.LabelMarkNoop, wantState: running, check: noTeardown},
+		{name: "WarmAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
+			now := b.h.Now()
+			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now, WarmWorker: "warm-0"})
+		}, want: "", wantState: running, check: noTeardown},
+		{name: "QueuedAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
+			return b.h.Queued("r", "t", 10*time.Minute)
+		}, want: "", wantState: sdk.StateQueued, check: noTeardown},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.values)
+			a := tc.arrange(b)
+			ds := b.reap(t)
+			if got := strings.Join(ds.For(a).Labels(), ","); got != tc.want {
+				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
+			}
+			if got := b.h.Board.Row(a).State; got != tc.wantState {
+				t.Fatalf("row state %q, want %q", got, tc.wantState)
+			}
+			if tc.check != nil {
+				tc.check(t, b, a, ds)
+			}
+		})
+	}
+}
+
+func noTeardown(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+	t.Helper()
+	if n := b.h.Exec.Actions(); n != 0 {
+		t.Fatalf("%d teardowns", n)
+	}
+}
+
+// The floor is applied in the query: 150 attempts inside it never take a
+// page slot from an older one past it.
+func TestFloorAppliedBeforeThePageLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var qs []sdk.CandidateQuery
+	b.h.Board.OnList(func(q sdk.CandidateQuery) { qs = append(qs, q) })
+	for i := range 150 {
+		a := b.h.Running("r", fmt.Sprintf("young-%03d", i), 30*time.Second, time.Second)
+		b.h.Exec.Alive(a)
+	}
+	old := lost(b)
+	ds := b.reap(t)
+	if ds.Label(old) != sdk.LabelPodLost {
+		t.Fatalf("decisions %+v", ds)
+	}
+	if len(qs) != 1 || !qs[0].OlderThan.Equal(b.h.Now().Add(-ladder.Defaults().PodLostFloor)) ||
+		qs[0].OrderBy != sdk.FieldRunningAt || len(qs[0].Executors) != 1 || qs[0].Executors[0] != sdk.ExecutorKube {
+		t.Fatalf("queries %+v", qs)
+	}
+}
+
+// A mass pod loss is drained within the budget: 1,000 lost attempts are
+// all marked in one pass, and no brake holds back a mark backed by a live
+// read that found no pod.
+func TestMassPodLoss_DrainedAndNeverBraked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for i := range 1000 {
+		b.h.Running("r", fmt.Sprintf("t-%04d", i), 5*time.Minute, 10*time.Second)
+	}
+	ds := b.reap(t)
+	if n := ds.Applied().Count(sdk.LabelPodLost); n != 1000 {
+		t.Fatalf("%d marked, want 1000 (brake: %d)", n, ds.Count(sdk.LabelBrakeEngaged))
+	}
+	if n := len(b.h.Exec.LivenessCalls()); n != 10 {
+		t.Fatalf("%d liveness calls for 10 pages", n)
+	}
+}
+
+// Paging: with drain_max_pages 1, each pass reads the page after the last
+// one and a short page sends the next pass back to the start.
+func TestPaging_KeysetCursorKeptBetweenPasses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sdk.Values{"drain_max_pages": float64(1)})
+	for i := range 250 {
+		a := b.h.Running("r", fmt.Sprintf("t-%03d", i), 5*time.Minute+time.Duration(250-i)*time.Second, time.Second)
+		b.h.Exec.Alive(a)
+	}
+	var afters []*sdk.Cursor
+	b.h.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
+	for range 4 {
+		b.reap(t)
+	}
+	if len(afters) != 4 || afters[0] != nil || afters[1] == nil || afters[2] == nil || afters[3] != nil {
+		t.Fatalf("cursors %+v", afters)
+	}
+	if afters[1].TaskID != "t-099" || afters[2].TaskID != "t-199" {
+		t.Fatalf("cursors %+v %+v", afters[1], afters[2])
+	}
+}
+
+// Teardowns follow the pass's marks while the budget lasts; those left over
+// are carried in the pass state and done first by the next pass, and a dry
+// run never does them.
+func TestTeardownsAfterTheMarks_LeftoversCarriedToTheNextPass(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	as := make([]sdk.Attempt, 5)
+	for i := range as {
+		as[i] = b.h.Running("r", fmt.Sprintf("t-%d", i), 5*time.Minute, 10*time.Second)
+	}
+	b.h.Budget = 0 // spent before the first teardown
+	ds := b.reap(t)
+	if n := ds.Applied().Count(sdk.LabelPodLost); n != 5 || len(b.h.Exec.Teardowns()) != 0 {
+		t.Fatalf("marked %d, tore down %d", n, len(b.h.Exec.Teardowns()))
+	}
+	b.h.DryRun, b.h.Budget = true, 30*time.Second
+	b.reap(t)
+	if n := len(b.h.Exec.Teardowns()); n != 0 {
+		t.Fatalf("a dry run tore down %d", n)
+	}
+	b.h.DryRun = false
+	b.h.Exec.ScriptTeardown(as[2], nil, errors.New("forbidden"))
+	ds = b.reap(t)
+	tds := b.h.Exec.Teardowns()
+	if len(tds) != 5 || *tds[0].Attempt != as[0] || *tds[4].Attempt != as[4] {
+		t.Fatalf("teardowns %+v", tds)
+	}
+	if got := strings.Join(ds.For(as[2]).Labels(), ","); got != sdk.LabelPodLostPodDeleteErr || b.h.Board.Row(as[2]).State != failed {
+		t.Fatalf("decisions %q, row %+v", got, b.h.Board.Row(as[2]))
+	}
+	if b.h.StateOf(Name) != nil {
+		t.Fatalf("state left: %s", b.h.StateOf(Name))
+	}
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.h.DryRun = true
+	a := lost(b)
+	ds := b.reap(t)
+	if ds.Label(a) != sdk.LabelPodLost || ds[0].Applied || !ds[0].DryRun {
+		t.Fatalf("decisions %+v", ds)
+	}
+	if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
+		t.Fatalf("dry run wrote %d, acted %d", b.h.Board.Writes(), b.h.Exec.Actions())
+	}
+}
+
+func TestConfigure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		values sdk.Values
+		bad    string
+	}{
+		"Defaults":      {},
+		"Hold":          {values: sdk.Values{"policy": "hold"}},
+		"UnknownPolicy": {values: sdk.Values{"policy": "reset"}, bad: "policy"},
+		"NegativePages": {values: sdk.Values{"drain_max_pages": float64(-1)}, bad: "drain_max_pages"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			err := sdktest.New(ladder.EditionKube).Configure(ctx, New(nil), tc.values)
+			if tc.bad == "" && err != nil || tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)) {
+				t.Fatalf("err %v, want one naming %q", err, tc.bad)
+			}
+		})
+	}
+}

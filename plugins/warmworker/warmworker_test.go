@@ -1,0 +1,220 @@
+package warmworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/reap"
+	"github.com/dexaflow/reaper/sdk/sdktest"
+)
+
+type bundle struct {
+	h *sdktest.Harness
+	r *Reaper
+}
+
+func setup(t testing.TB, values sdk.Values) *bundle {
+	t.Helper()
+	h := sdktest.New(ladder.EditionKube)
+	r := New(nil)
+	if err := h.Configure(context.Background(), r, values); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	return &bundle{h: h, r: r}
+}
+
+func (b *bundle) reap(t testing.TB) sdktest.Decisions {
+	t.Helper()
+	ds, err := b.h.Reap(context.Background(), b.r)
+	if err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	return ds
+}
+
+// bound puts a warm attempt in state, bound to worker.
+func (b *bundle) bound(task, state, worker string) sdk.Attempt {
+	now := b.h.Now()
+	ti := sdktest.TaskInstance{RunID: "r", TaskID: task, State: state, Executor: sdk.ExecutorWarm,
+		QueuedAt: now.Add(-time.Minute), WarmWorker: worker}
+	if state == sdk.StateRunning {
+		ti.RunningAt, ti.LastHeartbeatAt = now.Add(-50*time.Second), now.Add(-5*time.Second)
+	}
+	return b.h.Board.Put(ti)
+}
+
+func (b *bundle) pool(names ...string) {
+	ws := make([]sdk.WarmWorker, len(names))
+	for i, n := range names {
+		ws[i] = sdk.WarmWorker{Name: n, Phase: "Running"}
+	}
+	b.h.Exec.ScriptWarmWorkers(ws, nil)
+}
+
+func TestRules(t *testing.T) {
+	t.Parallel()
+	t.Run("WorkerGoneFromLiveList_WarmWorkerLostConfirmedNoTeardown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.pool("warm-1")
+		a := b.bound("t", sdk.StateRunning, "warm-0")
+		ds := b.reap(t)
+		if ds.Label(a) != sdk.LabelWarmWorkerLost || !ds[0].Applied {
+			t.Fatalf("decisions %+v", ds)
+		}
+		row := b.h.Board.Row(a)
+		if row.State != sdk.StateFailed || row.LastFailureKind != sdk.FailureInfra || row.MarkReason != sdk.LabelWarmWorkerLost ||
+			row.InfraConfirmedAt.IsZero() {
+			t.Fatalf("row %+v", row)
+		}
+		if ev := ds[0].Evidence; ev[EvWarmWorker] != "warm-0" || ev[reap.EvSignal] != reap.SignalPositive || ev[EvPoolSize] != "1" {
+			t.Fatalf("evidence %v", ev)
+		}
+		if n := b.h.Exec.Actions(); n != 0 {
+			t.Fatalf("%d teardowns: a warm worker is never deleted", n)
+		}
+	})
+	t.Run("QueuedOnGoneWorker_WarmWorkerLost", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.pool()
+		a := b.bound("t", sdk.StateQueued, "warm-0")
+		if ds := b.reap(t); ds.Label(a) != sdk.LabelWarmWorkerLost || b.h.Board.Row(a).State != sdk.StateFailed {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+	t.Run("WorkerPresentInAnyPhase_NoDecision", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.h.Exec.ScriptWarmWorkers([]sdk.WarmWorker{{Name: "warm-0", Phase: "Running"}, {Name: "warm-1", Phase: "Failed"}}, nil)
+		a0 := b.bound("t0", sdk.StateRunning, "warm-0")
+		a1 := b.bound("t1", sdk.StateRunning, "warm-1")
+		if ds := b.reap(t); len(ds) != 0 || b.h.Board.Row(a0).State != sdk.StateRunning || b.h.Board.Row(a1).State != sdk.StateRunning {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+	t.Run("ListError_AbortsPassWithZeroMarks", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.h.Exec.ScriptWarmWorkers(nil, errors.New("pods is forbidden"))
+		var as []sdk.Attempt
+		for i := range 3 {
+			as = append(as, b.bound(fmt.Sprintf("t%d", i), sdk.StateRunning, "warm-0"))
+		}
+		ds := b.reap(t)
+		if len(ds) != 1 || ds[0].Label != sdk.LabelWarmWorkerListErr || ds[0].Applied || !strings.Contains(ds[0].Detail, "forbidden") {
+			t.Fatalf("decisions %+v", ds)
+		}
+		if n := len(b.h.Board.Marks()); n != 0 {
+			t.Fatalf("%d marks after a list error", n)
+		}
+		for _, a := range as {
+			if b.h.Board.Row(a).State != sdk.StateRunning {
+				t.Fatalf("row %+v", b.h.Board.Row(a))
+			}
+		}
+	})
+	t.Run("NoBoundAttempts_NoList", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.h.Exec.ScriptWarmWorkers(nil, errors.New("must not be called"))
+		b.h.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
+		if ds := b.reap(t); len(ds) != 0 {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+	t.Run("KubeAttemptsNotListed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.pool()
+		a := b.h.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
+		if ds := b.reap(t); len(ds) != 0 || b.h.Board.Row(a).State != sdk.StateRunning {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+	t.Run("PolicyHold_MarkHeld", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, sdk.Values{"policy": "hold"})
+		b.pool()
+		a := b.bound("t", sdk.StateRunning, "warm-0")
+		b.reap(t)
+		if !b.h.Board.Row(a).Held {
+			t.Fatalf("row %+v", b.h.Board.Row(a))
+		}
+	})
+	t.Run("RequeuedBetweenListAndMark_NewAttemptUntouched", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.pool()
+		a := b.bound("t", sdk.StateRunning, "warm-0")
+		b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, sdk.StateQueued, b.h.Now()) })
+		if ds := b.reap(t); ds.Label(a) != sdk.LabelMarkNoop {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+	t.Run("ManyLost_NeverBraked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.pool("warm-9")
+		for i := range 250 {
+			b.bound(fmt.Sprintf("t%03d", i), sdk.StateRunning, fmt.Sprintf("warm-%d", i%5))
+		}
+		ds := b.reap(t)
+		if n := ds.Applied().Count(sdk.LabelWarmWorkerLost); n != 250 {
+			t.Fatalf("%d marked", n)
+		}
+	})
+	t.Run("DryRun_WritesNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		b.h.DryRun = true
+		b.pool()
+		a := b.bound("t", sdk.StateRunning, "warm-0")
+		ds := b.reap(t)
+		if ds.Label(a) != sdk.LabelWarmWorkerLost || ds[0].Applied || b.h.Board.Writes() != 0 {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+}
+
+// A pass whose LIST failed keeps its cursor: the next pass judges the same
+// pages.
+func TestListError_CursorKept(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sdk.Values{"drain_max_pages": float64(1)})
+	for i := range 150 {
+		b.bound(fmt.Sprintf("t%03d", i), sdk.StateRunning, "warm-0")
+	}
+	var afters []*sdk.Cursor
+	b.h.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
+	b.pool("warm-0")
+	b.reap(t) // first page judged: everything present
+	b.h.Exec.ScriptWarmWorkers(nil, errors.New("timeout"))
+	b.reap(t) // second page: the list fails
+	b.pool()
+	ds := b.reap(t) // the second page again
+	if len(afters) != 3 || afters[0] != nil || afters[1] == nil || afters[2] == nil || *afters[1] != *afters[2] {
+		t.Fatalf("cursors %+v", afters)
+	}
+	if n := ds.Applied().Count(sdk.LabelWarmWorkerLost); n != 50 {
+		t.Fatalf("%d marked on the re-read page", n)
+	}
+}
+
+func TestWatchdogIsTheCredentialCeiling(t *testing.T) {
+	t.Parallel()
+	l := ladder.Defaults()
+	if l.WarmAttemptWatchdog() != l.CredentialCeiling {
+		t.Fatalf("watchdog %s", l.WarmAttemptWatchdog())
+	}
+	l.CredentialCeiling = 0
+	if l.WarmAttemptWatchdog() != 0 {
+		t.Fatalf("a disabled ceiling leaves the watchdog at %s", l.WarmAttemptWatchdog())
+	}
+}

@@ -1,0 +1,321 @@
+// Package cycle holds the steps every runner's cycle shares, whatever its
+// executor: releasing the task instances that wait for a decision (the
+// retry, reschedule and infra re-place rails, acting on confirmed infra
+// marks and on the confirmation valve), starting queued runs under the run
+// start cap, scheduling new task instances, settling a failed dispatch
+// (offered again on the backoff rail, or dispatch_failed), and finishing
+// settled runs. The Lite runner and the kube runner differ only in how
+// they start an execution; everything here goes through the board's rails
+// (package board/lifecycle).
+package cycle
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Tally is what the shared steps of one cycle did. A runner's result
+// embeds it.
+type Tally struct {
+	Scheduled    int // none -> scheduled
+	Retried      int // retry rail
+	Rescheduled  int // reschedule rail
+	Replaced     int // infra re-place rail
+	OfferedAgain int // dispatch-failure backoff rail
+	// Failed counts attempts the runner failed for good: infra budget
+	// spent, dispatch failed, up_for_retry without retries.
+	Failed    int
+	Finalized int // runs finished
+	// Waiting counts unconfirmed infra marks still inside their valve.
+	Waiting int
+	// RunsStarted lists the queued runs started under the run start cap;
+	// RunsWaiting counts the queued runs still waiting on it.
+	RunsStarted []string
+	RunsWaiting int
+	// FinalizeLatencies are the times from each finished run's last task
+	// end to its finalization.
+	FinalizeLatencies []time.Duration
+	// Finished lists the runs finished, by run id.
+	Finished []lifecycle.FinishedRun
+	// Decisions are the judgments made, for the host to meter and audit.
+	Decisions []sdk.Decision
+}
+
+// Driver runs the shared steps for one executor.
+type Driver struct {
+	W        *lifecycle.Writer
+	Executor string // sdk.ExecutorLite, sdk.ExecutorKube
+	Name     string // the runner's name in its decisions (sdk.Decision.Reaper)
+	// Valve is the infra confirmation valve: an unconfirmed mark is acted
+	// on once it has passed since the mark.
+	Valve time.Duration
+	// MaxActiveRuns is the run start cap; 0: none.
+	MaxActiveRuns int
+	// DispatchUnavailableWindow is how long a passing dispatch failure is
+	// offered again, from the task's first one, before it fails.
+	DispatchUnavailableWindow time.Duration
+	Log                       hclog.Logger
+}
+
+// Decide records one decision and logs it at level.
+func (d Driver) Decide(t *Tally, level hclog.Level, dec sdk.Decision) {
+	dec.Reaper = d.Name
+	t.Decisions = append(t.Decisions, dec)
+	args := []any{"decision", dec.Label, "applied", dec.Applied}
+	if dec.Attempt.TaskID != "" {
+		args = append(args, "attempt", dec.Attempt.String())
+	}
+	for k, v := range dec.Evidence {
+		args = append(args, k, v)
+	}
+	d.Log.Log(level, dec.Detail, args...)
+}
+
+// Release walks the task instances waiting for a decision.
+func (d Driver) Release(ctx context.Context, now time.Time, t *Tally) error {
+	var after *lifecycle.Key
+	for {
+		page, err := d.W.ListReleasable(ctx, d.Executor, after, ladder.PageSize)
+		if err != nil {
+			return err
+		}
+		for _, ti := range page {
+			if err := d.releaseOne(ctx, ti, now, t); err != nil {
+				return err
+			}
+		}
+		if len(page) < ladder.PageSize {
+			return nil
+		}
+		last := page[len(page)-1]
+		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
+	}
+}
+
+func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) error {
+	a := ti.Attempt
+	v := DecideRelease(ti, now, d.Valve)
+	var (
+		applied bool
+		label   string
+		detail  string
+		level   = hclog.Info
+		ev      = map[string]string{}
+	)
+	switch v.Move {
+	case MoveNone:
+		if v.Wait > 0 {
+			t.Waiting++
+		}
+		return nil
+
+	case MoveRetry:
+		rel, err := d.W.Retry(ctx, a, now)
+		if err != nil {
+			return err
+		}
+		applied, label = rel.Applied, sdk.LabelTaskRetry
+		ev["retries_left"] = strconv.Itoa(int(ti.Retries))
+		ev["failure"] = ti.FailureReason
+		detail = "task failure with retries left: next try"
+		if rel.Applied {
+			t.Retried++
+			ev["next"] = rel.Attempt.String()
+		} else {
+			detail += " not started: " + rel.Reason
+		}
+
+	case MoveReschedule:
+		rel, err := d.W.Reschedule(ctx, a, now)
+		if err != nil {
+			return err
+		}
+		if rel.Applied {
+			t.Rescheduled++
+		}
+		return nil
+
+	case MoveRetriesSpent:
+		ok, err := d.W.Fail(ctx, a, []string{sdk.StateUpForRetry}, lifecycle.Failure{
+			Kind: sdk.MarkTask, Reason: ti.FailureReason, Terminal: true,
+			Message: "parked for a retry with no retries left: " + ti.ErrorMessage,
+		}, now)
+		if err != nil {
+			return err
+		}
+		if ok {
+			t.Failed++
+			d.Log.Warn("an attempt parked for a retry had no retries left: failed for good", "attempt", a.String())
+		}
+		return nil
+
+	case MoveReplace:
+		rel, err := d.W.Replace(ctx, a, now)
+		if err != nil {
+			return err
+		}
+		applied, label = rel.Applied, sdk.LabelInfraReplace
+		ev["mark"] = ti.FailureReason
+		ev["infra_used"] = strconv.Itoa(int(ti.InfraUsed))
+		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
+		detail = "infra failure re-placed on the infra budget"
+		if rel.Applied {
+			t.Replaced++
+			ev["next"] = rel.Attempt.String()
+		} else {
+			detail += " not done: " + rel.Reason
+		}
+
+	case MoveBudgetSpent:
+		ok, err := d.W.Fail(ctx, a, []string{sdk.StateFailed}, lifecycle.Failure{
+			Kind: sdk.MarkInfra, Reason: sdk.LabelInfraBudgetSpent, Terminal: true, Confirm: true,
+			Message: fmt.Sprintf("%s: %s with all %d infra re-places spent: %s",
+				sdk.LabelInfraBudgetSpent, ti.FailureReason, ti.InfraBudget, ti.ErrorMessage),
+		}, now)
+		if err != nil {
+			return err
+		}
+		applied, label, level = ok, sdk.LabelInfraBudgetSpent, hclog.Warn
+		ev["mark"] = ti.FailureReason
+		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
+		detail = "infra failure with its budget spent: failed for good"
+		if ok {
+			t.Failed++
+		}
+	}
+
+	if v.ValveOpen {
+		d.Decide(t, hclog.Warn, sdk.Decision{
+			Label: sdk.LabelInfraConfirmValveOpen, Attempt: a, Applied: applied,
+			Detail: "infra mark still unconfirmed past the confirmation valve: acted on anyway",
+			Evidence: map[string]string{
+				"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339),
+				"valve":     ladder.Format(d.Valve),
+			},
+		})
+	}
+	d.Decide(t, level, sdk.Decision{Label: label, Attempt: a, Applied: applied, Detail: detail, Evidence: ev})
+	return nil
+}
+
+// Schedule moves every task instance in state none of a running run to
+// scheduled.
+func (d Driver) Schedule(ctx context.Context, now time.Time, t *Tally) error {
+	for {
+		as, err := d.W.EnqueueNew(ctx, d.Executor, ladder.PageSize, now)
+		if err != nil {
+			return err
+		}
+		t.Scheduled += len(as)
+		if len(as) < ladder.PageSize {
+			return nil
+		}
+	}
+}
+
+// StartRuns starts queued runs under the run start cap (MaxActiveRuns),
+// oldest first, and counts those still waiting.
+func (d Driver) StartRuns(ctx context.Context, now time.Time, t *Tally) error {
+	for {
+		started, waiting, err := d.W.StartQueuedRuns(ctx, d.MaxActiveRuns, ladder.PageSize, now)
+		if err != nil {
+			return err
+		}
+		t.RunsStarted = append(t.RunsStarted, started...)
+		t.RunsWaiting = waiting
+		for _, id := range started {
+			d.Log.Info("run started", "run", id, "waiting", waiting)
+		}
+		if len(started) < ladder.PageSize {
+			return nil
+		}
+	}
+}
+
+// Finalize finishes the running runs whose task instances are all settled.
+func (d Driver) Finalize(ctx context.Context, now time.Time, t *Tally) error {
+	for {
+		runs, err := d.W.FinishSettledRuns(ctx, ladder.PageSize, now)
+		if err != nil {
+			return err
+		}
+		for _, f := range runs {
+			d.Log.Info("run finished", "run", f.RunID, "state", f.State, "unsuccessful", f.Unsuccessful)
+		}
+		t.Finalized += len(runs)
+		t.Finished = append(t.Finished, runs...)
+		for _, f := range runs {
+			if !f.SettledAt.IsZero() {
+				t.FinalizeLatencies = append(t.FinalizeLatencies, now.Sub(f.SettledAt))
+			}
+		}
+		if len(runs) < ladder.PageSize {
+			return nil
+		}
+	}
+}
+
+// DispatchFailure is a queued attempt whose dispatch failed, as a runner
+// judged it.
+type DispatchFailure struct {
+	TI   board.TaskInstance
+	Err  error
+	Move DispatchMove
+	// What names the failed step in decisions and logs ("the agent could
+	// not be started", "the pod create failed").
+	What string
+	// AgainDetail is the decision's detail when the task is offered again.
+	AgainDetail string
+}
+
+// DispatchFailed settles a queued attempt whose dispatch failed: offered
+// again under a new epoch (dispatch_unavailable, WARN), or failed for good
+// as dispatch_failed (ERROR; dispatch_unavailable_exhausted when the window
+// ran out). Neither spends a retry.
+func (d Driver) DispatchFailed(ctx context.Context, f DispatchFailure, now time.Time, t *Tally) error {
+	a := f.TI.Attempt
+	ev := map[string]string{"error": f.Err.Error()}
+	if since := f.TI.DispatchUnavailableSince; !since.IsZero() {
+		ev["unavailable_since"] = since.UTC().Format(time.RFC3339)
+	}
+	if f.Move == DispatchOfferAgain {
+		rel, err := d.W.DispatchBackoff(ctx, a, now)
+		if err != nil {
+			return err
+		}
+		if rel.Applied {
+			t.OfferedAgain++
+			ev["next"] = rel.Attempt.String()
+		}
+		d.Decide(t, hclog.Warn, sdk.Decision{
+			Label: sdk.LabelDispatchUnavailable, Attempt: a, Applied: rel.Applied, Evidence: ev, Detail: f.AgainDetail,
+		})
+		return nil
+	}
+	label, detail := sdk.LabelDispatchFailed, f.What+": dispatch failed for good"
+	if f.Move == DispatchExhausted {
+		label = sdk.LabelDispatchUnavailableSpent
+		detail = f.What + " for " + ladder.Format(d.DispatchUnavailableWindow) + ": dispatch failed for good"
+	}
+	ok, err := d.W.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{
+		Kind: sdk.MarkInfra, Reason: sdk.LabelDispatchFailed, Terminal: true, Confirm: true,
+		Message: sdk.LabelDispatchFailed + ": " + f.Err.Error(),
+	}, now)
+	if err != nil {
+		return err
+	}
+	if ok {
+		t.Failed++
+	}
+	d.Decide(t, hclog.Error, sdk.Decision{Label: label, Attempt: a, Applied: ok, Detail: detail, Evidence: ev})
+	return nil
+}

@@ -1,0 +1,167 @@
+package kuberunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Defaults of Config.
+const (
+	// IntervalDefault is how often Run runs a cycle: the scheduler's tick.
+	IntervalDefault = time.Second
+	// DispatchUnavailableWindowDefault is how long a task whose pod create
+	// fails as unavailable is offered again, from its first such failure,
+	// before it fails as dispatch_failed.
+	DispatchUnavailableWindowDefault = 15 * time.Minute
+	// CreateTimeoutDefault bounds one pod create; a create that runs out of
+	// it counts as unavailable.
+	CreateTimeoutDefault = 30 * time.Second
+	// AgentPathDefault is the agent binary inside the task image.
+	AgentPathDefault = "reaper-agent"
+)
+
+// Credentials gives a task pod its attempt's credential. The runner calls
+// it once per dispatch, after the attempt is queued and before the pod is
+// created, and adds what it returns to the task container's environment.
+// An error is a dispatch failure judged as passing: the task is offered
+// again on a new epoch, within the dispatch-unavailable window.
+type Credentials interface {
+	Env(ctx context.Context, a sdk.Attempt, now time.Time) ([]corev1.EnvVar, error)
+}
+
+// NoCredentials gives a pod no credential (until the attempt API mints
+// them).
+type NoCredentials struct{}
+
+// Env returns nothing.
+func (NoCredentials) Env(context.Context, sdk.Attempt, time.Time) ([]corev1.EnvVar, error) {
+	return nil, nil
+}
+
+// Config configures a Runner. Zero values take the defaults (withDefaults).
+type Config struct {
+	// Client creates the task pods. Required.
+	Client kubernetes.Interface
+	// Namespace of the task pods. Required: the substrate's namespace, so
+	// that its informer, teardown and sweep see them.
+	Namespace string
+	// Image is the task pods' image: it holds the agent and what the tasks
+	// run. Required.
+	Image string
+	// AgentPath is the agent binary in the image. Default AgentPathDefault.
+	AgentPath string
+	// ServiceAccount of the task pods; "": the namespace's default.
+	ServiceAccount string
+	// Resources of the task container.
+	Resources corev1.ResourceRequirements
+	// PullPolicy of the task container's image; "": the API server's default.
+	PullPolicy corev1.PullPolicy
+	// TerminationGrace is the task pods' terminationGracePeriodSeconds.
+	// Default: Ladder.TaskTerminationGrace.
+	TerminationGrace time.Duration
+	// Credentials gives each pod its attempt's credential. Default
+	// NoCredentials.
+	Credentials Credentials
+	// Heartbeat is the agents' heartbeat interval. Default: Ladder.Heartbeat.
+	Heartbeat time.Duration
+	// MaxActiveRuns is the run start cap (see the Lite runner); 0: no cap.
+	MaxActiveRuns int
+	// MaxParallel bounds the kube attempts queued plus running; 0: none.
+	MaxParallel int
+	// DispatchUnavailableWindow: see DispatchUnavailableWindowDefault.
+	DispatchUnavailableWindow time.Duration
+	// CreateTimeout bounds one pod create. Default CreateTimeoutDefault.
+	CreateTimeout time.Duration
+	// Interval is Run's period. Default IntervalDefault.
+	Interval time.Duration
+	// Ladder gives the thresholds: the infra confirmation valve, the
+	// dispatch-lost threshold and the credential ceiling (the pod
+	// deadline), the heartbeat. Default ladder.Defaults().
+	Ladder ladder.Ladder
+	// OnResult, when set, receives the result of every cycle Run runs.
+	OnResult func(Result)
+	// Clock is the only time the runner reads. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger logs what changed. Default: a null logger.
+	Logger hclog.Logger
+}
+
+// withDefaults fills in every default and validates the result.
+func (c Config) withDefaults() (Config, error) {
+	if c.Ladder == (ladder.Ladder{}) {
+		c.Ladder = ladder.Defaults()
+	}
+	if c.AgentPath == "" {
+		c.AgentPath = AgentPathDefault
+	}
+	if c.TerminationGrace == 0 {
+		c.TerminationGrace = c.Ladder.TaskTerminationGrace
+	}
+	if c.Credentials == nil {
+		c.Credentials = NoCredentials{}
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = c.Ladder.Heartbeat
+	}
+	if c.DispatchUnavailableWindow == 0 {
+		c.DispatchUnavailableWindow = DispatchUnavailableWindowDefault
+	}
+	if c.CreateTimeout == 0 {
+		c.CreateTimeout = CreateTimeoutDefault
+	}
+	if c.Interval == 0 {
+		c.Interval = IntervalDefault
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+
+	var errs []error
+	if c.Client == nil {
+		errs = append(errs, errors.New("no Kubernetes client"))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("no namespace"))
+	}
+	if c.Image == "" {
+		errs = append(errs, errors.New("no image"))
+	}
+	if c.MaxActiveRuns < 0 {
+		errs = append(errs, fmt.Errorf("max_active_runs %d: must be 0 (no cap) or more", c.MaxActiveRuns))
+	}
+	if c.MaxParallel < 0 {
+		errs = append(errs, fmt.Errorf("max_parallel %d: must be 0 (no bound) or more", c.MaxParallel))
+	}
+	if c.TerminationGrace < 0 {
+		errs = append(errs, fmt.Errorf("termination grace %s: must not be negative", c.TerminationGrace))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"heartbeat", c.Heartbeat}, {"interval", c.Interval}, {"create timeout", c.CreateTimeout},
+		{"infra_confirm_valve", c.Ladder.InfraConfirmValve}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be positive", d.name, d.v))
+		}
+	}
+	if c.DispatchUnavailableWindow < 0 {
+		errs = append(errs, fmt.Errorf("dispatch unavailable window %s: must not be negative", c.DispatchUnavailableWindow))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("kube runner: %w", err)
+	}
+	return c, nil
+}

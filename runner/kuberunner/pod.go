@@ -1,0 +1,159 @@
+package kuberunner
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+)
+
+// The task container's outcome record: the agent writes it to this file,
+// and the kubelet copies the file into the container's termination message
+// (policy File: never the logs, which are not a record), where the
+// substrate's reconciler reads it.
+const (
+	TerminationMessagePath   = "/dev/termination-log"
+	TerminationMessagePolicy = corev1.TerminationMessageReadFile
+	// EnvRecordFile names, in the task container's environment, the file
+	// the agent writes its outcome record to.
+	EnvRecordFile = "REAPER_RECORD_FILE"
+)
+
+// MaxActiveDeadline is the largest activeDeadlineSeconds the API server
+// accepts (math.MaxInt32).
+const MaxActiveDeadline = math.MaxInt32
+
+// GraceCap is the most of the pod's termination grace the deadline
+// arithmetic adds (the pod spec still carries the declared grace).
+const GraceCap = 60 * time.Second
+
+// ActiveDeadline is the activeDeadlineSeconds of a task pod. A task with a
+// timeout gets its timeout, plus the dispatch-lost threshold as startup
+// headroom (the kubelet counts from the pod's start, before the image pull
+// and the agent's own start-up), plus the pod's termination grace capped
+// at GraceCap for the shutdown tail. A task without one gets the credential
+// ceiling itself, with no headroom: nothing inside the pod races it. The
+// result is clamped to MaxActiveDeadline; each term is counted in whole
+// seconds, rounded up. ok is false when the pod gets no deadline at all: no
+// timeout and a non-positive ceiling, which disables the floor.
+func ActiveDeadline(timeout, dispatchLost, grace, ceiling time.Duration) (seconds int64, ok bool) {
+	if timeout <= 0 {
+		if ceiling <= 0 {
+			return 0, false
+		}
+		return min(ceilSeconds(ceiling), MaxActiveDeadline), true
+	}
+	s := ceilSeconds(timeout) + ceilSeconds(max(dispatchLost, 0)) + ceilSeconds(min(max(grace, 0), GraceCap))
+	if s < 0 || s > MaxActiveDeadline { // s < 0: overflowed
+		s = MaxActiveDeadline
+	}
+	return s, true
+}
+
+// ceilSeconds is d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
+}
+
+var notName = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// namePart makes s a piece of a pod name: lowercase, only [a-z0-9-], at
+// most n characters, no leading or trailing dash.
+func namePart(s string, n int) string {
+	s = notName.ReplaceAllString(strings.ToLower(s), "-")
+	if len(s) > n {
+		s = s[:n]
+	}
+	return strings.Trim(s, "-")
+}
+
+// PodName is the pod name of attempt a: the same for the same attempt
+// every time (so a create repeated for one attempt meets AlreadyExists
+// rather than making a second pod), different for any other attempt,
+// including one whose task id differs only where the readable part is
+// lossy (a hash of the exact attempt ends the name). It fits a DNS label
+// (63 characters), so the pod's hostname is its name.
+func PodName(a sdk.Attempt) string {
+	sum := sha256.Sum256([]byte(a.RunID + "\x00" + a.TaskID + "\x00" +
+		strconv.Itoa(int(a.Try)) + "\x00" + strconv.Itoa(int(a.Epoch))))
+	tail := strconv.Itoa(int(a.Try)) + "-" + strconv.Itoa(int(a.Epoch)) + "-" + hex.EncodeToString(sum[:])[:10]
+	head := namePart(a.RunID, 20) + "-" + namePart(a.TaskID, 20)
+	name := strings.Trim(namePart(head, 63-len(tail)-1), "-") + "-" + tail
+	return strings.TrimLeft(name, "-")
+}
+
+// PodSpec is what a runner's configuration says of every task pod.
+type PodSpec struct {
+	Namespace      string
+	Image          string
+	AgentPath      string // the reaper-agent binary inside the image
+	ServiceAccount string // "" leaves the namespace's default
+	Resources      corev1.ResourceRequirements
+	PullPolicy     corev1.PullPolicy // "": the API server's default
+	// TerminationGrace is the pod's terminationGracePeriodSeconds, carried
+	// verbatim.
+	TerminationGrace time.Duration
+	// Heartbeat is the agent's heartbeat interval.
+	Heartbeat time.Duration
+	// DispatchLost and CredentialCeiling feed ActiveDeadline.
+	DispatchLost      time.Duration
+	CredentialCeiling time.Duration
+}
+
+// BuildPod is the pod of the task instance's attempt: its attempt labels
+// and raw task id annotation (kube.AttemptLabels), one task container named
+// kube.TaskContainer running the agent for the attempt with the outcome
+// record path set, never restarted, and the deadline of ActiveDeadline.
+// env is added to the container's environment (the attempt's credential).
+func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.Pod {
+	a := ti.Attempt
+	lbls, ann := kube.AttemptLabels(a)
+	inv := agent.Invocation{
+		Attempt:          a,
+		Command:          ti.Command,
+		ExecutionTimeout: ti.ExecutionTimeout,
+		Heartbeat:        spec.Heartbeat,
+		Reporter:         agent.ReporterAPI,
+	}
+	grace := ceilSeconds(spec.TerminationGrace)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: PodName(a), Namespace: spec.Namespace, Labels: lbls, Annotations: ann,
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			ServiceAccountName:            spec.ServiceAccount,
+			TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{
+				Name:                     kube.TaskContainer,
+				Image:                    spec.Image,
+				ImagePullPolicy:          spec.PullPolicy,
+				Command:                  []string{spec.AgentPath},
+				Args:                     inv.Args(),
+				Env:                      append([]corev1.EnvVar{{Name: EnvRecordFile, Value: TerminationMessagePath}}, env...),
+				Resources:                spec.Resources,
+				TerminationMessagePath:   TerminationMessagePath,
+				TerminationMessagePolicy: TerminationMessagePolicy,
+			}},
+		},
+	}
+	if s, ok := ActiveDeadline(ti.ExecutionTimeout, spec.DispatchLost, spec.TerminationGrace, spec.CredentialCeiling); ok {
+		pod.Spec.ActiveDeadlineSeconds = &s
+	}
+	return pod
+}

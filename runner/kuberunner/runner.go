@@ -1,0 +1,289 @@
+// Package kuberunner is the kube runner: the scheduler's side of the
+// Kubernetes edition, the counterpart of the Lite runner (package
+// runner/literunner) over the same board and the same rails. On the leader,
+// every cycle (RunOnce) drives the task instances of the kube executor:
+//
+//  1. release: the retry and reschedule rails, and infra failures re-placed
+//     on the infra budget (a new epoch, the retries untouched) once their
+//     mark is confirmed (by the substrate's sweep) or, unconfirmed, once the
+//     infra confirmation valve has passed since the mark; with the budget
+//     spent, failed for good (see package runner/internal/cycle).
+//  2. start and schedule: queued runs under the run start cap; task
+//     instances in state none of running runs become scheduled.
+//  3. dispatch: each scheduled attempt becomes queued and gets a pod
+//     (BuildPod: the attempt's labels and raw task id annotation, the task
+//     container with the outcome record path, the activeDeadlineSeconds of
+//     ActiveDeadline), whose UID is recorded on the attempt. A create that
+//     fails as unavailable (see Unavailable) offers the task again on the
+//     dispatch-failure backoff rail, a new epoch and no retry spent, for
+//     DispatchUnavailableWindow from the task's dispatch_unavailable_since,
+//     which the row keeps across restarts and leader changes
+//     (dispatch_unavailable, WARN); then it fails as dispatch_failed
+//     (dispatch_unavailable_exhausted, ERROR). A create refused fails as
+//     dispatch_failed at once. dispatch_failed is terminal and spends no
+//     retry: a clear starts the task over.
+//  4. finalize: a running run whose task instances are all settled ends.
+//
+// A create whose answer was lost may have made its pod anyway. Offering the
+// task again moves it to a new epoch, so that pod's agent is refused at its
+// RUNNING report and never starts the task. A create repeated for the same
+// attempt meets AlreadyExists on the attempt's pod name (PodName), and the
+// runner adopts the pod when its labels and annotation name exactly that
+// attempt.
+//
+// The runner creates pods and never deletes one: teardown, presence and
+// the reconcile sweep are the substrate's (package substrate/kube).
+package kuberunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/kube"
+)
+
+// Name is the runner's name in its decisions (sdk.Decision.Reaper) and logs.
+const Name = "runner"
+
+// Runner is the kube runner.
+type Runner struct {
+	cfg   Config
+	w     *lifecycle.Writer
+	spec  PodSpec
+	steps cycle.Driver
+	log   hclog.Logger
+}
+
+// New checks the configuration.
+func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
+	if w == nil {
+		return nil, errors.New("kube runner: no board writer")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{
+		cfg: cfg, w: w, log: cfg.Logger,
+		spec: PodSpec{
+			Namespace: cfg.Namespace, Image: cfg.Image, AgentPath: cfg.AgentPath,
+			ServiceAccount: cfg.ServiceAccount, Resources: cfg.Resources, PullPolicy: cfg.PullPolicy,
+			TerminationGrace: cfg.TerminationGrace, Heartbeat: cfg.Heartbeat,
+			DispatchLost: cfg.Ladder.DispatchLost, CredentialCeiling: cfg.Ladder.CredentialCeiling,
+		},
+		steps: cycle.Driver{
+			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
+			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
+		},
+	}, nil
+}
+
+// Close releases nothing (the runner holds no resource of its own; the
+// client is the caller's) and stops no pod. It exists so that a host drives
+// both runners alike.
+func (r *Runner) Close() error { return nil }
+
+// Result reports one cycle.
+type Result struct {
+	At         time.Time     // the cycle's now
+	Dispatched int           // scheduled -> queued, with a pod created (or adopted)
+	Took       time.Duration // how long the cycle took (the runner's clock)
+	// Tally counts the shared steps and holds the decisions made, for the
+	// host to meter and audit.
+	cycle.Tally
+}
+
+// Changed reports whether the cycle wrote anything.
+func (res Result) Changed() bool {
+	return res.Scheduled+res.Dispatched+res.Retried+res.Rescheduled+res.Replaced+
+		res.OfferedAgain+res.Failed+res.Finalized+len(res.RunsStarted) > 0 || len(res.Decisions) > 0
+}
+
+// Run runs a cycle every Interval until ctx is done, while leading reports
+// true at the tick. Ticks missed by a long cycle are coalesced. Start it on
+// a goroutine of the caller's.
+func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
+	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C():
+		}
+		now := r.cfg.Clock.Now()
+		if !leading(now) {
+			continue
+		}
+		res, err := r.RunOnce(ctx, now)
+		if err != nil && ctx.Err() == nil {
+			r.log.Error("kube runner cycle failed; the next cycle tries again", "error", err)
+		}
+		if r.cfg.OnResult != nil {
+			r.cfg.OnResult(res)
+		}
+	}
+}
+
+// RunOnce runs one cycle at now (see the package documentation). It must
+// run on the leader only. On an error it stops where it was: what was
+// written stays, and the next cycle picks up from the board.
+func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
+	res := Result{At: now}
+	steps := []struct {
+		name string
+		run  func(context.Context, time.Time, *cycle.Tally) error
+	}{
+		{"release", r.steps.Release},
+		{"start", r.steps.StartRuns},
+		{"schedule", r.steps.Schedule},
+		{"dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.dispatch(ctx, now, &res) }},
+		{"finalize", r.steps.Finalize},
+	}
+	var err error
+	for _, s := range steps {
+		if err = s.run(ctx, now, &res.Tally); err != nil {
+			err = fmt.Errorf("kube runner: %s: %w", s.name, err)
+			break
+		}
+	}
+	res.Took = r.cfg.Clock.Now().Sub(now)
+	if res.Changed() {
+		r.log.Info("kube runner cycle", "runs_started", len(res.RunsStarted), "runs_waiting", res.RunsWaiting,
+			"scheduled", res.Scheduled, "dispatched", res.Dispatched,
+			"retried", res.Retried, "rescheduled", res.Rescheduled, "replaced", res.Replaced,
+			"offered_again", res.OfferedAgain, "failed", res.Failed, "finalized", res.Finalized, "waiting", res.Waiting)
+	}
+	return res, err
+}
+
+// dispatch queues scheduled attempts and creates their pods, within
+// MaxParallel.
+func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
+	slots := -1 // no bound
+	if r.cfg.MaxParallel > 0 {
+		active, err := r.w.CountActive(ctx, sdk.ExecutorKube)
+		if err != nil {
+			return err
+		}
+		slots = max(r.cfg.MaxParallel-active, 0)
+	}
+	var after *lifecycle.Key
+	for slots != 0 {
+		limit := ladder.PageSize
+		if slots > 0 {
+			limit = min(limit, slots)
+		}
+		page, err := r.w.ListScheduled(ctx, sdk.ExecutorKube, after, limit)
+		if err != nil {
+			return err
+		}
+		for _, ti := range page {
+			if slots == 0 {
+				return nil
+			}
+			created, err := r.dispatchOne(ctx, ti, now, res)
+			if err != nil {
+				return err
+			}
+			if created && slots > 0 {
+				slots--
+			}
+		}
+		if len(page) < limit {
+			return nil
+		}
+		last := page[len(page)-1]
+		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
+	}
+	return nil
+}
+
+// dispatchOne queues one attempt and creates its pod. It reports whether
+// the attempt got a pod.
+func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
+	a := ti.Attempt
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	// Queued first: the agent's RUNNING report is accepted only from queued.
+	ok, err := r.w.Queue(ctx, a, now)
+	if err != nil || !ok {
+		return false, err
+	}
+	env, err := r.cfg.Credentials.Env(ctx, a, now)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return false, fmt.Errorf("dispatching %s: %w", a, cerr)
+		}
+		return false, r.failed(ctx, ti, fmt.Errorf("minting the attempt's credential: %w", err), true, now, res)
+	}
+	pod := BuildPod(r.spec, ti, env)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+	created, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
+	cancel()
+	if apierrors.IsAlreadyExists(err) {
+		created, err = r.adopt(ctx, pod)
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			// Stopping, not a verdict on the dispatch: the attempt stays
+			// queued, which is what the dispatch-lost reaper settles.
+			return false, fmt.Errorf("dispatching %s: %w", a, cerr)
+		}
+		return false, r.failed(ctx, ti, fmt.Errorf("creating pod %s/%s: %w", r.cfg.Namespace, pod.Name, err),
+			Unavailable(err), now, res)
+	}
+	if _, err := r.w.RecordPodUID(ctx, a, string(created.UID), now); err != nil {
+		return true, err
+	}
+	res.Dispatched++
+	return true, nil
+}
+
+// adopt reads the pod a create met as AlreadyExists: a create of the same
+// attempt whose answer was lost. The pod is the attempt's own only when its
+// labels and annotation name exactly the attempt; any other pod under that
+// name is a refusal.
+func (r *Runner) adopt(ctx context.Context, want *corev1.Pod) (*corev1.Pod, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+	defer cancel()
+	got, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(cctx, want.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the pod that already exists: %w", err)
+	}
+	for k, v := range want.Labels {
+		if got.Labels[k] != v {
+			return nil, fmt.Errorf("a pod of another attempt has the name (label %s is %q)", k, got.Labels[k])
+		}
+	}
+	if !maps.Equal(map[string]string{kube.AnnotationRawTaskID: got.Annotations[kube.AnnotationRawTaskID]}, want.Annotations) {
+		return nil, fmt.Errorf("a pod of another task has the name (annotation %s is %q)",
+			kube.AnnotationRawTaskID, got.Annotations[kube.AnnotationRawTaskID])
+	}
+	r.log.Info("the attempt's pod already existed: adopted", "pod", got.Name, "uid", got.UID)
+	return got, nil
+}
+
+// failed settles a queued attempt whose dispatch failed: passing errors are
+// offered again within the window, the others fail at once.
+func (r *Runner) failed(ctx context.Context, ti board.TaskInstance, err error, passing bool, now time.Time, res *Result) error {
+	return r.steps.DispatchFailed(ctx, cycle.DispatchFailure{
+		TI: ti, Err: err, What: "the pod create failed",
+		Move:        cycle.DecideDispatchFailure(passing, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
+		AgainDetail: "Kubernetes API unavailable: offering the task again",
+	}, now, &res.Tally)
+}

@@ -1,0 +1,110 @@
+package reap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/sdktest"
+)
+
+// backlogBoard is a board of n running attempts, silent since an hour
+// before t0, and the planned agent_lost marks of each, guarded on that
+// silence.
+func backlogBoard(n int) (*sdktest.Board, []Planned) {
+	b := sdktest.NewBoard()
+	planned := make([]Planned, n)
+	for i := range planned {
+		a := b.PutRunning("run", fmt.Sprintf("task%05d", i), t0.Add(-2*time.Hour), t0.Add(-time.Hour))
+		planned[i] = Planned{Label: sdk.LabelAgentLost, Detail: "dead", Evidence: Evidence{}, Mark: sdk.Mark{
+			Attempt: a, FromStates: []string{sdk.StateRunning}, HeartbeatBefore: t0.Add(-5 * time.Minute),
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: dead", Term: b.Term(), At: t0}}
+	}
+	return b, planned
+}
+
+func TestBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("MarksOfManyPagesSettleInWritesOfMarkBatch", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(2*MarkBatch + 500)
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(board, rec, nil)
+		for start := 0; start < len(planned); start += 100 { // a page at a time
+			if err := bl.Add(ctx, planned[start:start+100]...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if board.Writes() != 2 {
+			t.Fatalf("%d writes for %d marks queued, want one per %d", board.Writes(), len(planned), MarkBatch)
+		}
+		if err := bl.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rec.Close(ctx)
+		if board.Writes() != 3 || len(sink.Decisions()) != len(planned) || rec.Count(sdk.LabelAgentLost) != len(planned) {
+			t.Fatalf("%d writes, %d decisions (%d agent_lost), want 3 writes and one applied decision per mark",
+				board.Writes(), len(sink.Decisions()), rec.Count(sdk.LabelAgentLost))
+		}
+		for _, d := range sink.Decisions() {
+			if !d.Applied || board.Row(d.Attempt).State != sdk.StateFailed {
+				t.Fatalf("decision %+v, row %+v", d, board.Row(d.Attempt))
+			}
+		}
+	})
+
+	t.Run("AMarkThatWaitedIsANoopWhenItsAttemptHeartbeatedMeanwhile", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(3)
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(board, rec, nil)
+		if err := bl.Add(ctx, planned...); err != nil {
+			t.Fatal(err)
+		}
+		board.Heartbeat("run", planned[1].Mark.Attempt.TaskID, t0.Add(-time.Second)) // back while it waited
+		if err := bl.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rec.Close(ctx)
+		ds := sink.Decisions()
+		if len(ds) != 3 || ds[1].Label != sdk.LabelMarkNoop || ds[1].Evidence[EvNoopReason] != sdk.NoopHeartbeated ||
+			board.Row(planned[1].Mark.Attempt).State != sdk.StateRunning || !ds[0].Applied || !ds[2].Applied {
+			t.Fatalf("decisions %+v", ds)
+		}
+	})
+
+	t.Run("RunSettlesTheBacklogWhenTheDrainFails", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(150)
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(board, rec, nil)
+		pages, finished := 0, false
+		boom := errors.New("listing broke")
+		listing := Listing{Name: "l", Page: func(ctx context.Context, after *Cursor) (*Cursor, error) {
+			pages++
+			if pages == 1 {
+				return &Cursor{At: t0, RunID: "100"}, bl.Add(ctx, planned[:100]...)
+			}
+			return nil, boom
+		}}
+		_, err := Run(ctx, sdk.Pass{Now: t0, Deadline: t0.Add(30 * time.Second)}, rec, Spec{Name: "test",
+			Stopwatch: clock.NewFake(t0), Listings: []Listing{listing}, Backlog: bl,
+			Finish: func(context.Context, DrainStats) error { finished = true; return nil }})
+		if err == nil || !strings.Contains(err.Error(), boom.Error()) || finished {
+			t.Fatalf("err %v, finished %v: want the listing's error and no finish", err, finished)
+		}
+		if n := rec.Count(sdk.LabelAgentLost); n != 100 || len(sink.Decisions()) != 100 {
+			t.Fatalf("%d marks applied, %d decisions recorded: want the first page's 100", n, len(sink.Decisions()))
+		}
+	})
+}
