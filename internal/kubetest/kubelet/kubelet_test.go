@@ -7,7 +7,6 @@ package kubelet_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/internal/pgtest"
@@ -432,19 +433,14 @@ func TestPlayedPodPreStartUnansweredWritesInfraMarkerSettledOnTheInfraRail(t *te
 	e := newEnv(t)
 	a := sdk.Attempt{RunID: "run-infra", TaskID: "t", Try: 1}
 	b := e.board(a)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
-	// The agent's control plane is a board nobody serves; its pre-start
-	// window is shortened to 1s here (the 2-minute default is proven on a
-	// fake clock in the agent's own tests).
+	closed := attemptapitest.FreeAddr(t)
+	// The agent's control plane is an attempt API nobody serves; its
+	// pre-start window is shortened to 1s here (the 2-minute default is
+	// proven on a fake clock in the agent's own tests).
 	pod := e.agentPod(a, `touch "$TMPDIR/ran"`, func(inv *agent.Invocation, p *corev1.Pod) {
-		inv.Reporter, inv.ReportFile, inv.StartRetry = agent.ReporterBoard, "", time.Second
-		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "REAPER_DSN",
-			Value: "postgres://nobody@" + closed + "/board?sslmode=disable&connect_timeout=1"}}
+		inv.Reporter, inv.ReportFile, inv.StartRetry = agent.ReporterAPI, "", time.Second
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: attempttoken.EnvAPI, Value: "https://" + closed},
+			{Name: attempttoken.EnvToken, Value: "rat1.unverified"}}
 	})
 	done := e.awaitPhase(pod, corev1.PodFailed)
 	rec := recordOf(t, done)
