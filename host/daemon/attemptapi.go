@@ -7,21 +7,18 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -161,29 +158,4 @@ func (a *attemptAPI) close() {
 			a.pool.Close()
 		}
 	})
-}
-
-// podCredentials gives a task pod its attempt's credential (the kube
-// runner's seam): minted now, recorded on the attempt, as the pod's
-// environment. The pod reaches the API at attempt_api.advertise, which a
-// kube deployment sets to a Service name its certificate covers.
-type podCredentials struct {
-	issuer attempttoken.Issuer
-	w      *lifecycle.Writer
-}
-
-func (p podCredentials) Env(ctx context.Context, a sdk.Attempt, now time.Time) ([]corev1.EnvVar, error) {
-	cred, err := p.issuer.Mint(a, now)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := p.w.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
-		return nil, err
-	}
-	env := make([]corev1.EnvVar, 0, len(cred.Env))
-	for _, kv := range cred.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env = append(env, corev1.EnvVar{Name: k, Value: v})
-	}
-	return env, nil
 }

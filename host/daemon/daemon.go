@@ -261,8 +261,10 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
-		Credentials: podCredentials{issuer: d.api.issuer(cfg.Ladder.AttemptTokenTTL),
-			w: lifecycle.New(d.pool, lifecycle.Options{})},
+		// The pods reach the API at attempt_api.advertise, which a kube
+		// deployment sets to a Service name its certificate covers.
+		Credentials: kuberunner.MintedCredentials{Minter: d.api.issuer(cfg.Ladder.AttemptTokenTTL),
+			Recorder: lifecycle.New(d.pool, lifecycle.Options{})},
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,

@@ -256,9 +256,9 @@ func groupGone(t *testing.T, pgid int) {
 type boardEnv struct {
 	t     *testing.T
 	store *board.Store
+	w     *lifecycle.Writer
 	sub   *kube.Substrate
 	term  int64
-	dsn   string
 }
 
 func (e *env) board(as ...sdk.Attempt) *boardEnv {
@@ -300,7 +300,7 @@ func (e *env) boardUpTo(running bool, as ...sdk.Attempt) *boardEnv {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(sub.Close)
-	return &boardEnv{t: e.t, store: store, sub: sub, term: lease.Term, dsn: pgtest.DSN(pool)}
+	return &boardEnv{t: e.t, store: store, w: w, sub: sub, term: lease.Term}
 }
 
 // sweepUntilSettled sweeps until a's row has left running (the cache may
@@ -529,9 +529,16 @@ func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	ti.Command = "echo from the runner pod"
+	// The runner's own credential seam: the attempt API (served in process)
+	// mints the attempt's credential, and the agent reports through it.
+	api := attemptapitest.Start(t, b.w, attemptapitest.Options{})
+	env, err := kuberunner.MintedCredentials{Minter: api.Issuer, Recorder: b.w}.Env(context.Background(), a, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	pod := kuberunner.BuildPod(kuberunner.PodSpec{Namespace: e.ns, Image: "agent", AgentPath: "/usr/local/bin/reaper-agent",
 		Heartbeat: 100 * time.Millisecond, TerminationGrace: time.Second, DispatchLost: time.Minute, CredentialCeiling: time.Hour},
-		ti, []corev1.EnvVar{{Name: "REAPER_DSN", Value: b.dsn}})
+		ti, env)
 	pod.Spec.NodeName = e.node
 	kubelet.Own(pod)
 	e.player.MapCommand("/usr/local/bin/reaper-agent", e.s.agent)
