@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -151,6 +152,10 @@ type KubeRunner struct {
 	ServiceAccount   string        // "" leaves the namespace's default
 	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
 	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
+	// AttemptAPI is the attempt API's base URL as the task pods reach it
+	// (https://host:port, e.g. a Service name the certificate covers); "":
+	// attempt_api.advertise, else the API's bound address.
+	AttemptAPI string
 	// Requests and Limits of the task container, by resource name (cpu,
 	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
 	Requests, Limits map[string]string
@@ -342,6 +347,7 @@ var (
 		{Name: "memory_request", Type: sdk.TypeString},
 		{Name: "cpu_limit", Type: sdk.TypeString},
 		{Name: "memory_limit", Type: sdk.TypeString},
+		{Name: "attempt_api", Type: sdk.TypeString},
 	}}
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -644,7 +650,7 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	k := &KubeRunner{
 		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
 		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
-		Requests: map[string]string{}, Limits: map[string]string{},
+		AttemptAPI: v.String("attempt_api"), Requests: map[string]string{}, Limits: map[string]string{},
 	}
 	k.TerminationGrace, _ = v.Duration("termination_grace")
 	bad := func(key, detail string) {
@@ -659,6 +665,11 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	}
 	if k.TerminationGrace < 0 {
 		bad("termination_grace", "termination_grace must not be negative.")
+	}
+	if k.AttemptAPI != "" {
+		if u, err := url.Parse(k.AttemptAPI); err != nil || u.Scheme != "https" || u.Host == "" {
+			bad("attempt_api", `attempt_api must be the API's https base URL as the pods reach it ("https://reaper.example:9465").`)
+		}
 	}
 	for _, q := range []struct {
 		key, resource string

@@ -38,6 +38,7 @@ runner {
     termination_grace = "45s"
     cpu_request       = "250m"
     memory_limit      = "1Gi"
+    attempt_api       = "https://reaper.tasks.svc:9465"
   }
 }
 `
@@ -57,7 +58,8 @@ runner {
 	k := cfg.Runner.Kube
 	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
 		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
-		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 {
+		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 ||
+		k.AttemptAPI != "https://reaper.tasks.svc:9465" {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
@@ -128,6 +130,7 @@ func TestBadFiles(t *testing.T) {
 		{"RunnerKubeBlockOnLite", minimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n", []string{"reaper.hcl:4:3:", "kube edition"}},
 		{"RunnerKubeWithoutImage", kubeMinimal + "runner {\n  kube {}\n}\n", []string{"reaper.hcl:4:", `"image"`}},
 		{"RunnerKubeBadQuantity", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    cpu_limit = \"lots\"\n  }\n}\n", []string{"reaper.hcl:6:17:", "cpu_limit"}},
+		{"RunnerKubeAttemptAPINotHTTPS", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    attempt_api = \"reaper:9465\"\n  }\n}\n", []string{"reaper.hcl:6:19:", "attempt_api"}},
 		{"RunnerKubeBadPullPolicy", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    image_pull_policy = \"Sometimes\"\n  }\n}\n", []string{"reaper.hcl:6:25:", "image_pull_policy"}},
 		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
 		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},

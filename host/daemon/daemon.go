@@ -257,13 +257,17 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	for name, q := range k.Limits {
 		res.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
 	}
+	// The pods reach the API at the kube block's attempt_api, else at
+	// attempt_api.advertise (a Service name the certificate covers).
+	issuer := d.api.issuer(cfg.Ladder.AttemptTokenTTL)
+	if k.AttemptAPI != "" {
+		issuer.API = k.AttemptAPI
+	}
 	rn, err := kuberunner.New(kuberunner.Config{
 		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
-		// The pods reach the API at attempt_api.advertise, which a kube
-		// deployment sets to a Service name its certificate covers.
-		Credentials: kuberunner.MintedCredentials{Minter: d.api.issuer(cfg.Ladder.AttemptTokenTTL),
+		Credentials: kuberunner.MintedCredentials{Minter: issuer,
 			Recorder: lifecycle.New(d.pool, lifecycle.Options{})},
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
