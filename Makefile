@@ -87,7 +87,7 @@ soak: build
 # Benchmarks of the board, the Lite substrate and the reapers (the mass
 # recovery over 10,000 and 100,000 dead attempts, audit rows written).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/
+	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/
 
 # The peer benchmark (not part of make test): River's JobRescuer, the
 # reaper's agentlost mass recovery (in and out of process) and plain-SQL

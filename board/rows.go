@@ -47,6 +47,12 @@ type TaskInstance struct {
 	Command                  string
 	ExecutionTimeout         time.Duration // 0: none declared
 	UpdatedAt                time.Time
+	// The attempt's credential (zero when never minted, renewed, capped):
+	// first minted at dispatch, last renewed by a heartbeat, and the first
+	// heartbeat refused a renewal at the credential ceiling.
+	CredentialMintedAt  time.Time
+	CredentialRenewedAt time.Time
+	CredentialCappedAt  time.Time
 }
 
 // TaskInstanceColumns is the select list ScanTaskInstance reads, in order.
@@ -54,14 +60,15 @@ const TaskInstanceColumns = `run_id, task_id, try_number, attempt_epoch, state, 
 	queued_at, running_at, last_heartbeat_at, released_at, ended_at,
 	last_failure_kind, failure_reason, infra_marked_at, infra_confirmed_at,
 	infra_budget, infra_used, retries, max_retries, error_message, warm_worker,
-	dispatch_unavailable_since, held_at, command, execution_timeout_seconds, updated_at`
+	dispatch_unavailable_since, held_at, command, execution_timeout_seconds, updated_at,
+	credential_minted_at, credential_renewed_at, credential_capped_at`
 
 // ScanTaskInstance reads one row selected with TaskInstanceColumns.
 func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 	var (
 		ti                                                 TaskInstance
 		queued, running, hb, released, ended, marked, conf *time.Time
-		unavail, held                                      *time.Time
+		unavail, held, minted, renewed, capped             *time.Time
 		kind, reason, msg, warm, cmd                       *string
 		timeout                                            *int32
 	)
@@ -69,7 +76,7 @@ func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 		&queued, &running, &hb, &released, &ended,
 		&kind, &reason, &marked, &conf,
 		&ti.InfraBudget, &ti.InfraUsed, &ti.Retries, &ti.MaxRetries, &msg, &warm,
-		&unavail, &held, &cmd, &timeout, &ti.UpdatedAt)
+		&unavail, &held, &cmd, &timeout, &ti.UpdatedAt, &minted, &renewed, &capped)
 	if err != nil {
 		return TaskInstance{}, err
 	}
@@ -79,6 +86,8 @@ func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 	ti.DispatchUnavailableSince, ti.HeldAt = timeOrZero(unavail), timeOrZero(held)
 	ti.LastFailureKind, ti.FailureReason, ti.ErrorMessage = deref(kind), deref(reason), deref(msg)
 	ti.WarmWorker, ti.Command = deref(warm), deref(cmd)
+	ti.CredentialMintedAt, ti.CredentialRenewedAt = timeOrZero(minted), timeOrZero(renewed)
+	ti.CredentialCappedAt = timeOrZero(capped)
 	if timeout != nil {
 		ti.ExecutionTimeout = time.Duration(*timeout) * time.Second
 	}

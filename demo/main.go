@@ -114,8 +114,8 @@ func run(ctx context.Context) int {
 		dsn = srv.DSN("reaper")
 	}
 	cfgPath := filepath.Join(dir, "demo.hcl")
-	cfg := fmt.Sprintf("edition = \"lite\"\nplugin_dir = %q\nstore {\n  dsn = %q\n}\n%s\nsubstrate \"lite\" {\n  record_dir = %q\n  stop_grace = \"2s\"\n  kill_wait  = \"2s\"\n}\nrunner {\n  log_dir = %q\n}\nreaper \"dispatchlost\" {}\nreaper \"agentlost\" {}\nreaper \"orphanrun\" {}\n",
-		bin, dsn, ladderHCL, filepath.Join(dir, "records"), filepath.Join(dir, "records"))
+	cfg := fmt.Sprintf("edition = \"lite\"\nplugin_dir = %q\nstore {\n  dsn = %q\n}\n%s\nsubstrate \"lite\" {\n  record_dir = %q\n  stop_grace = \"2s\"\n  kill_wait  = \"2s\"\n}\nrunner {\n  log_dir = %q\n}\nattempt_api {\n  listen    = \"127.0.0.1:0\"\n  state_dir = %q\n}\nreaper \"dispatchlost\" {}\nreaper \"agentlost\" {}\nreaper \"orphanrun\" {}\n",
+		bin, dsn, ladderHCL, filepath.Join(dir, "records"), filepath.Join(dir, "records"), filepath.Join(dir, "attempt-api"))
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1

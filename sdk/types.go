@@ -148,6 +148,9 @@ type Candidate struct {
 	FailureReason    string // the label of the last failure (agent_lost, ...); "" when none
 	WarmWorker       string
 	ExecutionTimeout time.Duration // 0: none declared
+	// CredentialMintedAt is when the attempt's credential was minted (at
+	// dispatch, by a runner on the attempt API); zero when none was.
+	CredentialMintedAt time.Time
 }
 
 // CandidatePage is one page of candidates. Next is nil when the page was

@@ -171,3 +171,36 @@ func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failu
         FROM runs r WHERE `+guardAttempt+` AND ti.state = ANY ($11::text[])`,
 		now, string(f.Kind), f.Reason, f.Message, f.Terminal, f.Confirm, from)
 }
+
+// RecordMint records when the queued attempt's credential was minted (the
+// runner mints at dispatch, right after Queue). It reports whether it
+// applied.
+func (w *Writer) RecordMint(ctx context.Context, a sdk.Attempt, mintedAt time.Time) (bool, error) {
+	return w.step(ctx, "record the credential mint of", a, `UPDATE task_instances ti SET credential_minted_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued'`, mintedAt)
+}
+
+// Renewal is what an accepted heartbeat did to the attempt's credential.
+type Renewal int
+
+const (
+	// NotRenewed: the heartbeat renewed nothing.
+	NotRenewed Renewal = iota
+	// Renewed: the heartbeat was answered with a fresh token.
+	Renewed
+	// Capped: the credential reached its ceiling; no renewal, and the first
+	// such heartbeat is recorded.
+	Capped
+)
+
+// HeartbeatCredential is Heartbeat that also records what the heartbeat
+// did to the attempt's credential, in the same single write.
+func (w *Writer) HeartbeatCredential(ctx context.Context, a sdk.Attempt, r Renewal, now time.Time) (shouldTerminate bool, err error) {
+	ok, err := w.step(ctx, "heartbeat", a, `UPDATE task_instances ti
+        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, $5), updated_at = $5,
+            credential_renewed_at = CASE WHEN $6::int = 1 THEN $5::timestamptz ELSE ti.credential_renewed_at END,
+            credential_capped_at = CASE WHEN $6::int = 2 THEN COALESCE(ti.credential_capped_at, $5::timestamptz)
+                ELSE ti.credential_capped_at END
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, now, int(r))
+	return !ok && err == nil, err
+}

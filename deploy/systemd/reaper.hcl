@@ -31,6 +31,13 @@ telemetry {
   listen = "127.0.0.1:9464"   # /metrics and /monitor/health, for the local Prometheus
 }
 
+# Agents report here with their attempt's own credential. The signing key and
+# the loopback certificate are generated once into state_dir (default
+# $TMPDIR/dexaflow-attempt-api-<uid>, under this unit /run/reaper/...).
+attempt_api {
+  listen = "127.0.0.1:9465"
+}
+
 substrate "lite" {
   # Empty: $TMPDIR/dexaflow-agent-pids-<uid>, which the unit keeps in
   # /run/reaper across restarts. Set a path only if it, too, survives them.

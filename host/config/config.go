@@ -8,8 +8,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +42,7 @@ const (
 	DefaultPluginDir     = "./bin"
 	DefaultLease         = 15 * time.Second
 	DefaultTelemetryAddr = "127.0.0.1:9464"
+	DefaultAttemptAPI    = "127.0.0.1:9465"
 )
 
 // Config is a parsed, validated configuration file.
@@ -50,9 +54,10 @@ type Config struct {
 
 	StoreDSN string // store.dsn, or REAPER_DSN when set
 
-	Leader    Leader
-	Ladder    ladder.Ladder
-	Telemetry Telemetry
+	Leader     Leader
+	Ladder     ladder.Ladder
+	Telemetry  Telemetry
+	AttemptAPI AttemptAPI
 
 	Substrate PluginBlock
 	Reapers   []PluginBlock // in configured order
@@ -99,6 +104,29 @@ type Telemetry struct {
 	Listen string // host:port serving /metrics and /monitor/health
 }
 
+// AttemptAPI is the attempt_api block: where every replica serves the
+// attempt API agents report through, and the keys and certificate it uses.
+type AttemptAPI struct {
+	Listen    string // host:port
+	Advertise string // the base URL agents dial; default https://<bound address>
+	// TLSCert and TLSKey are the operator's certificate and key; both empty:
+	// a certificate for loopback use is generated once into StateDir.
+	TLSCert, TLSKey string
+	// TLSCA is the PEM agents are told to trust; default TLSCert.
+	TLSCA string
+	// SigningKeyFile is the operator's key file (HCL, current and previous
+	// keys); empty: a key generated once into StateDir.
+	SigningKeyFile string
+	// StateDir holds what reaperd generates (signing key, loopback
+	// certificate). Default: $TMPDIR/dexaflow-attempt-api-<uid>.
+	StateDir string
+}
+
+// DefaultAttemptAPIStateDir is the default attempt_api.state_dir.
+func DefaultAttemptAPIStateDir() string {
+	return filepath.Join(os.TempDir(), "dexaflow-attempt-api-"+strconv.Itoa(os.Getuid()))
+}
+
 // Runner is the runner block.
 type Runner struct {
 	Interval      time.Duration // the runner's tick; 0: its default (1s)
@@ -124,6 +152,10 @@ type KubeRunner struct {
 	ServiceAccount   string        // "" leaves the namespace's default
 	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
 	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
+	// AttemptAPI is the attempt API's base URL as the task pods reach it
+	// (https://host:port, e.g. a Service name the certificate covers); "":
+	// attempt_api.advertise, else the API's bound address.
+	AttemptAPI string
 	// Requests and Limits of the task container, by resource name (cpu,
 	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
 	Requests, Limits map[string]string
@@ -234,12 +266,13 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 	}
 	content, diags := file.Body.Content(rootSchema)
 	cfg := &Config{
-		Path:      path,
-		Leader:    Leader{Kind: LeaderPostgres, Lease: DefaultLease},
-		Ladder:    ladder.Defaults(),
-		Telemetry: Telemetry{Listen: DefaultTelemetryAddr},
-		ranges:    map[string]hcl.Range{},
-		file:      file.Body.MissingItemRange(),
+		Path:       path,
+		Leader:     Leader{Kind: LeaderPostgres, Lease: DefaultLease},
+		Ladder:     ladder.Defaults(),
+		Telemetry:  Telemetry{Listen: DefaultTelemetryAddr},
+		AttemptAPI: AttemptAPI{Listen: DefaultAttemptAPI, StateDir: DefaultAttemptAPIStateDir()},
+		ranges:     map[string]hcl.Range{},
+		file:       file.Body.MissingItemRange(),
 	}
 	diags = append(diags, cfg.decode(content)...)
 	if env := getenv(EnvDSN); env != "" {
@@ -265,6 +298,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "substrate", LabelNames: []string{"name"}},
 		{Type: "reaper", LabelNames: []string{"name"}},
 		{Type: "runner"},
+		{Type: "attempt_api"},
 	},
 }
 
@@ -313,6 +347,7 @@ var (
 		{Name: "memory_request", Type: sdk.TypeString},
 		{Name: "cpu_limit", Type: sdk.TypeString},
 		{Name: "memory_limit", Type: sdk.TypeString},
+		{Name: "attempt_api", Type: sdk.TypeString},
 	}}
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -320,6 +355,15 @@ var (
 		{Name: "max_active_runs", Type: sdk.TypeNumber, Default: float64(0)},
 		{Name: "agent", Type: sdk.TypeString},
 		{Name: "log_dir", Type: sdk.TypeString},
+	}}
+	attemptAPISchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "listen", Type: sdk.TypeString, Default: DefaultAttemptAPI},
+		{Name: "advertise", Type: sdk.TypeString},
+		{Name: "tls_cert", Type: sdk.TypeString},
+		{Name: "tls_key", Type: sdk.TypeString},
+		{Name: "tls_ca", Type: sdk.TypeString},
+		{Name: "signing_key_file", Type: sdk.TypeString},
+		{Name: "state_dir", Type: sdk.TypeString},
 	}}
 	telemetrySchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "listen", Type: sdk.TypeString, Default: DefaultTelemetryAddr},
@@ -409,6 +453,11 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 				continue
 			}
 			diags = append(diags, cfg.decodeRunner(b)...)
+		case "attempt_api":
+			if !once(b) {
+				continue
+			}
+			diags = append(diags, cfg.decodeAttemptAPI(b)...)
 		case "substrate":
 			if !once(b) {
 				continue
@@ -546,13 +595,62 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	return diags
 }
 
+func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
+	v, ranges, diags := DecodeBlock(b.Body, attemptAPISchema)
+	api := AttemptAPI{
+		Listen: v.String("listen"), Advertise: v.String("advertise"),
+		TLSCert: cfg.relative(v.String("tls_cert")), TLSKey: cfg.relative(v.String("tls_key")),
+		TLSCA: cfg.relative(v.String("tls_ca")), SigningKeyFile: cfg.relative(v.String("signing_key_file")),
+		StateDir: cfg.relative(v.String("state_dir")),
+	}
+	if api.StateDir == "" {
+		api.StateDir = DefaultAttemptAPIStateDir()
+	}
+	if (api.TLSCert == "") != (api.TLSKey == "") {
+		r := b.DefRange
+		for _, k := range []string{"tls_cert", "tls_key"} {
+			if rr, ok := ranges[k]; ok {
+				r = rr
+			}
+		}
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Incomplete attempt API certificate", Detail: "tls_cert and tls_key go together."})
+	}
+	if api.TLSCA != "" && api.TLSCert == "" {
+		r := ranges["tls_ca"]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "tls_ca without a certificate", Detail: "tls_ca names what agents trust for the operator's tls_cert; give tls_cert and tls_key."})
+	}
+	if api.TLSCert == "" && !loopbackListen(api.Listen) {
+		r := b.DefRange
+		if rr, ok := ranges["listen"]; ok {
+			r = rr
+		}
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Attempt API off loopback without a certificate",
+			Detail:  fmt.Sprintf("listen %q is not a loopback address: give tls_cert and tls_key (the generated certificate is for loopback use only).", api.Listen)})
+	}
+	cfg.AttemptAPI = api
+	return diags
+}
+
+// loopbackListen reports whether host:port names a loopback host.
+func loopbackListen(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
 // decodeKubeRunner decodes the runner's kube block.
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	v, ranges, diags := DecodeBlock(b.Body, kubeRunnerSchema)
 	k := &KubeRunner{
 		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
 		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
-		Requests: map[string]string{}, Limits: map[string]string{},
+		AttemptAPI: v.String("attempt_api"), Requests: map[string]string{}, Limits: map[string]string{},
 	}
 	k.TerminationGrace, _ = v.Duration("termination_grace")
 	bad := func(key, detail string) {
@@ -567,6 +665,11 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	}
 	if k.TerminationGrace < 0 {
 		bad("termination_grace", "termination_grace must not be negative.")
+	}
+	if k.AttemptAPI != "" {
+		if u, err := url.Parse(k.AttemptAPI); err != nil || u.Scheme != "https" || u.Host == "" {
+			bad("attempt_api", `attempt_api must be the API's https base URL as the pods reach it ("https://reaper.example:9465").`)
+		}
 	}
 	for _, q := range []struct {
 		key, resource string

@@ -38,6 +38,7 @@ runner {
     termination_grace = "45s"
     cpu_request       = "250m"
     memory_limit      = "1Gi"
+    attempt_api       = "https://reaper.tasks.svc:9465"
   }
 }
 `
@@ -57,7 +58,8 @@ runner {
 	k := cfg.Runner.Kube
 	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
 		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
-		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 {
+		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 ||
+		k.AttemptAPI != "https://reaper.tasks.svc:9465" {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
@@ -92,6 +94,10 @@ func TestExampleFileParsesAndValidates(t *testing.T) {
 	if cfg.Telemetry.Listen != "127.0.0.1:9464" {
 		t.Fatalf("telemetry = %+v", cfg.Telemetry)
 	}
+	if api := cfg.AttemptAPI; api.Listen != "127.0.0.1:9465" || api.TLSCert != "" || api.SigningKeyFile != "" ||
+		api.StateDir != config.DefaultAttemptAPIStateDir() {
+		t.Fatalf("attempt_api = %+v", api)
+	}
 	if len(cfg.Warnings) != 0 {
 		t.Fatalf("warnings = %v", cfg.Warnings)
 	}
@@ -124,6 +130,7 @@ func TestBadFiles(t *testing.T) {
 		{"RunnerKubeBlockOnLite", minimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n", []string{"reaper.hcl:4:3:", "kube edition"}},
 		{"RunnerKubeWithoutImage", kubeMinimal + "runner {\n  kube {}\n}\n", []string{"reaper.hcl:4:", `"image"`}},
 		{"RunnerKubeBadQuantity", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    cpu_limit = \"lots\"\n  }\n}\n", []string{"reaper.hcl:6:17:", "cpu_limit"}},
+		{"RunnerKubeAttemptAPINotHTTPS", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    attempt_api = \"reaper:9465\"\n  }\n}\n", []string{"reaper.hcl:6:19:", "attempt_api"}},
 		{"RunnerKubeBadPullPolicy", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    image_pull_policy = \"Sometimes\"\n  }\n}\n", []string{"reaper.hcl:6:25:", "image_pull_policy"}},
 		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
 		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},
@@ -131,6 +138,11 @@ func TestBadFiles(t *testing.T) {
 		{"RunnerNegativeParallel", minimal + "runner {\n  max_parallel = -1\n}\n", []string{"reaper.hcl:4:18:", "max_parallel"}},
 		{"RunnerNegativeStartCap", minimal + "runner {\n  max_active_runs = -2\n}\n", []string{"reaper.hcl:4:21:", "max_active_runs"}},
 		{"UnknownStoreKey", minimal + "store {\n  url = \"x\"\n}\n", []string{"reaper.hcl:4:3:", `"url"`}},
+		{"AttemptAPICertWithoutKey", minimal + "attempt_api {\n  tls_cert = \"c.pem\"\n}\n", []string{"reaper.hcl:4:14:", "tls_cert and tls_key"}},
+		{"AttemptAPIOffLoopbackWithoutCertificate", minimal + "attempt_api {\n  listen = \"0.0.0.0:9465\"\n}\n",
+			[]string{"reaper.hcl:4:12:", "not a loopback address"}},
+		{"AttemptAPICAWithoutCertificate", minimal + "attempt_api {\n  tls_ca = \"ca.pem\"\n}\n", []string{"reaper.hcl:4:12:", "tls_ca"}},
+		{"AttemptAPIUnknownKey", minimal + "attempt_api {\n  port = 1\n}\n", []string{"reaper.hcl:4:3:", `"port"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -401,6 +413,39 @@ func TestRecordDir(t *testing.T) {
 		cfg := load(t, "edition = \"lite\"\nsubstrate \"lite\" {\n  record_dir = \"records\"\n}\n")
 		if cfg.RecordDir != filepath.Join(filepath.Dir(cfg.Path), "records") {
 			t.Fatalf("record dir %q", cfg.RecordDir)
+		}
+	})
+}
+
+func TestAttemptAPIBlock(t *testing.T) {
+	t.Run("AbsentTakesTheLoopbackDefaults", func(t *testing.T) {
+		cfg, err := parse(t, minimal, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.AttemptAPI.Listen != config.DefaultAttemptAPI || cfg.AttemptAPI.StateDir != config.DefaultAttemptAPIStateDir() {
+			t.Fatalf("attempt_api = %+v", cfg.AttemptAPI)
+		}
+	})
+	t.Run("OperatorFilesAreRelativeToTheConfiguration", func(t *testing.T) {
+		cfg, err := config.Parse("/etc/reaper/reaper.hcl", []byte(minimal+`attempt_api {
+  listen           = "10.0.0.5:9465"
+  advertise        = "https://reaper.internal:9465"
+  tls_cert         = "tls/api.crt"
+  tls_key          = "tls/api.key"
+  tls_ca           = "/etc/ssl/ca.pem"
+  signing_key_file = "keys.hcl"
+  state_dir        = "state"
+}
+`), config.Options{Getenv: func(string) string { return "" }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := config.AttemptAPI{Listen: "10.0.0.5:9465", Advertise: "https://reaper.internal:9465",
+			TLSCert: "/etc/reaper/tls/api.crt", TLSKey: "/etc/reaper/tls/api.key", TLSCA: "/etc/ssl/ca.pem",
+			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state"}
+		if cfg.AttemptAPI != want {
+			t.Fatalf("attempt_api = %+v\nwant %+v", cfg.AttemptAPI, want)
 		}
 	})
 }

@@ -87,6 +87,7 @@ type Daemon struct {
 	loop    *cycle.Loop
 	runner  runnerLoop // nil without a runner block
 	metrics *metrics.Metrics
+	api     *attemptAPI
 
 	// fatal receives an error that must stop Run (a board of another
 	// schema version).
@@ -140,6 +141,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 		Logger: d.log.Named("cycle"), Metrics: d.metrics,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
+	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
+		return nil, err
+	}
 	switch {
 	case cfg.Runner != nil && cfg.Runner.Kube != nil:
 		if d.runner, err = d.newKubeRunner(); err != nil {
@@ -209,7 +213,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		AgentPath:     cfg.Runner.Agent,
 		RecordDir:     cfg.RecordDir,
 		LogDir:        cfg.Runner.LogDir,
-		DSN:           cfg.StoreDSN,
+		Credentials:   d.api.issuer(cfg.Ladder.AttemptTokenTTL),
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,
@@ -253,16 +257,24 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	for name, q := range k.Limits {
 		res.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
 	}
+	// The pods reach the API at the kube block's attempt_api, else at
+	// attempt_api.advertise (a Service name the certificate covers).
+	issuer := d.api.issuer(cfg.Ladder.AttemptTokenTTL)
+	if k.AttemptAPI != "" {
+		issuer.API = k.AttemptAPI
+	}
 	rn, err := kuberunner.New(kuberunner.Config{
 		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
-		MaxParallel:      cfg.Runner.MaxParallel,
-		MaxActiveRuns:    cfg.Runner.MaxActiveRuns,
-		Interval:         cfg.Runner.Interval,
-		Ladder:           cfg.Ladder,
-		Clock:            d.opts.Clock,
-		Logger:           logger,
+		Credentials: kuberunner.MintedCredentials{Minter: issuer,
+			Recorder: lifecycle.New(d.pool, lifecycle.Options{})},
+		MaxParallel:   cfg.Runner.MaxParallel,
+		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Interval:      cfg.Runner.Interval,
+		Ladder:        cfg.Ladder,
+		Clock:         d.opts.Clock,
+		Logger:        logger,
 		OnResult: func(res kuberunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				finalize: res.FinalizeLatencies, decisions: res.Decisions})
@@ -329,6 +341,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
 		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
 
+	apiDone := d.api.run(ctx)
 	// The elector outlives the work it guards: it resigns (releasing the
 	// board's row and a Kubernetes Lease) only once the loop and the runner
 	// have returned, so no pass of this term is still writing when another
@@ -358,6 +371,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := <-served; err != nil {
 		d.log.Warn("telemetry server", "error", err)
 	}
+	if err := <-apiDone; err != nil {
+		d.log.Warn("attempt api server", "error", err)
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -372,6 +388,9 @@ func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.
 // RunCycle runs one maintenance cycle now, as Run does every interval.
 func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
 
+// AttemptAPIURL is the base URL this replica's attempt API is reached at.
+func (d *Daemon) AttemptAPIURL() string { return d.api.ln.URL }
+
 // Metrics is the daemon's metric registry.
 func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
 
@@ -383,6 +402,9 @@ func (d *Daemon) Close() {
 	}
 	if d.runner != nil {
 		d.runner.Close()
+	}
+	if d.api != nil {
+		d.api.close()
 	}
 	if d.sockets != nil {
 		if err := d.sockets.Close(); err != nil {

@@ -35,6 +35,11 @@ type Metrics struct {
 	runsWaiting     prometheus.Gauge
 	runsStarted     prometheus.Counter
 	finalizeLatency prometheus.Histogram
+
+	// The attempt API's collectors (every replica).
+	apiCalls    *prometheus.CounterVec
+	apiDuration *prometheus.HistogramVec
+	renewals    *prometheus.CounterVec
 }
 
 // New registers every collector on a new registry, with the decision
@@ -108,7 +113,21 @@ func New() *Metrics {
 			Help:    "Time from a run's last task instance settling to the run's finalization.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}),
+		apiCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_attempt_api_calls_total",
+			Help: "Calls to the attempt API, by call and result: ok, should_terminate, or the error code of a refused or failed call (expired, forged, wrong_scope, ...).",
+		}, []string{"call", "result"}),
+		apiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "reaper_attempt_api_call_duration_seconds",
+			Help:    "Duration of each attempt API call as the server saw it.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
+		}, []string{"call"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_attempt_credential_renewals_total",
+			Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped).",
+		}, []string{"result"}),
 	}
+	m.Registry.MustRegister(m.apiCalls, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
@@ -177,3 +196,13 @@ func (m *Metrics) RunnerTick(loop time.Duration, started, waiting int, dispatch,
 		m.finalizeLatency.Observe(d.Seconds())
 	}
 }
+
+// AttemptAPICall counts one attempt API call and observes its duration.
+func (m *Metrics) AttemptAPICall(call, result string, took time.Duration) {
+	m.apiCalls.WithLabelValues(call, result).Inc()
+	m.apiDuration.WithLabelValues(call).Observe(took.Seconds())
+}
+
+// CredentialRenewal counts a renewal ("renewed") or a refusal at the
+// ceiling ("capped").
+func (m *Metrics) CredentialRenewal(result string) { m.renewals.WithLabelValues(result).Inc() }

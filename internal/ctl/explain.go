@@ -146,6 +146,9 @@ func tellRow(w io.Writer, now time.Time, run board.Run, ti board.TaskInstance) {
 	if len(times) > 0 {
 		fmt.Fprintln(w, "  "+strings.Join(times, ", "))
 	}
+	if line := credentialLine(now, ti); line != "" {
+		fmt.Fprintln(w, "  "+line)
+	}
 	fmt.Fprintf(w, "  retries left %d of %d, infra re-places used %d of %d\n",
 		ti.Retries, ti.MaxRetries, ti.InfraUsed, ti.InfraBudget)
 	if ti.ErrorMessage != "" {
@@ -289,4 +292,24 @@ func findTask(ctx context.Context, s *session, runID, taskID string) (board.Run,
 		return board.Run{}, board.TaskInstance{}, err
 	}
 	return run, ti, nil
+}
+
+// credentialLine tells the attempt's credential: when it was minted, when a
+// heartbeat last renewed it, and whether the ceiling stopped its renewal.
+// "" when the attempt holds none (not dispatched through the attempt API).
+func credentialLine(now time.Time, ti board.TaskInstance) string {
+	if ti.CredentialMintedAt.IsZero() {
+		return ""
+	}
+	parts := []string{fmt.Sprintf("credential minted %s ago", age(now, ti.CredentialMintedAt))}
+	if ti.CredentialRenewedAt.IsZero() {
+		parts = append(parts, "never renewed")
+	} else {
+		parts = append(parts, fmt.Sprintf("last renewed %s ago", age(now, ti.CredentialRenewedAt)))
+	}
+	if !ti.CredentialCappedAt.IsZero() {
+		parts = append(parts, fmt.Sprintf("renewal stopped at the ceiling (auth.max_attempt_credential_lifetime) %s ago",
+			age(now, ti.CredentialCappedAt)))
+	}
+	return strings.Join(parts, ", ")
 }

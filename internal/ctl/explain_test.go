@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -135,6 +136,41 @@ no reaper has judged it (no decisions in the audit)
 
 try log: empty
 `)
+	})
+
+	t.Run("ShowsTheCredentialMintedRenewedAndStoppedAtTheCeiling", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		b := setup(t, "")
+		b.createRun(t, "c", base.Add(-3*time.Hour), "t", "u")
+		for _, id := range []string{"t", "u"} {
+			a := first("c", id)
+			b.queued(t, a, base.Add(-2*time.Hour))
+			if ok, err := b.w.RecordMint(ctx, a, base.Add(-2*time.Hour)); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if stop, err := b.w.Running(ctx, a, base.Add(-119*time.Minute)); err != nil || stop {
+				t.Fatal(stop, err)
+			}
+		}
+		a := first("c", "t")
+		for _, hb := range []struct {
+			at time.Duration
+			r  lifecycle.Renewal
+		}{{-61 * time.Minute, lifecycle.Renewed}, {-60 * time.Minute, lifecycle.Capped}, {-59 * time.Minute, lifecycle.Capped}} {
+			if stop, err := b.w.HeartbeatCredential(ctx, a, hb.r, base.Add(hb.at)); err != nil || stop {
+				t.Fatal(stop, err)
+			}
+		}
+		out := b.ctl(t, "explain", "c", "t").ok(t).stdout
+		want := "  credential minted 2h ago, last renewed 1h1m ago, renewal stopped at the ceiling (auth.max_attempt_credential_lifetime) 1h ago\n"
+		if !strings.Contains(out, want) {
+			t.Fatalf("explain lacks %q:\n%s", want, out)
+		}
+		out = b.ctl(t, "explain", "c", "u").ok(t).stdout
+		if want := "  credential minted 2h ago, never renewed\n"; !strings.Contains(out, want) {
+			t.Fatalf("explain lacks %q:\n%s", want, out)
+		}
 	})
 
 	t.Run("JSONDocument", func(t *testing.T) {

@@ -47,6 +47,9 @@ type attemptJSON struct {
 	Command                  string     `json:"command,omitempty"`
 	ExecutionTimeoutSeconds  float64    `json:"execution_timeout_seconds,omitempty"`
 	UpdatedAt                time.Time  `json:"updated_at"`
+	CredentialMintedAt       *time.Time `json:"credential_minted_at"`
+	CredentialRenewedAt      *time.Time `json:"credential_renewed_at"`
+	CredentialCappedAt       *time.Time `json:"credential_capped_at"`
 }
 
 func attemptOf(ti board.TaskInstance) attemptJSON {
@@ -60,6 +63,8 @@ func attemptOf(ti board.TaskInstance) attemptJSON {
 		Retries: ti.Retries, MaxRetries: ti.MaxRetries, WarmWorker: ti.WarmWorker,
 		DispatchUnavailableSince: timeOrNil(ti.DispatchUnavailableSince), HeldAt: timeOrNil(ti.HeldAt),
 		Command: ti.Command, ExecutionTimeoutSeconds: ti.ExecutionTimeout.Seconds(), UpdatedAt: ti.UpdatedAt.UTC(),
+		CredentialMintedAt: timeOrNil(ti.CredentialMintedAt), CredentialRenewedAt: timeOrNil(ti.CredentialRenewedAt),
+		CredentialCappedAt: timeOrNil(ti.CredentialCappedAt),
 	}
 }
 

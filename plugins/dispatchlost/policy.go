@@ -31,14 +31,16 @@ func overdue(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 	return !c.QueuedAt.IsZero() && now.Sub(c.QueuedAt) > l.DispatchLost
 }
 
-// credentialMintedAt is when the attempt credential was minted. Under the
-// env-var transport it is minted at dispatch, which the board records as
-// queued_at (a release clears queued_at, so a re-offered attempt counts
-// from its new dispatch).
-//
-// Seam: when the board carries the mint time itself, read it here (and
-// fall back to queued_at for rows written before it existed).
-func credentialMintedAt(c sdk.Candidate) time.Time { return c.QueuedAt }
+// credentialMintedAt is when the attempt credential was minted: the time
+// the runner recorded when it minted it (credential_minted_at), else the
+// dispatch (queued_at), for rows of a runner that records none. A release
+// clears both, so a re-offered attempt counts from its new dispatch.
+func credentialMintedAt(c sdk.Candidate) time.Time {
+	if !c.CredentialMintedAt.IsZero() {
+		return c.CredentialMintedAt
+	}
+	return c.QueuedAt
+}
 
 // credentialLapse is when the attempt credential minted at dispatch runs out.
 func credentialLapse(c sdk.Candidate, l ladder.Ladder) time.Time {

@@ -128,7 +128,7 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 		Command:          ti.Command,
 		ExecutionTimeout: ti.ExecutionTimeout,
 		Heartbeat:        spec.Heartbeat,
-		Reporter:         agent.ReporterBoard,
+		Reporter:         agent.ReporterAPI,
 	}
 	grace := ceilSeconds(spec.TerminationGrace)
 	pod := &corev1.Pod{

@@ -21,6 +21,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/runner/kuberunner"
@@ -28,6 +30,7 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 func TestMain(m *testing.M) {
@@ -552,5 +555,42 @@ func TestMaxParallelBoundsTheQueuedAndRunningAttempts(t *testing.T) {
 	}
 	if ti := e.ti(t, "run-1", "c"); ti.State != sdk.StateScheduled {
 		t.Fatalf("c is %s, want scheduled", ti.State)
+	}
+}
+
+// TestDispatchGivesThePodTheAttemptAPICredential: with the attempt API's
+// minter on the seam, a dispatched pod's environment carries the token of
+// its own attempt, the API's address and the CA, and the mint time is
+// recorded on the attempt (what the credential ceiling measures).
+func TestDispatchGivesThePodTheAttemptAPICredential(t *testing.T) {
+	e := newEnv(t)
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
+	api := attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk})
+	cfg := e.config(e.cs)
+	cfg.Credentials = kuberunner.MintedCredentials{Minter: api.Issuer, Recorder: e.w}
+	if res := cycle(t, e.runner(t, cfg), e.clk.Now()); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d, decisions %v", res.Dispatched, labels(res))
+	}
+	ti := e.ti(t, "run-1", "t")
+	p, ok := e.pods(t)[ti.Attempt]
+	if !ok {
+		t.Fatalf("no pod of %s", ti.Attempt)
+	}
+	envs := map[string]string{}
+	for _, v := range p.Spec.Containers[0].Env {
+		envs[v.Name] = v.Value
+	}
+	if envs[attempttoken.EnvAPI] != api.URL || envs[attempttoken.EnvCA] != api.CA || api.CA == "" {
+		t.Fatalf("environment %v: want the API %s and its CA", envs, api.URL)
+	}
+	c, err := api.Keys.VerifyFor(envs[attempttoken.EnvToken], ti.Attempt, e.clk.Now())
+	if err != nil {
+		t.Fatalf("the pod's token: %v", err)
+	}
+	if !ti.CredentialMintedAt.Equal(c.MintedAt) || !c.MintedAt.Equal(e.clk.Now()) {
+		t.Fatalf("minted at %v recorded, %v in the token, want %v", ti.CredentialMintedAt, c.MintedAt, e.clk.Now())
+	}
+	if !slices.Contains(p.Spec.Containers[0].Args, "-reporter="+agent.ReporterAPI) {
+		t.Fatalf("agent arguments %v: want -reporter %s", p.Spec.Containers[0].Args, agent.ReporterAPI)
 	}
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -28,6 +30,11 @@ const (
 	LogLevelDefault = "info"
 )
 
+// Minter mints an attempt's credential: attempttoken.Issuer.
+type Minter interface {
+	Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error)
+}
+
 // Config configures a Runner. Zero values take the defaults (withDefaults).
 type Config struct {
 	// AgentPath is the reaper-agent executable. Default: reaper-agent next
@@ -44,10 +51,11 @@ type Config struct {
 	// LogDir receives each attempt's task output (<attempt>.out) and agent
 	// log (<attempt>.agent.log). Default: the record directory.
 	LogDir string
-	// DSN is the board's connection string, handed to every agent as
-	// REAPER_DSN so that it reports RUNNING, heartbeats and its outcome to
-	// the board. Required.
-	DSN string
+	// Credentials mints each attempt's credential at dispatch
+	// (attempttoken.Issuer): the agent reports RUNNING, heartbeats and its
+	// outcome to reaperd's attempt API with it, and never receives the
+	// board's connection string. Required.
+	Credentials Minter
 	// Heartbeat is the agents' heartbeat interval. Default: Ladder.Heartbeat.
 	Heartbeat time.Duration
 	// MaxActiveRuns is the run start cap: queued runs are started, oldest
@@ -107,8 +115,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 
 	var errs []error
-	if c.DSN == "" {
-		errs = append(errs, errors.New("no DSN: the agents could not report to the board"))
+	if c.Credentials == nil {
+		errs = append(errs, errors.New("no credential minter: the agents could not report to the attempt API"))
 	}
 	if c.MaxActiveRuns < 0 {
 		errs = append(errs, fmt.Errorf("max_active_runs %d: must be 0 (no cap) or more", c.MaxActiveRuns))

@@ -15,8 +15,10 @@
 //  2. schedule: task instances in state none, of running runs, become
 //     scheduled (tasks of a run do not depend on each other here).
 //  3. dispatch: scheduled task instances become queued (stamping queued_at)
-//     and get an agent each, started through the Lite spawner with the
-//     board reporter, up to MaxParallel queued plus running attempts. An
+//     and get an agent each, started through the Lite spawner with a
+//     credential minted for the attempt (the agent reports to reaperd's
+//     attempt API with it; the board's connection string never reaches an
+//     agent), up to MaxParallel queued plus running attempts. An
 //     agent that cannot be started is a dispatch failure, judged like a
 //     refused pod create: a passing shortage (no process slot, memory,
 //     descriptor or disk) is offered again on the dispatch-failure backoff
@@ -306,16 +308,25 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 	if err != nil || !ok {
 		return false, err
 	}
+	// The attempt's credential, minted now and recorded: its age is what
+	// the credential ceiling and start_expired measure.
+	cred, err := r.cfg.Credentials.Mint(a, now)
+	if err != nil {
+		return false, r.spawnFailed(ctx, ti, err, now, res)
+	}
+	if _, err := r.w.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
+		return false, err
+	}
 	ag, err := r.spawner.Spawn(ctx, lite.SpawnRequest{
 		Invocation: agent.Invocation{
 			Attempt:          a,
 			Command:          ti.Command,
 			ExecutionTimeout: ti.ExecutionTimeout,
 			Heartbeat:        r.cfg.Heartbeat,
-			Reporter:         agent.ReporterBoard,
+			Reporter:         agent.ReporterAPI,
 			LogLevel:         r.cfg.AgentLogLevel,
 		},
-		Env: []string{"REAPER_DSN=" + r.cfg.DSN},
+		Env: cred.Env,
 	})
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
@@ -67,6 +69,9 @@ type opts struct {
 	maxRuns     int
 	agentPath   string
 	onResult    func(literunner.Result)
+	// credentials: default an attempt API of the test's own.
+	credentials literunner.Minter
+	heartbeat   time.Duration
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -87,11 +92,15 @@ func setup(t *testing.T, o opts) *bundle {
 	logs := &lockedBuffer{}
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
+	if o.credentials == nil {
+		o.credentials = attemptapitest.Start(t, w, attemptapitest.Options{}).Issuer
+	}
 	r, err := literunner.New(literunner.Config{
 		AgentPath:     o.agentPath,
 		RecordDir:     filepath.Join(tmp, "records"),
 		LogDir:        filepath.Join(tmp, "logs"),
-		DSN:           pgtest.DSN(pool),
+		Credentials:   o.credentials,
+		Heartbeat:     o.heartbeat,
 		MaxParallel:   o.maxParallel,
 		MaxActiveRuns: o.maxRuns,
 		Ladder:        lad,
@@ -652,7 +661,7 @@ func TestNew(t *testing.T) {
 	t.Parallel()
 	w := lifecycle.New(nil, lifecycle.Options{})
 
-	t.Run("RefusesAConfigurationWithoutDSN", func(t *testing.T) {
+	t.Run("RefusesAConfigurationWithoutCredentials", func(t *testing.T) {
 		t.Parallel()
 		if _, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r"}, w); err == nil {
 			t.Fatal("no error")
@@ -660,14 +669,14 @@ func TestNew(t *testing.T) {
 	})
 	t.Run("RefusesANegativeMaxParallel", func(t *testing.T) {
 		t.Parallel()
-		_, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r", DSN: "postgres://x", MaxParallel: -1}, w)
+		_, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r", Credentials: attempttoken.Issuer{}, MaxParallel: -1}, w)
 		if err == nil {
 			t.Fatal("no error")
 		}
 	})
 	t.Run("RefusesAMissingAgentBinary", func(t *testing.T) {
 		t.Parallel()
-		_, err := literunner.New(literunner.Config{AgentPath: t.TempDir() + "/nope", RecordDir: t.TempDir() + "/r", DSN: "postgres://x"}, w)
+		_, err := literunner.New(literunner.Config{AgentPath: t.TempDir() + "/nope", RecordDir: t.TempDir() + "/r", Credentials: attempttoken.Issuer{}}, w)
 		if err == nil {
 			t.Fatal("no error")
 		}

@@ -179,8 +179,9 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 	if l.CredentialCeiling <= 0 {
 		warnings = append(warnings, Warning{
 			Key: "auth.max_attempt_credential_lifetime",
-			Message: "auth.max_attempt_credential_lifetime is not positive: the credential ceiling, " +
-				"the task pod deadline floor and the warm worker attempt watchdog are all disabled",
+			Message: "auth.max_attempt_credential_lifetime is not positive: the credential ceiling " +
+				"(attempt credentials are renewed without limit), the task pod deadline floor and the " +
+				"warm worker attempt watchdog are all disabled",
 		})
 	} else if !(l.CredentialCeiling > l.AttemptTokenTTL) {
 		vs = append(vs, Violation{

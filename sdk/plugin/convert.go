@@ -263,6 +263,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
 			ExecutionTimeout: durToPB(c.ExecutionTimeout),
 			EndedAt:          tsToPB(c.EndedAt), FailureReason: c.FailureReason,
+			CredentialMintedAt: tsToPB(c.CredentialMintedAt),
 		}
 	}
 	return out
@@ -279,6 +280,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			LastFailureKind: c.LastFailureKind, WarmWorker: c.WarmWorker,
 			ExecutionTimeout: durFromPB(c.ExecutionTimeout),
 			EndedAt:          tsFromPB(c.EndedAt), FailureReason: c.FailureReason,
+			CredentialMintedAt: tsFromPB(c.CredentialMintedAt),
 		}
 	}
 	return out

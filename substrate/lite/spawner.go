@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -104,7 +106,10 @@ type SpawnRequest struct {
 	// execution timeout, the reporter and any test-shortened durations.
 	// Spawn sets RecordDir and GateFD itself, and Output when it is empty.
 	Invocation agent.Invocation
-	// Env is added to the agent's environment (the task inherits it).
+	// Env is added to the agent's environment (the task inherits it, less
+	// what the agent keeps private). The spawner's own environment is
+	// passed on without the control plane's database credentials
+	// (agentEnviron).
 	Env []string
 }
 
@@ -162,7 +167,7 @@ func (s *Spawner) Spawn(ctx context.Context, req SpawnRequest) (*Agent, error) {
 	defer gateW.Close()
 
 	cmd := exec.Command(s.agentPath, inv.Args()...)
-	cmd.Env = append(os.Environ(), req.Env...)
+	cmd.Env = append(agentEnviron(os.Environ()), req.Env...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = []*os.File{gateR}
@@ -206,4 +211,20 @@ func (s *Spawner) Spawn(ctx context.Context, req SpawnRequest) (*Agent, error) {
 	}
 	s.log.Info("agent spawned", "attempt", a.String(), "pid", ag.PID, "output", ag.Output, "log", logPath)
 	return ag, nil
+}
+
+// controlPlaneEnv names variables of the spawner's (reaperd's) environment
+// that carry the board's credentials: an agent and its task run user code
+// and never receive them.
+var controlPlaneEnv = []string{"REAPER_DSN=", "PGPASSWORD=", "PGPASSFILE=", "PGSERVICEFILE="}
+
+// agentEnviron is env less controlPlaneEnv.
+func agentEnviron(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !slices.ContainsFunc(controlPlaneEnv, func(p string) bool { return strings.HasPrefix(kv, p) }) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -64,6 +65,7 @@ type scenario struct {
 	mark  string
 
 	dir, recordDir, logDir, taskDir string
+	apiListen                       string // the attempt API address every replica shares
 	release                         string // once it exists, the tasks waiting on it end
 	dsn                             string
 	pool                            *pgxpool.Pool
@@ -137,6 +139,10 @@ func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) 
 	s.row = book.add(num, title)
 	s.row.track(t)
 	s.recordDir = filepath.Join(s.dir, "records")
+	// One attempt API address for every replica of the scenario (they share
+	// it), kept across restarts so a restarted reaperd serves the agents
+	// already running.
+	s.apiListen = attemptapitest.FreeAddr(t)
 	s.logDir = filepath.Join(s.dir, "logs")
 	s.taskDir = filepath.Join(s.dir, "tasks")
 	s.release = filepath.Join(s.dir, "release")
@@ -202,6 +208,11 @@ telemetry {
   listen = "127.0.0.1:0"
 }
 
+attempt_api {
+  listen    = %q
+  state_dir = %q
+}
+
 substrate "lite" {
   record_dir = %q
   stop_grace = %q
@@ -213,6 +224,7 @@ runner {
 }
 
 %s`, binDir, s.dsn, lease, s.timing.interval, heartbeat, agentLost, s.timing.grace, dispatchLost, orphanRun,
+		s.apiListen, filepath.Join(s.dir, "attempt-api"),
 		s.recordDir, s.timing.stopGrace, s.timing.killWait, s.logDir, reapers)
 	path := filepath.Join(s.dir, fmt.Sprintf("reaperd-%d.hcl", len(s.daemons)+1))
 	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
@@ -55,6 +57,11 @@ telemetry {
   listen = "127.0.0.1:0"
 }
 
+attempt_api {
+  listen    = %q
+  state_dir = %q
+}
+
 substrate "lite" {
   record_dir = %q
 }
@@ -76,9 +83,10 @@ const (
 	labelAlive   = "parked_process_alive"
 )
 
-// unreachableDSN names a board nobody listens on: an agent given it keeps
-// retrying its first report and stays alive without running its task.
-const unreachableDSN = "postgres://reaper@127.0.0.1:1/none?sslmode=disable&connect_timeout=1"
+// unreachableAPI is an attempt API address nobody listens on: an agent
+// given it keeps retrying its first report and stays alive without running
+// its task.
+const unreachableAPI = "https://127.0.0.1:1"
 
 // world is one test's deployment: a fresh board, a record directory shared
 // by the test's own agents and reaperd's Lite substrate and runner, and the
@@ -117,7 +125,8 @@ func newWorld(t *testing.T, ttl string) *world {
 		t.Fatal(err)
 	}
 	w.config = filepath.Join(t.TempDir(), "reaper.hcl")
-	src := fmt.Sprintf(hostConfig, binDir, w.dsn, recordDir, logDir, ttl)
+	src := fmt.Sprintf(hostConfig, binDir, w.dsn, attemptapitest.FreeAddr(t),
+		filepath.Join(t.TempDir(), "attempt-api"), recordDir, logDir, ttl)
 	if err := os.WriteFile(w.config, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -148,8 +157,8 @@ func (w *world) parkedAttempt(runID, command string, parkedAt time.Time) (sdk.At
 		w.t.Fatalf("running %s: stop=%v err=%v", a, stop, err)
 	}
 	ag, err := w.spawner.Spawn(w.ctx, lite.SpawnRequest{
-		Invocation: agent.Invocation{Attempt: a, Command: "sleep 1000", Reporter: agent.ReporterBoard, Heartbeat: time.Hour},
-		Env:        []string{"REAPER_DSN=" + unreachableDSN},
+		Invocation: agent.Invocation{Attempt: a, Command: "sleep 1000", Reporter: agent.ReporterAPI, Heartbeat: time.Hour},
+		Env:        []string{attempttoken.EnvAPI + "=" + unreachableAPI, attempttoken.EnvToken + "=unused"},
 	})
 	if err != nil {
 		w.t.Fatal(err)

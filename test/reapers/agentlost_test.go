@@ -33,7 +33,7 @@ func TestAgentLostOnLite(t *testing.T) {
 	for _, task := range tasks {
 		a[task] = first(runID, task)
 		w.queue(a[task], t0.Add(-3*time.Hour))
-		p[task] = w.spawn(a[task], w.dsn)
+		p[task] = w.spawn(a[task], w.api)
 	}
 	for _, task := range tasks {
 		w.awaitTask(p[task]) // RUNNING reported, task group recorded

@@ -10,6 +10,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
 	"github.com/dexaflow/reaper/sdk"
@@ -48,8 +50,8 @@ func TestDispatchLostOnLite(t *testing.T) {
 	// report, so their attempts stay queued: one is then killed -9, the
 	// other stays alive.
 	p := map[string]*agentProc{}
-	p["killed_before_running"] = w.spawn(a["killed_before_running"], unreachableDSN)
-	p["alive_unreported"] = w.spawn(a["alive_unreported"], unreachableDSN)
+	p["killed_before_running"] = w.spawn(a["killed_before_running"], unreachable(t))
+	p["alive_unreported"] = w.spawn(a["alive_unreported"], unreachable(t))
 	w.killAgent(p["killed_before_running"])
 
 	// An agent whose RUNNING report landed on another board (standing in
@@ -169,9 +171,10 @@ func TestDispatchLostOnLite(t *testing.T) {
 }
 
 // staleBoard makes a second board holding the named tasks of the run,
-// queued, and returns its connection string: an agent reporting there
-// starts its task while the board the host reads never hears of it.
-func staleBoard(t *testing.T, runID string, taskIDs ...string) string {
+// queued, with an attempt API of its own, and returns what mints for that
+// API: an agent reporting there starts its task while the board the host
+// reads never hears of it.
+func staleBoard(t *testing.T, runID string, taskIDs ...string) attempttoken.Issuer {
 	t.Helper()
 	dsn := pgtest.NewDSN(t)
 	ctx := context.Background()
@@ -179,12 +182,12 @@ func staleBoard(t *testing.T, runID string, taskIDs ...string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
 	wr := lifecycle.New(pool, lifecycle.Options{})
 	now := time.Now()
 	createRunOn(t, wr, runID, now, taskIDs...)
 	for _, id := range taskIDs {
 		queueOn(t, wr, first(runID, id), now)
 	}
-	return dsn
+	return attemptapitest.Start(t, wr, attemptapitest.Options{}).Issuer
 }

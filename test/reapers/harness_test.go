@@ -21,6 +21,8 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/daemon"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -50,6 +52,10 @@ leader "postgres" {
   lease = "24h"
 }
 
+attempt_api {
+  listen = "127.0.0.1:0"
+}
+
 substrate "lite" {
   record_dir = %q
   stop_grace = "5s"
@@ -59,9 +65,17 @@ substrate "lite" {
 %s
 `
 
-// unreachableDSN names a board nobody listens on: an agent given it keeps
-// retrying its RUNNING report and never starts its task.
-const unreachableDSN = "postgres://reaper@127.0.0.1:1/none?sslmode=disable&connect_timeout=1"
+// unreachable mints credentials for an attempt API nobody listens on: an
+// agent given one keeps retrying its RUNNING report and never starts its
+// task.
+func unreachable(t *testing.T) attempttoken.Issuer {
+	t.Helper()
+	kr, err := attempttoken.NewKeyring(attempttoken.Key{ID: "nowhere", Secret: bytes.Repeat([]byte("n"), 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return attempttoken.Issuer{Keys: func() *attempttoken.Keyring { return kr }, TTL: time.Hour, API: "https://127.0.0.1:1"}
+}
 
 // taskCommand is what the tests' agents run: a task that lives until it is
 // stopped, and that leaves a file named after its task id in $WORK when it
@@ -79,6 +93,7 @@ type world struct {
 	t       *testing.T
 	ctx     context.Context
 	dsn     string
+	api     attempttoken.Issuer // the attempt API over this world's board
 	pool    *pgxpool.Pool
 	store   *board.Store
 	w       *lifecycle.Writer
@@ -105,6 +120,7 @@ func newWorld(t *testing.T, reaperBlocks string) *world {
 	w.pool = pool
 	w.store = board.New(pool, board.Options{})
 	w.w = lifecycle.New(pool, lifecycle.Options{})
+	w.api = attemptapitest.Start(t, w.w, attemptapitest.Options{}).Issuer
 
 	// The fake clock starts at the wall clock's second, so the times the
 	// agents write themselves are near the scenario's.
@@ -493,26 +509,31 @@ type agentProc struct {
 	leaderStart uint64
 }
 
-// spawn starts a real agent for the attempt, reporting to the board named
-// by dsn, running taskCommand with heartbeats an hour apart: the scenario
-// writes every timestamp the reapers judge by itself. The agent and its
-// task group are killed when the test ends.
-func (w *world) spawn(a sdk.Attempt, dsn string) *agentProc {
+// spawn starts a real agent for the attempt, reporting to the attempt API
+// the issuer names (w.api: this world's board) with a credential it mints,
+// running taskCommand with heartbeats an hour apart: the scenario writes
+// every timestamp the reapers judge by itself. The agent and its task group
+// are killed when the test ends.
+func (w *world) spawn(a sdk.Attempt, to attempttoken.Issuer) *agentProc {
 	w.t.Helper()
-	return w.spawnCommand(a, dsn, taskCommand)
+	return w.spawnCommand(a, to, taskCommand)
 }
 
-func (w *world) spawnCommand(a sdk.Attempt, dsn, command string) *agentProc {
+func (w *world) spawnCommand(a sdk.Attempt, to attempttoken.Issuer, command string) *agentProc {
 	w.t.Helper()
+	cred, err := to.Mint(a, time.Now())
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	ag, err := w.spawner.Spawn(w.ctx, lite.SpawnRequest{
 		Invocation: agent.Invocation{
 			Attempt:   a,
 			Command:   command,
-			Reporter:  agent.ReporterBoard,
+			Reporter:  agent.ReporterAPI,
 			Heartbeat: time.Hour,
 			LogLevel:  "debug",
 		},
-		Env: []string{"REAPER_DSN=" + dsn, "WORK=" + w.work},
+		Env: append(cred.Env, "WORK="+w.work),
 	})
 	if err != nil {
 		w.t.Fatal(err)

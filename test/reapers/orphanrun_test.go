@@ -35,7 +35,7 @@ func TestOrphanRunOnLite(t *testing.T) {
 	// finished: a real agent ran its task to success; the scheduler never
 	// finalized the run.
 	w.queue(a["finished"], t0)
-	done := w.spawnCommand(a["finished"], w.dsn, "true")
+	done := w.spawnCommand(a["finished"], w.api, "true")
 	select {
 	case <-done.exited:
 	case <-time.After(20 * time.Second):
@@ -51,7 +51,7 @@ func TestOrphanRunOnLite(t *testing.T) {
 	// the attempt on the infra rail (confirmed, as on Lite); its infra
 	// budget is spent, so nothing will re-place it.
 	w.queue(a["lost"], t0)
-	lost := w.spawn(a["lost"], w.dsn)
+	lost := w.spawn(a["lost"], w.api)
 	w.awaitTask(lost)
 	w.killAgent(lost)
 	w.killGroup(lost)
@@ -62,7 +62,7 @@ func TestOrphanRunOnLite(t *testing.T) {
 
 	// busy: a real agent is running its task and heartbeating.
 	w.queue(a["busy"], t0)
-	busy := w.spawn(a["busy"], w.dsn)
+	busy := w.spawn(a["busy"], w.api)
 	w.awaitTask(busy)
 	w.stamp(a["busy"], stamps{queued: at(t0.Add(-31 * time.Minute)), running: at(t0.Add(-30 * time.Minute)),
 		heartbeat: at(t0.Add(-5 * time.Second))})

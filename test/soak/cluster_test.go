@@ -139,7 +139,9 @@ func installTriggers(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // configHCL is every replica's configuration.
-func configHCL(bin, dsn, recordDir, logDir string) string {
+// Every replica shares one attempt API address (apiListen) and state
+// directory, so an agent reaches whichever replica is up.
+func configHCL(bin, dsn, recordDir, logDir, apiListen, apiState string) string {
 	return fmt.Sprintf(`edition    = "lite"
 plugin_dir = %q
 
@@ -167,6 +169,11 @@ telemetry {
   listen = "127.0.0.1:0"
 }
 
+attempt_api {
+  listen    = %q
+  state_dir = %q
+}
+
 substrate "lite" {
   record_dir = %q
   stop_grace = %q
@@ -182,7 +189,7 @@ reaper "dispatchlost" {}
 reaper "agentlost" {}
 reaper "orphanrun" {}
 `, bin, dsn, lease, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun,
-		recordDir, stopGrace, killWait, logDir, runnerTick)
+		apiListen, apiState, recordDir, stopGrace, killWait, logDir, runnerTick)
 }
 
 // daemon is one reaperd replica slot: the process running in it now, and

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
@@ -209,7 +210,8 @@ func (s *soak) setup(ctx context.Context) {
 		t.Fatal(err)
 	}
 	config := filepath.Join(dir, "reaperd.hcl")
-	if err := os.WriteFile(config, []byte(configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir)), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir,
+		attemptapitest.FreeAddr(t), filepath.Join(dir, "attempt-api"))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := append(os.Environ(), "REAPER_DSN=", "TMPDIR="+s.tmpDir, agent.JournalDirEnv+"="+s.journalDir,

@@ -102,6 +102,9 @@ ladder {
 telemetry {
   listen = "127.0.0.1:0"
 }
+attempt_api {
+  listen = "127.0.0.1:0"
+}
 `
 
 func writeConfig(t *testing.T, dsn, reapers string) string {

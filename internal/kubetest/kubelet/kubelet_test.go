@@ -7,7 +7,6 @@ package kubelet_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/internal/pgtest"
@@ -255,9 +256,9 @@ func groupGone(t *testing.T, pgid int) {
 type boardEnv struct {
 	t     *testing.T
 	store *board.Store
+	w     *lifecycle.Writer
 	sub   *kube.Substrate
 	term  int64
-	dsn   string
 }
 
 func (e *env) board(as ...sdk.Attempt) *boardEnv {
@@ -299,7 +300,7 @@ func (e *env) boardUpTo(running bool, as ...sdk.Attempt) *boardEnv {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(sub.Close)
-	return &boardEnv{t: e.t, store: store, sub: sub, term: lease.Term, dsn: pgtest.DSN(pool)}
+	return &boardEnv{t: e.t, store: store, w: w, sub: sub, term: lease.Term}
 }
 
 // sweepUntilSettled sweeps until a's row has left running (the cache may
@@ -432,19 +433,14 @@ func TestPlayedPodPreStartUnansweredWritesInfraMarkerSettledOnTheInfraRail(t *te
 	e := newEnv(t)
 	a := sdk.Attempt{RunID: "run-infra", TaskID: "t", Try: 1}
 	b := e.board(a)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
-	// The agent's control plane is a board nobody serves; its pre-start
-	// window is shortened to 1s here (the 2-minute default is proven on a
-	// fake clock in the agent's own tests).
+	closed := attemptapitest.FreeAddr(t)
+	// The agent's control plane is an attempt API nobody serves; its
+	// pre-start window is shortened to 1s here (the 2-minute default is
+	// proven on a fake clock in the agent's own tests).
 	pod := e.agentPod(a, `touch "$TMPDIR/ran"`, func(inv *agent.Invocation, p *corev1.Pod) {
-		inv.Reporter, inv.ReportFile, inv.StartRetry = agent.ReporterBoard, "", time.Second
-		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "REAPER_DSN",
-			Value: "postgres://nobody@" + closed + "/board?sslmode=disable&connect_timeout=1"}}
+		inv.Reporter, inv.ReportFile, inv.StartRetry = agent.ReporterAPI, "", time.Second
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: attempttoken.EnvAPI, Value: "https://" + closed},
+			{Name: attempttoken.EnvToken, Value: "rat1.unverified"}}
 	})
 	done := e.awaitPhase(pod, corev1.PodFailed)
 	rec := recordOf(t, done)
@@ -533,9 +529,16 @@ func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	ti.Command = "echo from the runner pod"
+	// The runner's own credential seam: the attempt API (served in process)
+	// mints the attempt's credential, and the agent reports through it.
+	api := attemptapitest.Start(t, b.w, attemptapitest.Options{})
+	env, err := kuberunner.MintedCredentials{Minter: api.Issuer, Recorder: b.w}.Env(context.Background(), a, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	pod := kuberunner.BuildPod(kuberunner.PodSpec{Namespace: e.ns, Image: "agent", AgentPath: "/usr/local/bin/reaper-agent",
 		Heartbeat: 100 * time.Millisecond, TerminationGrace: time.Second, DispatchLost: time.Minute, CredentialCeiling: time.Hour},
-		ti, []corev1.EnvVar{{Name: "REAPER_DSN", Value: b.dsn}})
+		ti, env)
 	pod.Spec.NodeName = e.node
 	kubelet.Own(pod)
 	e.player.MapCommand("/usr/local/bin/reaper-agent", e.s.agent)

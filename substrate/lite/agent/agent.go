@@ -4,9 +4,9 @@
 //
 // Run is the whole agent as a library function. It talks to the control
 // plane only through the Reporter interface, so tests drive it with an
-// in-memory reporter and real processes, the reaper-agent binary uses the
-// JSON-lines FileReporter, and a Postgres reporter over the board's writers
-// plugs in at the same seam (see Reporter).
+// in-memory reporter and real processes, and the reaper-agent binary plugs
+// in the attempt API's client (its production reporter) or the JSON-lines
+// FileReporter at the same seam (see Reporter).
 //
 // RunInPod is the same agent as the task container of a Kubernetes pod: it
 // also leaves the attempt's durable outcome record in the container's
@@ -61,9 +61,9 @@ import (
 // attempt, so the board applies it only while the task instance still holds
 // exactly that (try, epoch), and answers should_terminate otherwise.
 //
-// This is the seam where the board's writers package plugs in: a Postgres
-// reporter implements these three calls with the guarded running, heartbeat
-// and report transitions. The agent imports no database code itself.
+// reaper-agent implements it over reaperd's attempt API, whose server makes
+// the board's guarded running, heartbeat and report transitions. The agent
+// imports no database code and never holds the database's credentials.
 type Reporter interface {
 	// Running reports that the attempt starts its task.
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error)
@@ -107,6 +107,10 @@ var (
 	// answer that never came (see ControlPlaneUnanswered). The task did
 	// not start and nothing was reported.
 	ErrStartUnanswered = errors.New("the control plane never answered the pre-start calls")
+	// ErrRefused, wrapped by a Reporter's error, says the control plane
+	// refused the call for good (a lapsed or invalid credential): the agent
+	// does not retry it. Any other error is retried within its bound.
+	ErrRefused = errors.New("the control plane refused the call")
 )
 
 // Defaults.
@@ -549,7 +553,9 @@ func (r *runner) reportErr(err error) error {
 var errGaveUp = errors.New("gave up")
 
 // retry calls f until it succeeds, backing off from 1 s up to 15 s, for at
-// most bound. An answer of should_terminate is ErrSuperseded.
+// most bound: an outage of the control plane (reaperd restarting, the API
+// unreachable) is ridden out. A refusal (ErrRefused) is not retried. An
+// answer of should_terminate is ErrSuperseded.
 func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f func(context.Context) (bool, error)) error {
 	clk := r.cfg.Clock
 	deadline := clk.Now().Add(bound)
@@ -563,6 +569,9 @@ func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f 
 				return ErrSuperseded
 			}
 			return nil
+		}
+		if errors.Is(err, ErrRefused) {
+			return fmt.Errorf("%s: not retried: %w", what, err)
 		}
 		left := deadline.Sub(clk.Now())
 		if left <= 0 {

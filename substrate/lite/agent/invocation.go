@@ -15,10 +15,11 @@ import (
 const (
 	// ReporterFile is the JSON-lines FileReporter (-report-file).
 	ReporterFile = "file"
-	// ReporterBoard reports to the board (PostgreSQL) named by the
-	// environment variable REAPER_DSN (never a flag: a flag is visible to
-	// every user in the process list).
-	ReporterBoard = "board"
+	// ReporterAPI reports to reaperd's attempt API with the attempt's own
+	// credential, from the environment (attempttoken.EnvToken, EnvAPI,
+	// EnvCA; never flags: a command line is visible to every user). The
+	// runners use it: an agent never holds the board's credentials.
+	ReporterAPI = "api"
 )
 
 // Agent modes of the reaper-agent command line.
@@ -75,7 +76,7 @@ type Invocation struct {
 	// GateFD is the inherited descriptor the agent reads the spawner's
 	// go-ahead from ("go\n", sent once the .pid record is written); 0: none.
 	GateFD        int    // -gate-fd
-	Reporter      string // -reporter: "file" or "board"
+	Reporter      string // -reporter: "file" or "api"
 	ReportFile    string // -report-file: the FileReporter's file
 	TerminateFile string // -terminate-file: its should_terminate trigger
 	LogLevel      string // -log-level
@@ -112,7 +113,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.DurationVar(&inv.TerminateGrace, "terminate-grace", 0, "grace after SIGTERM before SIGKILL (default 10s)")
 	fs.DurationVar(&inv.KillWait, "kill-wait", 0, "wait after SIGKILL (default 5s)")
 	fs.IntVar(&inv.GateFD, "gate-fd", 0, "inherited fd to read the spawner's go-ahead from (0: none)")
-	fs.StringVar(&inv.Reporter, "reporter", ReporterFile, "how outcomes reach the control plane: file or board (REAPER_DSN)")
+	fs.StringVar(&inv.Reporter, "reporter", ReporterFile, "how outcomes reach the control plane: api (the attempt API, REAPER_ATTEMPT_* in the environment) or file")
 	fs.StringVar(&inv.ReportFile, "report-file", "", "the file reporter's JSON-lines file")
 	fs.StringVar(&inv.TerminateFile, "terminate-file", "", "the file reporter answers should_terminate once this file exists")
 	fs.StringVar(&inv.LogLevel, "log-level", "info", "log level")
@@ -160,9 +161,9 @@ func (inv Invocation) Validate() error {
 		if inv.ReportFile == "" {
 			errs = append(errs, errors.New("-reporter file needs -report-file"))
 		}
-	case ReporterBoard:
+	case ReporterAPI:
 	default:
-		errs = append(errs, fmt.Errorf("-reporter %q: unknown (known: %s, %s)", inv.Reporter, ReporterFile, ReporterBoard))
+		errs = append(errs, fmt.Errorf("-reporter %q: unknown (known: %s, %s)", inv.Reporter, ReporterFile, ReporterAPI))
 	}
 	switch inv.Mode {
 	case ModeLite, "":

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
@@ -192,9 +193,13 @@ func stopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 }
 
 // privateEnv names the agent's own settings that a task must not inherit:
-// the board's connection string carries its credentials, and the journal is
-// the agent's own.
-var privateEnv = []string{"REAPER_DSN=", JournalDirEnv + "="}
+// the attempt's credential and how to reach the attempt API (the task could
+// report for its attempt with them), a board connection string should one
+// reach the agent, and the agent's journal.
+var privateEnv = []string{
+	attempttoken.EnvToken + "=", attempttoken.EnvAPI + "=", attempttoken.EnvCA + "=",
+	"REAPER_DSN=", JournalDirEnv + "=",
+}
 
 // taskEnviron is the agent's environment less what is private to it.
 func taskEnviron(env []string) []string {

@@ -1014,23 +1014,24 @@ func (x *CandidateQuery) GetLimit() int32 {
 }
 
 type Candidate struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Attempt          *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	State            string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	Executor         string                 `protobuf:"bytes,3,opt,name=executor,proto3" json:"executor,omitempty"`
-	QueuedAt         int64                  `protobuf:"varint,4,opt,name=queued_at,json=queuedAt,proto3" json:"queued_at,omitempty"`
-	RunningAt        int64                  `protobuf:"varint,5,opt,name=running_at,json=runningAt,proto3" json:"running_at,omitempty"`
-	LastHeartbeatAt  int64                  `protobuf:"varint,6,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
-	ReleasedAt       int64                  `protobuf:"varint,7,opt,name=released_at,json=releasedAt,proto3" json:"released_at,omitempty"`
-	InfraMarkedAt    int64                  `protobuf:"varint,8,opt,name=infra_marked_at,json=infraMarkedAt,proto3" json:"infra_marked_at,omitempty"`
-	InfraConfirmedAt int64                  `protobuf:"varint,9,opt,name=infra_confirmed_at,json=infraConfirmedAt,proto3" json:"infra_confirmed_at,omitempty"`
-	LastFailureKind  string                 `protobuf:"bytes,10,opt,name=last_failure_kind,json=lastFailureKind,proto3" json:"last_failure_kind,omitempty"`
-	WarmWorker       string                 `protobuf:"bytes,11,opt,name=warm_worker,json=warmWorker,proto3" json:"warm_worker,omitempty"`
-	ExecutionTimeout int64                  `protobuf:"varint,12,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
-	EndedAt          int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
-	FailureReason    string                 `protobuf:"bytes,14,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Attempt            *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	State              string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Executor           string                 `protobuf:"bytes,3,opt,name=executor,proto3" json:"executor,omitempty"`
+	QueuedAt           int64                  `protobuf:"varint,4,opt,name=queued_at,json=queuedAt,proto3" json:"queued_at,omitempty"`
+	RunningAt          int64                  `protobuf:"varint,5,opt,name=running_at,json=runningAt,proto3" json:"running_at,omitempty"`
+	LastHeartbeatAt    int64                  `protobuf:"varint,6,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
+	ReleasedAt         int64                  `protobuf:"varint,7,opt,name=released_at,json=releasedAt,proto3" json:"released_at,omitempty"`
+	InfraMarkedAt      int64                  `protobuf:"varint,8,opt,name=infra_marked_at,json=infraMarkedAt,proto3" json:"infra_marked_at,omitempty"`
+	InfraConfirmedAt   int64                  `protobuf:"varint,9,opt,name=infra_confirmed_at,json=infraConfirmedAt,proto3" json:"infra_confirmed_at,omitempty"`
+	LastFailureKind    string                 `protobuf:"bytes,10,opt,name=last_failure_kind,json=lastFailureKind,proto3" json:"last_failure_kind,omitempty"`
+	WarmWorker         string                 `protobuf:"bytes,11,opt,name=warm_worker,json=warmWorker,proto3" json:"warm_worker,omitempty"`
+	ExecutionTimeout   int64                  `protobuf:"varint,12,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
+	EndedAt            int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	FailureReason      string                 `protobuf:"bytes,14,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
+	CredentialMintedAt int64                  `protobuf:"varint,15,opt,name=credential_minted_at,json=credentialMintedAt,proto3" json:"credential_minted_at,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Candidate) Reset() {
@@ -1159,6 +1160,13 @@ func (x *Candidate) GetFailureReason() string {
 		return x.FailureReason
 	}
 	return ""
+}
+
+func (x *Candidate) GetCredentialMintedAt() int64 {
+	if x != nil {
+		return x.CredentialMintedAt
+	}
+	return 0
 }
 
 type CandidatePage struct {
@@ -3248,7 +3256,7 @@ const file_reaper_proto_rawDesc = "" +
 	"older_than\x18\x04 \x01(\x03R\tolderThan\x12\x1c\n" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\"\x86\x04\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\"\xb8\x04\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -3267,7 +3275,8 @@ const file_reaper_proto_rawDesc = "" +
 	"warmWorker\x12+\n" +
 	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
 	"\bended_at\x18\r \x01(\x03R\aendedAt\x12%\n" +
-	"\x0efailure_reason\x18\x0e \x01(\tR\rfailureReason\"l\n" +
+	"\x0efailure_reason\x18\x0e \x01(\tR\rfailureReason\x120\n" +
+	"\x14credential_minted_at\x18\x0f \x01(\x03R\x12credentialMintedAt\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x14.reaper.v1.CandidateR\n" +

@@ -34,11 +34,13 @@
 // its pre-start calls went unanswered for -start-retry (see
 // agent.RunInPod).
 //
-// Reporters: -reporter board (the real one) reports RUNNING, heartbeats and
-// the outcome to the board named by REAPER_DSN through the board's writers,
-// each guarded on the attempt's (state, try, epoch); -reporter file appends
-// JSON lines to -report-file and answers should_terminate once
-// -terminate-file exists (tests of the agent alone).
+// Reporters: -reporter api (the runners') reports RUNNING, heartbeats and
+// the outcome to reaperd's attempt API with the attempt's own credential
+// (REAPER_ATTEMPT_TOKEN, REAPER_ATTEMPT_API, REAPER_ATTEMPT_API_CA from the
+// environment), renewing it with each accepted heartbeat; -reporter file
+// appends JSON lines to -report-file and answers should_terminate once
+// -terminate-file exists (tests of the agent alone). The agent has no way
+// to reach the board itself: it never holds the database's credentials.
 package main
 
 import (
@@ -160,14 +162,14 @@ func run(args []string) (code int) {
 	switch inv.Reporter {
 	case agent.ReporterFile:
 		rep = agent.NewFileReporter(inv.ReportFile, inv.TerminateFile)
-	case agent.ReporterBoard:
-		br, err := newBoardReporter(ctx, os.Getenv("REAPER_DSN"))
+	case agent.ReporterAPI:
+		ar, err := newAPIReporter(os.Getenv)
 		if err != nil {
-			log.Error("cannot reach the board", "error", err)
+			log.Error("cannot reach the attempt API", "error", err)
 			return exitUsage
 		}
-		defer br.Close()
-		rep = br
+		defer ar.Close()
+		rep = ar
 	default: // Validate refused it already
 		return exitUsage
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
@@ -133,20 +134,15 @@ func TestRecordFileInTheEnvironmentSelectsPodMode(t *testing.T) {
 	}
 }
 
-// A board that cannot be reached is an answer that never came: past
+// An attempt API that cannot be reached is an answer that never came: past
 // -start-retry the agent writes the infra marker and exits 6.
-func TestPodModeUnreachableBoardWritesTheInfraMarker(t *testing.T) {
+func TestPodModeUnreachableAttemptAPIWritesTheInfraMarker(t *testing.T) {
 	dir := t.TempDir()
 	msg := filepath.Join(dir, "termination-log")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
-	t.Setenv("REAPER_DSN", "postgres://nobody@"+addr+"/board?sslmode=disable&connect_timeout=1")
+	t.Setenv(attempttoken.EnvAPI, "https://"+attemptapitest.FreeAddr(t)) // nothing listens there
+	t.Setenv(attempttoken.EnvToken, "rat1.unverified")
 	marker := filepath.Join(dir, "ran")
-	code := run([]string{"-mode", agent.ModePod, "-termination-message-path", msg, "-reporter", agent.ReporterBoard,
+	code := run([]string{"-mode", agent.ModePod, "-termination-message-path", msg, "-reporter", agent.ReporterAPI,
 		"-start-retry", "1s", "-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t", "-try", "1",
 		"-command", "touch " + marker})
 	if code != exitUnanswered {

@@ -1,0 +1,116 @@
+// Package attemptapitest serves a real attempt API (real TLS, the generated
+// loopback certificate, a generated signing key) over a board's writers for
+// the duration of a test: the API agents spawned by a test report through.
+package attemptapitest
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Options tune Start. Zero values: the real clock, the ladder's TTL and
+// ceiling, any free loopback port.
+type Options struct {
+	Clock   clock.Clock
+	TTL     time.Duration
+	Ceiling time.Duration
+	Listen  string
+	Meter   attemptapi.Meter
+	Logger  hclog.Logger
+	// StateDir holds the generated key and certificate; a second Start on
+	// the same StateDir and Listen is the same API restarted. Default: a
+	// directory of the test's.
+	StateDir string
+}
+
+// API is a served attempt API.
+type API struct {
+	Keys   *attempttoken.Keyring
+	Issuer attempttoken.Issuer
+	URL    string
+	CA     string
+
+	stop func()
+}
+
+// Stop stops serving (the API's outage); the test's end stops it too.
+func (a *API) Stop() { a.stop() }
+
+// Start serves the API until the test ends.
+func Start(t testing.TB, b attemptapi.Board, o Options) *API {
+	t.Helper()
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.TTL == 0 {
+		o.TTL = ladder.Defaults().AttemptTokenTTL
+	}
+	if o.Ceiling == 0 {
+		o.Ceiling = ladder.Defaults().CredentialCeiling
+	}
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:0"
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	state := o.StateDir
+	if state == "" {
+		state = filepath.Join(t.TempDir(), "attempt-api")
+	}
+	kr, err := attempttoken.LoadOrCreateKeyFile(filepath.Join(state, "signing-keys.hcl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: func() *attempttoken.Keyring { return kr },
+		TTL: o.TTL, Ceiling: o.Ceiling, Board: b, Meter: o.Meter, Clock: o.Clock, Logger: o.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := attemptapi.Listen(ctx, attemptapi.ListenConfig{Listen: o.Listen, StateDir: state})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := attemptapi.Serve(ctx, ln, srv, o.Logger)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("attempt api: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &API{Keys: kr, URL: ln.URL, CA: ln.CA, stop: stop,
+		Issuer: attempttoken.Issuer{Keys: func() *attempttoken.Keyring { return kr }, TTL: o.TTL, API: ln.URL, CA: ln.CA}}
+}
+
+// FreeAddr returns a loopback address with a port free right now: for a
+// configuration whose replicas must share one attempt API address (and
+// keep it across restarts) without colliding with other tests.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}

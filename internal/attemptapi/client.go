@@ -1,0 +1,150 @@
+package attemptapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// ErrRefused is wrapped by every error of a call the API refused (a 4xx:
+// the token or the request is not acceptable). Retrying it cannot succeed.
+// Any other error (the API unreachable, a 5xx) may pass: retry it.
+var ErrRefused = errors.New("attempt api refused the call")
+
+// CallError is an error answer of the API.
+type CallError struct {
+	Status int
+	Body   ErrorBody
+}
+
+func (e *CallError) Error() string {
+	return fmt.Sprintf("attempt api: %d %s: %s", e.Status, e.Body.Code, e.Body.Message)
+}
+
+// Is makes a 4xx answer match ErrRefused.
+func (e *CallError) Is(target error) bool {
+	return target == ErrRefused && e.Status >= 400 && e.Status < 500 && e.Status != http.StatusTooManyRequests
+}
+
+// Client is the agent's side of the API. It keeps the attempt's token and
+// replaces it with each renewal. Safe for concurrent use.
+type Client struct {
+	base string
+	hc   *http.Client
+
+	mu    sync.Mutex
+	token string
+}
+
+// NewClient dials base (https://host:port), trusting caPEM ("" = the
+// system's roots), with the attempt's token.
+func NewClient(base, token, caPEM string) (*Client, error) {
+	if base == "" || token == "" {
+		return nil, errors.New("attempt api client: no API address or no token")
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caPEM != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(caPEM)) {
+			return nil, errors.New("attempt api client: the CA holds no PEM certificate")
+		}
+		tc.RootCAs = pool
+	}
+	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}
+	return &Client{base: strings.TrimSuffix(base, "/"), hc: &http.Client{Transport: tr}, token: token}, nil
+}
+
+// ClientFromEnv builds the client from the environment a runner gave the
+// agent (attempttoken.EnvAPI, EnvToken, EnvCA).
+func ClientFromEnv(getenv func(string) string) (*Client, error) {
+	return NewClient(getenv(attempttoken.EnvAPI), getenv(attempttoken.EnvToken), getenv(attempttoken.EnvCA))
+}
+
+// Token is the token the client holds now.
+func (c *Client) Token() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.token
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Running reports the attempt running.
+func (c *Client) Running(ctx context.Context, a sdk.Attempt) (bool, error) {
+	resp, err := c.do(ctx, PathRunning, request(a, nil))
+	return resp.ShouldTerminate, err
+}
+
+// Heartbeat reports the attempt alive and keeps a renewed token.
+func (c *Client) Heartbeat(ctx context.Context, a sdk.Attempt) (Response, error) {
+	resp, err := c.do(ctx, PathHeartbeat, request(a, nil))
+	if err == nil && resp.Token != "" {
+		c.mu.Lock()
+		c.token = resp.Token
+		c.mu.Unlock()
+	}
+	return resp, err
+}
+
+// Report reports the attempt's outcome.
+func (c *Client) Report(ctx context.Context, a sdk.Attempt, o Outcome) (bool, error) {
+	resp, err := c.do(ctx, PathReport, request(a, &o))
+	return resp.ShouldTerminate, err
+}
+
+// State reads the attempt's state.
+func (c *Client) State(ctx context.Context, a sdk.Attempt) (Response, error) {
+	return c.do(ctx, PathState, request(a, nil))
+}
+
+func request(a sdk.Attempt, o *Outcome) Request {
+	return Request{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch, Outcome: o}
+}
+
+func (c *Client) do(ctx context.Context, path string, body Request) (Response, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(raw))
+	if err != nil {
+		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.Token())
+	res, err := c.hc.Do(req)
+	if err != nil {
+		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(res.Body, maxBody))
+	if err != nil {
+		return Response{}, fmt.Errorf("attempt api %s: reading the answer: %w", path, err)
+	}
+	if res.StatusCode != http.StatusOK {
+		ce := &CallError{Status: res.StatusCode}
+		if json.Unmarshal(data, &ce.Body) != nil || ce.Body.Code == "" {
+			ce.Body = ErrorBody{Code: http.StatusText(res.StatusCode), Message: strings.TrimSpace(string(data))}
+		}
+		return Response{}, fmt.Errorf("attempt api %s: %w", path, ce)
+	}
+	var resp Response
+	if err := json.Unmarshal(data, &resp); err != nil {
+		return Response{}, fmt.Errorf("attempt api %s: decoding the answer: %w", path, err)
+	}
+	return resp, nil
+}

@@ -1,0 +1,213 @@
+package attemptapi
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/dexaflow/reaper/internal/attempttoken"
+)
+
+// ListenConfig is where and how the API listens.
+type ListenConfig struct {
+	// Listen is host:port. Port 0 picks a free port.
+	Listen string
+	// Advertise is the base URL agents are given; default https://<bound address>.
+	Advertise string
+	// CertFile and KeyFile are the operator's certificate and key (PEM).
+	// Both empty: a self-signed certificate for the loopback addresses is
+	// generated once into StateDir and reused, and Listen must be a
+	// loopback address.
+	CertFile, KeyFile string
+	// CAFile is the PEM agents are told to trust; default: CertFile (the
+	// generated certificate when none is given).
+	CAFile string
+	// StateDir holds the generated certificate (loopback-tls.pem).
+	StateDir string
+}
+
+// Listener is the bound, TLS-wrapped listener and what an agent needs to
+// reach it.
+type Listener struct {
+	net.Listener
+	// URL is the base URL agents dial.
+	URL string
+	// CA is the PEM agents trust for URL.
+	CA string
+}
+
+// loopbackCertFile is the generated certificate and key, one PEM file.
+const loopbackCertFile = "loopback-tls.pem"
+
+// Listen binds the API's address with SO_REUSEPORT, so that the replicas
+// of one machine (Lite) can share one address: an agent whose replica
+// stopped reaches another one on its next connection.
+func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
+	cert, ca, err := certificate(cfg)
+	if err != nil {
+		return nil, err
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: listen on %s: %w", cfg.Listen, err)
+	}
+	url := cfg.Advertise
+	if url == "" {
+		url = "https://" + ln.Addr().String()
+	}
+	tl := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	return &Listener{Listener: tl, URL: url, CA: ca}, nil
+}
+
+// certificate loads the operator's certificate, or the generated loopback
+// one, and the CA agents should trust.
+func certificate(cfg ListenConfig) (tls.Certificate, string, error) {
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return tls.Certificate{}, "", errors.New("attempt api: tls_cert and tls_key go together")
+	}
+	if cfg.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return tls.Certificate{}, "", fmt.Errorf("attempt api: loading the certificate: %w", err)
+		}
+		caFile := cfg.CAFile
+		if caFile == "" {
+			caFile = cfg.CertFile
+		}
+		ca, err := os.ReadFile(caFile)
+		if err != nil {
+			return tls.Certificate{}, "", fmt.Errorf("attempt api: reading the CA agents trust: %w", err)
+		}
+		return cert, string(ca), nil
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("attempt api: listen %q: %w", cfg.Listen, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return tls.Certificate{}, "", fmt.Errorf("attempt api: listen %q is not a loopback address: "+
+			"give tls_cert and tls_key (a generated certificate is for loopback Lite use only)", cfg.Listen)
+	}
+	if cfg.StateDir == "" {
+		return tls.Certificate{}, "", errors.New("attempt api: no state directory for the generated certificate")
+	}
+	return loopbackCertificate(cfg.StateDir)
+}
+
+// loopbackCertificate loads the generated certificate from dir, making it
+// first when there is none (the first replica's wins).
+func loopbackCertificate(dir string) (tls.Certificate, string, error) {
+	if err := attempttoken.PrivateDir(dir); err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("attempt api: %w", err)
+	}
+	path := filepath.Join(dir, loopbackCertFile)
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		pemBytes, err := generateLoopback(time.Now())
+		if err != nil {
+			return tls.Certificate{}, "", err
+		}
+		if err := attempttoken.PublishFile(path, pemBytes); err != nil {
+			return tls.Certificate{}, "", fmt.Errorf("attempt api: %w", err)
+		}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("attempt api: reading the generated certificate: %w", err)
+	}
+	cert, err := tls.X509KeyPair(data, data)
+	if err != nil {
+		return tls.Certificate{}, "", fmt.Errorf("attempt api: the generated certificate %s: %w", path, err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})
+	return cert, string(ca), nil
+}
+
+// generateLoopback makes a self-signed certificate (its own CA) for
+// 127.0.0.1, ::1 and localhost, valid five years, as certificate then key.
+func generateLoopback(now time.Time) ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: generating a key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: generating a serial: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "reaperd attempt api (loopback)"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(5, 0, 0),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: creating the certificate: %w", err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("attempt api: encoding the key: %w", err)
+	}
+	out := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	return append(out, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})...), nil
+}
+
+// Serve serves h on ln until ctx is done, then shuts down (calls in flight
+// get 5 s). The returned channel receives the server's error once.
+func Serve(ctx context.Context, ln *Listener, h http.Handler, log hclog.Logger) <-chan error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("attempt api shutdown", "error", err)
+		}
+	}()
+	go func() {
+		log.Info("attempt api serving", "listen", ln.Addr().String(), "url", ln.URL)
+		err := srv.Serve(ln)
+		<-stopped
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		done <- err
+	}()
+	return done
+}

@@ -1,0 +1,278 @@
+package attemptapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+// Board is what the server writes and reads: the board's guarded writers
+// (lifecycle.Writer).
+type Board interface {
+	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
+	HeartbeatCredential(ctx context.Context, a sdk.Attempt, r lifecycle.Renewal, now time.Time) (bool, error)
+	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
+	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
+}
+
+// Meter receives one observation per call: result is "ok",
+// "should_terminate", or the error code of a refused or failed call.
+type Meter interface {
+	AttemptAPICall(call, result string, took time.Duration)
+	CredentialRenewal(renewal string)
+}
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// Keys returns the keyring in force (reread on rotation). Required.
+	Keys func() *attempttoken.Keyring
+	// TTL is the attempt token TTL of renewed tokens. Required.
+	TTL time.Duration
+	// Ceiling is auth.max_attempt_credential_lifetime: no renewal once the
+	// credential is this old (from its first mint). <= 0: no ceiling.
+	Ceiling time.Duration
+	// Board is written through. Required.
+	Board Board
+	// Meter, when set, meters every call.
+	Meter Meter
+	// Clock is the time of every check and write. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger logs refusals and failures. Default: none.
+	Logger hclog.Logger
+}
+
+// Server is the attempt API's http.Handler.
+type Server struct {
+	cfg ServerConfig
+	mux *http.ServeMux
+}
+
+// NewServer checks cfg and builds the handler.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Keys == nil || cfg.Board == nil || cfg.TTL <= 0 {
+		return nil, errors.New("attempt api: the server needs keys, a board and a positive token TTL")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.mux.HandleFunc(PathRunning, s.handle(CallRunning, s.running))
+	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
+	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
+	s.mux.HandleFunc(PathState, s.handle(CallState, s.state))
+	return s, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		writeError(w, http.StatusNotFound, ErrorBody{Code: CodeNotFound, Message: "no such call: " + r.URL.Path})
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// refusal is a call answered with an error, nothing written.
+type refusal struct {
+	status int
+	body   ErrorBody
+}
+
+func (e *refusal) Error() string { return e.body.Code + ": " + e.body.Message }
+
+func refuse(status int, code, format string, args ...any) *refusal {
+	return &refusal{status: status, body: ErrorBody{Code: code, Message: fmt.Sprintf(format, args...)}}
+}
+
+// call is one authorised call: its attempt, the token's claims, its now.
+type call struct {
+	req    Request
+	claims attempttoken.Claims
+	now    time.Time
+}
+
+type handlerFunc func(ctx context.Context, c call) (Response, error)
+
+func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := s.cfg.Clock.Now()
+		resp, err := s.serve(r, h)
+		result := "ok"
+		if err != nil {
+			var ref *refusal
+			if !errors.As(err, &ref) {
+				ref = refuse(http.StatusInternalServerError, CodeInternal, "%v", err)
+			}
+			result = ref.body.Code
+			if ref.status >= 500 {
+				s.cfg.Logger.Error("attempt api call failed", "call", name, "error", err)
+			} else {
+				s.cfg.Logger.Warn("attempt api call refused", "call", name, "code", ref.body.Code, "why", ref.body.Message,
+					"remote", r.RemoteAddr)
+			}
+			writeError(w, ref.status, ref.body)
+		} else {
+			if resp.ShouldTerminate {
+				result = "should_terminate"
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(resp)
+		}
+		if s.cfg.Meter != nil {
+			s.cfg.Meter.AttemptAPICall(name, result, s.cfg.Clock.Now().Sub(start))
+		}
+	}
+}
+
+// serve authorises the call and runs h: the token must verify at now and be
+// for exactly the attempt the body names.
+func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
+	if r.Method != http.MethodPost {
+		return Response{}, refuse(http.StatusMethodNotAllowed, CodeMethod, "%s: only POST", r.Method)
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		return Response{}, refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token")
+	}
+	var req Request
+	body := http.MaxBytesReader(nil, r.Body, maxBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
+		}
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "trailing data after the body")
+	}
+	now := s.cfg.Clock.Now()
+	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
+	if err != nil {
+		return Response{}, tokenRefusal(err)
+	}
+	return h(r.Context(), call{req: req, claims: claims, now: now})
+}
+
+func tokenRefusal(err error) *refusal {
+	for _, m := range []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{attempttoken.ErrWrongScope, http.StatusForbidden, CodeWrongScope},
+		{attempttoken.ErrExpired, http.StatusUnauthorized, CodeExpired},
+		{attempttoken.ErrForged, http.StatusUnauthorized, CodeForged},
+		{attempttoken.ErrUnknownKey, http.StatusUnauthorized, CodeUnknownKey},
+	} {
+		if errors.Is(err, m.err) {
+			return refuse(m.status, m.code, "%v", err)
+		}
+	}
+	return refuse(http.StatusUnauthorized, CodeMalformed, "%v", err)
+}
+
+// boardFailure turns a board error into a retryable refusal (the agent
+// retries Unavailable).
+func boardFailure(what string, err error) error {
+	return refuse(http.StatusServiceUnavailable, CodeUnavailable, "%s: %v", what, err)
+}
+
+func (s *Server) running(ctx context.Context, c call) (Response, error) {
+	term, err := s.cfg.Board.Running(ctx, c.req.Attempt(), c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording running", err)
+	}
+	return Response{ShouldTerminate: term}, nil
+}
+
+// heartbeat records the heartbeat and renews the credential while it is
+// younger than the ceiling, in one write.
+func (s *Server) heartbeat(ctx context.Context, c call) (Response, error) {
+	renew := s.cfg.Ceiling <= 0 || c.now.Sub(c.claims.MintedAt) < s.cfg.Ceiling
+	r := lifecycle.Capped
+	if renew {
+		r = lifecycle.Renewed
+	}
+	term, err := s.cfg.Board.HeartbeatCredential(ctx, c.req.Attempt(), r, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording a heartbeat", err)
+	}
+	if term {
+		return Response{ShouldTerminate: true}, nil
+	}
+	if !renew {
+		s.meterRenewal("capped")
+		return Response{Capped: true}, nil
+	}
+	tok, rc, err := s.cfg.Keys().Renew(c.claims, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("renewing the credential of %s: %w", c.claims.Attempt, err)
+	}
+	s.meterRenewal("renewed")
+	return Response{Token: tok, ExpiresAt: rc.ExpiresAt}, nil
+}
+
+func (s *Server) meterRenewal(what string) {
+	if s.cfg.Meter != nil {
+		s.cfg.Meter.CredentialRenewal(what)
+	}
+}
+
+func (s *Server) report(ctx context.Context, c call) (Response, error) {
+	o := c.req.Outcome
+	if o == nil {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a report needs an outcome")
+	}
+	switch o.State {
+	case sdk.StateSuccess, sdk.StateFailed, sdk.StateUpForRetry, sdk.StateUpForReschedule, sdk.StateSkipped:
+	default:
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "%q is not an outcome", o.State)
+	}
+	term, err := s.cfg.Board.Report(ctx, c.req.Attempt(),
+		lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording the report", err)
+	}
+	return Response{ShouldTerminate: term}, nil
+}
+
+// state reads the state of the token's own attempt; an attempt that has
+// moved on reads nothing and is answered should_terminate.
+func (s *Server) state(ctx context.Context, c call) (Response, error) {
+	a := c.req.Attempt()
+	ti, err := s.cfg.Board.TaskInstance(ctx, a.RunID, a.TaskID)
+	if errors.Is(err, board.ErrNotFound) {
+		return Response{ShouldTerminate: true}, nil
+	}
+	if err != nil {
+		return Response{}, boardFailure("reading the attempt", err)
+	}
+	if ti.Attempt != a {
+		return Response{ShouldTerminate: true}, nil
+	}
+	return Response{State: ti.State}, nil
+}
+
+func writeError(w http.ResponseWriter, status int, body ErrorBody) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}

@@ -1,0 +1,445 @@
+package attemptapi_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var base = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+
+const (
+	ttl     = 10 * time.Minute
+	ceiling = time.Hour
+)
+
+// meter counts what the server metered.
+type meter struct {
+	mu       sync.Mutex
+	calls    map[string]int // call/result
+	renewals map[string]int
+}
+
+func (m *meter) AttemptAPICall(call, result string, _ time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls[call+"/"+result]++
+}
+
+func (m *meter) CredentialRenewal(r string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.renewals[r]++
+}
+
+func (m *meter) count(key string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls[key]
+}
+
+type bundle struct {
+	w      *lifecycle.Writer
+	clk    *clock.Fake
+	keys   *keyHolder
+	meter  *meter
+	url    string
+	ca     string
+	issuer attempttoken.Issuer
+}
+
+// keyHolder is the keyring in force, swapped on rotation.
+type keyHolder struct {
+	mu sync.Mutex
+	kr *attempttoken.Keyring
+}
+
+func (h *keyHolder) get() *attempttoken.Keyring {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.kr
+}
+
+func (h *keyHolder) set(kr *attempttoken.Keyring) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.kr = kr
+}
+
+func newKey(id string) attempttoken.Key {
+	return attempttoken.Key{ID: id, Secret: bytes.Repeat([]byte(id[:1]), 32)}
+}
+
+// setup serves the API over real TLS (the generated loopback certificate)
+// on a real board, with a fake clock.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pool := pgtest.NewDB(t)
+	kr, err := attempttoken.NewKeyring(newKey("k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
+		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
+	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
+		Board: b.w, Meter: b.meter, Clock: b.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := attemptapi.Listen(ctx, attemptapi.ListenConfig{Listen: "127.0.0.1:0",
+		StateDir: filepath.Join(t.TempDir(), "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := attemptapi.Serve(ctx, ln, srv, hclog.NewNullLogger())
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	b.url, b.ca = ln.URL, ln.CA
+	b.issuer = attempttoken.Issuer{Keys: b.keys.get, TTL: ttl, API: ln.URL, CA: ln.CA}
+	return b
+}
+
+// run creates a running run with the named lite tasks.
+func (b *bundle) run(t *testing.T, runID string, tasks ...string) {
+	t.Helper()
+	var nt []lifecycle.NewTask
+	for _, id := range tasks {
+		nt = append(nt, lifecycle.NewTask{TaskID: id, Executor: sdk.ExecutorLite, Retries: 1, Command: "true"})
+	}
+	ctx := context.Background()
+	if err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: runID, DagID: "dag", Tasks: nt}, base.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dispatch queues the attempt, mints its credential as the runner does,
+// and returns a client holding it.
+func (b *bundle) dispatch(t *testing.T, a sdk.Attempt) *attemptapi.Client {
+	t.Helper()
+	ctx := context.Background()
+	now := b.clk.Now()
+	for _, step := range []func(context.Context, sdk.Attempt, time.Time) (bool, error){b.w.Enqueue, b.w.Queue} {
+		if ok, err := step(ctx, a, now); err != nil || !ok {
+			t.Fatalf("dispatch %s: %v %v", a, ok, err)
+		}
+	}
+	cred, err := b.issuer.Mint(a, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.w.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil || !ok {
+		t.Fatalf("record mint %s: %v %v", a, ok, err)
+	}
+	c, err := attemptapi.NewClient(b.url, cred.Token, b.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func (b *bundle) ti(t *testing.T, a sdk.Attempt) board.TaskInstance {
+	t.Helper()
+	ti, err := b.w.TaskInstance(context.Background(), a.RunID, a.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ti
+}
+
+func refusedWith(t *testing.T, err error, code string) {
+	t.Helper()
+	var ce *attemptapi.CallError
+	if !errors.As(err, &ce) || ce.Body.Code != code || !errors.Is(err, attemptapi.ErrRefused) {
+		t.Fatalf("err %v, want a refusal %q", err, code)
+	}
+}
+
+func TestAttemptAPI(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("AgentLifeThroughTheAPI_RunningHeartbeatReport", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if term, err := c.Running(ctx, a); err != nil || term {
+			t.Fatalf("running: %v %v", term, err)
+		}
+		b.clk.Advance(15 * time.Second)
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || resp.ShouldTerminate || resp.Token == "" {
+			t.Fatalf("heartbeat: %+v %v", resp, err)
+		}
+		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+			t.Fatalf("report: %v %v", term, err)
+		}
+		ti := b.ti(t, a)
+		if ti.State != sdk.StateSuccess || !ti.LastHeartbeatAt.Equal(base.Add(15*time.Second)) ||
+			!ti.CredentialMintedAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base.Add(15*time.Second)) {
+			t.Fatalf("row %+v", ti)
+		}
+	})
+
+	t.Run("TokenCannotTouchAnotherAttemptTryEpochOrRun", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1", "t2")
+		b.run(t, "r2", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if _, err := c.Running(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		others := []sdk.Attempt{
+			{RunID: "r1", TaskID: "t2", Try: 1},           // another task of the run
+			{RunID: "r1", TaskID: "t1", Try: 2},           // another try
+			{RunID: "r1", TaskID: "t1", Try: 1, Epoch: 1}, // another epoch
+			{RunID: "r2", TaskID: "t1", Try: 1},           // another run
+		}
+		for _, o := range others {
+			if o.TaskID == "t2" || o.RunID == "r2" {
+				b.dispatch(t, o) // a live victim, queued with a credential of its own
+			}
+		}
+		before := map[sdk.Attempt]board.TaskInstance{}
+		for _, o := range append(others, a) {
+			before[o] = b.ti(t, o)
+		}
+		b.clk.Advance(time.Second)
+		for _, o := range others {
+			_, err := c.Running(ctx, o)
+			refusedWith(t, err, attemptapi.CodeWrongScope)
+			_, err = c.Heartbeat(ctx, o)
+			refusedWith(t, err, attemptapi.CodeWrongScope)
+			_, err = c.Report(ctx, o, attemptapi.Outcome{State: sdk.StateFailed, Reason: "evil"})
+			refusedWith(t, err, attemptapi.CodeWrongScope)
+			_, err = c.State(ctx, o)
+			refusedWith(t, err, attemptapi.CodeWrongScope)
+		}
+		for o, was := range before {
+			if now := b.ti(t, o); now != was {
+				t.Errorf("%s changed by refused calls:\nwas %+v\nnow %+v", o, was, now)
+			}
+		}
+		if got := b.meter.count("report/" + attemptapi.CodeWrongScope); got != len(others) {
+			t.Errorf("refused reports metered %d, want %d", got, len(others))
+		}
+		// Its own attempt still reads.
+		if resp, err := c.State(ctx, a); err != nil || resp.State != sdk.StateRunning {
+			t.Fatalf("own state: %+v %v", resp, err)
+		}
+	})
+
+	t.Run("ExpiredTokenRefusedAndNothingWritten", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if _, err := c.Running(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		was := b.ti(t, a)
+		b.clk.Advance(ttl) // never renewed: the minted token lapses
+		_, err := c.Heartbeat(ctx, a)
+		refusedWith(t, err, attemptapi.CodeExpired)
+		_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess})
+		refusedWith(t, err, attemptapi.CodeExpired)
+		if now := b.ti(t, a); now != was {
+			t.Fatalf("an expired token wrote:\nwas %+v\nnow %+v", was, now)
+		}
+		if b.meter.count("heartbeat/"+attemptapi.CodeExpired) != 1 {
+			t.Fatal("the refused heartbeat was not metered")
+		}
+	})
+
+	t.Run("ForgedOrMissingTokenRefused", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		b.dispatch(t, a)
+		was := b.ti(t, a)
+		evil, _ := attempttoken.NewKeyring(attempttoken.Key{ID: "k1", Secret: bytes.Repeat([]byte("x"), 32)})
+		tok, _, _ := evil.Mint(a, base, ttl)
+		c, _ := attemptapi.NewClient(b.url, tok, b.ca)
+		defer c.Close()
+		_, err := c.Running(ctx, a)
+		refusedWith(t, err, attemptapi.CodeForged)
+		req, _ := http.NewRequest(http.MethodPost, b.url+attemptapi.PathRunning, strings.NewReader(`{"run_id":"r1","task_id":"t1","try":1}`))
+		res, err := insecureDo(b, req)
+		if err != nil || res != http.StatusUnauthorized {
+			t.Fatalf("no token: status %d err %v", res, err)
+		}
+		if now := b.ti(t, a); now != was {
+			t.Fatalf("a forged token wrote:\nwas %+v\nnow %+v", was, now)
+		}
+	})
+
+	t.Run("RenewalStopsAtTheCeiling", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if _, err := c.Running(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		// Heartbeat every 5 minutes (inside the TTL) up to the ceiling.
+		var last time.Time
+		for b.clk.Now().Sub(base) < ceiling-5*time.Minute {
+			b.clk.Advance(5 * time.Minute)
+			resp, err := c.Heartbeat(ctx, a)
+			if err != nil || resp.Token == "" || resp.Capped {
+				t.Fatalf("heartbeat at +%s: %+v %v", b.clk.Now().Sub(base), resp, err)
+			}
+			last = b.clk.Now()
+		}
+		b.clk.Advance(5 * time.Minute) // at the ceiling
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || resp.Token != "" || !resp.Capped {
+			t.Fatalf("heartbeat at the ceiling: %+v %v", resp, err)
+		}
+		ti := b.ti(t, a)
+		if !ti.CredentialRenewedAt.Equal(last) || !ti.CredentialCappedAt.Equal(base.Add(ceiling)) ||
+			!ti.LastHeartbeatAt.Equal(base.Add(ceiling)) {
+			t.Fatalf("row %+v", ti)
+		}
+		// The last renewed token lapses one TTL after its renewal.
+		b.clk.Set(last.Add(ttl))
+		_, err = c.Heartbeat(ctx, a)
+		refusedWith(t, err, attemptapi.CodeExpired)
+		_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess})
+		refusedWith(t, err, attemptapi.CodeExpired)
+		if b.ti(t, a).State != sdk.StateRunning {
+			t.Fatal("a report past the lapsed credential was applied")
+		}
+	})
+
+	t.Run("NonPositiveCeilingRenewsWithoutLimit", func(t *testing.T) {
+		b := setup(t)
+		srv, _ := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: 0, Board: b.w, Clock: b.clk})
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		b.dispatch(t, a)
+		if ok, err := b.w.Running(ctx, a, base); err != nil || ok {
+			t.Fatal(ok, err)
+		}
+		_, claims, _ := b.keys.get().Mint(a, base.Add(-10*ceiling), ttl)
+		tok, _, _ := b.keys.get().Renew(claims, base, ttl)
+		rec := serveLocal(t, srv, tok, a)
+		if rec.Token == "" || rec.Capped {
+			t.Fatalf("heartbeat with no ceiling: %+v", rec)
+		}
+	})
+
+	t.Run("KeyRotationKeepsALiveAgentWorking", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a) // signed with k1
+		if _, err := c.Running(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		rotated, err := attempttoken.NewKeyring(newKey("k2"), newKey("k1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.keys.set(rotated)
+		b.clk.Advance(15 * time.Second)
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || !strings.HasPrefix(resp.Token, "rat1.k2.") {
+			t.Fatalf("heartbeat with a k1 token after rotation: %+v %v", resp, err)
+		}
+		// k1 retired: the agent holds a k2 token now and goes on.
+		only2, _ := attempttoken.NewKeyring(newKey("k2"))
+		b.keys.set(only2)
+		b.clk.Advance(15 * time.Second)
+		if _, err := c.Heartbeat(ctx, a); err != nil {
+			t.Fatalf("heartbeat after k1 retired: %v", err)
+		}
+		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+			t.Fatalf("report: %v %v", term, err)
+		}
+	})
+
+	t.Run("MovedOnAttemptIsToldToTerminate", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if _, err := c.Running(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := b.w.Fail(ctx, a, []string{sdk.StateRunning}, lifecycle.Failure{Kind: sdk.MarkInfra, Reason: "agent_lost"}, base); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || !resp.ShouldTerminate || resp.Token != "" {
+			t.Fatalf("heartbeat of a reaped attempt: %+v %v", resp, err)
+		}
+		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || !term {
+			t.Fatalf("report of a reaped attempt: %v %v", term, err)
+		}
+		if ti := b.ti(t, a); ti.State != sdk.StateFailed {
+			t.Fatalf("state %s", ti.State)
+		}
+	})
+}
+
+// insecureDo sends a hand-made request (trusting the API's CA) and returns
+// its status.
+func insecureDo(b *bundle, req *http.Request) (int, error) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM([]byte(b.ca))
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	defer hc.CloseIdleConnections()
+	res, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	res.Body.Close()
+	return res.StatusCode, nil
+}
+
+// serveLocal runs one heartbeat through srv in process.
+func serveLocal(t *testing.T, srv http.Handler, tok string, a sdk.Attempt) attemptapi.Response {
+	t.Helper()
+	body, _ := json.Marshal(attemptapi.Request{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch})
+	req := httptest.NewRequest(http.MethodPost, attemptapi.PathHeartbeat, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	var resp attemptapi.Response
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}

@@ -1,0 +1,104 @@
+// Package attemptapi is the attempt API: the calls an agent makes to the
+// control plane for its one attempt (running, heartbeat, report, state),
+// served by every reaperd replica over HTTPS with JSON bodies, each call
+// authorised by the attempt's own bearer token (package attempttoken).
+//
+// Both sides live here: Server, the http.Handler reaperd serves (its writes
+// go through the board's guarded writers), and Client, the agent's side. A
+// call names its attempt in its body, and the token must be for exactly that
+// attempt: a token cannot act for another run, task, try or epoch. A
+// refused call (no token, a malformed, forged, unknown-key or expired one, a
+// wrong scope) writes nothing, is metered, and is answered with a JSON error
+// whose code says why.
+//
+// Every accepted heartbeat of an attempt whose credential is younger than
+// the credential ceiling (auth.max_attempt_credential_lifetime, counted from
+// the first mint at dispatch) is answered with a fresh token; past the
+// ceiling no token is given, so the last one runs out one attempt token TTL
+// later and the agent can no longer report.
+package attemptapi
+
+import (
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Paths of the calls (all POST, JSON in and out).
+const (
+	PathRunning   = "/v1/attempt/running"
+	PathHeartbeat = "/v1/attempt/heartbeat"
+	PathReport    = "/v1/attempt/report"
+	PathState     = "/v1/attempt/state"
+)
+
+// Call names, as metered.
+const (
+	CallRunning   = "running"
+	CallHeartbeat = "heartbeat"
+	CallReport    = "report"
+	CallState     = "state"
+)
+
+// Request is the body of every call.
+type Request struct {
+	RunID  string `json:"run_id"`
+	TaskID string `json:"task_id"`
+	Try    int32  `json:"try"`
+	Epoch  int32  `json:"epoch"`
+	// Outcome is the report's outcome (PathReport only).
+	Outcome *Outcome `json:"outcome,omitempty"`
+}
+
+// Attempt is the attempt the request names.
+func (r Request) Attempt() sdk.Attempt {
+	return sdk.Attempt{RunID: r.RunID, TaskID: r.TaskID, Try: r.Try, Epoch: r.Epoch}
+}
+
+// Outcome is an attempt's terminal report.
+type Outcome struct {
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Response answers an accepted call.
+type Response struct {
+	// ShouldTerminate: the attempt has moved on (another try or epoch, a
+	// reap, a finished run): nothing was written and the agent must stop.
+	ShouldTerminate bool `json:"should_terminate"`
+	// Token is a renewed token (heartbeat only; "" when not renewed).
+	Token string `json:"token,omitempty"`
+	// ExpiresAt is the renewed token's expiry.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Capped: the credential reached its ceiling and is no longer renewed.
+	Capped bool `json:"capped,omitempty"`
+	// State is the task instance's state (state call only; "" when the
+	// attempt has moved on).
+	State string `json:"state,omitempty"`
+}
+
+// Error codes of a refused call (ErrorBody.Code).
+const (
+	CodeNoToken     = "no_token"       // 401: no bearer token
+	CodeMalformed   = "malformed"      // 401
+	CodeUnknownKey  = "unknown_key"    // 401
+	CodeForged      = "forged"         // 401
+	CodeExpired     = "expired"        // 401
+	CodeWrongScope  = "wrong_scope"    // 403: a valid token for another attempt
+	CodeBadRequest  = "bad_request"    // 400
+	CodeUnavailable = "unavailable"    // 503: the board could not be reached; retry
+	CodeInternal    = "internal"       // 500
+	CodeMethod      = "bad_method"     // 405
+	CodeNotFound    = "unknown_call"   // 404
+	codeTooLarge    = "body_too_large" // 400
+)
+
+// ErrorBody is the body of a refused or failed call.
+type ErrorBody struct {
+	Code    string `json:"error"`
+	Message string `json:"message"`
+}
+
+// maxBody bounds a request body (an outcome's message included).
+const maxBody = 64 << 10

@@ -1,0 +1,54 @@
+package attempttoken
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// The environment a runner gives an attempt's agent: the token, the attempt
+// API's base URL and the PEM certificate(s) the agent trusts for it. Never
+// flags: a command line is visible to every user of the machine. The agent
+// removes all three from its task's environment.
+const (
+	EnvToken = "REAPER_ATTEMPT_TOKEN"
+	EnvAPI   = "REAPER_ATTEMPT_API"
+	EnvCA    = "REAPER_ATTEMPT_API_CA"
+)
+
+// Credential is what a runner hands one attempt's agent.
+type Credential struct {
+	Token  string
+	Claims Claims
+	// Env is the agent's environment entries (EnvToken, EnvAPI, EnvCA).
+	Env []string
+}
+
+// Issuer mints credentials at dispatch. Runners (Lite, kube) share it.
+type Issuer struct {
+	// Keys signs. Required.
+	Keys func() *Keyring
+	// TTL is the attempt token TTL (ladder.AttemptTokenTTL). Required.
+	TTL time.Duration
+	// API is the attempt API's base URL, e.g. https://127.0.0.1:9465.
+	API string
+	// CA is the PEM the agent trusts for API ("" when the system's roots do).
+	CA string
+}
+
+// Mint mints the credential of a at now.
+func (is Issuer) Mint(a sdk.Attempt, now time.Time) (Credential, error) {
+	if is.Keys == nil || is.TTL <= 0 || is.API == "" {
+		return Credential{}, fmt.Errorf("minting the credential of %s: the issuer has no keys, TTL or API address", a)
+	}
+	tok, c, err := is.Keys().Mint(a, now, is.TTL)
+	if err != nil {
+		return Credential{}, fmt.Errorf("minting the credential of %s: %w", a, err)
+	}
+	env := []string{EnvToken + "=" + tok, EnvAPI + "=" + is.API}
+	if is.CA != "" {
+		env = append(env, EnvCA+"="+is.CA)
+	}
+	return Credential{Token: tok, Claims: c, Env: env}, nil
+}

@@ -1,0 +1,265 @@
+package literunner_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// secretDSN is a database connection string placed in the runner's own
+// environment (as REAPER_DSN, reaperd's override, and as libpq's password
+// variable): no agent and no task may see it.
+const (
+	secretDSN      = "postgres://reaper:s3cret-board-password@127.0.0.1:5432/reaper"
+	secretPassword = "s3cret-board-password"
+)
+
+var envName = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
+
+// readEnvFile reads NAME=VALUE lines.
+func readEnvFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var last string
+	for sc.Scan() {
+		line := sc.Text()
+		if k, v, ok := strings.Cut(line, "="); ok && envName.MatchString(k) {
+			env[k], last = v, k
+		} else if last != "" { // a multi-line value (the CA's PEM)
+			env[last] += "\n" + line
+		}
+	}
+	return env
+}
+
+// The runner's environment holds the board's credentials; tasks read their
+// agent's environment and memory map, and use its token.
+func TestAgentCredentials(t *testing.T) {
+	t.Setenv("REAPER_DSN", secretDSN)
+	t.Setenv("PGPASSWORD", secretPassword)
+	ctx := context.Background()
+	b := setup(t, opts{})
+	work := b.work
+	spy := `tr '\0' '\n' < /proc/$PPID/environ > ` + work + `/agent.env && cat /proc/$PPID/maps > ` + work +
+		`/agent.maps && env > ` + work + `/task.env`
+	wait := `while [ ! -f ` + work + `/go ]; do sleep 0.05; done`
+	b.mkRun(t, "run", task("spy", spy, 0), task("victim", wait, 0))
+	b.mkRun(t, "other", task("victim", wait, 0))
+
+	// Until the spy has finished and both victims run.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b.cycle(t)
+		if b.ti(t, "run", "spy").State == sdk.StateSuccess && b.ti(t, "run", "victim").State == sdk.StateRunning &&
+			b.ti(t, "other", "victim").State == sdk.StateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("spy %s, victims %s / %s", show(b.ti(t, "run", "spy")), show(b.ti(t, "run", "victim")),
+				show(b.ti(t, "other", "victim")))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	agentEnv := readEnvFile(t, filepath.Join(work, "agent.env"))
+
+	t.Run("ATaskReadingItsAgentsEnvironAndMapsFindsNoDatabaseCredentials", func(t *testing.T) {
+		if agentEnv[attempttoken.EnvToken] == "" {
+			t.Fatalf("the spy did not read its agent's environment: %v", agentEnv)
+		}
+		raw, _ := os.ReadFile(filepath.Join(work, "agent.env"))
+		for _, secret := range []string{secretDSN, secretPassword, "REAPER_DSN", "PGPASSWORD", "postgres://"} {
+			if bytes.Contains(raw, []byte(secret)) {
+				t.Errorf("the agent's environment holds %q", secret)
+			}
+		}
+		maps, err := os.ReadFile(filepath.Join(work, "agent.maps"))
+		if err != nil || len(maps) == 0 {
+			t.Fatalf("the spy did not read its agent's maps: %v", err)
+		}
+		files := map[string]bool{}
+		for _, line := range strings.Split(string(maps), "\n") {
+			if f := strings.Fields(line); len(f) >= 6 && strings.HasPrefix(f[5], "/") {
+				files[f[5]] = true
+			}
+		}
+		for f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				continue // gone, or not readable: not readable by the task either
+			}
+			if bytes.Contains(data, []byte(secretPassword)) {
+				t.Errorf("a file mapped by the agent holds the board's password: %s", f)
+			}
+		}
+		task := readEnvFile(t, filepath.Join(work, "task.env"))
+		for _, k := range []string{attempttoken.EnvToken, attempttoken.EnvAPI, attempttoken.EnvCA, "REAPER_DSN", "PGPASSWORD"} {
+			if _, ok := task[k]; ok {
+				t.Errorf("the task's own environment holds %s", k)
+			}
+		}
+	})
+
+	t.Run("WithItsAgentsTokenATaskCannotTouchAnotherAttempt", func(t *testing.T) {
+		c, err := attemptapi.ClientFromEnv(func(k string) string { return agentEnv[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		spyAttempt := sdk.Attempt{RunID: "run", TaskID: "spy", Try: 1}
+		targets := map[string]sdk.Attempt{
+			"AnotherTaskOfTheRun": b.ti(t, "run", "victim").Attempt,
+			"AnotherRun":          b.ti(t, "other", "victim").Attempt,
+			"AnotherTry":          {RunID: "run", TaskID: "spy", Try: 2},
+			"AnotherEpoch":        {RunID: "run", TaskID: "spy", Try: 1, Epoch: 1},
+		}
+		before := map[string]board.TaskInstance{}
+		for _, k := range []string{"run/spy", "run/victim", "other/victim"} {
+			run, task, _ := strings.Cut(k, "/")
+			before[k] = b.ti(t, run, task)
+		}
+		for name, a := range targets {
+			_, err := c.Heartbeat(ctx, a)
+			wantRefused(t, name+" heartbeat", err)
+			_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateFailed, Reason: "spy"})
+			wantRefused(t, name+" report", err)
+			_, err = c.Running(ctx, a)
+			wantRefused(t, name+" running", err)
+			_, err = c.State(ctx, a)
+			wantRefused(t, name+" state", err)
+		}
+		for k, was := range before {
+			run, task, _ := strings.Cut(k, "/")
+			// Heartbeats of the real victims' agents may move their stamps.
+			now := b.ti(t, run, task)
+			now.LastHeartbeatAt, now.UpdatedAt, now.CredentialRenewedAt = was.LastHeartbeatAt, was.UpdatedAt, was.CredentialRenewedAt
+			if now != was {
+				t.Errorf("%s changed:\nwas %s\nnow %s", k, show(was), show(now))
+			}
+		}
+		// Its own, finished attempt: answered should_terminate, nothing written.
+		if term, err := c.Report(ctx, spyAttempt, attemptapi.Outcome{State: sdk.StateFailed}); err != nil || !term {
+			t.Fatalf("report for its own finished attempt: %v %v", term, err)
+		}
+	})
+
+	t.Run("DispatchRecordsTheCredentialsMintTime", func(t *testing.T) {
+		ti := b.ti(t, "run", "victim")
+		if ti.CredentialMintedAt.IsZero() || !ti.CredentialMintedAt.Equal(ti.QueuedAt) {
+			t.Fatalf("minted %v, queued %v", ti.CredentialMintedAt, ti.QueuedAt)
+		}
+	})
+
+	if err := os.WriteFile(filepath.Join(work, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var tt totals
+	b.untilRunEnds(t, "run", &tt, nil)
+	b.untilRunEnds(t, "other", &tt, nil)
+}
+
+func wantRefused(t *testing.T, what string, err error) {
+	t.Helper()
+	var ce *attemptapi.CallError
+	if !errors.As(err, &ce) || ce.Body.Code != attemptapi.CodeWrongScope {
+		t.Errorf("%s: err %v, want refused %s", what, err, attemptapi.CodeWrongScope)
+	}
+}
+
+// minterFunc adapts a function to literunner.Minter.
+type minterFunc func(a sdk.Attempt, now time.Time) (attempttoken.Credential, error)
+
+func (f minterFunc) Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) {
+	return f(a, now)
+}
+
+// pollUntil polls cond every 20 ms for at most bound (real agents, real
+// network), failing with what when it never holds.
+func pollUntil(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", bound, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The attempt API goes down (reaperd stopped) before the agent's RUNNING
+// report, again while its task runs, and again when it reports: the agent
+// rides out each outage (pre-start retry, heartbeat retries, report retry)
+// and its attempt ends as if nothing had happened.
+func TestAgentRidesOutAnAttemptAPIOutage(t *testing.T) {
+	t.Parallel()
+	addr := attemptapitest.FreeAddr(t)
+	state := filepath.Join(t.TempDir(), "attempt-api")
+	var api *attemptapitest.API
+	b := setup(t, opts{heartbeat: 500 * time.Millisecond, credentials: minterFunc(
+		func(a sdk.Attempt, now time.Time) (attempttoken.Credential, error) { return api.Issuer.Mint(a, now) })})
+	start := func() { api = attemptapitest.Start(t, b.w, attemptapitest.Options{Listen: addr, StateDir: state}) }
+	start()
+	api.Stop() // down before the dispatch
+
+	started, release := filepath.Join(b.work, "started"), filepath.Join(b.work, "go")
+	b.mkRun(t, "run", task("t", `touch `+started+`; while [ ! -f `+release+` ]; do sleep 0.05; done`, 0))
+	if res := b.cycle(t); res.Dispatched != 1 {
+		t.Fatalf("dispatch: %+v", res)
+	}
+
+	t.Run("PreStartRetryRidesOutTheOutage", func(t *testing.T) {
+		time.Sleep(2 * time.Second) // the agent is retrying RUNNING against nothing
+		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateQueued {
+			t.Fatalf("state %s while the API is down", ti.State)
+		}
+		if _, err := os.Stat(started); err == nil {
+			t.Fatal("the task started before RUNNING was accepted")
+		}
+		start()
+		pollUntil(t, 30*time.Second, "the attempt running after the API came back", func() bool {
+			_, err := os.Stat(started)
+			return b.ti(t, "run", "t").State == sdk.StateRunning && err == nil
+		})
+	})
+
+	t.Run("HeartbeatsAndTheReportRideOutTheOutage", func(t *testing.T) {
+		pollUntil(t, 30*time.Second, "a renewed credential", func() bool {
+			return !b.ti(t, "run", "t").CredentialRenewedAt.IsZero()
+		})
+		api.Stop()
+		time.Sleep(1500 * time.Millisecond) // heartbeats fail meanwhile
+		if err := os.WriteFile(release, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // the report fails meanwhile
+		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateRunning {
+			t.Fatalf("state %s while the API is down", ti.State)
+		}
+		start()
+		pollUntil(t, 30*time.Second, "the outcome reported after the API came back", func() bool {
+			return b.ti(t, "run", "t").State == sdk.StateSuccess
+		})
+	})
+	var tt totals
+	if run := b.untilRunEnds(t, "run", &tt, nil); run.State != sdk.RunSuccess {
+		t.Fatalf("run %+v", run)
+	}
+}
