@@ -19,6 +19,7 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -69,10 +70,10 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
 	}
 	var kr *attempttoken.Keyring
 	if api.keyFile != "" {
-		kr, err = attempttoken.LoadKeyFile(api.keyFile)
+		kr, err = keyfile.Load(api.keyFile)
 	} else {
 		api.keyFile = filepath.Join(c.StateDir, generatedKeyFile)
-		kr, err = attempttoken.LoadOrCreateKeyFile(api.keyFile)
+		kr, err = keyfile.LoadOrCreate(api.keyFile)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("attempt api: %w", err)
@@ -129,7 +130,7 @@ func (a *attemptAPI) run(ctx context.Context) <-chan error {
 // reload swaps in the key file's keys; a file that does not load leaves
 // the keys in force.
 func (a *attemptAPI) reload() {
-	kr, err := attempttoken.LoadKeyFile(a.keyFile)
+	kr, err := keyfile.Load(a.keyFile)
 	if err != nil {
 		a.log.Error("the signing key file changed but does not load: keeping the keys in force", "error", err)
 		return

@@ -23,7 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 )
 
 // ListenConfig is where and how the API listens.
@@ -124,7 +124,7 @@ func certificate(cfg ListenConfig) (tls.Certificate, string, error) {
 // loopbackCertificate loads the generated certificate from dir, making it
 // first when there is none (the first replica's wins).
 func loopbackCertificate(dir string) (tls.Certificate, string, error) {
-	if err := attempttoken.PrivateDir(dir); err != nil {
+	if err := keyfile.PrivateDir(dir); err != nil {
 		return tls.Certificate{}, "", fmt.Errorf("attempt api: %w", err)
 	}
 	path := filepath.Join(dir, loopbackCertFile)
@@ -133,7 +133,7 @@ func loopbackCertificate(dir string) (tls.Certificate, string, error) {
 		if err != nil {
 			return tls.Certificate{}, "", err
 		}
-		if err := attempttoken.PublishFile(path, pemBytes); err != nil {
+		if err := keyfile.PublishFile(path, pemBytes); err != nil {
 			return tls.Certificate{}, "", fmt.Errorf("attempt api: %w", err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -38,7 +39,7 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 	setupPool := pgtest.NewDB(b)
 	dsn := pgtest.DSN(setupPool)
 	w := lifecycle.New(setupPool, lifecycle.Options{})
-	kr, err := attempttoken.LoadOrCreateKeyFile(filepath.Join(b.TempDir(), "state", "keys.hcl"))
+	kr, err := keyfile.LoadOrCreate(filepath.Join(b.TempDir(), "state", "keys.hcl"))
 	if err != nil {
 		b.Fatal(err)
 	}

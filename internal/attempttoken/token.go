@@ -74,7 +74,8 @@ type Key struct {
 	Secret []byte // at least MinSecretLen bytes
 }
 
-func (k Key) check() error {
+// Check says why the key cannot sign, or nil.
+func (k Key) Check() error {
 	if k.ID == "" || strings.ContainsAny(k.ID, ". \t\n") || len(k.ID) > 64 {
 		return fmt.Errorf("signing key id %q: must be 1 to 64 characters without dots or spaces", k.ID)
 	}
@@ -93,12 +94,12 @@ type Keyring struct {
 // NewKeyring checks the keys and builds a keyring: the first key signs,
 // every key verifies.
 func NewKeyring(current Key, previous ...Key) (*Keyring, error) {
-	if err := current.check(); err != nil {
+	if err := current.Check(); err != nil {
 		return nil, err
 	}
 	kr := &Keyring{current: current, previous: map[string]Key{}}
 	for _, k := range previous {
-		if err := k.check(); err != nil {
+		if err := k.Check(); err != nil {
 			return nil, err
 		}
 		if k.ID == current.ID {

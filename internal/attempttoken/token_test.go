@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -129,10 +130,10 @@ func TestToken(t *testing.T) {
 func TestKeyFile(t *testing.T) {
 	t.Run("RoundTripsCurrentAndPrevious", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "keys.hcl")
-		if err := os.WriteFile(path, attempttoken.FormatKeyFile(key(t, "b2"), key(t, "a1")), 0o600); err != nil {
+		if err := os.WriteFile(path, keyfile.Format(key(t, "b2"), key(t, "a1")), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		kr, err := attempttoken.LoadKeyFile(path)
+		kr, err := keyfile.Load(path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +149,7 @@ func TestKeyFile(t *testing.T) {
 	t.Run("BadFileNamesTheLine", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "keys.hcl")
 		os.WriteFile(path, []byte("current \"k\" {\n  secret = \"c2hvcnQ=\"\n}\n"), 0o600)
-		_, err := attempttoken.LoadKeyFile(path)
+		_, err := keyfile.Load(path)
 		if err == nil || !strings.Contains(err.Error(), "keys.hcl:1") {
 			t.Fatalf("err %v, want a diagnostic at keys.hcl:1", err)
 		}
@@ -162,7 +163,7 @@ func TestKeyFile(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				kr, err := attempttoken.LoadOrCreateKeyFile(path)
+				kr, err := keyfile.LoadOrCreate(path)
 				errs[i] = err
 				if err == nil {
 					ids[i] = kr.CurrentID()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -69,7 +70,7 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 	if state == "" {
 		state = filepath.Join(t.TempDir(), "attempt-api")
 	}
-	kr, err := attempttoken.LoadOrCreateKeyFile(filepath.Join(state, "signing-keys.hcl"))
+	kr, err := keyfile.LoadOrCreate(filepath.Join(state, "signing-keys.hcl"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package attempttoken
+// Package keyfile reads and writes attempt token signing keys as HCL files,
+// and generates and publishes them for loopback use. It is apart from
+// package attempttoken so that what mints and checks tokens (runners,
+// agents) depends on the standard library only.
+package keyfile
 
 import (
 	"crypto/rand"
@@ -16,6 +20,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/ownerdir"
 )
 
@@ -40,21 +45,21 @@ var keyFileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 
 var keyBlockSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "secret", Required: true}}}
 
-// LoadKeyFile reads a key file into a keyring.
-func LoadKeyFile(path string) (*Keyring, error) {
+// Load reads a key file into a keyring.
+func Load(path string) (*attempttoken.Keyring, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the attempt signing key file: %w", err)
 	}
-	kr, diags := ParseKeyFile(path, src)
+	kr, diags := Parse(path, src)
 	if diags.HasErrors() {
 		return nil, fmt.Errorf("attempt signing key file: %w", diags)
 	}
 	return kr, nil
 }
 
-// ParseKeyFile parses a key file's bytes.
-func ParseKeyFile(path string, src []byte) (*Keyring, hcl.Diagnostics) {
+// Parse parses a key file's bytes.
+func Parse(path string, src []byte) (*attempttoken.Keyring, hcl.Diagnostics) {
 	file, diags := hclparse.NewParser().ParseHCL(src, path)
 	if diags.HasErrors() {
 		return nil, diags
@@ -64,8 +69,8 @@ func ParseKeyFile(path string, src []byte) (*Keyring, hcl.Diagnostics) {
 		return nil, diags
 	}
 	var (
-		current  *Key
-		previous []Key
+		current  *attempttoken.Key
+		previous []attempttoken.Key
 	)
 	for _, b := range content.Blocks {
 		attrs, d := b.Body.Content(keyBlockSchema)
@@ -90,8 +95,8 @@ func ParseKeyFile(path string, src []byte) (*Keyring, hcl.Diagnostics) {
 				Summary: "Invalid secret", Detail: "secret must be standard base64: " + err.Error()})
 			continue
 		}
-		k := Key{ID: b.Labels[0], Secret: secret}
-		if err := k.check(); err != nil {
+		k := attempttoken.Key{ID: b.Labels[0], Secret: secret}
+		if err := k.Check(); err != nil {
 			lr := b.LabelRanges[0]
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &lr,
 				Summary: "Invalid signing key", Detail: err.Error()})
@@ -117,7 +122,7 @@ func ParseKeyFile(path string, src []byte) (*Keyring, hcl.Diagnostics) {
 		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
 			Summary: "No current key", Detail: "a key file needs one current block."}}
 	}
-	kr, err := NewKeyring(*current, previous...)
+	kr, err := attempttoken.NewKeyring(*current, previous...)
 	if err != nil {
 		r := file.Body.MissingItemRange()
 		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r, Summary: "Invalid key file", Detail: err.Error()}}
@@ -125,11 +130,11 @@ func ParseKeyFile(path string, src []byte) (*Keyring, hcl.Diagnostics) {
 	return kr, nil
 }
 
-// FormatKeyFile renders keys as a key file: current first, then previous.
-func FormatKeyFile(current Key, previous ...Key) []byte {
+// Format renders keys as a key file: current first, then previous.
+func Format(current attempttoken.Key, previous ...attempttoken.Key) []byte {
 	var b strings.Builder
 	b.WriteString("# Attempt token signing keys: current signs, every key verifies.\n")
-	write := func(kind string, k Key) {
+	write := func(kind string, k attempttoken.Key) {
 		fmt.Fprintf(&b, "%s %q {\n  secret = %q\n}\n", kind, k.ID, base64.StdEncoding.EncodeToString(k.Secret))
 	}
 	write("current", current)
@@ -140,30 +145,30 @@ func FormatKeyFile(current Key, previous ...Key) []byte {
 }
 
 // NewKey returns a random key with a random id.
-func NewKey() (Key, error) {
-	secret := make([]byte, MinSecretLen)
+func NewKey() (attempttoken.Key, error) {
+	secret := make([]byte, attempttoken.MinSecretLen)
 	if _, err := rand.Read(secret); err != nil {
-		return Key{}, fmt.Errorf("generating a signing key: %w", err)
+		return attempttoken.Key{}, fmt.Errorf("generating a signing key: %w", err)
 	}
 	id := make([]byte, 4)
 	if _, err := rand.Read(id); err != nil {
-		return Key{}, fmt.Errorf("generating a signing key id: %w", err)
+		return attempttoken.Key{}, fmt.Errorf("generating a signing key id: %w", err)
 	}
-	return Key{ID: "gen-" + hex.EncodeToString(id), Secret: secret}, nil
+	return attempttoken.Key{ID: "gen-" + hex.EncodeToString(id), Secret: secret}, nil
 }
 
-// LoadOrCreateKeyFile loads the key file at path, or, when there is none,
+// LoadOrCreate loads the key file at path, or, when there is none,
 // generates a key and writes it there first (the loopback Lite case, where
 // no operator provides one). The file's directory must be private to the
 // user (created 0700 when missing). Several replicas starting together
 // agree on one key: the file is published with a hard link, which only the
 // first writer wins.
-func LoadOrCreateKeyFile(path string) (*Keyring, error) {
+func LoadOrCreate(path string) (*attempttoken.Keyring, error) {
 	if err := PrivateDir(filepath.Dir(path)); err != nil {
 		return nil, err
 	}
 	if _, err := os.Lstat(path); err == nil {
-		return LoadKeyFile(path)
+		return Load(path)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("attempt signing key file: %w", err)
 	}
@@ -171,10 +176,10 @@ func LoadOrCreateKeyFile(path string) (*Keyring, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := PublishFile(path, FormatKeyFile(k)); err != nil {
+	if err := PublishFile(path, Format(k)); err != nil {
 		return nil, err
 	}
-	return LoadKeyFile(path)
+	return Load(path)
 }
 
 // PrivateDir makes dir (0700) when it is missing and refuses it unless only
