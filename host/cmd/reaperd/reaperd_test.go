@@ -109,9 +109,15 @@ attempt_api {
 
 func writeConfig(t *testing.T, dsn, reapers string) string {
 	t.Helper()
+	return writeConfigLadder(t, dsn, fastLadder, reapers)
+}
+
+// writeConfigLadder is writeConfig with a ladder of the test's own.
+func writeConfigLadder(t *testing.T, dsn, ladder, reapers string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "reaper.hcl")
 	src := fmt.Sprintf("edition = %q\nplugin_dir = %q\nstore {\n  dsn = %q\n}\n%s\nsubstrate \"lite\" {}\n%s",
-		"lite", binDir, dsn, fastLadder, reapers)
+		"lite", binDir, dsn, ladder, reapers)
 	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +369,12 @@ func TestCrashedPluginIsRestartedAndOthersRunTheSameCycle(t *testing.T) {
 	store, w, dsn := migratedStore(t)
 	a := runningSilentAttempt(t, w, "alive-run")
 	marker := filepath.Join(t.TempDir(), "crashed")
-	cfg := writeConfig(t, dsn, fmt.Sprintf(`
+	// A cycle long enough that each reaper's share of the reap budget
+	// (a third of it) outlasts a pass on a busy machine: the test is about
+	// the order within one cycle, not about budgets.
+	const interval = 1500 * time.Millisecond
+	ladder := strings.Replace(strings.Replace(fastLadder, `"300ms"`, `"1500ms"`, 1), `settling_grace = "1s"`, `settling_grace = "4s"`, 1)
+	cfg := writeConfigLadder(t, dsn, ladder, fmt.Sprintf(`
 reaper "first" {}
 reaper "crashy" {
   mode         = "crash_once"
@@ -396,7 +407,7 @@ reaper "last" {}
 	// the next cycle's "first").
 	var lastRan bool
 	for _, r := range decisions(t, store, a) {
-		if r.Reaper == "last" && !r.At.Before(crashAt) && r.At.Before(crashAt.Add(300*time.Millisecond)) {
+		if r.Reaper == "last" && !r.At.Before(crashAt) && r.At.Before(crashAt.Add(interval)) {
 			lastRan = true
 		}
 	}
