@@ -245,6 +245,11 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 	if len(calls) > 1 {
 		what = fmt.Sprintf("board: heartbeat %d attempts (%s, ...)", len(calls), calls[0].Attempt)
 	}
+	// The state guards are written "(... = 'running') IS TRUE" (the same
+	// test: both columns are NOT NULL) so that no state index can serve
+	// them: each heartbeat then finds its row by its key, rather than the
+	// plan reading every running row once per batch when the statistics
+	// undercount running rows.
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	rows, err := w.pool.Query(ctx, `UPDATE task_instances ti
@@ -256,8 +261,8 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
                 AS hb (run_id, task_id, try, epoch, renewal, at),
              runs r
         WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
-            AND ti.attempt_epoch = hb.epoch AND ti.state = 'running'
-            AND r.run_id = ti.run_id AND r.state = 'running'
+            AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
+            AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
         RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`,
 		runs, tasks, tries, epochs, renewals, ats)
 	if err != nil {
