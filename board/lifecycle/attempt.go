@@ -196,11 +196,89 @@ const (
 // HeartbeatCredential is Heartbeat that also records what the heartbeat
 // did to the attempt's credential, in the same single write.
 func (w *Writer) HeartbeatCredential(ctx context.Context, a sdk.Attempt, r Renewal, now time.Time) (shouldTerminate bool, err error) {
-	ok, err := w.step(ctx, "heartbeat", a, `UPDATE task_instances ti
-        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, $5), updated_at = $5,
-            credential_renewed_at = CASE WHEN $6::int = 1 THEN $5::timestamptz ELSE ti.credential_renewed_at END,
-            credential_capped_at = CASE WHEN $6::int = 2 THEN COALESCE(ti.credential_capped_at, $5::timestamptz)
+	term, err := w.HeartbeatCredentials(ctx, []HeartbeatCall{{Attempt: a, Renewal: r, At: now}})
+	if err != nil {
+		return false, err
+	}
+	return term[0], nil
+}
+
+// HeartbeatCall is one heartbeat of a batch: its attempt, what it did to the
+// attempt's credential, and when it arrived.
+type HeartbeatCall struct {
+	Attempt sdk.Attempt
+	Renewal Renewal
+	At      time.Time
+}
+
+// HeartbeatCredentials records a batch of heartbeats (HeartbeatCredential's
+// write for each) in one statement and one commit. Each row is guarded on its
+// own attempt (try and epoch), on its state running and on its run running,
+// so one superseded attempt changes nothing of the others. It answers, per
+// call and in order, shouldTerminate: true when that call's row no longer
+// holds its running attempt. Calls of the same attempt are merged (the latest
+// arrival and its renewal are recorded) and get the same answer.
+func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall) (shouldTerminate []bool, err error) {
+	if len(calls) == 0 {
+		return nil, nil
+	}
+	idx := make(map[sdk.Attempt]int, len(calls))
+	var (
+		runs, tasks   []string
+		tries, epochs []int32
+		renewals      []int32
+		ats           []time.Time
+	)
+	for _, c := range calls {
+		if j, dup := idx[c.Attempt]; dup {
+			if c.At.After(ats[j]) {
+				ats[j], renewals[j] = c.At, int32(c.Renewal)
+			}
+			continue
+		}
+		idx[c.Attempt] = len(runs)
+		runs, tasks = append(runs, c.Attempt.RunID), append(tasks, c.Attempt.TaskID)
+		tries, epochs = append(tries, c.Attempt.Try), append(epochs, c.Attempt.Epoch)
+		renewals, ats = append(renewals, int32(c.Renewal)), append(ats, c.At)
+	}
+	what := fmt.Sprintf("board: heartbeat %s", calls[0].Attempt)
+	if len(calls) > 1 {
+		what = fmt.Sprintf("board: heartbeat %d attempts (%s, ...)", len(calls), calls[0].Attempt)
+	}
+	// The state guards are written "(... = 'running') IS TRUE" (the same
+	// test: both columns are NOT NULL) so that no state index can serve
+	// them: each heartbeat then finds its row by its key, rather than the
+	// plan reading every running row once per batch when the statistics
+	// undercount running rows.
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `UPDATE task_instances ti
+        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.at), updated_at = hb.at,
+            credential_renewed_at = CASE WHEN hb.renewal = 1 THEN hb.at ELSE ti.credential_renewed_at END,
+            credential_capped_at = CASE WHEN hb.renewal = 2 THEN COALESCE(ti.credential_capped_at, hb.at)
                 ELSE ti.credential_capped_at END
-        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, now, int(r))
-	return !ok && err == nil, err
+        FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::int[], $6::timestamptz[])
+                AS hb (run_id, task_id, try, epoch, renewal, at),
+             runs r
+        WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
+            AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
+            AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
+        RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`,
+		runs, tasks, tries, epochs, renewals, ats)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	applied := make(map[sdk.Attempt]bool, len(runs))
+	var a sdk.Attempt
+	if _, err := pgx.ForEachRow(rows, []any{&a.RunID, &a.TaskID, &a.Try, &a.Epoch}, func() error {
+		applied[a] = true
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	shouldTerminate = make([]bool, len(calls))
+	for i, c := range calls {
+		shouldTerminate[i] = !applied[c.Attempt]
+	}
+	return shouldTerminate, nil
 }

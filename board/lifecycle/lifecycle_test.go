@@ -554,3 +554,57 @@ func TestCreateRun(t *testing.T) {
 		}
 	})
 }
+
+// A batch of heartbeats is one statement, yet each row is guarded on its own
+// attempt: the running attempts renew, the superseded one (a stale epoch) and
+// the one not running are told to terminate and are left unchanged, and each
+// call is answered in its own place, duplicates merged to the latest.
+func TestHeartbeatBatchGuardsEachAttemptAndAnswersEachCall(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	var tasks []lifecycle.NewTask
+	for _, id := range []string{"a", "b", "stale", "queued"} {
+		tasks = append(tasks, lifecycle.NewTask{TaskID: id, Executor: sdk.ExecutorLite, Command: "true"})
+	}
+	if err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: "run", DagID: "dag", Tasks: tasks}, base.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	at := func(id string) sdk.Attempt { return sdk.Attempt{RunID: "run", TaskID: id, Try: 1} }
+	for _, id := range []string{"a", "b", "stale"} {
+		b.to(t, at(id), sdk.StateRunning, base.Add(-10*time.Minute))
+	}
+	b.to(t, at("queued"), sdk.StateQueued, base.Add(-10*time.Minute))
+	read := func(id string) board.TaskInstance {
+		ti, err := b.w.TaskInstance(ctx, "run", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ti
+	}
+	staleBefore, queuedBefore := read("stale"), read("queued")
+	superseded := at("stale")
+	superseded.Epoch = 7 // the row holds epoch 0: this attempt is not the row's
+
+	calls := []lifecycle.HeartbeatCall{
+		{Attempt: at("a"), Renewal: lifecycle.Renewed, At: base.Add(-time.Minute)},
+		{Attempt: superseded, Renewal: lifecycle.Renewed, At: base},
+		{Attempt: at("b"), Renewal: lifecycle.Capped, At: base},
+		{Attempt: at("queued"), Renewal: lifecycle.Renewed, At: base},
+		{Attempt: at("a"), Renewal: lifecycle.Renewed, At: base}, // a again, later
+	}
+	term, err := b.w.HeartbeatCredentials(ctx, calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{false, true, false, true, false}; !reflect.DeepEqual(term, want) {
+		t.Fatalf("shouldTerminate = %v, want %v", term, want)
+	}
+	if ti := read("a"); !ti.LastHeartbeatAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base) || !ti.CredentialCappedAt.IsZero() {
+		t.Fatalf("a: heartbeat %v renewed %v capped %v, want the latest call's", ti.LastHeartbeatAt, ti.CredentialRenewedAt, ti.CredentialCappedAt)
+	}
+	if ti := read("b"); !ti.LastHeartbeatAt.Equal(base) || !ti.CredentialCappedAt.Equal(base) || !ti.CredentialRenewedAt.IsZero() {
+		t.Fatalf("b: heartbeat %v renewed %v capped %v, want capped at %v", ti.LastHeartbeatAt, ti.CredentialRenewedAt, ti.CredentialCappedAt, base)
+	}
+	unchanged(t, staleBefore, read("stale"))
+	unchanged(t, queuedBefore, read("queued"))
+}

@@ -23,7 +23,7 @@ import (
 // (lifecycle.Writer).
 type Board interface {
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
-	HeartbeatCredential(ctx context.Context, a sdk.Attempt, r lifecycle.Renewal, now time.Time) (bool, error)
+	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
 	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 }
@@ -52,12 +52,20 @@ type ServerConfig struct {
 	Clock clock.Clock
 	// Logger logs refusals and failures. Default: none.
 	Logger hclog.Logger
+	// HeartbeatWriters is how many batches of heartbeats are written at
+	// once (each takes one board connection while it is written).
+	// Default 2.
+	HeartbeatWriters int
+	// HeartbeatBatch is the most heartbeats written in one batch. Default
+	// 500.
+	HeartbeatBatch int
 }
 
 // Server is the attempt API's http.Handler.
 type Server struct {
-	cfg ServerConfig
-	mux *http.ServeMux
+	cfg        ServerConfig
+	mux        *http.ServeMux
+	heartbeats *heartbeatBatcher
 }
 
 // NewServer checks cfg and builds the handler.
@@ -71,7 +79,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	if cfg.HeartbeatWriters <= 0 {
+		cfg.HeartbeatWriters = 2
+	}
+	if cfg.HeartbeatBatch <= 0 {
+		cfg.HeartbeatBatch = 500
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(),
+		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
 	s.mux.HandleFunc(PathRunning, s.handle(CallRunning, s.running))
 	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
@@ -204,14 +219,15 @@ func (s *Server) running(ctx context.Context, c call) (Response, error) {
 }
 
 // heartbeat records the heartbeat and renews the credential while it is
-// younger than the ceiling, in one write.
+// younger than the ceiling, in one write, batched with the heartbeats that
+// arrive meanwhile.
 func (s *Server) heartbeat(ctx context.Context, c call) (Response, error) {
 	renew := s.cfg.Ceiling <= 0 || c.now.Sub(c.claims.MintedAt) < s.cfg.Ceiling
 	r := lifecycle.Capped
 	if renew {
 		r = lifecycle.Renewed
 	}
-	term, err := s.cfg.Board.HeartbeatCredential(ctx, c.req.Attempt(), r, c.now)
+	term, err := s.heartbeats.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: c.req.Attempt(), Renewal: r, At: c.now})
 	if err != nil {
 		return Response{}, boardFailure("recording a heartbeat", err)
 	}

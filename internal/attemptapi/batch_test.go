@@ -1,0 +1,121 @@
+package attemptapi
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Heartbeats that arrive while a batch is being written are written together
+// in the next batch, on a real board; each caller is answered its own row's
+// result: the superseded attempt is told to terminate while the others renew.
+func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
+	ctx := context.Background()
+	w := lifecycle.New(pgtest.NewDB(t), lifecycle.Options{})
+	now := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+	var tasks []lifecycle.NewTask
+	for _, id := range []string{"first", "renews", "superseded"} {
+		tasks = append(tasks, lifecycle.NewTask{TaskID: id, Executor: sdk.ExecutorLite, Command: "true"})
+	}
+	if err := w.CreateRun(ctx, lifecycle.NewRun{RunID: "run", DagID: "dag", Tasks: tasks}, now); err != nil {
+		t.Fatal(err)
+	}
+	attempt := func(id string) sdk.Attempt { return sdk.Attempt{RunID: "run", TaskID: id, Try: 1} }
+	for _, tk := range tasks {
+		a := attempt(tk.TaskID)
+		for _, step := range []func(context.Context, sdk.Attempt, time.Time) (bool, error){w.Enqueue, w.Queue} {
+			if ok, err := step(ctx, a, now); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		}
+		if term, err := w.Running(ctx, a, now); err != nil || term {
+			t.Fatal(term, err)
+		}
+	}
+
+	var (
+		mu      sync.Mutex
+		batches [][]sdk.Attempt
+	)
+	gate := make(chan struct{})
+	write := func(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error) {
+		mu.Lock()
+		var as []sdk.Attempt
+		for _, c := range calls {
+			as = append(as, c.Attempt)
+		}
+		batches = append(batches, as)
+		firstBatch := len(batches) == 1
+		mu.Unlock()
+		if firstBatch {
+			<-gate // the others arrive while this batch is written
+		}
+		return w.HeartbeatCredentials(ctx, calls)
+	}
+	hb := newHeartbeatBatcher(write, 1, 100)
+
+	type answer struct {
+		term bool
+		err  error
+	}
+	answers := make(map[string]chan answer)
+	call := func(a sdk.Attempt) {
+		ch := make(chan answer, 1)
+		answers[a.TaskID] = ch
+		go func() {
+			term, err := hb.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: a, Renewal: lifecycle.Renewed, At: now.Add(time.Minute)})
+			ch <- answer{term, err}
+		}()
+	}
+	waitPending := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			hb.mu.Lock()
+			got := len(hb.pending)
+			hb.mu.Unlock()
+			mu.Lock()
+			flushing := len(batches)
+			mu.Unlock()
+			if got == n && flushing == 1 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d heartbeats pending, %d batches, want %d pending behind the first batch", got, flushing, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	call(attempt("first"))
+	waitPending(0)
+	superseded := attempt("superseded")
+	superseded.Epoch = 3 // the row holds epoch 0
+	call(attempt("renews"))
+	call(superseded)
+	waitPending(2)
+	close(gate)
+
+	for id, want := range map[string]bool{"first": false, "renews": false, "superseded": true} {
+		if got := <-answers[id]; got.err != nil || got.term != want {
+			t.Fatalf("%s: shouldTerminate %v err %v, want %v", id, got.term, got.err, want)
+		}
+	}
+	if len(batches) != 2 || len(batches[1]) != 2 || !slices.Contains(batches[1], superseded) {
+		t.Fatalf("batches %v, want the first alone then the two that waited together", batches)
+	}
+	for id, beat := range map[string]bool{"first": true, "renews": true, "superseded": false} {
+		ti, err := w.TaskInstance(ctx, "run", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ti.LastHeartbeatAt.Equal(now.Add(time.Minute)); got != beat {
+			t.Fatalf("%s: heartbeat recorded %v (at %v), want %v", id, got, ti.LastHeartbeatAt, beat)
+		}
+	}
+}
