@@ -51,7 +51,6 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/internal/cycle"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
 
@@ -173,43 +172,9 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 // dispatch queues scheduled attempts and creates their pods, within
 // MaxParallel.
 func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
-	slots := -1 // no bound
-	if r.cfg.MaxParallel > 0 {
-		active, err := r.w.CountActive(ctx, sdk.ExecutorKube)
-		if err != nil {
-			return err
-		}
-		slots = max(r.cfg.MaxParallel-active, 0)
-	}
-	var after *lifecycle.Key
-	for slots != 0 {
-		limit := ladder.PageSize
-		if slots > 0 {
-			limit = min(limit, slots)
-		}
-		page, err := r.w.ListScheduled(ctx, sdk.ExecutorKube, after, limit)
-		if err != nil {
-			return err
-		}
-		for _, ti := range page {
-			if slots == 0 {
-				return nil
-			}
-			created, err := r.dispatchOne(ctx, ti, now, res)
-			if err != nil {
-				return err
-			}
-			if created && slots > 0 {
-				slots--
-			}
-		}
-		if len(page) < limit {
-			return nil
-		}
-		last := page[len(page)-1]
-		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
-	}
-	return nil
+	return r.steps.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+		return r.dispatchOne(ctx, ti, now, res)
+	})
 }
 
 // dispatchOne queues one attempt and creates its pod. It reports whether

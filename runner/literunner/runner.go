@@ -257,43 +257,9 @@ func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Resu
 // dispatch queues scheduled task instances and starts their agents, within
 // MaxParallel.
 func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
-	slots := -1 // no bound
-	if r.cfg.MaxParallel > 0 {
-		active, err := r.w.CountActive(ctx, sdk.ExecutorLite)
-		if err != nil {
-			return err
-		}
-		slots = max(r.cfg.MaxParallel-active, 0)
-	}
-	var after *lifecycle.Key
-	for slots != 0 {
-		limit := ladder.PageSize
-		if slots > 0 {
-			limit = min(limit, slots)
-		}
-		page, err := r.w.ListScheduled(ctx, sdk.ExecutorLite, after, limit)
-		if err != nil {
-			return err
-		}
-		for _, ti := range page {
-			if slots == 0 {
-				return nil
-			}
-			started, err := r.dispatchOne(ctx, ti, now, res)
-			if err != nil {
-				return err
-			}
-			if started && slots > 0 {
-				slots--
-			}
-		}
-		if len(page) < limit {
-			return nil
-		}
-		last := page[len(page)-1]
-		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
-	}
-	return nil
+	return r.steps.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+		return r.dispatchOne(ctx, ti, now, res)
+	})
 }
 
 // dispatchOne queues one attempt and starts its agent. It reports whether an

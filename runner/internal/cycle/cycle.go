@@ -222,6 +222,50 @@ func (d Driver) Schedule(ctx context.Context, now time.Time, t *Tally) error {
 	}
 }
 
+// Dispatch walks the scheduled task instances of the driver's executor,
+// oldest first, and hands each to one (which queues it and starts its
+// execution, reporting whether one was started), within maxParallel queued
+// and running attempts (0: no bound).
+func (d Driver) Dispatch(ctx context.Context, maxParallel int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+	slots := -1 // no bound
+	if maxParallel > 0 {
+		active, err := d.W.CountActive(ctx, d.Executor)
+		if err != nil {
+			return err
+		}
+		slots = max(maxParallel-active, 0)
+	}
+	var after *lifecycle.Key
+	for slots != 0 {
+		limit := ladder.PageSize
+		if slots > 0 {
+			limit = min(limit, slots)
+		}
+		page, err := d.W.ListScheduled(ctx, d.Executor, after, limit)
+		if err != nil {
+			return err
+		}
+		for _, ti := range page {
+			if slots == 0 {
+				return nil
+			}
+			started, err := one(ctx, ti)
+			if err != nil {
+				return err
+			}
+			if started && slots > 0 {
+				slots--
+			}
+		}
+		if len(page) < limit {
+			return nil
+		}
+		last := page[len(page)-1]
+		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
+	}
+	return nil
+}
+
 // StartRuns starts queued runs under the run start cap (MaxActiveRuns),
 // oldest first, and counts those still waiting.
 func (d Driver) StartRuns(ctx context.Context, now time.Time, t *Tally) error {
