@@ -85,9 +85,12 @@ soak: build
 		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
 
 # Benchmarks of the board, the Lite substrate and the reapers (the mass
-# recovery over 10,000 and 100,000 dead attempts, audit rows written).
+# recovery over 10,000 and 100,000 dead attempts, audit rows written), and
+# the kube edition's over 10,000 pods on the test cluster (test/kubereapers:
+# the steady-state pass beside the Lite one, the mass pod loss).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/
+	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/ \
+		./test/kubereapers/
 
 # The peer benchmark (not part of make test): River's JobRescuer, the
 # reaper's agentlost mass recovery (in and out of process) and plain-SQL

@@ -77,6 +77,12 @@ func firstLine(s string) string {
 // Now; each last heartbeated heartbeatAgo (plus up to a second, spread over
 // the rows) before it.
 func (b *Board) SeedRunning(ctx context.Context, n int, heartbeatAgo time.Duration) error {
+	return b.SeedRunningOn(ctx, sdk.ExecutorLite, n, heartbeatAgo)
+}
+
+// SeedRunningOn is SeedRunning with the attempts on executor (the kube
+// benchmarks seed kube attempts, the ones of Attempts(n)).
+func (b *Board) SeedRunningOn(ctx context.Context, executor string, n int, heartbeatAgo time.Duration) error {
 	if err := b.exec(ctx, `INSERT INTO runs (run_id, dag_id, state, started_at, updated_at)
         SELECT 'run' || lpad(r::text, 6, '0'), 'dag', 'running', $1::timestamptz - interval '1 hour', $1
         FROM generate_series(0, $2::int - 1) r`, Now, (n+TasksPerRun-1)/TasksPerRun); err != nil {
@@ -84,11 +90,11 @@ func (b *Board) SeedRunning(ctx context.Context, n int, heartbeatAgo time.Durati
 	}
 	if err := b.exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, state, queued_at, running_at,
             last_heartbeat_at, updated_at)
-        SELECT 'run' || lpad((i / $4::int)::text, 6, '0'), 'task' || lpad((i % $4::int)::text, 2, '0'), 'lite', 'running',
+        SELECT 'run' || lpad((i / $4::int)::text, 6, '0'), 'task' || lpad((i % $4::int)::text, 2, '0'), $5, 'running',
             $1::timestamptz - interval '51 minutes' + (i % 2400) * interval '1 second',
             $1::timestamptz - interval '50 minutes' + (i % 2400) * interval '1 second',
             $1::timestamptz - $3::interval - (i % 1000) * interval '1 millisecond', $1
-        FROM generate_series(0, $2::int - 1) i`, Now, n, heartbeatAgo, TasksPerRun); err != nil {
+        FROM generate_series(0, $2::int - 1) i`, Now, n, heartbeatAgo, TasksPerRun, executor); err != nil {
 		return err
 	}
 	return b.exec(ctx, "VACUUM ANALYZE runs, task_instances")
@@ -272,11 +278,36 @@ type Recovery struct {
 const MaxPasses = 20
 
 // Recover runs agentlost passes of r over exec, one per 30s cycle with a
-// 30s budget each, until every attempt of the workload is marked, writing
-// each pass's decisions to the audit after the pass, as the host does. Any
-// decision but an applied agent_lost is an error.
+// 30s budget each, until every attempt of the workload is marked agent_lost,
+// writing each pass's decisions to the audit after the pass, as the host
+// does. Any decision but an applied agent_lost is an error.
 func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
+	return Recover(ctx, Spec{Board: w.Board, N: w.N, Edition: ladder.EditionLite, Label: sdk.LabelAgentLost}, r, exec)
+}
+
+// Spec is what a recovery marks, on which board.
+type Spec struct {
+	Board   *Board
+	N       int    // the attempts to mark
+	Edition string // the passes' edition
+	Label   string // the mark every decision must be, applied
+	// Marks, when set, is the board the passes read and write through (a
+	// wrapper of Board.Store that times or counts them); Board.Store when
+	// nil. The audit is written to Board.Store.
+	Marks sdk.Board
+}
+
+// Recover runs passes of r over exec, one per 30s cycle with a 30s budget
+// each (the fake time of pass k is Now + (k-1) x 30s, each pass carrying the
+// state of the one before), until spec.N attempts are marked, writing each
+// pass's decisions to the audit after the pass, as the host does. Any
+// decision but an applied spec.Label is an error.
+func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
 	l := ladder.Defaults()
+	marks := spec.Marks
+	if marks == nil {
+		marks = spec.Board.Store
+	}
 	var (
 		state []byte
 		out   Recovery
@@ -285,14 +316,14 @@ func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Execution
 		now := Now.Add(time.Duration(pass-1) * l.MaintenanceInterval)
 		start := time.Now()
 		var sink sdk.Collector
-		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: w.Board.Term, Deadline: now.Add(l.MaintenanceInterval),
-			State: state, Edition: ladder.EditionLite}, w.Board.Store, exec, &sink)
+		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: spec.Board.Term, Deadline: now.Add(l.MaintenanceInterval),
+			State: state, Edition: spec.Edition}, marks, exec, &sink)
 		if err != nil {
 			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
 		}
 		ds := sink.Decisions()
 		auditStart := time.Now()
-		if err := w.Board.Store.RecordDecisions(ctx, w.Board.Term, now, ds); err != nil {
+		if err := spec.Board.Store.RecordDecisions(ctx, spec.Board.Term, now, ds); err != nil {
 			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
 		}
 		out.Audit += time.Since(auditStart)
@@ -300,15 +331,15 @@ func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Execution
 		out.Passes = pass
 		state = res.State
 		for _, d := range ds {
-			if d.Label != sdk.LabelAgentLost || !d.Applied {
+			if d.Label != spec.Label || !d.Applied {
 				return out, fmt.Errorf("massbench: pass %d: unexpected decision %s applied=%v about %s: %s",
 					pass, d.Label, d.Applied, d.Attempt, d.Detail)
 			}
 			out.Marked++
 		}
-		if out.Marked == w.N {
+		if out.Marked == spec.N {
 			return out, nil
 		}
 	}
-	return out, fmt.Errorf("massbench: %d passes marked %d of %d attempts", MaxPasses, out.Marked, w.N)
+	return out, fmt.Errorf("massbench: %d passes marked %d of %d attempts", MaxPasses, out.Marked, spec.N)
 }

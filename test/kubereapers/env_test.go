@@ -30,7 +30,7 @@ const warmLabel = "leoflow.io/warm-pool"
 // admin client, the kube substrate on the namespace, a board of its own
 // whose lease the test holds, and the reapers' fake clock.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	c      *kubetest.Cluster
 	cs     kubernetes.Interface
 	ns     string
@@ -48,7 +48,7 @@ type env struct {
 
 // newEnv is an env whose board lease the test holds, for reaper passes run
 // in process.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := newWorld(t)
 	lease, ok, err := e.store.TryAcquire(context.Background(), "kubereapers-test", 24*time.Hour, time.Now().Add(-time.Hour))
@@ -61,7 +61,7 @@ func newEnv(t *testing.T) *env {
 }
 
 // newWorld is the cluster's share and a board nobody leads yet.
-func newWorld(t *testing.T) *env {
+func newWorld(t testing.TB) *env {
 	t.Helper()
 	c := cluster.Load()
 	if c == nil {
@@ -130,7 +130,7 @@ func (e *env) reap(r sdk.Reaper, exec sdk.Executions) []sdk.Decision {
 	return sink.Decisions()
 }
 
-func defaults(t *testing.T, p sdk.Plugin) sdk.Values {
+func defaults(t testing.TB, p sdk.Plugin) sdk.Values {
 	t.Helper()
 	schema, err := p.ConfigSchema(context.Background())
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,44 +16,131 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/massbench"
 	"github.com/dexaflow/reaper/plugins/podlost"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
 
-// podLists counts the LIST requests on pods a substrate makes (watches
-// left out).
-type podLists struct{ n atomic.Int64 }
+// requests counts the requests a substrate's client makes, by verb and
+// resource ("list pods", "patch pods", "watch pods"...).
+type requests struct {
+	mu sync.Mutex
+	n  map[string]int
+}
 
-func (c *podLists) wrap(rt http.RoundTripper) http.RoundTripper {
+func (c *requests) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
-		if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/pods") && req.URL.Query().Get("watch") != "true" {
-			c.n.Add(1)
-		}
+		key := verbOf(req)
+		c.mu.Lock()
+		c.n[key]++
+		c.mu.Unlock()
 		return rt.RoundTrip(req)
 	})
+}
+
+// verbOf names a request the way the API server's audit does: the verb
+// (list, get, watch, create, update, patch, delete, deletecollection) and
+// the resource, with its subresource ("update pods/status").
+func verbOf(req *http.Request) string {
+	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		parts = parts[2:]
+	case len(parts) >= 3 && parts[0] == "apis":
+		parts = parts[3:]
+	}
+	if len(parts) > 2 && parts[0] == "namespaces" {
+		parts = parts[2:]
+	}
+	resource, named := strings.Join(parts, "/"), len(parts) >= 2
+	if named {
+		resource = parts[0]
+		if len(parts) >= 3 {
+			resource += "/" + parts[2]
+		}
+	}
+	verb := strings.ToLower(req.Method)
+	switch {
+	case req.Method == http.MethodGet && req.URL.Query().Get("watch") == "true":
+		verb = "watch"
+	case req.Method == http.MethodGet && named:
+		verb = "get"
+	case req.Method == http.MethodGet:
+		verb = "list"
+	case req.Method == http.MethodPost:
+		verb = "create"
+	case req.Method == http.MethodPut:
+		verb = "update"
+	case req.Method == http.MethodDelete && !named:
+		verb = "deletecollection"
+	}
+	return verb + " " + resource
+}
+
+// reset forgets every request counted so far.
+func (c *requests) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n = map[string]int{}
+}
+
+// count is the number of requests of one kind ("list pods").
+func (c *requests) count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+// calls is the number of requests but the watches (the cache's own, which
+// no pass makes).
+func (c *requests) calls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	total := 0
+	for k, v := range c.n {
+		if !strings.HasPrefix(k, "watch ") {
+			total += v
+		}
+	}
+	return total
+}
+
+func (c *requests) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := make([]string, 0, len(c.n))
+	for k := range c.n {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = fmt.Sprintf("%s: %d", k, c.n[k])
+	}
+	return strings.Join(out, ", ")
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// countedSubstrate is an admin kube substrate on the namespace whose pod
-// LISTs are counted, its cache synced.
-func (e *env) countedSubstrate() (*kube.Substrate, *podLists) {
+// countedSubstrate is an admin kube substrate on the namespace whose
+// requests are counted, its cache synced.
+func (e *env) countedSubstrate() (*kube.Substrate, *requests) {
 	e.t.Helper()
 	ctx := context.Background()
-	lists := &podLists{}
+	reqs := &requests{n: map[string]int{}}
 	rc := e.c.ConfigFor(kubetest.Admin)
-	rc.Wrap(lists.wrap)
+	rc.Wrap(reqs.wrap)
 	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: rc})
 	if err := sub.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Values: sdk.Values{"namespace": e.ns}}); err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(sub.Close)
 	e.waitFor("the presence cache to sync", func() bool { ok, _ := sub.Synced(ctx); return ok })
-	return sub, lists
+	return sub, reqs
 }
 
 // Steady state: a pass over a page of healthy running attempts, their pods
@@ -59,7 +148,7 @@ func (e *env) countedSubstrate() (*kube.Substrate, *podLists) {
 func TestHealthyFleet_CachedPresentDefersWithoutAPICall(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sub, lists := e.countedSubstrate()
+	sub, reqs := e.countedSubstrate()
 	var names []string
 	var as []sdk.Attempt
 	for i := range ladder.PageSize {
@@ -85,12 +174,35 @@ func TestHealthyFleet_CachedPresentDefersWithoutAPICall(t *testing.T) {
 		return true
 	})
 	e.clk.Advance(10 * time.Minute)
-	lists.n.Store(0)
+	reqs.reset()
 	if ds := e.reap(podlost.New(nil), sub); len(ds) != 0 {
 		t.Fatalf("decisions about healthy attempts: %+v", ds)
 	}
-	if n := lists.n.Load(); n != 0 {
-		t.Fatalf("%d pod LISTs for a healthy page", n)
+	if n := reqs.calls(); n != 0 {
+		t.Fatalf("%d API calls for a healthy page: %s", n, reqs)
+	}
+}
+
+// Steady state, the whole pass: the five kube reapers, in order, over a
+// fleet of healthy running attempts (three pages), every pod Running in the
+// substrate's cache, make no API call of any verb and no decision. (The
+// cache's own watch is not the pass's and is not counted.)
+func TestSteadyState_HealthyFleetPassMakesNoAPICall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 300 pods")
+	}
+	t.Parallel()
+	const n = 3 * ladder.PageSize
+	f := newFleet(t, n)
+	sub, reqs := f.e.countedSubstrate()
+	f.createPods()
+	f.waitWithin(2*time.Minute, "KWOK to run every pod", func() bool { _, running := f.podsIn(); return running == n })
+	f.waitWithin(time.Minute, "the cache to hold every pod Running", func() bool { return f.cachedAlive(sub) == n })
+	rs := kubeReapers(t)
+	reqs.reset()
+	steadyPass(t, rs, ladder.EditionKube, massbench.Now, f.board.Term, f.board.Store, sub, make([]time.Duration, len(rs)))
+	if c := reqs.calls(); c != 0 {
+		t.Fatalf("a pass over %d healthy attempts made %d API calls: %s", n, c, reqs)
 	}
 }
 
@@ -128,10 +240,10 @@ func TestMassPodLoss_AllMarkedInOnePass(t *testing.T) {
         FROM generate_series(1, $2) AS i`, now, n); err != nil {
 		t.Fatal(err)
 	}
-	sub, lists := e.countedSubstrate()
+	sub, reqs := e.countedSubstrate()
 	e.clk.Advance(e.ladder.PodLostFloor + time.Second)
 
-	lists.n.Store(0)
+	reqs.reset()
 	r := podlost.New(nil)
 	if err := r.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Ladder: e.ladder, Values: defaults(t, r)}); err != nil {
 		t.Fatal(err)
@@ -147,7 +259,7 @@ func TestMassPodLoss_AllMarkedInOnePass(t *testing.T) {
 	elapsed := time.Since(started)
 	markedIn := time.Duration(b.lastMark.Load()) - time.Duration(started.UnixNano())
 	ds := sink.Decisions()
-	marked, tornDown := 0, int(lists.n.Load())-n/ladder.PageSize
+	marked, tornDown := 0, reqs.count("list pods")-n/ladder.PageSize
 	for _, d := range ds {
 		if d.Label == sdk.LabelPodLost && d.Applied {
 			marked++
