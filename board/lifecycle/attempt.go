@@ -27,17 +27,32 @@ func (w *Writer) step(ctx context.Context, what string, a sdk.Attempt, sql strin
 	return tag.RowsAffected() == 1, nil
 }
 
+// runnerStep is step for a runner's write, fenced by the writer's term
+// (see Fenced) at now: a write the fence refused is ErrDeposed.
+func (w *Writer) runnerStep(ctx context.Context, what string, a sdk.Attempt, now time.Time, sql string, args ...any) (bool, error) {
+	cond, fenceArgs := w.fence(5+len(args), now)
+	ok, err := w.step(ctx, what, a, sql+`
+      AND `+cond, append(args, fenceArgs...)...)
+	if err != nil || ok {
+		return ok, err
+	}
+	if err := w.deposed(ctx, now); err != nil {
+		return false, fmt.Errorf("board: %s %s: %w", what, a, err)
+	}
+	return false, nil
+}
+
 // Enqueue moves the attempt from none to scheduled. It reports whether it
 // applied.
 func (w *Writer) Enqueue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
-	return w.step(ctx, "enqueue", a, `UPDATE task_instances ti SET state = 'scheduled', updated_at = $5
+	return w.runnerStep(ctx, "enqueue", a, now, `UPDATE task_instances ti SET state = 'scheduled', updated_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'none'`, now)
 }
 
 // Queue moves the attempt from scheduled to queued (handed to an executor)
 // and stamps queued_at.
 func (w *Writer) Queue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
-	return w.step(ctx, "queue", a, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5
+	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now)
 }
 
@@ -47,7 +62,7 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
 	if worker == "" {
 		return false, fmt.Errorf("board: queue %s on a warm worker: no worker named", a)
 	}
-	return w.step(ctx, "queue", a, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, warm_worker = $6,
+	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, warm_worker = $6,
         updated_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
 }
@@ -59,7 +74,7 @@ func (w *Writer) RecordPodUID(ctx context.Context, a sdk.Attempt, uid string, no
 	if uid == "" {
 		return false, fmt.Errorf("board: record the pod of %s: no UID", a)
 	}
-	return w.step(ctx, "record the pod of", a, `UPDATE task_instances ti SET pod_uid = $6, updated_at = $5
+	return w.runnerStep(ctx, "record the pod of", a, now, `UPDATE task_instances ti SET pod_uid = $6, updated_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, uid)
 }
 
@@ -161,7 +176,7 @@ func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failu
 	if f.Kind != sdk.MarkTask && f.Kind != sdk.MarkInfra {
 		return false, fmt.Errorf("board: fail %s: unknown failure kind %q", a, f.Kind)
 	}
-	return w.step(ctx, "fail", a, `UPDATE task_instances ti SET
+	return w.runnerStep(ctx, "fail", a, now, `UPDATE task_instances ti SET
             state = 'failed', ended_at = $5, updated_at = $5, last_failure_kind = $6,
             failure_reason = NULLIF($7, ''), error_message = NULLIF($8, ''),
             retries = CASE WHEN $9::bool THEN 0 ELSE ti.retries END,
@@ -176,7 +191,7 @@ func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failu
 // runner mints at dispatch, right after Queue). It reports whether it
 // applied.
 func (w *Writer) RecordMint(ctx context.Context, a sdk.Attempt, mintedAt time.Time) (bool, error) {
-	return w.step(ctx, "record the credential mint of", a, `UPDATE task_instances ti SET credential_minted_at = $5
+	return w.runnerStep(ctx, "record the credential mint of", a, mintedAt, `UPDATE task_instances ti SET credential_minted_at = $5
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued'`, mintedAt)
 }
 

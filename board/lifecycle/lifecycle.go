@@ -56,6 +56,9 @@ type Options struct {
 	// QueryTimeout bounds the database work of one call; <= 0 means
 	// board.QueryTimeoutDefault.
 	QueryTimeout time.Duration
+	// LeaderName is the leader row a fenced writer's term is checked
+	// against (see Writer.Fenced); "" means board.LeaderNameDefault.
+	LeaderName string
 }
 
 // Writer performs the guarded transitions. It is safe for concurrent use.
@@ -63,6 +66,8 @@ type Writer struct {
 	pool    *pgxpool.Pool
 	store   *board.Store
 	timeout time.Duration
+	leader  string
+	term    int64 // > 0: the runner writes are fenced by it (see Fenced)
 }
 
 // New returns a Writer over pool. The pool stays the caller's to close.
@@ -70,7 +75,11 @@ func New(pool *pgxpool.Pool, opts Options) *Writer {
 	if opts.QueryTimeout <= 0 {
 		opts.QueryTimeout = board.QueryTimeoutDefault
 	}
-	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout}), timeout: opts.QueryTimeout}
+	if opts.LeaderName == "" {
+		opts.LeaderName = board.LeaderNameDefault
+	}
+	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName}),
+		timeout: opts.QueryTimeout, leader: opts.LeaderName}
 }
 
 func (w *Writer) bound(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -179,6 +188,7 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 // started in one statement.
 func (w *Writer) StartQueuedRuns(ctx context.Context, maxRunning, limit int, now time.Time) ([]string, int, error) {
 	limit = pageLimit(limit)
+	fence, fenceArgs := w.fence(4, now)
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	var (
@@ -198,13 +208,19 @@ pick AS (
 started AS (
     UPDATE runs r SET state = 'running', started_at = $3, updated_at = $3
     FROM pick WHERE r.run_id = pick.run_id AND r.state = 'queued'
+      AND `+fence+`
     RETURNING r.run_id
 )
 SELECT coalesce((SELECT array_agg(run_id ORDER BY run_id) FROM started), '{}'),
        (SELECT count(*) FROM runs WHERE state = 'queued') - (SELECT count(*) FROM started)`,
-		maxRunning, limit, now).Scan(&started, &waiting)
+		append([]any{maxRunning, limit, now}, fenceArgs...)...).Scan(&started, &waiting)
 	if err != nil {
 		return nil, 0, fmt.Errorf("board: start queued runs: %w", err)
+	}
+	if len(started) == 0 && waiting > 0 {
+		if err := w.deposed(ctx, now); err != nil {
+			return nil, 0, fmt.Errorf("board: start queued runs: %w", err)
+		}
 	}
 	return started, waiting, nil
 }

@@ -151,10 +151,12 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 	if !rl.operator {
 		guard += " AND " + runRunning
 	}
+	fence, fenceArgs := w.fence(6, now)
 	sql := `UPDATE task_instances ti SET state = '` + rl.to + `', ` + bump + `, ` + clearAttempt + `,
         ` + set + `released_at = $5, updated_at = $5
     WHERE ti.run_id = $1 AND ti.task_id = $2 AND ti.try_number = $3 AND ti.attempt_epoch = $4
       AND ` + guard + `
+      AND ` + fence + `
     RETURNING ti.try_number, ti.attempt_epoch, ti.dispatch_unavailable_since`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
@@ -170,7 +172,8 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 				return err
 			}
 		}
-		if err := tx.QueryRow(ctx, sql, a.RunID, a.TaskID, a.Try, a.Epoch, now).Scan(&next.Try, &next.Epoch, &since); err != nil {
+		args := append([]any{a.RunID, a.TaskID, a.Try, a.Epoch, now}, fenceArgs...)
+		if err := tx.QueryRow(ctx, sql, args...).Scan(&next.Try, &next.Epoch, &since); err != nil {
 			return err
 		}
 		if rl.operator {
@@ -186,6 +189,9 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 		return r, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
+		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
+	}
+	if err := w.deposed(ctx, now); err != nil {
 		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
 	}
 	reason, err := w.whyNot(ctx, rl, a)

@@ -103,6 +103,7 @@ func (w *Writer) EnqueueNew(ctx context.Context, executor string, limit int, now
 	if err := checkExecutor(executor); err != nil {
 		return nil, fmt.Errorf("board: enqueue new task instances: %w", err)
 	}
+	fence, fenceArgs := w.fence(5, now)
 	sql := `WITH next AS (
     SELECT ti.run_id, ti.task_id ` + workingSet + ` AND ti.state = 'none'
     ORDER BY ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
@@ -111,10 +112,11 @@ UPDATE task_instances ti SET state = 'scheduled', updated_at = $4
 FROM next n, runs r
 WHERE ti.run_id = n.run_id AND ti.task_id = n.task_id AND ti.state = 'none'
   AND r.run_id = ti.run_id AND r.state = 'running'
+  AND ` + fence + `
 RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	rows, err := w.pool.Query(ctx, sql, executor, nil, nil, now)
+	rows, err := w.pool.Query(ctx, sql, append([]any{executor, nil, nil, now}, fenceArgs...)...)
 	if err != nil {
 		return nil, fmt.Errorf("board: enqueue new %s task instances: %w", executor, err)
 	}
@@ -125,6 +127,11 @@ RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`
 	})
 	if err != nil {
 		return nil, fmt.Errorf("board: enqueue new %s task instances: %w", executor, err)
+	}
+	if len(as) == 0 {
+		if err := w.deposed(ctx, now); err != nil {
+			return nil, fmt.Errorf("board: enqueue new %s task instances: %w", executor, err)
+		}
 	}
 	sortAttempts(as)
 	return as, nil
@@ -214,6 +221,7 @@ func (w *Writer) FinishSettledRuns(ctx context.Context, limit int, now time.Time
 	// by the update: an operator's clear that lands in between gives the
 	// run a new version (see reopen), and the run is then left for the next
 	// tick to judge again, instead of finishing with a cleared task in it.
+	fence, fenceArgs := w.fence(2, now)
 	sql := `WITH done AS (
     SELECT r.run_id, r.xmin::text AS seen FROM runs r
     WHERE r.state = 'running'
@@ -235,6 +243,7 @@ fin AS (
             ELSE 'tasks not successful: ' || array_to_string(s.unsuccessful, ', ') END
     FROM summary s
     WHERE r.run_id = s.run_id AND r.state = 'running' AND r.xmin::text = s.seen
+      AND ` + fence + `
     RETURNING r.run_id, r.state, s.unsuccessful, s.settled_at
 ),
 closed AS (
@@ -243,7 +252,7 @@ closed AS (
 SELECT run_id, state, unsuccessful, settled_at FROM fin`
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	rows, err := w.pool.Query(ctx, sql, now)
+	rows, err := w.pool.Query(ctx, sql, append([]any{now}, fenceArgs...)...)
 	if err != nil {
 		return nil, fmt.Errorf("board: finish settled runs: %w", err)
 	}
@@ -260,6 +269,11 @@ SELECT run_id, state, unsuccessful, settled_at FROM fin`
 	})
 	if err != nil {
 		return nil, fmt.Errorf("board: finish settled runs: %w", err)
+	}
+	if len(runs) == 0 {
+		if err := w.deposed(ctx, now); err != nil {
+			return nil, fmt.Errorf("board: finish settled runs: %w", err)
+		}
 	}
 	sortFinished(runs)
 	return runs, nil

@@ -1,0 +1,79 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrDeposed is the error of a fenced write (see Writer.Fenced) made after
+// its leadership term stopped leading the board: another replica took over,
+// or the term's lease ran out. Nothing was written. A runner that meets it
+// ends its cycle; the new leader's runner carries on from the board.
+var ErrDeposed = errors.New("the leadership term no longer leads the board")
+
+// Fenced returns a writer whose runner writes apply only while term is the
+// term of the board's leader row and its lease has not run out at the
+// write's time, the way the reapers' marks are fenced: the scheduling
+// (EnqueueNew), run start (StartQueuedRuns), dispatch (Queue, QueueWarm,
+// RecordMint, RecordPodUID), failure (Fail), rails (Retry, Replace,
+// Reschedule, WarmRequeue, DispatchBackoff, Clear) and finalization
+// (FinishSettledRuns). The leader row is share-locked by each such write,
+// so a takeover waits for a write in flight, and a write after it sees the
+// new term. A fenced write that finds its term deposed writes nothing and
+// returns ErrDeposed (wrapped).
+//
+// An agent's reports (Running, Heartbeat, Report) are not fenced: every
+// replica serves them, leading or not. A term of 0 or less fences nothing.
+func (w *Writer) Fenced(term int64) *Writer {
+	c := *w
+	c.term = term
+	return &c
+}
+
+// fence returns the condition that fences a runner write, its arguments
+// numbered from $first (leader row, term, the write's time), and those
+// arguments; "true" and none for a writer that is not fenced.
+func (w *Writer) fence(first int, now time.Time) (string, []any) {
+	if w.term <= 0 {
+		return "true", nil
+	}
+	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
+	return `EXISTS (SELECT 1 FROM leader WHERE name = ` + p(0) + ` AND term = ` + p(1) +
+			` AND expires_at > ` + p(2) + `::timestamptz FOR SHARE)`,
+		[]any{w.leader, w.term, now}
+}
+
+// deposed, after a fenced write that applied to nothing, tells whether the
+// fence refused it: ErrDeposed (wrapped, with what the board holds) when
+// the writer's term no longer leads the board at now, nil when it does (or
+// the writer is not fenced) and the write's own guard refused it.
+func (w *Writer) deposed(ctx context.Context, now time.Time) error {
+	if w.term <= 0 {
+		return nil
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var (
+		term    int64
+		expires *time.Time // NULL once its holder resigned
+	)
+	err := w.pool.QueryRow(ctx, `SELECT term, expires_at FROM leader WHERE name = $1`, w.leader).Scan(&term, &expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: term %d, and the board has no leader row %q", ErrDeposed, w.term, w.leader)
+	case err != nil:
+		return fmt.Errorf("reading the board's leader row: %w", err)
+	case term != w.term:
+		return fmt.Errorf("%w: term %d, the board's is %d", ErrDeposed, w.term, term)
+	case expires == nil:
+		return fmt.Errorf("%w: term %d was resigned", ErrDeposed, w.term)
+	case !expires.After(now):
+		return fmt.Errorf("%w: term %d's lease ran out at %s", ErrDeposed, w.term, expires.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
