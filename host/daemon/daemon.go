@@ -198,7 +198,7 @@ func (d *Daemon) newElector() (*leader.Elector, error) {
 // runnerLoop is a runner as the daemon drives it: the Lite runner or the
 // kube runner.
 type runnerLoop interface {
-	Run(ctx context.Context, leading func(now time.Time) bool)
+	Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool))
 	Close() error
 }
 
@@ -357,7 +357,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d.runner.Run(ctx, func(now time.Time) bool { return d.elector.Status(now).Leading })
+			// The runner's writes are fenced by the term it was given, so
+			// a cycle that outlives its term writes nothing more.
+			d.runner.Run(ctx, func(now time.Time) (int64, bool) {
+				st := d.elector.Status(now)
+				return st.Term, st.Leading
+			})
 		}()
 	}
 	select {

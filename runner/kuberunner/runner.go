@@ -114,7 +114,7 @@ func (res Result) Changed() bool {
 // Run runs a cycle every Interval until ctx is done, while leading reports
 // true at the tick. Ticks missed by a long cycle are coalesced. Start it on
 // a goroutine of the caller's.
-func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
+func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool)) {
 	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
 	defer tk.Stop()
 	for {
@@ -124,10 +124,11 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
 		case <-tk.C():
 		}
 		now := r.cfg.Clock.Now()
-		if !leading(now) {
+		term, ok := leading(now)
+		if !ok {
 			continue
 		}
-		res, err := r.RunOnce(ctx, now)
+		res, err := r.RunOnceFenced(ctx, now, term)
 		if err != nil && ctx.Err() == nil {
 			r.log.Error("kube runner cycle failed; the next cycle tries again", "error", err)
 		}
@@ -138,19 +139,30 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
 }
 
 // RunOnce runs one cycle at now (see the package documentation). It must
-// run on the leader only. On an error it stops where it was: what was
-// written stays, and the next cycle picks up from the board.
+// run on the leader only, and its writes are not fenced: Run fences them
+// (RunOnceFenced). On an error it stops where it was: what was written
+// stays, and the next cycle picks up from the board.
 func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
+	return r.RunOnceFenced(ctx, now, 0)
+}
+
+// RunOnceFenced is RunOnce with every board write of the cycle fenced by
+// the leadership term (lifecycle.Writer.Fenced): once term no longer leads
+// the board, the cycle writes nothing more and ends with an error that
+// wraps lifecycle.ErrDeposed. A term of 0 fences nothing.
+func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (Result, error) {
 	res := Result{At: now}
+	d := r.steps
+	d.W = r.w.Fenced(term)
 	steps := []struct {
 		name string
 		run  func(context.Context, time.Time, *cycle.Tally) error
 	}{
-		{"release", r.steps.Release},
-		{"start", r.steps.StartRuns},
-		{"schedule", r.steps.Schedule},
-		{"dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.dispatch(ctx, now, &res) }},
-		{"finalize", r.steps.Finalize},
+		{"release", d.Release},
+		{"start", d.StartRuns},
+		{"schedule", d.Schedule},
+		{"dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.dispatch(ctx, d, now, &res) }},
+		{"finalize", d.Finalize},
 	}
 	var err error
 	for _, s := range steps {
@@ -171,21 +183,21 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 
 // dispatch queues scheduled attempts and creates their pods, within
 // MaxParallel.
-func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
-	return r.steps.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
-		return r.dispatchOne(ctx, ti, now, res)
+func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, res *Result) error {
+	return d.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+		return r.dispatchOne(ctx, d, ti, now, res)
 	})
 }
 
 // dispatchOne queues one attempt and creates its pod. It reports whether
 // the attempt got a pod.
-func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
+func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.
-	ok, err := r.w.Queue(ctx, a, now)
+	ok, err := d.W.Queue(ctx, a, now)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -194,7 +206,7 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 		if cerr := ctx.Err(); cerr != nil {
 			return false, fmt.Errorf("dispatching %s: %w", a, cerr)
 		}
-		return false, r.failed(ctx, ti, fmt.Errorf("minting the attempt's credential: %w", err), true, now, res)
+		return false, r.failed(ctx, d, ti, fmt.Errorf("minting the attempt's credential: %w", err), true, now, res)
 	}
 	pod := BuildPod(r.spec, ti, env)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
@@ -209,10 +221,10 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 			// queued, which is what the dispatch-lost reaper settles.
 			return false, fmt.Errorf("dispatching %s: %w", a, cerr)
 		}
-		return false, r.failed(ctx, ti, fmt.Errorf("creating pod %s/%s: %w", r.cfg.Namespace, pod.Name, err),
+		return false, r.failed(ctx, d, ti, fmt.Errorf("creating pod %s/%s: %w", r.cfg.Namespace, pod.Name, err),
 			Unavailable(err), now, res)
 	}
-	if _, err := r.w.RecordPodUID(ctx, a, string(created.UID), now); err != nil {
+	if _, err := d.W.RecordPodUID(ctx, a, string(created.UID), now); err != nil {
 		return true, err
 	}
 	res.Dispatched++
@@ -245,8 +257,8 @@ func (r *Runner) adopt(ctx context.Context, want *corev1.Pod) (*corev1.Pod, erro
 
 // failed settles a queued attempt whose dispatch failed: passing errors are
 // offered again within the window, the others fail at once.
-func (r *Runner) failed(ctx context.Context, ti board.TaskInstance, err error, passing bool, now time.Time, res *Result) error {
-	return r.steps.DispatchFailed(ctx, cycle.DispatchFailure{
+func (r *Runner) failed(ctx context.Context, d cycle.Driver, ti board.TaskInstance, err error, passing bool, now time.Time, res *Result) error {
+	return d.DispatchFailed(ctx, cycle.DispatchFailure{
 		TI: ti, Err: err, What: "the pod create failed",
 		Move:        cycle.DecideDispatchFailure(passing, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
 		AgainDetail: "Kubernetes API unavailable: offering the task again",

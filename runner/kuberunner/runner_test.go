@@ -40,12 +40,14 @@ func TestMain(m *testing.M) {
 // env is one test's world: a fresh board, a namespace of its own on the
 // real API server, a fake clock.
 type env struct {
-	c    *kubetest.Cluster
-	cs   kubernetes.Interface // admin
-	ns   string
-	w    *lifecycle.Writer
-	clk  *clock.Fake
-	logs *bytes.Buffer // RunOnce runs on the test goroutine only
+	c     *kubetest.Cluster
+	cs    kubernetes.Interface // admin
+	ns    string
+	w     *lifecycle.Writer
+	store *board.Store
+	term  int64 // the test's leadership term on the board
+	clk   *clock.Fake
+	logs  *bytes.Buffer // RunOnce runs on the test goroutine only
 }
 
 func newEnv(t *testing.T) *env {
@@ -54,11 +56,13 @@ func newEnv(t *testing.T) *env {
 	pool := pgtest.NewDB(t)
 	ctx := context.Background()
 	clk := clock.NewFake(time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC))
-	if _, ok, err := board.New(pool, board.Options{}).TryAcquire(ctx, "test", 24*time.Hour, clk.Now()); err != nil || !ok {
+	store := board.New(pool, board.Options{})
+	lease, ok, err := store.TryAcquire(ctx, "test", 24*time.Hour, clk.Now())
+	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), clk: clk,
-		logs: &bytes.Buffer{}}
+	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), store: store,
+		term: lease.Term, clk: clk, logs: &bytes.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runner log:\n%s", e.logs.String())
@@ -592,5 +596,35 @@ func TestDispatchGivesThePodTheAttemptAPICredential(t *testing.T) {
 	}
 	if !slices.Contains(p.Spec.Containers[0].Args, "-reporter="+agent.ReporterAPI) {
 		t.Fatalf("agent arguments %v: want -reporter %s", p.Spec.Containers[0].Args, agent.ReporterAPI)
+	}
+}
+
+// A runner whose leader was deposed (another replica took the board's
+// lead) writes nothing and creates no pod: its cycle's writes are fenced
+// by its term and it stops at the first one refused. The new leader's
+// runner then dispatches the task.
+func TestADeposedLeadersRunnerWritesNothingAndCreatesNoPod(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.mkRun(t, "run", lifecycle.NewTask{TaskID: "load"})
+	r := e.runner(t, e.config(e.cs))
+	if ok, err := e.store.Resign(ctx, e.term, "test"); err != nil || !ok {
+		t.Fatalf("resigning: %v, %v", ok, err)
+	}
+	lease, ok, err := e.store.TryAcquire(ctx, "other", time.Hour, e.clk.Now())
+	if err != nil || !ok {
+		t.Fatalf("the takeover: %v, %v", ok, err)
+	}
+	res, err := r.RunOnceFenced(ctx, e.clk.Now(), e.term)
+	if !errors.Is(err, lifecycle.ErrDeposed) {
+		t.Fatalf("the deposed term's cycle: %v; want it ended as deposed", err)
+	}
+	if res.Changed() || len(e.pods(t)) != 0 || e.ti(t, "run", "load").State != sdk.StateNone {
+		t.Fatalf("the deposed term's cycle wrote: %+v, pods %v, row %+v", res, e.pods(t), e.ti(t, "run", "load"))
+	}
+	res, err = r.RunOnceFenced(ctx, e.clk.Now(), lease.Term)
+	if err != nil || res.Dispatched != 1 || len(e.pods(t)) != 1 {
+		t.Fatalf("the new term's cycle: %+v, %v, pods %v; want the task dispatched", res, err, e.pods(t))
 	}
 }

@@ -161,7 +161,7 @@ func (res Result) Changed() bool {
 // cycle are coalesced. leading is required (the host's leadership status).
 // Start Run on a goroutine of the caller's; it returns once ctx is done,
 // leaving every agent running.
-func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
+func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool)) {
 	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
 	defer tk.Stop()
 	for {
@@ -171,11 +171,12 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
 		case <-tk.C():
 		}
 		now := r.cfg.Clock.Now()
-		if !leading(now) {
+		term, ok := leading(now)
+		if !ok {
 			r.ReapAgents()
 			continue
 		}
-		res, err := r.RunOnce(ctx, now)
+		res, err := r.RunOnceFenced(ctx, now, term)
 		if err != nil && ctx.Err() == nil {
 			r.log.Error("lite runner cycle failed; the next cycle tries again", "error", err)
 		}
@@ -192,20 +193,31 @@ func (r *Runner) shared(step func(context.Context, time.Time, *cycle.Tally) erro
 
 // RunOnce runs one cycle at now: release, schedule, dispatch, finalize (see
 // the package documentation), after waiting for the agents that exited. It
-// must run on the leader only. On an error it stops where it was: what was
-// written stays, and the next cycle picks up from the board.
+// must run on the leader only, and its writes are not fenced: Run fences
+// them (RunOnceFenced). On an error it stops where it was: what was written
+// stays, and the next cycle picks up from the board.
 func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
+	return r.RunOnceFenced(ctx, now, 0)
+}
+
+// RunOnceFenced is RunOnce with every board write of the cycle fenced by
+// the leadership term (lifecycle.Writer.Fenced): once term no longer leads
+// the board, the cycle writes nothing more and ends with an error that
+// wraps lifecycle.ErrDeposed. A term of 0 fences nothing.
+func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (Result, error) {
 	res := Result{At: now, AgentsExited: r.reapExited()}
+	d := r.steps
+	d.W = r.w.Fenced(term)
 	steps := []struct {
 		name string
 		run  func(context.Context, time.Time, *Result) error
 	}{
-		{"release", r.shared(r.steps.Release)},
-		{"start", r.shared(r.steps.StartRuns)},
-		{"schedule", r.shared(r.steps.Schedule)},
-		{"dispatch", r.dispatch},
+		{"release", r.shared(d.Release)},
+		{"start", r.shared(d.StartRuns)},
+		{"schedule", r.shared(d.Schedule)},
+		{"dispatch", func(ctx context.Context, now time.Time, res *Result) error { return r.dispatch(ctx, d, now, res) }},
 		{"observe", r.observeDispatches},
-		{"finalize", r.shared(r.steps.Finalize)},
+		{"finalize", r.shared(d.Finalize)},
 	}
 	var err error
 	for _, s := range steps {
@@ -256,21 +268,21 @@ func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Resu
 
 // dispatch queues scheduled task instances and starts their agents, within
 // MaxParallel.
-func (r *Runner) dispatch(ctx context.Context, now time.Time, res *Result) error {
-	return r.steps.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
-		return r.dispatchOne(ctx, ti, now, res)
+func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, res *Result) error {
+	return d.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+		return r.dispatchOne(ctx, d, ti, now, res)
 	})
 }
 
 // dispatchOne queues one attempt and starts its agent. It reports whether an
 // agent was started.
-func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
+func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.
-	ok, err := r.w.Queue(ctx, a, now)
+	ok, err := d.W.Queue(ctx, a, now)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -278,9 +290,9 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 	// the credential ceiling and start_expired measure.
 	cred, err := r.cfg.Credentials.Mint(a, now)
 	if err != nil {
-		return false, r.spawnFailed(ctx, ti, err, now, res)
+		return false, r.spawnFailed(ctx, d, ti, err, now, res)
 	}
-	if _, err := r.w.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
+	if _, err := d.W.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
 		return false, err
 	}
 	ag, err := r.spawner.Spawn(ctx, lite.SpawnRequest{
@@ -301,7 +313,7 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 			// reaper settles.
 			return false, fmt.Errorf("dispatching %s: %w", a, cerr)
 		}
-		return false, r.spawnFailed(ctx, ti, err, now, res)
+		return false, r.spawnFailed(ctx, d, ti, err, now, res)
 	}
 	r.mu.Lock()
 	r.agents[a] = ag
@@ -312,8 +324,8 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 }
 
 // spawnFailed settles a queued attempt whose agent could not be started.
-func (r *Runner) spawnFailed(ctx context.Context, ti board.TaskInstance, spawnErr error, now time.Time, res *Result) error {
-	return r.steps.DispatchFailed(ctx, cycle.DispatchFailure{
+func (r *Runner) spawnFailed(ctx context.Context, d cycle.Driver, ti board.TaskInstance, spawnErr error, now time.Time, res *Result) error {
+	return d.DispatchFailed(ctx, cycle.DispatchFailure{
 		TI: ti, Err: spawnErr, What: "the agent could not be started",
 		Move:        decideSpawnFailure(spawnErr, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
 		AgainDetail: "the agent could not be started for now: offering the task again",

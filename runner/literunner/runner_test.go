@@ -598,17 +598,17 @@ func TestRun(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			b.runner.Run(ctx, func(now time.Time) bool {
+			b.runner.Run(ctx, func(now time.Time) (int64, bool) {
 				select {
 				case asked <- now:
 				case <-ctx.Done():
-					return false
+					return 0, false
 				}
 				select {
 				case yes := <-answers:
-					return yes
+					return b.term, yes
 				case <-ctx.Done():
-					return false
+					return 0, false
 				}
 			})
 		}()
@@ -681,4 +681,37 @@ func TestNew(t *testing.T) {
 			t.Fatal("no error")
 		}
 	})
+}
+
+// A runner whose leader was deposed (another replica took the board's
+// lead) writes nothing and starts no agent: its cycle's writes are fenced
+// by its term and it stops at the first one refused. The new leader's
+// runner then dispatches the task.
+func TestADeposedLeadersRunnerWritesNothingAndStartsNoAgent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	ctx := context.Background()
+	b.mkRun(t, "run", task("a", "true", 0))
+	if ok, err := b.store.Resign(ctx, b.term, "test"); err != nil || !ok {
+		t.Fatalf("resigning: %v, %v", ok, err)
+	}
+	lease, ok, err := b.store.TryAcquire(ctx, "other", time.Hour, b.clk.Now())
+	if err != nil || !ok {
+		t.Fatalf("the takeover: %v, %v", ok, err)
+	}
+	res, err := b.runner.RunOnceFenced(ctx, b.clk.Now(), b.term)
+	if !errors.Is(err, lifecycle.ErrDeposed) {
+		t.Fatalf("the deposed term's cycle: %v; want it ended as deposed", err)
+	}
+	ti, err := b.w.TaskInstance(ctx, "run", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Changed() || ti.State != sdk.StateNone {
+		t.Fatalf("the deposed term's cycle wrote: %+v, row %+v", res, ti)
+	}
+	res, err = b.runner.RunOnceFenced(ctx, b.clk.Now(), lease.Term)
+	if err != nil || res.Dispatched != 1 {
+		t.Fatalf("the new term's cycle: %+v, %v; want the task dispatched", res, err)
+	}
 }
