@@ -2,6 +2,8 @@ package reapers_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -190,4 +192,56 @@ func staleBoard(t *testing.T, runID string, taskIDs ...string) attempttoken.Issu
 		queueOn(t, wr, first(runID, id), now)
 	}
 	return attemptapitest.Start(t, wr, attemptapitest.Options{}).Issuer
+}
+
+// An agent that could never reach the attempt API gives up once its
+// pre-start retry has run out (shortened to a second here; the agent's own
+// tests prove the 2 minutes on a fake clock), runs nothing and reports
+// nothing, so its attempt stays queued. On Lite that is the dispatch-lost
+// reaper's: once the agent is gone it marks the attempt dispatch_lost on
+// the infra rail, confirmed as it is made, with the task's retries
+// untouched, and the infra re-place rail starts the task over on a new
+// epoch.
+func TestAgentThatNeverReachedTheAttemptAPI_DispatchLostSettlesItOnTheInfraRailAndItIsReplaced(t *testing.T) {
+	w := newWorld(t, `reaper "dispatchlost" {}`)
+	l := ladder.Defaults()
+	const runID = "unreached"
+	w.createRun(runID, w.t0.Add(-time.Hour), "task")
+	a := first(runID, "task")
+	w.queue(a, w.t0.Add(-10*time.Minute))
+
+	p := w.spawnWith(a, unreachable(t), `touch "$WORK/ran"`, time.Second)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent did not give up on the unreachable attempt API")
+	}
+	if _, err := os.Stat(filepath.Join(w.work, "ran")); err == nil {
+		t.Fatal("the task ran although its agent never reported RUNNING")
+	}
+	if ti := w.ti(a); ti.State != sdk.StateQueued {
+		t.Fatalf("the unreported attempt is %s, want still queued", ti.State)
+	}
+
+	w.runCycle() // the settling gate holds the first cycle
+	w.advance(l.SettlingGrace)
+	open := w.now()
+	res := w.runCycle()
+	w.expectCycle(t, "the cycle after the gate", res, verdict{dispatchlost.Name, sdk.LabelDispatchLost, "task", true})
+	w.expectSettled(t, a, infraMark(sdk.LabelDispatchLost, open, false))
+	ti := w.ti(a)
+	if !strings.HasPrefix(ti.ErrorMessage, sdk.LabelDispatchLost+": ") || ti.Retries != 1 {
+		t.Fatalf("row %q with %d retries; want a dispatch_lost message and the retry unspent", ti.ErrorMessage, ti.Retries)
+	}
+
+	rel, err := w.w.Replace(w.ctx, a, w.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (sdk.Attempt{RunID: runID, TaskID: "task", Try: 1, Epoch: 1}); !rel.Applied || rel.Attempt != want {
+		t.Fatalf("the re-place: %+v; want the task started over as %s", rel, want)
+	}
+	if ti := w.ti(rel.Attempt); ti.State != sdk.StateNone || ti.Retries != 1 || ti.InfraUsed != 1 {
+		t.Fatalf("the re-placed row: %s, %d retries, %d infra used; want none, 1, 1", ti.State, ti.Retries, ti.InfraUsed)
+	}
 }

@@ -521,17 +521,25 @@ func (w *world) spawn(a sdk.Attempt, to attempttoken.Issuer) *agentProc {
 
 func (w *world) spawnCommand(a sdk.Attempt, to attempttoken.Issuer, command string) *agentProc {
 	w.t.Helper()
+	return w.spawnWith(a, to, command, 0)
+}
+
+// spawnWith is spawnCommand with the agent's pre-start retry bounded by
+// startRetry (0: the agent's default).
+func (w *world) spawnWith(a sdk.Attempt, to attempttoken.Issuer, command string, startRetry time.Duration) *agentProc {
+	w.t.Helper()
 	cred, err := to.Mint(a, time.Now())
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	ag, err := w.spawner.Spawn(w.ctx, lite.SpawnRequest{
 		Invocation: agent.Invocation{
-			Attempt:   a,
-			Command:   command,
-			Reporter:  agent.ReporterAPI,
-			Heartbeat: time.Hour,
-			LogLevel:  "debug",
+			Attempt:    a,
+			Command:    command,
+			Reporter:   agent.ReporterAPI,
+			Heartbeat:  time.Hour,
+			StartRetry: startRetry,
+			LogLevel:   "debug",
 		},
 		Env: append(cred.Env, "WORK="+w.work),
 	})
