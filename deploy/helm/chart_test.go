@@ -294,8 +294,9 @@ func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
 // TestChartTemplateWithTheKubeRunnerGrantsPodCreation: the runner block
 // with its kube block, and pods create in the Role, only when it is on.
 func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
-	objs := render(t, "reaper-system", "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1",
-		"--set", "config.runner.settings.max_parallel=10", "--set", "config.runner.kube.cpu_request=250m")
+	objs := render(t, "reaper-system", append(attemptAPISecrets, "--set", "config.runner.enabled=true",
+		"--set", "config.runner.kube.image=task:1",
+		"--set", "config.runner.settings.max_parallel=10", "--set", "config.runner.kube.cpu_request=250m")...)
 	hcl := configOf(t, objs, "reaper")
 	if want := "runner {\n  max_parallel = 10\n  kube {\n    image = \"task:1\"\n    cpu_request = \"250m\"\n  }\n}"; !strings.Contains(hcl, want) {
 		t.Errorf("want\n%s\nin:\n%s", want, hcl)
@@ -304,12 +305,105 @@ func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
 	if got := strings.Join(role.Rules[0].Verbs, " "); got != "get list watch patch delete create" {
 		t.Errorf("pods verbs %q, want create added", got)
 	}
-	out, err := helm(t, "template", "reaper", chartDir, "--set", "config.runner.enabled=true")
+	out, err := helm(t, append([]string{"template", "reaper", chartDir, "--set", "config.runner.enabled=true"}, attemptAPISecrets...)...)
 	if err == nil || !strings.Contains(out, "config.runner.kube.image") {
 		t.Errorf("a runner without an image: %v\n%s", err, out)
 	}
 	if hcl := configOf(t, render(t, "ns"), "reaper"); strings.Contains(hcl, "runner") {
 		t.Errorf("runner rendered while off:\n%s", hcl)
+	}
+}
+
+// attemptAPISecrets are the values naming the attempt API's certificate
+// and signing-key Secrets, which serving it to the cluster requires.
+var attemptAPISecrets = []string{"--set", "attemptApi.tls.existingSecret=reaper-attempt-api-tls",
+	"--set", "attemptApi.signingKeys.existingSecret=reaper-attempt-api-keys"}
+
+// TestChartTemplateServesTheAttemptAPIToThePodsAtItsServiceURL: with the
+// kube runner on, the attempt API listens off loopback behind a Service of
+// its own, and reaperd advertises that Service's in-cluster https URL (the
+// name its certificate must cover) rather than a loopback address no pod
+// can reach; the certificate, the CA the agents trust and the signing keys
+// come from the operator's Secrets. Off by default.
+func TestChartTemplateServesTheAttemptAPIToThePodsAtItsServiceURL(t *testing.T) {
+	objs := render(t, "reaper-system", append(attemptAPISecrets, "--set", "config.runner.enabled=true",
+		"--set", "config.runner.kube.image=task:1", "--set", "attemptApi.tls.caKey=ca.crt")...)
+	hcl := configOf(t, objs, "reaper")
+	want := `attempt_api {
+  listen           = ":9465"
+  advertise        = "https://reaper-attempt-api.reaper-system.svc:443"
+  tls_cert         = "/etc/reaper-attempt-api/tls/tls.crt"
+  tls_key          = "/etc/reaper-attempt-api/tls/tls.key"
+  tls_ca           = "/etc/reaper-attempt-api/tls/ca.crt"
+  signing_key_file = "/etc/reaper-attempt-api/keys/keys.hcl"
+}`
+	if !strings.Contains(hcl, want) {
+		t.Errorf("want\n%s\nin:\n%s", want, hcl)
+	}
+	svc := convert[corev1.Service](t, find(t, objs, "Service", "reaper-attempt-api"))
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 443 || svc.Spec.Ports[0].TargetPort.StrVal != "attempt-api" {
+		t.Errorf("attempt API Service ports %+v, want 443 to the attempt-api port", svc.Spec.Ports)
+	}
+	dep := convert[appsv1.Deployment](t, find(t, objs, "Deployment", "reaper"))
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("the Service selects %s=%s, which the replicas do not carry (%v)", k, v, dep.Spec.Template.Labels)
+		}
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	port := false
+	for _, p := range c.Ports {
+		port = port || (p.Name == "attempt-api" && p.ContainerPort == 9465)
+	}
+	if !port {
+		t.Errorf("container ports %+v, want attempt-api 9465", c.Ports)
+	}
+	secrets := map[string]string{}
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			secrets[v.Name] = v.Secret.SecretName
+		}
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	for vol, want := range map[string][2]string{
+		"attempt-api-tls":  {"reaper-attempt-api-tls", "/etc/reaper-attempt-api/tls"},
+		"attempt-api-keys": {"reaper-attempt-api-keys", "/etc/reaper-attempt-api/keys"},
+	} {
+		if secrets[vol] != want[0] || mounts[vol] != want[1] {
+			t.Errorf("volume %s: Secret %q at %q, want %q at %q", vol, secrets[vol], mounts[vol], want[0], want[1])
+		}
+	}
+
+	// Asked for without the runner (another scheduler's pods report to it).
+	hcl = configOf(t, render(t, "ns", append(attemptAPISecrets, "--set", "attemptApi.enabled=true")...), "reaper")
+	if !strings.Contains(hcl, `advertise        = "https://reaper-attempt-api.ns.svc:443"`) || strings.Contains(hcl, "tls_ca") {
+		t.Errorf("attempt API asked for alone:\n%s", hcl)
+	}
+	// Off: reaperd keeps its loopback default, no Service.
+	off := render(t, "ns")
+	if hcl := configOf(t, off, "reaper"); strings.Contains(hcl, "attempt_api") {
+		t.Errorf("attempt_api rendered while off:\n%s", hcl)
+	}
+	if strings.Contains(kinds(off), "Service/ns/reaper-attempt-api") {
+		t.Errorf("the attempt API Service rendered while off: %s", kinds(off))
+	}
+}
+
+// TestChartTemplateRefusesTheAttemptAPIWithoutItsSecrets: off loopback the
+// API needs the operator's certificate, and replicas need keys they share.
+func TestChartTemplateRefusesTheAttemptAPIWithoutItsSecrets(t *testing.T) {
+	for missing, set := range map[string]string{
+		"attemptApi.tls.existingSecret":         "attemptApi.signingKeys.existingSecret=keys",
+		"attemptApi.signingKeys.existingSecret": "attemptApi.tls.existingSecret=tls",
+	} {
+		out, err := helm(t, "template", "reaper", chartDir, "--set", "config.runner.enabled=true",
+			"--set", "config.runner.kube.image=task:1", "--set", set)
+		if err == nil || !strings.Contains(out, missing) {
+			t.Errorf("the attempt API without %s: %v\n%s", missing, err, out)
+		}
 	}
 }
 

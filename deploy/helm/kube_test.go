@@ -65,6 +65,11 @@ func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
 	custom := render(t, c.NewNamespace(t), "--values", customValues,
 		"--set", "config.kube.namespace="+c.NewNamespace(t), "--set", "serviceMonitor.enabled=false")
 	apply(t, c, custom)
+	// With the kube runner, so the attempt API's Service and the replicas'
+	// port and Secret volumes too.
+	runner := render(t, c.NewNamespace(t), append(attemptAPISecrets, "--set", "config.runner.enabled=true",
+		"--set", "config.runner.kube.image=task:1", "--set", "attemptApi.tls.caKey=ca.crt")...)
+	apply(t, c, runner)
 
 	if !c.HasControllerManager() {
 		return
@@ -152,7 +157,8 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 				args = append(args, "--set", "config.leader.kind=postgres")
 			}
 			if layout.runner {
-				args = append(args, "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1")
+				args = append(append(args, "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1"),
+					attemptAPISecrets...)
 			}
 			apply(t, c, render(t, release, args...))
 			user := "system:serviceaccount:" + release + ":reaper"

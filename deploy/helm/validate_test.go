@@ -31,8 +31,8 @@ func TestChartConfigurationIsAcceptedByReaperdValidate(t *testing.T) {
 		"defaults":        nil,
 		"custom":          {"--values", customValues},
 		"leader_postgres": {"--set", "config.leader.kind=postgres"},
-		"runner": {"--set", "config.leader.kind=postgres", "--set", "config.runner.enabled=true",
-			"--set", "config.runner.kube.image=task:1", "--set", "config.runner.settings.max_parallel=10"},
+		"runner": append([]string{"--set", "config.leader.kind=postgres", "--set", "config.runner.enabled=true",
+			"--set", "config.runner.kube.image=task:1", "--set", "config.runner.settings.max_parallel=10"}, attemptAPISecrets...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := c.NewNamespace(t)

@@ -89,3 +89,17 @@ template sequences escaped; a number or a bool as is.
 {{- define "reaper.reaperOrder" -}}
 podlost dispatchlost agentlost warmworker orphanrun
 {{- end }}
+
+{{/* "true" when the attempt API is served to the cluster: asked for, or needed by the kube runner's pods. */}}
+{{- define "reaper.attemptApiOn" -}}
+{{- if or .Values.attemptApi.enabled .Values.config.runner.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "reaper.attemptApiService" -}}
+{{- printf "%s-attempt-api" (include "reaper.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The attempt API's URL as the pods reach it: its Service's in-cluster name, which its certificate must cover. */}}
+{{- define "reaper.attemptApiURL" -}}
+{{- printf "https://%s.%s.svc:%d" (include "reaper.attemptApiService" .) .Release.Namespace (int .Values.attemptApi.service.port) }}
+{{- end }}
