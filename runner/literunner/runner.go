@@ -178,7 +178,7 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int6
 		}
 		res, err := r.RunOnceFenced(ctx, now, term)
 		if err != nil && ctx.Err() == nil {
-			r.log.Error("lite runner cycle failed; the next cycle tries again", "error", err)
+			r.steps.CycleFailed(err)
 		}
 		if r.cfg.OnResult != nil {
 			r.cfg.OnResult(res)

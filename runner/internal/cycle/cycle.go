@@ -11,6 +11,7 @@ package cycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -78,6 +79,18 @@ func (d Driver) Decide(t *Tally, level hclog.Level, dec sdk.Decision) {
 		args = append(args, k, v)
 	}
 	d.Log.Log(level, dec.Detail, args...)
+}
+
+// CycleFailed logs a cycle that ended on err: at WARN when its term was
+// deposed mid-cycle (lifecycle.ErrDeposed: the new leader's runner carries
+// on from the board), at ERROR otherwise.
+func (d Driver) CycleFailed(err error) {
+	if errors.Is(err, lifecycle.ErrDeposed) {
+		d.Log.Warn(d.Executor+" runner cycle stopped: its leadership term was deposed; the new leader's runner carries on",
+			"error", err)
+		return
+	}
+	d.Log.Error(d.Executor+" runner cycle failed; the next cycle tries again", "error", err)
 }
 
 // Release walks the task instances waiting for a decision.
