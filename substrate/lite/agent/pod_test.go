@@ -207,6 +207,53 @@ func TestPodModePreStartUnansweredFor2MinutesWritesInfraMarker(t *testing.T) {
 	}
 }
 
+// On Lite the same unanswered start ends differently: the agent gives up
+// after its 2-minute pre-start retry (fake clock) without running the task,
+// reporting anything or writing a record, so its attempt stays queued for
+// the dispatch-lost reaper (test/reapers proves that settle, on the infra
+// rail).
+func TestLiteModePreStartUnansweredFor2MinutesGivesUpReportingNothing(t *testing.T) {
+	p := setupPod(t, `touch "$WORK/ran"`)
+	start := time.Unix(1_700_000_000, 0)
+	p.fake = clock.NewFake(start)
+	p.cfg.Clock = p.fake
+	p.rep.runningErr = func(int) error { return status.Error(codes.Unavailable, "no answer") }
+	done := make(chan result, 1)
+	go func() {
+		out, err := Run(context.Background(), p.cfg, p.rep)
+		done <- result{out, err, time.Now()}
+	}()
+	var r result
+	deadline := time.After(30 * time.Second)
+	for running := true; running; {
+		select {
+		case r = <-done:
+			running = false
+		case <-deadline:
+			t.Fatal("the agent did not give up")
+		case <-time.After(2 * time.Millisecond):
+			if p.fake.Waiters() > 0 {
+				p.fake.Advance(time.Second)
+			}
+		}
+	}
+	if !errors.Is(r.err, ErrStartUnanswered) {
+		t.Fatalf("err %v; want ErrStartUnanswered", r.err)
+	}
+	if waited := p.fake.Now().Sub(start); waited < DefaultStartRetry {
+		t.Fatalf("gave up after %s, before the 2-minute pre-start retry", waited)
+	}
+	if len(p.rep.calls) != 0 {
+		t.Fatalf("reported %v; want nothing", p.rep.calls)
+	}
+	if _, err := os.Stat(p.msgPath); err == nil {
+		t.Fatal("a Lite agent wrote an outcome record")
+	}
+	if _, err := os.Stat(filepath.Join(p.work, "ran")); err == nil {
+		t.Fatal("the task's code ran")
+	}
+}
+
 func TestPodModePreStartAnsweredWithinTheWindowRunsTheTask(t *testing.T) {
 	p := setupPod(t, `true`)
 	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
