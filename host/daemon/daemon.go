@@ -267,8 +267,9 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
-		Credentials: kuberunner.MintedCredentials{Minter: issuer,
-			Recorder: lifecycle.New(d.pool, lifecycle.Options{})},
+		// The mint is recorded through the runner's own writer, fenced by
+		// the cycle's term like its other writes.
+		Credentials:   kuberunner.MintedCredentials{Minter: issuer},
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,

@@ -30,12 +30,28 @@ type MintRecorder interface {
 // (what the credential ceiling and start_expired measure) and hands the
 // pod the token, the API's address and the CA to trust as environment.
 type MintedCredentials struct {
-	Minter   Minter
+	Minter Minter
+	// Recorder records the mint; nil: the runner's own board writer, whose
+	// writes are fenced by the cycle's leadership term (see
+	// Runner.RunOnceFenced).
 	Recorder MintRecorder
+}
+
+// fencedBy returns c with the mint recorded through w when c is a
+// MintedCredentials without a recorder of its own; c otherwise.
+func fencedBy(c Credentials, w MintRecorder) Credentials {
+	if m, ok := c.(MintedCredentials); ok && m.Recorder == nil {
+		m.Recorder = w
+		return m
+	}
+	return c
 }
 
 // Env mints a's credential at now and records it.
 func (m MintedCredentials) Env(ctx context.Context, a sdk.Attempt, now time.Time) ([]corev1.EnvVar, error) {
+	if m.Recorder == nil {
+		return nil, fmt.Errorf("minting the credential of %s: no recorder for its mint time", a)
+	}
 	cred, err := m.Minter.Mint(a, now)
 	if err != nil {
 		return nil, err

@@ -201,7 +201,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 	if err != nil || !ok {
 		return false, err
 	}
-	env, err := r.cfg.Credentials.Env(ctx, a, now)
+	env, err := fencedBy(r.cfg.Credentials, d.W).Env(ctx, a, now)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return false, fmt.Errorf("dispatching %s: %w", a, cerr)

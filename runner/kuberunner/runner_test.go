@@ -565,15 +565,18 @@ func TestMaxParallelBoundsTheQueuedAndRunningAttempts(t *testing.T) {
 // TestDispatchGivesThePodTheAttemptAPICredential: with the attempt API's
 // minter on the seam, a dispatched pod's environment carries the token of
 // its own attempt, the API's address and the CA, and the mint time is
-// recorded on the attempt (what the credential ceiling measures).
+// recorded on the attempt (what the credential ceiling measures), through
+// the runner's own writer when the credentials name no recorder (as
+// reaperd's do), so under the cycle's term fence.
 func TestDispatchGivesThePodTheAttemptAPICredential(t *testing.T) {
 	e := newEnv(t)
 	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
 	api := attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk})
 	cfg := e.config(e.cs)
-	cfg.Credentials = kuberunner.MintedCredentials{Minter: api.Issuer, Recorder: e.w}
-	if res := cycle(t, e.runner(t, cfg), e.clk.Now()); res.Dispatched != 1 {
-		t.Fatalf("dispatched %d, decisions %v", res.Dispatched, labels(res))
+	cfg.Credentials = kuberunner.MintedCredentials{Minter: api.Issuer}
+	res, err := e.runner(t, cfg).RunOnceFenced(context.Background(), e.clk.Now(), e.term)
+	if err != nil || res.Dispatched != 1 {
+		t.Fatalf("dispatched %d, decisions %v, error %v", res.Dispatched, labels(res), err)
 	}
 	ti := e.ti(t, "run-1", "t")
 	p, ok := e.pods(t)[ti.Attempt]
