@@ -151,6 +151,22 @@ func TestWarmWorkerClaim(t *testing.T) {
 		refusedWith(t, err, attemptapi.CodeWrongScope)
 	})
 
+	t.Run("ClaimNeverExtendsACredentialPastItsCeiling", func(t *testing.T) {
+		b := setup(t)
+		a := b.bindWarm(t, "r1", "warm-a")
+		b.clk.Advance(ceiling + ttl/2) // bound, never claimed
+		wc := b.workerClient(t, "warm-a")
+		got, err := wc.Claim(ctx, "warm-a", 1)
+		if err != nil || len(got) != 1 || !got[0].ExpiresAt.Equal(base.Add(ceiling+ttl)) {
+			t.Fatalf("claim past the ceiling: %+v, %v: want the token to lapse one TTL after the ceiling", got, err)
+		}
+		b.clk.Advance(ttl)
+		wc = b.workerClient(t, "warm-a")
+		if got, err := wc.Claim(ctx, "warm-a", 1); err != nil || len(got) != 0 {
+			t.Fatalf("claim of a lapsed credential: %+v, %v: want %s not handed out", got, err, a)
+		}
+	})
+
 	t.Run("ExpiredWorkerTokenCannotClaim", func(t *testing.T) {
 		b := setup(t)
 		b.bindWarm(t, "r1", "warm-a")

@@ -325,14 +325,27 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 		if minted.IsZero() {
 			minted = ti.QueuedAt
 		}
-		tok, err := keys.Sign(attempttoken.Claims{Attempt: ti.Attempt, MintedAt: minted, IssuedAt: c.now,
-			ExpiresAt: c.now.Add(s.cfg.TTL)})
+		// The token never outlives what renewals could have given: past the
+		// ceiling no renewal is made, so the last token lapses one TTL
+		// after it. A credential already lapsed that way is not handed out.
+		expires := c.now.Add(s.cfg.TTL)
+		if s.cfg.Ceiling > 0 {
+			if last := minted.Add(s.cfg.Ceiling + s.cfg.TTL); last.Before(expires) {
+				expires = last
+			}
+		}
+		if !expires.After(c.now) {
+			s.cfg.Logger.Warn("a bound warm attempt's credential is past its ceiling: not handed to its worker",
+				"attempt", ti.Attempt.String(), "worker", c.req.Worker, "minted_at", minted)
+			continue
+		}
+		tok, err := keys.Sign(attempttoken.Claims{Attempt: ti.Attempt, MintedAt: minted, IssuedAt: c.now, ExpiresAt: expires})
 		if err != nil {
 			return Response{}, fmt.Errorf("signing the credential of %s for warm worker %s: %w", ti.Attempt, c.req.Worker, err)
 		}
 		resp.Attempts = append(resp.Attempts, Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
 			Command: ti.Command, ExecutionTimeoutSeconds: int64(ti.ExecutionTimeout / time.Second),
-			Token: tok, ExpiresAt: c.now.Add(s.cfg.TTL)})
+			Token: tok, ExpiresAt: expires})
 	}
 	tok, wc, err := keys.MintWorker(c.req.Worker, c.now, s.cfg.TTL)
 	if err != nil {
