@@ -18,6 +18,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
@@ -256,38 +257,64 @@ func TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted(t *testing.T) {
 }
 
 // TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate: the refill is a loop of
-// its own that waits only for leadership: right after the leadership
-// began (inside the reapers' settling grace) and before the runner's first
-// cycle, the pool is filled.
+// its own that waits only for leadership: while the reapers' settling gate
+// of the same leadership still holds (inside the grace, no sweep yet), and
+// before the runner's first cycle, the pool is filled, and a worker pod
+// deleted then is replaced at the next refill.
 func TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate(t *testing.T) {
 	e := newWarmEnv(t)
 	cfg := e.warmConfig(1)
-	refilled := make(chan kuberunner.RefillResult, 16)
+	refilled := make(chan kuberunner.RefillResult, 64)
 	cfg.OnRefill = func(res kuberunner.RefillResult, _ error) { refilled <- res }
-	cycles := make(chan struct{}, 16)
+	cycles := make(chan struct{}, 64)
 	cfg.OnResult = func(kuberunner.Result) { cycles <- struct{}{} }
 	r := e.runner(t, cfg)
+	l := ladder.Defaults()
 	leaderSince := e.clk.Now()
+	g := gate.New(l.SettlingGrace)
+	g.Lead(e.term, leaderSince)
+	gateHolds := func() {
+		t.Helper()
+		if v := g.Check(e.clk.Now(), true); v.Open || v.Label != sdk.LabelSettlingSkip {
+			t.Fatalf("the settling gate does not hold: %+v", v)
+		}
+	}
+	created := func(what string) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case res := <-refilled:
+				if len(res.Created) == 1 {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("the pool was not %s", what)
+			}
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.Run(ctx, func(now time.Time) bool { return now.Sub(leaderSince) < ladder.Defaults().SettlingGrace })
+		r.Run(ctx, func(time.Time) bool { return true })
 	}()
 	defer func() { cancel(); <-done }()
-	select {
-	case res := <-refilled:
-		if len(res.Created) != 1 {
-			t.Fatalf("first refill %+v", res)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the pool was not refilled")
-	}
+	created("filled")
+	gateHolds()
 	select {
 	case <-cycles:
 		t.Fatal("a runner cycle ran: the fake clock never ticked")
 	default:
 	}
+	names := e.workersRunning(t, 1)
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), names[0], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok })
+	e.clk.Advance(kuberunner.WarmRefillDefault)
+	created("refilled")
+	gateHolds()
 }
 
 // TestWarmAttemptRunsOnAWorkerAndSucceedsEndToEnd: a warm attempt is bound
