@@ -31,8 +31,8 @@ import (
 //     pods that are neither finished nor being deleted: a worker whose pod
 //     is gone, finished or terminating is replaced by a new one, with a new
 //     name and a new worker credential. It never deletes a pod.
-//   - Dispatch binds each scheduled warm attempt to the live worker with
-//     the fewest bound attempts below WarmPool.Slots: queued with the
+//   - Dispatch binds each scheduled warm attempt to the Running worker
+//     with the fewest bound attempts below WarmPool.Slots: queued with the
 //     worker's name (warm_worker), in one write guarded on the attempt's
 //     (state, try, epoch) and its run; the credential's mint time is
 //     recorded then (the dispatch), and the worker claims the attempt
@@ -195,6 +195,10 @@ func BuildWorkerPod(spec WorkerSpec, name string, env []corev1.EnvVar) *corev1.P
 type worker struct {
 	name string
 	live bool // neither finished nor being deleted
+	// running: live and Running, so its worker process is up: only such a
+	// worker is bound new attempts (a Pending pod may wait long for its
+	// node or image, and the attempt's credential would age meanwhile).
+	running bool
 }
 
 // listWorkers lists the pool's pods, live (never a cache).
@@ -209,7 +213,7 @@ func (r *Runner) listWorkers(ctx context.Context) (map[string]worker, error) {
 	out := make(map[string]worker, len(list.Items))
 	for _, p := range list.Items {
 		live := p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
-		out[p.Name] = worker{name: p.Name, live: live}
+		out[p.Name] = worker{name: p.Name, live: live, running: live && p.Status.Phase == corev1.PodRunning}
 	}
 	return out, nil
 }
@@ -343,7 +347,7 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 	}
 	free := 0
 	for _, w := range ws {
-		if w.live {
+		if w.running {
 			free += max(r.warm.Slots-load[w.name], 0)
 		}
 	}
@@ -356,7 +360,7 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 		}
 		name := ""
 		for _, w := range ws {
-			if w.live && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||
+			if w.running && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||
 				(load[w.name] == load[name] && w.name < name)) {
 				name = w.name
 			}

@@ -452,23 +452,45 @@ func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAno
 }
 
 // TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother: an
-// attempt bound to a worker that never started it (here the worker's pod
-// was never placed, then deleted) goes back to scheduled on the warm
-// requeue rail (a new epoch, unbound, no retry or infra budget spent) and
-// then runs on a new worker.
+// attempt bound to a worker that never started it (here a Running worker
+// pod whose process never claims, then deleted) goes back to scheduled on
+// the warm requeue rail (a new epoch, unbound, no retry or infra budget
+// spent) and then runs on a new worker. A Pending worker is bound nothing.
 func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) {
 	e := newWarmEnv(t)
 	cfg := e.warmConfig(1)
-	placed := false // until set, new pods are left unplaced (Pending, never run)
+	mode := "pending" // then "silent" (Running, never claims), then the real worker
 	customize := cfg.Customize
 	cfg.Customize = func(p *corev1.Pod) {
-		if placed {
+		switch mode {
+		case "silent":
+			customize(p)
+			p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = []string{"sleep"}, []string{"1000"}
+		case "worker":
 			customize(p)
 		}
 	}
 	r := e.runner(t, cfg)
 	e.refill(t, r)
 	e.mkWarmRun(t, "run-requeue", lifecycle.NewTask{TaskID: "t", Command: "true"})
+	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 0 || e.ti(t, "run-requeue", "t").State != sdk.StateScheduled {
+		t.Fatalf("cycle %+v: a Pending worker was bound an attempt", res)
+	}
+	for name := range e.workers(t) {
+		if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mode = "silent"
+	waitFor(t, "the silent worker to run", func() bool {
+		e.refill(t, r) // the deleted Pending worker is replaced once it is gone
+		for _, p := range e.workers(t) {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				return true
+			}
+		}
+		return false
+	})
 	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 {
 		t.Fatalf("cycle %+v", res)
 	}
@@ -476,7 +498,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), bound.WarmWorker, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the unplaced worker pod to go", func() bool { _, ok := e.workers(t)[bound.WarmWorker]; return !ok })
+	waitFor(t, "the silent worker pod to go", func() bool { _, ok := e.workers(t)[bound.WarmWorker]; return !ok })
 	e.clk.Advance(time.Second)
 	res := cycle(t, r, e.clk.Now())
 	if res.WarmRequeued != 1 || !slices.Contains(labels(res), sdk.LabelWarmRequeue) {
@@ -487,7 +509,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 		ti.InfraUsed != 0 {
 		t.Fatalf("row %s epoch %d on %q retries %d infra %d", ti.State, ti.Epoch, ti.WarmWorker, ti.Retries, ti.InfraUsed)
 	}
-	placed = true
+	mode = "worker"
 	e.refill(t, r)
 	ti = e.cycleUntil(t, r, "run-requeue", "t", "the requeued attempt to succeed", func(ti board.TaskInstance) bool {
 		return ti.State == sdk.StateSuccess
