@@ -225,7 +225,8 @@ type RefillResult struct {
 }
 
 // Refill creates worker pods until the pool holds WarmPool.Size live ones.
-// A create that fails is logged and tried again at the next refill.
+// A create that fails is returned (joined) and tried again at the next
+// refill.
 func (r *Runner) Refill(ctx context.Context, now time.Time) (RefillResult, error) {
 	if r.cfg.WarmPool == nil {
 		return RefillResult{}, nil
@@ -256,9 +257,7 @@ func (r *Runner) Refill(ctx context.Context, now time.Time) (RefillResult, error
 		r.log.Info("warm pool refilled", "pool", r.warm.Pool, "live", res.Live, "created", res.Created)
 	}
 	if err := errors.Join(errs...); err != nil {
-		r.log.Warn("warm pool refill: worker pods not created; the next refill tries again", "pool", r.warm.Pool,
-			"error", err)
-		return res, err
+		return res, fmt.Errorf("warm pool %s: %d worker pods not created: %w", r.warm.Pool, len(errs), err)
 	}
 	return res, nil
 }
