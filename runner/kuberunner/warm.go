@@ -353,10 +353,7 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 	if free == 0 {
 		return nil
 	}
-	return r.warmSteps.Dispatch(ctx, 0, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
-		if free == 0 {
-			return false, nil
-		}
+	return r.warmSteps.DispatchUpTo(ctx, free, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		name := ""
 		for _, w := range ws {
 			if w.running && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||
@@ -375,7 +372,6 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 			return true, err
 		}
 		load[name]++
-		free--
 		res.WarmBound++
 		return true, nil
 	})
