@@ -327,6 +327,7 @@ func TestWarmAttemptRunsOnAWorkerAndSucceedsEndToEnd(t *testing.T) {
 	e.refill(t, r)
 	names := e.workersRunning(t, 1)
 	e.mkWarmRun(t, "run-warm", lifecycle.NewTask{TaskID: "hello", Command: "echo warm hello"})
+	start := time.Now()
 	res := cycle(t, r, e.clk.Now())
 	if res.WarmBound != 1 {
 		t.Fatalf("cycle %+v: want one warm attempt bound", res)
@@ -341,6 +342,8 @@ func TestWarmAttemptRunsOnAWorkerAndSucceedsEndToEnd(t *testing.T) {
 	if ti.RunningAt.IsZero() {
 		t.Fatalf("row %+v: never reported running", ti)
 	}
+	t.Logf("bind to success through a warm worker: %s (poll %s, wall clock, under load)", time.Since(start).Round(time.Millisecond),
+		100*time.Millisecond)
 	cycle(t, r, e.clk.Now())
 	if run, err := e.w.Run(context.Background(), "run-warm"); err != nil || run.State != sdk.RunSuccess {
 		t.Fatalf("run %s (%v)", run.State, err)

@@ -107,6 +107,14 @@ func run(args []string) (code int) {
 		Output:     os.Stderr,
 	})
 
+	if inv.Mode == agent.ModeWorker {
+		// A worker keeps no journal of its own: it is no one attempt's agent.
+		signal.Ignore(syscall.SIGHUP)
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return runWorker(ctx, inv, log, os.Getenv)
+	}
+
 	// The journal, off unless the environment names its directory.
 	var journal *agent.Journal
 	if jdir := os.Getenv(agent.JournalDirEnv); jdir != "" {
@@ -124,9 +132,6 @@ func run(args []string) (code int) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	if inv.Mode == agent.ModeWorker {
-		return runWorker(ctx, inv, log, os.Getenv)
-	}
 	if inv.GateFD > 0 {
 		if err := awaitGoAhead(inv.GateFD); err != nil {
 			log.Error("no go-ahead from the spawner: not running the task", "error", err)
