@@ -20,7 +20,7 @@ func TestWorkerPodCarriesTheWatchdogAndNoDeadline(t *testing.T) {
 		ceiling time.Duration
 		want    string // the -watchdog flag, "" for none
 	}{
-		"CeilingIsTheWatchdog":        {ceiling: time.Hour, want: "-watchdog=1h0m0s"},
+		"CeilingIsTheWatchdog":         {ceiling: time.Hour, want: "-watchdog=1h0m0s"},
 		"NonPositiveCeilingDisablesIt": {ceiling: -1, want: ""},
 		"ZeroCeilingDisablesIt":        {ceiling: 0, want: ""},
 	} {
