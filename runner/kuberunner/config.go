@@ -171,7 +171,7 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("dispatch unavailable window %s: must not be negative", c.DispatchUnavailableWindow))
 	}
 	if c.WarmPool != nil {
-		p, err := c.WarmPool.withDefaults()
+		p, err := c.WarmPool.withDefaults(c.Ladder.DispatchLost)
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -68,6 +68,9 @@ type Runner struct {
 	// The warm pool's (set when Config.WarmPool is).
 	warm      WorkerSpec
 	warmSteps cycle.Driver
+	// shunned: live workers that left an attempt unclaimed, bound nothing
+	// until the time given. Read and written by the cycle only.
+	shunned map[string]time.Time
 }
 
 // New checks the configuration.
@@ -96,6 +99,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		r.warm = warmSpec(cfg, r.spec)
 		r.warmSteps = r.steps
 		r.warmSteps.Executor = sdk.ExecutorWarm
+		r.shunned = map[string]time.Time{}
 	}
 	return r, nil
 }

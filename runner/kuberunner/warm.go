@@ -38,7 +38,9 @@ import (
 //     recorded then (the dispatch), and the worker claims the attempt
 //     through the attempt API.
 //   - Requeue: a queued (never started) attempt bound to a worker whose
-//     pod is terminating, finished or gone goes back to scheduled on the
+//     pod is terminating, finished or gone, or to a live worker that has
+//     not started it within WarmPool.UnclaimedAfter (the worker is then
+//     bound nothing for as long again), goes back to scheduled on the
 //     warm requeue rail (a new epoch, the heartbeat and the binding
 //     cleared), decision warm_requeue. A running attempt is never moved
 //     here: if its worker's pod vanished, the warm-worker-lost reaper fails
@@ -83,6 +85,11 @@ type WarmPool struct {
 	// Credentials mints a worker's credential at its pod's creation.
 	// Default: none (the worker cannot claim; tests of the pod's shape).
 	Credentials WorkerCredentials
+	// UnclaimedAfter is how long an attempt may stay bound to a live
+	// worker without being started before it is requeued and the worker
+	// is bound nothing for as long again. Default: the ladder's
+	// dispatch_lost (3 min).
+	UnclaimedAfter time.Duration
 }
 
 // WorkerCredentials gives a warm worker pod its worker credential.
@@ -120,7 +127,7 @@ func envVars(kvs []string) []corev1.EnvVar {
 	return env
 }
 
-func (p WarmPool) withDefaults() (WarmPool, error) {
+func (p WarmPool) withDefaults(dispatchLost time.Duration) (WarmPool, error) {
 	if p.Name == "" {
 		p.Name = WarmPoolNameDefault
 	}
@@ -133,12 +140,18 @@ func (p WarmPool) withDefaults() (WarmPool, error) {
 	if p.Refill == 0 {
 		p.Refill = WarmRefillDefault
 	}
+	if p.UnclaimedAfter == 0 {
+		p.UnclaimedAfter = dispatchLost
+		if p.UnclaimedAfter <= 0 {
+			p.UnclaimedAfter = ladder.Defaults().DispatchLost
+		}
+	}
 	var errs []error
 	if p.Size <= 0 {
 		errs = append(errs, fmt.Errorf("warm pool size %d: must be positive", p.Size))
 	}
-	if p.Slots < 0 || p.Poll < 0 || p.Refill < 0 {
-		errs = append(errs, errors.New("warm pool slots, poll and refill must be positive"))
+	if p.Slots < 0 || p.Poll < 0 || p.Refill < 0 || p.UnclaimedAfter < 0 {
+		errs = append(errs, errors.New("warm pool slots, poll, refill and unclaimed-after must be positive"))
 	}
 	if name := namePart(p.Name, 63); name != p.Name {
 		errs = append(errs, fmt.Errorf("warm pool name %q: must be a label value of [a-z0-9-]", p.Name))
@@ -328,12 +341,17 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 			return err
 		}
 		for _, ti := range page {
-			if ws[ti.WarmWorker].live {
+			w := ws[ti.WarmWorker]
+			unclaimed := w.live && ti.State == sdk.StateQueued && now.Sub(ti.QueuedAt) >= r.cfg.WarmPool.UnclaimedAfter
+			if w.live && !unclaimed {
 				load[ti.WarmWorker]++
 				continue
 			}
 			if ti.State == sdk.StateQueued {
-				if err := r.warmRequeue(ctx, ti, ws[ti.WarmWorker], now, res); err != nil {
+				if unclaimed {
+					r.shunned[w.name] = now.Add(r.cfg.WarmPool.UnclaimedAfter)
+				}
+				if err := r.warmRequeue(ctx, ti, w, now, res); err != nil {
 					return err
 				}
 			}
@@ -344,9 +362,15 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 		last := page[len(page)-1]
 		after = &lifecycle.Key{RunID: last.RunID, TaskID: last.TaskID}
 	}
+	for name, until := range r.shunned {
+		if _, ok := ws[name]; !ok || !now.Before(until) {
+			delete(r.shunned, name)
+		}
+	}
+	bindable := func(w worker) bool { _, shunned := r.shunned[w.name]; return w.running && !shunned }
 	free := 0
 	for _, w := range ws {
-		if w.running {
+		if bindable(w) {
 			free += max(r.warm.Slots-load[w.name], 0)
 		}
 	}
@@ -356,7 +380,7 @@ func (r *Runner) warmDispatch(ctx context.Context, now time.Time, res *Result) e
 	return r.warmSteps.DispatchUpTo(ctx, free, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		name := ""
 		for _, w := range ws {
-			if w.running && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||
+			if bindable(w) && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||
 				(load[w.name] == load[name] && w.name < name)) {
 				name = w.name
 			}
@@ -382,12 +406,18 @@ func (r *Runner) warmRequeue(ctx context.Context, ti board.TaskInstance, w worke
 	if err != nil {
 		return err
 	}
-	why := "gone"
-	if w.name != "" {
+	why, detail := "gone", "its warm worker's pod is gone and never started it: offered again"
+	switch {
+	case w.live:
+		why = "live"
+		detail = "its warm worker did not start it within " + ladder.Format(r.cfg.WarmPool.UnclaimedAfter) +
+			": offered again, and the worker is bound nothing for as long"
+	case w.name != "":
 		why = "finished or being deleted"
+		detail = "its warm worker's pod is finished or being deleted and never started it: offered again"
 	}
-	ev := map[string]string{"warm_worker": ti.WarmWorker, "worker_pod": why}
-	detail := "its warm worker's pod is " + why + " and never started it: offered again"
+	ev := map[string]string{"warm_worker": ti.WarmWorker, "worker_pod": why,
+		"queued_at": ti.QueuedAt.UTC().Format(time.RFC3339)}
 	if rel.Applied {
 		res.WarmRequeued++
 		ev["next"] = rel.Attempt.String()

@@ -521,3 +521,80 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 		t.Fatalf("succeeded on epoch %d", ti.Epoch)
 	}
 }
+
+// TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned:
+// a Running worker that does not start the attempt bound to it within the
+// dispatch-lost threshold (here a worker process that never claims) has it
+// requeued on the warm requeue rail, and is bound nothing for as long
+// again: the attempt runs on another worker.
+func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *testing.T) {
+	e := newWarmEnv(t)
+	cfg := e.warmConfig(2)
+	n := 0
+	customize := cfg.Customize
+	cfg.Customize = func(p *corev1.Pod) {
+		n++
+		switch n {
+		case 1: // placed, Running, never claims
+			customize(p)
+			p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = []string{"sleep"}, []string{"1000"}
+		case 2: // left Pending: bound nothing
+		default:
+			customize(p)
+		}
+	}
+	r := e.runner(t, cfg)
+	e.refill(t, r)
+	var silent string
+	waitFor(t, "the silent worker to run", func() bool {
+		for name, p := range e.workers(t) {
+			if p.Status.Phase == corev1.PodRunning {
+				silent = name
+				return true
+			}
+		}
+		return false
+	})
+	e.mkWarmRun(t, "run-unclaimed", lifecycle.NewTask{TaskID: "t", Command: "true"})
+	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 || e.ti(t, "run-unclaimed", "t").WarmWorker != silent {
+		t.Fatalf("cycle %+v: want the attempt bound to the silent worker %s", res, silent)
+	}
+	e.clk.Advance(ladder.Defaults().DispatchLost - time.Second)
+	if res := cycle(t, r, e.clk.Now()); res.WarmRequeued != 0 {
+		t.Fatalf("requeued inside the threshold: %+v", res)
+	}
+	e.clk.Advance(time.Second)
+	res := cycle(t, r, e.clk.Now())
+	if res.WarmRequeued != 1 || res.WarmBound != 0 {
+		t.Fatalf("cycle %+v %v: want the attempt requeued and not bound to the shunned worker again", res, labels(res))
+	}
+	for _, d := range res.Decisions {
+		if d.Label == sdk.LabelWarmRequeue && (d.Evidence["worker_pod"] != "live" || d.Evidence["warm_worker"] != silent) {
+			t.Fatalf("decision evidence %v", d.Evidence)
+		}
+	}
+	for name, p := range e.workers(t) {
+		if p.Status.Phase == corev1.PodPending {
+			if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, "a claiming worker to run", func() bool {
+		e.refill(t, r)
+		_, _, ok := e.player.Process(silent)
+		running := 0
+		for _, p := range e.workers(t) {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running++
+			}
+		}
+		return ok && running == 2
+	})
+	ti := e.cycleUntil(t, r, "run-unclaimed", "t", "the requeued attempt to succeed elsewhere", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.WarmWorker == silent || ti.Epoch != 1 {
+		t.Fatalf("succeeded on %s at epoch %d: want another worker than %s, epoch 1", ti.WarmWorker, ti.Epoch, silent)
+	}
+}
