@@ -25,11 +25,15 @@ func (w *Writer) BoundTo(ctx context.Context, worker string, limit int) ([]board
 	if worker == "" {
 		return nil, fmt.Errorf("board: list the attempts bound to a warm worker: no worker named")
 	}
+	// Every worker asks every poll: the queued attempts are read through
+	// the queued_at candidate index (state first), not the working set of
+	// every running run.
 	sql := `SELECT ` + board.TaskInstanceColumns + ` FROM (
-    SELECT ti.* ` + workingSet + ` AND ti.state = 'queued' AND ti.warm_worker = $4
+    SELECT ti.* FROM task_instances ti JOIN runs r ON r.run_id = ti.run_id
+    WHERE ti.state = 'queued' AND ti.executor = $1 AND ti.warm_worker = $2 AND r.state = 'running'
     ORDER BY ti.queued_at, ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 ) page ORDER BY queued_at, run_id, task_id`
-	return w.collect(ctx, "the attempts bound to warm worker "+worker, sql, sdk.ExecutorWarm, nil, nil, worker)
+	return w.collect(ctx, "the attempts bound to warm worker "+worker, sql, sdk.ExecutorWarm, worker)
 }
 
 // ListWarmBound returns one page of the queued and running warm attempts
