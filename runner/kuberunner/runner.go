@@ -22,7 +22,11 @@
 //     (dispatch_unavailable_exhausted, ERROR). A create refused fails as
 //     dispatch_failed at once. dispatch_failed is terminal and spends no
 //     retry: a clear starts the task over.
-//  4. finalize: a running run whose task instances are all settled ends.
+//  4. warm (with Config.WarmPool): the task instances of executor warm
+//     through the same release and schedule steps, then requeued off
+//     workers that will not start them and bound to live ones (see
+//     warm.go; the pool's refill is a loop of its own in Run).
+//  5. finalize: a running run whose task instances are all settled ends.
 //
 // A create whose answer was lost may have made its pod anyway. Offering the
 // task again moves it to a new epoch, so that pod's agent is refused at its
