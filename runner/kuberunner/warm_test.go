@@ -128,7 +128,11 @@ func (e *warmEnv) warmConfig(size int) kuberunner.Config {
 	cfg.Heartbeat = 200 * time.Millisecond
 	cfg.TerminationGrace = time.Second
 	cfg.Credentials = kuberunner.MintedCredentials{Minter: e.api.Issuer, Recorder: e.w}
-	cfg.WarmPool = &kuberunner.WarmPool{Size: size, Poll: 100 * time.Millisecond,
+	// The fake clock runs ahead of the workers' real time (a second per
+	// cycle of cycleUntil): the unclaimed requeue is left out unless a test
+	// sets it, so a worker slowed by a loaded machine is not taken for a
+	// wedged one.
+	cfg.WarmPool = &kuberunner.WarmPool{Size: size, Poll: 100 * time.Millisecond, UnclaimedAfter: 24 * time.Hour,
 		Credentials: kuberunner.MintedWorkerCredentials{Minter: e.api.Issuer}}
 	cfg.Customize = func(p *corev1.Pod) {
 		p.Spec.NodeName = e.node
@@ -198,7 +202,7 @@ func (e *warmEnv) cycleUntil(t *testing.T, r *kuberunner.Runner, runID, taskID, 
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(120 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -530,6 +534,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *testing.T) {
 	e := newWarmEnv(t)
 	cfg := e.warmConfig(2)
+	cfg.WarmPool.UnclaimedAfter = 0 // the default: the ladder's dispatch_lost
 	n := 0
 	customize := cfg.Customize
 	cfg.Customize = func(p *corev1.Pod) {
