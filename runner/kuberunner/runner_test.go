@@ -90,8 +90,15 @@ func (e *env) runner(t *testing.T, cfg kuberunner.Config) *kuberunner.Runner {
 
 func (e *env) mkRun(t *testing.T, runID string, tasks ...lifecycle.NewTask) {
 	t.Helper()
+	e.mkRunOf(t, sdk.ExecutorKube, runID, tasks...)
+}
+
+// mkRunOf creates a running run of tasks of executor (the command "true"
+// unless given).
+func (e *env) mkRunOf(t *testing.T, executor, runID string, tasks ...lifecycle.NewTask) {
+	t.Helper()
 	for i := range tasks {
-		tasks[i].Executor = sdk.ExecutorKube
+		tasks[i].Executor = executor
 		if tasks[i].Command == "" {
 			tasks[i].Command = "true"
 		}
