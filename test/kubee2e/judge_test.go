@@ -25,6 +25,9 @@ type fault struct {
 	// none: the fault must be ridden out with no reap at all (an outage
 	// that harms nothing); its figure is the time to settle.
 	none bool
+	// label, when set, is the decision that answers the fault, whoever
+	// makes it (the runner's dispatch_failed, the sweep's settlement).
+	label string
 
 	reapAt   time.Time
 	deadline time.Time
@@ -78,10 +81,16 @@ func (s *scenario) decisions() ([]decision, error) {
 // reapers are the plugins whose applied decisions are reaps.
 var reapers = map[string]bool{"dispatchlost": true, "podlost": true, "agentlost": true, "warmworker": true, "orphanrun": true}
 
+// settles reports whether d settles a harmed attempt: a reaper's mark, or
+// the sweep's settlement of its finished pod.
+func settles(d decision) bool {
+	return reapers[d.Reaper] || d.Label == sdk.LabelReconcileSettled
+}
+
 // reapOf is the first applied reap of f's target.
 func reapOf(ds []decision, f *fault) *decision {
 	for i, d := range ds {
-		if !d.Applied || !reapers[d.Reaper] {
+		if !d.Applied || (f.label == "" && !settles(d)) || (f.label != "" && d.Label != f.label) {
 			continue
 		}
 		if (f.run && d.Attempt.TaskID == "" && d.Attempt.RunID == runID) || (!f.run && d.Attempt == f.target) {
@@ -186,7 +195,7 @@ func (s *scenario) finish() {
 		if l.doubles > 0 {
 			s.t.Errorf("task %s: %d executions ran while another did", ts.id, l.doubles)
 		}
-		if !ts.victim && !ts.replaced && ts.try <= 1 && ts.want == "" {
+		if !ts.replaced && ts.try <= 1 && ts.want == "" {
 			if ti.infra != 0 || l.starts != 1 || l.ends != 1 {
 				s.t.Errorf("task %s was not harmed but ran %d times (%d ends), infra used %d",
 					ts.id, l.starts, l.ends, ti.infra)
@@ -221,6 +230,15 @@ func (s *scenario) finish() {
 		s.t.Fatal(err)
 	}
 	falseReaps := s.falseReaps(ds)
+	marks := map[sdk.Attempt]int{}
+	for _, d := range ds {
+		if d.Applied && reapers[d.Reaper] && d.Attempt.TaskID != "" {
+			marks[d.Attempt]++
+			if marks[d.Attempt] == 2 {
+				s.t.Errorf("%s was reaped twice (again by %s as %s in term %d)", d.Attempt, d.Reaper, d.Label, d.Term)
+			}
+		}
+	}
 	s.evaluate(ds, settled)
 	s.row.set(s.faults, falseReaps, doubles, len(wedged), time.Since(s.started))
 }

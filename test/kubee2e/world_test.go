@@ -19,11 +19,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -638,4 +641,69 @@ func markedProcesses(mark string) []markedProcess {
 		out = append(out, markedProcess{pid: pid, cmdline: strings.ReplaceAll(string(cmd), "\x00", " ")})
 	}
 	return out
+}
+
+// evict evicts a pod through the Eviction API, as a drain does: the
+// disruption controller's DisruptionTarget, then its deletion.
+func (s *scenario) evict(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	if err := s.cs.PolicyV1().Evictions(s.ns).Evict(ctx, &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Name: p.Name, Namespace: s.ns},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}},
+	}); err != nil {
+		s.t.Fatalf("evict pod %s: %v", p.Name, err)
+	}
+}
+
+// preempt plays the scheduler preempting a pod: its DisruptionTarget
+// condition with reason PreemptionByScheduler through the status
+// subresource, then a graceful delete.
+func (s *scenario) preempt(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Conditions = append(cur.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget,
+			Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler", LastTransitionTime: metav1.Now(),
+			Message: "kubee2e: preempted by a pod of higher priority"})
+		_, err = s.cs.CoreV1().Pods(s.ns).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		s.t.Fatalf("mark pod %s preempted: %v", p.Name, err)
+	}
+	if err := s.cs.CoreV1().Pods(s.ns).Delete(ctx, p.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil {
+		s.t.Fatalf("delete the preempted pod %s: %v", p.Name, err)
+	}
+}
+
+// oomKill asks the player to OOM-kill a pod's task container.
+func (s *scenario) oomKill(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.AnnotationOOMKill + `":"true"}}}`)
+	if _, err := s.cs.CoreV1().Pods(s.ns).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		s.t.Fatalf("annotate pod %s for the OOM kill: %v", p.Name, err)
+	}
+}
+
+// agentOf finds the agent process of task's attempt a.
+func (s *scenario) agentOf(a sdk.Attempt) int {
+	s.t.Helper()
+	for _, p := range markedProcesses(s.mark) {
+		if strings.Contains(p.cmdline, "reaper-agent") && strings.Contains(p.cmdline, "-task="+a.TaskID+" ") &&
+			strings.Contains(p.cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
+			return p.pid
+		}
+	}
+	s.t.Fatalf("no agent process of %s", a)
+	return 0
 }
