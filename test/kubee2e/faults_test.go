@@ -48,6 +48,7 @@ var scenarios = []struct {
 	{"PodCreateRefusedFailsTheDispatchAtOnce", createRefused},
 	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
 	{"LeaderKilledTheNewLeaderReapsOnceAfterItsGate", leaderKilled},
+	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 }
 
 // A running attempt's pod is deleted: the agent dies with it, the pod is
