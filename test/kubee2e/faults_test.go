@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
@@ -20,33 +22,48 @@ import (
 // TestKubeFaultSuite runs every scenario side by side on the shared
 // cluster (the API server outage on a cluster of its own) and prints the
 // figures table.
+//
+// The scenarios mostly wait (for thresholds, pods, processes), so they run
+// concurrently whatever -parallel says: each is a subtest run from a
+// goroutine of its own (which testing allows), at most concurrentScenarios
+// at once.
 func TestKubeFaultSuite(t *testing.T) {
 	start := time.Now()
 	c := kubetest.Current(t)
-	t.Run("scenarios", func(t *testing.T) {
-		for _, sc := range scenarios {
-			t.Run(sc.name, func(t *testing.T) {
-				t.Parallel()
-				sc.run(t, c)
-			})
-		}
-	})
+	slots := make(chan struct{}, concurrentScenarios)
+	var wg sync.WaitGroup
+	for _, sc := range scenarios {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			t.Run(sc.name, func(t *testing.T) { sc.run(t, c) })
+		}()
+	}
+	wg.Wait()
 	t.Log(book.table(time.Since(start)))
 }
 
-// scenarios are the suite's, numbered in the table by their place here.
+// concurrentScenarios bounds the scenarios running at once (each runs two
+// reaperd with their plugins, agents and tasks).
+const concurrentScenarios = 6
+
+// scenarios are the suite's; each numbers its own line of the table.
 var scenarios = []struct {
 	name string
 	run  func(*testing.T, *kubetest.Cluster)
 }{
-	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", podDeleted},
+	// The longest first: they set the suite's wall time.
 	{"NodeLostItsPodsGoneAreReapedAndRePlaced", nodeLost},
+	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
+	{"RunWhoseEveryPodVanishedWithItsSchedulerGoneIsAnOrphanRun", orphanedRun},
+	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", podDeleted},
 	{"EvictionThroughTheEvictionAPIIsAnInfraFailure", evicted},
 	{"PreemptionIsAnInfraFailure", preempted},
 	{"OOMKilledContainerIsATaskFailureThatSpendsARetry", oomKilled},
 	{"SuccessWhoseReportWasLostInAnOutageIsOverriddenNotReRun", reportLost},
 	{"PodCreateRefusedFailsTheDispatchAtOnce", createRefused},
-	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
 	{"LeaderKilledTheNewLeaderReapsOnceAfterItsGate", leaderKilled},
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 }
@@ -117,8 +134,11 @@ func evicted(t *testing.T, c *kubetest.Cluster) {
 	s.submit(victim("victim"), bystander("bystander"))
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
-	f := s.harm("pod evicted", a, max(agentLost, podLostFloor))
 	s.evict(p)
+	// The fault counts from the pod's going: an evicted pod is deleted
+	// with its grace, and until it is gone its agent may still run.
+	s.podGone(p.Name, 30*time.Second)
+	f := s.harm("pod evicted (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
 	s.finish()
 }
@@ -132,8 +152,9 @@ func preempted(t *testing.T, c *kubetest.Cluster) {
 	s.submit(victim("victim"), bystander("bystander"))
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
-	f := s.harm("pod preempted", a, max(agentLost, podLostFloor))
 	s.preempt(p)
+	s.podGone(p.Name, 30*time.Second)
+	f := s.harm("pod preempted (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
 	s.finish()
 }
@@ -289,4 +310,37 @@ func hasRecord(dir string, outcome podrecord.Outcome) bool {
 		}
 	}
 	return false
+}
+
+// The scheduler is gone (the replicas restarted without the runner, the
+// reapers and the attempt API still up) and then every pod of the run
+// vanishes; its tasks have no infra budget, so nothing will re-place them.
+// Each attempt is reaped pod_lost; once the valve has passed, the run has
+// nothing live and no activity, and orphanrun fails it.
+func orphanedRun(t *testing.T, c *kubetest.Cluster) {
+	s := newScenario(t, 11, "every pod of a run vanished (orphan run)", c)
+	s.infraBudget = lifecycle.NoInfraBudget
+	s.pair()
+	gone := taskSpec{victim: true, want: sdk.StateFailed}
+	a1, b1 := gone, gone
+	a1.id, b1.id = "a", "b"
+	s.submit(a1, b1)
+	a, pa := s.waitRunning("a")
+	b, pb := s.waitRunning("b")
+	for _, d := range s.daemons {
+		d.stop(20 * time.Second)
+	}
+	s.noRunner = true
+	s.pair()
+	fa := s.harm("pod a vanished", a, max(agentLost, podLostFloor))
+	fb := s.harm("pod b vanished", b, max(agentLost, podLostFloor))
+	s.deletePod(pa)
+	s.deletePod(pb)
+	s.runHarm = true
+	fr := &fault{what: "run orphaned", at: time.Now(), run: true, threshold: orphanRun}
+	s.faults = append(s.faults, fr)
+	s.waitReaped(fa, time.Minute)
+	s.waitReaped(fb, time.Minute)
+	s.waitReaped(fr, 2*time.Minute)
+	s.finish()
 }

@@ -115,6 +115,8 @@ type scenario struct {
 
 	dir, taskDir, release, apiListen, dsn string
 	retries                               int
+	noRunner                              bool  // the scheduler is gone: replicas start without the runner
+	infraBudget                           int32 // the tasks' (0: the default)
 	pool                                  *pgxpool.Pool
 	store                                 *board.Store
 
@@ -248,10 +250,20 @@ func (s *scenario) bind(ctx context.Context) {
 
 // config writes the kube edition's configuration (the Kubernetes Lease,
 // the kube substrate, the kube runner, the five reapers) and returns its
-// path.
+// path. With noRunner set (a scheduler gone, the reapers left), the
+// replicas started from then on run no runner.
 func (s *scenario) config() string {
 	s.t.Helper()
-	path := filepath.Join(s.dir, "reaperd.hcl")
+	name, runner := "reaperd.hcl", fmt.Sprintf(`runner {
+  interval = %q
+  kube {
+    image = "reaper-kubee2e"
+  }
+}`, runnerTick)
+	if s.noRunner {
+		name, runner = "reaperd-no-runner.hcl", ""
+	}
+	path := filepath.Join(s.dir, name)
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
@@ -298,15 +310,10 @@ substrate "kube" {
   kubeconfig = %q
 }
 
-runner {
-  interval = %q
-  kube {
-    image = "reaper-kubee2e"
-  }
-}
+%s
 
 %s`, binDir, s.dsn, s.ns, s.c.Kubeconfig(), lease, interval, heartbeat, agentLost, grace, dispatchLost, podLostFloor,
-		orphanRun, valve, podGrace, s.apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runnerTick,
+		orphanRun, valve, podGrace, s.apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runner,
 		kubeReapers)
 	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
 		s.t.Fatal(err)
@@ -496,7 +503,7 @@ func (s *scenario) submit(tasks ...taskSpec) {
 	run := lifecycle.NewRun{RunID: runID, DagID: "kubee2e", State: sdk.RunRunning}
 	for _, ts := range tasks {
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: sdk.ExecutorKube,
-			Retries: int32(s.retries), Command: s.command(ts)})
+			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts)})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
