@@ -68,23 +68,6 @@ var scenarios = []struct {
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 }
 
-// A running attempt's pod is deleted: the agent dies with it, the pod is
-// gone, and the attempt is reaped on the infra rail and re-placed on a new
-// epoch that succeeds; the bystander is untouched.
-func podDeleted(t *testing.T, c *kubetest.Cluster) {
-	s := newScenario(t, 1, "pod deleted under a running attempt", c)
-	s.startDaemon()
-	s.startDaemon()
-	s.leader(30 * time.Second)
-	s.submit(victim("victim"), bystander("bystander"))
-	a, p := s.waitRunning("victim")
-	s.waitRunning("bystander")
-	f := s.harm("pod deleted", a, max(agentLost, podLostFloor))
-	s.deletePod(p)
-	s.waitReaped(f, time.Minute)
-	s.finish()
-}
-
 // pair starts the scenario's two replicas and waits for a leader.
 func (s *scenario) pair() *daemon {
 	s.startDaemon()
@@ -125,36 +108,40 @@ func nodeLost(t *testing.T, c *kubetest.Cluster) {
 	s.finish()
 }
 
+// A running attempt's pod is deleted: the agent dies with it, the pod is
+// gone, and the attempt is reaped on the infra rail and re-placed on a new
+// epoch that succeeds; the bystander is untouched.
+func podDeleted(t *testing.T, c *kubetest.Cluster) {
+	podHarmed(t, newScenario(t, 1, "pod deleted under a running attempt", c), "pod deleted", (*scenario).deletePod)
+}
+
 // A running attempt's pod is evicted through the Eviction API: it is
 // settled on the infra rail (the disruption, or the pod gone) and re-placed;
 // no retry is spent.
 func evicted(t *testing.T, c *kubetest.Cluster) {
-	s := newScenario(t, 3, "eviction (Eviction API)", c)
-	s.pair()
-	s.submit(victim("victim"), bystander("bystander"))
-	a, p := s.waitRunning("victim")
-	s.waitRunning("bystander")
-	s.evict(p)
-	// The fault counts from the pod's going: an evicted pod is deleted
-	// with its grace, and until it is gone its agent may still run.
-	s.podGone(p.Name, 30*time.Second)
-	f := s.harm("pod evicted (gone)", a, max(agentLost, podLostFloor))
-	s.waitReaped(f, time.Minute)
-	s.finish()
+	podHarmed(t, newScenario(t, 3, "eviction (Eviction API)", c), "pod evicted", (*scenario).evict)
 }
 
 // A running attempt's pod is preempted (the DisruptionTarget condition of
 // reason PreemptionByScheduler, then deleted, played as the scheduler
 // would): an infra failure, re-placed, no retry spent.
 func preempted(t *testing.T, c *kubetest.Cluster) {
-	s := newScenario(t, 4, "preemption (played)", c)
+	podHarmed(t, newScenario(t, 4, "preemption (played)", c), "pod preempted", (*scenario).preempt)
+}
+
+// podHarmed runs a victim and a bystander, harms the victim's running pod
+// with harm, and checks the victim is reaped and re-placed. The fault
+// counts from the pod's going: a pod deleted with its grace may still run
+// its agent until then.
+func podHarmed(t *testing.T, s *scenario, what string, harm func(*scenario, *corev1.Pod)) {
+	t.Helper()
 	s.pair()
 	s.submit(victim("victim"), bystander("bystander"))
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
-	s.preempt(p)
+	harm(s, p)
 	s.podGone(p.Name, 30*time.Second)
-	f := s.harm("pod preempted (gone)", a, max(agentLost, podLostFloor))
+	f := s.harm(what+" (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
 	s.finish()
 }

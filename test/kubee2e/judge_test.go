@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -46,36 +47,13 @@ func (s *scenario) harm(what string, a sdk.Attempt, threshold time.Duration) *fa
 }
 
 // decision is one audit row.
-type decision struct {
-	At      time.Time
-	Term    int64
-	Reaper  string
-	Label   string
-	Applied bool
-	Detail  string
-	Attempt sdk.Attempt
-}
+type decision = board.AuditRecord
 
+// decisions reads the audit of the scenario's run, oldest first.
 func (s *scenario) decisions() ([]decision, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT at, term, reaper, label, applied, detail, coalesce(run_id, ''),
-	        coalesce(task_id, ''), coalesce(try_number, 0), coalesce(attempt_epoch, 0)
-	   FROM reap_decisions ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []decision
-	for rows.Next() {
-		var d decision
-		if err := rows.Scan(&d.At, &d.Term, &d.Reaper, &d.Label, &d.Applied, &d.Detail,
-			&d.Attempt.RunID, &d.Attempt.TaskID, &d.Attempt.Try, &d.Attempt.Epoch); err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, rows.Err()
+	return s.store.DecisionsFor(ctx, runID, "", 0)
 }
 
 // reapers are the plugins whose applied decisions are reaps.

@@ -2,7 +2,6 @@ package kubee2e_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,43 +24,6 @@ import (
 // unavailableTick is the in-process runner's interval: the fake clock
 // moves a tick at a time across the 15 minutes.
 const unavailableTick = 30 * time.Second
-
-// inProcessConfig is the kube edition with the Postgres lease (a fake
-// clock cannot drive a Kubernetes Lease's real renew deadlines), the
-// specification's ladder, and the runner on unavailableTick.
-const inProcessConfig = `edition    = "kube"
-plugin_dir = %q
-
-store {
-  dsn = %q
-}
-
-leader "postgres" {
-  lease = "24h"
-}
-
-telemetry {
-  listen = "127.0.0.1:0"
-}
-
-attempt_api {
-  listen    = %q
-  state_dir = %q
-}
-
-substrate "kube" {
-  namespace  = %q
-  kubeconfig = %q
-}
-
-runner {
-  interval = %q
-  kube {
-    image = "reaper-kubee2e"
-  }
-}
-
-%s`
 
 // Every pod create in the scenario's namespace is answered 500 (a
 // validating webhook that cannot be called, failurePolicy Fail: the API
@@ -97,8 +59,10 @@ func createUnavailable(t *testing.T, c *kubetest.Cluster) {
 		_ = s.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), hook.Name, metav1.DeleteOptions{})
 	})
 
-	src := fmt.Sprintf(inProcessConfig, binDir, s.dsn, attemptapitest.FreeAddr(t), filepath.Join(s.dir, "attempt-api"),
-		s.ns, c.Kubeconfig(), unavailableTick, kubeReapers)
+	// The Postgres lease (a fake clock cannot drive a Kubernetes Lease's
+	// real renew deadlines) and the specification's ladder.
+	src := s.configText("leader \"postgres\" {\n  lease = \"24h\"\n}", attemptapitest.FreeAddr(t),
+		runnerBlock(unavailableTick))
 	cfg, err := config.Parse(filepath.Join(s.dir, "inprocess.hcl"), []byte(src), config.Options{Getenv: func(string) string { return "" }})
 	if err != nil {
 		t.Fatalf("parse the in-process configuration: %v", err)

@@ -249,17 +249,12 @@ func (s *scenario) bind(ctx context.Context) {
 }
 
 // config writes the kube edition's configuration (the Kubernetes Lease,
-// the kube substrate, the kube runner, the five reapers) and returns its
-// path. With noRunner set (a scheduler gone, the reapers left), the
-// replicas started from then on run no runner.
+// the suite's ladder, the kube substrate, the kube runner, the five
+// reapers) and returns its path. With noRunner set (a scheduler gone, the
+// reapers left), the replicas started from then on run no runner.
 func (s *scenario) config() string {
 	s.t.Helper()
-	name, runner := "reaperd.hcl", fmt.Sprintf(`runner {
-  interval = %q
-  kube {
-    image = "reaper-kubee2e"
-  }
-}`, runnerTick)
+	name, runner := "reaperd.hcl", runnerBlock(runnerTick)
 	if s.noRunner {
 		name, runner = "reaperd-no-runner.hcl", ""
 	}
@@ -267,14 +262,7 @@ func (s *scenario) config() string {
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
-	src := fmt.Sprintf(`edition    = "kube"
-plugin_dir = %q
-
-store {
-  dsn = %q
-}
-
-leader "kubernetes" {
+	leader := fmt.Sprintf(`leader "kubernetes" {
   namespace  = %q
   name       = "reaperd"
   kubeconfig = %q
@@ -294,7 +282,26 @@ ladder {
   orphan_run             = %q
   infra_confirm_valve    = %q
   task_termination_grace = %q
+}`, s.ns, s.c.Kubeconfig(), lease, interval, heartbeat, agentLost, grace, dispatchLost, podLostFloor,
+		orphanRun, valve, podGrace)
+	if err := os.WriteFile(path, []byte(s.configText(leader, s.apiListen, runner)), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	return path
 }
+
+// configText is a kube edition configuration on the scenario's board and
+// namespace: leader holds the leader block (and any ladder), runner the
+// runner block ("" for none).
+func (s *scenario) configText(leader, apiListen, runner string) string {
+	return fmt.Sprintf(`edition    = "kube"
+plugin_dir = %q
+
+store {
+  dsn = %q
+}
+
+%s
 
 telemetry {
   listen = "127.0.0.1:0"
@@ -312,13 +319,17 @@ substrate "kube" {
 
 %s
 
-%s`, binDir, s.dsn, s.ns, s.c.Kubeconfig(), lease, interval, heartbeat, agentLost, grace, dispatchLost, podLostFloor,
-		orphanRun, valve, podGrace, s.apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runner,
-		kubeReapers)
-	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
-		s.t.Fatal(err)
-	}
-	return path
+%s`, binDir, s.dsn, leader, apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runner, kubeReapers)
+}
+
+// runnerBlock is the kube runner's block, a cycle every tick.
+func runnerBlock(tick time.Duration) string {
+	return fmt.Sprintf(`runner {
+  interval = %q
+  kube {
+    image = "reaper-kubee2e"
+  }
+}`, tick)
 }
 
 // daemon is one reaperd process, its log in a file.
