@@ -47,7 +47,7 @@ func TestKubeFaultSuite(t *testing.T) {
 
 // concurrentScenarios bounds the scenarios running at once (each runs two
 // reaperd with their plugins, agents and tasks).
-const concurrentScenarios = 6
+const concurrentScenarios = 4
 
 // scenarios are the suite's; each numbers its own line of the table.
 var scenarios = []struct {
