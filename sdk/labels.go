@@ -62,6 +62,10 @@ const (
 	// LabelWarmWorkerListErr: the live LIST of warm pods failed; the pass
 	// made no marks.
 	LabelWarmWorkerListErr = "warm_worker_list_error"
+	// LabelWarmRequeue: a queued warm attempt whose worker will not start
+	// it (its pod is going, finished or gone) was offered again on the
+	// warm requeue rail (the kube runner).
+	LabelWarmRequeue = "warm_requeue"
 	// LabelDispatchLostPodAlive: a Pending or Running pod of the attempt
 	// exists, so the dispatch landed.
 	LabelDispatchLostPodAlive = "dispatch_lost_pod_alive"
@@ -124,7 +128,7 @@ func Labels() []string {
 		LabelOrphanReapNoop,
 		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen,
 		LabelDispatchUnavailable, LabelDispatchUnavailableSpent,
-		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr,
+		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr, LabelWarmRequeue,
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,

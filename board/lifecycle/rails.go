@@ -79,6 +79,14 @@ var (
 		guard:     `ti.state IN ('queued', 'running') AND ti.held_at IS NULL`,
 		fromState: func(s, _ string) bool { return s == sdk.StateQueued || s == sdk.StateRunning },
 	}
+	// warmUnstartedRail is the warm requeue of an attempt its worker never
+	// started: queued only, so a RUNNING report that lands first keeps the
+	// attempt where it runs.
+	warmUnstartedRail = rail{
+		name: "warm requeue (unstarted)", to: sdk.StateScheduled,
+		guard:     `ti.state = 'queued' AND ti.held_at IS NULL`,
+		fromState: func(s, _ string) bool { return s == sdk.StateQueued },
+	}
 	backoffRail = rail{
 		name: "dispatch backoff", to: sdk.StateScheduled,
 		guard:     `ti.state IN ('scheduled', 'queued') AND ti.held_at IS NULL`,
@@ -122,6 +130,15 @@ func (w *Writer) Reschedule(ctx context.Context, a sdk.Attempt, now time.Time) (
 // offers the task again: epoch+1, unbound, back to scheduled.
 func (w *Writer) WarmRequeue(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
 	return w.release(ctx, warmRequeueRail, a, now)
+}
+
+// WarmRequeueUnstarted is WarmRequeue for an attempt its worker never
+// started: it applies only while the attempt is still queued, so it can
+// never move one that a worker reported running meanwhile (that report
+// wins, and the requeue is a no-op, ReasonMovedOn; or the requeue wins,
+// and the worker's RUNNING is answered should_terminate).
+func (w *Writer) WarmRequeueUnstarted(ctx context.Context, a sdk.Attempt, now time.Time) (Release, error) {
+	return w.release(ctx, warmUnstartedRail, a, now)
 }
 
 // DispatchBackoff records a dispatch that failed (a pod create refused as

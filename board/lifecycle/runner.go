@@ -157,17 +157,7 @@ func (w *Writer) listWorking(ctx context.Context, what, pred, executor string, a
     ORDER BY ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 ) page ORDER BY run_id, task_id`
 	k1, k2 := keyArgs(after)
-	ctx, cancel := w.bound(ctx)
-	defer cancel()
-	rows, err := w.pool.Query(ctx, sql, executor, k1, k2)
-	if err != nil {
-		return nil, fmt.Errorf("board: list %s %s task instances: %w", what, executor, err)
-	}
-	tis, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (board.TaskInstance, error) { return board.ScanTaskInstance(r) })
-	if err != nil {
-		return nil, fmt.Errorf("board: list %s %s task instances: %w", what, executor, err)
-	}
-	return tis, nil
+	return w.collect(ctx, what+" "+executor+" task instances", sql, executor, k1, k2)
 }
 
 // CountActive counts the queued and running task instances of executor, of

@@ -304,6 +304,11 @@ func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
 	if got := strings.Join(role.Rules[0].Verbs, " "); got != "get list watch patch delete create" {
 		t.Errorf("pods verbs %q, want create added", got)
 	}
+	warm := configOf(t, render(t, "reaper-system", "--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1",
+		"--set", "config.runner.kube.warm_pool.size=3", "--set", "config.runner.kube.warm_pool.name=etl"), "reaper")
+	if want := "  kube {\n    image = \"task:1\"\n    warm_pool {\n      name = \"etl\"\n      size = 3\n    }\n  }"; !strings.Contains(warm, want) {
+		t.Errorf("want\n%s\nin:\n%s", want, warm)
+	}
 	out, err := helm(t, "template", "reaper", chartDir, "--set", "config.runner.enabled=true")
 	if err == nil || !strings.Contains(out, "config.runner.kube.image") {
 		t.Errorf("a runner without an image: %v\n%s", err, out)

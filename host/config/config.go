@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -159,6 +160,18 @@ type KubeRunner struct {
 	// Requests and Limits of the task container, by resource name (cpu,
 	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
 	Requests, Limits map[string]string
+	// WarmPool is the kube block's warm_pool block: long-lived worker pods
+	// for the tasks of executor warm. nil when absent (no pool).
+	WarmPool *WarmPool
+}
+
+// WarmPool is the warm_pool block of the runner's kube block.
+type WarmPool struct {
+	Name   string        // the pool's name, the value of leoflow.io/warm-pool; default "default"
+	Size   int           // how many worker pods are kept; required, at least 1
+	Slots  int           // attempts a worker runs at once; 0: its default (1)
+	Poll   time.Duration // how often a worker claims; 0: its default (1s)
+	Refill time.Duration // how often the pool is refilled; 0: its default (5s)
 }
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -348,6 +361,13 @@ var (
 		{Name: "cpu_limit", Type: sdk.TypeString},
 		{Name: "memory_limit", Type: sdk.TypeString},
 		{Name: "attempt_api", Type: sdk.TypeString},
+	}}
+	warmPoolSchema = sdk.Schema{Attributes: []sdk.Attribute{
+		{Name: "name", Type: sdk.TypeString},
+		{Name: "size", Type: sdk.TypeNumber, Required: true},
+		{Name: "slots", Type: sdk.TypeNumber, Default: float64(0)},
+		{Name: "poll", Type: sdk.TypeDuration},
+		{Name: "refill", Type: sdk.TypeDuration},
 	}}
 	runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "interval", Type: sdk.TypeDuration},
@@ -646,7 +666,9 @@ func loopbackListen(listen string) bool {
 
 // decodeKubeRunner decodes the runner's kube block.
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
-	v, ranges, diags := DecodeBlock(b.Body, kubeRunnerSchema)
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
+	v, ranges, d := DecodeBlock(rest, kubeRunnerSchema)
+	diags = append(diags, d...)
 	k := &KubeRunner{
 		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
 		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
@@ -688,7 +710,55 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		}
 		q.into[q.resource] = s
 	}
+	for i, wb := range inner.Blocks {
+		if i > 0 {
+			dr := wb.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+				Summary: "Duplicate warm_pool block", Detail: "The kube block takes one warm_pool block."})
+			continue
+		}
+		wp, d := decodeWarmPool(wb)
+		diags = append(diags, d...)
+		k.WarmPool = wp
+	}
 	return k, diags
+}
+
+// warmPoolName is what a pool's name may be: a label value the worker pod
+// names can carry.
+var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
+
+// decodeWarmPool decodes the kube block's warm_pool block.
+func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
+	v, ranges, diags := DecodeBlock(b.Body, warmPoolSchema)
+	wp := &WarmPool{Name: v.String("name")}
+	wp.Poll, _ = v.Duration("poll")
+	wp.Refill, _ = v.Duration("refill")
+	bad := func(key, detail string) {
+		rr := ranges[key]
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
+	}
+	if n := v.Number("size"); n >= 1 && n == float64(int(n)) {
+		wp.Size = int(n)
+	} else if _, given := ranges["size"]; given { // absent: DecodeBlock said it is required
+		bad("size", "size must be a whole number, 1 or more.")
+	}
+	if n := v.Number("slots"); n < 0 || n != float64(int(n)) {
+		bad("slots", "slots must be a whole number, 0 (the default, 1) or more.")
+	} else {
+		wp.Slots = int(n)
+	}
+	if wp.Name != "" && !warmPoolName.MatchString(wp.Name) {
+		bad("name", "name must be 1 to 30 lowercase letters, digits or dashes, starting and ending with a letter or digit.")
+	}
+	if wp.Poll < 0 {
+		bad("poll", "poll must not be negative.")
+	}
+	if wp.Refill < 0 {
+		bad("refill", "refill must not be negative.")
+	}
+	return wp, diags
 }
 
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {

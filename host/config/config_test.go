@@ -39,6 +39,13 @@ runner {
     cpu_request       = "250m"
     memory_limit      = "1Gi"
     attempt_api       = "https://reaper.tasks.svc:9465"
+    warm_pool {
+      name   = "etl"
+      size   = 3
+      slots  = 2
+      poll   = "500ms"
+      refill = "10s"
+    }
   }
 }
 `
@@ -62,9 +69,17 @@ runner {
 		k.AttemptAPI != "https://reaper.tasks.svc:9465" {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
+	if wp := k.WarmPool; wp == nil || *wp != (config.WarmPool{Name: "etl", Size: 3, Slots: 2, Poll: 500 * time.Millisecond,
+		Refill: 10 * time.Second}) {
+		t.Fatalf("warm pool %+v", wp)
+	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
-	if cfg.Runner.Kube.Namespace != config.DefaultKubeNamespace {
-		t.Fatalf("namespace %q, want the default", cfg.Runner.Kube.Namespace)
+	if cfg.Runner.Kube.Namespace != config.DefaultKubeNamespace || cfg.Runner.Kube.WarmPool != nil {
+		t.Fatalf("namespace %q, warm pool %+v: want the default, none", cfg.Runner.Kube.Namespace, cfg.Runner.Kube.WarmPool)
+	}
+	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 1\n    }\n  }\n}\n")
+	if wp := cfg.Runner.Kube.WarmPool; wp == nil || *wp != (config.WarmPool{Size: 1}) {
+		t.Fatalf("warm pool %+v: want size 1, the rest the runner's defaults", wp)
 	}
 }
 
@@ -132,6 +147,11 @@ func TestBadFiles(t *testing.T) {
 		{"RunnerKubeBadQuantity", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    cpu_limit = \"lots\"\n  }\n}\n", []string{"reaper.hcl:6:17:", "cpu_limit"}},
 		{"RunnerKubeAttemptAPINotHTTPS", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    attempt_api = \"reaper:9465\"\n  }\n}\n", []string{"reaper.hcl:6:19:", "attempt_api"}},
 		{"RunnerKubeBadPullPolicy", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    image_pull_policy = \"Sometimes\"\n  }\n}\n", []string{"reaper.hcl:6:25:", "image_pull_policy"}},
+		{"WarmPoolWithoutSize", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {}\n  }\n}\n", []string{"reaper.hcl:6:", `"size"`}},
+		{"WarmPoolSizeZero", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 0\n    }\n  }\n}\n", []string{"reaper.hcl:7:14:", `"size"`}},
+		{"WarmPoolBadName", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 1\n      name = \"ETL_pool\"\n    }\n  }\n}\n", []string{"reaper.hcl:8:14:", `"name"`}},
+		{"WarmPoolUnknownKey", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 1\n      deadline = \"1h\"\n    }\n  }\n}\n", []string{"reaper.hcl:8:7:", `"deadline"`}},
+		{"TwoWarmPools", kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 1\n    }\n    warm_pool {\n      size = 1\n    }\n  }\n}\n", []string{"reaper.hcl:9:5:", "Duplicate warm_pool"}},
 		{"KubeconfigOnThePostgresLeader", minimal + "leader \"postgres\" {\n  kubeconfig = \"k\"\n}\n", []string{"reaper.hcl:3:8:", "kubeconfig"}},
 		{"RenewNotInsideTheTrustedLease", minimal + "leader \"postgres\" {\n  lease = \"10s\"\n  renew = \"8s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`, "8s of 10s"}},
 		{"NegativeRenew", minimal + "leader \"postgres\" {\n  renew = \"-1s\"\n}\n", []string{"reaper.hcl:3:8:", `"renew"`}},

@@ -263,8 +263,15 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	if k.AttemptAPI != "" {
 		issuer.API = k.AttemptAPI
 	}
+	var warm *kuberunner.WarmPool
+	if wp := k.WarmPool; wp != nil {
+		// Workers claim with a worker credential from the same issuer.
+		warm = &kuberunner.WarmPool{Name: wp.Name, Size: wp.Size, Slots: wp.Slots, Poll: wp.Poll, Refill: wp.Refill,
+			Credentials: kuberunner.MintedWorkerCredentials{Minter: issuer}}
+	}
 	rn, err := kuberunner.New(kuberunner.Config{
-		Client: cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
+		WarmPool: warm,
+		Client:   cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
 		Credentials: kuberunner.MintedCredentials{Minter: issuer,

@@ -111,6 +111,22 @@ func (c *Client) State(ctx context.Context, a sdk.Attempt) (Response, error) {
 	return c.do(ctx, PathState, request(a, nil))
 }
 
+// Claim asks, as warm worker worker (the client holds its worker token),
+// for the attempts bound to it, at most slots, and keeps the renewed
+// worker token.
+func (c *Client) Claim(ctx context.Context, worker string, slots int) ([]Claimed, error) {
+	resp, err := c.do(ctx, PathClaim, Request{Worker: worker, Slots: slots})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Token != "" {
+		c.mu.Lock()
+		c.token = resp.Token
+		c.mu.Unlock()
+	}
+	return resp.Attempts, nil
+}
+
 func request(a sdk.Attempt, o *Outcome) Request {
 	return Request{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch, Outcome: o}
 }

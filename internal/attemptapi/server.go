@@ -26,6 +26,7 @@ type Board interface {
 	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
 	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
+	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -91,6 +92,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
 	s.mux.HandleFunc(PathState, s.handle(CallState, s.state))
+	s.mux.HandleFunc(PathClaim, s.handle(CallClaim, s.claim))
 	return s, nil
 }
 
@@ -179,6 +181,17 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "trailing data after the body")
 	}
 	now := s.cfg.Clock.Now()
+	if r.URL.Path == PathClaim {
+		wc, err := s.cfg.Keys().VerifyWorker(token, now)
+		if err != nil {
+			return Response{}, tokenRefusal(err)
+		}
+		if wc.Worker != req.Worker {
+			return Response{}, refuse(http.StatusForbidden, CodeWrongScope,
+				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
+		}
+		return h(r.Context(), call{req: req, now: now})
+	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
 		return Response{}, tokenRefusal(err)
@@ -193,6 +206,7 @@ func tokenRefusal(err error) *refusal {
 		code   string
 	}{
 		{attempttoken.ErrWrongScope, http.StatusForbidden, CodeWrongScope},
+		{attempttoken.ErrWrongKind, http.StatusForbidden, CodeWrongKind},
 		{attempttoken.ErrExpired, http.StatusUnauthorized, CodeExpired},
 		{attempttoken.ErrForged, http.StatusUnauthorized, CodeForged},
 		{attempttoken.ErrUnknownKey, http.StatusUnauthorized, CodeUnknownKey},
@@ -286,6 +300,63 @@ func (s *Server) state(ctx context.Context, c call) (Response, error) {
 	}
 	return Response{State: ti.State}, nil
 }
+
+// claim answers a warm worker (its token verified for the worker the call
+// names) with the queued attempts bound to it, up to its free slots, each
+// with the attempt's own token, and renews the worker's token. It writes
+// nothing: the worker then reports each attempt running through the
+// attempt's own call, whose guard lets exactly one execution start it.
+// The attempt's credential counts from its bind (credential_minted_at,
+// recorded at the warm dispatch; else its queue time), so the credential
+// ceiling and the worker's watchdog count from the dispatch, as for a pod.
+func (s *Server) claim(ctx context.Context, c call) (Response, error) {
+	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a claim names a worker, not an attempt")
+	}
+	slots := min(max(c.req.Slots, 1), maxClaim)
+	tis, err := s.cfg.Board.BoundTo(ctx, c.req.Worker, slots)
+	if err != nil {
+		return Response{}, boardFailure("listing the attempts bound to the worker", err)
+	}
+	keys := s.cfg.Keys()
+	resp := Response{}
+	for _, ti := range tis {
+		minted := ti.CredentialMintedAt
+		if minted.IsZero() {
+			minted = ti.QueuedAt
+		}
+		// The token never outlives what renewals could have given: past the
+		// ceiling no renewal is made, so the last token lapses one TTL
+		// after it. A credential already lapsed that way is not handed out.
+		expires := c.now.Add(s.cfg.TTL)
+		if s.cfg.Ceiling > 0 {
+			if last := minted.Add(s.cfg.Ceiling + s.cfg.TTL); last.Before(expires) {
+				expires = last
+			}
+		}
+		if !expires.After(c.now) {
+			s.cfg.Logger.Warn("a bound warm attempt's credential is past its ceiling: not handed to its worker",
+				"attempt", ti.Attempt.String(), "worker", c.req.Worker, "minted_at", minted)
+			continue
+		}
+		tok, err := keys.Sign(attempttoken.Claims{Attempt: ti.Attempt, MintedAt: minted, IssuedAt: c.now, ExpiresAt: expires})
+		if err != nil {
+			return Response{}, fmt.Errorf("signing the credential of %s for warm worker %s: %w", ti.Attempt, c.req.Worker, err)
+		}
+		resp.Attempts = append(resp.Attempts, Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
+			Command: ti.Command, ExecutionTimeoutSeconds: int64(ti.ExecutionTimeout / time.Second),
+			Token: tok, ExpiresAt: expires})
+	}
+	tok, wc, err := keys.MintWorker(c.req.Worker, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("renewing the token of warm worker %s: %w", c.req.Worker, err)
+	}
+	resp.Token, resp.ExpiresAt = tok, wc.ExpiresAt
+	return resp, nil
+}
+
+// maxClaim is the most attempts one claim hands out.
+const maxClaim = 100
 
 func writeError(w http.ResponseWriter, status int, body ErrorBody) {
 	w.Header().Set("Content-Type", "application/json")

@@ -30,6 +30,9 @@ const (
 	PathHeartbeat = "/v1/attempt/heartbeat"
 	PathReport    = "/v1/attempt/report"
 	PathState     = "/v1/attempt/state"
+	// PathClaim is a warm worker's call, authorised by its worker token
+	// (attempttoken.MintWorker), not by an attempt's.
+	PathClaim = "/v1/worker/claim"
 )
 
 // Call names, as metered.
@@ -38,6 +41,7 @@ const (
 	CallHeartbeat = "heartbeat"
 	CallReport    = "report"
 	CallState     = "state"
+	CallClaim     = "claim"
 )
 
 // Request is the body of every call.
@@ -48,6 +52,12 @@ type Request struct {
 	Epoch  int32  `json:"epoch"`
 	// Outcome is the report's outcome (PathReport only).
 	Outcome *Outcome `json:"outcome,omitempty"`
+	// Worker is the warm worker that claims (PathClaim only; the run, task,
+	// try and epoch are then empty).
+	Worker string `json:"worker,omitempty"`
+	// Slots is how many attempts the worker can take now (PathClaim only;
+	// at least 1, at most a page).
+	Slots int `json:"slots,omitempty"`
 }
 
 // Attempt is the attempt the request names.
@@ -76,6 +86,32 @@ type Response struct {
 	// State is the task instance's state (state call only; "" when the
 	// attempt has moved on).
 	State string `json:"state,omitempty"`
+	// Attempts are the attempts bound to the worker that it may start
+	// (claim only), each with its own credential. Token and ExpiresAt are
+	// then the worker's renewed token.
+	Attempts []Claimed `json:"attempts,omitempty"`
+}
+
+// Claimed is one attempt handed to a warm worker: what it runs and the
+// attempt's own token, with which the worker makes the attempt's calls
+// (running, heartbeats, report) exactly as a dedicated agent does.
+type Claimed struct {
+	RunID   string `json:"run_id"`
+	TaskID  string `json:"task_id"`
+	Try     int32  `json:"try"`
+	Epoch   int32  `json:"epoch"`
+	Command string `json:"command"`
+	// ExecutionTimeoutSeconds is the task's declared timeout (0: none).
+	ExecutionTimeoutSeconds int64 `json:"execution_timeout_seconds,omitempty"`
+	// Token is the attempt's token; its credential counts from the bind
+	// (the warm dispatch), not from the claim.
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Attempt is the attempt claimed.
+func (c Claimed) Attempt() sdk.Attempt {
+	return sdk.Attempt{RunID: c.RunID, TaskID: c.TaskID, Try: c.Try, Epoch: c.Epoch}
 }
 
 // Error codes of a refused call (ErrorBody.Code).
@@ -85,7 +121,8 @@ const (
 	CodeUnknownKey  = "unknown_key"    // 401
 	CodeForged      = "forged"         // 401
 	CodeExpired     = "expired"        // 401
-	CodeWrongScope  = "wrong_scope"    // 403: a valid token for another attempt
+	CodeWrongScope  = "wrong_scope"    // 403: a valid token for another attempt (or worker)
+	CodeWrongKind   = "wrong_kind"     // 403: a worker token for an attempt's call, or the reverse
 	CodeBadRequest  = "bad_request"    // 400
 	CodeUnavailable = "unavailable"    // 503: the board could not be reached; retry
 	CodeInternal    = "internal"       // 500

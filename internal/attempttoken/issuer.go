@@ -52,3 +52,29 @@ func (is Issuer) Mint(a sdk.Attempt, now time.Time) (Credential, error) {
 	}
 	return Credential{Token: tok, Claims: c, Env: env}, nil
 }
+
+// WorkerCredential is what a runner hands a warm worker at its pod's
+// creation: the worker token and the environment entries (EnvWorkerToken,
+// EnvAPI, EnvCA).
+type WorkerCredential struct {
+	Token  string
+	Claims WorkerClaims
+	Env    []string
+}
+
+// MintWorker mints the worker credential of worker at now, with the
+// attempt token TTL: the worker renews it with every claim.
+func (is Issuer) MintWorker(worker string, now time.Time) (WorkerCredential, error) {
+	if is.Keys == nil || is.TTL <= 0 || is.API == "" {
+		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: the issuer has no keys, TTL or API address", worker)
+	}
+	tok, c, err := is.Keys().MintWorker(worker, now, is.TTL)
+	if err != nil {
+		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: %w", worker, err)
+	}
+	env := []string{EnvWorkerToken + "=" + tok, EnvAPI + "=" + is.API}
+	if is.CA != "" {
+		env = append(env, EnvCA+"="+is.CA)
+	}
+	return WorkerCredential{Token: tok, Claims: c, Env: env}, nil
+}

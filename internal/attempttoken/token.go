@@ -53,6 +53,9 @@ var (
 	ErrExpired = errors.New("attempt token expired")
 	// ErrWrongScope: valid, but for another attempt than the one named.
 	ErrWrongScope = errors.New("attempt token is for another attempt")
+	// ErrWrongKind: a token of the other kind (a worker token where an
+	// attempt token is needed, or the reverse).
+	ErrWrongKind = errors.New("token of the wrong kind")
 )
 
 // Claims are what a token says.
@@ -124,9 +127,13 @@ func (kr *Keyring) Sign(c Claims) (string, error) {
 	if !c.ExpiresAt.After(c.IssuedAt) {
 		return "", fmt.Errorf("signing an attempt token for %s: expiry %s not after issue %s", c.Attempt, c.ExpiresAt, c.IssuedAt)
 	}
-	payload := base64.RawURLEncoding.EncodeToString(encode(c))
-	head := prefix + "." + kr.current.ID + "." + payload
-	return head + "." + base64.RawURLEncoding.EncodeToString(mac(kr.current.Secret, head)), nil
+	return kr.seal(prefix, encode(c)), nil
+}
+
+// seal signs payload as a token of kind with the current key.
+func (kr *Keyring) seal(kind string, payload []byte) string {
+	head := kind + "." + kr.current.ID + "." + base64.RawURLEncoding.EncodeToString(payload)
+	return head + "." + base64.RawURLEncoding.EncodeToString(mac(kr.current.Secret, head))
 }
 
 // Mint signs a new credential for a, minted and issued at now, expiring
@@ -146,27 +153,12 @@ func (kr *Keyring) Renew(c Claims, now time.Time, ttl time.Duration) (string, Cl
 }
 
 // Verify checks the token's format, key, signature and expiry at now, and
-// returns its claims. The error wraps one of the package's errors.
+// returns its claims. The error wraps one of the package's errors; a
+// worker token (see MintWorker) is ErrWrongKind.
 func (kr *Keyring) Verify(token string, now time.Time) (Claims, error) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 4 || parts[0] != prefix {
-		return Claims{}, ErrMalformed
-	}
-	key, ok := kr.key(parts[1])
-	if !ok {
-		return Claims{}, fmt.Errorf("%w (key id %q)", ErrUnknownKey, parts[1])
-	}
-	sig, err := base64.RawURLEncoding.DecodeString(parts[3])
+	raw, err := kr.open(token, prefix)
 	if err != nil {
-		return Claims{}, fmt.Errorf("%w: signature: %v", ErrMalformed, err)
-	}
-	head := parts[0] + "." + parts[1] + "." + parts[2]
-	if !hmac.Equal(sig, mac(key.Secret, head)) {
-		return Claims{}, ErrForged
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(parts[2])
-	if err != nil {
-		return Claims{}, fmt.Errorf("%w: payload: %v", ErrMalformed, err)
+		return Claims{}, err
 	}
 	c, err := decode(raw)
 	if err != nil {
@@ -177,6 +169,38 @@ func (kr *Keyring) Verify(token string, now time.Time) (Claims, error) {
 			now.Sub(c.ExpiresAt).Round(time.Second))
 	}
 	return c, nil
+}
+
+// open checks a token's envelope: its kind (kind, the other kind is
+// ErrWrongKind), its key and its signature, and returns its payload.
+func (kr *Keyring) open(token, kind string) ([]byte, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 4 {
+		return nil, ErrMalformed
+	}
+	if parts[0] != kind {
+		if parts[0] == prefix || parts[0] == workerPrefix {
+			return nil, fmt.Errorf("%w: a %s token where a %s token is needed", ErrWrongKind, kindName(parts[0]), kindName(kind))
+		}
+		return nil, ErrMalformed
+	}
+	key, ok := kr.key(parts[1])
+	if !ok {
+		return nil, fmt.Errorf("%w (key id %q)", ErrUnknownKey, parts[1])
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(parts[3])
+	if err != nil {
+		return nil, fmt.Errorf("%w: signature: %v", ErrMalformed, err)
+	}
+	head := parts[0] + "." + parts[1] + "." + parts[2]
+	if !hmac.Equal(sig, mac(key.Secret, head)) {
+		return nil, ErrForged
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil {
+		return nil, fmt.Errorf("%w: payload: %v", ErrMalformed, err)
+	}
+	return raw, nil
 }
 
 // VerifyFor is Verify plus the scope check: the token must be for exactly

@@ -203,3 +203,68 @@ func TestIssuer(t *testing.T) {
 		}
 	})
 }
+
+func TestWorkerToken(t *testing.T) {
+	kr := ring(t, key(t, "a1"))
+	a := sdk.Attempt{RunID: "run-1", TaskID: "t", Try: 1}
+
+	t.Run("MintedWorkerTokenVerifiesWithItsWorker", func(t *testing.T) {
+		tok, _, err := kr.MintWorker("reaper-warm-x1", t0, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := kr.VerifyWorker(tok, t0.Add(time.Minute))
+		if err != nil || c.Worker != "reaper-warm-x1" || !c.ExpiresAt.Equal(t0.Add(10*time.Minute)) {
+			t.Fatalf("claims %+v, %v", c, err)
+		}
+		if _, err := kr.VerifyWorker(tok, t0.Add(10*time.Minute)); !errors.Is(err, attempttoken.ErrExpired) {
+			t.Fatalf("expired worker token: %v", err)
+		}
+	})
+	t.Run("WorkerTokenCannotActForAnAttempt", func(t *testing.T) {
+		tok, _, err := kr.MintWorker("w", t0, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kr.Verify(tok, t0); !errors.Is(err, attempttoken.ErrWrongKind) {
+			t.Fatalf("a worker token verified as an attempt token: %v", err)
+		}
+		if _, err := kr.VerifyFor(tok, a, t0); !errors.Is(err, attempttoken.ErrWrongKind) {
+			t.Fatalf("a worker token verified for an attempt: %v", err)
+		}
+	})
+	t.Run("AttemptTokenCannotClaim", func(t *testing.T) {
+		tok, _, err := kr.Mint(a, t0, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kr.VerifyWorker(tok, t0); !errors.Is(err, attempttoken.ErrWrongKind) {
+			t.Fatalf("an attempt token verified as a worker token: %v", err)
+		}
+	})
+	t.Run("RelabelledKindIsForged", func(t *testing.T) {
+		tok, _, err := kr.Mint(a, t0, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kr.VerifyWorker("rwt1"+strings.TrimPrefix(tok, "rat1"), t0); err == nil {
+			t.Fatal("an attempt token relabelled as a worker token was accepted")
+		}
+		wt, _, err := kr.MintWorker("w", t0, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kr.Verify("rat1"+strings.TrimPrefix(wt, "rwt1"), t0); !errors.Is(err, attempttoken.ErrForged) {
+			t.Fatalf("a worker token relabelled as an attempt token: %v", err)
+		}
+	})
+	t.Run("OtherKeyringRefuses", func(t *testing.T) {
+		tok, _, err := kr.MintWorker("w", t0, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ring(t, key(t, "b1")).VerifyWorker(tok, t0); !errors.Is(err, attempttoken.ErrUnknownKey) {
+			t.Fatalf("%v", err)
+		}
+	})
+}

@@ -21,8 +21,9 @@
 //
 // A warm attempt's wall-clock bound is the worker's attempt watchdog, not a
 // pod deadline; it is the credential ceiling (ladder.WarmAttemptWatchdog).
-// An attempt the watchdog ends goes silent, and agentlost fails it as
-// credential_ceiling, without tearing anything down.
+// The worker reports an attempt its watchdog ends as credential_ceiling;
+// one whose report cannot land goes silent, and agentlost fails it the same
+// way, without tearing anything down.
 package warmworker
 
 import (

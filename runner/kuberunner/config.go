@@ -88,8 +88,18 @@ type Config struct {
 	// dispatch-lost threshold and the credential ceiling (the pod
 	// deadline), the heartbeat. Default ladder.Defaults().
 	Ladder ladder.Ladder
+	// WarmPool, when set, runs a warm pool of worker pods for the attempts
+	// of executor warm (see warm.go); nil: the runner leaves warm attempts
+	// alone.
+	WarmPool *WarmPool
+	// Customize, when set, is applied to every pod the runner builds (task
+	// pods and warm workers) before it is created: an embedder adds node
+	// selectors or tolerations; a test places the pods on its node.
+	Customize func(*corev1.Pod)
 	// OnResult, when set, receives the result of every cycle Run runs.
 	OnResult func(Result)
+	// OnRefill, when set, receives the result of every warm pool refill.
+	OnRefill func(RefillResult, error)
 	// Clock is the only time the runner reads. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger logs what changed. Default: a null logger.
@@ -159,6 +169,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DispatchUnavailableWindow < 0 {
 		errs = append(errs, fmt.Errorf("dispatch unavailable window %s: must not be negative", c.DispatchUnavailableWindow))
+	}
+	if c.WarmPool != nil {
+		p, err := c.WarmPool.withDefaults(c.Ladder.DispatchLost)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.WarmPool = &p
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, fmt.Errorf("kube runner: %w", err)

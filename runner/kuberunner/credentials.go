@@ -3,7 +3,6 @@ package kuberunner
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,10 +42,5 @@ func (m MintedCredentials) Env(ctx context.Context, a sdk.Attempt, now time.Time
 	if _, err := m.Recorder.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
 		return nil, fmt.Errorf("recording the credential of %s: %w", a, err)
 	}
-	env := make([]corev1.EnvVar, 0, len(cred.Env))
-	for _, kv := range cred.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env = append(env, corev1.EnvVar{Name: k, Value: v})
-	}
-	return env, nil
+	return envVars(cred.Env), nil
 }

@@ -22,7 +22,11 @@
 //     (dispatch_unavailable_exhausted, ERROR). A create refused fails as
 //     dispatch_failed at once. dispatch_failed is terminal and spends no
 //     retry: a clear starts the task over.
-//  4. finalize: a running run whose task instances are all settled ends.
+//  4. warm (with Config.WarmPool): the task instances of executor warm
+//     through the same release and schedule steps, then requeued off
+//     workers that will not start them and bound to live ones (see
+//     warm.go; the pool's refill is a loop of its own in Run).
+//  5. finalize: a running run whose task instances are all settled ends.
 //
 // A create whose answer was lost may have made its pod anyway. Offering the
 // task again moves it to a new epoch, so that pod's agent is refused at its
@@ -64,6 +68,13 @@ type Runner struct {
 	spec  PodSpec
 	steps cycle.Driver
 	log   hclog.Logger
+
+	// The warm pool's (set when Config.WarmPool is).
+	warm      WorkerSpec
+	warmSteps cycle.Driver
+	// shunned: live workers that left an attempt unclaimed, bound nothing
+	// until the time given. Read and written by the cycle only.
+	shunned map[string]time.Time
 }
 
 // New checks the configuration.
@@ -75,7 +86,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{
+	r := &Runner{
 		cfg: cfg, w: w, log: cfg.Logger,
 		spec: PodSpec{
 			Namespace: cfg.Namespace, Image: cfg.Image, AgentPath: cfg.AgentPath,
@@ -87,7 +98,14 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
-	}, nil
+	}
+	if cfg.WarmPool != nil {
+		r.warm = warmSpec(cfg, r.spec)
+		r.warmSteps = r.steps
+		r.warmSteps.Executor = sdk.ExecutorWarm
+		r.shunned = map[string]time.Time{}
+	}
+	return r, nil
 }
 
 // Close releases nothing (the runner holds no resource of its own; the
@@ -97,9 +115,13 @@ func (r *Runner) Close() error { return nil }
 
 // Result reports one cycle.
 type Result struct {
-	At         time.Time     // the cycle's now
-	Dispatched int           // scheduled -> queued, with a pod created (or adopted)
-	Took       time.Duration // how long the cycle took (the runner's clock)
+	At         time.Time // the cycle's now
+	Dispatched int       // scheduled -> queued, with a pod created (or adopted)
+	// WarmBound counts warm attempts bound to a worker (scheduled ->
+	// queued); WarmRequeued those offered again on the warm requeue rail.
+	WarmBound    int
+	WarmRequeued int
+	Took         time.Duration // how long the cycle took (the runner's clock)
 	// Tally counts the shared steps and holds the decisions made, for the
 	// host to meter and audit.
 	cycle.Tally
@@ -107,7 +129,7 @@ type Result struct {
 
 // Changed reports whether the cycle wrote anything.
 func (res Result) Changed() bool {
-	return res.Scheduled+res.Dispatched+res.Retried+res.Rescheduled+res.Replaced+
+	return res.Scheduled+res.Dispatched+res.WarmBound+res.WarmRequeued+res.Retried+res.Rescheduled+res.Replaced+
 		res.OfferedAgain+res.Failed+res.Finalized+len(res.RunsStarted) > 0 || len(res.Decisions) > 0
 }
 
@@ -115,6 +137,14 @@ func (res Result) Changed() bool {
 // true at the tick. Ticks missed by a long cycle are coalesced. Start it on
 // a goroutine of the caller's.
 func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
+	if r.cfg.WarmPool != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.refillLoop(ctx, leading)
+		}()
+		defer func() { <-done }()
+	}
 	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
 	defer tk.Stop()
 	for {
@@ -142,16 +172,19 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) bool) {
 // written stays, and the next cycle picks up from the board.
 func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 	res := Result{At: now}
-	steps := []struct {
-		name string
-		run  func(context.Context, time.Time, *cycle.Tally) error
-	}{
+	steps := []step{
 		{"release", r.steps.Release},
 		{"start", r.steps.StartRuns},
 		{"schedule", r.steps.Schedule},
 		{"dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.dispatch(ctx, now, &res) }},
-		{"finalize", r.steps.Finalize},
 	}
+	if r.cfg.WarmPool != nil {
+		steps = append(steps,
+			step{"warm release", r.warmSteps.Release},
+			step{"warm schedule", r.warmSteps.Schedule},
+			step{"warm dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.warmDispatch(ctx, now, &res) }})
+	}
+	steps = append(steps, step{"finalize", r.steps.Finalize})
 	var err error
 	for _, s := range steps {
 		if err = s.run(ctx, now, &res.Tally); err != nil {
@@ -162,11 +195,17 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 	res.Took = r.cfg.Clock.Now().Sub(now)
 	if res.Changed() {
 		r.log.Info("kube runner cycle", "runs_started", len(res.RunsStarted), "runs_waiting", res.RunsWaiting,
-			"scheduled", res.Scheduled, "dispatched", res.Dispatched,
+			"scheduled", res.Scheduled, "dispatched", res.Dispatched, "warm_bound", res.WarmBound, "warm_requeued", res.WarmRequeued,
 			"retried", res.Retried, "rescheduled", res.Rescheduled, "replaced", res.Replaced,
 			"offered_again", res.OfferedAgain, "failed", res.Failed, "finalized", res.Finalized, "waiting", res.Waiting)
 	}
 	return res, err
+}
+
+// step is one step of a cycle.
+type step struct {
+	name string
+	run  func(context.Context, time.Time, *cycle.Tally) error
 }
 
 // dispatch queues scheduled attempts and creates their pods, within
@@ -197,6 +236,9 @@ func (r *Runner) dispatchOne(ctx context.Context, ti board.TaskInstance, now tim
 		return false, r.failed(ctx, ti, fmt.Errorf("minting the attempt's credential: %w", err), true, now, res)
 	}
 	pod := BuildPod(r.spec, ti, env)
+	if r.cfg.Customize != nil {
+		r.cfg.Customize(pod)
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	created, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
 	cancel()

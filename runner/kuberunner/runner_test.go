@@ -46,6 +46,9 @@ type env struct {
 	w    *lifecycle.Writer
 	clk  *clock.Fake
 	logs *bytes.Buffer // RunOnce runs on the test goroutine only
+	// The board as the reapers see it, and the term of the test's lease.
+	store *board.Store
+	term  int64
 }
 
 func newEnv(t *testing.T) *env {
@@ -54,11 +57,13 @@ func newEnv(t *testing.T) *env {
 	pool := pgtest.NewDB(t)
 	ctx := context.Background()
 	clk := clock.NewFake(time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC))
-	if _, ok, err := board.New(pool, board.Options{}).TryAcquire(ctx, "test", 24*time.Hour, clk.Now()); err != nil || !ok {
+	store := board.New(pool, board.Options{})
+	lease, ok, err := store.TryAcquire(ctx, "test", 24*time.Hour, clk.Now())
+	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), clk: clk,
-		logs: &bytes.Buffer{}}
+		logs: &bytes.Buffer{}, store: store, term: lease.Term}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runner log:\n%s", e.logs.String())
@@ -86,8 +91,15 @@ func (e *env) runner(t *testing.T, cfg kuberunner.Config) *kuberunner.Runner {
 
 func (e *env) mkRun(t *testing.T, runID string, tasks ...lifecycle.NewTask) {
 	t.Helper()
+	e.mkRunOf(t, sdk.ExecutorKube, runID, tasks...)
+}
+
+// mkRunOf creates a running run of tasks of executor (the command "true"
+// unless given).
+func (e *env) mkRunOf(t *testing.T, executor, runID string, tasks ...lifecycle.NewTask) {
+	t.Helper()
 	for i := range tasks {
-		tasks[i].Executor = sdk.ExecutorKube
+		tasks[i].Executor = executor
 		if tasks[i].Command == "" {
 			tasks[i].Command = "true"
 		}

@@ -12,7 +12,9 @@
 // labelled LabelOwner=OwnerValue (Own adds the label):
 //
 //   - once KWOK reports such a pod Running, the player starts its task
-//     container (TaskContainer, else the first) as a local process: the
+//     container (TaskContainer, else the first: a warm pool worker's one
+//     container, "worker", runs the agent in worker mode) as a local
+//     process: the
 //     container's command and args (no image is pulled, so the command must
 //     be given; its first word is looked up in Config.Commands, then on
 //     PATH), with the container's env (literal values and the downward-API

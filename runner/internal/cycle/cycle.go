@@ -235,6 +235,13 @@ func (d Driver) Dispatch(ctx context.Context, maxParallel int, one func(context.
 		}
 		slots = max(maxParallel-active, 0)
 	}
+	return d.DispatchUpTo(ctx, slots, one)
+}
+
+// DispatchUpTo is Dispatch for at most slots started executions (a
+// negative slots: no bound), whatever is active: the warm pool counts its
+// free worker slots itself.
+func (d Driver) DispatchUpTo(ctx context.Context, slots int, one func(context.Context, board.TaskInstance) (bool, error)) error {
 	var after *lifecycle.Key
 	for slots != 0 {
 		limit := ladder.PageSize

@@ -93,7 +93,14 @@ const (
 	ReasonAgentStopped     = "agent_stopped"     // the agent itself was told to stop
 	ReasonGroupRecord      = "group_record"      // the task's group could not be recorded
 	ReasonStartFailed      = "start_failed"      // the task could not be started
+	// ReasonWatchdog: a warm worker's attempt watchdog ended the attempt
+	// at the credential ceiling (the same reason as the ceiling's reap).
+	ReasonWatchdog = sdk.LabelCredentialCeiling
 )
+
+// WatchdogMessage is the message of an attempt a warm worker's watchdog
+// ended.
+const WatchdogMessage = ReasonWatchdog + ": attempt outlived auth.max_attempt_credential_lifetime (the warm worker's attempt watchdog)"
 
 // Errors Run returns besides wrapped causes.
 var (
@@ -145,6 +152,12 @@ type Config struct {
 
 	// ExecutionTimeout is the task's declared limit; 0: none.
 	ExecutionTimeout time.Duration
+	// Watchdog is a warm worker's attempt watchdog: once the task has run
+	// this long its whole group is SIGKILLed, like at the timeout, and the
+	// attempt fails as credential_ceiling (WatchdogMessage), a task
+	// failure. The worker sets it to what is left of the credential
+	// ceiling (ladder.WarmAttemptWatchdog); 0: none.
+	Watchdog time.Duration
 	// Heartbeat is the heartbeat interval; default the ladder's.
 	Heartbeat time.Duration
 	// DrainBound is the longest wait for the output pipe after the task's
@@ -207,6 +220,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ExecutionTimeout < 0 {
 		return c, fmt.Errorf("agent config: negative execution timeout %s", c.ExecutionTimeout)
+	}
+	if c.Watchdog < 0 {
+		return c, fmt.Errorf("agent config: negative watchdog %s", c.Watchdog)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -373,6 +389,10 @@ func (r *runner) supervise(ctx context.Context, t *task) Outcome {
 	if r.cfg.ExecutionTimeout > 0 {
 		timeout = clk.After(r.cfg.ExecutionTimeout)
 	}
+	var watchdog <-chan time.Time
+	if r.cfg.Watchdog > 0 {
+		watchdog = clk.After(r.cfg.Watchdog)
+	}
 	if r.cfg.OnTaskStarted != nil {
 		r.cfg.OnTaskStarted(t.pgid)
 	}
@@ -405,6 +425,15 @@ wait:
 				intervened.Message = TimeoutMessage(r.cfg.ExecutionTimeout)
 			}
 			r.log.Warn("execution timeout: killing the task's whole process group", "pgid", t.pgid, "timeout", r.cfg.ExecutionTimeout)
+			t.signal(sigKill, r.log)
+		case <-watchdog:
+			watchdog = nil
+			if intervened.Reason == "" {
+				intervened = failed(ReasonWatchdog, -1, "")
+				intervened.Message = WatchdogMessage
+			}
+			r.log.Warn("the warm worker's attempt watchdog: killing the task's whole process group", "pgid", t.pgid,
+				"watchdog", r.cfg.Watchdog)
 			t.signal(sigKill, r.log)
 		case <-terminate:
 			stop(failed(ReasonTerminated, -1, "the control plane answered should_terminate"), "should_terminate")

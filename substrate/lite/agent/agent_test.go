@@ -244,6 +244,33 @@ func TestExecutionTimeoutKillsWholeGroup(t *testing.T) {
 	}
 }
 
+// TestWarmWatchdogKillsWholeGroupAndReportsCredentialCeiling: a warm
+// worker's attempt watchdog (no pod deadline behind it) SIGKILLs the whole
+// group at the bound, like the timeout, and the failure is reported as
+// credential_ceiling, a task failure.
+func TestWarmWatchdogKillsWholeGroupAndReportsCredentialCeiling(t *testing.T) {
+	b := setup(t, `trap '' TERM; echo before; (sleep 1000 & sleep 1000) & sleep 1000`)
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	b.cfg.Clock = fake
+	b.cfg.ExecutionTimeout = time.Hour // declared, but longer than the watchdog
+	b.cfg.Watchdog = 30 * time.Minute
+	done := b.start(t, context.Background())
+	pgid := b.pgid(t)
+	waitOutput(t, b, "before\n")
+	fake.Advance(30 * time.Minute)
+	r := await(t, done, 10*time.Second)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.out.State != sdk.StateFailed || r.out.Reason != sdk.LabelCredentialCeiling || r.out.Message != WatchdogMessage {
+		t.Fatalf("outcome %+v", r.out)
+	}
+	assertGroupGone(t, pgid)
+	if rep := b.rep.reported(); len(rep) != 1 || rep[0].Reason != sdk.LabelCredentialCeiling {
+		t.Fatalf("reported %+v", rep)
+	}
+}
+
 func waitOutput(t *testing.T, b *bundle, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

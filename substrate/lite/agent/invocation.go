@@ -31,6 +31,9 @@ const (
 	// also writes the durable outcome record to the termination message
 	// path (RunInPod).
 	ModePod = "pod"
+	// ModeWorker is the agent as a warm pool worker: a long-lived pod that
+	// claims the attempts bound to it and runs each (RunWorker).
+	ModeWorker = "worker"
 )
 
 // Environment variables the reaper-agent command line reads.
@@ -94,6 +97,16 @@ type Invocation struct {
 	// RescheduleExitCode is the exit code by which the task asks for its
 	// next poke (-reschedule-exit-code; 0: none).
 	RescheduleExitCode int
+
+	// Worker mode (-mode worker) only: the worker's name (-worker, its
+	// pod's), how many attempts it runs at once (-slots), how often it
+	// claims (-poll) and each attempt's watchdog (-watchdog; 0: none). The
+	// attempt flags (-run, -task, -try, -epoch, -command) are not used: the
+	// attempts come from its claims.
+	Worker   string
+	Slots    int
+	Poll     time.Duration
+	Watchdog time.Duration
 }
 
 // Bind registers the flags on fs, writing into inv.
@@ -123,6 +136,10 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 		"pod mode: the file the durable outcome record is written to")
 	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")
 	fs.IntVar(&inv.RescheduleExitCode, "reschedule-exit-code", 0, "the task's exit code that asks for its next poke (0: none)")
+	fs.StringVar(&inv.Worker, "worker", "", "worker mode: the warm worker's name (its pod's)")
+	fs.IntVar(&inv.Slots, "slots", 0, "worker mode: attempts run at once (default 1)")
+	fs.DurationVar(&inv.Poll, "poll", 0, "worker mode: how often the worker claims (default 1s)")
+	fs.DurationVar(&inv.Watchdog, "watchdog", 0, "worker mode: each attempt's wall-clock bound, the credential ceiling (0: none)")
 }
 
 // envOr is the environment variable name's value, or def when unset.
@@ -146,6 +163,9 @@ func int32Var(fs *flag.FlagSet, p *int32, name, usage string) {
 
 // Validate checks what the agent cannot run without.
 func (inv Invocation) Validate() error {
+	if inv.Mode == ModeWorker {
+		return inv.validateWorker()
+	}
 	var errs []error
 	if inv.Attempt.RunID == "" {
 		errs = append(errs, errors.New("-run is required"))
@@ -172,7 +192,7 @@ func (inv Invocation) Validate() error {
 			errs = append(errs, errors.New("-mode pod needs -termination-message-path"))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("-mode %q: unknown (known: %s, %s)", inv.Mode, ModeLite, ModePod))
+		errs = append(errs, fmt.Errorf("-mode %q: unknown (known: %s, %s, %s)", inv.Mode, ModeLite, ModePod, ModeWorker))
 	}
 	if inv.RescheduleExitCode < 0 || inv.RescheduleExitCode > 255 {
 		errs = append(errs, fmt.Errorf("-reschedule-exit-code %d: not an exit code", inv.RescheduleExitCode))
@@ -181,6 +201,43 @@ func (inv Invocation) Validate() error {
 		errs = append(errs, fmt.Errorf("-gate-fd %d: not a usable descriptor", inv.GateFD))
 	}
 	return errors.Join(errs...)
+}
+
+func (inv Invocation) validateWorker() error {
+	var errs []error
+	if inv.Worker == "" {
+		errs = append(errs, errors.New("-mode worker needs -worker"))
+	}
+	if inv.Reporter != ReporterAPI {
+		errs = append(errs, errors.New("-mode worker needs -reporter api"))
+	}
+	if inv.Slots < 0 || inv.Poll < 0 || inv.Watchdog < 0 {
+		errs = append(errs, errors.New("-slots, -poll and -watchdog must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// WorkerArgs renders a worker-mode invocation as reaper-agent arguments:
+// the mode, the worker flags and the reporter, heartbeat and logging
+// flags (no attempt flags).
+func (inv Invocation) WorkerArgs() []string {
+	args := []string{"-mode=" + ModeWorker, "-worker=" + inv.Worker, "-reporter=" + ReporterAPI}
+	if inv.Slots > 0 {
+		args = append(args, "-slots="+strconv.Itoa(inv.Slots))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"poll", inv.Poll}, {"watchdog", inv.Watchdog}, {"heartbeat", inv.Heartbeat},
+		{"terminate-grace", inv.TerminateGrace}, {"kill-wait", inv.KillWait}} {
+		if d.v != 0 {
+			args = append(args, "-"+d.name+"="+d.v.String())
+		}
+	}
+	if inv.LogLevel != "" {
+		args = append(args, "-log-level="+inv.LogLevel)
+	}
+	return args
 }
 
 // Args renders the invocation as reaper-agent arguments.

@@ -17,6 +17,8 @@
 //	5  the spawner never sent the go-ahead: the task never started
 //	6  pod mode: the RUNNING report went unanswered for -start-retry (2m);
 //	   the infra marker was written, the task never started
+//	7  worker mode: the warm worker's claims were refused (its credential
+//	   lapsed); it ran what it had claimed to the end first
 //
 // With REAPER_AGENT_JOURNAL_DIR set, the agent also appends its own journal
 // to a file of its own in that directory (agent.Journal): when it began,
@@ -33,6 +35,13 @@
 // task's exit code before the outcome is reported, or the infra marker when
 // its pre-start calls went unanswered for -start-retry (see
 // agent.RunInPod).
+//
+// -mode worker is the agent as a warm pool worker (a long-lived pod of the
+// kube edition): with -worker NAME and its worker credential
+// (REAPER_WORKER_TOKEN, REAPER_ATTEMPT_API, REAPER_ATTEMPT_API_CA) it claims
+// the attempts the runner bound to it and runs each with the attempt's own
+// credential, the same protocol as above, each bounded by -watchdog (the
+// credential ceiling); SIGTERM drains it (see agent.RunWorker).
 //
 // Reporters: -reporter api (the runners') reports RUNNING, heartbeats and
 // the outcome to reaperd's attempt API with the attempt's own credential
@@ -71,6 +80,9 @@ const (
 	exitUnreported = 4
 	exitNoGoAhead  = 5
 	exitUnanswered = 6
+	// exitWorkerRefused: worker mode, the warm worker's claims were refused
+	// (its credential lapsed): it claims nothing more.
+	exitWorkerRefused = 7
 )
 
 func main() {
@@ -94,6 +106,14 @@ func run(args []string) (code int) {
 		JSONFormat: inv.LogJSON,
 		Output:     os.Stderr,
 	})
+
+	if inv.Mode == agent.ModeWorker {
+		// A worker keeps no journal of its own: it is no one attempt's agent.
+		signal.Ignore(syscall.SIGHUP)
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return runWorker(ctx, inv, log, os.Getenv)
+	}
 
 	// The journal, off unless the environment names its directory.
 	var journal *agent.Journal

@@ -1,0 +1,605 @@
+package kuberunner_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/gate"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/plugins/warmworker"
+	"github.com/dexaflow/reaper/runner/kuberunner"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/kube"
+)
+
+// The warm pool on the real API server with KWOK, real reaper-agent
+// processes in worker mode played as the pods' containers (the kubelet
+// player), the attempt API served in process over real TLS, and a real
+// PostgreSQL board. The runner's and the API's clock is the test's fake
+// one; the workers run in real time (a short poll and heartbeat).
+
+var agentBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// agentBinary builds reaper-agent once per test binary.
+func agentBinary(t *testing.T) string {
+	t.Helper()
+	agentBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kuberunner-agent-")
+		if err != nil {
+			agentBin.err = err
+			return
+		}
+		agentBin.path = filepath.Join(dir, "reaper-agent")
+		out, err := exec.Command("go", "build", "-o", agentBin.path, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent").CombinedOutput()
+		if err != nil {
+			agentBin.err = &buildError{out: string(out), err: err}
+		}
+	})
+	if agentBin.err != nil {
+		t.Fatal(agentBin.err)
+	}
+	return agentBin.path
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return "building reaper-agent: " + e.err.Error() + "\n" + e.out }
+
+// lockedBuffer is a log buffer safe for the runner's loops.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// warmEnv is an env with a node, the kubelet player and the attempt API.
+type warmEnv struct {
+	*env
+	node   string
+	player *kubelet.Player
+	api    *attemptapitest.API
+	log    *lockedBuffer
+}
+
+func newWarmEnv(t *testing.T) *warmEnv {
+	t.Helper()
+	e := &warmEnv{env: newEnv(t), log: &lockedBuffer{}}
+	e.node = e.c.AddNode(t, "").Name
+	p, err := kubelet.Start(context.Background(), kubelet.Config{
+		Client: e.cs, Namespace: e.ns, Dir: filepath.Join(t.TempDir(), "containers"),
+		Commands: map[string]string{kuberunner.AgentPathDefault: agentBinary(t)}, MaxGrace: time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	e.player = p
+	e.api = attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info, Name: "attempt-api"})})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("player, API and runner log:\n%s", e.log.String())
+		}
+	})
+	return e
+}
+
+// warmConfig is a runner with a warm pool of size workers, whose pods the
+// player runs on the env's node.
+func (e *warmEnv) warmConfig(size int) kuberunner.Config {
+	cfg := e.config(e.cs)
+	cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Debug, Name: "runner"})
+	cfg.Heartbeat = 200 * time.Millisecond
+	cfg.TerminationGrace = time.Second
+	cfg.Credentials = kuberunner.MintedCredentials{Minter: e.api.Issuer, Recorder: e.w}
+	// The fake clock runs ahead of the workers' real time (a second per
+	// cycle of cycleUntil): the unclaimed requeue is left out unless a test
+	// sets it, so a worker slowed by a loaded machine is not taken for a
+	// wedged one.
+	cfg.WarmPool = &kuberunner.WarmPool{Size: size, Poll: 100 * time.Millisecond, UnclaimedAfter: 24 * time.Hour,
+		Credentials: kuberunner.MintedWorkerCredentials{Minter: e.api.Issuer}}
+	cfg.Customize = func(p *corev1.Pod) {
+		p.Spec.NodeName = e.node
+		kubelet.Own(p)
+	}
+	return cfg
+}
+
+// workers lists the pool's pods by name.
+func (e *warmEnv) workers(t *testing.T) map[string]corev1.Pod {
+	t.Helper()
+	list, err := e.cs.CoreV1().Pods(e.ns).List(context.Background(), metav1.ListOptions{LabelSelector: kube.LabelWarmPool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]corev1.Pod{}
+	for _, p := range list.Items {
+		out[p.Name] = p
+	}
+	return out
+}
+
+func (e *warmEnv) refill(t *testing.T, r *kuberunner.Runner) kuberunner.RefillResult {
+	t.Helper()
+	res, err := r.Refill(context.Background(), e.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// workersRunning waits for n of the pool's worker processes to run.
+func (e *warmEnv) workersRunning(t *testing.T, n int) []string {
+	t.Helper()
+	var names []string
+	waitFor(t, "warm worker processes to run", func() bool {
+		names = names[:0]
+		for name := range e.workers(t) {
+			if _, _, ok := e.player.Process(name); ok {
+				names = append(names, name)
+			}
+		}
+		return len(names) >= n
+	})
+	slices.Sort(names)
+	return names
+}
+
+func (e *warmEnv) mkWarmRun(t *testing.T, runID string, tasks ...lifecycle.NewTask) {
+	t.Helper()
+	e.mkRunOf(t, sdk.ExecutorWarm, runID, tasks...)
+}
+
+// cycleUntil runs runner cycles (the fake clock a second further each
+// time) until done holds for the task instance, bounded.
+func (e *warmEnv) cycleUntil(t *testing.T, r *kuberunner.Runner, runID, taskID, what string, done func(board.TaskInstance) bool) board.TaskInstance {
+	t.Helper()
+	var ti board.TaskInstance
+	waitFor(t, what, func() bool {
+		e.clk.Advance(time.Second)
+		cycle(t, r, e.clk.Now())
+		ti = e.ti(t, runID, taskID)
+		return done(ti)
+	})
+	return ti
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted: the refill
+// keeps Size live worker pods, each labelled for the substrate's
+// warm_pool_selector, with the agent in worker mode and no
+// activeDeadlineSeconds; a deleted worker is replaced by a new one.
+func TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(2))
+	if res := e.refill(t, r); res.Live != 0 || len(res.Created) != 2 {
+		t.Fatalf("first refill %+v: want 2 created", res)
+	}
+	ws := e.workers(t)
+	if len(ws) != 2 {
+		t.Fatalf("%d worker pods", len(ws))
+	}
+	for name, p := range ws {
+		if p.Labels[kube.LabelWarmPool] != kuberunner.WarmPoolNameDefault || !strings.HasPrefix(name, "reaper-warm-default-") {
+			t.Errorf("worker %s labels %v", name, p.Labels)
+		}
+		if p.Spec.ActiveDeadlineSeconds != nil {
+			t.Errorf("worker %s has activeDeadlineSeconds %d: a warm pod has none", name, *p.Spec.ActiveDeadlineSeconds)
+		}
+		c := p.Spec.Containers[0]
+		args := strings.Join(c.Args, " ")
+		if c.Name != kuberunner.WorkerContainer || !strings.Contains(args, "-mode=worker") ||
+			!strings.Contains(args, "-worker="+name) || !strings.Contains(args, "-watchdog=1h0m0s") {
+			t.Errorf("worker %s container %s args %q", name, c.Name, args)
+		}
+		var token bool
+		for _, env := range c.Env {
+			token = token || (env.Name == "REAPER_WORKER_TOKEN" && strings.HasPrefix(env.Value, "rwt1."))
+		}
+		if !token {
+			t.Errorf("worker %s has no worker token in its environment", name)
+		}
+	}
+	if res := e.refill(t, r); res.Live != 2 || len(res.Created) != 0 {
+		t.Fatalf("refill of a full pool %+v", res)
+	}
+	names := e.workersRunning(t, 2)
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), names[0], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok })
+	res := e.refill(t, r)
+	if res.Live != 1 || len(res.Created) != 1 || res.Created[0] == names[0] {
+		t.Fatalf("refill after a delete %+v", res)
+	}
+}
+
+// TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate: the refill is a loop of
+// its own that waits only for leadership: while the reapers' settling gate
+// of the same leadership still holds (inside the grace, no sweep yet), and
+// before the runner's first cycle, the pool is filled, and a worker pod
+// deleted then is replaced at the next refill.
+func TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate(t *testing.T) {
+	e := newWarmEnv(t)
+	cfg := e.warmConfig(1)
+	refilled := make(chan kuberunner.RefillResult, 64)
+	cfg.OnRefill = func(res kuberunner.RefillResult, _ error) { refilled <- res }
+	cycles := make(chan struct{}, 64)
+	cfg.OnResult = func(kuberunner.Result) { cycles <- struct{}{} }
+	r := e.runner(t, cfg)
+	l := ladder.Defaults()
+	leaderSince := e.clk.Now()
+	g := gate.New(l.SettlingGrace)
+	g.Lead(e.term, leaderSince)
+	gateHolds := func() {
+		t.Helper()
+		if v := g.Check(e.clk.Now(), true); v.Open || v.Label != sdk.LabelSettlingSkip {
+			t.Fatalf("the settling gate does not hold: %+v", v)
+		}
+	}
+	created := func(what string) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case res := <-refilled:
+				if len(res.Created) == 1 {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("the pool was not %s", what)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx, func(time.Time) bool { return true })
+	}()
+	defer func() { cancel(); <-done }()
+	created("filled")
+	gateHolds()
+	select {
+	case <-cycles:
+		t.Fatal("a runner cycle ran: the fake clock never ticked")
+	default:
+	}
+	names := e.workersRunning(t, 1)
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), names[0], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok })
+	e.clk.Advance(kuberunner.WarmRefillDefault)
+	created("refilled")
+	gateHolds()
+}
+
+// TestWarmAttemptRunsOnAWorkerAndSucceedsEndToEnd: a warm attempt is bound
+// to a live worker, claimed with the worker's credential, run by the
+// worker with the attempt's own credential (RUNNING, heartbeats, the
+// report), and its run finishes.
+func TestWarmAttemptRunsOnAWorkerAndSucceedsEndToEnd(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(1))
+	e.refill(t, r)
+	names := e.workersRunning(t, 1)
+	e.mkWarmRun(t, "run-warm", lifecycle.NewTask{TaskID: "hello", Command: "echo warm hello"})
+	start := time.Now()
+	res := cycle(t, r, e.clk.Now())
+	if res.WarmBound != 1 {
+		t.Fatalf("cycle %+v: want one warm attempt bound", res)
+	}
+	ti := e.ti(t, "run-warm", "hello")
+	if ti.State != sdk.StateQueued || ti.WarmWorker != names[0] || ti.CredentialMintedAt.IsZero() {
+		t.Fatalf("row %s on %q minted %v: want queued on %s", ti.State, ti.WarmWorker, ti.CredentialMintedAt, names[0])
+	}
+	ti = e.cycleUntil(t, r, "run-warm", "hello", "the warm attempt to succeed", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.RunningAt.IsZero() {
+		t.Fatalf("row %+v: never reported running", ti)
+	}
+	t.Logf("bind to success through a warm worker: %s (poll %s, wall clock, under load)", time.Since(start).Round(time.Millisecond),
+		100*time.Millisecond)
+	cycle(t, r, e.clk.Now())
+	if run, err := e.w.Run(context.Background(), "run-warm"); err != nil || run.State != sdk.RunSuccess {
+		t.Fatalf("run %s (%v)", run.State, err)
+	}
+	if len(e.pods(t)) != 1 { // the worker only: a warm attempt has no pod of its own
+		t.Fatalf("%d pods", len(e.pods(t)))
+	}
+}
+
+// TestWarmFailingTaskIsReportedFailedWithItsRetrySpent: a warm task that
+// exits non-zero is reported failed through the API (no outcome record:
+// the worker's pod serves other attempts), the retry rail runs its next
+// try on a worker, and with no retry left it stays failed, a task
+// failure.
+func TestWarmFailingTaskIsReportedFailedWithItsRetrySpent(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(1))
+	e.refill(t, r)
+	e.workersRunning(t, 1)
+	e.mkWarmRun(t, "run-fail", lifecycle.NewTask{TaskID: "boom", Command: "exit 3", Retries: 1})
+	ti := e.cycleUntil(t, r, "run-fail", "boom", "the second try to fail", func(ti board.TaskInstance) bool {
+		return ti.Try == 2 && ti.State == sdk.StateFailed
+	})
+	if ti.LastFailureKind != sdk.FailureTask || ti.Retries != 0 || ti.ErrorMessage != "exit_code: task exited with code 3" {
+		t.Fatalf("row %s/%s retries %d %q", ti.State, ti.LastFailureKind, ti.Retries, ti.ErrorMessage)
+	}
+	cycle(t, r, e.clk.Now())
+	if run, err := e.w.Run(context.Background(), "run-fail"); err != nil || run.State != sdk.RunFailed {
+		t.Fatalf("run %s (%v)", run.State, err)
+	}
+}
+
+// TestWarmWatchdogKillsTheAttemptAtTheCredentialCeiling: the worker's
+// attempt watchdog (the credential ceiling; a warm pod has no deadline)
+// kills a task that would run on and reports it failed as
+// credential_ceiling, a task failure.
+func TestWarmWatchdogKillsTheAttemptAtTheCredentialCeiling(t *testing.T) {
+	e := newWarmEnv(t)
+	cfg := e.warmConfig(1)
+	cfg.Ladder.CredentialCeiling = 2 * time.Second // the worker's watchdog, in its real time
+	r := e.runner(t, cfg)
+	e.refill(t, r)
+	e.workersRunning(t, 1)
+	e.mkWarmRun(t, "run-dog", lifecycle.NewTask{TaskID: "forever", Command: "sleep 1000"})
+	ti := e.cycleUntil(t, r, "run-dog", "forever", "the watchdog to end the attempt", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateFailed
+	})
+	if ti.LastFailureKind != sdk.FailureTask || ti.FailureReason != sdk.LabelCredentialCeiling ||
+		!strings.HasPrefix(ti.ErrorMessage, sdk.LabelCredentialCeiling+": ") {
+		t.Fatalf("row %s/%s %q %q", ti.State, ti.LastFailureKind, ti.FailureReason, ti.ErrorMessage)
+	}
+}
+
+// TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAnotherWorker:
+// the worker pod running an attempt is deleted; its container is stopped
+// with the attempt unreported; the warm-worker-lost reaper (in process,
+// over the real kube substrate) fails it on the infra rail, confirmed; the
+// runner re-places it on the infra budget, binds it to another worker, and
+// it succeeds there.
+func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAnotherWorker(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(2))
+	e.refill(t, r)
+	e.workersRunning(t, 2)
+	gate := filepath.Join(t.TempDir(), "go")
+	e.mkWarmRun(t, "run-lost", lifecycle.NewTask{TaskID: "wait",
+		Command: `while [ ! -f "` + gate + `" ]; do sleep 0.1; done`})
+	ti := e.cycleUntil(t, r, "run-lost", "wait", "the attempt to run", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateRunning
+	})
+	first, lost := ti.Attempt, ti.WarmWorker
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), lost, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok })
+
+	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: e.c.ConfigFor(kubetest.Admin)})
+	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
+		Values: sdk.Values{"namespace": e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	reaper := warmworker.New(nil)
+	var sink sdk.Collector
+	now := e.clk.Now()
+	l := ladder.Defaults()
+	if _, err := reaper.Reap(context.Background(), sdk.Pass{Now: now, Ladder: l, Term: e.term,
+		Deadline: now.Add(l.MaintenanceInterval), Edition: ladder.EditionKube}, e.store, sub, &sink); err != nil {
+		t.Fatal(err)
+	}
+	ds := sink.Decisions()
+	if len(ds) != 1 || ds[0].Label != sdk.LabelWarmWorkerLost || !ds[0].Applied || ds[0].Attempt != first {
+		t.Fatalf("decisions %+v: want warm_worker_lost of %s", ds, first)
+	}
+	ti = e.ti(t, "run-lost", "wait")
+	if ti.LastFailureKind != sdk.FailureInfra || ti.InfraConfirmedAt.IsZero() {
+		t.Fatalf("row %s/%s confirmed %v", ti.State, ti.LastFailureKind, ti.InfraConfirmedAt)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.refill(t, r)
+	ti = e.cycleUntil(t, r, "run-lost", "wait", "the re-placed attempt to succeed", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.Try != first.Try || ti.Epoch <= first.Epoch || ti.InfraUsed != 1 || ti.Retries != 0 {
+		t.Fatalf("row try %d epoch %d infra used %d: want the same try on a new epoch, one re-place", ti.Try, ti.Epoch, ti.InfraUsed)
+	}
+}
+
+// TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother: an
+// attempt bound to a worker that never started it (here a Running worker
+// pod whose process never claims, then deleted) goes back to scheduled on
+// the warm requeue rail (a new epoch, unbound, no retry or infra budget
+// spent) and then runs on a new worker. A Pending worker is bound nothing.
+func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) {
+	e := newWarmEnv(t)
+	cfg := e.warmConfig(1)
+	mode := "pending" // then "silent" (Running, never claims), then the real worker
+	customize := cfg.Customize
+	cfg.Customize = func(p *corev1.Pod) {
+		switch mode {
+		case "silent":
+			customize(p)
+			p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = []string{"sleep"}, []string{"1000"}
+		case "worker":
+			customize(p)
+		}
+	}
+	r := e.runner(t, cfg)
+	e.refill(t, r)
+	e.mkWarmRun(t, "run-requeue", lifecycle.NewTask{TaskID: "t", Command: "true"})
+	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 0 || e.ti(t, "run-requeue", "t").State != sdk.StateScheduled {
+		t.Fatalf("cycle %+v: a Pending worker was bound an attempt", res)
+	}
+	for name := range e.workers(t) {
+		if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mode = "silent"
+	waitFor(t, "the silent worker to run", func() bool {
+		e.refill(t, r) // the deleted Pending worker is replaced once it is gone
+		for _, p := range e.workers(t) {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				return true
+			}
+		}
+		return false
+	})
+	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 {
+		t.Fatalf("cycle %+v", res)
+	}
+	bound := e.ti(t, "run-requeue", "t")
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), bound.WarmWorker, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the silent worker pod to go", func() bool { _, ok := e.workers(t)[bound.WarmWorker]; return !ok })
+	e.clk.Advance(time.Second)
+	res := cycle(t, r, e.clk.Now())
+	if res.WarmRequeued != 1 || !slices.Contains(labels(res), sdk.LabelWarmRequeue) {
+		t.Fatalf("cycle %+v %v: want one warm_requeue", res, labels(res))
+	}
+	ti := e.ti(t, "run-requeue", "t")
+	if ti.State != sdk.StateScheduled || ti.Epoch != bound.Epoch+1 || ti.WarmWorker != "" || ti.Retries != bound.Retries ||
+		ti.InfraUsed != 0 {
+		t.Fatalf("row %s epoch %d on %q retries %d infra %d", ti.State, ti.Epoch, ti.WarmWorker, ti.Retries, ti.InfraUsed)
+	}
+	mode = "worker"
+	e.refill(t, r)
+	ti = e.cycleUntil(t, r, "run-requeue", "t", "the requeued attempt to succeed", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.Epoch != bound.Epoch+1 {
+		t.Fatalf("succeeded on epoch %d", ti.Epoch)
+	}
+}
+
+// TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned:
+// a Running worker that does not start the attempt bound to it within the
+// dispatch-lost threshold (here a worker process that never claims) has it
+// requeued on the warm requeue rail, and is bound nothing for as long
+// again: the attempt runs on another worker.
+func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *testing.T) {
+	e := newWarmEnv(t)
+	cfg := e.warmConfig(2)
+	cfg.WarmPool.UnclaimedAfter = 0 // the default: the ladder's dispatch_lost
+	n := 0
+	customize := cfg.Customize
+	cfg.Customize = func(p *corev1.Pod) {
+		n++
+		switch n {
+		case 1: // placed, Running, never claims
+			customize(p)
+			p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = []string{"sleep"}, []string{"1000"}
+		case 2: // left Pending: bound nothing
+		default:
+			customize(p)
+		}
+	}
+	r := e.runner(t, cfg)
+	e.refill(t, r)
+	var silent string
+	waitFor(t, "the silent worker to run", func() bool {
+		for name, p := range e.workers(t) {
+			if p.Status.Phase == corev1.PodRunning {
+				silent = name
+				return true
+			}
+		}
+		return false
+	})
+	e.mkWarmRun(t, "run-unclaimed", lifecycle.NewTask{TaskID: "t", Command: "true"})
+	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 || e.ti(t, "run-unclaimed", "t").WarmWorker != silent {
+		t.Fatalf("cycle %+v: want the attempt bound to the silent worker %s", res, silent)
+	}
+	e.clk.Advance(ladder.Defaults().DispatchLost - time.Second)
+	if res := cycle(t, r, e.clk.Now()); res.WarmRequeued != 0 {
+		t.Fatalf("requeued inside the threshold: %+v", res)
+	}
+	e.clk.Advance(time.Second)
+	res := cycle(t, r, e.clk.Now())
+	if res.WarmRequeued != 1 || res.WarmBound != 0 {
+		t.Fatalf("cycle %+v %v: want the attempt requeued and not bound to the shunned worker again", res, labels(res))
+	}
+	for _, d := range res.Decisions {
+		if d.Label == sdk.LabelWarmRequeue && (d.Evidence["worker_pod"] != "live" || d.Evidence["warm_worker"] != silent) {
+			t.Fatalf("decision evidence %v", d.Evidence)
+		}
+	}
+	for name, p := range e.workers(t) {
+		if p.Status.Phase == corev1.PodPending {
+			if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, "a claiming worker to run", func() bool {
+		e.refill(t, r)
+		_, _, ok := e.player.Process(silent)
+		running := 0
+		for _, p := range e.workers(t) {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running++
+			}
+		}
+		return ok && running == 2
+	})
+	ti := e.cycleUntil(t, r, "run-unclaimed", "t", "the requeued attempt to succeed elsewhere", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.WarmWorker == silent || ti.Epoch != 1 {
+		t.Fatalf("succeeded on %s at epoch %d: want another worker than %s, epoch 1", ti.WarmWorker, ti.Epoch, silent)
+	}
+}

@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+// Worker mode: the agent as a warm pool worker, a long-lived pod of the
+// kube edition that runs attempts one after another (or a few at once).
+//
+// Every Poll, while it has a free slot, the worker claims the attempts the
+// runner bound to it (Claim, authorised by the worker's own credential).
+// Each claimed attempt comes with the attempt's own credential, and the
+// worker runs it exactly as a dedicated agent runs its one attempt (Run):
+// RUNNING first (an answer of should_terminate means another execution has
+// it or it moved on: it never starts), heartbeats, the whole-group kill at
+// the declared timeout, and the outcome reported through the API, failures
+// included. A warm attempt writes no outcome record: its pod serves other
+// attempts and no reconciler reads one for it.
+//
+// Its wall-clock bound is the watchdog (WorkerConfig.Watchdog, the
+// credential ceiling): at it the task's group is SIGKILLed and the attempt
+// is reported failed as credential_ceiling.
+//
+// Stopping the worker (ctx done: the pod's SIGTERM) drains it: it claims
+// nothing more and returns once the attempts it started have ended and
+// reported. Attempts bound to it that it never started stay queued: the
+// runner requeues them on the warm requeue rail once the worker's pod is
+// going or gone. If the grace runs out first, the container's end kills
+// the rest; those attempts go silent, and the warm-worker-lost reaper
+// fails them on the infra rail once the pod is gone.
+
+// Claimed is one attempt a worker claimed: what it runs and its own line
+// to the control plane.
+type Claimed struct {
+	Attempt          sdk.Attempt
+	Command          string
+	ExecutionTimeout time.Duration
+	// Reporter makes the attempt's own calls, with the attempt's own
+	// credential.
+	Reporter Reporter
+	// Close releases Reporter once the attempt has ended; may be nil.
+	Close func()
+}
+
+// Defaults of WorkerConfig.
+const (
+	DefaultWorkerPoll  = time.Second
+	DefaultWorkerSlots = 1
+)
+
+// WorkerConfig configures RunWorker.
+type WorkerConfig struct {
+	// Name is the worker's name (its pod's). Required.
+	Name string
+	// Slots is how many attempts it runs at once; default
+	// DefaultWorkerSlots.
+	Slots int
+	// Poll is how often it claims while it has a free slot; default
+	// DefaultWorkerPoll.
+	Poll time.Duration
+	// Watchdog is each attempt's wall-clock bound (Config.Watchdog); 0:
+	// none.
+	Watchdog time.Duration
+	// Claim asks for at most slots attempts bound to the worker. An error
+	// wrapping ErrRefused (the worker's credential lapsed or was refused)
+	// stops the worker; any other is retried at the next poll. Required.
+	Claim func(ctx context.Context, slots int) ([]Claimed, error)
+	// Attempt is the template of every attempt's Config: the record
+	// directory, output, heartbeat, graces (its Attempt, Command,
+	// ExecutionTimeout and Watchdog are set per attempt).
+	Attempt Config
+	// Clock times the polls; default clock.Real.
+	Clock clock.Clock
+	// Logger is the worker's log; default a null logger.
+	Logger hclog.Logger
+}
+
+// ErrWorkerRefused: the worker's claim was refused (its credential lapsed,
+// say): it can claim nothing more and stopped.
+var ErrWorkerRefused = errors.New("the control plane refused the warm worker's claim")
+
+// RunWorker runs the worker until ctx is done, then drains it (see the
+// worker-mode notes above). It returns nil after a drain, or an error
+// wrapping ErrWorkerRefused once its claims are refused (after the
+// attempts it runs have ended).
+func RunWorker(ctx context.Context, cfg WorkerConfig) error {
+	if cfg.Name == "" || cfg.Claim == nil {
+		return errors.New("warm worker: a name and a claim are required")
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = DefaultWorkerSlots
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultWorkerPoll
+	}
+	if cfg.Watchdog < 0 {
+		return fmt.Errorf("warm worker: negative watchdog %s", cfg.Watchdog)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	log := cfg.Logger.With("worker", cfg.Name)
+	// The attempts outlive the worker's ctx: a drain lets them end.
+	runCtx := context.WithoutCancel(ctx)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		running = map[sdk.Attempt]bool{}
+	)
+	defer wg.Wait()
+	ticker := cfg.Clock.NewTicker(cfg.Poll)
+	defer ticker.Stop()
+	log.Info("warm worker started", "slots", cfg.Slots, "watchdog", cfg.Watchdog)
+	for {
+		mu.Lock()
+		free := cfg.Slots - len(running)
+		mu.Unlock()
+		if free > 0 {
+			claimed, err := cfg.Claim(ctx, free)
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, ErrRefused):
+				log.Error("the warm worker's claim was refused: claiming nothing more", "error", err)
+				wg.Wait()
+				return fmt.Errorf("%w: %w", ErrWorkerRefused, err)
+			case err != nil:
+				log.Warn("claiming failed; trying again at the next poll", "error", err)
+			}
+			for _, c := range claimed {
+				mu.Lock()
+				dup := running[c.Attempt] || len(running) >= cfg.Slots
+				if !dup {
+					running[c.Attempt] = true
+				}
+				mu.Unlock()
+				if dup {
+					if c.Close != nil {
+						c.Close()
+					}
+					continue
+				}
+				acfg := cfg.Attempt
+				acfg.Attempt, acfg.Command, acfg.ExecutionTimeout, acfg.Watchdog =
+					c.Attempt, c.Command, c.ExecutionTimeout, cfg.Watchdog
+				if acfg.Logger == nil {
+					acfg.Logger = log
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					out, err := Run(runCtx, acfg, c.Reporter)
+					switch {
+					case errors.Is(err, ErrSuperseded):
+						log.Info("claimed attempt not started: it moved on or another execution has it", "attempt", c.Attempt.String())
+					case err != nil:
+						log.Error("claimed attempt ended with an error", "attempt", c.Attempt.String(), "error", err)
+					default:
+						log.Info("claimed attempt ended", "attempt", c.Attempt.String(), "state", out.State)
+					}
+					if c.Close != nil {
+						c.Close()
+					}
+					mu.Lock()
+					delete(running, c.Attempt)
+					mu.Unlock()
+				}()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			mu.Lock()
+			n := len(running)
+			mu.Unlock()
+			log.Info("warm worker stopping: claiming nothing more, waiting for the attempts it runs", "running", n)
+			return nil
+		case <-ticker.C():
+		}
+	}
+}

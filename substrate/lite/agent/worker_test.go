@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+)
+
+// claims is a scripted claim: each call hands out the next batch.
+type claims struct {
+	mu      sync.Mutex
+	batches [][]Claimed
+	calls   int
+	err     error
+}
+
+func (c *claims) claim(_ context.Context, _ int) ([]Claimed, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	if c.err != nil {
+		return nil, c.err
+	}
+	if len(c.batches) == 0 {
+		return nil, nil
+	}
+	b := c.batches[0]
+	c.batches = c.batches[1:]
+	return b, nil
+}
+
+func (c *claims) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+// TestWorkerDrainFinishesWhatItStartedAndClaimsNothingMore: stopping a
+// worker (its pod's SIGTERM) does not stop or fail the attempt it runs:
+// the attempt runs to its end and reports success, the worker claims
+// nothing more, and returns once the attempt has ended.
+func TestWorkerDrainFinishesWhatItStartedAndClaimsNothingMore(t *testing.T) {
+	b := setup(t, "")
+	gate := filepath.Join(b.work, "go")
+	b.cfg.Command = `while [ ! -f "` + gate + `" ]; do sleep 0.05; done`
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	cl := &claims{batches: [][]Claimed{{{Attempt: a, Command: b.cfg.Command, Reporter: b.rep}}}}
+	tmpl := b.cfg
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunWorker(ctx, WorkerConfig{Name: "w", Claim: cl.claim, Attempt: tmpl, Clock: fake, Poll: time.Second})
+	}()
+	b.pgid(t)
+	stop() // the drain
+	select {
+	case err := <-done:
+		t.Fatalf("the worker returned (%v) while its attempt ran", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	calls := cl.count()
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the drained worker did not return")
+	}
+	if rep := b.rep.reported(); len(rep) != 1 || rep[0].State != sdk.StateSuccess {
+		t.Fatalf("reported %+v: want the attempt's success", rep)
+	}
+	if cl.count() != calls {
+		t.Fatalf("%d claims after the drain began", cl.count()-calls)
+	}
+}
+
+// TestWorkerRefusedClaimStopsTheWorker: a claim refused for good (a lapsed
+// worker credential) stops the worker with ErrWorkerRefused; a passing
+// failure is retried at the next poll.
+func TestWorkerRefusedClaimStopsTheWorker(t *testing.T) {
+	b := setup(t, "true")
+	cl := &claims{err: errors.New("connection refused")}
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	done := make(chan error, 1)
+	go func() {
+		done <- RunWorker(context.Background(), WorkerConfig{Name: "w", Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for cl.count() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims: a passing failure was not retried", cl.count())
+		}
+		fake.Advance(time.Second)
+		time.Sleep(5 * time.Millisecond)
+	}
+	cl.mu.Lock()
+	cl.err = ErrRefused
+	cl.mu.Unlock()
+	for {
+		fake.Advance(time.Second)
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrWorkerRefused) {
+				t.Fatalf("worker ended with %v", err)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refused worker did not stop")
+		}
+	}
+}
+
+func TestWorkerInvocationRoundTrip(t *testing.T) {
+	in := Invocation{Mode: ModeWorker, Worker: "reaper-warm-default-0a1b2c3d4e", Reporter: ReporterAPI, Slots: 2,
+		Poll: 500 * time.Millisecond, Watchdog: time.Hour, Heartbeat: 15 * time.Second, TerminateGrace: 3 * time.Second,
+		KillWait: 4 * time.Second, LogLevel: "debug"}
+	out := Invocation{}
+	flags := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
+	out.Bind(flags)
+	if err := flags.Parse(in.WorkerArgs()); err != nil {
+		t.Fatal(err)
+	}
+	out.TerminationMessagePath, out.Shell, out.DrainBound = "", "", 0 // defaults of the other modes
+	if out != in {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", out, in)
+	}
+	if err := out.Validate(); err != nil {
+		t.Fatalf("a worker invocation without attempt flags: %v", err)
+	}
+	for _, bad := range []Invocation{
+		{Mode: ModeWorker, Reporter: ReporterAPI},                         // no name
+		{Mode: ModeWorker, Worker: "w", Reporter: ReporterFile},           // not the API
+		{Mode: ModeWorker, Worker: "w", Reporter: ReporterAPI, Slots: -1}, // negative
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%+v validated", bad)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/substrate/lite/records"
+)
+
+// runWorker is -mode worker: a warm pool worker that claims the attempts
+// bound to it with its worker credential (REAPER_WORKER_TOKEN, with
+// REAPER_ATTEMPT_API and REAPER_ATTEMPT_API_CA) and runs each with the
+// attempt's own credential (agent.RunWorker). It returns the exit code.
+func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, getenv func(string) string) int {
+	dir, err := records.Open(inv.RecordDir)
+	if err != nil {
+		log.Error("record directory refused", "error", err)
+		return exitUsage
+	}
+	api, ca := getenv(attempttoken.EnvAPI), getenv(attempttoken.EnvCA)
+	wc, err := attemptapi.NewClient(api, getenv(attempttoken.EnvWorkerToken), ca)
+	if err != nil {
+		log.Error("cannot reach the attempt API as a warm worker", "error", fmt.Errorf("-mode worker: %w", err))
+		return exitUsage
+	}
+	defer wc.Close()
+	claim := func(ctx context.Context, slots int) ([]agent.Claimed, error) {
+		got, err := wc.Claim(ctx, inv.Worker, slots)
+		if err != nil {
+			return nil, refused(err)
+		}
+		out := make([]agent.Claimed, 0, len(got))
+		for _, c := range got {
+			ac, err := attemptapi.NewClient(api, c.Token, ca)
+			if err != nil {
+				return out, fmt.Errorf("the credential of claimed attempt %s: %w", c.Attempt(), err)
+			}
+			out = append(out, agent.Claimed{Attempt: c.Attempt(), Command: c.Command,
+				ExecutionTimeout: secondsOf(c.ExecutionTimeoutSeconds),
+				Reporter:         &apiReporter{c: ac}, Close: ac.Close})
+		}
+		return out, nil
+	}
+	err = agent.RunWorker(ctx, agent.WorkerConfig{
+		Name: inv.Worker, Slots: inv.Slots, Poll: inv.Poll, Watchdog: inv.Watchdog, Claim: claim,
+		Attempt: agent.Config{
+			Shell: inv.Shell, Dir: inv.Dir, Records: dir, Output: os.Stdout,
+			Heartbeat: inv.Heartbeat, DrainBound: inv.DrainBound, TerminateGrace: inv.TerminateGrace,
+			KillWait: inv.KillWait, StartRetry: inv.StartRetry, RescheduleExitCode: inv.RescheduleExitCode,
+		},
+		Logger: log,
+	})
+	if err != nil {
+		log.Error("the warm worker stopped", "error", err)
+		return exitWorkerRefused
+	}
+	return exitSuccess
+}
+
+func secondsOf(s int64) time.Duration { return time.Duration(s) * time.Second }
