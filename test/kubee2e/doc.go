@@ -19,7 +19,9 @@
 //     pod's agent as a local process and writes what a kubelet would into
 //     the pod's status: container states, exit codes, the termination
 //     message from the agent's record file; it stops the process when the
-//     pod is deleted (SIGTERM, then SIGKILL after the pod's grace);
+//     pod is deleted (SIGTERM, then SIGKILL after the pod's grace). One
+//     player runs the task pods (selected by the run label), a second the
+//     warm pool's worker pods (by the pool's label);
 //   - OOMKilled: the player's OOM annotation kills the task's process
 //     session and writes the container OOMKilled (exit 137);
 //   - preemption: the DisruptionTarget condition with reason
@@ -29,8 +31,13 @@
 //   - the tasks are shell commands on the test's host.
 //
 // Each scenario has its own namespace, node(s), database and reaperd
-// pair, so they run side by side on one cluster; the API server outage
-// runs on a cluster of its own. Every scenario checks the same promises:
+// pair, so they run side by side on one cluster (four at a time); the API
+// server outage runs on a cluster of its own. The pod create unavailable
+// for more than 15 minutes runs reaperd in process (host/daemon) on a fake
+// clock, with the Postgres lease, so the 15 minutes pass in seconds; the
+// API server answers its creates 500 through a validating webhook that
+// cannot be called. The orphan run restarts the replicas without the
+// runner: the scheduler gone, the reapers and the attempt API left. Every scenario checks the same promises:
 // each task's exact end (state, try, re-placed or not); no false reap (an
 // applied reaper decision on an attempt or run the test did not harm); no
 // double execution (each execution of a task holds an flock on the task's

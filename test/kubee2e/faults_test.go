@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/sdk"
@@ -66,6 +67,7 @@ var scenarios = []struct {
 	{"PodCreateRefusedFailsTheDispatchAtOnce", createRefused},
 	{"LeaderKilledTheNewLeaderReapsOnceAfterItsGate", leaderKilled},
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
+	{"WarmWorkerPodDeletedItsAttemptIsReapedAndRePlaced", warmWorkerDeleted},
 }
 
 // pair starts the scenario's two replicas and waits for a leader.
@@ -329,5 +331,35 @@ func orphanedRun(t *testing.T, c *kubetest.Cluster) {
 	s.waitReaped(fa, time.Minute)
 	s.waitReaped(fb, time.Minute)
 	s.waitReaped(fr, 2*time.Minute)
+	s.finish()
+}
+
+// A warm pool of two workers runs a victim and a bystander, one on each;
+// the victim's worker pod is deleted (its attempt dies with it, unreported):
+// warmworker reaps it on the infra rail, the pool is refilled, and the
+// re-placed attempt succeeds on a live worker; the bystander is untouched.
+func warmWorkerDeleted(t *testing.T, c *kubetest.Cluster) {
+	s := newScenario(t, 12, "warm worker pod deleted", c)
+	s.warmPool = 2
+	s.executor = sdk.ExecutorWarm
+	s.pair()
+	s.submit(victim("victim"), bystander("bystander"))
+	s.waitRunning("bystander")
+	var ti board.TaskInstance
+	s.eventually(time.Minute, "the victim to run on a worker", func() bool {
+		var err error
+		ti, err = s.taskRow("victim")
+		return err == nil && ti.State == sdk.StateRunning && ti.WarmWorker != "" && s.execLog("victim").starts > 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	p, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, ti.WarmWorker, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the victim's worker pod %s: %v", ti.WarmWorker, err)
+	}
+	s.deletePod(p)
+	s.podGone(p.Name, 30*time.Second)
+	f := s.harm("warm worker pod deleted (gone)", ti.Attempt, max(agentLost, podLostFloor))
+	s.waitReaped(f, time.Minute)
 	s.finish()
 }

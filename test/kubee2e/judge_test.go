@@ -10,6 +10,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // fault is one injected fault and the attempt (or run) whose reaping
@@ -218,6 +219,9 @@ func (s *scenario) finish() {
 			s.t.Errorf("%s did not stop within 20s of SIGTERM", d.name)
 		}
 	}
+	// The warm pool's workers live on by design: their player stops them
+	// (as the pool's pods would go with the deployment).
+	s.workers.Stop()
 	until := time.Now().Add(10 * time.Second)
 	for len(markedProcesses(s.mark)) > 0 && time.Now().Before(until) {
 		time.Sleep(100 * time.Millisecond)
@@ -262,6 +266,9 @@ func (s *scenario) livePods() []string {
 	}
 	var out []string
 	for _, p := range list.Items {
+		if _, worker := p.Labels[kube.LabelWarmPool]; worker {
+			continue // the warm pool's workers are long-lived
+		}
 		if p.Status.Phase == corev1.PodPending || p.Status.Phase == corev1.PodRunning {
 			out = append(out, p.Name)
 		}

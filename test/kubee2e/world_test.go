@@ -103,12 +103,13 @@ type scenario struct {
 	row   *figures
 	mark  string
 
-	c      *kubetest.Cluster
-	cs     kubernetes.Interface
-	ns     string
-	player *kubelet.Player
-	stopBg context.CancelFunc
-	bg     sync.WaitGroup
+	c       *kubetest.Cluster
+	cs      kubernetes.Interface
+	ns      string
+	player  *kubelet.Player
+	workers *kubelet.Player // the warm pool's
+	stopBg  context.CancelFunc
+	bg      sync.WaitGroup
 
 	nodeMu sync.Mutex
 	nodes  []string // the nodes the binder places pods on
@@ -117,6 +118,8 @@ type scenario struct {
 	retries                               int
 	noRunner                              bool  // the scheduler is gone: replicas start without the runner
 	infraBudget                           int32 // the tasks' (0: the default)
+	warmPool                              int   // the runner's warm pool size (0: none)
+	executor                              string
 	pool                                  *pgxpool.Pool
 	store                                 *board.Store
 
@@ -170,12 +173,22 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The warm pool's workers carry the pool's label, not a run's: a
+	// second player runs them.
+	s.workers, err = kubelet.Start(bg, kubelet.Config{Client: s.cs, Namespace: s.ns, Dir: filepath.Join(s.dir, "workers"),
+		Selector: kube.LabelWarmPool, Commands: map[string]string{"reaper-agent": filepath.Join(binDir, "reaper-agent")},
+		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), markEnv + "=" + s.mark}, MaxGrace: podGrace,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "workers", Output: logf, Level: hclog.Debug})})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.bind(bg) }()
 	// Cleanups run last registered first: the daemons' (registered later)
 	// stop before the player and the binder; nothing marked outlives it.
 	t.Cleanup(func() {
 		s.player.Stop()
+		s.workers.Stop()
 		stop()
 		s.bg.Wait()
 		_ = logf.Close()
@@ -255,6 +268,9 @@ func (s *scenario) bind(ctx context.Context) {
 func (s *scenario) config() string {
 	s.t.Helper()
 	name, runner := "reaperd.hcl", runnerBlock(runnerTick)
+	if s.warmPool > 0 {
+		runner = strings.Replace(runner, "  kube {\n", fmt.Sprintf("  kube {\n    warm_pool {\n      size = %d\n      poll = \"200ms\"\n    }\n", s.warmPool), 1)
+	}
 	if s.noRunner {
 		name, runner = "reaperd-no-runner.hcl", ""
 	}
@@ -513,7 +529,11 @@ func (s *scenario) submit(tasks ...taskSpec) {
 	s.tasks = tasks
 	run := lifecycle.NewRun{RunID: runID, DagID: "kubee2e", State: sdk.RunRunning}
 	for _, ts := range tasks {
-		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: sdk.ExecutorKube,
+		executor := sdk.ExecutorKube
+		if s.executor != "" {
+			executor = s.executor
+		}
+		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: executor,
 			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts)})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
@@ -531,7 +551,8 @@ func (s *scenario) taskRow(task string) (board.TaskInstance, error) {
 }
 
 // waitRunning waits until task's first attempt runs, has started its
-// command and heartbeated, and returns the attempt and its pod.
+// command and heartbeated, and returns the attempt and its pod (none for
+// a warm attempt).
 func (s *scenario) waitRunning(task string) (sdk.Attempt, *corev1.Pod) {
 	s.t.Helper()
 	var ti board.TaskInstance
@@ -540,6 +561,9 @@ func (s *scenario) waitRunning(task string) (sdk.Attempt, *corev1.Pod) {
 		ti, err = s.taskRow(task)
 		return err == nil && ti.State == sdk.StateRunning && !ti.LastHeartbeatAt.IsZero() && s.execLog(task).starts > 0
 	})
+	if s.executor == sdk.ExecutorWarm {
+		return ti.Attempt, nil // it runs in a worker's pod, not one of its own
+	}
 	p, err := s.podOf(ti.Attempt)
 	if err != nil {
 		s.t.Fatalf("the pod of %s: %v", ti.Attempt, err)
