@@ -164,24 +164,20 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every pod the runner makes carries the run label: the player runs
-	// them all (and the warm pool's, which carry it too).
-	s.player, err = kubelet.Start(bg, kubelet.Config{Client: s.cs, Namespace: s.ns, Dir: filepath.Join(s.dir, "containers"),
-		Selector: kube.LabelRunID, Commands: map[string]string{"reaper-agent": filepath.Join(binDir, "reaper-agent")},
-		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), markEnv + "=" + s.mark}, MaxGrace: podGrace,
-		Logger: hclog.New(&hclog.LoggerOptions{Name: "player", Output: logf, Level: hclog.Debug})})
-	if err != nil {
-		t.Fatal(err)
+	// Every pod the runner makes carries the run label: one player runs
+	// them all. The warm pool's workers carry the pool's label, not a
+	// run's: a second player runs them.
+	play := func(name, selector string) *kubelet.Player {
+		p, err := kubelet.Start(bg, kubelet.Config{Client: s.cs, Namespace: s.ns, Dir: filepath.Join(s.dir, name),
+			Selector: selector, Commands: map[string]string{"reaper-agent": filepath.Join(binDir, "reaper-agent")},
+			Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), markEnv + "=" + s.mark}, MaxGrace: podGrace,
+			Logger: hclog.New(&hclog.LoggerOptions{Name: name, Output: logf, Level: hclog.Debug})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
-	// The warm pool's workers carry the pool's label, not a run's: a
-	// second player runs them.
-	s.workers, err = kubelet.Start(bg, kubelet.Config{Client: s.cs, Namespace: s.ns, Dir: filepath.Join(s.dir, "workers"),
-		Selector: kube.LabelWarmPool, Commands: map[string]string{"reaper-agent": filepath.Join(binDir, "reaper-agent")},
-		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), markEnv + "=" + s.mark}, MaxGrace: podGrace,
-		Logger: hclog.New(&hclog.LoggerOptions{Name: "workers", Output: logf, Level: hclog.Debug})})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s.player, s.workers = play("containers", kube.LabelRunID), play("workers", kube.LabelWarmPool)
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.bind(bg) }()
 	// Cleanups run last registered first: the daemons' (registered later)
