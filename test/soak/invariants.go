@@ -27,9 +27,23 @@ const (
 	// BoundedRecovery: once the faults stop, every run is final within the
 	// bound, and no attempt is left queued or running.
 	BoundedRecovery = "bounded_recovery"
-	// NothingLeftBehind: no process, record or socket outlives the soak.
+	// NothingLeftBehind: no process, record or socket outlives the soak
+	// (on kube, no task pod still pending or running either).
 	NothingLeftBehind = "nothing_left_behind"
+	// NoLivePodTornDown (kube): no task pod is deleted or stopped in place
+	// while its task runs, unless the injector's own fault did it, judged
+	// from the API server's account of the pod and the agents' journals.
+	NoLivePodTornDown = "no_live_pod_torn_down"
+	// NoRetrySpentOnAClusterStop (kube): a task whose pod the cluster
+	// stopped (deleted, evicted, lost with its node) settles on the infra
+	// rail, never as a task failure that spends a retry, unless the task
+	// had ended on its own before.
+	NoRetrySpentOnAClusterStop = "no_retry_spent_on_a_cluster_stop"
 )
+
+// Invariants lists the invariants by name, in the report's order.
+var Invariants = []string{NeverTwoLiveExecutions, NoReapOfALiveAttempt, NoDeposedLeaderWrite, NoLivePodTornDown,
+	NoRetrySpentOnAClusterStop, BoundedRecovery, NothingLeftBehind}
 
 // Violation is one breach of an invariant, with what shows it.
 type Violation struct {
@@ -130,12 +144,7 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 			}
 		}
 	}
-	killed := map[sdk.Attempt]bool{}
-	for _, f := range h.Faults {
-		if f.KilledGroup && f.Target != nil {
-			killed[*f.Target] = true
-		}
-	}
+	killed := killedBy(h.Faults)
 	for _, e := range h.Executions {
 		switch {
 		case e.EndReason == agent.ReasonTerminated:
@@ -147,6 +156,84 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 				"%s: its task group %d was killed by a signal neither its agent %d nor the injector sent (ended %s)",
 				e.Attempt, e.PGID, e.AgentPID, stamp(e.End))})
 		}
+	}
+	return out
+}
+
+// killedBy is the set of attempts whose task the faults stopped
+// themselves.
+func killedBy(faults []Fault) map[sdk.Attempt]bool {
+	killed := map[sdk.Attempt]bool{}
+	for _, f := range faults {
+		if f.KilledGroup {
+			for _, a := range f.Harmed() {
+				killed[a] = true
+			}
+		}
+	}
+	return killed
+}
+
+// CheckNoLivePodTornDown finds pod stops (a deletion, a lowered deadline)
+// that the injector did not cause and that met a task still running: an
+// execution of the pod's attempt that had started before the stop was seen
+// and was still alive then, or that its agent ended because it was told to
+// stop (SIGTERM, as the kubelet does to a pod going away).
+func CheckNoLivePodTornDown(h History) []Violation {
+	killed := killedBy(h.Faults)
+	execs := map[sdk.Attempt][]Execution{}
+	for _, e := range h.Executions {
+		execs[e.Attempt] = append(execs[e.Attempt], e)
+	}
+	var out []Violation
+	for _, ps := range h.PodStops {
+		if killed[ps.Attempt] {
+			continue
+		}
+		for _, e := range execs[ps.Attempt] {
+			if !e.Start.Before(ps.At) {
+				continue
+			}
+			if e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped {
+				out = append(out, Violation{Check: NoLivePodTornDown, Evidence: fmt.Sprintf(
+					"pod %s of %s %s at %s (phase %s) while its task ran (agent %d, group %d, started %s, alive at %s, ended %q)",
+					ps.Pod, ps.Attempt, ps.How, stamp(ps.At), ps.Phase, e.AgentPID, e.PGID, stamp(e.Start),
+					stamp(e.Over()), e.EndReason)})
+			}
+		}
+	}
+	return out
+}
+
+// CheckNoRetrySpentOnAClusterStop finds attempts whose pod a cluster stop
+// harmed while their task ran and that then settled as a task failure.
+func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
+	stops := map[sdk.Attempt]Fault{}
+	for _, f := range h.Faults {
+		if f.ClusterStop {
+			for _, a := range f.Harmed() {
+				stops[a] = f
+			}
+		}
+	}
+	ownEnd := map[sdk.Attempt]time.Time{} // the task ended on its own (not stopped)
+	for _, e := range h.Executions {
+		if !e.End.IsZero() && e.EndReason != agent.ReasonAgentStopped {
+			ownEnd[e.Attempt] = e.End
+		}
+	}
+	var out []Violation
+	for _, t := range h.Transitions {
+		f, ok := stops[t.From]
+		if !ok || !t.At.After(f.At) || t.OldState != sdk.StateRunning || t.FailureKind != sdk.FailureTask {
+			continue
+		}
+		if end, ok := ownEnd[t.From]; ok && end.Before(f.At) {
+			continue
+		}
+		out = append(out, Violation{Check: NoRetrySpentOnAClusterStop, Evidence: fmt.Sprintf(
+			"%s settled %s as a task failure (%s) at %s (term %d) after %s at %s stopped its pod",
+			t.From, t.NewState, t.FailureReason, stamp(t.At), t.Term, f.Kind, stamp(f.At))})
 	}
 	return out
 }
@@ -210,9 +297,11 @@ func CheckNoDeposedLeaderWrite(h History) []Violation {
 // CheckAll runs the invariants that judge a history while the system runs.
 func CheckAll(h History) map[string][]Violation {
 	return map[string][]Violation{
-		NeverTwoLiveExecutions: CheckNeverTwoLiveExecutions(h),
-		NoReapOfALiveAttempt:   CheckNoReapOfALiveAttempt(h),
-		NoDeposedLeaderWrite:   CheckNoDeposedLeaderWrite(h),
+		NeverTwoLiveExecutions:     CheckNeverTwoLiveExecutions(h),
+		NoReapOfALiveAttempt:       CheckNoReapOfALiveAttempt(h),
+		NoDeposedLeaderWrite:       CheckNoDeposedLeaderWrite(h),
+		NoLivePodTornDown:          CheckNoLivePodTornDown(h),
+		NoRetrySpentOnAClusterStop: CheckNoRetrySpentOnAClusterStop(h),
 	}
 }
 

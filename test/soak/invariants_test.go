@@ -173,3 +173,64 @@ func TestMeasureRecovery(t *testing.T) {
 		t.Fatalf("recovery of a late fault %+v", r)
 	}
 }
+
+func TestNoLivePodTornDown(t *testing.T) {
+	a := attempt("a", 1, 0)
+	running := Execution{Attempt: a, AgentPID: 10, PGID: 11, Start: at(0), LastSeenAlive: at(9), Gone: true}
+	stop := PodStop{At: at(5), Attempt: a, Pod: "pod-a", How: "deadline lowered to 1s", Phase: "Running"}
+	t.Run("TeardownAfterTheTaskEnded_Holds", func(t *testing.T) {
+		late := stop
+		late.At = at(10)
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{running}, PodStops: []PodStop{late}}), 0, "")
+	})
+	t.Run("TeardownWhileTheTaskRuns_Violates", func(t *testing.T) {
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{running}, PodStops: []PodStop{stop}}), 1,
+			"while its task ran")
+	})
+	t.Run("AgentStoppedByAStopSeenLate_Violates", func(t *testing.T) {
+		stopped := running
+		stopped.LastSeenAlive, stopped.End, stopped.EndReason = at(4), at(4.5), agent.ReasonAgentStopped
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{stopped}, PodStops: []PodStop{stop}}), 1,
+			"agent_stopped")
+	})
+	t.Run("TheInjectorsOwnDeletion_Holds", func(t *testing.T) {
+		f := Fault{Kind: "delete_pod", At: at(4.9), Target: &a, KilledGroup: true, ClusterStop: true}
+		h := History{Executions: []Execution{running}, PodStops: []PodStop{stop}, Faults: []Fault{f}}
+		expect(t, CheckNoLivePodTornDown(h), 0, "")
+	})
+	t.Run("ANodesPodsAreTheInjectors_Holds", func(t *testing.T) {
+		f := Fault{Kind: "delete_node", At: at(4.9), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		h := History{Executions: []Execution{running}, PodStops: []PodStop{stop}, Faults: []Fault{f}}
+		expect(t, CheckNoLivePodTornDown(h), 0, "")
+	})
+}
+
+func TestNoRetrySpentOnAClusterStop(t *testing.T) {
+	a := attempt("a", 1, 0)
+	evict := Fault{Kind: "evict_pod", At: at(5), Target: &a, KilledGroup: true, ClusterStop: true}
+	settle := func(kind, reason string) Transition {
+		return Transition{At: at(6), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+			FailureReason: reason, FailureKind: kind, Term: 2}
+	}
+	t.Run("EvictedTaskOnTheInfraRail_Holds", func(t *testing.T) {
+		h := History{Faults: []Fault{evict}, Transitions: []Transition{settle(sdk.FailureInfra, sdk.LabelPodLost)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("EvictedTaskFailedAsATaskFailure_Violates", func(t *testing.T) {
+		stopped := Execution{Attempt: a, Start: at(0), End: at(5.5), EndReason: agent.ReasonAgentStopped}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{stopped},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonAgentStopped)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 1, "as a task failure (agent_stopped)")
+	})
+	t.Run("TaskThatFailedOnItsOwnBeforeTheStop_Holds", func(t *testing.T) {
+		own := Execution{Attempt: a, Start: at(0), End: at(4.8), EndReason: agent.ReasonExitCode}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{own},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("AKillOfTheAgentIsNoClusterStop", func(t *testing.T) {
+		kill := Fault{Kind: "kill_agent", At: at(5), Target: &a}
+		h := History{Faults: []Fault{kill}, Transitions: []Transition{settle(sdk.FailureTask, "signal")}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+}

@@ -117,6 +117,12 @@ type Config struct {
 	Client kubernetes.Interface
 	// Namespace is the namespace whose owned pods the player runs. Required.
 	Namespace string
+	// Selector is the label selector of the pods the player runs; default
+	// LabelOwner=OwnerValue (the pods Own marked). A harness whose pods
+	// are made by another program (the kube runner) selects them by their
+	// own labels; pods without LabelOwner are also matched by KWOK's
+	// deadline stage, which then races the player's at activeDeadlineSeconds.
+	Selector string
 	// Dir is where each container's scratch directory is made. Required.
 	Dir string
 	// Commands maps the first word of a container's command to a local
@@ -192,6 +198,9 @@ func Start(ctx context.Context, cfg Config) (*Player, error) {
 	if cfg.Env == nil {
 		cfg.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
 	}
+	if cfg.Selector == "" {
+		cfg.Selector = LabelOwner + "=" + OwnerValue
+	}
 	if cfg.MaxGrace <= 0 {
 		cfg.MaxGrace = 5 * time.Second
 	}
@@ -212,7 +221,7 @@ func Start(ctx context.Context, cfg Config) (*Player, error) {
 	}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelOwner + "=" + OwnerValue }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = cfg.Selector }))
 	inf := factory.Core().V1().Pods().Informer()
 	send := func(ev event) {
 		select {
