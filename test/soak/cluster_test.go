@@ -44,7 +44,7 @@ const (
 // triggersSQL makes the database keep its own history of every change of
 // a task instance's state or attempt, of a run's state and of the leader
 // row's term, each with clock_timestamp() and the term current in the
-// writing transaction.
+// writing transaction, and of every heartbeat that landed.
 const triggersSQL = `
 CREATE TABLE soak_ti_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -64,6 +64,18 @@ CREATE TRIGGER soak_ti AFTER UPDATE ON task_instances FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.try_number <> NEW.try_number
           OR OLD.attempt_epoch <> NEW.attempt_epoch)
     EXECUTE FUNCTION soak_ti_log();
+
+CREATE TABLE soak_hb_history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL, try int NOT NULL, epoch int NOT NULL);
+CREATE FUNCTION soak_hb_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_hb_history (at, run_id, task_id, try, epoch)
+    VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, NEW.try_number, NEW.attempt_epoch);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER soak_hb AFTER UPDATE ON task_instances FOR EACH ROW
+    WHEN (OLD.last_heartbeat_at IS DISTINCT FROM NEW.last_heartbeat_at) EXECUTE FUNCTION soak_hb_log();
 
 CREATE TABLE soak_run_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -23,9 +24,44 @@ type History struct {
 	// PodStops are the stops of task pods the API server reported (kube
 	// edition only): deletions and lowered deadlines, whoever made them.
 	PodStops []PodStop
+	// Heartbeats are, by attempt, the times its heartbeats landed in the
+	// database (a trigger's clock), in order.
+	Heartbeats map[sdk.Attempt][]time.Time
+	// AgentLost is, on kube, the silence after which a reaper may mark the
+	// attempt of an agent whose process lives: the reapers there judge by
+	// heartbeats landing, not by processes (a wedged agent, a control plane
+	// that heard nothing). Zero on Lite: a live process is never marked.
+	AgentLost time.Duration
 	// Now is when the history was taken: processes still alive were seen
 	// alive up to about then.
 	Now time.Time
+}
+
+// silentAt reports whether, on kube, attempt a's heartbeats had stopped
+// landing for AgentLost at t, and when the last landed.
+func (h History) silentAt(a sdk.Attempt, t time.Time) (bool, time.Time) {
+	if h.AgentLost <= 0 {
+		return false, time.Time{}
+	}
+	var last time.Time
+	for _, b := range h.Heartbeats[a] {
+		if b.After(t) {
+			break
+		}
+		last = b
+	}
+	return t.Sub(last) >= h.AgentLost, last
+}
+
+// lastBeat describes attempt a's last heartbeat before t, for evidence.
+func (h History) lastBeat(a sdk.Attempt, t time.Time) string {
+	if h.AgentLost <= 0 {
+		return ""
+	}
+	if _, last := h.silentAt(a, t); !last.IsZero() {
+		return fmt.Sprintf("; its last heartbeat landed at %s", stamp(last))
+	}
+	return "; it never heartbeated"
 }
 
 // Execution is one run of a task's command: from the agent's task_start

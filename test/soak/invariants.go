@@ -125,6 +125,13 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 		if !isReaperMark(t) || !reaperMarks[t.FailureReason] {
 			continue // credential_ceiling ends live attempts by design
 		}
+		if silent, _ := h.silentAt(t.From, t.At); silent {
+			// Kube: the reapers see no process, only heartbeats landing;
+			// a mark after agent_lost without one is theirs to make (the
+			// pod is then torn down, and a durable record can still
+			// override the mark).
+			continue
+		}
 		for _, a := range agents[t.From] {
 			alive := a.LastSeenAlive
 			if a.Exited.After(alive) {
@@ -132,21 +139,30 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 			}
 			if a.Began.Before(t.At) && alive.After(t.At) {
 				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
-					"%s marked %s at %s (term %d) while its agent %d was alive (began %s, alive at %s)",
-					t.From, t.FailureReason, stamp(t.At), t.Term, a.PID, stamp(a.Began), stamp(alive))})
+					"%s marked %s at %s (term %d) while its agent %d was alive (began %s, alive at %s)%s",
+					t.From, t.FailureReason, stamp(t.At), t.Term, a.PID, stamp(a.Began), stamp(alive), h.lastBeat(t.From, t.At))})
 			}
 		}
 		for _, e := range execs[t.From] {
 			if e.Start.Before(t.At) && e.Over().After(t.At) {
 				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
-					"%s marked %s at %s (term %d) while its task group %d was alive (started %s, alive at %s)",
-					t.From, t.FailureReason, stamp(t.At), t.Term, e.PGID, stamp(e.Start), stamp(e.Over()))})
+					"%s marked %s at %s (term %d) while its task group %d was alive (started %s, alive at %s)%s",
+					t.From, t.FailureReason, stamp(t.At), t.Term, e.PGID, stamp(e.Start), stamp(e.Over()), h.lastBeat(t.From, t.At))})
 			}
+		}
+	}
+	marked := map[sdk.Attempt]time.Time{} // the first reaper mark of each attempt
+	for _, t := range h.Transitions {
+		if _, ok := marked[t.From]; !ok && isReaperMark(t) {
+			marked[t.From] = t.At
 		}
 	}
 	killed := killedBy(h.Faults)
 	for _, e := range h.Executions {
 		switch {
+		case e.EndReason == agent.ReasonTerminated && h.AgentLost > 0 && !marked[e.Attempt].IsZero() &&
+			marked[e.Attempt].Before(e.End):
+			// Kube: told to stop after a mark judged above.
 		case e.EndReason == agent.ReasonTerminated:
 			out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
 				"%s: its live agent %d was told should_terminate and stopped its task group %d (ended %s)",
@@ -175,7 +191,8 @@ func killedBy(faults []Fault) map[sdk.Attempt]bool {
 }
 
 // CheckNoLivePodTornDown finds pod stops (a deletion, a lowered deadline)
-// that the injector did not cause and that met a task still running: an
+// that the injector did not cause, of an attempt the board still held
+// queued or running, and that met a task still running: an
 // execution of the pod's attempt that had started before the stop was seen
 // and was still alive then, or that its agent ended because it was told to
 // stop (SIGTERM, as the kubelet does to a pod going away).
@@ -185,10 +202,20 @@ func CheckNoLivePodTornDown(h History) []Violation {
 	for _, e := range h.Executions {
 		execs[e.Attempt] = append(execs[e.Attempt], e)
 	}
+	settled := map[sdk.Attempt]time.Time{} // when the board first moved the attempt on
+	for _, t := range h.Transitions {
+		if _, ok := settled[t.From]; !ok && (t.OldState == sdk.StateRunning || t.OldState == sdk.StateQueued) &&
+			t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
+			settled[t.From] = t.At
+		}
+	}
 	var out []Violation
 	for _, ps := range h.PodStops {
 		if killed[ps.Attempt] {
 			continue
+		}
+		if at, ok := settled[ps.Attempt]; ok && !at.After(ps.At) {
+			continue // a teardown of a settled attempt: its mark is judged by NoReapOfALiveAttempt
 		}
 		for _, e := range execs[ps.Attempt] {
 			if !e.Start.Before(ps.At) {
@@ -206,7 +233,9 @@ func CheckNoLivePodTornDown(h History) []Violation {
 }
 
 // CheckNoRetrySpentOnAClusterStop finds attempts whose pod a cluster stop
-// harmed while their task ran and that then settled as a task failure.
+// harmed and that then settled as a task failure, unless their task had
+// ended on its own before the pod was stopped (a lost node's pods are
+// stopped only when the controller manager's Pod GC deletes them).
 func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
 	stops := map[sdk.Attempt]Fault{}
 	for _, f := range h.Faults {
@@ -228,12 +257,25 @@ func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
 		if !ok || !t.At.After(f.At) || t.OldState != sdk.StateRunning || t.FailureKind != sdk.FailureTask {
 			continue
 		}
-		if end, ok := ownEnd[t.From]; ok && end.Before(f.At) {
+		var stopped time.Time
+		if f.Target != nil && *f.Target == t.From {
+			stopped = f.At // the injector stopped this pod itself, then
+		}
+		for _, ps := range h.PodStops {
+			if stopped.IsZero() && ps.Attempt == t.From && !ps.At.Before(f.At) {
+				stopped = ps.At // a lost node's pod, when Pod GC deleted it
+				break
+			}
+		}
+		if stopped.IsZero() || stopped.After(t.At) {
+			continue // its pod was not stopped yet (a lost node's pod waits for Pod GC): the end is the task's
+		}
+		if end, ok := ownEnd[t.From]; ok && end.Before(stopped) {
 			continue
 		}
 		out = append(out, Violation{Check: NoRetrySpentOnAClusterStop, Evidence: fmt.Sprintf(
-			"%s settled %s as a task failure (%s) at %s (term %d) after %s at %s stopped its pod",
-			t.From, t.NewState, t.FailureReason, stamp(t.At), t.Term, f.Kind, stamp(f.At))})
+			"%s settled %s as a task failure (%s) at %s (term %d) after %s at %s stopped its pod (seen stopped at %s)",
+			t.From, t.NewState, t.FailureReason, stamp(t.At), t.Term, f.Kind, stamp(f.At), stamp(stopped))})
 	}
 	return out
 }

@@ -218,7 +218,7 @@ func TestNoRetrySpentOnAClusterStop(t *testing.T) {
 	})
 	t.Run("EvictedTaskFailedAsATaskFailure_Violates", func(t *testing.T) {
 		stopped := Execution{Attempt: a, Start: at(0), End: at(5.5), EndReason: agent.ReasonAgentStopped}
-		h := History{Faults: []Fault{evict}, Executions: []Execution{stopped},
+		h := History{Faults: []Fault{evict}, Executions: []Execution{stopped}, PodStops: []PodStop{{At: at(5.1), Attempt: a}},
 			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonAgentStopped)}}
 		expect(t, CheckNoRetrySpentOnAClusterStop(h), 1, "as a task failure (agent_stopped)")
 	})
@@ -228,9 +228,57 @@ func TestNoRetrySpentOnAClusterStop(t *testing.T) {
 			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
 		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
 	})
+	t.Run("LostNodesPodNotYetDeleted_Holds", func(t *testing.T) {
+		node := Fault{Kind: "delete_node", At: at(5), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		h := History{Faults: []Fault{node}, Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("TaskEndedOnItsOwnBeforeTheLostNodesPodWasDeleted_Holds", func(t *testing.T) {
+		node := Fault{Kind: "delete_node", At: at(5), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		own := Execution{Attempt: a, Start: at(0), End: at(5.5), EndReason: agent.ReasonExitCode}
+		gc := PodStop{At: at(40), Attempt: a, Pod: "pod-a", How: "deleted"}
+		h := History{Faults: []Fault{node}, Executions: []Execution{own}, PodStops: []PodStop{gc},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
 	t.Run("AKillOfTheAgentIsNoClusterStop", func(t *testing.T) {
 		kill := Fault{Kind: "kill_agent", At: at(5), Target: &a}
 		h := History{Faults: []Fault{kill}, Transitions: []Transition{settle(sdk.FailureTask, "signal")}}
 		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
 	})
+}
+
+// On kube the reapers judge an agent by its heartbeats landing, not by its
+// process: a mark of a live agent is theirs to make once its heartbeats
+// have stopped landing for agent_lost, and a violation while they land.
+func TestNoReapOfALiveAttempt_KubeJudgesHeartbeatsLanding(t *testing.T) {
+	a := attempt("a", 1, 0)
+	mark := Transition{At: at(10), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+		FailureReason: sdk.LabelAgentLost, FailureKind: sdk.FailureInfra, Term: 3}
+	alive := AgentLife{Attempt: a, PID: 10, Began: at(0), LastSeenAlive: at(12)}
+	t.Run("SilentForAgentLost_Holds", func(t *testing.T) {
+		h := History{Transitions: []Transition{mark}, Agents: []AgentLife{alive}, AgentLost: 5 * time.Second,
+			Heartbeats: map[sdk.Attempt][]time.Time{a: {at(1), at(2), at(4.5)}}}
+		expect(t, CheckNoReapOfALiveAttempt(h), 0, "")
+	})
+	t.Run("HeartbeatLandedWithinAgentLost_Violates", func(t *testing.T) {
+		h := History{Transitions: []Transition{mark}, Agents: []AgentLife{alive}, AgentLost: 5 * time.Second,
+			Heartbeats: map[sdk.Attempt][]time.Time{a: {at(1), at(7)}}}
+		expect(t, CheckNoReapOfALiveAttempt(h), 1, "its last heartbeat landed at")
+	})
+	t.Run("ToldToStopAfterTheMark_Holds", func(t *testing.T) {
+		stopped := Execution{Attempt: a, AgentPID: 10, Start: at(0), End: at(13), EndReason: agent.ReasonTerminated}
+		h := History{Transitions: []Transition{mark}, Executions: []Execution{stopped}, AgentLost: 5 * time.Second}
+		expect(t, CheckNoReapOfALiveAttempt(h), 0, "")
+	})
+}
+
+func TestNoLivePodTornDown_TeardownOfAMarkedAttemptIsJudgedByItsMark(t *testing.T) {
+	a := attempt("a", 1, 0)
+	running := Execution{Attempt: a, AgentPID: 10, PGID: 11, Start: at(0), LastSeenAlive: at(9), Gone: true}
+	mark := Transition{At: at(4), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+		FailureReason: sdk.LabelAgentLost, FailureKind: sdk.FailureInfra}
+	stop := PodStop{At: at(5), Attempt: a, Pod: "pod-a", How: "deadline lowered to 1s", Phase: "Running"}
+	h := History{Executions: []Execution{running}, Transitions: []Transition{mark}, PodStops: []PodStop{stop}}
+	expect(t, CheckNoLivePodTornDown(h), 0, "")
 }

@@ -75,6 +75,8 @@ type soak struct {
 	passed     map[string]int // checks judged clean, by invariant
 	decisions  []Decision
 	lastAudit  int64
+	heartbeats map[sdk.Attempt][]time.Time // landed, by attempt
+	lastBeat   int64
 	out        *os.File // the report, as it is written
 }
 
@@ -347,9 +349,19 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	if err := s.readAudit(ctx); err != nil {
 		return h, err
 	}
+	if err := s.readHeartbeats(ctx); err != nil {
+		return h, err
+	}
 	s.mu.Lock()
 	h.Decisions = append([]Decision(nil), s.decisions...)
+	h.Heartbeats = make(map[sdk.Attempt][]time.Time, len(s.heartbeats))
+	for a, bs := range s.heartbeats {
+		h.Heartbeats[a] = append([]time.Time(nil), bs...)
+	}
 	s.mu.Unlock()
+	if s.kube != nil {
+		h.AgentLost = agentLost
+	}
 	if s.kube != nil {
 		h.PodStops = s.kube.podStops()
 	}
@@ -390,6 +402,34 @@ func (s *soak) readAudit(ctx context.Context) error {
 		s.lastAudit = ds[len(ds)-1].ID
 	}
 	return nil
+}
+
+// readHeartbeats reads the heartbeats landed since the last read.
+func (s *soak) readHeartbeats(ctx context.Context) error {
+	s.mu.Lock()
+	after := s.lastBeat
+	s.mu.Unlock()
+	rows, err := s.pool.Query(ctx, `SELECT id, at, run_id, task_id, try, epoch FROM soak_hb_history WHERE id > $1 ORDER BY id`, after)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.heartbeats == nil {
+		s.heartbeats = map[sdk.Attempt][]time.Time{}
+	}
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		var a sdk.Attempt
+		if err := rows.Scan(&id, &at, &a.RunID, &a.TaskID, &a.Try, &a.Epoch); err != nil {
+			return err
+		}
+		s.heartbeats[a] = append(s.heartbeats[a], at)
+		s.lastBeat = id
+	}
+	return rows.Err()
 }
 
 // leaderDaemon is the replica holding the lease now, and how many others
@@ -526,6 +566,14 @@ func (s *soak) stopAll() {
 		if !d.stop(30 * time.Second) {
 			s.logf("reaperd #%d did not stop within 30s of SIGTERM: killed", d.slot)
 		}
+	}
+	if s.failed() {
+		// Stopped early on a violation: agents may still be at work, their
+		// control plane gone. The first violation is the evidence.
+		for _, l := range s.leftovers() {
+			s.logf("left at the early stop: %s", l)
+		}
+		return
 	}
 	deadline := time.Now().Add(escapeLife + 5*time.Second)
 	var left []string
