@@ -7,8 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
 )
@@ -30,14 +28,7 @@ import (
 //     nothing reported;
 //   - RUNNING answered should_terminate (the attempt moved on), or the
 //     agent stopped before RUNNING was answered, or a refusal: no record;
-//     the pod then settles by what the cluster says;
-//   - the agent told to stop (SIGTERM: the kubelet stops the container
-//     because the pod is going away: deleted, evicted, its node shut down
-//     or lost): the FAILED record (agent_stopped), but nothing reported.
-//     Why the pod went is the cluster's to say, and the sweep (a disrupted
-//     pod) or the pod-lost reaper (a pod gone) settles the attempt on the
-//     infra rail, where it spends no retry; a FAILED report would have
-//     made it a task failure first.
+//     the pod then settles by what the cluster says.
 
 // DefaultTerminationMessagePath is where Kubernetes reads a container's
 // termination message unless the pod says otherwise.
@@ -62,7 +53,7 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 			next(o)
 		}
 	}
-	out, err := Run(ctx, cfg, podReporter{Reporter: rep, log: cfg.Logger})
+	out, err := Run(ctx, cfg, rep)
 	if errors.Is(err, ErrStartUnanswered) {
 		rec := podrecord.For(cfg.Attempt, podrecord.Infra)
 		rec.Reason = InfraReason(cfg.startRetry())
@@ -74,25 +65,6 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 		return out, errors.Join(err, recErr)
 	}
 	return out, err
-}
-
-// podReporter is the pod mode's line to the control plane: every call
-// goes through, but the outcome of an agent told to stop, which is the
-// cluster's to settle.
-type podReporter struct {
-	Reporter
-	log hclog.Logger
-}
-
-func (p podReporter) Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (bool, error) {
-	if o.State == sdk.StateFailed && o.Reason == ReasonAgentStopped {
-		if p.log != nil {
-			p.log.Info("stopped by the pod's own stop: the outcome is left to the cluster's account of the pod",
-				"attempt", a.String())
-		}
-		return false, nil
-	}
-	return p.Reporter.Report(ctx, a, o, now)
 }
 
 // InfraReason is the agent's reason in the infra marker it writes after

@@ -288,33 +288,3 @@ func TestPodModeNeedsAMessagePath(t *testing.T) {
 		t.Fatal("pod mode ran without a termination message path")
 	}
 }
-
-// A pod's container is told to stop (SIGTERM) when the cluster stops the
-// pod: deleted, evicted, its node shut down. The agent stops the task and
-// leaves its FAILED record, but reports nothing: a failure reported here
-// would be a task failure spending a retry, where the cluster's stop is an
-// infra failure the sweep or the pod-lost reaper settles.
-func TestPodModeClusterStopIsLeftToTheClusterNotReportedAsATaskFailure(t *testing.T) {
-	p := setupPod(t, `sleep 1000`)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var pgid int
-	started := make(chan struct{})
-	p.cfg.OnTaskStarted = func(g int) { pgid = g; close(started) }
-	go func() {
-		<-started
-		cancel() // the agent's SIGTERM
-	}()
-	r := p.run(t, ctx)
-	if r.err != nil || r.out.State != sdk.StateFailed || r.out.Reason != ReasonAgentStopped {
-		t.Fatalf("%+v, %v", r.out, r.err)
-	}
-	assertGroupGone(t, pgid)
-	rec, ok := p.record(t)
-	if !ok || rec.Outcome != podrecord.Failed || !strings.HasPrefix(rec.Reason, ReasonAgentStopped+":") {
-		t.Fatalf("record %+v", rec)
-	}
-	if got := p.rep.reported(); len(got) != 0 {
-		t.Fatalf("the stopped agent reported %+v; want nothing reported", got)
-	}
-}
