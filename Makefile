@@ -73,6 +73,13 @@ demo: build
 e2e:
 	$(GO) test -count=1 -v -timeout 15m ./test/e2e/
 
+# The kube edition's fault suite alone, verbose, ending with its figures
+# table (make test runs it too): a local API server, etcd, KWOK and the
+# controller manager, PostgreSQL, two reaperd per scenario on the Lease.
+.PHONY: e2e-kube
+e2e-kube:
+	$(GO) test -count=1 -v -timeout 15m -run TestKubeFaultSuite ./test/kubee2e/
+
 # The randomized fault soak (not part of make test): PostgreSQL, three
 # reaperd replicas, a stream of short tasks and random overlapping faults for
 # SOAK (any Go duration), invariants judged while it runs and at the end,

@@ -104,6 +104,7 @@ type Cluster struct {
 	detached bool
 	kcm      bool
 
+	mu    sync.Mutex // guards procs once Start has returned (outages swap one)
 	procs []*process // in start order; stopped in reverse
 	seq   atomic.Int64
 	stop  sync.Once
@@ -115,6 +116,8 @@ type process struct {
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd has exited
 	log    string
+	index  int      // its place in the start order, from 1 (its pid file's prefix)
+	env    []string // what spawnEnv added to the environment, for a restart
 }
 
 // Start builds the binaries if the cache lacks them (with progress on
@@ -226,7 +229,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 		return err
 	}
 
-	apiserver, err := c.spawn("kube-apiserver", c.bins.KubeAPIServer,
+	apiserver, err := c.spawn(apiServerName, c.bins.KubeAPIServer,
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(ports[2]),
@@ -326,15 +329,25 @@ func (c *Cluster) spawn(name, path string, args ...string) (*process, error) {
 
 // spawnEnv is spawn with env added to this process's environment.
 func (c *Cluster) spawnEnv(name string, env []string, path string, args ...string) (*process, error) {
-	p := &process{name: name, log: filepath.Join(c.dir, "logs", name+".log")}
-	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	p := &process{name: name, log: filepath.Join(c.dir, "logs", name+".log"), index: len(c.procs) + 1, env: env}
+	if err := c.start(p, path, args, os.O_TRUNC); err != nil {
+		return nil, err
+	}
+	c.procs = append(c.procs, p)
+	return p, nil
+}
+
+// start runs p's program (path with args) with its output appended to, or
+// (flag os.O_TRUNC) replacing, its log, and records its pid.
+func (c *Cluster) start(p *process, path string, args []string, flag int) error {
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|flag, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("kubetest: %w", err)
+		return fmt.Errorf("kubetest: %w", err)
 	}
 	defer logf.Close()
 	cmd := exec.Command(path, args...)
 	cmd.Dir = c.dir
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if c.detached {
 		// Its own session: it outlives this process and its terminal.
@@ -344,20 +357,19 @@ func (c *Cluster) spawnEnv(name string, env []string, path string, args ...strin
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("kubetest: start %s: %w", name, err)
+		return fmt.Errorf("kubetest: start %s: %w", p.name, err)
 	}
-	p.cmd = cmd
-	p.exited = make(chan struct{})
+	exited := make(chan struct{})
+	p.cmd, p.exited = cmd, exited
 	go func() { // owned by the Cluster: ends when the program does
 		_ = cmd.Wait()
-		close(p.exited)
+		close(exited)
 	}()
-	c.procs = append(c.procs, p)
-	pidFile := filepath.Join(c.dir, "pids", fmt.Sprintf("%d-%s", len(c.procs), name))
+	pidFile := filepath.Join(c.dir, "pids", fmt.Sprintf("%d-%s", p.index, p.name))
 	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		return nil, fmt.Errorf("kubetest: %w", err)
+		return fmt.Errorf("kubetest: %w", err)
 	}
-	return p, nil
+	return nil
 }
 
 // waitReady calls check until it succeeds, p exits, or ctx ends.
@@ -398,9 +410,12 @@ func (c *Cluster) Stop() error {
 // stopAll stops the processes in reverse start order, each with SIGTERM and
 // then, if it lingers, SIGKILL.
 func (c *Cluster) stopAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused one takes its SIGTERM
 		select {
 		case <-p.exited:
 		case <-time.After(20 * time.Second):

@@ -86,3 +86,15 @@ func TestWithTimeout(t *testing.T) {
 		t.Fatalf("cause = %v", context.Cause(ctx))
 	}
 }
+
+// The cancel function of a fake-clock timeout may be called more than once,
+// as every context.CancelFunc may (a deferred cancel after an early one).
+func TestWithTimeoutCancelTwice(t *testing.T) {
+	c := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx, cancel := clock.WithTimeout(context.Background(), c, 30*time.Second)
+	cancel()
+	cancel()
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("err = %v", ctx.Err())
+	}
+}

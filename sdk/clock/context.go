@@ -2,6 +2,7 @@ package clock
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -25,8 +26,10 @@ func WithTimeout(parent context.Context, c Clock, d time.Duration) (context.Cont
 		case <-done:
 		}
 	}()
+	var once sync.Once
+	// Like every context.CancelFunc, it may be called more than once.
 	return ctx, func() {
-		close(done)
+		once.Do(func() { close(done) })
 		cancel(context.Canceled)
 	}
 }

@@ -107,6 +107,10 @@ var (
 	// answer that never came (see ControlPlaneUnanswered). The task did
 	// not start and nothing was reported.
 	ErrStartUnanswered = errors.New("the control plane never answered the pre-start calls")
+	// ErrStopUnreported: the agent was stopped (its context cancelled)
+	// with StopUnreported set: the task's group is stopped and OnOutcome
+	// called, but no outcome is reported.
+	ErrStopUnreported = errors.New("the agent was stopped: the outcome is left to whoever stopped it")
 	// ErrRefused, wrapped by a Reporter's error, says the control plane
 	// refused the call for good (a lapsed or invalid credential): the agent
 	// does not retry it. Any other error is retried within its bound.
@@ -184,6 +188,14 @@ type Config struct {
 	// asks for its next poke (a reschedule-mode sensor): the attempt ends
 	// up_for_reschedule instead of failed. 0: none.
 	RescheduleExitCode int
+	// StopUnreported: an agent stopped from outside (its context
+	// cancelled: SIGTERM) stops the task's group and calls OnOutcome with
+	// the agent_stopped failure, but reports nothing, so the attempt is
+	// settled by what stopped it rather than as a task failure. Pod mode
+	// sets it: there the stop is the cluster's (the pod deleted, evicted,
+	// preempted, its node shut down, its deadline passed), and the pod's
+	// end says which.
+	StopUnreported bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -521,14 +533,21 @@ func (r *runner) finish(ctx context.Context, t *task, out Outcome) (Outcome, err
 	if r.cfg.OnOutcome != nil {
 		r.cfg.OnOutcome(out)
 	}
-	// The outcome is reported even when the agent is being stopped.
-	rctx := context.WithoutCancel(ctx)
-	err := r.retry(rctx, "terminal report", r.cfg.ReportRetry, func(cctx context.Context) (bool, error) {
-		// should_terminate on a report means the attempt had already moved
-		// on and the board kept what it had: nothing is left to stop.
-		_, err := r.rep.Report(cctx, a, out, r.cfg.Clock.Now())
-		return false, err
-	})
+	var err error
+	if r.cfg.StopUnreported && out.Reason == ReasonAgentStopped {
+		r.log.Warn("the agent was stopped from outside: its outcome is not reported")
+		err = ErrStopUnreported
+	} else {
+		// The outcome is reported even when the agent is being stopped.
+		rctx := context.WithoutCancel(ctx)
+		err = r.retry(rctx, "terminal report", r.cfg.ReportRetry, func(cctx context.Context) (bool, error) {
+			// should_terminate on a report means the attempt had already
+			// moved on and the board kept what it had: nothing is left to
+			// stop.
+			_, err := r.rep.Report(cctx, a, out, r.cfg.Clock.Now())
+			return false, err
+		})
+	}
 	if t != nil {
 		if running, gerr := groupRunning(t.pgid); gerr != nil || running {
 			r.log.Warn("keeping the attempt's records: its group may still run", "pgid", t.pgid, "error", gerr)
@@ -542,8 +561,8 @@ func (r *runner) finish(ctx context.Context, t *task, out Outcome) (Outcome, err
 }
 
 func (r *runner) reportErr(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, ErrStopUnreported) {
+		return err
 	}
 	r.log.Error("the outcome could not be reported", "error", err)
 	return fmt.Errorf("%w: %w", ErrNotReported, err)

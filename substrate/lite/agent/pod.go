@@ -26,6 +26,12 @@ import (
 //     one the Unanswered classifier counts as an answer that never came):
 //     the infra marker, with the agent's own reason and no exit code, and
 //     nothing reported;
+//   - the agent stopped from outside (SIGTERM: the pod deleted, evicted,
+//     preempted, its node shut down or its deadline passed): the task's
+//     group is stopped and a FAILED record written, but nothing is
+//     reported (StopUnreported), so the attempt is settled by the pod's end
+//     (a disruption on the infra rail, a vanished pod as pod_lost, a
+//     deadline as the task's failure), not as a task failure of its own;
 //   - RUNNING answered should_terminate (the attempt moved on), or the
 //     agent stopped before RUNNING was answered, or a refusal: no record;
 //     the pod then settles by what the cluster says.
@@ -42,6 +48,7 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 	if messagePath == "" {
 		return Outcome{}, errors.New("agent config: pod mode needs a termination message path")
 	}
+	cfg.StopUnreported = true
 	var recErr error
 	next := cfg.OnOutcome
 	cfg.OnOutcome = func(o Outcome) {

@@ -288,3 +288,29 @@ func TestPodModeNeedsAMessagePath(t *testing.T) {
 		t.Fatal("pod mode ran without a termination message path")
 	}
 }
+
+// An agent stopped from outside in a pod (the kubelet's SIGTERM: the pod
+// deleted, evicted, preempted) stops its task and writes a FAILED record,
+// but reports nothing: the pod's end settles the attempt, on the infra rail
+// when the cluster disrupted it, and no retry of the task is spent.
+func TestPodModeStoppedAgentStopsTheTaskButReportsNothing(t *testing.T) {
+	p := setupPod(t, `sleep 1000 & sleep 1000`)
+	ctx, cancel := context.WithCancel(context.Background())
+	var pgid int
+	p.cfg.OnTaskStarted = func(g int) { pgid = g; cancel() }
+	r := p.run(t, ctx)
+	if !errors.Is(r.err, ErrStopUnreported) || r.out.Reason != ReasonAgentStopped {
+		t.Fatalf("%+v, %v", r.out, r.err)
+	}
+	assertGroupGone(t, pgid)
+	p.rep.mu.Lock()
+	reported := len(p.rep.outcomes)
+	p.rep.mu.Unlock()
+	if reported != 0 {
+		t.Fatalf("the stopped agent reported %d outcomes, want none", reported)
+	}
+	rec, ok := p.record(t)
+	if !ok || rec.Outcome != podrecord.Failed || !strings.HasPrefix(rec.Reason, ReasonAgentStopped+":") {
+		t.Fatalf("record %+v", rec)
+	}
+}

@@ -1,0 +1,100 @@
+package kubetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// API server outages, for fault tests. Two kinds differ in what a client
+// sees:
+//
+//   - PauseAPIServer freezes the process (SIGSTOP): its port still accepts
+//     connections (the kernel completes the handshake) but nothing answers,
+//     so every request runs into its client's timeout. ResumeAPIServer
+//     (SIGCONT) lets it carry on where it was, watches included.
+//   - StopAPIServer kills the process: requests are refused at once
+//     (connection refused). StartAPIServer runs it again on the same port,
+//     with the same certificates and the same etcd, and waits until it is
+//     ready; the cluster's state is what etcd kept.
+//
+// KWOK and the controller manager stay up through either and reconnect on
+// their own, as they would to a real control plane coming back.
+
+const apiServerName = "kube-apiserver"
+
+// PauseAPIServer stops the API server's process with SIGSTOP.
+func (c *Cluster) PauseAPIServer() error {
+	return c.signalAPIServer(syscall.SIGSTOP, "pause")
+}
+
+// ResumeAPIServer continues a paused API server with SIGCONT.
+func (c *Cluster) ResumeAPIServer() error {
+	return c.signalAPIServer(syscall.SIGCONT, "resume")
+}
+
+func (c *Cluster) signalAPIServer(sig syscall.Signal, what string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, err := c.apiServer()
+	if err != nil {
+		return err
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("kubetest: %s the API server: %w", what, err)
+	}
+	return nil
+}
+
+// StopAPIServer kills the API server (SIGKILL, a crash: no graceful
+// drain of its watches) and waits until it has exited.
+func (c *Cluster) StopAPIServer() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, err := c.apiServer()
+	if err != nil {
+		return err
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kubetest: stop the API server: %w", err)
+	}
+	<-p.exited
+	return nil
+}
+
+// StartAPIServer starts a stopped API server again, as it was started
+// first (same port, flags and etcd), and waits until it is ready or ctx
+// ends. It does nothing to one that runs.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, err := c.apiServer()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.exited:
+	default:
+		return nil // it runs (perhaps paused: ResumeAPIServer continues it)
+	}
+	if err := c.start(p, p.cmd.Path, p.cmd.Args[1:], 0 /* append to its log */); err != nil {
+		return err
+	}
+	client, token := c.httpClient(), c.tokens[Admin]
+	return c.waitReady(ctx, p, func(ctx context.Context) error {
+		_, err := get(ctx, client, c.host+"/readyz", token)
+		return err
+	})
+}
+
+// apiServer returns the API server's process; c.mu is held.
+func (c *Cluster) apiServer() (*process, error) {
+	for _, p := range c.procs {
+		if p.name == apiServerName {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("kubetest: the cluster runs no API server (stopped?)")
+}

@@ -1,0 +1,46 @@
+// Package kubee2e is the kube edition's fault suite: the whole Kubernetes
+// edition run for real while faults are injected into it, with a figures
+// table at the end.
+//
+// What is real: PostgreSQL (the board), kube-apiserver, etcd and
+// kube-controller-manager (Pod GC, the eviction and disruption
+// controllers), two reaperd processes per scenario on leader "kubernetes"
+// (a real Lease), each with the kube substrate, the five reapers as plugin
+// binaries over go-plugin, the kube runner creating the task pods and the
+// attempt API the agents report to, and the reaper-agent binary in pod
+// mode.
+//
+// What is simulated, because KWOK runs no containers and the test cluster
+// has no scheduler:
+//
+//   - the scheduler: each scenario binds its unbound pods to its newest
+//     KWOK node;
+//   - the kubelet: the player (internal/kubetest/kubelet) runs each Running
+//     pod's agent as a local process and writes what a kubelet would into
+//     the pod's status: container states, exit codes, the termination
+//     message from the agent's record file; it stops the process when the
+//     pod is deleted (SIGTERM, then SIGKILL after the pod's grace);
+//   - OOMKilled: the player's OOM annotation kills the task's process
+//     session and writes the container OOMKilled (exit 137);
+//   - preemption: the DisruptionTarget condition with reason
+//     PreemptionByScheduler is written through the status subresource,
+//     then the pod deleted, as the scheduler would do it (nothing in the
+//     test cluster preempts);
+//   - the tasks are shell commands on the test's host.
+//
+// Each scenario has its own namespace, node(s), database and reaperd
+// pair, so they run side by side on one cluster; the API server outage
+// runs on a cluster of its own. Every scenario checks the same promises:
+// each task's exact end (state, try, re-placed or not); no false reap (an
+// applied reaper decision on an attempt or run the test did not harm); no
+// double execution (each execution of a task holds an flock on the task's
+// lock file for its whole life, and one that finds it taken says so); and
+// nothing wedged (the run final, no pod of it pending or running, no
+// process of the scenario left once its reaperds stop). Each fault's SLA is
+// its threshold, or the reaping term's settling gate when later, plus one
+// interval, from the fault to the reaping decision.
+//
+//	make e2e-kube
+//
+// Everything lives in the package's _test files; this file documents them.
+package kubee2e

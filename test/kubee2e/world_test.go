@@ -1,0 +1,709 @@
+package kubee2e_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgxpool"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/ctl"
+	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+)
+
+// The ladder of every scenario: the specification's order, shortened so a
+// scenario takes tens of seconds.
+const (
+	interval     = 2 * time.Second
+	lease        = 3 * time.Second
+	heartbeat    = time.Second
+	agentLost    = 5 * time.Second
+	grace        = 8 * time.Second
+	dispatchLost = 10 * time.Second
+	podLostFloor = 5 * time.Second
+	orphanRun    = 20 * time.Second
+	valve        = 10 * time.Second
+	podGrace     = 2 * time.Second // task_termination_grace: the task pods' grace
+	runnerTick   = 500 * time.Millisecond
+	// apiTimeout bounds each request of the harness's own.
+	apiTimeout = 5 * time.Second
+)
+
+// markEnv marks every process of a scenario: reaperd passes it to its
+// plugins, the player to the agents, the agents to the tasks.
+const markEnv = "REAPER_KUBEE2E_SCENARIO"
+
+// runID is the one run each scenario submits.
+const runID = "kubee2e"
+
+// kubeReapers are the five reapers of the kube edition.
+const kubeReapers = `reaper "dispatchlost" {}
+reaper "podlost" {}
+reaper "agentlost" {}
+reaper "warmworker" {}
+reaper "orphanrun" {}
+`
+
+// taskSpec is one task of a scenario's run and the end it must reach.
+type taskSpec struct {
+	id string
+	// victim: the first attempt (try 1, epoch 0 of the runner's first
+	// dispatch) waits for the release like a bystander, so only the
+	// harm ends it; every later attempt ends after a second.
+	victim bool
+	// want is the task's final state (default success); try its final
+	// try (default 1); replaced: its final epoch is above the first.
+	want     string
+	try      int32
+	replaced bool
+}
+
+func bystander(id string) taskSpec { return taskSpec{id: id} }
+
+// victim is a task whose first pod the scenario harms: it must end
+// successful on a new epoch, on the infra rail (no retry spent).
+func victim(id string) taskSpec { return taskSpec{id: id, victim: true, replaced: true} }
+
+// scenario is one fault scenario: its namespace and node on the shared
+// cluster (or a cluster of its own), its database, its reaperd replicas,
+// the kubelet player running its pods' agents, the faults it injected and
+// its line of figures.
+type scenario struct {
+	t     *testing.T
+	num   int
+	title string
+	row   *figures
+	mark  string
+
+	c      *kubetest.Cluster
+	cs     kubernetes.Interface
+	ns     string
+	player *kubelet.Player
+	stopBg context.CancelFunc
+	bg     sync.WaitGroup
+
+	nodeMu sync.Mutex
+	nodes  []string // the nodes the binder places pods on
+
+	dir, taskDir, release, apiListen, dsn string
+	retries                               int
+	pool                                  *pgxpool.Pool
+	store                                 *board.Store
+
+	daemons []*daemon
+	tasks   []taskSpec
+	faults  []*fault
+	harmed  map[sdk.Attempt]bool
+	runHarm bool // the run itself may be reaped (orphan run)
+	terms   map[int64]time.Time
+	started time.Time
+}
+
+// newScenario prepares a scenario on cluster c: a namespace with one node,
+// a database, the binder and the player.
+func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scenario {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	s := &scenario{t: t, num: num, title: title, c: c, cs: c.Client(t), ns: c.NewNamespace(t),
+		mark: fmt.Sprintf("k%d-%s", num, hex.EncodeToString(b[:])), dir: t.TempDir(),
+		harmed: map[sdk.Attempt]bool{}, terms: map[int64]time.Time{}, started: time.Now()}
+	s.row = book.add(num, title)
+	s.row.track(t)
+	s.taskDir = filepath.Join(s.dir, "tasks")
+	s.release = filepath.Join(s.dir, "release")
+	if err := os.Mkdir(s.taskDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s.apiListen = attemptapitest.FreeAddr(t)
+	s.dsn = pgtest.NewDSN(t)
+	var err error
+	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.pool.Close)
+	s.store = board.New(s.pool, board.Options{})
+	s.addNode()
+
+	bg, stop := context.WithCancel(context.Background())
+	s.stopBg = stop
+	logf, err := os.Create(filepath.Join(s.dir, "player.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every pod the runner makes carries the run label: the player runs
+	// them all (and the warm pool's, which carry it too).
+	s.player, err = kubelet.Start(bg, kubelet.Config{Client: s.cs, Namespace: s.ns, Dir: filepath.Join(s.dir, "containers"),
+		Selector: kube.LabelRunID, Commands: map[string]string{"reaper-agent": filepath.Join(binDir, "reaper-agent")},
+		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), markEnv + "=" + s.mark}, MaxGrace: podGrace,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "player", Output: logf, Level: hclog.Debug})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); s.bind(bg) }()
+	// Cleanups run last registered first: the daemons' (registered later)
+	// stop before the player and the binder; nothing marked outlives it.
+	t.Cleanup(func() {
+		s.player.Stop()
+		stop()
+		s.bg.Wait()
+		_ = logf.Close()
+		s.sweep()
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			s.dump()
+		}
+	})
+	return s
+}
+
+// addNode adds a KWOK node the binder places the scenario's new pods on.
+func (s *scenario) addNode() string {
+	s.t.Helper()
+	n := s.c.AddNode(s.t, "").Name
+	s.nodeMu.Lock()
+	s.nodes = append(s.nodes, n)
+	s.nodeMu.Unlock()
+	return n
+}
+
+// dropNode takes node off the binder's list.
+func (s *scenario) dropNode(node string) {
+	s.nodeMu.Lock()
+	defer s.nodeMu.Unlock()
+	for i, n := range s.nodes {
+		if n == node {
+			s.nodes = append(s.nodes[:i:i], s.nodes[i+1:]...)
+			return
+		}
+	}
+}
+
+// bind plays the scheduler (the cluster has none): every 100ms, each
+// unbound pod of the namespace is bound to the newest live node.
+func (s *scenario) bind(ctx context.Context) {
+	tk := time.NewTicker(100 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		s.nodeMu.Lock()
+		node := ""
+		if len(s.nodes) > 0 {
+			node = s.nodes[len(s.nodes)-1]
+		}
+		s.nodeMu.Unlock()
+		if node == "" {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		list, err := s.cs.CoreV1().Pods(s.ns).List(cctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", "").String()})
+		if err == nil {
+			for _, p := range list.Items {
+				if p.DeletionTimestamp == nil {
+					_ = s.cs.CoreV1().Pods(s.ns).Bind(cctx, &corev1.Binding{
+						ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
+						Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+					}, metav1.CreateOptions{})
+				}
+			}
+		}
+		cancel()
+	}
+}
+
+// config writes the kube edition's configuration (the Kubernetes Lease,
+// the kube substrate, the kube runner, the five reapers) and returns its
+// path.
+func (s *scenario) config() string {
+	s.t.Helper()
+	path := filepath.Join(s.dir, "reaperd.hcl")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	src := fmt.Sprintf(`edition    = "kube"
+plugin_dir = %q
+
+store {
+  dsn = %q
+}
+
+leader "kubernetes" {
+  namespace  = %q
+  name       = "reaperd"
+  kubeconfig = %q
+  lease      = %q
+}
+
+maintenance {
+  interval = %q
+}
+
+ladder {
+  heartbeat              = %q
+  agent_lost             = %q
+  settling_grace         = %q
+  dispatch_lost          = %q
+  pod_lost_floor         = %q
+  orphan_run             = %q
+  infra_confirm_valve    = %q
+  task_termination_grace = %q
+}
+
+telemetry {
+  listen = "127.0.0.1:0"
+}
+
+attempt_api {
+  listen    = %q
+  state_dir = %q
+}
+
+substrate "kube" {
+  namespace  = %q
+  kubeconfig = %q
+}
+
+runner {
+  interval = %q
+  kube {
+    image = "reaper-kubee2e"
+  }
+}
+
+%s`, binDir, s.dsn, s.ns, s.c.Kubeconfig(), lease, interval, heartbeat, agentLost, grace, dispatchLost, podLostFloor,
+		orphanRun, valve, podGrace, s.apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runnerTick,
+		kubeReapers)
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	return path
+}
+
+// daemon is one reaperd process, its log in a file.
+type daemon struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+// startDaemon starts a reaperd replica on the scenario's configuration.
+func (s *scenario) startDaemon() *daemon {
+	s.t.Helper()
+	d := &daemon{name: fmt.Sprintf("reaperd#%d", len(s.daemons)+1), done: make(chan struct{})}
+	d.log = filepath.Join(s.dir, d.name+".log")
+	logf, err := os.Create(d.log)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	d.cmd = exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", s.config())
+	d.cmd.Env = append(os.Environ(), "REAPER_DSN=", markEnv+"="+s.mark)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { _ = d.cmd.Wait(); _ = logf.Close(); close(d.done) }()
+	s.daemons = append(s.daemons, d)
+	s.t.Cleanup(d.kill)
+	return d
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill sends SIGKILL and waits for the process (its plugins die with it).
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+}
+
+// stop sends SIGTERM and waits up to bound for a clean exit.
+func (d *daemon) stop(bound time.Duration) bool {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(bound):
+		d.kill()
+		return false
+	}
+}
+
+// holder is the name the replica holds the board's lease under.
+func (d *daemon) holder() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d", host, d.pid())
+}
+
+func (d *daemon) tail(n int) string {
+	b, _ := os.ReadFile(d.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// leader waits until one of the live replicas holds the lease and returns
+// it, remembering when its term was gained.
+func (s *scenario) leader(bound time.Duration) *daemon {
+	s.t.Helper()
+	var found *daemon
+	s.eventually(bound, "a replica to lead", func() bool {
+		l, ok := s.leaderNow()
+		if !ok || !l.Held(time.Now()) {
+			return false
+		}
+		for _, d := range s.daemons {
+			if !d.exited() && l.Holder == d.holder() {
+				found = d
+			}
+		}
+		return found != nil
+	})
+	return found
+}
+
+func (s *scenario) leaderNow() (board.Lease, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	l, ok, err := s.store.CurrentLeader(ctx)
+	if err != nil || !ok {
+		return board.Lease{}, false
+	}
+	s.terms[l.Term] = l.AcquiredAt
+	return l, true
+}
+
+// eventually polls cond every 100ms until it holds, failing the scenario
+// when bound passes first.
+func (s *scenario) eventually(bound time.Duration, what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out after %s waiting for %s", bound, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// command is a task's shell command. Each execution holds an exclusive
+// flock on its task's lock file for its whole life (the lock goes when
+// the last process of the execution does): an execution that finds it
+// taken runs at the same time as another, and says so in the task's log.
+// It then logs a start line, its body, an end line.
+func (s *scenario) command(ts taskSpec) string {
+	q := func(p string) string { return "'" + p + "'" }
+	log := q(filepath.Join(s.taskDir, ts.id+".log"))
+	lock := q(filepath.Join(s.taskDir, ts.id+".lock"))
+	wait := "until [ -e " + q(s.release) + " ]; do sleep 0.2; done"
+	body := wait
+	if ts.victim {
+		body = `if [ "$REAPER_TRY" = 1 ] && [ ! -e ` + q(filepath.Join(s.taskDir, ts.id+".started")) + ` ]; then touch ` +
+			q(filepath.Join(s.taskDir, ts.id+".started")) + "; " + wait + "; else sleep 1; fi"
+	}
+	return "exec 9>>" + lock + "; flock -n 9 || echo \"double $REAPER_TRY $REAPER_EPOCH\" >> " + log +
+		`; echo "start $REAPER_TRY $REAPER_EPOCH $$" >> ` + log + "; " + body +
+		`; echo "end $REAPER_TRY $REAPER_EPOCH $$" >> ` + log
+}
+
+// execLog is what a task's log says: its executions started and ended,
+// and the executions that found another running.
+type execLog struct{ starts, ends, doubles int }
+
+func (s *scenario) execLog(task string) execLog {
+	var l execLog
+	f, err := os.Open(filepath.Join(s.taskDir, task+".log"))
+	if err != nil {
+		return l
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		switch strings.Fields(sc.Text() + " x")[0] {
+		case "start":
+			l.starts++
+		case "end":
+			l.ends++
+		case "double":
+			l.doubles++
+		}
+	}
+	return l
+}
+
+// reaperctl runs one reaperctl command in process on the scenario's board.
+func (s *scenario) reaperctl(args ...string) (string, error) {
+	var out strings.Builder
+	full := append([]string{args[0], "-config", s.config()}, args[1:]...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code := (ctl.CLI{Getenv: func(string) string { return "" }}).Run(ctx, full, &out, &out); code != 0 {
+		return out.String(), fmt.Errorf("reaperctl %s: exit %d: %s", args[0], code, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+// submit submits the scenario's run of kube tasks, as a scheduler would
+// (reaperctl submits Lite tasks only).
+func (s *scenario) submit(tasks ...taskSpec) {
+	s.t.Helper()
+	s.tasks = tasks
+	run := lifecycle.NewRun{RunID: runID, DagID: "kubee2e", State: sdk.RunRunning}
+	for _, ts := range tasks {
+		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: sdk.ExecutorKube,
+			Retries: int32(s.retries), Command: s.command(ts)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	if err := lifecycle.New(s.pool, lifecycle.Options{}).CreateRun(ctx, run, time.Now()); err != nil {
+		s.t.Fatalf("submit the run: %v", err)
+	}
+}
+
+// row reads a task's row.
+func (s *scenario) taskRow(task string) (board.TaskInstance, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	return s.store.TaskInstance(ctx, runID, task)
+}
+
+// waitRunning waits until task's first attempt runs, has started its
+// command and heartbeated, and returns the attempt and its pod.
+func (s *scenario) waitRunning(task string) (sdk.Attempt, *corev1.Pod) {
+	s.t.Helper()
+	var ti board.TaskInstance
+	s.eventually(60*time.Second, task+" to run and heartbeat", func() bool {
+		var err error
+		ti, err = s.taskRow(task)
+		return err == nil && ti.State == sdk.StateRunning && !ti.LastHeartbeatAt.IsZero() && s.execLog(task).starts > 0
+	})
+	p, err := s.podOf(ti.Attempt)
+	if err != nil {
+		s.t.Fatalf("the pod of %s: %v", ti.Attempt, err)
+	}
+	return ti.Attempt, p
+}
+
+// podOf finds the live pod of attempt a.
+func (s *scenario) podOf(a sdk.Attempt) (*corev1.Pod, error) {
+	l, _ := kube.AttemptLabels(a)
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	list, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(l).String()})
+	if err != nil {
+		return nil, err
+	}
+	for i := range list.Items {
+		if p := &list.Items[i]; p.DeletionTimestamp == nil && p.Annotations[kube.AnnotationRawTaskID] == a.TaskID {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no live pod of %s", a)
+}
+
+// podGone waits until the pod named name is gone from the API server.
+func (s *scenario) podGone(name string, bound time.Duration) time.Time {
+	s.t.Helper()
+	s.eventually(bound, "pod "+name+" to go", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+		defer cancel()
+		_, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	return time.Now()
+}
+
+// deletePod deletes a pod at once (grace 0, as a lost node's pods go).
+func (s *scenario) deletePod(p *corev1.Pod) {
+	s.t.Helper()
+	zero := int64(0)
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	if err := s.cs.CoreV1().Pods(s.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
+		Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil && !apierrors.IsNotFound(err) {
+		s.t.Fatalf("delete pod %s: %v", p.Name, err)
+	}
+}
+
+// sweep kills whatever carries the scenario's marker.
+func (s *scenario) sweep() {
+	for _, d := range s.daemons {
+		if !d.exited() {
+			d.kill()
+		}
+	}
+	for range 3 {
+		ps := markedProcesses(s.mark)
+		if len(ps) == 0 {
+			return
+		}
+		for _, p := range ps {
+			_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// dump logs what a failed scenario needs to be understood.
+func (s *scenario) dump() {
+	for _, d := range s.daemons {
+		s.t.Logf("%s (pid %d) log tail:\n%s", d.name, d.pid(), d.tail(60))
+	}
+	if out, err := s.reaperctl("status", "-v", runID); err == nil {
+		s.t.Logf("reaperctl status -v:\n%s", out)
+	}
+	for _, ts := range s.tasks {
+		if out, err := s.reaperctl("explain", runID, ts.id); err == nil {
+			s.t.Logf("reaperctl explain %s:\n%s", ts.id, out)
+		}
+		b, _ := os.ReadFile(filepath.Join(s.taskDir, ts.id+".log"))
+		s.t.Logf("task %s log:\n%s", ts.id, b)
+	}
+	b, _ := os.ReadFile(filepath.Join(s.dir, "player.log"))
+	lines := strings.Split(string(b), "\n")
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	s.t.Logf("player log tail:\n%s", strings.Join(lines, "\n"))
+}
+
+// markedProcess is a live process carrying a scenario's marker.
+type markedProcess struct {
+	pid     int
+	cmdline string
+}
+
+// markedProcesses lists the live (not zombie) processes whose environment
+// carries mark.
+func markedProcesses(mark string) []markedProcess {
+	entries, _ := os.ReadDir("/proc")
+	want := []byte(markEnv + "=" + mark + "\x00")
+	var out []markedProcess
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !strings.Contains(string(env)+"\x00", string(want)) {
+			continue
+		}
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, markedProcess{pid: pid, cmdline: strings.ReplaceAll(string(cmd), "\x00", " ")})
+	}
+	return out
+}
+
+// evict evicts a pod through the Eviction API, as a drain does: the
+// disruption controller's DisruptionTarget, then its deletion.
+func (s *scenario) evict(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	if err := s.cs.PolicyV1().Evictions(s.ns).Evict(ctx, &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Name: p.Name, Namespace: s.ns},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}},
+	}); err != nil {
+		s.t.Fatalf("evict pod %s: %v", p.Name, err)
+	}
+}
+
+// preempt plays the scheduler preempting a pod: its DisruptionTarget
+// condition with reason PreemptionByScheduler through the status
+// subresource, then a graceful delete.
+func (s *scenario) preempt(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Conditions = append(cur.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget,
+			Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler", LastTransitionTime: metav1.Now(),
+			Message: "kubee2e: preempted by a pod of higher priority"})
+		_, err = s.cs.CoreV1().Pods(s.ns).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		s.t.Fatalf("mark pod %s preempted: %v", p.Name, err)
+	}
+	if err := s.cs.CoreV1().Pods(s.ns).Delete(ctx, p.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil {
+		s.t.Fatalf("delete the preempted pod %s: %v", p.Name, err)
+	}
+}
+
+// oomKill asks the player to OOM-kill a pod's task container.
+func (s *scenario) oomKill(p *corev1.Pod) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	patch := []byte(`{"metadata":{"annotations":{"` + kubelet.AnnotationOOMKill + `":"true"}}}`)
+	if _, err := s.cs.CoreV1().Pods(s.ns).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		s.t.Fatalf("annotate pod %s for the OOM kill: %v", p.Name, err)
+	}
+}
+
+// agentOf finds the agent process of task's attempt a.
+func (s *scenario) agentOf(a sdk.Attempt) int {
+	s.t.Helper()
+	for _, p := range markedProcesses(s.mark) {
+		if strings.Contains(p.cmdline, "reaper-agent") && strings.Contains(p.cmdline, "-task="+a.TaskID+" ") &&
+			strings.Contains(p.cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
+			return p.pid
+		}
+	}
+	s.t.Fatalf("no agent process of %s", a)
+	return 0
+}
