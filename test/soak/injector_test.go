@@ -265,7 +265,7 @@ func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dP
 		return in.record(Fault{Kind: kind, At: at, Ended: s.tl.now(), Detail: fmt.Sprintf("%d runs at once", n)}), nil
 	}
 	if s.kube != nil {
-		return in.injectKube(ctx, kind, pick, d1, dPause)
+		return in.injectKube(ctx, kind, pick, d1, dLeader) // an API server paused past the lease
 	}
 	return nil, fmt.Errorf("unknown fault kind %q", kind)
 }

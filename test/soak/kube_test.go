@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -403,17 +402,15 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 			return nil, errNoTarget
 		}
 		defer k.apiPauseMu.Unlock()
-		pid, err := apiServerPID(k.c)
-		if err != nil {
-			return nil, err
-		}
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		if err := k.c.PauseAPIServer(); err != nil {
 			return nil, err
 		}
 		f := in.record(Fault{Kind: kind, At: s.tl.now(),
-			Detail: fmt.Sprintf("kube-apiserver (pid %d) stopped for %s", pid, dPause.Round(time.Millisecond))})
+			Detail: fmt.Sprintf("kube-apiserver stopped (SIGSTOP) for %s", dPause.Round(time.Millisecond))})
 		sleep(context.WithoutCancel(ctx), dPause)
-		_ = syscall.Kill(pid, syscall.SIGCONT)
+		if err := k.c.ResumeAPIServer(); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "resume the API server: " + err.Error()})
+		}
 		in.ended(f)
 		return f, nil
 	}
@@ -439,19 +436,6 @@ func (k *kubeWorld) podsOn(ctx context.Context, node string) ([]*corev1.Pod, err
 		out = append(out, &list.Items[i])
 	}
 	return out, nil
-}
-
-// apiServerPID reads the API server's pid from the cluster's pid files.
-func apiServerPID(c *kubetest.Cluster) (int, error) {
-	files, _ := filepath.Glob(filepath.Join(c.Dir(), "pids", "*-kube-apiserver"))
-	if len(files) != 1 {
-		return 0, fmt.Errorf("the API server's pid file: found %d", len(files))
-	}
-	data, err := os.ReadFile(files[0])
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(strings.TrimSpace(string(data)))
 }
 
 // kubeLeftovers lists the pods not final at the end: every run is final,
