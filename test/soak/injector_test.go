@@ -104,6 +104,19 @@ func (in *injector) record(f Fault) *Fault {
 	return p
 }
 
+// withdraw takes back a fault recorded before its action, which failed.
+func (in *injector) withdraw(f *Fault) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for i, g := range in.faults {
+		if g == f {
+			in.faults = append(in.faults[:i], in.faults[i+1:]...)
+			break
+		}
+	}
+	in.s.logf("fault %-22s withdrawn: its request failed", f.Kind)
+}
+
 func (in *injector) ended(f *Fault) {
 	in.mu.Lock()
 	defer in.mu.Unlock()

@@ -26,6 +26,7 @@ import (
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // The kube edition of the soak (REAPER_SOAK_EDITION=kube): the same
@@ -139,13 +140,10 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 func playerEnv(env []string) []string {
 	var out []string
 	for _, kv := range env {
-		for _, p := range []string{"PATH=", "HOME=", markEnv + "=", escEnv + "="} {
+		for _, p := range []string{"PATH=", "HOME=", markEnv + "=", agent.JournalDirEnv + "="} {
 			if strings.HasPrefix(kv, p) {
 				out = append(out, kv)
 			}
-		}
-		if strings.HasPrefix(kv, "REAPER_AGENT_JOURNAL_DIR=") {
-			out = append(out, kv)
 		}
 	}
 	return out
@@ -329,7 +327,12 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 		}
 		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 		defer cancel()
-		at := s.tl.now()
+		// Recorded before the request: the watch may see the pod go
+		// before the request returns, and a check in between must know
+		// whose stop it was.
+		a, at := e.Attempt, s.tl.now()
+		f := in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: true, ClusterStop: true,
+			Detail: fmt.Sprintf("pod %s of %s (agent %d)", p.Name, a, e.AgentPID)})
 		if kind == FaultPodDelete {
 			err = k.cs.CoreV1().Pods(k.ns).Delete(cctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
 		} else {
@@ -337,12 +340,13 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 				ObjectMeta:    metav1.ObjectMeta{Name: p.Name, Namespace: k.ns},
 				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}})
 		}
-		if err != nil {
+		if refused(err) {
+			in.withdraw(f)
 			return nil, err
 		}
-		a := e.Attempt
-		return in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: true, ClusterStop: true,
-			Detail: fmt.Sprintf("pod %s of %s (agent %d)", p.Name, a, e.AgentPID)}), nil
+		// Any other error (a paused API server's timeout) may still have
+		// gone through: the fault stands.
+		return f, nil
 
 	case FaultNodeLoss:
 		k.mu.Lock()
@@ -420,6 +424,13 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 // live: the pod has not ended (its task may run).
 func live(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodPending || p.Status.Phase == corev1.PodRunning
+}
+
+// refused: the API server answered the request and did nothing (the pod
+// gone or replaced, an eviction turned down).
+func refused(err error) bool {
+	return apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err)
 }
 
 // podsOn lists the namespace's pods bound to node.
