@@ -246,9 +246,16 @@ func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
 		}
 	}
 	ownEnd := map[sdk.Attempt]time.Time{} // the task ended on its own (not stopped)
+	ownVerdict := map[sdk.Attempt]bool{}  // the agent judged the end itself (exit code, timeout)
 	for _, e := range h.Executions {
 		if !e.End.IsZero() && e.EndReason != agent.ReasonAgentStopped {
 			ownEnd[e.Attempt] = e.End
+		}
+		// An exit code or a timeout is the agent's own verdict, reached
+		// before any stop reached it (a stopped agent says agent_stopped),
+		// even when the group's end is journaled an instant after the stop.
+		if e.EndReason == agent.ReasonExitCode || e.EndReason == agent.ReasonExecutionTimeout {
+			ownVerdict[e.Attempt] = true
 		}
 	}
 	var out []Violation
@@ -270,7 +277,7 @@ func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
 		if stopped.IsZero() || stopped.After(t.At) {
 			continue // its pod was not stopped yet (a lost node's pod waits for Pod GC): the end is the task's
 		}
-		if end, ok := ownEnd[t.From]; ok && end.Before(stopped) {
+		if end, ok := ownEnd[t.From]; (ok && end.Before(stopped)) || ownVerdict[t.From] {
 			continue
 		}
 		out = append(out, Violation{Check: NoRetrySpentOnAClusterStop, Evidence: fmt.Sprintf(

@@ -241,6 +241,12 @@ func TestNoRetrySpentOnAClusterStop(t *testing.T) {
 			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
 		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
 	})
+	t.Run("TimeoutVerdictRacingTheEviction_Holds", func(t *testing.T) {
+		own := Execution{Attempt: a, Start: at(2), End: at(5.2), EndReason: agent.ReasonExecutionTimeout}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{own},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExecutionTimeout)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
 	t.Run("AKillOfTheAgentIsNoClusterStop", func(t *testing.T) {
 		kill := Fault{Kind: "kill_agent", At: at(5), Target: &a}
 		h := History{Faults: []Fault{kill}, Transitions: []Transition{settle(sdk.FailureTask, "signal")}}
