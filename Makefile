@@ -80,15 +80,22 @@ e2e:
 e2e-kube:
 	$(GO) test -count=1 -v -timeout 15m -run TestKubeFaultSuite ./test/kubee2e/
 
-# The randomized fault soak of the Lite edition (not part of make test):
-# PostgreSQL, three reaperd replicas, a stream of short tasks and random
-# overlapping faults for SOAK (any Go duration), invariants judged while it
-# runs and at the end, then a report. SEED=N replays a soak's choices.
-SOAK ?= 10m
-SEED ?=
+# The randomized fault soak (not part of make test): PostgreSQL, three
+# reaperd replicas, a stream of short tasks and random overlapping faults for
+# SOAK (any Go duration), invariants judged while it runs and at the end,
+# then a report. SEED=N replays a soak's choices. EDITION=lite (default) runs
+# the Lite runner and local agents; EDITION=kube runs the kube runner on a
+# local kube-apiserver + KWOK (+ kube-controller-manager) with the kubelet
+# player running the agents, leader "kubernetes", and the kube faults (pod
+# deleted, node lost, eviction, API server paused). A run takes SOAK plus
+# about a minute (start, recovery, report); the kube edition's first run
+# builds the cluster's binaries when they are not cached (make kube-build).
+SOAK    ?= 10m
+SEED    ?=
+EDITION ?= lite
 .PHONY: soak
 soak: build
-	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
+	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_EDITION=$(EDITION) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
 
 # Benchmarks of the board, the Lite substrate and the reapers (the mass

@@ -82,11 +82,15 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 		owner []*pod
 		rules []string
 	)
+	// The board takes each task instance at most once a batch, and a task
+	// that ran again (a retry, a re-place) leaves a finished pod per
+	// attempt: a second pod of one task instance starts the next batch.
+	inBatch := map[[2]string]bool{}
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		defer func() { batch, owner, rules = batch[:0], owner[:0], rules[:0] }()
+		defer func() { batch, owner, rules = batch[:0], owner[:0], rules[:0]; clear(inBatch) }()
 		if sw.req.DryRun {
 			for i, st := range batch {
 				sw.decide(sdk.LabelReconcileSettled, st.Attempt, false, "would settle "+string(st.Outcome)+" from "+owner[i].ref(),
@@ -128,6 +132,12 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 		if !ok {
 			continue
 		}
+		if key := [2]string{a.RunID, a.TaskID}; inBatch[key] {
+			if err := flush(); err != nil {
+				return settled, err
+			}
+		}
+		inBatch[[2]string{a.RunID, a.TaskID}] = true
 		batch = append(batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
 			Reason: v.reason, Message: v.message, EndedAt: p.endedAt(sw.req.Now), Term: sw.req.Term, At: sw.req.Now})
 		owner, rules = append(owner, p), append(rules, v.rule)

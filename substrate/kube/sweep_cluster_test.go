@@ -255,6 +255,22 @@ func TestSweep(t *testing.T) {
 		}
 	})
 
+	// A task that ran again leaves a finished pod per attempt; the board
+	// takes a task instance once a batch, so the sweep must not name it
+	// twice in one (it used to, and then every sweep failed until the old
+	// pods went: nothing settled, confirmed or collected).
+	t.Run("TwoFinishedPodsOfOneTaskInstanceSettleInOneSweep", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		retry := a
+		retry.Try = 2
+		s.runningOnBoard(retry)
+		s.finished(a, corev1.PodFailed, finish(corev1.PodFailed, 3, "Error", rec(t, a, RecordFailed, code(3), "exit status 3")))
+		s.finished(retry, corev1.PodFailed, both(finish(corev1.PodFailed, 137, "Error", ""), disruptedBy("EvictionByEvictionAPI")))
+		s.sweep(time.Now())
+		wantRow(t, s.row(retry), sdk.StateFailed, sdk.FailureInfra, "pod_disrupted: DisruptionTarget EvictionByEvictionAPI", true)
+	})
+
 	t.Run("UnknownIsNotTerminal", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)

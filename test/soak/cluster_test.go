@@ -44,19 +44,19 @@ const (
 // triggersSQL makes the database keep its own history of every change of
 // a task instance's state or attempt, of a run's state and of the leader
 // row's term, each with clock_timestamp() and the term current in the
-// writing transaction.
+// writing transaction, and of every heartbeat that landed.
 const triggersSQL = `
 CREATE TABLE soak_ti_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL,
     old_try int NOT NULL, old_epoch int NOT NULL, new_try int NOT NULL, new_epoch int NOT NULL,
-    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, term bigint);
+    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, failure_kind text, term bigint);
 CREATE FUNCTION soak_ti_log() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO soak_ti_history (at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-        old_state, new_state, failure_reason, term)
+        old_state, new_state, failure_reason, failure_kind, term)
     VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, OLD.try_number, OLD.attempt_epoch,
-        NEW.try_number, NEW.attempt_epoch, OLD.state, NEW.state, NEW.failure_reason,
+        NEW.try_number, NEW.attempt_epoch, OLD.state, NEW.state, NEW.failure_reason, NEW.last_failure_kind,
         (SELECT max(term) FROM leader));
     RETURN NULL;
 END $$;
@@ -64,6 +64,18 @@ CREATE TRIGGER soak_ti AFTER UPDATE ON task_instances FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.try_number <> NEW.try_number
           OR OLD.attempt_epoch <> NEW.attempt_epoch)
     EXECUTE FUNCTION soak_ti_log();
+
+CREATE TABLE soak_hb_history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL, try int NOT NULL, epoch int NOT NULL);
+CREATE FUNCTION soak_hb_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak_hb_history (at, run_id, task_id, try, epoch)
+    VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, NEW.try_number, NEW.attempt_epoch);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER soak_hb AFTER UPDATE ON task_instances FOR EACH ROW
+    WHEN (OLD.last_heartbeat_at IS DISTINCT FROM NEW.last_heartbeat_at) EXECUTE FUNCTION soak_hb_log();
 
 CREATE TABLE soak_run_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -138,42 +150,12 @@ func installTriggers(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// configHCL is every replica's configuration.
+// configHCL is every replica's configuration on the Lite edition.
 // Every replica shares one attempt API address (apiListen) and state
 // directory, so an agent reaches whichever replica is up.
 func configHCL(bin, dsn, recordDir, logDir, apiListen, apiState string) string {
-	return fmt.Sprintf(`edition    = "lite"
-plugin_dir = %q
-
-store {
-  dsn = %q
-}
-
-leader "postgres" {
-  lease = %q
-}
-
-maintenance {
-  interval = %q
-}
-
-ladder {
-  heartbeat      = %q
-  agent_lost     = %q
-  settling_grace = %q
-  dispatch_lost  = %q
-  orphan_run     = %q
-}
-
-telemetry {
-  listen = "127.0.0.1:0"
-}
-
-attempt_api {
-  listen    = %q
-  state_dir = %q
-}
-
+	leader := fmt.Sprintf("leader \"postgres\" {\n  lease = %q\n}\n", lease)
+	return baseHCL(editionLite, bin, dsn, leader, "", apiListen, apiState) + fmt.Sprintf(`
 substrate "lite" {
   record_dir = %q
   stop_grace = %q
@@ -188,8 +170,43 @@ runner {
 reaper "dispatchlost" {}
 reaper "agentlost" {}
 reaper "orphanrun" {}
-`, bin, dsn, lease, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun,
-		apiListen, apiState, recordDir, stopGrace, killWait, logDir, runnerTick)
+`, recordDir, stopGrace, killWait, logDir, runnerTick)
+}
+
+// baseHCL is what both editions' configurations share: the store, the
+// leader block given, the cycle, the ladder (with the edition's extra
+// lines), telemetry and the attempt API.
+func baseHCL(edition, bin, dsn, leader, ladderExtra, apiListen, apiState string) string {
+	return fmt.Sprintf(`edition    = %q
+plugin_dir = %q
+
+store {
+  dsn = %q
+}
+
+%s
+maintenance {
+  interval = %q
+}
+
+ladder {
+  heartbeat      = %q
+  agent_lost     = %q
+  settling_grace = %q
+  dispatch_lost  = %q
+  orphan_run     = %q
+%s}
+
+telemetry {
+  listen = "127.0.0.1:0"
+}
+
+attempt_api {
+  listen    = %q
+  state_dir = %q
+}
+`, edition, bin, dsn, leader, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun, ladderExtra,
+		apiListen, apiState)
 }
 
 // daemon is one reaperd replica slot: the process running in it now, and

@@ -1,6 +1,9 @@
-// Package soak is the randomized fault soak of the Lite edition: `make
-// soak`. It is not part of `make test`: TestSoak skips unless REAPER_SOAK
-// names a duration.
+// Package soak is the randomized fault soak of both editions: `make soak`
+// (Lite) and `make soak EDITION=kube`. It is not part of `make test`:
+// TestSoak skips unless REAPER_SOAK names a duration. A run takes its
+// duration plus about a minute: the start (a kube cluster's start counts
+// 10 to 40 seconds under load), the recovery after the last fault, the
+// report.
 //
 // For that long it runs the whole system for real, the way an operator
 // would: a PostgreSQL server (internal/pgtest), three reaperd replicas of
@@ -24,6 +27,35 @@
 // the system runs and once more at the end; the first violation stops the
 // soak with its evidence, and keeps its directory (logs, journals) for
 // study.
+//
+// The kube edition (REAPER_SOAK_EDITION=kube, kube_test.go) runs the same
+// PostgreSQL, replicas, stream, invariants and report against a local
+// kube-apiserver with KWOK and kube-controller-manager (internal/kubetest):
+// the replicas run edition "kube" on leader "kubernetes" (the Lease) with
+// the kube runner dispatching pods, the kube substrate and its four reapers
+// (dispatchlost, podlost, agentlost, orphanrun); a scheduler of the soak's
+// own binds each pod to one of three nodes (the cluster has none), and the
+// kubelet player (internal/kubetest/kubelet) runs each Running pod's agent
+// as a local process with the soak's journal and marker, so the agents'
+// journals and the process table tell the same story as on Lite. Its
+// faults are kill -9 of an agent (the container's process), a pod deleted,
+// a node deleted (its pods then go by the controller manager's Pod GC), a
+// pod evicted through the Eviction API, the API server paused
+// (SIGSTOP/SIGCONT) past the lease, kill -9 and SIGSTOP/SIGCONT of the
+// leading reaperd, a PostgreSQL restart and a burst of runs; tasks succeed,
+// fail and retry, trap SIGTERM, fork children or run into their timeout.
+// Two invariants judge what only a pod shows: no_live_pod_torn_down (every
+// deletion or lowered deadline of a task pod the API server reported, the
+// injector's own aside, met no running task of an attempt the board still
+// held) and no_retry_spent_on_a_cluster_stop (a task whose pod the cluster
+// stopped settles on the infra rail). On kube the reapers see heartbeats,
+// not processes, so no_reap_of_a_live_attempt there refuses a mark made
+// while the attempt's heartbeats still landed (a trigger records each), and
+// lets one stand that follows agent_lost of silence: the spec's teardown of
+// a silent agent's pod, whose durable record may still override the mark.
+// What is simulated: KWOK runs no containers (the player does, without
+// images, cgroups or a network of their own), and a deleted node's agents
+// live on until Pod GC deletes their pods.
 //
 // The seed is printed at the start and taken back from REAPER_SOAK_SEED:
 // the same seed makes the same choices (which fault, when, which target

@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -20,9 +21,47 @@ type History struct {
 	Terms       []Term
 	Decisions   []Decision
 	Faults      []Fault
+	// PodStops are the stops of task pods the API server reported (kube
+	// edition only): deletions and lowered deadlines, whoever made them.
+	PodStops []PodStop
+	// Heartbeats are, by attempt, the times its heartbeats landed in the
+	// database (a trigger's clock), in order.
+	Heartbeats map[sdk.Attempt][]time.Time
+	// AgentLost is, on kube, the silence after which a reaper may mark the
+	// attempt of an agent whose process lives: the reapers there judge by
+	// heartbeats landing, not by processes (a wedged agent, a control plane
+	// that heard nothing). Zero on Lite: a live process is never marked.
+	AgentLost time.Duration
 	// Now is when the history was taken: processes still alive were seen
 	// alive up to about then.
 	Now time.Time
+}
+
+// silentAt reports whether, on kube, attempt a's heartbeats had stopped
+// landing for AgentLost at t, and when the last landed.
+func (h History) silentAt(a sdk.Attempt, t time.Time) (bool, time.Time) {
+	if h.AgentLost <= 0 {
+		return false, time.Time{}
+	}
+	var last time.Time
+	for _, b := range h.Heartbeats[a] {
+		if b.After(t) {
+			break
+		}
+		last = b
+	}
+	return t.Sub(last) >= h.AgentLost, last
+}
+
+// lastBeat describes attempt a's last heartbeat before t, for evidence.
+func (h History) lastBeat(a sdk.Attempt, t time.Time) string {
+	if h.AgentLost <= 0 {
+		return ""
+	}
+	if _, last := h.silentAt(a, t); !last.IsZero() {
+		return fmt.Sprintf("; its last heartbeat landed at %s", stamp(last))
+	}
+	return "; it never heartbeated"
 }
 
 // Execution is one run of a task's command: from the agent's task_start
@@ -81,7 +120,8 @@ type Transition struct {
 	OldState      string
 	NewState      string
 	FailureReason string
-	Term          int64 // the leader row's term at the write; 0 when none
+	FailureKind   string // last_failure_kind: "task", "infra" or ""
+	Term          int64  // the leader row's term at the write; 0 when none
 }
 
 // RunChange is one change of a run's state as the database saw it.
@@ -121,4 +161,30 @@ type Fault struct {
 	// KilledGroup: the injector killed the target's task group itself, so
 	// its task may end by a signal no reaper sent.
 	KilledGroup bool
+	// Others are further attempts the fault harmed (a lost node's pods).
+	Others []sdk.Attempt
+	// ClusterStop: the fault stopped the harmed attempts' pods the way the
+	// cluster does (a deletion, an eviction, a lost node): an infra
+	// failure, never the task's own.
+	ClusterStop bool
+}
+
+// Harmed lists every attempt the fault harmed: its target and the others.
+func (f Fault) Harmed() []sdk.Attempt {
+	out := append([]sdk.Attempt(nil), f.Others...)
+	if f.Target != nil {
+		out = append([]sdk.Attempt{*f.Target}, out...)
+	}
+	return out
+}
+
+// PodStop is one stop of a task pod as the API server reported it: its
+// deletion began, or its deadline was lowered (a teardown in place). At is
+// when the soak's watch saw it, a little after the write.
+type PodStop struct {
+	At      time.Time
+	Attempt sdk.Attempt
+	Pod     string
+	How     string // "deleted" or "deadline lowered to Ns"
+	Phase   string // the pod's phase then
 }

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 
@@ -30,11 +29,14 @@ const (
 	FaultBurst          = "burst_of_runs"
 )
 
-// faultWeights: how often each kind is drawn.
-var faultWeights = []struct {
+// faultWeight is how often a kind of fault is drawn.
+type faultWeight struct {
 	kind   string
 	weight int
-}{
+}
+
+// faultWeights: the Lite edition's draw.
+var faultWeights = []faultWeight{
 	{FaultAgentKill, 4}, {FaultAgentGroupKill, 4}, {FaultEscapedKill, 2}, {FaultLeaderKill, 2},
 	{FaultPluginKill, 2}, {FaultAgentPause, 3}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
 }
@@ -43,8 +45,9 @@ var faultWeights = []struct {
 // a goroutine of its own, so faults with a duration (a pause, a restart)
 // overlap with the ones after.
 type injector struct {
-	s   *soak
-	rng *rand.Rand // used only on the injector's goroutine
+	s       *soak
+	rng     *rand.Rand    // used only on the injector's goroutine
+	weights []faultWeight // the edition's draw
 
 	mu      sync.Mutex
 	faults  []*Fault
@@ -54,11 +57,7 @@ type injector struct {
 }
 
 func (in *injector) draw() string {
-	type kw = struct {
-		kind   string
-		weight int
-	}
-	return drawWeighted(in.rng, faultWeights, func(f kw) int { return f.weight }).kind
+	return drawWeighted(in.rng, in.weights, func(f faultWeight) int { return f.weight }).kind
 }
 
 // dur draws a duration in [lo, hi).
@@ -103,6 +102,19 @@ func (in *injector) record(f Fault) *Fault {
 	in.faults = append(in.faults, p)
 	in.s.logf("fault %-22s %s", f.Kind, f.Detail)
 	return p
+}
+
+// withdraw takes back a fault recorded before its action, which failed.
+func (in *injector) withdraw(f *Fault) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for i, g := range in.faults {
+		if g == f {
+			in.faults = append(in.faults[:i], in.faults[i+1:]...)
+			break
+		}
+	}
+	in.s.logf("fault %-22s withdrawn: its request failed", f.Kind)
 }
 
 func (in *injector) ended(f *Fault) {
@@ -265,6 +277,9 @@ func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dP
 		}
 		return in.record(Fault{Kind: kind, At: at, Ended: s.tl.now(), Detail: fmt.Sprintf("%d runs at once", n)}), nil
 	}
+	if s.kube != nil {
+		return in.injectKube(ctx, kind, pick, d1, dLeader) // an API server paused past the lease
+	}
 	return nil, fmt.Errorf("unknown fault kind %q", kind)
 }
 
@@ -326,12 +341,4 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
-}
-
-// targetOf is the attempt a fault harmed, if any.
-func targetOf(f Fault) (sdk.Attempt, bool) {
-	if f.Target == nil {
-		return sdk.Attempt{}, false
-	}
-	return *f.Target, true
 }

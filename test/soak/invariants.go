@@ -27,9 +27,23 @@ const (
 	// BoundedRecovery: once the faults stop, every run is final within the
 	// bound, and no attempt is left queued or running.
 	BoundedRecovery = "bounded_recovery"
-	// NothingLeftBehind: no process, record or socket outlives the soak.
+	// NothingLeftBehind: no process, record or socket outlives the soak
+	// (on kube, no task pod still pending or running either).
 	NothingLeftBehind = "nothing_left_behind"
+	// NoLivePodTornDown (kube): no task pod is deleted or stopped in place
+	// while its task runs, unless the injector's own fault did it, judged
+	// from the API server's account of the pod and the agents' journals.
+	NoLivePodTornDown = "no_live_pod_torn_down"
+	// NoRetrySpentOnAClusterStop (kube): a task whose pod the cluster
+	// stopped (deleted, evicted, lost with its node) settles on the infra
+	// rail, never as a task failure that spends a retry, unless the task
+	// had ended on its own before.
+	NoRetrySpentOnAClusterStop = "no_retry_spent_on_a_cluster_stop"
 )
+
+// Invariants lists the invariants by name, in the report's order.
+var Invariants = []string{NeverTwoLiveExecutions, NoReapOfALiveAttempt, NoDeposedLeaderWrite, NoLivePodTornDown,
+	NoRetrySpentOnAClusterStop, BoundedRecovery, NothingLeftBehind}
 
 // Violation is one breach of an invariant, with what shows it.
 type Violation struct {
@@ -111,6 +125,13 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 		if !isReaperMark(t) || !reaperMarks[t.FailureReason] {
 			continue // credential_ceiling ends live attempts by design
 		}
+		if silent, _ := h.silentAt(t.From, t.At); silent {
+			// Kube: the reapers see no process, only heartbeats landing;
+			// a mark after agent_lost without one is theirs to make (the
+			// pod is then torn down, and a durable record can still
+			// override the mark).
+			continue
+		}
 		for _, a := range agents[t.From] {
 			alive := a.LastSeenAlive
 			if a.Exited.After(alive) {
@@ -118,26 +139,30 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 			}
 			if a.Began.Before(t.At) && alive.After(t.At) {
 				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
-					"%s marked %s at %s (term %d) while its agent %d was alive (began %s, alive at %s)",
-					t.From, t.FailureReason, stamp(t.At), t.Term, a.PID, stamp(a.Began), stamp(alive))})
+					"%s marked %s at %s (term %d) while its agent %d was alive (began %s, alive at %s)%s",
+					t.From, t.FailureReason, stamp(t.At), t.Term, a.PID, stamp(a.Began), stamp(alive), h.lastBeat(t.From, t.At))})
 			}
 		}
 		for _, e := range execs[t.From] {
 			if e.Start.Before(t.At) && e.Over().After(t.At) {
 				out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
-					"%s marked %s at %s (term %d) while its task group %d was alive (started %s, alive at %s)",
-					t.From, t.FailureReason, stamp(t.At), t.Term, e.PGID, stamp(e.Start), stamp(e.Over()))})
+					"%s marked %s at %s (term %d) while its task group %d was alive (started %s, alive at %s)%s",
+					t.From, t.FailureReason, stamp(t.At), t.Term, e.PGID, stamp(e.Start), stamp(e.Over()), h.lastBeat(t.From, t.At))})
 			}
 		}
 	}
-	killed := map[sdk.Attempt]bool{}
-	for _, f := range h.Faults {
-		if f.KilledGroup && f.Target != nil {
-			killed[*f.Target] = true
+	marked := map[sdk.Attempt]time.Time{} // the first reaper mark of each attempt
+	for _, t := range h.Transitions {
+		if _, ok := marked[t.From]; !ok && isReaperMark(t) {
+			marked[t.From] = t.At
 		}
 	}
+	killed := killedBy(h.Faults)
 	for _, e := range h.Executions {
 		switch {
+		case e.EndReason == agent.ReasonTerminated && h.AgentLost > 0 && !marked[e.Attempt].IsZero() &&
+			marked[e.Attempt].Before(e.End):
+			// Kube: told to stop after a mark judged above.
 		case e.EndReason == agent.ReasonTerminated:
 			out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
 				"%s: its live agent %d was told should_terminate and stopped its task group %d (ended %s)",
@@ -147,6 +172,117 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 				"%s: its task group %d was killed by a signal neither its agent %d nor the injector sent (ended %s)",
 				e.Attempt, e.PGID, e.AgentPID, stamp(e.End))})
 		}
+	}
+	return out
+}
+
+// killedBy is the set of attempts whose task the faults stopped
+// themselves.
+func killedBy(faults []Fault) map[sdk.Attempt]bool {
+	killed := map[sdk.Attempt]bool{}
+	for _, f := range faults {
+		if f.KilledGroup {
+			for _, a := range f.Harmed() {
+				killed[a] = true
+			}
+		}
+	}
+	return killed
+}
+
+// CheckNoLivePodTornDown finds pod stops (a deletion, a lowered deadline)
+// that the injector did not cause, of an attempt the board still held
+// queued or running, and that met a task still running: an
+// execution of the pod's attempt that had started before the stop was seen
+// and was still alive then, or that its agent ended because it was told to
+// stop (SIGTERM, as the kubelet does to a pod going away).
+func CheckNoLivePodTornDown(h History) []Violation {
+	killed := killedBy(h.Faults)
+	execs := map[sdk.Attempt][]Execution{}
+	for _, e := range h.Executions {
+		execs[e.Attempt] = append(execs[e.Attempt], e)
+	}
+	settled := map[sdk.Attempt]time.Time{} // when the board first moved the attempt on
+	for _, t := range h.Transitions {
+		if _, ok := settled[t.From]; !ok && (t.OldState == sdk.StateRunning || t.OldState == sdk.StateQueued) &&
+			t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
+			settled[t.From] = t.At
+		}
+	}
+	var out []Violation
+	for _, ps := range h.PodStops {
+		if killed[ps.Attempt] {
+			continue
+		}
+		if at, ok := settled[ps.Attempt]; ok && !at.After(ps.At) {
+			continue // a teardown of a settled attempt: its mark is judged by NoReapOfALiveAttempt
+		}
+		for _, e := range execs[ps.Attempt] {
+			if !e.Start.Before(ps.At) {
+				continue
+			}
+			if e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped {
+				out = append(out, Violation{Check: NoLivePodTornDown, Evidence: fmt.Sprintf(
+					"pod %s of %s %s at %s (phase %s) while its task ran (agent %d, group %d, started %s, alive at %s, ended %q)",
+					ps.Pod, ps.Attempt, ps.How, stamp(ps.At), ps.Phase, e.AgentPID, e.PGID, stamp(e.Start),
+					stamp(e.Over()), e.EndReason)})
+			}
+		}
+	}
+	return out
+}
+
+// CheckNoRetrySpentOnAClusterStop finds attempts whose pod a cluster stop
+// harmed and that then settled as a task failure, unless their task had
+// ended on its own before the pod was stopped (a lost node's pods are
+// stopped only when the controller manager's Pod GC deletes them).
+func CheckNoRetrySpentOnAClusterStop(h History) []Violation {
+	stops := map[sdk.Attempt]Fault{}
+	for _, f := range h.Faults {
+		if f.ClusterStop {
+			for _, a := range f.Harmed() {
+				stops[a] = f
+			}
+		}
+	}
+	ownEnd := map[sdk.Attempt]time.Time{} // the task ended on its own (not stopped)
+	ownVerdict := map[sdk.Attempt]bool{}  // the agent judged the end itself (exit code, timeout)
+	for _, e := range h.Executions {
+		if !e.End.IsZero() && e.EndReason != agent.ReasonAgentStopped {
+			ownEnd[e.Attempt] = e.End
+		}
+		// An exit code or a timeout is the agent's own verdict, reached
+		// before any stop reached it (a stopped agent says agent_stopped),
+		// even when the group's end is journaled an instant after the stop.
+		if e.EndReason == agent.ReasonExitCode || e.EndReason == agent.ReasonExecutionTimeout {
+			ownVerdict[e.Attempt] = true
+		}
+	}
+	var out []Violation
+	for _, t := range h.Transitions {
+		f, ok := stops[t.From]
+		if !ok || !t.At.After(f.At) || t.OldState != sdk.StateRunning || t.FailureKind != sdk.FailureTask {
+			continue
+		}
+		var stopped time.Time
+		if f.Target != nil && *f.Target == t.From {
+			stopped = f.At // the injector stopped this pod itself, then
+		}
+		for _, ps := range h.PodStops {
+			if stopped.IsZero() && ps.Attempt == t.From && !ps.At.Before(f.At) {
+				stopped = ps.At // a lost node's pod, when Pod GC deleted it
+				break
+			}
+		}
+		if stopped.IsZero() || stopped.After(t.At) {
+			continue // its pod was not stopped yet (a lost node's pod waits for Pod GC): the end is the task's
+		}
+		if end, ok := ownEnd[t.From]; (ok && end.Before(stopped)) || ownVerdict[t.From] {
+			continue
+		}
+		out = append(out, Violation{Check: NoRetrySpentOnAClusterStop, Evidence: fmt.Sprintf(
+			"%s settled %s as a task failure (%s) at %s (term %d) after %s at %s stopped its pod (seen stopped at %s)",
+			t.From, t.NewState, t.FailureReason, stamp(t.At), t.Term, f.Kind, stamp(f.At), stamp(stopped))})
 	}
 	return out
 }
@@ -210,9 +346,11 @@ func CheckNoDeposedLeaderWrite(h History) []Violation {
 // CheckAll runs the invariants that judge a history while the system runs.
 func CheckAll(h History) map[string][]Violation {
 	return map[string][]Violation{
-		NeverTwoLiveExecutions: CheckNeverTwoLiveExecutions(h),
-		NoReapOfALiveAttempt:   CheckNoReapOfALiveAttempt(h),
-		NoDeposedLeaderWrite:   CheckNoDeposedLeaderWrite(h),
+		NeverTwoLiveExecutions:     CheckNeverTwoLiveExecutions(h),
+		NoReapOfALiveAttempt:       CheckNoReapOfALiveAttempt(h),
+		NoDeposedLeaderWrite:       CheckNoDeposedLeaderWrite(h),
+		NoLivePodTornDown:          CheckNoLivePodTornDown(h),
+		NoRetrySpentOnAClusterStop: CheckNoRetrySpentOnAClusterStop(h),
 	}
 }
 

@@ -173,3 +173,118 @@ func TestMeasureRecovery(t *testing.T) {
 		t.Fatalf("recovery of a late fault %+v", r)
 	}
 }
+
+func TestNoLivePodTornDown(t *testing.T) {
+	a := attempt("a", 1, 0)
+	running := Execution{Attempt: a, AgentPID: 10, PGID: 11, Start: at(0), LastSeenAlive: at(9), Gone: true}
+	stop := PodStop{At: at(5), Attempt: a, Pod: "pod-a", How: "deadline lowered to 1s", Phase: "Running"}
+	t.Run("TeardownAfterTheTaskEnded_Holds", func(t *testing.T) {
+		late := stop
+		late.At = at(10)
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{running}, PodStops: []PodStop{late}}), 0, "")
+	})
+	t.Run("TeardownWhileTheTaskRuns_Violates", func(t *testing.T) {
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{running}, PodStops: []PodStop{stop}}), 1,
+			"while its task ran")
+	})
+	t.Run("AgentStoppedByAStopSeenLate_Violates", func(t *testing.T) {
+		stopped := running
+		stopped.LastSeenAlive, stopped.End, stopped.EndReason = at(4), at(4.5), agent.ReasonAgentStopped
+		expect(t, CheckNoLivePodTornDown(History{Executions: []Execution{stopped}, PodStops: []PodStop{stop}}), 1,
+			"agent_stopped")
+	})
+	t.Run("TheInjectorsOwnDeletion_Holds", func(t *testing.T) {
+		f := Fault{Kind: "delete_pod", At: at(4.9), Target: &a, KilledGroup: true, ClusterStop: true}
+		h := History{Executions: []Execution{running}, PodStops: []PodStop{stop}, Faults: []Fault{f}}
+		expect(t, CheckNoLivePodTornDown(h), 0, "")
+	})
+	t.Run("ANodesPodsAreTheInjectors_Holds", func(t *testing.T) {
+		f := Fault{Kind: "delete_node", At: at(4.9), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		h := History{Executions: []Execution{running}, PodStops: []PodStop{stop}, Faults: []Fault{f}}
+		expect(t, CheckNoLivePodTornDown(h), 0, "")
+	})
+}
+
+func TestNoRetrySpentOnAClusterStop(t *testing.T) {
+	a := attempt("a", 1, 0)
+	evict := Fault{Kind: "evict_pod", At: at(5), Target: &a, KilledGroup: true, ClusterStop: true}
+	settle := func(kind, reason string) Transition {
+		return Transition{At: at(6), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+			FailureReason: reason, FailureKind: kind, Term: 2}
+	}
+	t.Run("EvictedTaskOnTheInfraRail_Holds", func(t *testing.T) {
+		h := History{Faults: []Fault{evict}, Transitions: []Transition{settle(sdk.FailureInfra, sdk.LabelPodLost)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("EvictedTaskFailedAsATaskFailure_Violates", func(t *testing.T) {
+		stopped := Execution{Attempt: a, Start: at(0), End: at(5.5), EndReason: agent.ReasonAgentStopped}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{stopped}, PodStops: []PodStop{{At: at(5.1), Attempt: a}},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonAgentStopped)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 1, "as a task failure (agent_stopped)")
+	})
+	t.Run("TaskThatFailedOnItsOwnBeforeTheStop_Holds", func(t *testing.T) {
+		own := Execution{Attempt: a, Start: at(0), End: at(4.8), EndReason: agent.ReasonExitCode}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{own},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("LostNodesPodNotYetDeleted_Holds", func(t *testing.T) {
+		node := Fault{Kind: "delete_node", At: at(5), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		h := History{Faults: []Fault{node}, Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("TaskEndedOnItsOwnBeforeTheLostNodesPodWasDeleted_Holds", func(t *testing.T) {
+		node := Fault{Kind: "delete_node", At: at(5), KilledGroup: true, ClusterStop: true, Others: []sdk.Attempt{a}}
+		own := Execution{Attempt: a, Start: at(0), End: at(5.5), EndReason: agent.ReasonExitCode}
+		gc := PodStop{At: at(40), Attempt: a, Pod: "pod-a", How: "deleted"}
+		h := History{Faults: []Fault{node}, Executions: []Execution{own}, PodStops: []PodStop{gc},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExitCode)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("TimeoutVerdictRacingTheEviction_Holds", func(t *testing.T) {
+		own := Execution{Attempt: a, Start: at(2), End: at(5.2), EndReason: agent.ReasonExecutionTimeout}
+		h := History{Faults: []Fault{evict}, Executions: []Execution{own},
+			Transitions: []Transition{settle(sdk.FailureTask, agent.ReasonExecutionTimeout)}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+	t.Run("AKillOfTheAgentIsNoClusterStop", func(t *testing.T) {
+		kill := Fault{Kind: "kill_agent", At: at(5), Target: &a}
+		h := History{Faults: []Fault{kill}, Transitions: []Transition{settle(sdk.FailureTask, "signal")}}
+		expect(t, CheckNoRetrySpentOnAClusterStop(h), 0, "")
+	})
+}
+
+// On kube the reapers judge an agent by its heartbeats landing, not by its
+// process: a mark of a live agent is theirs to make once its heartbeats
+// have stopped landing for agent_lost, and a violation while they land.
+func TestNoReapOfALiveAttempt_KubeJudgesHeartbeatsLanding(t *testing.T) {
+	a := attempt("a", 1, 0)
+	mark := Transition{At: at(10), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+		FailureReason: sdk.LabelAgentLost, FailureKind: sdk.FailureInfra, Term: 3}
+	alive := AgentLife{Attempt: a, PID: 10, Began: at(0), LastSeenAlive: at(12)}
+	t.Run("SilentForAgentLost_Holds", func(t *testing.T) {
+		h := History{Transitions: []Transition{mark}, Agents: []AgentLife{alive}, AgentLost: 5 * time.Second,
+			Heartbeats: map[sdk.Attempt][]time.Time{a: {at(1), at(2), at(4.5)}}}
+		expect(t, CheckNoReapOfALiveAttempt(h), 0, "")
+	})
+	t.Run("HeartbeatLandedWithinAgentLost_Violates", func(t *testing.T) {
+		h := History{Transitions: []Transition{mark}, Agents: []AgentLife{alive}, AgentLost: 5 * time.Second,
+			Heartbeats: map[sdk.Attempt][]time.Time{a: {at(1), at(7)}}}
+		expect(t, CheckNoReapOfALiveAttempt(h), 1, "its last heartbeat landed at")
+	})
+	t.Run("ToldToStopAfterTheMark_Holds", func(t *testing.T) {
+		stopped := Execution{Attempt: a, AgentPID: 10, Start: at(0), End: at(13), EndReason: agent.ReasonTerminated}
+		h := History{Transitions: []Transition{mark}, Executions: []Execution{stopped}, AgentLost: 5 * time.Second}
+		expect(t, CheckNoReapOfALiveAttempt(h), 0, "")
+	})
+}
+
+func TestNoLivePodTornDown_TeardownOfAMarkedAttemptIsJudgedByItsMark(t *testing.T) {
+	a := attempt("a", 1, 0)
+	running := Execution{Attempt: a, AgentPID: 10, PGID: 11, Start: at(0), LastSeenAlive: at(9), Gone: true}
+	mark := Transition{At: at(4), From: a, To: a, OldState: sdk.StateRunning, NewState: sdk.StateFailed,
+		FailureReason: sdk.LabelAgentLost, FailureKind: sdk.FailureInfra}
+	stop := PodStop{At: at(5), Attempt: a, Pod: "pod-a", How: "deadline lowered to 1s", Phase: "Running"}
+	h := History{Executions: []Execution{running}, Transitions: []Transition{mark}, PodStops: []PodStop{stop}}
+	expect(t, CheckNoLivePodTornDown(h), 0, "")
+}

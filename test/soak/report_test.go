@@ -46,30 +46,9 @@ func MeasureRecovery(h History) Recovery {
 	var r Recovery
 	for _, f := range h.Faults {
 		switch f.Kind {
-		case FaultAgentKill, FaultAgentGroupKill:
-			a, _ := targetOf(f)
-			settled := time.Time{}
-			for _, t := range h.Transitions {
-				if t.From == a && (t.OldState == sdk.StateRunning || t.OldState == sdk.StateQueued) &&
-					t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
-					settled = t.At
-					break
-				}
-			}
-			if !settled.IsZero() && !settled.After(f.At) {
-				r.Missed++
-				continue
-			}
-			if settled.IsZero() {
-				r.Unrecovered = append(r.Unrecovered, fmt.Sprintf("%s (%s at %s)", a, f.Kind, stamp(f.At)))
-				continue
-			}
-			r.Settled = append(r.Settled, settled.Sub(f.At))
-			for _, rc := range h.RunChanges {
-				if rc.RunID == a.RunID && rc.At.After(f.At) && (rc.NewState == sdk.RunSuccess || rc.NewState == sdk.RunFailed) {
-					r.RunFinal = append(r.RunFinal, rc.At.Sub(f.At))
-					break
-				}
+		case FaultAgentKill, FaultAgentGroupKill, FaultPodDelete, FaultEviction, FaultNodeLoss:
+			for _, a := range f.Harmed() {
+				r.measure(h, f, a)
 			}
 		case FaultLeaderKill, FaultLeaderPause:
 			for _, t := range h.Terms {
@@ -81,6 +60,33 @@ func MeasureRecovery(h History) Recovery {
 		}
 	}
 	return r
+}
+
+// measure adds the recovery of attempt a from fault f.
+func (r *Recovery) measure(h History, f Fault, a sdk.Attempt) {
+	settled := time.Time{}
+	for _, t := range h.Transitions {
+		if t.From == a && (t.OldState == sdk.StateRunning || t.OldState == sdk.StateQueued) &&
+			t.NewState != sdk.StateRunning && t.NewState != sdk.StateQueued {
+			settled = t.At
+			break
+		}
+	}
+	if !settled.IsZero() && !settled.After(f.At) {
+		r.Missed++
+		return
+	}
+	if settled.IsZero() {
+		r.Unrecovered = append(r.Unrecovered, fmt.Sprintf("%s (%s at %s)", a, f.Kind, stamp(f.At)))
+		return
+	}
+	r.Settled = append(r.Settled, settled.Sub(f.At))
+	for _, rc := range h.RunChanges {
+		if rc.RunID == a.RunID && rc.At.After(f.At) && (rc.NewState == sdk.RunSuccess || rc.NewState == sdk.RunFailed) {
+			r.RunFinal = append(r.RunFinal, rc.At.Sub(f.At))
+			break
+		}
+	}
 }
 
 // report prints the soak's figures.
@@ -107,7 +113,7 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	}
 	s.inj.mu.Unlock()
 	total := 0
-	for _, fw := range faultWeights {
+	for _, fw := range s.inj.weights {
 		total += byKind[fw.kind]
 		row(fw.kind, fmt.Sprintf("%d\t(%d drawn without a target)", byKind[fw.kind], skipped[fw.kind]))
 	}
@@ -169,7 +175,7 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 
 	fmt.Fprintln(w, "invariant checks passed")
 	s.mu.Lock()
-	for _, k := range []string{NeverTwoLiveExecutions, NoReapOfALiveAttempt, NoDeposedLeaderWrite, BoundedRecovery, NothingLeftBehind} {
+	for _, k := range Invariants {
 		row(k, s.passed[k])
 	}
 	nv := len(s.violations)

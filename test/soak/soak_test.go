@@ -50,11 +50,12 @@ const recoveryBound = max(dispatchLost, orphanRun) + interval +
 
 // soak is one soak run.
 type soak struct {
-	t    *testing.T
-	seed uint64
-	dur  time.Duration
-	bin  string
-	tl   timeline
+	t       *testing.T
+	seed    uint64
+	dur     time.Duration
+	bin     string
+	tl      timeline
+	edition string
 
 	dir, recordDir, logDir, journalDir, escDir, tmpDir string
 	mark                                               string
@@ -66,6 +67,7 @@ type soak struct {
 	obs     *observer
 	wl      *workload
 	inj     *injector
+	kube    *kubeWorld // the cluster side; nil on Lite
 	cancel  context.CancelFunc
 
 	mu         sync.Mutex
@@ -73,6 +75,8 @@ type soak struct {
 	passed     map[string]int // checks judged clean, by invariant
 	decisions  []Decision
 	lastAudit  int64
+	heartbeats map[sdk.Attempt][]time.Time // landed, by attempt
+	lastBeat   int64
 	out        *os.File // the report, as it is written
 }
 
@@ -117,8 +121,17 @@ func TestSoak(t *testing.T) {
 	if bin == "" {
 		t.Fatalf("%s must name the directory of the built binaries (make soak sets it)", binEnv)
 	}
-	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}}
-	s.logf("soak: seed %d, %s (replay: make soak SEED=%d SOAK=%s)", seed, dur, seed, dur)
+	edition := os.Getenv(editionEnv)
+	switch edition {
+	case "":
+		edition = editionLite
+	case editionLite, editionKube:
+	default:
+		t.Fatalf("%s=%q: want %s or %s", editionEnv, edition, editionLite, editionKube)
+	}
+	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}, edition: edition}
+	s.logf("soak: %s edition, seed %d, %s (replay: make soak EDITION=%s SEED=%d SOAK=%s)", edition, seed, dur,
+		edition, seed, dur)
 	s.run()
 }
 
@@ -166,7 +179,7 @@ func (s *soak) run() {
 	go func() { defer phase.Done(); s.checkLoop(faultCtx) }()
 	phase.Wait()
 	quiet := s.tl.now()
-	s.logf("faults stopped (every paused process resumed, every replica running); recovery bound %s", recoveryBound)
+	s.logf("faults stopped (every paused process resumed, every replica running); recovery bound %s", s.recoveryBound())
 
 	if !s.failed() {
 		s.awaitRecovery(ctx, quiet)
@@ -209,13 +222,22 @@ func (s *soak) setup(ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	config := filepath.Join(dir, "reaperd.hcl")
-	if err := os.WriteFile(config, []byte(configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir,
-		attemptapitest.FreeAddr(t), filepath.Join(dir, "attempt-api"))), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	env := append(os.Environ(), "REAPER_DSN=", "TMPDIR="+s.tmpDir, agent.JournalDirEnv+"="+s.journalDir,
 		markEnv+"="+s.mark, escEnv+"="+s.escDir)
+	config := filepath.Join(dir, "reaperd.hcl")
+	hcl := configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir, attemptapitest.FreeAddr(t), filepath.Join(dir, "attempt-api"))
+	executor, shapes, weights := sdk.ExecutorLite, taskKinds, faultWeights
+	if s.edition == editionKube {
+		s.startKube(ctx, env)
+		hcl = kubeConfigHCL(s.bin, s.db.dsn, s.kube.c.Kubeconfig(), s.kube.ns, attemptapitest.FreeAddr(t),
+			filepath.Join(dir, "attempt-api"))
+		executor, shapes, weights = sdk.ExecutorKube, kubeTaskKinds(), kubeFaultWeights
+		s.logf("kube-apiserver, KWOK (controller manager: %t), %d nodes and the kubelet player up",
+			s.kube.c.HasControllerManager(), kubeNodes)
+	}
+	if err := os.WriteFile(config, []byte(hcl), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, step := range []string{"validate", "migrate"} {
 		cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperd"), step, "-config", config)
 		cmd.Env = env
@@ -235,8 +257,9 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.obs = newObserver(s.journalDir, s.tl)
 	s.wl = &workload{w: lifecycle.New(s.pool, lifecycle.Options{}), rng: rand.New(rand.NewPCG(s.seed, 1)),
-		tl: s.tl, kinds: map[string]int{}}
-	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), skipped: map[string]int{}, paused: map[int]bool{}}
+		tl: s.tl, kinds: map[string]int{}, executor: executor, shapes: shapes}
+	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), weights: weights, skipped: map[string]int{},
+		paused: map[int]bool{}}
 }
 
 // checkLoop judges the invariants every checkEvery until ctx ends.
@@ -278,7 +301,7 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	defer cancel()
 	h := History{Faults: s.inj.list()}
 	rows, err := s.pool.Query(ctx, `SELECT at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-	        old_state, new_state, coalesce(failure_reason, ''), coalesce(term, 0)
+	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0)
 	    FROM soak_ti_history ORDER BY id`)
 	if err != nil {
 		return h, err
@@ -286,7 +309,7 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	for rows.Next() {
 		var tr Transition
 		if err := rows.Scan(&tr.At, &tr.From.RunID, &tr.From.TaskID, &tr.From.Try, &tr.From.Epoch,
-			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.Term); err != nil {
+			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term); err != nil {
 			rows.Close()
 			return h, err
 		}
@@ -326,9 +349,22 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	if err := s.readAudit(ctx); err != nil {
 		return h, err
 	}
+	if err := s.readHeartbeats(ctx); err != nil {
+		return h, err
+	}
 	s.mu.Lock()
 	h.Decisions = append([]Decision(nil), s.decisions...)
+	h.Heartbeats = make(map[sdk.Attempt][]time.Time, len(s.heartbeats))
+	for a, bs := range s.heartbeats {
+		h.Heartbeats[a] = append([]time.Time(nil), bs...)
+	}
 	s.mu.Unlock()
+	if s.kube != nil {
+		h.AgentLost = agentLost
+	}
+	if s.kube != nil {
+		h.PodStops = s.kube.podStops()
+	}
 	s.obs.poll()
 	s.obs.snapshot(&h)
 	h.Now = s.tl.now()
@@ -368,6 +404,34 @@ func (s *soak) readAudit(ctx context.Context) error {
 	return nil
 }
 
+// readHeartbeats reads the heartbeats landed since the last read.
+func (s *soak) readHeartbeats(ctx context.Context) error {
+	s.mu.Lock()
+	after := s.lastBeat
+	s.mu.Unlock()
+	rows, err := s.pool.Query(ctx, `SELECT id, at, run_id, task_id, try, epoch FROM soak_hb_history WHERE id > $1 ORDER BY id`, after)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.heartbeats == nil {
+		s.heartbeats = map[sdk.Attempt][]time.Time{}
+	}
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		var a sdk.Attempt
+		if err := rows.Scan(&id, &at, &a.RunID, &a.TaskID, &a.Try, &a.Epoch); err != nil {
+			return err
+		}
+		s.heartbeats[a] = append(s.heartbeats[a], at)
+		s.lastBeat = id
+	}
+	return rows.Err()
+}
+
 // leaderDaemon is the replica holding the lease now, and how many others
 // are running and not paused.
 func (s *soak) leaderDaemon() (*daemon, int) {
@@ -394,7 +458,7 @@ func (s *soak) leaderDaemon() (*daemon, int) {
 // awaitRecovery waits until every run on the board is final and no
 // attempt is queued or running, for at most recoveryBound after quiet.
 func (s *soak) awaitRecovery(ctx context.Context, quiet time.Time) {
-	deadline := quiet.Add(recoveryBound)
+	deadline := quiet.Add(s.recoveryBound())
 	for {
 		runs, live, err := s.unsettled(ctx)
 		if err == nil && len(runs) == 0 && len(live) == 0 {
@@ -412,6 +476,14 @@ func (s *soak) awaitRecovery(ctx context.Context, quiet time.Time) {
 		}
 		sleep(ctx, 250*time.Millisecond)
 	}
+}
+
+// recoveryBound is the edition's bound on recovery after the last fault.
+func (s *soak) recoveryBound() time.Duration {
+	if s.kube != nil {
+		return kubeRecoveryBound
+	}
+	return recoveryBound
 }
 
 // unsettled reads the runs not final and the attempts queued or running.
@@ -480,6 +552,9 @@ func (s *soak) leftovers() []string {
 			return nil
 		})
 	}
+	if s.kube != nil {
+		out = append(out, s.kube.leftovers()...)
+	}
 	sort.Strings(out)
 	return out
 }
@@ -491,6 +566,14 @@ func (s *soak) stopAll() {
 		if !d.stop(30 * time.Second) {
 			s.logf("reaperd #%d did not stop within 30s of SIGTERM: killed", d.slot)
 		}
+	}
+	if s.failed() {
+		// Stopped early on a violation: agents may still be at work, their
+		// control plane gone. The first violation is the evidence.
+		for _, l := range s.leftovers() {
+			s.logf("left at the early stop: %s", l)
+		}
+		return
 	}
 	deadline := time.Now().Add(escapeLife + 5*time.Second)
 	var left []string
@@ -518,6 +601,9 @@ func (s *soak) stopAll() {
 func (s *soak) cleanup() {
 	for _, d := range s.daemons {
 		d.stop(10 * time.Second)
+	}
+	if s.kube != nil {
+		s.kube.stop()
 	}
 	for pid, p := range scanProcs() {
 		if !p.info.Zombie && s.marked(pid) {

@@ -56,11 +56,26 @@ const (
 	escapeLife  = 12 * time.Second
 )
 
+// kubeTaskKinds are the shapes of the kube edition's tasks: all but the
+// escaping child (a container's processes end with it; nothing escapes a
+// pod).
+func kubeTaskKinds() []taskKind {
+	var out []taskKind
+	for _, k := range taskKinds {
+		if k.name != "escape_setsid" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // workload submits the stream of runs.
 type workload struct {
-	w   *lifecycle.Writer
-	rng *rand.Rand // only the workload's goroutine and bursts under mu use it
-	tl  timeline
+	w        *lifecycle.Writer
+	rng      *rand.Rand // only the workload's goroutine and bursts under mu use it
+	tl       timeline
+	executor string     // sdk.ExecutorLite or sdk.ExecutorKube
+	shapes   []taskKind // the edition's task kinds
 
 	mu    sync.Mutex
 	runs  []string
@@ -69,7 +84,7 @@ type workload struct {
 }
 
 func (wl *workload) pickKind() taskKind {
-	return drawWeighted(wl.rng, taskKinds, func(k taskKind) int { return k.weight })
+	return drawWeighted(wl.rng, wl.shapes, func(k taskKind) int { return k.weight })
 }
 
 // drawWeighted draws one of items, each as often as its weight.
@@ -98,7 +113,7 @@ func (wl *workload) submit(ctx context.Context, n int) error {
 		for j := 1; j <= tasks; j++ {
 			k := wl.pickKind()
 			run.Tasks = append(run.Tasks, lifecycle.NewTask{
-				TaskID: fmt.Sprintf("t%d_%s", j, k.name), Executor: sdk.ExecutorLite,
+				TaskID: fmt.Sprintf("t%d_%s", j, k.name), Executor: wl.executor,
 				Retries: k.retries, Command: k.command(wl.rng), ExecutionTimeout: k.timeout,
 			})
 			wl.kinds[k.name]++

@@ -1,0 +1,515 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+)
+
+// The kube edition of the soak (REAPER_SOAK_EDITION=kube): the same
+// PostgreSQL, replicas, stream and invariants, on a local kube-apiserver
+// with KWOK (and kube-controller-manager: Pod GC), the kube runner
+// dispatching pods, the kubelet player running each Running pod's agent as
+// a local process, and a small scheduler of the soak's own binding each
+// new pod to one of the live nodes (the cluster has no kube-scheduler).
+
+// Edition switch.
+const (
+	editionEnv  = "REAPER_SOAK_EDITION" // "lite" (default) or "kube"
+	editionLite = "lite"
+	editionKube = "kube"
+)
+
+// Ladder additions of the kube edition.
+const (
+	podLostFloor      = 5 * time.Second
+	infraConfirmValve = 10 * time.Second
+	podGrace          = 2 * time.Second // task_termination_grace: the pods' grace
+	kubeNodes         = 3
+	// apiTimeout bounds every request the soak's harness makes: a paused
+	// API server answers nothing.
+	apiTimeout = 5 * time.Second
+)
+
+// Kube fault kinds.
+const (
+	FaultPodDelete = "delete_pod"
+	FaultNodeLoss  = "delete_node"
+	FaultEviction  = "evict_pod"
+	FaultAPIPause  = "pause_apiserver"
+)
+
+// kubeFaultWeights: the kube edition's draw. The Lite faults that have no
+// meaning on a pod (an escaped child, a task group apart from its agent, a
+// wedged agent) are left out.
+var kubeFaultWeights = []faultWeight{
+	{FaultAgentKill, 3}, {FaultPodDelete, 4}, {FaultNodeLoss, 2}, {FaultEviction, 3}, {FaultAPIPause, 1},
+	{FaultLeaderKill, 2}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
+}
+
+// kubeRecoveryBound adds to the Lite bound what a pod costs: an infra mark
+// re-placed unconfirmed (the valve) and a pod's grace.
+const kubeRecoveryBound = recoveryBound + infraConfirmValve + podGrace
+
+// kubeWorld is the cluster side of a kube soak.
+type kubeWorld struct {
+	s          *soak
+	c          *kubetest.Cluster
+	cs         kubernetes.Interface
+	ns         string
+	player     *kubelet.Player
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	apiPauseMu sync.Mutex // one API server pause at a time
+
+	mu      sync.Mutex // guards nodes, nodeSeq, stops; held across a binding
+	nodes   []string   // the live nodes the scheduler binds to
+	nodeSeq int
+	stops   []PodStop
+	seen    map[string]bool // pod UIDs whose deletion is recorded
+}
+
+// startKube starts the cluster, its nodes, the player and the scheduler.
+func (s *soak) startKube(ctx context.Context, env []string) {
+	t := s.t
+	c, err := kubetest.Start(ctx, kubetest.Options{BaseDir: s.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}}
+	s.kube = k
+	k.ns = "soak"
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < kubeNodes; i++ {
+		if err := k.addNode(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(s.logDir, "kubelet-player.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logf.Close() })
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	k.cancel = stop
+	// Every pod the runner makes carries the run label: the player runs
+	// them all.
+	if k.player, err = kubelet.Start(wctx, kubelet.Config{
+		Client: k.cs, Namespace: k.ns, Dir: filepath.Join(s.dir, "containers"), Selector: kube.LabelRunID,
+		Commands: map[string]string{"reaper-agent": filepath.Join(s.bin, "reaper-agent")},
+		Env:      playerEnv(env), MaxGrace: podGrace,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "player", Output: logf, Level: hclog.Info}),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.watch(wctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// playerEnv is the base environment of the played containers: the soak's
+// marker, journal and temporary directory reach every agent through it.
+func playerEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		for _, p := range []string{"PATH=", "HOME=", markEnv + "=", agent.JournalDirEnv + "="} {
+			if strings.HasPrefix(kv, p) {
+				out = append(out, kv)
+			}
+		}
+	}
+	return out
+}
+
+func (k *kubeWorld) addNode(ctx context.Context) error {
+	k.mu.Lock()
+	k.nodeSeq++
+	name := fmt.Sprintf("soak-node-%d", k.nodeSeq)
+	k.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := k.c.CreateNode(cctx, name); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.nodes = append(k.nodes, name)
+	k.mu.Unlock()
+	return nil
+}
+
+// watch starts the scheduler and the pod stop recorder: two informers on
+// the namespace's pods.
+func (k *kubeWorld) watch(ctx context.Context) error {
+	unbound := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String()
+		}))
+	pending := unbound.Core().V1().Pods()
+	pendingInf := pending.Informer()
+	all := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns))
+	if _, err := all.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, cur any) { k.podChanged(old, cur) },
+		DeleteFunc: func(obj any) { k.podDeleted(obj) },
+	}); err != nil {
+		return fmt.Errorf("watch the soak's pods: %w", err)
+	}
+	unbound.Start(ctx.Done())
+	all.Start(ctx.Done())
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		defer unbound.Shutdown()
+		defer all.Shutdown()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+			if !pendingInf.HasSynced() {
+				continue
+			}
+			pods, _ := pending.Lister().List(labels.Everything())
+			sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+			for _, p := range pods {
+				if p.Spec.NodeName == "" && p.DeletionTimestamp == nil {
+					k.bind(ctx, p)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// bind places pod on a live node, as kube-scheduler would. The nodes'
+// lock is held across the request, so a node the injector deletes never
+// receives a pod after it was taken off the list.
+func (k *kubeWorld) bind(ctx context.Context, p *corev1.Pod) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.nodes) == 0 {
+		return
+	}
+	h := 0
+	for _, b := range []byte(p.Name) {
+		h = h*31 + int(b)
+	}
+	node := k.nodes[(h&0x7fffffff)%len(k.nodes)]
+	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	_ = k.cs.CoreV1().Pods(k.ns).Bind(cctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{})
+}
+
+// podAttempt is the attempt a pod's labels and annotation name.
+func podAttempt(p *corev1.Pod) (sdk.Attempt, bool) {
+	try, err1 := strconv.Atoi(p.Labels[kube.LabelTryNumber])
+	epoch, err2 := strconv.Atoi(p.Labels[kube.LabelAttemptEpoch])
+	task := p.Annotations[kube.AnnotationRawTaskID]
+	if err1 != nil || err2 != nil || task == "" || p.Labels[kube.LabelRunID] == "" {
+		return sdk.Attempt{}, false
+	}
+	return sdk.Attempt{RunID: p.Labels[kube.LabelRunID], TaskID: task, Try: int32(try), Epoch: int32(epoch)}, true
+}
+
+// podChanged records a pod's deletion (its deletion timestamp set) and a
+// lowered deadline, as the API server reports them.
+func (k *kubeWorld) podChanged(oldObj, curObj any) {
+	old, ok1 := oldObj.(*corev1.Pod)
+	cur, ok2 := curObj.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return
+	}
+	switch {
+	case old.DeletionTimestamp == nil && cur.DeletionTimestamp != nil:
+		k.stopped(cur, "deleted")
+	case cur.Spec.ActiveDeadlineSeconds != nil &&
+		(old.Spec.ActiveDeadlineSeconds == nil || *cur.Spec.ActiveDeadlineSeconds < *old.Spec.ActiveDeadlineSeconds):
+		k.stopped(cur, fmt.Sprintf("deadline lowered to %ds", *cur.Spec.ActiveDeadlineSeconds))
+	}
+}
+
+func (k *kubeWorld) podDeleted(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if p, ok := obj.(*corev1.Pod); ok {
+		k.stopped(p, "deleted")
+	}
+}
+
+// stopped records a stop of a pod (a deletion once per pod).
+func (k *kubeWorld) stopped(p *corev1.Pod, how string) {
+	a, ok := podAttempt(p)
+	if !ok {
+		return
+	}
+	at := k.s.tl.now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if how == "deleted" {
+		if k.seen[string(p.UID)] {
+			return
+		}
+		k.seen[string(p.UID)] = true
+	}
+	k.stops = append(k.stops, PodStop{At: at, Attempt: a, Pod: p.Name, How: how, Phase: string(p.Status.Phase)})
+}
+
+// podStops copies the stops recorded so far.
+func (k *kubeWorld) podStops() []PodStop {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]PodStop(nil), k.stops...)
+}
+
+// podOf finds the pod of attempt a.
+func (k *kubeWorld) podOf(ctx context.Context, a sdk.Attempt) (*corev1.Pod, error) {
+	l, _ := kube.AttemptLabels(a)
+	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	list, err := k.cs.CoreV1().Pods(k.ns).List(cctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(l).String()})
+	if err != nil {
+		return nil, err
+	}
+	for i := range list.Items {
+		if p := &list.Items[i]; p.DeletionTimestamp == nil && p.Annotations[kube.AnnotationRawTaskID] == a.TaskID {
+			return p, nil
+		}
+	}
+	return nil, errNoTarget
+}
+
+// injectKube throws one of the kube faults.
+func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1, dPause time.Duration) (*Fault, error) {
+	s, k := in.s, in.s.kube
+	switch kind {
+	case FaultPodDelete, FaultEviction:
+		e, ok := in.target(pick)
+		if !ok {
+			return nil, errNoTarget
+		}
+		p, err := k.podOf(ctx, e.Attempt)
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		defer cancel()
+		// Recorded before the request: the watch may see the pod go
+		// before the request returns, and a check in between must know
+		// whose stop it was.
+		a, at := e.Attempt, s.tl.now()
+		f := in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: true, ClusterStop: true,
+			Detail: fmt.Sprintf("pod %s of %s (agent %d)", p.Name, a, e.AgentPID)})
+		if kind == FaultPodDelete {
+			err = k.cs.CoreV1().Pods(k.ns).Delete(cctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
+		} else {
+			err = k.cs.PolicyV1().Evictions(k.ns).Evict(cctx, &policyv1.Eviction{
+				ObjectMeta:    metav1.ObjectMeta{Name: p.Name, Namespace: k.ns},
+				DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}})
+		}
+		if refused(err) {
+			in.withdraw(f)
+			return nil, err
+		}
+		// Any other error (a paused API server's timeout) may still have
+		// gone through: the fault stands.
+		return f, nil
+
+	case FaultNodeLoss:
+		k.mu.Lock()
+		if len(k.nodes) < 2 {
+			k.mu.Unlock()
+			return nil, errNoTarget
+		}
+		i := int(pick % uint64(len(k.nodes)))
+		node := k.nodes[i]
+		k.nodes = append(k.nodes[:i:i], k.nodes[i+1:]...)
+		k.mu.Unlock()
+		at := s.tl.now()
+		harmed := map[sdk.Attempt]bool{}
+		before, _ := k.podsOn(ctx, node)
+		for _, p := range before {
+			if a, ok := podAttempt(p); ok && live(p) {
+				harmed[a] = true
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		err := k.cs.CoreV1().Nodes().Delete(cctx, node, metav1.DeleteOptions{})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) {
+			s.fail(Violation{Check: "harness", Evidence: "delete node " + node + ": " + err.Error()})
+			return nil, err
+		}
+		after, _ := k.podsOn(ctx, node)
+		for _, p := range after {
+			if a, ok := podAttempt(p); ok && live(p) {
+				harmed[a] = true
+			}
+			if !k.c.HasControllerManager() {
+				// No Pod GC: the node's pods go as a lost node's do.
+				zero := int64(0)
+				dctx, cancel := context.WithTimeout(ctx, apiTimeout)
+				_ = k.cs.CoreV1().Pods(k.ns).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				cancel()
+			}
+		}
+		var targets []sdk.Attempt
+		for a := range harmed {
+			targets = append(targets, a)
+		}
+		sort.Slice(targets, func(i, j int) bool { return targets[i].String() < targets[j].String() })
+		f := Fault{Kind: kind, At: at, KilledGroup: true, ClusterStop: true, Others: targets,
+			Detail: fmt.Sprintf("node %s with %d pods, a new node after %s", node, len(targets), d1.Round(time.Millisecond))}
+		rec := in.record(f)
+		sleep(context.WithoutCancel(ctx), d1)
+		if err := k.addNode(context.WithoutCancel(ctx)); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "add a node: " + err.Error()})
+		}
+		in.ended(rec)
+		return rec, nil
+
+	case FaultAPIPause:
+		if !k.apiPauseMu.TryLock() {
+			return nil, errNoTarget
+		}
+		defer k.apiPauseMu.Unlock()
+		if err := k.c.PauseAPIServer(); err != nil {
+			return nil, err
+		}
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("kube-apiserver stopped (SIGSTOP) for %s", dPause.Round(time.Millisecond))})
+		sleep(context.WithoutCancel(ctx), dPause)
+		if err := k.c.ResumeAPIServer(); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "resume the API server: " + err.Error()})
+		}
+		in.ended(f)
+		return f, nil
+	}
+	return nil, fmt.Errorf("unknown fault kind %q", kind)
+}
+
+// live: the pod has not ended (its task may run).
+func live(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodPending || p.Status.Phase == corev1.PodRunning
+}
+
+// refused: the API server answered the request and did nothing (the pod
+// gone or replaced, an eviction turned down).
+func refused(err error) bool {
+	return apierrors.IsNotFound(err) || apierrors.IsConflict(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err)
+}
+
+// podsOn lists the namespace's pods bound to node.
+func (k *kubeWorld) podsOn(ctx context.Context, node string) ([]*corev1.Pod, error) {
+	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	list, err := k.cs.CoreV1().Pods(k.ns).List(cctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, &list.Items[i])
+	}
+	return out, nil
+}
+
+// kubeLeftovers lists the pods not final at the end: every run is final,
+// so a pod still pending or running is a task nobody stopped.
+func (k *kubeWorld) leftovers() []string {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	list, err := k.cs.CoreV1().Pods(k.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return []string{"pods: could not list them: " + err.Error()}
+	}
+	var out []string
+	for _, p := range list.Items {
+		if p.Status.Phase == corev1.PodPending || p.Status.Phase == corev1.PodRunning {
+			out = append(out, fmt.Sprintf("pod %s %s on %q", p.Name, p.Status.Phase, p.Spec.NodeName))
+		}
+	}
+	return out
+}
+
+// stop stops the player, the scheduler and the cluster.
+func (k *kubeWorld) stop() {
+	if k.player != nil {
+		k.player.Stop()
+	}
+	if k.cancel != nil {
+		k.cancel()
+	}
+	k.wg.Wait()
+	if err := k.c.Stop(); err != nil {
+		k.s.logf("stop the cluster: %v", err)
+	}
+}
+
+// kubeConfigHCL is every replica's configuration on the kube edition.
+func kubeConfigHCL(bin, dsn, kubeconfig, ns, apiListen, apiState string) string {
+	leader := fmt.Sprintf(`leader "kubernetes" {
+  namespace  = %q
+  name       = "reaperd"
+  kubeconfig = %q
+  lease      = %q
+}
+`, ns, kubeconfig, lease)
+	ladder := fmt.Sprintf(`  pod_lost_floor         = %q
+  infra_confirm_valve    = %q
+  task_termination_grace = %q
+`, podLostFloor, infraConfirmValve, podGrace)
+	return baseHCL(editionKube, bin, dsn, leader, ladder, apiListen, apiState) + fmt.Sprintf(`
+substrate "kube" {
+  namespace  = %q
+  kubeconfig = %q
+}
+
+runner {
+  interval = %q
+  kube {
+    image = "reaper-soak"
+  }
+}
+
+reaper "dispatchlost" {}
+reaper "podlost" {}
+reaper "agentlost" {}
+reaper "orphanrun" {}
+`, ns, kubeconfig, runnerTick)
+}
