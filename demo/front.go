@@ -63,7 +63,6 @@ func (f *front) add(apiURL string) {
 // pass copies c to the first backend that accepts a connection, both ways,
 // until either side closes or the front does.
 func (f *front) pass(c net.Conn) {
-	defer c.Close()
 	f.mu.Lock()
 	backends := append([]string(nil), f.backends...)
 	f.mu.Unlock()
@@ -75,16 +74,26 @@ func (f *front) pass(c net.Conn) {
 		}
 	}
 	if b == nil {
+		_ = c.Close()
 		return
 	}
-	defer b.Close()
+	var copies sync.WaitGroup
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(b, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, b); done <- struct{}{} }()
+	for _, pair := range [][2]net.Conn{{b, c}, {c, b}} {
+		copies.Add(1)
+		go func() {
+			defer copies.Done()
+			_, _ = io.Copy(pair[0], pair[1])
+			done <- struct{}{}
+		}()
+	}
 	select {
 	case <-done:
 	case <-f.ctx.Done():
 	}
+	_ = c.Close()
+	_ = b.Close()
+	copies.Wait()
 }
 
 // close stops accepting, ends every connection and waits for them.

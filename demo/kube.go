@@ -181,7 +181,7 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if r.apiURL() == "" {
-			return fmt.Errorf("%s did not start; its log is in %s", name, filepath.Join(w.dir, name+".log"))
+			return fmt.Errorf("%s did not start; its log is in %s", name, w.keepLogs())
 		}
 		w.front.add(r.apiURL())
 		w.replicas = append(w.replicas, r)
@@ -317,7 +317,7 @@ func (w *kubeWorld) run(ctx context.Context) int {
 		case <-tick.C:
 		}
 		if w.live() == 0 {
-			fmt.Fprintln(os.Stderr, "demo: no reaperd is running; their logs are in", w.dir)
+			fmt.Fprintln(os.Stderr, "demo: no reaperd is running; their logs are in", w.keepLogs())
 			return 1
 		}
 		var all []board.TaskInstance
@@ -349,7 +349,7 @@ func (w *kubeWorld) run(ctx context.Context) int {
 			return w.summary(ctx)
 		}
 		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "demo: the runs did not finish in %s; the logs are in %s\n", w.sc.deadline, w.dir)
+			fmt.Fprintf(os.Stderr, "demo: the runs did not finish in %s; the logs are in %s\n", w.sc.deadline, w.keepLogs())
 			return 1
 		}
 	}
@@ -730,7 +730,7 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 		say("  taken but never reaped or settled: %s", strings.Join(unanswered, ", "))
 	}
 	if !ok {
-		say("\nsomething went wrong: see the log above and the logs in %s", w.dir)
+		say("\nsomething went wrong: see the lines above and the logs in %s", w.keepLogs())
 		return 1
 	}
 	say("\nevery fault was settled, every task succeeded, and no live attempt was touched.")

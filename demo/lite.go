@@ -97,7 +97,7 @@ func runLite(ctx context.Context, bin string) int {
 			say("interrupted")
 			return 130
 		case <-daemon.done:
-			fmt.Fprintln(os.Stderr, "demo: reaperd exited; its log is in", filepath.Join(s.dir, "reaperd.log"))
+			fmt.Fprintln(os.Stderr, "demo: reaperd exited; its log is in", s.keepLogs())
 			return 1
 		case ev := <-s.events:
 			say("%s", ev)
@@ -137,7 +137,7 @@ func runLite(ctx context.Context, bin string) int {
 			return code
 		}
 		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "demo: the run did not finish in 3 minutes; reaperd's log:", filepath.Join(s.dir, "reaperd.log"))
+			fmt.Fprintln(os.Stderr, "demo: the run did not finish in 3 minutes; reaperd's log is in", s.keepLogs())
 			return 1
 		}
 	}
@@ -227,7 +227,7 @@ func liteSummary(ctx context.Context, s *session) int {
 		{"live attempts touched", touched},
 	})
 	if touched != 0 || succeeded != len(tis) {
-		say("\nsomething went wrong: see the log above")
+		say("\nsomething went wrong: see the lines above and reaperd's log in %s", s.keepLogs())
 		return 1
 	}
 	say("\nevery lost attempt was recovered and no live attempt was touched.")

@@ -52,6 +52,7 @@ func open(ctx context.Context, name, bin string) (*session, error) {
 	if cleanup(s.dir) {
 		say("cleaned up what a previous demo left behind")
 	}
+	_ = os.RemoveAll(s.logsDir()) // a failed demo's logs, kept until the next one
 	if err := os.MkdirAll(filepath.Join(s.dir, "records"), 0o700); err != nil {
 		return nil, err
 	}
@@ -80,6 +81,26 @@ func open(ctx context.Context, name, bin string) (*session, error) {
 	s.undo = append(s.undo, s.pool.Close)
 	s.store = board.New(s.pool, board.Options{})
 	return s, nil
+}
+
+// logsDir is where a failed demo's logs are kept (the session's directory
+// itself is removed).
+func (s *session) logsDir() string { return s.dir + "-logs" }
+
+// keepLogs copies the session's logs to logsDir and returns it, for a
+// demo that failed.
+func (s *session) keepLogs() string {
+	out := s.logsDir()
+	files, _ := filepath.Glob(filepath.Join(s.dir, "*.log"))
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return s.dir
+	}
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			_ = os.WriteFile(filepath.Join(out, filepath.Base(f)), b, 0o600)
+		}
+	}
+	return out
 }
 
 // close undoes what the session started, newest first.
