@@ -302,57 +302,12 @@ func summarizeCommands(cmds []string) string {
 
 // run watches the runs, injects the faults and ends with the summary.
 func (w *kubeWorld) run(ctx context.Context) int {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(w.sc.deadline)
-	lastProgress := time.Time{}
-	for {
-		select {
-		case <-ctx.Done():
-			say("interrupted")
-			return 130
-		case ev := <-w.events:
-			say("%s", ev)
-			continue
-		case <-tick.C:
-		}
-		if w.live() == 0 {
-			fmt.Fprintln(os.Stderr, "demo: no reaperd is running; their logs are in", w.keepLogs())
-			return 1
-		}
-		var all []board.TaskInstance
-		done := true
-		for _, id := range w.runIDs() {
-			tis, err := w.store.TaskInstances(ctx, id)
-			if err != nil {
-				done = false
-				continue
-			}
-			all = append(all, tis...)
-			if r, err := w.store.Run(ctx, id); err != nil || (r.State != sdk.RunSuccess && r.State != sdk.RunFailed) {
-				done = false
-			}
-		}
-		w.inject(ctx, all)
-		if time.Since(lastProgress) >= 3*time.Second {
-			lastProgress = time.Now()
-			say("%6.1fs  progress   %s", w.at(), progress(all))
-		}
-		if done {
-			time.Sleep(300 * time.Millisecond) // let the last log lines through
-			w.drain()
-			say("")
-			for _, id := range w.runIDs() {
-				r, _ := w.store.Run(ctx, id)
-				say("run %q finished %s", id, r.State)
-			}
-			return w.summary(ctx)
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "demo: the runs did not finish in %s; the logs are in %s\n", w.sc.deadline, w.keepLogs())
-			return 1
-		}
+	alive := func() bool { return w.live() > 0 }
+	inject := func(tis []board.TaskInstance) { w.inject(ctx, tis) }
+	if code := w.watch(ctx, w.runIDs(), w.sc.deadline, alive, inject); code != 0 {
+		return code
 	}
+	return w.summary(ctx)
 }
 
 // live counts the replicas still running.

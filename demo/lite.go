@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
@@ -87,27 +88,15 @@ func runLite(ctx context.Context, bin string) int {
 	say("")
 
 	harmed := map[string]bool{}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(3 * time.Minute)
-	lastProgress := time.Time{}
-	for {
+	alive := func() bool {
 		select {
-		case <-ctx.Done():
-			say("interrupted")
-			return 130
 		case <-daemon.done:
-			fmt.Fprintln(os.Stderr, "demo: reaperd exited; its log is in", s.keepLogs())
-			return 1
-		case ev := <-s.events:
-			say("%s", ev)
-			continue
-		case <-tick.C:
+			return false
+		default:
+			return true
 		}
-		tis, err := s.store.TaskInstances(ctx, runID)
-		if err != nil {
-			continue // the board may still be starting
-		}
+	}
+	code := s.watch(ctx, []string{runID}, 3*time.Minute, alive, func(tis []board.TaskInstance) {
 		for _, ti := range tis {
 			if how, ok := harm[ti.TaskID]; ok && !harmed[ti.TaskID] && ti.State == sdk.StateRunning &&
 				ti.Try == 1 && ti.Epoch == 0 && !ti.RunningAt.IsZero() && time.Since(ti.RunningAt) > 3*time.Second {
@@ -117,30 +106,18 @@ func runLite(ctx context.Context, bin string) int {
 				}
 			}
 		}
-		if time.Since(lastProgress) >= 3*time.Second {
-			lastProgress = time.Now()
-			say("%6.1fs  progress   %s", s.at(), progress(tis))
-		}
-		r, err := s.store.Run(ctx, runID)
-		if err == nil && (r.State == sdk.RunSuccess || r.State == sdk.RunFailed) {
-			time.Sleep(300 * time.Millisecond) // let the last log lines through
-			s.drain()
-			say("")
-			say("run %q finished %s after %.0fs", runID, r.State, s.at())
-			code := liteSummary(ctx, s)
-			// What an operator would ask next: why was t1 reaped?
-			explain := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperctl"), "explain", "-config", cfgPath, runID, "t1")
-			explain.Env = s.env()
-			if out, err := explain.CombinedOutput(); err == nil {
-				say("\n$ reaperctl explain %s t1\n%s", runID, strings.TrimRight(string(out), "\n"))
-			}
-			return code
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "demo: the run did not finish in 3 minutes; reaperd's log is in", s.keepLogs())
-			return 1
-		}
+	})
+	if code != 0 {
+		return code
 	}
+	code = liteSummary(ctx, s)
+	// What an operator would ask next: why was t1 reaped?
+	explain := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperctl"), "explain", "-config", cfgPath, runID, "t1")
+	explain.Env = s.env()
+	if out, err := explain.CombinedOutput(); err == nil {
+		say("\n$ reaperctl explain %s t1\n%s", runID, strings.TrimRight(string(out), "\n"))
+	}
+	return code
 }
 
 // kill injects a fault into one attempt: kill -9 its agent, and with "both"

@@ -268,6 +268,67 @@ func evidence(ev map[string]any) string {
 	return ""
 }
 
+// watch polls the runs every 200 ms until every one has finished: it
+// prints the event lines as they come and a progress line every 3 s, and
+// hands inject the runs' task instances at every poll. It returns 0 once
+// all have finished (the last event lines printed), 130 when interrupted,
+// and 1 when alive reports false (no reaperd left) or the runs outlast
+// limit.
+func (s *session) watch(ctx context.Context, runs []string, limit time.Duration, alive func() bool,
+	inject func([]board.TaskInstance)) int {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(limit)
+	lastProgress := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			say("interrupted")
+			return 130
+		case ev := <-s.events:
+			say("%s", ev)
+			continue
+		case <-tick.C:
+		}
+		if !alive() {
+			fmt.Fprintln(os.Stderr, "demo: no reaperd is running any more; the logs are in", s.keepLogs())
+			return 1
+		}
+		var all []board.TaskInstance
+		done := true
+		for _, id := range runs {
+			tis, err := s.store.TaskInstances(ctx, id)
+			if err != nil {
+				done = false // the board may still be starting
+				continue
+			}
+			all = append(all, tis...)
+			if r, err := s.store.Run(ctx, id); err != nil || (r.State != sdk.RunSuccess && r.State != sdk.RunFailed) {
+				done = false
+			}
+		}
+		inject(all)
+		if time.Since(lastProgress) >= 3*time.Second {
+			lastProgress = time.Now()
+			say("%6.1fs  progress   %s", s.at(), progress(all))
+		}
+		if done {
+			time.Sleep(300 * time.Millisecond) // let the last log lines through
+			s.drain()
+			say("")
+			for _, id := range runs {
+				r, _ := s.store.Run(ctx, id)
+				say("run %q finished %s after %.0fs", id, r.State, s.at())
+			}
+			return 0
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "demo: the runs did not finish in %s; the logs are in %s\n", limit, s.keepLogs())
+			return 1
+		}
+	}
+}
+
 // drain prints the event lines waiting.
 func (s *session) drain() {
 	for len(s.events) > 0 {
