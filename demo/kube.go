@@ -307,7 +307,9 @@ func (w *kubeWorld) run(ctx context.Context) int {
 	if code := w.watch(ctx, w.runIDs(), w.sc.deadline, alive, inject); code != 0 {
 		return code
 	}
-	return w.summary(ctx)
+	code := w.summary(ctx)
+	w.explain(ctx, "demo", "t2") // why was t2, on the lost node, reaped?
+	return code
 }
 
 // live counts the replicas still running.

@@ -111,12 +111,7 @@ func runLite(ctx context.Context, bin string) int {
 		return code
 	}
 	code = liteSummary(ctx, s)
-	// What an operator would ask next: why was t1 reaped?
-	explain := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperctl"), "explain", "-config", cfgPath, runID, "t1")
-	explain.Env = s.env()
-	if out, err := explain.CombinedOutput(); err == nil {
-		say("\n$ reaperctl explain %s t1\n%s", runID, strings.TrimRight(string(out), "\n"))
-	}
+	s.explain(ctx, runID, "t1") // why was t1 reaped?
 	return code
 }
 

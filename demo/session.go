@@ -31,6 +31,7 @@ type session struct {
 	bin    string // where reaperd, the plugins and the agent are
 	dir    string
 	dsn    string
+	cfg    string // reaperd's configuration file, once prepared
 	pool   *pgxpool.Pool
 	store  *board.Store
 	events chan string
@@ -121,6 +122,7 @@ func (s *session) prepare(ctx context.Context, cfgPath, cfg string) error {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
 	}
+	s.cfg = cfgPath
 	for _, step := range []string{"validate", "migrate"} {
 		cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperd"), step, "-config", cfgPath)
 		cmd.Env = s.env()
@@ -326,6 +328,16 @@ func (s *session) watch(ctx context.Context, runs []string, limit time.Duration,
 			fmt.Fprintf(os.Stderr, "demo: the runs did not finish in %s; the logs are in %s\n", limit, s.keepLogs())
 			return 1
 		}
+	}
+}
+
+// explain prints what reaperctl explain says of a task: what an operator
+// would ask next.
+func (s *session) explain(ctx context.Context, run, task string) {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "reaperctl"), "explain", "-config", s.cfg, run, task)
+	cmd.Env = s.env()
+	if out, err := cmd.CombinedOutput(); err == nil {
+		say("\n$ reaperctl explain %s %s\n%s", run, task, strings.TrimRight(string(out), "\n"))
 	}
 }
 
