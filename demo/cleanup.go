@@ -12,8 +12,10 @@ import (
 )
 
 // cleanup removes what a demo left in dir: agents and tasks still running
-// (found by their command line naming dir), a reaperd whose config is in
-// dir, a database server whose data is in dir, and dir itself. It reports
+// (found by their command line naming dir, or by their working directory
+// inside it: the kube demo's containers), a reaperd whose config is in dir,
+// the kube demo's control plane (its programs name their directory inside
+// dir), a database server whose data is in dir, and dir itself. It reports
 // whether there was anything to clean.
 func cleanup(dir string) bool {
 	if _, err := os.Stat(dir); err != nil {
@@ -53,6 +55,11 @@ func processesMentioning(s string) []int {
 		}
 		cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		if err == nil && strings.Contains(string(cmd), s) {
+			out = append(out, pid)
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", p.Name(), "cwd")); err == nil &&
+			(cwd == s || strings.HasPrefix(cwd, s+string(filepath.Separator))) {
 			out = append(out, pid)
 		}
 	}

@@ -1,0 +1,753 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/runner/kuberunner"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/substrate/kube/podrecord"
+	"github.com/dexaflow/reaper/substrate/lite/agent"
+)
+
+// The kube demo's fixed names.
+const (
+	kubeNamespace = "demo"
+	nodeStay      = "kwok-demo-1" // where every pod goes, but those of the node fault's tasks
+	nodeLost      = "kwok-demo-2" // the node the demo deletes
+	leaseName     = "reaperd"
+)
+
+// Fault kinds of the kube demo.
+const (
+	faultPodDeleted = "pod"     // the attempt's pod deleted under it
+	faultNodeLost   = "node"    // the node deleted, with every pod on it
+	faultEvicted    = "evict"   // an eviction through the Eviction API
+	faultAgentKill  = "agent"   // kill -9 the agent inside its pod
+	faultLeaderKill = "leader"  // kill -9 the leading reaperd
+	faultOrphanRun  = "orphans" // every pod of a run deleted
+)
+
+// kubeScenario is what the kube demo runs: its runs, what it does to which
+// task, and how long it gives the runs to finish. The test runs a shorter
+// one.
+type kubeScenario struct {
+	name string              // the session's directory name under $TMPDIR (with the uid)
+	bin  string              // where reaperd, the plugins and reaper-agent are
+	runs map[string][]string // run id -> one command per task (t1, t2, ...)
+	// faults: run/task -> the fault injected once that task's first attempt
+	// has been running for after; the node fault takes every task named
+	// with it at once, the orphan run fault every task of its run.
+	faults map[string]string
+	after  time.Duration
+	// leaderAfter: the leading reaperd is killed once the task named by
+	// faults[...] = faultLeaderKill has been running this long.
+	leaderAfter time.Duration
+	ladder      string // the ladder, leader and maintenance blocks
+	deadline    time.Duration
+}
+
+// kubeDemo is `make demo-kube`'s scenario.
+func kubeDemo(bin string) kubeScenario {
+	long, short := "sleep 20", "sleep 4"
+	return kubeScenario{
+		name: "reaper-demo-kube",
+		bin:  bin,
+		runs: map[string][]string{
+			"demo":   {long, long, long, long, long, long, short, short, short, short},
+			"demo-b": {long, long},
+		},
+		faults: map[string]string{
+			"demo/t1": faultPodDeleted,
+			"demo/t2": faultNodeLost, "demo/t3": faultNodeLost,
+			"demo/t4": faultEvicted,
+			"demo/t5": faultAgentKill,
+			"demo/t6": faultLeaderKill,
+			"demo-b":  faultOrphanRun,
+		},
+		after:       3 * time.Second,
+		leaderAfter: 8 * time.Second,
+		// The Lite demo's ladder, with the kube edition's thresholds
+		// shortened too.
+		ladder: demoLadder(`  pod_lost_floor         = "5s"
+  infra_confirm_valve    = "8s"
+  task_termination_grace = "2s"
+`),
+		deadline: 4 * time.Minute,
+	}
+}
+
+// kubeWorld is what the kube demo runs besides the session: the cluster,
+// its client, the replicas, the attempt API's front, the player.
+type kubeWorld struct {
+	*session
+	sc       kubeScenario
+	cluster  *kubetest.Cluster
+	cs       kubernetes.Interface
+	replicas []*replica
+	front    *front
+	player   *kubelet.Player
+	journals string // the agents' journals
+
+	harmed   map[sdk.Attempt]string // the attempts a fault took, and which
+	faulted  map[string]bool        // faults keys already injected
+	injected int
+}
+
+func runKube(ctx context.Context, sc kubeScenario) int {
+	s, err := open(ctx, sc.name, sc.bin)
+	if err != nil {
+		return fail(err)
+	}
+	defer s.close()
+	w := &kubeWorld{session: s, sc: sc, harmed: map[sdk.Attempt]string{}, faulted: map[string]bool{}}
+	if err := w.setUp(ctx); err != nil {
+		return fail(err)
+	}
+	return w.run(ctx)
+}
+
+// setUp starts the cluster, the attempt API's front, two reaperd replicas
+// and the kubelet player, and submits the runs.
+func (w *kubeWorld) setUp(ctx context.Context) error {
+	say("starting the local control plane: etcd, kube-apiserver, KWOK (+ kube-controller-manager) ...")
+	say("  (the first time, its binaries are built from source: about 11 minutes, progress below)")
+	c, err := kubetest.Start(ctx, kubetest.Options{Dir: filepath.Join(w.dir, "cluster"),
+		Build: kubetest.BuildOptions{Progress: os.Stdout}})
+	if err != nil {
+		return err
+	}
+	w.undo = append(w.undo, func() { _ = c.Stop() })
+	w.cluster = c
+	if w.cs, err = kubernetes.NewForConfig(c.AdminConfig()); err != nil {
+		return fmt.Errorf("the API client: %w", err)
+	}
+	parts := "kube-apiserver " + kubetest.KubernetesVersion + ", etcd, KWOK"
+	if c.HasControllerManager() {
+		parts += ", kube-controller-manager"
+	}
+	if _, err := w.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubeNamespace}},
+		metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating namespace %s: %w", kubeNamespace, err)
+	}
+	for _, n := range []string{nodeStay, nodeLost} {
+		if _, err := c.CreateNode(ctx, n); err != nil {
+			return err
+		}
+	}
+	say("cluster up at %s (%s); KWOK nodes %s and %s", c.Host(), parts, nodeStay, nodeLost)
+
+	// Every replica serves the attempt API; the pods reach whichever is
+	// up through one address, as they would through a Service.
+	if w.front, err = startFront(); err != nil {
+		return err
+	}
+	w.undo = append(w.undo, w.front.close)
+	cfgPath := filepath.Join(w.dir, "reaperd.hcl")
+	if err := w.prepare(ctx, cfgPath, w.config()); err != nil {
+		return err
+	}
+	for i := 1; i <= 2; i++ {
+		name := "reaperd-" + strconv.Itoa(i)
+		r, err := w.startReaperd(cfgPath, name)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-r.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if r.apiURL() == "" {
+			return fmt.Errorf("%s did not start; its log is in %s", name, w.keepLogs())
+		}
+		w.front.add(r.apiURL())
+		w.replicas = append(w.replicas, r)
+	}
+	say("started reaperd-1 and reaperd-2 on the Lease %s/%s (interval 2s, pod_lost_floor 5s, settling grace 8s)",
+		kubeNamespace, leaseName)
+
+	w.journals = filepath.Join(w.dir, "journals")
+	if err := os.MkdirAll(w.journals, 0o700); err != nil {
+		return err
+	}
+	player, err := kubelet.Start(ctx, kubelet.Config{
+		Client: w.cs, Namespace: kubeNamespace, Dir: filepath.Join(w.dir, "containers"),
+		Commands: map[string]string{kuberunner.AgentPathDefault: filepath.Join(w.bin, "reaper-agent")},
+		Env:      []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), agent.JournalDirEnv + "=" + w.journals},
+		MaxGrace: 2 * time.Second,
+		Logger:   hclog.New(&hclog.LoggerOptions{Output: w.logFile("kubelet-player.log"), Level: hclog.Info}),
+	})
+	if err != nil {
+		return err
+	}
+	w.undo = append(w.undo, player.Stop)
+	w.player = player
+	sched := startScheduler(ctx, w.cs, w.sc.faults)
+	w.undo = append(w.undo, sched)
+	say("the kubelet player runs each pod's agent as a local process; the demo binds pods to nodes (no kube-scheduler)")
+
+	writer := lifecycle.New(w.pool, lifecycle.Options{})
+	for _, id := range w.runIDs() {
+		run := lifecycle.NewRun{RunID: id, DagID: "demo-kube", State: sdk.RunRunning}
+		for i, cmd := range w.sc.runs[id] {
+			run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: "t" + strconv.Itoa(i+1), Executor: sdk.ExecutorKube,
+				Retries: 1, Command: cmd})
+		}
+		if err := writer.CreateRun(ctx, run, time.Now()); err != nil {
+			return fmt.Errorf("submitting run %s: %w", id, err)
+		}
+		say("submitted run %q: %d tasks (%s)", id, len(run.Tasks), summarizeCommands(w.sc.runs[id]))
+	}
+	say("")
+	return nil
+}
+
+// config is the replicas' configuration (the same file for both).
+func (w *kubeWorld) config() string {
+	kc := w.cluster.Kubeconfig()
+	return fmt.Sprintf(`edition    = "kube"
+plugin_dir = %q
+store {
+  dsn = %q
+}
+leader "kubernetes" {
+  namespace  = %q
+  name       = %q
+  kubeconfig = %q
+  lease      = "4s"
+}
+%s
+telemetry {
+  listen = "127.0.0.1:0"
+}
+substrate "kube" {
+  namespace  = %q
+  kubeconfig = %q
+}
+runner {
+  kube {
+    image             = "reaper-demo-task"
+    termination_grace = "2s"
+    attempt_api       = %q
+  }
+}
+attempt_api {
+  listen    = "127.0.0.1:0"
+  state_dir = %q
+}
+reaper "dispatchlost" {}
+reaper "podlost" {}
+reaper "agentlost" {}
+reaper "warmworker" {}
+reaper "orphanrun" {}
+`, w.bin, w.dsn, kubeNamespace, leaseName, kc, w.sc.ladder, kubeNamespace, kc, w.front.url(), filepath.Join(w.dir, "attempt-api"))
+}
+
+func (w *kubeWorld) logFile(name string) *os.File {
+	f, err := os.Create(filepath.Join(w.dir, name))
+	if err != nil {
+		return os.Stderr
+	}
+	w.undo = append(w.undo, func() { _ = f.Close() })
+	return f
+}
+
+func (w *kubeWorld) runIDs() []string {
+	ids := make([]string, 0, len(w.sc.runs))
+	for id := range w.sc.runs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func summarizeCommands(cmds []string) string {
+	n := map[string]int{}
+	var order []string
+	for _, c := range cmds {
+		if n[c] == 0 {
+			order = append(order, c)
+		}
+		n[c]++
+	}
+	parts := make([]string, len(order))
+	for i, c := range order {
+		parts[i] = fmt.Sprintf("%d x %s", n[c], c)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// run watches the runs, injects the faults and ends with the summary.
+func (w *kubeWorld) run(ctx context.Context) int {
+	alive := func() bool { return w.live() > 0 }
+	inject := func(tis []board.TaskInstance) { w.inject(ctx, tis) }
+	if code := w.watch(ctx, w.runIDs(), w.sc.deadline, alive, inject); code != 0 {
+		return code
+	}
+	code := w.summary(ctx)
+	w.explain(ctx, "demo", "t2") // why was t2, on the lost node, reaped?
+	return code
+}
+
+// live counts the replicas still running.
+func (w *kubeWorld) live() int {
+	n := 0
+	for _, r := range w.replicas {
+		select {
+		case <-r.done:
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// inject injects every fault whose moment has come.
+func (w *kubeWorld) inject(ctx context.Context, tis []board.TaskInstance) {
+	byRun := map[string][]board.TaskInstance{}
+	for _, ti := range tis {
+		byRun[ti.RunID] = append(byRun[ti.RunID], ti)
+	}
+	firstRunning := func(ti board.TaskInstance, after time.Duration) bool {
+		return ti.State == sdk.StateRunning && ti.Try == 1 && ti.Epoch == 0 && !ti.RunningAt.IsZero() &&
+			time.Since(ti.RunningAt) > after
+	}
+	var nodeTasks []board.TaskInstance
+	nodeReady := true
+	for _, ti := range tis {
+		key := ti.RunID + "/" + ti.TaskID
+		fault, ok := w.sc.faults[key]
+		if !ok || w.faulted[key] {
+			continue
+		}
+		switch fault {
+		case faultNodeLost:
+			nodeTasks = append(nodeTasks, ti)
+			nodeReady = nodeReady && firstRunning(ti, w.sc.after)
+		case faultLeaderKill:
+			if firstRunning(ti, w.sc.leaderAfter) {
+				msg, err := w.killLeader()
+				w.note(key, msg, err)
+			}
+		default:
+			if firstRunning(ti, w.sc.after) {
+				msg, err := w.harm(ctx, fault, ti.Attempt)
+				w.note(key, msg, err)
+			}
+		}
+	}
+	if len(nodeTasks) > 0 && nodeReady {
+		msg, err := w.loseNode(ctx)
+		for _, ti := range nodeTasks {
+			w.faulted[ti.RunID+"/"+ti.TaskID] = err == nil
+		}
+		w.report(msg, err)
+	}
+	for run, tis := range byRun {
+		if w.sc.faults[run] != faultOrphanRun || w.faulted[run] {
+			continue
+		}
+		ready := len(tis) > 0
+		for _, ti := range tis {
+			ready = ready && firstRunning(ti, w.sc.after)
+		}
+		if ready {
+			msg, err := w.deleteRunPods(ctx, run)
+			w.faulted[run] = err == nil
+			w.report(msg, err)
+		}
+	}
+}
+
+func (w *kubeWorld) note(key string, msg string, err error) {
+	w.faulted[key] = err == nil
+	w.report(msg, err)
+}
+
+func (w *kubeWorld) report(msg string, err error) {
+	if err != nil {
+		say("%6.1fs  (fault not injected yet: %v)", w.at(), err)
+		return
+	}
+	w.injected++
+	say("%6.1fs  FAULT      %s", w.at(), msg)
+}
+
+// harm injects a fault into one attempt's pod.
+func (w *kubeWorld) harm(ctx context.Context, fault string, a sdk.Attempt) (string, error) {
+	pods := w.cs.CoreV1().Pods(kubeNamespace)
+	name := kuberunner.PodName(a)
+	switch fault {
+	case faultPodDeleted:
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			return "", err
+		}
+		w.harmed[a] = fault
+		return fmt.Sprintf("pod %s of %s deleted under its running attempt", name, a), nil
+	case faultEvicted:
+		if err := pods.EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: kubeNamespace}}); err != nil {
+			return "", err
+		}
+		w.harmed[a] = fault
+		return fmt.Sprintf("pod %s of %s evicted through the Eviction API", name, a), nil
+	case faultAgentKill:
+		pid, _, ok := w.player.Process(name)
+		if !ok {
+			return "", errors.New("its container has not started")
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			return "", err
+		}
+		w.harmed[a] = fault
+		return fmt.Sprintf("kill -9 agent %d inside pod %s of %s (the container's main process)", pid, name, a), nil
+	}
+	return "", fmt.Errorf("unknown fault %q", fault)
+}
+
+// loseNode deletes the node the node fault's tasks run on, and every pod
+// bound to it, at once: a node and its machine gone. The machine's
+// processes (the pods' containers) are frozen first, so that no agent on it
+// gets to say anything, as none would.
+func (w *kubeWorld) loseNode(ctx context.Context) (string, error) {
+	pods, err := w.cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nodeLost})
+	if err != nil {
+		return "", err
+	}
+	w.freeze(pods.Items)
+	if err := w.cs.CoreV1().Nodes().Delete(ctx, nodeLost, metav1.DeleteOptions{}); err != nil {
+		return "", err
+	}
+	var names []string
+	for _, p := range pods.Items {
+		if err := w.forceDelete(ctx, p); err != nil {
+			return "", err
+		}
+		if a, ok := attemptOf(&p); ok {
+			w.harmed[a] = faultNodeLost
+			names = append(names, a.String())
+		}
+	}
+	return fmt.Sprintf("node %s deleted with its %d pods (%s)", nodeLost, len(pods.Items), strings.Join(names, ", ")), nil
+}
+
+// deleteRunPods makes every pod of run vanish at once: their containers
+// frozen, then the pods deleted, so that no agent of the run reports.
+func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, error) {
+	pods, err := w.cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelRunID + "=" + run})
+	if err != nil {
+		return "", err
+	}
+	w.freeze(pods.Items)
+	for _, p := range pods.Items {
+		if err := w.forceDelete(ctx, p); err != nil {
+			return "", err
+		}
+		if a, ok := attemptOf(&p); ok {
+			w.harmed[a] = faultOrphanRun
+		}
+	}
+	return fmt.Sprintf("every pod of run %s vanished (%d): the run has nothing left alive", run, len(pods.Items)), nil
+}
+
+// freeze stops (SIGSTOP) every process of the pods' containers: the
+// player's, each the session its container's process leads. The player
+// kills them once it sees the pods deleted.
+func (w *kubeWorld) freeze(pods []corev1.Pod) {
+	sessions := map[int]bool{}
+	for _, p := range pods {
+		if pid, _, ok := w.player.Process(p.Name); ok {
+			sessions[pid] = true
+		}
+	}
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if sid, err := unix.Getsid(pid); err == nil && sessions[sid] {
+			_ = unix.Kill(pid, unix.SIGSTOP)
+		}
+	}
+}
+
+func (w *kubeWorld) forceDelete(ctx context.Context, p corev1.Pod) error {
+	zero := int64(0)
+	err := w.cs.CoreV1().Pods(kubeNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
+		Preconditions: &metav1.Preconditions{UID: &p.UID}})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// killLeader kills the leading replica with SIGKILL.
+func (w *kubeWorld) killLeader() (string, error) {
+	for _, r := range w.replicas {
+		select {
+		case <-r.done:
+			continue
+		default:
+		}
+		if !r.leading.Load() {
+			continue
+		}
+		pid := r.cmd.Process.Pid
+		if err := r.cmd.Process.Kill(); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("kill -9 %s (pid %d), the leader: the other replica takes the Lease once it lapses (4s)", r.name, pid), nil
+	}
+	return "", errors.New("no replica leads yet")
+}
+
+// attemptOf reads the attempt a task pod's labels and annotation name.
+func attemptOf(p *corev1.Pod) (sdk.Attempt, bool) {
+	try, err1 := strconv.Atoi(p.Labels[kube.LabelTryNumber])
+	epoch, err2 := strconv.Atoi(p.Labels[kube.LabelAttemptEpoch])
+	a := sdk.Attempt{RunID: p.Labels[kube.LabelRunID], TaskID: p.Annotations[kube.AnnotationRawTaskID],
+		Try: int32(try), Epoch: int32(epoch)}
+	return a, err1 == nil && err2 == nil && a.RunID != "" && a.TaskID != ""
+}
+
+// startScheduler plays the scheduler the local cluster lacks: every pod of
+// the namespace without a node is handed to the kubelet player (its owner
+// label) and bound to a node: the node fault's tasks' first attempts to the
+// node that will be lost, every other pod to the one that stays. It
+// returns the function that stops it.
+func startScheduler(ctx context.Context, cs kubernetes.Interface, faults map[string]string) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+			pods, err := cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
+			if err != nil {
+				continue
+			}
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp != nil {
+					continue
+				}
+				node := nodeStay
+				if a, ok := attemptOf(&p); ok && faults[a.RunID+"/"+a.TaskID] == faultNodeLost && a.Try == 1 && a.Epoch == 0 {
+					node = nodeLost
+				}
+				_ = bind(ctx, cs, p, node)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// bind gives the pod to the player and binds it to node.
+func bind(ctx context.Context, cs kubernetes.Interface, p corev1.Pod, node string) error {
+	pods := cs.CoreV1().Pods(kubeNamespace)
+	if p.Labels[kubelet.LabelOwner] != kubelet.OwnerValue {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, kubelet.LabelOwner, kubelet.OwnerValue)
+		if _, err := pods.Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return err
+		}
+	}
+	return pods.Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: p.UID},
+		Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{})
+}
+
+// summary prints what happened, from the board, its audit, the pods'
+// outcome records and the agents' journals, and checks it: every fault's
+// attempt settled by a reaper or the sweep, every task succeeded, and no
+// attempt a fault did not take was touched.
+func (w *kubeWorld) summary(ctx context.Context) int {
+	runs := w.runIDs()
+	var tis []board.TaskInstance
+	for _, id := range runs {
+		t, err := w.store.TaskInstances(ctx, id)
+		if err != nil {
+			return fail(err)
+		}
+		tis = append(tis, t...)
+	}
+	ds, err := w.appliedDecisions(ctx, runs...)
+	if err != nil {
+		return fail(err)
+	}
+	harmedTask := map[string]bool{}
+	for a := range w.harmed {
+		harmedTask[a.RunID+"/"+a.TaskID] = true
+	}
+	var reaped, settled, replaced, retried, overridden int
+	var touched []string
+	judged := map[sdk.Attempt]bool{} // a reaper or the sweep decided on it
+	retriedA := map[sdk.Attempt]bool{}
+	for _, d := range ds {
+		switch d.label {
+		case sdk.LabelPodLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelAgentLost,
+			sdk.LabelCredentialCeiling, sdk.LabelWarmWorkerLost, sdk.LabelOrphanRun:
+			reaped++
+			judged[d.attempt] = true
+			if d.attempt.TaskID == "" && w.sc.faults[d.attempt.RunID] != faultOrphanRun {
+				touched = append(touched, fmt.Sprintf("run %s failed by %s", d.attempt.RunID, d.label))
+			} else if _, ok := w.harmed[d.attempt]; !ok && d.attempt.TaskID != "" {
+				touched = append(touched, fmt.Sprintf("%s marked %s", d.attempt, d.label))
+			}
+		case sdk.LabelReconcileSettled:
+			settled++
+			judged[d.attempt] = true
+			if _, ok := w.harmed[d.attempt]; !ok {
+				touched = append(touched, fmt.Sprintf("%s settled by the sweep", d.attempt))
+			}
+		case sdk.LabelReconcileInfraOverride:
+			overridden++
+		case sdk.LabelInfraReplace:
+			replaced++
+		case sdk.LabelTaskRetry:
+			retried++
+			retriedA[d.attempt] = true
+		}
+	}
+	// A harmed attempt is answered by a reaper's mark, the sweep's
+	// settlement, or (a pod deleted or evicted while its agent ran: the
+	// player sends SIGTERM as a kubelet would) its own agent's report.
+	byAgent := 0
+	var unanswered []string
+	for a := range w.harmed {
+		switch {
+		case judged[a]:
+		case retriedA[a]:
+			byAgent++
+		default:
+			unanswered = append(unanswered, a.String())
+		}
+	}
+	sort.Strings(unanswered)
+	succeeded := 0
+	records := w.records(ctx)
+	ran := w.journalRuns()
+	for _, ti := range tis {
+		if ti.State == sdk.StateSuccess {
+			succeeded++
+		}
+		key := ti.RunID + "/" + ti.TaskID
+		if harmedTask[key] {
+			continue
+		}
+		// An attempt no fault took: one attempt, ended by its own agent
+		// with a SUCCESS record, its task run once to the end.
+		switch {
+		case ti.Try != 1 || ti.Epoch != 0:
+			touched = append(touched, fmt.Sprintf("%s needed more than one attempt", ti.Attempt))
+		case records[ti.Attempt] != podrecord.Success:
+			touched = append(touched, fmt.Sprintf("%s: its pod's record says %q", ti.Attempt, records[ti.Attempt]))
+		case ran[key] != 1:
+			touched = append(touched, fmt.Sprintf("%s: its agents' journals show %d complete runs of the task", ti.Attempt, ran[key]))
+		}
+	}
+	w.printSummary([]count{
+		{"tasks", len(tis)}, {"attempts", attempts(tis)}, {"faults injected", w.injected},
+		{"attempts taken by a fault", len(w.harmed)},
+		{"reaped", reaped}, {"settled by the sweep", settled}, {"ended by their agent (SIGTERM)", byAgent},
+		{"re-placed", replaced}, {"retried", retried},
+		{"overridden", overridden}, {"succeeded", succeeded}, {"live attempts touched", len(touched)},
+	})
+	ok := len(touched) == 0 && len(unanswered) == 0 && succeeded == len(tis) && w.injected == w.faultCount()
+	for _, t := range touched {
+		say("  touched: %s", t)
+	}
+	if len(unanswered) > 0 {
+		say("  taken but never reaped or settled: %s", strings.Join(unanswered, ", "))
+	}
+	if !ok {
+		say("\nsomething went wrong: see the lines above and the logs in %s", w.keepLogs())
+		return 1
+	}
+	say("\nevery fault was settled, every task succeeded, and no live attempt was touched.")
+	return 0
+}
+
+// faultCount is how many faults the scenario injects (the node fault's
+// tasks are one fault).
+func (w *kubeWorld) faultCount() int {
+	n, node := 0, false
+	for _, f := range w.sc.faults {
+		if f == faultNodeLost {
+			node = true
+			continue
+		}
+		n++
+	}
+	if node {
+		n++
+	}
+	return n
+}
+
+// records reads the outcome record each finished task pod's agent left in
+// its termination message, by the attempt it names.
+func (w *kubeWorld) records(ctx context.Context) map[sdk.Attempt]podrecord.Outcome {
+	out := map[sdk.Attempt]podrecord.Outcome{}
+	pods, err := w.cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		say("demo: listing the pods: %v", err)
+		return out
+	}
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.Name != kube.TaskContainer || c.State.Terminated == nil {
+				continue
+			}
+			if rec, ok := podrecord.Parse(c.State.Terminated.Message); ok {
+				out[rec.Attempt()] = rec.Outcome
+			}
+		}
+	}
+	return out
+}
+
+// journalRuns counts, per task, the attempts whose agent journal shows the
+// task run to its end with exit code 0.
+func (w *kubeWorld) journalRuns() map[string]int {
+	out := map[string]int{}
+	files, _ := filepath.Glob(filepath.Join(w.journals, "*.journal"))
+	for _, f := range files {
+		entries, err := agent.ReadJournal(f)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.Event == agent.JournalTaskEnd && e.ExitCode != nil && *e.ExitCode == 0 {
+				out[e.RunID+"/"+e.TaskID]++
+			}
+		}
+	}
+	return out
+}
