@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/sdk"
@@ -265,15 +266,19 @@ type Recovery struct {
 	Passes  int
 	Marked  int
 	Elapsed time.Duration // the passes and their audit writes together
-	Audit   time.Duration // the audit writes alone (part of Elapsed)
+	// Audit is the wait, after each pass, for the audit writes still
+	// under way (part of Elapsed); the rest of the audit went on beside
+	// the pass.
+	Audit time.Duration
 }
 
 // MaxPasses bounds a recovery: a recovery that needs more is an error.
 const MaxPasses = 20
 
 // Recover runs agentlost passes of r over exec, one per 30s cycle with a
-// 30s budget each, until every attempt of the workload is marked, writing
-// each pass's decisions to the audit after the pass, as the host does. Any
+// 30s budget each, until every attempt of the workload is marked, each
+// pass's decisions written to the audit while it goes on and waited for
+// after it, through the host's own sink (audit.Sink). Any
 // decision but an applied agent_lost is an error.
 func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
 	l := ladder.Defaults()
@@ -284,18 +289,18 @@ func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Execution
 	for pass := 1; pass <= MaxPasses; pass++ {
 		now := Now.Add(time.Duration(pass-1) * l.MaintenanceInterval)
 		start := time.Now()
-		var sink sdk.Collector
+		sink := audit.NewSink(ctx, w.Board.Store, w.Board.Term, now, agentlost.Name, false)
 		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: w.Board.Term, Deadline: now.Add(l.MaintenanceInterval),
-			State: state, Edition: ladder.EditionLite}, w.Board.Store, exec, &sink)
+			State: state, Edition: ladder.EditionLite}, w.Board.Store, exec, sink)
+		auditStart := time.Now()
+		ds, auditErr := sink.Wait()
+		out.Audit += time.Since(auditStart)
 		if err != nil {
 			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
 		}
-		ds := sink.Decisions()
-		auditStart := time.Now()
-		if err := w.Board.Store.RecordDecisions(ctx, w.Board.Term, now, ds); err != nil {
-			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
+		if auditErr != nil {
+			return out, fmt.Errorf("massbench: pass %d: %w", pass, auditErr)
 		}
-		out.Audit += time.Since(auditStart)
 		out.Elapsed += time.Since(start)
 		out.Passes = pass
 		state = res.State
