@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
@@ -29,14 +30,8 @@ type Leadership interface {
 	Status(now time.Time) leader.Status
 }
 
-// auditPer is how many decisions the audit gets 10s to write (the board's
-// chunk, board.AuditChunk).
-const auditPer = 5_000
-
 // Auditor keeps decision audit rows.
-type Auditor interface {
-	RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error
-}
+type Auditor = audit.Writer
 
 // Supervised hands out a plugin that may have to be (re)started.
 type Supervised[T any] interface {
@@ -303,19 +298,20 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	var sink sdk.Collector
+	// The pass's decisions are audited as they arrive, beside the pass.
+	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
-	}, l.boardFor(dry), exec, &sink)
+	}, l.boardFor(dry), exec, sink)
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
+	l.audited(term, sink, res)
 	if err != nil {
 		// What the reaper decided before the error is kept (over gRPC
 		// too: the decisions travel ahead of the error), and so is the
 		// state it handed back, if any: what it owes its next pass (an
 		// orphan stop in flight, a kill line) must not be lost with it.
-		l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
 		if pr.State != nil {
 			l.mu.Lock()
 			l.states[r.Name] = pr.State
@@ -343,7 +339,16 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	l.states[r.Name] = pr.State
 	l.mu.Unlock()
-	l.record(ctx, term, now, fill(sink.Decisions(), r.Name, dry), res)
+}
+
+// audited waits for a pass's audit to be written, then meters and logs its
+// decisions.
+func (l *Loop) audited(term int64, sink *audit.Sink, res *Result) {
+	ds, err := sink.Wait()
+	if err != nil {
+		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+	}
+	l.note(term, ds, res)
 }
 
 // PluginStartTimeout bounds a plugin's (re)start before its pass: the
@@ -395,6 +400,19 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 	if len(ds) == 0 {
 		return
 	}
+	l.note(term, ds, res)
+	if l.audit == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(ds)))
+	defer cancel()
+	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
+		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+	}
+}
+
+// note meters and logs decisions and adds them to the cycle's result.
+func (l *Loop) note(term int64, ds []sdk.Decision, res *Result) {
 	res.Decisions = append(res.Decisions, ds...)
 	for _, d := range ds {
 		l.cfg.Metrics.Decision(d)
@@ -416,17 +434,5 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 		} else {
 			l.cfg.Logger.Debug("decision", args...)
 		}
-	}
-	if l.audit == nil {
-		return
-	}
-	// 10s for every auditPer decisions (the board copies them in chunks of
-	// that size, each under its own query timeout): a mass recovery's audit
-	// is written whole, not cut off by a bound sized for one page.
-	chunks := (len(ds) + auditPer - 1) / auditPer
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(chunks)*10*time.Second)
-	defer cancel()
-	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/sdk"
@@ -271,7 +272,10 @@ type Recovery struct {
 	Passes  int
 	Marked  int
 	Elapsed time.Duration // the passes and their audit writes together
-	Audit   time.Duration // the audit writes alone (part of Elapsed)
+	// Audit is the wait, after each pass, for the audit writes still
+	// under way (part of Elapsed); the rest of the audit went on beside
+	// the pass.
+	Audit time.Duration
 }
 
 // MaxPasses bounds a recovery: a recovery that needs more is an error.
@@ -279,10 +283,12 @@ const MaxPasses = 20
 
 // Recover runs agentlost passes of r over exec, one per 30s cycle with a
 // 30s budget each, until every attempt of the workload is marked agent_lost,
-// writing each pass's decisions to the audit after the pass, as the host
-// does. Any decision but an applied agent_lost is an error.
+// each pass's decisions written to the audit while it goes on and waited for
+// after it, through the host's own sink (audit.Sink). Any decision but an
+// applied agent_lost is an error.
 func (w *Workload) Recover(ctx context.Context, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
-	return Recover(ctx, Spec{Board: w.Board, N: w.N, Edition: ladder.EditionLite, Label: sdk.LabelAgentLost}, r, exec)
+	return Recover(ctx, Spec{Board: w.Board, N: w.N, Edition: ladder.EditionLite, Label: sdk.LabelAgentLost,
+		Reaper: agentlost.Name}, r, exec)
 }
 
 // Spec is what a recovery marks, on which board.
@@ -291,6 +297,7 @@ type Spec struct {
 	N       int    // the attempts to mark
 	Edition string // the passes' edition
 	Label   string // the mark every decision must be, applied
+	Reaper  string // the reaper's name in the audit
 	// Marks, when set, is the board the passes read and write through (a
 	// wrapper of Board.Store that times or counts them); Board.Store when
 	// nil. The audit is written to Board.Store.
@@ -299,9 +306,10 @@ type Spec struct {
 
 // Recover runs passes of r over exec, one per 30s cycle with a 30s budget
 // each (the fake time of pass k is Now + (k-1) x 30s, each pass carrying the
-// state of the one before), until spec.N attempts are marked, writing each
-// pass's decisions to the audit after the pass, as the host does. Any
-// decision but an applied spec.Label is an error.
+// state of the one before), until spec.N attempts are marked, each pass's
+// decisions written to the audit while it goes on and waited for after it,
+// through the host's own sink (audit.Sink). Any decision but an applied
+// spec.Label is an error.
 func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
 	l := ladder.Defaults()
 	marks := spec.Marks
@@ -315,18 +323,18 @@ func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) 
 	for pass := 1; pass <= MaxPasses; pass++ {
 		now := Now.Add(time.Duration(pass-1) * l.MaintenanceInterval)
 		start := time.Now()
-		var sink sdk.Collector
+		sink := audit.NewSink(ctx, spec.Board.Store, spec.Board.Term, now, spec.Reaper, false)
 		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: spec.Board.Term, Deadline: now.Add(l.MaintenanceInterval),
-			State: state, Edition: spec.Edition}, marks, exec, &sink)
+			State: state, Edition: spec.Edition}, marks, exec, sink)
+		auditStart := time.Now()
+		ds, auditErr := sink.Wait()
+		out.Audit += time.Since(auditStart)
 		if err != nil {
 			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
 		}
-		ds := sink.Decisions()
-		auditStart := time.Now()
-		if err := spec.Board.Store.RecordDecisions(ctx, spec.Board.Term, now, ds); err != nil {
-			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
+		if auditErr != nil {
+			return out, fmt.Errorf("massbench: pass %d: %w", pass, auditErr)
 		}
-		out.Audit += time.Since(auditStart)
 		out.Elapsed += time.Since(start)
 		out.Passes = pass
 		state = res.State

@@ -43,9 +43,6 @@ func TestBacklog(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if board.Writes() != 2 {
-			t.Fatalf("%d writes for %d marks queued, want one per %d", board.Writes(), len(planned), MarkBatch)
-		}
 		if err := bl.Settle(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -58,6 +55,64 @@ func TestBacklog(t *testing.T) {
 			if !d.Applied || board.Row(d.Attempt).State != sdk.StateFailed {
 				t.Fatalf("decision %+v, row %+v", d, board.Row(d.Attempt))
 			}
+		}
+	})
+
+	t.Run("AFullBatchIsWrittenWhileTheDrainGoesOn", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(2 * MarkBatch)
+		gate := &gatedMarks{Board: board, started: make(chan int, 2), proceed: make(chan struct{})}
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(gate, rec, nil)
+		if err := bl.Add(ctx, planned[:MarkBatch]...); err != nil {
+			t.Fatal(err)
+		}
+		// Add returned; the write is under way, held by the board.
+		if n := <-gate.started; n != MarkBatch {
+			t.Fatalf("a write of %d marks, want %d", n, MarkBatch)
+		}
+		if rec.Count(sdk.LabelAgentLost) != 0 {
+			t.Fatal("decisions recorded before their write ended")
+		}
+		if err := bl.Add(ctx, planned[MarkBatch:MarkBatch+100]...); err != nil {
+			t.Fatal(err)
+		}
+		close(gate.proceed)
+		if err := bl.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rec.Close(ctx)
+		if board.Writes() != 2 || rec.Count(sdk.LabelAgentLost) != MarkBatch+100 || len(sink.Decisions()) != MarkBatch+100 {
+			t.Fatalf("%d writes, %d decisions", board.Writes(), len(sink.Decisions()))
+		}
+		for i, d := range sink.Decisions() {
+			if d.Attempt != planned[i].Mark.Attempt || !d.Applied {
+				t.Fatalf("decision %d %+v, want the applied mark of %s", i, d, planned[i].Mark.Attempt)
+			}
+		}
+	})
+
+	t.Run("ABoardErrorOfAWriteBesideTheDrainEndsTheDrain", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(2 * MarkBatch)
+		failing := &gatedMarks{Board: board, started: make(chan int, 2), proceed: make(chan struct{}), err: errors.New("board gone")}
+		close(failing.proceed)
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(failing, rec, nil)
+		if err := bl.Add(ctx, planned[:MarkBatch]...); err != nil {
+			t.Fatal(err)
+		}
+		err := bl.Add(ctx, planned[MarkBatch:]...)
+		if err == nil || !strings.Contains(err.Error(), "board gone") {
+			t.Fatalf("Add: %v, want the write's error", err)
+		}
+		if err := bl.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(failing.started) != 1 || len(sink.Decisions()) != 0 || board.Row(planned[0].Mark.Attempt).State != sdk.StateRunning {
+			t.Fatalf("%d writes after the error, %d decisions", len(failing.started), len(sink.Decisions()))
 		}
 	})
 
@@ -107,4 +162,22 @@ func TestBacklog(t *testing.T) {
 			t.Fatalf("%d marks applied, %d decisions recorded: want the first page's 100", n, len(sink.Decisions()))
 		}
 	})
+}
+
+// gatedMarks holds each write of marks until proceed is closed, then fails
+// it with err or hands it to the board.
+type gatedMarks struct {
+	*sdktest.Board
+	started chan int
+	proceed chan struct{}
+	err     error
+}
+
+func (g *gatedMarks) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	g.started <- len(marks)
+	<-g.proceed
+	if g.err != nil {
+		return nil, g.err
+	}
+	return g.Board.Mark(ctx, marks)
 }

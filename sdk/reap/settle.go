@@ -43,11 +43,21 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 		}
 		return rec.Flush(ctx)
 	}
+	results, err := ApplyMarks(ctx, board, marksOf(planned))
+	return settled(ctx, rec, planned, results, err, after)
+}
+
+func marksOf(planned []Planned) []sdk.Mark {
 	marks := make([]sdk.Mark, len(planned))
 	for i, p := range planned {
 		marks[i] = p.Mark
 	}
-	results, err := ApplyMarks(ctx, board, marks)
+	return marks
+}
+
+// settled records the decisions of planned marks from the board's results
+// (ApplyMarks: the results of the batches before an error, and the error).
+func settled(ctx context.Context, rec *Recorder, planned []Planned, results []sdk.MarkResult, err error, after AfterMark) error {
 	for i, res := range results {
 		p := &planned[i]
 		if !res.Applied {
@@ -78,17 +88,33 @@ func Settle(ctx context.Context, board sdk.Board, rec *Recorder, planned []Plann
 const MarkBatch = 10 * ladder.PageSize
 
 // Backlog holds planned marks across the pages of a drain and settles them
-// (Settle) once MarkBatch of them wait, and at the end of the drain. Every
-// mark keeps its own guard (attempt, source state, heartbeat, term and
-// lease), so a mark that waits a few pages is no less safe: a row that
-// moved, heartbeated or changed leader in between makes it a no-op, recorded
-// as such. A pass hands its Backlog to Run (Spec.Backlog), which settles
-// what is left after the drain, whether or not the drain failed.
+// once MarkBatch of them wait, and at the end of the drain. Every mark keeps
+// its own guard (attempt, source state, heartbeat, term and lease), so a
+// mark that waits a few pages is no less safe: a row that moved,
+// heartbeated or changed leader in between makes it a no-op, recorded as
+// such.
+//
+// A full batch is written while the drain goes on: the board's write runs
+// on a goroutine of its own, one at a time, and its results are recorded
+// (the decisions, and after for each applied mark) on the drain's own
+// goroutine, when the next batch is due or when the backlog is settled. A
+// pass hands its Backlog to Run (Spec.Backlog), which settles what is left
+// after the drain, whether or not the drain failed: Settle waits for the
+// write under way, so no write outlives the pass.
 type Backlog struct {
 	board   sdk.Board
 	rec     *Recorder
 	after   AfterMark
 	pending []Planned
+	flying  *markWrite // the batch being written, if any
+}
+
+// markWrite is a batch of marks being written beside the drain.
+type markWrite struct {
+	planned []Planned
+	done    chan struct{}
+	results []sdk.MarkResult // set once done is closed
+	err     error
 }
 
 // NewBacklog starts an empty backlog whose marks are settled on board, their
@@ -97,19 +123,51 @@ func NewBacklog(board sdk.Board, rec *Recorder, after AfterMark) *Backlog {
 	return &Backlog{board: board, rec: rec, after: after}
 }
 
-// Add queues planned marks, and settles the backlog once MarkBatch wait.
+// Add queues planned marks. Once MarkBatch wait, it records the batch
+// written before (waiting for it if need be) and starts writing them.
 func (b *Backlog) Add(ctx context.Context, planned ...Planned) error {
 	b.pending = append(b.pending, planned...)
 	if len(b.pending) < MarkBatch {
 		return nil
 	}
-	return b.Settle(ctx)
+	batch := b.pending
+	b.pending = nil
+	if err := b.land(ctx); err != nil {
+		return err // this batch is not written: an error ends the settle
+	}
+	if b.rec.pass.DryRun {
+		return Settle(ctx, b.board, b.rec, batch, b.after)
+	}
+	w := &markWrite{planned: batch, done: make(chan struct{})}
+	b.flying = w
+	marks := marksOf(batch)
+	go func() {
+		defer close(w.done)
+		w.results, w.err = ApplyMarks(ctx, b.board, marks)
+	}()
+	return nil
 }
 
-// Settle settles every mark waiting.
+// land waits for the batch being written, if any, and records its
+// decisions.
+func (b *Backlog) land(ctx context.Context) error {
+	w := b.flying
+	if w == nil {
+		return nil
+	}
+	b.flying = nil
+	<-w.done
+	return settled(ctx, b.rec, w.planned, w.results, w.err, b.after)
+}
+
+// Settle waits for the batch being written and settles every mark waiting.
 func (b *Backlog) Settle(ctx context.Context) error {
+	err := b.land(ctx)
 	planned := b.pending
 	b.pending = nil
+	if err != nil {
+		return err // the marks left are not written: an error ends the settle
+	}
 	return Settle(ctx, b.board, b.rec, planned, b.after)
 }
 

@@ -370,7 +370,7 @@ func BenchmarkKubeFleet(b *testing.B) {
 			b.StartTimer()
 			start := time.Now()
 			rec, err := massbench.Recover(ctx, massbench.Spec{Board: f.board, N: n, Edition: ladder.EditionKube,
-				Label: sdk.LabelPodLost, Marks: marks}, r, sub)
+				Label: sdk.LabelPodLost, Reaper: podlost.Name, Marks: marks}, r, sub)
 			if err != nil {
 				b.Fatal(err)
 			}

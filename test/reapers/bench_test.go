@@ -44,9 +44,9 @@ func newWorkload(b *testing.B, n int) *massbench.Workload {
 //     as reaperd runs them.
 //
 // It reports the most passes any recovery needed, the in-process marks per
-// second, each way's median time per recovery, the in-process audit's share
-// of it, and the median of the per-iteration ratios of the plugin ways to
-// the in-process one.
+// second, each way's median time per recovery, the in-process wait for the
+// audit after the passes (the rest of it runs beside them), and the median
+// of the per-iteration ratios of the plugin ways to the in-process one.
 func BenchmarkMassRecovery(b *testing.B) {
 	for _, n := range massSizes {
 		b.Run(fmt.Sprintf("Dead%dk", n/1000), func(b *testing.B) { benchMassRecovery(b, n) })

@@ -1,0 +1,130 @@
+// Package audit streams a pass's decisions to the audit while the pass goes
+// on: the host's sink of a pass (Sink), written through a Writer
+// (board.Store in production).
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// Writer keeps decision audit rows.
+type Writer interface {
+	RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error
+}
+
+// per is how many decisions the audit gets 10s to write (the board's chunk,
+// board.AuditChunk).
+const per = 5_000
+
+// Bound is the time a write of n decisions to the audit gets: 10s for every
+// 5,000 of them (the board copies them in chunks of that size, each under
+// its own query timeout), so a mass recovery's audit is written whole, not
+// cut off by a bound sized for one page.
+func Bound(n int) time.Duration {
+	return time.Duration((n+per-1)/per) * 10 * time.Second
+}
+
+// Sink is the sink of one pass. It keeps every decision the pass
+// records (stamped with the reaper's name and, in a dry run, as not
+// applied) and writes them to the audit while the pass goes on: the first
+// batch at once, on a goroutine of its own, and whatever arrives during a
+// write in the next one, in order. The marks never wait for the audit; the
+// pass is done only once Wait has seen every decision written (or its write
+// fail). A failed write does not stop the pass, nor the writes after it:
+// Wait returns it.
+type Sink struct {
+	w    Writer // nil: decisions are only kept
+	ctx  context.Context
+	term int64
+	at   time.Time
+	name string
+	dry  bool
+
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	all     []sdk.Decision
+	queue   []sdk.Decision
+	writing bool
+	errs    []error
+}
+
+var _ sdk.Sink = (*Sink)(nil)
+
+// NewSink starts the sink of a pass of the named reaper, whose
+// decisions are audited under term at the pass's time at. Its writes outlive
+// ctx's cancellation (a pass's deadline must not lose its audit) but keep
+// its values.
+func NewSink(ctx context.Context, w Writer, term int64, at time.Time, name string, dry bool) *Sink {
+	return &Sink{w: w, ctx: context.WithoutCancel(ctx), term: term, at: at, name: name, dry: dry}
+}
+
+// Record keeps ds and queues them for the audit. It never fails: an audit
+// that cannot be written is the host's trouble, not the pass's (Wait says
+// so).
+func (s *Sink) Record(_ context.Context, ds []sdk.Decision) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	batch := append([]sdk.Decision(nil), ds...)
+	for i := range batch {
+		if batch[i].Reaper == "" {
+			batch[i].Reaper = s.name
+		}
+		if s.dry {
+			batch[i].DryRun, batch[i].Applied = true, false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, batch...)
+	if s.w == nil {
+		return nil
+	}
+	s.queue = append(s.queue, batch...)
+	if !s.writing {
+		s.writing = true
+		s.wg.Add(1)
+		go s.write()
+	}
+	return nil
+}
+
+// write writes what is queued, batch after batch, until the queue is empty.
+func (s *Sink) write() {
+	defer s.wg.Done()
+	for {
+		s.mu.Lock()
+		batch := s.queue
+		s.queue = nil
+		if len(batch) == 0 {
+			s.writing = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(s.ctx, Bound(len(batch)))
+		err := s.w.RecordDecisions(ctx, s.term, s.at, batch)
+		cancel()
+		if err != nil {
+			s.mu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("audit %d decisions: %w", len(batch), err))
+			s.mu.Unlock()
+		}
+	}
+}
+
+// Wait waits until every decision recorded so far is written to the audit
+// (or its write failed) and returns them all, in the order recorded, with
+// the failed writes, if any.
+func (s *Sink) Wait() ([]sdk.Decision, error) {
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.all[:len(s.all):len(s.all)], errors.Join(s.errs...)
+}

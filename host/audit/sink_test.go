@@ -1,0 +1,188 @@
+package audit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/host/audit"
+	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var t0 = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+
+// gated is a Writer whose writes wait for a go-ahead, one per write, and
+// that fails the writes it is told to.
+type gated struct {
+	mu      sync.Mutex
+	batches [][]sdk.Decision
+	started chan int      // the size of each write as it starts
+	proceed chan struct{} // one per write
+	fail    map[int]error // by write number, from 0
+}
+
+func newGated() *gated {
+	return &gated{started: make(chan int, 16), proceed: make(chan struct{}, 16), fail: map[int]error{}}
+}
+
+func (g *gated) RecordDecisions(_ context.Context, _ int64, _ time.Time, ds []sdk.Decision) error {
+	g.started <- len(ds)
+	<-g.proceed
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := len(g.batches)
+	g.batches = append(g.batches, ds)
+	return g.fail[n]
+}
+
+func decisions(from, n int) []sdk.Decision {
+	out := make([]sdk.Decision, n)
+	for i := range out {
+		out[i] = sdk.Decision{Label: sdk.LabelAgentLost, Applied: true,
+			Attempt: sdk.Attempt{RunID: fmt.Sprintf("run%06d", (from+i)/10), TaskID: fmt.Sprintf("task%02d", (from+i)%10), Try: 1}}
+	}
+	return out
+}
+
+// The audit is written while the pass goes on: Record hands the first batch
+// to a write at once and returns without waiting for it; what arrives
+// during a write goes in the next one, in order; Wait returns once all is
+// written.
+func TestSink_WritesBesideThePassNeverBlockingIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", false)
+	if err := s.Record(ctx, decisions(0, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-g.started; n != 100 {
+		t.Fatalf("first write of %d decisions, want 100", n)
+	}
+	// The first write is still under way: these wait for the next one.
+	if err := s.Record(ctx, decisions(100, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(ctx, decisions(200, 50)); err != nil {
+		t.Fatal(err)
+	}
+	g.proceed <- struct{}{}
+	if n := <-g.started; n != 150 {
+		t.Fatalf("second write of %d decisions, want the 150 recorded during the first", n)
+	}
+	g.proceed <- struct{}{}
+	all, err := s.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 250 || len(g.batches) != 2 {
+		t.Fatalf("%d decisions kept, %d writes", len(all), len(g.batches))
+	}
+	var written []sdk.Decision
+	for _, b := range g.batches {
+		written = append(written, b...)
+	}
+	for i := range all {
+		if all[i].Attempt != written[i].Attempt || all[i].Attempt != decisions(i, 1)[0].Attempt {
+			t.Fatalf("decision %d out of order: kept %s, written %s", i, all[i].Attempt, written[i].Attempt)
+		}
+	}
+}
+
+// A write that fails is returned by Wait, and does not stop the writes of
+// what comes after it.
+func TestSink_FailedWriteSurfacesAndLaterWritesGoOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	g.fail[0] = errors.New("connection reset")
+	for range 4 {
+		g.proceed <- struct{}{}
+	}
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", false)
+	if err := s.Record(ctx, decisions(0, 10)); err != nil {
+		t.Fatalf("Record failed with the audit: %v", err)
+	}
+	<-g.started
+	// Written after the first write, whether it is still under way or not.
+	if err := s.Record(ctx, decisions(10, 5)); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.Wait()
+	if err == nil || !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("Wait: %v, want the failed write", err)
+	}
+	if len(g.batches) != 2 || len(g.batches[1]) != 5 || len(all) != 15 {
+		t.Fatalf("%d writes, %d decisions kept", len(g.batches), len(all))
+	}
+}
+
+// Every decision is stamped with the reaper's name when it has none, and a
+// dry run's never claims to be applied, before it is written.
+func TestSink_StampsReaperAndDryRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	g.proceed <- struct{}{}
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", true)
+	ds := decisions(0, 2)
+	ds[1].Reaper = "other"
+	if err := s.Record(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range append(all, g.batches[0]...) {
+		if !d.DryRun || d.Applied || (i%2 == 0 && d.Reaper != "agentlost") || (i%2 == 1 && d.Reaper != "other") {
+			t.Fatalf("decision %d: %+v", i, d)
+		}
+	}
+	if !ds[0].Applied || ds[0].Reaper != "" {
+		t.Fatalf("the caller's decisions changed: %+v", ds[0])
+	}
+}
+
+// On the board, a mass recovery's decisions recorded in many batches are
+// all in reap_decisions once Wait returns, in order.
+func TestSink_EveryDecisionReachesTheBoard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.NewDB(t)
+	store := board.New(pool, board.Options{})
+	s := audit.NewSink(ctx, store, 3, t0, "agentlost", false)
+	const n = 12_000
+	for from := 0; from < n; from += 100 {
+		if err := s.Record(ctx, decisions(from, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := s.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count, ordered int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE reaper = 'agentlost' AND term = 3)
+        FROM reap_decisions`).Scan(&count, &ordered); err != nil {
+		t.Fatal(err)
+	}
+	if count != n || ordered != n || len(all) != n {
+		t.Fatalf("%d rows (%d stamped), %d kept; want %d", count, ordered, len(all), n)
+	}
+	var last string
+	if err := pool.QueryRow(ctx, `SELECT run_id || '/' || task_id FROM reap_decisions ORDER BY id DESC LIMIT 1`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if want := decisions(n-1, 1)[0].Attempt; last != want.RunID+"/"+want.TaskID {
+		t.Fatalf("last row %s, want %s", last, want)
+	}
+}
