@@ -40,6 +40,10 @@ type observer struct {
 	dir string
 	tl  timeline
 
+	// pollMu makes one poll at a time: the observer's own loop and each
+	// invariant check poll, and two readers of one journal offset would
+	// fold the same lines in twice (one execution counted as two).
+	pollMu  sync.Mutex
 	mu      sync.Mutex
 	offsets map[string]int64
 	agents  map[int]*AgentLife // by pid, the live ones and the finished ones
@@ -80,6 +84,8 @@ func (o *observer) run(ctx context.Context, period time.Duration) {
 // whatever the journals named before the look and the look did not find
 // is gone.
 func (o *observer) poll() {
+	o.pollMu.Lock()
+	defer o.pollMu.Unlock()
 	entries := o.readJournals()
 	o.mu.Lock()
 	for _, e := range entries {
@@ -155,7 +161,7 @@ func (o *observer) apply(e agent.JournalEntry) {
 }
 
 // readJournals reads the complete lines every journal gained since the
-// last read.
+// last read. Called with pollMu held.
 func (o *observer) readJournals() []agent.JournalEntry {
 	files, _ := filepath.Glob(filepath.Join(o.dir, "*.journal"))
 	sort.Strings(files)
