@@ -104,15 +104,17 @@ func TestCandidateQueriesUseAnIndex(t *testing.T) {
 		var runs, tasks, from, kinds, reasons, msgs []string
 		var tries, epochs []int32
 		var noHB, confirm, hold []bool
-		var hb []time.Time
+		var hb, ats []time.Time
+		var terms []int64
 		for i := 0; i < 100; i++ {
 			runs, tasks = append(runs, fmt.Sprintf("run%06d", i)), append(tasks, "task006")
 			tries, epochs, from = append(tries, 1), append(epochs, 0), append(from, sdk.StateRunning)
 			noHB, confirm, hold = append(noHB, false), append(confirm, false), append(hold, false)
 			hb, kinds, reasons, msgs = append(hb, base), append(kinds, "infra"), append(reasons, "agent_lost"), append(msgs, "")
+			terms, ats = append(terms, b.term), append(ats, base)
 		}
 		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, board.LeaderNameDefault, runs, tasks, tries, epochs,
-			from, hb, noHB, kinds, confirm, hold, reasons, msgs, b.term, base)
+			from, hb, noHB, kinds, confirm, hold, reasons, msgs, terms, ats)
 		for _, n := range planNodes(plan) {
 			if n["Node Type"] == "Seq Scan" && n["Relation Name"] == "task_instances" {
 				t.Fatalf("the mark statement scans task_instances:\n%s", plan)

@@ -17,9 +17,6 @@ const ListingSettings = listingSettings
 // MarkSQL is the mark statement, for EXPLAIN.
 const MarkSQL = markSQL
 
-// MarkSettings are the planner settings a mark statement runs under.
-const MarkSettings = markSettings
-
 // ExplainCandidates explains the listing of q exactly as ListCandidates runs
 // it, and returns the plan as JSON.
 func (s *Store) ExplainCandidates(ctx context.Context, q sdk.CandidateQuery) (string, error) {

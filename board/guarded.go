@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -53,9 +51,6 @@ type batch struct {
 	ats      []time.Time
 	// refusal says why request i did not apply to its row.
 	refusal func(i int, row sdk.TaskRow) string
-	// settings, when set, is a statement run just before the batch's, in
-	// its implicit transaction (planner settings).
-	settings string
 }
 
 // newBatch checks the requests' common fields (attempt, term, time, each
@@ -94,32 +89,9 @@ func (b *batch) attemptArrays() (runIDs, taskIDs []string, tries, epochs []int32
 	return runIDs, taskIDs, tries, epochs
 }
 
-// subset is the batch of the requests at the positions idx, in that order;
-// refusal says why its request j did not apply.
-func (b *batch) subset(idx []int, refusal func(j int, row sdk.TaskRow) string) *batch {
-	out := &batch{what: b.what, attempts: make([]sdk.Attempt, len(idx)), terms: make([]int64, len(idx)),
-		ats: make([]time.Time, len(idx)), refusal: refusal, settings: b.settings}
-	for j, i := range idx {
-		out.attempts[j], out.terms[j], out.ats[j] = b.attempts[i], b.terms[i], b.ats[i]
-	}
-	return out
-}
-
-// querier is what a batch statement runs on: the pool, or a transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // runBatch executes the batch's statement (leadCTE ... batchAnswer; the
 // leader name is prepended to args) and answers one result per request, in order.
 func (s *Store) runBatch(ctx context.Context, b *batch, sql string, args ...any) ([]sdk.MarkResult, error) {
-	return s.runBatchOn(ctx, s.pool, b, sql, args...)
-}
-
-// runBatchOn is runBatch on q.
-func (s *Store) runBatchOn(ctx context.Context, q querier, b *batch, sql string, args ...any) ([]sdk.MarkResult, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var (
@@ -127,8 +99,7 @@ func (s *Store) runBatchOn(ctx context.Context, q querier, b *batch, sql string,
 		term    *int64
 		expires *time.Time
 	)
-	args = append([]any{s.leader}, args...)
-	if err := queryBatchRow(ctx, q, b.settings, sql, args, &applied, &term, &expires); err != nil {
+	if err := s.pool.QueryRow(ctx, sql, append([]any{s.leader}, args...)...).Scan(&applied, &term, &expires); err != nil {
 		return nil, fmt.Errorf("board: %s: %w", b.what, err)
 	}
 	results := make([]sdk.MarkResult, len(b.attempts))
@@ -151,7 +122,7 @@ func (s *Store) runBatchOn(ctx context.Context, q querier, b *batch, sql string,
 	if len(missed) == 0 {
 		return results, nil
 	}
-	rows, err := guardRows(ctx, q, b.attempts, missed)
+	rows, err := s.guardRows(ctx, b.attempts, missed)
 	if err != nil {
 		return nil, fmt.Errorf("board: %s: %w", b.what, err)
 	}
@@ -170,35 +141,15 @@ func (s *Store) runBatchOn(ctx context.Context, q querier, b *batch, sql string,
 	return results, nil
 }
 
-// queryBatchRow runs sql on q and scans its one row into dest, after
-// settings (if any) in the same round trip and implicit transaction.
-func queryBatchRow(ctx context.Context, q querier, settings, sql string, args []any, dest ...any) error {
-	if settings == "" {
-		return q.QueryRow(ctx, sql, args...).Scan(dest...)
-	}
-	var batch pgx.Batch
-	batch.Queue(settings)
-	batch.Queue(sql, args...)
-	br := q.SendBatch(ctx, &batch)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(dest...)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // guardRows reads the rows of the requests at the positions missed (a
 // second round trip, only when some did not apply): nil for a row that
 // does not exist.
-func guardRows(ctx context.Context, q querier, attempts []sdk.Attempt, missed []int) ([]*sdk.TaskRow, error) {
+func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []int) ([]*sdk.TaskRow, error) {
 	runIDs, taskIDs := make([]string, len(missed)), make([]string, len(missed))
 	for j, i := range missed {
 		runIDs[j], taskIDs[j] = attempts[i].RunID, attempts[i].TaskID
 	}
-	rows, err := q.Query(ctx, `SELECT m.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state,
+	rows, err := s.pool.Query(ctx, `SELECT m.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state,
             ti.last_failure_kind, ti.last_heartbeat_at, ti.infra_marked_at, ti.infra_confirmed_at,
             ti.held_at IS NOT NULL, r.state
         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS m(run_id, task_id, ord)
