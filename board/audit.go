@@ -46,13 +46,14 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	var (
 		buf  []byte
 		ends = make([]int, len(ds))
+		keys []string // the keys of one row's evidence, reused row to row
 	)
 	for i, d := range ds {
 		if d.Label == "" {
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 		var err error
-		if buf, err = appendEvidence(buf, d.Evidence); err != nil {
+		if buf, keys, err = appendEvidence(buf, keys[:0], d.Evidence); err != nil {
 			return fmt.Errorf("board: record decisions: encode evidence: %w", err)
 		}
 		ends[i] = len(buf)
@@ -91,9 +92,10 @@ func (s *Store) copyDecisions(ctx context.Context, rows [][]any) error {
 
 // appendEvidence appends ev as a JSON object, its keys sorted (as
 // encoding/json writes a map), without reflection. A string that is not
-// valid UTF-8 is left to encoding/json, which replaces what is invalid.
-func appendEvidence(buf []byte, ev map[string]string) ([]byte, error) {
-	keys := make([]string, 0, len(ev))
+// valid UTF-8 is left to encoding/json, which replaces what is invalid. keys
+// is scratch space for the keys (empty, any capacity); it is returned for
+// the next object.
+func appendEvidence(buf []byte, keys []string, ev map[string]string) ([]byte, []string, error) {
 	for k := range ev {
 		keys = append(keys, k)
 	}
@@ -105,16 +107,18 @@ func appendEvidence(buf []byte, ev map[string]string) ([]byte, error) {
 		}
 		var err error
 		if buf, err = appendJSONString(buf, k); err != nil {
-			return buf, err
+			return buf, keys, err
 		}
 		buf = append(buf, ':')
 		if buf, err = appendJSONString(buf, ev[k]); err != nil {
-			return buf, err
+			return buf, keys, err
 		}
 	}
-	return append(buf, '}'), nil
+	return append(buf, '}'), keys, nil
 }
 
+// appendJSONString appends s as a JSON string: the bytes that need no
+// escape are copied a run at a time.
 func appendJSONString(buf []byte, s string) ([]byte, error) {
 	if !utf8.ValidString(s) {
 		b, err := json.Marshal(s)
@@ -122,16 +126,21 @@ func appendJSONString(buf []byte, s string) ([]byte, error) {
 	}
 	const hex = "0123456789abcdef"
 	buf = append(buf, '"')
+	from := 0 // s[from:i] needs no escape and is not appended yet
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			buf = append(buf, '\\', c)
-		case c < 0x20:
+		c := s[i]
+		if c != '"' && c != '\\' && c >= 0x20 {
+			continue
+		}
+		buf = append(buf, s[from:i]...)
+		from = i + 1
+		if c < 0x20 {
 			buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			buf = append(buf, c)
+		} else {
+			buf = append(buf, '\\', c)
 		}
 	}
+	buf = append(buf, s[from:]...)
 	return append(buf, '"'), nil
 }
 

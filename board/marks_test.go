@@ -222,18 +222,39 @@ func TestMark(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []struct {
-			task    string
-			applied bool
-			reason  string
-		}{{"d", true, ""}, {"b", false, sdk.NoopMovedOn}, {"c", false, sdk.NoopHeartbeated}, {"a", true, ""}}
-		for i, w := range want {
-			if res[i].TaskID != w.task || res[i].Applied != w.applied || res[i].NoopReason != w.reason {
-				t.Fatalf("result %d = %+v, want task %s applied=%v reason=%q", i, res[i], w.task, w.applied, w.reason)
-			}
-		}
+		assertMarkResults(t, res, []markWant{{"d", true, ""}, {"b", false, sdk.NoopMovedOn},
+			{"c", false, sdk.NoopHeartbeated}, {"a", true, ""}})
 		if ti := b.ti(t, "run", "b"); ti.State != sdk.StateRunning {
 			t.Fatalf("the stale mark wrote task b: %+v", ti)
+		}
+	})
+
+	t.Run("BatchOfSeveralTermsAndTimesFencesEachMarkOnItsOwn", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.run(t, "run", "a", "b", "c", "d")
+		for _, id := range []string{"a", "b", "c", "d"} {
+			b.running(t, first("run", id), base.Add(-20*time.Minute), base.Add(-10*time.Minute))
+		}
+		mk := func(id string, term int64, at time.Time) sdk.Mark {
+			return sdk.Mark{Attempt: first("run", id), FromStates: []string{sdk.StateRunning},
+				HeartbeatBefore: base.Add(-90 * time.Second), Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost,
+				Term: term, At: at}
+		}
+		// Interleaved: two times under the current term, and a term that
+		// does not lead.
+		marks := []sdk.Mark{mk("d", b.term, base), mk("b", b.term+1, base), mk("c", b.term, base.Add(-time.Second)),
+			mk("a", b.term, base)}
+		res, err := b.store.Mark(ctx, marks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertMarkResults(t, res, []markWant{{"d", true, ""}, {"b", false, sdk.NoopDeposed}, {"c", true, ""},
+			{"a", true, ""}})
+		for task, ended := range map[string]time.Time{"a": base, "b": {}, "c": base.Add(-time.Second), "d": base} {
+			if got := b.ti(t, "run", task).EndedAt; !got.Equal(ended) {
+				t.Fatalf("task %s ended at %v, want %v (its own mark's time)", task, got, ended)
+			}
 		}
 	})
 
@@ -318,6 +339,26 @@ func waitForLockWait(t *testing.T, b *bundle) {
 		case <-ctx.Done():
 			t.Fatal("no session ever waited on a lock")
 		case <-tick.C:
+		}
+	}
+}
+
+// markWant is the result a test expects of one mark of a batch.
+type markWant struct {
+	task    string
+	applied bool
+	reason  string
+}
+
+// assertMarkResults checks a batch's results, in order, against want.
+func assertMarkResults(t *testing.T, res []sdk.MarkResult, want []markWant) {
+	t.Helper()
+	if len(res) != len(want) {
+		t.Fatalf("%d results, want %d: %+v", len(res), len(want), res)
+	}
+	for i, w := range want {
+		if res[i].TaskID != w.task || res[i].Applied != w.applied || res[i].NoopReason != w.reason {
+			t.Fatalf("result %d = %+v, want task %s applied=%v reason=%q", i, res[i], w.task, w.applied, w.reason)
 		}
 	}
 }
