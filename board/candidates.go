@@ -26,7 +26,7 @@ const candidateColumns = `run_id, task_id, try_number, attempt_epoch, state, exe
 // order column and the limit come from closed sets (validated here) and are
 // written into the statement as literals, so that the planner can match the
 // partial indexes even under a generic plan of a cached statement; the
-// threshold and the cursor are parameters.
+// threshold, the cursor and the named attempts (Only) are parameters.
 //
 // One state is one range scan of the index for (state, column). Several
 // states are one such scan each under a merge that keeps their order, never a
@@ -70,7 +70,20 @@ func candidateSQL(q sdk.CandidateQuery) (string, []any, int, error) {
 	}
 	if q.After != nil {
 		args = append(args, q.After.At, q.After.RunID, q.After.TaskID)
-		fmt.Fprintf(&where, " AND (%s, run_id, task_id) > ($2::timestamptz, $3::text, $4::text)", col)
+		fmt.Fprintf(&where, " AND (%s, run_id, task_id) > ($%d::timestamptz, $%d::text, $%d::text)", col,
+			len(args)-2, len(args)-1, len(args))
+	}
+	if len(q.Only) > 0 {
+		if len(q.Only) > ladder.PageSize {
+			return "", nil, 0, fmt.Errorf("%d attempts named, at most %d", len(q.Only), ladder.PageSize)
+		}
+		runs, tasks := make([]string, len(q.Only)), make([]string, len(q.Only))
+		for i, a := range q.Only {
+			runs[i], tasks[i] = a.RunID, a.TaskID
+		}
+		args = append(args, runs, tasks)
+		fmt.Fprintf(&where, " AND (run_id, task_id) IN (SELECT * FROM unnest($%d::text[], $%d::text[]))",
+			len(args)-1, len(args))
 	}
 	order := " ORDER BY " + col + ", run_id, task_id LIMIT " + strconv.Itoa(limit)
 

@@ -92,6 +92,17 @@ type Executions interface {
 	WarmWorkers(ctx context.Context) ([]WarmWorker, error)
 }
 
+// ChangeFeed is an optional part of Executions (the kube substrate serves
+// it): what the substrate's view of the fleet saw change since a cursor,
+// so that a reaper may look only at what changed in the steady state. A
+// reaper finds it by a type assertion; an error, or an answer that is not
+// Complete, means the reaper must look at everything. Over go-plugin it is
+// the Substrate service's Changes call, which a plugin built before it
+// answers Unimplemented (an error, so everything is looked at).
+type ChangeFeed interface {
+	Changes(ctx context.Context, since FeedCursor) (FeedChanges, error)
+}
+
 // Substrate is a substrate plugin: the executions world plus the reconcile
 // phase the host runs before reaping.
 type Substrate interface {

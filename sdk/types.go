@@ -130,6 +130,11 @@ type CandidateQuery struct {
 	Heartbeat HeartbeatFilter
 	After     *Cursor
 	Limit     int // at most ladder.PageSize; 0 means PageSize
+	// Only, when set, narrows the listing to the task instances of these
+	// attempts' (run, task) pairs, whatever their current try and epoch
+	// (at most ladder.PageSize of them). Protocol v1 addition: a host that
+	// predates it lists as if it were unset, which only widens the page.
+	Only []Attempt
 }
 
 // Candidate is one listed task instance (its current attempt).
@@ -279,6 +284,11 @@ type ProvisionalQuery struct {
 	Executors []string
 	After     *Cursor
 	Limit     int // at most ladder.PageSize; 0 means PageSize
+	// Only, when set, narrows the listing to the task instances of these
+	// attempts' (run, task) pairs, whatever their current try and epoch
+	// (at most ladder.PageSize of them). Protocol v1 addition: a host that
+	// predates it lists as if it were unset, which only widens the page.
+	Only []Attempt
 }
 
 // Confirm confirms one provisional infra mark once the reconciler has seen
@@ -370,6 +380,28 @@ type LivenessRequest struct {
 	// Live asks for an authoritative read, not a cache (kube).
 	Live bool
 	Now  time.Time
+}
+
+// FeedCursor is a position in a substrate's change feed. Generation names
+// one unbroken stretch of the substrate's view (it changes whenever the view
+// relists, loses its watch or restarts); Seq counts the changes within it.
+// The zero cursor asks for the current position only.
+type FeedCursor struct {
+	Generation string
+	Seq        uint64
+}
+
+// FeedChanges answers a change feed read: the attempts whose pods the
+// substrate's view saw deleted after the cursor asked from, and the cursor
+// to ask from next time.
+type FeedChanges struct {
+	Cursor FeedCursor
+	// Complete: Gone holds every deletion the view saw since the cursor
+	// asked from. False when it cannot say (another generation, changes
+	// dropped, the view not synced): the caller must look at everything.
+	Complete bool
+	Gone     []Attempt
+	Detail   string // why the answer is not complete
 }
 
 // AttemptLiveness is the substrate's answer for one attempt.

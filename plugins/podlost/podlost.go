@@ -37,6 +37,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -51,17 +52,40 @@ import (
 // Name is the label the reaper is configured under.
 const Name = "podlost"
 
-// listRunning names the listing (the key of its cursor in the pass state).
-const listRunning = "running"
+// The listings of a pass (each one's cursor is kept in the pass state).
+const (
+	listRunning = "running" // the full walk: every running attempt past the floor
+	listCrossed = "crossed" // the attempts that crossed the floor since the horizon
+	listGone    = "gone"    // the attempts whose pods the change feed saw deleted
+)
+
+// The notes a pass leaves the next one (reap.State.Notes).
+const (
+	// noteFeed is the change feed's cursor, "<generation> <seq>": every
+	// deletion before it has been looked at, or is covered by a full walk.
+	noteFeed = "feed"
+	// noteHorizon (RFC 3339): every attempt that entered running before
+	// it has been judged since the feed cursor's position.
+	noteHorizon = "horizon"
+	// noteWalked (RFC 3339): when the last full walk ended.
+	noteWalked = "walked"
+)
+
+// DefaultFullWalkEvery is how often, at most, a steady pass walks every
+// running attempt past the floor, whatever the change feed says.
+const DefaultFullWalkEvery = 10 * time.Minute
 
 // Config is the reaper's configuration block.
 type Config struct {
 	reap.PolicySetting
 	reap.DrainSetting
+	FullWalkEvery time.Duration `reaper:"full_walk_every" help:"the longest a pass may go on the substrate's change feed alone before it walks every running attempt past the floor again (a backstop for a deletion the feed missed); \"0s\": walk every pass"`
 }
 
 // DefaultConfig is the configuration of a block that sets nothing.
-func DefaultConfig() Config { return Config{PolicySetting: reap.DefaultPolicy()} }
+func DefaultConfig() Config {
+	return Config{PolicySetting: reap.DefaultPolicy(), FullWalkEvery: DefaultFullWalkEvery}
+}
 
 // Reaper is the pod-lost reaper. Its zero value is not usable; call New.
 type Reaper struct {
@@ -92,7 +116,7 @@ func (r *Reaper) Info(context.Context) (sdk.Info, error) {
 		Description: "fails running attempts that have no pod left (pod_lost)"}, nil
 }
 
-// ConfigSchema declares policy and drain_max_pages.
+// ConfigSchema declares policy, drain_max_pages and full_walk_every.
 func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
 	return sdk.SchemaOf(DefaultConfig()), nil
 }
@@ -104,36 +128,229 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	if err := req.Values.Decode(&cfg); err != nil {
 		return err
 	}
+	if cfg.FullWalkEvery < 0 {
+		return fmt.Errorf("full_walk_every: %s is negative", cfg.FullWalkEvery)
+	}
 	r.cfg.Store(&cfg)
 	return nil
 }
 
 // Reap runs one pass: one decision per attempt marked or deferred, plus
-// one per teardown that failed or fell back.
+// one per teardown that failed or fell back. The pass is a full walk or,
+// in the steady state, an incremental one (see plan).
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	p := &passRun{log: r.logger, cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
-		rec: reap.NewRecorder(Name, pass, sink), watch: r.stopwatch, started: r.stopwatch.Now()}
+		rec: reap.NewRecorder(Name, pass, sink), watch: r.stopwatch, started: r.stopwatch.Now(),
+		cutoff: pass.Now.Add(-pass.Ladder.PodLostFloor), ended: map[string]bool{}}
 	st := reap.LoadState(pass, r.logger)
 	p.teardowns = st.TakeOwed(owedTeardown)
+	p.gone = st.TakeOwed(owedGone)
+	listings := p.plan(ctx, st)
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
 		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
-		Listings: []reap.Listing{reap.Candidates(listRunning, board, sdk.CandidateQuery{
-			States: []string{sdk.StateRunning}, Executors: []string{sdk.ExecutorKube},
-			OrderBy: sdk.FieldRunningAt, OlderThan: pass.Now.Add(-pass.Ladder.PodLostFloor),
-		}, p.judgePage)},
-		Finish: p.tearDown,
-		State:  st,
-		Save: func(st *reap.State, _ reap.DrainStats) {
-			for _, a := range p.teardowns {
-				st.Owe(owedTeardown, a)
-			}
-		},
+		Listings: listings,
+		Finish:   p.tearDown,
+		State:    st,
+		Save:     p.save,
 	})
 }
 
-// owedTeardown is the kind, in the pass state, of marked attempts whose
-// teardown a pass did not get to.
-const owedTeardown = "teardown"
+// What a pass owes the next one, by kind in the pass state.
+const (
+	// owedTeardown: marked attempts whose teardown a pass did not get to.
+	owedTeardown = "teardown"
+	// owedGone: attempts the change feed named that a pass did not get to.
+	owedGone = "gone"
+)
+
+// query is the listing of running kube attempts past the floor.
+func (p *passRun) query() sdk.CandidateQuery {
+	return sdk.CandidateQuery{States: []string{sdk.StateRunning}, Executors: []string{sdk.ExecutorKube},
+		OrderBy: sdk.FieldRunningAt, OlderThan: p.cutoff}
+}
+
+// plan reads the substrate's change feed, before any listing, and chooses
+// the pass's listings.
+//
+// A full walk lists every running attempt past the floor (over as many
+// passes as its pages need). It is what a pass does without a usable feed:
+// the substrate has none, the feed's answer is not complete (the cache
+// relisted, lost its watch, restarted or dropped changes since the saved
+// cursor), the state holds no cursor or horizon (a first pass, a state
+// lost), or full_walk_every has passed since the last walk ended. The feed
+// cursor saved is the one read before the walk's first page, so that a
+// deletion during a walk of several passes is still looked at after it.
+//
+// Otherwise the pass is incremental: it lists the attempts that crossed
+// the floor since the horizon (the cutoff of the last pass that looked at
+// all of them, less one maintenance interval, so that a row written late
+// is looked at once more), and the attempts whose pods the feed saw
+// deleted since the saved cursor, looked up on the board by name. Each is
+// judged exactly as a full walk judges it.
+func (p *passRun) plan(ctx context.Context, st *reap.State) []reap.Listing {
+	full := []reap.Listing{p.track(reap.Candidates(listRunning, p.board, p.query(), p.judgePage))}
+	feed, ok := p.exec.(sdk.ChangeFeed)
+	if !ok || p.cfg.FullWalkEvery <= 0 {
+		p.full(st, nil, "no change feed, or full_walk_every is 0s")
+		return full
+	}
+	since, _ := decodeFeed(st.Note(noteFeed))
+	ch, err := feed.Changes(ctx, since)
+	if err != nil {
+		p.log.Debug("full walk: the change feed could not be read", "error", err)
+		p.full(st, nil, err.Error())
+		return full
+	}
+	if _, walking := st.Cursors[listRunning]; walking {
+		p.mode = "full walk, continued"
+		p.gone = nil
+		return full // the saved cursor stays the one read before the walk began
+	}
+	horizon, okH := parseTime(st.Note(noteHorizon))
+	walked, okW := parseTime(st.Note(noteWalked))
+	switch {
+	case !ch.Complete:
+		p.full(st, &ch.Cursor, ch.Detail)
+		return full
+	case !okH || !okW || since.Generation == "":
+		p.full(st, &ch.Cursor, "no horizon or feed cursor in the pass state")
+		return full
+	case p.pass.Now.Before(walked) || p.pass.Now.Sub(walked) >= p.cfg.FullWalkEvery:
+		p.full(st, &ch.Cursor, "full_walk_every has passed since the last walk")
+		return full
+	}
+	p.mode = "incremental"
+	st.SetNote(noteFeed, encodeFeed(ch.Cursor))
+	p.gone = appendNew(p.gone, ch.Gone)
+	if _, ok := st.Cursors[listCrossed]; !ok {
+		st.Cursors[listCrossed] = reap.Cursor{At: horizon.Add(-p.pass.Ladder.MaintenanceInterval)}
+	}
+	ls := []reap.Listing{p.track(reap.Candidates(listCrossed, p.board, p.query(), p.judgePage))}
+	delete(st.Cursors, listGone)
+	if len(p.gone) > 0 {
+		ls = append(ls, reap.Listing{Name: listGone, Page: p.gonePage})
+	}
+	return ls
+}
+
+// full starts a full walk from the oldest row, saving the feed cursor read
+// before it (none: the next pass walks again).
+func (p *passRun) full(st *reap.State, at *sdk.FeedCursor, why string) {
+	p.mode = "full walk: " + why
+	p.gone = nil // the walk looks at them all
+	delete(st.Cursors, listCrossed)
+	st.SetNote(noteHorizon, "")
+	st.SetNote(noteFeed, "")
+	if at != nil {
+		st.SetNote(noteFeed, encodeFeed(*at))
+	}
+}
+
+// track notes when listing l reads its last page.
+func (p *passRun) track(l reap.Listing) reap.Listing {
+	page := l.Page
+	l.Page = func(ctx context.Context, after *reap.Cursor) (*reap.Cursor, error) {
+		cur, err := page(ctx, after)
+		if err == nil && cur == nil {
+			p.ended[l.Name] = true
+		}
+		return cur, err
+	}
+	return l
+}
+
+// gonePage looks up the next (up to) 100 attempts the feed named, keeps
+// those still running at the same try and epoch and past the floor, and
+// judges them. An attempt not yet past the floor is left to the crossed
+// listing, which reaches it when it crosses.
+func (p *passRun) gonePage(ctx context.Context, _ *reap.Cursor) (*reap.Cursor, error) {
+	n := min(len(p.gone), ladder.PageSize)
+	q := p.query()
+	q.Only, q.Limit = p.gone[:n], ladder.PageSize
+	page, err := p.board.ListCandidates(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("list candidates named by the change feed: %w", err)
+	}
+	named := make(map[sdk.Attempt]bool, n)
+	for _, a := range p.gone[:n] {
+		named[a] = true
+	}
+	var same []sdk.Candidate
+	for _, c := range page.Candidates {
+		if named[c.Attempt] {
+			same = append(same, c)
+		}
+	}
+	if err := p.judgePage(ctx, same); err != nil {
+		return nil, err
+	}
+	p.gone = p.gone[n:]
+	if len(p.gone) == 0 {
+		return nil, nil
+	}
+	return &reap.Cursor{}, nil // more to read; the position is p.gone
+}
+
+// save leaves the next pass its notes and what it owes.
+func (p *passRun) save(st *reap.State, _ reap.DrainStats) {
+	for _, a := range p.teardowns {
+		st.Owe(owedTeardown, a)
+	}
+	for _, a := range p.gone {
+		st.Owe(owedGone, a)
+	}
+	delete(st.Cursors, listGone)
+	switch {
+	case st.Note(noteFeed) == "":
+		// No feed to go on: the notes would not be used.
+		st.SetNote(noteWalked, "")
+		st.SetNote(noteHorizon, "")
+	case p.ended[listRunning]:
+		st.SetNote(noteWalked, p.pass.Now.Format(time.RFC3339Nano))
+		st.SetNote(noteHorizon, p.cutoff.Format(time.RFC3339Nano))
+	case p.ended[listCrossed]:
+		st.SetNote(noteHorizon, p.cutoff.Format(time.RFC3339Nano))
+	}
+	p.log.Debug("pass planned", "mode", p.mode)
+}
+
+func encodeFeed(c sdk.FeedCursor) string {
+	return c.Generation + " " + strconv.FormatUint(c.Seq, 10)
+}
+
+// decodeFeed reads a saved feed cursor; a malformed one is the zero cursor
+// (the feed then answers incomplete, and the pass walks).
+func decodeFeed(s string) (sdk.FeedCursor, bool) {
+	gen, seq, ok := strings.Cut(s, " ")
+	if !ok {
+		return sdk.FeedCursor{}, false
+	}
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return sdk.FeedCursor{}, false
+	}
+	return sdk.FeedCursor{Generation: gen, Seq: n}, true
+}
+
+func parseTime(s string) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return t, err == nil
+}
+
+// appendNew appends to have the attempts of add it does not hold yet.
+func appendNew(have, add []sdk.Attempt) []sdk.Attempt {
+	seen := make(map[sdk.Attempt]bool, len(have))
+	for _, a := range have {
+		seen[a] = true
+	}
+	for _, a := range add {
+		if !seen[a] {
+			seen[a] = true
+			have = append(have, a)
+		}
+	}
+	return have
+}
 
 type passRun struct {
 	log   hclog.Logger
@@ -145,6 +362,14 @@ type passRun struct {
 
 	watch   clock.Clock
 	started time.Time
+	// cutoff: the floor's bound of this pass (entered running before it).
+	cutoff time.Time
+	// mode says which listings the pass chose, and why (the pass log).
+	mode string
+	// gone: attempts the change feed named, still to be looked at.
+	gone []sdk.Attempt
+	// ended: the listings that read their last page this pass.
+	ended map[string]bool
 	// teardowns: marked attempts whose pods are still to be torn down,
 	// those owed by earlier passes first.
 	teardowns []sdk.Attempt

@@ -240,7 +240,7 @@ func candidateQueryToPB(q sdk.CandidateQuery) *pb.CandidateQuery {
 	return &pb.CandidateQuery{
 		States: q.States, Executors: q.Executors, OrderBy: string(q.OrderBy),
 		OlderThan: tsToPB(q.OlderThan), Heartbeat: string(q.Heartbeat),
-		After: cursorToPB(q.After), Limit: int32(q.Limit),
+		After: cursorToPB(q.After), Limit: int32(q.Limit), Only: attemptsToPB(q.Only),
 	}
 }
 
@@ -248,7 +248,7 @@ func candidateQueryFromPB(q *pb.CandidateQuery) sdk.CandidateQuery {
 	return sdk.CandidateQuery{
 		States: q.States, Executors: q.Executors, OrderBy: sdk.TimeField(q.OrderBy),
 		OlderThan: tsFromPB(q.OlderThan), Heartbeat: sdk.HeartbeatFilter(q.Heartbeat),
-		After: cursorFromPB(q.After), Limit: int(q.Limit),
+		After: cursorFromPB(q.After), Limit: int(q.Limit), Only: attemptsFromPB(q.Only),
 	}
 }
 

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/dexaflow/reaper/sdk"
 	pb "github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1"
 )
@@ -15,7 +18,10 @@ type executionsClient struct {
 	client pb.SubstrateClient
 }
 
-var _ sdk.Executions = (*executionsClient)(nil)
+var (
+	_ sdk.Executions = (*executionsClient)(nil)
+	_ sdk.ChangeFeed = (*executionsClient)(nil)
+)
 
 func (c *executionsClient) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
 	resp, err := c.client.Liveness(ctx, &pb.LivenessRequest{
@@ -59,6 +65,18 @@ func (c *executionsClient) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, e
 	return out, nil
 }
 
+// Changes reads the substrate's change feed. A substrate that predates the
+// call answers Unimplemented, returned as an error: the caller looks at
+// everything, as it would without the feed.
+func (c *executionsClient) Changes(ctx context.Context, since sdk.FeedCursor) (sdk.FeedChanges, error) {
+	resp, err := c.client.Changes(ctx, &pb.ChangesRequest{Generation: since.Generation, Seq: since.Seq})
+	if err != nil {
+		return sdk.FeedChanges{}, fmt.Errorf("substrate changes: %w", err)
+	}
+	return sdk.FeedChanges{Cursor: sdk.FeedCursor{Generation: resp.Generation, Seq: resp.Seq},
+		Complete: resp.Complete, Gone: attemptsFromPB(resp.Gone), Detail: resp.Detail}, nil
+}
+
 // substrateClient is the host's Substrate backed by a plugin process.
 type substrateClient struct {
 	baseClient
@@ -85,6 +103,10 @@ func (c *substrateClient) StopOrphan(ctx context.Context, req sdk.StopRequest) (
 
 func (c *substrateClient) WarmWorkers(ctx context.Context) ([]sdk.WarmWorker, error) {
 	return c.exec().WarmWorkers(ctx)
+}
+
+func (c *substrateClient) Changes(ctx context.Context, since sdk.FeedCursor) (sdk.FeedChanges, error) {
+	return c.exec().Changes(ctx, since)
 }
 
 func (c *substrateClient) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
@@ -182,6 +204,25 @@ func (s *substrateServer) WarmWorkers(ctx context.Context, _ *pb.Empty) (*pb.War
 		resp.Workers[i] = &pb.WarmWorker{Name: w.Name, Phase: w.Phase}
 	}
 	return resp, nil
+}
+
+// Changes serves the change feed of a substrate that has one; another
+// answers Unimplemented, as a plugin built before the call does.
+func (s *substrateServer) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.ChangesResponse, error) {
+	exec, err := s.executions()
+	if err != nil {
+		return nil, err
+	}
+	feed, ok := exec.(sdk.ChangeFeed)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "the substrate has no change feed")
+	}
+	res, err := feed.Changes(ctx, sdk.FeedCursor{Generation: req.Generation, Seq: req.Seq})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ChangesResponse{Generation: res.Cursor.Generation, Seq: res.Cursor.Seq, Complete: res.Complete,
+		Gone: attemptsToPB(res.Gone), Detail: res.Detail}, nil
 }
 
 func (s *substrateServer) Sweep(ctx context.Context, req *pb.SweepRequest) (*pb.SweepResponse, error) {

@@ -150,8 +150,12 @@ func (r *readAhead[P]) close() {
 
 // listingKey names a candidate listing: its query without cursor.
 func listingKey(q sdk.CandidateQuery) string {
-	return fmt.Sprintf("%s|%s|%s|%d|%s|%d", strings.Join(q.States, ","), strings.Join(q.Executors, ","),
-		q.OrderBy, timeKey(q.OlderThan), q.Heartbeat, q.Limit)
+	var only strings.Builder
+	for _, a := range q.Only {
+		fmt.Fprintf(&only, "%q/%q,", a.RunID, a.TaskID)
+	}
+	return fmt.Sprintf("%s|%s|%s|%d|%s|%d|%s", strings.Join(q.States, ","), strings.Join(q.Executors, ","),
+		q.OrderBy, timeKey(q.OlderThan), q.Heartbeat, q.Limit, only.String())
 }
 
 func cursorKey(c *sdk.Cursor) string {

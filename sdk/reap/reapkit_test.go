@@ -156,6 +156,24 @@ func TestState(t *testing.T) {
 			t.Fatalf("run cursor %+v", rc)
 		}
 	})
+	t.Run("NotesRoundTripAndEmptyForgets", func(t *testing.T) {
+		t.Parallel()
+		st, _ := DecodeState(nil)
+		st.SetNote("feed", "g.1 7")
+		st.SetNote("gone", "")
+		b, err := st.Encode()
+		if err != nil || b == nil {
+			t.Fatalf("a state with a note encoded %s %v", b, err)
+		}
+		back, err := DecodeState(b)
+		if err != nil || back.Note("feed") != "g.1 7" || back.Note("gone") != "" {
+			t.Fatalf("%+v %v", back, err)
+		}
+		back.SetNote("feed", "")
+		if b, _ := back.Encode(); b != nil {
+			t.Fatalf("a state whose last note was forgotten encoded %s", b)
+		}
+	})
 	t.Run("EmptyEncodesNil", func(t *testing.T) {
 		t.Parallel()
 		st, _ := DecodeState(nil)

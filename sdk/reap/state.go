@@ -42,6 +42,11 @@ type State struct {
 	// a stopped attempt's processes are all gone, say): carried from pass
 	// to pass until the reaper settles them.
 	Owed map[string][]sdk.Attempt `json:"owed,omitempty"`
+	// Notes are a reaper's own values carried from pass to pass (podlost's
+	// change feed position, say), by name. A state that cannot be read
+	// loses them with the cursors, so a reaper must treat a missing note as
+	// "start over".
+	Notes map[string]string `json:"notes,omitempty"`
 }
 
 // DecodeState reads a pass state. Empty input is the empty state. A state
@@ -62,6 +67,7 @@ func DecodeState(b []byte) (State, error) {
 	}
 	maps.Copy(s.Cursors, in.Cursors)
 	s.Owed = in.Owed
+	s.Notes = in.Notes
 	return s, nil
 }
 
@@ -93,7 +99,7 @@ func (s *State) TakeOwed(kind string) []sdk.Attempt {
 
 // Encode writes the state; a state with no cursor encodes as nil.
 func (s State) Encode() ([]byte, error) {
-	if len(s.Cursors) == 0 && len(s.Owed) == 0 {
+	if len(s.Cursors) == 0 && len(s.Owed) == 0 && len(s.Notes) == 0 {
 		return nil, nil
 	}
 	s.Version = StateVersion
@@ -102,6 +108,21 @@ func (s State) Encode() ([]byte, error) {
 		return nil, fmt.Errorf("encode pass state: %w", err)
 	}
 	return b, nil
+}
+
+// Note returns the note under name ("" when none).
+func (s *State) Note(name string) string { return s.Notes[name] }
+
+// SetNote keeps value under name for the next pass; "" forgets it.
+func (s *State) SetNote(name, value string) {
+	if value == "" {
+		delete(s.Notes, name)
+		return
+	}
+	if s.Notes == nil {
+		s.Notes = map[string]string{}
+	}
+	s.Notes[name] = value
 }
 
 // Candidate returns the listing's cursor as a candidate cursor (nil: start).

@@ -411,6 +411,9 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if q.OlderThan.IsZero() {
 		return sdk.CandidatePage{}, errors.New("list candidates: no threshold")
 	}
+	if len(q.Only) > ladder.PageSize {
+		return sdk.CandidatePage{}, fmt.Errorf("list candidates: %d attempts named, at most %d", len(q.Only), ladder.PageSize)
+	}
 	switch q.OrderBy {
 	case sdk.FieldQueuedAt, sdk.FieldRunningAt, sdk.FieldHeartbeatAt, sdk.FieldMarkedAt, sdk.FieldEndedAt:
 	default:
@@ -445,6 +448,11 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 			continue
 		}
 		if q.After != nil && compareKey(at, t.RunID, t.TaskID, q.After.At, q.After.RunID, q.After.TaskID) <= 0 {
+			continue
+		}
+		if len(q.Only) > 0 && !slices.ContainsFunc(q.Only, func(a sdk.Attempt) bool {
+			return a.RunID == t.RunID && a.TaskID == t.TaskID
+		}) {
 			continue
 		}
 		oldest.offer(row{at, t})

@@ -38,6 +38,7 @@ type Executions struct {
 	livenessRq []sdk.LivenessRequest
 	stopRq     []sdk.StopRequest
 	teardownRq []sdk.TeardownRequest
+	feed       *Feed // nil: Changes errors, as a substrate without a feed
 }
 
 var _ sdk.Executions = (*Executions)(nil)

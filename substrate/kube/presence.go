@@ -36,6 +36,7 @@ const maxSelectorBytes = 6000
 type presence struct {
 	informer cache.SharedIndexInformer
 	tombs    *tombstones
+	feed     *feed
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -53,12 +54,19 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 	log hclog.Logger, transform cache.TransformFunc) *presence {
 	sel := taskPodSelector().String()
 	pods := client.CoreV1().Pods(namespace)
+	changes := newFeed()
+	// A list, or a watch that streams the initial state (watch-list), is
+	// the cache starting its view over: a new generation of the feed.
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			changes.brokenBy("the cache listed the pods afresh")
 			o.LabelSelector = sel
 			return pods.List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			if o.SendInitialEvents != nil && *o.SendInitialEvents {
+				changes.brokenBy("the cache listed the pods afresh (watch-list)")
+			}
 			o.LabelSelector = sel
 			return pods.Watch(ctx, o)
 		},
@@ -71,11 +79,20 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 		}
 	}
 	tombs := newTombstones(c, log)
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: tombs.deleted}); err != nil {
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		changes.deleted(obj)
+		tombs.deleted(obj)
+	}}); err != nil {
 		panic(fmt.Sprintf("kube: adding the informer's delete handler before it runs: %v", err)) // cannot fail before Run
 	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		changes.brokenBy("the cache lost its list or watch: " + err.Error())
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
+		panic(fmt.Sprintf("kube: setting the informer's watch error handler before it runs: %v", err)) // cannot fail before Run
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &presence{informer: inf, tombs: tombs, cancel: cancel, done: make(chan struct{})}
+	p := &presence{informer: inf, tombs: tombs, feed: changes, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		log.Debug("presence informer started", "namespace", namespace, "selector", sel)

@@ -60,21 +60,28 @@ func newTombstones(c clock.Clock, log hclog.Logger) *tombstones {
 	return &tombstones{clock: c, log: log, byUID: map[types.UID]tomb{}, ours: map[types.UID]bool{}, dropped: map[string]int64{}}
 }
 
+// deletedPod is the pod a delete notification carries: the reduced pod, a
+// whole one (no transform), or either wrapped in DeletedFinalStateUnknown.
+func deletedPod(obj any) (*pod, bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	switch o := obj.(type) {
+	case *pod:
+		return o, true
+	case *corev1.Pod:
+		return reduce(o), true
+	}
+	return nil, false
+}
+
 // deleted is the informer's delete handler: it keeps the last state of a
 // finished task pod. The object is the reduced pod, a whole one (no
 // transform), or either wrapped in DeletedFinalStateUnknown (a deletion
 // the watch missed: the last state the cache had).
 func (t *tombstones) deleted(obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	var p *pod
-	switch o := obj.(type) {
-	case *pod:
-		p = o
-	case *corev1.Pod:
-		p = reduce(o)
-	default:
+	p, ok := deletedPod(obj)
+	if !ok {
 		return
 	}
 	if _, ok := p.labels.attempt(); !ok {

@@ -213,6 +213,21 @@ func kubeReapers(tb testing.TB) []sdk.Reaper {
 	return rs
 }
 
+// configurePodLost sets podlost's full_walk_every among rs.
+func configurePodLost(tb testing.TB, rs []sdk.Reaper, fullWalkEvery string) {
+	tb.Helper()
+	for _, r := range rs {
+		if pl, ok := r.(*podlost.Reaper); ok {
+			v := defaults(tb, pl)
+			v["full_walk_every"] = fullWalkEvery
+			if err := pl.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
+				Ladder: ladder.Defaults(), Values: v}); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
 // liteReapers are the three Lite reapers, in the Lite configuration's
 // order.
 func liteReapers(tb testing.TB) []sdk.Reaper {
@@ -234,18 +249,26 @@ func configure(tb testing.TB, edition string, rs []sdk.Reaper) {
 
 // steadyPass runs one pass of every reaper of rs, in order, at now over a
 // healthy board, fails on any decision, and adds each reaper's time to
-// took (by position).
+// took (by position). states (by position, nil: none kept) carries each
+// reaper's pass state into its next pass, as the host does.
 func steadyPass(tb testing.TB, rs []sdk.Reaper, edition string, now time.Time, term int64, b sdk.Board, exec sdk.Executions,
-	took []time.Duration) {
+	took []time.Duration, states [][]byte) {
 	l := ladder.Defaults()
-	pass := sdk.Pass{Now: now, Ladder: l, Term: term, Deadline: now.Add(l.MaintenanceInterval), Edition: edition}
 	for i, r := range rs {
+		pass := sdk.Pass{Now: now, Ladder: l, Term: term, Deadline: now.Add(l.MaintenanceInterval), Edition: edition}
+		if states != nil {
+			pass.State = states[i]
+		}
 		var sink sdk.Collector
 		start := time.Now()
-		if _, err := r.Reap(context.Background(), pass, b, exec, &sink); err != nil {
+		res, err := r.Reap(context.Background(), pass, b, exec, &sink)
+		if err != nil {
 			tb.Fatal(err)
 		}
 		took[i] += time.Since(start)
+		if states != nil {
+			states[i] = res.State
+		}
 		if ds := sink.Decisions(); len(ds) != 0 {
 			tb.Fatalf("a healthy board gave %d decisions, the first %+v", len(ds), ds[0])
 		}
@@ -326,26 +349,42 @@ func BenchmarkKubeFleet(b *testing.B) {
 	}
 	b.Run("SteadyState/Lite", func(b *testing.B) {
 		rs := liteReapers(b)
-		took := make([]time.Duration, len(rs))
+		took, states := make([]time.Duration, len(rs)), make([][]byte, len(rs))
 		for b.Loop() {
-			steadyPass(b, rs, ladder.EditionLite, massbench.Now, lite.Term, lite.Store, liteSub, took)
+			steadyPass(b, rs, ladder.EditionLite, massbench.Now, lite.Term, lite.Store, liteSub, took, states)
 		}
 		reportReapers(b, rs, took)
 	})
-	b.Run("SteadyState/Kube", func(b *testing.B) {
-		b.Log(setup)
-		rs := kubeReapers(b)
-		took := make([]time.Duration, len(rs))
-		reqs.reset()
-		for b.Loop() {
-			steadyPass(b, rs, ladder.EditionKube, massbench.Now, f.board.Term, f.board.Store, sub, took)
-			if c := reqs.calls(); c != 0 {
-				b.Fatalf("a pass over a healthy fleet made %d API calls: %s", c, reqs)
+	// Kube: the steady pass proper, each reaper's state carried from pass
+	// to pass as the host carries it, after a first pass (podlost's full
+	// walk) that is timed apart. KubeFullWalk: every pass a full walk
+	// (podlost's full_walk_every = 0s, the pass as it was before the
+	// change feed, and what the backstop walk costs).
+	for _, mode := range []struct {
+		name string
+		walk string
+	}{{"SteadyState/Kube", ""}, {"SteadyState/KubeFullWalk", "0s"}} {
+		b.Run(mode.name, func(b *testing.B) {
+			b.Log(setup)
+			rs := kubeReapers(b)
+			if mode.walk != "" {
+				configurePodLost(b, rs, mode.walk)
 			}
-		}
-		reportReapers(b, rs, took)
-		b.ReportMetric(0, "api_calls")
-	})
+			took, states := make([]time.Duration, len(rs)), make([][]byte, len(rs))
+			reqs.reset()
+			first := time.Now()
+			steadyPass(b, rs, ladder.EditionKube, massbench.Now, f.board.Term, f.board.Store, sub, make([]time.Duration, len(rs)), states)
+			b.Logf("under load: the first pass (podlost's full walk) took %s", time.Since(first).Round(time.Microsecond))
+			for b.Loop() {
+				steadyPass(b, rs, ladder.EditionKube, massbench.Now, f.board.Term, f.board.Store, sub, took, states)
+				if c := reqs.calls(); c != 0 {
+					b.Fatalf("a pass over a healthy fleet made %d API calls: %s", c, reqs)
+				}
+			}
+			reportReapers(b, rs, took)
+			b.ReportMetric(0, "api_calls")
+		})
+	}
 
 	b.Run("MassPodLoss", func(b *testing.B) {
 		deleted := f.deletePods()

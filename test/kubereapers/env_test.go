@@ -111,18 +111,28 @@ func (e *env) unreachableSubstrate() *kube.Substrate {
 // decisions.
 func (e *env) reap(r sdk.Reaper, exec sdk.Executions) []sdk.Decision {
 	e.t.Helper()
+	return e.reapWith(r, nil, e.store, exec)
+}
+
+// reapWith is reap with values over r's defaults, against board b.
+func (e *env) reapWith(r sdk.Reaper, values sdk.Values, b sdk.Board, exec sdk.Executions) []sdk.Decision {
+	e.t.Helper()
 	ctx := context.Background()
 	info, err := r.Info(ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := r.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Ladder: e.ladder, Values: defaults(e.t, r)}); err != nil {
+	v := defaults(e.t, r)
+	for k, x := range values {
+		v[k] = x
+	}
+	if err := r.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Ladder: e.ladder, Values: v}); err != nil {
 		e.t.Fatal(err)
 	}
 	now := e.clk.Now()
 	var sink sdk.Collector
 	res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: e.ladder, Term: e.term, Deadline: now.Add(e.ladder.MaintenanceInterval),
-		State: e.states[info.Name], Edition: ladder.EditionKube}, e.store, exec, &sink)
+		State: e.states[info.Name], Edition: ladder.EditionKube}, b, exec, &sink)
 	if err != nil {
 		e.t.Fatalf("%s pass: %v", info.Name, err)
 	}

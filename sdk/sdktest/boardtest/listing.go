@@ -62,6 +62,26 @@ func listingCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("walked %v, want %v", got, want)
 			}
 		},
+		"OnlyNarrowsToTheNamedTaskInstances": func(t *testing.T, f Fixture) {
+			putQueued(f, "a", "t1", at(-3*time.Hour))
+			putQueued(f, "a", "t2", at(-2*time.Hour))
+			putQueued(f, "b", "t1", at(-time.Hour))
+			putQueued(f, "b", "fresh", at(-time.Second))
+			q := queuedBefore(at(-time.Minute))
+			// Named by (run, task) whatever the try and epoch; the threshold
+			// and the cursor still apply; a name with no row is no error.
+			q.Only = []sdk.Attempt{{RunID: "b", TaskID: "t1", Try: 9, Epoch: 9}, attempt("a", "t1"),
+				attempt("b", "fresh"), attempt("nobody", "t")}
+			page, err := f.Board().ListCandidates(t.Context(), q)
+			if err != nil || !slices.Equal(keys(page.Candidates), []string{"a/t1", "b/t1"}) {
+				t.Fatalf("named listing %v err %v, want a/t1 and b/t1", keys(page.Candidates), err)
+			}
+			q.After = &sdk.Cursor{At: page.Candidates[0].QueuedAt, RunID: "a", TaskID: "t1"}
+			page, err = f.Board().ListCandidates(t.Context(), q)
+			if err != nil || !slices.Equal(keys(page.Candidates), []string{"b/t1"}) {
+				t.Fatalf("named listing after a/t1: %v err %v, want b/t1", keys(page.Candidates), err)
+			}
+		},
 		"ShortPageHasNoCursor": func(t *testing.T, f Fixture) {
 			putQueued(f, "run", "t", at(-time.Hour))
 			page, err := f.Board().ListCandidates(t.Context(), queuedBefore(at(0)))

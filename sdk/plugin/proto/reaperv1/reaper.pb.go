@@ -930,6 +930,7 @@ type CandidateQuery struct {
 	Heartbeat     string                 `protobuf:"bytes,5,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
 	After         *Cursor                `protobuf:"bytes,6,opt,name=after,proto3" json:"after,omitempty"`
 	Limit         int32                  `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
+	Only          []*Attempt             `protobuf:"bytes,8,rep,name=only,proto3" json:"only,omitempty"` // added in v1: unknown to older hosts (they list unnarrowed)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1011,6 +1012,13 @@ func (x *CandidateQuery) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *CandidateQuery) GetOnly() []*Attempt {
+	if x != nil {
+		return x.Only
+	}
+	return nil
 }
 
 type Candidate struct {
@@ -3168,6 +3176,134 @@ func (x *WarmWorkersResponse) GetWorkers() []*WarmWorker {
 	return nil
 }
 
+type ChangesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    string                 `protobuf:"bytes,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangesRequest) Reset() {
+	*x = ChangesRequest{}
+	mi := &file_reaper_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangesRequest) ProtoMessage() {}
+
+func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
+func (*ChangesRequest) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ChangesRequest) GetGeneration() string {
+	if x != nil {
+		return x.Generation
+	}
+	return ""
+}
+
+func (x *ChangesRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+type ChangesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    string                 `protobuf:"bytes,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Complete      bool                   `protobuf:"varint,3,opt,name=complete,proto3" json:"complete,omitempty"`
+	Gone          []*Attempt             `protobuf:"bytes,4,rep,name=gone,proto3" json:"gone,omitempty"`
+	Detail        string                 `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangesResponse) Reset() {
+	*x = ChangesResponse{}
+	mi := &file_reaper_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangesResponse) ProtoMessage() {}
+
+func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
+func (*ChangesResponse) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ChangesResponse) GetGeneration() string {
+	if x != nil {
+		return x.Generation
+	}
+	return ""
+}
+
+func (x *ChangesResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ChangesResponse) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
+func (x *ChangesResponse) GetGone() []*Attempt {
+	if x != nil {
+		return x.Gone
+	}
+	return nil
+}
+
+func (x *ChangesResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_reaper_proto protoreflect.FileDescriptor
 
 const file_reaper_proto_rawDesc = "" +
@@ -3247,7 +3383,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\x06Cursor\x12\x0e\n" +
 	"\x02at\x18\x01 \x01(\x03R\x02at\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x17\n" +
-	"\atask_id\x18\x03 \x01(\tR\x06taskId\"\xdd\x01\n" +
+	"\atask_id\x18\x03 \x01(\tR\x06taskId\"\x85\x02\n" +
 	"\x0eCandidateQuery\x12\x16\n" +
 	"\x06states\x18\x01 \x03(\tR\x06states\x12\x1c\n" +
 	"\texecutors\x18\x02 \x03(\tR\texecutors\x12\x19\n" +
@@ -3256,7 +3392,8 @@ const file_reaper_proto_rawDesc = "" +
 	"older_than\x18\x04 \x01(\x03R\tolderThan\x12\x1c\n" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\"\xb8\x04\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\x12&\n" +
+	"\x04only\x18\b \x03(\v2\x12.reaper.v1.AttemptR\x04only\"\xb8\x04\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -3426,7 +3563,20 @@ const file_reaper_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05phase\x18\x02 \x01(\tR\x05phase\"F\n" +
 	"\x13WarmWorkersResponse\x12/\n" +
-	"\aworkers\x18\x01 \x03(\v2\x15.reaper.v1.WarmWorkerR\aworkers2\xb2\x01\n" +
+	"\aworkers\x18\x01 \x03(\v2\x15.reaper.v1.WarmWorkerR\aworkers\"B\n" +
+	"\x0eChangesRequest\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\tR\n" +
+	"generation\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x9f\x01\n" +
+	"\x0fChangesResponse\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\tR\n" +
+	"generation\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\bcomplete\x18\x03 \x01(\bR\bcomplete\x12&\n" +
+	"\x04gone\x18\x04 \x03(\v2\x12.reaper.v1.AttemptR\x04gone\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail2\xb2\x01\n" +
 	"\x04Base\x121\n" +
 	"\x04Info\x12\x10.reaper.v1.Empty\x1a\x17.reaper.v1.InfoResponse\x12;\n" +
 	"\fConfigSchema\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SchemaResponse\x12:\n" +
@@ -3442,7 +3592,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\x0fListProvisional\x12\x1b.reaper.v1.ProvisionalQuery\x1a\x18.reaper.v1.CandidatePage\x12B\n" +
 	"\fConfirmInfra\x12\x19.reaper.v1.ConfirmRequest\x1a\x17.reaper.v1.MarkResponse\x12D\n" +
 	"\rOverrideInfra\x12\x1a.reaper.v1.OverrideRequest\x1a\x17.reaper.v1.MarkResponse\x12;\n" +
-	"\x06Settle\x12\x18.reaper.v1.SettleRequest\x1a\x17.reaper.v1.MarkResponse2\x88\x03\n" +
+	"\x06Settle\x12\x18.reaper.v1.SettleRequest\x1a\x17.reaper.v1.MarkResponse2\xca\x03\n" +
 	"\tSubstrate\x12:\n" +
 	"\x05Sweep\x12\x17.reaper.v1.SweepRequest\x1a\x18.reaper.v1.SweepResponse\x125\n" +
 	"\x06Synced\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SyncedResponse\x12C\n" +
@@ -3450,7 +3600,8 @@ const file_reaper_proto_rawDesc = "" +
 	"\bTeardown\x12\x1a.reaper.v1.TeardownRequest\x1a\x1b.reaper.v1.TeardownResponse\x12=\n" +
 	"\n" +
 	"StopOrphan\x12\x16.reaper.v1.StopRequest\x1a\x17.reaper.v1.StopResponse\x12?\n" +
-	"\vWarmWorkers\x12\x10.reaper.v1.Empty\x1a\x1e.reaper.v1.WarmWorkersResponseB6Z4github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1b\x06proto3"
+	"\vWarmWorkers\x12\x10.reaper.v1.Empty\x1a\x1e.reaper.v1.WarmWorkersResponse\x12@\n" +
+	"\aChanges\x12\x19.reaper.v1.ChangesRequest\x1a\x1a.reaper.v1.ChangesResponseB6Z4github.com/dexaflow/reaper/sdk/plugin/proto/reaperv1b\x06proto3"
 
 var (
 	file_reaper_proto_rawDescOnce sync.Once
@@ -3464,7 +3615,7 @@ func file_reaper_proto_rawDescGZIP() []byte {
 	return file_reaper_proto_rawDescData
 }
 
-var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_reaper_proto_goTypes = []any{
 	(*Attempt)(nil),             // 0: reaper.v1.Attempt
 	(*Ladder)(nil),              // 1: reaper.v1.Ladder
@@ -3513,7 +3664,9 @@ var file_reaper_proto_goTypes = []any{
 	(*StopResponse)(nil),        // 44: reaper.v1.StopResponse
 	(*WarmWorker)(nil),          // 45: reaper.v1.WarmWorker
 	(*WarmWorkersResponse)(nil), // 46: reaper.v1.WarmWorkersResponse
-	nil,                         // 47: reaper.v1.SweepResponse.OverridesEntry
+	(*ChangesRequest)(nil),      // 47: reaper.v1.ChangesRequest
+	(*ChangesResponse)(nil),     // 48: reaper.v1.ChangesResponse
+	nil,                         // 49: reaper.v1.SweepResponse.OverridesEntry
 }
 var file_reaper_proto_depIdxs = []int32{
 	0,  // 0: reaper.v1.Decision.attempt:type_name -> reaper.v1.Attempt
@@ -3523,79 +3676,83 @@ var file_reaper_proto_depIdxs = []int32{
 	1,  // 4: reaper.v1.PassRequest.ladder:type_name -> reaper.v1.Ladder
 	3,  // 5: reaper.v1.PassResponse.decisions:type_name -> reaper.v1.DecisionSet
 	11, // 6: reaper.v1.CandidateQuery.after:type_name -> reaper.v1.Cursor
-	0,  // 7: reaper.v1.Candidate.attempt:type_name -> reaper.v1.Attempt
-	13, // 8: reaper.v1.CandidatePage.candidates:type_name -> reaper.v1.Candidate
-	11, // 9: reaper.v1.CandidatePage.next:type_name -> reaper.v1.Cursor
-	0,  // 10: reaper.v1.Mark.attempt:type_name -> reaper.v1.Attempt
-	15, // 11: reaper.v1.MarkRequest.marks:type_name -> reaper.v1.Mark
-	0,  // 12: reaper.v1.MarkResult.attempt:type_name -> reaper.v1.Attempt
-	17, // 13: reaper.v1.MarkResponse.results:type_name -> reaper.v1.MarkResult
-	19, // 14: reaper.v1.RunQuery.after:type_name -> reaper.v1.RunCursor
-	21, // 15: reaper.v1.RunPage.runs:type_name -> reaper.v1.RunCandidate
-	19, // 16: reaper.v1.RunPage.next:type_name -> reaper.v1.RunCursor
-	0,  // 17: reaper.v1.RunReapResult.attached:type_name -> reaper.v1.Attempt
-	0,  // 18: reaper.v1.LogLine.attempt:type_name -> reaper.v1.Attempt
-	25, // 19: reaper.v1.AppendLogRequest.lines:type_name -> reaper.v1.LogLine
-	11, // 20: reaper.v1.ProvisionalQuery.after:type_name -> reaper.v1.Cursor
-	0,  // 21: reaper.v1.Confirm.attempt:type_name -> reaper.v1.Attempt
-	28, // 22: reaper.v1.ConfirmRequest.confirms:type_name -> reaper.v1.Confirm
-	0,  // 23: reaper.v1.Override.attempt:type_name -> reaper.v1.Attempt
-	30, // 24: reaper.v1.OverrideRequest.overrides:type_name -> reaper.v1.Override
-	0,  // 25: reaper.v1.Settlement.attempt:type_name -> reaper.v1.Attempt
-	32, // 26: reaper.v1.SettleRequest.settlements:type_name -> reaper.v1.Settlement
-	1,  // 27: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
-	3,  // 28: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
-	47, // 29: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
-	0,  // 30: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
-	0,  // 31: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
-	38, // 32: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
-	0,  // 33: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
-	41, // 34: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
-	0,  // 35: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
-	45, // 36: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
-	4,  // 37: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
-	4,  // 38: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
-	8,  // 39: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
-	9,  // 40: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
-	12, // 41: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
-	16, // 42: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
-	20, // 43: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
-	23, // 44: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
-	26, // 45: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
-	27, // 46: reaper.v1.Board.ListProvisional:input_type -> reaper.v1.ProvisionalQuery
-	29, // 47: reaper.v1.Board.ConfirmInfra:input_type -> reaper.v1.ConfirmRequest
-	31, // 48: reaper.v1.Board.OverrideInfra:input_type -> reaper.v1.OverrideRequest
-	33, // 49: reaper.v1.Board.Settle:input_type -> reaper.v1.SettleRequest
-	34, // 50: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
-	4,  // 51: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
-	37, // 52: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
-	40, // 53: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
-	43, // 54: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
-	4,  // 55: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
-	5,  // 56: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
-	7,  // 57: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
-	4,  // 58: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
-	10, // 59: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
-	14, // 60: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
-	18, // 61: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
-	22, // 62: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
-	24, // 63: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
-	4,  // 64: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
-	14, // 65: reaper.v1.Board.ListProvisional:output_type -> reaper.v1.CandidatePage
-	18, // 66: reaper.v1.Board.ConfirmInfra:output_type -> reaper.v1.MarkResponse
-	18, // 67: reaper.v1.Board.OverrideInfra:output_type -> reaper.v1.MarkResponse
-	18, // 68: reaper.v1.Board.Settle:output_type -> reaper.v1.MarkResponse
-	35, // 69: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
-	36, // 70: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
-	39, // 71: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
-	42, // 72: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
-	44, // 73: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
-	46, // 74: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
-	56, // [56:75] is the sub-list for method output_type
-	37, // [37:56] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	0,  // 7: reaper.v1.CandidateQuery.only:type_name -> reaper.v1.Attempt
+	0,  // 8: reaper.v1.Candidate.attempt:type_name -> reaper.v1.Attempt
+	13, // 9: reaper.v1.CandidatePage.candidates:type_name -> reaper.v1.Candidate
+	11, // 10: reaper.v1.CandidatePage.next:type_name -> reaper.v1.Cursor
+	0,  // 11: reaper.v1.Mark.attempt:type_name -> reaper.v1.Attempt
+	15, // 12: reaper.v1.MarkRequest.marks:type_name -> reaper.v1.Mark
+	0,  // 13: reaper.v1.MarkResult.attempt:type_name -> reaper.v1.Attempt
+	17, // 14: reaper.v1.MarkResponse.results:type_name -> reaper.v1.MarkResult
+	19, // 15: reaper.v1.RunQuery.after:type_name -> reaper.v1.RunCursor
+	21, // 16: reaper.v1.RunPage.runs:type_name -> reaper.v1.RunCandidate
+	19, // 17: reaper.v1.RunPage.next:type_name -> reaper.v1.RunCursor
+	0,  // 18: reaper.v1.RunReapResult.attached:type_name -> reaper.v1.Attempt
+	0,  // 19: reaper.v1.LogLine.attempt:type_name -> reaper.v1.Attempt
+	25, // 20: reaper.v1.AppendLogRequest.lines:type_name -> reaper.v1.LogLine
+	11, // 21: reaper.v1.ProvisionalQuery.after:type_name -> reaper.v1.Cursor
+	0,  // 22: reaper.v1.Confirm.attempt:type_name -> reaper.v1.Attempt
+	28, // 23: reaper.v1.ConfirmRequest.confirms:type_name -> reaper.v1.Confirm
+	0,  // 24: reaper.v1.Override.attempt:type_name -> reaper.v1.Attempt
+	30, // 25: reaper.v1.OverrideRequest.overrides:type_name -> reaper.v1.Override
+	0,  // 26: reaper.v1.Settlement.attempt:type_name -> reaper.v1.Attempt
+	32, // 27: reaper.v1.SettleRequest.settlements:type_name -> reaper.v1.Settlement
+	1,  // 28: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
+	3,  // 29: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
+	49, // 30: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
+	0,  // 31: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
+	0,  // 32: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
+	38, // 33: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
+	0,  // 34: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
+	41, // 35: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
+	0,  // 36: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
+	45, // 37: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
+	0,  // 38: reaper.v1.ChangesResponse.gone:type_name -> reaper.v1.Attempt
+	4,  // 39: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
+	4,  // 40: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
+	8,  // 41: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
+	9,  // 42: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
+	12, // 43: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
+	16, // 44: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
+	20, // 45: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
+	23, // 46: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
+	26, // 47: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
+	27, // 48: reaper.v1.Board.ListProvisional:input_type -> reaper.v1.ProvisionalQuery
+	29, // 49: reaper.v1.Board.ConfirmInfra:input_type -> reaper.v1.ConfirmRequest
+	31, // 50: reaper.v1.Board.OverrideInfra:input_type -> reaper.v1.OverrideRequest
+	33, // 51: reaper.v1.Board.Settle:input_type -> reaper.v1.SettleRequest
+	34, // 52: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
+	4,  // 53: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
+	37, // 54: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
+	40, // 55: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
+	43, // 56: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
+	4,  // 57: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
+	47, // 58: reaper.v1.Substrate.Changes:input_type -> reaper.v1.ChangesRequest
+	5,  // 59: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
+	7,  // 60: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
+	4,  // 61: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
+	10, // 62: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
+	14, // 63: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
+	18, // 64: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
+	22, // 65: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
+	24, // 66: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
+	4,  // 67: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
+	14, // 68: reaper.v1.Board.ListProvisional:output_type -> reaper.v1.CandidatePage
+	18, // 69: reaper.v1.Board.ConfirmInfra:output_type -> reaper.v1.MarkResponse
+	18, // 70: reaper.v1.Board.OverrideInfra:output_type -> reaper.v1.MarkResponse
+	18, // 71: reaper.v1.Board.Settle:output_type -> reaper.v1.MarkResponse
+	35, // 72: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
+	36, // 73: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
+	39, // 74: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
+	42, // 75: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
+	44, // 76: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
+	46, // 77: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
+	48, // 78: reaper.v1.Substrate.Changes:output_type -> reaper.v1.ChangesResponse
+	59, // [59:79] is the sub-list for method output_type
+	39, // [39:59] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_reaper_proto_init() }
@@ -3609,7 +3766,7 @@ func file_reaper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reaper_proto_rawDesc), len(file_reaper_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

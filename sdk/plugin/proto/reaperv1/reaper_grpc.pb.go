@@ -729,6 +729,7 @@ const (
 	Substrate_Teardown_FullMethodName    = "/reaper.v1.Substrate/Teardown"
 	Substrate_StopOrphan_FullMethodName  = "/reaper.v1.Substrate/StopOrphan"
 	Substrate_WarmWorkers_FullMethodName = "/reaper.v1.Substrate/WarmWorkers"
+	Substrate_Changes_FullMethodName     = "/reaper.v1.Substrate/Changes"
 )
 
 // SubstrateClient is the client API for Substrate service.
@@ -741,6 +742,8 @@ type SubstrateClient interface {
 	Teardown(ctx context.Context, in *TeardownRequest, opts ...grpc.CallOption) (*TeardownResponse, error)
 	StopOrphan(ctx context.Context, in *StopRequest, opts ...grpc.CallOption) (*StopResponse, error)
 	WarmWorkers(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*WarmWorkersResponse, error)
+	// Added in v1: an older substrate answers Unimplemented.
+	Changes(ctx context.Context, in *ChangesRequest, opts ...grpc.CallOption) (*ChangesResponse, error)
 }
 
 type substrateClient struct {
@@ -811,6 +814,16 @@ func (c *substrateClient) WarmWorkers(ctx context.Context, in *Empty, opts ...gr
 	return out, nil
 }
 
+func (c *substrateClient) Changes(ctx context.Context, in *ChangesRequest, opts ...grpc.CallOption) (*ChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangesResponse)
+	err := c.cc.Invoke(ctx, Substrate_Changes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SubstrateServer is the server API for Substrate service.
 // All implementations must embed UnimplementedSubstrateServer
 // for forward compatibility.
@@ -821,6 +834,8 @@ type SubstrateServer interface {
 	Teardown(context.Context, *TeardownRequest) (*TeardownResponse, error)
 	StopOrphan(context.Context, *StopRequest) (*StopResponse, error)
 	WarmWorkers(context.Context, *Empty) (*WarmWorkersResponse, error)
+	// Added in v1: an older substrate answers Unimplemented.
+	Changes(context.Context, *ChangesRequest) (*ChangesResponse, error)
 	mustEmbedUnimplementedSubstrateServer()
 }
 
@@ -848,6 +863,9 @@ func (UnimplementedSubstrateServer) StopOrphan(context.Context, *StopRequest) (*
 }
 func (UnimplementedSubstrateServer) WarmWorkers(context.Context, *Empty) (*WarmWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WarmWorkers not implemented")
+}
+func (UnimplementedSubstrateServer) Changes(context.Context, *ChangesRequest) (*ChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Changes not implemented")
 }
 func (UnimplementedSubstrateServer) mustEmbedUnimplementedSubstrateServer() {}
 func (UnimplementedSubstrateServer) testEmbeddedByValue()                   {}
@@ -978,6 +996,24 @@ func _Substrate_WarmWorkers_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Substrate_Changes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SubstrateServer).Changes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Substrate_Changes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SubstrateServer).Changes(ctx, req.(*ChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Substrate_ServiceDesc is the grpc.ServiceDesc for Substrate service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1008,6 +1044,10 @@ var Substrate_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WarmWorkers",
 			Handler:    _Substrate_WarmWorkers_Handler,
+		},
+		{
+			MethodName: "Changes",
+			Handler:    _Substrate_Changes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
