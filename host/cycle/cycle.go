@@ -298,15 +298,24 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	// The pass's decisions are audited as they arrive, beside the pass.
+	// The pass's decisions are audited as they arrive, beside the pass;
+	// its writes go through a ledger, so that a write that applied and
+	// whose decision never arrives is audited all the same.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
+	ledger := audit.NewLedger(l.boardFor(dry))
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
-	}, l.boardFor(dry), exec, sink)
+	}, ledger, exec, sink)
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
-	l.audited(term, sink, res)
+	ledger.Close()
+	ds := l.audited(term, sink, res)
+	if lost := ledger.Unaudited(r.Name, ds, passEnd(ctx, err)); len(lost) > 0 {
+		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
+			"reaper", r.Name, "count", len(lost), "error", err)
+		l.record(ctx, term, now, lost, res)
+	}
 	if err != nil {
 		// What the reaper decided before the error is kept (over gRPC
 		// too: the decisions travel ahead of the error), and so is the
@@ -342,13 +351,27 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 }
 
 // audited waits for a pass's audit to be written, then meters and logs its
-// decisions.
-func (l *Loop) audited(term int64, sink *audit.Sink, res *Result) {
+// decisions, and returns them.
+func (l *Loop) audited(term int64, sink *audit.Sink, res *Result) []sdk.Decision {
 	ds, err := sink.Wait()
 	if err != nil {
 		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
 	}
 	l.note(term, ds, res)
+	return ds
+}
+
+// passEnd says, for the audit, how a pass ended.
+func passEnd(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return "the pass was cut off at the end of its share of the budget"
+	case ctx.Err() != nil:
+		return "the pass was stopped with the loop"
+	case err != nil:
+		return "the pass failed: " + err.Error()
+	}
+	return "the pass did not record it"
 }
 
 // PluginStartTimeout bounds a plugin's (re)start before its pass: the

@@ -1,0 +1,173 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// ErrPassOver refuses a write that a pass's plugin makes after the host
+// closed the pass (its share ran out, or the loop stopped): nothing it
+// writes then could still be audited with the pass.
+var ErrPassOver = errors.New("the pass is over: the host takes no more writes from it")
+
+// writeBound bounds one write of a pass once the pass's own context has
+// ended: the write was sent, and the host waits for its answer (the store
+// has its own, shorter, query timeout).
+const writeBound = 30 * time.Second
+
+// Ledger is the board as the host hands it to one reaper pass. Reads go
+// through unchanged; each write (a batch of marks, a run reap) is made
+// whole even when the pass's context ends while it is under way — the
+// host, not the plugin, learns what it applied — and every write that
+// applied is kept. After the pass, Close ends it (a later write is refused)
+// and Unaudited names the applied writes that no applied decision of the
+// pass covers: a plugin cut off by its budget, stopped with the loop, or
+// dead between its write and its decision. The host audits those itself,
+// so that no applied mark goes without its decision.
+type Ledger struct {
+	sdk.Board
+
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	marks  []sdk.Mark
+	runs   []sdk.RunReap
+}
+
+var _ sdk.Board = (*Ledger)(nil)
+
+// NewLedger starts the ledger of one pass over board.
+func NewLedger(board sdk.Board) *Ledger {
+	return &Ledger{Board: board}
+}
+
+// begin admits a write, unless the pass is over.
+func (l *Ledger) begin() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrPassOver
+	}
+	l.wg.Add(1)
+	return nil
+}
+
+// detached is ctx without its cancellation, bounded by writeBound.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
+}
+
+// Mark applies the marks and keeps those that applied.
+func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	if err := l.begin(); err != nil {
+		return nil, fmt.Errorf("mark %d attempts: %w", len(marks), err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := l.Board.Mark(wctx, marks)
+	if err != nil {
+		return res, err
+	}
+	l.mu.Lock()
+	for i, r := range res {
+		if r.Applied && i < len(marks) {
+			l.marks = append(l.marks, marks[i])
+		}
+	}
+	l.mu.Unlock()
+	return res, nil
+}
+
+// ReapRun reaps the run and keeps the reap if it applied.
+func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
+	if err := l.begin(); err != nil {
+		return sdk.RunReapResult{}, fmt.Errorf("reap run %s: %w", r.RunID, err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := l.Board.ReapRun(wctx, r)
+	if err == nil && res.Applied {
+		l.mu.Lock()
+		l.runs = append(l.runs, r)
+		l.mu.Unlock()
+	}
+	return res, err
+}
+
+// Close ends the pass: it waits for the writes under way and refuses any
+// later one.
+func (l *Ledger) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// Evidence keys of a decision the host audits for a write whose own
+// decision never reached it.
+const (
+	EvRecovered  = "recovered"
+	EvMarkKind   = "mark_kind"
+	EvMarkReason = "mark_reason"
+	EvMarkFrom   = "mark_from_states"
+	EvMessage    = "message"
+	EvTerm       = "term"
+)
+
+// Unaudited returns a decision for each applied write of the pass that no
+// applied decision in ds (the pass's, as the host received them) is about:
+// the mark's reason as its label (a run reap's is orphan_run), applied,
+// with what the board was asked as its evidence. why says how the pass
+// ended. Call it after Close.
+func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.marks) == 0 && len(l.runs) == 0 {
+		return nil
+	}
+	covered := make(map[sdk.Attempt]bool, len(ds))
+	for _, d := range ds {
+		if d.Applied {
+			covered[d.Attempt] = true
+		}
+	}
+	detail := "applied on the board, but its decision never reached the host (" + why +
+		"): audited by the host from the write"
+	var out []sdk.Decision
+	for _, m := range l.marks {
+		if covered[m.Attempt] {
+			continue
+		}
+		covered[m.Attempt] = true
+		label := m.Reason
+		if label == "" {
+			label = sdk.LabelPassError // a mark must name its reason; this one did not
+		}
+		out = append(out, sdk.Decision{Reaper: reaper, Label: label, Attempt: m.Attempt, Applied: true,
+			Detail: detail, Evidence: map[string]string{
+				EvRecovered: "host", EvTerm: strconv.FormatInt(m.Term, 10), EvMarkKind: string(m.Kind),
+				EvMarkReason: m.Reason, EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message,
+			}})
+	}
+	for _, r := range l.runs {
+		a := sdk.Attempt{RunID: r.RunID}
+		if covered[a] {
+			continue
+		}
+		covered[a] = true
+		out = append(out, sdk.Decision{Reaper: reaper, Label: sdk.LabelOrphanRun, Attempt: a, Applied: true,
+			Detail: detail, Evidence: map[string]string{
+				EvRecovered: "host", EvTerm: strconv.FormatInt(r.Term, 10), EvMessage: r.Message,
+			}})
+	}
+	return out
+}
