@@ -78,7 +78,21 @@ type Loop struct {
 	lastTick time.Time
 	term     int64
 	since    time.Time
+	owed     []owedAudit // decisions whose audit write failed, oldest first
+	owedN    int
 }
+
+// owedAudit is a batch of decisions the audit still lacks.
+type owedAudit struct {
+	term int64
+	at   time.Time
+	ds   []sdk.Decision
+}
+
+// MaxOwedDecisions bounds the decisions the loop keeps for the audit while
+// its writes fail (the database down, say); past it the oldest are given
+// up, with an error naming how many.
+const MaxOwedDecisions = 100_000
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
@@ -124,6 +138,8 @@ func (l *Loop) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			// A last try for what the audit still lacks.
+			l.payOwed(context.WithoutCancel(ctx))
 			return
 		case <-tk.C():
 			l.RunOnce(ctx)
@@ -140,6 +156,7 @@ func (l *Loop) RunOnce(ctx context.Context) Result {
 	l.cfg.Metrics.Cycle(now)
 
 	res := Result{Started: now}
+	l.payOwed(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
@@ -310,7 +327,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	ledger.Close()
-	ds := l.audited(term, sink, res)
+	ds := l.audited(term, now, sink, res)
 	if lost := ledger.Unaudited(r.Name, ds, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
 			"reaper", r.Name, "count", len(lost), "error", err)
@@ -352,10 +369,11 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 
 // audited waits for a pass's audit to be written, then meters and logs its
 // decisions, and returns them.
-func (l *Loop) audited(term int64, sink *audit.Sink, res *Result) []sdk.Decision {
+func (l *Loop) audited(term int64, at time.Time, sink *audit.Sink, res *Result) []sdk.Decision {
 	ds, err := sink.Wait()
 	if err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
+		l.owe(term, at, sink.Unwritten())
 	}
 	l.note(term, ds, res)
 	return ds
@@ -430,7 +448,49 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(ds)))
 	defer cancel()
 	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
+		l.owe(term, at, audit.Unwritten(ds, err))
+	}
+}
+
+// owe keeps decisions the audit lacks, for payOwed; past MaxOwedDecisions
+// the oldest are given up.
+func (l *Loop) owe(term int64, at time.Time, ds []sdk.Decision) {
+	if len(ds) == 0 || l.audit == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.owed = append(l.owed, owedAudit{term: term, at: at, ds: ds})
+	l.owedN += len(ds)
+	for l.owedN > MaxOwedDecisions && len(l.owed) > 1 {
+		l.cfg.Logger.Error("audit writes kept failing: decisions given up, never audited",
+			"count", len(l.owed[0].ds), "term", l.owed[0].term, "at", l.owed[0].at)
+		l.owedN -= len(l.owed[0].ds)
+		l.owed = l.owed[1:]
+	}
+}
+
+// payOwed writes what the audit lacks, oldest first, and keeps what still
+// fails.
+func (l *Loop) payOwed(ctx context.Context) {
+	l.mu.Lock()
+	owed := l.owed
+	l.owed, l.owedN = nil, 0
+	l.mu.Unlock()
+	for i, o := range owed {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(o.ds)))
+		err := l.audit.RecordDecisions(actx, o.term, o.at, o.ds)
+		cancel()
+		if err != nil {
+			l.cfg.Logger.Warn("audit of decisions kept from before failed again", "count", len(o.ds), "error", err)
+			l.owe(o.term, o.at, audit.Unwritten(o.ds, err))
+			for _, rest := range owed[i+1:] {
+				l.owe(rest.term, rest.at, rest.ds)
+			}
+			return
+		}
+		l.cfg.Logger.Info("decisions kept from before are in the audit now", "count", len(o.ds), "term", o.term)
 	}
 }
 

@@ -2,10 +2,12 @@ package cycle_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -230,4 +232,48 @@ func TestAppliedMarkIsAlwaysAudited(t *testing.T) {
 			t.Fatalf("audit %+v (err %v), want the pass's one decision", recs, err)
 		}
 	})
+}
+
+// flaky is the audit failing its first writes (the database briefly out of
+// reach): failing says how many more fail.
+type flaky struct {
+	cycle.Auditor
+	mu      sync.Mutex
+	failing int
+}
+
+func (f *flaky) RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error {
+	f.mu.Lock()
+	fail := f.failing > 0
+	f.failing--
+	f.mu.Unlock()
+	if fail {
+		return errors.New("connection refused")
+	}
+	return f.Auditor.RecordDecisions(ctx, term, at, ds)
+}
+
+// A decision whose audit write failed is kept and written at the next
+// cycle, once, in its pass's term and time: an audit error loses nothing.
+func TestAuditWriteErrorIsRetriedNextCycle(t *testing.T) {
+	t.Parallel()
+	var aud *flaky
+	w := newWorld(t, "normal", func(s *pgboard.Store) cycle.Auditor {
+		aud = &flaky{Auditor: s, failing: 1}
+		return aud
+	})
+	if res := w.loop.RunOnce(context.Background()); len(res.Reaped) != 1 {
+		t.Fatalf("the pass did not complete: %+v", res)
+	}
+	w.marked(t)
+	if lost, err := w.store.UnauditedMarks(context.Background(), w.since); err != nil || len(lost) != 1 {
+		t.Fatalf("unaudited after the failed write: %v (err %v), want the mark", lost, err)
+	}
+	w.clock.Advance(ladder.Defaults().MaintenanceInterval)
+	w.loop.RunOnce(context.Background())
+	w.audited(t, "")
+	recs, err := w.store.DecisionsFor(context.Background(), "run", "task", 0)
+	if err != nil || len(recs) != 1 || !recs[0].At.Equal(t0) {
+		t.Fatalf("audit %+v (err %v), want the pass's one decision, at the pass's time", recs, err)
+	}
 }
