@@ -22,23 +22,30 @@ var ErrPassOver = errors.New("the pass is over: the host takes no more writes fr
 // has its own, shorter, query timeout).
 const writeBound = 30 * time.Second
 
-// Ledger is the board as the host hands it to one reaper pass. Reads go
-// through unchanged; each write (a batch of marks, a run reap) is made
-// whole even when the pass's context ends while it is under way — the
-// host, not the plugin, learns what it applied — and every write that
-// applied is kept. After the pass, Close ends it (a later write is refused)
-// and Unaudited names the applied writes that no applied decision of the
-// pass covers: a plugin cut off by its budget, stopped with the loop, or
-// dead between its write and its decision. The host audits those itself,
-// so that no applied mark goes without its decision.
+// Ledger is the board as the host hands it to one pass (a reaper's pass, or
+// the reconcile sweep). Reads go through unchanged; each write (marks, a run
+// reap, the sweep's settlements, confirmations and overrides) is made whole
+// even when the pass's context ends while it is under way — the host, not
+// the plugin, learns what it applied — and every write that applied is kept.
+// After the pass, Close ends it (a later write is refused) and Unaudited
+// names the applied writes that no applied decision of the pass covers: a
+// plugin cut off by its budget, stopped with the loop, or dead between its
+// write and its decision. The host audits those itself, so that no applied
+// write goes without its decision.
 type Ledger struct {
 	sdk.Board
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	marks  []sdk.Mark
-	runs   []sdk.RunReap
+	mu      sync.Mutex
+	closed  bool
+	wg      sync.WaitGroup
+	applied []written
+}
+
+// written is one applied write, as its decision would be audited.
+type written struct {
+	label    string
+	attempt  sdk.Attempt // only RunID for a run
+	evidence map[string]string
 }
 
 var _ sdk.Board = (*Ledger)(nil)
@@ -64,26 +71,68 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
 }
 
-// Mark applies the marks and keeps those that applied.
-func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+// batch makes one batched write through the ledger and keeps what applied:
+// describe says, for the i-th request, the decision it would be audited as.
+func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
+	write func(context.Context, []R) ([]sdk.MarkResult, error), describe func(R) written) ([]sdk.MarkResult, error) {
 	if err := l.begin(); err != nil {
-		return nil, fmt.Errorf("mark %d attempts: %w", len(marks), err)
+		return nil, fmt.Errorf("%s (%d): %w", what, len(reqs), err)
 	}
 	defer l.wg.Done()
 	wctx, cancel := detached(ctx)
 	defer cancel()
-	res, err := l.Board.Mark(wctx, marks)
+	res, err := write(wctx, reqs)
 	if err != nil {
 		return res, err
 	}
 	l.mu.Lock()
 	for i, r := range res {
-		if r.Applied && i < len(marks) {
-			l.marks = append(l.marks, marks[i])
+		if r.Applied && i < len(reqs) {
+			l.applied = append(l.applied, describe(reqs[i]))
 		}
 	}
 	l.mu.Unlock()
 	return res, nil
+}
+
+// Mark applies the marks and keeps those that applied.
+func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, func(m sdk.Mark) written {
+		label := m.Reason
+		if label == "" {
+			label = sdk.LabelPassError // a mark must name its reason; this one did not
+		}
+		return written{label: label, attempt: m.Attempt, evidence: map[string]string{
+			EvTerm: strconv.FormatInt(m.Term, 10), EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
+			EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message,
+		}}
+	})
+}
+
+// Settle settles finished attempts and keeps those settled.
+func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "settle attempts", ss, l.Board.Settle, func(st sdk.Settlement) written {
+		return written{label: sdk.LabelReconcileSettled, attempt: st.Attempt, evidence: map[string]string{
+			EvTerm: strconv.FormatInt(st.Term, 10), EvOutcome: string(st.Outcome), EvMarkReason: st.Reason,
+			EvMessage: st.Message,
+		}}
+	})
+}
+
+// ConfirmInfra confirms infra marks and keeps those confirmed.
+func (l *Ledger) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "confirm infra marks", cs, l.Board.ConfirmInfra, func(c sdk.Confirm) written {
+		return written{label: sdk.LabelReconcileInfraConfirmed, attempt: c.Attempt,
+			evidence: map[string]string{EvTerm: strconv.FormatInt(c.Term, 10)}}
+	})
+}
+
+// OverrideInfra overrides infra marks and keeps those overridden.
+func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "override infra marks", overrides, l.Board.OverrideInfra, func(o sdk.Override) written {
+		return written{label: sdk.LabelReconcileInfraOverride, attempt: o.Attempt,
+			evidence: map[string]string{EvTerm: strconv.FormatInt(o.Term, 10)}}
+	})
 }
 
 // ReapRun reaps the run and keeps the reap if it applied.
@@ -97,7 +146,8 @@ func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult,
 	res, err := l.Board.ReapRun(wctx, r)
 	if err == nil && res.Applied {
 		l.mu.Lock()
-		l.runs = append(l.runs, r)
+		l.applied = append(l.applied, written{label: sdk.LabelOrphanRun, attempt: sdk.Attempt{RunID: r.RunID},
+			evidence: map[string]string{EvTerm: strconv.FormatInt(r.Term, 10), EvMessage: r.Message}})
 		l.mu.Unlock()
 	}
 	return res, err
@@ -120,18 +170,20 @@ const (
 	EvMarkReason = "mark_reason"
 	EvMarkFrom   = "mark_from_states"
 	EvMessage    = "message"
+	EvOutcome    = "outcome"
 	EvTerm       = "term"
 )
 
 // Unaudited returns a decision for each applied write of the pass that no
 // applied decision in ds (the pass's, as the host received them) is about:
-// the mark's reason as its label (a run reap's is orphan_run), applied,
-// with what the board was asked as its evidence. why says how the pass
-// ended. Call it after Close.
+// labelled as the write says (a mark's reason, orphan_run for a run reap,
+// the reconcile labels for the sweep's writes), applied, with what the
+// board was asked as its evidence. why says how the pass ended. Call it
+// after Close.
 func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.marks) == 0 && len(l.runs) == 0 {
+	if len(l.applied) == 0 {
 		return nil
 	}
 	covered := make(map[sdk.Attempt]bool, len(ds))
@@ -143,31 +195,14 @@ func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.D
 	detail := "applied on the board, but its decision never reached the host (" + why +
 		"): audited by the host from the write"
 	var out []sdk.Decision
-	for _, m := range l.marks {
-		if covered[m.Attempt] {
+	for _, w := range l.applied {
+		if covered[w.attempt] {
 			continue
 		}
-		covered[m.Attempt] = true
-		label := m.Reason
-		if label == "" {
-			label = sdk.LabelPassError // a mark must name its reason; this one did not
-		}
-		out = append(out, sdk.Decision{Reaper: reaper, Label: label, Attempt: m.Attempt, Applied: true,
-			Detail: detail, Evidence: map[string]string{
-				EvRecovered: "host", EvTerm: strconv.FormatInt(m.Term, 10), EvMarkKind: string(m.Kind),
-				EvMarkReason: m.Reason, EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message,
-			}})
-	}
-	for _, r := range l.runs {
-		a := sdk.Attempt{RunID: r.RunID}
-		if covered[a] {
-			continue
-		}
-		covered[a] = true
-		out = append(out, sdk.Decision{Reaper: reaper, Label: sdk.LabelOrphanRun, Attempt: a, Applied: true,
-			Detail: detail, Evidence: map[string]string{
-				EvRecovered: "host", EvTerm: strconv.FormatInt(r.Term, 10), EvMessage: r.Message,
-			}})
+		covered[w.attempt] = true
+		w.evidence[EvRecovered] = "host"
+		out = append(out, sdk.Decision{Reaper: reaper, Label: w.label, Attempt: w.attempt, Applied: true,
+			Detail: detail, Evidence: w.evidence})
 	}
 	return out
 }

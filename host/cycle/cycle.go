@@ -227,8 +227,21 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 		return false
 	}
 	pctx, cancel := clock.WithTimeout(ctx, l.cfg.Clock, budget)
-	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, l.boardFor(l.cfg.DryRun))
+	// The sweep's writes go through a ledger too: its decisions come back
+	// only with its result, so a sweep cut off after a write would
+	// otherwise leave the write unaudited.
+	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
+	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
+	ledger.Close()
+	var reported []sdk.Decision
+	if err == nil {
+		reported = sw.Decisions
+	}
+	if lost := ledger.Unaudited("substrate", reported, passEnd(pctx, err)); len(lost) > 0 {
+		l.cfg.Logger.Warn("applied sweep writes whose decisions never arrived: audited by the host", "count", len(lost), "error", err)
+		defer l.record(ctx, term, start, lost, res)
+	}
 	cancel()
 	elapsed := l.cfg.Clock.Now().Sub(start)
 	overran = overran || elapsed > budget

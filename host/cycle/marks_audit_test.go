@@ -57,6 +57,7 @@ type world struct {
 	loop    *cycle.Loop
 	attempt sdk.Attempt
 	since   time.Time
+	term    int64
 }
 
 // blockingExec answers every attempt dead, and holds each teardown until
@@ -64,6 +65,15 @@ type world struct {
 type blockingExec struct {
 	*substrate
 	tearing chan sdk.Attempt
+	// sweep, when set, is the reconcile sweep.
+	sweep func(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error)
+}
+
+func (e *blockingExec) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+	if e.sweep != nil {
+		return e.sweep(ctx, req, board)
+	}
+	return e.substrate.Sweep(ctx, req, board)
 }
 
 func (e *blockingExec) Liveness(_ context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
@@ -95,6 +105,7 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 		Tasks: []lifecycle.NewTask{{TaskID: "task", Executor: sdk.ExecutorLite}}}, t0.Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
+	w.term = lease.Term
 	w.attempt = sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
 	for _, step := range []func() (bool, error){
 		func() (bool, error) { return lw.Enqueue(ctx, w.attempt, t0.Add(-11*time.Minute)) },
@@ -276,4 +287,52 @@ func TestAuditWriteErrorIsRetriedNextCycle(t *testing.T) {
 	if err != nil || len(recs) != 1 || !recs[0].At.Equal(t0) {
 		t.Fatalf("audit %+v (err %v), want the pass's one decision, at the pass's time", recs, err)
 	}
+}
+
+// The sweep's writes are audited however the sweep ends: one cut off by the
+// reconcile budget after it confirmed an infra mark returns no result, and
+// the host audits the confirmation from its ledger.
+func TestAppliedSweepWriteIsAlwaysAudited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newWorld(t, "normal", nil)
+	// A provisional infra mark, audited as it should be.
+	m := sdk.Mark{Attempt: w.attempt, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+		Reason: sdk.LabelAgentLost, Message: "agent_lost: silent", Term: w.term, At: t0.Add(-time.Minute)}
+	if res, err := w.store.Mark(ctx, []sdk.Mark{m}); err != nil || !res[0].Applied {
+		t.Fatalf("mark: %+v %v", res, err)
+	}
+	if err := w.store.RecordDecisions(ctx, w.term, m.At, []sdk.Decision{{Reaper: "agentlost",
+		Label: sdk.LabelAgentLost, Attempt: w.attempt, Applied: true}}); err != nil {
+		t.Fatal(err)
+	}
+	confirmed := make(chan struct{})
+	w.exec.sweep = func(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+		res, err := board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: w.attempt, Term: req.Term, At: req.Now}})
+		if err != nil || !res[0].Applied {
+			return sdk.SweepResult{}, fmt.Errorf("confirm: %+v %v", res, err)
+		}
+		close(confirmed)
+		<-ctx.Done() // more pods to settle than the budget allows
+		return sdk.SweepResult{}, ctx.Err()
+	}
+	done := make(chan cycle.Result)
+	go func() { done <- w.loop.RunOnce(ctx) }()
+	<-confirmed
+	w.clock.Advance(ladder.Defaults().MaintenanceInterval)
+	res := <-done
+	if res.Swept || len(res.Overruns) == 0 {
+		t.Fatalf("the sweep was not cut: %+v", res)
+	}
+	recs, err := w.store.DecisionsFor(ctx, "run", "task", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Label == sdk.LabelReconcileInfraConfirmed && r.Applied && r.Reaper == "substrate" &&
+			r.Evidence[hostaudit.EvRecovered] == "host" {
+			return
+		}
+	}
+	t.Fatalf("the confirmation is not in the audit: %+v", recs)
 }
