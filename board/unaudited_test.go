@@ -39,11 +39,19 @@ func TestUnauditedMarks_EveryAppliedMarkHasItsDecision(t *testing.T) {
 		if len(want) == 0 && len(got) == 0 {
 			return
 		}
-		if !reflect.DeepEqual(got, want) {
+		attempts := make([]sdk.Attempt, len(got))
+		for i, m := range got {
+			attempts[i] = m.Attempt
+		}
+		if !reflect.DeepEqual(attempts, want) {
 			t.Fatalf("unaudited %v, want %v", got, want)
 		}
 	}
 	check(lost, noop)
+	if got, _ := b.store.UnauditedMarks(ctx, base.Add(-time.Hour)); got[0].Reason != sdk.LabelAgentLost ||
+		got[0].Message != "agent_lost: silent" || !got[0].At.Equal(base) {
+		t.Fatalf("unaudited mark %+v, want its reason, message and time", got[0])
+	}
 
 	// A decision that did not apply (a deferral) does not audit a mark;
 	// one that applied does.

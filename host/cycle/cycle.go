@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/host/leader"
@@ -32,6 +33,14 @@ type Leadership interface {
 
 // Auditor keeps decision audit rows.
 type Auditor = audit.Writer
+
+// MarkFinder finds the reapers' writes that the board shows with no
+// applied decision in the audit (board.Store). An Auditor that is one too
+// lets the loop audit, once a term, what a leader that died between its
+// writes and their audit left behind.
+type MarkFinder interface {
+	UnauditedMarks(ctx context.Context, since time.Time) ([]board.UnauditedMark, error)
+}
 
 // Supervised hands out a plugin that may have to be (re)started.
 type Supervised[T any] interface {
@@ -80,6 +89,7 @@ type Loop struct {
 	since    time.Time
 	owed     []owedAudit // decisions whose audit write failed, oldest first
 	owedN    int
+	checked  int64 // the term whose board was checked for unaudited marks
 }
 
 // owedAudit is a batch of decisions the audit still lacks.
@@ -200,6 +210,7 @@ func (l *Loop) RunOnce(ctx context.Context) Result {
 	if !v.Open {
 		return res
 	}
+	l.recoverMarks(ctx, st.Term, st.Since, &res)
 	l.reap(ctx, st.Term, sub, subErr, &res)
 	return res
 }
@@ -403,6 +414,61 @@ func passEnd(ctx context.Context, err error) string {
 		return "the pass failed: " + err.Error()
 	}
 	return "the pass did not record it"
+}
+
+// RecoverWindow is how far before its term began a new leader looks on the
+// board for reapers' writes left unaudited (a leader killed between its
+// marks and their audit).
+const RecoverWindow = time.Hour
+
+// recoverMarks audits, once a term, the writes the board shows without an
+// applied decision: what a leader that died (kill -9, OOM) between its
+// writes and their audit left behind; they are told apart from anything
+// else by their failure reason. It runs when the gate first opens, so that
+// a deposed leader still alive has long written its own audit, and before
+// this term's first reap. The attempt must still hold the mark: one that
+// moved on since (a re-place) no longer shows it.
+func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, res *Result) {
+	finder, ok := l.audit.(MarkFinder)
+	if !ok || l.checked == term {
+		return
+	}
+	marks, err := finder.UnauditedMarks(ctx, since.Add(-RecoverWindow))
+	if err != nil {
+		l.cfg.Logger.Warn("could not check the board for unaudited marks: next cycle", "error", err)
+		return
+	}
+	l.checked = term
+	if len(marks) == 0 {
+		return
+	}
+	ds := make([]sdk.Decision, len(marks))
+	for i, m := range marks {
+		ds[i] = sdk.Decision{Reaper: reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt, Applied: true,
+			Detail: "found on the board without its decision (its leader stopped between the write and its audit): " +
+				"audited by the host from the row",
+			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message,
+				"marked_at": m.At.UTC().Format(time.RFC3339Nano)}}
+	}
+	l.cfg.Logger.Warn("marks on the board without their decision: audited from the board", "count", len(ds), "term", term)
+	l.record(ctx, term, l.cfg.Clock.Now(), ds, res)
+}
+
+// reaperOf names the reaper whose write leaves a failure reason.
+func reaperOf(reason string) string {
+	switch reason {
+	case sdk.LabelAgentLost, sdk.LabelCredentialCeiling:
+		return "agentlost"
+	case sdk.LabelDispatchLost, sdk.LabelStartExpired:
+		return "dispatchlost"
+	case sdk.LabelPodLost:
+		return "podlost"
+	case sdk.LabelWarmWorkerLost:
+		return "warmworker"
+	case sdk.LabelOrphanRun:
+		return "orphanrun"
+	}
+	return "host"
 }
 
 // PluginStartTimeout bounds a plugin's (re)start before its pass: the

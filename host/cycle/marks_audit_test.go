@@ -336,3 +336,28 @@ func TestAppliedSweepWriteIsAlwaysAudited(t *testing.T) {
 	}
 	t.Fatalf("the confirmation is not in the audit: %+v", recs)
 }
+
+// A leader killed between its marks and their audit leaves marks on the
+// board with no decision; the next term audits them from the board, once,
+// when its gate opens (a deposed leader still alive has written its own by
+// then), before it reaps.
+func TestMarkLeftUnauditedByADeadLeaderIsAuditedByTheNext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newWorld(t, "normal", nil)
+	m := sdk.Mark{Attempt: w.attempt, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+		Reason: sdk.LabelAgentLost, Message: "agent_lost: silent for 5m", Term: w.term, At: t0.Add(-time.Minute)}
+	if res, err := w.store.Mark(ctx, []sdk.Mark{m}); err != nil || !res[0].Applied {
+		t.Fatalf("mark: %+v %v", res, err)
+	}
+	// (the leader that made it died here, its audit unwritten)
+	for i := 0; i < 2; i++ {
+		w.loop.RunOnce(ctx)
+		w.clock.Advance(ladder.Defaults().MaintenanceInterval)
+	}
+	w.audited(t, "board")
+	recs, err := w.store.DecisionsFor(ctx, "run", "task", 0)
+	if err != nil || len(recs) != 1 || recs[0].Evidence[hostaudit.EvMessage] != m.Message {
+		t.Fatalf("audit %+v (err %v), want the mark's one decision, from its row", recs, err)
+	}
+}
