@@ -442,16 +442,22 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 	if len(marks) == 0 {
 		return
 	}
-	ds := make([]sdk.Decision, len(marks))
-	for i, m := range marks {
-		ds[i] = sdk.Decision{Reaper: reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt, Applied: true,
-			Detail: "found on the board without its decision (its leader stopped between the write and its audit): " +
-				"audited by the host from the row",
-			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message,
-				"marked_at": m.At.UTC().Format(time.RFC3339Nano)}}
+	l.cfg.Logger.Warn("marks on the board without their decision: audited from the board", "count", len(marks), "term", term)
+	// Each is audited at the time of its write (a pass's marks share it).
+	byAt := map[time.Time][]sdk.Decision{}
+	var ats []time.Time
+	for _, m := range marks {
+		if _, ok := byAt[m.At]; !ok {
+			ats = append(ats, m.At)
+		}
+		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt,
+			Applied: true, Detail: "found on the board without its decision (its leader stopped between the write " +
+				"and its audit): audited by the host from the row",
+			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message}})
 	}
-	l.cfg.Logger.Warn("marks on the board without their decision: audited from the board", "count", len(ds), "term", term)
-	l.record(ctx, term, l.cfg.Clock.Now(), ds, res)
+	for _, at := range ats {
+		l.record(ctx, term, at, byAt[at], res)
+	}
 }
 
 // reaperOf names the reaper whose write leaves a failure reason.
