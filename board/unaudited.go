@@ -10,12 +10,12 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// MarkReasons are the failure reasons a reaper's mark writes on a task
+// MarkReasons are the failure reasons only a reaper's mark writes on a task
 // instance (failure_reason): a row failed with one of them was failed by a
-// reaper, not by its own agent or by the reconciler.
+// reaper, not by its own agent or by the reconciler. credential_ceiling is
+// not one: a warm worker's attempt watchdog reports it too.
 var MarkReasons = []string{
-	sdk.LabelAgentLost, sdk.LabelCredentialCeiling, sdk.LabelDispatchLost, sdk.LabelStartExpired,
-	sdk.LabelPodLost, sdk.LabelWarmWorkerLost,
+	sdk.LabelAgentLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelPodLost, sdk.LabelWarmWorkerLost,
 }
 
 // unauditedMarksSQL finds the reapers' writes still visible on the board
