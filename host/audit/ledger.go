@@ -35,17 +35,16 @@ const writeBound = 30 * time.Second
 type Ledger struct {
 	sdk.Board
 
-	mu      sync.Mutex
-	closed  bool
-	wg      sync.WaitGroup
-	applied []written
-}
-
-// written is one applied write, as its decision would be audited.
-type written struct {
-	label    string
-	attempt  sdk.Attempt // only RunID for a run
-	evidence map[string]string
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	// What applied, as it was asked (the decisions are made only for
+	// what Unaudited finds uncovered).
+	marks     []sdk.Mark
+	runs      []sdk.RunReap
+	settled   []sdk.Settlement
+	confirmed []sdk.Confirm
+	overrides []sdk.Override
 }
 
 var _ sdk.Board = (*Ledger)(nil)
@@ -71,10 +70,10 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
 }
 
-// batch makes one batched write through the ledger and keeps what applied:
-// describe says, for the i-th request, the decision it would be audited as.
+// batch makes one batched write through the ledger and adds the requests
+// that applied to *kept.
 func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
-	write func(context.Context, []R) ([]sdk.MarkResult, error), describe func(R) written) ([]sdk.MarkResult, error) {
+	write func(context.Context, []R) ([]sdk.MarkResult, error), kept *[]R) ([]sdk.MarkResult, error) {
 	if err := l.begin(); err != nil {
 		return nil, fmt.Errorf("%s (%d): %w", what, len(reqs), err)
 	}
@@ -88,7 +87,7 @@ func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
 	l.mu.Lock()
 	for i, r := range res {
 		if r.Applied && i < len(reqs) {
-			l.applied = append(l.applied, describe(reqs[i]))
+			*kept = append(*kept, reqs[i])
 		}
 	}
 	l.mu.Unlock()
@@ -97,42 +96,22 @@ func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
 
 // Mark applies the marks and keeps those that applied.
 func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, func(m sdk.Mark) written {
-		label := m.Reason
-		if label == "" {
-			label = sdk.LabelPassError // a mark must name its reason; this one did not
-		}
-		return written{label: label, attempt: m.Attempt, evidence: map[string]string{
-			EvTerm: strconv.FormatInt(m.Term, 10), EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
-			EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message,
-		}}
-	})
+	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, &l.marks)
 }
 
 // Settle settles finished attempts and keeps those settled.
 func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "settle attempts", ss, l.Board.Settle, func(st sdk.Settlement) written {
-		return written{label: sdk.LabelReconcileSettled, attempt: st.Attempt, evidence: map[string]string{
-			EvTerm: strconv.FormatInt(st.Term, 10), EvOutcome: string(st.Outcome), EvMarkReason: st.Reason,
-			EvMessage: st.Message,
-		}}
-	})
+	return batch(ctx, l, "settle attempts", ss, l.Board.Settle, &l.settled)
 }
 
 // ConfirmInfra confirms infra marks and keeps those confirmed.
 func (l *Ledger) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "confirm infra marks", cs, l.Board.ConfirmInfra, func(c sdk.Confirm) written {
-		return written{label: sdk.LabelReconcileInfraConfirmed, attempt: c.Attempt,
-			evidence: map[string]string{EvTerm: strconv.FormatInt(c.Term, 10)}}
-	})
+	return batch(ctx, l, "confirm infra marks", cs, l.Board.ConfirmInfra, &l.confirmed)
 }
 
 // OverrideInfra overrides infra marks and keeps those overridden.
 func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "override infra marks", overrides, l.Board.OverrideInfra, func(o sdk.Override) written {
-		return written{label: sdk.LabelReconcileInfraOverride, attempt: o.Attempt,
-			evidence: map[string]string{EvTerm: strconv.FormatInt(o.Term, 10)}}
-	})
+	return batch(ctx, l, "override infra marks", overrides, l.Board.OverrideInfra, &l.overrides)
 }
 
 // ReapRun reaps the run and keeps the reap if it applied.
@@ -146,8 +125,7 @@ func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult,
 	res, err := l.Board.ReapRun(wctx, r)
 	if err == nil && res.Applied {
 		l.mu.Lock()
-		l.applied = append(l.applied, written{label: sdk.LabelOrphanRun, attempt: sdk.Attempt{RunID: r.RunID},
-			evidence: map[string]string{EvTerm: strconv.FormatInt(r.Term, 10), EvMessage: r.Message}})
+		l.runs = append(l.runs, r)
 		l.mu.Unlock()
 	}
 	return res, err
@@ -183,7 +161,7 @@ const (
 func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.applied) == 0 {
+	if len(l.marks)+len(l.runs)+len(l.settled)+len(l.confirmed)+len(l.overrides) == 0 {
 		return nil
 	}
 	covered := make(map[sdk.Attempt]bool, len(ds))
@@ -195,14 +173,41 @@ func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.D
 	detail := "applied on the board, but its decision never reached the host (" + why +
 		"): audited by the host from the write"
 	var out []sdk.Decision
-	for _, w := range l.applied {
-		if covered[w.attempt] {
-			continue
+	add := func(label string, a sdk.Attempt, term int64, ev func() map[string]string) {
+		if covered[a] {
+			return
 		}
-		covered[w.attempt] = true
-		w.evidence[EvRecovered] = "host"
-		out = append(out, sdk.Decision{Reaper: reaper, Label: w.label, Attempt: w.attempt, Applied: true,
-			Detail: detail, Evidence: w.evidence})
+		covered[a] = true
+		e := ev()
+		e[EvRecovered], e[EvTerm] = "host", strconv.FormatInt(term, 10)
+		out = append(out, sdk.Decision{Reaper: reaper, Label: label, Attempt: a, Applied: true, Detail: detail, Evidence: e})
+	}
+	for _, m := range l.marks {
+		label := m.Reason
+		if label == "" {
+			label = sdk.LabelPassError // a mark must name its reason; this one did not
+		}
+		add(label, m.Attempt, m.Term, func() map[string]string {
+			return map[string]string{EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
+				EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message}
+		})
+	}
+	for _, r := range l.runs {
+		add(sdk.LabelOrphanRun, sdk.Attempt{RunID: r.RunID}, r.Term, func() map[string]string {
+			return map[string]string{EvMessage: r.Message}
+		})
+	}
+	for _, st := range l.settled {
+		add(sdk.LabelReconcileSettled, st.Attempt, st.Term, func() map[string]string {
+			return map[string]string{EvOutcome: string(st.Outcome), EvMarkReason: st.Reason, EvMessage: st.Message}
+		})
+	}
+	none := func() map[string]string { return map[string]string{} }
+	for _, c := range l.confirmed {
+		add(sdk.LabelReconcileInfraConfirmed, c.Attempt, c.Term, none)
+	}
+	for _, o := range l.overrides {
+		add(sdk.LabelReconcileInfraOverride, o.Attempt, o.Term, none)
 	}
 	return out
 }
