@@ -58,7 +58,7 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash":
 		return nil
 	}
-	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not %q`, r.mode)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown" or "mark_crash", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
