@@ -98,8 +98,8 @@ func (s *scenario) waitReaped(f *fault, bound time.Duration) {
 		return got != nil
 	})
 	if !f.unaudited.IsZero() {
-		s.t.Logf("%s: %s seen marked on the board %s before its decision was in the audit",
-			f.unaudited.Format("15:04:05.000"), f.target, got.At.Sub(f.unaudited).Round(time.Millisecond))
+		s.t.Logf("%s: %s seen marked on the board; its decision seen in the audit %s later",
+			f.unaudited.Format("15:04:05.000"), f.target, time.Since(f.unaudited).Round(time.Millisecond))
 	}
 	s.t.Logf("%s: reaped by %s as %s (term %d)", got.At.Format("15:04:05.000"), got.Reaper, got.Label, got.Term)
 }
