@@ -77,11 +77,27 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	for start := 0; start < len(rows); start += AuditChunk {
 		chunk := rows[start:min(start+AuditChunk, len(rows))]
 		if err := s.copyDecisions(ctx, chunk); err != nil {
-			return fmt.Errorf("board: record decisions (%d of %d written): %w", start, len(rows), err)
+			return &PartialAuditError{Written: start, Total: len(rows), Err: err}
 		}
 	}
 	return nil
 }
+
+// PartialAuditError is RecordDecisions failing part way: the first Written
+// decisions of the batch are in the audit, the rest are not.
+type PartialAuditError struct {
+	Written, Total int
+	Err            error
+}
+
+func (e *PartialAuditError) Error() string {
+	return fmt.Sprintf("board: record decisions (%d of %d written): %v", e.Written, e.Total, e.Err)
+}
+
+func (e *PartialAuditError) Unwrap() error { return e.Err }
+
+// AuditWritten is how many decisions of the batch are in the audit.
+func (e *PartialAuditError) AuditWritten() int { return e.Written }
 
 func (s *Store) copyDecisions(ctx context.Context, rows [][]any) error {
 	ctx, cancel := s.bound(ctx)

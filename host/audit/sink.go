@@ -46,12 +46,13 @@ type Sink struct {
 	name string
 	dry  bool
 
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	all     []sdk.Decision
-	queue   []sdk.Decision
-	writing bool
-	errs    []error
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	all       []sdk.Decision
+	queue     []sdk.Decision
+	writing   bool
+	errs      []error
+	unwritten []sdk.Decision // what failed writes left out of the audit
 }
 
 var _ sdk.Sink = (*Sink)(nil)
@@ -114,6 +115,7 @@ func (s *Sink) write() {
 		if err != nil {
 			s.mu.Lock()
 			s.errs = append(s.errs, fmt.Errorf("audit %d decisions: %w", len(batch), err))
+			s.unwritten = append(s.unwritten, Unwritten(batch, err)...)
 			s.mu.Unlock()
 		}
 	}
@@ -127,4 +129,25 @@ func (s *Sink) Wait() ([]sdk.Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.all[:len(s.all):len(s.all)], errors.Join(s.errs...)
+}
+
+// Unwritten returns what the failed writes left out of the audit, in
+// order (after Wait): the host owes it to the audit still.
+func (s *Sink) Unwritten() []sdk.Decision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unwritten[:len(s.unwritten):len(s.unwritten)]
+}
+
+// Unwritten is the part of batch that a write failing with err left out of
+// the audit: all of it, unless err says (an AuditWritten method, as
+// board's partial write has) that its first decisions were written.
+func Unwritten(batch []sdk.Decision, err error) []sdk.Decision {
+	var partial interface{ AuditWritten() int }
+	if errors.As(err, &partial) {
+		if n := partial.AuditWritten(); n > 0 && n <= len(batch) {
+			return batch[n:]
+		}
+	}
+	return batch
 }

@@ -186,3 +186,30 @@ func TestSink_EveryDecisionReachesTheBoard(t *testing.T) {
 		t.Fatalf("last row %s, want %s", last, want)
 	}
 }
+
+// What a failed write left out of the audit is handed back for the host
+// to write later: the whole batch, or, when the board says its first
+// chunks were written, only the rest.
+func TestSink_UnwrittenIsWhatTheFailedWritesLeftOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	g.fail[0] = errors.New("connection refused")
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", false)
+	if err := s.Record(ctx, decisions(0, 3)); err != nil {
+		t.Fatal(err)
+	}
+	<-g.started
+	g.proceed <- struct{}{}
+	if _, err := s.Wait(); err == nil {
+		t.Fatal("the failed write was not reported")
+	}
+	if got := s.Unwritten(); len(got) != 3 || got[0].Attempt != decisions(0, 1)[0].Attempt {
+		t.Fatalf("unwritten %+v, want the failed batch", got)
+	}
+	partial := &board.PartialAuditError{Written: 2, Total: 3, Err: errors.New("timeout")}
+	if got := audit.Unwritten(decisions(0, 3), fmt.Errorf("wrapped: %w", partial)); len(got) != 1 ||
+		got[0].Attempt != decisions(2, 1)[0].Attempt {
+		t.Fatalf("unwritten of a partial write %+v, want the last decision", got)
+	}
+}

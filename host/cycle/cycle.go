@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/host/leader"
@@ -32,6 +33,14 @@ type Leadership interface {
 
 // Auditor keeps decision audit rows.
 type Auditor = audit.Writer
+
+// MarkFinder finds the reapers' writes that the board shows with no
+// applied decision in the audit (board.Store). An Auditor that is one too
+// lets the loop audit, once a term, what a leader that died between its
+// writes and their audit left behind.
+type MarkFinder interface {
+	UnauditedMarks(ctx context.Context, since time.Time) ([]board.UnauditedMark, error)
+}
 
 // Supervised hands out a plugin that may have to be (re)started.
 type Supervised[T any] interface {
@@ -78,7 +87,22 @@ type Loop struct {
 	lastTick time.Time
 	term     int64
 	since    time.Time
+	owed     []owedAudit // decisions whose audit write failed, oldest first
+	owedN    int
+	checked  int64 // the term whose board was checked for unaudited marks
 }
+
+// owedAudit is a batch of decisions the audit still lacks.
+type owedAudit struct {
+	term int64
+	at   time.Time
+	ds   []sdk.Decision
+}
+
+// MaxOwedDecisions bounds the decisions the loop keeps for the audit while
+// its writes fail (the database down, say); past it the oldest are given
+// up, with an error naming how many.
+const MaxOwedDecisions = 100_000
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
@@ -124,6 +148,8 @@ func (l *Loop) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			// A last try for what the audit still lacks.
+			l.payOwed(context.WithoutCancel(ctx))
 			return
 		case <-tk.C():
 			l.RunOnce(ctx)
@@ -140,6 +166,7 @@ func (l *Loop) RunOnce(ctx context.Context) Result {
 	l.cfg.Metrics.Cycle(now)
 
 	res := Result{Started: now}
+	l.payOwed(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
@@ -183,6 +210,7 @@ func (l *Loop) RunOnce(ctx context.Context) Result {
 	if !v.Open {
 		return res
 	}
+	l.recoverMarks(ctx, st.Term, st.Since, &res)
 	l.reap(ctx, st.Term, sub, subErr, &res)
 	return res
 }
@@ -210,8 +238,21 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 		return false
 	}
 	pctx, cancel := clock.WithTimeout(ctx, l.cfg.Clock, budget)
-	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, l.boardFor(l.cfg.DryRun))
+	// The sweep's writes go through a ledger too: its decisions come back
+	// only with its result, so a sweep cut off after a write would
+	// otherwise leave the write unaudited.
+	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
+	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
+	ledger.Close()
+	var reported []sdk.Decision
+	if err == nil {
+		reported = sw.Decisions
+	}
+	if lost := ledger.Unaudited("substrate", reported, passEnd(pctx, err)); len(lost) > 0 {
+		l.cfg.Logger.Warn("applied sweep writes whose decisions never arrived: audited by the host", "count", len(lost), "error", err)
+		defer l.record(ctx, term, start, lost, res)
+	}
 	cancel()
 	elapsed := l.cfg.Clock.Now().Sub(start)
 	overran = overran || elapsed > budget
@@ -298,15 +339,24 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	// The pass's decisions are audited as they arrive, beside the pass.
+	// The pass's decisions are audited as they arrive, beside the pass;
+	// its writes go through a ledger, so that a write that applied and
+	// whose decision never arrives is audited all the same.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
+	ledger := audit.NewLedger(l.boardFor(dry))
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
-	}, l.boardFor(dry), exec, sink)
+	}, ledger, exec, sink)
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
-	l.audited(term, sink, res)
+	ledger.Close()
+	ds := l.audited(term, now, sink, res)
+	if lost := ledger.Unaudited(r.Name, ds, passEnd(ctx, err)); len(lost) > 0 {
+		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
+			"reaper", r.Name, "count", len(lost), "error", err)
+		l.record(ctx, term, now, lost, res)
+	}
 	if err != nil {
 		// What the reaper decided before the error is kept (over gRPC
 		// too: the decisions travel ahead of the error), and so is the
@@ -342,13 +392,89 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 }
 
 // audited waits for a pass's audit to be written, then meters and logs its
-// decisions.
-func (l *Loop) audited(term int64, sink *audit.Sink, res *Result) {
+// decisions, and returns them.
+func (l *Loop) audited(term int64, at time.Time, sink *audit.Sink, res *Result) []sdk.Decision {
 	ds, err := sink.Wait()
 	if err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
+		l.owe(term, at, sink.Unwritten())
 	}
 	l.note(term, ds, res)
+	return ds
+}
+
+// passEnd says, for the audit, how a pass ended.
+func passEnd(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return "the pass was cut off at the end of its share of the budget"
+	case ctx.Err() != nil:
+		return "the pass was stopped with the loop"
+	case err != nil:
+		return "the pass failed: " + err.Error()
+	}
+	return "the pass did not record it"
+}
+
+// RecoverWindow is how far before its term began a new leader looks on the
+// board for reapers' writes left unaudited (a leader killed between its
+// marks and their audit).
+const RecoverWindow = time.Hour
+
+// recoverMarks audits, once a term, the writes the board shows without an
+// applied decision: what a leader that died (kill -9, OOM) between its
+// writes and their audit left behind; they are told apart from anything
+// else by their failure reason. It runs when the gate first opens, so that
+// a deposed leader still alive has long written its own audit, and before
+// this term's first reap. The attempt must still hold the mark: one that
+// moved on since (a re-place) no longer shows it.
+func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, res *Result) {
+	finder, ok := l.audit.(MarkFinder)
+	if !ok || l.checked == term {
+		return
+	}
+	marks, err := finder.UnauditedMarks(ctx, since.Add(-RecoverWindow))
+	if err != nil {
+		l.cfg.Logger.Warn("could not check the board for unaudited marks: next cycle", "error", err)
+		return
+	}
+	l.checked = term
+	if len(marks) == 0 {
+		return
+	}
+	l.cfg.Logger.Warn("marks on the board without their decision: audited from the board", "count", len(marks), "term", term)
+	// Each is audited at the time of its write (a pass's marks share it).
+	byAt := map[time.Time][]sdk.Decision{}
+	var ats []time.Time
+	for _, m := range marks {
+		if _, ok := byAt[m.At]; !ok {
+			ats = append(ats, m.At)
+		}
+		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt,
+			Applied: true, Detail: "found on the board without its decision (its leader stopped between the write " +
+				"and its audit): audited by the host from the row",
+			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message}})
+	}
+	for _, at := range ats {
+		l.record(ctx, term, at, byAt[at], res)
+	}
+}
+
+// reaperOf names the reaper whose write leaves a failure reason.
+func reaperOf(reason string) string {
+	switch reason {
+	case sdk.LabelAgentLost, sdk.LabelCredentialCeiling:
+		return "agentlost"
+	case sdk.LabelDispatchLost, sdk.LabelStartExpired:
+		return "dispatchlost"
+	case sdk.LabelPodLost:
+		return "podlost"
+	case sdk.LabelWarmWorkerLost:
+		return "warmworker"
+	case sdk.LabelOrphanRun:
+		return "orphanrun"
+	}
+	return "host"
 }
 
 // PluginStartTimeout bounds a plugin's (re)start before its pass: the
@@ -407,7 +533,49 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(ds)))
 	defer cancel()
 	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed", "count", len(ds), "error", err)
+		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
+		l.owe(term, at, audit.Unwritten(ds, err))
+	}
+}
+
+// owe keeps decisions the audit lacks, for payOwed; past MaxOwedDecisions
+// the oldest are given up.
+func (l *Loop) owe(term int64, at time.Time, ds []sdk.Decision) {
+	if len(ds) == 0 || l.audit == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.owed = append(l.owed, owedAudit{term: term, at: at, ds: ds})
+	l.owedN += len(ds)
+	for l.owedN > MaxOwedDecisions && len(l.owed) > 1 {
+		l.cfg.Logger.Error("audit writes kept failing: decisions given up, never audited",
+			"count", len(l.owed[0].ds), "term", l.owed[0].term, "at", l.owed[0].at)
+		l.owedN -= len(l.owed[0].ds)
+		l.owed = l.owed[1:]
+	}
+}
+
+// payOwed writes what the audit lacks, oldest first, and keeps what still
+// fails.
+func (l *Loop) payOwed(ctx context.Context) {
+	l.mu.Lock()
+	owed := l.owed
+	l.owed, l.owedN = nil, 0
+	l.mu.Unlock()
+	for i, o := range owed {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(o.ds)))
+		err := l.audit.RecordDecisions(actx, o.term, o.at, o.ds)
+		cancel()
+		if err != nil {
+			l.cfg.Logger.Warn("audit of decisions kept from before failed again", "count", len(o.ds), "error", err)
+			l.owe(o.term, o.at, audit.Unwritten(o.ds, err))
+			for _, rest := range owed[i+1:] {
+				l.owe(rest.term, rest.at, rest.ds)
+			}
+			return
+		}
+		l.cfg.Logger.Info("decisions kept from before are in the audit now", "count", len(o.ds), "term", o.term)
 	}
 }
 

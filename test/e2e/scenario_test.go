@@ -610,9 +610,25 @@ func (s *scenario) finish() {
 		s.t.Fatal(err)
 	}
 	falseReaps := s.falseReaps(ds)
+	s.everyMarkAudited()
 	recovered := s.evaluate(ds)
 
 	s.row.set(len(s.faults), recovered, falseReaps, doubles, len(wedged), time.Since(s.started))
+}
+
+// everyMarkAudited checks, once every replica stopped, the rule that each
+// write a reaper applied that the board still shows has its decision in
+// the audit.
+func (s *scenario) everyMarkAudited() {
+	s.t.Helper()
+	lost, err := s.store.UnauditedMarks(s.ctx(), time.Time{})
+	if err != nil {
+		s.t.Errorf("check the audit of the marks: %v", err)
+	}
+	for _, m := range lost {
+		s.t.Errorf("%s was marked %s on the board at %s, and no decision about it is in the audit",
+			m.Attempt, m.Reason, m.At.Format("15:04:05.000"))
+	}
 }
 
 // daemonProcesses are the live reaperd processes and their children (the

@@ -7,7 +7,9 @@
 // environment variable TESTREAPER_PROTOCOLS (comma-separated) overrides the
 // protocol versions it serves. With mode = "report" its pass records 150
 // decisions, then 2,350 more; with "report_fail" it records 150 and 5, then
-// fails.
+// fails. With "mark_teardown" it marks the dead attempts, then tears each
+// one down before it records its decisions (as the kube reapers do); with
+// "mark_crash" it exits right after its marks, before any decision.
 package main
 
 import (
@@ -53,10 +55,10 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.mode = req.Values.String("mode")
 	r.marker = req.Values.String("crash_marker")
 	switch r.mode {
-	case "normal", "crash", "hang", "crash_once", "report", "report_fail":
+	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash":
 		return nil
 	}
-	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report" or "report_fail", not %q`, r.mode)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown" or "mark_crash", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
@@ -106,6 +108,20 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	results, err := board.Mark(ctx, marks)
 	if err != nil {
 		return sdk.PassResult{}, err
+	}
+	switch r.mode {
+	case "mark_crash":
+		os.Exit(3)
+	case "mark_teardown":
+		for _, res := range results {
+			if !res.Applied {
+				continue
+			}
+			a := res.Attempt
+			if _, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: sdk.LabelAgentLost, Term: pass.Term}); err != nil {
+				decisions = append(decisions, sdk.Decision{Label: sdk.LabelAgentLostPodDeleteErr, Attempt: a, Detail: err.Error()})
+			}
+		}
 	}
 	for _, res := range results {
 		decisions = append(decisions, sdk.Decision{Label: sdk.LabelAgentLost, Attempt: res.Attempt, Applied: res.Applied,

@@ -1,0 +1,213 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// ErrPassOver refuses a write that a pass's plugin makes after the host
+// closed the pass (its share ran out, or the loop stopped): nothing it
+// writes then could still be audited with the pass.
+var ErrPassOver = errors.New("the pass is over: the host takes no more writes from it")
+
+// writeBound bounds one write of a pass once the pass's own context has
+// ended: the write was sent, and the host waits for its answer (the store
+// has its own, shorter, query timeout).
+const writeBound = 30 * time.Second
+
+// Ledger is the board as the host hands it to one pass (a reaper's pass, or
+// the reconcile sweep). Reads go through unchanged; each write (marks, a run
+// reap, the sweep's settlements, confirmations and overrides) is made whole
+// even when the pass's context ends while it is under way — the host, not
+// the plugin, learns what it applied — and every write that applied is kept.
+// After the pass, Close ends it (a later write is refused) and Unaudited
+// names the applied writes that no applied decision of the pass covers: a
+// plugin cut off by its budget, stopped with the loop, or dead between its
+// write and its decision. The host audits those itself, so that no applied
+// write goes without its decision.
+type Ledger struct {
+	sdk.Board
+
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	// What applied, as it was asked (the decisions are made only for
+	// what Unaudited finds uncovered).
+	marks     []sdk.Mark
+	runs      []sdk.RunReap
+	settled   []sdk.Settlement
+	confirmed []sdk.Confirm
+	overrides []sdk.Override
+}
+
+var _ sdk.Board = (*Ledger)(nil)
+
+// NewLedger starts the ledger of one pass over board.
+func NewLedger(board sdk.Board) *Ledger {
+	return &Ledger{Board: board}
+}
+
+// begin admits a write, unless the pass is over.
+func (l *Ledger) begin() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrPassOver
+	}
+	l.wg.Add(1)
+	return nil
+}
+
+// detached is ctx without its cancellation, bounded by writeBound.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
+}
+
+// batch makes one batched write through the ledger and adds the requests
+// that applied to *kept.
+func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
+	write func(context.Context, []R) ([]sdk.MarkResult, error), kept *[]R) ([]sdk.MarkResult, error) {
+	if err := l.begin(); err != nil {
+		return nil, fmt.Errorf("%s (%d): %w", what, len(reqs), err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := write(wctx, reqs)
+	if err != nil {
+		return res, err
+	}
+	l.mu.Lock()
+	for i, r := range res {
+		if r.Applied && i < len(reqs) {
+			*kept = append(*kept, reqs[i])
+		}
+	}
+	l.mu.Unlock()
+	return res, nil
+}
+
+// Mark applies the marks and keeps those that applied.
+func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, &l.marks)
+}
+
+// Settle settles finished attempts and keeps those settled.
+func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "settle attempts", ss, l.Board.Settle, &l.settled)
+}
+
+// ConfirmInfra confirms infra marks and keeps those confirmed.
+func (l *Ledger) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "confirm infra marks", cs, l.Board.ConfirmInfra, &l.confirmed)
+}
+
+// OverrideInfra overrides infra marks and keeps those overridden.
+func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([]sdk.MarkResult, error) {
+	return batch(ctx, l, "override infra marks", overrides, l.Board.OverrideInfra, &l.overrides)
+}
+
+// ReapRun reaps the run and keeps the reap if it applied.
+func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
+	if err := l.begin(); err != nil {
+		return sdk.RunReapResult{}, fmt.Errorf("reap run %s: %w", r.RunID, err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := l.Board.ReapRun(wctx, r)
+	if err == nil && res.Applied {
+		l.mu.Lock()
+		l.runs = append(l.runs, r)
+		l.mu.Unlock()
+	}
+	return res, err
+}
+
+// Close ends the pass: it waits for the writes under way and refuses any
+// later one.
+func (l *Ledger) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// Evidence keys of a decision the host audits for a write whose own
+// decision never reached it.
+const (
+	EvRecovered  = "recovered"
+	EvMarkKind   = "mark_kind"
+	EvMarkReason = "mark_reason"
+	EvMarkFrom   = "mark_from_states"
+	EvMessage    = "message"
+	EvOutcome    = "outcome"
+	EvTerm       = "term"
+)
+
+// Unaudited returns a decision for each applied write of the pass that no
+// applied decision in ds (the pass's, as the host received them) is about:
+// labelled as the write says (a mark's reason, orphan_run for a run reap,
+// the reconcile labels for the sweep's writes), applied, with what the
+// board was asked as its evidence. why says how the pass ended. Call it
+// after Close.
+func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.marks)+len(l.runs)+len(l.settled)+len(l.confirmed)+len(l.overrides) == 0 {
+		return nil
+	}
+	covered := make(map[sdk.Attempt]bool, len(ds))
+	for _, d := range ds {
+		if d.Applied {
+			covered[d.Attempt] = true
+		}
+	}
+	detail := "applied on the board, but its decision never reached the host (" + why +
+		"): audited by the host from the write"
+	var out []sdk.Decision
+	add := func(label string, a sdk.Attempt, term int64, ev func() map[string]string) {
+		if covered[a] {
+			return
+		}
+		covered[a] = true
+		e := ev()
+		e[EvRecovered], e[EvTerm] = "host", strconv.FormatInt(term, 10)
+		out = append(out, sdk.Decision{Reaper: reaper, Label: label, Attempt: a, Applied: true, Detail: detail, Evidence: e})
+	}
+	for _, m := range l.marks {
+		label := m.Reason
+		if label == "" {
+			label = sdk.LabelPassError // a mark must name its reason; this one did not
+		}
+		add(label, m.Attempt, m.Term, func() map[string]string {
+			return map[string]string{EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
+				EvMarkFrom: strings.Join(m.FromStates, ","), EvMessage: m.Message}
+		})
+	}
+	for _, r := range l.runs {
+		add(sdk.LabelOrphanRun, sdk.Attempt{RunID: r.RunID}, r.Term, func() map[string]string {
+			return map[string]string{EvMessage: r.Message}
+		})
+	}
+	for _, st := range l.settled {
+		add(sdk.LabelReconcileSettled, st.Attempt, st.Term, func() map[string]string {
+			return map[string]string{EvOutcome: string(st.Outcome), EvMarkReason: st.Reason, EvMessage: st.Message}
+		})
+	}
+	none := func() map[string]string { return map[string]string{} }
+	for _, c := range l.confirmed {
+		add(sdk.LabelReconcileInfraConfirmed, c.Attempt, c.Term, none)
+	}
+	for _, o := range l.overrides {
+		add(sdk.LabelReconcileInfraOverride, o.Attempt, o.Term, none)
+	}
+	return out
+}
