@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +21,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -107,12 +105,9 @@ type scenario struct {
 	cs      kubernetes.Interface
 	ns      string
 	player  *kubelet.Player
-	workers *kubelet.Player // the warm pool's
+	workers *kubelet.Player  // the warm pool's
+	binder  *kubetest.Binder // places pods on the newest node
 	stopBg  context.CancelFunc
-	bg      sync.WaitGroup
-
-	nodeMu sync.Mutex
-	nodes  []string // the nodes the binder places pods on
 
 	dir, taskDir, release, apiListen, dsn string
 	retries                               int
@@ -156,10 +151,14 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	}
 	t.Cleanup(s.pool.Close)
 	s.store = board.New(s.pool, board.Options{})
-	s.addNode()
 
 	bg, stop := context.WithCancel(context.Background())
 	s.stopBg = stop
+	if s.binder, err = kubetest.StartBinder(bg, kubetest.BinderConfig{Client: s.cs, Namespace: s.ns,
+		Timeout: apiTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	s.addNode()
 	logf, err := os.Create(filepath.Join(s.dir, "player.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -178,15 +177,13 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 		return p
 	}
 	s.player, s.workers = play("containers", kube.LabelRunID), play("workers", kube.LabelWarmPool)
-	s.bg.Add(1)
-	go func() { defer s.bg.Done(); s.bind(bg) }()
 	// Cleanups run last registered first: the daemons' (registered later)
 	// stop before the player and the binder; nothing marked outlives it.
 	t.Cleanup(func() {
 		s.player.Stop()
 		s.workers.Stop()
+		s.binder.Stop()
 		stop()
-		s.bg.Wait()
 		_ = logf.Close()
 		s.sweep()
 	})
@@ -202,59 +199,8 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 func (s *scenario) addNode() string {
 	s.t.Helper()
 	n := s.c.AddNode(s.t, "").Name
-	s.nodeMu.Lock()
-	s.nodes = append(s.nodes, n)
-	s.nodeMu.Unlock()
+	s.binder.AddNode(n)
 	return n
-}
-
-// dropNode takes node off the binder's list.
-func (s *scenario) dropNode(node string) {
-	s.nodeMu.Lock()
-	defer s.nodeMu.Unlock()
-	for i, n := range s.nodes {
-		if n == node {
-			s.nodes = append(s.nodes[:i:i], s.nodes[i+1:]...)
-			return
-		}
-	}
-}
-
-// bind plays the scheduler (the cluster has none): every 100ms, each
-// unbound pod of the namespace is bound to the newest live node.
-func (s *scenario) bind(ctx context.Context) {
-	tk := time.NewTicker(100 * time.Millisecond)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-		}
-		s.nodeMu.Lock()
-		node := ""
-		if len(s.nodes) > 0 {
-			node = s.nodes[len(s.nodes)-1]
-		}
-		s.nodeMu.Unlock()
-		if node == "" {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
-		list, err := s.cs.CoreV1().Pods(s.ns).List(cctx, metav1.ListOptions{
-			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", "").String()})
-		if err == nil {
-			for _, p := range list.Items {
-				if p.DeletionTimestamp == nil {
-					_ = s.cs.CoreV1().Pods(s.ns).Bind(cctx, &corev1.Binding{
-						ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
-						Target:     corev1.ObjectReference{Kind: "Node", Name: node},
-					}, metav1.CreateOptions{})
-				}
-			}
-		}
-		cancel()
-	}
 }
 
 // config writes the kube edition's configuration (the Kubernetes Lease,
