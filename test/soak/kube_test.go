@@ -32,8 +32,8 @@ import (
 // PostgreSQL, replicas, stream and invariants, on a local kube-apiserver
 // with KWOK (and kube-controller-manager: Pod GC), the kube runner
 // dispatching pods, the kubelet player running each Running pod's agent as
-// a local process, and a small scheduler of the soak's own binding each
-// new pod to one of the live nodes (the cluster has no kube-scheduler).
+// a local process, and kubetest's binder binding each new pod to one of the
+// live nodes (the cluster has no kube-scheduler).
 
 // Edition switch.
 const (
