@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,6 +31,7 @@ import (
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/internal/marked"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -561,16 +561,7 @@ func (s *scenario) sweep() {
 			d.kill()
 		}
 	}
-	for range 3 {
-		ps := markedProcesses(s.mark)
-		if len(ps) == 0 {
-			return
-		}
-		for _, p := range ps {
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	marked.KillAll(markEnv, s.mark)
 }
 
 // dump logs what a failed scenario needs to be understood.
@@ -594,37 +585,6 @@ func (s *scenario) dump() {
 		lines = lines[len(lines)-60:]
 	}
 	s.t.Logf("player log tail:\n%s", strings.Join(lines, "\n"))
-}
-
-// markedProcess is a live process carrying a scenario's marker.
-type markedProcess struct {
-	pid     int
-	cmdline string
-}
-
-// markedProcesses lists the live (not zombie) processes whose environment
-// carries mark.
-func markedProcesses(mark string) []markedProcess {
-	entries, _ := os.ReadDir("/proc")
-	want := []byte(markEnv + "=" + mark + "\x00")
-	var out []markedProcess
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !strings.Contains(string(env)+"\x00", string(want)) {
-			continue
-		}
-		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
-			continue
-		}
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, markedProcess{pid: pid, cmdline: strings.ReplaceAll(string(cmd), "\x00", " ")})
-	}
-	return out
 }
 
 // evict evicts a pod through the Eviction API, as a drain does: the
@@ -682,10 +642,11 @@ func (s *scenario) oomKill(p *corev1.Pod) {
 // agentOf finds the agent process of task's attempt a.
 func (s *scenario) agentOf(a sdk.Attempt) int {
 	s.t.Helper()
-	for _, p := range markedProcesses(s.mark) {
-		if strings.Contains(p.cmdline, "reaper-agent") && strings.Contains(p.cmdline, "-task="+a.TaskID+" ") &&
-			strings.Contains(p.cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
-			return p.pid
+	for _, p := range marked.Processes(markEnv, s.mark) {
+		cmdline := p.Cmdline + " "
+		if strings.Contains(cmdline, "reaper-agent") && strings.Contains(cmdline, "-task="+a.TaskID+" ") &&
+			strings.Contains(cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
+			return p.PID
 		}
 	}
 	s.t.Fatalf("no agent process of %s", a)
