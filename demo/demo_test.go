@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/dexaflow/reaper/internal/testbin"
 )
 
 // binaries are what the kube demo runs, built by TestMain into one
@@ -29,20 +30,10 @@ var binDir string
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "reaper-demo-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo: the binary directory:", err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	build := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, binaries...)...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "demo: building reaperd, the plugins and the agent:", err)
-		return 2
-	}
-	binDir = dir
-	return m.Run()
+	return testbin.Main(m, "demo", binaries, func(m *testing.M, bin string) int {
+		binDir = bin
+		return m.Run()
+	})
 }
 
 // The kube demo end to end on a shorter scenario: the local control plane,

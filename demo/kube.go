@@ -18,7 +18,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/board"
@@ -205,8 +204,15 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 	}
 	w.undo = append(w.undo, player.Stop)
 	w.player = player
-	sched := startScheduler(ctx, w.cs, w.sc.faults)
-	w.undo = append(w.undo, sched)
+	// The cluster has no kube-scheduler: the binder plays it, and gives
+	// each pod to the player (its owner label) before binding it.
+	binder, err := kubetest.StartBinder(ctx, kubetest.BinderConfig{Client: w.cs, Namespace: kubeNamespace,
+		Nodes: []string{nodeStay, nodeLost}, Place: placePod(w.sc.faults),
+		Labels: map[string]string{kubelet.LabelOwner: kubelet.OwnerValue}})
+	if err != nil {
+		return err
+	}
+	w.undo = append(w.undo, binder.Stop)
 	say("the kubelet player runs each pod's agent as a local process; the demo binds pods to nodes (no kube-scheduler)")
 
 	writer := lifecycle.New(w.pool, lifecycle.Options{})
@@ -445,7 +451,7 @@ func (w *kubeWorld) loseNode(ctx context.Context) (string, error) {
 		if err := w.forceDelete(ctx, p); err != nil {
 			return "", err
 		}
-		if a, ok := attemptOf(&p); ok {
+		if a, ok := kube.PodAttempt(p.Labels, p.Annotations); ok {
 			w.harmed[a] = faultNodeLost
 			names = append(names, a.String())
 		}
@@ -465,7 +471,7 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 		if err := w.forceDelete(ctx, p); err != nil {
 			return "", err
 		}
-		if a, ok := attemptOf(&p); ok {
+		if a, ok := kube.PodAttempt(p.Labels, p.Annotations); ok {
 			w.harmed[a] = faultOrphanRun
 		}
 	}
@@ -524,63 +530,17 @@ func (w *kubeWorld) killLeader() (string, error) {
 	return "", errors.New("no replica leads yet")
 }
 
-// attemptOf reads the attempt a task pod's labels and annotation name.
-func attemptOf(p *corev1.Pod) (sdk.Attempt, bool) {
-	try, err1 := strconv.Atoi(p.Labels[kube.LabelTryNumber])
-	epoch, err2 := strconv.Atoi(p.Labels[kube.LabelAttemptEpoch])
-	a := sdk.Attempt{RunID: p.Labels[kube.LabelRunID], TaskID: p.Annotations[kube.AnnotationRawTaskID],
-		Try: int32(try), Epoch: int32(epoch)}
-	return a, err1 == nil && err2 == nil && a.RunID != "" && a.TaskID != ""
-}
-
-// startScheduler plays the scheduler the local cluster lacks: every pod of
-// the namespace without a node is handed to the kubelet player (its owner
-// label) and bound to a node: the node fault's tasks' first attempts to the
-// node that will be lost, every other pod to the one that stays. It
-// returns the function that stops it.
-func startScheduler(ctx context.Context, cs kubernetes.Interface, faults map[string]string) func() {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-			}
-			pods, err := cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
-			if err != nil {
-				continue
-			}
-			for _, p := range pods.Items {
-				if p.DeletionTimestamp != nil {
-					continue
-				}
-				node := nodeStay
-				if a, ok := attemptOf(&p); ok && faults[a.RunID+"/"+a.TaskID] == faultNodeLost && a.Try == 1 && a.Epoch == 0 {
-					node = nodeLost
-				}
-				_ = bind(ctx, cs, p, node)
-			}
+// placePod is the demo's scheduling: the node fault's tasks' first
+// attempts go to the node that will be lost, every other pod to the one
+// that stays.
+func placePod(faults map[string]string) func(*corev1.Pod, []string) string {
+	return func(p *corev1.Pod, _ []string) string {
+		if a, ok := kube.PodAttempt(p.Labels, p.Annotations); ok && faults[a.RunID+"/"+a.TaskID] == faultNodeLost &&
+			a.Try == 1 && a.Epoch == 0 {
+			return nodeLost
 		}
-	}()
-	return func() { cancel(); <-done }
-}
-
-// bind gives the pod to the player and binds it to node.
-func bind(ctx context.Context, cs kubernetes.Interface, p corev1.Pod, node string) error {
-	pods := cs.CoreV1().Pods(kubeNamespace)
-	if p.Labels[kubelet.LabelOwner] != kubelet.OwnerValue {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, kubelet.LabelOwner, kubelet.OwnerValue)
-		if _, err := pods.Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			return err
-		}
+		return nodeStay
 	}
-	return pods.Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: p.Name, UID: p.UID},
-		Target: corev1.ObjectReference{Kind: "Node", Name: node}}, metav1.CreateOptions{})
 }
 
 // summary prints what happened, from the board, its audit, the pods'

@@ -19,12 +19,14 @@
 // What is real and what is simulated: the API server, etcd, admission, RBAC
 // and the controllers (Pod GC, taint eviction, disruption, garbage
 // collection, namespaces) are the upstream ones. There is no kubelet and no
-// scheduler: a pod runs once its spec.nodeName names a node made by AddNode,
-// and KWOK moves it (Running at once, deleted at once, Failed with
+// scheduler: a pod runs once its spec.nodeName names a node made by AddNode
+// (set by the test, or by a Binder, which plays the scheduler), and KWOK
+// moves it (Running at once, deleted at once, Failed with
 // DeadlineExceeded at startTime + activeDeadlineSeconds; see
 // kwok-stages.yaml). Everything else a kubelet would write (exit codes,
 // termination messages, evictions for node pressure) a test writes itself
-// through the status subresource. The ServiceAccount admission plugin is off,
+// through the status subresource, or the kubelet player (package
+// kubetest/kubelet) writes for the containers it runs as local processes. The ServiceAccount admission plugin is off,
 // so a pod can be created in a namespace the instant it exists.
 package kubetest
 

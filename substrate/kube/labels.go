@@ -56,6 +56,15 @@ func AttemptLabels(a sdk.Attempt) (labels, annotations map[string]string) {
 		}
 }
 
+// PodAttempt reads the attempt a pod's labels and annotations name (the
+// reverse of AttemptLabels; a pod from before the raw task id annotation
+// names its task by the lossy label). ok is false when the pod names no
+// attempt: a label missing or malformed, or the annotation contradicting
+// the label.
+func PodAttempt(labels, annotations map[string]string) (a sdk.Attempt, ok bool) {
+	return labelsOf(labels, annotations).attempt()
+}
+
 // podLabels is what a pod's labels and annotation say about the attempt
 // it runs, as the pod carries them.
 type podLabels struct {

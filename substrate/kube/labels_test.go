@@ -101,3 +101,19 @@ func TestParseRecord(t *testing.T) {
 		}
 	}
 }
+
+func TestPodAttemptReadsWhatAttemptLabelsWrite(t *testing.T) {
+	a := sdk.Attempt{RunID: "r", TaskID: "Load_a.x", Try: 3, Epoch: 2}
+	l, ann := AttemptLabels(a)
+	if got, ok := PodAttempt(l, ann); !ok || got != a {
+		t.Fatalf("PodAttempt = %v, %v; want %v", got, ok, a)
+	}
+	ann[AnnotationRawTaskID] = "other"
+	if got, ok := PodAttempt(l, ann); ok {
+		t.Fatalf("an annotation contradicting the label named %v", got)
+	}
+	delete(l, LabelTryNumber)
+	if got, ok := PodAttempt(l, nil); ok {
+		t.Fatalf("a pod without its try label named %v", got)
+	}
+}

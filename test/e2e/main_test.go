@@ -3,11 +3,11 @@ package e2e_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testbin"
 )
 
 // binDir holds every binary the scenarios run, built once by TestMain and
@@ -36,34 +36,21 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "reaper-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: make the binary directory:", err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	if err := build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 2
-	}
-	binDir = dir
-	return pgtest.Run(m)
+	// The test reaper is built beside the real binaries (named testreaper,
+	// after its package), then linked under the names the suite runs.
+	pkgs := append(append([]string(nil), packages...), testReaper)
+	return testbin.Main(m, "e2e", pkgs, func(m *testing.M, bin string) int {
+		if err := linkTestReaper(bin); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 2
+		}
+		binDir = bin
+		return pgtest.Run(m)
+	})
 }
 
-func build(dir string) error {
-	// One go build for the real binaries: the toolchain builds them in
-	// parallel and names each after its package.
-	cmd := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, packages...)...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("build the binaries: %w", err)
-	}
+func linkTestReaper(dir string) error {
 	tr := filepath.Join(dir, "testreaper")
-	cmd = exec.Command("go", "build", "-o", tr, testReaper)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("build the test reaper: %w", err)
-	}
 	for _, name := range testReaperNames {
 		if err := os.Link(tr, filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("link the test reaper as %s: %w", name, err)

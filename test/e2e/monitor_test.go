@@ -228,62 +228,6 @@ func overlaps(execs []execution) (int, []string) {
 	return n, what
 }
 
-// markedProcess is a live process carrying a scenario's marker.
-type markedProcess struct {
-	PID     int
-	Cmdline string
-	Task    string // REAPER_TASK_ID from its environment, or the agent's -task
-}
-
-// markedProcesses lists the processes (zombies excepted) whose environment
-// holds KEY=value for the marker.
-func markedProcesses(mark string) []markedProcess {
-	want := []byte(markEnv + "=" + mark)
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []markedProcess
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		vars := bytes.Split(env, []byte{0})
-		found := false
-		task := ""
-		for _, v := range vars {
-			if bytes.Equal(v, want) {
-				found = true
-			}
-			if t, ok := bytes.CutPrefix(v, []byte("REAPER_TASK_ID=")); ok {
-				task = string(t)
-			}
-		}
-		if !found {
-			continue
-		}
-		if info, err := proc.Stat(pid); err != nil || info.Zombie {
-			continue
-		}
-		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		cmdline := strings.TrimSpace(string(bytes.ReplaceAll(cmd, []byte{0}, []byte(" "))))
-		if task == "" {
-			for _, arg := range strings.Fields(cmdline) {
-				if t, ok := strings.CutPrefix(arg, "-task="); ok {
-					task = t
-				}
-			}
-		}
-		out = append(out, markedProcess{PID: pid, Cmdline: cmdline, Task: task})
-	}
-	return out
-}
-
 // TestOverlaps checks the double-execution judgment itself on made-up
 // executions, since the fault scenarios never produce an overlap.
 func TestOverlaps(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/ctl"
+	"github.com/dexaflow/reaper/internal/marked"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -553,17 +554,17 @@ func (s *scenario) finish() {
 	}
 	// What runs besides the live daemons and their plugins (computed anew
 	// each time: a plugin whose host is gone is a leftover).
-	leftovers := func() []markedProcess {
+	leftovers := func() []marked.Process {
 		daemons := s.daemonProcesses()
-		var out []markedProcess
-		for _, p := range markedProcesses(s.mark) {
+		var out []marked.Process
+		for _, p := range marked.Processes(markEnv, s.mark) {
 			if !escaped[p.PID] && !daemons[p.PID] {
 				out = append(out, p)
 			}
 		}
 		return out
 	}
-	settle := func(bound time.Duration) []markedProcess {
+	settle := func(bound time.Duration) []marked.Process {
 		until := time.Now().Add(bound)
 		for {
 			left := leftovers()
@@ -641,7 +642,7 @@ func (s *scenario) daemonProcesses() map[int]bool {
 			out[d.pid()] = true
 		}
 	}
-	for _, p := range markedProcesses(s.mark) {
+	for _, p := range marked.Processes(markEnv, s.mark) {
 		args := strings.Fields(p.Cmdline)
 		if len(args) == 0 || filepath.Base(args[0]) == "reaper-agent" {
 			continue // an agent is the runner's child, and no plugin
@@ -767,16 +768,7 @@ func (s *scenario) sweep() {
 			d.kill()
 		}
 	}
-	for range 3 {
-		ps := markedProcesses(s.mark)
-		if len(ps) == 0 {
-			return
-		}
-		for _, p := range ps {
-			_ = syscall.Kill(p.PID, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	marked.KillAll(markEnv, s.mark)
 }
 
 // dump logs what a failed scenario needs to be understood: each reaperd's
@@ -803,7 +795,7 @@ func (s *scenario) dump() {
 		b.WriteByte('\n')
 	}
 	s.t.Logf("executions:\n%s", b.String())
-	for _, p := range markedProcesses(s.mark) {
+	for _, p := range marked.Processes(markEnv, s.mark) {
 		s.t.Logf("still running: pid %d %s", p.PID, p.Cmdline)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testbin"
 )
 
 // binDir is reaperd's plugin_dir in every test: reaperd, the Lite substrate
@@ -32,27 +33,18 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "reaper-example-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "example test: make the binary directory:", err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	build := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, packages...)...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "example test: build the host's binaries:", err)
-		return 2
-	}
-	// The plugin is built from its own module, with its own go.mod, as an
-	// author outside this repository builds it: no workspace joins the two.
-	plugin := exec.Command("go", "build", "-C", exampleModule, "-o", dir+"/reaper-parked", "./cmd/reaper-parked")
-	plugin.Env = append(os.Environ(), "GOWORK=off")
-	plugin.Stdout, plugin.Stderr = os.Stderr, os.Stderr
-	if err := plugin.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "example test: build reaper-parked from its module:", err)
-		return 2
-	}
-	binDir = dir
-	return pgtest.Run(m)
+	return testbin.Main(m, "example", packages, func(m *testing.M, bin string) int {
+		// The plugin is built from its own module, with its own go.mod, as
+		// an author outside this repository builds it: no workspace joins
+		// the two.
+		plugin := exec.Command("go", "build", "-C", exampleModule, "-o", bin+"/reaper-parked", "./cmd/reaper-parked")
+		plugin.Env = append(os.Environ(), "GOWORK=off")
+		plugin.Stdout, plugin.Stderr = os.Stderr, os.Stderr
+		if err := plugin.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "example test: build reaper-parked from its module:", err)
+			return 2
+		}
+		binDir = bin
+		return pgtest.Run(m)
+	})
 }

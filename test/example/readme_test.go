@@ -3,6 +3,8 @@ package example_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -60,5 +62,49 @@ func TestReadmeSnippetsAreTheExample(t *testing.T) {
 	}
 	if snippets < 5 {
 		t.Fatalf("found %d Go snippets in the walk, want the example's config, schema, Reap, judge, mark, main and test", snippets)
+	}
+}
+
+// TestReadmeNamesEveryMakeTarget: the README names every target of the
+// Makefile (as "make TARGET"), and every "make X" it names is a target, so
+// the documented commands and the Makefile cannot drift apart.
+func TestReadmeNamesEveryMakeTarget(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	makefile, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):`).FindAllStringSubmatch(string(makefile), -1) {
+		targets[m[1]] = true
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bmake (?:-s )?([a-z][a-z0-9-]*)`).FindAllStringSubmatch(string(readme), -1) {
+		named[m[1]] = true
+	}
+	if len(targets) == 0 {
+		t.Fatal("no target found in the Makefile")
+	}
+	var missing, unknown []string
+	for tg := range targets {
+		if !named[tg] {
+			missing = append(missing, tg)
+		}
+	}
+	for n := range named {
+		if !targets[n] {
+			unknown = append(unknown, n)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(unknown)
+	if len(missing) > 0 {
+		t.Errorf("Makefile targets the README never names: %v", missing)
+	}
+	if len(unknown) > 0 {
+		t.Errorf("the README names make targets the Makefile lacks: %v", unknown)
 	}
 }

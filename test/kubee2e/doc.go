@@ -13,8 +13,8 @@
 // What is simulated, because KWOK runs no containers and the test cluster
 // has no scheduler:
 //
-//   - the scheduler: each scenario binds its unbound pods to its newest
-//     KWOK node;
+//   - the scheduler: each scenario's binder (kubetest.Binder) binds its
+//     unbound pods to its newest KWOK node;
 //   - the kubelet: the player (internal/kubetest/kubelet) runs each Running
 //     pod's agent as a local process and writes what a kubelet would into
 //     the pod's status: container states, exit codes, the termination

@@ -88,7 +88,7 @@ func nodeLost(t *testing.T, c *kubetest.Cluster) {
 	a, pa := s.waitRunning("a")
 	b, pb := s.waitRunning("b")
 	node := pa.Spec.NodeName
-	s.dropNode(node)
+	s.binder.RemoveNode(node)
 	s.addNode()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/internal/marked"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
@@ -224,12 +225,12 @@ func (s *scenario) finish() {
 	// (as the pool's pods would go with the deployment).
 	s.workers.Stop()
 	until := time.Now().Add(10 * time.Second)
-	for len(markedProcesses(s.mark)) > 0 && time.Now().Before(until) {
+	for len(marked.Processes(markEnv, s.mark)) > 0 && time.Now().Before(until) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	for _, p := range markedProcesses(s.mark) {
-		wedged["pid "+p.cmdline] = true
-		s.t.Errorf("left running: pid %d %s", p.pid, p.cmdline)
+	for _, p := range marked.Processes(markEnv, s.mark) {
+		wedged["pid "+p.Cmdline] = true
+		s.t.Errorf("left running: pid %d %s", p.PID, p.Cmdline)
 	}
 
 	ds, err := s.decisions()

@@ -1,13 +1,12 @@
 package kubee2e_test
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testbin"
 )
 
 // binDir holds the binaries the scenarios run, built once by TestMain.
@@ -29,21 +28,11 @@ var packages = []string{
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "reaper-kubee2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubee2e: make the binary directory:", err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	build := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, packages...)...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "kubee2e: build the binaries:", err)
-		return 2
-	}
-	binDir = dir
-	// One cluster (with the controller manager: Pod GC) and one PostgreSQL
-	// for every scenario; each scenario has a namespace, nodes and a
-	// database of its own.
-	return kubetest.RunWithin(m, kubetest.Options{}, pgtest.Run)
+	return testbin.Main(m, "kubee2e", packages, func(m *testing.M, bin string) int {
+		binDir = bin
+		// One cluster (with the controller manager: Pod GC) and one
+		// PostgreSQL for every scenario; each scenario has a namespace,
+		// nodes and a database of its own.
+		return kubetest.RunWithin(m, kubetest.Options{}, pgtest.Run)
+	})
 }

@@ -9,9 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +20,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +31,7 @@ import (
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
+	"github.com/dexaflow/reaper/internal/marked"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -107,12 +105,9 @@ type scenario struct {
 	cs      kubernetes.Interface
 	ns      string
 	player  *kubelet.Player
-	workers *kubelet.Player // the warm pool's
+	workers *kubelet.Player  // the warm pool's
+	binder  *kubetest.Binder // places pods on the newest node
 	stopBg  context.CancelFunc
-	bg      sync.WaitGroup
-
-	nodeMu sync.Mutex
-	nodes  []string // the nodes the binder places pods on
 
 	dir, taskDir, release, apiListen, dsn string
 	retries                               int
@@ -156,10 +151,14 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	}
 	t.Cleanup(s.pool.Close)
 	s.store = board.New(s.pool, board.Options{})
-	s.addNode()
 
 	bg, stop := context.WithCancel(context.Background())
 	s.stopBg = stop
+	if s.binder, err = kubetest.StartBinder(bg, kubetest.BinderConfig{Client: s.cs, Namespace: s.ns,
+		Timeout: apiTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	s.addNode()
 	logf, err := os.Create(filepath.Join(s.dir, "player.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -178,15 +177,13 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 		return p
 	}
 	s.player, s.workers = play("containers", kube.LabelRunID), play("workers", kube.LabelWarmPool)
-	s.bg.Add(1)
-	go func() { defer s.bg.Done(); s.bind(bg) }()
 	// Cleanups run last registered first: the daemons' (registered later)
 	// stop before the player and the binder; nothing marked outlives it.
 	t.Cleanup(func() {
 		s.player.Stop()
 		s.workers.Stop()
+		s.binder.Stop()
 		stop()
-		s.bg.Wait()
 		_ = logf.Close()
 		s.sweep()
 	})
@@ -202,59 +199,8 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 func (s *scenario) addNode() string {
 	s.t.Helper()
 	n := s.c.AddNode(s.t, "").Name
-	s.nodeMu.Lock()
-	s.nodes = append(s.nodes, n)
-	s.nodeMu.Unlock()
+	s.binder.AddNode(n)
 	return n
-}
-
-// dropNode takes node off the binder's list.
-func (s *scenario) dropNode(node string) {
-	s.nodeMu.Lock()
-	defer s.nodeMu.Unlock()
-	for i, n := range s.nodes {
-		if n == node {
-			s.nodes = append(s.nodes[:i:i], s.nodes[i+1:]...)
-			return
-		}
-	}
-}
-
-// bind plays the scheduler (the cluster has none): every 100ms, each
-// unbound pod of the namespace is bound to the newest live node.
-func (s *scenario) bind(ctx context.Context) {
-	tk := time.NewTicker(100 * time.Millisecond)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-		}
-		s.nodeMu.Lock()
-		node := ""
-		if len(s.nodes) > 0 {
-			node = s.nodes[len(s.nodes)-1]
-		}
-		s.nodeMu.Unlock()
-		if node == "" {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, apiTimeout)
-		list, err := s.cs.CoreV1().Pods(s.ns).List(cctx, metav1.ListOptions{
-			FieldSelector: fields.OneTermEqualSelector("spec.nodeName", "").String()})
-		if err == nil {
-			for _, p := range list.Items {
-				if p.DeletionTimestamp == nil {
-					_ = s.cs.CoreV1().Pods(s.ns).Bind(cctx, &corev1.Binding{
-						ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
-						Target:     corev1.ObjectReference{Kind: "Node", Name: node},
-					}, metav1.CreateOptions{})
-				}
-			}
-		}
-		cancel()
-	}
 }
 
 // config writes the kube edition's configuration (the Kubernetes Lease,
@@ -615,16 +561,7 @@ func (s *scenario) sweep() {
 			d.kill()
 		}
 	}
-	for range 3 {
-		ps := markedProcesses(s.mark)
-		if len(ps) == 0 {
-			return
-		}
-		for _, p := range ps {
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	marked.KillAll(markEnv, s.mark)
 }
 
 // dump logs what a failed scenario needs to be understood.
@@ -648,37 +585,6 @@ func (s *scenario) dump() {
 		lines = lines[len(lines)-60:]
 	}
 	s.t.Logf("player log tail:\n%s", strings.Join(lines, "\n"))
-}
-
-// markedProcess is a live process carrying a scenario's marker.
-type markedProcess struct {
-	pid     int
-	cmdline string
-}
-
-// markedProcesses lists the live (not zombie) processes whose environment
-// carries mark.
-func markedProcesses(mark string) []markedProcess {
-	entries, _ := os.ReadDir("/proc")
-	want := []byte(markEnv + "=" + mark + "\x00")
-	var out []markedProcess
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !strings.Contains(string(env)+"\x00", string(want)) {
-			continue
-		}
-		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
-			continue
-		}
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, markedProcess{pid: pid, cmdline: strings.ReplaceAll(string(cmd), "\x00", " ")})
-	}
-	return out
 }
 
 // evict evicts a pod through the Eviction API, as a drain does: the
@@ -736,10 +642,11 @@ func (s *scenario) oomKill(p *corev1.Pod) {
 // agentOf finds the agent process of task's attempt a.
 func (s *scenario) agentOf(a sdk.Attempt) int {
 	s.t.Helper()
-	for _, p := range markedProcesses(s.mark) {
-		if strings.Contains(p.cmdline, "reaper-agent") && strings.Contains(p.cmdline, "-task="+a.TaskID+" ") &&
-			strings.Contains(p.cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
-			return p.pid
+	for _, p := range marked.Processes(markEnv, s.mark) {
+		cmdline := p.Cmdline + " "
+		if strings.Contains(cmdline, "reaper-agent") && strings.Contains(cmdline, "-task="+a.TaskID+" ") &&
+			strings.Contains(cmdline, fmt.Sprintf("-epoch=%d ", a.Epoch)) {
+			return p.PID
 		}
 	}
 	s.t.Fatalf("no agent process of %s", a)

@@ -63,10 +63,7 @@ func newEnv(t testing.TB) *env {
 // newWorld is the cluster's share and a board nobody leads yet.
 func newWorld(t testing.TB) *env {
 	t.Helper()
-	c := cluster.Load()
-	if c == nil {
-		t.Fatal("no test cluster: TestMain did not start one")
-	}
+	c := kubetest.Current(t)
 	pool := pgtest.NewDB(t)
 	return &env{t: t, c: c, cs: c.Client(t), ns: c.NewNamespace(t), node: c.AddNode(t, "").Name,
 		store: board.New(pool, board.Options{}), w: lifecycle.New(pool, lifecycle.Options{}),

@@ -1,12 +1,11 @@
 package reapers_test
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testbin"
 )
 
 // binDir holds the binaries TestMain builds: the Lite agent, the Lite
@@ -27,20 +26,8 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "reapers-test-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "reapers test: make the binary directory:", err)
-		return 2
-	}
-	defer os.RemoveAll(dir)
-	// One go build for all of them: the toolchain builds them in parallel
-	// and writes each into the directory under its package's name.
-	build := exec.Command("go", append([]string{"build", "-o", dir + string(os.PathSeparator)}, binaries...)...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "reapers test: build the binaries:", err)
-		return 2
-	}
-	binDir = dir
-	return pgtest.Run(m)
+	return testbin.Main(m, "reapers", binaries, func(m *testing.M, bin string) int {
+		binDir = bin
+		return pgtest.Run(m)
+	})
 }

@@ -33,8 +33,9 @@
 // kube-apiserver with KWOK and kube-controller-manager (internal/kubetest):
 // the replicas run edition "kube" on leader "kubernetes" (the Lease) with
 // the kube runner dispatching pods, the kube substrate and its four reapers
-// (dispatchlost, podlost, agentlost, orphanrun); a scheduler of the soak's
-// own binds each pod to one of three nodes (the cluster has none), and the
+// (dispatchlost, podlost, agentlost, orphanrun); a binder (kubetest.Binder)
+// plays the scheduler the cluster lacks, spreading the pods over three
+// nodes by their names, and the
 // kubelet player (internal/kubetest/kubelet) runs each Running pod's agent
 // as a local process with the soak's journal and marker, so the agents'
 // journals and the process table tell the same story as on Lite. Its

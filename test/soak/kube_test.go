@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,8 +32,8 @@ import (
 // PostgreSQL, replicas, stream and invariants, on a local kube-apiserver
 // with KWOK (and kube-controller-manager: Pod GC), the kube runner
 // dispatching pods, the kubelet player running each Running pod's agent as
-// a local process, and a small scheduler of the soak's own binding each
-// new pod to one of the live nodes (the cluster has no kube-scheduler).
+// a local process, and kubetest's binder binding each new pod to one of the
+// live nodes (the cluster has no kube-scheduler).
 
 // Edition switch.
 const (
@@ -85,8 +84,9 @@ type kubeWorld struct {
 	wg         sync.WaitGroup
 	apiPauseMu sync.Mutex // one API server pause at a time
 
-	mu      sync.Mutex // guards nodes, nodeSeq, stops; held across a binding
-	nodes   []string   // the live nodes the scheduler binds to
+	binder *kubetest.Binder // the scheduler: binds each new pod to a live node
+
+	mu      sync.Mutex // guards nodeSeq, stops, seen
 	nodeSeq int
 	stops   []PodStop
 	seen    map[string]bool // pod UIDs whose deletion is recorded
@@ -108,6 +108,12 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	k.cancel = stop
+	if k.binder, err = kubetest.StartBinder(wctx, kubetest.BinderConfig{Client: k.cs, Namespace: k.ns,
+		Place: placeByName, Timeout: apiTimeout}); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < kubeNodes; i++ {
 		if err := k.addNode(ctx); err != nil {
 			t.Fatal(err)
@@ -118,8 +124,6 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	k.cancel = stop
 	// Every pod the runner makes carries the run label: the player runs
 	// them all.
 	if k.player, err = kubelet.Start(wctx, kubelet.Config{
@@ -159,21 +163,23 @@ func (k *kubeWorld) addNode(ctx context.Context) error {
 	if _, err := k.c.CreateNode(cctx, name); err != nil {
 		return err
 	}
-	k.mu.Lock()
-	k.nodes = append(k.nodes, name)
-	k.mu.Unlock()
+	k.binder.AddNode(name)
 	return nil
 }
 
-// watch starts the scheduler and the pod stop recorder: two informers on
-// the namespace's pods.
+// placeByName spreads the pods over the live nodes by a hash of their
+// names.
+func placeByName(p *corev1.Pod, nodes []string) string {
+	h := 0
+	for _, b := range []byte(p.Name) {
+		h = h*31 + int(b)
+	}
+	return nodes[(h&0x7fffffff)%len(nodes)]
+}
+
+// watch starts the pod stop recorder: an informer on the namespace's
+// pods.
 func (k *kubeWorld) watch(ctx context.Context) error {
-	unbound := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String()
-		}))
-	pending := unbound.Core().V1().Pods()
-	pendingInf := pending.Informer()
 	all := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns))
 	if _, err := all.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, cur any) { k.podChanged(old, cur) },
@@ -181,67 +187,14 @@ func (k *kubeWorld) watch(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watch the soak's pods: %w", err)
 	}
-	unbound.Start(ctx.Done())
 	all.Start(ctx.Done())
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		defer unbound.Shutdown()
-		defer all.Shutdown()
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-			}
-			if !pendingInf.HasSynced() {
-				continue
-			}
-			pods, _ := pending.Lister().List(labels.Everything())
-			sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
-			for _, p := range pods {
-				if p.Spec.NodeName == "" && p.DeletionTimestamp == nil {
-					k.bind(ctx, p)
-				}
-			}
-		}
+		<-ctx.Done()
+		all.Shutdown()
 	}()
 	return nil
-}
-
-// bind places pod on a live node, as kube-scheduler would. The nodes'
-// lock is held across the request, so a node the injector deletes never
-// receives a pod after it was taken off the list.
-func (k *kubeWorld) bind(ctx context.Context, p *corev1.Pod) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if len(k.nodes) == 0 {
-		return
-	}
-	h := 0
-	for _, b := range []byte(p.Name) {
-		h = h*31 + int(b)
-	}
-	node := k.nodes[(h&0x7fffffff)%len(k.nodes)]
-	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	_ = k.cs.CoreV1().Pods(k.ns).Bind(cctx, &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID},
-		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
-	}, metav1.CreateOptions{})
-}
-
-// podAttempt is the attempt a pod's labels and annotation name.
-func podAttempt(p *corev1.Pod) (sdk.Attempt, bool) {
-	try, err1 := strconv.Atoi(p.Labels[kube.LabelTryNumber])
-	epoch, err2 := strconv.Atoi(p.Labels[kube.LabelAttemptEpoch])
-	task := p.Annotations[kube.AnnotationRawTaskID]
-	if err1 != nil || err2 != nil || task == "" || p.Labels[kube.LabelRunID] == "" {
-		return sdk.Attempt{}, false
-	}
-	return sdk.Attempt{RunID: p.Labels[kube.LabelRunID], TaskID: task, Try: int32(try), Epoch: int32(epoch)}, true
 }
 
 // podChanged records a pod's deletion (its deletion timestamp set) and a
@@ -272,7 +225,7 @@ func (k *kubeWorld) podDeleted(obj any) {
 
 // stopped records a stop of a pod (a deletion once per pod).
 func (k *kubeWorld) stopped(p *corev1.Pod, how string) {
-	a, ok := podAttempt(p)
+	a, ok := kube.PodAttempt(p.Labels, p.Annotations)
 	if !ok {
 		return
 	}
@@ -349,20 +302,20 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 		return f, nil
 
 	case FaultNodeLoss:
-		k.mu.Lock()
-		if len(k.nodes) < 2 {
-			k.mu.Unlock()
+		node := k.binder.TakeNode(func(nodes []string) string {
+			if len(nodes) < 2 {
+				return ""
+			}
+			return nodes[int(pick%uint64(len(nodes)))]
+		})
+		if node == "" {
 			return nil, errNoTarget
 		}
-		i := int(pick % uint64(len(k.nodes)))
-		node := k.nodes[i]
-		k.nodes = append(k.nodes[:i:i], k.nodes[i+1:]...)
-		k.mu.Unlock()
 		at := s.tl.now()
 		harmed := map[sdk.Attempt]bool{}
 		before, _ := k.podsOn(ctx, node)
 		for _, p := range before {
-			if a, ok := podAttempt(p); ok && live(p) {
+			if a, ok := kube.PodAttempt(p.Labels, p.Annotations); ok && live(p) {
 				harmed[a] = true
 			}
 		}
@@ -375,7 +328,7 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 		}
 		after, _ := k.podsOn(ctx, node)
 		for _, p := range after {
-			if a, ok := podAttempt(p); ok && live(p) {
+			if a, ok := kube.PodAttempt(p.Labels, p.Annotations); ok && live(p) {
 				harmed[a] = true
 			}
 			if !k.c.HasControllerManager() {
@@ -471,6 +424,9 @@ func (k *kubeWorld) leftovers() []string {
 func (k *kubeWorld) stop() {
 	if k.player != nil {
 		k.player.Stop()
+	}
+	if k.binder != nil {
+		k.binder.Stop()
 	}
 	if k.cancel != nil {
 		k.cancel()
