@@ -80,8 +80,16 @@ func unreachable(t *testing.T) attempttoken.Issuer {
 // taskCommand is what the tests' agents run: a task that lives until it is
 // stopped, and that leaves a file named after its task id in $WORK when it
 // receives SIGTERM, taking a moment to exit after it (so a mark made before
-// its group is gone would be seen while it still runs).
-const taskCommand = `trap 'touch "$WORK/$REAPER_TASK_ID.term"; sleep 0.3; exit 0' TERM; sleep 1000 & wait`
+// its group is gone would be seen while it still runs). Once its trap is
+// set it leaves a file named after its attempt (readyFile): a SIGTERM
+// before that would end the shell without the file.
+const taskCommand = `trap 'touch "$WORK/$REAPER_TASK_ID.term"; sleep 0.3; exit 0' TERM; ` +
+	`touch "$WORK/$REAPER_RUN_ID.$REAPER_TASK_ID.$REAPER_TRY.$REAPER_EPOCH.ready"; sleep 1000 & wait`
+
+// readyFile is where taskCommand says, for attempt a, that its trap is set.
+func readyFile(work string, a sdk.Attempt) string {
+	return filepath.Join(work, fmt.Sprintf("%s.%s.%d.%d.ready", a.RunID, a.TaskID, a.Try, a.Epoch))
+}
 
 // world is one test's Lite deployment: a fresh board, a record directory and
 // a spawner of real agents, and the host itself — reaperd's own daemon
@@ -507,6 +515,7 @@ type agentProc struct {
 	exited      chan struct{} // closed once the agent has exited and been reaped
 	pgid        int           // 0 until the task's group is recorded
 	leaderStart uint64
+	traps       bool // runs taskCommand: awaitTask also waits for its trap
 }
 
 // spawn starts a real agent for the attempt, reporting to the attempt API
@@ -516,7 +525,9 @@ type agentProc struct {
 // are killed when the test ends.
 func (w *world) spawn(a sdk.Attempt, to attempttoken.Issuer) *agentProc {
 	w.t.Helper()
-	return w.spawnCommand(a, to, taskCommand)
+	p := w.spawnCommand(a, to, taskCommand)
+	p.traps = true
+	return p
 }
 
 func (w *world) spawnCommand(a sdk.Attempt, to attempttoken.Issuer, command string) *agentProc {
@@ -580,6 +591,12 @@ func (w *world) awaitTask(p *agentProc) {
 		return err == nil
 	})
 	p.pgid, p.leaderStart = rec.PGID, rec.LeaderStart
+	if p.traps {
+		eventually(w.t, "the SIGTERM trap of "+p.a.TaskID, func() bool {
+			_, err := os.Stat(readyFile(w.work, p.a))
+			return err == nil
+		})
+	}
 }
 
 // killAgent kills the agent alone with SIGKILL and waits until it is gone.

@@ -215,6 +215,13 @@ func (w *world) markAgentLost(a sdk.Attempt, when time.Time, hold bool) {
 	if err != nil || len(res) != 1 || !res[0].Applied {
 		w.t.Fatalf("mark %s: %+v %v", a, res, err)
 	}
+	// agentlost audits what it marks; a mark with no decision would be
+	// audited by the host when the next term's gate opens (a leader lost
+	// between its mark and its audit), which is not this test's story.
+	if err := w.store.RecordDecisions(w.ctx, w.term, when, []sdk.Decision{{Reaper: "agentlost", Label: sdk.LabelAgentLost,
+		Attempt: a, Applied: true, Detail: "agent and task group gone"}}); err != nil {
+		w.t.Fatalf("audit the mark of %s: %v", a, err)
+	}
 }
 
 // spendInfraBudget leaves the run's task instances no infra re-place: an
