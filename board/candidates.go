@@ -158,10 +158,13 @@ func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit
 }
 
 // listingLimit is the page size of a reaper's listing asked for limit: at
-// most ladder.PageSize, and PageSize when limit is not positive.
+// most ladder.DrainPage, and ladder.PageSize when limit is not positive.
 func listingLimit(limit int) int {
-	if limit <= 0 || limit > ladder.PageSize {
+	switch {
+	case limit <= 0:
 		return ladder.PageSize
+	case limit > ladder.DrainPage:
+		return ladder.DrainPage
 	}
 	return limit
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 func TestListCandidates(t *testing.T) {
@@ -234,19 +235,26 @@ func TestListCandidates(t *testing.T) {
 		}
 	})
 
-	t.Run("LimitIsAtMostAPage", func(t *testing.T) {
+	t.Run("LimitIsAtMostADrainPage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.exec(t, `INSERT INTO runs (run_id, dag_id, state, started_at, updated_at) VALUES ('run', 'dag', 'running', $1, $1)`, base)
 		b.exec(t, `INSERT INTO task_instances (run_id, task_id, executor, state, queued_at, updated_at)
-            SELECT 'run', 't' || i, 'lite', 'queued', $1, $1 FROM generate_series(1, 150) i`, base.Add(-time.Hour))
-		p, err := b.store.ListCandidates(ctx, sdk.CandidateQuery{States: []string{sdk.StateQueued},
-			OrderBy: sdk.FieldQueuedAt, OlderThan: base, Limit: 1000})
+            SELECT 'run', 't' || i, 'lite', 'queued', $1, $1 FROM generate_series(1, 1050) i`, base.Add(-time.Hour))
+		q := sdk.CandidateQuery{States: []string{sdk.StateQueued}, OrderBy: sdk.FieldQueuedAt, OlderThan: base}
+		p, err := b.store.ListCandidates(ctx, q)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(p.Candidates) != 100 || p.Next == nil {
-			t.Fatalf("a limit of 1000 returned %d rows (next %v), want a page of 100", len(p.Candidates), p.Next)
+		if len(p.Candidates) != ladder.PageSize || p.Next == nil {
+			t.Fatalf("no limit returned %d rows (next %v), want a page of %d", len(p.Candidates), p.Next, ladder.PageSize)
+		}
+		q.Limit = 5000
+		if p, err = b.store.ListCandidates(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Candidates) != ladder.DrainPage || p.Next == nil {
+			t.Fatalf("a limit of 5000 returned %d rows (next %v), want a drain page of %d", len(p.Candidates), p.Next, ladder.DrainPage)
 		}
 	})
 

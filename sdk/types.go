@@ -129,7 +129,7 @@ type CandidateQuery struct {
 	OlderThan time.Time
 	Heartbeat HeartbeatFilter
 	After     *Cursor
-	Limit     int // at most ladder.PageSize; 0 means PageSize
+	Limit     int // at most ladder.DrainPage; 0 means ladder.PageSize
 	// Only, when set, narrows the listing to the task instances of these
 	// attempts' (run, task) pairs, whatever their current try and epoch
 	// (at most ladder.PageSize of them). Protocol v1 addition: a host that
@@ -238,7 +238,7 @@ type RunQuery struct {
 	// alive (TaskRow.Live). Zero: every provisional mark does.
 	ProvisionalAfter time.Time
 	After            *RunCursor
-	Limit            int
+	Limit            int // at most ladder.DrainPage; 0 means ladder.PageSize
 }
 
 // RunCandidate is a run that looked orphaned when listed.
@@ -283,7 +283,7 @@ type RunReapResult struct {
 type ProvisionalQuery struct {
 	Executors []string
 	After     *Cursor
-	Limit     int // at most ladder.PageSize; 0 means PageSize
+	Limit     int // at most ladder.DrainPage; 0 means ladder.PageSize
 	// Only, when set, narrows the listing to the task instances of these
 	// attempts' (run, task) pairs, whatever their current try and epoch
 	// (at most ladder.PageSize of them). Protocol v1 addition: a host that

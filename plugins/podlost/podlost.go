@@ -246,15 +246,17 @@ func (p *passRun) full(st *reap.State, at *sdk.FeedCursor, why string) {
 	}
 }
 
-// track notes when listing l reads its last page.
+// track notes when listing l reads its last page. Its pages stay at
+// ladder.PageSize, drain or not: a page's cache misses are live reads
+// against the API server, and 100 at a time is what bounds them.
 func (p *passRun) track(l reap.Listing) reap.Listing {
-	page := l.Page
-	l.Page = func(ctx context.Context, after *reap.Cursor) (*reap.Cursor, error) {
-		cur, err := page(ctx, after)
+	page := l.Sized
+	l.Sized = func(ctx context.Context, after *reap.Cursor, _ int) (*reap.Cursor, int, error) {
+		cur, rows, err := page(ctx, after, ladder.PageSize)
 		if err == nil && cur == nil {
 			p.ended[l.Name] = true
 		}
-		return cur, err
+		return cur, rows, err
 	}
 	return l
 }

@@ -49,8 +49,13 @@ func Defaults() Ladder {
 
 // Fixed values that are not operator knobs.
 const (
-	// PageSize is the most candidates one board listing returns.
+	// PageSize is a listing's page: what a reaper reads of a listing in a
+	// cycle, and the first page of every listing in a pass.
 	PageSize = 100
+	// DrainPage is the most rows one board listing returns: the pages a
+	// pass reads after its first, while it drains a backlog within its
+	// budget, grow up to it.
+	DrainPage = 10 * PageSize
 	// OrphanStopGrace is how long a stopped group gets after SIGTERM.
 	OrphanStopGrace = 10 * time.Second
 	// OrphanKillWait is how long to wait after SIGKILL for the group to go.

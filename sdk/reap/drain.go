@@ -21,12 +21,19 @@ import (
 // closing writes (the brake's marks, teardowns). The context's deadline, if
 // any, bounds it too. A pass without a deadline reads one page per listing,
 // which is the specification's behaviour.
+//
+// The pages of a sized listing (Listing.Sized) grow after its first: the
+// budget keeps the slowest time per row any page took (its round trip
+// counted against its rows, so a small page overstates it) and sizes the
+// next page to what that rate fits in the time left before the reserve,
+// between ladder.PageSize and ladder.DrainPage.
 type Budget struct {
 	clock    clock.Clock
 	started  time.Time
 	total    time.Duration
 	maxPages int
 	slowest  time.Duration
+	perRow   time.Duration
 }
 
 // NewBudget starts the stopwatch of a pass. maxPages (> 0) caps the pages
@@ -55,12 +62,49 @@ func (b *Budget) more(ctx context.Context) bool {
 	return remaining > b.slowest+b.total/10
 }
 
+// spare is the time left before the reserve.
+func (b *Budget) spare(ctx context.Context) time.Duration {
+	now := b.clock.Now()
+	left := b.total - now.Sub(b.started)
+	if dl, ok := ctx.Deadline(); ok {
+		left = min(left, dl.Sub(now))
+	}
+	return left - b.total/10
+}
+
+// pageSize is the size of a sized listing's next page after its first.
+func (b *Budget) pageSize(ctx context.Context) int {
+	if b.perRow <= 0 {
+		return ladder.PageSize
+	}
+	n := int(b.spare(ctx) / b.perRow)
+	n -= n % ladder.PageSize
+	return max(ladder.PageSize, min(ladder.DrainPage, n))
+}
+
+// observe counts a page of rows that took took.
+func (b *Budget) observe(took time.Duration, rows int) {
+	b.slowest = max(b.slowest, took)
+	if rows > 0 {
+		b.perRow = max(b.perRow, took/time.Duration(rows))
+	}
+}
+
 // Listing is one keyset listing a pass drains. Page reads and judges the
 // page after the cursor (nil: from the oldest row) and returns the cursor
 // after it, nil when the page was short and the listing is exhausted.
+//
+// Sized, when set, is used instead of Page: it reads and judges at most
+// limit rows after the cursor and says how many it read. A pass reads the
+// first page of a sized listing at ladder.PageSize, the specification's
+// page, and the pages after it, while it drains a backlog, as large as the
+// budget fits, up to ladder.DrainPage: a drain of many pages pays a page's
+// round trips a tenth as often. Candidates and Runs are sized. A Listing
+// is made for one pass.
 type Listing struct {
-	Name string
-	Page func(ctx context.Context, after *Cursor) (*Cursor, error)
+	Name  string
+	Page  func(ctx context.Context, after *Cursor) (*Cursor, error)
+	Sized func(ctx context.Context, after *Cursor, limit int) (next *Cursor, rows int, err error)
 }
 
 // DrainStats says how far a drain got.
@@ -97,11 +141,24 @@ func Drain(ctx context.Context, budget *Budget, st State, listings ...Listing) (
 			if c, ok := st.Cursors[l.Name]; ok {
 				after = &c
 			}
-			cur, err := l.Page(ctx, after)
+			var (
+				cur  *Cursor
+				rows int
+				err  error
+			)
+			if l.Sized != nil {
+				limit := ladder.PageSize
+				if pages[l.Name] > 0 {
+					limit = budget.pageSize(ctx)
+				}
+				cur, rows, err = l.Sized(ctx, after, limit)
+			} else {
+				cur, err = l.Page(ctx, after)
+			}
 			if err != nil {
 				return stats, fmt.Errorf("drain %s: %w", l.Name, err)
 			}
-			budget.slowest = max(budget.slowest, budget.clock.Now().Sub(start))
+			budget.observe(budget.clock.Now().Sub(start), rows)
 			st.set(l.Name, cur)
 			stats.Pages++
 			pages[l.Name]++
@@ -124,50 +181,50 @@ func allReset(st State, listings []Listing) bool {
 	return true
 }
 
-// Candidates is a listing of task instances: q (without cursor and limit)
-// read a page of ladder.PageSize at a time, each page handed to judge.
+// Candidates is a sized listing of task instances: q (without cursor and
+// limit) read a page at a time, each page handed to judge.
 func Candidates(name string, board sdk.Board, q sdk.CandidateQuery, judge func(context.Context, []sdk.Candidate) error) Listing {
-	return Listing{Name: name, Page: func(ctx context.Context, after *Cursor) (*Cursor, error) {
+	return Listing{Name: name, Sized: func(ctx context.Context, after *Cursor, limit int) (*Cursor, int, error) {
 		q := q
-		q.Limit = ladder.PageSize
+		q.Limit = limit
 		q.After = nil
 		if after != nil {
 			q.After = &sdk.Cursor{At: after.At, RunID: after.RunID, TaskID: after.TaskID}
 		}
 		page, err := board.ListCandidates(ctx, q)
 		if err != nil {
-			return nil, fmt.Errorf("list candidates: %w", err)
+			return nil, 0, fmt.Errorf("list candidates: %w", err)
 		}
 		if err := judge(ctx, page.Candidates); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if page.Next == nil {
-			return nil, nil
+			return nil, len(page.Candidates), nil
 		}
-		return &Cursor{At: page.Next.At, RunID: page.Next.RunID, TaskID: page.Next.TaskID}, nil
+		return &Cursor{At: page.Next.At, RunID: page.Next.RunID, TaskID: page.Next.TaskID}, len(page.Candidates), nil
 	}}
 }
 
-// Runs is a listing of the orphan-looking runs that query selects (its
-// threshold and valve cutoff; its cursor and limit are the listing's), a
-// page of ladder.PageSize at a time, each page handed to judge.
+// Runs is a sized listing of the orphan-looking runs that query selects
+// (its threshold and valve cutoff; its cursor and limit are the
+// listing's), a page at a time, each page handed to judge.
 func Runs(name string, board sdk.Board, query sdk.RunQuery, judge func(context.Context, []sdk.RunCandidate) error) Listing {
-	return Listing{Name: name, Page: func(ctx context.Context, after *Cursor) (*Cursor, error) {
+	return Listing{Name: name, Sized: func(ctx context.Context, after *Cursor, limit int) (*Cursor, int, error) {
 		q := query
-		q.After, q.Limit = nil, ladder.PageSize
+		q.After, q.Limit = nil, limit
 		if after != nil {
 			q.After = &sdk.RunCursor{At: after.At, RunID: after.RunID}
 		}
 		page, err := board.ListOrphanRuns(ctx, q)
 		if err != nil {
-			return nil, fmt.Errorf("list orphan runs: %w", err)
+			return nil, 0, fmt.Errorf("list orphan runs: %w", err)
 		}
 		if err := judge(ctx, page.Runs); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if page.Next == nil {
-			return nil, nil
+			return nil, len(page.Runs), nil
 		}
-		return &Cursor{At: page.Next.At, RunID: page.Next.RunID}, nil
+		return &Cursor{At: page.Next.At, RunID: page.Next.RunID}, len(page.Runs), nil
 	}}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 var t0 = time.Date(2030, 1, 7, 9, 0, 0, 0, time.UTC)
@@ -42,6 +43,95 @@ func (f *fakeListing) listing() Listing {
 		}
 		return &Cursor{At: t0, RunID: fmt.Sprint(next)}, nil
 	}}
+}
+
+// sizedListing serves rows pages of the size asked, advancing the
+// stopwatch by perRow a row, and notes each page's limit.
+type sizedListing struct {
+	name   string
+	rows   int
+	perRow time.Duration
+	clk    *clock.Fake
+	limits []int
+}
+
+func (f *sizedListing) listing() Listing {
+	return Listing{Name: f.name, Sized: func(ctx context.Context, after *Cursor, limit int) (*Cursor, int, error) {
+		f.limits = append(f.limits, limit)
+		start := 0
+		if after != nil {
+			fmt.Sscan(after.RunID, &start)
+		}
+		n := min(limit, f.rows-start)
+		f.clk.Advance(time.Duration(n) * f.perRow)
+		if n < limit {
+			return nil, n, nil // short page
+		}
+		return &Cursor{At: t0, RunID: fmt.Sprint(start + n)}, n, nil
+	}}
+}
+
+func TestDrainSizedPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pass := sdk.Pass{Now: t0, Deadline: t0.Add(30 * time.Second)}
+
+	t.Run("FirstPageIsThePageSize_ThenDrainPages", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		f := &sizedListing{name: "a", rows: 2500, perRow: 10 * time.Microsecond, clk: clk}
+		st, _ := DecodeState(nil)
+		stats, err := Drain(ctx, NewBudget(clk, pass, 0), st, f.listing())
+		want := []int{ladder.PageSize, ladder.DrainPage, ladder.DrainPage, ladder.DrainPage}
+		if err != nil || !stats.Exhausted || fmt.Sprint(f.limits) != fmt.Sprint(want) {
+			t.Fatalf("stats %+v err %v limits %v, want %v", stats, err, f.limits, want)
+		}
+	})
+	t.Run("NoDeadline_OnePageOfThePageSize", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		f := &sizedListing{name: "a", rows: 5000, perRow: time.Microsecond, clk: clk}
+		st, _ := DecodeState(nil)
+		Drain(ctx, NewBudget(clk, sdk.Pass{Now: t0}, 0), st, f.listing())
+		if fmt.Sprint(f.limits) != fmt.Sprint([]int{ladder.PageSize}) || st.Cursors["a"].RunID != "100" {
+			t.Fatalf("limits %v state %v", f.limits, st.Cursors)
+		}
+	})
+	t.Run("PagesSizedToWhatTheBudgetFits", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		// 30ms a row: the first page takes 3s. With 27s left and 3s of
+		// reserve, 24s fits 800 rows, 24s. After it 3s is left, less
+		// than the slowest page and the reserve: the pass stops, before
+		// its reserve.
+		f := &sizedListing{name: "a", rows: 100_000, perRow: 30 * time.Millisecond, clk: clk}
+		st, _ := DecodeState(nil)
+		stats, err := Drain(ctx, NewBudget(clk, pass, 0), st, f.listing())
+		want := []int{ladder.PageSize, 800}
+		if err != nil || stats.Exhausted || fmt.Sprint(f.limits) != fmt.Sprint(want) || st.Cursors["a"].RunID != "900" {
+			t.Fatalf("stats %+v err %v limits %v state %v, want %v", stats, err, f.limits, st.Cursors, want)
+		}
+		if clk.Now().Sub(t0) > 27*time.Second {
+			t.Fatalf("the drain ran into its reserve: %v of 30s", clk.Now().Sub(t0))
+		}
+	})
+	t.Run("SlowRows_StayAtThePageSize", func(t *testing.T) {
+		t.Parallel()
+		clk := clock.NewFake(t0)
+		// 100ms a row: 10s a page; what is left after it fits no more
+		// than a page of 100.
+		f := &sizedListing{name: "a", rows: 100_000, perRow: 100 * time.Millisecond, clk: clk}
+		st, _ := DecodeState(nil)
+		Drain(ctx, NewBudget(clk, pass, 0), st, f.listing())
+		for _, l := range f.limits {
+			if l != ladder.PageSize {
+				t.Fatalf("limits %v, want pages of %d", f.limits, ladder.PageSize)
+			}
+		}
+		if clk.Now().Sub(t0) > 30*time.Second {
+			t.Fatalf("the drain overran its budget: %v of 30s", clk.Now().Sub(t0))
+		}
+	})
 }
 
 func TestDrain(t *testing.T) {

@@ -757,11 +757,14 @@ func (o *oldestRows) page() sdk.CandidatePage {
 }
 
 // pageLimit is the page size of a listing asked for limit: at most
-// ladder.PageSize, and PageSize when limit is not positive (as on the real
-// board).
+// ladder.DrainPage, and ladder.PageSize when limit is not positive (as on
+// the real board).
 func pageLimit(limit int) int {
-	if limit <= 0 || limit > ladder.PageSize {
+	switch {
+	case limit <= 0:
 		return ladder.PageSize
+	case limit > ladder.DrainPage:
+		return ladder.DrainPage
 	}
 	return limit
 }

@@ -89,15 +89,19 @@ func listingCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("page %+v err %v, want one row and no cursor", page, err)
 			}
 		},
-		"PageIsAtMostThePageSize": func(t *testing.T, f Fixture) {
-			for i := range ladder.PageSize + 1 {
+		"PageIsAtMostTheDrainPage": func(t *testing.T, f Fixture) {
+			for i := range ladder.DrainPage + 1 {
 				putQueued(f, "run", id("t", i), at(-time.Hour-time.Duration(i)*time.Second))
 			}
 			q := queuedBefore(at(0))
-			q.Limit = 1000
 			page, err := f.Board().ListCandidates(t.Context(), q)
 			if err != nil || len(page.Candidates) != ladder.PageSize || page.Next == nil {
-				t.Fatalf("a limit of 1000 gave %d rows (err %v), want one page of %d", len(page.Candidates), err, ladder.PageSize)
+				t.Fatalf("no limit gave %d rows (err %v), want one page of %d", len(page.Candidates), err, ladder.PageSize)
+			}
+			q.Limit = 10 * ladder.DrainPage
+			page, err = f.Board().ListCandidates(t.Context(), q)
+			if err != nil || len(page.Candidates) != ladder.DrainPage || page.Next == nil {
+				t.Fatalf("a limit of %d gave %d rows (err %v), want %d and a cursor", q.Limit, len(page.Candidates), err, ladder.DrainPage)
 			}
 		},
 		"NullTimestampIsNeverListed": func(t *testing.T, f Fixture) {
