@@ -44,7 +44,7 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	// The evidence of every row goes into one buffer, one object after the
 	// other; ends[i] is where row i's ends.
 	var (
-		buf  []byte
+		buf  = make([]byte, 0, 768*len(ds)) // an agentlost decision's evidence is about 600 bytes
 		ends = make([]int, len(ds))
 		keys []string // the keys of one row's evidence, reused row to row
 	)
@@ -58,29 +58,54 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 		}
 		ends[i] = len(buf)
 	}
-	rows := make([][]any, len(ds))
-	for i, d := range ds {
-		var run, task, try, epoch any // NULL unless about a run or a task instance
-		if d.Attempt.RunID != "" {
-			run = d.Attempt.RunID
-		}
-		if d.Attempt.TaskID != "" {
-			task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
-		}
-		start := 0
-		if i > 0 {
-			start = ends[i-1]
-		}
-		rows[i] = []any{at, term, d.Reaper, d.Label, run, task, try, epoch, d.Applied, d.DryRun, d.Detail,
-			buf[start:ends[i]:ends[i]]}
-	}
-	for start := 0; start < len(rows); start += AuditChunk {
-		chunk := rows[start:min(start+AuditChunk, len(rows))]
-		if err := s.copyDecisions(ctx, chunk); err != nil {
-			return &PartialAuditError{Written: start, Total: len(rows), Err: err}
+	src := &auditRows{at: at, term: term, ds: ds, buf: buf, ends: ends, row: make([]any, len(auditColumns))}
+	for start := 0; start < len(ds); start += AuditChunk {
+		src.i, src.end = start-1, min(start+AuditChunk, len(ds))
+		if err := s.copyDecisions(ctx, src); err != nil {
+			return &PartialAuditError{Written: start, Total: len(ds), Err: err}
 		}
 	}
 	return nil
+}
+
+// auditRows is the COPY source of the decisions ds[i+1:end]: one row
+// slice, filled again for every row (COPY encodes a row before it asks
+// for the next).
+type auditRows struct {
+	at     any // the time and the term, the same in every row
+	term   any
+	ds     []sdk.Decision
+	buf    []byte
+	ends   []int
+	row    []any
+	i, end int
+}
+
+func (r *auditRows) Next() bool {
+	r.i++
+	return r.i < r.end
+}
+
+func (r *auditRows) Err() error { return nil }
+
+func (r *auditRows) Values() ([]any, error) {
+	d := &r.ds[r.i]
+	var run, task, try, epoch any // NULL unless about a run or a task instance
+	if d.Attempt.RunID != "" {
+		run = d.Attempt.RunID
+	}
+	if d.Attempt.TaskID != "" {
+		task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
+	}
+	start := 0
+	if r.i > 0 {
+		start = r.ends[r.i-1]
+	}
+	end := r.ends[r.i]
+	row := r.row
+	row[0], row[1], row[2], row[3], row[4], row[5] = r.at, r.term, d.Reaper, d.Label, run, task
+	row[6], row[7], row[8], row[9], row[10], row[11] = try, epoch, d.Applied, d.DryRun, d.Detail, r.buf[start:end:end]
+	return row, nil
 }
 
 // PartialAuditError is RecordDecisions failing part way: the first Written
@@ -99,10 +124,10 @@ func (e *PartialAuditError) Unwrap() error { return e.Err }
 // AuditWritten is how many decisions of the batch are in the audit.
 func (e *PartialAuditError) AuditWritten() int { return e.Written }
 
-func (s *Store) copyDecisions(ctx context.Context, rows [][]any) error {
+func (s *Store) copyDecisions(ctx context.Context, rows pgx.CopyFromSource) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, pgx.CopyFromRows(rows))
+	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, rows)
 	return err
 }
 

@@ -106,7 +106,8 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 			Detail: "a warm attempt has no pod of its own: not read"}}
 	}
 
-	var now, stopAfter []reap.Planned
+	now := make([]reap.Planned, 0, len(fresh))
+	var stopAfter []reap.Planned
 	for _, c := range fresh {
 		live := answers[c.Attempt]
 		var j judgment
