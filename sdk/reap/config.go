@@ -46,7 +46,7 @@ func (p PolicySetting) Hold() bool { return p.Policy == PolicyHold }
 
 // DrainSetting bounds how far one pass drains each listing.
 type DrainSetting struct {
-	MaxPages int `reaper:"drain_max_pages" help:"most pages of 100 candidates read from each listing in one pass; 0: as many as the phase budget allows"`
+	MaxPages int `reaper:"drain_max_pages" help:"most pages read from each listing in one pass (the first of 100 rows, the next up to 1,000 as the budget fits); 0: as many as the phase budget allows"`
 }
 
 // Validate checks the drain bound.

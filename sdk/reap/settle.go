@@ -81,11 +81,11 @@ func settled(ctx context.Context, rec *Recorder, planned []Planned, results []sd
 	return rec.Flush(ctx)
 }
 
-// MarkBatch is the most marks a Backlog settles in one guarded write: ten
-// listing pages. The listing page (ladder.PageSize) bounds what a pass reads
-// at a time; a drain that finds a backlog of dead attempts marks them in
-// fewer, larger writes, each mark guarded exactly as in a write of one page.
-const MarkBatch = 10 * ladder.PageSize
+// MarkBatch is the most marks a Backlog settles in one guarded write: a
+// drain page (ladder.DrainPage). A drain that finds a backlog of dead
+// attempts marks them in few, large writes, each mark guarded exactly as in
+// a write of one.
+const MarkBatch = ladder.DrainPage
 
 // Backlog holds planned marks across the pages of a drain and settles them
 // once MarkBatch of them wait, and at the end of the drain. Every mark keeps
