@@ -113,6 +113,7 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 		UnixSocketConfig: &goplugin.UnixSocketConfig{TempDir: l.SocketDir},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
+		GRPCDialOptions:  plugin.DialOptions(),
 		Logger:           logger.Named(spec.Name),
 		Managed:          false,
 	})

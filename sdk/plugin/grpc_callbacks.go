@@ -41,7 +41,7 @@ func (c *callbackServer) serve(board sdk.Board, exec sdk.Executions) uint32 {
 	c.once.Do(func() {
 		c.id = c.broker.NextId()
 		go c.broker.AcceptAndServe(c.id, func(opts []grpc.ServerOption) *grpc.Server {
-			s := grpc.NewServer(opts...)
+			s := grpc.NewServer(ServerOptions(opts...)...)
 			pb.RegisterBoardServer(s, &boardServer{get: c.currentBoard})
 			pb.RegisterSubstrateServer(s, &substrateServer{getExec: c.currentExec})
 			return s
@@ -88,7 +88,7 @@ func (d *brokerDialer) dial(id uint32) (*grpc.ClientConn, error) {
 	if c, ok := d.conns[id]; ok {
 		return c, nil
 	}
-	c, err := d.broker.Dial(id)
+	c, err := d.broker.DialWithOptions(id, DialOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("dial host callbacks on broker id %d: %w", id, err)
 	}

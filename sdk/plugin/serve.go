@@ -8,6 +8,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
 )
 
 // ServeOption adjusts how a plugin is served.
@@ -72,7 +73,7 @@ func Serve[P sdk.Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake(),
 		VersionedPlugins: versioned,
-		GRPCServer:       plugin.DefaultGRPCServer,
+		GRPCServer:       func(opts []grpc.ServerOption) *grpc.Server { return grpc.NewServer(ServerOptions(opts...)...) },
 		Logger:           logger,
 	})
 }
