@@ -304,7 +304,8 @@ What each side does per row:
            work unit and decodes its args, decides retry or discard and when; encodes an error JSON;
            one UPDATE ... FROM unnest per batch guarded on the row still running, appending the error.
            No liveness probe, no fencing on a leadership term, no audit row.
-  reaper:  reads the candidate (keyset pages of 100 over the heartbeat index); a positive liveness probe
+  reaper:  reads the candidate (keyset over the heartbeat index: a first page of 100, then pages of up
+           to 1,000 while the budget fits them); a positive liveness probe
            (the agent's and the task group's records, each process checked against its start time);
            the judgment and its decision with evidence; the guarded mark (run, task, try, epoch, source
            state, heartbeat not since the threshold, the term still leading with its lease unexpired);
