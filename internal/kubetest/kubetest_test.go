@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -144,7 +145,18 @@ func TestNonAdminNeedsARole(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := alice.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+	// The API server's authorizer learns of a new binding from its own
+	// watch: the binding takes effect shortly after its create returns.
+	// Forbidden until then is expected; anything else, or Forbidden for
+	// longer, is not.
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := alice.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if apierrors.IsForbidden(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
 		t.Fatalf("alice lists pods with the role: %v", err)
 	}
 	if _, err := alice.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
