@@ -46,7 +46,7 @@ func candidateSQL(q sdk.CandidateQuery) (string, []any, int, error) {
 	default:
 		return "", nil, 0, fmt.Errorf("unknown heartbeat filter %q", q.Heartbeat)
 	}
-	limit := listingLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	states, err := literalList(q.States, taskStates, "state")
 	if err != nil {
 		return "", nil, 0, err
@@ -155,18 +155,6 @@ func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit
 		page.Next = &sdk.Cursor{At: keyAt(last), RunID: last.RunID, TaskID: last.TaskID}
 	}
 	return page, nil
-}
-
-// listingLimit is the page size of a reaper's listing asked for limit: at
-// most ladder.DrainPage, and ladder.PageSize when limit is not positive.
-func listingLimit(limit int) int {
-	switch {
-	case limit <= 0:
-		return ladder.PageSize
-	case limit > ladder.DrainPage:
-		return ladder.DrainPage
-	}
-	return limit
 }
 
 // executorFilter is the condition (" AND executor IN (...)") of a listing

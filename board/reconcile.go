@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // The reconciler's writes (a substrate's sweep, kube): what it does with a
@@ -20,7 +21,7 @@ import (
 // empty), oldest mark first by (infra_marked_at, run, task), after q.After.
 // Next is set only when the page is full.
 func (s *Store) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sdk.CandidatePage, error) {
-	limit := listingLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	execFilter, err := executorFilter(q.Executors)
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)

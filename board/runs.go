@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // liveTI is true for a task instance (aliased ti) that keeps its run alive:
@@ -103,7 +104,7 @@ func (s *Store) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 // orphanRunsSQL is the listing of ListOrphanRuns: its statement, its
 // arguments and its page size.
 func orphanRunsSQL(q sdk.RunQuery) (string, []any, int) {
-	limit := listingLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	args := []any{q.OlderThan, nullTime(q.ProvisionalAfter)}
 	after := ""
 	if q.After != nil {

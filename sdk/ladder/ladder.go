@@ -200,3 +200,15 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 	}
 	return warnings, nil
 }
+
+// ListLimit is the page a board returns for a listing asked for limit:
+// PageSize when limit is not positive, at most DrainPage.
+func ListLimit(limit int) int {
+	switch {
+	case limit <= 0:
+		return PageSize
+	case limit > DrainPage:
+		return DrainPage
+	}
+	return limit
+}

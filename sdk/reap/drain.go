@@ -54,15 +54,11 @@ func (b *Budget) more(ctx context.Context) bool {
 	if ctx.Err() != nil || b.total <= 0 {
 		return false
 	}
-	now := b.clock.Now()
-	remaining := b.total - now.Sub(b.started)
-	if dl, ok := ctx.Deadline(); ok {
-		remaining = min(remaining, dl.Sub(now))
-	}
-	return remaining > b.slowest+b.total/10
+	return b.spare(ctx) > b.slowest
 }
 
-// spare is the time left before the reserve.
+// spare is the time left before the reserve of a tenth of the budget (the
+// context's deadline counted too).
 func (b *Budget) spare(ctx context.Context) time.Duration {
 	now := b.clock.Now()
 	left := b.total - now.Sub(b.started)

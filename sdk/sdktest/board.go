@@ -399,7 +399,7 @@ func (b *Board) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if hook != nil {
 		hook(q)
 	}
-	limit := pageLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	if len(q.States) == 0 {
 		return sdk.CandidatePage{}, errors.New("list candidates: no states named")
 	}
@@ -555,7 +555,7 @@ func (b *Board) ListOrphanRuns(ctx context.Context, q sdk.RunQuery) (sdk.RunPage
 	if err := ctx.Err(); err != nil {
 		return sdk.RunPage{}, fmt.Errorf("list orphan runs: %w", err)
 	}
-	limit := pageLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	if q.OlderThan.IsZero() {
 		return sdk.RunPage{}, errors.New("list orphan runs: no threshold")
 	}
@@ -754,19 +754,6 @@ func (o *oldestRows) page() sdk.CandidatePage {
 		page.Next = &sdk.Cursor{At: last.at, RunID: last.t.RunID, TaskID: last.t.TaskID}
 	}
 	return page
-}
-
-// pageLimit is the page size of a listing asked for limit: at most
-// ladder.DrainPage, and ladder.PageSize when limit is not positive (as on
-// the real board).
-func pageLimit(limit int) int {
-	switch {
-	case limit <= 0:
-		return ladder.PageSize
-	case limit > ladder.DrainPage:
-		return ladder.DrainPage
-	}
-	return limit
 }
 
 func field(t *TaskInstance, f sdk.TimeField) time.Time {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // The reconciler's writes, with the guards of the Postgres board (the
@@ -20,7 +21,7 @@ func (b *Board) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 	if err := ctx.Err(); err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("list provisional marks: %w", err)
 	}
-	limit := pageLimit(q.Limit)
+	limit := ladder.ListLimit(q.Limit)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lists++
