@@ -38,6 +38,12 @@ type Ledger struct {
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
+	// The attempts that an applied decision of the pass is about, as the
+	// host received them (Cover); the writes about them are dropped from
+	// the lists below from time to time (compact), so that a long pass
+	// whose decisions stream in does not keep every write it made.
+	covered   map[sdk.Attempt]bool
+	compactAt int // compact once this many writes are kept
 	// What applied, as it was asked (the decisions are made only for
 	// what Unaudited finds uncovered).
 	marks     []sdk.Mark
@@ -51,7 +57,50 @@ var _ sdk.Board = (*Ledger)(nil)
 
 // NewLedger starts the ledger of one pass over board.
 func NewLedger(board sdk.Board) *Ledger {
-	return &Ledger{Board: board}
+	return &Ledger{Board: board, covered: map[sdk.Attempt]bool{}, compactAt: compactFloor}
+}
+
+// compactFloor is the fewest kept writes worth compacting.
+const compactFloor = 1024
+
+// Cover notes the applied decisions among ds (received from the pass while
+// it goes on): Unaudited finds no write about their attempts uncovered.
+func (l *Ledger) Cover(ds []sdk.Decision) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range ds {
+		if d.Applied {
+			l.covered[d.Attempt] = true
+		}
+	}
+	if l.keptLocked() >= l.compactAt {
+		l.marks = uncovered(l.covered, l.marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt })
+		l.runs = uncovered(l.covered, l.runs, func(r sdk.RunReap) sdk.Attempt { return sdk.Attempt{RunID: r.RunID} })
+		l.settled = uncovered(l.covered, l.settled, func(s sdk.Settlement) sdk.Attempt { return s.Attempt })
+		l.confirmed = uncovered(l.covered, l.confirmed, func(c sdk.Confirm) sdk.Attempt { return c.Attempt })
+		l.overrides = uncovered(l.covered, l.overrides, func(o sdk.Override) sdk.Attempt { return o.Attempt })
+		// Twice what is left: compacting costs a walk of the kept writes,
+		// paid once for as many new ones.
+		l.compactAt = max(compactFloor, 2*l.keptLocked())
+	}
+}
+
+// keptLocked is how many writes the ledger keeps; l.mu is held.
+func (l *Ledger) keptLocked() int {
+	return len(l.marks) + len(l.runs) + len(l.settled) + len(l.confirmed) + len(l.overrides)
+}
+
+// uncovered filters ws, in place, down to the writes whose attempt is not
+// covered.
+func uncovered[W any](covered map[sdk.Attempt]bool, ws []W, about func(W) sdk.Attempt) []W {
+	kept := ws[:0]
+	for _, w := range ws {
+		if !covered[about(w)] {
+			kept = append(kept, w)
+		}
+	}
+	clear(ws[len(kept):]) // what was dropped is not held by the backing array
+	return kept
 }
 
 // begin admits a write, unless the pass is over.
@@ -153,7 +202,8 @@ const (
 )
 
 // Unaudited returns a decision for each applied write of the pass that no
-// applied decision in ds (the pass's, as the host received them) is about:
+// applied decision in ds nor in what Cover was given (the pass's, as the
+// host received them) is about:
 // labelled as the write says (a mark's reason, orphan_run for a run reap,
 // the reconcile labels for the sweep's writes), applied, with what the
 // board was asked as its evidence. why says how the pass ended. Call it
@@ -161,10 +211,13 @@ const (
 func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.marks)+len(l.runs)+len(l.settled)+len(l.confirmed)+len(l.overrides) == 0 {
+	if l.keptLocked() == 0 {
 		return nil
 	}
-	covered := make(map[sdk.Attempt]bool, len(ds))
+	covered := make(map[sdk.Attempt]bool, len(l.covered)+len(ds))
+	for a := range l.covered {
+		covered[a] = true
+	}
 	for _, d := range ds {
 		if d.Applied {
 			covered[d.Attempt] = true

@@ -3,6 +3,7 @@ package audit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -127,4 +128,67 @@ func TestLedger(t *testing.T) {
 			t.Fatalf("reap run after the pass: %v", err)
 		}
 	})
+}
+
+// appliesAll is a board on which every mark applies: the ledger's
+// bookkeeping, not the board's guards, is under test.
+type appliesAll struct{ sdk.Board }
+
+func (appliesAll) Mark(_ context.Context, ms []sdk.Mark) ([]sdk.MarkResult, error) {
+	out := make([]sdk.MarkResult, len(ms))
+	for i := range out {
+		out[i].Applied = true
+	}
+	return out, nil
+}
+
+// Decisions that stream in while the pass goes on (Cover) cover their
+// writes as the pass's own decisions do: over a pass of many pages, with
+// the ledger compacting what is covered along the way, Unaudited names
+// exactly the writes no applied decision came for, a second write on a
+// covered attempt included as covered.
+func TestLedger_CoverAsDecisionsStreamIn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := audit.NewLedger(appliesAll{})
+	attempt := func(i int) sdk.Attempt {
+		return sdk.Attempt{RunID: fmt.Sprintf("run%04d", i/100), TaskID: fmt.Sprintf("task%02d", i%100), Try: 1}
+	}
+	const pages, perPage = 50, 100
+	missing := map[sdk.Attempt]bool{}
+	for p := range pages {
+		marks := make([]sdk.Mark, perPage)
+		ds := make([]sdk.Decision, 0, perPage)
+		for i := range marks {
+			a := attempt(p*perPage + i)
+			marks[i] = sdk.Mark{Attempt: a, Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Term: 1}
+			switch {
+			case i == 7: // its decision never arrives
+				missing[a] = true
+			case i == 8: // a decision that says it did not apply covers nothing
+				missing[a] = true
+				ds = append(ds, sdk.Decision{Label: sdk.LabelAgentLost, Attempt: a, Applied: false})
+			default:
+				ds = append(ds, sdk.Decision{Label: sdk.LabelAgentLost, Attempt: a, Applied: true})
+			}
+		}
+		if _, err := l.Mark(ctx, marks); err != nil {
+			t.Fatal(err)
+		}
+		l.Cover(ds)
+	}
+	// A second write about an attempt covered long ago.
+	if _, err := l.Mark(ctx, []sdk.Mark{{Attempt: attempt(3), Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Term: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	lost := l.Unaudited("agentlost", nil, "test")
+	if len(lost) != len(missing) {
+		t.Fatalf("%d writes found unaudited, want %d", len(lost), len(missing))
+	}
+	for _, d := range lost {
+		if !missing[d.Attempt] || !d.Applied || d.Label != sdk.LabelAgentLost {
+			t.Fatalf("unexpected unaudited decision %+v", d)
+		}
+	}
 }

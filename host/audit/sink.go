@@ -37,7 +37,9 @@ func Bound(n int) time.Duration {
 // write in the next one, in order. The marks never wait for the audit; the
 // pass is done only once Wait has seen every decision written (or its write
 // fail). A failed write does not stop the pass, nor the writes after it:
-// Wait returns it.
+// Wait returns it. A sink that streams (Stream) hands each batch on once
+// written instead of keeping it, so that a mass recovery's decisions are
+// never all held at once.
 type Sink struct {
 	w    Writer // nil: decisions are only kept
 	ctx  context.Context
@@ -48,6 +50,7 @@ type Sink struct {
 
 	wg        sync.WaitGroup
 	mu        sync.Mutex
+	stream    func([]sdk.Decision) // nil: every decision is kept in all
 	all       []sdk.Decision
 	queue     []sdk.Decision
 	writing   bool
@@ -63,6 +66,18 @@ var _ sdk.Sink = (*Sink)(nil)
 // its values.
 func NewSink(ctx context.Context, w Writer, term int64, at time.Time, name string, dry bool) *Sink {
 	return &Sink{w: w, ctx: context.WithoutCancel(ctx), term: term, at: at, name: name, dry: dry}
+}
+
+// Stream makes the sink hand every batch of decisions, once its write is
+// over (written or failed), to fn instead of keeping it: in the order
+// recorded, one batch at a time, on the sink's writer goroutine (on the
+// caller's, in Record, for a sink without a Writer). Wait then returns no
+// decisions, only once fn has seen them all. Call it before the first
+// Record.
+func (s *Sink) Stream(fn func(ds []sdk.Decision)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stream = fn
 }
 
 // Record keeps ds and queues them for the audit. It never fails: an audit
@@ -83,8 +98,13 @@ func (s *Sink) Record(_ context.Context, ds []sdk.Decision) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.all = append(s.all, batch...)
+	if s.stream == nil {
+		s.all = append(s.all, batch...)
+	}
 	if s.w == nil {
+		if s.stream != nil {
+			s.stream(batch)
+		}
 		return nil
 	}
 	s.queue = append(s.queue, batch...)
@@ -101,7 +121,7 @@ func (s *Sink) write() {
 	defer s.wg.Done()
 	for {
 		s.mu.Lock()
-		batch := s.queue
+		batch, stream := s.queue, s.stream
 		s.queue = nil
 		if len(batch) == 0 {
 			s.writing = false
@@ -118,12 +138,16 @@ func (s *Sink) write() {
 			s.unwritten = append(s.unwritten, Unwritten(batch, err)...)
 			s.mu.Unlock()
 		}
+		if stream != nil {
+			stream(batch)
+		}
 	}
 }
 
 // Wait waits until every decision recorded so far is written to the audit
-// (or its write failed) and returns them all, in the order recorded, with
-// the failed writes, if any.
+// (or its write failed) and returns them all, in the order recorded (none
+// for a sink that streams, once its stream has seen them all), with the
+// failed writes, if any.
 func (s *Sink) Wait() ([]sdk.Decision, error) {
 	s.wg.Wait()
 	s.mu.Lock()

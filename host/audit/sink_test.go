@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -211,5 +213,85 @@ func TestSink_UnwrittenIsWhatTheFailedWritesLeftOut(t *testing.T) {
 	if got := audit.Unwritten(decisions(0, 3), fmt.Errorf("wrapped: %w", partial)); len(got) != 1 ||
 		got[0].Attempt != decisions(2, 1)[0].Attempt {
 		t.Fatalf("unwritten of a partial write %+v, want the last decision", got)
+	}
+}
+
+// A sink that streams hands each batch on once its write is over, in the
+// order recorded, failed writes included, and keeps none of them: Wait
+// returns once the stream has seen every decision.
+func TestSink_StreamHandsEachBatchOnOnceWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	g.fail[1] = errors.New("connection reset")
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", false)
+	var (
+		mu       sync.Mutex
+		streamed []sdk.Decision
+		writes   []int // how many writes had ended when each batch came
+	)
+	s.Stream(func(ds []sdk.Decision) {
+		mu.Lock()
+		defer mu.Unlock()
+		streamed = append(streamed, ds...)
+		g.mu.Lock()
+		writes = append(writes, len(g.batches))
+		g.mu.Unlock()
+	})
+	for i := range 3 {
+		if err := s.Record(ctx, decisions(i*100, 100)); err != nil {
+			t.Fatal(err)
+		}
+		<-g.started
+		mu.Lock()
+		seen := len(streamed)
+		mu.Unlock()
+		if seen != i*100 {
+			t.Fatalf("write %d under way: %d decisions streamed, want %d (only what was written)", i, seen, i*100)
+		}
+		g.proceed <- struct{}{}
+		// Wait for the batch to come out of the stream before the next.
+		for {
+			mu.Lock()
+			seen = len(streamed)
+			mu.Unlock()
+			if seen == (i+1)*100 {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	all, err := s.Wait()
+	if err == nil || len(all) != 0 {
+		t.Fatalf("Wait: %d decisions kept, error %v; want none kept and the failed write", len(all), err)
+	}
+	if len(s.Unwritten()) != 100 {
+		t.Fatalf("%d decisions unwritten, want the failed write's 100", len(s.Unwritten()))
+	}
+	for i, d := range streamed {
+		if d.Attempt != decisions(i, 1)[0].Attempt || d.Reaper != "agentlost" {
+			t.Fatalf("streamed decision %d is %+v", i, d)
+		}
+	}
+	if want := []int{1, 2, 3}; !slices.Equal(writes, want) {
+		t.Fatalf("batches streamed after %v writes, want %v", writes, want)
+	}
+}
+
+// Without a Writer, a streaming sink hands each batch on as it is recorded.
+func TestSink_StreamWithoutWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := audit.NewSink(ctx, nil, 7, t0, "agentlost", true)
+	var streamed []sdk.Decision
+	s.Stream(func(ds []sdk.Decision) { streamed = append(streamed, ds...) })
+	if err := s.Record(ctx, decisions(0, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if len(streamed) != 10 || streamed[0].Applied || !streamed[0].DryRun {
+		t.Fatalf("streamed %+v, want the 10 recorded, as a dry run's", streamed)
+	}
+	if all, err := s.Wait(); err != nil || len(all) != 0 {
+		t.Fatalf("Wait: %d kept, %v", len(all), err)
 	}
 }

@@ -121,16 +121,23 @@ func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate 
 	}
 }
 
+// ResultDecisions is how many of a cycle's decisions its Result keeps: a
+// mass recovery's are metered, logged and audited, not all held.
+const ResultDecisions = 1000
+
 // Result reports one cycle, for tests and logs.
 type Result struct {
-	Started   time.Time
-	Leading   bool
-	Term      int64
-	Swept     bool
-	Gate      gate.Verdict
-	Reaped    []string // reapers whose pass ran
-	Decisions []sdk.Decision
-	Overruns  []string // phases that overran their budget
+	Started time.Time
+	Leading bool
+	Term    int64
+	Swept   bool
+	Gate    gate.Verdict
+	Reaped  []string // reapers whose pass ran
+	// Decisions are the cycle's first ResultDecisions decisions, in the
+	// order noted; DecisionCount counts them all.
+	Decisions     []sdk.Decision
+	DecisionCount int
+	Overruns      []string // phases that overran their budget
 }
 
 // LastTick is when the loop last started a cycle (zero before the first).
@@ -342,8 +349,14 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	// The pass's decisions are audited as they arrive, beside the pass;
 	// its writes go through a ledger, so that a write that applied and
 	// whose decision never arrives is audited all the same.
+	// Each batch of them is metered, logged and covered in the ledger once
+	// written, then let go: a mass recovery's decisions are never all held.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
 	ledger := audit.NewLedger(l.boardFor(dry))
+	sink.Stream(func(ds []sdk.Decision) {
+		ledger.Cover(ds)
+		l.note(term, ds, res)
+	})
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
@@ -351,8 +364,8 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	ledger.Close()
-	ds := l.audited(term, now, sink, res)
-	if lost := ledger.Unaudited(r.Name, ds, passEnd(ctx, err)); len(lost) > 0 {
+	l.audited(term, now, sink)
+	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
 			"reaper", r.Name, "count", len(lost), "error", err)
 		l.record(ctx, term, now, lost, res)
@@ -391,16 +404,15 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Unlock()
 }
 
-// audited waits for a pass's audit to be written, then meters and logs its
-// decisions, and returns them.
-func (l *Loop) audited(term int64, at time.Time, sink *audit.Sink, res *Result) []sdk.Decision {
-	ds, err := sink.Wait()
-	if err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
-		l.owe(term, at, sink.Unwritten())
+// audited waits for a pass's audit to be written (and its stream to have
+// seen every decision), and keeps what failed to be written for the next
+// cycle.
+func (l *Loop) audited(term int64, at time.Time, sink *audit.Sink) {
+	if _, err := sink.Wait(); err != nil {
+		unwritten := sink.Unwritten()
+		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(unwritten), "error", err)
+		l.owe(term, at, unwritten)
 	}
-	l.note(term, ds, res)
-	return ds
 }
 
 // passEnd says, for the audit, how a pass ended.
@@ -579,9 +591,13 @@ func (l *Loop) payOwed(ctx context.Context) {
 	}
 }
 
-// note meters and logs decisions and adds them to the cycle's result.
+// note meters and logs decisions and adds them to the cycle's result (its
+// first ResultDecisions).
 func (l *Loop) note(term int64, ds []sdk.Decision, res *Result) {
-	res.Decisions = append(res.Decisions, ds...)
+	res.DecisionCount += len(ds)
+	if room := ResultDecisions - len(res.Decisions); room > 0 {
+		res.Decisions = append(res.Decisions, ds[:min(room, len(ds))]...)
+	}
 	for _, d := range ds {
 		l.cfg.Metrics.Decision(d)
 		args := []any{"reaper", d.Reaper, "decision", d.Label, "applied", d.Applied, "dry_run", d.DryRun, "term", term}

@@ -3,10 +3,12 @@ package cycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	hostaudit "github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
@@ -83,6 +85,7 @@ type reaper struct {
 	passes []sdk.Pass
 	fail   error
 	hang   chan struct{} // when set, a pass signals here and blocks until its ctx is done
+	alive  int           // decisions about live attempts a pass records first, 100 at a time
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
@@ -96,6 +99,16 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		r.hang <- struct{}{}
 		<-ctx.Done()
 		return sdk.PassResult{}, ctx.Err()
+	}
+	for i := 0; i < r.alive; i += 100 {
+		ds := make([]sdk.Decision, min(100, r.alive-i))
+		for k := range ds {
+			ds[k] = sdk.Decision{Label: sdk.LabelAgentLostProcessAlive,
+				Attempt: sdk.Attempt{RunID: "live", TaskID: fmt.Sprintf("t%05d", i+k), Try: 1}}
+		}
+		if err := sink.Record(ctx, ds); err != nil {
+			return sdk.PassResult{}, err
+		}
 	}
 	a := sdk.Attempt{RunID: "r", TaskID: r.name, Try: 1}
 	res, err := board.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Term: pass.Term}})
@@ -293,6 +306,34 @@ func TestCycle(t *testing.T) {
 		}
 	})
 
+	// A pass's decisions are all metered and audited, and its write covered
+	// by its own decision, while the cycle's result keeps only the first
+	// ResultDecisions of them and counts the rest.
+	t.Run("AMassPassIsMeteredAndAuditedNotAllHeld", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		settled(t, b)
+		b.reapers[0].alive = 1500
+		res := b.loop.RunOnce(context.Background())
+		if len(res.Reaped) != 1 || res.DecisionCount != 1501 || len(res.Decisions) != cycle.ResultDecisions {
+			t.Fatalf("reaped %v, %d decisions counted, %d kept", res.Reaped, res.DecisionCount, len(res.Decisions))
+		}
+		b.audit.mu.Lock()
+		rows := len(b.audit.rows)
+		lostOnly := 0
+		for _, d := range b.audit.rows {
+			if d.Label == sdk.LabelAgentLost && d.Applied && d.Evidence[hostaudit.EvRecovered] == "" {
+				lostOnly++
+			}
+		}
+		b.audit.mu.Unlock()
+		if rows != 1501 || lostOnly != 1 {
+			t.Fatalf("%d audit rows (want 1501), %d of them the reaper's own applied agent_lost (want 1: no host-made one)", rows, lostOnly)
+		}
+		if n := decisionsMetered(t, b.metrics, sdk.LabelAgentLostProcessAlive); n != 1500 {
+			t.Fatalf("%v %s decisions metered, want 1500", n, sdk.LabelAgentLostProcessAlive)
+		}
+	})
+
 	t.Run("ReconcileOverrunDoesNotStarveTheReapPhase", func(t *testing.T) {
 		b := setup(t, false, "agentlost")
 		settled(t, b) // the first sweep would settle; make the very first one hang
@@ -416,4 +457,27 @@ func TestCycle(t *testing.T) {
 			t.Fatalf("dry-run decision not audited as such: %+v", b.audit.rows)
 		}
 	})
+}
+
+// decisionsMetered reads the decisions counter of the label.
+func decisionsMetered(t *testing.T, m *metrics.Metrics, label string) float64 {
+	t.Helper()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range fams {
+		if f.GetName() != "dexaflow_scheduler_decisions_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == "decision_type" && lp.GetValue() == label {
+					total += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
 }

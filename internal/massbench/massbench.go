@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,6 +24,7 @@ import (
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/plugin"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -308,9 +310,14 @@ type Spec struct {
 // each (the fake time of pass k is Now + (k-1) x 30s, each pass carrying the
 // state of the one before), until spec.N attempts are marked, each pass's
 // decisions written to the audit while it goes on and waited for after it,
-// through the host's own sink (audit.Sink). Any decision but an applied
-// spec.Label is an error.
+// through the host's own sink (audit.Sink), streamed as the host streams
+// them (checked, counted and let go once written). Any decision but an
+// applied spec.Label is an error. The process runs under the host's GC
+// target (plugin.TuneGC) while it recovers, as reaperd does.
 func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) (Recovery, error) {
+	if old := plugin.TuneGC(); old >= 0 {
+		defer debug.SetGCPercent(old)
+	}
 	l := ladder.Defaults()
 	marks := spec.Marks
 	if marks == nil {
@@ -324,10 +331,25 @@ func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) 
 		now := Now.Add(time.Duration(pass-1) * l.MaintenanceInterval)
 		start := time.Now()
 		sink := audit.NewSink(ctx, spec.Board.Store, spec.Board.Term, now, spec.Reaper, false)
+		var (
+			marked     int
+			unexpected *sdk.Decision
+		)
+		sink.Stream(func(ds []sdk.Decision) {
+			for i := range ds {
+				if ds[i].Label != spec.Label || !ds[i].Applied {
+					if unexpected == nil {
+						unexpected = &ds[i]
+					}
+					continue
+				}
+				marked++
+			}
+		})
 		res, err := r.Reap(ctx, sdk.Pass{Now: now, Ladder: l, Term: spec.Board.Term, Deadline: now.Add(l.MaintenanceInterval),
 			State: state, Edition: spec.Edition}, marks, exec, sink)
 		auditStart := time.Now()
-		ds, auditErr := sink.Wait()
+		_, auditErr := sink.Wait()
 		out.Audit += time.Since(auditStart)
 		if err != nil {
 			return out, fmt.Errorf("massbench: pass %d: %w", pass, err)
@@ -338,13 +360,11 @@ func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) 
 		out.Elapsed += time.Since(start)
 		out.Passes = pass
 		state = res.State
-		for _, d := range ds {
-			if d.Label != spec.Label || !d.Applied {
-				return out, fmt.Errorf("massbench: pass %d: unexpected decision %s applied=%v about %s: %s",
-					pass, d.Label, d.Applied, d.Attempt, d.Detail)
-			}
-			out.Marked++
+		if d := unexpected; d != nil {
+			return out, fmt.Errorf("massbench: pass %d: unexpected decision %s applied=%v about %s: %s",
+				pass, d.Label, d.Applied, d.Attempt, d.Detail)
 		}
+		out.Marked += marked
 		if out.Marked == spec.N {
 			return out, nil
 		}

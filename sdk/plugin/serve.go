@@ -25,16 +25,28 @@ func WithProtocolVersions(versions ...int) ServeOption {
 	return func(o *serveOptions) { o.versions = versions }
 }
 
-// reaperGCPercent is the garbage collector's target in a reaper plugin
-// process unless GOGC says otherwise. A reaper's live heap is a few
-// megabytes while a large pass turns over hundreds (pages, liveness
-// answers, marks and their decisions, encoded and decoded): at the
-// runtime's default of 100 the collector runs many times a pass and takes a
-// seventh of the plugin's CPU. At 400 the heap may grow to five times the
-// live set before a cycle, still a few tens of megabytes. Substrates keep
-// the default: one may hold a large cache of the fleet (a Kubernetes
-// informer), whose fivefold would be real memory.
-const reaperGCPercent = 400
+// GCPercent is the garbage collector's target in the processes that run
+// reap passes — a reaper plugin, and the host (reaperd), which serves the
+// passes their board and audits their decisions — unless GOGC says
+// otherwise. Their live heap is a few megabytes (the host streams a pass's
+// decisions to the audit and lets them go) while a large pass turns over
+// hundreds (pages, liveness answers, marks and their decisions, encoded and
+// decoded): at the runtime's default of 100 the collector runs many times
+// a pass and takes a seventh of the process's CPU. At 400 the heap may
+// grow to five times the live set before a cycle, still a few tens of
+// megabytes. Substrates keep the default: one may hold a large cache of
+// the fleet (a Kubernetes informer), whose fivefold would be real memory.
+const GCPercent = 400
+
+// TuneGC sets the collector's target to GCPercent, unless GOGC is set, and
+// returns the target it replaced (-1 when it left it alone) for a caller
+// that must put it back.
+func TuneGC() int {
+	if os.Getenv("GOGC") != "" {
+		return -1
+	}
+	return debug.SetGCPercent(GCPercent)
+}
 
 // Serve runs a plugin binary: it builds the plugin from factory with a JSON
 // logger on stderr (which the host re-emits under the plugin's name) and
@@ -57,9 +69,7 @@ func Serve[P sdk.Plugin](factory func(hclog.Logger) P, opts ...ServeOption) {
 	switch p := any(impl).(type) {
 	case sdk.Reaper:
 		set = plugin.PluginSet{PluginReaper: &ReaperPlugin{Impl: p}}
-		if os.Getenv("GOGC") == "" {
-			debug.SetGCPercent(reaperGCPercent)
-		}
+		TuneGC()
 	case sdk.Substrate:
 		set = plugin.PluginSet{PluginSubstrate: &SubstratePlugin{Impl: p}}
 	default:

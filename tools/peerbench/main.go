@@ -311,6 +311,10 @@ What each side does per row:
            state, heartbeat not since the threshold, the term still leading with its lease unexpired);
            one audit row with the evidence as JSON. Out of process: the reaper and the substrate are
            plugin binaries over go-plugin (gRPC), the board and the sink served by the host.
+           Both ways run as reaperd does: the decisions streamed to the audit and let go once
+           written, the host's process at the GC target reaperd sets (400, unless GOGC is set).
+  GC:      River and plain SQL run at the runtime's default GC target (100), as an application
+           embedding River does unless it sets its own.
   plain:   keyset page over the same index, one UPDATE ... FROM unnest per page guarded on the attempt
            and its state; nothing else.
 `

@@ -43,6 +43,9 @@ commands:
 `
 
 func main() {
+	// The host serves every pass its board and audits its decisions: it
+	// runs under the reap passes' GC target (plugin.GCPercent).
+	plugin.TuneGC()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
