@@ -95,24 +95,56 @@ func TestBacklog(t *testing.T) {
 
 	t.Run("ABoardErrorOfAWriteBesideTheDrainEndsTheDrain", func(t *testing.T) {
 		t.Parallel()
-		board, planned := backlogBoard(2 * MarkBatch)
-		failing := &gatedMarks{Board: board, started: make(chan int, 2), proceed: make(chan struct{}), err: errors.New("board gone")}
+		board, planned := backlogBoard(4 * MarkBatch)
+		failing := &gatedMarks{Board: board, started: make(chan int, 4), proceed: make(chan struct{}), err: errors.New("board gone")}
 		close(failing.proceed)
 		var sink sdk.Collector
 		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
 		bl := NewBacklog(failing, rec, nil)
-		if err := bl.Add(ctx, planned[:MarkBatch]...); err != nil {
-			t.Fatal(err)
+		// inFlight writes start without waiting for one another.
+		for k := range inFlight {
+			if err := bl.Add(ctx, planned[k*MarkBatch:(k+1)*MarkBatch]...); err != nil {
+				t.Fatal(err)
+			}
 		}
-		err := bl.Add(ctx, planned[MarkBatch:]...)
+		// The next batch needs a write slot: the oldest write's failure is
+		// seen, and nothing more is written.
+		err := bl.Add(ctx, planned[inFlight*MarkBatch:]...)
 		if err == nil || !strings.Contains(err.Error(), "board gone") {
 			t.Fatalf("Add: %v, want the write's error", err)
 		}
-		if err := bl.Settle(ctx); err != nil {
-			t.Fatal(err)
+		// Settle waits for the write still under way (it failed too).
+		if err := bl.Settle(ctx); err == nil || !strings.Contains(err.Error(), "board gone") {
+			t.Fatalf("Settle: %v, want the failure of the write it waited for", err)
 		}
-		if len(failing.started) != 1 || len(sink.Decisions()) != 0 || board.Row(planned[0].Mark.Attempt).State != sdk.StateRunning {
-			t.Fatalf("%d writes after the error, %d decisions", len(failing.started), len(sink.Decisions()))
+		if len(failing.started) != inFlight || len(sink.Decisions()) != 0 || board.Row(planned[0].Mark.Attempt).State != sdk.StateRunning {
+			t.Fatalf("%d writes, %d decisions", len(failing.started), len(sink.Decisions()))
+		}
+	})
+
+	// Every write under way is recorded, even after an earlier one failed:
+	// what it applied reaches the sink.
+	t.Run("AWriteThatAppliedAfterAFailedOneIsRecorded", func(t *testing.T) {
+		t.Parallel()
+		board, planned := backlogBoard(2 * MarkBatch)
+		first := &failFirst{Board: board, first: planned[0].Mark.Attempt}
+		var sink sdk.Collector
+		rec := NewRecorder("test", sdk.Pass{Now: t0}, &sink)
+		bl := NewBacklog(first, rec, nil)
+		for k := range 2 {
+			if err := bl.Add(ctx, planned[k*MarkBatch:(k+1)*MarkBatch]...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := bl.Settle(ctx); err == nil || !strings.Contains(err.Error(), "first write lost") {
+			t.Fatalf("Settle: %v, want the first write's failure", err)
+		}
+		rec.Close(ctx)
+		if n := rec.Count(sdk.LabelAgentLost); n != MarkBatch || len(sink.Decisions()) != MarkBatch {
+			t.Fatalf("%d applied, %d decisions: want the second write's %d", n, len(sink.Decisions()), MarkBatch)
+		}
+		if d := sink.Decisions()[0]; d.Attempt != planned[MarkBatch].Mark.Attempt || !d.Applied {
+			t.Fatalf("first decision %+v, want the second batch's first mark, applied", d)
 		}
 	})
 
@@ -180,4 +212,18 @@ func (g *gatedMarks) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResu
 		return nil, g.err
 	}
 	return g.Board.Mark(ctx, marks)
+}
+
+// failFirst fails the write of the batch that begins with first and hands
+// the others to the board.
+type failFirst struct {
+	*sdktest.Board
+	first sdk.Attempt
+}
+
+func (f *failFirst) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	if len(marks) > 0 && marks[0].Attempt == f.first {
+		return nil, errors.New("first write lost")
+	}
+	return f.Board.Mark(ctx, marks)
 }

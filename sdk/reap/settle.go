@@ -87,6 +87,12 @@ func settled(ctx context.Context, rec *Recorder, planned []Planned, results []sd
 // a write of one.
 const MarkBatch = ladder.DrainPage
 
+// inFlight is how many batches a Backlog writes at once beside the drain:
+// while the board works on one, the next is already on its way, so that a
+// database on the same few cores as the reaper is not left idle while the
+// drain records a batch and judges the next page.
+const inFlight = 2
+
 // Backlog holds planned marks across the pages of a drain and settles them
 // once MarkBatch of them wait, and at the end of the drain. Every mark keeps
 // its own guard (attempt, source state, heartbeat, term and lease), so a
@@ -95,18 +101,19 @@ const MarkBatch = ladder.DrainPage
 // such.
 //
 // A full batch is written while the drain goes on: the board's write runs
-// on a goroutine of its own, one at a time, and its results are recorded
-// (the decisions, and after for each applied mark) on the drain's own
-// goroutine, when the next batch is due or when the backlog is settled. A
-// pass hands its Backlog to Run (Spec.Backlog), which settles what is left
-// after the drain, whether or not the drain failed: Settle waits for the
-// write under way, so no write outlives the pass.
+// on a goroutine of its own, inFlight of them at most, and their results
+// are recorded (the decisions, and after for each applied mark) on the
+// drain's own goroutine, in the order the batches were made, when a write
+// slot is needed or when the backlog is settled. A pass hands its Backlog to
+// Run (Spec.Backlog), which settles what is left after the drain, whether
+// or not the drain failed: Settle waits for every write under way, so no
+// write outlives the pass.
 type Backlog struct {
 	board   sdk.Board
 	rec     *Recorder
 	after   AfterMark
 	pending []Planned
-	flying  *markWrite // the batch being written, if any
+	flying  []*markWrite // the batches being written, oldest first
 }
 
 // markWrite is a batch of marks being written beside the drain.
@@ -123,8 +130,10 @@ func NewBacklog(board sdk.Board, rec *Recorder, after AfterMark) *Backlog {
 	return &Backlog{board: board, rec: rec, after: after}
 }
 
-// Add queues planned marks. Once MarkBatch wait, it records the batch
-// written before (waiting for it if need be) and starts writing them.
+// Add queues planned marks. Once MarkBatch wait, it starts writing them,
+// first recording the oldest write under way (waiting for it if need be)
+// when inFlight are. A failed write ends the settle: the batch at hand is
+// not written, and Add returns the error.
 func (b *Backlog) Add(ctx context.Context, planned ...Planned) error {
 	b.pending = append(b.pending, planned...)
 	if len(b.pending) < MarkBatch {
@@ -132,14 +141,16 @@ func (b *Backlog) Add(ctx context.Context, planned ...Planned) error {
 	}
 	batch := b.pending
 	b.pending = nil
-	if err := b.land(ctx); err != nil {
-		return err // this batch is not written: an error ends the settle
+	if len(b.flying) >= inFlight {
+		if err := b.land(ctx); err != nil {
+			return err // this batch is not written: an error ends the settle
+		}
 	}
 	if b.rec.pass.DryRun {
 		return Settle(ctx, b.board, b.rec, batch, b.after)
 	}
 	w := &markWrite{planned: batch, done: make(chan struct{})}
-	b.flying = w
+	b.flying = append(b.flying, w)
 	marks := marksOf(batch)
 	go func() {
 		defer close(w.done)
@@ -148,21 +159,29 @@ func (b *Backlog) Add(ctx context.Context, planned ...Planned) error {
 	return nil
 }
 
-// land waits for the batch being written, if any, and records its
+// land waits for the oldest batch being written, if any, and records its
 // decisions.
 func (b *Backlog) land(ctx context.Context) error {
-	w := b.flying
-	if w == nil {
+	if len(b.flying) == 0 {
 		return nil
 	}
-	b.flying = nil
+	w := b.flying[0]
+	b.flying = b.flying[1:]
 	<-w.done
 	return settled(ctx, b.rec, w.planned, w.results, w.err, b.after)
 }
 
-// Settle waits for the batch being written and settles every mark waiting.
+// Settle waits for every batch being written and settles every mark
+// waiting (none after a failed write).
 func (b *Backlog) Settle(ctx context.Context) error {
-	err := b.land(ctx)
+	var err error
+	for len(b.flying) > 0 {
+		// Every write under way is waited for and recorded, even after
+		// one failed: what it applied must reach the sink.
+		if lerr := b.land(ctx); err == nil {
+			err = lerr
+		}
+	}
 	planned := b.pending
 	b.pending = nil
 	if err != nil {
