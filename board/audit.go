@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -46,14 +45,13 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	var (
 		buf  = make([]byte, 0, 768*len(ds)) // an agentlost decision's evidence is about 600 bytes
 		ends = make([]int, len(ds))
-		keys []string // the keys of one row's evidence, reused row to row
 	)
 	for i, d := range ds {
 		if d.Label == "" {
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 		var err error
-		if buf, keys, err = appendEvidence(buf, keys[:0], d.Evidence); err != nil {
+		if buf, err = appendEvidence(buf, d.Evidence); err != nil {
 			return fmt.Errorf("board: record decisions: encode evidence: %w", err)
 		}
 		ends[i] = len(buf)
@@ -131,31 +129,29 @@ func (s *Store) copyDecisions(ctx context.Context, rows pgx.CopyFromSource) erro
 	return err
 }
 
-// appendEvidence appends ev as a JSON object, its keys sorted (as
-// encoding/json writes a map), without reflection. A string that is not
-// valid UTF-8 is left to encoding/json, which replaces what is invalid. keys
-// is scratch space for the keys (empty, any capacity); it is returned for
-// the next object.
-func appendEvidence(buf []byte, keys []string, ev map[string]string) ([]byte, []string, error) {
-	for k := range ev {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+// appendEvidence appends ev as a JSON object, without reflection, its keys
+// in the map's order: the column is jsonb, which keeps an object's keys in
+// an order of its own, so sorting them first would be work thrown away. A
+// string that is not valid UTF-8 is left to encoding/json, which replaces
+// what is invalid.
+func appendEvidence(buf []byte, ev map[string]string) ([]byte, error) {
 	buf = append(buf, '{')
-	for i, k := range keys {
-		if i > 0 {
+	first := true
+	for k, v := range ev {
+		if !first {
 			buf = append(buf, ',')
 		}
+		first = false
 		var err error
 		if buf, err = appendJSONString(buf, k); err != nil {
-			return buf, keys, err
+			return buf, err
 		}
 		buf = append(buf, ':')
-		if buf, err = appendJSONString(buf, ev[k]); err != nil {
-			return buf, keys, err
+		if buf, err = appendJSONString(buf, v); err != nil {
+			return buf, err
 		}
 	}
-	return append(buf, '}'), keys, nil
+	return append(buf, '}'), nil
 }
 
 // appendJSONString appends s as a JSON string: the bytes that need no
