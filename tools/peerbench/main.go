@@ -102,6 +102,9 @@ type sizeResult struct {
 	plain100, plain1000     time.Duration
 	riverWork, riverTotal   time.Duration
 	riverStartup, riverNaps time.Duration
+	// The machine's CPU seconds over each system's run (medians; NaN when
+	// unknown): every process, the database's included.
+	cpuRiver, cpuIn, cpuOut, cpuPlain100, cpuPlain1000 float64
 }
 
 func newDB(ctx context.Context, srv *pgtest.Server, name string) (*pgxpool.Pool, error) {
@@ -160,6 +163,8 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 		rivers          []riverResult
 		ins, outs       []massbench.Recovery
 		plain1, plain10 []time.Duration
+		// The machine's CPU over each run, by system.
+		cpuRiver, cpuIn, cpuOut, cpuPlain1, cpuPlain10 []float64
 	)
 	reset := func() error { return w.Board.Reset(ctx) }
 	for r := 1; r <= runs; r++ {
@@ -167,10 +172,15 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 		if err := seedRiver(ctx, riverPool, n); err != nil {
 			return res, err
 		}
-		rr, err := runRiver(ctx, riverPool, n)
+		var rr riverResult
+		cpu, err := cpuMeasured(func() (err error) {
+			rr, err = runRiver(ctx, riverPool, n)
+			return err
+		})
 		if err != nil {
 			return res, err
 		}
+		cpuRiver = append(cpuRiver, cpu)
 		rivers = append(rivers, rr)
 		progress("%d rows, run %d/%d:   River work %s in %d batches (%.0f rows/s); start-up wait %s, sleeps %s",
 			n, r, runs, rr.work.Round(time.Millisecond), rr.batches, rate(n, rr.work),
@@ -179,8 +189,9 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 		for _, way := range []struct {
 			name string
 			into *[]massbench.Recovery
+			cpu  *[]float64
 			out  bool
-		}{{"in process", &ins, false}, {"out of process", &outs, true}} {
+		}{{"in process", &ins, &cpuIn, false}, {"out of process", &outs, &cpuOut, true}} {
 			progress("%d rows, run %d/%d: the reaper, %s", n, r, runs, way.name)
 			if err := reset(); err != nil {
 				return res, err
@@ -192,11 +203,16 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 			if way.out {
 				reaper, exec = plugins.Reaper, plugins.Substrate
 			}
-			rec, err := w.Recover(ctx, reaper, exec)
+			var rec massbench.Recovery
+			cpu, err := cpuMeasured(func() (err error) {
+				rec, err = w.Recover(ctx, reaper, exec)
+				return err
+			})
 			if err != nil {
 				return res, err
 			}
 			*way.into = append(*way.into, rec)
+			*way.cpu = append(*way.cpu, cpu)
 			progress("%d rows, run %d/%d:   %s in %d passes (%.0f rows/s; audit %s)", n, r, runs,
 				rec.Elapsed.Round(time.Millisecond), rec.Passes, rate(n, rec.Elapsed), rec.Audit.Round(time.Millisecond))
 		}
@@ -206,7 +222,14 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 			if err := reset(); err != nil {
 				return res, err
 			}
-			d, marked, err := runPlain(ctx, reaperPool, massbench.Now, page)
+			var (
+				d      time.Duration
+				marked int
+			)
+			cpu, err := cpuMeasured(func() (err error) {
+				d, marked, err = runPlain(ctx, reaperPool, massbench.Now, page)
+				return err
+			})
 			if err != nil {
 				return res, err
 			}
@@ -214,9 +237,9 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 				return res, fmt.Errorf("plain SQL, pages of %d, marked %d of %d rows", page, marked, n)
 			}
 			if page == 100 {
-				plain1 = append(plain1, d)
+				plain1, cpuPlain1 = append(plain1, d), append(cpuPlain1, cpu)
 			} else {
-				plain10 = append(plain10, d)
+				plain10, cpuPlain10 = append(plain10, d), append(cpuPlain10, cpu)
 			}
 			progress("%d rows, run %d/%d:   %s (%.0f rows/s)", n, r, runs, d.Round(time.Millisecond), rate(n, d))
 		}
@@ -234,6 +257,8 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 	res.outProc.Audit = median(outs, func(r massbench.Recovery) time.Duration { return r.Audit })
 	res.plain100 = median(plain1, func(d time.Duration) time.Duration { return d })
 	res.plain1000 = median(plain10, func(d time.Duration) time.Duration { return d })
+	res.cpuRiver, res.cpuIn, res.cpuOut = medianCPU(cpuRiver), medianCPU(cpuIn), medianCPU(cpuOut)
+	res.cpuPlain100, res.cpuPlain1000 = medianCPU(cpuPlain1), medianCPU(cpuPlain10)
 	return res, nil
 }
 
@@ -257,22 +282,26 @@ func rate(n int, d time.Duration) float64 {
 // second over its work, and the ratios the reaper is judged by.
 func printTable(w io.Writer, rs []sizeResult, runs int) {
 	fmt.Fprintf(w, "\nPeer benchmark: medians of %d interleaved runs; rows/s = stuck rows / time of the system's work.\n\n", runs)
-	fmt.Fprintln(w, "| system | rows | work | rows/s | / River work |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| system | rows | work | rows/s | / River work | machine CPU µs/row | cores busy |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		river := rate(r.n, r.riverWork)
-		row := func(name string, d time.Duration) {
-			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.2f |\n", name, r.n, d.Round(time.Millisecond), rate(r.n, d), rate(r.n, d)/river)
+		row := func(name string, d time.Duration, cpu float64) {
+			perRow, cores := cpuCells(r.n, cpu, d)
+			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.2f | %s | %s |\n", name, r.n, d.Round(time.Millisecond),
+				rate(r.n, d), rate(r.n, d)/river, perRow, cores)
 		}
-		row("River JobRescuer, its work (fetch + decide + update)", r.riverWork)
-		fmt.Fprintf(w, "| River JobRescuer, end to end (start-up wait %s, sleeps %s, %d batches of up to %d) | %d | %s | %.0f | %.2f |\n",
-			r.riverStartup.Round(time.Millisecond), r.riverNaps.Round(time.Millisecond), r.river.batches, r.river.batchMax,
-			r.n, r.riverTotal.Round(time.Millisecond), rate(r.n, r.riverTotal), rate(r.n, r.riverTotal)/river)
-		row(fmt.Sprintf("reaper agentlost, in process (%d passes; audit %s)", r.inProc.Passes, r.inProc.Audit.Round(time.Millisecond)), r.inProc.Elapsed)
-		row(fmt.Sprintf("reaper agentlost, out of process (%d passes; audit %s)", r.outProc.Passes, r.outProc.Audit.Round(time.Millisecond)), r.outProc.Elapsed)
-		row("plain SQL, keyset pages of 100 + guarded update per page", r.plain100)
-		row("plain SQL, keyset pages of 1,000 + guarded update per page", r.plain1000)
+		row("River JobRescuer, its work (fetch + decide + update)", r.riverWork, r.cpuRiver)
+		row(fmt.Sprintf("River JobRescuer, end to end (start-up wait %s, sleeps %s, %d batches of up to %d)",
+			r.riverStartup.Round(time.Millisecond), r.riverNaps.Round(time.Millisecond), r.river.batches, r.river.batchMax),
+			r.riverTotal, r.cpuRiver)
+		row(fmt.Sprintf("reaper agentlost, in process (%d passes; audit %s)", r.inProc.Passes, r.inProc.Audit.Round(time.Millisecond)), r.inProc.Elapsed, r.cpuIn)
+		row(fmt.Sprintf("reaper agentlost, out of process (%d passes; audit %s)", r.outProc.Passes, r.outProc.Audit.Round(time.Millisecond)), r.outProc.Elapsed, r.cpuOut)
+		row("plain SQL, keyset pages of 100 + guarded update per page", r.plain100, r.cpuPlain100)
+		row("plain SQL, keyset pages of 1,000 + guarded update per page", r.plain1000, r.cpuPlain1000)
 	}
+	fmt.Fprintln(w, "\nmachine CPU: the whole machine's busy time over the system's run (its own process, the database's,")
+	fmt.Fprintln(w, "everything), per row; cores busy: that time over the work's (River's run includes its waits, idle).")
 	fmt.Fprintln(w, "\n| ratio | "+sizeHeader(rs)+" | aim |")
 	fmt.Fprintln(w, "|---|"+strings.Repeat("---:|", len(rs))+"---|")
 	ratio := func(name, aim string, f func(sizeResult) float64) {
