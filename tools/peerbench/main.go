@@ -172,15 +172,11 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 		if err := seedRiver(ctx, riverPool, n); err != nil {
 			return res, err
 		}
-		var rr riverResult
-		cpu, err := cpuMeasured(func() (err error) {
-			rr, err = runRiver(ctx, riverPool, n)
-			return err
-		})
+		rr, err := runRiver(ctx, riverPool, n)
 		if err != nil {
 			return res, err
 		}
-		cpuRiver = append(cpuRiver, cpu)
+		cpuRiver = append(cpuRiver, rr.cpu) // over its work only: its waits are not counted
 		rivers = append(rivers, rr)
 		progress("%d rows, run %d/%d:   River work %s in %d batches (%.0f rows/s); start-up wait %s, sleeps %s",
 			n, r, runs, rr.work.Round(time.Millisecond), rr.batches, rate(n, rr.work),
@@ -300,8 +296,9 @@ func printTable(w io.Writer, rs []sizeResult, runs int) {
 		row("plain SQL, keyset pages of 100 + guarded update per page", r.plain100, r.cpuPlain100)
 		row("plain SQL, keyset pages of 1,000 + guarded update per page", r.plain1000, r.cpuPlain1000)
 	}
-	fmt.Fprintln(w, "\nmachine CPU: the whole machine's busy time over the system's run (its own process, the database's,")
-	fmt.Fprintln(w, "everything), per row; cores busy: that time over the work's (River's run includes its waits, idle).")
+	fmt.Fprintln(w, "\nmachine CPU: the whole machine's busy time (its own process, the database's, everything) over the")
+	fmt.Fprintln(w, "system's work (River's: from each fetch's start to its update's end), per row, read from /proc/stat")
+	fmt.Fprintln(w, "in steps of 10 ms; cores busy: that time over the work's (River's end to end: over the whole run).")
 	fmt.Fprintln(w, "\n| ratio | "+sizeHeader(rs)+" | aim |")
 	fmt.Fprintln(w, "|---|"+strings.Repeat("---:|", len(rs))+"---|")
 	ratio := func(name, aim string, f func(sizeResult) float64) {

@@ -52,6 +52,8 @@ type span struct {
 	fetch      bool
 	rows       int
 	start, end time.Time
+	// The machine's CPU seconds (machineCPU) at the start and the end.
+	cpuStart, cpuEnd float64
 }
 
 // timedPilot is River's standard pilot with the rescuer's two calls timed.
@@ -67,11 +69,11 @@ type timedPilot struct {
 var _ riverpilot.PilotJobRescuer = (*timedPilot)(nil)
 
 func (p *timedPilot) JobGetStuck(ctx context.Context, exec riverdriver.Executor, params *riverdriver.JobGetStuckParams) ([]*rivertype.JobRow, error) {
-	start := time.Now()
+	cpuStart, start := machineCPU(), time.Now()
 	rows, err := exec.JobGetStuck(ctx, params)
-	end := time.Now()
+	end, cpuEnd := time.Now(), machineCPU()
 	p.mu.Lock()
-	p.spans = append(p.spans, span{fetch: true, rows: len(rows), start: start, end: end})
+	p.spans = append(p.spans, span{fetch: true, rows: len(rows), start: start, end: end, cpuStart: cpuStart, cpuEnd: cpuEnd})
 	p.max = params.Max
 	p.mu.Unlock()
 	if err == nil && len(rows) == 0 {
@@ -81,11 +83,11 @@ func (p *timedPilot) JobGetStuck(ctx context.Context, exec riverdriver.Executor,
 }
 
 func (p *timedPilot) JobRescueMany(ctx context.Context, exec riverdriver.Executor, params *riverdriver.JobRescueManyParams) (*struct{}, error) {
-	start := time.Now()
+	cpuStart, start := machineCPU(), time.Now()
 	res, err := exec.JobRescueMany(ctx, params)
-	end := time.Now()
+	end, cpuEnd := time.Now(), machineCPU()
 	p.mu.Lock()
-	p.spans = append(p.spans, span{rows: len(params.ID), start: start, end: end})
+	p.spans = append(p.spans, span{rows: len(params.ID), start: start, end: end, cpuStart: cpuStart, cpuEnd: cpuEnd})
 	short := len(params.ID) < p.max
 	p.mu.Unlock()
 	if err == nil && short {
@@ -107,6 +109,7 @@ func (d *timedDriver) PluginPilot() riverpilot.Pilot     { return d.pilot }
 type riverResult struct {
 	batches  int
 	work     time.Duration // fetch + decide + update, every batch
+	cpu      float64       // the machine's CPU seconds over the work (NaN when unknown)
 	startup  time.Duration // from the client's start to the first fetch
 	sleeps   time.Duration // between batches
 	total    time.Duration // from the client's start to the last update
@@ -188,7 +191,10 @@ func runRiver(ctx context.Context, pool *pgxpool.Pool, n int) (riverResult, erro
 	spans := pilot.spans
 	pilot.mu.Unlock()
 	res := riverResult{batchMax: pilot.max}
-	var last time.Time // the end of the previous call
+	var (
+		last    time.Time // the end of the previous call
+		lastCPU float64   // the machine's CPU then
+	)
 	for _, s := range spans {
 		if s.fetch {
 			// A fetch starts a batch: what came before it is the start-up
@@ -199,14 +205,16 @@ func runRiver(ctx context.Context, pool *pgxpool.Pool, n int) (riverResult, erro
 				res.sleeps += s.start.Sub(last)
 			}
 			res.work += s.end.Sub(s.start)
+			res.cpu += s.cpuEnd - s.cpuStart
 			res.batches++
 		} else {
 			// An update ends its batch: the decisions made between the
 			// fetch and it are work.
 			res.work += s.end.Sub(last)
+			res.cpu += s.cpuEnd - lastCPU
 			res.rescued += s.rows
 		}
-		last = s.end
+		last, lastCPU = s.end, s.cpuEnd
 	}
 	res.total = last.Sub(started)
 	var retried int
