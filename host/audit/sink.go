@@ -72,8 +72,8 @@ func NewSink(ctx context.Context, w Writer, term int64, at time.Time, name strin
 // over (written or failed), to fn instead of keeping it: in the order
 // recorded, one batch at a time, on the sink's writer goroutine (on the
 // caller's, in Record, for a sink without a Writer). Wait then returns no
-// decisions, only once fn has seen them all. Call it before the first
-// Record.
+// decisions, only once fn has seen them all, and stops the stream: fn
+// sees nothing recorded after Wait. Call it before the first Record.
 func (s *Sink) Stream(fn func(ds []sdk.Decision)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -152,6 +152,10 @@ func (s *Sink) Wait() ([]sdk.Decision, error) {
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Whoever streamed is done with the pass: a decision recorded after
+	// Wait (a plugin that kept the sink past its pass) is written and kept,
+	// never handed to it.
+	s.stream = nil
 	return s.all[:len(s.all):len(s.all)], errors.Join(s.errs...)
 }
 

@@ -295,3 +295,41 @@ func TestSink_StreamWithoutWriter(t *testing.T) {
 		t.Fatalf("Wait: %d kept, %v", len(all), err)
 	}
 }
+
+// Once Wait returned, the stream is over: a decision recorded later (a
+// plugin that kept the sink past its pass) is written and kept, never
+// handed to the stream.
+func TestSink_StreamEndsWithWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newGated()
+	for range 2 {
+		g.proceed <- struct{}{}
+	}
+	s := audit.NewSink(ctx, g, 7, t0, "agentlost", false)
+	var mu sync.Mutex
+	streamed := 0
+	s.Stream(func(ds []sdk.Decision) {
+		mu.Lock()
+		defer mu.Unlock()
+		streamed += len(ds)
+	})
+	if err := s.Record(ctx, decisions(0, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(ctx, decisions(10, 5)); err != nil {
+		t.Fatal(err)
+	}
+	late, err := s.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if streamed != 10 || len(late) != 5 || len(g.batches) != 2 {
+		t.Fatalf("%d streamed, %d kept after Wait, %d writes: want 10, the late 5, 2", streamed, len(late), len(g.batches))
+	}
+}
