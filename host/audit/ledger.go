@@ -68,11 +68,7 @@ const compactFloor = 1024
 func (l *Ledger) Cover(ds []sdk.Decision) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, d := range ds {
-		if d.Applied {
-			l.covered[d.Attempt] = true
-		}
-	}
+	l.coverLocked(ds)
 	if l.keptLocked() >= l.compactAt {
 		l.marks = uncovered(l.covered, l.marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt })
 		l.runs = uncovered(l.covered, l.runs, func(r sdk.RunReap) sdk.Attempt { return sdk.Attempt{RunID: r.RunID} })
@@ -82,6 +78,16 @@ func (l *Ledger) Cover(ds []sdk.Decision) {
 		// Twice what is left: compacting costs a walk of the kept writes,
 		// paid once for as many new ones.
 		l.compactAt = max(compactFloor, 2*l.keptLocked())
+	}
+}
+
+// coverLocked notes the attempts of the applied decisions among ds; l.mu
+// is held.
+func (l *Ledger) coverLocked(ds []sdk.Decision) {
+	for _, d := range ds {
+		if d.Applied {
+			l.covered[d.Attempt] = true
+		}
 	}
 }
 
@@ -214,23 +220,16 @@ func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.D
 	if l.keptLocked() == 0 {
 		return nil
 	}
-	covered := make(map[sdk.Attempt]bool, len(l.covered)+len(ds))
-	for a := range l.covered {
-		covered[a] = true
-	}
-	for _, d := range ds {
-		if d.Applied {
-			covered[d.Attempt] = true
-		}
-	}
+	l.coverLocked(ds)
+	audited := map[sdk.Attempt]bool{} // the attempts decided here, once each
 	detail := "applied on the board, but its decision never reached the host (" + why +
 		"): audited by the host from the write"
 	var out []sdk.Decision
 	add := func(label string, a sdk.Attempt, term int64, ev func() map[string]string) {
-		if covered[a] {
+		if l.covered[a] || audited[a] {
 			return
 		}
-		covered[a] = true
+		audited[a] = true
 		e := ev()
 		e[EvRecovered], e[EvTerm] = "host", strconv.FormatInt(term, 10)
 		out = append(out, sdk.Decision{Reaper: reaper, Label: label, Attempt: a, Applied: true, Detail: detail, Evidence: e})

@@ -346,11 +346,11 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	// The pass's decisions are audited as they arrive, beside the pass;
-	// its writes go through a ledger, so that a write that applied and
-	// whose decision never arrives is audited all the same.
-	// Each batch of them is metered, logged and covered in the ledger once
+	// The pass's decisions are audited as they arrive, beside the pass,
+	// and each batch is metered, logged and covered in the ledger once
 	// written, then let go: a mass recovery's decisions are never all held.
+	// Its writes go through the ledger, so that a write that applied and
+	// whose decision never arrives is audited all the same.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
 	ledger := audit.NewLedger(l.boardFor(dry))
 	sink.Stream(func(ds []sdk.Decision) {
