@@ -99,33 +99,42 @@ type supervised = supervise.Supervisor[*plugins.Handle, *plugins.Handle]
 // New opens the board (lazily: a database down at start is retried by the
 // elector), launches and configures every plugin, and builds the elector,
 // the loop and the runner. On error everything already started is stopped.
-func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err error) {
+func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error) {
 	opts = opts.withDefaults()
 	if cfg.StoreDSN == "" {
 		return nil, errors.New("no database: set store.dsn or REAPER_DSN")
 	}
-	d = &Daemon{cfg: cfg, opts: opts, log: opts.Logger, metrics: metrics.New(), fatal: make(chan error, 1)}
-	defer func() {
-		if err != nil {
-			d.Close()
-		}
-	}()
+	d := &Daemon{cfg: cfg, opts: opts, log: opts.Logger, metrics: metrics.New(), fatal: make(chan error, 1)}
+	if err := d.start(ctx); err != nil {
+		// What was opened before the failure is closed again; the caller
+		// gets the error alone.
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// start opens everything New returns: the store, the plugins, the
+// elector, the loop, the attempt API and the runner. On an error, what it
+// opened is left on d for Close.
+func (d *Daemon) start(ctx context.Context) error {
+	cfg, opts := d.cfg, d.opts
 	poolCfg, err := pgxpool.ParseConfig(cfg.StoreDSN)
 	if err != nil {
-		return nil, fmt.Errorf("parse store dsn: %w", err)
+		return fmt.Errorf("parse store dsn: %w", err)
 	}
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
+		return fmt.Errorf("open store: %w", err)
 	}
 	d.store = board.New(d.pool, board.Options{})
 
 	ld, err := d.openLoader()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	set, err := plugins.Start(ctx, ld, cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sub := d.supervise(ld, set.Substrate)
 	var reapers []cycle.Reaper
@@ -134,7 +143,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 	}
 
 	if d.elector, err = d.newElector(); err != nil {
-		return nil, err
+		return err
 	}
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
@@ -142,19 +151,19 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
-		return nil, err
+		return err
 	}
 	switch {
 	case cfg.Runner != nil && cfg.Runner.Kube != nil:
 		if d.runner, err = d.newKubeRunner(); err != nil {
-			return nil, err
+			return err
 		}
 	case cfg.Runner != nil:
 		if d.runner, err = d.newRunner(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // openLoader makes the host's socket directory and a loader that uses it.
