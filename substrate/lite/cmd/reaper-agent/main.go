@@ -97,7 +97,8 @@ func run(args []string) (code int) {
 		return exitUsage
 	}
 	if err := inv.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "reaper-agent: %v\n", err)
+		// One line: every problem of the command line, joined.
+		fmt.Fprintf(os.Stderr, "reaper-agent: %s\n", strings.Join(strings.Split(err.Error(), "\n"), "; "))
 		return exitUsage
 	}
 	log := hclog.New(&hclog.LoggerOptions{
