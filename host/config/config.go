@@ -163,6 +163,8 @@ type KubeRunner struct {
 	// WarmPool is the kube block's warm_pool block: long-lived worker pods
 	// for the tasks of executor warm. nil when absent (no pool).
 	WarmPool *WarmPool
+
+	graceRange *hcl.Range // where termination_grace is set, if it is
 }
 
 // WarmPool is the warm_pool block of the runner's kube block.
@@ -675,6 +677,9 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		AttemptAPI: v.String("attempt_api"), Requests: map[string]string{}, Limits: map[string]string{},
 	}
 	k.TerminationGrace, _ = v.Duration("termination_grace")
+	if r, ok := ranges["termination_grace"]; ok {
+		k.graceRange = &r
+	}
 	bad := func(key, detail string) {
 		rr := ranges[key]
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
@@ -844,7 +849,35 @@ func (cfg *Config) validateLadder() hcl.Diagnostics {
 				Detail:  fmt.Sprintf("%s (keys: %s).", v.Rule, strings.Join(v.Keys, ", "))})
 		}
 	}
-	return diags
+	return append(diags, cfg.validatePodGrace()...)
+}
+
+// validatePodGrace holds the grace rung against the grace the kube runner
+// really gives its pods. The ladder checks task_termination_grace, but
+// runner.kube.termination_grace overrides it on every pod the runner makes
+// (task pods and warm workers alike; no task sets a grace of its own), so
+// a longer one would let the infra confirmation valve re-place a task while
+// the old container is still inside its SIGTERM grace: two copies at once.
+func (cfg *Config) validatePodGrace() hcl.Diagnostics {
+	if cfg.Edition != ladder.EditionKube || cfg.Runner == nil || cfg.Runner.Kube == nil || cfg.Runner.Kube.graceRange == nil {
+		return nil
+	}
+	l, grace := cfg.Ladder, cfg.Runner.Kube.TerminationGrace
+	if floor := grace + 2*l.MaintenanceInterval; floor < l.InfraConfirmValve {
+		return nil
+	}
+	valveAt := "its default"
+	if r, ok := cfg.ranges["infra_confirm_valve"]; ok {
+		valveAt = fmt.Sprintf("%s:%d", r.Filename, r.Start.Line)
+	}
+	r := *cfg.Runner.Kube.graceRange
+	return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
+		Summary: "Timing ladder out of order",
+		Detail: fmt.Sprintf("infra_confirm_valve (%s, at %s) must be greater than runner.kube.termination_grace (%s, at %s:%d) "+
+			"+ 2 x maintenance.interval (%s): the valve would re-place a task while its old pod is still inside its termination grace "+
+			"(keys: infra_confirm_valve, runner.kube.termination_grace, maintenance.interval).",
+			ladder.Format(l.InfraConfirmValve), valveAt, ladder.Format(grace), r.Filename, r.Start.Line,
+			ladder.Format(2*l.MaintenanceInterval))}}
 }
 
 func (cfg *Config) rangeOf(keys []string) hcl.Range {

@@ -230,6 +230,34 @@ func TestLadderRules(t *testing.T) {
 		}
 	})
 
+	// The grace rung holds against the grace the kube runner gives its
+	// pods, not only against task_termination_grace.
+	t.Run("KubeRunnerTerminationGracePastTheValve", func(t *testing.T) {
+		src := kubeMinimal + "ladder {\n  infra_confirm_valve = \"3m\"\n}\n" +
+			"runner {\n  kube {\n    image = \"x\"\n    termination_grace = \"5m\"\n  }\n}\n"
+		_, err := parse(t, src, nil)
+		if err == nil {
+			t.Fatal("termination_grace = 5m accepted beside a 3m valve")
+		}
+		for _, w := range []string{"reaper.hcl:9:", "runner.kube.termination_grace (300s, at reaper.hcl:9)",
+			"infra_confirm_valve (180s, at reaper.hcl:4)", "2 x maintenance.interval (60s)"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q lacks %q", err, w)
+			}
+		}
+		// The valve left at its default is named as such.
+		_, err = parse(t, kubeMinimal+"runner {\n  kube {\n    image = \"x\"\n    termination_grace = \"61s\"\n  }\n}\n", nil)
+		if err == nil || !strings.Contains(err.Error(), "infra_confirm_valve (120s, at its default)") {
+			t.Fatalf("61s + 2 x 30s against the default 2m valve: %v", err)
+		}
+	})
+	t.Run("KubeRunnerTerminationGraceInsideTheValve", func(t *testing.T) {
+		src := kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    termination_grace = \"59s\"\n  }\n}\n"
+		if _, err := parse(t, src, nil); err != nil {
+			t.Fatalf("59s + 2 x 30s < 2m refused: %v", err)
+		}
+	})
+
 	t.Run("KubeRulesDoNotApplyToLite", func(t *testing.T) {
 		if _, err := parse(t, minimal+"ladder {\n  infra_confirm_valve = \"80s\"\n}\n", nil); err != nil {
 			t.Fatalf("lite refused a kube-only rule: %v", err)
