@@ -30,6 +30,9 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(probeHelperEnv) != "" {
+		os.Exit(probeHelper()) // this binary re-run as another user
+	}
 	dir, err := os.MkdirTemp("", "lite-test-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
