@@ -497,3 +497,25 @@ func TestAttemptAPIBlock(t *testing.T) {
 		}
 	})
 }
+
+// Each kube-only rung of the ladder, broken in the file: a Lite
+// configuration validates, the same ladder on kube is refused naming the key.
+func TestKubeOnlyLadderRungsSkippedOnLite(t *testing.T) {
+	cases := []struct{ name, ladder, want string }{
+		{"TerminationGracePastTheValve", `task_termination_grace = "5m"`, "infra_confirm_valve (120s) must be greater than task_termination_grace"},
+		{"ValveNotAboveGracePlusTwoIntervals", `infra_confirm_valve = "90s"`, "infra_confirm_valve (90s) must be greater than task_termination_grace"},
+		{"OrphanRunNotAboveTheValve", `orphan_run = "2m"`, "orphan_run (120s) must be greater than infra_confirm_valve (120s)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			block := "ladder {\n  " + tc.ladder + "\n}\n"
+			if _, err := parse(t, minimal+block, nil); err != nil {
+				t.Fatalf("lite refused a kube-only rung: %v", err)
+			}
+			_, err := parse(t, kubeMinimal+block, nil)
+			if err == nil || !strings.Contains(err.Error(), "reaper.hcl:4:") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("kube: err = %v, want a refusal at reaper.hcl:4 saying %q", err, tc.want)
+			}
+		})
+	}
+}

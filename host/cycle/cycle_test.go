@@ -46,12 +46,43 @@ type substrate struct {
 	started       chan struct{}
 	mu            sync.Mutex
 	sweeps        int
+	calls         *callLog         // when set, each sweep is noted in it
+	overrides     map[string]int64 // when set, what each sweep reports it overrode
+	during        func()           // when set, runs inside each sweep (a slow one moves the clock)
+}
+
+// callLog notes, in order, the calls made on the in-process substrate and
+// reapers of one test.
+type callLog struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (c *callLog) add(call string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, call)
+}
+
+func (c *callLog) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.calls
+	c.calls = nil
+	return out
 }
 
 func (s *substrate) Sweep(ctx context.Context, _ sdk.SweepRequest, _ sdk.Board) (sdk.SweepResult, error) {
 	s.mu.Lock()
 	s.sweeps++
 	s.mu.Unlock()
+	s.calls.add("sweep")
+	if s.during != nil {
+		s.during()
+	}
 	if s.started != nil {
 		s.started <- struct{}{}
 	}
@@ -62,6 +93,9 @@ func (s *substrate) Sweep(ctx context.Context, _ sdk.SweepRequest, _ sdk.Board) 
 	if s.sweepBlocks {
 		<-ctx.Done()
 		return sdk.SweepResult{}, ctx.Err()
+	}
+	if s.overrides != nil {
+		return sdk.SweepResult{Overrides: s.overrides}, nil
 	}
 	return sdk.SweepResult{Overrides: map[string]int64{sdk.LabelAgentLost: 1}}, nil
 }
@@ -86,12 +120,15 @@ type reaper struct {
 	fail   error
 	hang   chan struct{} // when set, a pass signals here and blocks until its ctx is done
 	alive  int           // decisions about live attempts a pass records first, 100 at a time
+	calls  *callLog      // when set, each pass is noted in it
+	during func()        // when set, runs at the end of each pass (a slow one moves the clock)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
 	r.mu.Lock()
 	r.passes = append(r.passes, pass)
 	r.mu.Unlock()
+	r.calls.add("reap " + r.name)
 	if r.fail != nil {
 		return sdk.PassResult{}, r.fail
 	}
@@ -120,6 +157,9 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	}
 	if err := sink.Record(ctx, []sdk.Decision{{Label: sdk.LabelAgentLost, Attempt: a, Applied: res[0].Applied}}); err != nil {
 		return sdk.PassResult{}, err
+	}
+	if r.during != nil {
+		r.during()
 	}
 	return sdk.PassResult{State: append(append([]byte{}, pass.State...), '.')}, nil
 }

@@ -64,3 +64,37 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+// The rungs that hold only on Kubernetes (a pod's termination grace and two
+// sweeps inside the infra confirmation valve, the valve inside the orphan
+// threshold) are checked for the kube edition only: a Lite ladder that breaks
+// them validates, the same ladder on kube is refused naming the rung.
+func TestKubeOnlyRungsSkippedOnLite(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*ladder.Ladder)
+		key    string
+	}{
+		{"GracePlusTwoIntervalsNotBelowValve_ByTheGrace", func(l *ladder.Ladder) {
+			l.TaskTerminationGrace = 5 * time.Minute
+		}, "infra_confirm_valve"},
+		{"GracePlusTwoIntervalsNotBelowValve_ByTheValve", func(l *ladder.Ladder) {
+			l.InfraConfirmValve = l.TaskTerminationGrace + 2*l.MaintenanceInterval
+		}, "infra_confirm_valve"},
+		{"ValveNotBelowOrphanRun", func(l *ladder.Ladder) { l.InfraConfirmValve = l.OrphanRun }, "orphan_run"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := ladder.Defaults()
+			tc.mutate(&l)
+			if _, err := l.Validate(ladder.EditionLite); err != nil {
+				t.Fatalf("lite refused a kube-only rung: %v", err)
+			}
+			_, err := l.Validate(ladder.EditionKube)
+			var lerr *ladder.Error
+			if !errors.As(err, &lerr) || len(lerr.Violations) == 0 || lerr.Violations[0].Keys[0] != tc.key {
+				t.Fatalf("kube: err = %v, want a violation naming %q first", err, tc.key)
+			}
+		})
+	}
+}

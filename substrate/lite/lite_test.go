@@ -30,6 +30,9 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(probeHelperEnv) != "" {
+		os.Exit(probeHelper()) // this binary re-run as another user
+	}
 	dir, err := os.MkdirTemp("", "lite-test-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -415,9 +418,6 @@ func TestGarbledRecordsReadUnknownAndAreNeverSignalled(t *testing.T) {
 }
 
 func TestRecordDirectoryRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to hand a directory to another user")
-	}
 	base := t.TempDir()
 	cases := []struct {
 		name   string
@@ -442,9 +442,20 @@ func TestRecordDirectoryRefused(t *testing.T) {
 			}
 			return os.Chmod(p, 0o777)
 		}, "writable by group or others (mode 0777)"},
+		{"WritableByGroup", func(p string) error {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(p, 0o770)
+		}, "writable by group or others (mode 0770)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Only this case needs root (to hand a directory to another
+			// user); the others run as any user.
+			if tc.name == "OwnedByAnotherUser" && os.Geteuid() != 0 {
+				t.Skip("needs root to hand a directory to another user")
+			}
 			path := filepath.Join(base, tc.name)
 			if err := tc.setup(path); err != nil {
 				t.Fatal(err)

@@ -48,7 +48,8 @@ func TestMain(m *testing.M) {
 }
 
 // realDir is the subdirectory of binDir holding real plugins (the Lite
-// substrate and a reaper), for what the test plugins cannot show.
+// substrate, a reaper, and the two kube-only reapers Lite refuses), for
+// what the test plugins cannot show.
 const realDir = "real"
 
 // kubeDir is the subdirectory of binDir holding the kube edition's real
@@ -62,6 +63,8 @@ func buildBinaries(dir string) int {
 		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
 		filepath.Join(realDir, "reaper-substrate-lite"): "../../../substrate/lite/cmd/reaper-substrate-lite",
 		filepath.Join(realDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(realDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
+		filepath.Join(realDir, "reaper-warmworker"):     "../../../plugins/warmworker/cmd/reaper-warmworker",
 		filepath.Join(kubeDir, "reaper-substrate-kube"): "../../../substrate/kube/cmd/reaper-substrate-kube",
 		filepath.Join(kubeDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
 		filepath.Join(kubeDir, "reaper-dispatchlost"):   "../../../plugins/dispatchlost/cmd/reaper-dispatchlost",

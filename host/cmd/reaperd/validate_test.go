@@ -220,3 +220,25 @@ func shortTempDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// podlost and warmworker judge pods and warm workers, which Lite has none
+// of: their plugins declare the kube edition only, and reaperd validate
+// refuses either in a Lite file with an error at its block naming the
+// reaper and the edition, while the rest of the file is still checked.
+func TestKubeOnlyReapersRefusedOnLite(t *testing.T) {
+	for _, name := range []string{"podlost", "warmworker"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("TMPDIR", shortTempDir(t))
+			src := fmt.Sprintf("edition = \"lite\"\nplugin_dir = %q\nsubstrate \"lite\" {}\nreaper \"agentlost\" {}\nreaper %q {}\n",
+				filepath.Join(binDir, realDir), name)
+			code, _, errs := validateFile(t, src)
+			want := fmt.Sprintf(`reaper.hcl:5:1: reaper plugin %q does not serve edition "lite" (it serves [kube])`, name)
+			if code != 1 || !strings.Contains(errs, want) {
+				t.Fatalf("code %d, stderr %q, want exit 1 and %q", code, errs, want)
+			}
+			if lines := strings.Split(strings.TrimSpace(errs), "\n"); len(lines) != 1 {
+				t.Fatalf("%d problems reported, want only the kube-only reaper:\n%s", len(lines), errs)
+			}
+		})
+	}
+}
