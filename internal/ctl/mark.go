@@ -12,10 +12,10 @@ import (
 )
 
 type markJSON struct {
-	Marked   bool         `json:"marked"`
-	Verdict  string       `json:"verdict"`
-	Operator string       `json:"operator"`
-	Was      string       `json:"was"`
+	Marked   bool        `json:"marked"`
+	Verdict  string      `json:"verdict"`
+	Operator string      `json:"operator"`
+	Was      string      `json:"was"`
 	Attempt  attemptJSON `json:"attempt"`
 }
 
