@@ -202,6 +202,44 @@ func TestMarkState(t *testing.T) {
 		}
 	})
 
+	t.Run("TwoVerdictsAtOnce_OneApplies", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := b.task(t)
+		b.to(t, a, sdk.StateRunning, base)
+		const n = 8
+		results := make(chan lifecycle.Marked, n)
+		errs := make(chan error, n)
+		for i := range n {
+			v := lifecycle.Verdict{State: []string{sdk.StateFailed, sdk.StateSuccess}[i%2], Operator: "op" + string(rune('a'+i))}
+			go func() {
+				m, err := b.w.MarkState(ctx, a, sdk.StateRunning, v, base.Add(time.Second))
+				results <- m
+				errs <- err
+			}()
+		}
+		applied := 0
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+			if m := <-results; m.Applied {
+				applied++
+			} else if m.Reason != lifecycle.ReasonMovedOn {
+				t.Fatalf("refusal %+v", m)
+			}
+		}
+		marks := 0
+		for _, d := range b.decisions(t) {
+			if d.Label == sdk.LabelOperatorMark {
+				marks++
+			}
+		}
+		if applied != 1 || marks != 1 {
+			t.Fatalf("%d verdicts applied, %d audited: want one of each", applied, marks)
+		}
+	})
+
 	t.Run("RefusedOnAFinishedRun", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
