@@ -109,6 +109,14 @@ const (
 	// LabelReconcileInfraOverride: a durable SUCCESS record settled the
 	// attempt over its provisional infra mark.
 	LabelReconcileInfraOverride = "reconcile_infra_override"
+
+	// The operator (reaperctl).
+
+	// LabelOperatorMark: an operator marked an attempt failed or success
+	// (reaperctl mark): a verdict, not a guess, so no infra re-place and no
+	// durable-SUCCESS override touches it; the operator's name is in the
+	// evidence.
+	LabelOperatorMark = "operator_mark"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -133,5 +141,6 @@ func Labels() []string {
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
+		LabelOperatorMark,
 	}
 }

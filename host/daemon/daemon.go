@@ -294,7 +294,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Logger:        logger,
 		OnResult: func(res kuberunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				finalize: res.FinalizeLatencies, decisions: res.Decisions})
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
 	}, lifecycle.New(d.pool, lifecycle.Options{}))
 	if err != nil {

@@ -4,7 +4,8 @@
 // questions from the board: what runs and attempts are doing (status), why
 // an attempt was or was not reaped (explain), whether the thresholds fit the
 // durations actually observed (tune), and what is held for review (held,
-// release). It also submits Lite work (submit).
+// release). It writes an operator's verdict on an attempt (mark) and
+// submits Lite work (submit).
 //
 // Every command prints a table for people, or one JSON document with -json.
 // A failure is one line on stderr and a non-zero exit: 2 for a malformed
@@ -41,6 +42,10 @@ type CLI struct {
 	Now func() time.Time
 	// Getenv looks up environment variables (REAPER_DSN); nil means os.Getenv.
 	Getenv func(string) string
+
+	// beforeWrite, when set, runs between a command's read of the board
+	// and its write (tests: the attempt moving on in between).
+	beforeWrite func()
 }
 
 // Run runs reaperctl with the wall clock and the process environment.
@@ -104,6 +109,15 @@ func commands() []command {
 			synopsis: []string{"RUN TASK"},
 			summary:  "release a held attempt, so the runner may re-place it",
 			help:     "Lifts the hold of the task instance's current attempt. Fails when it is not held."},
+		{name: "mark", run: CLI.mark,
+			synopsis: []string{"[-by NAME] RUN TASK failed|success"},
+			summary:  "the operator's verdict on a task instance's current attempt: failed or success",
+			help: "Marks the task instance's current attempt failed or success, as read now: it ends, with no\n" +
+				"failure kind (so no infra re-place and no durable-SUCCESS override touches it), no infra\n" +
+				"mark and no hold; failed also spends the retries left (a clear restores them). The try log\n" +
+				"and the audit (operator_mark) name the operator. A queued or running attempt's agent is\n" +
+				"told to stop at its next report. Refused on a run that is not running, on a success, skip\n" +
+				"or upstream failure, and when the attempt moves on before the write."},
 	}
 }
 

@@ -20,6 +20,7 @@ var evidenceOrder = []string{
 	"state", "executor", "heartbeat_age", "running_age", "queued_age", "activity_age",
 	"liveness", "agent", "group", "orphan", "pending", "liveness_live", "liveness_detail",
 	"threshold", "ceiling", "signal", "mark", "policy", "noop_reason",
+	"operator", "verdict",
 }
 
 // ExplainLimitDefault is how many decisions explain tells unless -limit says.
@@ -115,6 +116,10 @@ func tellRow(w io.Writer, now time.Time, run board.Run, ti board.TaskInstance) {
 	if !ti.HeldAt.IsZero() {
 		head += fmt.Sprintf(", held for review for %s", age(now, ti.HeldAt))
 	}
+	operator := strings.HasPrefix(ti.ErrorMessage, sdk.LabelOperatorMark+":")
+	if operator {
+		head += ", an operator's verdict"
+	}
 	fmt.Fprintln(w, head)
 	fmt.Fprintf(w, "  run %s (dag %s) is %s\n", run.RunID, run.DagID, run.State)
 
@@ -157,6 +162,9 @@ func tellRow(w io.Writer, now time.Time, run board.Run, ti board.TaskInstance) {
 	if !ti.HeldAt.IsZero() {
 		fmt.Fprintf(w, "  no rail re-places it until released: reaperctl release %s %s\n", ti.RunID, ti.TaskID)
 	}
+	if operator {
+		fmt.Fprintln(w, "  no rail, re-place or override touches a verdict; a clear runs the task again")
+	}
 }
 
 // tellDecisions tells every decision about the task instance (and about its
@@ -190,7 +198,12 @@ func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []boa
 		case r.Attempt.Try != ti.Try || r.Attempt.Epoch != ti.Epoch:
 			subject += " (an earlier attempt)"
 		}
-		fmt.Fprintf(w, "  %s (%s ago), term %d: %s judged %s\n", stamp(r.At), age(now, r.At), r.Term, who, subject)
+		if r.Label == sdk.LabelOperatorMark {
+			fmt.Fprintf(w, "  %s (%s ago): operator %s marked %s %s\n", stamp(r.At), age(now, r.At),
+				r.Evidence["operator"], subject, r.Evidence["verdict"])
+		} else {
+			fmt.Fprintf(w, "  %s (%s ago), term %d: %s judged %s\n", stamp(r.At), age(now, r.At), r.Term, who, subject)
+		}
 		fmt.Fprintf(w, "    %s: %s\n", r.Label, outcomeWords(r))
 		if r.Detail != "" {
 			fmt.Fprintf(w, "    %s\n", oneLine(r.Detail))

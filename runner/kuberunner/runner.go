@@ -26,7 +26,10 @@
 //     through the same release and schedule steps, then requeued off
 //     workers that will not start them and bound to live ones (see
 //     warm.go; the pool's refill is a loop of its own in Run).
-//  5. finalize: a running run whose task instances are all settled ends.
+//  5. observe: the dispatch latency (queued to the agent's RUNNING report)
+//     of the attempts this runner queued, pods and warm binds alike, for
+//     the same collectors as the Lite runner's.
+//  6. finalize: a running run whose task instances are all settled ends.
 //
 // A create whose answer was lost may have made its pod anyway. Offering the
 // task again moves it to a new epoch, so that pod's agent is refused at its
@@ -75,6 +78,12 @@ type Runner struct {
 	// shunned: live workers that left an attempt unclaimed, bound nothing
 	// until the time given. Read and written by the cycle only.
 	shunned map[string]time.Time
+
+	// dispatched: attempts this runner queued (a pod created, a warm worker
+	// bound) whose running report it has not seen yet; their dispatch
+	// latency is measured on the tick that finds them running. Used by the
+	// cycle only.
+	dispatched cycle.Dispatches
 }
 
 // New checks the configuration.
@@ -122,8 +131,9 @@ type Result struct {
 	WarmBound    int
 	WarmRequeued int
 	Took         time.Duration // how long the cycle took (the runner's clock)
-	// Tally counts the shared steps and holds the decisions made, for the
-	// host to meter and audit.
+	// Tally counts the shared steps, holds the dispatch latencies measured
+	// (task pods and warm binds alike) and the decisions made, for the host
+	// to meter and audit.
 	cycle.Tally
 }
 
@@ -200,7 +210,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 				return r.warmDispatch(ctx, wd, now, &res)
 			}})
 	}
-	steps = append(steps, step{"finalize", d.Finalize})
+	steps = append(steps, step{"observe", r.observeDispatches}, step{"finalize", d.Finalize})
 	var err error
 	for _, s := range steps {
 		if err = s.run(ctx, now, &res.Tally); err != nil {
@@ -216,6 +226,14 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 			"offered_again", res.OfferedAgain, "failed", res.Failed, "finalized", res.Finalized, "waiting", res.Waiting)
 	}
 	return res, err
+}
+
+// observeDispatches measures the dispatch latency of the attempts this
+// runner queued (task pods and warm binds) that have since reported
+// running. An attempt that never reports running is forgotten once the
+// dispatch-lost threshold and a tick have passed: it is the reapers' then.
+func (r *Runner) observeDispatches(ctx context.Context, now time.Time, t *cycle.Tally) error {
+	return r.dispatched.Observe(ctx, r.w, now, r.cfg.Ladder.DispatchLost+r.cfg.Interval, t)
 }
 
 // step is one step of a cycle.
@@ -270,6 +288,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 		return false, r.failed(ctx, d, ti, fmt.Errorf("creating pod %s/%s: %w", r.cfg.Namespace, pod.Name, err),
 			Unavailable(err), now, res)
 	}
+	r.dispatched.Queued(a, now)
 	if _, err := d.W.RecordPodUID(ctx, a, string(created.UID), now); err != nil {
 		return true, err
 	}

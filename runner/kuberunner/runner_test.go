@@ -45,7 +45,8 @@ type env struct {
 	ns    string
 	w     *lifecycle.Writer
 	store *board.Store
-	term  int64 // the test's leadership term on the board
+	dsn   string // the board's connection string (reaperctl's)
+	term  int64  // the test's leadership term on the board
 	clk   *clock.Fake
 	logs  *bytes.Buffer // RunOnce runs on the test goroutine only
 }
@@ -62,7 +63,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(ok, err)
 	}
 	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), store: store,
-		term: lease.Term, clk: clk, logs: &bytes.Buffer{}}
+		dsn: pgtest.DSN(pool), term: lease.Term, clk: clk, logs: &bytes.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runner log:\n%s", e.logs.String())

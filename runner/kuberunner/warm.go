@@ -393,6 +393,7 @@ func (r *Runner) warmDispatch(ctx context.Context, wd cycle.Driver, now time.Tim
 		if err != nil || !ok {
 			return false, err
 		}
+		r.dispatched.Queued(ti.Attempt, now)
 		if _, err := wd.W.RecordMint(ctx, ti.Attempt, now); err != nil {
 			return true, err
 		}

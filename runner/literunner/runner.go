@@ -53,7 +53,6 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/internal/cycle"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -78,9 +77,9 @@ type Runner struct {
 	agents map[sdk.Attempt]*lite.Agent // spawned and not yet waited for
 
 	// dispatched: attempts this runner queued whose running report it has
-	// not seen yet, with when they were queued (the dispatch latency is
-	// measured on the tick that finds them running). Used by RunOnce only.
-	dispatched map[sdk.Attempt]time.Time
+	// not seen yet (the dispatch latency is measured on the tick that finds
+	// them running). Used by RunOnce only.
+	dispatched cycle.Dispatches
 }
 
 // New checks the configuration, opens the record directory when the
@@ -115,7 +114,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
-		agents: map[sdk.Attempt]*lite.Agent{}, dispatched: map[sdk.Attempt]time.Time{},
+		agents: map[sdk.Attempt]*lite.Agent{},
 	}, nil
 }
 
@@ -140,12 +139,9 @@ type Result struct {
 	Dispatched   int // scheduled -> queued, with an agent started
 	// Took is how long the cycle took (the runner's clock).
 	Took time.Duration
-	// DispatchLatencies are the times from queueing to the running report
-	// of the attempts this cycle found running.
-	DispatchLatencies []time.Duration
 	// Tally counts the shared steps (release, schedule, finalize, dispatch
-	// failures) and holds the decisions made, for the host to meter and
-	// audit.
+	// failures), holds the dispatch latencies measured and the decisions
+	// made, for the host to meter and audit.
 	cycle.Tally
 }
 
@@ -237,33 +233,12 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 	return res, err
 }
 
-// observeDispatches finds the attempts this runner queued that have since
-// reported running, and measures their dispatch latency. An attempt that
-// never reports running is forgotten once the dispatch-lost threshold and
-// a tick have passed: it is the reapers' then.
+// observeDispatches measures the dispatch latency of the attempts this
+// runner queued that have since reported running. An attempt that never
+// reports running is forgotten once the dispatch-lost threshold and a tick
+// have passed: it is the reapers' then.
 func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Result) error {
-	if len(r.dispatched) == 0 {
-		return nil
-	}
-	pending := make([]sdk.Attempt, 0, len(r.dispatched))
-	for a, at := range r.dispatched {
-		if now.Sub(at) > r.cfg.Ladder.DispatchLost+r.cfg.Interval {
-			delete(r.dispatched, a)
-			continue
-		}
-		pending = append(pending, a)
-	}
-	for start := 0; start < len(pending); start += ladder.PageSize {
-		seen, err := r.w.RunningSince(ctx, pending[start:min(start+ladder.PageSize, len(pending))])
-		if err != nil {
-			return err
-		}
-		for a, t := range seen {
-			res.DispatchLatencies = append(res.DispatchLatencies, t[1].Sub(t[0]))
-			delete(r.dispatched, a)
-		}
-	}
-	return nil
+	return r.dispatched.Observe(ctx, r.w, now, r.cfg.Ladder.DispatchLost+r.cfg.Interval, &res.Tally)
 }
 
 // dispatch queues scheduled task instances and starts their agents, within
@@ -318,7 +293,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 	r.mu.Lock()
 	r.agents[a] = ag
 	r.mu.Unlock()
-	r.dispatched[a] = now
+	r.dispatched.Queued(a, now)
 	res.Dispatched++
 	return true, nil
 }

@@ -45,6 +45,9 @@ type Tally struct {
 	// FinalizeLatencies are the times from each finished run's last task
 	// end to its finalization.
 	FinalizeLatencies []time.Duration
+	// DispatchLatencies are the times from queueing to the running report
+	// of the attempts this cycle found running (see Dispatches).
+	DispatchLatencies []time.Duration
 	// Finished lists the runs finished, by run id.
 	Finished []lifecycle.FinishedRun
 	// Decisions are the judgments made, for the host to meter and audit.
