@@ -320,7 +320,9 @@ func (s *Store) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy)
 }
 
-func settlementFields(st sdk.Settlement) (sdk.Attempt, int64, time.Time) { return st.Attempt, st.Term, st.At }
+func settlementFields(st sdk.Settlement) (sdk.Attempt, int64, time.Time) {
+	return st.Attempt, st.Term, st.At
+}
 
 func validateSettlement(st sdk.Settlement) error {
 	if st.Outcome.State() == "" {

@@ -130,7 +130,9 @@ func (b *Board) resolveLossy(ss []sdk.Settlement) ([]sdk.Settlement, map[int]boo
 	return out, unresolved
 }
 
-func settlementFields(s sdk.Settlement) (sdk.Attempt, int64, time.Time) { return s.Attempt, s.Term, s.At }
+func settlementFields(s sdk.Settlement) (sdk.Attempt, int64, time.Time) {
+	return s.Attempt, s.Term, s.At
+}
 
 // settle writes settlements whose task ids are resolved.
 func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
