@@ -180,16 +180,18 @@ const (
 // still running or yet to run (inside its termination grace, or not
 // started) holds it back. The containers' states decide, never the pod's
 // phase: a pod stopped in place can read Failed while its container runs.
+// A pod without the exact task id may be a sibling's whose task id shares
+// the lossy label: it holds a confirmation back (when in doubt, defer), and
+// its SUCCESS record overrides only if the board finds the attempt recorded
+// that pod's UID.
 func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (markAction, string) {
-	for _, p := range pods {
-		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
-			if insideValve(c, now, l) {
-				return markOverride, fmt.Sprintf("%s left a durable SUCCESS record %s after the mark", p.ref(),
-					now.Sub(c.InfraMarkedAt).Round(time.Second))
-			}
-			return markHold, fmt.Sprintf("%s left a durable SUCCESS record, but the mark is past the valve (%s): ignored",
-				p.ref(), l.InfraConfirmValve)
+	if p := successPod(pods); p != nil {
+		if insideValve(c, now, l) {
+			return markOverride, fmt.Sprintf("%s left a durable SUCCESS record %s after the mark", p.ref(),
+				now.Sub(c.InfraMarkedAt).Round(time.Second))
 		}
+		return markHold, fmt.Sprintf("%s left a durable SUCCESS record, but the mark is past the valve (%s): ignored",
+			p.ref(), l.InfraConfirmValve)
 	}
 	if len(pods) == 0 {
 		return markConfirm, "no pod of the attempt is left"

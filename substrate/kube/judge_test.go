@@ -303,3 +303,27 @@ func TestCollectible(t *testing.T) {
 		})
 	}
 }
+
+// The SUCCESS record an override is made from: one on a pod with the exact
+// task id wins over one on a pod that only its lossy label ties to the
+// attempt (the board accepts that one only when the attempt recorded it).
+func TestSuccessPodPrefersTheExactTaskID(t *testing.T) {
+	ok := func(t *testing.T) func(*corev1.Pod) {
+		return taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0)
+	}
+	lossy := podOf(attempt, corev1.PodSucceeded, ok(t), func(p *corev1.Pod) {
+		p.UID = "uid-lossy"
+		delete(p.Annotations, AnnotationRawTaskID)
+	})
+	exact := podOf(attempt, corev1.PodSucceeded, ok(t), func(p *corev1.Pod) { p.UID = "uid-exact" })
+	failed := podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", "", t0))
+	if got := successPod([]*pod{lossy, exact}); got != exact {
+		t.Fatalf("chose %v, want the exact pod", got.UID)
+	}
+	if got := successPod([]*pod{failed, lossy}); got != lossy {
+		t.Fatalf("chose %v, want the lossy pod as the only record", got)
+	}
+	if got := successPod([]*pod{failed}); got != nil {
+		t.Fatalf("chose %v from no SUCCESS record", got.UID)
+	}
+}

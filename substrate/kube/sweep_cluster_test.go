@@ -444,3 +444,131 @@ func TestSweep(t *testing.T) {
 		}
 	})
 }
+
+// withoutRawTaskID makes a pod as a release from before the raw task id
+// annotation did: it names its task only by the lossy label.
+func withoutRawTaskID(p *corev1.Pod) { delete(p.Annotations, AnnotationRawTaskID) }
+
+// recordPod records pod p as attempt a's own, as the kube runner does once
+// its create answered.
+func (s *sweepEnv) recordPod(a sdk.Attempt, p *corev1.Pod) {
+	s.t.Helper()
+	if ok, err := s.w.RecordPodUID(context.Background(), a, string(p.UID), time.Now()); err != nil || !ok {
+		s.t.Fatalf("recording the pod of %s: %v, %v", a, ok, err)
+	}
+}
+
+// Load_A and load-a share the task-id label load-a. A pod without the raw
+// task id annotation is tied to its attempt by the UID the runner recorded,
+// never by that label: its outcome settles exactly the task that recorded
+// it, and a pod nobody recorded settles nothing.
+func TestSweepLossyTaskID(t *testing.T) {
+	t.Parallel()
+	upper := sdk.Attempt{RunID: "run-lossy", TaskID: "Load_A", Try: 1, Epoch: 1}
+	lower := sdk.Attempt{RunID: "run-lossy", TaskID: "load-a", Try: 1, Epoch: 1}
+	succeeded := func(t *testing.T, a sdk.Attempt) func(*corev1.PodStatus) {
+		return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordSuccess, code(0), ""))
+	}
+	// finishedLossy runs an annotation-less pod of a and plays it ending
+	// with a's SUCCESS record; record says whether a records the pod.
+	finishedLossy := func(t *testing.T, s *sweepEnv, a sdk.Attempt, record bool) *corev1.Pod {
+		p := s.running(a, withoutRawTaskID)
+		if record {
+			s.recordPod(a, p)
+		}
+		p = s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, a)(st) })
+		s.cachedPhase(s.sub, a, p.Name, corev1.PodSucceeded)
+		return p
+	}
+
+	t.Run("SettlesTheTaskThatRecordedThePodNotTheLabelsSibling", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		s.recordPod(lower, s.running(lower)) // load-a runs on, in a pod of its own
+		p := finishedLossy(t, s, upper, true)
+		res := s.sweep(time.Now())
+		if ti := s.row(upper); ti.State != sdk.StateSuccess {
+			t.Fatalf("Load_A after its own SUCCESS record: %s (decisions %+v)", ti.State, res.Decisions)
+		}
+		if ti := s.row(lower); ti.State != sdk.StateRunning || ti.LastFailureKind != "" {
+			t.Fatalf("load-a was settled by Load_A's record: %s/%s", ti.State, ti.LastFailureKind)
+		}
+		var got []sdk.Decision
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileSettled {
+				got = append(got, d)
+			}
+		}
+		if len(got) != 1 || !got[0].Applied || got[0].Attempt != upper || got[0].Evidence["pod_uid"] != string(p.UID) {
+			t.Fatalf("settle decisions %+v, want one applied for %s naming pod %s", got, upper, p.UID)
+		}
+	})
+
+	t.Run("APodNoTaskRecordedSettlesNothing", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		finishedLossy(t, s, upper, false)
+		res := s.sweep(time.Now())
+		for _, a := range []sdk.Attempt{upper, lower} {
+			if ti := s.row(a); ti.State != sdk.StateRunning {
+				t.Fatalf("%s was settled by a pod no task recorded: %s", a.TaskID, ti.State)
+			}
+		}
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileSettled && d.Applied {
+				t.Fatalf("an unrecorded pod settled: %+v", d)
+			}
+		}
+	})
+
+	// The same holds for a provisional mark: a sibling's pod that only the
+	// lossy label ties to the marked task never overrides the mark with
+	// the sibling's success; the task's own recorded pod does.
+	t.Run("OverrideOnlyFromThePodTheMarkedTaskRecorded", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		now := time.Now()
+		s.mark(lower, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.recordPod(upper, s.running(upper)) // Load_A's own pod, annotated
+		// Load_A's old-style pod: labelled load-a, try 1, epoch 1, with a
+		// SUCCESS record of load-a's attempt (a record is the task's own
+		// words: anything may be in it).
+		p := s.running(lower, withoutRawTaskID)
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, lower)(st) })
+		s.cachedPhase(s.sub, lower, p.Name, corev1.PodSucceeded)
+		res := s.sweep(now)
+		ti := s.row(lower)
+		if ti.State == sdk.StateSuccess || len(res.Overrides) != 0 {
+			t.Fatalf("a pod load-a never recorded overrode its mark: row %s, overrides %v", ti.State, res.Overrides)
+		}
+		if ti.LastFailureKind != sdk.FailureInfra {
+			t.Fatalf("row %+v, want the mark kept", ti)
+		}
+	})
+
+	t.Run("OverrideFromTheLossyPodTheMarkedTaskRecorded", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		p := s.running(upper, withoutRawTaskID)
+		s.recordPod(upper, p)
+		now := time.Now()
+		s.mark(upper, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, upper)(st) })
+		s.cachedPhase(s.sub, upper, p.Name, corev1.PodSucceeded)
+		res := s.sweep(now)
+		if ti := s.row(upper); ti.State != sdk.StateSuccess || res.Overrides[sdk.LabelAgentLost] != 1 {
+			t.Fatalf("Load_A's own recorded pod did not override its mark: row %s, overrides %v", ti.State, res.Overrides)
+		}
+		if ti := s.row(lower); ti.State != sdk.StateRunning {
+			t.Fatalf("load-a moved: %s", ti.State)
+		}
+	})
+}
