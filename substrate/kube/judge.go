@@ -216,3 +216,33 @@ func insideValve(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 func collectible(p *pod, settled bool, now time.Time) bool {
 	return finished(p.phase) && settled && now.Sub(p.finishedAt()) >= CollectAfter
 }
+
+// judgeWarmMark decides a provisional infra mark of a warm attempt from a
+// live read of the warm pool (workers, by pod name), made after the mark
+// was listed. A warm attempt has no pod of its own and leaves no outcome
+// record, so the one positive signal that nothing of it runs on is its
+// worker's: the worker's pod is gone, or every container of it has
+// terminated (a worker is never restarted in place). While the worker's
+// pod lives it may still run the attempt, and the mark is held: nothing
+// the board or the attempt API keeps says which attempts a live worker
+// runs, so the valve stays that case's guard.
+func judgeWarmMark(c sdk.Candidate, workers map[string]*pod) (markAction, string) {
+	if c.WarmWorker == "" {
+		return markHold, "the warm attempt is bound to no worker: nothing says it stopped"
+	}
+	p, ok := workers[c.WarmWorker]
+	if !ok {
+		return markConfirm, fmt.Sprintf("warm worker %s is gone: a live list of the pool (%d pods) does not hold it",
+			c.WarmWorker, len(workers))
+	}
+	if len(p.containers) == 0 {
+		return markHold, fmt.Sprintf("warm worker %s (%s) reports no container state", c.WarmWorker, p.phase)
+	}
+	for _, ct := range p.containers {
+		if !ct.terminated {
+			return markHold, fmt.Sprintf("warm worker %s still runs (pod %s, container %s not terminated): it may still run the attempt",
+				c.WarmWorker, p.phase, ct.name)
+		}
+	}
+	return markConfirm, fmt.Sprintf("every container of warm worker %s has terminated (pod %s)", c.WarmWorker, p.phase)
+}

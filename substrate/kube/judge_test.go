@@ -327,3 +327,52 @@ func TestSuccessPodPrefersTheExactTaskID(t *testing.T) {
 		t.Fatalf("chose %v from no SUCCESS record", got.UID)
 	}
 }
+
+func TestJudgeWarmMark(t *testing.T) {
+	mark := sdk.Candidate{Attempt: attempt, State: sdk.StateFailed, Executor: sdk.ExecutorWarm, LastFailureKind: sdk.FailureInfra,
+		FailureReason: sdk.LabelAgentLost, InfraMarkedAt: t0.Add(-30 * time.Second), WarmWorker: "reaper-warm-a"}
+	worker := func(phase corev1.PodPhase, opts ...func(*corev1.Pod)) map[string]*pod {
+		p := podOf(attempt, phase, opts...)
+		p.Name = "reaper-warm-a"
+		return map[string]*pod{p.Name: p}
+	}
+	workerState := func(running bool) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			st := corev1.ContainerStatus{Name: "worker"}
+			if running {
+				st.State.Running = &corev1.ContainerStateRunning{}
+			} else {
+				st.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, FinishedAt: metav1.Time{Time: t0}}
+			}
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, st)
+		}
+	}
+	unbound := mark
+	unbound.WarmWorker = ""
+	tests := []struct {
+		name    string
+		c       sdk.Candidate
+		workers map[string]*pod
+		want    markAction
+	}{
+		{name: "WorkerGoneFromTheLiveList_Confirms", c: mark, workers: map[string]*pod{}, want: markConfirm},
+		{name: "OnlyOtherWorkersInTheList_Confirms", c: mark, want: markConfirm, workers: func() map[string]*pod {
+			w := worker(corev1.PodRunning, workerState(true))
+			return map[string]*pod{"reaper-warm-b": w["reaper-warm-a"]}
+		}()},
+		{name: "WorkerContainerTerminated_Confirms", c: mark, workers: worker(corev1.PodFailed, workerState(false)), want: markConfirm},
+		{name: "WorkerStillRunning_Holds", c: mark, workers: worker(corev1.PodRunning, workerState(true)), want: markHold},
+		{name: "WorkerReadsFailedWhileItsContainerRuns_Holds", c: mark, workers: worker(corev1.PodFailed, workerState(true)), want: markHold},
+		{name: "WorkerTerminatingInItsGrace_Holds", c: mark, want: markHold, workers: worker(corev1.PodRunning, workerState(true),
+			func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: t0.Add(20 * time.Second)} })},
+		{name: "WorkerReportsNoContainer_Holds", c: mark, workers: worker(corev1.PodFailed), want: markHold},
+		{name: "BoundToNoWorker_Holds", c: unbound, workers: map[string]*pod{}, want: markHold},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, detail := judgeWarmMark(tt.c, tt.workers); got != tt.want {
+				t.Fatalf("got %d (%s), want %d", got, detail, tt.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -18,11 +19,13 @@ var errDeposed = errors.New("the leadership term is no longer current")
 // attempt whose running report was lost is still queued.
 var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 
-// Sweep is the reconcile phase, in three steps over one snapshot of the
+// Sweep is the reconcile phase, in four steps over one snapshot of the
 // presence cache: settle every finished pod's attempt from its durable
 // outcome record (or the cluster's word); confirm or override each
-// provisional infra mark from a live read of its attempt's pods; collect
-// finished pods that are settled and older than CollectAfter. The sweep
+// provisional infra mark of a kube attempt from a live read of its
+// attempt's pods; confirm each provisional infra mark of a warm attempt
+// from a live read of the warm pool; collect finished pods that are
+// settled and older than CollectAfter. The sweep
 // completes only on a synced cache: until then it fails, and the gate
 // holds.
 func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
@@ -46,6 +49,9 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		r.presence.tombs.forget(tombs, settled)
 	}
 	if err := sw.marks(ctx); err != nil {
+		return sw.res, err
+	}
+	if err := sw.warmMarks(ctx); err != nil {
 		return sw.res, err
 	}
 	if err := sw.collect(ctx, pods, settled); err != nil {
@@ -256,6 +262,77 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 		})
 	}
 	return nil
+}
+
+// warmMarks pages through the provisional infra marks of warm attempts
+// and confirms each whose worker can no longer run it (judgeWarmMark),
+// from a live LIST of the warm pool made after the page was listed. A
+// LIST that fails confirms nothing (warm_worker_list_error): those marks
+// stay provisional, and the rest of the sweep goes on.
+func (sw *sweep) warmMarks(ctx context.Context) error {
+	q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorWarm}, Limit: ladder.PageSize}
+	for {
+		page, err := sw.board.ListProvisional(ctx, q)
+		if err != nil {
+			return fmt.Errorf("kube sweep: listing provisional infra marks of warm attempts: %w", err)
+		}
+		if len(page.Candidates) > 0 {
+			ok, err := sw.warmPage(ctx, page.Candidates)
+			if err != nil || !ok {
+				return err
+			}
+		}
+		if page.Next == nil {
+			return nil
+		}
+		q.After = page.Next
+	}
+}
+
+// warmPage judges one page of warm marks; ok is false when the warm pool
+// could not be listed (the remaining pages are left for the next sweep).
+func (sw *sweep) warmPage(ctx context.Context, cs []sdk.Candidate) (bool, error) {
+	workers := map[string]*pod{}
+	err := sw.r.list(ctx, sw.r.warm, func(p *pod) { workers[p.Name] = p })
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return false, fmt.Errorf("kube sweep: listing the warm pool: %w", cerr)
+		}
+		sw.s.log.Warn("kube sweep: listing the warm pool failed: no warm mark confirmed this sweep",
+			"marks", len(cs), "error", err)
+		sw.decide(sdk.LabelWarmWorkerListErr, sdk.Attempt{}, false,
+			fmt.Sprintf("listing the warm pool failed; %d provisional warm marks left unconfirmed: %v", len(cs), err),
+			map[string]string{"error": err.Error(), "marks": strconv.Itoa(len(cs))})
+		return false, nil
+	}
+	var (
+		confirms []sdk.Confirm
+		details  []string
+		evidence []map[string]string
+	)
+	for _, c := range cs {
+		act, detail := judgeWarmMark(c, workers)
+		if act != markConfirm {
+			continue
+		}
+		confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: sw.req.Term, At: sw.req.Now})
+		details = append(details, detail)
+		evidence = append(evidence, map[string]string{"mark": c.FailureReason, "warm_worker": c.WarmWorker,
+			"warm_workers": strconv.Itoa(len(workers))})
+	}
+	if len(confirms) == 0 {
+		return true, nil
+	}
+	if sw.req.DryRun {
+		for i, c := range confirms {
+			sw.decide(sdk.LabelReconcileInfraConfirmed, c.Attempt, false, details[i], evidence[i])
+		}
+		return true, nil
+	}
+	res, err := sw.board.ConfirmInfra(ctx, confirms)
+	return true, sw.applied(res, err, "confirming warm", len(confirms), func(i int) {
+		sw.decide(sdk.LabelReconcileInfraConfirmed, confirms[i].Attempt, true, details[i], evidence[i])
+	})
 }
 
 // applied walks the results of a batch of n writes, calling each for the
