@@ -7,6 +7,9 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -569,6 +572,155 @@ func TestSweepLossyTaskID(t *testing.T) {
 		}
 		if ti := s.row(lower); ti.State != sdk.StateRunning {
 			t.Fatalf("load-a moved: %s", ti.State)
+		}
+	})
+}
+
+// warmRunningOnBoard drives warm attempt a to running on the board, bound
+// to worker.
+func (s *sweepEnv) warmRunningOnBoard(a sdk.Attempt, worker string) {
+	s.t.Helper()
+	ctx := context.Background()
+	now := time.Now().Add(-10 * time.Minute)
+	if !s.runs[a.RunID] {
+		if err := s.w.CreateRun(ctx, lifecycle.NewRun{RunID: a.RunID, DagID: "dag"}, now); err != nil {
+			s.t.Fatal(err)
+		}
+		s.runs[a.RunID] = true
+	}
+	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries,
+        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, 'warm', 2, 2, 3, $3, $4, $5)`,
+		a.RunID, a.TaskID, a.Try, a.Epoch, now); err != nil {
+		s.t.Fatal(err)
+	}
+	if ok, err := s.w.Enqueue(ctx, a, now); err != nil || !ok {
+		s.t.Fatalf("scheduling %s: %v, %v", a, ok, err)
+	}
+	if ok, err := s.w.QueueWarm(ctx, a, worker, now); err != nil || !ok {
+		s.t.Fatalf("binding %s to %s: %v, %v", a, worker, ok, err)
+	}
+	if stop, err := s.w.Running(ctx, a, now); err != nil || stop {
+		s.t.Fatalf("driving %s to running: %v, %v", a, stop, err)
+	}
+}
+
+// warmWorker makes a warm pool pod named name on the KWOK node and waits
+// until it runs.
+func (s *sweepEnv) warmWorker(name string) *corev1.Pod {
+	s.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelWarmPool: "default"}},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, NodeName: s.node,
+			Containers: []corev1.Container{{Name: "worker", Image: "agent"}}},
+	}
+	if _, err := s.cs.CoreV1().Pods(s.ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("creating warm worker %s: %v", name, err)
+	}
+	return s.waitPod(name, "Running", func(p *corev1.Pod) bool { return p != nil && p.Status.Phase == corev1.PodRunning })
+}
+
+// A warm attempt has no pod and leaves no record: its provisional mark
+// (agent_lost) is confirmed by the sweep from the warm pool's own signal,
+// a live read showing its worker gone or ended, so the planner re-places
+// it without waiting for the confirmation valve (whose
+// infra_confirm_valve_open is the "reconciler broken" alert). A worker that
+// still runs holds the mark; a LIST that fails confirms nothing.
+func TestSweepWarmMarks(t *testing.T) {
+	t.Parallel()
+	a := sdk.Attempt{RunID: "run-warm", TaskID: "load", Try: 1, Epoch: 1}
+	const worker = "reaper-warm-default-a"
+	confirmed := func(res sdk.SweepResult) bool {
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileInfraConfirmed && d.Applied && d.Attempt == a &&
+				d.Evidence["warm_worker"] == worker {
+				return true
+			}
+		}
+		return false
+	}
+	t.Run("WorkerPodGone_ConfirmedBySweep", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		if err := s.cs.CoreV1().Pods(s.ns).Delete(context.Background(), worker, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s.waitPod(worker, "gone", func(p *corev1.Pod) bool { return p == nil })
+		res := s.sweep(now)
+		ti := s.row(a)
+		if !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
+		wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", true)
+	})
+	t.Run("WorkerContainerTerminated_ConfirmedBySweep", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(worker, func(st *corev1.PodStatus) {
+			n := metav1.Now()
+			st.Phase = corev1.PodFailed
+			st.ContainerStatuses = []corev1.ContainerStatus{{Name: "worker", Image: "agent",
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "Error",
+					StartedAt: n, FinishedAt: n}}}}
+		})
+		res := s.sweep(now)
+		if ti := s.row(a); !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
+	})
+	t.Run("WorkerStillRunning_StaysProvisional", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		res := s.sweep(now)
+		if ti := s.row(a); confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a mark whose worker still runs was confirmed: row %+v", ti)
+		}
+		wantRow(t, s.row(a), sdk.StateFailed, sdk.FailureInfra, "agent_lost:", false)
+	})
+	t.Run("ListError_ConfirmsNothing", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second)) // no worker pod at all
+		s.synced(s.sub)
+		warmSel := "labelSelector=" + url.QueryEscape(DefaultWarmPoolSelector)
+		s.calls.mu.Lock()
+		s.calls.fail = func(req *http.Request) error {
+			if strings.Contains(req.URL.RawQuery, warmSel) {
+				return errors.New("connection reset by peer")
+			}
+			return nil
+		}
+		s.calls.mu.Unlock()
+		res := s.sweep(now)
+		if ti := s.row(a); confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a warm mark was confirmed on a failed LIST: row %+v", ti)
+		}
+		var listErr bool
+		for _, d := range res.Decisions {
+			listErr = listErr || (d.Label == sdk.LabelWarmWorkerListErr && !d.Applied && strings.Contains(d.Detail, "connection reset"))
+		}
+		if !listErr {
+			t.Fatalf("decisions %+v, want %s", res.Decisions, sdk.LabelWarmWorkerListErr)
+		}
+		// The LIST answers again: the next sweep confirms.
+		s.calls.mu.Lock()
+		s.calls.fail = nil
+		s.calls.mu.Unlock()
+		if res := s.sweep(now.Add(30 * time.Second)); !confirmed(res) {
+			t.Fatalf("decisions %+v after the LIST recovered", res.Decisions)
 		}
 	})
 }
