@@ -311,10 +311,7 @@ func TestSuccessPodPrefersTheExactTaskID(t *testing.T) {
 	ok := func(t *testing.T) func(*corev1.Pod) {
 		return taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0)
 	}
-	lossy := podOf(attempt, corev1.PodSucceeded, ok(t), func(p *corev1.Pod) {
-		p.UID = "uid-lossy"
-		delete(p.Annotations, AnnotationRawTaskID)
-	})
+	lossy := podOf(attempt, corev1.PodSucceeded, ok(t), withoutAnnotation(), func(p *corev1.Pod) { p.UID = "uid-lossy" })
 	exact := podOf(attempt, corev1.PodSucceeded, ok(t), func(p *corev1.Pod) { p.UID = "uid-exact" })
 	failed := podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", "", t0))
 	if got := successPod([]*pod{lossy, exact}); got != exact {

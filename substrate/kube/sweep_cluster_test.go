@@ -448,10 +448,6 @@ func TestSweep(t *testing.T) {
 	})
 }
 
-// withoutRawTaskID makes a pod as a release from before the raw task id
-// annotation did: it names its task only by the lossy label.
-func withoutRawTaskID(p *corev1.Pod) { delete(p.Annotations, AnnotationRawTaskID) }
-
 // recordPod records pod p as attempt a's own, as the kube runner does once
 // its create answered.
 func (s *sweepEnv) recordPod(a sdk.Attempt, p *corev1.Pod) {
@@ -475,7 +471,7 @@ func TestSweepLossyTaskID(t *testing.T) {
 	// finishedLossy runs an annotation-less pod of a and plays it ending
 	// with a's SUCCESS record; record says whether a records the pod.
 	finishedLossy := func(t *testing.T, s *sweepEnv, a sdk.Attempt, record bool) *corev1.Pod {
-		p := s.running(a, withoutRawTaskID)
+		p := s.running(a, withoutAnnotation())
 		if record {
 			s.recordPod(a, p)
 		}
@@ -542,7 +538,7 @@ func TestSweepLossyTaskID(t *testing.T) {
 		// Load_A's old-style pod: labelled load-a, try 1, epoch 1, with a
 		// SUCCESS record of load-a's attempt (a record is the task's own
 		// words: anything may be in it).
-		p := s.running(lower, withoutRawTaskID)
+		p := s.running(lower, withoutAnnotation())
 		s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, lower)(st) })
 		s.cachedPhase(s.sub, lower, p.Name, corev1.PodSucceeded)
 		res := s.sweep(now)
@@ -560,7 +556,7 @@ func TestSweepLossyTaskID(t *testing.T) {
 		s := newSweepEnv(t)
 		s.runningOnBoard(upper)
 		s.runningOnBoard(lower)
-		p := s.running(upper, withoutRawTaskID)
+		p := s.running(upper, withoutAnnotation())
 		s.recordPod(upper, p)
 		now := time.Now()
 		s.mark(upper, sdk.LabelAgentLost, now.Add(-30*time.Second))
