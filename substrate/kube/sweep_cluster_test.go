@@ -695,7 +695,7 @@ func TestSweepWarmMarks(t *testing.T) {
 		s.calls.mu.Lock()
 		s.calls.fail = func(req *http.Request) error {
 			if strings.Contains(req.URL.RawQuery, warmSel) {
-				return errors.New("connection reset by peer")
+				return errors.New("the API server is unreachable")
 			}
 			return nil
 		}
@@ -706,7 +706,7 @@ func TestSweepWarmMarks(t *testing.T) {
 		}
 		var listErr bool
 		for _, d := range res.Decisions {
-			listErr = listErr || (d.Label == sdk.LabelWarmWorkerListErr && !d.Applied && strings.Contains(d.Detail, "connection reset"))
+			listErr = listErr || (d.Label == sdk.LabelWarmWorkerListErr && !d.Applied && strings.Contains(d.Detail, "unreachable"))
 		}
 		if !listErr {
 			t.Fatalf("decisions %+v, want %s", res.Decisions, sdk.LabelWarmWorkerListErr)
