@@ -551,6 +551,25 @@ func TestSweepLossyTaskID(t *testing.T) {
 		}
 	})
 
+	// A provisional mark keeps its attempt's pods from collection; a pod
+	// without the exact task id is kept by the mark of any task its label
+	// could name (Load_A's mark keeps a pod labelled load-a).
+	t.Run("AMarkKeepsTheLossyPodsItsLabelCouldName", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		p := s.running(upper, withoutAnnotation())
+		s.recordPod(upper, p)
+		now := time.Now().Add(CollectAfter + time.Minute)
+		s.mark(upper, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { finish(corev1.PodFailed, 137, "Error", "")(st) })
+		s.cachedPhase(s.sub, upper, p.Name, corev1.PodFailed)
+		s.sweep(now)
+		if s.get(p.Name) == nil {
+			t.Fatal("the pod of a provisional mark was collected")
+		}
+	})
+
 	t.Run("OverrideFromTheLossyPodTheMarkedTaskRecorded", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)
