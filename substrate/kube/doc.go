@@ -115,8 +115,7 @@
 //     and that finished more than CollectAfter (10 minutes) ago, except a
 //     pod whose attempt still holds a provisional mark (for a pod without
 //     the annotation, a mark of any task its label could name). Unknown is
-//     not
-//     finished: never settled, never collected.
+//     not finished: never settled, never collected.
 //
 // The classification is pure functions of the pod (judgeFinished,
 // judgeMark, judgeWarmMark, judgeTeardown, collectible), tested rule by
