@@ -151,7 +151,7 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 	}
 	rows, err := s.pool.Query(ctx, `SELECT m.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state,
             ti.last_failure_kind, ti.last_heartbeat_at, ti.infra_marked_at, ti.infra_confirmed_at,
-            ti.held_at IS NOT NULL, r.state
+            ti.held_at IS NOT NULL, r.state, ti.pod_uid
         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS m(run_id, task_id, ord)
         LEFT JOIN task_instances ti ON ti.run_id = m.run_id AND ti.task_id = m.task_id
         LEFT JOIN runs r ON r.run_id = ti.run_id`, runIDs, taskIDs)
@@ -168,9 +168,10 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 			kind, runState        *string
 			hb, marked, confirmed *time.Time
 			held                  *bool
+			podUID                *string
 		)
 		if err := rows.Scan(&ord, &runID, &taskID, &try, &epoch, &state, &kind, &hb, &marked, &confirmed,
-			&held, &runState); err != nil {
+			&held, &runState, &podUID); err != nil {
 			return nil, fmt.Errorf("read rows of no-ops: %w", err)
 		}
 		if state == nil {
@@ -180,7 +181,7 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 			Attempt: sdk.Attempt{RunID: *runID, TaskID: *taskID, Try: *try, Epoch: *epoch},
 			State:   *state, LastFailureKind: deref(kind),
 			LastHeartbeatAt: timeOrZero(hb), InfraMarkedAt: timeOrZero(marked), InfraConfirmedAt: timeOrZero(confirmed),
-			Held: *held, RunState: deref(runState),
+			Held: *held, RunState: deref(runState), PodUID: deref(podUID),
 		}
 	}
 	if err := rows.Err(); err != nil {

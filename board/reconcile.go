@@ -3,6 +3,7 @@ package board
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,8 +87,9 @@ const overrideSQL = leadCTE + `
 r AS (
     SELECT r.*, prev.failure_reason AS mark_reason
     FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::timestamptz[], $7::int8[], $8::timestamptz[],
-                $11::timestamptz[])
-        WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, marked_after, term, at, ended_at, ord)
+                $11::timestamptz[], $12::text[], $13::bool[])
+        WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, marked_after, term, at, ended_at,
+                             pod_uid, lossy_pod, ord)
     JOIN task_instances prev ON prev.run_id = r.run_id AND prev.task_id = r.task_id
 ),
 applied AS (
@@ -103,6 +105,9 @@ applied AS (
       AND ti.infra_marked_at > r.marked_after
           -- on a run that is still running,
       AND runs.run_id = ti.run_id AND runs.state = 'running'
+          -- (a record on a pod that names its task only by the lossy label:
+          -- the attempt records that pod as its own),
+      AND (NOT r.lossy_pod OR ti.pod_uid = r.pod_uid)
           -- and the sweep's term still leads.
       AND ` + fenced + `
     RETURNING r.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, r.at, r.mark_reason
@@ -120,7 +125,9 @@ logged AS (
 // appended to the attempt's log in the same statement. An override applies
 // only while the row holds exactly its attempt, the mark is still
 // provisional and was made after MarkedAfter (else NoopValveOpen), the run
-// is still running (else NoopRunFinished), under the current term.
+// is still running (else NoopRunFinished), and, for a record on a pod that
+// names its task only by the lossy label (LossyPod), while the attempt
+// records that pod's UID (else NoopPodNotRecorded), under the current term.
 func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
 	if len(os) == 0 {
 		return nil, nil
@@ -131,12 +138,14 @@ func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 		return nil, fmt.Errorf("board: %w", err)
 	}
 	markedAfter, ended := make([]time.Time, len(os)), make([]time.Time, len(os))
+	podUIDs, lossy := make([]string, len(os)), make([]bool, len(os))
 	for i, o := range os {
 		markedAfter[i], ended[i] = o.MarkedAfter, sdk.EndOf(o.EndedAt, o.At)
+		podUIDs[i], lossy[i] = o.PodUID, o.LossyPod
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, overrideSQL, runIDs, taskIDs, tries, epochs, markedAfter, b.terms, b.ats,
-		sdk.OverrideLogPrefix, sdk.OverrideLogLine(""), ended)
+		sdk.OverrideLogPrefix, sdk.OverrideLogLine(""), ended, podUIDs, lossy)
 }
 
 // settleSQL settles a batch of finished attempts. Each request carries the
@@ -147,9 +156,10 @@ const settleSQL = leadCTE + `
 r AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[],
                          $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::timestamptz[],
-                         $13::timestamptz[])
+                         $13::timestamptz[], $14::text[], $15::bool[])
         WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, from_states,
-                             to_state, failure_kind, reason, message, term, at, ended_at, ord)
+                             to_state, failure_kind, reason, message, term, at, ended_at,
+                             pod_uid, lossy_pod, ord)
 ),
 applied AS (
     UPDATE task_instances ti SET
@@ -164,6 +174,9 @@ applied AS (
     FROM r, runs
     WHERE -- the row still holds exactly the attempt the outcome record names,
           ` + sameAttempt + `
+          -- (a pod that names its task only by the lossy label: and still
+          -- records that pod as the attempt's own),
+      AND (NOT r.lossy_pod OR ti.pod_uid = r.pod_uid)
           -- in one of the states the settlement may move it from,
       AND ti.state = ANY (string_to_array(r.from_states, ','))
           -- on a run that is still running,
@@ -180,19 +193,120 @@ applied AS (
 // never answered). A settlement applies only while the row holds exactly
 // its attempt in one of its FromStates, on a running run (else
 // NoopRunFinished), under the current term.
+//
+// A settlement read from a pod that names its task only by the lossy label
+// (LossyPod) is first resolved to the task instance of its run that records
+// the pod's UID, and applies only while that row still records it; none
+// records it: NoopNotFound, and nothing is written for it.
 func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
 	if len(ss) == 0 {
 		return nil, nil
 	}
-	b, err := newBatch("settle", ss, func(st sdk.Settlement) (sdk.Attempt, int64, time.Time) { return st.Attempt, st.Term, st.At },
-		func(i int, row sdk.TaskRow) string { return ss[i].Refusal(row) })
+	// A malformed batch is an error before anything is resolved or written.
+	if _, err := newBatch("settle", ss, settlementFields, nil); err != nil {
+		return nil, fmt.Errorf("board: %w", err)
+	}
+	for _, st := range ss {
+		if err := validateSettlement(st); err != nil {
+			return nil, fmt.Errorf("board: settle %s: %w", st.Attempt, err)
+		}
+	}
+	resolved, unresolved, err := s.resolveLossy(ctx, ss)
+	if err != nil {
+		return nil, fmt.Errorf("board: settle: %w", err)
+	}
+	if len(unresolved) == 0 {
+		return s.settle(ctx, resolved)
+	}
+	// The unresolved are answered without a write; the others settle as
+	// one batch, their results put back in the caller's order.
+	var (
+		write []sdk.Settlement
+		pos   []int
+	)
+	out := make([]sdk.MarkResult, len(ss))
+	for i, st := range resolved {
+		if unresolved[i] {
+			out[i] = sdk.MarkResult{Attempt: st.Attempt, NoopReason: sdk.NoopNotFound}
+			continue
+		}
+		write, pos = append(write, st), append(pos, i)
+	}
+	if len(write) == 0 {
+		return out, nil
+	}
+	res, err := s.settle(ctx, write)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range pos {
+		out[i] = res[j]
+	}
+	return out, nil
+}
+
+// resolveLossy returns the settlements with the task id of each LossyPod
+// one replaced by the task that records its pod's UID, and the positions of
+// those no task instance of their run records (exactly one must).
+func (s *Store) resolveLossy(ctx context.Context, ss []sdk.Settlement) ([]sdk.Settlement, map[int]bool, error) {
+	var runIDs, uids []string
+	var pos []int
+	for i, st := range ss {
+		if st.LossyPod {
+			runIDs, uids, pos = append(runIDs, st.RunID), append(uids, st.PodUID), append(pos, i)
+		}
+	}
+	if len(pos) == 0 {
+		return ss, nil, nil
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT m.ord, ti.task_id
+        FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS m(run_id, pod_uid, ord)
+        JOIN task_instances ti ON ti.run_id = m.run_id AND ti.pod_uid = m.pod_uid
+        WHERE m.pod_uid <> ''`, runIDs, uids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolving %d pods by their recorded UID: %w", len(pos), err)
+	}
+	found := make(map[int][]string, len(pos))
+	for rows.Next() {
+		var (
+			ord  int64
+			task string
+		)
+		if err := rows.Scan(&ord, &task); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("resolving pods by their recorded UID: %w", err)
+		}
+		found[pos[ord-1]] = append(found[pos[ord-1]], task)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("resolving pods by their recorded UID: %w", err)
+	}
+	out, unresolved := slices.Clone(ss), map[int]bool{}
+	for _, i := range pos {
+		if tasks := found[i]; len(tasks) == 1 {
+			out[i].TaskID = tasks[0]
+		} else {
+			unresolved[i] = true
+		}
+	}
+	return out, unresolved, nil
+}
+
+// settle writes a batch of settlements whose task ids are resolved.
+func (s *Store) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	b, err := newBatch("settle", ss, settlementFields, func(i int, row sdk.TaskRow) string { return ss[i].Refusal(row) })
 	if err != nil {
 		return nil, fmt.Errorf("board: %w", err)
 	}
 	n := len(ss)
 	fromStates, toStates, kinds := make([]string, n), make([]string, n), make([]string, n)
 	reasons, messages, ended := make([]string, n), make([]string, n), make([]time.Time, n)
+	podUIDs, lossy := make([]string, n), make([]bool, n)
 	for i, st := range ss {
+		podUIDs[i], lossy[i] = st.PodUID, st.LossyPod
 		ended[i] = sdk.EndOf(st.EndedAt, st.At)
 		if err := validateSettlement(st); err != nil {
 			return nil, fmt.Errorf("board: settle %s: %w", st.Attempt, err)
@@ -203,7 +317,11 @@ func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, settleSQL, runIDs, taskIDs, tries, epochs, fromStates, toStates, kinds,
-		reasons, messages, b.terms, b.ats, ended)
+		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy)
+}
+
+func settlementFields(st sdk.Settlement) (sdk.Attempt, int64, time.Time) {
+	return st.Attempt, st.Term, st.At
 }
 
 func validateSettlement(st sdk.Settlement) error {
@@ -212,6 +330,9 @@ func validateSettlement(st sdk.Settlement) error {
 	}
 	if st.Outcome == sdk.OutcomeInfra && st.Reason == "" {
 		return fmt.Errorf("an infra outcome names no reason")
+	}
+	if st.LossyPod && st.PodUID == "" {
+		return fmt.Errorf("a settlement from a lossy pod names no pod UID")
 	}
 	return validateStates(st.FromStates)
 }

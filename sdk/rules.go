@@ -54,6 +54,9 @@ type TaskRow struct {
 	Held bool
 	// RunState is the state of the row's run.
 	RunState string
+	// PodUID is the UID of the pod recorded for the current attempt (kube;
+	// "" when none is).
+	PodUID string
 }
 
 // Provisional reports whether the row is a provisional infra mark: failed
@@ -134,7 +137,8 @@ func (c Confirm) Refusal(r TaskRow) string {
 // Refusal says why the override would not apply to the row: it applies
 // only to a provisional infra mark of exactly its attempt, made after
 // MarkedAfter (NoopValveOpen otherwise), on a run still running
-// (NoopRunFinished otherwise).
+// (NoopRunFinished otherwise) and, when the record's pod is LossyPod, while
+// the attempt records that pod's UID (NoopPodNotRecorded otherwise).
 func (o Override) Refusal(r TaskRow) string {
 	switch {
 	case !r.holds(o.Attempt) || !r.Provisional():
@@ -143,16 +147,22 @@ func (o Override) Refusal(r TaskRow) string {
 		return NoopValveOpen
 	case r.RunState != RunRunning:
 		return NoopRunFinished
+	case o.LossyPod && (o.PodUID == "" || r.PodUID != o.PodUID):
+		return NoopPodNotRecorded
 	}
 	return ""
 }
 
 // Refusal says why the settlement would not apply to the row: it applies
-// only to exactly its attempt in one of FromStates, on a run still running
-// (an agent's own report is refused on a finished run the same way).
+// only to exactly its attempt in one of FromStates (for a LossyPod
+// settlement, resolved to the task instance that records its pod, and only
+// while it still does), on a run still running (an agent's own report is
+// refused on a finished run the same way).
 func (s Settlement) Refusal(r TaskRow) string {
 	switch {
 	case !r.holds(s.Attempt) || !slices.Contains(s.FromStates, r.State):
+		return NoopMovedOn
+	case s.LossyPod && (s.PodUID == "" || r.PodUID != s.PodUID):
 		return NoopMovedOn
 	case r.RunState != RunRunning:
 		return NoopRunFinished

@@ -214,6 +214,10 @@ const (
 	// NoopValveOpen: the infra mark is older than the override allows (the
 	// confirmation valve has opened on it).
 	NoopValveOpen = "valve_open"
+	// NoopPodNotRecorded: the write was read from a pod that only its lossy
+	// labels tie to the attempt, and the attempt records another pod's UID
+	// (or none).
+	NoopPodNotRecorded = "pod_not_recorded"
 )
 
 // MarkResult says whether one mark was applied.
@@ -315,8 +319,16 @@ type Override struct {
 	// container says (zero: At); the attempt's ended_at, from which its
 	// duration is measured (reaperctl tune), is this, not the sweep's time.
 	EndedAt time.Time
-	Term    int64
-	At      time.Time
+	// PodUID is the UID of the pod that holds the SUCCESS record.
+	PodUID string
+	// LossyPod: that pod names its task only by the lossy task-id label (it
+	// carries no exact task id), so its labels do not tie it to this task.
+	// The override then also requires the attempt's recorded pod UID to be
+	// PodUID (else NoopPodNotRecorded). Protocol v1 addition: a host that
+	// predates it overrides as if it were unset.
+	LossyPod bool
+	Term     int64
+	At       time.Time
 }
 
 // Outcome is how a finished execution ended, as its durable outcome record
@@ -353,8 +365,19 @@ type Settlement struct {
 	// EndedAt is when the attempt really ended, as its record or its
 	// container says (zero: At).
 	EndedAt time.Time
-	Term    int64
-	At      time.Time
+	// PodUID is the UID of the pod the outcome was read from ("" when none).
+	PodUID string
+	// LossyPod: that pod names its task only by the lossy task-id label (it
+	// carries no exact task id), so Attempt.TaskID is the label's value, not
+	// a task id. The board then settles the task instance of Attempt.RunID
+	// whose recorded pod UID is PodUID (Try, Epoch and FromStates still
+	// guard it), never one found by the task id; when no task instance of
+	// the run records PodUID the settlement is NoopNotFound. The result
+	// names the attempt it resolved to. Protocol v1 addition: a host that
+	// predates it settles by the label's value, as before.
+	LossyPod bool
+	Term     int64
+	At       time.Time
 }
 
 // LogLine is one line appended to an attempt's try log.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,9 +155,22 @@ func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, 
 	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, &l.marks)
 }
 
-// Settle settles finished attempts and keeps those settled.
+// Settle settles finished attempts and keeps those settled, each under the
+// attempt the board settled (a settlement read from a pod that names its
+// task only by the lossy label is resolved by the board).
 func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "settle attempts", ss, l.Board.Settle, &l.settled)
+	// The ledger's own copy: it is kept under the resolved attempts, never
+	// the caller's.
+	ss = slices.Clone(ss)
+	return batch(ctx, l, "settle attempts", ss, func(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+		res, err := l.Board.Settle(ctx, ss)
+		for i, r := range res {
+			if i < len(ss) && r.Applied {
+				ss[i].Attempt, ss[i].LossyPod = r.Attempt, false
+			}
+		}
+		return res, err
+	}, &l.settled)
 }
 
 // ConfirmInfra confirms infra marks and keeps those confirmed.

@@ -111,6 +111,31 @@ func TestLedger(t *testing.T) {
 		}
 	})
 
+	// A settlement read from a pod without the exact task id names only
+	// the lossy label; the board resolves it by the recorded pod UID. The
+	// ledger keeps it under the attempt the board settled, so the sweep's
+	// decision (which names that attempt) covers it.
+	t.Run("ALossySettlementIsKeptUnderTheAttemptTheBoardSettled", func(t *testing.T) {
+		t.Parallel()
+		store, term, as := setup(t)
+		w := lifecycle.New(store.Pool(), lifecycle.Options{})
+		if ok, err := w.RecordPodUID(context.Background(), as[0], "uid-a", t0.Add(-time.Hour)); err != nil || !ok {
+			t.Fatalf("recording the pod: %v, %v", ok, err)
+		}
+		l := audit.NewLedger(store)
+		lossy := sdk.Settlement{Attempt: sdk.Attempt{RunID: "run", TaskID: "A", Try: 1}, Outcome: sdk.OutcomeSuccess,
+			FromStates: []string{sdk.StateRunning}, PodUID: "uid-a", LossyPod: true, Term: term, At: t0}
+		res, err := l.Settle(context.Background(), []sdk.Settlement{lossy})
+		if err != nil || len(res) != 1 || !res[0].Applied || res[0].Attempt != as[0] {
+			t.Fatalf("settle: %+v, %v; want %s settled", res, err, as[0])
+		}
+		l.Close()
+		covered := []sdk.Decision{{Label: sdk.LabelReconcileSettled, Attempt: as[0], Applied: true}}
+		if got := l.Unaudited("substrate", covered, "cut"); len(got) != 0 {
+			t.Fatalf("unaudited %+v: the decision of the settled attempt covers it", got)
+		}
+	})
+
 	t.Run("AWriteAfterThePassIsRefused", func(t *testing.T) {
 		t.Parallel()
 		store, term, as := setup(t)

@@ -603,3 +603,69 @@ func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *t
 		t.Fatalf("succeeded on %s at epoch %d: want another worker than %s, epoch 1", ti.WarmWorker, ti.Epoch, silent)
 	}
 }
+
+// TestWarmAgentLostMarkConfirmedBySweepWithoutTheValve: an attempt running
+// on a warm worker goes silent because its worker pod was deleted, and the
+// heartbeat reaper marks it agent_lost (provisional, as every kube mark is)
+// before the warm-worker-lost reaper saw the worker go. The reconcile sweep
+// (the real kube substrate) confirms the mark from the warm pool's own
+// signal, a live LIST without the worker, so once the valve would have
+// passed the runner re-places it as a confirmed mark: infra_replace, and no
+// infra_confirm_valve_open (the "reconciler broken" alert).
+func TestWarmAgentLostMarkConfirmedBySweepWithoutTheValve(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(1))
+	e.refill(t, r)
+	e.workersRunning(t, 1)
+	gate := filepath.Join(t.TempDir(), "go")
+	e.mkWarmRun(t, "run-silent", lifecycle.NewTask{TaskID: "wait",
+		Command: `while [ ! -f "` + gate + `" ]; do sleep 0.1; done`})
+	ti := e.cycleUntil(t, r, "run-silent", "wait", "the attempt to run", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateRunning
+	})
+	first, lost := ti.Attempt, ti.WarmWorker
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), lost, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok })
+	// The heartbeat reaper's mark: provisional.
+	if ok, err := e.w.Fail(context.Background(), first, []string{sdk.StateRunning}, lifecycle.Failure{Kind: sdk.MarkInfra,
+		Reason: sdk.LabelAgentLost, Message: "agent_lost: silent"}, e.clk.Now()); err != nil || !ok {
+		t.Fatalf("marking %s agent_lost: %v, %v", first, ok, err)
+	}
+
+	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: e.c.ConfigFor(kubetest.Admin)})
+	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
+		Values: sdk.Values{"namespace": e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	waitFor(t, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok })
+	res, err := sub.Sweep(context.Background(), sdk.SweepRequest{Now: e.clk.Now(), Term: e.term, Ladder: ladder.Defaults()}, e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var confirmed bool
+	for _, d := range res.Decisions {
+		confirmed = confirmed || (d.Label == sdk.LabelReconcileInfraConfirmed && d.Applied && d.Attempt == first)
+	}
+	if ti := e.ti(t, "run-silent", "wait"); !confirmed || ti.InfraConfirmedAt.IsZero() {
+		t.Fatalf("the sweep did not confirm the warm mark: decisions %+v, row confirmed %v", res.Decisions, ti.InfraConfirmedAt)
+	}
+
+	e.clk.Advance(ladder.Defaults().InfraConfirmValve + time.Second)
+	got := labels(cycle(t, r, e.clk.Now()))
+	if slices.Contains(got, sdk.LabelInfraConfirmValveOpen) || !slices.Contains(got, sdk.LabelInfraReplace) {
+		t.Fatalf("runner decisions %v: want infra_replace and no infra_confirm_valve_open", got)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.refill(t, r)
+	ti = e.cycleUntil(t, r, "run-silent", "wait", "the re-placed attempt to succeed", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+	if ti.Epoch <= first.Epoch || ti.InfraUsed != 1 {
+		t.Fatalf("row epoch %d infra used %d: want a new epoch, one re-place", ti.Epoch, ti.InfraUsed)
+	}
+}

@@ -382,7 +382,7 @@ func overridesToPB(os []sdk.Override) []*pb.Override {
 	out := make([]*pb.Override, len(os))
 	for i, o := range os {
 		out[i] = &pb.Override{Attempt: attemptToPB(o.Attempt), MarkedAfter: tsToPB(o.MarkedAfter), Term: o.Term, At: tsToPB(o.At),
-			EndedAt: tsToPB(o.EndedAt)}
+			EndedAt: tsToPB(o.EndedAt), PodUid: o.PodUID, LossyPod: o.LossyPod}
 	}
 	return out
 }
@@ -391,7 +391,7 @@ func overridesFromPB(os []*pb.Override) []sdk.Override {
 	out := make([]sdk.Override, len(os))
 	for i, o := range os {
 		out[i] = sdk.Override{Attempt: attemptFromPB(o.Attempt), MarkedAfter: tsFromPB(o.MarkedAfter), Term: o.Term, At: tsFromPB(o.At),
-			EndedAt: tsFromPB(o.EndedAt)}
+			EndedAt: tsFromPB(o.EndedAt), PodUID: o.PodUid, LossyPod: o.LossyPod}
 	}
 	return out
 }
@@ -400,7 +400,8 @@ func settlementsToPB(ss []sdk.Settlement) []*pb.Settlement {
 	out := make([]*pb.Settlement, len(ss))
 	for i, s := range ss {
 		out[i] = &pb.Settlement{Attempt: attemptToPB(s.Attempt), Outcome: string(s.Outcome), FromStates: s.FromStates,
-			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt)}
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt),
+			PodUid: s.PodUID, LossyPod: s.LossyPod}
 	}
 	return out
 }
@@ -409,7 +410,8 @@ func settlementsFromPB(ss []*pb.Settlement) []sdk.Settlement {
 	out := make([]sdk.Settlement, len(ss))
 	for i, s := range ss {
 		out[i] = sdk.Settlement{Attempt: attemptFromPB(s.Attempt), Outcome: sdk.Outcome(s.Outcome), FromStates: s.FromStates,
-			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At), EndedAt: tsFromPB(s.EndedAt)}
+			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At), EndedAt: tsFromPB(s.EndedAt),
+			PodUID: s.PodUid, LossyPod: s.LossyPod}
 	}
 	return out
 }

@@ -126,6 +126,24 @@ func TestReconcilerRequestsRoundTrip(t *testing.T) {
 	if got := settlementsFromPB(wire(t, &pb.SettleRequest{Settlements: settlementsToPB(ss)}, &pb.SettleRequest{}).Settlements); !reflect.DeepEqual(got, ss) {
 		t.Fatalf("settlements %+v, want %+v", got, ss)
 	}
+}
+
+// A write read from a pod that names its task only by the lossy label
+// carries the pod's UID across the wire, so the host's board resolves (or
+// guards) it by the recorded UID, never by the label.
+func TestLossyPodWritesRoundTrip(t *testing.T) {
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	a := sdk.Attempt{RunID: "r", TaskID: "load-a", Try: 2, Epoch: 3}
+	os := []sdk.Override{{Attempt: a, MarkedAfter: at.Add(-time.Minute), EndedAt: at.Add(-time.Second), PodUID: "uid-1",
+		LossyPod: true, Term: 4, At: at}}
+	if got := overridesFromPB(wire(t, &pb.OverrideRequest{Overrides: overridesToPB(os)}, &pb.OverrideRequest{}).Overrides); !reflect.DeepEqual(got, os) {
+		t.Fatalf("overrides %+v, want %+v", got, os)
+	}
+	ss := []sdk.Settlement{{Attempt: a, Outcome: sdk.OutcomeSuccess, FromStates: []string{sdk.StateQueued, sdk.StateRunning},
+		EndedAt: at.Add(-time.Second), PodUID: "uid-1", LossyPod: true, Term: 4, At: at}}
+	if got := settlementsFromPB(wire(t, &pb.SettleRequest{Settlements: settlementsToPB(ss)}, &pb.SettleRequest{}).Settlements); !reflect.DeepEqual(got, ss) {
+		t.Fatalf("settlements %+v, want %+v", got, ss)
+	}
 	q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorKube}, After: &sdk.Cursor{At: at, RunID: "r", TaskID: "t"}, Limit: 7}
 	if got := provisionalQueryFromPB(wire(t, provisionalQueryToPB(q), &pb.ProvisionalQuery{})); !reflect.DeepEqual(got, q) {
 		t.Fatalf("query %+v, want %+v", got, q)

@@ -43,6 +43,8 @@ type TaskInstance struct {
 	// MarkReason is the failure_reason: the Reason of the mark (or the
 	// settlement) that failed the attempt.
 	MarkReason string
+	// PodUID is the UID of the pod recorded for the current attempt (kube).
+	PodUID string
 }
 
 // Attempt returns the attempt the row currently holds.
@@ -61,7 +63,7 @@ func (t TaskInstance) Live() bool { return t.guardRow("").Live(time.Time{}) }
 func (t TaskInstance) guardRow(runState string) sdk.TaskRow {
 	return sdk.TaskRow{Attempt: t.Attempt(), State: t.State, LastFailureKind: t.LastFailureKind,
 		LastHeartbeatAt: t.LastHeartbeatAt, InfraMarkedAt: t.InfraMarkedAt, InfraConfirmedAt: t.InfraConfirmedAt,
-		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState}
+		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState, PodUID: t.PodUID}
 }
 
 // Run is one row of the board's runs.
@@ -244,8 +246,9 @@ func (b *Board) Heartbeat(runID, taskID string, at time.Time) bool {
 
 // Replace starts a new execution of the row, the way the scheduler's rails
 // do: the epoch is bumped (or the try, when newTry), the per-attempt
-// timestamps and the infra confirmation are cleared, released_at is
-// stamped and the row goes to state. It returns the new attempt.
+// timestamps, the infra confirmation and the recorded pod UID are cleared,
+// released_at is stamped and the row goes to state. It returns the new
+// attempt.
 func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time.Time) sdk.Attempt {
 	var a sdk.Attempt
 	b.Update(runID, taskID, func(t *TaskInstance) {
@@ -255,7 +258,7 @@ func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time
 			t.Epoch++
 		}
 		t.QueuedAt, t.RunningAt, t.LastHeartbeatAt = time.Time{}, time.Time{}, time.Time{}
-		t.InfraConfirmedAt = time.Time{}
+		t.InfraConfirmedAt, t.PodUID = time.Time{}, ""
 		t.ReleasedAt = at
 		t.State = state
 		t.Held = false

@@ -69,10 +69,74 @@ func (b *Board) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 }
 
 // Settle settles finished attempts from their outcomes, as an agent's own
-// report would (an infra outcome confirmed at once).
+// report would (an infra outcome confirmed at once). A settlement read from
+// a pod that names its task only by the lossy label (LossyPod) settles the
+// task instance of its run that records the pod's UID, and only while it
+// still does; none records it: NoopNotFound, nothing written.
 func (b *Board) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
-	return guardedBatch(ctx, b, "settle", OpSettle, ss,
-		func(s sdk.Settlement) (sdk.Attempt, int64, time.Time) { return s.Attempt, s.Term, s.At },
+	// A malformed batch is an error before anything is resolved or written.
+	if err := checkBatch(ctx, "settle", ss, settlementFields, validSettlement); err != nil {
+		return nil, err
+	}
+	resolved, unresolved := b.resolveLossy(ss)
+	var (
+		write []sdk.Settlement
+		pos   []int
+	)
+	out := make([]sdk.MarkResult, len(ss))
+	for i, s := range resolved {
+		if unresolved[i] {
+			out[i] = sdk.MarkResult{Attempt: s.Attempt, NoopReason: sdk.NoopNotFound}
+			continue
+		}
+		write, pos = append(write, s), append(pos, i)
+	}
+	if len(write) == 0 {
+		return out, nil
+	}
+	res, err := b.settle(ctx, write)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range pos {
+		out[i] = res[j]
+	}
+	return out, nil
+}
+
+// resolveLossy returns the settlements with the task id of each LossyPod
+// one replaced by the task of its run that records its pod's UID, and the
+// positions of those no task instance records (exactly one must).
+func (b *Board) resolveLossy(ss []sdk.Settlement) ([]sdk.Settlement, map[int]bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out, unresolved := slices.Clone(ss), map[int]bool{}
+	for i, s := range ss {
+		if !s.LossyPod {
+			continue
+		}
+		var found []string
+		for task, t := range b.tasks[s.RunID] {
+			if s.PodUID != "" && t.PodUID == s.PodUID {
+				found = append(found, task)
+			}
+		}
+		if len(found) == 1 {
+			out[i].TaskID = found[0]
+		} else {
+			unresolved[i] = true
+		}
+	}
+	return out, unresolved
+}
+
+func settlementFields(s sdk.Settlement) (sdk.Attempt, int64, time.Time) {
+	return s.Attempt, s.Term, s.At
+}
+
+// settle writes settlements whose task ids are resolved.
+func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return guardedBatch(ctx, b, "settle", OpSettle, ss, settlementFields,
 		validSettlement,
 		func(s sdk.Settlement, row sdk.TaskRow) string { return s.Refusal(row) },
 		func(s sdk.Settlement, t *TaskInstance) {
@@ -96,6 +160,8 @@ func validSettlement(s sdk.Settlement) error {
 		return errors.New("an infra outcome names no reason")
 	case len(s.FromStates) == 0:
 		return errors.New("no source states named")
+	case s.LossyPod && s.PodUID == "":
+		return errors.New("a settlement from a lossy pod names no pod UID")
 	}
 	for _, st := range s.FromStates {
 		if !sdk.IsTaskState(st) {
@@ -112,24 +178,7 @@ func validSettlement(s sdk.Settlement) error {
 func guardedBatch[T any](ctx context.Context, b *Board, what string, op Op, reqs []T,
 	fields func(T) (sdk.Attempt, int64, time.Time), valid func(T) error,
 	refusal func(T, sdk.TaskRow) string, apply func(T, *TaskInstance)) ([]sdk.MarkResult, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	for _, r := range reqs {
-		a, term, at := fields(r)
-		switch {
-		case a.RunID == "" || a.TaskID == "":
-			return nil, fmt.Errorf("%s: no attempt named", what)
-		case term <= 0:
-			return nil, fmt.Errorf("%s %s: no leadership term", what, a)
-		case at.IsZero():
-			return nil, fmt.Errorf("%s %s: no time", what, a)
-		}
-		if err := valid(r); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", what, a, err)
-		}
-	}
-	if err := onceEach(what, reqs, func(r T) sdk.Attempt { a, _, _ := fields(r); return a }); err != nil {
+	if err := checkBatch(ctx, what, reqs, fields, valid); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -157,6 +206,31 @@ func guardedBatch[T any](ctx context.Context, b *Board, what string, op Op, reqs
 		}
 	}
 	return results, nil
+}
+
+// checkBatch refuses a malformed batch (a request without an attempt, a
+// term or a time, one its own check refuses, a task instance named twice)
+// before anything is written.
+func checkBatch[T any](ctx context.Context, what string, reqs []T, fields func(T) (sdk.Attempt, int64, time.Time),
+	valid func(T) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	for _, r := range reqs {
+		a, term, at := fields(r)
+		switch {
+		case a.RunID == "" || a.TaskID == "":
+			return fmt.Errorf("%s: no attempt named", what)
+		case term <= 0:
+			return fmt.Errorf("%s %s: no leadership term", what, a)
+		case at.IsZero():
+			return fmt.Errorf("%s %s: no time", what, a)
+		}
+		if err := valid(r); err != nil {
+			return fmt.Errorf("%s %s: %w", what, a, err)
+		}
+	}
+	return onceEach(what, reqs, func(r T) sdk.Attempt { a, _, _ := fields(r); return a })
 }
 
 // onceEach refuses a batch that names a task instance twice, as the real

@@ -60,6 +60,9 @@ type counter struct {
 	mu   sync.Mutex
 	n    map[string]int // by verb: list, get, patch, delete
 	hook func(*http.Request)
+	// fail, when it answers an error for a request, fails it before it is
+	// sent: the connection to the API server breaking for that call.
+	fail func(*http.Request) error
 }
 
 func (c *counter) RoundTrip(rt http.RoundTripper) http.RoundTripper {
@@ -72,10 +75,15 @@ func (c *counter) RoundTrip(rt http.RoundTripper) http.RoundTripper {
 			}
 			c.mu.Lock()
 			c.n[verb]++
-			hook := c.hook
+			hook, fail := c.hook, c.fail
 			c.mu.Unlock()
 			if hook != nil {
 				hook(req)
+			}
+			if fail != nil {
+				if err := fail(req); err != nil {
+					return nil, err
+				}
 			}
 		}
 		return rt.RoundTrip(req)

@@ -10,7 +10,9 @@
 // leoflow.io/attempt-epoch (a pod without it counts as epoch 0) and the
 // annotation leoflow.io/raw-task-id (the exact task id). A pod belongs to
 // an attempt only when all of them agree; a pod without the annotation
-// (created before it existed) is matched on its labels alone. So load_a
+// (created before it existed) is matched on its labels alone, except that
+// its outcome settles (or overrides) only the attempt that recorded its
+// UID on the board, never the one its lossy label names. So load_a
 // and load-a, which share a task-id label, never read or stop each
 // other's pod, and a newer try or epoch is never the one touched.
 //
@@ -77,10 +79,12 @@
 // # The reconcile sweep
 //
 // Sweep runs on a synced cache (until then it fails, and the settling gate
-// holds) in three steps:
+// holds) in four steps:
 //
 //  1. Settle every finished pod's attempt, the attempt its labels name and
-//     no other, from queued or running, by judgeFinished: a SUCCESS or
+//     no other (for a pod without the raw task id annotation: the attempt
+//     whose recorded pod UID is the pod's, which the board resolves), from
+//     queued or running, by judgeFinished: a SUCCESS or
 //     RESCHEDULE record wins; an INFRA record with a reason and no exit code
 //     settles on the infra rail as control_plane_unavailable (any other
 //     shape is a task failure); a pod the cluster stopped (DisruptionTarget
@@ -101,11 +105,19 @@
 //     <mark>"); SweepResult.Overrides counts them by mark. Otherwise the
 //     mark is confirmed when no pod of the attempt is left or every task
 //     container has terminated; a container still running holds it back.
-//  3. Delete, pinned by UID, every finished pod whose attempt is settled
+//  3. For each provisional infra mark of a warm attempt (no pod of its
+//     own, no record), read the warm pool live after listing the page: the
+//     mark is confirmed when its worker's pod is gone or every container
+//     of it has terminated (judgeWarmMark); a live worker holds it back
+//     (nothing records which attempts a live worker runs), and a LIST
+//     error confirms nothing (warm_worker_list_error).
+//  4. Delete, pinned by UID, every finished pod whose attempt is settled
 //     and that finished more than CollectAfter (10 minutes) ago, except a
-//     pod whose attempt still holds a provisional mark. Unknown is not
-//     finished: never settled, never collected.
+//     pod whose attempt still holds a provisional mark (for a pod without
+//     the annotation, a mark of any task its label could name). Unknown is
+//     not finished: never settled, never collected.
 //
 // The classification is pure functions of the pod (judgeFinished,
-// judgeMark, judgeTeardown, collectible), tested rule by rule.
+// judgeMark, judgeWarmMark, judgeTeardown, collectible), tested rule by
+// rule.
 package kube

@@ -180,16 +180,18 @@ const (
 // still running or yet to run (inside its termination grace, or not
 // started) holds it back. The containers' states decide, never the pod's
 // phase: a pod stopped in place can read Failed while its container runs.
+// A pod without the exact task id may be a sibling's whose task id shares
+// the lossy label: it holds a confirmation back (when in doubt, defer), and
+// its SUCCESS record overrides only if the board finds the attempt recorded
+// that pod's UID.
 func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (markAction, string) {
-	for _, p := range pods {
-		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
-			if insideValve(c, now, l) {
-				return markOverride, fmt.Sprintf("%s left a durable SUCCESS record %s after the mark", p.ref(),
-					now.Sub(c.InfraMarkedAt).Round(time.Second))
-			}
-			return markHold, fmt.Sprintf("%s left a durable SUCCESS record, but the mark is past the valve (%s): ignored",
-				p.ref(), l.InfraConfirmValve)
+	if p := successPod(pods); p != nil {
+		if insideValve(c, now, l) {
+			return markOverride, fmt.Sprintf("%s left a durable SUCCESS record %s after the mark", p.ref(),
+				now.Sub(c.InfraMarkedAt).Round(time.Second))
 		}
+		return markHold, fmt.Sprintf("%s left a durable SUCCESS record, but the mark is past the valve (%s): ignored",
+			p.ref(), l.InfraConfirmValve)
 	}
 	if len(pods) == 0 {
 		return markConfirm, "no pod of the attempt is left"
@@ -213,4 +215,34 @@ func insideValve(c sdk.Candidate, now time.Time, l ladder.Ladder) bool {
 // has been finished for CollectAfter. Unknown is not finished.
 func collectible(p *pod, settled bool, now time.Time) bool {
 	return finished(p.phase) && settled && now.Sub(p.finishedAt()) >= CollectAfter
+}
+
+// judgeWarmMark decides a provisional infra mark of a warm attempt from a
+// live read of the warm pool (workers, by pod name), made after the mark
+// was listed. A warm attempt has no pod of its own and leaves no outcome
+// record, so the one positive signal that nothing of it runs on is its
+// worker's: the worker's pod is gone, or every container of it has
+// terminated (a worker is never restarted in place). While the worker's
+// pod lives it may still run the attempt, and the mark is held: nothing
+// the board or the attempt API keeps says which attempts a live worker
+// runs, so the valve stays that case's guard.
+func judgeWarmMark(c sdk.Candidate, workers map[string]*pod) (markAction, string) {
+	if c.WarmWorker == "" {
+		return markHold, "the warm attempt is bound to no worker: nothing says it stopped"
+	}
+	p, ok := workers[c.WarmWorker]
+	if !ok {
+		return markConfirm, fmt.Sprintf("warm worker %s is gone: a live list of the pool (%d pods) does not hold it",
+			c.WarmWorker, len(workers))
+	}
+	if len(p.containers) == 0 {
+		return markHold, fmt.Sprintf("warm worker %s (%s) reports no container state", c.WarmWorker, p.phase)
+	}
+	for _, ct := range p.containers {
+		if !ct.terminated {
+			return markHold, fmt.Sprintf("warm worker %s still runs (pod %s, container %s not terminated): it may still run the attempt",
+				c.WarmWorker, p.phase, ct.name)
+		}
+	}
+	return markConfirm, fmt.Sprintf("every container of warm worker %s has terminated (pod %s)", c.WarmWorker, p.phase)
 }

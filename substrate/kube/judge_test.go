@@ -303,3 +303,73 @@ func TestCollectible(t *testing.T) {
 		})
 	}
 }
+
+// The SUCCESS record an override is made from: one on a pod with the exact
+// task id wins over one on a pod that only its lossy label ties to the
+// attempt (the board accepts that one only when the attempt recorded it).
+func TestSuccessPodPrefersTheExactTaskID(t *testing.T) {
+	ok := func(t *testing.T) func(*corev1.Pod) {
+		return taskTerminated(0, "Completed", rec(t, attempt, RecordSuccess, code(0), ""), t0)
+	}
+	lossy := podOf(attempt, corev1.PodSucceeded, ok(t), withoutAnnotation(), func(p *corev1.Pod) { p.UID = "uid-lossy" })
+	exact := podOf(attempt, corev1.PodSucceeded, ok(t), func(p *corev1.Pod) { p.UID = "uid-exact" })
+	failed := podOf(attempt, corev1.PodFailed, taskTerminated(1, "Error", "", t0))
+	if got := successPod([]*pod{lossy, exact}); got != exact {
+		t.Fatalf("chose %v, want the exact pod", got.UID)
+	}
+	if got := successPod([]*pod{failed, lossy}); got != lossy {
+		t.Fatalf("chose %v, want the lossy pod as the only record", got)
+	}
+	if got := successPod([]*pod{failed}); got != nil {
+		t.Fatalf("chose %v from no SUCCESS record", got.UID)
+	}
+}
+
+func TestJudgeWarmMark(t *testing.T) {
+	mark := sdk.Candidate{Attempt: attempt, State: sdk.StateFailed, Executor: sdk.ExecutorWarm, LastFailureKind: sdk.FailureInfra,
+		FailureReason: sdk.LabelAgentLost, InfraMarkedAt: t0.Add(-30 * time.Second), WarmWorker: "reaper-warm-a"}
+	worker := func(phase corev1.PodPhase, opts ...func(*corev1.Pod)) map[string]*pod {
+		p := podOf(attempt, phase, opts...)
+		p.Name = "reaper-warm-a"
+		return map[string]*pod{p.Name: p}
+	}
+	workerState := func(running bool) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			st := corev1.ContainerStatus{Name: "worker"}
+			if running {
+				st.State.Running = &corev1.ContainerStateRunning{}
+			} else {
+				st.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, FinishedAt: metav1.Time{Time: t0}}
+			}
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, st)
+		}
+	}
+	unbound := mark
+	unbound.WarmWorker = ""
+	tests := []struct {
+		name    string
+		c       sdk.Candidate
+		workers map[string]*pod
+		want    markAction
+	}{
+		{name: "WorkerGoneFromTheLiveList_Confirms", c: mark, workers: map[string]*pod{}, want: markConfirm},
+		{name: "OnlyOtherWorkersInTheList_Confirms", c: mark, want: markConfirm, workers: func() map[string]*pod {
+			w := worker(corev1.PodRunning, workerState(true))
+			return map[string]*pod{"reaper-warm-b": w["reaper-warm-a"]}
+		}()},
+		{name: "WorkerContainerTerminated_Confirms", c: mark, workers: worker(corev1.PodFailed, workerState(false)), want: markConfirm},
+		{name: "WorkerStillRunning_Holds", c: mark, workers: worker(corev1.PodRunning, workerState(true)), want: markHold},
+		{name: "WorkerReadsFailedWhileItsContainerRuns_Holds", c: mark, workers: worker(corev1.PodFailed, workerState(true)), want: markHold},
+		{name: "WorkerTerminatingInItsGrace_Holds", c: mark, want: markHold, workers: worker(corev1.PodRunning, workerState(true),
+			func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: t0.Add(20 * time.Second)} })},
+		{name: "WorkerReportsNoContainer_Holds", c: mark, workers: worker(corev1.PodFailed), want: markHold},
+		{name: "BoundToNoWorker_Holds", c: unbound, workers: map[string]*pod{}, want: markHold},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, detail := judgeWarmMark(tt.c, tt.workers); got != tt.want {
+				t.Fatalf("got %d (%s), want %d", got, detail, tt.want)
+			}
+		})
+	}
+}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -19,11 +19,13 @@ var errDeposed = errors.New("the leadership term is no longer current")
 // attempt whose running report was lost is still queued.
 var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 
-// Sweep is the reconcile phase, in three steps over one snapshot of the
+// Sweep is the reconcile phase, in four steps over one snapshot of the
 // presence cache: settle every finished pod's attempt from its durable
 // outcome record (or the cluster's word); confirm or override each
-// provisional infra mark from a live read of its attempt's pods; collect
-// finished pods that are settled and older than CollectAfter. The sweep
+// provisional infra mark of a kube attempt from a live read of its
+// attempt's pods; confirm each provisional infra mark of a warm attempt
+// from a live read of the warm pool; collect finished pods that are
+// settled and older than CollectAfter. The sweep
 // completes only on a synced cache: until then it fails, and the gate
 // holds.
 func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
@@ -35,7 +37,7 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		return sdk.SweepResult{}, errors.New("kube sweep: the presence cache has not synced yet")
 	}
 	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
-		marked: map[sdk.Attempt]bool{}}
+		marked: map[sdk.Attempt]bool{}, markedKeys: map[string]bool{}}
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
@@ -47,6 +49,9 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		r.presence.tombs.forget(tombs, settled)
 	}
 	if err := sw.marks(ctx); err != nil {
+		return sw.res, err
+	}
+	if err := sw.warmMarks(ctx); err != nil {
 		return sw.res, err
 	}
 	if err := sw.collect(ctx, pods, settled); err != nil {
@@ -63,8 +68,21 @@ type sweep struct {
 	board sdk.Board
 	res   sdk.SweepResult
 	// marked: attempts with a provisional infra mark seen by this sweep;
-	// their pods are never collected while it stands.
-	marked map[sdk.Attempt]bool
+	// their pods are never collected while it stands. markedKeys holds
+	// their attempts as the lossy labels spell them, for the pods that
+	// carry no exact task id.
+	marked     map[sdk.Attempt]bool
+	markedKeys map[string]bool
+}
+
+// heldByMark: the pod may belong to an attempt with a provisional infra
+// mark. A pod without the exact task id is held by the mark of any task
+// its lossy label could name.
+func (sw *sweep) heldByMark(p *pod, a sdk.Attempt) bool {
+	if p.labels.hasRaw {
+		return sw.marked[a]
+	}
+	return sw.markedKeys[p.labels.indexKey()]
 }
 
 func (sw *sweep) decide(label string, a sdk.Attempt, applied bool, detail string, ev map[string]string) {
@@ -74,7 +92,11 @@ func (sw *sweep) decide(label string, a sdk.Attempt, applied bool, detail string
 
 // settle settles the attempt of every finished pod, a page at a time, and
 // returns the pods whose attempt is settled (the settlement applied now,
-// or the row had already moved on from it).
+// or the row had already moved on from it). A pod without the exact task
+// id (from before the raw task id annotation) names its task only by the
+// lossy label, which it may share with another task: its settlement
+// carries the pod's UID and the board settles the task that recorded that
+// pod as its own, never one found by the label.
 func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error) {
 	settled := map[*pod]bool{}
 	var (
@@ -85,6 +107,8 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 	// The board takes each task instance at most once a batch, and a task
 	// that ran again (a retry, a re-place) leaves a finished pod per
 	// attempt: a second pod of one task instance starts the next batch.
+	// Pods are told apart by the lossy label, so a pod without the exact
+	// task id never shares a batch with one it could resolve to.
 	inBatch := map[[2]string]bool{}
 	flush := func() error {
 		if len(batch) == 0 {
@@ -94,7 +118,7 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 		if sw.req.DryRun {
 			for i, st := range batch {
 				sw.decide(sdk.LabelReconcileSettled, st.Attempt, false, "would settle "+string(st.Outcome)+" from "+owner[i].ref(),
-					map[string]string{"rule": rules[i], "pod": owner[i].Name})
+					settleEvidence(owner[i], rules[i], ""))
 			}
 			return nil
 		}
@@ -114,11 +138,16 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			if mr.Applied {
 				st := batch[i]
 				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
+				if st.LossyPod {
+					detail += " (no exact task id on the pod: the attempt recorded its UID)"
+				}
 				if st.Message != "" {
 					detail += ": " + st.Message
 				}
-				sw.decide(sdk.LabelReconcileSettled, st.Attempt, true, detail,
-					map[string]string{"rule": rules[i], "pod": owner[i].Name, "outcome": string(st.Outcome)})
+				// The board names the attempt it settled: for a pod without
+				// the exact task id, the one that recorded the pod.
+				sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail,
+					settleEvidence(owner[i], rules[i], string(st.Outcome)))
 			}
 		}
 		return nil
@@ -132,14 +161,16 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 		if !ok {
 			continue
 		}
-		if key := [2]string{a.RunID, a.TaskID}; inBatch[key] {
+		key := [2]string{a.RunID, TaskIDLabel(a.TaskID)}
+		if inBatch[key] {
 			if err := flush(); err != nil {
 				return settled, err
 			}
 		}
-		inBatch[[2]string{a.RunID, a.TaskID}] = true
+		inBatch[key] = true
 		batch = append(batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
-			Reason: v.reason, Message: v.message, EndedAt: p.endedAt(sw.req.Now), Term: sw.req.Term, At: sw.req.Now})
+			Reason: v.reason, Message: v.message, EndedAt: p.endedAt(sw.req.Now),
+			PodUID: string(p.UID), LossyPod: !p.labels.hasRaw, Term: sw.req.Term, At: sw.req.Now})
 		owner, rules = append(owner, p), append(rules, v.rule)
 		if len(batch) == ladder.PageSize {
 			if err := flush(); err != nil {
@@ -177,6 +208,7 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 	for i, c := range cs {
 		as[i] = c.Attempt
 		sw.marked[c.Attempt] = true
+		sw.markedKeys[attemptIndexKey(c.Attempt)] = true
 	}
 	pods, err := sw.r.listAttempts(ctx, as)
 	if err != nil {
@@ -196,9 +228,10 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: sw.req.Term, At: sw.req.Now})
 			cDetail = append(cDetail, detail)
 		case markOverride:
+			rec := successPod(pods[c.Attempt])
 			overrides = append(overrides, sdk.Override{Attempt: c.Attempt,
-				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), EndedAt: successEnd(pods[c.Attempt], sw.req.Now),
-				Term: sw.req.Term, At: sw.req.Now})
+				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), EndedAt: rec.endedAt(sw.req.Now),
+				PodUID: string(rec.UID), LossyPod: !rec.labels.hasRaw, Term: sw.req.Term, At: sw.req.Now})
 			oCand, oDetail = append(oCand, c), append(oDetail, detail)
 		}
 	}
@@ -231,6 +264,77 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 	return nil
 }
 
+// warmMarks pages through the provisional infra marks of warm attempts
+// and confirms each whose worker can no longer run it (judgeWarmMark),
+// from a live LIST of the warm pool made after the page was listed. A
+// LIST that fails confirms nothing (warm_worker_list_error): those marks
+// stay provisional, and the rest of the sweep goes on.
+func (sw *sweep) warmMarks(ctx context.Context) error {
+	q := sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorWarm}, Limit: ladder.PageSize}
+	for {
+		page, err := sw.board.ListProvisional(ctx, q)
+		if err != nil {
+			return fmt.Errorf("kube sweep: listing provisional infra marks of warm attempts: %w", err)
+		}
+		if len(page.Candidates) > 0 {
+			ok, err := sw.warmPage(ctx, page.Candidates)
+			if err != nil || !ok {
+				return err
+			}
+		}
+		if page.Next == nil {
+			return nil
+		}
+		q.After = page.Next
+	}
+}
+
+// warmPage judges one page of warm marks; ok is false when the warm pool
+// could not be listed (the remaining pages are left for the next sweep).
+func (sw *sweep) warmPage(ctx context.Context, cs []sdk.Candidate) (bool, error) {
+	workers := map[string]*pod{}
+	err := sw.r.list(ctx, sw.r.warm, func(p *pod) { workers[p.Name] = p })
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return false, fmt.Errorf("kube sweep: listing the warm pool: %w", cerr)
+		}
+		sw.s.log.Warn("kube sweep: listing the warm pool failed: no warm mark confirmed this sweep",
+			"marks", len(cs), "error", err)
+		sw.decide(sdk.LabelWarmWorkerListErr, sdk.Attempt{}, false,
+			fmt.Sprintf("listing the warm pool failed; %d provisional warm marks left unconfirmed: %v", len(cs), err),
+			map[string]string{"error": err.Error(), "marks": strconv.Itoa(len(cs))})
+		return false, nil
+	}
+	var (
+		confirms []sdk.Confirm
+		details  []string
+		evidence []map[string]string
+	)
+	for _, c := range cs {
+		act, detail := judgeWarmMark(c, workers)
+		if act != markConfirm {
+			continue
+		}
+		confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: sw.req.Term, At: sw.req.Now})
+		details = append(details, detail)
+		evidence = append(evidence, map[string]string{"mark": c.FailureReason, "warm_worker": c.WarmWorker,
+			"warm_workers": strconv.Itoa(len(workers))})
+	}
+	if len(confirms) == 0 {
+		return true, nil
+	}
+	if sw.req.DryRun {
+		for i, c := range confirms {
+			sw.decide(sdk.LabelReconcileInfraConfirmed, c.Attempt, false, details[i], evidence[i])
+		}
+		return true, nil
+	}
+	res, err := sw.board.ConfirmInfra(ctx, confirms)
+	return true, sw.applied(res, err, "confirming warm", len(confirms), func(i int) {
+		sw.decide(sdk.LabelReconcileInfraConfirmed, confirms[i].Attempt, true, details[i], evidence[i])
+	})
+}
+
 // applied walks the results of a batch of n writes, calling each for the
 // index of every one that applied. A deposed no-op ends the sweep.
 func (sw *sweep) applied(res []sdk.MarkResult, err error, doing string, n int, each func(int)) error {
@@ -258,7 +362,7 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	var n, failed int
 	for _, p := range pods {
 		a, ok := p.labels.attempt()
-		if !ok || sw.marked[a] || !collectible(p, settled[p], sw.req.Now) {
+		if !ok || sw.heldByMark(p, a) || !collectible(p, settled[p], sw.req.Now) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
@@ -283,13 +387,32 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	return nil
 }
 
-// successEnd is when the attempt whose pods left a SUCCESS record really
-// ended: the end of the pod that holds the record (zero: unknown).
-func successEnd(pods []*pod, now time.Time) time.Time {
+// settleEvidence is the evidence of a settle decision.
+func settleEvidence(p *pod, rule, outcome string) map[string]string {
+	ev := map[string]string{"rule": rule, "pod": p.Name, "pod_uid": string(p.UID)}
+	if outcome != "" {
+		ev["outcome"] = outcome
+	}
+	if !p.labels.hasRaw {
+		ev["task_id_label"] = p.labels.task
+	}
+	return ev
+}
+
+// successPod is the pod among the attempt's that holds a SUCCESS record
+// (nil: none), one with the exact task id first: a pod without it is the
+// attempt's only if the attempt recorded its UID, which the board checks.
+func successPod(pods []*pod) *pod {
+	var lossy *pod
 	for _, p := range pods {
 		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
-			return p.endedAt(now)
+			if p.labels.hasRaw {
+				return p
+			}
+			if lossy == nil {
+				lossy = p
+			}
 		}
 	}
-	return time.Time{}
+	return lossy
 }

@@ -7,6 +7,9 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -441,6 +444,298 @@ func TestSweep(t *testing.T) {
 		bob, _, _ := s.substrateAs(kubetest.Bob, nil) // may not list: never syncs
 		if _, err := bob.Sweep(context.Background(), sdk.SweepRequest{Now: time.Now(), Term: s.term, Ladder: ladder.Defaults()}, s.store); err == nil {
 			t.Fatal("a sweep on an unsynced cache completed")
+		}
+	})
+}
+
+// recordPod records pod p as attempt a's own, as the kube runner does once
+// its create answered.
+func (s *sweepEnv) recordPod(a sdk.Attempt, p *corev1.Pod) {
+	s.t.Helper()
+	if ok, err := s.w.RecordPodUID(context.Background(), a, string(p.UID), time.Now()); err != nil || !ok {
+		s.t.Fatalf("recording the pod of %s: %v, %v", a, ok, err)
+	}
+}
+
+// Load_A and load-a share the task-id label load-a. A pod without the raw
+// task id annotation is tied to its attempt by the UID the runner recorded,
+// never by that label: its outcome settles exactly the task that recorded
+// it, and a pod nobody recorded settles nothing.
+func TestSweepLossyTaskID(t *testing.T) {
+	t.Parallel()
+	upper := sdk.Attempt{RunID: "run-lossy", TaskID: "Load_A", Try: 1, Epoch: 1}
+	lower := sdk.Attempt{RunID: "run-lossy", TaskID: "load-a", Try: 1, Epoch: 1}
+	succeeded := func(t *testing.T, a sdk.Attempt) func(*corev1.PodStatus) {
+		return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordSuccess, code(0), ""))
+	}
+	// finishedLossy runs an annotation-less pod of a and plays it ending
+	// with a's SUCCESS record; record says whether a records the pod.
+	finishedLossy := func(t *testing.T, s *sweepEnv, a sdk.Attempt, record bool) *corev1.Pod {
+		p := s.running(a, withoutAnnotation())
+		if record {
+			s.recordPod(a, p)
+		}
+		p = s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, a)(st) })
+		s.cachedPhase(s.sub, a, p.Name, corev1.PodSucceeded)
+		return p
+	}
+
+	t.Run("SettlesTheTaskThatRecordedThePodNotTheLabelsSibling", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		s.recordPod(lower, s.running(lower)) // load-a runs on, in a pod of its own
+		p := finishedLossy(t, s, upper, true)
+		res := s.sweep(time.Now())
+		if ti := s.row(upper); ti.State != sdk.StateSuccess {
+			t.Fatalf("Load_A after its own SUCCESS record: %s (decisions %+v)", ti.State, res.Decisions)
+		}
+		if ti := s.row(lower); ti.State != sdk.StateRunning || ti.LastFailureKind != "" {
+			t.Fatalf("load-a was settled by Load_A's record: %s/%s", ti.State, ti.LastFailureKind)
+		}
+		var got []sdk.Decision
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileSettled {
+				got = append(got, d)
+			}
+		}
+		if len(got) != 1 || !got[0].Applied || got[0].Attempt != upper || got[0].Evidence["pod_uid"] != string(p.UID) {
+			t.Fatalf("settle decisions %+v, want one applied for %s naming pod %s", got, upper, p.UID)
+		}
+	})
+
+	t.Run("APodNoTaskRecordedSettlesNothing", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		finishedLossy(t, s, upper, false)
+		res := s.sweep(time.Now())
+		for _, a := range []sdk.Attempt{upper, lower} {
+			if ti := s.row(a); ti.State != sdk.StateRunning {
+				t.Fatalf("%s was settled by a pod no task recorded: %s", a.TaskID, ti.State)
+			}
+		}
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileSettled && d.Applied {
+				t.Fatalf("an unrecorded pod settled: %+v", d)
+			}
+		}
+	})
+
+	// The same holds for a provisional mark: a sibling's pod that only the
+	// lossy label ties to the marked task never overrides the mark with
+	// the sibling's success; the task's own recorded pod does.
+	t.Run("OverrideOnlyFromThePodTheMarkedTaskRecorded", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		now := time.Now()
+		s.mark(lower, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.recordPod(upper, s.running(upper)) // Load_A's own pod, annotated
+		// Load_A's old-style pod: labelled load-a, try 1, epoch 1, with a
+		// SUCCESS record of load-a's attempt (a record is the task's own
+		// words: anything may be in it).
+		p := s.running(lower, withoutAnnotation())
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, lower)(st) })
+		s.cachedPhase(s.sub, lower, p.Name, corev1.PodSucceeded)
+		res := s.sweep(now)
+		ti := s.row(lower)
+		if ti.State == sdk.StateSuccess || len(res.Overrides) != 0 {
+			t.Fatalf("a pod load-a never recorded overrode its mark: row %s, overrides %v", ti.State, res.Overrides)
+		}
+		if ti.LastFailureKind != sdk.FailureInfra {
+			t.Fatalf("row %+v, want the mark kept", ti)
+		}
+	})
+
+	// A provisional mark keeps its attempt's pods from collection; a pod
+	// without the exact task id is kept by the mark of any task its label
+	// could name (Load_A's mark keeps a pod labelled load-a).
+	t.Run("AMarkKeepsTheLossyPodsItsLabelCouldName", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		p := s.running(upper, withoutAnnotation())
+		s.recordPod(upper, p)
+		now := time.Now().Add(CollectAfter + time.Minute)
+		s.mark(upper, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { finish(corev1.PodFailed, 137, "Error", "")(st) })
+		s.cachedPhase(s.sub, upper, p.Name, corev1.PodFailed)
+		s.sweep(now)
+		if s.get(p.Name) == nil {
+			t.Fatal("the pod of a provisional mark was collected")
+		}
+	})
+
+	t.Run("OverrideFromTheLossyPodTheMarkedTaskRecorded", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(upper)
+		s.runningOnBoard(lower)
+		p := s.running(upper, withoutAnnotation())
+		s.recordPod(upper, p)
+		now := time.Now()
+		s.mark(upper, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(p.Name, func(st *corev1.PodStatus) { succeeded(t, upper)(st) })
+		s.cachedPhase(s.sub, upper, p.Name, corev1.PodSucceeded)
+		res := s.sweep(now)
+		if ti := s.row(upper); ti.State != sdk.StateSuccess || res.Overrides[sdk.LabelAgentLost] != 1 {
+			t.Fatalf("Load_A's own recorded pod did not override its mark: row %s, overrides %v", ti.State, res.Overrides)
+		}
+		if ti := s.row(lower); ti.State != sdk.StateRunning {
+			t.Fatalf("load-a moved: %s", ti.State)
+		}
+	})
+}
+
+// warmRunningOnBoard drives warm attempt a to running on the board, bound
+// to worker.
+func (s *sweepEnv) warmRunningOnBoard(a sdk.Attempt, worker string) {
+	s.t.Helper()
+	ctx := context.Background()
+	now := time.Now().Add(-10 * time.Minute)
+	if !s.runs[a.RunID] {
+		if err := s.w.CreateRun(ctx, lifecycle.NewRun{RunID: a.RunID, DagID: "dag"}, now); err != nil {
+			s.t.Fatal(err)
+		}
+		s.runs[a.RunID] = true
+	}
+	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries,
+        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, 'warm', 2, 2, 3, $3, $4, $5)`,
+		a.RunID, a.TaskID, a.Try, a.Epoch, now); err != nil {
+		s.t.Fatal(err)
+	}
+	if ok, err := s.w.Enqueue(ctx, a, now); err != nil || !ok {
+		s.t.Fatalf("scheduling %s: %v, %v", a, ok, err)
+	}
+	if ok, err := s.w.QueueWarm(ctx, a, worker, now); err != nil || !ok {
+		s.t.Fatalf("binding %s to %s: %v, %v", a, worker, ok, err)
+	}
+	if stop, err := s.w.Running(ctx, a, now); err != nil || stop {
+		s.t.Fatalf("driving %s to running: %v, %v", a, stop, err)
+	}
+}
+
+// warmWorker makes a warm pool pod named name on the KWOK node and waits
+// until it runs.
+func (s *sweepEnv) warmWorker(name string) *corev1.Pod {
+	s.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelWarmPool: "default"}},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, NodeName: s.node,
+			Containers: []corev1.Container{{Name: "worker", Image: "agent"}}},
+	}
+	if _, err := s.cs.CoreV1().Pods(s.ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("creating warm worker %s: %v", name, err)
+	}
+	return s.waitPod(name, "Running", func(p *corev1.Pod) bool { return p != nil && p.Status.Phase == corev1.PodRunning })
+}
+
+// A warm attempt has no pod and leaves no record: its provisional mark
+// (agent_lost) is confirmed by the sweep from the warm pool's own signal,
+// a live read showing its worker gone or ended, so the planner re-places
+// it without waiting for the confirmation valve (whose
+// infra_confirm_valve_open is the "reconciler broken" alert). A worker that
+// still runs holds the mark; a LIST that fails confirms nothing.
+func TestSweepWarmMarks(t *testing.T) {
+	t.Parallel()
+	a := sdk.Attempt{RunID: "run-warm", TaskID: "load", Try: 1, Epoch: 1}
+	const worker = "reaper-warm-default-a"
+	confirmed := func(res sdk.SweepResult) bool {
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileInfraConfirmed && d.Applied && d.Attempt == a &&
+				d.Evidence["warm_worker"] == worker {
+				return true
+			}
+		}
+		return false
+	}
+	t.Run("WorkerPodGone_ConfirmedBySweep", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		if err := s.cs.CoreV1().Pods(s.ns).Delete(context.Background(), worker, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s.waitPod(worker, "gone", func(p *corev1.Pod) bool { return p == nil })
+		res := s.sweep(now)
+		ti := s.row(a)
+		if !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
+		wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", true)
+	})
+	t.Run("WorkerContainerTerminated_ConfirmedBySweep", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		s.playStatus(worker, func(st *corev1.PodStatus) {
+			n := metav1.Now()
+			st.Phase = corev1.PodFailed
+			st.ContainerStatuses = []corev1.ContainerStatus{{Name: "worker", Image: "agent",
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "Error",
+					StartedAt: n, FinishedAt: n}}}}
+		})
+		res := s.sweep(now)
+		if ti := s.row(a); !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
+	})
+	t.Run("WorkerStillRunning_StaysProvisional", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second))
+		res := s.sweep(now)
+		if ti := s.row(a); confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a mark whose worker still runs was confirmed: row %+v", ti)
+		}
+		wantRow(t, s.row(a), sdk.StateFailed, sdk.FailureInfra, "agent_lost:", false)
+	})
+	t.Run("ListError_ConfirmsNothing", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		now := time.Now()
+		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second)) // no worker pod at all
+		s.synced(s.sub)
+		warmSel := "labelSelector=" + url.QueryEscape(DefaultWarmPoolSelector)
+		s.calls.mu.Lock()
+		s.calls.fail = func(req *http.Request) error {
+			if strings.Contains(req.URL.RawQuery, warmSel) {
+				return errors.New("the API server is unreachable")
+			}
+			return nil
+		}
+		s.calls.mu.Unlock()
+		res := s.sweep(now)
+		if ti := s.row(a); confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a warm mark was confirmed on a failed LIST: row %+v", ti)
+		}
+		var listErr bool
+		for _, d := range res.Decisions {
+			listErr = listErr || (d.Label == sdk.LabelWarmWorkerListErr && !d.Applied && strings.Contains(d.Detail, "unreachable"))
+		}
+		if !listErr {
+			t.Fatalf("decisions %+v, want %s", res.Decisions, sdk.LabelWarmWorkerListErr)
+		}
+		// The LIST answers again: the next sweep confirms.
+		s.calls.mu.Lock()
+		s.calls.fail = nil
+		s.calls.mu.Unlock()
+		if res := s.sweep(now.Add(30 * time.Second)); !confirmed(res) {
+			t.Fatalf("decisions %+v after the LIST recovered", res.Decisions)
 		}
 	})
 }

@@ -42,6 +42,9 @@ type Row struct {
 	InfraUsed    int32
 	ErrorMessage string
 	Held         bool
+	// PodUID is the pod UID recorded for the attempt (kube). It is seeded,
+	// not read back.
+	PodUID string
 }
 
 // RunRow is a run as a case seeds it.
@@ -106,7 +109,7 @@ func (m *memory) Put(r Row) {
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
-		ErrorMessage: r.ErrorMessage, Held: r.Held})
+		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {

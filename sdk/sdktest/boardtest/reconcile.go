@@ -251,6 +251,92 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 			f.ExpireLease(at(-time.Second))
 			noop(t, settleOne(t, f, settlement(f, a, sdk.OutcomeSuccess)), sdk.NoopDeposed)
 		},
+		// A pod without the exact task id names its task only by the lossy
+		// label (Load_A and load-a share load-a): its outcome settles the
+		// task instance that records the pod's UID, and no other.
+		"SettleFromALossyPodSettlesTheTaskThatRecordsItsUID": func(t *testing.T, f Fixture) {
+			own := running(f, "run", "Load_A", at(-20*time.Minute), at(-10*time.Minute))
+			r := row(t, f, own)
+			r.PodUID = "uid-load-a-upper"
+			f.Put(r)
+			sibling := running(f, "run", "load-a", at(-20*time.Minute), at(-10*time.Minute))
+			r = row(t, f, sibling)
+			r.PodUID = "uid-load-a-lower"
+			f.Put(r)
+			siblingBefore := row(t, f, sibling)
+			s := settlement(f, attempt("run", "load-a"), sdk.OutcomeSuccess)
+			s.PodUID, s.LossyPod = "uid-load-a-upper", true
+			res, err := f.Board().Settle(t.Context(), []sdk.Settlement{s})
+			got := one(t, own, res, err)
+			applied(t, got)
+			if r := row(t, f, own); r.State != sdk.StateSuccess {
+				t.Fatalf("Load_A after its own record: %+v", r)
+			}
+			unchanged(t, f, sibling, siblingBefore)
+		},
+		"SettleFromALossyPodWhoseUIDNoTaskRecordsSettlesNothing": func(t *testing.T, f Fixture) {
+			own := running(f, "run", "Load_A", at(-20*time.Minute), at(-10*time.Minute))
+			sibling := running(f, "run", "load-a", at(-20*time.Minute), at(-10*time.Minute))
+			r := row(t, f, sibling)
+			r.PodUID = "uid-load-a-lower"
+			f.Put(r)
+			ownBefore, siblingBefore := row(t, f, own), row(t, f, sibling)
+			// The label names load-a, and load-a's row holds exactly that
+			// attempt: still nothing, for load-a records another pod.
+			s := settlement(f, attempt("run", "load-a"), sdk.OutcomeSuccess)
+			s.PodUID, s.LossyPod = "uid-nobody", true
+			noop(t, settleOne(t, f, s), sdk.NoopNotFound)
+			unchanged(t, f, own, ownBefore)
+			unchanged(t, f, sibling, siblingBefore)
+		},
+		"SettleFromALossyPodKeepsItsGuards": func(t *testing.T, f Fixture) {
+			own := running(f, "run", "Load_A", at(-20*time.Minute), at(-10*time.Minute))
+			r := row(t, f, own)
+			r.PodUID = "uid-1"
+			f.Put(r)
+			before := row(t, f, own)
+			s := settlement(f, attempt("run", "load-a"), sdk.OutcomeSuccess)
+			s.PodUID, s.LossyPod = "uid-1", true
+			s.Try++
+			res, err := f.Board().Settle(t.Context(), []sdk.Settlement{s})
+			noop(t, one(t, sdk.Attempt{RunID: "run", TaskID: "Load_A", Try: s.Try}, res, err), sdk.NoopMovedOn)
+			s.Try--
+			s.Term++
+			res, err = f.Board().Settle(t.Context(), []sdk.Settlement{s})
+			noop(t, one(t, own, res, err), sdk.NoopDeposed)
+			unchanged(t, f, own, before)
+			s.Term, s.PodUID = f.Term(), ""
+			if _, err := f.Board().Settle(t.Context(), []sdk.Settlement{s}); err == nil {
+				t.Fatal("a lossy settlement without a pod UID was accepted")
+			}
+		},
+		// An annotated settlement keeps its behaviour: matched by its exact
+		// task id, whatever pod UID the row records.
+		"SettleFromAnExactPodIsUnchanged": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			r := row(t, f, a)
+			r.PodUID = "uid-recorded"
+			f.Put(r)
+			s := settlement(f, a, sdk.OutcomeSuccess)
+			s.PodUID = "uid-other"
+			applied(t, settleOne(t, f, s))
+		},
+		// A SUCCESS record on a pod that only its lossy labels tie to the
+		// marked task overrides the mark only when the attempt records
+		// that pod as its own.
+		"OverrideFromALossyPodNeedsTheRecordedUID": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			r := row(t, f, o.Attempt)
+			r.PodUID = "uid-own"
+			f.Put(r)
+			o.PodUID, o.LossyPod = "uid-sibling", true
+			noOverride(t, f, o, sdk.NoopPodNotRecorded)
+			o.PodUID = "uid-own"
+			applied(t, overrideOne(t, f, o))
+			if r := row(t, f, o.Attempt); r.State != sdk.StateSuccess {
+				t.Fatalf("row after the override: %+v", r)
+			}
+		},
 		"MalformedReconcilerWritesAreErrors": func(t *testing.T, f Fixture) {
 			a := silent(f)
 			b := f.Board()

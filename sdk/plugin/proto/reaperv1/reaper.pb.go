@@ -2164,12 +2164,16 @@ func (x *ConfirmRequest) GetConfirms() []*Confirm {
 }
 
 type Override struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	MarkedAfter   int64                  `protobuf:"varint,2,opt,name=marked_after,json=markedAfter,proto3" json:"marked_after,omitempty"`
-	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
-	At            int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
-	EndedAt       int64                  `protobuf:"varint,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Attempt     *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	MarkedAfter int64                  `protobuf:"varint,2,opt,name=marked_after,json=markedAfter,proto3" json:"marked_after,omitempty"`
+	Term        int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	At          int64                  `protobuf:"varint,4,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt     int64                  `protobuf:"varint,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The pod holding the SUCCESS record; lossy_pod: it names its task only
+	// by the lossy task-id label (protocol v1 addition).
+	PodUid        string `protobuf:"bytes,6,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	LossyPod      bool   `protobuf:"varint,7,opt,name=lossy_pod,json=lossyPod,proto3" json:"lossy_pod,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2239,6 +2243,20 @@ func (x *Override) GetEndedAt() int64 {
 	return 0
 }
 
+func (x *Override) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *Override) GetLossyPod() bool {
+	if x != nil {
+		return x.LossyPod
+	}
+	return false
+}
+
 type OverrideRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Overrides     []*Override            `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"`
@@ -2284,15 +2302,20 @@ func (x *OverrideRequest) GetOverrides() []*Override {
 }
 
 type Settlement struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	Outcome       string                 `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	FromStates    []string               `protobuf:"bytes,3,rep,name=from_states,json=fromStates,proto3" json:"from_states,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
-	Term          int64                  `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
-	At            int64                  `protobuf:"varint,7,opt,name=at,proto3" json:"at,omitempty"`
-	EndedAt       int64                  `protobuf:"varint,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Attempt    *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Outcome    string                 `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	FromStates []string               `protobuf:"bytes,3,rep,name=from_states,json=fromStates,proto3" json:"from_states,omitempty"`
+	Reason     string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message    string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Term       int64                  `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
+	At         int64                  `protobuf:"varint,7,opt,name=at,proto3" json:"at,omitempty"`
+	EndedAt    int64                  `protobuf:"varint,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The pod the outcome was read from; lossy_pod: it names its task only
+	// by the lossy task-id label, so the board resolves the task instance by
+	// the recorded pod UID (protocol v1 addition).
+	PodUid        string `protobuf:"bytes,9,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	LossyPod      bool   `protobuf:"varint,10,opt,name=lossy_pod,json=lossyPod,proto3" json:"lossy_pod,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2381,6 +2404,20 @@ func (x *Settlement) GetEndedAt() int64 {
 		return x.EndedAt
 	}
 	return 0
+}
+
+func (x *Settlement) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *Settlement) GetLossyPod() bool {
+	if x != nil {
+		return x.LossyPod
+	}
+	return false
 }
 
 type SettleRequest struct {
@@ -3490,15 +3527,17 @@ const file_reaper_proto_rawDesc = "" +
 	"\x04term\x18\x02 \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\x03 \x01(\x03R\x02at\"@\n" +
 	"\x0eConfirmRequest\x12.\n" +
-	"\bconfirms\x18\x01 \x03(\v2\x12.reaper.v1.ConfirmR\bconfirms\"\x9a\x01\n" +
+	"\bconfirms\x18\x01 \x03(\v2\x12.reaper.v1.ConfirmR\bconfirms\"\xd0\x01\n" +
 	"\bOverride\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12!\n" +
 	"\fmarked_after\x18\x02 \x01(\x03R\vmarkedAfter\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\x04 \x01(\x03R\x02at\x12\x19\n" +
-	"\bended_at\x18\x05 \x01(\x03R\aendedAt\"D\n" +
+	"\bended_at\x18\x05 \x01(\x03R\aendedAt\x12\x17\n" +
+	"\apod_uid\x18\x06 \x01(\tR\x06podUid\x12\x1b\n" +
+	"\tlossy_pod\x18\a \x01(\bR\blossyPod\"D\n" +
 	"\x0fOverrideRequest\x121\n" +
-	"\toverrides\x18\x01 \x03(\v2\x13.reaper.v1.OverrideR\toverrides\"\xe6\x01\n" +
+	"\toverrides\x18\x01 \x03(\v2\x13.reaper.v1.OverrideR\toverrides\"\x9c\x02\n" +
 	"\n" +
 	"Settlement\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x18\n" +
@@ -3509,7 +3548,10 @@ const file_reaper_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x12\n" +
 	"\x04term\x18\x06 \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\a \x01(\x03R\x02at\x12\x19\n" +
-	"\bended_at\x18\b \x01(\x03R\aendedAt\"H\n" +
+	"\bended_at\x18\b \x01(\x03R\aendedAt\x12\x17\n" +
+	"\apod_uid\x18\t \x01(\tR\x06podUid\x12\x1b\n" +
+	"\tlossy_pod\x18\n" +
+	" \x01(\bR\blossyPod\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.reaper.v1.SettlementR\vsettlements\"\x95\x01\n" +
 	"\fSweepRequest\x12\x10\n" +
