@@ -152,6 +152,26 @@ func TestPodLostNodeUnreachable(t *testing.T) {
 			t.Fatalf("the pod was touched: %+v", got)
 		}
 	})
+	t.Run("TerminatingWithNoKubeletToConfirm_StillNodeUnreachable", func(t *testing.T) {
+		// An eviction (the taint manager's, after the pods' toleration) or
+		// anyone's graceful delete: no kubelet confirms it, so the pod stays.
+		if err := e.cs.CoreV1().Pods(e.ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitFor("the cache to see the pod Terminating", func() bool {
+			got, err := e.sub.Liveness(ctx, sdk.LivenessRequest{Attempts: []sdk.Attempt{a}, Now: time.Now()})
+			return err == nil && got[0].Node == node && strings.Contains(got[0].Detail, "Terminating")
+		})
+		e.clk.Advance(podlost.DefaultFullWalkEvery + time.Minute)
+		ds := e.reap(podlost.New(nil), e.sub)
+		if got := labels(ds, a); got != sdk.LabelPodLostNodeUnreachable || !strings.Contains(ds[0].Detail, "Terminating") {
+			t.Fatalf("decisions %q (%+v), want %s of a Terminating pod", got, ds, sdk.LabelPodLostNodeUnreachable)
+		}
+		e.wantState(a, sdk.StateRunning)
+		if e.get(p.Name) == nil {
+			t.Fatal("the Terminating pod went: something confirmed its deletion")
+		}
+	})
 	t.Run("PodObjectGone_PodLost", func(t *testing.T) {
 		e.remove(p, &a)
 		e.clk.Advance(e.ladder.MaintenanceInterval)
