@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/plugins/podlost"
@@ -38,10 +39,19 @@ func (e *env) silentNode() string {
 			e.t.Errorf("deleting node %s: %v", name, err)
 		}
 	})
-	now := metav1.Now()
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: now, LastTransitionTime: now}}
-	if _, err := e.cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	// The node lifecycle controller writes the new node too (its taints).
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := e.cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: now, LastTransitionTime: now}}
+		_, err = e.cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		e.t.Fatalf("writing node %s Ready: %v", name, err)
 	}
 	return name
@@ -118,6 +128,8 @@ func TestPodLostNodeUnreachable(t *testing.T) {
 		return e.readyCondition(node).Status == corev1.ConditionUnknown
 	})
 	since := e.readyCondition(node).LastTransitionTime.Time
+	t.Logf("the node lifecycle controller marked %s Unknown %s after it was made", node,
+		since.Sub(e.clk.Now()).Round(time.Second))
 	e.waitWithin(time.Minute, "the controller to mark the pod not Ready and the cache to see it", func() bool {
 		got, err := e.sub.Liveness(ctx, sdk.LivenessRequest{Attempts: []sdk.Attempt{a}, Now: time.Now()})
 		return err == nil && got[0].Node == node
