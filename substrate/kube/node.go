@@ -43,6 +43,15 @@ type nodeState struct {
 	err    error
 }
 
+// maxNodeReads bounds the node reads of one liveness call: a page of 100
+// attempts on as many lost nodes is read whole, while pods someone bound to
+// thousands of node names cannot turn one call into thousands of reads.
+// Past it, an answer says its node could not be read (a deferral).
+const maxNodeReads = 100
+
+// maxNodeWords bounds how many pods an answer's detail describes.
+const maxNodeWords = 5
+
 // nodeReads reads the nodes of one liveness call, each at most once.
 type nodeReads struct {
 	r    *running
@@ -57,6 +66,9 @@ func newNodeReads(r *running) *nodeReads {
 func (n *nodeReads) read(ctx context.Context, name string) nodeState {
 	if st, ok := n.seen[name]; ok {
 		return st
+	}
+	if len(n.seen) >= maxNodeReads {
+		return nodeState{err: fmt.Errorf("reading node %s: this call already read %d nodes, its bound", name, maxNodeReads)}
 	}
 	st := readNode(ctx, n.r, name)
 	n.seen[name] = st
@@ -138,6 +150,12 @@ func (n *nodeReads) annotate(ctx context.Context, l *sdk.AttemptLiveness, pods [
 			w += ", Terminating since " + p.DeletionTimestamp.UTC().Format(time.RFC3339) + " with no kubelet to confirm it"
 		}
 		words = append(words, w)
+	}
+	if len(words) > maxNodeWords {
+		words = append(words[:maxNodeWords], fmt.Sprintf("and %d more pods", len(words)-maxNodeWords))
+	}
+	if len(names) > maxNodeWords {
+		names = append(names[:maxNodeWords], fmt.Sprintf("and %d more", len(names)-maxNodeWords))
 	}
 	l.Node, l.NodeUnreachableSince = strings.Join(names, ","), since
 	l.Detail += "; node not Ready: " + strings.Join(words, "; ")

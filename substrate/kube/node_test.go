@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,50 @@ func TestNodeReachability_LatestSinceReported(t *testing.T) {
 	newNodeReads(&running{client: cs}).annotate(context.Background(), &l, pods)
 	if l.Node != "b,a" || !l.NodeUnreachableSince.Equal(late) {
 		t.Fatalf("answer %+v, want nodes b,a since %v", l, late)
+	}
+}
+
+// The attacker's pods: bound to more node names than one call may read,
+// they cost at most maxNodeReads reads, and the answers past the bound say
+// their node could not be read (a deferral), never anything else.
+func TestNodeReachability_ReadsBoundedPerCall(t *testing.T) {
+	t.Parallel()
+	cs := fake.NewClientset()
+	nodes := newNodeReads(&running{client: cs})
+	var errs int
+	for i := range maxNodeReads + 20 {
+		p := reduce(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p-%d", i)},
+			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("made-up-%d", i)}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+		l := presentLive(sdk.Attempt{RunID: "r", TaskID: fmt.Sprintf("t%d", i), Try: 1}, []*pod{p})
+		nodes.annotate(context.Background(), &l, []*pod{p})
+		if l.State != sdk.Alive || l.Node != "" {
+			t.Fatalf("answer %+v", l)
+		}
+		if l.NodeError != "" {
+			errs++
+		}
+	}
+	if n := len(cs.Actions()); n != maxNodeReads || errs != 20 {
+		t.Fatalf("%d node reads and %d node errors, want %d and 20", n, errs, maxNodeReads)
+	}
+}
+
+// Many pods of one attempt on lost nodes: the detail names a few of them.
+func TestNodeReachability_DetailBounded(t *testing.T) {
+	t.Parallel()
+	var objs []runtime.Object
+	var pods []*pod
+	for i := range 40 {
+		name := fmt.Sprintf("lost-%02d", i)
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown,
+				LastTransitionTime: metav1.NewTime(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))}}}})
+		pods = append(pods, reduce(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p-" + name},
+			Spec: corev1.PodSpec{NodeName: name}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}))
+	}
+	l := presentLive(sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}, pods)
+	newNodeReads(&running{client: fake.NewClientset(objs...)}).annotate(context.Background(), &l, pods)
+	if !strings.HasSuffix(l.Node, ",and 35 more") || !strings.Contains(l.Detail, "and 35 more pods") || len(l.Detail) > 2000 {
+		t.Fatalf("node %q, detail (%d bytes) %q", l.Node, len(l.Detail), l.Detail)
 	}
 }
