@@ -71,6 +71,14 @@ const (
 	LabelDispatchLostPodAlive = "dispatch_lost_pod_alive"
 	// LabelPodLostPodPresent: the attempt's pod exists.
 	LabelPodLostPodPresent = "pod_lost_pod_present"
+	// LabelPodLostNodeUnreachable: an attempt that never heartbeated has
+	// pods only on a node that has not been Ready for longer than podlost's
+	// node_unreachable_after (or that are Terminating there, no kubelet
+	// left to confirm it). Its container may still run, so nothing is
+	// failed; the operator confirms the machine is off and lets the cluster
+	// delete the pods (the out-of-service taint), after which pod_lost
+	// follows on its own signal.
+	LabelPodLostNodeUnreachable = "pod_lost_node_unreachable"
 	// LabelMarkNoop: a guarded mark changed nothing because the attempt moved
 	// on (another try, epoch or state), heartbeated again, or the term is no
 	// longer current.
@@ -137,7 +145,7 @@ func Labels() []string {
 		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen,
 		LabelDispatchUnavailable, LabelDispatchUnavailableSpent,
 		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr, LabelWarmRequeue,
-		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelMarkNoop,
+		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelPodLostNodeUnreachable, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,

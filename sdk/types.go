@@ -439,6 +439,18 @@ type AttemptLiveness struct {
 	// Pending: only a Pending pod of the attempt exists, none Running (kube).
 	Pending bool
 	Detail  string
+	// Node names the node every pod of the attempt that may still run is
+	// bound to when that node is not Ready (kube): its Ready condition is
+	// Unknown (the node stopped reporting) or False. Empty while the node
+	// is Ready, when it was not read, or when a pod of the attempt has
+	// finished or is on a Ready node.
+	Node string
+	// NodeUnreachableSince is when Node's Ready condition left True (its
+	// lastTransitionTime); zero when Node is empty.
+	NodeUnreachableSince time.Time
+	// NodeError: a node of the attempt's pods could not be read, so
+	// whether it is reachable is unknown (kube).
+	NodeError string
 }
 
 // TeardownRequest asks the substrate to stop exactly one attempt's

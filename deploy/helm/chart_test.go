@@ -142,7 +142,8 @@ func TestChartLintsStrictWithDefaultAndCustomValues(t *testing.T) {
 
 func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *testing.T) {
 	objs := render(t, "reaper-system")
-	want := "ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
+	want := "ClusterRole//reaper-system-reaper-nodes ClusterRoleBinding//reaper-system-reaper-nodes " +
+		"ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
 		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper"
 	if got := kinds(objs); got != want {
 		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
@@ -204,7 +205,8 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 
 func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	objs := render(t, "reaper-system", "--values", customValues)
-	want := "ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
+	want := "ClusterRole//reaper-system-reaperd-nodes ClusterRoleBinding//reaper-system-reaperd-nodes " +
+		"ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
 		"Role/tasks/reaperd RoleBinding/reaper-system/reaperd-leader RoleBinding/tasks/reaperd " +
 		"Service/reaper-system/reaperd ServiceAccount/reaper-system/reaper-sa ServiceMonitor/reaper-system/reaperd"
 	if got := kinds(objs); got != want {
@@ -468,15 +470,30 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	if len(want) == 0 {
 		t.Fatal("no Role in deploy/kube/rbac.yaml")
 	}
+	var wantCluster []rbacv1.PolicyRule
+	for _, u := range decodeAll(t, "deploy/kube/rbac.yaml", manifest) {
+		if u.GetKind() == "ClusterRole" {
+			wantCluster = append(wantCluster, convert[rbacv1.ClusterRole](t, u).Rules...)
+		}
+	}
+	if len(wantCluster) == 0 {
+		t.Fatal("no ClusterRole in deploy/kube/rbac.yaml")
+	}
 	for _, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}} {
-		var got []rbacv1.PolicyRule
+		var got, gotCluster []rbacv1.PolicyRule
 		for _, o := range render(t, "reaper-system", args...) {
-			if o.GetKind() == "Role" {
+			switch o.GetKind() {
+			case "Role":
 				got = append(got, convert[rbacv1.Role](t, o).Rules...)
+			case "ClusterRole":
+				gotCluster = append(gotCluster, convert[rbacv1.ClusterRole](t, o).Rules...)
 			}
 		}
 		if !reflect.DeepEqual(ruleSet(got), ruleSet(want)) {
 			t.Errorf("%v: chart rules %v, deploy/kube/rbac.yaml rules %v", args, got, want)
+		}
+		if !reflect.DeepEqual(ruleSet(gotCluster), ruleSet(wantCluster)) {
+			t.Errorf("%v: chart cluster rules %v, deploy/kube/rbac.yaml cluster rules %v", args, gotCluster, wantCluster)
 		}
 	}
 }

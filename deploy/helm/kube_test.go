@@ -135,7 +135,7 @@ func allowed(ctx context.Context, t *testing.T, cs kubernetes.Interface, user, s
 // authorizer, for the chart's ServiceAccount: the calls of the kube
 // substrate on the task namespace's pods and of the leader elector on its
 // Lease are allowed; secrets, pod creation (without the runner), exec, status writes, other
-// namespaces and anything cluster-wide are not. Task pods in the release's
+// namespaces and anything cluster-wide but get on nodes are not. Task pods in the release's
 // namespace or in one of their own; with leader "postgres", no Lease at all;
 // with the kube runner, pod creation too.
 func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
@@ -175,6 +175,9 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 					allow = append(allow, lease)
 				}
 			}
+			// The one cluster-wide grant: the node of a pod that hints at a
+			// lost node, read one at a time (pod_lost_node_unreachable).
+			allow = append(allow, access{ns: "", verb: "get", resource: "nodes"})
 			if layout.runner {
 				allow = append(allow, access{ns: tasks, verb: "create", resource: "pods"}) // the kube runner's dispatch
 			} else {
@@ -200,6 +203,11 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 				{ns: other, verb: "update", group: "coordination.k8s.io", resource: "leases"},
 				{ns: "", verb: "list", resource: "pods"},
 				{ns: "", verb: "list", resource: "nodes"},
+				{ns: "", verb: "watch", resource: "nodes"},
+				{ns: "", verb: "update", resource: "nodes"},
+				{ns: "", verb: "patch", resource: "nodes"},
+				{ns: "", verb: "delete", resource: "nodes"},
+				{ns: "", verb: "update", resource: "nodes", sub: "status"},
 				{ns: "", verb: "list", resource: "namespaces"},
 			}...)
 			if split {

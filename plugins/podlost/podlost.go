@@ -31,6 +31,16 @@
 // past the floor that never heartbeated, whose present pod is recorded as
 // pod_lost_pod_present (the window before the first heartbeat is this
 // reaper's, not agentlost's).
+//
+// Such an attempt whose pods are all on a node that has not been Ready for
+// longer than node_unreachable_after (the substrate reads the node's Ready
+// condition, and since when, for pods whose own status hints at a lost
+// node) is recorded as pod_lost_node_unreachable instead, naming the node
+// and since when: it is wedged until someone acts, because its container
+// may still run there and nothing will fail it. The operator confirms the
+// machine is off and lets the cluster delete the pods (the out-of-service
+// taint); with no pod object left, the attempt is marked pod_lost as any
+// other. A node that could not be read defers as pod_lost_pod_query_error.
 package podlost
 
 import (
@@ -75,16 +85,28 @@ const (
 // running attempt past the floor, whatever the change feed says.
 const DefaultFullWalkEvery = 10 * time.Minute
 
+// DefaultNodeUnreachableAfter is how long a node must have been not Ready
+// before an attempt wedged on it is said to be (pod_lost_node_unreachable).
+// Five minutes is the cluster's own patience: the node lifecycle controller
+// has already waited its grace period (about 40-50 s) before it turned the
+// node Unknown, and five minutes is the toleration the API server gives
+// every pod for an unreachable node before the taint manager evicts it
+// (DefaultTolerationSeconds). A kubelet restart or a network blip heals well
+// inside it; past it, only an operator can end the wait.
+const DefaultNodeUnreachableAfter = 5 * time.Minute
+
 // Config is the reaper's configuration block.
 type Config struct {
 	reap.PolicySetting
 	reap.DrainSetting
-	FullWalkEvery time.Duration `reaper:"full_walk_every" help:"the longest a pass may go on the substrate's change feed alone before it walks every running attempt past the floor again (a backstop for a deletion the feed missed); \"0s\": walk every pass"`
+	FullWalkEvery        time.Duration `reaper:"full_walk_every" help:"the longest a pass may go on the substrate's change feed alone before it walks every running attempt past the floor again (a backstop for a deletion the feed missed); \"0s\": walk every pass"`
+	NodeUnreachableAfter time.Duration `reaper:"node_unreachable_after" help:"how long the node of a never-heartbeated attempt's pods must have been not Ready before the attempt is recorded as pod_lost_node_unreachable (it is deferred either way, never failed); must be positive"`
 }
 
 // DefaultConfig is the configuration of a block that sets nothing.
 func DefaultConfig() Config {
-	return Config{PolicySetting: reap.DefaultPolicy(), FullWalkEvery: DefaultFullWalkEvery}
+	return Config{PolicySetting: reap.DefaultPolicy(), FullWalkEvery: DefaultFullWalkEvery,
+		NodeUnreachableAfter: DefaultNodeUnreachableAfter}
 }
 
 // Reaper is the pod-lost reaper. Its zero value is not usable; call New.
@@ -116,7 +138,8 @@ func (r *Reaper) Info(context.Context) (sdk.Info, error) {
 		Description: "fails running attempts that have no pod left (pod_lost)"}, nil
 }
 
-// ConfigSchema declares policy, drain_max_pages and full_walk_every.
+// ConfigSchema declares policy, drain_max_pages, full_walk_every and
+// node_unreachable_after.
 func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
 	return sdk.SchemaOf(DefaultConfig()), nil
 }
@@ -130,6 +153,9 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	}
 	if cfg.FullWalkEvery < 0 {
 		return fmt.Errorf("full_walk_every: %s is negative", cfg.FullWalkEvery)
+	}
+	if cfg.NodeUnreachableAfter <= 0 {
+		return fmt.Errorf("node_unreachable_after: %s is not positive", cfg.NodeUnreachableAfter)
 	}
 	r.cfg.Store(&cfg)
 	return nil
@@ -388,11 +414,15 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	var planned []reap.Planned
 	for _, c := range page {
 		live := answers[c.Attempt]
-		j := judge(c, p.pass.Now, p.pass.Ladder, live)
+		j := judge(c, p.pass.Now, p.pass.Ladder, p.cfg.NodeUnreachableAfter, live)
 		if j.act == actNone {
 			continue
 		}
 		ev := reap.CandidateEvidence(p.pass, c, p.pass.Ladder.PodLostFloor).Liveness(live)
+		if j.label == sdk.LabelPodLostNodeUnreachable {
+			ev[evNodeUnreachableFor] = p.pass.Now.Sub(live.NodeUnreachableSince).Round(time.Second).String()
+			ev[evNodeUnreachableAfter] = p.cfg.NodeUnreachableAfter.String()
+		}
 		if j.act == actDefer {
 			p.rec.Add(j.label, c.Attempt, false, j.detail, ev)
 			continue
@@ -462,6 +492,13 @@ func (p *passRun) timeLeft() bool {
 	return p.watch.Now().Sub(p.started) < total-total/10
 }
 
+// Evidence of pod_lost_node_unreachable, beside the node and since when
+// (reap.EvNode, reap.EvNodeUnreachableSince).
+const (
+	evNodeUnreachableFor   = "node_unreachable_for"
+	evNodeUnreachableAfter = "node_unreachable_after"
+)
+
 type action int
 
 const (
@@ -477,8 +514,15 @@ type judgment struct {
 }
 
 // judge is the policy for one listed attempt, given the substrate's answer
-// about its pods.
-func judge(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) judgment {
+// about its pods and how long a node must have been not Ready before an
+// attempt wedged on it is said to be.
+//
+// A present pod of an attempt that never heartbeated defers: as
+// pod_lost_node_unreachable when every pod of it is on a node not Ready for
+// longer than unreachableAfter (its container may still run: nothing is
+// failed), as pod_lost_pod_query_error when that node could not be read,
+// and as pod_lost_pod_present otherwise.
+func judge(c sdk.Candidate, now time.Time, l ladder.Ladder, unreachableAfter time.Duration, live reap.Answer) judgment {
 	if c.RunningAt.IsZero() || now.Sub(c.RunningAt) <= l.PodLostFloor {
 		return judgment{act: actNone}
 	}
@@ -486,6 +530,16 @@ func judge(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) ju
 	switch {
 	case live.Unknown():
 		return judgment{act: actDefer, label: sdk.LabelPodLostPodQueryErr, detail: live.Why()}
+	case live.State == sdk.Alive && c.LastHeartbeatAt.IsZero() && live.NodeError != "":
+		return judgment{act: actDefer, label: sdk.LabelPodLostPodQueryErr,
+			detail: fmt.Sprintf("running for %s without a heartbeat, its pod present, but its node could not be read: %s",
+				running, live.NodeError)}
+	case live.State == sdk.Alive && c.LastHeartbeatAt.IsZero() && nodeUnreachable(live, now, unreachableAfter):
+		return judgment{act: actDefer, label: sdk.LabelPodLostNodeUnreachable,
+			detail: fmt.Sprintf("running for %s without a heartbeat; its pods are on node %s, not Ready since %s (%s, past %s): "+
+				"the container may still run there, so nothing is failed until the pods are gone; %s",
+				running, live.Node, live.NodeUnreachableSince.UTC().Format(time.RFC3339),
+				now.Sub(live.NodeUnreachableSince).Round(time.Second), unreachableAfter, live.Why())}
 	case live.State == sdk.Alive && c.LastHeartbeatAt.IsZero():
 		return judgment{act: actDefer, label: sdk.LabelPodLostPodPresent,
 			detail: fmt.Sprintf("running for %s without a heartbeat, but %s", running, live.Why())}
@@ -494,4 +548,10 @@ func judge(c sdk.Candidate, now time.Time, l ladder.Ladder, live reap.Answer) ju
 	}
 	return judgment{act: actMark, label: sdk.LabelPodLost,
 		detail: fmt.Sprintf("running for %s (floor %s); no pod of the attempt", running, l.PodLostFloor)}
+}
+
+// nodeUnreachable: the substrate named a not-Ready node for every pod of
+// the attempt, not Ready for longer than after.
+func nodeUnreachable(live reap.Answer, now time.Time, after time.Duration) bool {
+	return live.Node != "" && !live.NodeUnreachableSince.IsZero() && now.Sub(live.NodeUnreachableSince) > after
 }

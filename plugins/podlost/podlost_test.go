@@ -99,6 +99,57 @@ func TestRules(t *testing.T) {
 			b.h.Exec.Pending(a)
 			return a
 		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
+		{name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-DefaultNodeUnreachableAfter)))
+			return a
+		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
+		{name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-DefaultNodeUnreachableAfter-time.Second)))
+			return a
+		}, want: sdk.LabelPodLostNodeUnreachable, wantState: running,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				noTeardown(t, b, a, ds)
+				if n := b.h.Board.Writes(); n != 0 {
+					t.Fatalf("%d board writes for a deferral", n)
+				}
+				d := ds.For(a)[0]
+				since := b.h.Now().Add(-DefaultNodeUnreachableAfter - time.Second).UTC().Format(time.RFC3339)
+				if d.Applied || d.Evidence[reap.EvNode] != "node-7" || d.Evidence[reap.EvNodeUnreachableSince] != since ||
+					d.Evidence[evNodeUnreachableFor] != "5m1s" || d.Evidence[evNodeUnreachableAfter] != "5m0s" ||
+					!strings.Contains(d.Detail, "node-7") || !strings.Contains(d.Detail, since) {
+					t.Fatalf("decision %+v", d)
+				}
+			}},
+		{name: "NeverHeartbeatedNodeUnreachableShorterThreshold_NodeUnreachableDeferred", values: sdk.Values{"node_unreachable_after": "1m"},
+			arrange: func(b *bundle) sdk.Attempt {
+				a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+				b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-2*time.Minute)))
+				return a
+			}, want: sdk.LabelPodLostNodeUnreachable, wantState: running, check: noTeardown},
+		{name: "HeartbeatedNodeUnreachable_NoDecision_AgentLostJudgesIt", arrange: func(b *bundle) sdk.Attempt {
+			a := lost(b)
+			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-time.Hour)))
+			return a
+		}, want: "", wantState: running, check: noTeardown},
+		{name: "NeverHeartbeatedNodeReadError_PodQueryErrorDeferred", arrange: func(b *bundle) sdk.Attempt {
+			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod p Running",
+				NodeError: "reading node node-7: nodes \"node-7\" is forbidden"})
+			return a
+		}, want: sdk.LabelPodLostPodQueryErr, wantState: running,
+			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				noTeardown(t, b, a, ds)
+				if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvNodeError], "forbidden") || !strings.Contains(d.Detail, "forbidden") {
+					t.Fatalf("decision %+v", d)
+				}
+			}},
+		{name: "NodeUnreachablePodGone_PodLost", arrange: func(b *bundle) sdk.Attempt {
+			// The out-of-service taint let the cluster delete the pod: the
+			// substrate reads no pod, and says nothing of a node.
+			return b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+		}, want: sdk.LabelPodLost, wantState: failed},
 		{name: "NeverHeartbeatedNoPod_PodLost", arrange: func(b *bundle) sdk.Attempt {
 			return b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
 		}, want: sdk.LabelPodLost, wantState: failed},
@@ -158,6 +209,13 @@ func TestRules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onLostNode is the kube substrate's answer for a pod present on node-7,
+// not Ready since since.
+func onLostNode(since time.Time) sdk.AttemptLiveness {
+	return sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Node: "node-7", NodeUnreachableSince: since,
+		Detail: "cached: pod p Running; node not Ready: pod p on node node-7, Ready Unknown since ..."}
 }
 
 func noTeardown(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
@@ -285,10 +343,14 @@ func TestConfigure(t *testing.T) {
 		values sdk.Values
 		bad    string
 	}{
-		"Defaults":      {},
-		"Hold":          {values: sdk.Values{"policy": "hold"}},
-		"UnknownPolicy": {values: sdk.Values{"policy": "reset"}, bad: "policy"},
-		"NegativePages": {values: sdk.Values{"drain_max_pages": float64(-1)}, bad: "drain_max_pages"},
+		"Defaults":                      {},
+		"Hold":                          {values: sdk.Values{"policy": "hold"}},
+		"UnknownPolicy":                 {values: sdk.Values{"policy": "reset"}, bad: "policy"},
+		"NegativePages":                 {values: sdk.Values{"drain_max_pages": float64(-1)}, bad: "drain_max_pages"},
+		"NodeUnreachableAfter":          {values: sdk.Values{"node_unreachable_after": "90s"}},
+		"NodeUnreachableAfterZero":      {values: sdk.Values{"node_unreachable_after": "0s"}, bad: "node_unreachable_after"},
+		"NodeUnreachableAfterNegative":  {values: sdk.Values{"node_unreachable_after": "-1m"}, bad: "node_unreachable_after"},
+		"NodeUnreachableAfterMalformed": {values: sdk.Values{"node_unreachable_after": "soon"}, bad: "node_unreachable_after"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

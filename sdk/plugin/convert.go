@@ -470,7 +470,8 @@ func livenessToPB(ls []sdk.AttemptLiveness, asked []sdk.Attempt) []*pb.AttemptLi
 	out := make([]*pb.AttemptLiveness, len(ls))
 	for i, l := range ls {
 		out[i] = &pb.AttemptLiveness{State: string(l.State),
-			Agent: string(l.Agent), Group: string(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
+			Agent: string(l.Agent), Group: string(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail,
+			Node: l.Node, NodeUnreachableSince: tsToPB(l.NodeUnreachableSince), NodeError: l.NodeError}
 		if i >= len(asked) || asked[i] != l.Attempt {
 			out[i].Attempt = attemptToPB(l.Attempt)
 		}
@@ -482,7 +483,8 @@ func livenessFromPB(ls []*pb.AttemptLiveness, asked []sdk.Attempt) []sdk.Attempt
 	out := make([]sdk.AttemptLiveness, len(ls))
 	for i, l := range ls {
 		out[i] = sdk.AttemptLiveness{State: sdk.Liveness(l.State),
-			Agent: sdk.Liveness(l.Agent), Group: sdk.Liveness(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail}
+			Agent: sdk.Liveness(l.Agent), Group: sdk.Liveness(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail,
+			Node: l.Node, NodeUnreachableSince: tsFromPB(l.NodeUnreachableSince), NodeError: l.NodeError}
 		switch {
 		case l.Attempt != nil:
 			out[i].Attempt = attemptFromPB(l.Attempt)

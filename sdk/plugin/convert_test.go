@@ -97,6 +97,23 @@ func TestResultsAnswerByPosition(t *testing.T) {
 	}
 }
 
+// The node fields of a liveness answer (kube's unreachable node) travel
+// whole, the zero time as none.
+func TestLivenessNodeFieldsRoundTrip(t *testing.T) {
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1, Epoch: 2}
+	since := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	answers := []sdk.AttemptLiveness{
+		{Attempt: a, State: sdk.Alive, Agent: sdk.Alive, Detail: "pod p Running", Node: "node-7", NodeUnreachableSince: since},
+		{Attempt: a, State: sdk.Alive, Agent: sdk.Alive, NodeError: "reading node node-7: forbidden"},
+		{Attempt: a, State: sdk.Alive, Agent: sdk.Alive},
+	}
+	asked := []sdk.Attempt{a, a, a}
+	back := wire(t, &pb.LivenessResponse{Results: livenessToPB(answers, asked)}, &pb.LivenessResponse{})
+	if got := livenessFromPB(back.Results, asked); !reflect.DeepEqual(got, answers) {
+		t.Fatalf("liveness %+v, want %+v", got, answers)
+	}
+}
+
 func TestTimesRoundTrip(t *testing.T) {
 	for _, in := range []time.Time{{}, time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC),
 		time.Date(2030, 1, 2, 3, 4, 5, 6, time.FixedZone("x", 3600))} {

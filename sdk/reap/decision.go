@@ -41,6 +41,11 @@ const (
 	EvBrakeSilenceOnly = "brake_silence_only"
 	EvBrakeAllowed     = "brake_allowed"
 	EvBrakeShare       = "brake_share"
+	// The node of the attempt's pods when it is not Ready (kube), since
+	// when (RFC 3339), or why it could not be read.
+	EvNode                 = "node"
+	EvNodeUnreachableSince = "node_unreachable_since"
+	EvNodeError            = "node_error"
 )
 
 // Signal values.
@@ -122,6 +127,13 @@ func (e Evidence) Liveness(a Answer) Evidence {
 	}
 	if a.Detail != "" {
 		e[EvLivenessDetail] = a.Detail
+	}
+	if a.Node != "" {
+		e[EvNode] = a.Node
+		e[EvNodeUnreachableSince] = a.NodeUnreachableSince.UTC().Format(time.RFC3339)
+	}
+	if a.NodeError != "" {
+		e[EvNodeError] = a.NodeError
 	}
 	return e
 }

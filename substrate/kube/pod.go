@@ -28,7 +28,14 @@ type pod struct {
 	disrupted string // reason of the DisruptionTarget=True condition; "" when none
 	// disruptedAt is when that condition turned true.
 	disruptedAt time.Time
-	containers  []container
+	// node is spec.nodeName: the node the pod is bound to ("" until it is
+	// scheduled).
+	node string
+	// ready: the pod's Ready condition is True. The node lifecycle
+	// controller turns it False on every pod of a node that stops
+	// reporting.
+	ready      bool
+	containers []container
 }
 
 // container is one container's state.
@@ -69,6 +76,7 @@ func reduce(in *corev1.Pod) *pod {
 		phase:    in.Status.Phase,
 		reason:   in.Status.Reason,
 		deadline: in.Spec.ActiveDeadlineSeconds,
+		node:     in.Spec.NodeName,
 	}
 	if in.Status.StartTime != nil {
 		p.started = in.Status.StartTime.Time
@@ -79,6 +87,9 @@ func reduce(in *corev1.Pod) *pod {
 	for _, c := range in.Status.Conditions {
 		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
 			p.disrupted, p.disruptedAt = c.Reason, c.LastTransitionTime.Time
+		}
+		if c.Type == corev1.PodReady {
+			p.ready = c.Status == corev1.ConditionTrue
 		}
 	}
 	if n := len(in.Status.ContainerStatuses); n > 0 {

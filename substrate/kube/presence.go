@@ -224,7 +224,9 @@ func selectorChunks(as []sdk.Attempt) [][]sdk.Attempt {
 // Liveness answers, for each attempt, whether a pod of exactly that attempt
 // is present. A cached Pending or Running pod answers alive with no API
 // call (unless the request asks for a live read); every other attempt is
-// read live, all of them in one LIST. A read error answers unknown.
+// read live, all of them in one LIST. A read error answers unknown. An
+// alive answer whose pods may be on a lost node also says whether that node
+// is Ready (see node.go).
 func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
 	out := make([]sdk.AttemptLiveness, len(req.Attempts))
 	r, err := s.current()
@@ -236,11 +238,14 @@ func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sd
 		return out, nil
 	}
 	var misses []sdk.Attempt
+	nodes := newNodeReads(r)
 	useCache := !req.Live && r.presence.synced()
 	for i, a := range req.Attempts {
 		if useCache {
-			if l, ok := presentFromCache(a, r.presence.cached(a)); ok {
+			pods := r.presence.cached(a)
+			if l, ok := presentFromCache(a, pods); ok {
 				out[i] = l
+				nodes.annotate(ctx, &out[i], pods)
 				continue
 			}
 		}
@@ -260,6 +265,7 @@ func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sd
 			continue
 		}
 		out[i] = presentLive(a, pods[a])
+		nodes.annotate(ctx, &out[i], pods[a])
 	}
 	return out, nil
 }

@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	authv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +29,19 @@ const manifest = "../../deploy/kube/rbac.yaml"
 // roleRules reads the Role's rules from the shipped manifest.
 func roleRules(t testing.TB) []rbacv1.PolicyRule {
 	t.Helper()
+	return manifestRules(t, "Role")
+}
+
+// clusterRoleRules reads the ClusterRole's rules from the shipped manifest.
+func clusterRoleRules(t testing.TB) []rbacv1.PolicyRule {
+	t.Helper()
+	return manifestRules(t, "ClusterRole")
+}
+
+// manifestRules reads the rules of the first object of kind in the shipped
+// manifest.
+func manifestRules(t testing.TB, kind string) []rbacv1.PolicyRule {
+	t.Helper()
 	f, err := os.Open(manifest)
 	if err != nil {
 		t.Fatal(err)
@@ -40,12 +55,12 @@ func roleRules(t testing.TB) []rbacv1.PolicyRule {
 		}
 		err := dec.Decode(&obj)
 		if errors.Is(err, io.EOF) {
-			t.Fatalf("%s has no Role", manifest)
+			t.Fatalf("%s has no %s", manifest, kind)
 		}
 		if err != nil {
 			t.Fatalf("reading %s: %v", manifest, err)
 		}
-		if obj.Kind == "Role" {
+		if obj.Kind == kind {
 			return obj.Rules
 		}
 	}
@@ -86,12 +101,77 @@ func bindRole(t testing.TB, e *env, user string, rules []rbacv1.PolicyRule) {
 	})
 }
 
+// bindClusterRole creates a ClusterRole with rules, named for the env's
+// namespace, binds it to user, and removes both when the test ends; then
+// waits until the authorizer sees the binding.
+func bindClusterRole(t testing.TB, e *env, user string, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	ctx := context.Background()
+	name := "reaperd-nodes-" + e.ns
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+	if _, err := e.cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	if _, err := e.cs.RbacV1().ClusterRoleBindings().Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = e.cs.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = e.cs.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	e.waitFor("the cluster binding to take effect", func() bool {
+		r, err := e.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+			User: user, ResourceAttributes: &authv1.ResourceAttributes{Verb: "get", Resource: "nodes"}}},
+			metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed
+	})
+}
+
+// onMissingNode binds a pod to a node no one made: it stays Pending with
+// no Ready condition, so its node is read.
+func onMissingNode(p *corev1.Pod) { p.Spec.NodeName = "no-such-node" }
+
 func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	bindRole(t, e, kubetest.Alice, roleRules(t))
+	bindClusterRole(t, e, kubetest.Alice, clusterRoleRules(t))
 	s, _, _ := e.substrateAs(kubetest.Alice, nil)
 	ctx := context.Background()
+
+	// The node of a pod that hints at a lost node is read: allowed by the
+	// ClusterRole, refused (a node error, which defers) without it.
+	t.Run("TheNodeOfAPodThatHintsAtALostNodeRead", func(t *testing.T) {
+		a := att("on-missing-node")
+		e.create(a, false, onMissingNode)
+		l := liveness(t, s, true, a)[0]
+		if l.State != sdk.Alive || l.NodeError != "" || l.Node != "" || !strings.Contains(l.Detail, "no-such-node") {
+			t.Fatalf("liveness as the roles' user: %+v", l)
+		}
+		// Bob holds the Role alone.
+		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "reaperd-bob"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "reaperd"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubetest.Bob}}}
+		if _, err := e.cs.RbacV1().RoleBindings(e.ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitFor("Bob's binding to take effect", func() bool {
+			r, err := e.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+				User: kubetest.Bob, ResourceAttributes: &authv1.ResourceAttributes{Namespace: e.ns, Verb: "list", Resource: "pods"}}},
+				metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed
+		})
+		bob, _, _ := e.substrateAs(kubetest.Bob, nil)
+		l = liveness(t, bob, true, a)[0]
+		if l.State != sdk.Alive || !strings.Contains(l.NodeError, "forbidden") || l.Node != "" {
+			t.Fatalf("liveness without the ClusterRole: %+v", l)
+		}
+	})
 
 	t.Run("EverySubstrateCallAllowed", func(t *testing.T) {
 		started, never := att("started"), att("never")
@@ -152,6 +232,28 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			{"PodsClusterWide", func(c kubernetes.Interface) error {
 				_, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 				return err
+			}},
+			{"NodesList", func(c kubernetes.Interface) error {
+				_, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+				return err
+			}},
+			{"NodesWatch", func(c kubernetes.Interface) error {
+				w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+				if err == nil {
+					w.Stop()
+				}
+				return err
+			}},
+			{"NodeStatus", func(c kubernetes.Interface) error {
+				n, err := e.cs.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+				return err
+			}},
+			{"NodeDelete", func(c kubernetes.Interface) error {
+				return c.CoreV1().Nodes().Delete(ctx, e.node, metav1.DeleteOptions{})
 			}},
 		}
 		for _, d := range denied {

@@ -2697,16 +2697,19 @@ func (x *LivenessRequest) GetNow() int64 {
 }
 
 type AttemptLiveness struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"` // unset: the request's attempt at the same position
-	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	Agent         string                 `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
-	Group         string                 `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
-	Orphan        bool                   `protobuf:"varint,5,opt,name=orphan,proto3" json:"orphan,omitempty"`
-	Pending       bool                   `protobuf:"varint,6,opt,name=pending,proto3" json:"pending,omitempty"`
-	Detail        string                 `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	Attempt              *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"` // unset: the request's attempt at the same position
+	State                string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Agent                string                 `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	Group                string                 `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
+	Orphan               bool                   `protobuf:"varint,5,opt,name=orphan,proto3" json:"orphan,omitempty"`
+	Pending              bool                   `protobuf:"varint,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	Detail               string                 `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	Node                 string                 `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`                                                                // the not-Ready node of the attempt's pods (kube)
+	NodeUnreachableSince int64                  `protobuf:"varint,9,opt,name=node_unreachable_since,json=nodeUnreachableSince,proto3" json:"node_unreachable_since,omitempty"` // unix ns of its Ready condition's last transition; 0: none
+	NodeError            string                 `protobuf:"bytes,10,opt,name=node_error,json=nodeError,proto3" json:"node_error,omitempty"`                                    // the node could not be read
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *AttemptLiveness) Reset() {
@@ -2784,6 +2787,27 @@ func (x *AttemptLiveness) GetPending() bool {
 func (x *AttemptLiveness) GetDetail() string {
 	if x != nil {
 		return x.Detail
+	}
+	return ""
+}
+
+func (x *AttemptLiveness) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *AttemptLiveness) GetNodeUnreachableSince() int64 {
+	if x != nil {
+		return x.NodeUnreachableSince
+	}
+	return 0
+}
+
+func (x *AttemptLiveness) GetNodeError() string {
+	if x != nil {
+		return x.NodeError
 	}
 	return ""
 }
@@ -3571,7 +3595,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\x0fLivenessRequest\x12.\n" +
 	"\battempts\x18\x01 \x03(\v2\x12.reaper.v1.AttemptR\battempts\x12\x12\n" +
 	"\x04live\x18\x02 \x01(\bR\x04live\x12\x10\n" +
-	"\x03now\x18\x03 \x01(\x03R\x03now\"\xcb\x01\n" +
+	"\x03now\x18\x03 \x01(\x03R\x03now\"\xb4\x02\n" +
 	"\x0fAttemptLiveness\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
@@ -3579,7 +3603,12 @@ const file_reaper_proto_rawDesc = "" +
 	"\x05group\x18\x04 \x01(\tR\x05group\x12\x16\n" +
 	"\x06orphan\x18\x05 \x01(\bR\x06orphan\x12\x18\n" +
 	"\apending\x18\x06 \x01(\bR\apending\x12\x16\n" +
-	"\x06detail\x18\a \x01(\tR\x06detail\"H\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\x124\n" +
+	"\x16node_unreachable_since\x18\t \x01(\x03R\x14nodeUnreachableSince\x12\x1d\n" +
+	"\n" +
+	"node_error\x18\n" +
+	" \x01(\tR\tnodeError\"H\n" +
 	"\x10LivenessResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.reaper.v1.AttemptLivenessR\aresults\"\x82\x01\n" +
 	"\x0fTeardownRequest\x12,\n" +
