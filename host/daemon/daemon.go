@@ -138,7 +138,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (d *Daemon, err 
 	}
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
