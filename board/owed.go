@@ -143,11 +143,11 @@ INSERT INTO owed_teardowns AS o (run_id, task_id, try_number, attempt_epoch, pod
 VALUES ($1, $2, $3, $4,
     (SELECT pod_uid FROM task_instances ti WHERE ti.run_id = $1 AND ti.task_id = $2
          AND ti.try_number = $3 AND ti.attempt_epoch = $4),
-    $5, $6, $7, 1, $8, $8, $9, $8 + `+backoffSQL("1", "$10", "$11")+`, $12)
+    $5, $6, $7, 1, $8::timestamptz, $8::timestamptz, $9, $8::timestamptz + `+backoffSQL("1", "$10", "$11")+`, $12)
 ON CONFLICT `+conflict+` DO UPDATE SET
-    tries = o.tries + 1, last_tried_at = $8, last_error = $9, term = $12,
+    tries = o.tries + 1, last_tried_at = $8::timestamptz, last_error = $9, term = $12,
     pod_uid = coalesce(o.pod_uid, EXCLUDED.pod_uid),
-    next_try_at = greatest(o.next_try_at, $8 + `+backoffSQL("o.tries + 1", "$10", "$11")+`)
+    next_try_at = greatest(o.next_try_at, $8::timestamptz + `+backoffSQL("o.tries + 1", "$10", "$11")+`)
 RETURNING `+owedColumns,
 		f.RunID, task, try, epoch, f.Reaper, f.Label, f.Reason, f.At, clipError(f.Error),
 		b.Base.Microseconds(), b.Cap.Microseconds(), f.Term))
@@ -222,7 +222,7 @@ WITH lead AS (
 
 // fencedTerm is true when $2 is the leader row's term and its lease runs at
 // $3.
-const fencedTerm = `$2 = (SELECT term FROM lead) AND $3 < (SELECT expires_at FROM lead)`
+const fencedTerm = `$2::bigint = (SELECT term FROM lead) AND $3::timestamptz < (SELECT expires_at FROM lead)`
 
 // TeardownDone removes the owed teardown id: a retry of term at now
 // completed it. It reports whether the row was there; ErrDeposed when term
@@ -252,8 +252,8 @@ func (s *Store) TeardownFailed(ctx context.Context, id, term int64, now time.Tim
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	o, err := scanOwed(s.pool.QueryRow(ctx, fencedOwed+`
-UPDATE owed_teardowns o SET tries = o.tries + 1, last_tried_at = $3, last_error = $5, term = $2,
-    next_try_at = $3 + `+backoffSQL("o.tries + 1", "$6", "$7")+`
+UPDATE owed_teardowns o SET tries = o.tries + 1, last_tried_at = $3::timestamptz, last_error = $5, term = $2,
+    next_try_at = $3::timestamptz + `+backoffSQL("o.tries + 1", "$6", "$7")+`
 WHERE id = $4 AND `+fencedTerm+`
 RETURNING `+owedColumns, s.leader, term, now, id, clipError(failure), b.Base.Microseconds(), b.Cap.Microseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
