@@ -282,9 +282,64 @@ func TestOwedTeardowns(t *testing.T) {
 		if ti := w.row(a); ti.State != sdk.StateFailed || ti.LastFailureKind != sdk.FailureInfra {
 			t.Fatalf("row after the retries: %+v", ti)
 		}
-		if out := w.explain(a); strings.Contains(out, "teardown owed") || !strings.Contains(out, sdk.LabelTeardownRetried) {
+		if out := w.explain(a); strings.Contains(out, "teardown owed of") || !strings.Contains(out, sdk.LabelTeardownRetried) {
 			t.Fatalf("explain after the retry:\n%s", out)
 		}
+		// TheReplaceWaitedForTheTeardown: the mark stayed unconfirmed while
+		// the pod ran; once its container is stopped, a sweep confirms it.
+		w.waitPhase(p.Name, corev1.PodFailed)
+		w.waitFor("a sweep to confirm the mark", func() bool {
+			loop.RunOnce(context.Background())
+			return !w.row(a).InfraConfirmedAt.IsZero()
+		})
+	})
+
+	t.Run("PastTheValve_TheOldPodToldToStopAndTheRetryNeverTouchesTheSuccessor", func(t *testing.T) {
+		t.Parallel()
+		w := newOwedWorld(t, kubetest.Bob)
+		ctx := context.Background()
+		a := att("run-1", "t")
+		old := w.silent(a)
+		loop := w.loop(w.term, false, nil)
+		loop.RunOnce(ctx)
+		w.owed(a)
+		// The sweeps of the valve's span hold the mark: the old pod runs.
+		for w.clk.Advance(w.ladder.MaintenanceInterval); w.clk.Now().Before(w.row(a).InfraMarkedAt.Add(w.ladder.InfraConfirmValve)); w.clk.Advance(w.ladder.MaintenanceInterval) {
+			loop.RunOnce(ctx)
+			if !w.row(a).InfraConfirmedAt.IsZero() {
+				t.Fatal("the mark was confirmed while the old pod's container runs")
+			}
+		}
+		// Past the valve the planner re-places the task on a new epoch (its
+		// rail, as the runner takes it) and the successor's pod runs.
+		rel, err := w.w.Replace(ctx, a, w.clk.Now())
+		if err != nil || !rel.Applied {
+			t.Fatalf("re-place: %+v, %v", rel, err)
+		}
+		next := a
+		next.Epoch++
+		successor := w.pod(next, true)
+		// The old pod's agent is told to stop on its next heartbeat.
+		if stop, err := w.w.Heartbeat(ctx, a, w.clk.Now()); err != nil || !stop {
+			t.Fatalf("the old attempt's heartbeat: stop=%v, %v; want should_terminate", stop, err)
+		}
+		if got := w.owed(a); got.Tries < 2 {
+			t.Fatalf("the owed teardown was not retried across the valve: %+v", got)
+		}
+		// The verbs return: the retry stops the old pod, and only it.
+		w.grant(podsRead, podsWrite)
+		w.clk.Advance(cycle.OwedBackoffCap)
+		res := loop.RunOnce(ctx)
+		if _, ok := cycleDecided(res, a, sdk.LabelTeardownRetried); !ok {
+			t.Fatalf("no retry: %+v", res.Decisions)
+		}
+		if !stoppedInPlace(w.get(old.Name)) {
+			t.Fatal("the old pod was not stopped")
+		}
+		if p := w.get(successor.Name); p.Spec.ActiveDeadlineSeconds != nil || p.DeletionTimestamp != nil {
+			t.Fatalf("the successor's pod was touched: %+v", p.Spec)
+		}
+		w.noneOwed(a)
 	})
 
 	t.Run("LeaderChange_TheNewTermPicksUpTheRowAndTheDeposedDoesNothing", func(t *testing.T) {
