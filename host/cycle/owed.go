@@ -227,7 +227,7 @@ func (l *Loop) backoff() board.TeardownBackoff {
 // happens without a board to remember them, under the global dry-run, or
 // without the substrate.
 func (l *Loop) payTeardowns(ctx context.Context, term int64, sub sdk.Substrate, subErr error, res *Result) {
-	if l.cfg.Owed == nil || l.cfg.DryRun {
+	if l.cfg.Owed == nil || l.cfg.DryRun || ctx.Err() != nil {
 		return
 	}
 	budget := OwedBudget(l.cfg.Ladder.MaintenanceInterval)
