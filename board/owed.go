@@ -29,6 +29,11 @@ type OwedTeardown struct {
 	LastError     string
 	NextTryAt     time.Time
 	Term          int64 // the term of the last try
+	// Live is set by DueTeardowns when the attempt is still its task's
+	// current attempt on its way to execute or executing (scheduled, queued,
+	// running), or, for a run's teardown, when the run is still running: no
+	// applied mark stands behind the teardown, and it must not be tried.
+	Live bool
 }
 
 // Subject names what the teardown stops: the attempt, or "run RUN".
@@ -81,18 +86,19 @@ func (b TeardownBackoff) After(tries int) time.Duration {
 }
 
 // owedColumns are the columns scanOwed reads.
-const owedColumns = `id, run_id, task_id, try_number, attempt_epoch, pod_uid, reaper, label, reason, tries,
-    first_failed_at, last_tried_at, last_error, next_try_at, term`
+const owedColumns = `o.id, o.run_id, o.task_id, o.try_number, o.attempt_epoch, o.pod_uid, o.reaper, o.label,
+    o.reason, o.tries, o.first_failed_at, o.last_tried_at, o.last_error, o.next_try_at, o.term`
 
-func scanOwed(row pgx.Row) (OwedTeardown, error) {
+func scanOwed(row pgx.Row, more ...any) (OwedTeardown, error) {
 	var (
 		o            OwedTeardown
 		task, uid    *string
 		try, epoch   *int32
 		first, tried time.Time
 	)
-	if err := row.Scan(&o.ID, &o.RunID, &task, &try, &epoch, &uid, &o.Reaper, &o.Label, &o.Reason, &o.Tries,
-		&first, &tried, &o.LastError, &o.NextTryAt, &o.Term); err != nil {
+	dest := append([]any{&o.ID, &o.RunID, &task, &try, &epoch, &uid, &o.Reaper, &o.Label, &o.Reason, &o.Tries,
+		&first, &tried, &o.LastError, &o.NextTryAt, &o.Term}, more...)
+	if err := row.Scan(dest...); err != nil {
 		return OwedTeardown{}, err
 	}
 	if task != nil && try != nil && epoch != nil {
@@ -102,18 +108,32 @@ func scanOwed(row pgx.Row) (OwedTeardown, error) {
 	return o, nil
 }
 
-func collectOwed(rows pgx.Rows) ([]OwedTeardown, error) {
+// collectOwed reads rows of owedColumns, followed by the live flag when
+// withLive.
+func collectOwed(rows pgx.Rows, withLive bool) ([]OwedTeardown, error) {
 	defer rows.Close()
 	var out []OwedTeardown
 	for rows.Next() {
-		o, err := scanOwed(rows)
+		var (
+			live bool
+			more []any
+		)
+		if withLive {
+			more = append(more, &live)
+		}
+		o, err := scanOwed(rows, more...)
 		if err != nil {
 			return nil, err
 		}
+		o.Live = live
 		out = append(out, o)
 	}
 	return out, rows.Err()
 }
+
+// executingStates are the states of a current attempt on its way to
+// execute or executing.
+const executingStates = `('` + sdk.StateScheduled + `', '` + sdk.StateQueued + `', '` + sdk.StateRunning + `')`
 
 // OweTeardown records a teardown that did not complete: a new row due
 // b.Base from f.At, or, when the attempt's (or the run's) teardown is owed
@@ -202,12 +222,19 @@ func (s *Store) DueTeardowns(ctx context.Context, term int64, now time.Time, lim
 	if err := s.leads(ctx, term, now); err != nil {
 		return nil, fmt.Errorf("board: due teardowns: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+owedColumns+` FROM owed_teardowns
-    WHERE next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2`, now, pageLimit(limit))
+	rows, err := s.pool.Query(ctx, `SELECT `+owedColumns+`,
+    CASE WHEN o.task_id IS NULL THEN coalesce(r.state = '`+sdk.RunRunning+`', false)
+         ELSE coalesce(ti.try_number = o.try_number AND ti.attempt_epoch = o.attempt_epoch
+                       AND ti.state IN `+executingStates+`, false)
+    END
+    FROM owed_teardowns o
+    LEFT JOIN task_instances ti ON ti.run_id = o.run_id AND ti.task_id = o.task_id
+    LEFT JOIN runs r ON r.run_id = o.run_id
+    WHERE o.next_try_at <= $1 ORDER BY o.next_try_at, o.id LIMIT $2`, now, pageLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("board: due teardowns: %w", err)
 	}
-	out, err := collectOwed(rows)
+	out, err := collectOwed(rows, true)
 	if err != nil {
 		return nil, fmt.Errorf("board: due teardowns: %w", err)
 	}
@@ -285,12 +312,12 @@ func (s *Store) OwedTeardownCount(ctx context.Context) (int, error) {
 func (s *Store) OwedTeardownsFor(ctx context.Context, runID, taskID string) ([]OwedTeardown, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT `+owedColumns+` FROM owed_teardowns
-    WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL) ORDER BY id`, runID, taskID)
+	rows, err := s.pool.Query(ctx, `SELECT `+owedColumns+` FROM owed_teardowns o
+    WHERE o.run_id = $1 AND ($2 = '' OR o.task_id = $2 OR o.task_id IS NULL) ORDER BY o.id`, runID, taskID)
 	if err != nil {
 		return nil, fmt.Errorf("board: owed teardowns of %s/%s: %w", runID, taskID, err)
 	}
-	out, err := collectOwed(rows)
+	out, err := collectOwed(rows, false)
 	if err != nil {
 		return nil, fmt.Errorf("board: owed teardowns of %s/%s: %w", runID, taskID, err)
 	}

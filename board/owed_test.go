@@ -161,6 +161,36 @@ func TestOwedTeardowns(t *testing.T) {
 			t.Fatalf("the row changed: %+v, %v", rows, err)
 		}
 	})
+	t.Run("LiveAttemptOrRun_DueButFlaggedLive", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.runWith(t, "r1", sdk.ExecutorKube, "t", "u")
+		a, u := first("r1", "t"), first("r1", "u")
+		b.running(t, a, base.Add(-10*time.Minute), base.Add(-5*time.Minute))
+		b.running(t, u, base.Add(-10*time.Minute), base.Add(-5*time.Minute))
+		older := a
+		older.Epoch = 7 // not the current attempt
+		for _, x := range []sdk.Attempt{a, older} {
+			if _, err := b.store.OweTeardown(ctx, failure(b, x, base, "x"), owedBackoff); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := b.store.OweTeardown(ctx, board.TeardownFailure{RunID: "r1", Reaper: "orphanrun",
+			Label: sdk.LabelOrphanRunPodDeleteErr, Reason: sdk.LabelOrphanRun, Error: "x", At: base, Term: b.term}, owedBackoff); err != nil {
+			t.Fatal(err)
+		}
+		due, err := b.store.DueTeardowns(ctx, b.term, base.Add(time.Minute), 10)
+		if err != nil || len(due) != 3 {
+			t.Fatalf("due %+v, %v", due, err)
+		}
+		live := map[string]bool{}
+		for _, o := range due {
+			live[o.Subject()] = o.Live
+		}
+		if !live[a.String()] || live[older.String()] || !live["run r1"] {
+			t.Fatalf("TheCurrentRunningAttemptAndTheRunningRunAreLive, an older epoch is not: %v", live)
+		}
+	})
 	t.Run("OversizedError_Clipped", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

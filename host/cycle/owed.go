@@ -281,18 +281,32 @@ func (l *Loop) payTeardowns(ctx context.Context, term int64, sub sdk.Substrate, 
 	}
 }
 
+// liveAttempt is why an owed teardown of a live attempt is not tried.
+const liveAttempt = "not tried: the attempt is still its task's current attempt on its way to execute or " +
+	"executing (for a run: the run is still running), so no mark stands behind the teardown"
+
 // retryTeardown tries one owed teardown again and writes what came of it;
 // the decision says so (ok false: nothing was written, the term no longer
 // leads).
 func (l *Loop) retryTeardown(ctx context.Context, term int64, sub sdk.Substrate, o board.OwedTeardown) (sdk.Decision, bool) {
-	out, err := sub.Teardown(ctx, o.Request(term))
-	why, owed := teardownOwed(out, err)
+	var (
+		why, summary string
+		owed         bool
+	)
+	if o.Live {
+		// No applied mark stands behind it (a reaper tore down what it had
+		// not reaped): when in doubt, defer, and say so each time it is due.
+		why, summary, owed = liveAttempt, "not tried", true
+	} else {
+		out, err := sub.Teardown(ctx, o.Request(term))
+		why, owed = teardownOwed(out, err)
+		_, _, summary = reap.TeardownTrouble(out, err)
+	}
 	now := l.cfg.Clock.Now()
 	a := sdk.Attempt{RunID: o.RunID}
 	if o.Attempt != nil {
 		a = *o.Attempt
 	}
-	_, _, summary := reap.TeardownTrouble(out, err)
 	ev := map[string]string{reap.EvTeardown: summary, "reason": o.Reason,
 		"tries": strconv.Itoa(o.Tries), "owed_since": o.FirstFailedAt.UTC().Format(time.RFC3339)}
 	if o.PodUID != "" {

@@ -3,6 +3,7 @@ package cycle_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +105,41 @@ func TestOwedTeardownRetries(t *testing.T) {
 			t.Fatalf("owed rows %+v, %v", rows, err)
 		}
 	})
+}
+
+// A teardown owed for an attempt that is still its task's live current
+// attempt (a reaper tore down what it had not marked) is never tried: the
+// host defers it and says so each time it is due.
+func TestOwedTeardownOfALiveAttemptNeverTried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := ladder.Defaults()
+	w := newWorld(t, "mark_teardown", nil)
+	loop := cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
+		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec}, nil)
+	a := w.attempt
+	if _, err := w.store.OweTeardown(ctx, pgboard.TeardownFailure{RunID: a.RunID, Attempt: &a, Reaper: "thirdparty",
+		Label: sdk.LabelTeardownOwedError, Reason: "its_own", Error: "timeout", At: w.clock.Now(), Term: w.term},
+		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: cycle.OwedBackoffCap}); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Advance(l.MaintenanceInterval)
+	res := loop.RunOnce(ctx)
+	if len(w.exec.tearing) != 0 {
+		t.Fatal("the live attempt was torn down")
+	}
+	var deferred bool
+	for _, d := range res.Decisions {
+		deferred = deferred || (d.Label == sdk.LabelTeardownOwedError && d.Attempt == a && !d.Applied && d.Reaper == "thirdparty")
+	}
+	if !deferred {
+		t.Fatalf("no deferral decided: %+v", res.Decisions)
+	}
+	rows, err := w.store.OwedTeardownsFor(ctx, a.RunID, a.TaskID)
+	if err != nil || len(rows) != 1 || rows[0].Tries != 2 || !strings.HasPrefix(rows[0].LastError, "not tried") {
+		t.Fatalf("owed rows %+v, %v", rows, err)
+	}
+	if ti, err := w.store.TaskInstance(ctx, a.RunID, a.TaskID); err != nil || ti.State != sdk.StateRunning {
+		t.Fatalf("the attempt: %+v, %v", ti, err)
+	}
 }
