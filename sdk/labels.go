@@ -89,6 +89,13 @@ const (
 	LabelPluginUnavailable = "plugin_unavailable"
 	// LabelPassError: a reaper's pass ended in an error.
 	LabelPassError = "reap_pass_error"
+	// LabelTeardownRetried: a teardown owed since a reaper's own failed
+	// (the host's retry, on any later cycle) completed: nothing of the
+	// reaped attempt or run is left running.
+	LabelTeardownRetried = "reap_teardown_retried"
+	// LabelTeardownOwedError: a retry of a teardown owed by a reaper that
+	// has no *_pod_delete_error label of its own failed again.
+	LabelTeardownOwedError = "reap_teardown_owed_error"
 
 	// The Lite runner's rails (runner/literunner). The two failures are
 	// also the failure_reason the runner writes when it ends a task for good.
@@ -147,6 +154,7 @@ func Labels() []string {
 		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr, LabelWarmRequeue,
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelPodLostNodeUnreachable, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
+		LabelTeardownRetried, LabelTeardownOwedError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark,

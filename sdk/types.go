@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -476,6 +477,17 @@ type TeardownOutcome struct {
 	Object string
 	Action string
 	Error  string
+}
+
+// TeardownGone begins the Error of an outcome whose object was already gone
+// when it was to be stopped (deleted, or replaced by another object of the
+// same name): nothing of it is left to stop.
+const TeardownGone = "gone: "
+
+// Incomplete reports whether the outcome leaves its object possibly still
+// running: it carries an error, and the error is not TeardownGone's.
+func (o TeardownOutcome) Incomplete() bool {
+	return o.Error != "" && !strings.HasPrefix(o.Error, TeardownGone)
 }
 
 // Stop reasons.

@@ -1,8 +1,9 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate. Every decision of every pass,
-// and of the gate, is metered, logged and audited.
+// interval, behind the leader-settling gate, and last the retries of the
+// teardowns still owed (owed.go), under a budget of their own. Every
+// decision of every pass, and of the gate, is metered, logged and audited.
 package cycle
 
 import (
@@ -70,6 +71,13 @@ type Config struct {
 	Clock   clock.Clock
 	Logger  hclog.Logger
 	Metrics *metrics.Metrics
+	// Owed remembers the teardowns that did not complete and is asked for
+	// the ones due again (board.Store); nil: a failed teardown is only its
+	// reaper's decision, and nothing is retried.
+	Owed OwedTeardowns
+	// TeardownBackoff spaces an owed teardown's tries; zero fields default
+	// to one interval, doubling up to OwedBackoffCap.
+	TeardownBackoff board.TeardownBackoff
 }
 
 // Loop is the maintenance loop.
@@ -90,6 +98,7 @@ type Loop struct {
 	owed     []owedAudit // decisions whose audit write failed, oldest first
 	owedN    int
 	checked  int64 // the term whose board was checked for unaudited marks
+	owing    owing // failed teardowns the board could not record yet
 }
 
 // owedAudit is a batch of decisions the audit still lacks.
@@ -165,18 +174,21 @@ func (l *Loop) Run(ctx context.Context) {
 }
 
 // RunOnce runs one cycle now.
-func (l *Loop) RunOnce(ctx context.Context) Result {
+func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	l.lastTick = now
 	l.mu.Unlock()
 	l.cfg.Metrics.Cycle(now)
 
-	res := Result{Started: now}
+	res = Result{Started: now}
 	l.payOwed(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
+		if l.cfg.Owed != nil {
+			l.cfg.Metrics.OwedTeardowns(0) // the leader's to count
+		}
 		return res
 	}
 	res.Leading, res.Term = true, st.Term
@@ -191,6 +203,9 @@ func (l *Loop) RunOnce(ctx context.Context) Result {
 	if ctx.Err() != nil {
 		return res
 	}
+	// The owed teardowns come last, whether the gate opened or not: each
+	// follows a mark already written, it is no judgment.
+	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
 
 	synced := false
 	if subErr == nil {
@@ -342,6 +357,8 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	deadline := passStart.Add(share)
 	if dry {
 		exec = dryRunExecutions{exec}
+	} else if l.cfg.Owed != nil {
+		exec = l.owingFor(exec, r.Name, term)
 	}
 	l.mu.Lock()
 	state := l.states[r.Name]

@@ -58,6 +58,8 @@ type world struct {
 	attempt sdk.Attempt
 	since   time.Time
 	term    int64
+	lead    *lead
+	reaper  sdk.Reaper
 }
 
 // blockingExec answers every attempt dead, and holds each teardown until
@@ -143,6 +145,7 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 		aud = auditor(w.store)
 	}
 	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
+	w.lead, w.reaper = lead, p.Reaper()
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: w.clock},
 		lead, w.store, aud, &static[sdk.Substrate]{v: w.exec},
 		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}}})

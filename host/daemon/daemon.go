@@ -147,7 +147,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {

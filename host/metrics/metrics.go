@@ -27,6 +27,7 @@ type Metrics struct {
 	pluginRestarts *prometheus.CounterVec
 	cycles         prometheus.Counter
 	lastCycle      prometheus.Gauge
+	owedTeardowns  prometheus.Gauge
 
 	// The runner's collectors (Lite runner block), written on every tick
 	// or dispatch.
@@ -90,6 +91,10 @@ func New() *Metrics {
 			Name: "reaper_last_cycle_timestamp_seconds",
 			Help: "When the last maintenance cycle started (host clock).",
 		}),
+		owedTeardowns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_owed_teardowns",
+			Help: "Reap-time teardowns that did not complete and are retried until done, as the leader last counted them (0 on a replica that does not lead).",
+		}),
 		loopDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dexaflow_scheduler_loop_duration_seconds",
 			Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
@@ -129,7 +134,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.apiCalls, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
-		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle,
+		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
@@ -172,6 +177,9 @@ func (m *Metrics) Leader(leading bool, term int64) {
 		m.term.Set(float64(term))
 	}
 }
+
+// OwedTeardowns sets the count of owed teardowns.
+func (m *Metrics) OwedTeardowns(n int) { m.owedTeardowns.Set(float64(n)) }
 
 // PluginRestart counts a plugin restart.
 func (m *Metrics) PluginRestart(name string) { m.pluginRestarts.WithLabelValues(name).Inc() }

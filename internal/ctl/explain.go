@@ -33,6 +33,34 @@ type explainJSON struct {
 	// OlderOmitted is true when -limit left older decisions out.
 	OlderOmitted bool          `json:"older_omitted"`
 	Log          []logLineJSON `json:"log"`
+	// OwedTeardowns are the teardowns of the task's attempts (or of its
+	// run) that did not complete and are still being retried.
+	OwedTeardowns []owedJSON `json:"owed_teardowns"`
+}
+
+type owedJSON struct {
+	TaskID        string    `json:"task_id,omitempty"` // empty: the run's teardown
+	Try           *int32    `json:"try_number,omitempty"`
+	Epoch         *int32    `json:"attempt_epoch,omitempty"`
+	PodUID        string    `json:"pod_uid,omitempty"`
+	Reaper        string    `json:"reaper"`
+	Label         string    `json:"label"`
+	Reason        string    `json:"reason"`
+	Tries         int       `json:"tries"`
+	FirstFailedAt time.Time `json:"first_failed_at"`
+	LastTriedAt   time.Time `json:"last_tried_at"`
+	LastError     string    `json:"last_error"`
+	NextTryAt     time.Time `json:"next_try_at"`
+}
+
+func owedOf(o board.OwedTeardown) owedJSON {
+	j := owedJSON{PodUID: o.PodUID, Reaper: o.Reaper, Label: o.Label, Reason: o.Reason, Tries: o.Tries,
+		FirstFailedAt: o.FirstFailedAt, LastTriedAt: o.LastTriedAt, LastError: o.LastError, NextTryAt: o.NextTryAt}
+	if a := o.Attempt; a != nil {
+		try, epoch := a.Try, a.Epoch
+		j.TaskID, j.Try, j.Epoch = a.TaskID, &try, &epoch
+	}
+	return j
 }
 
 func (c CLI) explain(ctx context.Context, inv *invocation) error {
@@ -77,10 +105,17 @@ func (c CLI) explain(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
+	owed, err := s.store.OwedTeardownsFor(ctx, runID, taskID)
+	if err != nil {
+		return err
+	}
 
 	if inv.json {
 		doc := explainJSON{TaskInstance: attemptOf(ti), Run: runBriefOf(run),
-			Decisions: []decisionJSON{}, OlderOmitted: older, Log: []logLineJSON{}}
+			Decisions: []decisionJSON{}, OlderOmitted: older, Log: []logLineJSON{}, OwedTeardowns: []owedJSON{}}
+		for _, o := range owed {
+			doc.OwedTeardowns = append(doc.OwedTeardowns, owedOf(o))
+		}
 		for _, r := range recs {
 			doc.Decisions = append(doc.Decisions, decisionOf(r))
 		}
@@ -92,6 +127,10 @@ func (c CLI) explain(ctx context.Context, inv *invocation) error {
 	w := inv.stdout
 	tellRow(w, now, run, ti)
 	fmt.Fprintln(w)
+	if len(owed) > 0 {
+		tellOwed(w, now, ti, owed)
+		fmt.Fprintln(w)
+	}
 	tellDecisions(w, now, ti, recs)
 	if older {
 		fmt.Fprintf(w, "\n(older decisions left out: raise -limit, or -limit 0 for all)\n")
@@ -165,6 +204,38 @@ func tellRow(w io.Writer, now time.Time, run board.Run, ti board.TaskInstance) {
 	if operator {
 		fmt.Fprintln(w, "  no rail, re-place or override touches a verdict; a clear runs the task again")
 	}
+}
+
+// tellOwed tells the teardowns still owed for the task instance or its
+// run: a reaped execution that may still be running, and why it is not
+// stopped yet.
+func tellOwed(w io.Writer, now time.Time, ti board.TaskInstance, owed []board.OwedTeardown) {
+	for _, o := range owed {
+		subject := "of the run (every pod of it)"
+		if a := o.Attempt; a != nil {
+			subject = fmt.Sprintf("of try %d epoch %d", a.Try, a.Epoch)
+			if a.Try != ti.Try || a.Epoch != ti.Epoch {
+				subject += " (an earlier attempt)"
+			}
+		}
+		next := "due now"
+		if o.NextTryAt.After(now) {
+			next = "next try in " + age(o.NextTryAt, now)
+		}
+		fmt.Fprintf(w, "teardown owed %s since %s ago (%s, reaped as %s): %s, %s\n", subject, age(now, o.FirstFailedAt),
+			o.Reaper, o.Reason, failedTries(o.Tries), next)
+		if o.PodUID != "" {
+			fmt.Fprintf(w, "  pod uid %s\n", o.PodUID)
+		}
+		fmt.Fprintf(w, "  last error (%s, %s ago): %s\n", o.Label, age(now, o.LastTriedAt), clip(oneLine(o.LastError), 300))
+	}
+}
+
+func failedTries(n int) string {
+	if n == 1 {
+		return "1 failed try"
+	}
+	return fmt.Sprintf("%d failed tries", n)
 }
 
 // tellDecisions tells every decision about the task instance (and about its

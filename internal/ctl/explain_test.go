@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -170,6 +171,41 @@ try log: empty
 		out = b.ctl(t, "explain", "c", "u").ok(t).stdout
 		if want := "  credential minted 2h ago, never renewed\n"; !strings.Contains(out, want) {
 			t.Fatalf("explain lacks %q:\n%s", want, out)
+		}
+	})
+
+	t.Run("ShowsAnOwedTeardownAndItsLastError", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		b := explainBoard(t)
+		tt := first("r", "t")
+		backoff := board.TeardownBackoff{Base: 30 * time.Second, Cap: 5 * time.Minute}
+		if _, err := b.store.OweTeardown(ctx, board.TeardownFailure{RunID: "r", Attempt: &tt, Reaper: "agentlost",
+			Label: sdk.LabelAgentLostPodDeleteErr, Reason: sdk.LabelAgentLost, At: base.Add(-4 * time.Minute),
+			Error: `deleting pod/ns/task-1: pods "task-1" is forbidden`, Term: b.term}, backoff); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.OweTeardown(ctx, board.TeardownFailure{RunID: "r", Attempt: &tt, Reaper: "agentlost",
+			Label: sdk.LabelAgentLostPodDeleteErr, Reason: sdk.LabelAgentLost, At: base.Add(-time.Minute),
+			Error: "the server has received too many requests", Term: b.term}, backoff); err != nil {
+			t.Fatal(err)
+		}
+		out := b.ctl(t, "explain", "r", "t").ok(t).stdout
+		want := `
+teardown owed of try 1 epoch 0 since 4m ago (agentlost, reaped as agent_lost): 2 failed tries, due now
+  last error (agent_lost_pod_delete_error, 1m ago): the server has received too many requests
+`
+		if !strings.Contains(out, want[1:]) {
+			t.Fatalf("explain lacks %q:\n%s", want, out)
+		}
+		if out := b.ctl(t, "explain", "r", "u").ok(t).stdout; strings.Contains(out, "teardown owed") {
+			t.Fatalf("AnotherTaskShowsNone:\n%s", out)
+		}
+		var doc explainJSON
+		b.ctl(t, "explain", "-json", "r", "t").ok(t).decode(t, &doc)
+		if len(doc.OwedTeardowns) != 1 || doc.OwedTeardowns[0].Tries != 2 || doc.OwedTeardowns[0].TaskID != "t" ||
+			doc.OwedTeardowns[0].LastError != "the server has received too many requests" {
+			t.Fatalf("JSON owed teardowns %+v", doc.OwedTeardowns)
 		}
 	})
 

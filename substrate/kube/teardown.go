@@ -115,7 +115,7 @@ func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason string)
 		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownStoppedInPlace}
 	case gone(err):
 		log.Info("reap teardown: the listed pod is gone or was replaced; nothing to stop", "error", err)
-		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: err.Error()}
+		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: sdk.TeardownGone + err.Error()}
 	case refused(err):
 		log.Warn("reap teardown: stopping the pod in place was refused; deleting it instead", "error", err)
 		return r.deletePinned(ctx, p, sdk.TeardownDeleteFallback, log)
@@ -136,7 +136,7 @@ func (r *running) deletePinned(ctx context.Context, p *pod, action string, log h
 		return sdk.TeardownOutcome{Object: p.ref(), Action: action}
 	case gone(err):
 		log.Info("reap teardown: the listed pod is gone or was replaced; nothing to delete", "error", err)
-		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: err.Error()}
+		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: sdk.TeardownGone + err.Error()}
 	}
 	log.Warn("reap teardown: deleting the task pod failed", "error", err)
 	return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing,

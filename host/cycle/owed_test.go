@@ -1,0 +1,145 @@
+package cycle_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	pgboard "github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/host/cycle"
+	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// A teardown the pass's share cut short is owed; its retry runs after the
+// reapers, under a budget of its own, and a retry that overruns it is a
+// WARN that cost the reapers nothing.
+func TestOwedTeardownRetries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := ladder.Defaults()
+	w := newWorld(t, "mark_teardown", nil)
+	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
+		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec},
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}}})
+
+	run := func() cycle.Result {
+		done := make(chan cycle.Result)
+		go func() { done <- w.loop.RunOnce(ctx) }()
+		for {
+			select {
+			case <-w.exec.tearing:
+				w.clock.Advance(l.MaintenanceInterval) // the teardown hangs past every budget
+			case res := <-done:
+				return res
+			}
+		}
+	}
+
+	t.Run("TeardownCutShort_Owed", func(t *testing.T) {
+		run() // the pass is cut off at its share, its teardown with it
+		w.marked(t)
+		// The host's side of the cut teardown answers the plugin's
+		// cancellation on the broker's goroutine, maybe after the cycle.
+		var rows []pgboard.OwedTeardown
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if rows, err = w.store.OwedTeardownsFor(ctx, "run", "task"); err != nil || len(rows) > 0 {
+				break
+			}
+		}
+		if err != nil || len(rows) != 1 || rows[0].Tries != 1 || rows[0].Reaper != "agentlost" ||
+			rows[0].Label != sdk.LabelAgentLostPodDeleteErr {
+			t.Fatalf("owed rows %+v, %v", rows, err)
+		}
+	})
+	t.Run("RetryOverrunsItsBudget_AfterTheReapersAndWarned", func(t *testing.T) {
+		w.clock.Advance(l.MaintenanceInterval) // the retry is due
+		res := run()
+		if !slices.Contains(res.Overruns, "teardown") || slices.Contains(res.Overruns, "reap") {
+			t.Fatalf("overruns %v", res.Overruns)
+		}
+		if !slices.Contains(res.Reaped, "agentlost") {
+			t.Fatalf("the reapers were starved: %+v", res)
+		}
+		var failed bool
+		for _, d := range res.Decisions {
+			failed = failed || (d.Label == sdk.LabelAgentLostPodDeleteErr && d.Attempt == w.attempt && !d.Applied)
+		}
+		if !failed {
+			t.Fatalf("the failed retry was not decided: %+v", res.Decisions)
+		}
+		rows, err := w.store.OwedTeardownsFor(ctx, "run", "task")
+		if err != nil || len(rows) != 1 || rows[0].Tries != 2 {
+			t.Fatalf("owed rows %+v, %v", rows, err)
+		}
+		// Audited like any decision.
+		recs, err := w.store.DecisionsFor(ctx, "run", "task", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range recs {
+			if r.Label == sdk.LabelAgentLostPodDeleteErr {
+				n++
+			}
+		}
+		if n < 1 {
+			t.Fatalf("no %s in the audit: %+v", sdk.LabelAgentLostPodDeleteErr, recs)
+		}
+	})
+	t.Run("NotLeading_NothingTried", func(t *testing.T) {
+		st := w.lead.Status(time.Time{})
+		st.Leading = false
+		w.lead.set(st)
+		w.clock.Advance(time.Hour)
+		res := w.loop.RunOnce(ctx) // a retry would block on tearing: none may start
+		if res.Leading {
+			t.Fatal("leading")
+		}
+		rows, err := w.store.OwedTeardownsFor(ctx, "run", "task")
+		if err != nil || len(rows) != 1 || rows[0].Tries != 2 {
+			t.Fatalf("owed rows %+v, %v", rows, err)
+		}
+	})
+}
+
+// A teardown owed for an attempt that is still its task's live current
+// attempt (a reaper tore down what it had not marked) is never tried: the
+// host defers it and says so each time it is due.
+func TestOwedTeardownOfALiveAttemptNeverTried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := ladder.Defaults()
+	w := newWorld(t, "mark_teardown", nil)
+	loop := cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
+		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec}, nil)
+	a := w.attempt
+	if _, err := w.store.OweTeardown(ctx, pgboard.TeardownFailure{RunID: a.RunID, Attempt: &a, Reaper: "thirdparty",
+		Label: sdk.LabelTeardownOwedError, Reason: "its_own", Error: "timeout", At: w.clock.Now(), Term: w.term},
+		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: cycle.OwedBackoffCap}); err != nil {
+		t.Fatal(err)
+	}
+	w.clock.Advance(l.MaintenanceInterval)
+	res := loop.RunOnce(ctx)
+	if len(w.exec.tearing) != 0 {
+		t.Fatal("the live attempt was torn down")
+	}
+	var deferred bool
+	for _, d := range res.Decisions {
+		deferred = deferred || (d.Label == sdk.LabelTeardownOwedError && d.Attempt == a && !d.Applied && d.Reaper == "thirdparty")
+	}
+	if !deferred {
+		t.Fatalf("no deferral decided: %+v", res.Decisions)
+	}
+	rows, err := w.store.OwedTeardownsFor(ctx, a.RunID, a.TaskID)
+	if err != nil || len(rows) != 1 || rows[0].Tries != 2 || !strings.HasPrefix(rows[0].LastError, "not tried") {
+		t.Fatalf("owed rows %+v, %v", rows, err)
+	}
+	if ti, err := w.store.TaskInstance(ctx, a.RunID, a.TaskID); err != nil || ti.State != sdk.StateRunning {
+		t.Fatalf("the attempt: %+v, %v", ti, err)
+	}
+}
