@@ -180,6 +180,8 @@ const (
 // still running or yet to run (inside its termination grace, or not
 // started) holds it back. The containers' states decide, never the pod's
 // phase: a pod stopped in place can read Failed while its container runs.
+// A finished pod deleted with no grace left (held only by a finalizer)
+// counts as gone, as it did before finalizers held it.
 func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (markAction, string) {
 	for _, p := range pods {
 		if rec, ok := p.record(); ok && rec.Outcome == RecordSuccess {
@@ -195,6 +197,12 @@ func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (ma
 		return markConfirm, "no pod of the attempt is left"
 	}
 	for _, p := range pods {
+		// A finished pod the cluster has let go (deleted with no grace
+		// left: Pod GC, a forced delete) counts as gone: only a finalizer
+		// keeps its object, and no kubelet writes to it any more.
+		if finished(p.phase) && p.letGo() {
+			continue
+		}
 		task, ok := p.task()
 		if !ok || !task.terminated {
 			return markHold, fmt.Sprintf("the task container of %s has not terminated (pod %s)", p.ref(), p.phase)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -19,13 +20,14 @@ var errDeposed = errors.New("the leadership term is no longer current")
 // attempt whose running report was lost is still queued.
 var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 
-// Sweep is the reconcile phase, in three steps over one snapshot of the
+// Sweep is the reconcile phase, in four steps over one snapshot of the
 // presence cache: settle every finished pod's attempt from its durable
 // outcome record (or the cluster's word); confirm or override each
-// provisional infra mark from a live read of its attempt's pods; collect
-// finished pods that are settled and older than CollectAfter. The sweep
-// completes only on a synced cache: until then it fails, and the gate
-// holds.
+// provisional infra mark from a live read of its attempt's pods; release
+// the outcome record finalizer of the pods whose record has done its work,
+// and apply the finalizer's leak bound; collect finished pods that are
+// settled and older than CollectAfter. The sweep completes only on a
+// synced cache: until then it fails, and the gate holds.
 func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
 	r, err := s.current()
 	if err != nil {
@@ -35,7 +37,7 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		return sdk.SweepResult{}, errors.New("kube sweep: the presence cache has not synced yet")
 	}
 	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
-		marked: map[sdk.Attempt]bool{}}
+		marked: map[sdk.Attempt]bool{}, provisional: map[sdk.Attempt]bool{}, unrecorded: map[*pod]bool{}}
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
@@ -49,7 +51,11 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	if err := sw.marks(ctx); err != nil {
 		return sw.res, err
 	}
-	if err := sw.collect(ctx, pods, settled); err != nil {
+	released, err := sw.finalizers(ctx, pods, settled)
+	if err != nil {
+		return sw.res, err
+	}
+	if err := sw.collect(ctx, pods, settled, released); err != nil {
 		return sw.res, err
 	}
 	return sw.res, nil
@@ -65,6 +71,12 @@ type sweep struct {
 	// marked: attempts with a provisional infra mark seen by this sweep;
 	// their pods are never collected while it stands.
 	marked map[sdk.Attempt]bool
+	// provisional: those of them whose mark is inside the infra
+	// confirmation valve, so a SUCCESS record may still override it.
+	provisional map[sdk.Attempt]bool
+	// unrecorded: finished pods whose settlement found no such task
+	// instance on the board.
+	unrecorded map[*pod]bool
 }
 
 func (sw *sweep) decide(label string, a sdk.Attempt, applied bool, detail string, ev map[string]string) {
@@ -111,6 +123,9 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			}
 			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
 				mr.NoopReason == sdk.NoopRunFinished
+			if mr.NoopReason == sdk.NoopNotFound {
+				sw.unrecorded[owner[i]] = true
+			}
 			if mr.Applied {
 				st := batch[i]
 				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
@@ -177,6 +192,9 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 	for i, c := range cs {
 		as[i] = c.Attempt
 		sw.marked[c.Attempt] = true
+		if insideValve(c, sw.req.Now, sw.req.Ladder) {
+			sw.provisional[c.Attempt] = true
+		}
 	}
 	pods, err := sw.r.listAttempts(ctx, as)
 	if err != nil {
@@ -250,8 +268,11 @@ func (sw *sweep) applied(res []sdk.MarkResult, err error, doing string, n int, e
 
 // collect deletes finished pods that are settled and have been finished
 // for CollectAfter, each pinned by its UID. A pod whose attempt holds a
-// provisional infra mark is kept: its record may still decide it.
-func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool) error {
+// provisional infra mark is kept: its record may still decide it. So is a
+// pod that still carries the outcome record finalizer (this sweep's
+// release step held it, or its release failed): a later sweep collects it
+// once the finalizer is gone.
+func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool, released map[types.UID]bool) error {
 	if sw.req.DryRun {
 		return nil
 	}
@@ -259,6 +280,9 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	for _, p := range pods {
 		a, ok := p.labels.attempt()
 		if !ok || sw.marked[a] || !collectible(p, settled[p], sw.req.Now) {
+			continue
+		}
+		if _, held := p.recordFinalizer(); held && !released[p.UID] {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
