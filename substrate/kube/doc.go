@@ -77,7 +77,7 @@
 // # The reconcile sweep
 //
 // Sweep runs on a synced cache (until then it fails, and the settling gate
-// holds) in three steps:
+// holds) in four steps:
 //
 //  1. Settle every finished pod's attempt, the attempt its labels name and
 //     no other, from queued or running, by judgeFinished: a SUCCESS or
@@ -101,11 +101,24 @@
 //     <mark>"); SweepResult.Overrides counts them by mark. Otherwise the
 //     mark is confirmed when no pod of the attempt is left or every task
 //     container has terminated; a container still running holds it back.
-//  3. Delete, pinned by UID, every finished pod whose attempt is settled
-//     and that finished more than CollectAfter (10 minutes) ago, except a
-//     pod whose attempt still holds a provisional mark. Unknown is not
-//     finished: never settled, never collected.
+//  3. Remove the outcome record finalizer (FinalizerOutcomeRecord, which
+//     the kube runner puts on every task pod, never on a warm worker) from
+//     each pod whose record has done its work: finished with its attempt
+//     settled (unless a provisional mark inside the valve still waits on
+//     its running container), or being deleted without ever starting. A
+//     deletion before the sweep read a pod therefore leaves it present,
+//     finished, and settled here like any other. The leak bound releases
+//     the rest (LabelReconcileFinalizerLeak): settled long ago, deleted
+//     with no grace and no end written past the grace rung, or ended more
+//     than finalizer_max_age ago. Each removal is a JSON patch testing the
+//     UID, the resourceVersion and the entry, removing only that entry
+//     (finalizer.go, judgeRelease).
+//  4. Delete, pinned by UID, every finished pod whose attempt is settled
+//     and that finished more than CollectAfter (10 minutes) ago and no
+//     longer carries the finalizer, except a pod whose attempt still holds
+//     a provisional mark. Unknown is not finished: never settled, never
+//     collected.
 //
 // The classification is pure functions of the pod (judgeFinished,
-// judgeMark, judgeTeardown, collectible), tested rule by rule.
+// judgeMark, judgeTeardown, judgeRelease, collectible), tested rule by rule.
 package kube
