@@ -10,6 +10,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -198,6 +199,9 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 	t.Run("PodOfNoRecordedAttemptIsNotSettledAndIsReleasedOnlyByTheAgeLimit", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)
+		// The bound is the block's (within the board lease this test holds).
+		maxAge := 2 * time.Hour
+		s.sub, s.calls, s.logs = s.substrateAs(kubetest.Admin, sdk.Values{"finalizer_max_age": maxAge.String()})
 		p := s.finished(a, corev1.PodSucceeded, success(t), recordHeld)
 		s.userDelete(p.Name)
 		s.cachedDeleting(a, p.Name)
@@ -209,7 +213,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if _, err := s.store.TaskInstance(context.Background(), a.RunID, a.TaskID); err == nil {
 			t.Fatal("a task instance appeared for the forged pod")
 		}
-		res = s.sweep(now.Add(DefaultFinalizerMaxAge + time.Minute))
+		res = s.sweep(now.Add(maxAge + time.Minute))
 		ls := leaks(res)
 		if len(ls) != 1 || !ls[0].Applied || ls[0].Evidence["why"] != LeakAgeLimit {
 			t.Fatalf("decisions %+v, want one applied leak by %s", res.Decisions, LeakAgeLimit)
@@ -323,6 +327,10 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		}
 		if !s.carries(p.Name, FinalizerOutcomeRecord) {
 			t.Fatal("a pod changed since the read was released")
+		}
+		// Refused by the patch's own test, counted as a change, not a failure.
+		if logs := s.logs.String(); !strings.Contains(logs, "changed=1 failed=0") {
+			t.Fatalf("the refused release is not logged as a changed pod:\n%s", logs)
 		}
 		s.waitFor("the cache to hold the touched pod", func() bool {
 			r, _ := s.sub.current()
