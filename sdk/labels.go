@@ -124,6 +124,12 @@ const (
 	// LabelReconcileInfraOverride: a durable SUCCESS record settled the
 	// attempt over its provisional infra mark.
 	LabelReconcileInfraOverride = "reconcile_infra_override"
+	// LabelReconcileFinalizerLeak: the sweep removed the outcome record
+	// finalizer of a task pod that the ordinary release had not (its
+	// attempt long settled, its deletion never confirmed by a kubelet, or
+	// the pod past the substrate's finalizer_max_age); the evidence says
+	// which.
+	LabelReconcileFinalizerLeak = "reconcile_finalizer_leak"
 
 	// The operator (reaperctl).
 
@@ -158,5 +164,6 @@ func Labels() []string {
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark,
+		LabelReconcileFinalizerLeak,
 	}
 }

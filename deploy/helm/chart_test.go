@@ -251,7 +251,7 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 		`dry_run    = true`, `name      = "reaper-leader"`, `lease     = "20s"`, `renew = "4s"`, `interval = "20s"`,
 		`heartbeat = "10s"`, `agent_lost = "2m"`, `settling_grace = "4m"`,
 		`max_attempt_credential_lifetime = "2h"`, `listen = ":9500"`,
-		`namespace = "tasks"`, `qps = 20`, `burst = 40`, `warm_pool_selector = "pool in (warm)"`,
+		`namespace = "tasks"`, `qps = 20`, `burst = 40`, `warm_pool_selector = "pool in (warm)"`, `finalizer_max_age = "48h"`,
 		"reaper \"podlost\" {\n  policy = \"hold\"\n}",
 		"reaper \"agentlost\" {\n  dry_run = true\n}",
 	} {

@@ -164,6 +164,9 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			user := "system:serviceaccount:" + release + ":reaper"
 
 			var allow, deny []access
+			// patch covers the teardown's stop in place and the sweep's
+			// release of the outcome record finalizer (a JSON patch of the
+			// pod): no verb was added for the finalizer.
 			for _, v := range []string{"get", "list", "watch", "patch", "delete"} {
 				allow = append(allow, access{ns: tasks, verb: v, resource: "pods"})
 			}

@@ -116,7 +116,8 @@ type PodSpec struct {
 }
 
 // BuildPod is the pod of the task instance's attempt: its attempt labels
-// and raw task id annotation (kube.AttemptLabels), one task container named
+// and raw task id annotation (kube.AttemptLabels), the outcome record
+// finalizer (kube.FinalizerOutcomeRecord), one task container named
 // kube.TaskContainer running the agent for the attempt with the outcome
 // record path set, never restarted, and the deadline of ActiveDeadline.
 // env is added to the container's environment (the attempt's credential).
@@ -134,6 +135,9 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: PodName(a), Namespace: spec.Namespace, Labels: lbls, Annotations: ann,
+			// Whoever deletes the pod leaves its object, and its outcome
+			// record, until the substrate's sweep has read it.
+			Finalizers: []string{kube.FinalizerOutcomeRecord},
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,

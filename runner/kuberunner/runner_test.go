@@ -204,6 +204,11 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if p.Name != kuberunner.PodName(ti.Attempt) {
 			t.Errorf("%s: pod name %s, want %s", task, p.Name, kuberunner.PodName(ti.Attempt))
 		}
+		// The outcome record finalizer: a deletion leaves the pod for the
+		// sweep to read.
+		if !slices.Equal(p.Finalizers, []string{kube.FinalizerOutcomeRecord}) {
+			t.Errorf("%s: finalizers %q, want the outcome record's %q", task, p.Finalizers, kube.FinalizerOutcomeRecord)
+		}
 		if p.Spec.ActiveDeadlineSeconds == nil || *p.Spec.ActiveDeadlineSeconds != deadline {
 			t.Errorf("%s: activeDeadlineSeconds %v, want %d", task, p.Spec.ActiveDeadlineSeconds, deadline)
 		}

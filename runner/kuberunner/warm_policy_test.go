@@ -37,6 +37,11 @@ func TestWorkerPodCarriesTheWatchdogAndNoDeadline(t *testing.T) {
 			if pod.Labels[kube.LabelWarmPool] != "etl" || pod.Spec.Containers[0].Name != WorkerContainer {
 				t.Fatalf("labels %v, container %s", pod.Labels, pod.Spec.Containers[0].Name)
 			}
+			// A worker serves many attempts and leaves no record of its own:
+			// it carries no outcome record finalizer.
+			if len(pod.Finalizers) != 0 {
+				t.Fatalf("finalizers %q on a warm worker", pod.Finalizers)
+			}
 			args := strings.Join(pod.Spec.Containers[0].Args, " ")
 			has := strings.Contains(args, "-watchdog=")
 			if (tc.want == "" && has) || (tc.want != "" && !strings.Contains(args, tc.want)) {

@@ -18,7 +18,8 @@ func TestConfigSchemaDeclaresTheBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]any{"namespace": DefaultNamespace, "kubeconfig": "", "qps": float64(DefaultQPS),
-		"burst": float64(DefaultBurst), "warm_pool_selector": DefaultWarmPoolSelector, "resync": "0s"}
+		"burst": float64(DefaultBurst), "warm_pool_selector": DefaultWarmPoolSelector, "resync": "0s",
+		"finalizer_max_age": "24h0m0s"}
 	if len(schema.Attributes) != len(want) {
 		t.Fatalf("attributes %+v, want %v", schema.Attributes, want)
 	}
@@ -39,6 +40,7 @@ func TestConfigureRefusesABadBlock(t *testing.T) {
 		{"NoBurst", sdk.Values{"burst": 0.0}, `"burst"`},
 		{"EmptyNamespace", sdk.Values{"namespace": ""}, `"namespace"`},
 		{"BadSelector", sdk.Values{"warm_pool_selector": "a in (b"}, `"warm_pool_selector"`},
+		{"FinalizerMaxAgeBelowTheCollection", sdk.Values{"finalizer_max_age": "5m"}, `"finalizer_max_age"`},
 		{"LiteEdition", sdk.Values{}, "edition"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

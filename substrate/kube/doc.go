@@ -111,13 +111,26 @@
 //     of it has terminated (judgeWarmMark); a live worker holds it back
 //     (nothing records which attempts a live worker runs), and a LIST
 //     error confirms nothing (warm_worker_list_error).
-//  4. Delete, pinned by UID, every finished pod whose attempt is settled
-//     and that finished more than CollectAfter (10 minutes) ago, except a
-//     pod whose attempt still holds a provisional mark (for a pod without
-//     the annotation, a mark of any task its label could name). Unknown is
-//     not finished: never settled, never collected.
+//  4. Remove the outcome record finalizer (FinalizerOutcomeRecord, which
+//     the kube runner puts on every task pod, never on a warm worker) from
+//     each pod whose record has done its work: finished with its attempt
+//     settled (unless a provisional mark inside the valve still waits on
+//     its running container), or being deleted without ever starting. A
+//     deletion before the sweep read a pod therefore leaves it present,
+//     finished, and settled here like any other. The leak bound releases
+//     the rest (LabelReconcileFinalizerLeak): settled long ago, deleted
+//     with no grace and no end written past the grace rung, or ended more
+//     than finalizer_max_age ago. Each removal is a JSON patch testing the
+//     UID, the resourceVersion and the entry, removing only that entry
+//     (finalizer.go, judgeRelease).
+//  5. Delete, pinned by UID, every finished pod whose attempt is settled
+//     and that finished more than CollectAfter (10 minutes) ago and no
+//     longer carries the finalizer, except a pod whose attempt still holds
+//     a provisional mark (for a pod without the annotation, a mark of any
+//     task its label could name). Unknown is not finished: never settled,
+//     never collected.
 //
 // The classification is pure functions of the pod (judgeFinished,
-// judgeMark, judgeWarmMark, judgeTeardown, collectible), tested rule by
-// rule.
+// judgeMark, judgeWarmMark, judgeTeardown, judgeRelease, collectible),
+// tested rule by rule.
 package kube

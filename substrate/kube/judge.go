@@ -184,6 +184,8 @@ const (
 // the lossy label: it holds a confirmation back (when in doubt, defer), and
 // its SUCCESS record overrides only if the board finds the attempt recorded
 // that pod's UID.
+// A finished pod deleted with no grace left (held only by a finalizer)
+// counts as gone, as it did before finalizers held it.
 func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (markAction, string) {
 	if p := successPod(pods); p != nil {
 		if insideValve(c, now, l) {
@@ -197,6 +199,12 @@ func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (ma
 		return markConfirm, "no pod of the attempt is left"
 	}
 	for _, p := range pods {
+		// A finished pod the cluster has let go (deleted with no grace
+		// left: Pod GC, a forced delete) counts as gone: only a finalizer
+		// keeps its object, and no kubelet writes to it any more.
+		if finished(p.phase) && p.letGo() {
+			continue
+		}
 		task, ok := p.task()
 		if !ok || !task.terminated {
 			return markHold, fmt.Sprintf("the task container of %s has not terminated (pod %s)", p.ref(), p.phase)

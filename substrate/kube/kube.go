@@ -37,6 +37,13 @@ const (
 	// CollectAfter is how long a finished, settled pod is kept before the
 	// sweep deletes it.
 	CollectAfter = 10 * time.Minute
+	// DefaultFinalizerMaxAge bounds how long a task pod that has ended (it
+	// finished, or it is being deleted) keeps the outcome record finalizer
+	// when nothing else released it: the leak bound (finalizer.go).
+	DefaultFinalizerMaxAge = 24 * time.Hour
+	// MinFinalizerMaxAge is the least finalizer_max_age accepted: the leak
+	// bound never undercuts the collection it backs up.
+	MinFinalizerMaxAge = CollectAfter
 )
 
 // Config is the substrate "kube" block.
@@ -47,12 +54,13 @@ type Config struct {
 	Burst            int           `reaper:"burst" help:"the client's burst of requests above qps"`
 	WarmPoolSelector string        `reaper:"warm_pool_selector" help:"label selector of the warm pool's pods, read live by WarmWorkers"`
 	Resync           time.Duration `reaper:"resync" help:"how often the presence informer replays its cache; \"0s\": never"`
+	FinalizerMaxAge  time.Duration `reaper:"finalizer_max_age" help:"the leak bound: how long after a task pod ended (finished, or its deletion began) the sweep removes its outcome record finalizer if nothing else did"`
 }
 
 // DefaultConfig is the block's defaults.
 func DefaultConfig() Config {
 	return Config{Namespace: DefaultNamespace, QPS: DefaultQPS, Burst: DefaultBurst,
-		WarmPoolSelector: DefaultWarmPoolSelector}
+		WarmPoolSelector: DefaultWarmPoolSelector, FinalizerMaxAge: DefaultFinalizerMaxAge}
 }
 
 // Validate checks the block.
@@ -71,6 +79,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := labels.Parse(c.WarmPoolSelector); err != nil {
 		return fmt.Errorf(`attribute "warm_pool_selector": %w`, err)
+	}
+	if c.FinalizerMaxAge < MinFinalizerMaxAge {
+		return fmt.Errorf(`attribute "finalizer_max_age": must be at least %s, got %s`, MinFinalizerMaxAge, c.FinalizerMaxAge)
 	}
 	return nil
 }

@@ -34,6 +34,13 @@ const (
 	// writes its durable outcome record. A pod with no container of that
 	// name has its first container taken as the task's.
 	TaskContainer = "task"
+
+	// FinalizerOutcomeRecord is the finalizer the kube runner puts on every
+	// task pod it creates (never on a warm worker pod, which serves many
+	// attempts): a deletion (a user's, Pod GC's, an eviction's) then leaves
+	// the pod object, with its task container's outcome record, until the
+	// sweep has settled it and removes the finalizer (finalizer.go).
+	FinalizerOutcomeRecord = "leoflow.io/outcome-record"
 )
 
 // TaskIDLabel is the value of LabelTaskID for a task id: lowercased, with

@@ -31,7 +31,8 @@ func taskPod(ns string, seq int, a sdk.Attempt, started time.Time) *corev1.Pod {
 	st := metav1.NewTime(started)
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID(fmt.Sprintf("0b7c5e1e-6a7f-4c1e-9d7e-%012d", seq)),
-			ResourceVersion: "123456", Labels: l, Annotations: ann, CreationTimestamp: st},
+			ResourceVersion: "123456", Labels: l, Annotations: ann, CreationTimestamp: st,
+			Finalizers: []string{FinalizerOutcomeRecord}},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, NodeName: "node-a", ActiveDeadlineSeconds: &deadline,
 			Containers: []corev1.Container{{

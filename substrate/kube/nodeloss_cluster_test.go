@@ -130,6 +130,31 @@ func TestSweepNodeLoss(t *testing.T) {
 		}
 	})
 
+	// The same node loss with the outcome record finalizer the kube runner
+	// puts on its pods: Pod GC's deletion leaves the object, Failed with
+	// its condition, the sweep settles it as a present pod (no tombstone
+	// needed), releases it, and it goes.
+	t.Run("NodeDeletedPodGCHeldByTheFinalizerIsSettledPresentThenReleased", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(a)
+		p := s.running(a, recordHeld)
+		if err := s.cs.CoreV1().Nodes().Delete(context.Background(), s.node, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("deleting the node: %v", err)
+		}
+		got := s.disruptedWith(a, p.Name, "DeletionByPodGC", 3*time.Minute)
+		s.polled("Pod GC's deletion held by the finalizer", time.Minute, func() bool {
+			got = s.get(p.Name)
+			return got != nil && got.DeletionTimestamp != nil && got.Status.Phase == corev1.PodFailed
+		})
+		s.cachedDeleting(a, p.Name)
+		s.settledDisrupted(a, p.Name, "DeletionByPodGC")
+		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		if n := s.tombs().len(); n != 0 {
+			t.Fatalf("%d tombstones, want 0: the pod was settled present", n)
+		}
+	})
+
 	// A NoExecute taint, and KWOK deleting the evicted pod as it is
 	// (Running): nothing says how it ended, so the sweep settles nothing and
 	// the attempt, with no pod object left, is the pod-lost reaper's.

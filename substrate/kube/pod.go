@@ -15,8 +15,10 @@ import (
 // states. A live read is reduced to the same shape, so every judgment reads
 // one type.
 type pod struct {
-	// Name, Namespace, UID, ResourceVersion and the creation and deletion
-	// timestamps only: the informer keys and versions objects through them.
+	// Name, Namespace, UID, ResourceVersion, the creation and deletion
+	// timestamps, the deletion's grace and the finalizers only: the
+	// informer keys and versions objects through them, and the sweep
+	// releases the outcome record finalizer pinned to them.
 	metav1.ObjectMeta
 
 	labels    podLabels
@@ -71,6 +73,7 @@ func reduce(in *corev1.Pod) *pod {
 	p := &pod{
 		ObjectMeta: metav1.ObjectMeta{Name: in.Name, Namespace: in.Namespace, UID: in.UID,
 			ResourceVersion: in.ResourceVersion, DeletionTimestamp: in.DeletionTimestamp,
+			DeletionGracePeriodSeconds: in.DeletionGracePeriodSeconds, Finalizers: in.Finalizers,
 			CreationTimestamp: in.CreationTimestamp},
 		labels:   labelsOf(in.Labels, in.Annotations),
 		phase:    in.Status.Phase,
@@ -191,3 +194,21 @@ func (p *pod) finishedAt() time.Time {
 
 // ref names the pod for outcomes and logs.
 func (p *pod) ref() string { return "pod/" + p.Namespace + "/" + p.Name }
+
+// recordFinalizer is the index of FinalizerOutcomeRecord among the pod's
+// finalizers; ok is false when the pod does not carry it.
+func (p *pod) recordFinalizer() (i int, ok bool) {
+	for i, f := range p.Finalizers {
+		if f == FinalizerOutcomeRecord {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// letGo reports whether the cluster has let the pod go: it is deleted
+// with no grace left (a kubelet's last word, Pod GC, a forced delete, or a
+// pod never placed), so only finalizers keep its object.
+func (p *pod) letGo() bool {
+	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
+}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -24,10 +25,11 @@ var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 // outcome record (or the cluster's word); confirm or override each
 // provisional infra mark of a kube attempt from a live read of its
 // attempt's pods; confirm each provisional infra mark of a warm attempt
-// from a live read of the warm pool; collect finished pods that are
-// settled and older than CollectAfter. The sweep
-// completes only on a synced cache: until then it fails, and the gate
-// holds.
+// from a live read of the warm pool; release the outcome record finalizer
+// of the pods whose record has done its work, and apply the finalizer's
+// leak bound; collect finished pods that are settled and older than
+// CollectAfter. The sweep completes only on a synced cache: until then it
+// fails, and the gate holds.
 func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
 	r, err := s.current()
 	if err != nil {
@@ -37,7 +39,8 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		return sdk.SweepResult{}, errors.New("kube sweep: the presence cache has not synced yet")
 	}
 	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
-		marked: map[sdk.Attempt]bool{}, markedKeys: map[string]bool{}}
+		marked: map[sdk.Attempt]bool{}, markedKeys: map[string]bool{}, provisional: map[sdk.Attempt]bool{},
+		unrecorded: map[*pod]bool{}}
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
@@ -54,7 +57,11 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	if err := sw.warmMarks(ctx); err != nil {
 		return sw.res, err
 	}
-	if err := sw.collect(ctx, pods, settled); err != nil {
+	released, err := sw.finalizers(ctx, pods, settled)
+	if err != nil {
+		return sw.res, err
+	}
+	if err := sw.collect(ctx, pods, settled, released); err != nil {
 		return sw.res, err
 	}
 	return sw.res, nil
@@ -73,6 +80,12 @@ type sweep struct {
 	// carry no exact task id.
 	marked     map[sdk.Attempt]bool
 	markedKeys map[string]bool
+	// provisional: those of them whose mark is inside the infra
+	// confirmation valve, so a SUCCESS record may still override it.
+	provisional map[sdk.Attempt]bool
+	// unrecorded: finished pods whose settlement found no such task
+	// instance on the board.
+	unrecorded map[*pod]bool
 }
 
 // heldByMark: the pod may belong to an attempt with a provisional infra
@@ -135,6 +148,9 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			}
 			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
 				mr.NoopReason == sdk.NoopRunFinished
+			if mr.NoopReason == sdk.NoopNotFound {
+				sw.unrecorded[owner[i]] = true
+			}
 			if mr.Applied {
 				st := batch[i]
 				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
@@ -209,6 +225,9 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 		as[i] = c.Attempt
 		sw.marked[c.Attempt] = true
 		sw.markedKeys[attemptIndexKey(c.Attempt)] = true
+		if insideValve(c, sw.req.Now, sw.req.Ladder) {
+			sw.provisional[c.Attempt] = true
+		}
 	}
 	pods, err := sw.r.listAttempts(ctx, as)
 	if err != nil {
@@ -354,8 +373,11 @@ func (sw *sweep) applied(res []sdk.MarkResult, err error, doing string, n int, e
 
 // collect deletes finished pods that are settled and have been finished
 // for CollectAfter, each pinned by its UID. A pod whose attempt holds a
-// provisional infra mark is kept: its record may still decide it.
-func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool) error {
+// provisional infra mark is kept: its record may still decide it. So is a
+// pod that still carries the outcome record finalizer (this sweep's
+// release step held it, or its release failed): a later sweep collects it
+// once the finalizer is gone.
+func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool, released map[types.UID]bool) error {
 	if sw.req.DryRun {
 		return nil
 	}
@@ -363,6 +385,9 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 	for _, p := range pods {
 		a, ok := p.labels.attempt()
 		if !ok || sw.heldByMark(p, a) || !collectible(p, settled[p], sw.req.Now) {
+			continue
+		}
+		if _, held := p.recordFinalizer(); held && !released[p.UID] {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

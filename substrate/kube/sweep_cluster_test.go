@@ -118,11 +118,12 @@ func (s *sweepEnv) sweep(now time.Time) sdk.SweepResult {
 	return res
 }
 
-// finished makes a's pod, runs it, and plays the kubelet ending it with
-// status; it waits until the cache holds the finished pod.
-func (s *sweepEnv) finished(a sdk.Attempt, phase corev1.PodPhase, status func(*corev1.PodStatus)) *corev1.Pod {
+// finished makes a's pod (mutate adjusting it first), runs it, and plays
+// the kubelet ending it with status; it waits until the cache holds the
+// finished pod.
+func (s *sweepEnv) finished(a sdk.Attempt, phase corev1.PodPhase, status func(*corev1.PodStatus), mutate ...func(*corev1.Pod)) *corev1.Pod {
 	s.t.Helper()
-	p := s.running(a)
+	p := s.running(a, mutate...)
 	p = s.playStatus(p.Name, func(st *corev1.PodStatus) {
 		st.Phase = phase
 		status(st)
