@@ -47,9 +47,9 @@ func newSweepEnv(t *testing.T) *sweepEnv {
 	return &sweepEnv{env: e, store: store, w: lifecycle.New(pool, lifecycle.Options{}), term: lease.Term, runs: map[string]bool{}}
 }
 
-// runningOnBoard drives attempt a (a fresh first attempt of a kube task)
-// to running on the board.
-func (s *sweepEnv) runningOnBoard(a sdk.Attempt) {
+// scheduled puts a's task instance of the given executor on the board (its
+// run first, once), as of ten minutes ago, and returns that time.
+func (s *sweepEnv) scheduled(a sdk.Attempt, executor string) time.Time {
 	s.t.Helper()
 	ctx := context.Background()
 	now := time.Now().Add(-10 * time.Minute)
@@ -60,10 +60,18 @@ func (s *sweepEnv) runningOnBoard(a sdk.Attempt) {
 		s.runs[a.RunID] = true
 	}
 	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries,
-        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, 'kube', 2, 2, 3, $3, $4, $5)`,
-		a.RunID, a.TaskID, a.Try, a.Epoch, now); err != nil {
+        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, $6, 2, 2, 3, $3, $4, $5)`,
+		a.RunID, a.TaskID, a.Try, a.Epoch, now, executor); err != nil {
 		s.t.Fatal(err)
 	}
+	return now
+}
+
+// runningOnBoard drives attempt a (a fresh first attempt of a kube task)
+// to running on the board.
+func (s *sweepEnv) runningOnBoard(a sdk.Attempt) {
+	s.t.Helper()
+	ctx, now := context.Background(), s.scheduled(a, sdk.ExecutorKube)
 	for _, step := range []func(context.Context, sdk.Attempt, time.Time) (bool, error){s.w.Enqueue, s.w.Queue} {
 		if ok, err := step(ctx, a, now); err != nil || !ok {
 			s.t.Fatalf("driving %s to queued: %v, %v", a, ok, err)
@@ -596,19 +604,7 @@ func TestSweepLossyTaskID(t *testing.T) {
 // to worker.
 func (s *sweepEnv) warmRunningOnBoard(a sdk.Attempt, worker string) {
 	s.t.Helper()
-	ctx := context.Background()
-	now := time.Now().Add(-10 * time.Minute)
-	if !s.runs[a.RunID] {
-		if err := s.w.CreateRun(ctx, lifecycle.NewRun{RunID: a.RunID, DagID: "dag"}, now); err != nil {
-			s.t.Fatal(err)
-		}
-		s.runs[a.RunID] = true
-	}
-	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries,
-        infra_budget, try_number, attempt_epoch, updated_at) VALUES ($1, $2, 'warm', 2, 2, 3, $3, $4, $5)`,
-		a.RunID, a.TaskID, a.Try, a.Epoch, now); err != nil {
-		s.t.Fatal(err)
-	}
+	ctx, now := context.Background(), s.scheduled(a, sdk.ExecutorWarm)
 	if ok, err := s.w.Enqueue(ctx, a, now); err != nil || !ok {
 		s.t.Fatalf("scheduling %s: %v, %v", a, ok, err)
 	}
