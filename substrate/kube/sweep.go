@@ -273,6 +273,9 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 	}
 	if len(overrides) > 0 {
 		res, err := sw.board.OverrideInfra(ctx, overrides)
+		if err == nil {
+			sw.refusedOverrides(res, oCand)
+		}
 		return sw.applied(res, err, "overriding", len(overrides), func(i int) {
 			mark := oCand[i].FailureReason
 			sw.res.Overrides[mark]++
@@ -281,6 +284,25 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 		})
 	}
 	return nil
+}
+
+// refusedOverrides says out loud each override the board refused because
+// its pod names its task only by the lossy label and the marked attempt
+// never recorded that pod: a SUCCESS record in a pod anyone could have
+// made. The mark stays as it was; the refusal is logged and is a decision
+// (not applied), so it is metered and audited.
+func (sw *sweep) refusedOverrides(res []sdk.MarkResult, cands []sdk.Candidate) {
+	for i, mr := range res {
+		if i >= len(cands) || mr.NoopReason != sdk.NoopPodNotRecorded {
+			continue
+		}
+		c := cands[i]
+		sw.s.log.Warn("kube sweep: refused a SUCCESS record over an infra mark from a pod the attempt never recorded",
+			"attempt", c.Attempt.String(), "mark", c.FailureReason)
+		sw.decide(sdk.LabelReconcileInfraOverride, c.Attempt, false,
+			"refused: the SUCCESS record came from a pod without the exact task id that the attempt never recorded",
+			map[string]string{"mark": c.FailureReason, "noop": sdk.NoopPodNotRecorded})
+	}
 }
 
 // warmMarks pages through the provisional infra marks of warm attempts

@@ -558,6 +558,16 @@ func TestSweepLossyTaskID(t *testing.T) {
 		if ti.LastFailureKind != sdk.FailureInfra {
 			t.Fatalf("row %+v, want the mark kept", ti)
 		}
+		// The refusal is a decision of its own: metered and audited.
+		refused := 0
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileInfraOverride && !d.Applied && d.Evidence["noop"] == sdk.NoopPodNotRecorded {
+				refused++
+			}
+		}
+		if refused != 1 {
+			t.Fatalf("decisions %+v: want one refused override (pod_not_recorded)", res.Decisions)
+		}
 	})
 
 	// A provisional mark keeps its attempt's pods from collection; a pod
