@@ -44,6 +44,8 @@ const (
 	DefaultLease         = 15 * time.Second
 	DefaultTelemetryAddr = "127.0.0.1:9464"
 	DefaultAttemptAPI    = "127.0.0.1:9465"
+	// DefaultWorkerCredentialLifetime is auth.max_worker_credential_lifetime.
+	DefaultWorkerCredentialLifetime = 24 * time.Hour
 )
 
 // Config is a parsed, validated configuration file.
@@ -59,6 +61,12 @@ type Config struct {
 	Ladder     ladder.Ladder
 	Telemetry  Telemetry
 	AttemptAPI AttemptAPI
+	// WorkerCredentialCeiling is auth.max_worker_credential_lifetime: a
+	// warm worker's credential is renewed by its claims only while it is
+	// younger than this, from its first mint (its pod's creation); then it
+	// lapses and the worker's pod is replaced. Positive, and greater than
+	// attempt_token_ttl.
+	WorkerCredentialCeiling time.Duration
 
 	Substrate PluginBlock
 	Reapers   []PluginBlock // in configured order
@@ -288,13 +296,36 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		AttemptAPI: AttemptAPI{Listen: DefaultAttemptAPI, StateDir: DefaultAttemptAPIStateDir()},
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
+
+		WorkerCredentialCeiling: DefaultWorkerCredentialLifetime,
 	}
 	diags = append(diags, cfg.decode(content)...)
 	if env := getenv(EnvDSN); env != "" {
 		cfg.StoreDSN = env
 	}
 	diags = append(diags, cfg.validateLadder()...)
+	diags = append(diags, cfg.validateWorkerCeiling()...)
 	return cfg, diags
+}
+
+// validateWorkerCeiling refuses a worker credential ceiling that is not
+// positive (a warm worker's credential would renew forever) or not greater
+// than attempt_token_ttl (a worker would lapse before its first claim could
+// renew it).
+func (cfg *Config) validateWorkerCeiling() hcl.Diagnostics {
+	c, ttl := cfg.WorkerCredentialCeiling, cfg.Ladder.AttemptTokenTTL
+	if c > 0 && c > ttl {
+		return nil
+	}
+	subject := cfg.rangeOf([]string{"auth.max_worker_credential_lifetime"})
+	rule := fmt.Sprintf("auth.max_worker_credential_lifetime (%s) must be greater than attempt_token_ttl (%s)",
+		ladder.Format(c), ladder.Format(ttl))
+	if c <= 0 {
+		rule = fmt.Sprintf("auth.max_worker_credential_lifetime (%s) must be positive: a warm worker's credential "+
+			"would be renewed without limit", ladder.Format(c))
+	}
+	return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &subject,
+		Summary: "Invalid worker credential lifetime", Detail: rule + "."}}
 }
 
 var rootSchema = &hcl.BodySchema{
@@ -350,6 +381,7 @@ var (
 	}}
 	authSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
+		{Name: "max_worker_credential_lifetime", Type: sdk.TypeDuration},
 	}}
 	kubeRunnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "namespace", Type: sdk.TypeString},
@@ -462,6 +494,10 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			if rr, ok := r["max_attempt_credential_lifetime"]; ok {
 				cfg.ranges["auth.max_attempt_credential_lifetime"] = rr
 				cfg.Ladder.CredentialCeiling, _ = v.Duration("max_attempt_credential_lifetime")
+			}
+			if rr, ok := r["max_worker_credential_lifetime"]; ok {
+				cfg.ranges["auth.max_worker_credential_lifetime"] = rr
+				cfg.WorkerCredentialCeiling, _ = v.Duration("max_worker_credential_lifetime")
 			}
 		case "telemetry":
 			if !once(b) {

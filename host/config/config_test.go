@@ -205,6 +205,12 @@ func TestLadderRules(t *testing.T) {
 			"auth {\n  max_attempt_credential_lifetime = \"10m\"\n}\n",
 			[]string{"reaper.hcl:", "auth.max_attempt_credential_lifetime (10m) must be greater than attempt_token_ttl (10m)"}},
 		{"HeartbeatNotPositive", "lite", "heartbeat = \"0s\"", "", []string{"heartbeat (0s) must be positive"}},
+		{"WorkerCeilingNotAboveTokenTTL", "kube", "",
+			"auth {\n  max_worker_credential_lifetime = \"5m\"\n}\n",
+			[]string{"reaper.hcl:", "auth.max_worker_credential_lifetime (300s) must be greater than attempt_token_ttl (10m)"}},
+		{"WorkerCeilingNotPositive", "kube", "",
+			"auth {\n  max_worker_credential_lifetime = \"0s\"\n}\n",
+			[]string{"reaper.hcl:", "auth.max_worker_credential_lifetime (0s) must be positive"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,6 +261,17 @@ func TestLadderRules(t *testing.T) {
 		src := kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    termination_grace = \"59s\"\n  }\n}\n"
 		if _, err := parse(t, src, nil); err != nil {
 			t.Fatalf("59s + 2 x 30s < 2m refused: %v", err)
+		}
+	})
+
+	t.Run("WorkerCeilingDefaultsToADayAndIsSettable", func(t *testing.T) {
+		cfg, err := parse(t, minimal, nil)
+		if err != nil || cfg.WorkerCredentialCeiling != config.DefaultWorkerCredentialLifetime {
+			t.Fatalf("default worker ceiling %s (%v)", cfg.WorkerCredentialCeiling, err)
+		}
+		cfg, err = parse(t, minimal+"auth {\n  max_worker_credential_lifetime = \"6h\"\n}\n", nil)
+		if err != nil || cfg.WorkerCredentialCeiling != 6*time.Hour {
+			t.Fatalf("worker ceiling %s (%v), want 6h", cfg.WorkerCredentialCeiling, err)
 		}
 	})
 

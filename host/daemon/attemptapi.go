@@ -81,7 +81,8 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
 	api.keys.Store(kr)
 	api.srv, err = attemptapi.NewServer(attemptapi.ServerConfig{
 		Keys: api.keys.Load, TTL: cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling,
-		Board: lifecycle.New(api.pool, lifecycle.Options{}), Meter: m, Clock: clk, Logger: log,
+		WorkerCeiling: cfg.WorkerCredentialCeiling,
+		Board:         lifecycle.New(api.pool, lifecycle.Options{}), Meter: m, Clock: clk, Logger: log,
 	})
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package attemptapi_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,6 +166,47 @@ func TestWarmWorkerClaim(t *testing.T) {
 		if got, err := wc.Claim(ctx, "warm-a", 1); err != nil || len(got) != 0 {
 			t.Fatalf("claim of a lapsed credential: %+v, %v: want %s not handed out", got, err, a)
 		}
+	})
+
+	t.Run("WorkerTokenRenewsOnlyUntilItsCeiling_RefusalLoggedAndMetered", func(t *testing.T) {
+		b := setup(t)
+		wc := b.workerClient(t, "warm-a") // minted at base: the ceiling counts from here
+		renewals := 0
+		for b.clk.Advance(ttl / 2); b.clk.Now().Sub(base) < workerCeiling; b.clk.Advance(ttl / 2) {
+			before := wc.Token()
+			if _, err := wc.Claim(ctx, "warm-a", 1); err != nil {
+				t.Fatalf("claim at +%s: %v", b.clk.Now().Sub(base), err)
+			}
+			if wc.Token() == before {
+				t.Fatalf("claim at +%s, under the ceiling, did not renew the worker's token", b.clk.Now().Sub(base))
+			}
+			claims, err := b.keys.get().VerifyWorker(wc.Token(), b.clk.Now())
+			if err != nil || !claims.MintedAt.Equal(base) {
+				t.Fatalf("renewed worker token %+v, %v: want its first mint kept", claims, err)
+			}
+			renewals++
+		}
+		// At the ceiling: the claim is answered, the token is not renewed.
+		last := wc.Token()
+		if _, err := wc.Claim(ctx, "warm-a", 1); err != nil {
+			t.Fatalf("claim at the ceiling: %v", err)
+		}
+		if wc.Token() != last {
+			t.Fatal("a claim past the worker credential ceiling renewed the worker's token")
+		}
+		if got := b.meter.renewals[attemptapi.RenewalWorkerCapped]; got != 1 {
+			t.Fatalf("worker_capped metered %d times, want 1 (%v)", got, b.meter.renewals)
+		}
+		if got := b.meter.renewals[attemptapi.RenewalWorkerRenewed]; got != renewals {
+			t.Fatalf("worker_renewed metered %d times, want %d", got, renewals)
+		}
+		if !strings.Contains(b.logs.String(), "past its ceiling: its token is not renewed") {
+			t.Fatalf("the capped renewal was not logged:\n%s", b.logs.String())
+		}
+		// Its last token lapses one TTL after its last renewal: no more claims.
+		b.clk.Advance(ttl)
+		_, err := wc.Claim(ctx, "warm-a", 1)
+		refusedWith(t, err, attemptapi.CodeExpired)
 	})
 
 	t.Run("ExpiredWorkerTokenCannotClaim", func(t *testing.T) {

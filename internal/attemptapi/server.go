@@ -45,6 +45,12 @@ type ServerConfig struct {
 	// Ceiling is auth.max_attempt_credential_lifetime: no renewal once the
 	// credential is this old (from its first mint). <= 0: no ceiling.
 	Ceiling time.Duration
+	// WorkerCeiling is auth.max_worker_credential_lifetime: a warm worker's
+	// claim renews its token only while its credential is younger than
+	// this (from its first mint, the worker pod's creation); past it the
+	// claim is answered capped and the worker's last token lapses one TTL
+	// later. <= 0: no ceiling.
+	WorkerCeiling time.Duration
 	// Board is written through. Required.
 	Board Board
 	// Meter, when set, meters every call.
@@ -120,6 +126,8 @@ func refuse(status int, code, format string, args ...any) *refusal {
 type call struct {
 	req    Request
 	claims attempttoken.Claims
+	// worker is the worker token's claims (claim only).
+	worker attempttoken.WorkerClaims
 	now    time.Time
 }
 
@@ -190,7 +198,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 			return Response{}, refuse(http.StatusForbidden, CodeWrongScope,
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
-		return h(r.Context(), call{req: req, now: now})
+		return h(r.Context(), call{req: req, worker: wc, now: now})
 	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
@@ -347,13 +355,34 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 			Command: ti.Command, ExecutionTimeoutSeconds: int64(ti.ExecutionTimeout / time.Second),
 			Token: tok, ExpiresAt: expires})
 	}
-	tok, wc, err := keys.MintWorker(c.req.Worker, c.now, s.cfg.TTL)
+	// The worker's own credential renews like an attempt's: only while it
+	// is younger than its ceiling, counted from its first mint. Past it the
+	// claim is answered (the attempts bound to the worker have their own
+	// credentials) without a new worker token, so the worker stops
+	// claiming once its last token lapses and its pod is replaced.
+	if s.cfg.WorkerCeiling > 0 && !(c.now.Sub(c.worker.MintedAt) < s.cfg.WorkerCeiling) {
+		s.cfg.Logger.Warn("a warm worker's credential is past its ceiling: its token is not renewed",
+			"worker", c.req.Worker, "minted_at", c.worker.MintedAt, "ceiling", s.cfg.WorkerCeiling,
+			"token_expires_at", c.worker.ExpiresAt)
+		s.meterRenewal(RenewalWorkerCapped)
+		resp.Capped = true
+		return resp, nil
+	}
+	tok, wc, err := keys.RenewWorker(c.worker, c.now, s.cfg.TTL)
 	if err != nil {
 		return Response{}, fmt.Errorf("renewing the token of warm worker %s: %w", c.req.Worker, err)
 	}
+	s.meterRenewal(RenewalWorkerRenewed)
 	resp.Token, resp.ExpiresAt = tok, wc.ExpiresAt
 	return resp, nil
 }
+
+// Results of Meter.CredentialRenewal for a warm worker's own credential
+// (an attempt's are "renewed" and "capped").
+const (
+	RenewalWorkerRenewed = "worker_renewed"
+	RenewalWorkerCapped  = "worker_capped"
+)
 
 // maxClaim is the most attempts one claim hands out.
 const maxClaim = 100

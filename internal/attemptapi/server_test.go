@@ -31,9 +31,28 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 var base = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
 
 const (
-	ttl     = 10 * time.Minute
-	ceiling = time.Hour
+	ttl           = 10 * time.Minute
+	ceiling       = time.Hour
+	workerCeiling = 90 * time.Minute
 )
+
+// logBuffer is the server's log, safe for its handlers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // meter counts what the server metered.
 type meter struct {
@@ -68,6 +87,7 @@ type bundle struct {
 	url    string
 	ca     string
 	issuer attempttoken.Issuer
+	logs   *logBuffer
 }
 
 // keyHolder is the keyring in force, swapped on rotation.
@@ -102,9 +122,10 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
-		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
+		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}, logs: &logBuffer{}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
-		Board: b.w, Meter: b.meter, Clock: b.clk})
+		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Clock: b.clk,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: b.logs, Level: hclog.Info})})
 	if err != nil {
 		t.Fatal(err)
 	}

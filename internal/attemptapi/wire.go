@@ -77,11 +77,13 @@ type Response struct {
 	// ShouldTerminate: the attempt has moved on (another try or epoch, a
 	// reap, a finished run): nothing was written and the agent must stop.
 	ShouldTerminate bool `json:"should_terminate"`
-	// Token is a renewed token (heartbeat only; "" when not renewed).
+	// Token is a renewed token (heartbeat, and a claim: the worker's own;
+	// "" when not renewed).
 	Token string `json:"token,omitempty"`
 	// ExpiresAt is the renewed token's expiry.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
-	// Capped: the credential reached its ceiling and is no longer renewed.
+	// Capped: the credential (the attempt's, or a claiming worker's) reached
+	// its ceiling and is no longer renewed.
 	Capped bool `json:"capped,omitempty"`
 	// State is the task instance's state (state call only; "" when the
 	// attempt has moved on).

@@ -221,6 +221,26 @@ func TestWorkerToken(t *testing.T) {
 			t.Fatalf("expired worker token: %v", err)
 		}
 	})
+	t.Run("WorkerRenewalKeepsTheFirstMintTime", func(t *testing.T) {
+		tok, c, err := kr.MintWorker("w", t0, 10*time.Minute)
+		if err != nil || !c.MintedAt.Equal(t0) {
+			t.Fatalf("minted %+v, %v", c, err)
+		}
+		later := t0.Add(5 * time.Minute)
+		c, err = kr.VerifyWorker(tok, later)
+		if err != nil {
+			t.Fatal(err)
+		}
+		renewed, rc, err := kr.RenewWorker(c, later, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := kr.VerifyWorker(renewed, later.Add(9*time.Minute))
+		if err != nil || !got.MintedAt.Equal(t0) || !got.IssuedAt.Equal(later) || !got.ExpiresAt.Equal(rc.ExpiresAt) ||
+			got.Worker != "w" {
+			t.Fatalf("renewed claims %+v, %v: want the first mint %s kept", got, err, t0)
+		}
+	})
 	t.Run("WorkerTokenCannotActForAnAttempt", func(t *testing.T) {
 		tok, _, err := kr.MintWorker("w", t0, time.Hour)
 		if err != nil {

@@ -18,7 +18,11 @@ import (
 //	rwt1.<key id>.<base64url payload>.<base64url mac>
 //
 // The payload is issued and expires (Unix milliseconds, int64 each,
-// big-endian), then the worker name as a uvarint length and its bytes.
+// big-endian), then the worker name as a uvarint length and its bytes,
+// then when the worker's credential was first minted (Unix milliseconds):
+// a renewal keeps it, and the worker credential ceiling counts from it. A
+// token without the mint time (signed before it was added) counts from
+// its own issue.
 const workerPrefix = "rwt1"
 
 // EnvWorkerToken names, in a warm worker's environment, its worker token
@@ -28,7 +32,11 @@ const EnvWorkerToken = "REAPER_WORKER_TOKEN"
 // WorkerClaims are what a worker token says.
 type WorkerClaims struct {
 	// Worker is the warm worker (its pod's name) the token may claim for.
-	Worker    string
+	Worker string
+	// MintedAt is when the worker's credential was first minted (its pod's
+	// creation). A renewal keeps it: the worker credential ceiling counts
+	// from it.
+	MintedAt  time.Time
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 }
@@ -40,21 +48,36 @@ func kindName(kind string) string {
 	return "attempt"
 }
 
-// MintWorker signs a worker token for worker, issued at now, expiring
-// after ttl. A claim renews it (the answer carries a fresh one).
+// MintWorker signs a new worker credential for worker, minted and issued
+// at now, expiring after ttl. A claim renews it (RenewWorker: the answer
+// carries a fresh token) until the worker credential ceiling.
 func (kr *Keyring) MintWorker(worker string, now time.Time, ttl time.Duration) (string, WorkerClaims, error) {
-	c := WorkerClaims{Worker: worker, IssuedAt: now, ExpiresAt: now.Add(ttl)}
+	return kr.signWorker(WorkerClaims{Worker: worker, MintedAt: now, IssuedAt: now, ExpiresAt: now.Add(ttl)}, ttl)
+}
+
+// RenewWorker signs a fresh token of the worker credential c, issued at now
+// and expiring after ttl; it keeps c's first mint time.
+func (kr *Keyring) RenewWorker(c WorkerClaims, now time.Time, ttl time.Duration) (string, WorkerClaims, error) {
+	return kr.signWorker(WorkerClaims{Worker: c.Worker, MintedAt: c.MintedAt, IssuedAt: now, ExpiresAt: now.Add(ttl)}, ttl)
+}
+
+func (kr *Keyring) signWorker(c WorkerClaims, ttl time.Duration) (string, WorkerClaims, error) {
+	worker := c.Worker
 	if worker == "" {
 		return "", c, errors.New("signing a worker token: no worker named")
 	}
 	if ttl <= 0 {
 		return "", c, fmt.Errorf("signing a worker token for %s: TTL %s is not positive", worker, ttl)
 	}
-	b := make([]byte, 0, 16+len(worker)+2)
+	if c.MintedAt.After(c.IssuedAt) {
+		return "", c, fmt.Errorf("signing a worker token for %s: minted %s after its issue %s", worker, c.MintedAt, c.IssuedAt)
+	}
+	b := make([]byte, 0, 24+len(worker)+2)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.IssuedAt.UnixMilli()))
 	b = binary.BigEndian.AppendUint64(b, uint64(c.ExpiresAt.UnixMilli()))
 	b = binary.AppendUvarint(b, uint64(len(worker)))
 	b = append(b, worker...)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.MintedAt.UnixMilli()))
 	return kr.seal(workerPrefix, b), c, nil
 }
 
@@ -74,10 +97,18 @@ func (kr *Keyring) VerifyWorker(token string, now time.Time) (WorkerClaims, erro
 	}
 	rest := raw[16:]
 	n, k := binary.Uvarint(rest)
-	if k <= 0 || n == 0 || n != uint64(len(rest)-k) {
-		return WorkerClaims{}, fmt.Errorf("%w: worker name truncated or trailed", ErrMalformed)
+	if k <= 0 || n == 0 || n > uint64(len(rest)-k) {
+		return WorkerClaims{}, fmt.Errorf("%w: worker name truncated", ErrMalformed)
 	}
-	c.Worker = string(rest[k:])
+	c.Worker = string(rest[k : k+int(n)])
+	switch tail := rest[k+int(n):]; len(tail) {
+	case 0: // signed before the mint time was carried: counted from its issue
+		c.MintedAt = c.IssuedAt
+	case 8:
+		c.MintedAt = time.UnixMilli(int64(binary.BigEndian.Uint64(tail))).UTC()
+	default:
+		return WorkerClaims{}, fmt.Errorf("%w: worker payload trailed", ErrMalformed)
+	}
 	if !now.Before(c.ExpiresAt) {
 		return c, fmt.Errorf("%w: worker %s, expired %s ago", ErrExpired, c.Worker, now.Sub(c.ExpiresAt).Round(time.Second))
 	}

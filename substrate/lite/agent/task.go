@@ -194,11 +194,13 @@ func stopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 
 // privateEnv names the agent's own settings that a task must not inherit:
 // the attempt's credential and how to reach the attempt API (the task could
-// report for its attempt with them), a board connection string should one
-// reach the agent, and the agent's journal.
+// report for its attempt with them), a warm worker's credential (with it a
+// task could claim the attempts bound to its worker, other runs' too), a
+// board connection string should one reach the agent, and the agent's
+// journal.
 var privateEnv = []string{
 	attempttoken.EnvToken + "=", attempttoken.EnvAPI + "=", attempttoken.EnvCA + "=",
-	"REAPER_DSN=", JournalDirEnv + "=",
+	attempttoken.EnvWorkerToken + "=", "REAPER_DSN=", JournalDirEnv + "=",
 }
 
 // taskEnviron is the agent's environment less what is private to it.

@@ -3,6 +3,8 @@ package agent
 import (
 	"slices"
 	"testing"
+
+	"github.com/dexaflow/reaper/internal/attempttoken"
 )
 
 func TestTaskEnvironDropsTheBoardCredentials(t *testing.T) {
@@ -19,5 +21,12 @@ func TestTaskEnvironDropsTheAgentJournal(t *testing.T) {
 	got := taskEnviron([]string{"PATH=/bin", JournalDirEnv + "=/j"})
 	if len(got) != 1 || got[0] != "PATH=/bin" {
 		t.Fatalf("the task would inherit the agent's journal: %v", got)
+	}
+}
+
+func TestTaskEnvironDropsTheWorkerToken(t *testing.T) {
+	got := taskEnviron([]string{"PATH=/bin", attempttoken.EnvWorkerToken + "=rwt1.k.p.m"})
+	if len(got) != 1 || got[0] != "PATH=/bin" {
+		t.Fatalf("a warm task would inherit its worker's credential: %v", got)
 	}
 }

@@ -20,6 +20,12 @@
 //	7  worker mode: the warm worker's claims were refused (its credential
 //	   lapsed); it ran what it had claimed to the end first
 //
+// The agent makes itself non-dumpable before it does anything else (see
+// agent.Undumpable): its task runs as its user and cannot read the agent's
+// environment or memory, where its credential is. It strips its own
+// settings and credentials (the attempt's and a warm worker's token) from
+// every task's environment.
+//
 // With REAPER_AGENT_JOURNAL_DIR set, the agent also appends its own journal
 // to a file of its own in that directory (agent.Journal): when it began,
 // when its task started and ended, when it exited. It is off by default;
@@ -86,6 +92,14 @@ const (
 )
 
 func main() {
+	// Before anything reads the environment: the agent's credential (the
+	// attempt's or the worker's) is in it, and the task the agent starts
+	// runs as the same user. Non-dumpable, the agent's /proc/<pid>/environ
+	// and memory are closed to that task.
+	if err := agent.Undumpable(); err != nil {
+		fmt.Fprintf(os.Stderr, "reaper-agent: %v\n", err)
+		os.Exit(exitUsage)
+	}
 	os.Exit(run(os.Args[1:]))
 }
 
