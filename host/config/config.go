@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -44,6 +45,9 @@ const (
 	DefaultLease         = 15 * time.Second
 	DefaultTelemetryAddr = "127.0.0.1:9464"
 	DefaultAttemptAPI    = "127.0.0.1:9465"
+	// DefaultPodRunAs is runner.kube.run_as_user and run_as_group: the
+	// non-root uid and gid of the runner's pods.
+	DefaultPodRunAs = 65532
 	// DefaultWorkerCredentialLifetime is auth.max_worker_credential_lifetime.
 	DefaultWorkerCredentialLifetime = 24 * time.Hour
 )
@@ -165,6 +169,12 @@ type KubeRunner struct {
 	// (https://host:port, e.g. a Service name the certificate covers); "":
 	// attempt_api.advertise, else the API's bound address.
 	AttemptAPI string
+	// RunAsUser and RunAsGroup are the uid and gid the runner's pods run
+	// as (task pods and warm workers): non-root, default DefaultPodRunAs.
+	RunAsUser, RunAsGroup int64
+	// ReadOnlyRoot: the pods' root filesystem is read-only (default true;
+	// false for an image whose tasks write outside /tmp).
+	ReadOnlyRoot bool
 	// Requests and Limits of the task container, by resource name (cpu,
 	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
 	Requests, Limits map[string]string
@@ -395,6 +405,9 @@ var (
 		{Name: "cpu_limit", Type: sdk.TypeString},
 		{Name: "memory_limit", Type: sdk.TypeString},
 		{Name: "attempt_api", Type: sdk.TypeString},
+		{Name: "run_as_user", Type: sdk.TypeNumber, Default: float64(DefaultPodRunAs)},
+		{Name: "run_as_group", Type: sdk.TypeNumber, Default: float64(DefaultPodRunAs)},
+		{Name: "read_only_root_filesystem", Type: sdk.TypeBool, Default: true},
 	}}
 	warmPoolSchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "name", Type: sdk.TypeString},
@@ -720,6 +733,18 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		rr := ranges[key]
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
 			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
+	}
+	k.ReadOnlyRoot = v.Bool("read_only_root_filesystem")
+	for _, id := range []struct {
+		key  string
+		into *int64
+	}{{"run_as_user", &k.RunAsUser}, {"run_as_group", &k.RunAsGroup}} {
+		n := v.Number(id.key)
+		if n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
+			bad(id.key, id.key+" must be a whole number from 1 to 2147483647: the runner's pods never run as root.")
+			continue
+		}
+		*id.into = int64(n)
 	}
 	switch k.PullPolicy {
 	case "", "Always", "IfNotPresent", "Never":

@@ -73,6 +73,22 @@ runner {
 		Refill: 10 * time.Second}) {
 		t.Fatalf("warm pool %+v", wp)
 	}
+	if k.RunAsUser != config.DefaultPodRunAs || k.RunAsGroup != config.DefaultPodRunAs || !k.ReadOnlyRoot {
+		t.Fatalf("pods run as %d:%d, read-only root %v: want the non-root default and a read-only root",
+			k.RunAsUser, k.RunAsGroup, k.ReadOnlyRoot)
+	}
+	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    run_as_user = 1000\n    run_as_group = 2000\n" +
+		"    read_only_root_filesystem = false\n  }\n}\n")
+	if k := cfg.Runner.Kube; k.RunAsUser != 1000 || k.RunAsGroup != 2000 || k.ReadOnlyRoot {
+		t.Fatalf("pods run as %d:%d, read-only root %v: want 1000:2000, writable", k.RunAsUser, k.RunAsGroup, k.ReadOnlyRoot)
+	}
+	for _, bad := range []string{"run_as_user = 0", "run_as_group = 0", "run_as_user = -1", "run_as_user = 1.5"} {
+		_, diags := config.Check("reaper.hcl", []byte(kubeMinimal+"runner {\n  kube {\n    image = \"x\"\n    "+bad+"\n  }\n}\n"),
+			config.Options{Getenv: func(string) string { return "" }})
+		if !strings.Contains(diags.Error(), "the runner's pods never run as root") {
+			t.Errorf("%s: %v, want refused", bad, diags)
+		}
+	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
 	if cfg.Runner.Kube.Namespace != config.DefaultKubeNamespace || cfg.Runner.Kube.WarmPool != nil {
 		t.Fatalf("namespace %q, warm pool %+v: want the default, none", cfg.Runner.Kube.Namespace, cfg.Runner.Kube.WarmPool)

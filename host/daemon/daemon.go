@@ -283,6 +283,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Client:   cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
 		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
 		TerminationGrace: k.TerminationGrace,
+		Hardening:        kuberunner.Hardening{RunAsUser: k.RunAsUser, RunAsGroup: k.RunAsGroup, WritableRoot: !k.ReadOnlyRoot},
 		// The mint is recorded through the runner's own writer, fenced by
 		// the cycle's term like its other writes.
 		Credentials:   kuberunner.MintedCredentials{Minter: issuer},

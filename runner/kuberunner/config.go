@@ -66,6 +66,10 @@ type Config struct {
 	Resources corev1.ResourceRequirements
 	// PullPolicy of the task container's image; "": the API server's default.
 	PullPolicy corev1.PullPolicy
+	// Hardening is the security context of every pod the runner makes:
+	// non-root as RunAsUser/RunAsGroup (default RunAsDefault), read-only
+	// root unless WritableRoot.
+	Hardening Hardening
 	// TerminationGrace is the task pods' terminationGracePeriodSeconds.
 	// Default: Ladder.TaskTerminationGrace.
 	TerminationGrace time.Duration
@@ -114,6 +118,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.AgentPath == "" {
 		c.AgentPath = AgentPathDefault
 	}
+	if c.Hardening.RunAsUser == 0 {
+		c.Hardening.RunAsUser = RunAsDefault
+	}
+	if c.Hardening.RunAsGroup == 0 {
+		c.Hardening.RunAsGroup = RunAsDefault
+	}
 	if c.TerminationGrace == 0 {
 		c.TerminationGrace = c.Ladder.TaskTerminationGrace
 	}
@@ -157,6 +167,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TerminationGrace < 0 {
 		errs = append(errs, fmt.Errorf("termination grace %s: must not be negative", c.TerminationGrace))
+	}
+	if c.Hardening.RunAsUser < 0 || c.Hardening.RunAsGroup < 0 {
+		errs = append(errs, fmt.Errorf("pods' run-as user %d and group %d: must be positive (non-root)",
+			c.Hardening.RunAsUser, c.Hardening.RunAsGroup))
 	}
 	for _, d := range []struct {
 		name string

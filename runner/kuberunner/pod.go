@@ -113,14 +113,18 @@ type PodSpec struct {
 	// DispatchLost and CredentialCeiling feed ActiveDeadline.
 	DispatchLost      time.Duration
 	CredentialCeiling time.Duration
+	// Hardening is the pods' security context (see harden).
+	Hardening Hardening
 }
 
 // BuildPod is the pod of the task instance's attempt: its attempt labels
 // and raw task id annotation (kube.AttemptLabels), the outcome record
 // finalizer (kube.FinalizerOutcomeRecord), one task container named
 // kube.TaskContainer running the agent for the attempt with the outcome
-// record path set, never restarted, and the deadline of ActiveDeadline.
-// env is added to the container's environment (the attempt's credential).
+// record path set, never restarted, and the deadline of ActiveDeadline,
+// hardened (no service-account token, non-root, no capability, read-only
+// root; see harden). env is added to the container's environment (the
+// attempt's credential).
 func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.Pod {
 	a := ti.Attempt
 	lbls, ann := kube.AttemptLabels(a)
@@ -159,5 +163,6 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 	if s, ok := ActiveDeadline(ti.ExecutionTimeout, spec.DispatchLost, spec.TerminationGrace, spec.CredentialCeiling); ok {
 		pod.Spec.ActiveDeadlineSeconds = &s
 	}
+	harden(spec.Hardening, pod, &pod.Spec.Containers[0])
 	return pod
 }

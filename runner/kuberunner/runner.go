@@ -102,6 +102,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			ServiceAccount: cfg.ServiceAccount, Resources: cfg.Resources, PullPolicy: cfg.PullPolicy,
 			TerminationGrace: cfg.TerminationGrace, Heartbeat: cfg.Heartbeat,
 			DispatchLost: cfg.Ladder.DispatchLost, CredentialCeiling: cfg.Ladder.CredentialCeiling,
+			Hardening: cfg.Hardening,
 		},
 		steps: cycle.Driver{
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,

@@ -180,12 +180,13 @@ type WorkerSpec struct {
 }
 
 // BuildWorkerPod is the pod of warm worker name (see the warm pool notes
-// above); env is its worker credential.
+// above), hardened like a task pod (see harden); env is its worker
+// credential.
 func BuildWorkerPod(spec WorkerSpec, name string, env []corev1.EnvVar) *corev1.Pod {
 	inv := agent.Invocation{Worker: name, Slots: spec.Slots, Poll: spec.Poll, Watchdog: spec.Watchdog,
 		Heartbeat: spec.Heartbeat}
 	grace := ceilSeconds(spec.TerminationGrace)
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: spec.Namespace,
 			Labels: map[string]string{kube.LabelWarmPool: spec.Pool}},
 		Spec: corev1.PodSpec{
@@ -203,6 +204,8 @@ func BuildWorkerPod(spec WorkerSpec, name string, env []corev1.EnvVar) *corev1.P
 			}},
 		},
 	}
+	harden(spec.Hardening, pod, &pod.Spec.Containers[0])
+	return pod
 }
 
 // worker is one pod of the pool as a listing saw it.
