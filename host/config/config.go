@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -147,6 +148,10 @@ type Runner struct {
 	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
 	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
 	LogDir        string        // where task output and agent logs go; default: the record directory
+	// RunAs is run_as (Lite only): the user every task runs as, another
+	// than reaperd's, which must be able to switch to it (root, or
+	// CAP_SETUID and CAP_SETGID); "": reaperd's own user.
+	RunAs string
 	// Kube is the runner's kube block: required on edition "kube", refused
 	// on "lite". nil when absent.
 	Kube *KubeRunner
@@ -422,6 +427,7 @@ var (
 		{Name: "max_active_runs", Type: sdk.TypeNumber, Default: float64(0)},
 		{Name: "agent", Type: sdk.TypeString},
 		{Name: "log_dir", Type: sdk.TypeString},
+		{Name: "run_as", Type: sdk.TypeString},
 	}}
 	attemptAPISchema = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "listen", Type: sdk.TypeString, Default: DefaultAttemptAPI},
@@ -617,7 +623,21 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
 	v, ranges, d := DecodeBlock(rest, runnerSchema)
 	diags = append(diags, d...)
-	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir")}
+	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir"), RunAs: v.String("run_as")}
+	if r.RunAs != "" {
+		rr := ranges["run_as"]
+		refuse := func(detail string) {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+				Summary: `Invalid value for "run_as"`, Detail: detail})
+		}
+		if cfg.Edition == ladder.EditionKube {
+			refuse("run_as is Lite's: on kube, the pods' user is runner.kube.run_as_user.")
+		} else if _, err := runas.Lookup(r.RunAs); err != nil {
+			refuse(err.Error() + ".")
+		} else if err := runas.CheckCanSwitch(); err != nil {
+			refuse(err.Error() + ".")
+		}
+	}
 	r.Interval, _ = v.Duration("interval")
 	n := v.Number("max_parallel")
 	if n < 0 || n != float64(int(n)) {

@@ -3,6 +3,7 @@ package config_test
 import (
 	"errors"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -548,6 +549,33 @@ func TestKubeOnlyLadderRungsSkippedOnLite(t *testing.T) {
 			_, err := parse(t, kubeMinimal+block, nil)
 			if err == nil || !strings.Contains(err.Error(), "reaper.hcl:4:") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("kube: err = %v, want a refusal at reaper.hcl:4 saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunAs(t *testing.T) {
+	t.Run("AnotherUserIsAcceptedOnLite", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root: reaperd must be able to switch to the run_as user")
+		}
+		if _, err := user.Lookup("nobody"); err != nil {
+			t.Skip("no user nobody")
+		}
+		cfg, err := parse(t, minimal+"runner {\n  run_as = \"nobody\"\n}\n", nil)
+		if err != nil || cfg.Runner.RunAs != "nobody" {
+			t.Fatalf("run_as %q (%v), want nobody", cfg.Runner.RunAs, err)
+		}
+	})
+	for _, tc := range []struct{ name, src, want string }{
+		{"RootIsRefused", minimal + "runner {\n  run_as = \"root\"\n}\n", "is root"},
+		{"AnUnknownUserIsRefused", minimal + "runner {\n  run_as = \"no-such-user-anywhere\"\n}\n", "unknown user"},
+		{"KubeIsRefused", kubeMinimal + "runner {\n  run_as = \"nobody\"\n  kube {\n    image = \"x\"\n  }\n}\n", "run_as is Lite's"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, diags := config.Check("reaper.hcl", []byte(tc.src), config.Options{Getenv: func(string) string { return "" }})
+			if !strings.Contains(diags.Error(), tc.want) || !strings.Contains(diags.Error(), `Invalid value for "run_as"`) {
+				t.Fatalf("%v, want a refusal naming %q", diags, tc.want)
 			}
 		})
 	}

@@ -222,6 +222,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		AgentPath:     cfg.Runner.Agent,
 		RecordDir:     cfg.RecordDir,
 		LogDir:        cfg.Runner.LogDir,
+		RunAs:         cfg.Runner.RunAs,
 		Credentials:   d.api.issuer(cfg.Ladder.AttemptTokenTTL),
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,

@@ -51,6 +51,9 @@ type Config struct {
 	// LogDir receives each attempt's task output (<attempt>.out) and agent
 	// log (<attempt>.agent.log). Default: the record directory.
 	LogDir string
+	// RunAs, when set, is the user every task runs as (runner.run_as): see
+	// lite.SpawnerConfig.RunAs. "": the tasks run as reaperd's user.
+	RunAs string
 	// Credentials mints each attempt's credential at dispatch
 	// (attempttoken.Issuer): the agent reports RUNNING, heartbeats and its
 	// outcome to reaperd's attempt API with it, and never receives the

@@ -100,7 +100,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		owns = true
 	}
 	sp, err := lite.NewSpawner(lite.SpawnerConfig{
-		AgentPath: cfg.AgentPath, Records: dir, LogDir: cfg.LogDir, Logger: cfg.Logger.Named("spawner"),
+		AgentPath: cfg.AgentPath, Records: dir, LogDir: cfg.LogDir, RunAs: cfg.RunAs, Logger: cfg.Logger.Named("spawner"),
 	})
 	if err != nil {
 		if owns {

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -38,6 +39,12 @@ type SpawnerConfig struct {
 	// and, unless the request names another file, <name>.out (the task's
 	// output), where <name> is records.Name. Default: Records.Path().
 	LogDir string
+	// RunAs, when set, is the user every task runs as (the runner's
+	// run_as; see package internal/runas): the agent stays the spawner's
+	// user and starts its task as RunAs. NewSpawner refuses a user that
+	// does not exist, is root or the spawner's own, or that the spawner
+	// cannot switch to.
+	RunAs string
 	// Logger logs spawns. Default: a null logger.
 	Logger hclog.Logger
 }
@@ -55,6 +62,7 @@ type Spawner struct {
 	agentPath string
 	dir       *records.Dir
 	logDir    string
+	runAs     string
 	log       hclog.Logger
 }
 
@@ -81,6 +89,14 @@ func NewSpawner(cfg SpawnerConfig) (*Spawner, error) {
 	if !isExecutable(path) {
 		return nil, fmt.Errorf("lite spawner: %s is not an executable file", path)
 	}
+	if cfg.RunAs != "" {
+		if _, err := runas.Lookup(cfg.RunAs); err != nil {
+			return nil, fmt.Errorf("lite spawner: %w", err)
+		}
+		if err := runas.CheckCanSwitch(); err != nil {
+			return nil, fmt.Errorf("lite spawner: %w", err)
+		}
+	}
 	logDir := cfg.LogDir
 	if logDir == "" {
 		logDir = cfg.Records.Path()
@@ -92,7 +108,7 @@ func NewSpawner(cfg SpawnerConfig) (*Spawner, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Spawner{agentPath: path, dir: cfg.Records, logDir: logDir, log: log}, nil
+	return &Spawner{agentPath: path, dir: cfg.Records, logDir: logDir, runAs: cfg.RunAs, log: log}, nil
 }
 
 func isExecutable(path string) bool {
@@ -148,6 +164,7 @@ func (s *Spawner) Spawn(ctx context.Context, req SpawnRequest) (*Agent, error) {
 	name := records.Name(a)
 	inv.RecordDir = s.dir.Path()
 	inv.GateFD = gateFD
+	inv.RunAs = s.runAs
 	if inv.Output == "" {
 		inv.Output = filepath.Join(s.logDir, name+".out")
 	}

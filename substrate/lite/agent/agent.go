@@ -50,6 +50,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -142,6 +143,10 @@ type Config struct {
 	Shell string
 	// Dir is the task's working directory; "" is the agent's.
 	Dir string
+	// RunAs, when set, is the user the task runs as (Lite's run_as): its
+	// uid, gid and groups, and its HOME, USER and LOGNAME. The agent stays
+	// its own user. nil: the task runs as the agent's user.
+	RunAs *runas.User
 	// Env is added to the agent's environment for the task, after the
 	// REAPER_RUN_ID, REAPER_TASK_ID, REAPER_TRY and REAPER_EPOCH variables.
 	Env []string

@@ -97,6 +97,10 @@ type Invocation struct {
 	// RescheduleExitCode is the exit code by which the task asks for its
 	// next poke (-reschedule-exit-code; 0: none).
 	RescheduleExitCode int
+	// RunAs is the user the task runs as (-run-as, a name or a uid; Lite's
+	// run_as), the agent staying its own user; "": the agent's user. It
+	// needs the agent to be root or to hold CAP_SETUID and CAP_SETGID.
+	RunAs string
 
 	// Worker mode (-mode worker) only: the worker's name (-worker, its
 	// pod's), how many attempts it runs at once (-slots), how often it
@@ -136,6 +140,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 		"pod mode: the file the durable outcome record is written to")
 	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")
 	fs.IntVar(&inv.RescheduleExitCode, "reschedule-exit-code", 0, "the task's exit code that asks for its next poke (0: none)")
+	fs.StringVar(&inv.RunAs, "run-as", "", "lite mode: the user the task runs as (a name or a uid; needs root or CAP_SETUID and CAP_SETGID)")
 	fs.StringVar(&inv.Worker, "worker", "", "worker mode: the warm worker's name (its pod's)")
 	fs.IntVar(&inv.Slots, "slots", 0, "worker mode: attempts run at once (default 1)")
 	fs.DurationVar(&inv.Poll, "poll", 0, "worker mode: how often the worker claims (default 1s)")
@@ -196,6 +201,9 @@ func (inv Invocation) Validate() error {
 	}
 	if inv.RescheduleExitCode < 0 || inv.RescheduleExitCode > 255 {
 		errs = append(errs, fmt.Errorf("-reschedule-exit-code %d: not an exit code", inv.RescheduleExitCode))
+	}
+	if inv.RunAs != "" && inv.Mode != ModeLite && inv.Mode != "" {
+		errs = append(errs, fmt.Errorf("-run-as is for -mode %s (a pod's user is its securityContext's)", ModeLite))
 	}
 	if inv.GateFD < 0 || inv.GateFD == 1 || inv.GateFD == 2 {
 		errs = append(errs, fmt.Errorf("-gate-fd %d: not a usable descriptor", inv.GateFD))
@@ -281,6 +289,7 @@ func (inv Invocation) Args() []string {
 	str("mode", inv.Mode)
 	str("termination-message-path", inv.TerminationMessagePath)
 	dur("start-retry", inv.StartRetry)
+	str("run-as", inv.RunAs)
 	if inv.RescheduleExitCode != 0 {
 		args = append(args, "-reschedule-exit-code="+strconv.Itoa(inv.RescheduleExitCode))
 	}

@@ -78,6 +78,12 @@ func startTask(cfg Config) (t *task, err error) {
 	cmd.Stderr = outW
 	cmd.ExtraFiles = []*os.File{gateR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if cfg.RunAs != nil {
+		// Later entries win: the task is told who it is, not who the
+		// agent is.
+		cmd.Env = append(cmd.Env, cfg.RunAs.Env()...)
+		cmd.SysProcAttr.Credential = cfg.RunAs.Credential()
+	}
 	err = cmd.Start()
 	outW.Close()
 	gateR.Close()

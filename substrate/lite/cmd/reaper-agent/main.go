@@ -71,6 +71,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -209,7 +210,21 @@ func run(args []string) (code int) {
 		return exitUsage
 	}
 
+	var runAs *runas.User
+	if inv.RunAs != "" {
+		u, err := runas.Lookup(inv.RunAs)
+		if err == nil {
+			err = runas.CheckCanSwitch()
+		}
+		if err != nil {
+			log.Error("cannot run the task as the configured user", "error", err)
+			return exitUsage
+		}
+		runAs = &u
+	}
+
 	cfg := agent.Config{
+		RunAs:              runAs,
 		Attempt:            inv.Attempt,
 		Command:            inv.Command,
 		Shell:              inv.Shell,
