@@ -129,7 +129,7 @@ func New() *Metrics {
 		}, []string{"call"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reaper_attempt_credential_renewals_total",
-			Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped).",
+			Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped); warm worker claims likewise for the worker's own credential (worker_renewed, worker_capped).",
 		}, []string{"result"}),
 	}
 	m.Registry.MustRegister(m.apiCalls, m.apiDuration, m.renewals)
@@ -212,5 +212,6 @@ func (m *Metrics) AttemptAPICall(call, result string, took time.Duration) {
 }
 
 // CredentialRenewal counts a renewal ("renewed") or a refusal at the
-// ceiling ("capped").
+// ceiling ("capped"), and for a warm worker's own credential
+// "worker_renewed" and "worker_capped".
 func (m *Metrics) CredentialRenewal(result string) { m.renewals.WithLabelValues(result).Inc() }

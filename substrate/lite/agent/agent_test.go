@@ -488,6 +488,23 @@ func TestInvocationRoundTrip(t *testing.T) {
 	if err := bad.Validate(); err == nil {
 		t.Fatal("pod mode validated without a termination message path")
 	}
+
+	// -run-as is Lite's: it round-trips there and is refused elsewhere.
+	lite := in
+	lite.Mode, lite.TerminationMessagePath, lite.RunAs = ModeLite, "", "nobody"
+	var back Invocation
+	flags = flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
+	back.Bind(flags)
+	if err := flags.Parse(lite.Args()); err != nil || back.RunAs != "nobody" || back.Validate() != nil {
+		t.Fatalf("-run-as round trip: %q (%v, %v)", back.RunAs, err, back.Validate())
+	}
+	for _, mode := range []string{ModePod, ModeWorker} {
+		other := lite
+		other.Mode, other.TerminationMessagePath, other.Worker, other.Reporter = mode, "/m", "w", ReporterAPI
+		if err := other.Validate(); err == nil || !strings.Contains(err.Error(), "-run-as is for -mode lite") {
+			t.Errorf("-run-as in mode %s: %v, want refused", mode, err)
+		}
+	}
 }
 
 func TestFileReporter(t *testing.T) {

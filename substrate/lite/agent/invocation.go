@@ -222,6 +222,9 @@ func (inv Invocation) validateWorker() error {
 	if inv.Slots < 0 || inv.Poll < 0 || inv.Watchdog < 0 {
 		errs = append(errs, errors.New("-slots, -poll and -watchdog must not be negative"))
 	}
+	if inv.RunAs != "" {
+		errs = append(errs, fmt.Errorf("-run-as is for -mode %s (a pod's user is its securityContext's)", ModeLite))
+	}
 	return errors.Join(errs...)
 }
 
