@@ -280,4 +280,3 @@ func TestRunAs(t *testing.T) {
 		}
 	})
 }
-
