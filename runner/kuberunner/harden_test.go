@@ -81,13 +81,34 @@ func checkHardened(t *testing.T, p *corev1.Pod, uid, gid int64, readOnly bool) {
 // context that keeps a task from its agent's credential and from the
 // cluster: non-root (the default uid and gid 65532, or the configured
 // ones), no capabilities, no privilege escalation, seccomp RuntimeDefault,
-// a read-only root with a writable /tmp, no service-account token. (KWOK
-// enforces none of it; the warm end-to-end tests run such pods with the
-// kubelet player.)
+// a read-only root with a writable /tmp, no service-account token; the
+// API server's Pod Security admission admits them at its restricted level.
+// (KWOK enforces none of it at run time; the warm end-to-end tests run
+// such pods with the kubelet player.)
 func TestPodsTheRunnerMakesAreHardened(t *testing.T) {
 	ctx := context.Background()
 	t.Run("TaskPodsAndWarmWorkersRunAsNonRootWithNoCapabilityAndNoServiceAccountToken", func(t *testing.T) {
 		e := newEnv(t)
+		// The API server's own Pod Security admission at its restricted
+		// level: it refuses any pod short of the hardening (the control
+		// below), so the runner's creates passing it prove the spec.
+		ns, err := e.cs.CoreV1().Namespaces().Get(ctx, e.ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns.Labels == nil {
+			ns.Labels = map[string]string{}
+		}
+		ns.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+		if _, err := e.cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: e.ns},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/x"}}}}
+		if _, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, bare, metav1.CreateOptions{}); err == nil ||
+			!strings.Contains(err.Error(), "PodSecurity") {
+			t.Fatalf("a pod without a security context: %v, want refused by the restricted Pod Security level", err)
+		}
 		e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t", ExecutionTimeout: time.Minute})
 		cfg := e.config(e.cs)
 		cfg.Credentials = credentials{}
