@@ -27,6 +27,7 @@ type Board interface {
 	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
+	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -93,6 +94,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
 	s.mux.HandleFunc(PathState, s.handle(CallState, s.state))
 	s.mux.HandleFunc(PathClaim, s.handle(CallClaim, s.claim))
+	s.mux.HandleFunc(PathExchange, s.handle(CallExchange, s.exchange))
 	return s, nil
 }
 
@@ -191,6 +193,13 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
 		return h(r.Context(), call{req: req, now: now})
+	}
+	if r.URL.Path == PathExchange {
+		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
+		if err != nil {
+			return Response{}, tokenRefusal(err)
+		}
+		return h(r.Context(), call{req: req, claims: claims, now: now})
 	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
@@ -353,6 +362,37 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	}
 	resp.Token, resp.ExpiresAt = tok, wc.ExpiresAt
 	return resp, nil
+}
+
+// exchange trades the attempt's bootstrap token (verified for the attempt
+// the call names) for its working token, once: the board records the
+// exchange on the queued attempt, and a second exchange of the same
+// attempt is refused (bootstrap_spent) and changes nothing. The working
+// token keeps the bootstrap's first mint time, so the credential ceiling
+// counts from the dispatch; an attempt that has moved on is answered
+// should_terminate without a token.
+func (s *Server) exchange(ctx context.Context, c call) (Response, error) {
+	if c.req.Outcome != nil || c.req.Worker != "" {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "an exchange names its attempt and nothing else")
+	}
+	a := c.req.Attempt()
+	res, err := s.cfg.Board.ExchangeBootstrap(ctx, a, c.claims.MintedAt, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording the exchange", err)
+	}
+	switch res {
+	case lifecycle.Exchanged:
+	case lifecycle.ExchangeSpent:
+		return Response{}, refuse(http.StatusForbidden, CodeBootstrapSpent,
+			"the bootstrap credential of %s was exchanged already: a copy of it is worth nothing", a)
+	default:
+		return Response{ShouldTerminate: true}, nil
+	}
+	tok, wc, err := s.cfg.Keys().Renew(c.claims, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("signing the working token of %s: %w", a, err)
+	}
+	return Response{Token: tok, ExpiresAt: wc.ExpiresAt}, nil
 }
 
 // maxClaim is the most attempts one claim hands out.

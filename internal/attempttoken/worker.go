@@ -34,8 +34,11 @@ type WorkerClaims struct {
 }
 
 func kindName(kind string) string {
-	if kind == workerPrefix {
+	switch kind {
+	case workerPrefix:
 		return "worker"
+	case bootstrapPrefix:
+		return "bootstrap"
 	}
 	return "attempt"
 }
