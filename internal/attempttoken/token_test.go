@@ -184,7 +184,7 @@ func TestKeyFile(t *testing.T) {
 }
 
 func TestIssuer(t *testing.T) {
-	t.Run("MintPutsTokenAddressAndCAInTheEnvironment", func(t *testing.T) {
+	t.Run("MintPutsBootstrapTokenAddressAndCAInTheEnvironment", func(t *testing.T) {
 		kr := ring(t, key(t, "a1"))
 		is := attempttoken.Issuer{Keys: func() *attempttoken.Keyring { return kr }, TTL: 10 * time.Minute,
 			API: "https://127.0.0.1:9465", CA: "-----BEGIN CERTIFICATE-----"}
@@ -198,7 +198,7 @@ func TestIssuer(t *testing.T) {
 		if strings.Join(cred.Env, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("env %q", cred.Env)
 		}
-		if _, err := kr.VerifyFor(cred.Token, a, t0); err != nil {
+		if _, err := kr.VerifyBootstrapFor(cred.Token, a, t0); err != nil {
 			t.Fatal(err)
 		}
 	})
