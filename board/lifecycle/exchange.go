@@ -65,3 +65,27 @@ func (w *Writer) ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt,
 	}
 	return ExchangeMovedOn, nil
 }
+
+// ExchangeWorkerBootstrap records the one exchange of a warm worker's
+// bootstrap credential (the token issued at issuedAt and expiring at
+// expiresAt, to the millisecond it carries) at now, and removes the records
+// of tokens already expired. It reports false, changing nothing, when that
+// token was exchanged already.
+func (w *Writer) ExchangeWorkerBootstrap(ctx context.Context, worker string, issuedAt, expiresAt, now time.Time) (bool, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	issued := time.UnixMilli(issuedAt.UnixMilli()).UTC()
+	expires := time.UnixMilli(expiresAt.UnixMilli()).UTC()
+	var inserted bool
+	err := w.pool.QueryRow(ctx, `WITH pruned AS (
+            DELETE FROM worker_credential_exchanges WHERE expires_at <= $4 AND NOT (worker = $1 AND issued_at = $2)
+        ), ins AS (
+            INSERT INTO worker_credential_exchanges (worker, issued_at, expires_at, exchanged_at)
+            VALUES ($1, $2, $3, $4) ON CONFLICT (worker, issued_at) DO NOTHING RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM ins)`, worker, issued, expires, now).Scan(&inserted)
+	if err != nil {
+		return false, fmt.Errorf("board: exchange the bootstrap credential of warm worker %s: %w", worker, err)
+	}
+	return inserted, nil
+}

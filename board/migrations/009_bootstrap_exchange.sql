@@ -10,3 +10,18 @@
 -- execution clears it with the other credential columns.
 ALTER TABLE task_instances
     ADD COLUMN credential_exchanged_at timestamptz;
+
+-- The exchanges of warm workers' bootstrap credentials: a warm worker's pod
+-- spec carries a bootstrap token bound to the worker's name, which the
+-- worker trades once for its worker token. One row per bootstrap token (the
+-- worker and the token's issue time); a second exchange of the same token
+-- finds its row and is refused. A row is worth keeping only while its token
+-- could still verify: each exchange removes the rows past their expiry.
+CREATE TABLE worker_credential_exchanges (
+    worker       text        NOT NULL,
+    issued_at    timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    exchanged_at timestamptz NOT NULL,
+    PRIMARY KEY (worker, issued_at)
+);
+CREATE INDEX worker_credential_exchanges_expiry_idx ON worker_credential_exchanges (expires_at);

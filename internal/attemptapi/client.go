@@ -112,6 +112,27 @@ func (c *Client) Exchange(ctx context.Context, a sdk.Attempt) (shouldTerminate b
 	return false, nil
 }
 
+// ExchangeWorker trades the worker bootstrap token the client holds for
+// the worker token of worker, which it then holds: a warm worker's first
+// call, before its first claim. A client that holds no worker bootstrap
+// token has nothing to exchange: ExchangeWorker returns at once.
+func (c *Client) ExchangeWorker(ctx context.Context, worker string) error {
+	if !attempttoken.IsWorkerBootstrap(c.Token()) {
+		return nil
+	}
+	resp, err := c.do(ctx, PathWorkerExchange, Request{Worker: worker})
+	if err != nil {
+		return err
+	}
+	if resp.Token == "" || attempttoken.IsWorkerBootstrap(resp.Token) {
+		return fmt.Errorf("attempt api %s: the answer holds no worker token", PathWorkerExchange)
+	}
+	c.mu.Lock()
+	c.token = resp.Token
+	c.mu.Unlock()
+	return nil
+}
+
 // Heartbeat reports the attempt alive and keeps a renewed token.
 func (c *Client) Heartbeat(ctx context.Context, a sdk.Attempt) (Response, error) {
 	resp, err := c.do(ctx, PathHeartbeat, request(a, nil))

@@ -28,6 +28,7 @@ type Board interface {
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
+	ExchangeWorkerBootstrap(ctx context.Context, worker string, issuedAt, expiresAt, now time.Time) (bool, error)
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -95,6 +96,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.mux.HandleFunc(PathState, s.handle(CallState, s.state))
 	s.mux.HandleFunc(PathClaim, s.handle(CallClaim, s.claim))
 	s.mux.HandleFunc(PathExchange, s.handle(CallExchange, s.exchange))
+	s.mux.HandleFunc(PathWorkerExchange, s.handle(CallWorkerExchange, s.workerExchange))
 	return s, nil
 }
 
@@ -122,6 +124,8 @@ func refuse(status int, code, format string, args ...any) *refusal {
 type call struct {
 	req    Request
 	claims attempttoken.Claims
+	// worker is the claims of a worker exchange's bootstrap token.
+	worker attempttoken.WorkerClaims
 	now    time.Time
 }
 
@@ -193,6 +197,13 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
 		return h(r.Context(), call{req: req, now: now})
+	}
+	if r.URL.Path == PathWorkerExchange {
+		wc, err := s.cfg.Keys().VerifyWorkerBootstrapFor(token, req.Worker, now)
+		if err != nil {
+			return Response{}, tokenRefusal(err)
+		}
+		return h(r.Context(), call{req: req, worker: wc, now: now})
 	}
 	if r.URL.Path == PathExchange {
 		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
@@ -391,6 +402,29 @@ func (s *Server) exchange(ctx context.Context, c call) (Response, error) {
 	tok, wc, err := s.cfg.Keys().Renew(c.claims, c.now, s.cfg.TTL)
 	if err != nil {
 		return Response{}, fmt.Errorf("signing the working token of %s: %w", a, err)
+	}
+	return Response{Token: tok, ExpiresAt: wc.ExpiresAt}, nil
+}
+
+// workerExchange trades a warm worker's bootstrap token (verified for the
+// worker the call names) for its worker token, once: the board records the
+// exchange, and a second exchange of the same token is refused
+// (bootstrap_spent) and changes nothing.
+func (s *Server) workerExchange(ctx context.Context, c call) (Response, error) {
+	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a worker exchange names a worker, not an attempt")
+	}
+	ok, err := s.cfg.Board.ExchangeWorkerBootstrap(ctx, c.worker.Worker, c.worker.IssuedAt, c.worker.ExpiresAt, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording the worker exchange", err)
+	}
+	if !ok {
+		return Response{}, refuse(http.StatusForbidden, CodeBootstrapSpent,
+			"the bootstrap credential of warm worker %s was exchanged already: a copy of it is worth nothing", c.worker.Worker)
+	}
+	tok, wc, err := s.cfg.Keys().MintWorker(c.worker.Worker, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("signing the token of warm worker %s: %w", c.worker.Worker, err)
 	}
 	return Response{Token: tok, ExpiresAt: wc.ExpiresAt}, nil
 }

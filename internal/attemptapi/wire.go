@@ -45,6 +45,9 @@ const (
 	// carries) for its working token, once; it is authorised by the
 	// bootstrap token, which authorises nothing else.
 	PathExchange = "/v1/attempt/exchange"
+	// PathWorkerExchange trades a warm worker's bootstrap token (what its
+	// pod spec carries) for its worker token, once.
+	PathWorkerExchange = "/v1/worker/exchange"
 )
 
 // Call names, as metered.
@@ -55,6 +58,8 @@ const (
 	CallState     = "state"
 	CallClaim     = "claim"
 	CallExchange  = "exchange"
+	// CallWorkerExchange is PathWorkerExchange.
+	CallWorkerExchange = "worker_exchange"
 )
 
 // Request is the body of every call.

@@ -182,7 +182,7 @@ func (kr *Keyring) open(token, kind string) ([]byte, error) {
 		return nil, ErrMalformed
 	}
 	if parts[0] != kind {
-		if parts[0] == prefix || parts[0] == workerPrefix || parts[0] == bootstrapPrefix {
+		if parts[0] == prefix || parts[0] == workerPrefix || parts[0] == bootstrapPrefix || parts[0] == workerBootstrapPrefix {
 			return nil, fmt.Errorf("%w: a %s token where a %s token is needed", ErrWrongKind, kindName(parts[0]), kindName(kind))
 		}
 		return nil, ErrMalformed

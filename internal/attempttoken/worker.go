@@ -39,6 +39,8 @@ func kindName(kind string) string {
 		return "worker"
 	case bootstrapPrefix:
 		return "bootstrap"
+	case workerBootstrapPrefix:
+		return "worker bootstrap"
 	}
 	return "attempt"
 }

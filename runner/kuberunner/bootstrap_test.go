@@ -186,3 +186,41 @@ func wantCode(t *testing.T, what string, err error, code string) {
 		t.Fatalf("%s: %v, want refused %s", what, err, code)
 	}
 }
+
+// TestWarmWorkerPodSpecBootstrapToken: a warm worker's pod spec carries the
+// worker's bootstrap token, which the worker (played from the runner's own
+// worker pod) exchanges before its first claim, then runs a warm attempt
+// to its outcome. A viewer of the namespace who reads the token from the
+// worker pod's spec can neither exchange it again nor claim with it.
+func TestWarmWorkerPodSpecBootstrapToken(t *testing.T) {
+	ctx := context.Background()
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(1))
+	e.refill(t, r)
+	names := e.workersRunning(t, 1)
+	e.mkWarmRun(t, "run-warm", lifecycle.NewTask{TaskID: "hello", Command: "echo warm hello"})
+	e.cycleUntil(t, r, "run-warm", "hello", "the warm attempt to succeed", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateSuccess
+	})
+
+	pod, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, names[0], metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, v := range pod.Spec.Containers[0].Env {
+		env[v.Name] = v.Value
+	}
+	boot := env[attempttoken.EnvWorkerToken]
+	if !attempttoken.IsWorkerBootstrap(boot) {
+		t.Fatalf("the worker pod spec carries a %.4s token, want the worker bootstrap", boot)
+	}
+	stolen, err := attemptapi.NewClient(env[attempttoken.EnvAPI], boot, env[attempttoken.EnvCA])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stolen.Close()
+	wantCode(t, "the viewer's worker exchange", stolen.ExchangeWorker(ctx, names[0]), attemptapi.CodeBootstrapSpent)
+	_, err = stolen.Claim(ctx, names[0], 1)
+	wantCode(t, "the viewer's claim", err, attemptapi.CodeWrongKind)
+}
