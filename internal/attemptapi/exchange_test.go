@@ -7,6 +7,8 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,24 @@ import (
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
+
+// logBuffer is the server's log, written by its handlers' goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // snapshot is the whole task instance row of a, as JSON: what "the board
 // is unchanged" compares.
@@ -152,6 +172,9 @@ func TestBootstrapExchange(t *testing.T) {
 		}
 		if n := b.meter.count("exchange/" + attemptapi.CodeBootstrapSpent); n != 2 {
 			t.Fatalf("exchange/%s metered %d times, want 2", attemptapi.CodeBootstrapSpent, n)
+		}
+		if n := strings.Count(b.log.String(), "code="+attemptapi.CodeBootstrapSpent); n != 2 {
+			t.Fatalf("the refused exchange logged %d times, want 2:\n%s", n, b.log.String())
 		}
 	})
 

@@ -62,6 +62,7 @@ func (m *meter) count(key string) int {
 }
 
 type bundle struct {
+	log    *logBuffer
 	pool   *pgxpool.Pool
 	w      *lifecycle.Writer
 	clk    *clock.Fake
@@ -103,10 +104,10 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{pool: pool, w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
+	b := &bundle{log: &logBuffer{}, pool: pool, w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
 		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
-		Board: b.w, Meter: b.meter, Clock: b.clk})
+		Board: b.w, Meter: b.meter, Clock: b.clk, Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})
 	if err != nil {
 		t.Fatal(err)
 	}
