@@ -58,9 +58,10 @@ const (
 	CallState     = "state"
 	CallClaim     = "claim"
 	CallExchange  = "exchange"
-	// CallWorkerExchange is PathWorkerExchange.
-	CallWorkerExchange = "worker_exchange"
 )
+
+// CallWorkerExchange is PathWorkerExchange, as metered.
+const CallWorkerExchange = "worker_exchange"
 
 // Request is the body of every call.
 type Request struct {
@@ -135,23 +136,24 @@ func (c Claimed) Attempt() sdk.Attempt {
 
 // Error codes of a refused call (ErrorBody.Code).
 const (
-	CodeNoToken    = "no_token"    // 401: no bearer token
-	CodeMalformed  = "malformed"   // 401
-	CodeUnknownKey = "unknown_key" // 401
-	CodeForged     = "forged"      // 401
-	CodeExpired    = "expired"     // 401
-	CodeWrongScope = "wrong_scope" // 403: a valid token for another attempt (or worker)
-	CodeWrongKind  = "wrong_kind"  // 403: a token of another kind than the call takes (worker, bootstrap, attempt)
-	// CodeBootstrapSpent: 403, an exchange of a bootstrap credential that
-	// was exchanged already (a copy replayed); nothing was written.
-	CodeBootstrapSpent = "bootstrap_spent"
-	CodeBadRequest     = "bad_request"    // 400
-	CodeUnavailable    = "unavailable"    // 503: the board could not be reached; retry
-	CodeInternal       = "internal"       // 500
-	CodeMethod         = "bad_method"     // 405
-	CodeNotFound       = "unknown_call"   // 404
-	codeTooLarge       = "body_too_large" // 400
+	CodeNoToken     = "no_token"       // 401: no bearer token
+	CodeMalformed   = "malformed"      // 401
+	CodeUnknownKey  = "unknown_key"    // 401
+	CodeForged      = "forged"         // 401
+	CodeExpired     = "expired"        // 401
+	CodeWrongScope  = "wrong_scope"    // 403: a valid token for another attempt (or worker)
+	CodeWrongKind   = "wrong_kind"     // 403: a token of another kind than the call takes (worker, bootstrap, attempt)
+	CodeBadRequest  = "bad_request"    // 400
+	CodeUnavailable = "unavailable"    // 503: the board could not be reached; retry
+	CodeInternal    = "internal"       // 500
+	CodeMethod      = "bad_method"     // 405
+	CodeNotFound    = "unknown_call"   // 404
+	codeTooLarge    = "body_too_large" // 400
 )
+
+// CodeBootstrapSpent (403) refuses an exchange of a bootstrap credential
+// that was exchanged already (a copy replayed); nothing was written.
+const CodeBootstrapSpent = "bootstrap_spent"
 
 // ErrorBody is the body of a refused or failed call.
 type ErrorBody struct {
