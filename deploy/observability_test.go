@@ -35,6 +35,7 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	m.Leader(true, 1)
 	m.PluginRestart("agentlost")
 	m.Cycle(time.Unix(1700000000, 0))
+	m.AttemptAPICall("exchange", "bootstrap_spent", time.Millisecond)
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatalf("gathering the host's registry: %v", err)

@@ -43,7 +43,8 @@ type rail struct {
 const clearAttempt = `queued_at = NULL, running_at = NULL, last_heartbeat_at = NULL, ended_at = NULL,
     last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
     infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL, pod_uid = NULL,
-    credential_minted_at = NULL, credential_renewed_at = NULL, credential_capped_at = NULL`
+    credential_minted_at = NULL, credential_renewed_at = NULL, credential_capped_at = NULL,
+    credential_exchanged_at = NULL`
 
 var (
 	retryRail = rail{

@@ -200,8 +200,8 @@ func TestWarmWorkerClaim(t *testing.T) {
 		if got := b.meter.renewals[attemptapi.RenewalWorkerRenewed]; got != renewals {
 			t.Fatalf("worker_renewed metered %d times, want %d", got, renewals)
 		}
-		if !strings.Contains(b.logs.String(), "past its ceiling: its token is not renewed") {
-			t.Fatalf("the capped renewal was not logged:\n%s", b.logs.String())
+		if !strings.Contains(b.log.String(), "past its ceiling: its token is not renewed") {
+			t.Fatalf("the capped renewal was not logged:\n%s", b.log.String())
 		}
 		// Its last token lapses one TTL after its last renewal: no more claims.
 		b.clk.Advance(ttl)

@@ -89,6 +89,50 @@ func (c *Client) Running(ctx context.Context, a sdk.Attempt) (bool, error) {
 	return resp.ShouldTerminate, err
 }
 
+// Exchange trades the bootstrap token the client holds for the attempt's
+// working token, which it then holds: the agent's first call, before
+// Running. shouldTerminate: the attempt has moved on (no token given). A
+// client that holds no bootstrap token (a warm worker's claimed attempt)
+// has nothing to exchange: Exchange returns at once. A second exchange of
+// the same attempt is refused (CodeBootstrapSpent, wraps ErrRefused).
+func (c *Client) Exchange(ctx context.Context, a sdk.Attempt) (shouldTerminate bool, err error) {
+	if !attempttoken.IsBootstrap(c.Token()) {
+		return false, nil
+	}
+	resp, err := c.do(ctx, PathExchange, request(a, nil))
+	if err != nil || resp.ShouldTerminate {
+		return resp.ShouldTerminate, err
+	}
+	if resp.Token == "" || attempttoken.IsBootstrap(resp.Token) {
+		return false, fmt.Errorf("attempt api %s: the answer holds no working token", PathExchange)
+	}
+	c.mu.Lock()
+	c.token = resp.Token
+	c.mu.Unlock()
+	return false, nil
+}
+
+// ExchangeWorker trades the worker bootstrap token the client holds for
+// the worker token of worker, which it then holds: a warm worker's first
+// call, before its first claim. A client that holds no worker bootstrap
+// token has nothing to exchange: ExchangeWorker returns at once.
+func (c *Client) ExchangeWorker(ctx context.Context, worker string) error {
+	if !attempttoken.IsWorkerBootstrap(c.Token()) {
+		return nil
+	}
+	resp, err := c.do(ctx, PathWorkerExchange, Request{Worker: worker})
+	if err != nil {
+		return err
+	}
+	if resp.Token == "" || attempttoken.IsWorkerBootstrap(resp.Token) {
+		return fmt.Errorf("attempt api %s: the answer holds no worker token", PathWorkerExchange)
+	}
+	c.mu.Lock()
+	c.token = resp.Token
+	c.mu.Unlock()
+	return nil
+}
+
 // Heartbeat reports the attempt alive and keeps a renewed token.
 func (c *Client) Heartbeat(ctx context.Context, a sdk.Attempt) (Response, error) {
 	resp, err := c.do(ctx, PathHeartbeat, request(a, nil))

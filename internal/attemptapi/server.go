@@ -27,6 +27,8 @@ type Board interface {
 	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
+	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
+	ExchangeWorkerBootstrap(ctx context.Context, worker string, issuedAt, expiresAt, now time.Time) (bool, error)
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -99,6 +101,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
 	s.mux.HandleFunc(PathState, s.handle(CallState, s.state))
 	s.mux.HandleFunc(PathClaim, s.handle(CallClaim, s.claim))
+	s.mux.HandleFunc(PathExchange, s.handle(CallExchange, s.exchange))
+	s.mux.HandleFunc(PathWorkerExchange, s.handle(CallWorkerExchange, s.workerExchange))
 	return s, nil
 }
 
@@ -126,7 +130,8 @@ func refuse(status int, code, format string, args ...any) *refusal {
 type call struct {
 	req    Request
 	claims attempttoken.Claims
-	// worker is the worker token's claims (claim only).
+	// worker is the worker token's claims (claim), or the claims of a
+	// worker exchange's bootstrap token.
 	worker attempttoken.WorkerClaims
 	now    time.Time
 }
@@ -199,6 +204,20 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
 		return h(r.Context(), call{req: req, worker: wc, now: now})
+	}
+	if r.URL.Path == PathWorkerExchange {
+		wc, err := s.cfg.Keys().VerifyWorkerBootstrapFor(token, req.Worker, now)
+		if err != nil {
+			return Response{}, tokenRefusal(err)
+		}
+		return h(r.Context(), call{req: req, worker: wc, now: now})
+	}
+	if r.URL.Path == PathExchange {
+		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
+		if err != nil {
+			return Response{}, tokenRefusal(err)
+		}
+		return h(r.Context(), call{req: req, claims: claims, now: now})
 	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
@@ -383,6 +402,62 @@ const (
 	RenewalWorkerRenewed = "worker_renewed"
 	RenewalWorkerCapped  = "worker_capped"
 )
+
+// exchange trades the attempt's bootstrap token (verified for the attempt
+// the call names) for its working token, once: the board records the
+// exchange on the queued attempt, and a second exchange of the same
+// attempt is refused (bootstrap_spent) and changes nothing. The working
+// token keeps the bootstrap's first mint time, so the credential ceiling
+// counts from the dispatch; an attempt that has moved on is answered
+// should_terminate without a token.
+func (s *Server) exchange(ctx context.Context, c call) (Response, error) {
+	if c.req.Outcome != nil || c.req.Worker != "" {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "an exchange names its attempt and nothing else")
+	}
+	a := c.req.Attempt()
+	res, err := s.cfg.Board.ExchangeBootstrap(ctx, a, c.claims.MintedAt, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording the exchange", err)
+	}
+	switch res {
+	case lifecycle.Exchanged:
+	case lifecycle.ExchangeSpent:
+		return Response{}, refuse(http.StatusForbidden, CodeBootstrapSpent,
+			"the bootstrap credential of %s was exchanged already: a copy of it is worth nothing", a)
+	default:
+		return Response{ShouldTerminate: true}, nil
+	}
+	tok, wc, err := s.cfg.Keys().Renew(c.claims, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("signing the working token of %s: %w", a, err)
+	}
+	return Response{Token: tok, ExpiresAt: wc.ExpiresAt}, nil
+}
+
+// workerExchange trades a warm worker's bootstrap token (verified for the
+// worker the call names) for its worker token, once: the board records the
+// exchange, and a second exchange of the same token is refused
+// (bootstrap_spent) and changes nothing.
+func (s *Server) workerExchange(ctx context.Context, c call) (Response, error) {
+	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a worker exchange names a worker, not an attempt")
+	}
+	ok, err := s.cfg.Board.ExchangeWorkerBootstrap(ctx, c.worker.Worker, c.worker.IssuedAt, c.worker.ExpiresAt, c.now)
+	if err != nil {
+		return Response{}, boardFailure("recording the worker exchange", err)
+	}
+	if !ok {
+		return Response{}, refuse(http.StatusForbidden, CodeBootstrapSpent,
+			"the bootstrap credential of warm worker %s was exchanged already: a copy of it is worth nothing", c.worker.Worker)
+	}
+	// The worker's credential was first minted with its bootstrap, at the
+	// pod's creation: the lifetime ceiling counts from there.
+	tok, wc, err := s.cfg.Keys().RenewWorker(attempttoken.WorkerClaims{Worker: c.worker.Worker, MintedAt: c.worker.IssuedAt}, c.now, s.cfg.TTL)
+	if err != nil {
+		return Response{}, fmt.Errorf("signing the token of warm worker %s: %w", c.worker.Worker, err)
+	}
+	return Response{Token: tok, ExpiresAt: wc.ExpiresAt}, nil
+}
 
 // maxClaim is the most attempts one claim hands out.
 const maxClaim = 100

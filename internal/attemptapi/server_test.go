@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -80,6 +81,8 @@ func (m *meter) count(key string) int {
 }
 
 type bundle struct {
+	log    *logBuffer
+	pool   *pgxpool.Pool
 	w      *lifecycle.Writer
 	clk    *clock.Fake
 	keys   *keyHolder
@@ -87,7 +90,6 @@ type bundle struct {
 	url    string
 	ca     string
 	issuer attempttoken.Issuer
-	logs   *logBuffer
 }
 
 // keyHolder is the keyring in force, swapped on rotation.
@@ -122,10 +124,10 @@ func setup(t *testing.T) *bundle {
 		t.Fatal(err)
 	}
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
-		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}, logs: &logBuffer{}}
+		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}, pool: pool, log: &logBuffer{}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
 		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Clock: b.clk,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: b.logs, Level: hclog.Info})})
+		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,8 +163,20 @@ func (b *bundle) run(t *testing.T, runID string, tasks ...string) {
 }
 
 // dispatch queues the attempt, mints its credential as the runner does,
-// and returns a client holding it.
+// and returns a client holding the working token it exchanged the
+// bootstrap token for, as the agent does first.
 func (b *bundle) dispatch(t *testing.T, a sdk.Attempt) *attemptapi.Client {
+	t.Helper()
+	c, _ := b.dispatchBootstrap(t, a)
+	if term, err := c.Exchange(context.Background(), a); err != nil || term {
+		t.Fatalf("exchange %s: %v %v", a, term, err)
+	}
+	return c
+}
+
+// dispatchBootstrap is dispatch up to the exchange: the client holds the
+// bootstrap token, returned too (what the pod spec shows).
+func (b *bundle) dispatchBootstrap(t *testing.T, a sdk.Attempt) (*attemptapi.Client, string) {
 	t.Helper()
 	ctx := context.Background()
 	now := b.clk.Now()
@@ -183,7 +197,7 @@ func (b *bundle) dispatch(t *testing.T, a sdk.Attempt) *attemptapi.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c
+	return c, cred.Token
 }
 
 func (b *bundle) ti(t *testing.T, a sdk.Attempt) board.TaskInstance {

@@ -11,6 +11,14 @@
 // wrong scope) writes nothing, is metered, and is answered with a JSON error
 // whose code says why.
 //
+// What a runner hands an agent is a bootstrap token (attempttoken
+// MintBootstrap): the agent's first call, before RUNNING, is the exchange
+// (PathExchange), which the board records on the attempt and answers with
+// the attempt's working token. A bootstrap token authorises the exchange
+// and nothing else, and a second exchange of the same attempt is refused
+// (CodeBootstrapSpent): the copy a pod spec keeps is worth nothing once
+// the agent has started.
+//
 // Every accepted heartbeat of an attempt whose credential is younger than
 // the credential ceiling (auth.max_attempt_credential_lifetime, counted from
 // the first mint at dispatch) is answered with a fresh token; past the
@@ -33,6 +41,13 @@ const (
 	// PathClaim is a warm worker's call, authorised by its worker token
 	// (attempttoken.MintWorker), not by an attempt's.
 	PathClaim = "/v1/worker/claim"
+	// PathExchange trades an attempt's bootstrap token (what its pod spec
+	// carries) for its working token, once; it is authorised by the
+	// bootstrap token, which authorises nothing else.
+	PathExchange = "/v1/attempt/exchange"
+	// PathWorkerExchange trades a warm worker's bootstrap token (what its
+	// pod spec carries) for its worker token, once.
+	PathWorkerExchange = "/v1/worker/exchange"
 )
 
 // Call names, as metered.
@@ -42,7 +57,11 @@ const (
 	CallReport    = "report"
 	CallState     = "state"
 	CallClaim     = "claim"
+	CallExchange  = "exchange"
 )
+
+// CallWorkerExchange is PathWorkerExchange, as metered.
+const CallWorkerExchange = "worker_exchange"
 
 // Request is the body of every call.
 type Request struct {
@@ -78,7 +97,7 @@ type Response struct {
 	// reap, a finished run): nothing was written and the agent must stop.
 	ShouldTerminate bool `json:"should_terminate"`
 	// Token is a renewed token (heartbeat, and a claim: the worker's own;
-	// "" when not renewed).
+	// "" when not renewed), or the working token an exchange gives.
 	Token string `json:"token,omitempty"`
 	// ExpiresAt is the renewed token's expiry.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
@@ -124,7 +143,7 @@ const (
 	CodeForged      = "forged"         // 401
 	CodeExpired     = "expired"        // 401
 	CodeWrongScope  = "wrong_scope"    // 403: a valid token for another attempt (or worker)
-	CodeWrongKind   = "wrong_kind"     // 403: a worker token for an attempt's call, or the reverse
+	CodeWrongKind   = "wrong_kind"     // 403: a token of another kind than the call takes (worker, bootstrap, attempt)
 	CodeBadRequest  = "bad_request"    // 400
 	CodeUnavailable = "unavailable"    // 503: the board could not be reached; retry
 	CodeInternal    = "internal"       // 500
@@ -132,6 +151,10 @@ const (
 	CodeNotFound    = "unknown_call"   // 404
 	codeTooLarge    = "body_too_large" // 400
 )
+
+// CodeBootstrapSpent (403) refuses an exchange of a bootstrap credential
+// that was exchanged already (a copy replayed); nothing was written.
+const CodeBootstrapSpent = "bootstrap_spent"
 
 // ErrorBody is the body of a refused or failed call.
 type ErrorBody struct {

@@ -19,6 +19,8 @@ const (
 
 // Credential is what a runner hands one attempt's agent.
 type Credential struct {
+	// Token is the attempt's bootstrap token (see MintBootstrap): the agent
+	// exchanges it for the working token on its first call.
 	Token  string
 	Claims Claims
 	// Env is the agent's environment entries (EnvToken, EnvAPI, EnvCA).
@@ -37,12 +39,13 @@ type Issuer struct {
 	CA string
 }
 
-// Mint mints the credential of a at now.
+// Mint mints the credential of a at now: its bootstrap token, which
+// expires one TTL after now unless exchanged before.
 func (is Issuer) Mint(a sdk.Attempt, now time.Time) (Credential, error) {
 	if is.Keys == nil || is.TTL <= 0 || is.API == "" {
 		return Credential{}, fmt.Errorf("minting the credential of %s: the issuer has no keys, TTL or API address", a)
 	}
-	tok, c, err := is.Keys().Mint(a, now, is.TTL)
+	tok, c, err := is.Keys().MintBootstrap(a, now, is.TTL)
 	if err != nil {
 		return Credential{}, fmt.Errorf("minting the credential of %s: %w", a, err)
 	}

@@ -3,11 +3,13 @@
 // credential was first minted (at dispatch), the time this token was
 // issued and the time it expires, signed with HMAC-SHA256 under a named key.
 //
-// The runner mints a token at dispatch (Issuer.Mint) and hands it to the
-// attempt's agent in its environment; reaperd's attempt API verifies it on
-// every call (Keyring.Verify) and, while the attempt heartbeats and is
-// younger than the credential ceiling, answers with a renewed token
-// (Keyring.Renew), which keeps the first mint time.
+// The runner mints a bootstrap token at dispatch (Issuer.Mint, see
+// MintBootstrap) and hands it to the attempt's agent in its environment;
+// the agent exchanges it once, before RUNNING, for the attempt's working
+// token. reaperd's attempt API verifies the working token on every call
+// (Keyring.Verify) and, while the attempt heartbeats and is younger than
+// the credential ceiling, answers with a renewed token (Keyring.Renew),
+// which keeps the first mint time.
 //
 // The wire form is
 //
@@ -53,8 +55,9 @@ var (
 	ErrExpired = errors.New("attempt token expired")
 	// ErrWrongScope: valid, but for another attempt than the one named.
 	ErrWrongScope = errors.New("attempt token is for another attempt")
-	// ErrWrongKind: a token of the other kind (a worker token where an
-	// attempt token is needed, or the reverse).
+	// ErrWrongKind: a token of another kind (a worker or bootstrap token
+	// where an attempt token is needed, an attempt token where a bootstrap
+	// token is needed, ...).
 	ErrWrongKind = errors.New("token of the wrong kind")
 )
 
@@ -179,7 +182,7 @@ func (kr *Keyring) open(token, kind string) ([]byte, error) {
 		return nil, ErrMalformed
 	}
 	if parts[0] != kind {
-		if parts[0] == prefix || parts[0] == workerPrefix {
+		if parts[0] == prefix || parts[0] == workerPrefix || parts[0] == bootstrapPrefix || parts[0] == workerBootstrapPrefix {
 			return nil, fmt.Errorf("%w: a %s token where a %s token is needed", ErrWrongKind, kindName(parts[0]), kindName(kind))
 		}
 		return nil, ErrMalformed

@@ -184,7 +184,7 @@ func TestKeyFile(t *testing.T) {
 }
 
 func TestIssuer(t *testing.T) {
-	t.Run("MintPutsTokenAddressAndCAInTheEnvironment", func(t *testing.T) {
+	t.Run("MintPutsBootstrapTokenAddressAndCAInTheEnvironment", func(t *testing.T) {
 		kr := ring(t, key(t, "a1"))
 		is := attempttoken.Issuer{Keys: func() *attempttoken.Keyring { return kr }, TTL: 10 * time.Minute,
 			API: "https://127.0.0.1:9465", CA: "-----BEGIN CERTIFICATE-----"}
@@ -198,7 +198,7 @@ func TestIssuer(t *testing.T) {
 		if strings.Join(cred.Env, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("env %q", cred.Env)
 		}
-		if _, err := kr.VerifyFor(cred.Token, a, t0); err != nil {
+		if _, err := kr.VerifyBootstrapFor(cred.Token, a, t0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -287,4 +287,50 @@ func TestWorkerToken(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 	})
+}
+
+// A bootstrap token is its own kind: only VerifyBootstrapFor accepts it,
+// for exactly its attempt, until one TTL after its mint; it never passes
+// as an attempt or a worker token, and neither of those passes as it.
+func TestBootstrapTokenIsItsOwnKind(t *testing.T) {
+	kr, err := attempttoken.NewKeyring(attempttoken.Key{ID: "k1", Secret: make([]byte, attempttoken.MinSecretLen)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	boot, c, err := kr.MintBootstrap(a, now, 10*time.Minute)
+	if err != nil || !attempttoken.IsBootstrap(boot) {
+		t.Fatalf("mint: %q %v", boot, err)
+	}
+	if got, err := kr.VerifyBootstrapFor(boot, a, now.Add(time.Minute)); err != nil || got != c {
+		t.Fatalf("verify: %+v %v, want %+v", got, err, c)
+	}
+	if _, err := kr.VerifyBootstrapFor(boot, sdk.Attempt{RunID: "r", TaskID: "t", Try: 1, Epoch: 1}, now); !errors.Is(err, attempttoken.ErrWrongScope) {
+		t.Fatalf("another attempt: %v, want attempttoken.ErrWrongScope", err)
+	}
+	if _, err := kr.VerifyBootstrapFor(boot, a, now.Add(10*time.Minute)); !errors.Is(err, attempttoken.ErrExpired) {
+		t.Fatalf("one TTL after the mint: %v, want attempttoken.ErrExpired", err)
+	}
+	if _, err := kr.Verify(boot, now); !errors.Is(err, attempttoken.ErrWrongKind) {
+		t.Fatalf("as an attempt token: %v, want attempttoken.ErrWrongKind", err)
+	}
+	if _, err := kr.VerifyWorker(boot, now); !errors.Is(err, attempttoken.ErrWrongKind) {
+		t.Fatalf("as a worker token: %v, want attempttoken.ErrWrongKind", err)
+	}
+	work, _, _ := kr.Mint(a, now, 10*time.Minute)
+	worker, _, _ := kr.MintWorker("w", now, 10*time.Minute)
+	for _, tok := range []string{work, worker} {
+		if _, err := kr.VerifyBootstrapFor(tok, a, now); !errors.Is(err, attempttoken.ErrWrongKind) {
+			t.Fatalf("%.4s as a bootstrap token: %v, want attempttoken.ErrWrongKind", tok, err)
+		}
+		if attempttoken.IsBootstrap(tok) {
+			t.Fatalf("%.4s reads as a bootstrap token", tok)
+		}
+	}
+	// The kind is covered by the MAC: relabelling a bootstrap token as an
+	// attempt token breaks its signature.
+	if _, err := kr.Verify("rat1"+strings.TrimPrefix(boot, "rbt1"), now); !errors.Is(err, attempttoken.ErrForged) {
+		t.Fatalf("a relabelled bootstrap token: %v, want attempttoken.ErrForged", err)
+	}
 }

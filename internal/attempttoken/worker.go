@@ -42,8 +42,13 @@ type WorkerClaims struct {
 }
 
 func kindName(kind string) string {
-	if kind == workerPrefix {
+	switch kind {
+	case workerPrefix:
 		return "worker"
+	case bootstrapPrefix:
+		return "bootstrap"
+	case workerBootstrapPrefix:
+		return "worker bootstrap"
 	}
 	return "attempt"
 }

@@ -603,7 +603,7 @@ func TestDispatchGivesThePodTheAttemptAPICredential(t *testing.T) {
 	if envs[attempttoken.EnvAPI] != api.URL || envs[attempttoken.EnvCA] != api.CA || api.CA == "" {
 		t.Fatalf("environment %v: want the API %s and its CA", envs, api.URL)
 	}
-	c, err := api.Keys.VerifyFor(envs[attempttoken.EnvToken], ti.Attempt, e.clk.Now())
+	c, err := api.Keys.VerifyBootstrapFor(envs[attempttoken.EnvToken], ti.Attempt, e.clk.Now())
 	if err != nil {
 		t.Fatalf("the pod's token: %v", err)
 	}

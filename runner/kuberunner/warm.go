@@ -98,21 +98,24 @@ type WorkerCredentials interface {
 	WorkerEnv(ctx context.Context, worker string, now time.Time) ([]corev1.EnvVar, error)
 }
 
-// WorkerMinter mints a worker credential: attempttoken.Issuer.
+// WorkerMinter mints a worker credential: attempttoken.Issuer, whose
+// MintWorkerBootstrap is the worker's bootstrap token (the worker
+// exchanges it once for its worker token).
 type WorkerMinter interface {
-	MintWorker(worker string, now time.Time) (attempttoken.WorkerCredential, error)
+	MintWorkerBootstrap(worker string, now time.Time) (attempttoken.WorkerCredential, error)
 }
 
 // MintedWorkerCredentials is the WorkerCredentials of reaperd: the attempt
-// API's issuer mints the worker token (bound to the worker's name), and the
-// pod gets it with the API's address and CA.
+// API's issuer mints the worker's bootstrap token (bound to the worker's
+// name; the worker exchanges it once for its worker token), and the pod
+// gets it with the API's address and CA.
 type MintedWorkerCredentials struct {
 	Minter WorkerMinter
 }
 
 // WorkerEnv mints worker's credential at now.
 func (m MintedWorkerCredentials) WorkerEnv(_ context.Context, worker string, now time.Time) ([]corev1.EnvVar, error) {
-	cred, err := m.Minter.MintWorker(worker, now)
+	cred, err := m.Minter.MintWorkerBootstrap(worker, now)
 	if err != nil {
 		return nil, err
 	}

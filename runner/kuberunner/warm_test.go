@@ -20,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/plugins/warmworker"
@@ -240,10 +241,10 @@ func TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted(t *testing.T) {
 		}
 		var token bool
 		for _, env := range c.Env {
-			token = token || (env.Name == "REAPER_WORKER_TOKEN" && strings.HasPrefix(env.Value, "rwt1."))
+			token = token || (env.Name == "REAPER_WORKER_TOKEN" && attempttoken.IsWorkerBootstrap(env.Value))
 		}
 		if !token {
-			t.Errorf("worker %s has no worker token in its environment", name)
+			t.Errorf("worker %s has no worker bootstrap token in its environment", name)
 		}
 	}
 	if res := e.refill(t, r); res.Live != 2 || len(res.Created) != 0 {

@@ -118,7 +118,14 @@ func TestAgentCredentials(t *testing.T) {
 		}
 	})
 
-	t.Run("WithItsAgentsTokenATaskCannotTouchAnotherAttempt", func(t *testing.T) {
+	// What a task finds in its agent's environment is the attempt's
+	// bootstrap token, which the agent exchanged before RUNNING: a second
+	// exchange is refused, and the spent token is accepted by no other call,
+	// for its own attempt or any other.
+	t.Run("TheTokenInItsAgentsEnvironmentIsASpentBootstrap_WorthNothing", func(t *testing.T) {
+		if !attempttoken.IsBootstrap(agentEnv[attempttoken.EnvToken]) {
+			t.Fatalf("the agent's environment holds a %.4s token, want the bootstrap", agentEnv[attempttoken.EnvToken])
+		}
 		c, err := attemptapi.ClientFromEnv(func(k string) string { return agentEnv[k] })
 		if err != nil {
 			t.Fatal(err)
@@ -126,6 +133,7 @@ func TestAgentCredentials(t *testing.T) {
 		defer c.Close()
 		spyAttempt := sdk.Attempt{RunID: "run", TaskID: "spy", Try: 1}
 		targets := map[string]sdk.Attempt{
+			"ItsOwnAttempt":       spyAttempt,
 			"AnotherTaskOfTheRun": b.ti(t, "run", "victim").Attempt,
 			"AnotherRun":          b.ti(t, "other", "victim").Attempt,
 			"AnotherTry":          {RunID: "run", TaskID: "spy", Try: 2},
@@ -136,15 +144,25 @@ func TestAgentCredentials(t *testing.T) {
 			run, task, _ := strings.Cut(k, "/")
 			before[k] = b.ti(t, run, task)
 		}
+		for _, k := range []string{"run/spy", "run/victim", "other/victim"} {
+			run, task, _ := strings.Cut(k, "/")
+			a := b.ti(t, run, task).Attempt
+			_, err := c.Exchange(ctx, a)
+			if a == spyAttempt {
+				wantRefused(t, k+" exchange", err, attemptapi.CodeBootstrapSpent)
+			} else {
+				wantRefused(t, k+" exchange", err, attemptapi.CodeWrongScope)
+			}
+		}
 		for name, a := range targets {
 			_, err := c.Heartbeat(ctx, a)
-			wantRefused(t, name+" heartbeat", err)
+			wantRefused(t, name+" heartbeat", err, attemptapi.CodeWrongKind)
 			_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateFailed, Reason: "spy"})
-			wantRefused(t, name+" report", err)
+			wantRefused(t, name+" report", err, attemptapi.CodeWrongKind)
 			_, err = c.Running(ctx, a)
-			wantRefused(t, name+" running", err)
+			wantRefused(t, name+" running", err, attemptapi.CodeWrongKind)
 			_, err = c.State(ctx, a)
-			wantRefused(t, name+" state", err)
+			wantRefused(t, name+" state", err, attemptapi.CodeWrongKind)
 		}
 		for k, was := range before {
 			run, task, _ := strings.Cut(k, "/")
@@ -155,13 +173,9 @@ func TestAgentCredentials(t *testing.T) {
 				t.Errorf("%s changed:\nwas %s\nnow %s", k, show(was), show(now))
 			}
 		}
-		// Its own, finished attempt: answered should_terminate, nothing written.
-		if term, err := c.Report(ctx, spyAttempt, attemptapi.Outcome{State: sdk.StateFailed}); err != nil || !term {
-			t.Fatalf("report for its own finished attempt: %v %v", term, err)
-		}
 	})
 
-	t.Run("DispatchRecordsTheCredentialsMintTime", func(t *testing.T) {
+	t.Run("DispatchRecordsTheCredentialsMintTime_TheExchangeKeepsIt", func(t *testing.T) {
 		ti := b.ti(t, "run", "victim")
 		if ti.CredentialMintedAt.IsZero() || !ti.CredentialMintedAt.Equal(ti.QueuedAt) {
 			t.Fatalf("minted %v, queued %v", ti.CredentialMintedAt, ti.QueuedAt)
@@ -176,11 +190,11 @@ func TestAgentCredentials(t *testing.T) {
 	b.untilRunEnds(t, "other", &tt, nil)
 }
 
-func wantRefused(t *testing.T, what string, err error) {
+func wantRefused(t *testing.T, what string, err error, code string) {
 	t.Helper()
 	var ce *attemptapi.CallError
-	if !errors.As(err, &ce) || ce.Body.Code != attemptapi.CodeWrongScope {
-		t.Errorf("%s: err %v, want refused %s", what, err, attemptapi.CodeWrongScope)
+	if !errors.As(err, &ce) || ce.Body.Code != code {
+		t.Errorf("%s: err %v, want refused %s", what, err, code)
 	}
 }
 

@@ -45,6 +45,11 @@ type TaskInstance struct {
 	MarkReason string
 	// PodUID is the UID of the pod recorded for the current attempt (kube).
 	PodUID string
+	// CredentialMintedAt is when the attempt's credential was minted (its
+	// bootstrap token's mint); CredentialExchangedAt when its bootstrap
+	// token was exchanged for the working token (see ExchangeBootstrap).
+	CredentialMintedAt    time.Time
+	CredentialExchangedAt time.Time
 }
 
 // Attempt returns the attempt the row currently holds.
@@ -246,7 +251,8 @@ func (b *Board) Heartbeat(runID, taskID string, at time.Time) bool {
 
 // Replace starts a new execution of the row, the way the scheduler's rails
 // do: the epoch is bumped (or the try, when newTry), the per-attempt
-// timestamps, the infra confirmation and the recorded pod UID are cleared,
+// timestamps, the infra confirmation, the recorded pod UID and the
+// credential's mint and exchange are cleared,
 // released_at is stamped and the row goes to state. It returns the new
 // attempt.
 func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time.Time) sdk.Attempt {
@@ -259,12 +265,46 @@ func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time
 		}
 		t.QueuedAt, t.RunningAt, t.LastHeartbeatAt = time.Time{}, time.Time{}, time.Time{}
 		t.InfraConfirmedAt, t.PodUID = time.Time{}, ""
+		t.CredentialMintedAt, t.CredentialExchangedAt = time.Time{}, time.Time{}
 		t.ReleasedAt = at
 		t.State = state
 		t.Held = false
 		a = t.Attempt()
 	})
 	return a
+}
+
+// Answers of ExchangeBootstrap: the values of the Postgres board's
+// lifecycle.Exchange.
+const (
+	ExchangeApplied = "exchanged"
+	ExchangeSpent   = "spent"
+	ExchangeMovedOn = "moved_on"
+)
+
+// ExchangeBootstrap records the one exchange of a's bootstrap credential,
+// minted at mintedAt, at now, with the Postgres board's guard: the row
+// holds a queued, its run is running, no exchange is recorded and the
+// recorded mint (if any) is mintedAt to the millisecond. Otherwise nothing
+// changes and the answer is ExchangeSpent when a's exchange is recorded
+// already, else ExchangeMovedOn.
+func (b *Board) ExchangeBootstrap(a sdk.Attempt, mintedAt, now time.Time) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.tasks[a.RunID][a.TaskID]
+	if !ok || t.Attempt() != a {
+		return ExchangeMovedOn
+	}
+	r := b.runs[a.RunID]
+	if r != nil && r.State == sdk.RunRunning && t.State == sdk.StateQueued && t.CredentialExchangedAt.IsZero() &&
+		(t.CredentialMintedAt.IsZero() || t.CredentialMintedAt.UnixMilli() == mintedAt.UnixMilli()) {
+		t.CredentialExchangedAt = now
+		return ExchangeApplied
+	}
+	if !t.CredentialExchangedAt.IsZero() {
+		return ExchangeSpent
+	}
+	return ExchangeMovedOn
 }
 
 // UpdateRun applies fn to the run. It reports whether the run exists.

@@ -45,6 +45,12 @@ type Row struct {
 	// PodUID is the pod UID recorded for the attempt (kube). It is seeded,
 	// not read back.
 	PodUID string
+	// CredentialMintedAt is the recorded mint of the attempt's credential.
+	// It is seeded, not read back.
+	CredentialMintedAt time.Time
+	// CredentialExchangedAt is when the attempt's bootstrap token was
+	// exchanged (zero: not).
+	CredentialExchangedAt time.Time
 }
 
 // RunRow is a run as a case seeds it.
@@ -79,6 +85,10 @@ type Fixture interface {
 	// LockRun makes another transaction hold the rows of a run until the
 	// test ends.
 	LockRun(runID string)
+	// ExchangeBootstrap records the exchange of a's bootstrap credential,
+	// minted at mintedAt, at at, through the board's writer (the attempt
+	// API's write), and answers "exchanged", "spent" or "moved_on".
+	ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string
 }
 
 // Memory returns a Fixture over a fresh in-memory board (sdktest.Board).
@@ -109,7 +119,8 @@ func (m *memory) Put(r Row) {
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
-		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID})
+		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID,
+		CredentialMintedAt: r.CredentialMintedAt, CredentialExchangedAt: r.CredentialExchangedAt})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {
@@ -121,7 +132,7 @@ func (m *memory) Row(runID, taskID string) (Row, bool) {
 		RunningAt: t.RunningAt, LastHeartbeatAt: t.LastHeartbeatAt, ReleasedAt: t.ReleasedAt, EndedAt: t.EndedAt,
 		LastFailureKind: t.LastFailureKind, FailureReason: t.MarkReason, InfraMarkedAt: t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt, InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed,
-		ErrorMessage: t.ErrorMessage, Held: t.Held}, true
+		ErrorMessage: t.ErrorMessage, Held: t.Held, CredentialExchangedAt: t.CredentialExchangedAt}, true
 }
 
 func (m *memory) RunState(runID string) string {
@@ -133,3 +144,7 @@ func (m *memory) Log(a sdk.Attempt) []string { return m.b.Log(a) }
 func (m *memory) Depose()                    { m.b.SetTerm(m.b.Term() + 1) }
 func (m *memory) ExpireLease(at time.Time)   { m.b.SetLease(at) }
 func (m *memory) LockRun(runID string)       { m.b.LockRun(runID, true) }
+
+func (m *memory) ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string {
+	return m.b.ExchangeBootstrap(a, mintedAt, at)
+}

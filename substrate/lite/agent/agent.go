@@ -14,9 +14,12 @@
 //
 // The life of one attempt:
 //
-//  1. RUNNING is reported (retried for up to StartRetry). An answer of
-//     should_terminate means the attempt moved on: the task never starts
-//     (ErrSuperseded) and nothing is reported.
+//  1. RUNNING is reported (retried for up to StartRetry). The attempt API's
+//     reporter first exchanges the bootstrap token the runner handed the
+//     agent for the attempt's working token (once; a refused exchange is a
+//     refusal like any other). An answer of should_terminate means the
+//     attempt moved on: the task never starts (ErrSuperseded) and nothing
+//     is reported.
 //  2. The task, "$SHELL -c COMMAND", is started as the leader of a new process
 //     group. It waits on a gate pipe before running COMMAND, so no user code
 //     runs until the agent has written the group's .pgid record. If the

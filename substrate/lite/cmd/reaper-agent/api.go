@@ -19,7 +19,8 @@ import (
 
 // apiReporter reports through reaperd's attempt API with the attempt's own
 // credential: the token, the API's address and the CA it trusts, all from
-// the environment the runner gave the agent. Each renewed token a heartbeat
+// the environment the runner gave the agent. The token is a bootstrap
+// token, exchanged for the working token before RUNNING. Each renewed token a heartbeat
 // returns replaces the one held. The times are reaperd's, not the agent's.
 type apiReporter struct {
 	c *attemptapi.Client
@@ -35,7 +36,13 @@ func newAPIReporter(getenv func(string) string) (*apiReporter, error) {
 
 func (r *apiReporter) Close() { r.c.Close() }
 
+// Running first exchanges the bootstrap token the runner handed the agent
+// for the attempt's working token (once: a retry after the exchange
+// applied goes straight to RUNNING), then reports RUNNING with it.
 func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
+	if term, err := r.c.Exchange(ctx, a); err != nil || term {
+		return term, refused(err)
+	}
 	term, err := r.c.Running(ctx, a)
 	return term, refused(err)
 }

@@ -52,7 +52,11 @@
 // Reporters: -reporter api (the runners') reports RUNNING, heartbeats and
 // the outcome to reaperd's attempt API with the attempt's own credential
 // (REAPER_ATTEMPT_TOKEN, REAPER_ATTEMPT_API, REAPER_ATTEMPT_API_CA from the
-// environment), renewing it with each accepted heartbeat; -reporter file
+// environment), renewing it with each accepted heartbeat. What
+// REAPER_ATTEMPT_TOKEN holds is the attempt's bootstrap token: the agent's
+// first call, before RUNNING, exchanges it once for the working token, so
+// the copy left in the environment (or a pod spec) is worth nothing once
+// the agent has started; -reporter file
 // appends JSON lines to -report-file and answers should_terminate once
 // -terminate-file exists (tests of the agent alone). The agent has no way
 // to reach the board itself: it never holds the database's credentials.

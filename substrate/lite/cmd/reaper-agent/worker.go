@@ -16,7 +16,8 @@ import (
 
 // runWorker is -mode worker: a warm pool worker that claims the attempts
 // bound to it with its worker credential (REAPER_WORKER_TOKEN, with
-// REAPER_ATTEMPT_API and REAPER_ATTEMPT_API_CA) and runs each with the
+// REAPER_ATTEMPT_API and REAPER_ATTEMPT_API_CA; a worker bootstrap token
+// there is exchanged for the worker token before the first claim) and runs each with the
 // attempt's own credential (agent.RunWorker). It returns the exit code.
 func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, getenv func(string) string) int {
 	dir, err := records.Open(inv.RecordDir)
@@ -32,6 +33,11 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 	}
 	defer wc.Close()
 	claim := func(ctx context.Context, slots int) ([]agent.Claimed, error) {
+		// The pod spec's bootstrap token is exchanged once, before the
+		// first claim (a no-op from then on).
+		if err := wc.ExchangeWorker(ctx, inv.Worker); err != nil {
+			return nil, refused(err)
+		}
 		got, err := wc.Claim(ctx, inv.Worker, slots)
 		if err != nil {
 			return nil, refused(err)
