@@ -343,7 +343,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	started := d.opts.Clock.Now()
-	_, served, err := telemetry.Serve(ctx, d.cfg.Telemetry.Listen, telemetry.Handler(d.metrics.Registry, telemetry.HealthSource{
+	_, served, err := telemetry.Serve(ctx, d.cfg.Telemetry.Listen, d.cfg.Telemetry.Limits, telemetry.Handler(d.metrics.Registry, telemetry.HealthSource{
 		Ping:     d.pool.Ping,
 		LastTick: d.loop.LastTick,
 		Leader: func(now time.Time) (bool, int64) {
@@ -351,6 +351,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return st.Leading, st.Term
 		},
 		Interval: d.cfg.Ladder.MaintenanceInterval, Started: started, Clock: d.opts.Clock,
+		Logger: d.log.Named("health"),
 	}), d.log.Named("telemetry"))
 	if err != nil {
 		return err
