@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -989,6 +990,17 @@ func (cfg *Config) validatePodGrace() hcl.Diagnostics {
 		return nil
 	}
 	l, grace := cfg.Ladder, cfg.Runner.Kube.TerminationGrace
+	r := *cfg.Runner.Kube.graceRange
+	if twice := 2 * l.MaintenanceInterval; twice < 0 || grace > math.MaxInt64-twice {
+		// The ladder has refused an interval whose double overflows.
+		if twice < 0 {
+			return nil
+		}
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Timing ladder out of order",
+			Detail: fmt.Sprintf("runner.kube.termination_grace + 2 x maintenance.interval overflows a duration: "+
+				"runner.kube.termination_grace (%s) is too large.", ladder.Format(grace))}}
+	}
 	if floor := grace + 2*l.MaintenanceInterval; floor < l.InfraConfirmValve {
 		return nil
 	}
@@ -996,7 +1008,6 @@ func (cfg *Config) validatePodGrace() hcl.Diagnostics {
 	if r, ok := cfg.ranges["infra_confirm_valve"]; ok {
 		valveAt = fmt.Sprintf("%s:%d", r.Filename, r.Start.Line)
 	}
-	r := *cfg.Runner.Kube.graceRange
 	return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
 		Summary: "Timing ladder out of order",
 		Detail: fmt.Sprintf("infra_confirm_valve (%s, at %s) must be greater than runner.kube.termination_grace (%s, at %s:%d) "+
