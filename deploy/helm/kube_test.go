@@ -8,8 +8,8 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -360,7 +360,7 @@ func TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly(t *tes
 		rules[r.Ports[0].Port.String()] = peers
 	}
 	want := map[string][]string{
-		"metrics": {"ns=monitoring"},
+		"metrics":     {"ns=monitoring"},
 		"attempt-api": {"ns=" + tasks + " leoflow.io/run-id Exists", "ns=" + tasks + " leoflow.io/warm-pool Exists"},
 	}
 	if fmt.Sprint(rules) != fmt.Sprint(want) {
