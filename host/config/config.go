@@ -111,6 +111,10 @@ type Leader struct {
 // Telemetry is the telemetry block.
 type Telemetry struct {
 	Listen string // host:port serving /metrics and /monitor/health
+	// Loopback is a second address served when EnvTelemetryHost moved
+	// Listen to the pod's IP: 127.0.0.1 on the same port, which only the
+	// pod itself reaches (kubectl port-forward dials it there). "": none.
+	Loopback string
 	// Limits bound the server's connections: read_header_timeout,
 	// read_timeout, write_timeout, idle_timeout, max_connections.
 	Limits httplimit.Limits
@@ -733,7 +737,8 @@ func decodeLimits(b *hcl.Block, v sdk.Values, ranges map[string]hcl.Range, defau
 }
 
 // telemetryHost puts host (EnvTelemetryHost) in place of telemetry.listen's
-// host; "" leaves the address as configured.
+// host, and keeps loopback on the same port (see Telemetry.Loopback); ""
+// leaves the address as configured.
 func (cfg *Config) telemetryHost(host string) hcl.Diagnostics {
 	if host == "" {
 		return nil
@@ -748,6 +753,9 @@ func (cfg *Config) telemetryHost(host string) hcl.Diagnostics {
 			Summary: "Invalid telemetry address", Detail: err.Error() + "."}}
 	}
 	cfg.Telemetry.Listen = net.JoinHostPort(host, port)
+	if ip := net.ParseIP(host); !ip.IsLoopback() {
+		cfg.Telemetry.Loopback = net.JoinHostPort("127.0.0.1", port)
+	}
 	return nil
 }
 

@@ -138,14 +138,17 @@ func TestServerLimitKeys(t *testing.T) {
 }
 
 // TestTelemetryHostFromTheEnvironment: REAPER_TELEMETRY_HOST (the pod's IP
-// in the chart) takes the place of telemetry.listen's host, IPv6 too; a
-// value that is not an IP is refused.
+// in the chart) takes the place of telemetry.listen's host, IPv6 too, and
+// loopback on the same port is kept for the pod itself; a value that is
+// not an IP is refused.
 func TestTelemetryHostFromTheEnvironment(t *testing.T) {
 	src := minimal + "telemetry {\n  listen = \":9464\"\n}\n"
-	for host, want := range map[string]string{"10.1.2.3": "10.1.2.3:9464", "fd00::7": "[fd00::7]:9464", "": ":9464"} {
+	for host, want := range map[string][2]string{"10.1.2.3": {"10.1.2.3:9464", "127.0.0.1:9464"},
+		"fd00::7": {"[fd00::7]:9464", "127.0.0.1:9464"}, "": {":9464", ""}, "127.0.0.1": {"127.0.0.1:9464", ""}} {
 		cfg, err := parse(t, src, map[string]string{config.EnvTelemetryHost: host})
-		if err != nil || cfg.Telemetry.Listen != want {
-			t.Errorf("%s=%q: listen %q (%v), want %q", config.EnvTelemetryHost, host, cfg.Telemetry.Listen, err, want)
+		if err != nil || cfg.Telemetry.Listen != want[0] || cfg.Telemetry.Loopback != want[1] {
+			t.Errorf("%s=%q: listen %q, loopback %q (%v), want %q", config.EnvTelemetryHost, host,
+				cfg.Telemetry.Listen, cfg.Telemetry.Loopback, err, want)
 		}
 	}
 	if _, err := parse(t, src, map[string]string{config.EnvTelemetryHost: "pod.example"}); err == nil ||

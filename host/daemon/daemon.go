@@ -329,6 +329,14 @@ func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
 	}
 }
 
+// loopback is the telemetry's second address, if it has one.
+func loopback(addr string) []string {
+	if addr == "" {
+		return nil
+	}
+	return []string{addr}
+}
+
 func (d *Daemon) fail(err error) {
 	select {
 	case d.fatal <- err:
@@ -352,7 +360,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		},
 		Interval: d.cfg.Ladder.MaintenanceInterval, Started: started, Clock: d.opts.Clock,
 		Logger: d.log.Named("health"),
-	}), d.log.Named("telemetry"))
+	}), d.log.Named("telemetry"), loopback(d.cfg.Telemetry.Loopback)...)
 	if err != nil {
 		return err
 	}

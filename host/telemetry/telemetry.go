@@ -153,29 +153,44 @@ func Handler(reg *prometheus.Registry, src HealthSource) http.Handler {
 	return mux
 }
 
-// Serve listens on addr and serves h until ctx is done, bounded by limits
-// (timeouts and a connection cap). It returns once the listener is bound
-// (or failed to bind); the server stops on ctx.
-func Serve(ctx context.Context, addr string, limits httplimit.Limits, h http.Handler, logger hclog.Logger) (net.Addr, <-chan error, error) {
+// Serve listens on addr (and on each address of also) and serves h until
+// ctx is done, bounded by limits (timeouts, and a connection cap on each
+// address). It returns addr's bound address once every listener is bound
+// (or one failed to bind); the server stops on ctx.
+func Serve(ctx context.Context, addr string, limits httplimit.Limits, h http.Handler, logger hclog.Logger, also ...string) (net.Addr, <-chan error, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("telemetry: %w", err)
 	}
-	raw, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("telemetry: listen on %s: %w", addr, err)
+	var lns []net.Listener
+	for _, a := range append([]string{addr}, also...) {
+		raw, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, ln := range lns {
+				_ = ln.Close()
+			}
+			return nil, nil, fmt.Errorf("telemetry: listen on %s: %w", a, err)
+		}
+		lns = append(lns, httplimit.Listener(raw, limits.MaxConns))
 	}
-	ln := httplimit.Listener(raw, limits.MaxConns)
 	srv := limits.Server(h)
-	// The server's own complaints (a handshake a scanner never finished,
-	// a client cut off) are a flood's to make: debug level.
+	// The server's own complaints (a client cut off, a malformed request)
+	// are a flood's to make: debug level.
 	srv.ErrorLog = logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})
 	done := make(chan error, 1)
+	var wg sync.WaitGroup
+	errs := make([]error, len(lns))
+	for i, ln := range lns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errs[i] = err
+			}
+		}()
+	}
 	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		done <- err
+		wg.Wait()
+		done <- errors.Join(errs...)
 	}()
 	go func() {
 		<-ctx.Done()
@@ -185,6 +200,8 @@ func Serve(ctx context.Context, addr string, limits httplimit.Limits, h http.Han
 			logger.Warn("telemetry server shutdown", "error", err)
 		}
 	}()
-	logger.Info("telemetry listening", "addr", ln.Addr().String())
-	return ln.Addr(), done, nil
+	for _, ln := range lns {
+		logger.Info("telemetry listening", "addr", ln.Addr().String())
+	}
+	return lns[0].Addr(), done, nil
 }
