@@ -143,7 +143,8 @@ func TestChartLintsStrictWithDefaultAndCustomValues(t *testing.T) {
 func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *testing.T) {
 	objs := render(t, "reaper-system")
 	want := "ClusterRole//reaper-system-reaper-nodes ClusterRoleBinding//reaper-system-reaper-nodes " +
-		"ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
+		"ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper Lease/reaper-system/reaper " +
+		"NetworkPolicy/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
 		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper"
 	if got := kinds(objs); got != want {
 		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
@@ -206,7 +207,8 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	objs := render(t, "reaper-system", "--values", customValues)
 	want := "ClusterRole//reaper-system-reaperd-nodes ClusterRoleBinding//reaper-system-reaperd-nodes " +
-		"ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
+		"ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Lease/reaper-system/reaper-leader " +
+		"NetworkPolicy/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
 		"Role/tasks/reaperd RoleBinding/reaper-system/reaperd-leader RoleBinding/tasks/reaperd " +
 		"Service/reaper-system/reaperd ServiceAccount/reaper-system/reaper-sa ServiceMonitor/reaper-system/reaperd"
 	if got := kinds(objs); got != want {
@@ -232,8 +234,8 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	if ms := c.VolumeMounts; len(ms) != 3 || ms[2].MountPath != "/etc/reaper-db-ca" || !ms[2].ReadOnly {
 		t.Errorf("mounts %+v, want config, state and the extra db-ca", ms)
 	}
-	if env := c.Env; len(env) != 3 || env[2].Name != "PGCONNECT_TIMEOUT" {
-		t.Errorf("env %+v, want REAPER_DSN, TMPDIR and the extra PGCONNECT_TIMEOUT", env)
+	if env := c.Env; len(env) != 4 || env[3].Name != "PGCONNECT_TIMEOUT" {
+		t.Errorf("env %+v, want REAPER_DSN, TMPDIR, REAPER_TELEMETRY_HOST and the extra PGCONNECT_TIMEOUT", env)
 	}
 	if got := c.Resources.Limits.Memory().String(); got != "1Gi" {
 		t.Errorf("memory limit %s", got)
@@ -290,6 +292,9 @@ func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
 	}
 	if len(rules) != 1 || rules[0].Resources[0] != "pods" {
 		t.Errorf("rules %+v, want the pods rule alone", rules)
+	}
+	if strings.Contains(kinds(objs), "Lease/") {
+		t.Errorf("a Lease rendered for leader \"postgres\": %s", kinds(objs))
 	}
 }
 
@@ -479,9 +484,10 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	if len(wantCluster) == 0 {
 		t.Fatal("no ClusterRole in deploy/kube/rbac.yaml")
 	}
+	// The manifest's Lease is named reaperd.
 	for _, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}} {
 		var got, gotCluster []rbacv1.PolicyRule
-		for _, o := range render(t, "reaper-system", args...) {
+		for _, o := range render(t, "reaper-system", append(args, "--set", "config.leader.name=reaperd")...) {
 			switch o.GetKind() {
 			case "Role":
 				got = append(got, convert[rbacv1.Role](t, o).Rules...)
@@ -537,6 +543,7 @@ func checkPodHardening(t *testing.T, pod corev1.PodSpec) {
 		sc.Capabilities == nil || !reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 		t.Errorf("container securityContext %+v: want a read-only root, no escalation, no capabilities", sc)
 	}
+	checkTelemetryOnThePodIP(t, pod.Containers[0])
 	// The read-only root needs one writable directory: TMPDIR (go-plugin's
 	// sockets) on the state volume.
 	var tmpdir string
@@ -592,4 +599,19 @@ func checkProbes(t *testing.T, c corev1.Container, port int32) {
 	if l != nil && time.Duration(l.PeriodSeconds*l.FailureThreshold)*time.Second < 2*time.Minute {
 		t.Errorf("liveness gives up after %ds: want at least two minutes", l.PeriodSeconds*l.FailureThreshold)
 	}
+}
+
+// checkTelemetryOnThePodIP: reaperd is told the pod's IP (downward API), so
+// telemetry is not served on every interface.
+func checkTelemetryOnThePodIP(t *testing.T, c corev1.Container) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == "REAPER_TELEMETRY_HOST" {
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+				t.Errorf("REAPER_TELEMETRY_HOST = %+v, want the downward API's status.podIP", e)
+			}
+			return
+		}
+	}
+	t.Errorf("no REAPER_TELEMETRY_HOST in %+v: telemetry would listen on every interface", c.Env)
 }

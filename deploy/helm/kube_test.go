@@ -9,6 +9,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -100,7 +101,7 @@ func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
 
 // access is one call the ServiceAccount might make.
 type access struct {
-	ns, verb, group, resource, sub string
+	ns, verb, group, resource, sub, name string
 }
 
 func (a access) String() string {
@@ -110,6 +111,9 @@ func (a access) String() string {
 	}
 	if a.sub != "" {
 		r += "/" + a.sub
+	}
+	if a.name != "" {
+		r += " " + a.name
 	}
 	return fmt.Sprintf("%s %s in %q", a.verb, r, a.ns)
 }
@@ -121,7 +125,7 @@ func allowed(ctx context.Context, t *testing.T, cs kubernetes.Interface, user, s
 		User:   user,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNS, "system:authenticated"},
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: a.ns, Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.sub,
+			Namespace: a.ns, Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.sub, Name: a.name,
 		},
 	}}
 	got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
@@ -170,14 +174,19 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			for _, v := range []string{"get", "list", "watch", "patch", "delete"} {
 				allow = append(allow, access{ns: tasks, verb: v, resource: "pods"})
 			}
-			for _, v := range []string{"get", "create", "update"} {
-				lease := access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases"}
+			// The Lease by name, get and update: the chart makes it, since
+			// no rule can hold a create to one name.
+			for _, v := range []string{"get", "update"} {
+				lease := access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases", name: "reaper"}
 				if layout.postgres {
 					deny = append(deny, lease) // the lease is the board's row
 				} else {
 					allow = append(allow, lease)
 				}
+				deny = append(deny, access{ns: release, verb: v, group: "coordination.k8s.io", resource: "leases", name: "another"})
 			}
+			deny = append(deny, access{ns: release, verb: "create", group: "coordination.k8s.io", resource: "leases"},
+				access{ns: release, verb: "create", group: "coordination.k8s.io", resource: "leases", name: "reaper"})
 			// The one cluster-wide grant: the node of a pod that hints at a
 			// lost node, read one at a time (pod_lost_node_unreachable).
 			allow = append(allow, access{ns: "", verb: "get", resource: "nodes"})
@@ -216,7 +225,7 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			if split {
 				deny = append(deny,
 					access{ns: release, verb: "list", resource: "pods"},
-					access{ns: tasks, verb: "update", group: "coordination.k8s.io", resource: "leases"})
+					access{ns: tasks, verb: "update", group: "coordination.k8s.io", resource: "leases", name: "reaper"})
 			}
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -301,4 +310,74 @@ func TestChartInstallsUpgradesAndRollsBackWithHelm(t *testing.T) {
 	if _, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{}); err == nil {
 		t.Errorf("the ConfigMap outlived helm uninstall")
 	}
+}
+
+// TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly: the
+// chart's NetworkPolicy selects reaperd's pods and lets in, on the
+// telemetry port, the pods of the monitoring namespace, and on the attempt
+// API's port (when it is served) the task pods and warm workers of the
+// task namespace, by their labels; egress is not restricted. The real API
+// server accepts it as rendered.
+func TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly(t *testing.T) {
+	c := kubetest.Current(t)
+	release, tasks := c.NewNamespace(t), c.NewNamespace(t)
+	objs := render(t, release, append(attemptAPISecrets, "--set", "config.runner.enabled=true",
+		"--set", "config.runner.kube.image=task:1", "--set", "config.kube.namespace="+tasks)...)
+	apply(t, c, objs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	np, err := c.Client(t).NetworkingV1().NetworkPolicies(release).Get(ctx, "reaper", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the API server has no NetworkPolicy: %v", err)
+	}
+	dep := find(t, objs, "Deployment", "reaper")
+	podLabels, _, _ := unstructured.NestedStringMap(dep.Object, "spec", "template", "metadata", "labels")
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || !sel.Matches(labels.Set(podLabels)) {
+		t.Fatalf("the policy's podSelector %v does not select reaperd's pods %v (%v)", np.Spec.PodSelector, podLabels, err)
+	}
+	if len(np.Spec.PolicyTypes) != 1 || np.Spec.PolicyTypes[0] != "Ingress" {
+		t.Errorf("policyTypes %v, want Ingress only (egress left open)", np.Spec.PolicyTypes)
+	}
+	rules := map[string][]string{} // port -> peers, as words
+	for _, r := range np.Spec.Ingress {
+		if len(r.Ports) != 1 || r.Ports[0].Port == nil {
+			t.Fatalf("ingress rule %+v: want one named port", r)
+		}
+		var peers []string
+		for _, p := range r.From {
+			if p.IPBlock != nil {
+				t.Errorf("an ipBlock peer on %s: %+v", r.Ports[0].Port, p.IPBlock)
+			}
+			word := "ns=" + p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"]
+			if p.PodSelector != nil {
+				for _, e := range p.PodSelector.MatchExpressions {
+					word += " " + e.Key + " " + string(e.Operator)
+				}
+			}
+			peers = append(peers, word)
+		}
+		rules[r.Ports[0].Port.String()] = peers
+	}
+	want := map[string][]string{
+		"metrics":     {"ns=monitoring"},
+		"attempt-api": {"ns=" + tasks + " leoflow.io/run-id Exists", "ns=" + tasks + " leoflow.io/warm-pool Exists"},
+	}
+	if fmt.Sprint(rules) != fmt.Sprint(want) {
+		t.Errorf("ingress\n got %v\nwant %v", rules, want)
+	}
+	// Without the attempt API only telemetry is let in; with another
+	// monitoring namespace, that one.
+	off := convertNP(t, find(t, render(t, "ns", "--set", "networkPolicy.telemetryNamespace=observability"), "NetworkPolicy", "reaper"))
+	if len(off.Spec.Ingress) != 1 || off.Spec.Ingress[0].From[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "observability" {
+		t.Errorf("attempt API off: ingress %+v, want telemetry from observability alone", off.Spec.Ingress)
+	}
+	if strings.Contains(kinds(render(t, "ns", "--set", "networkPolicy.enabled=false")), "NetworkPolicy/") {
+		t.Errorf("a NetworkPolicy rendered while disabled")
+	}
+}
+
+func convertNP(t *testing.T, o *unstructured.Unstructured) *networkingv1.NetworkPolicy {
+	t.Helper()
+	return convert[networkingv1.NetworkPolicy](t, o)
 }

@@ -25,7 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/runas"
+	"github.com/dexaflow/reaper/internal/secretfile"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -33,6 +35,11 @@ import (
 
 // EnvDSN overrides store.dsn when set.
 const EnvDSN = "REAPER_DSN"
+
+// EnvTelemetryHost, when set, replaces the host of telemetry.listen (the
+// port stays): the chart sets it to the pod's IP from the downward API, so
+// telemetry is served on the pod's address rather than on every interface.
+const EnvTelemetryHost = "REAPER_TELEMETRY_HOST"
 
 // Leader elector kinds.
 const (
@@ -116,6 +123,13 @@ type Leader struct {
 // Telemetry is the telemetry block.
 type Telemetry struct {
 	Listen string // host:port serving /metrics and /monitor/health
+	// Loopback is a second address served when EnvTelemetryHost moved
+	// Listen to the pod's IP: 127.0.0.1 on the same port, which only the
+	// pod itself reaches (kubectl port-forward dials it there). "": none.
+	Loopback string
+	// Limits bound the server's connections: read_header_timeout,
+	// read_timeout, write_timeout, idle_timeout, max_connections.
+	Limits httplimit.Limits
 }
 
 // AttemptAPI is the attempt_api block: where every replica serves the
@@ -134,6 +148,8 @@ type AttemptAPI struct {
 	// StateDir holds what reaperd generates (signing key, loopback
 	// certificate). Default: $TMPDIR/dexaflow-attempt-api-<uid>.
 	StateDir string
+	// Limits bound the server's connections (the keys of Telemetry.Limits).
+	Limits httplimit.Limits
 }
 
 // DefaultAttemptAPIStateDir is the default attempt_api.state_dir.
@@ -307,8 +323,8 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		Path:       path,
 		Leader:     Leader{Kind: LeaderPostgres, Lease: DefaultLease},
 		Ladder:     ladder.Defaults(),
-		Telemetry:  Telemetry{Listen: DefaultTelemetryAddr},
-		AttemptAPI: AttemptAPI{Listen: DefaultAttemptAPI, StateDir: DefaultAttemptAPIStateDir()},
+		Telemetry:  Telemetry{Listen: DefaultTelemetryAddr, Limits: httplimit.DefaultTelemetry()},
+		AttemptAPI: AttemptAPI{Listen: DefaultAttemptAPI, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI()},
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
 
@@ -318,6 +334,8 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 	if env := getenv(EnvDSN); env != "" {
 		cfg.StoreDSN = env
 	}
+	diags = append(diags, cfg.telemetryHost(getenv(EnvTelemetryHost))...)
+	diags = append(diags, cfg.checkKeyFiles()...)
 	diags = append(diags, cfg.validateLadder()...)
 	diags = append(diags, cfg.validateWorkerCeiling()...)
 	return cfg, diags
@@ -429,7 +447,7 @@ var (
 		{Name: "log_dir", Type: sdk.TypeString},
 		{Name: "run_as", Type: sdk.TypeString},
 	}}
-	attemptAPISchema = sdk.Schema{Attributes: []sdk.Attribute{
+	attemptAPISchema = sdk.Schema{Attributes: append([]sdk.Attribute{
 		{Name: "listen", Type: sdk.TypeString, Default: DefaultAttemptAPI},
 		{Name: "advertise", Type: sdk.TypeString},
 		{Name: "tls_cert", Type: sdk.TypeString},
@@ -437,10 +455,19 @@ var (
 		{Name: "tls_ca", Type: sdk.TypeString},
 		{Name: "signing_key_file", Type: sdk.TypeString},
 		{Name: "state_dir", Type: sdk.TypeString},
-	}}
-	telemetrySchema = sdk.Schema{Attributes: []sdk.Attribute{
+	}, serverLimitAttrs...)}
+	telemetrySchema = sdk.Schema{Attributes: append([]sdk.Attribute{
 		{Name: "listen", Type: sdk.TypeString, Default: DefaultTelemetryAddr},
-	}}
+	}, serverLimitAttrs...)}
+	// serverLimitAttrs are the keys bounding an HTTP server's connections,
+	// in the telemetry and attempt_api blocks alike.
+	serverLimitAttrs = []sdk.Attribute{
+		{Name: "read_header_timeout", Type: sdk.TypeDuration},
+		{Name: "read_timeout", Type: sdk.TypeDuration},
+		{Name: "write_timeout", Type: sdk.TypeDuration},
+		{Name: "idle_timeout", Type: sdk.TypeDuration},
+		{Name: "max_connections", Type: sdk.TypeNumber},
+	}
 )
 
 // decode fills cfg from the file's content and returns every problem found.
@@ -522,9 +549,15 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			if !once(b) {
 				continue
 			}
-			v, _, d := DecodeBlock(b.Body, telemetrySchema)
+			v, r, d := DecodeBlock(b.Body, telemetrySchema)
 			diags = append(diags, d...)
 			cfg.Telemetry.Listen = v.String("listen")
+			if rr, ok := r["listen"]; ok {
+				cfg.ranges["telemetry.listen"] = rr
+			}
+			var ld hcl.Diagnostics
+			cfg.Telemetry.Limits, ld = decodeLimits(b, v, r, httplimit.DefaultTelemetry())
+			diags = append(diags, ld...)
 		case "runner":
 			if !once(b) {
 				continue
@@ -694,6 +727,14 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 		TLSCA: cfg.relative(v.String("tls_ca")), SigningKeyFile: cfg.relative(v.String("signing_key_file")),
 		StateDir: cfg.relative(v.String("state_dir")),
 	}
+	for _, k := range []string{"tls_cert", "tls_key", "tls_ca", "signing_key_file"} {
+		if rr, ok := ranges[k]; ok {
+			cfg.ranges["attempt_api."+k] = rr
+		}
+	}
+	var ld hcl.Diagnostics
+	api.Limits, ld = decodeLimits(b, v, ranges, httplimit.DefaultAttemptAPI())
+	diags = append(diags, ld...)
 	if api.StateDir == "" {
 		api.StateDir = DefaultAttemptAPIStateDir()
 	}
@@ -722,6 +763,99 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 			Detail:  fmt.Sprintf("listen %q is not a loopback address: give tls_cert and tls_key (the generated certificate is for loopback use only).", api.Listen)})
 	}
 	cfg.AttemptAPI = api
+	return diags
+}
+
+// decodeLimits reads a server block's connection bounds over defaults and
+// refuses, at the key, a bound that is not positive.
+func decodeLimits(b *hcl.Block, v sdk.Values, ranges map[string]hcl.Range, defaults httplimit.Limits) (httplimit.Limits, hcl.Diagnostics) {
+	l := defaults
+	for _, f := range []struct {
+		key string
+		dst *time.Duration
+	}{
+		{"read_header_timeout", &l.ReadHeaderTimeout}, {"read_timeout", &l.ReadTimeout},
+		{"write_timeout", &l.WriteTimeout}, {"idle_timeout", &l.IdleTimeout},
+	} {
+		if _, ok := ranges[f.key]; ok {
+			*f.dst, _ = v.Duration(f.key)
+		}
+	}
+	var diags hcl.Diagnostics
+	if rr, ok := ranges["max_connections"]; ok {
+		n := v.Number("max_connections")
+		if n < 1 || n != float64(int(n)) {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
+				Summary: `Invalid value for "max_connections"`, Detail: "max_connections must be a whole number, 1 or more."})
+			return l, diags
+		}
+		l.MaxConns = int(n)
+	}
+	if err := l.Validate(); err != nil {
+		r := b.DefRange
+		for _, k := range []string{"read_header_timeout", "read_timeout", "write_timeout", "idle_timeout"} {
+			if rr, ok := ranges[k]; ok && strings.HasPrefix(err.Error(), k) {
+				r = rr
+			}
+		}
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: fmt.Sprintf("Invalid %s limits", b.Type), Detail: err.Error() + "."})
+	}
+	return l, diags
+}
+
+// telemetryHost puts host (EnvTelemetryHost) in place of telemetry.listen's
+// host, and keeps loopback on the same port (see Telemetry.Loopback); ""
+// leaves the address as configured.
+func (cfg *Config) telemetryHost(host string) hcl.Diagnostics {
+	if host == "" {
+		return nil
+	}
+	r := cfg.rangeOf([]string{"telemetry.listen"})
+	_, port, err := net.SplitHostPort(cfg.Telemetry.Listen)
+	if err == nil && net.ParseIP(host) == nil {
+		err = fmt.Errorf("%s=%q is not an IP address", EnvTelemetryHost, host)
+	}
+	if err != nil {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Invalid telemetry address", Detail: err.Error() + "."}}
+	}
+	cfg.Telemetry.Listen = net.JoinHostPort(host, port)
+	if ip := net.ParseIP(host); !ip.IsLoopback() {
+		cfg.Telemetry.Loopback = net.JoinHostPort("127.0.0.1", port)
+	}
+	return nil
+}
+
+// checkKeyFiles refuses, at its key, a private key file that others may
+// read or write (the attempt API's tls_key and signing_key_file), and
+// warns of a certificate that others may write (tls_cert, tls_ca). Files
+// that do not exist are left to the daemon's load, which names them.
+func (cfg *Config) checkKeyFiles() hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	api := cfg.AttemptAPI
+	for _, k := range []struct{ key, path string }{
+		{"tls_key", api.TLSKey}, {"signing_key_file", api.SigningKeyFile},
+	} {
+		if k.path == "" {
+			continue
+		}
+		if err := secretfile.PrivateKey(k.path); err != nil {
+			r := cfg.rangeOf([]string{"attempt_api." + k.key})
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+				Summary: fmt.Sprintf("Invalid value for %q", k.key), Detail: err.Error() + "."})
+		}
+	}
+	for _, k := range []struct{ key, path string }{{"tls_cert", api.TLSCert}, {"tls_ca", api.TLSCA}} {
+		if k.path == "" {
+			continue
+		}
+		if w := secretfile.Certificate(k.path); w != "" {
+			r := cfg.rangeOf([]string{"attempt_api." + k.key})
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s:%d:%d: attempt_api.%s: %s",
+				r.Filename, r.Start.Line, r.Start.Column, k.key, w))
+		}
+	}
 	return diags
 }
 
@@ -944,6 +1078,17 @@ func (cfg *Config) validatePodGrace() hcl.Diagnostics {
 		return nil
 	}
 	l, grace := cfg.Ladder, cfg.Runner.Kube.TerminationGrace
+	r := *cfg.Runner.Kube.graceRange
+	if twice := 2 * l.MaintenanceInterval; twice < 0 || grace > math.MaxInt64-twice {
+		// The ladder has refused an interval whose double overflows.
+		if twice < 0 {
+			return nil
+		}
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Timing ladder out of order",
+			Detail: fmt.Sprintf("runner.kube.termination_grace + 2 x maintenance.interval overflows a duration: "+
+				"runner.kube.termination_grace (%s) is too large.", ladder.Format(grace))}}
+	}
 	if floor := grace + 2*l.MaintenanceInterval; floor < l.InfraConfirmValve {
 		return nil
 	}
@@ -951,7 +1096,6 @@ func (cfg *Config) validatePodGrace() hcl.Diagnostics {
 	if r, ok := cfg.ranges["infra_confirm_valve"]; ok {
 		valveAt = fmt.Sprintf("%s:%d", r.Filename, r.Start.Line)
 	}
-	r := *cfg.Runner.Kube.graceRange
 	return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
 		Summary: "Timing ladder out of order",
 		Detail: fmt.Sprintf("infra_confirm_valve (%s, at %s) must be greater than runner.kube.termination_grace (%s, at %s:%d) "+

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/host/config"
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -525,7 +526,7 @@ func TestAttemptAPIBlock(t *testing.T) {
 		}
 		want := config.AttemptAPI{Listen: "10.0.0.5:9465", Advertise: "https://reaper.internal:9465",
 			TLSCert: "/etc/reaper/tls/api.crt", TLSKey: "/etc/reaper/tls/api.key", TLSCA: "/etc/ssl/ca.pem",
-			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state"}
+			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state", Limits: httplimit.DefaultAttemptAPI()}
 		if cfg.AttemptAPI != want {
 			t.Fatalf("attempt_api = %+v\nwant %+v", cfg.AttemptAPI, want)
 		}

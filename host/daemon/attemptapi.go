@@ -89,7 +89,7 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
 	}
 	api.ln, err = attemptapi.Listen(ctx, attemptapi.ListenConfig{
 		Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
-		StateDir: c.StateDir,
+		StateDir: c.StateDir, Limits: c.Limits,
 	})
 	if err != nil {
 		return nil, err

@@ -331,6 +331,14 @@ func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
 	}
 }
 
+// loopback is the telemetry's second address, if it has one.
+func loopback(addr string) []string {
+	if addr == "" {
+		return nil
+	}
+	return []string{addr}
+}
+
 func (d *Daemon) fail(err error) {
 	select {
 	case d.fatal <- err:
@@ -345,7 +353,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	started := d.opts.Clock.Now()
-	_, served, err := telemetry.Serve(ctx, d.cfg.Telemetry.Listen, telemetry.Handler(d.metrics.Registry, telemetry.HealthSource{
+	_, served, err := telemetry.Serve(ctx, d.cfg.Telemetry.Listen, d.cfg.Telemetry.Limits, telemetry.Handler(d.metrics.Registry, telemetry.HealthSource{
 		Ping:     d.pool.Ping,
 		LastTick: d.loop.LastTick,
 		Leader: func(now time.Time) (bool, int64) {
@@ -353,7 +361,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return st.Leading, st.Term
 		},
 		Interval: d.cfg.Ladder.MaintenanceInterval, Started: started, Clock: d.opts.Clock,
-	}), d.log.Named("telemetry"))
+		Logger: d.log.Named("health"),
+	}), d.log.Named("telemetry"), loopback(d.cfg.Telemetry.Loopback)...)
 	if err != nil {
 		return err
 	}

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -34,7 +36,33 @@ type HealthSource struct {
 	// healthy for its first two intervals).
 	Started time.Time
 	Clock   clock.Clock
+	// Logger receives the database's error, which the report never
+	// carries (it names the user, the database and the host); nil: none.
+	Logger hclog.Logger
 }
+
+// Health answers reported to the world.
+const (
+	StatusOK          = "ok"
+	StatusUnhealthy   = "unhealthy"
+	DatabaseReachable = "ok"
+	// DatabaseUnreachable is all the report says of a failed ping: the
+	// error itself goes to the log.
+	DatabaseUnreachable = "unreachable"
+)
+
+const (
+	// HealthCacheFor is how long one answer of the database stands: the
+	// endpoint pings the shared pool at most once per period, however
+	// often it is asked.
+	HealthCacheFor = time.Second
+	// pingTimeout bounds one ping.
+	pingTimeout = 2 * time.Second
+	// unreachableLogEvery is how often, while the database stays
+	// unreachable, its error is logged again (the first failure and the
+	// recovery are logged at once).
+	unreachableLogEvery = time.Minute
+)
 
 // Report is the health endpoint's body.
 type Report struct {
@@ -45,37 +73,79 @@ type Report struct {
 	Term     int64  `json:"term"`
 }
 
+// Health is the health check with its memory: the last database answer
+// (kept HealthCacheFor) and when its error was last logged.
+type Health struct {
+	src HealthSource
+
+	mu       sync.Mutex // held across a ping: concurrent askers share it
+	pingedAt time.Time  // when the cached answer was taken; zero: none
+	dbErr    error      // the cached answer
+	loggedAt time.Time  // when an unreachable database was last logged; zero: reachable
+}
+
+// NewHealth makes the health check of src.
+func NewHealth(src HealthSource) *Health {
+	if src.Logger == nil {
+		src.Logger = hclog.NewNullLogger()
+	}
+	return &Health{src: src}
+}
+
+// database pings the database unless the last answer is younger than
+// HealthCacheFor, and logs a failure (at once, then at most every
+// unreachableLogEvery while it lasts) and a recovery.
+func (h *Health) database(ctx context.Context, now time.Time) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.pingedAt.IsZero() && now.Sub(h.pingedAt) < HealthCacheFor && !now.Before(h.pingedAt) {
+		return h.dbErr
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	err := h.src.Ping(pctx)
+	cancel()
+	h.pingedAt, h.dbErr = now, err
+	switch {
+	case err != nil && (h.loggedAt.IsZero() || now.Sub(h.loggedAt) >= unreachableLogEvery):
+		h.src.Logger.Warn("health: the database is unreachable", "error", err)
+		h.loggedAt = now
+	case err == nil && !h.loggedAt.IsZero():
+		h.src.Logger.Info("health: the database is reachable again")
+		h.loggedAt = time.Time{}
+	}
+	return err
+}
+
 // Check builds the report.
-func (h HealthSource) Check(ctx context.Context) Report {
-	now := h.Clock.Now()
-	r := Report{Status: "ok", Database: "ok", Loop: "ok"}
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if err := h.Ping(pctx); err != nil {
-		r.Status, r.Database = "unhealthy", "unreachable: "+err.Error()
+func (h *Health) Check(ctx context.Context) Report {
+	src := h.src
+	now := src.Clock.Now()
+	r := Report{Status: StatusOK, Database: DatabaseReachable, Loop: "ok"}
+	if err := h.database(ctx, now); err != nil {
+		r.Status, r.Database = StatusUnhealthy, DatabaseUnreachable
 	}
-	last := h.LastTick()
-	ref := last
+	ref := src.LastTick()
 	if ref.IsZero() {
-		ref = h.Started
+		ref = src.Started
 	}
-	if age := now.Sub(ref); age > 2*h.Interval {
-		r.Status, r.Loop = "unhealthy", fmt.Sprintf("stalled: no cycle for %s", age.Truncate(time.Second))
+	if age := now.Sub(ref); age > 2*src.Interval {
+		r.Status, r.Loop = StatusUnhealthy, fmt.Sprintf("stalled: no cycle for %s", age.Truncate(time.Second))
 	}
-	if h.Leader != nil {
-		r.Leading, r.Term = h.Leader(now)
+	if src.Leader != nil {
+		r.Leading, r.Term = src.Leader(now)
 	}
 	return r
 }
 
 // Handler returns the mux serving /metrics and /monitor/health.
-func Handler(reg *prometheus.Registry, health HealthSource) http.Handler {
+func Handler(reg *prometheus.Registry, src HealthSource) http.Handler {
+	health := NewHealth(src)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/monitor/health", func(w http.ResponseWriter, r *http.Request) {
 		rep := health.Check(r.Context())
 		w.Header().Set("Content-Type", "application/json")
-		if rep.Status != "ok" {
+		if rep.Status != StatusOK {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(rep)
@@ -83,21 +153,44 @@ func Handler(reg *prometheus.Registry, health HealthSource) http.Handler {
 	return mux
 }
 
-// Serve listens on addr and serves h until ctx is done. It returns once the
-// listener is bound (or failed to bind); the server stops on ctx.
-func Serve(ctx context.Context, addr string, h http.Handler, logger hclog.Logger) (net.Addr, <-chan error, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("telemetry: listen on %s: %w", addr, err)
+// Serve listens on addr (and on each address of also) and serves h until
+// ctx is done, bounded by limits (timeouts, and a connection cap on each
+// address). It returns addr's bound address once every listener is bound
+// (or one failed to bind); the server stops on ctx.
+func Serve(ctx context.Context, addr string, limits httplimit.Limits, h http.Handler, logger hclog.Logger, also ...string) (net.Addr, <-chan error, error) {
+	if err := limits.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("telemetry: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan error, 1)
-	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
+	var lns []net.Listener
+	for _, a := range append([]string{addr}, also...) {
+		raw, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, ln := range lns {
+				_ = ln.Close()
+			}
+			return nil, nil, fmt.Errorf("telemetry: listen on %s: %w", a, err)
 		}
-		done <- err
+		lns = append(lns, httplimit.Listener(raw, limits.MaxConns))
+	}
+	srv := limits.Server(h)
+	// The server's own complaints (a client cut off, a malformed request)
+	// are a flood's to make: debug level.
+	srv.ErrorLog = logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})
+	done := make(chan error, 1)
+	var wg sync.WaitGroup
+	errs := make([]error, len(lns))
+	for i, ln := range lns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errs[i] = err
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		done <- errors.Join(errs...)
 	}()
 	go func() {
 		<-ctx.Done()
@@ -107,6 +200,8 @@ func Serve(ctx context.Context, addr string, h http.Handler, logger hclog.Logger
 			logger.Warn("telemetry server shutdown", "error", err)
 		}
 	}()
-	logger.Info("telemetry listening", "addr", ln.Addr().String())
-	return ln.Addr(), done, nil
+	for _, ln := range lns {
+		logger.Info("telemetry listening", "addr", ln.Addr().String())
+	}
+	return lns[0].Addr(), done, nil
 }

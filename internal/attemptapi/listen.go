@@ -24,6 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/internal/httplimit"
+	"github.com/dexaflow/reaper/internal/secretfile"
 )
 
 // ListenConfig is where and how the API listens.
@@ -42,6 +44,9 @@ type ListenConfig struct {
 	CAFile string
 	// StateDir holds the generated certificate (loopback-tls.pem).
 	StateDir string
+	// Limits bound the server's connections (timeouts, the cap); the
+	// zero value: httplimit.DefaultAttemptAPI.
+	Limits httplimit.Limits
 }
 
 // Listener is the bound, TLS-wrapped listener and what an agent needs to
@@ -52,6 +57,8 @@ type Listener struct {
 	URL string
 	// CA is the PEM agents trust for URL.
 	CA string
+
+	limits httplimit.Limits
 }
 
 // loopbackCertFile is the generated certificate and key, one PEM file.
@@ -61,6 +68,13 @@ const loopbackCertFile = "loopback-tls.pem"
 // of one machine (Lite) can share one address: an agent whose replica
 // stopped reaches another one on its next connection.
 func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
+	limits := cfg.Limits
+	if limits == (httplimit.Limits{}) {
+		limits = httplimit.DefaultAttemptAPI()
+	}
+	if err := limits.Validate(); err != nil {
+		return nil, fmt.Errorf("attempt api: %w", err)
+	}
 	cert, ca, err := certificate(cfg)
 	if err != nil {
 		return nil, err
@@ -82,8 +96,11 @@ func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
 	if url == "" {
 		url = "https://" + ln.Addr().String()
 	}
-	tl := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-	return &Listener{Listener: tl, URL: url, CA: ca}, nil
+	// The cap counts raw connections, so a handshake in progress holds a
+	// slot too.
+	tl := tls.NewListener(httplimit.Listener(ln, limits.MaxConns),
+		&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits}, nil
 }
 
 // certificate loads the operator's certificate, or the generated loopback
@@ -93,6 +110,9 @@ func certificate(cfg ListenConfig) (tls.Certificate, string, error) {
 		return tls.Certificate{}, "", errors.New("attempt api: tls_cert and tls_key go together")
 	}
 	if cfg.CertFile != "" {
+		if err := secretfile.PrivateKey(cfg.KeyFile); err != nil {
+			return tls.Certificate{}, "", fmt.Errorf("attempt api: %w", err)
+		}
 		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
 		if err != nil {
 			return tls.Certificate{}, "", fmt.Errorf("attempt api: loading the certificate: %w", err)
@@ -185,10 +205,17 @@ func generateLoopback(now time.Time) ([]byte, error) {
 }
 
 // Serve serves h on ln until ctx is done, then shuts down (calls in flight
-// get 5 s). The returned channel receives the server's error once.
+// get 5 s), with the timeouts of ln's limits. The returned channel
+// receives the server's error once.
 func Serve(ctx context.Context, ln *Listener, h http.Handler, log hclog.Logger) <-chan error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	limits := ln.limits
+	if limits == (httplimit.Limits{}) {
+		limits = httplimit.DefaultAttemptAPI()
+	}
+	srv := limits.Server(h)
+	// The server's own complaints (a handshake a scanner never finished,
+	// a client cut off) are a flood's to make: debug level.
+	srv.ErrorLog = log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})
 	done := make(chan error, 1)
 	stopped := make(chan struct{})
 	go func() {

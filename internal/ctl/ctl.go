@@ -147,6 +147,14 @@ Exit status: 0 done; 1 failed (board unreachable, unknown run or task, ...);
 // Run runs one reaperctl command line (args without the program name) and
 // returns its exit status.
 func (c CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	// Every printer writes through inert: nothing an agent, a task or a
+	// plugin wrote reaches the terminal as a control sequence.
+	out, errOut := newInertWriter(stdout), newInertWriter(stderr)
+	defer func() { _ = out.Flush(); _ = errOut.Flush() }()
+	return c.run(ctx, args, out, errOut)
+}
+
+func (c CLI) run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "reaperctl: no command (see reaperctl help)")
 		return exitUsage

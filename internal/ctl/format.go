@@ -112,7 +112,18 @@ func newTable(w io.Writer, header ...string) *table {
 	return t
 }
 
+// row writes one line of cells. A tab or a line break inside a cell (text
+// someone else wrote) would shift the columns or start a line of its own:
+// each becomes a space.
 func (t *table) row(cells ...string) {
+	for i, c := range cells {
+		cells[i] = strings.Map(func(r rune) rune {
+			if r == '\t' || r == '\n' || r == '\r' {
+				return ' '
+			}
+			return r
+		}, c)
+	}
 	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
 }
 

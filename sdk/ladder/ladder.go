@@ -9,6 +9,7 @@ package ladder
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -104,6 +105,9 @@ func Format(d time.Duration) string {
 	return d.String()
 }
 
+// maxDuration is the longest duration, as the configuration writes it.
+const maxDuration = "2562047h47m"
+
 // Violation is one broken rule of the ladder.
 type Violation struct {
 	Keys []string // the keys involved, the offending one first
@@ -147,6 +151,34 @@ func (l Ladder) Validate(edition string) ([]Warning, error) {
 			vs = append(vs, Violation{Keys: []string{key}, Rule: fmt.Sprintf("%s (%s) must be positive", key, Format(d))})
 		}
 	}
+	// Every sum and multiple of thresholds the rules below, and the
+	// reapers, compute must fit a time.Duration: an overflow wraps to a
+	// negative duration and would pass a rule it breaks. A key whose
+	// arithmetic overflows is refused before any rule reads it.
+	overflows := false
+	fits := func(what string, keys []string, terms ...time.Duration) {
+		var sum time.Duration
+		for _, d := range terms {
+			if d > 0 && sum > math.MaxInt64-d || d < 0 && sum < math.MinInt64-d {
+				vs = append(vs, Violation{Keys: keys,
+					Rule: fmt.Sprintf("%s overflows a duration (at most %s): %s is too large", what, maxDuration, keys[0])})
+				overflows = true
+				return
+			}
+			sum += d
+		}
+	}
+	fits("2 x maintenance.interval", []string{"maintenance.interval"}, l.MaintenanceInterval, l.MaintenanceInterval)
+	fits("task_termination_grace + 2 x maintenance.interval", []string{"task_termination_grace", "maintenance.interval"},
+		l.TaskTerminationGrace, l.MaintenanceInterval, l.MaintenanceInterval)
+	fits("the settling valve, 2 x settling_grace", []string{"settling_grace"}, l.SettlingGrace, l.SettlingGrace)
+	fits("2 x heartbeat", []string{"heartbeat"}, l.Heartbeat, l.Heartbeat)
+	fits("auth.max_attempt_credential_lifetime + attempt_token_ttl",
+		[]string{"auth.max_attempt_credential_lifetime", "attempt_token_ttl"}, l.CredentialCeiling, l.AttemptTokenTTL)
+	if overflows {
+		return nil, &Error{Violations: vs}
+	}
+
 	positive("heartbeat", l.Heartbeat)
 	positive("maintenance.interval", l.MaintenanceInterval)
 	positive("dispatch_lost", l.DispatchLost)

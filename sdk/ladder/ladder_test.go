@@ -2,6 +2,8 @@ package ladder_test
 
 import (
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +96,34 @@ func TestKubeOnlyRungsSkippedOnLite(t *testing.T) {
 			var lerr *ladder.Error
 			if !errors.As(err, &lerr) || len(lerr.Violations) == 0 || lerr.Violations[0].Keys[0] != tc.key {
 				t.Fatalf("kube: err = %v, want a violation naming %q first", err, tc.key)
+			}
+		})
+	}
+}
+
+// TestArithmeticThatOverflowsIsRefused: a threshold whose double, or whose
+// sum with another, passes the largest duration wraps negative and would
+// slip past the rule it breaks; Validate names it instead.
+func TestArithmeticThatOverflowsIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*ladder.Ladder)
+		key  string
+	}{
+		{"TwiceTheInterval", func(l *ladder.Ladder) { l.MaintenanceInterval = 1_500_000 * time.Hour }, "maintenance.interval"},
+		{"TheSettlingValve", func(l *ladder.Ladder) {
+			l.SettlingGrace, l.AttemptTokenTTL, l.CredentialCeiling = 1_500_000*time.Hour, 1_600_000*time.Hour, 0
+		}, "settling_grace"},
+		{"TwiceTheHeartbeat", func(l *ladder.Ladder) { l.Heartbeat = 1_500_000 * time.Hour }, "heartbeat"},
+		{"CeilingPlusTTL", func(l *ladder.Ladder) { l.CredentialCeiling = math.MaxInt64 - time.Minute }, "auth.max_attempt_credential_lifetime"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := ladder.Defaults()
+			tc.set(&l)
+			_, err := l.Validate(ladder.EditionKube)
+			var lerr *ladder.Error
+			if !errors.As(err, &lerr) || lerr.Violations[0].Keys[0] != tc.key || !strings.Contains(err.Error(), "overflows") {
+				t.Fatalf("err = %v, want an overflow naming %s", err, tc.key)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	authv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -193,20 +194,53 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			t.Fatalf("delete as the Role's user: %+v", out)
 		}
 	})
-	t.Run("TheLeaseAllowed", func(t *testing.T) {
+	// The Lease rule names its Lease and grants no create (no rule can hold
+	// a create to one name): the manifest makes the Lease, reaperd takes it
+	// with get and update, and any other Lease is out of reach.
+	t.Run("TheLeaseAllowedByName", func(t *testing.T) {
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "reaperd"}}
+		if _, err := e.cs.CoordinationV1().Leases(e.ns).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err) // as the manifest's Lease object does
+		}
 		l, err := kubelease.New(kubelease.Config{Namespace: e.ns, Name: "reaperd", Client: e.c.ClientFor(t, kubetest.Alice)}, &countingTerms{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		now := time.Now()
 		if _, ok, err := l.TryAcquire(ctx, "alice-1", 15*time.Second, now); err != nil || !ok {
-			t.Fatalf("acquire (get, create): %v, %v", ok, err)
+			t.Fatalf("acquire (get, update): %v, %v", ok, err)
 		}
 		if ok, err := l.Renew(ctx, 1, "alice-1", 15*time.Second, now.Add(time.Second)); err != nil || !ok {
 			t.Fatalf("renew (get, update): %v, %v", ok, err)
 		}
 		if err := l.Resign(ctx, 1, "alice-1"); err != nil {
 			t.Fatalf("release (get, update): %v", err)
+		}
+	})
+	t.Run("AnotherLeaseDenied", func(t *testing.T) {
+		other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "someone-else"}}
+		if _, err := e.cs.CoordinationV1().Leases(e.ns).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		alice := e.c.ClientFor(t, kubetest.Alice).CoordinationV1().Leases(e.ns)
+		if _, err := alice.Get(ctx, "someone-else", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("get another Lease: %v, want Forbidden", err)
+		}
+		if _, err := alice.Update(ctx, other, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("update another Lease: %v, want Forbidden", err)
+		}
+		fresh := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "new-lease"}}
+		if _, err := alice.Create(ctx, fresh, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("create a Lease: %v, want Forbidden", err)
+		}
+		// Without its Lease, reaperd's elector is refused, not granted a
+		// create: the acquisition fails and it leads nothing.
+		l, err := kubelease.New(kubelease.Config{Namespace: e.ns, Name: "missing", Client: e.c.ClientFor(t, kubetest.Alice)}, &countingTerms{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := l.TryAcquire(ctx, "alice-1", 15*time.Second, time.Now()); ok || !apierrors.IsForbidden(err) {
+			t.Errorf("acquire a Lease the manifest did not make: ok=%v, %v; want a forbidden error", ok, err)
 		}
 	})
 	t.Run("CallsOutsideTheRoleDenied", func(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/ownerdir"
+	"github.com/dexaflow/reaper/internal/secretfile"
 )
 
 // A key file is HCL: one current block (the key new tokens are signed with)
@@ -46,7 +47,11 @@ var keyFileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 var keyBlockSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "secret", Required: true}}}
 
 // Load reads a key file into a keyring.
+// A file that others may read or write is refused (secretfile.PrivateKey).
 func Load(path string) (*attempttoken.Keyring, error) {
+	if err := secretfile.PrivateKey(path); err != nil {
+		return nil, err
+	}
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the attempt signing key file: %w", err)
