@@ -110,3 +110,15 @@ func IsUnavailable(err error) bool {
 	}
 	return false
 }
+
+// IsReplyTooLarge reports whether err says a message was refused for its
+// size (the host's cap on a plugin's replies, or the receiving side's on a
+// request).
+func IsReplyTooLarge(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if s, ok := status.FromError(e); ok && s.Code() == codes.ResourceExhausted {
+			return true
+		}
+	}
+	return false
+}
