@@ -93,7 +93,7 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		return sdk.PassResult{State: make([]byte, 8<<20)}, nil
 	case "env":
 		// The plugin's whole environment, as its pass's state.
-		return sdk.PassResult{State: []byte(strings.Join(os.Environ(), "\n"))}, nil
+		return sdk.PassResult{State: []byte(strings.Join(os.Environ(), "\x00"))}, nil
 	}
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
