@@ -62,6 +62,25 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 	})
 }
 
+// A reply larger than the host takes (the world's loader keeps the default
+// cap; the plugin answers with more) is refused unread: the cycle records
+// plugin_reply_too_large and goes on, and so does the next one.
+func TestOversizedReplyIsADecisionAndTheLoopGoesOn(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "big_reply", nil)
+	for cycle := range 2 {
+		res := w.loop.RunOnce(context.Background())
+		found := false
+		for _, d := range res.Decisions {
+			found = found || (d.Label == sdk.LabelPluginReplyTooLarge && d.Reaper == "agentlost")
+		}
+		if !found {
+			t.Fatalf("cycle %d: no %s decision: %+v", cycle, sdk.LabelPluginReplyTooLarge, res.Decisions)
+		}
+	}
+	w.state(t, sdk.StateRunning)
+}
+
 // state asserts the attempt's state on the board.
 func (w *world) state(t *testing.T, want string) {
 	t.Helper()
