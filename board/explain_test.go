@@ -114,7 +114,8 @@ func TestCandidateQueriesUseAnIndex(t *testing.T) {
 			terms, ats = append(terms, b.term), append(ats, base)
 		}
 		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, board.LeaderNameDefault, runs, tasks, tries, epochs,
-			from, hb, noHB, kinds, confirm, hold, reasons, msgs, terms, ats)
+			from, hb, noHB, kinds, confirm, hold, reasons, msgs, terms, ats,
+			sdk.MarkSourceStates(sdk.MarkInfra), sdk.MarkSourceStates(sdk.MarkTask))
 		for _, n := range planNodes(plan) {
 			if n["Node Type"] == "Seq Scan" && n["Relation Name"] == "task_instances" {
 				t.Fatalf("the mark statement scans task_instances:\n%s", plan)

@@ -47,6 +47,11 @@ applied AS (
           -- in one of the states the mark may move it from (from_states is
           -- the mark's list, comma-separated),
       AND ti.state = ANY (string_to_array(r.from_states, ','))
+          -- and one a mark of its kind may come from at all: the board's
+          -- list, never a terminal state, whatever the mark asks,
+      AND ti.state = ANY (CASE r.kind WHEN 'infra' THEN $16::text[] ELSE $17::text[] END)
+          -- on a run that is still running,
+      AND EXISTS (SELECT 1 FROM runs WHERE runs.run_id = ti.run_id AND runs.state = 'running')
           -- it has not heartbeated since the reaper's threshold,
       AND (r.heartbeat_before IS NULL OR ti.last_heartbeat_at IS NULL
            OR ti.last_heartbeat_at < r.heartbeat_before)
@@ -59,8 +64,11 @@ applied AS (
 
 // Mark applies a batch of guarded marks in one statement (one round trip).
 // Each mark applies only while its row holds exactly its attempt, in one of
-// its FromStates, with its heartbeat guard satisfied, and while its Term is
-// the leader row's term with a lease not expired at its At. A mark that does
+// its FromStates, with its heartbeat guard satisfied, on a running run
+// (else NoopRunFinished), and while its Term is the leader row's term with
+// a lease not expired at its At. A mark that names a source state its kind
+// may not come from (sdk.MarkSourceStates) is refused whole, whatever its
+// row holds: NoopSourceRefused. A mark that does
 // not apply writes nothing and is reported with its reason; that is never an
 // error. An error means the batch itself was malformed or the database could
 // not be asked, and then nothing was written.
@@ -83,14 +91,17 @@ func (s *Store) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, e
 		if err := validateMark(m); err != nil {
 			return nil, fmt.Errorf("board: mark %s: %w", m.Attempt, err)
 		}
-		fromStates[i] = strings.Join(m.FromStates, ",")
+		if !m.SourceRefused() { // a refused mark matches no row
+			fromStates[i] = strings.Join(m.FromStates, ",")
+		}
 		hbBefore[i] = pgtype.Timestamptz{Time: m.HeartbeatBefore, Valid: !m.HeartbeatBefore.IsZero()}
 		noHeartbeat[i], confirm[i], hold[i] = m.RequireNoHeartbeat, m.Confirm, m.Hold
 		kinds[i], reasons[i], messages[i] = string(m.Kind), m.Reason, m.Message
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, markSQL, runIDs, taskIDs, tries, epochs,
-		fromStates, hbBefore, noHeartbeat, kinds, confirm, hold, reasons, messages, b.terms, b.ats)
+		fromStates, hbBefore, noHeartbeat, kinds, confirm, hold, reasons, messages, b.terms, b.ats,
+		sdk.MarkSourceStates(sdk.MarkInfra), sdk.MarkSourceStates(sdk.MarkTask))
 }
 
 func validateMark(m sdk.Mark) error {

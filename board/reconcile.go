@@ -177,8 +177,10 @@ applied AS (
           -- (a pod that names its task only by the lossy label: and still
           -- records that pod as the attempt's own),
       AND (NOT r.lossy_pod OR ti.pod_uid = r.pod_uid)
-          -- in one of the states the settlement may move it from,
+          -- in one of the states the settlement may move it from, and one
+          -- a settlement may come from at all (never a terminal state),
       AND ti.state = ANY (string_to_array(r.from_states, ','))
+      AND ti.state = ANY ($16::text[])
           -- on a run that is still running,
       AND runs.run_id = ti.run_id AND runs.state = 'running'
           -- and the sweep's term still leads.
@@ -192,7 +194,8 @@ applied AS (
 // failure confirmed at once (a disrupted pod, a start the control plane
 // never answered). A settlement applies only while the row holds exactly
 // its attempt in one of its FromStates, on a running run (else
-// NoopRunFinished), under the current term.
+// NoopRunFinished), under the current term; one that names a source state
+// outside sdk.SettleSourceStates is refused whole (NoopSourceRefused).
 //
 // A settlement read from a pod that names its task only by the lossy label
 // (LossyPod) is first resolved to the task instance of its run that records
@@ -311,13 +314,15 @@ func (s *Store) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 		if err := validateSettlement(st); err != nil {
 			return nil, fmt.Errorf("board: settle %s: %w", st.Attempt, err)
 		}
-		fromStates[i] = strings.Join(st.FromStates, ",")
+		if !st.SourceRefused() { // a refused settlement matches no row
+			fromStates[i] = strings.Join(st.FromStates, ",")
+		}
 		toStates[i], kinds[i] = st.Outcome.State(), st.Outcome.FailureKind()
 		reasons[i], messages[i] = st.Reason, st.Message
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
 	return s.runBatch(ctx, b, settleSQL, runIDs, taskIDs, tries, epochs, fromStates, toStates, kinds,
-		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy)
+		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy, sdk.SettleSourceStates())
 }
 
 func settlementFields(st sdk.Settlement) (sdk.Attempt, int64, time.Time) {

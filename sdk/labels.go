@@ -138,6 +138,26 @@ const (
 	// durable-SUCCESS override touches it; the operator's name is in the
 	// evidence.
 	LabelOperatorMark = "operator_mark"
+
+	// The board as a boundary (host/audit): writes a plugin asked for and
+	// the board or the host refused, audited by the host whatever the
+	// plugin records, with what was asked as the evidence.
+
+	// LabelBoardRefusedSourceState: a mark or a settlement named a source
+	// state its kind may not move an attempt from (a terminal state above
+	// all): refused whole, nothing written.
+	LabelBoardRefusedSourceState = "board_refused_source_state"
+	// LabelBoardRefusedRunFinished: a mark named an attempt of a run that
+	// is no longer running: nothing written.
+	LabelBoardRefusedRunFinished = "board_refused_run_finished"
+	// LabelBoardRefusedPassClosed: a write (a mark, a run reap, a try log
+	// line, a reconciler's write) reached the host after its pass was
+	// closed: nothing written.
+	LabelBoardRefusedPassClosed = "board_refused_pass_closed"
+	// LabelPluginReplyTooLarge: a plugin's reply was larger than the host
+	// accepts (plugin_max_reply): refused unread, and the pass or sweep
+	// went on without it.
+	LabelPluginReplyTooLarge = "plugin_reply_too_large"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -165,5 +185,7 @@ func Labels() []string {
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark,
 		LabelReconcileFinalizerLeak,
+		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
+		LabelPluginReplyTooLarge,
 	}
 }

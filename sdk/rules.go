@@ -104,19 +104,83 @@ func ActivityAt(queuedAt, runningAt, heartbeatAt, releasedAt, endedAt, infraMark
 	return last
 }
 
+// MarkSourceStates returns the states a mark of kind may move an attempt
+// from: the board's list, whatever the plugin asks for. Never a terminal
+// state (success, failed, skipped, upstream_failed: an ended attempt is
+// the scheduler's and the operator's, not a reaper's), never none or
+// scheduled (no execution yet to have been lost). An infra mark may come
+// from queued (a dispatch that never landed), running, or a parked state;
+// a task mark blames the task's own code, so only from running or a
+// parked state the task reported itself, never from queued, where no code
+// of the task ran. Nil for an unknown kind.
+func MarkSourceStates(kind MarkKind) []string {
+	switch kind {
+	case MarkInfra:
+		return []string{StateQueued, StateRunning, StateUpForRetry, StateUpForReschedule, StateDeferred}
+	case MarkTask:
+		return []string{StateRunning, StateUpForRetry, StateUpForReschedule, StateDeferred}
+	}
+	return nil
+}
+
+// SettleSourceStates returns the states a settlement may move an attempt
+// from: the attempt was dispatched and had not ended (an attempt whose
+// running report was lost is still queued). Never a terminal state.
+func SettleSourceStates() []string {
+	return []string{StateQueued, StateRunning}
+}
+
+// IsTerminalState reports whether s is a state an attempt has ended in.
+func IsTerminalState(s string) bool {
+	switch s {
+	case StateSuccess, StateFailed, StateSkipped, StateUpstreamFailed:
+		return true
+	}
+	return false
+}
+
+// sourceRefused reports whether from names a state outside allowed. The
+// board refuses such a request whole rather than narrowing it: a plugin
+// that asks to move an attempt from a state it may not is misbehaving, and
+// its request is audited as such, not quietly trimmed.
+func sourceRefused(from, allowed []string) bool {
+	for _, st := range from {
+		if !slices.Contains(allowed, st) {
+			return true
+		}
+	}
+	return false
+}
+
+// SourceRefused reports whether the mark names a source state its kind may
+// not come from (MarkSourceStates): the board refuses it whole, with
+// NoopSourceRefused, whatever the row holds.
+func (m Mark) SourceRefused() bool { return sourceRefused(m.FromStates, MarkSourceStates(m.Kind)) }
+
+// SourceRefused reports whether the settlement names a source state no
+// settlement may come from (SettleSourceStates): refused whole, with
+// NoopSourceRefused.
+func (s Settlement) SourceRefused() bool { return sourceRefused(s.FromStates, SettleSourceStates()) }
+
 // holds reports whether the row still holds exactly attempt a.
 func (r TaskRow) holds(a Attempt) bool {
 	return r.RunID == a.RunID && r.TaskID == a.TaskID && r.Try == a.Try && r.Epoch == a.Epoch
 }
 
 // Refusal says why the mark would not apply to the row ("" when it would):
-// NoopMovedOn when the row holds another try or epoch or a state outside
-// FromStates, NoopHeartbeated when the attempt heartbeated past its guard.
+// NoopSourceRefused when it names a source state its kind may not come
+// from, NoopMovedOn when the row holds another try or epoch or a state
+// outside FromStates, NoopRunFinished when the row's run is no longer
+// running, NoopHeartbeated when the attempt heartbeated past its guard.
 // The term and the row's existence are the board's to check.
 func (m Mark) Refusal(r TaskRow) string {
 	switch {
+	case m.SourceRefused():
+		return NoopSourceRefused
 	case !r.holds(m.Attempt) || !slices.Contains(m.FromStates, r.State):
 		return NoopMovedOn
+	case r.RunState != RunRunning:
+		return NoopRunFinished
 	case m.RequireNoHeartbeat && !r.LastHeartbeatAt.IsZero():
 		return NoopHeartbeated
 	case !m.HeartbeatBefore.IsZero() && !r.LastHeartbeatAt.IsZero() && !r.LastHeartbeatAt.Before(m.HeartbeatBefore):
@@ -153,13 +217,16 @@ func (o Override) Refusal(r TaskRow) string {
 	return ""
 }
 
-// Refusal says why the settlement would not apply to the row: it applies
-// only to exactly its attempt in one of FromStates (for a LossyPod
+// Refusal says why the settlement would not apply to the row: never when
+// it names a source state outside SettleSourceStates (NoopSourceRefused);
+// otherwise it applies only to exactly its attempt in one of FromStates (for a LossyPod
 // settlement, resolved to the task instance that records its pod, and only
 // while it still does), on a run still running (an agent's own report is
 // refused on a finished run the same way).
 func (s Settlement) Refusal(r TaskRow) string {
 	switch {
+	case s.SourceRefused():
+		return NoopSourceRefused
 	case !r.holds(s.Attempt) || !slices.Contains(s.FromStates, r.State):
 		return NoopMovedOn
 	case s.LossyPod && (s.PodUID == "" || r.PodUID != s.PodUID):

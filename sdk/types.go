@@ -219,6 +219,15 @@ const (
 	// labels tie to the attempt, and the attempt records another pod's UID
 	// (or none).
 	NoopPodNotRecorded = "pod_not_recorded"
+	// NoopSourceRefused: the write named a source state its kind may not
+	// move an attempt from (MarkSourceStates, SettleSourceStates): a
+	// terminal state above all. The board refuses it whole, whatever the
+	// row holds, and the host audits the refusal.
+	NoopSourceRefused = "source_refused"
+	// NoopPassClosed: the write reached the host after the pass it belongs
+	// to was closed (its share ran out, or the loop stopped): nothing of it
+	// was written, and the host audits the refusal.
+	NoopPassClosed = "pass_closed"
 )
 
 // MarkResult says whether one mark was applied.

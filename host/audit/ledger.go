@@ -52,6 +52,16 @@ type Ledger struct {
 	settled   []sdk.Settlement
 	confirmed []sdk.Confirm
 	overrides []sdk.Override
+
+	// The refusals of the pass (Refusals): writes the board refused as
+	// no plugin may ask (a source state its kind may not come from, a
+	// mark on a finished run) and writes that came after Close. reaper
+	// names the plugin in their decisions; late takes those made after
+	// Close (nil: they are only refused).
+	reaper   string
+	late     func([]sdk.Decision)
+	refused  []sdk.Decision
+	nRefused int // refusals audited so far, to MaxRefusals
 }
 
 var _ sdk.Board = (*Ledger)(nil)
@@ -110,15 +120,92 @@ func uncovered[W any](covered map[sdk.Attempt]bool, ws []W, about func(W) sdk.At
 	return kept
 }
 
-// begin admits a write, unless the pass is over.
-func (l *Ledger) begin() error {
+// MaxRefusals bounds the refusals one ledger audits one by one: a plugin
+// that floods the board with writes it may not make must not flood the
+// audit too. Past it, refusals are still refused, and one more decision
+// says how many went unaudited.
+const MaxRefusals = 1000
+
+// OnRefusal names the plugin whose pass the ledger serves (its refusals'
+// Reaper) and gives the function that takes the refusals made after Close,
+// when the pass's own flow is over: the host meters, logs and audits them
+// there. Call it before the pass starts.
+func (l *Ledger) OnRefusal(reaper string, late func(ds []sdk.Decision)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return ErrPassOver
+	l.reaper, l.late = reaper, late
+}
+
+// Refusals returns the refusals of the pass so far and forgets them (call
+// it after Close, and record what it returns).
+func (l *Ledger) Refusals() []sdk.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.refused
+	l.refused = nil
+	return out
+}
+
+// refuseLocked notes refusals, up to MaxRefusals (the one past it is a
+// summary), and returns those to hand to late: every one once the pass is
+// closed. l.mu is held.
+func (l *Ledger) refuseLocked(ds []sdk.Decision) (late []sdk.Decision) {
+	for _, d := range ds {
+		l.nRefused++
+		switch {
+		case l.nRefused > MaxRefusals+1:
+			continue
+		case l.nRefused == MaxRefusals+1:
+			d = sdk.Decision{Label: d.Label, Detail: fmt.Sprintf("more than %d refused writes in one pass: "+
+				"the rest are refused without a decision each", MaxRefusals)}
+		}
+		d.Reaper = l.reaper
+		if l.closed {
+			late = append(late, d)
+		} else {
+			l.refused = append(l.refused, d)
+		}
 	}
-	l.wg.Add(1)
-	return nil
+	if l.late == nil {
+		return nil
+	}
+	return late
+}
+
+// begin admits a write, unless the pass is over: then the write is refused
+// (one decision for the call, about its first request's attempt), and the
+// refusal goes to late.
+func (l *Ledger) begin(what string, n int, first sdk.Attempt) error {
+	l.mu.Lock()
+	if !l.closed {
+		l.wg.Add(1)
+		l.mu.Unlock()
+		return nil
+	}
+	late := l.refuseLocked([]sdk.Decision{{Label: sdk.LabelBoardRefusedPassClosed, Attempt: first,
+		Detail:   "a write that reached the host after its pass was closed: nothing written",
+		Evidence: map[string]string{EvWrite: what, EvRequests: strconv.Itoa(n), EvRefusal: sdk.NoopPassClosed}}})
+	fn := l.late
+	l.mu.Unlock()
+	if len(late) > 0 {
+		fn(late)
+	}
+	return ErrPassOver
+}
+
+// refusalOf says whether the board's answer to one request of a write is a
+// refusal the host audits (NoopSourceRefused; for a mark, NoopRunFinished
+// too), and the decision's label.
+func refusalOf(res sdk.MarkResult, mark bool) (string, bool) {
+	switch {
+	case res.Applied:
+		return "", false
+	case res.NoopReason == sdk.NoopSourceRefused:
+		return sdk.LabelBoardRefusedSourceState, true
+	case mark && res.NoopReason == sdk.NoopRunFinished:
+		return sdk.LabelBoardRefusedRunFinished, true
+	}
+	return "", false
 }
 
 // detached is ctx without its cancellation, bounded by writeBound.
@@ -126,11 +213,17 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
 }
 
-// batch makes one batched write through the ledger and adds the requests
-// that applied to *kept.
-func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
+// batch makes one batched write through the ledger, adds the requests
+// that applied to *kept, and notes the refusals among the answers (asked
+// gives a refused request's evidence; mark: the requests are marks).
+func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R, attempt func(R) sdk.Attempt,
+	asked func(R) map[string]string, mark bool,
 	write func(context.Context, []R) ([]sdk.MarkResult, error), kept *[]R) ([]sdk.MarkResult, error) {
-	if err := l.begin(); err != nil {
+	var first sdk.Attempt
+	if len(reqs) > 0 {
+		first = attempt(reqs[0])
+	}
+	if err := l.begin(what, len(reqs), first); err != nil {
 		return nil, fmt.Errorf("%s (%d): %w", what, len(reqs), err)
 	}
 	defer l.wg.Done()
@@ -140,19 +233,62 @@ func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R,
 	if err != nil {
 		return res, err
 	}
+	var refused []sdk.Decision
+	for i, r := range res {
+		if i >= len(reqs) {
+			break
+		}
+		if label, ok := refusalOf(r, mark); ok {
+			ev := asked(reqs[i])
+			ev[EvWrite], ev[EvRefusal] = what, r.NoopReason
+			refused = append(refused, sdk.Decision{Label: label, Attempt: attempt(reqs[i]),
+				Detail: "the board refused a write no plugin may make: nothing written", Evidence: ev})
+		}
+	}
 	l.mu.Lock()
 	for i, r := range res {
 		if r.Applied && i < len(reqs) {
 			*kept = append(*kept, reqs[i])
 		}
 	}
+	// The pass is open (begin admitted the write and Close waits for it).
+	l.refuseLocked(refused)
 	l.mu.Unlock()
 	return res, nil
 }
 
+func markAsked(m sdk.Mark) map[string]string {
+	return map[string]string{EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
+		EvMarkFrom: strings.Join(m.FromStates, ","), EvConfirm: strconv.FormatBool(m.Confirm)}
+}
+
+func settleAsked(s sdk.Settlement) map[string]string {
+	return map[string]string{EvOutcome: string(s.Outcome), EvMarkReason: s.Reason,
+		EvMarkFrom: strings.Join(s.FromStates, ",")}
+}
+
+func noneAsked[R any](R) map[string]string { return map[string]string{} }
+
 // Mark applies the marks and keeps those that applied.
 func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "mark attempts", marks, l.Board.Mark, &l.marks)
+	return batch(ctx, l, "mark attempts", marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt }, markAsked, true,
+		l.Board.Mark, &l.marks)
+}
+
+// AppendLog appends try log lines while the pass is open; after Close it
+// is refused like every other write.
+func (l *Ledger) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
+	var first sdk.Attempt
+	if len(lines) > 0 {
+		first = lines[0].Attempt
+	}
+	if err := l.begin("append try log lines", len(lines), first); err != nil {
+		return fmt.Errorf("append %d try log lines: %w", len(lines), err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	return l.Board.AppendLog(wctx, term, lines)
 }
 
 // Settle settles finished attempts and keeps those settled, each under the
@@ -162,30 +298,33 @@ func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkRes
 	// The ledger's own copy: it is kept under the resolved attempts, never
 	// the caller's.
 	ss = slices.Clone(ss)
-	return batch(ctx, l, "settle attempts", ss, func(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
-		res, err := l.Board.Settle(ctx, ss)
-		for i, r := range res {
-			if i < len(ss) && r.Applied {
-				ss[i].Attempt, ss[i].LossyPod = r.Attempt, false
+	return batch(ctx, l, "settle attempts", ss, func(s sdk.Settlement) sdk.Attempt { return s.Attempt }, settleAsked, false,
+		func(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+			res, err := l.Board.Settle(ctx, ss)
+			for i, r := range res {
+				if i < len(ss) && r.Applied {
+					ss[i].Attempt, ss[i].LossyPod = r.Attempt, false
+				}
 			}
-		}
-		return res, err
-	}, &l.settled)
+			return res, err
+		}, &l.settled)
 }
 
 // ConfirmInfra confirms infra marks and keeps those confirmed.
 func (l *Ledger) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "confirm infra marks", cs, l.Board.ConfirmInfra, &l.confirmed)
+	return batch(ctx, l, "confirm infra marks", cs, func(c sdk.Confirm) sdk.Attempt { return c.Attempt }, noneAsked, false,
+		l.Board.ConfirmInfra, &l.confirmed)
 }
 
 // OverrideInfra overrides infra marks and keeps those overridden.
 func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "override infra marks", overrides, l.Board.OverrideInfra, &l.overrides)
+	return batch(ctx, l, "override infra marks", overrides, func(o sdk.Override) sdk.Attempt { return o.Attempt }, noneAsked, false,
+		l.Board.OverrideInfra, &l.overrides)
 }
 
 // ReapRun reaps the run and keeps the reap if it applied.
 func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
-	if err := l.begin(); err != nil {
+	if err := l.begin("reap a run", 1, sdk.Attempt{RunID: r.RunID}); err != nil {
 		return sdk.RunReapResult{}, fmt.Errorf("reap run %s: %w", r.RunID, err)
 	}
 	defer l.wg.Done()
@@ -219,6 +358,13 @@ const (
 	EvMessage    = "message"
 	EvOutcome    = "outcome"
 	EvTerm       = "term"
+	// The evidence of a refused write: which write, the board's (or the
+	// host's) no-op reason, how many requests the call carried, and
+	// whether a mark asked to be confirmed as made.
+	EvWrite    = "write"
+	EvRefusal  = "refusal"
+	EvRequests = "requests"
+	EvConfirm  = "confirm"
 )
 
 // Unaudited returns a decision for each applied write of the pass that no

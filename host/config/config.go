@@ -58,6 +58,13 @@ const (
 	DefaultPodRunAs = 65532
 	// DefaultWorkerCredentialLifetime is auth.max_worker_credential_lifetime.
 	DefaultWorkerCredentialLifetime = 24 * time.Hour
+	// DefaultPluginMaxReply is plugin_max_reply's default, in bytes.
+	DefaultPluginMaxReply = 8 << 20
+	// MinPluginMaxReply and MaxPluginMaxReply bound plugin_max_reply: below
+	// a mebibyte a mass sweep's reply would not fit; past 256 MiB one reply
+	// could take half of the host's memory.
+	MinPluginMaxReply = 1 << 20
+	MaxPluginMaxReply = 256 << 20
 )
 
 // Config is a parsed, validated configuration file.
@@ -65,7 +72,10 @@ type Config struct {
 	Path      string // the file it was read from
 	Edition   string // "lite" or "kube"
 	PluginDir string // absolute, or relative to the working directory
-	DryRun    bool
+	// PluginMaxReply is the largest message, in bytes, the host accepts
+	// from a plugin (plugin_max_reply, a quantity such as "8Mi").
+	PluginMaxReply int
+	DryRun         bool
 
 	StoreDSN string // store.dsn, or REAPER_DSN when set
 
@@ -365,6 +375,7 @@ var rootSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "edition", Required: true},
 		{Name: "plugin_dir"},
+		{Name: "plugin_max_reply"},
 		{Name: "dry_run"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{
@@ -386,6 +397,7 @@ var (
 	rootAttrs = sdk.Schema{Attributes: []sdk.Attribute{
 		{Name: "edition", Type: sdk.TypeString, Required: true},
 		{Name: "plugin_dir", Type: sdk.TypeString, Default: DefaultPluginDir},
+		{Name: "plugin_max_reply", Type: sdk.TypeString, Default: "8Mi"},
 		{Name: "dry_run", Type: sdk.TypeBool, Default: false},
 	}}
 	storeSchema = sdk.Schema{Attributes: []sdk.Attribute{
@@ -488,6 +500,17 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			Detail:  fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)})
 	}
 	cfg.PluginDir = cfg.relative(cfg.PluginDir)
+	cfg.PluginMaxReply = DefaultPluginMaxReply
+	if a, ok := content.Attributes["plugin_max_reply"]; ok && !d.HasErrors() {
+		n, err := parseMaxReply(top.String("plugin_max_reply"))
+		if err != nil {
+			r := a.Expr.Range()
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+				Summary: `Invalid value for "plugin_max_reply"`, Detail: err.Error()})
+		} else {
+			cfg.PluginMaxReply = n
+		}
+	}
 
 	seen := map[string]*hcl.Block{}
 	once := func(b *hcl.Block) bool {
@@ -1178,4 +1201,18 @@ func (cfg *Config) ReaperNames() []string {
 		out[i] = r.Name
 	}
 	return out
+}
+
+// parseMaxReply reads plugin_max_reply: a quantity of bytes ("8Mi",
+// "16Mi", "4000000") between MinPluginMaxReply and MaxPluginMaxReply.
+func parseMaxReply(v string) (int, error) {
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, fmt.Errorf("plugin_max_reply must be a size in bytes such as \"8Mi\": %v", err)
+	}
+	n, ok := q.AsInt64()
+	if !ok || n < MinPluginMaxReply || n > MaxPluginMaxReply {
+		return 0, fmt.Errorf("plugin_max_reply must be between 1Mi and 256Mi, not %q", v)
+	}
+	return int(n), nil
 }

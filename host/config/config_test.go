@@ -181,6 +181,9 @@ func TestBadFiles(t *testing.T) {
 			[]string{"reaper.hcl:4:12:", "not a loopback address"}},
 		{"AttemptAPICAWithoutCertificate", minimal + "attempt_api {\n  tls_ca = \"ca.pem\"\n}\n", []string{"reaper.hcl:4:12:", "tls_ca"}},
 		{"AttemptAPIUnknownKey", minimal + "attempt_api {\n  port = 1\n}\n", []string{"reaper.hcl:4:3:", `"port"`}},
+		{"PluginMaxReplyNotASize", minimal + "plugin_max_reply = \"lots\"\n", []string{"reaper.hcl:3:20:", "plugin_max_reply"}},
+		{"PluginMaxReplyTooSmall", minimal + "plugin_max_reply = \"64Ki\"\n", []string{"reaper.hcl:3:20:", "between 1Mi and 256Mi"}},
+		{"PluginMaxReplyTooLarge", minimal + "plugin_max_reply = \"2Gi\"\n", []string{"reaper.hcl:3:20:", "between 1Mi and 256Mi"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -354,6 +357,17 @@ func TestSettings(t *testing.T) {
 		}})
 		if diags.HasErrors() || vals.String("policy") != "hold" {
 			t.Fatalf("plugin values = %v, %v", vals, diags)
+		}
+	})
+
+	t.Run("PluginMaxReplyDefaultsAndIsConfigurable", func(t *testing.T) {
+		cfg, err := parse(t, minimal, nil)
+		if err != nil || cfg.PluginMaxReply != config.DefaultPluginMaxReply {
+			t.Fatalf("default plugin_max_reply = %d (err %v)", cfg.PluginMaxReply, err)
+		}
+		cfg, err = parse(t, minimal+"plugin_max_reply = \"16Mi\"\n", nil)
+		if err != nil || cfg.PluginMaxReply != 16<<20 {
+			t.Fatalf("plugin_max_reply = %d (err %v)", cfg.PluginMaxReply, err)
 		}
 	})
 

@@ -264,9 +264,14 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	// only with its result, so a sweep cut off after a write would
 	// otherwise leave the write unaudited.
 	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
+	ledger.OnRefusal("substrate", l.lateRefusals(ctx, term, start, l.cfg.DryRun))
 	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
 	ledger.Close()
+	l.refusals(ctx, term, start, fill(ledger.Refusals(), "substrate", l.cfg.DryRun), res)
+	if plugin.IsReplyTooLarge(err) {
+		l.tooLarge(ctx, term, start, "substrate", l.cfg.DryRun, err, res)
+	}
 	var reported []sdk.Decision
 	if err == nil {
 		reported = sw.Decisions
@@ -370,6 +375,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	// whose decision never arrives is audited all the same.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
 	ledger := audit.NewLedger(l.boardFor(dry))
+	ledger.OnRefusal(r.Name, l.lateRefusals(phase, term, now, dry))
 	sink.Stream(func(ds []sdk.Decision) {
 		ledger.Cover(ds)
 		l.note(term, ds, res)
@@ -382,6 +388,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	ledger.Close()
 	l.audited(term, now, sink)
+	l.refusals(ctx, term, now, fill(ledger.Refusals(), r.Name, dry), res)
 	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
 			"reaper", r.Name, "count", len(lost), "error", err)
@@ -410,6 +417,10 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 			unavailable(err)
 			return
 		}
+		if plugin.IsReplyTooLarge(err) {
+			l.tooLarge(ctx, term, now, r.Name, dry, err, res)
+			return
+		}
 		l.cfg.Logger.Error("reaper pass failed", "reaper", r.Name, "error", err)
 		l.record(ctx, term, now, []sdk.Decision{{Reaper: r.Name, Label: sdk.LabelPassError, DryRun: dry,
 			Detail: err.Error()}}, res)
@@ -419,6 +430,42 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	l.states[r.Name] = pr.State
 	l.mu.Unlock()
+}
+
+// refusals records the writes the board or the host refused a pass's
+// plugin (audit.Ledger.Refusals) and says so at WARN: a plugin asking for
+// what no plugin may do is misbehaving, or hostile.
+func (l *Loop) refusals(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
+	if len(ds) == 0 {
+		return
+	}
+	l.cfg.Logger.Warn("the board refused writes a plugin may not make: nothing of them was written",
+		"plugin", ds[0].Reaper, "count", len(ds), "first", ds[0].Label, "run", ds[0].Attempt.RunID,
+		"task", ds[0].Attempt.TaskID, "refusal", ds[0].Evidence[audit.EvRefusal])
+	l.record(ctx, term, at, ds, res)
+}
+
+// lateRefusals is where a pass's ledger hands the refusals made after the
+// pass was closed: metered, logged and audited as they come, apart from
+// any cycle's result.
+func (l *Loop) lateRefusals(ctx context.Context, term int64, at time.Time, dry bool) func([]sdk.Decision) {
+	ctx = context.WithoutCancel(ctx)
+	return func(ds []sdk.Decision) {
+		if len(ds) == 0 {
+			return
+		}
+		l.refusals(ctx, term, at, fill(ds, ds[0].Reaper, dry), &Result{})
+	}
+}
+
+// tooLarge records a plugin reply the host refused for its size: the pass
+// (or the sweep) goes on without it; what it wrote before is in the
+// ledger, and audited by the host if its decisions never came.
+func (l *Loop) tooLarge(ctx context.Context, term int64, at time.Time, name string, dry bool, err error, res *Result) {
+	l.cfg.Logger.Warn("a plugin's reply was larger than the host accepts: refused, the cycle goes on without it",
+		"plugin", name, "error", err)
+	l.record(ctx, term, at, []sdk.Decision{{Reaper: name, Label: sdk.LabelPluginReplyTooLarge, DryRun: dry,
+		Detail: err.Error()}}, res)
 }
 
 // audited waits for a pass's audit to be written (and its stream to have

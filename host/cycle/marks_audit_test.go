@@ -60,6 +60,7 @@ type world struct {
 	term    int64
 	lead    *lead
 	reaper  sdk.Reaper
+	lw      *lifecycle.Writer
 }
 
 // blockingExec answers every attempt dead, and holds each teardown until
@@ -107,7 +108,7 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 		Tasks: []lifecycle.NewTask{{TaskID: "task", Executor: sdk.ExecutorLite}}}, t0.Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	w.term = lease.Term
+	w.term, w.lw = lease.Term, lw
 	w.attempt = sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
 	for _, step := range []func() (bool, error){
 		func() (bool, error) { return lw.Enqueue(ctx, w.attempt, t0.Add(-11*time.Minute)) },

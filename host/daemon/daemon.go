@@ -172,7 +172,7 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 	if d.sockets, err = loader.OpenSocketDir(d.opts.SocketRoot, d.log.Named("sockets")); err != nil {
 		return nil, err
 	}
-	return &loader.Loader{Dir: d.cfg.PluginDir, Logger: d.log, SocketDir: d.sockets.Path()}, nil
+	return &loader.Loader{Dir: d.cfg.PluginDir, Logger: d.log, SocketDir: d.sockets.Path(), MaxReply: d.cfg.PluginMaxReply}, nil
 }
 
 // supervise puts a started plugin under a supervisor that restarts it (with
@@ -459,7 +459,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) hcl.Diagnostic
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot start the plugins", Detail: err.Error()}}
 	}
 	defer sockets.Close()
-	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path()}
+	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path(), MaxReply: cfg.PluginMaxReply}
 	return plugins.Check(ctx, ld, cfg)
 }
 

@@ -1,16 +1,17 @@
 // Package loader launches plugin binaries over hashicorp/go-plugin: gRPC
 // only, AutoMTLS, a named logger per plugin, an optional sha256 checksum,
-// and the highest protocol version both sides speak. A plugin that cannot be
+// and the highest protocol version both sides speak. A plugin binary is
+// trusted only when nobody but reaperd's user (or root) can change it or
+// its directory; it is checked, hashed and run as one open file; it starts
+// with none of the host's environment but what PassedEnv names; and what
+// it answers is bounded in size (Loader.MaxReply). A plugin that cannot be
 // launched is refused with its name and the reason.
 package loader
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
+	"google.golang.org/grpc"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/plugin"
@@ -47,13 +49,28 @@ type Loader struct {
 	Logger hclog.Logger
 	// Env is added to each plugin's environment (after the host's own).
 	Env []string
+	// MaxReply bounds each message the host accepts from a plugin, in
+	// bytes: its replies, and its requests to the host's board and
+	// substrate. A larger one is refused unread (the call fails with
+	// ResourceExhausted) and the host goes on. 0: DefaultMaxReply.
+	MaxReply int
 	// SocketDir is where each plugin gets the directory of its unix sockets
 	// (both ends': the plugin's listeners and the host's broker listener),
 	// removed when the plugin is killed. The host gives its own (a
 	// SocketDir's Path) so that sockets of a host killed with kill -9 can be
 	// swept; "" is the system's temporary directory.
 	SocketDir string
+
+	// beforeStart, when set (tests), runs after the binary was opened and
+	// checked and before it is started.
+	beforeStart func(path string)
 }
+
+// DefaultMaxReply is the largest message the host accepts from a plugin
+// unless configured otherwise (plugin_max_reply): a few times a reap
+// pass's or a mass sweep's largest legitimate reply, a small part of the
+// host's memory.
+const DefaultMaxReply = 8 << 20
 
 // Plugin is a launched plugin process.
 type Plugin struct {
@@ -88,34 +105,41 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	path := filepath.Join(l.Dir, BinaryName(spec.Kind, spec.Name))
 	fail := func(err error) error { return &Error{Kind: spec.Kind, Name: spec.Name, Path: path, Err: err} }
 
-	if err := checkExecutable(path); err != nil {
+	// The binary is opened once: checked, hashed and run as this one open
+	// file (see openBinary).
+	bin, err := openBinary(path)
+	if err != nil {
 		return nil, fail(err)
 	}
+	defer bin.Close() // the child has its own descriptor once started
 	if spec.SHA256 != "" {
-		sum, err := hex.DecodeString(spec.SHA256)
-		if err != nil {
-			return nil, fail(fmt.Errorf("bad sha256 %q: %w", spec.SHA256, err))
-		}
-		if err := checksum(path, &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()}); err != nil {
-			return nil, fail(classify(err))
+		if err := checkSum(bin, spec.SHA256); err != nil {
+			return nil, fail(err)
 		}
 	}
 	logger := l.Logger
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	maxReply := l.MaxReply
+	if maxReply <= 0 {
+		maxReply = DefaultMaxReply
+	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
-		VersionedPlugins: plugin.PluginSets(),
+		VersionedPlugins: plugin.PluginSetsWithLimit(maxReply),
 		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
-			return newProcess(path, spec, l.Env)
+			return newProcess(path, bin, spec, append(passedEnv(os.Environ()), l.Env...), l.beforeStart)
 		},
+		// Nothing of the host's environment but what PassedEnv names.
+		SkipHostEnv:      true,
 		UnixSocketConfig: &goplugin.UnixSocketConfig{TempDir: l.SocketDir},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		GRPCDialOptions:  plugin.DialOptions(),
-		Logger:           logger.Named(spec.Name),
-		Managed:          false,
+		GRPCDialOptions: append(plugin.DialOptions(),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxReply))),
+		Logger:  logger.Named(spec.Name),
+		Managed: false,
 	})
 	defer func() {
 		if err != nil {
@@ -152,30 +176,11 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
 }
 
-func checkExecutable(path string) error {
-	st, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return errors.New("binary not found (build it with make build, or set plugin_dir)")
-	}
-	if err != nil {
-		return fmt.Errorf("stat binary: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return errors.New("not a regular file")
-	}
-	if st.Mode().Perm()&0o111 == 0 {
-		return errors.New("binary is not executable")
-	}
-	return nil
-}
-
 // classify turns go-plugin's start-up errors into the reasons an operator
 // needs.
 func classify(err error) error {
 	msg := err.Error()
 	switch {
-	case errors.Is(err, goplugin.ErrChecksumsDoNotMatch):
-		return fmt.Errorf("checksum mismatch: the binary does not match the configured sha256: %w", err)
 	case strings.Contains(msg, "Incompatible API version"), strings.Contains(msg, "incompatible API version"):
 		return fmt.Errorf("%w: %v", ErrNoCommonVersion, err)
 	case strings.Contains(msg, "Unrecognized remote plugin message"), strings.Contains(msg, "plugin exited before we could connect"):

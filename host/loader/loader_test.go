@@ -392,7 +392,7 @@ func TestPassFailures(t *testing.T) {
 			t.Fatalf("launch: %v", err)
 		}
 		err = p.Base().Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{"mode": "sideways"}})
-		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown" or "mark_crash", not "sideways"`
+		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply" or "env", not "sideways"`
 		if err == nil || err.Error() != want {
 			t.Fatalf("err = %v, want exactly the plugin's sentence %q", err, want)
 		}

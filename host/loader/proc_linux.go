@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -13,4 +14,12 @@ func dieWithHost(cmd *exec.Cmd) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+}
+
+// execFile runs the open file bin: it is handed to the child as its
+// descriptor 3 and executed as /proc/self/fd/3, so what runs is the file
+// that was checked and hashed, whatever is at path by then. argv[0] stays
+// path (a plugin may take its name from it).
+func execFile(path string, bin *os.File) *exec.Cmd {
+	return &exec.Cmd{Path: "/proc/self/fd/3", Args: []string{path}, ExtraFiles: []*os.File{bin}}
 }

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"strconv"
 
-	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
 )
 
@@ -20,14 +19,17 @@ import (
 type process struct {
 	cmd            *exec.Cmd
 	stdout, stderr io.ReadCloser
+	before         func()
 }
 
 var _ runner.Runner = (*process)(nil)
 
-// newProcess prepares path to run with the environment go-plugin made for it
-// (the handshake, the client certificate, the socket directory) plus extra.
-func newProcess(path string, spec *exec.Cmd, extra []string) (*process, error) {
-	cmd := exec.Command(path)
+// newProcess prepares the open binary bin (found at path) to run with the
+// environment go-plugin made for it (the handshake, the client
+// certificate, the socket directory: the host's own environment is not in
+// it) plus extra. The child executes bin itself, not path (execFile).
+func newProcess(path string, bin *os.File, spec *exec.Cmd, extra []string, before func(string)) (*process, error) {
+	cmd := execFile(path, bin)
 	cmd.Env = append(append([]string(nil), spec.Env...), extra...)
 	cmd.Stdin = spec.Stdin
 	dieWithHost(cmd)
@@ -39,10 +41,19 @@ func newProcess(path string, spec *exec.Cmd, extra []string) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &process{cmd: cmd, stdout: stdout, stderr: stderr}, nil
+	p := &process{cmd: cmd, stdout: stdout, stderr: stderr}
+	if before != nil {
+		p.before = func() { before(path) }
+	}
+	return p, nil
 }
 
-func (p *process) Start(context.Context) error { return p.cmd.Start() }
+func (p *process) Start(context.Context) error {
+	if p.before != nil {
+		p.before()
+	}
+	return p.cmd.Start()
+}
 
 func (p *process) Wait(context.Context) error { return p.cmd.Wait() }
 
@@ -79,16 +90,4 @@ func (p *process) PluginToHost(network, addr string) (string, string, error) {
 
 func (p *process) HostToPlugin(network, addr string) (string, string, error) {
 	return network, addr, nil
-}
-
-// checksum verifies the binary against a configured sha256 before it runs.
-func checksum(path string, secure *goplugin.SecureConfig) error {
-	ok, err := secure.Check(path)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return goplugin.ErrChecksumsDoNotMatch
-	}
-	return nil
 }

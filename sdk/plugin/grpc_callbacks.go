@@ -17,7 +17,8 @@ import (
 // once per plugin client, on one broker id, for as long as the plugin lives;
 // each call installs the values it was given before the request goes out.
 type callbackServer struct {
-	broker *plugin.GRPCBroker
+	broker  *plugin.GRPCBroker
+	maxRecv int // 0: gRPC's default
 
 	once sync.Once
 	id   uint32
@@ -27,8 +28,8 @@ type callbackServer struct {
 	exec  sdk.Executions
 }
 
-func newCallbackServer(broker *plugin.GRPCBroker) *callbackServer {
-	return &callbackServer{broker: broker}
+func newCallbackServer(broker *plugin.GRPCBroker, maxRecv int) *callbackServer {
+	return &callbackServer{broker: broker, maxRecv: maxRecv}
 }
 
 // serve installs board and exec and returns the broker id they are served
@@ -41,6 +42,9 @@ func (c *callbackServer) serve(board sdk.Board, exec sdk.Executions) uint32 {
 	c.once.Do(func() {
 		c.id = c.broker.NextId()
 		go c.broker.AcceptAndServe(c.id, func(opts []grpc.ServerOption) *grpc.Server {
+			if c.maxRecv > 0 {
+				opts = append(opts, grpc.MaxRecvMsgSize(c.maxRecv))
+			}
 			s := grpc.NewServer(ServerOptions(opts...)...)
 			pb.RegisterBoardServer(s, &boardServer{get: c.currentBoard})
 			pb.RegisterSubstrateServer(s, &substrateServer{getExec: c.currentExec})

@@ -41,11 +41,16 @@ func Handshake() plugin.HandshakeConfig {
 }
 
 // PluginSets returns the versioned plugin sets the host accepts.
-func PluginSets() map[int]plugin.PluginSet {
+func PluginSets() map[int]plugin.PluginSet { return PluginSetsWithLimit(0) }
+
+// PluginSetsWithLimit is PluginSets whose host side accepts requests of at
+// most maxRecv bytes from a plugin on the board and substrate it serves
+// back (0: gRPC's default, 4 MiB).
+func PluginSetsWithLimit(maxRecv int) map[int]plugin.PluginSet {
 	return map[int]plugin.PluginSet{
 		1: {
-			PluginReaper:    &ReaperPlugin{},
-			PluginSubstrate: &SubstratePlugin{},
+			PluginReaper:    &ReaperPlugin{MaxRecv: maxRecv},
+			PluginSubstrate: &SubstratePlugin{MaxRecv: maxRecv},
 		},
 	}
 }
@@ -55,6 +60,9 @@ func PluginSets() map[int]plugin.PluginSet {
 type ReaperPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl sdk.Reaper
+	// MaxRecv bounds (host side) each request the plugin sends to the
+	// host's callbacks, in bytes; 0: gRPC's default.
+	MaxRecv int
 }
 
 var _ plugin.GRPCPlugin = (*ReaperPlugin)(nil)
@@ -71,7 +79,7 @@ func (p *ReaperPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, 
 	return &reaperClient{
 		baseClient: baseClient{client: pb.NewBaseClient(c)},
 		client:     pb.NewReaperClient(c),
-		callbacks:  newCallbackServer(broker),
+		callbacks:  newCallbackServer(broker, p.MaxRecv),
 	}, nil
 }
 
@@ -79,6 +87,8 @@ func (p *ReaperPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker, 
 type SubstratePlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl sdk.Substrate
+	// MaxRecv is as ReaperPlugin's.
+	MaxRecv int
 }
 
 var _ plugin.GRPCPlugin = (*SubstratePlugin)(nil)
@@ -95,7 +105,7 @@ func (p *SubstratePlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroke
 	return &substrateClient{
 		baseClient: baseClient{client: pb.NewBaseClient(c)},
 		client:     pb.NewSubstrateClient(c),
-		callbacks:  newCallbackServer(broker),
+		callbacks:  newCallbackServer(broker, p.MaxRecv),
 	}, nil
 }
 
@@ -105,6 +115,18 @@ func (p *SubstratePlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroke
 func IsUnavailable(err error) bool {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if s, ok := status.FromError(e); ok && s.Code() == codes.Unavailable {
+			return true
+		}
+	}
+	return false
+}
+
+// IsReplyTooLarge reports whether err says a message was refused for its
+// size (the host's cap on a plugin's replies, or the receiving side's on a
+// request).
+func IsReplyTooLarge(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if s, ok := status.FromError(e); ok && s.Code() == codes.ResourceExhausted {
 			return true
 		}
 	}

@@ -113,6 +113,58 @@ func markCases() map[string]func(t *testing.T, f Fixture) {
 			silent(f)
 			markNoop(t, f, agentLost(f, attempt("run", "ghost")), sdk.NoopNotFound)
 		},
+		// The board, not the plugin, decides where a mark may come from:
+		// a mark that asks to move an attempt out of a terminal state is
+		// refused whole, whatever the row holds, and nothing is written.
+		"MarkFromATerminalStateIsRefused": func(t *testing.T, f Fixture) {
+			for _, st := range []string{sdk.StateSuccess, sdk.StateFailed, sdk.StateSkipped, sdk.StateUpstreamFailed} {
+				for _, kind := range []sdk.MarkKind{sdk.MarkInfra, sdk.MarkTask} {
+					a := attempt("run", st+"-"+string(kind))
+					f.Put(Row{Attempt: a, State: st, RunningAt: at(-20 * time.Minute), EndedAt: at(-time.Minute)})
+					m := agentLost(f, a)
+					m.Kind, m.FromStates, m.Confirm = kind, []string{sdk.StateRunning, st}, kind == sdk.MarkInfra
+					markNoop(t, f, m, sdk.NoopSourceRefused)
+				}
+			}
+		},
+		// A successful attempt cannot be turned into a confirmed infra
+		// failure by a plugin that names its state.
+		"SuccessCannotBeMarkedAConfirmedInfraFailure": func(t *testing.T, f Fixture) {
+			a := attempt("run", "done")
+			f.Put(Row{Attempt: a, State: sdk.StateSuccess, RunningAt: at(-20 * time.Minute), EndedAt: at(-time.Minute)})
+			m := agentLost(f, a)
+			m.FromStates, m.Confirm, m.HeartbeatBefore = []string{sdk.StateSuccess}, true, time.Time{}
+			markNoop(t, f, m, sdk.NoopSourceRefused)
+			if r := row(t, f, a); r.State != sdk.StateSuccess || r.LastFailureKind != "" {
+				t.Fatalf("a success after a refused mark: %+v", r)
+			}
+		},
+		"SourceStatesAreTheBoardsPerKind": func(t *testing.T, f Fixture) {
+			// A task mark may not come from queued (no code of the task ran);
+			// an infra mark may. None and scheduled are nobody's.
+			q := attempt("run", "queued")
+			f.Put(Row{Attempt: q, State: sdk.StateQueued, QueuedAt: at(-10 * time.Minute)})
+			m := agentLost(f, q)
+			m.Kind, m.FromStates, m.HeartbeatBefore = sdk.MarkTask, []string{sdk.StateQueued}, time.Time{}
+			markNoop(t, f, m, sdk.NoopSourceRefused)
+			for _, st := range []string{sdk.StateNone, sdk.StateScheduled} {
+				a := attempt("run", st)
+				f.Put(Row{Attempt: a, State: st})
+				m := agentLost(f, a)
+				m.FromStates, m.HeartbeatBefore = []string{st}, time.Time{}
+				markNoop(t, f, m, sdk.NoopSourceRefused)
+			}
+			m = agentLost(f, q)
+			m.FromStates, m.HeartbeatBefore, m.Reason = []string{sdk.StateQueued}, time.Time{}, sdk.LabelDispatchLost
+			applied(t, markOne(t, f, m))
+		},
+		"MarkOnAFinishedRunIsRefused": func(t *testing.T, f Fixture) {
+			for _, st := range []string{sdk.RunSuccess, sdk.RunFailed} {
+				a := running(f, "run-"+st, "task", at(-20*time.Minute), at(-10*time.Minute))
+				f.PutRun(RunRow{RunID: a.RunID, State: st, StartedAt: at(-24 * time.Hour)})
+				markNoop(t, f, agentLost(f, a), sdk.NoopRunFinished)
+			}
+		},
 		"ParkedStatesCanBeMarked": func(t *testing.T, f Fixture) {
 			for _, st := range []string{sdk.StateUpForReschedule, sdk.StateDeferred} {
 				a := attempt("run", st)

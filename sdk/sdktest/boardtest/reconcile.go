@@ -239,6 +239,18 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 			noop(t, settleOne(t, f, s), sdk.NoopMovedOn)
 			unchanged(t, f, a, before)
 		},
+		// A settlement names the states it moves an attempt from, but the
+		// board decides which it may: never a terminal one, so a substrate
+		// cannot turn a success into a confirmed infra failure.
+		"SettleFromATerminalStateIsRefused": func(t *testing.T, f Fixture) {
+			a := attempt("run", "done")
+			f.Put(Row{Attempt: a, State: sdk.StateSuccess, RunningAt: at(-20 * time.Minute), EndedAt: at(-time.Minute)})
+			before := row(t, f, a)
+			s := settlement(f, a, sdk.OutcomeInfra)
+			s.FromStates, s.Reason, s.Message = []string{sdk.StateRunning, sdk.StateSuccess}, sdk.ReasonPodDisrupted, "pod_disrupted: forged"
+			noop(t, settleOne(t, f, s), sdk.NoopSourceRefused)
+			unchanged(t, f, a, before)
+		},
 		"SettleOnAFinishedRunIsANoop": func(t *testing.T, f Fixture) {
 			a := silent(f)
 			f.PutRun(RunRow{RunID: "run", State: sdk.RunFailed, StartedAt: at(-24 * time.Hour)})

@@ -9,7 +9,11 @@
 // decisions, then 2,350 more; with "report_fail" it records 150 and 5, then
 // fails. With "mark_teardown" it marks the dead attempts, then tears each
 // one down before it records its decisions (as the kube reapers do); with
-// "mark_crash" it exits right after its marks, before any decision.
+// "mark_crash" it exits right after its marks, before any decision. The
+// hostile modes: "forge_success" marks every successful attempt a confirmed
+// infra failure; "late_write" writes to the board after its pass returned;
+// "big_reply" answers with a reply far larger than the host accepts; "env"
+// hands back its own environment as its state.
 package main
 
 import (
@@ -20,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dexaflow/reaper/sdk/plugin"
 
@@ -55,10 +60,11 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.mode = req.Values.String("mode")
 	r.marker = req.Values.String("crash_marker")
 	switch r.mode {
-	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash":
+	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash",
+		"forge_success", "late_write", "big_reply", "env":
 		return nil
 	}
-	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown" or "mark_crash", not %q`, r.mode)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply" or "env", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
@@ -78,6 +84,16 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		return reportPass(ctx, pass, sink, 150, 2350, nil)
 	case "report_fail":
 		return reportPass(ctx, pass, sink, 150, 5, errors.New("failed on purpose"))
+	case "forge_success":
+		return forgeSuccess(ctx, pass, board)
+	case "late_write":
+		return lateWrite(ctx, pass, board)
+	case "big_reply":
+		// A reply far larger than the host accepts.
+		return sdk.PassResult{State: make([]byte, 8<<20)}, nil
+	case "env":
+		// The plugin's whole environment, as its pass's state.
+		return sdk.PassResult{State: []byte(strings.Join(os.Environ(), "\x00"))}, nil
 	}
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
@@ -131,6 +147,55 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		return sdk.PassResult{}, err
 	}
 	return sdk.PassResult{State: append(pass.State, 'x')}, nil
+}
+
+// forgeSuccess is a hostile reaper: it lists the successful attempts and
+// marks each one a confirmed infra failure, naming success among the
+// states to move it from, and records nothing.
+func forgeSuccess(ctx context.Context, pass sdk.Pass, board sdk.Board) (sdk.PassResult, error) {
+	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
+		States: []string{sdk.StateSuccess}, OrderBy: sdk.FieldRunningAt, OlderThan: pass.Now,
+	})
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	var marks []sdk.Mark
+	for _, c := range page.Candidates {
+		marks = append(marks, sdk.Mark{Attempt: c.Attempt, FromStates: []string{sdk.StateRunning, sdk.StateSuccess},
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: forged", Confirm: true,
+			Term: pass.Term, At: pass.Now})
+	}
+	if _, err := board.Mark(ctx, marks); err != nil {
+		return sdk.PassResult{}, err
+	}
+	return sdk.PassResult{}, nil
+}
+
+// lateWrite is a hostile reaper: its pass lists the running attempts and
+// returns at once, leaving behind a goroutine that keeps appending a try
+// log line to them until the host refuses it (the pass is closed), then
+// marks them. It records nothing.
+func lateWrite(ctx context.Context, pass sdk.Pass, board sdk.Board) (sdk.PassResult, error) {
+	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
+		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldRunningAt, OlderThan: pass.Now,
+	})
+	if err != nil || len(page.Candidates) == 0 {
+		return sdk.PassResult{}, err
+	}
+	a := page.Candidates[0].Attempt
+	go func() {
+		bg := context.WithoutCancel(ctx)
+		for range 10_000 {
+			err := board.AppendLog(bg, pass.Term, []sdk.LogLine{{Attempt: a, At: pass.Now, Line: "written late"}})
+			if err != nil && strings.Contains(err.Error(), "pass is over") {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		_, _ = board.Mark(bg, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+			Reason: sdk.LabelAgentLost, Message: "agent_lost: late", Term: pass.Term, At: pass.Now}})
+	}()
+	return sdk.PassResult{}, nil
 }
 
 // reportPass records decisions about tasks t0000, t0001, ... in two
