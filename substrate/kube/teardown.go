@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
@@ -121,7 +120,7 @@ func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason string)
 	case err == nil:
 		log.Info("reap teardown: stopped the task pod in place (activeDeadlineSeconds lowered to 1)")
 		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownStoppedInPlace}
-	case gone(err) || uidTestFailed(err):
+	case gone(err) || (apierrors.IsInvalid(err) && r.replaced(ctx, p)):
 		log.Info("reap teardown: the listed pod is gone or was replaced; nothing to stop", "error", err)
 		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: sdk.TeardownGone + err.Error()}
 	case refused(err):
@@ -149,10 +148,16 @@ func deadlinePatch(uid types.UID) []byte {
 	return b
 }
 
-// uidTestFailed: the API server refused a patch because its test of
-// /metadata/uid failed: the pod under that name is another pod now.
-func uidTestFailed(err error) bool {
-	return apierrors.IsInvalid(err) && strings.Contains(err.Error(), "/metadata/uid")
+// replaced: the pod under p's name is no longer p (another UID, or none).
+// The API server answers a patch whose test failed with a bare 422
+// Invalid, as it answers a patch it judged invalid: reading the name tells
+// the two apart. A read that fails says nothing: false.
+func (r *running) replaced(ctx context.Context, p *pod) bool {
+	got, err := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true
+	}
+	return err == nil && got.UID != p.UID
 }
 
 // deletePinned deletes p only while it is still the pod with the UID read.
