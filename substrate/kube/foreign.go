@@ -82,6 +82,19 @@ func (f *foreignPods) take() []sdk.Decision {
 	return out
 }
 
+// putBack queues again decisions taken by a sweep that failed (the host
+// drops a failed sweep's decisions), ahead of those queued since, within
+// the bound.
+func (f *foreignPods) putBack(ds []sdk.Decision) {
+	if len(ds) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	all := append(ds, f.pending...)
+	f.pending = all[:min(len(all), maxForeignRemembered)]
+}
+
 // ownPods keeps, of the pods the labels tie to attempt a, the attempt's
 // own: the pod of the UID the attempt records, or all of them when it
 // records none (the label rule). The others are reported as foreign. pods

@@ -59,3 +59,18 @@ func TestOwnPodsKeepsTheRecordedPodOrAllWithoutOne(t *testing.T) {
 		t.Fatalf("%d foreign decisions, want 2", len(ds))
 	}
 }
+
+// A failed sweep's decisions are dropped by the host, so the foreign pods it
+// took are queued again for the next sweep.
+func TestForeignPodDecisionsOfAFailedSweepArePutBack(t *testing.T) {
+	f := newForeignPods(hclog.NewNullLogger())
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1, Epoch: 1}
+	f.saw(foreignPod(1), a, "uid-own", "presence")
+	taken := f.take()
+	f.saw(foreignPod(2), a, "uid-own", "teardown")
+	f.putBack(taken)
+	ds := f.take()
+	if len(ds) != 2 || ds[0].Evidence["pod_uid"] != "uid-1" || ds[1].Evidence["pod_uid"] != "uid-2" {
+		t.Fatalf("decisions after a failed sweep %+v, want both, the older first", ds)
+	}
+}

@@ -44,7 +44,16 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	// The foreign pods seen since the last sweep (here, by the presence
 	// check or by a teardown) become decisions, so they are metered and
 	// audited.
-	defer func() { res.Decisions = append(res.Decisions, sw.foreignDecisions()...) }()
+	defer func() {
+		ds := sw.foreignDecisions()
+		if err != nil {
+			// The host drops the decisions of a failed sweep: keep these
+			// for the next one.
+			r.foreign.putBack(ds)
+			return
+		}
+		res.Decisions = append(res.Decisions, ds...)
+	}()
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
