@@ -20,7 +20,7 @@ var timeFields = map[sdk.TimeField]bool{
 
 const candidateColumns = `run_id, task_id, try_number, attempt_epoch, state, executor,
 	queued_at, running_at, last_heartbeat_at, released_at, ended_at, infra_marked_at, infra_confirmed_at,
-	last_failure_kind, failure_reason, warm_worker, execution_timeout_seconds, credential_minted_at`
+	last_failure_kind, failure_reason, warm_worker, execution_timeout_seconds, credential_minted_at, pod_uid`
 
 // candidateSQL builds the listing statement for q. States, executors, the
 // order column and the limit come from closed sets (validated here) and are
@@ -204,11 +204,11 @@ func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
 		c                                                  sdk.Candidate
 		queued, running, hb, released, ended, marked, conf *time.Time
 		minted                                             *time.Time
-		kind, reason, warm                                 *string
+		kind, reason, warm, podUID                         *string
 		timeout                                            *int32
 	)
 	err := row.Scan(&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
-		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout, &minted)
+		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout, &minted, &podUID)
 	if err != nil {
 		return sdk.Candidate{}, err
 	}
@@ -216,6 +216,7 @@ func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
 	c.ReleasedAt, c.InfraMarkedAt, c.InfraConfirmedAt = timeOrZero(released), timeOrZero(marked), timeOrZero(conf)
 	c.EndedAt, c.CredentialMintedAt = timeOrZero(ended), timeOrZero(minted)
 	c.LastFailureKind, c.FailureReason, c.WarmWorker = deref(kind), deref(reason), deref(warm)
+	c.PodUID = deref(podUID)
 	if timeout != nil {
 		c.ExecutionTimeout = time.Duration(*timeout) * time.Second
 	}

@@ -49,7 +49,7 @@ func (o OwedTeardown) Request(term int64) sdk.TeardownRequest {
 	req := sdk.TeardownRequest{Reason: o.Reason, Term: term}
 	if o.Attempt != nil {
 		a := *o.Attempt
-		req.Attempt = &a
+		req.Attempt, req.PodUID = &a, o.PodUID
 	} else {
 		req.RunID = o.RunID
 	}

@@ -108,6 +108,9 @@ applied AS (
           -- (a record on a pod that names its task only by the lossy label:
           -- the attempt records that pod as its own),
       AND (NOT r.lossy_pod OR ti.pod_uid = r.pod_uid)
+          -- (any pod: the attempt records that pod, or none: a pod from
+          -- before UIDs were recorded keeps the label rule),
+      AND (r.pod_uid = '' OR ti.pod_uid IS NULL OR ti.pod_uid = r.pod_uid)
           -- and the sweep's term still leads.
       AND ` + fenced + `
     RETURNING r.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, r.at, r.mark_reason
@@ -127,7 +130,9 @@ logged AS (
 // provisional and was made after MarkedAfter (else NoopValveOpen), the run
 // is still running (else NoopRunFinished), and, for a record on a pod that
 // names its task only by the lossy label (LossyPod), while the attempt
-// records that pod's UID (else NoopPodNotRecorded), under the current term.
+// records that pod's UID (else NoopPodNotRecorded); for any other pod, while
+// the attempt records that pod's UID or none (else NoopPodNotRecorded),
+// under the current term.
 func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
 	if len(os) == 0 {
 		return nil, nil
@@ -177,6 +182,9 @@ applied AS (
           -- (a pod that names its task only by the lossy label: and still
           -- records that pod as the attempt's own),
       AND (NOT r.lossy_pod OR ti.pod_uid = r.pod_uid)
+          -- (any pod: the attempt records that pod, or none: a pod from
+          -- before UIDs were recorded keeps the label rule),
+      AND (r.pod_uid = '' OR ti.pod_uid IS NULL OR ti.pod_uid = r.pod_uid)
           -- in one of the states the settlement may move it from, and one
           -- a settlement may come from at all (never a terminal state),
       AND ti.state = ANY (string_to_array(r.from_states, ','))
@@ -194,8 +202,10 @@ applied AS (
 // failure confirmed at once (a disrupted pod, a start the control plane
 // never answered). A settlement applies only while the row holds exactly
 // its attempt in one of its FromStates, on a running run (else
-// NoopRunFinished), under the current term; one that names a source state
-// outside sdk.SettleSourceStates is refused whole (NoopSourceRefused).
+// NoopRunFinished), while the attempt records the pod's UID or none (else
+// NoopPodNotRecorded: someone else made that pod), under the current term;
+// one that names a source state outside sdk.SettleSourceStates is refused
+// whole (NoopSourceRefused).
 //
 // A settlement read from a pod that names its task only by the lossy label
 // (LossyPod) is first resolved to the task instance of its run that records

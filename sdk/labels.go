@@ -130,6 +130,12 @@ const (
 	// the pod past the substrate's finalizer_max_age); the evidence says
 	// which.
 	LabelReconcileFinalizerLeak = "reconcile_finalizer_leak"
+	// LabelForeignTaskPod: a pod carries an attempt's task labels but is
+	// not the pod recorded on the attempt (another UID): someone else made
+	// it. It was ignored for judgment (it settles nothing, keeps nothing
+	// alive, is never torn down) and, in the runner, never adopted. One
+	// decision per pod UID; the evidence names the pod and both UIDs.
+	LabelForeignTaskPod = "foreign_task_pod"
 
 	// The operator (reaperctl).
 
@@ -187,5 +193,6 @@ func Labels() []string {
 		LabelReconcileFinalizerLeak,
 		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
 		LabelPluginReplyTooLarge,
+		LabelForeignTaskPod,
 	}
 }

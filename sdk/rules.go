@@ -202,7 +202,9 @@ func (c Confirm) Refusal(r TaskRow) string {
 // only to a provisional infra mark of exactly its attempt, made after
 // MarkedAfter (NoopValveOpen otherwise), on a run still running
 // (NoopRunFinished otherwise) and, when the record's pod is LossyPod, while
-// the attempt records that pod's UID (NoopPodNotRecorded otherwise).
+// the attempt records that pod's UID (NoopPodNotRecorded otherwise); a pod
+// with the exact task id is refused the same way when the attempt records
+// another pod's UID.
 func (o Override) Refusal(r TaskRow) string {
 	switch {
 	case !r.holds(o.Attempt) || !r.Provisional():
@@ -213,6 +215,8 @@ func (o Override) Refusal(r TaskRow) string {
 		return NoopRunFinished
 	case o.LossyPod && (o.PodUID == "" || r.PodUID != o.PodUID):
 		return NoopPodNotRecorded
+	case ForeignPod(r.PodUID, o.PodUID):
+		return NoopPodNotRecorded
 	}
 	return ""
 }
@@ -221,8 +225,9 @@ func (o Override) Refusal(r TaskRow) string {
 // it names a source state outside SettleSourceStates (NoopSourceRefused);
 // otherwise it applies only to exactly its attempt in one of FromStates (for a LossyPod
 // settlement, resolved to the task instance that records its pod, and only
-// while it still does), on a run still running (an agent's own report is
-// refused on a finished run the same way).
+// while it still does; for any other, only while the attempt records that
+// pod or none: NoopPodNotRecorded otherwise), on a run still running (an
+// agent's own report is refused on a finished run the same way).
 func (s Settlement) Refusal(r TaskRow) string {
 	switch {
 	case s.SourceRefused():
@@ -231,10 +236,21 @@ func (s Settlement) Refusal(r TaskRow) string {
 		return NoopMovedOn
 	case s.LossyPod && (s.PodUID == "" || r.PodUID != s.PodUID):
 		return NoopMovedOn
+	case !s.LossyPod && ForeignPod(r.PodUID, s.PodUID):
+		return NoopPodNotRecorded
 	case r.RunState != RunRunning:
 		return NoopRunFinished
 	}
 	return ""
+}
+
+// ForeignPod reports whether a pod of UID podUID, which carries an
+// attempt's labels, is not that attempt's: the attempt records another pod
+// (recorded). An attempt that records none (a pod from before UIDs were
+// recorded, or one created but not yet recorded) and a caller that names
+// no pod keep the label rule: not foreign.
+func ForeignPod(recorded, podUID string) bool {
+	return recorded != "" && podUID != "" && recorded != podUID
 }
 
 // OverrideLogPrefix starts the try log line of a durable-SUCCESS override.

@@ -157,6 +157,11 @@ type Candidate struct {
 	// CredentialMintedAt is when the attempt's credential was minted (at
 	// dispatch, by a runner on the attempt API); zero when none was.
 	CredentialMintedAt time.Time
+	// PodUID is the UID of the pod the kube runner recorded for the
+	// attempt ("" when none is: not created yet, a warm attempt, or a pod
+	// from before UIDs were recorded). A substrate takes a pod for the
+	// attempt's only when its UID is this one; "" keeps the label rule.
+	PodUID string
 }
 
 // CandidatePage is one page of candidates. Next is nil when the page was
@@ -215,9 +220,9 @@ const (
 	// NoopValveOpen: the infra mark is older than the override allows (the
 	// confirmation valve has opened on it).
 	NoopValveOpen = "valve_open"
-	// NoopPodNotRecorded: the write was read from a pod that only its lossy
-	// labels tie to the attempt, and the attempt records another pod's UID
-	// (or none).
+	// NoopPodNotRecorded: the write was read from a pod the attempt does
+	// not record: the attempt records another pod's UID, or, for a pod
+	// that only its lossy labels tie to the attempt, none.
 	NoopPodNotRecorded = "pod_not_recorded"
 	// NoopSourceRefused: the write named a source state its kind may not
 	// move an attempt from (MarkSourceStates, SettleSourceStates): a
@@ -329,7 +334,9 @@ type Override struct {
 	// container says (zero: At); the attempt's ended_at, from which its
 	// duration is measured (reaperctl tune), is this, not the sweep's time.
 	EndedAt time.Time
-	// PodUID is the UID of the pod that holds the SUCCESS record.
+	// PodUID is the UID of the pod that holds the SUCCESS record. When the
+	// attempt records a pod UID and it is another, the override is
+	// NoopPodNotRecorded (someone else made that pod).
 	PodUID string
 	// LossyPod: that pod names its task only by the lossy task-id label (it
 	// carries no exact task id), so its labels do not tie it to this task.
@@ -376,6 +383,10 @@ type Settlement struct {
 	// container says (zero: At).
 	EndedAt time.Time
 	// PodUID is the UID of the pod the outcome was read from ("" when none).
+	// When the attempt records a pod UID and it is another, the settlement
+	// is NoopPodNotRecorded (someone else made that pod); an attempt that
+	// records none (a pod from before UIDs were recorded) keeps the label
+	// rule.
 	PodUID string
 	// LossyPod: that pod names its task only by the lossy task-id label (it
 	// carries no exact task id), so Attempt.TaskID is the label's value, not
@@ -413,6 +424,11 @@ type LivenessRequest struct {
 	// Live asks for an authoritative read, not a cache (kube).
 	Live bool
 	Now  time.Time
+	// PodUIDs are the pod UIDs recorded on the attempts (Candidate.PodUID),
+	// where the caller has them (kube): only the pod of that UID counts
+	// for the attempt. An attempt absent or "" keeps the label rule.
+	// Protocol v1 addition: a host that predates it sends none.
+	PodUIDs map[Attempt]string
 }
 
 // FeedCursor is a position in a substrate's change feed. Generation names
@@ -470,6 +486,11 @@ type TeardownRequest struct {
 	RunID   string
 	Reason  string
 	Term    int64
+	// PodUID, with Attempt, is the pod UID recorded on the attempt
+	// (Candidate.PodUID): only the pod of that UID is torn down. "" keeps
+	// the label rule. Protocol v1 addition: a host that predates it sends
+	// none.
+	PodUID string
 }
 
 // Teardown actions.

@@ -145,7 +145,8 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 	want := "ClusterRole//reaper-system-reaper-nodes ClusterRoleBinding//reaper-system-reaper-nodes " +
 		"ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper Lease/reaper-system/reaper " +
 		"NetworkPolicy/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
-		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper"
+		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper " +
+		"ValidatingAdmissionPolicy//reaper-system-reaper-task-pods ValidatingAdmissionPolicyBinding//reaper-system-reaper-task-pods"
 	if got := kinds(objs); got != want {
 		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
 	}
@@ -210,9 +211,22 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 		"ConfigMap/reaper-system/reaperd Deployment/reaper-system/reaperd Lease/reaper-system/reaper-leader " +
 		"NetworkPolicy/reaper-system/reaperd Role/reaper-system/reaperd-leader " +
 		"Role/tasks/reaperd RoleBinding/reaper-system/reaperd-leader RoleBinding/tasks/reaperd " +
-		"Service/reaper-system/reaperd ServiceAccount/reaper-system/reaper-sa ServiceMonitor/reaper-system/reaperd"
+		"Service/reaper-system/reaperd ServiceAccount/reaper-system/reaper-sa ServiceMonitor/reaper-system/reaperd " +
+		"ValidatingAdmissionPolicy//reaper-system-reaperd-task-pods ValidatingAdmissionPolicyBinding//reaper-system-reaperd-task-pods"
 	if got := kinds(objs); got != want {
 		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
+	}
+	// The admission policy lets the custom ServiceAccount alone make task
+	// pods, in the task namespace.
+	policy := find(t, objs, "ValidatingAdmissionPolicy", "reaper-system-reaperd-task-pods")
+	if vars, _, _ := unstructured.NestedSlice(policy.Object, "spec", "variables"); len(vars) != 1 ||
+		!strings.Contains(fmt.Sprint(vars[0]), "system:serviceaccount:reaper-system:reaper-sa") {
+		t.Errorf("admission policy variables %v, want reaperd's ServiceAccount reaper-sa", vars)
+	}
+	binding := find(t, objs, "ValidatingAdmissionPolicyBinding", "reaper-system-reaperd-task-pods")
+	if ns, _, _ := unstructured.NestedString(binding.Object, "spec", "matchResources", "namespaceSelector", "matchLabels",
+		"kubernetes.io/metadata.name"); ns != "tasks" {
+		t.Errorf("admission policy binding matches namespace %q, want the task namespace tasks", ns)
 	}
 	d := convert[appsv1.Deployment](t, find(t, objs, "Deployment", "reaperd"))
 	if *d.Spec.Replicas != 3 {

@@ -100,7 +100,7 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 		}
 		attempts = append(attempts, c.Attempt)
 	}
-	answers := reap.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+	answers := reap.ReadLivenessRecorded(ctx, p.exec, p.pass.Now, attempts, reap.RecordedPodUIDs(fresh), false)
 	for _, a := range warm {
 		answers[a] = reap.Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown,
 			Detail: "a warm attempt has no pod of its own: not read"}}

@@ -138,7 +138,8 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	for i, c := range page {
 		attempts[i] = c.Attempt
 	}
-	answers := reap.ReadLiveness(ctx, p.exec, now, attempts, false)
+	recorded := reap.RecordedPodUIDs(page)
+	answers := reap.ReadLivenessRecorded(ctx, p.exec, now, attempts, recorded, false)
 	if !p.lite {
 		var again []sdk.Attempt
 		for _, c := range page {
@@ -146,7 +147,7 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 				again = append(again, c.Attempt)
 			}
 		}
-		for a, ans := range reap.ReadLiveness(ctx, p.exec, now, again, true) {
+		for a, ans := range reap.ReadLivenessRecorded(ctx, p.exec, now, again, recorded, true) {
 			answers[a] = ans
 		}
 	}

@@ -430,3 +430,31 @@ func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
 		t.Fatalf("state still carries %s", b.h.StateOf(Name))
 	}
 }
+
+// The pod UID the runner recorded on the attempt reaches the substrate with
+// every liveness read and pins the teardown to that pod, so a pod someone
+// else made with the attempt's labels neither keeps it alive nor is torn
+// down.
+func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, ladder.EditionKube, nil)
+	a := b.h.Queued("r", "t", 4*time.Minute)
+	b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
+	ds := b.reap(t)
+	if ds.Applied().Count(sdk.LabelDispatchLost) != 1 {
+		t.Fatalf("decisions %v", ds)
+	}
+	calls := b.h.Exec.LivenessCalls()
+	if len(calls) == 0 {
+		t.Fatal("no liveness read")
+	}
+	for _, c := range calls {
+		if c.PodUIDs[a] != "uid-own" {
+			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
+		}
+	}
+	tds := b.h.Exec.Teardowns()
+	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
+		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
+	}
+}

@@ -401,6 +401,10 @@ type passRun struct {
 	// teardowns: marked attempts whose pods are still to be torn down,
 	// those owed by earlier passes first.
 	teardowns []sdk.Attempt
+	// podUIDs: the pod UID each marked attempt records, which pins its
+	// teardown to that pod (an attempt owed by an earlier pass has none
+	// here: the label rule).
+	podUIDs map[sdk.Attempt]string
 }
 
 // judgePage reads the page's pods in one call, judges each attempt, then
@@ -410,7 +414,7 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 	for i, c := range page {
 		attempts[i] = c.Attempt
 	}
-	answers := reap.ReadLiveness(ctx, p.exec, p.pass.Now, attempts, false)
+	answers := reap.ReadLivenessRecorded(ctx, p.exec, p.pass.Now, attempts, reap.RecordedPodUIDs(page), false)
 	var planned []reap.Planned
 	for _, c := range page {
 		live := answers[c.Attempt]
@@ -450,6 +454,12 @@ func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
 // afterMark queues the marked attempt's teardown for the end of the pass.
 func (p *passRun) afterMark(_ context.Context, pl *reap.Planned) []reap.FollowUp {
 	p.teardowns = append(p.teardowns, pl.Mark.Attempt)
+	if uid := pl.Evidence[reap.EvPodUID]; uid != "" {
+		if p.podUIDs == nil {
+			p.podUIDs = map[sdk.Attempt]string{}
+		}
+		p.podUIDs[pl.Mark.Attempt] = uid
+	}
 	pl.Evidence[reap.EvTeardown] = "after the pass's marks"
 	return nil
 }
@@ -470,6 +480,9 @@ func (p *passRun) tearDown(ctx context.Context, _ reap.DrainStats) error {
 		}
 		ev := reap.Evidence{reap.EvTerm: strconv.FormatInt(p.pass.Term, 10), reap.EvEdition: p.pass.Edition,
 			reap.EvMark: sdk.LabelPodLost}
+		if uid := p.podUIDs[a]; uid != "" {
+			ev[reap.EvPodUID] = uid
+		}
 		for _, f := range reap.TeardownAttempt(ctx, p.exec, p.pass, a, sdk.LabelPodLost, sdk.LabelPodLostPodDeleteErr, ev) {
 			p.rec.Add(f.Label, a, f.Applied, f.Detail, f.Evidence)
 		}

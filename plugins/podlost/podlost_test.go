@@ -361,3 +361,25 @@ func TestConfigure(t *testing.T) {
 		})
 	}
 }
+
+// The pod UID the runner recorded on the attempt reaches the substrate with
+// the liveness read and pins the teardown to that pod, so a pod someone else
+// made with the attempt's labels neither keeps it alive nor is torn down.
+func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	a := lost(b)
+	b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
+	ds := b.reap(t)
+	if ds.Applied().Count(sdk.LabelPodLost) != 1 {
+		t.Fatalf("decisions %v", ds)
+	}
+	calls := b.h.Exec.LivenessCalls()
+	if len(calls) == 0 || calls[0].PodUIDs[a] != "uid-own" {
+		t.Fatalf("liveness requests %+v, want the recorded pod UID", calls)
+	}
+	tds := b.h.Exec.Teardowns()
+	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
+		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
+	}
+}

@@ -35,8 +35,10 @@
 // task again moves it to a new epoch, so that pod's agent is refused at its
 // RUNNING report and never starts the task. A create repeated for the same
 // attempt meets AlreadyExists on the attempt's pod name (PodName), and the
-// runner adopts the pod when its labels and annotation name exactly that
-// attempt.
+// runner adopts the pod only when its labels and annotation name exactly
+// that attempt and its UID is the one recorded on the attempt; any other
+// pod under the name is refused (foreign_task_pod) and the dispatch fails
+// as dispatch_failed, naming the pod.
 //
 // The runner creates pods and never deletes one: teardown, presence and
 // the reconcile sweep are the substrate's (package substrate/kube).
@@ -278,7 +280,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 	created, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
 	cancel()
 	if apierrors.IsAlreadyExists(err) {
-		created, err = r.adopt(ctx, pod)
+		created, err = r.adopt(ctx, d, a, pod, res)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -299,9 +301,14 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 
 // adopt reads the pod a create met as AlreadyExists: a create of the same
 // attempt whose answer was lost. The pod is the attempt's own only when its
-// labels and annotation name exactly the attempt; any other pod under that
-// name is a refusal.
-func (r *Runner) adopt(ctx context.Context, want *corev1.Pod) (*corev1.Pod, error) {
+// labels and annotation name exactly the attempt and its UID is the one
+// recorded on the attempt: the deterministic name is no secret, so anyone
+// with pods/create could have made a pod under it, labels and all. A pod
+// the attempt does not record (another UID, or none recorded) is refused,
+// logged and metered (foreign_task_pod), and the dispatch fails with the
+// reason: the attempt never runs in a pod reaperd did not make, and nothing
+// runs twice.
+func (r *Runner) adopt(ctx context.Context, d cycle.Driver, a sdk.Attempt, want *corev1.Pod, res *Result) (*corev1.Pod, error) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	got, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(cctx, want.Name, metav1.GetOptions{})
@@ -317,8 +324,29 @@ func (r *Runner) adopt(ctx context.Context, want *corev1.Pod) (*corev1.Pod, erro
 		return nil, fmt.Errorf("a pod of another task has the name (annotation %s is %q)",
 			kube.AnnotationRawTaskID, got.Annotations[kube.AnnotationRawTaskID])
 	}
+	recorded, err := d.W.PodUID(ctx, a)
+	if err != nil {
+		return nil, fmt.Errorf("reading the pod UID recorded on the attempt: %w", err)
+	}
+	if recorded == "" || recorded != string(got.UID) {
+		why := adoptRefusal(got, recorded)
+		d.Decide(&res.Tally, hclog.Warn, sdk.Decision{Label: sdk.LabelForeignTaskPod, Attempt: a,
+			Detail: "not adopted: " + why,
+			Evidence: map[string]string{"pod": got.Name, "pod_uid": string(got.UID), "recorded_pod_uid": recorded,
+				"seen_by": "runner"}})
+		return nil, errors.New(why)
+	}
 	r.log.Info("the attempt's pod already existed: adopted", "pod", got.Name, "uid", got.UID)
 	return got, nil
+}
+
+// adoptRefusal says why a pod under the attempt's name is not adopted.
+func adoptRefusal(got *corev1.Pod, recorded string) string {
+	what := fmt.Sprintf("pod %s/%s (uid %s) has the attempt's name and labels but ", got.Namespace, got.Name, got.UID)
+	if recorded == "" {
+		return what + "the runner recorded no pod for the attempt: it did not make that pod"
+	}
+	return what + "the attempt records pod uid " + recorded + ": the runner did not make that pod"
 }
 
 // failed settles a queued attempt whose dispatch failed: passing errors are

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -493,18 +494,22 @@ func TestAConfirmedInfraMarkRePlacesThePodOnANewEpoch(t *testing.T) {
 	}
 }
 
-// TestACreateRepeatedForTheSameAttemptAdoptsItsPod: a pod already made
-// for the attempt (a create whose answer was lost) is adopted on
-// AlreadyExists and its UID recorded; a pod of the same name that names
-// another attempt is not, and the dispatch fails.
-func TestACreateRepeatedForTheSameAttemptAdoptsItsPod(t *testing.T) {
+// TestAPodUnderTheAttemptsNameIsAdoptedOnlyWithTheRecordedUID: the pod
+// name is deterministic, so anyone with pods/create can make a pod under
+// it with the attempt's very labels and annotation. The runner adopts a pod
+// only when its UID is the one recorded on the attempt; one it never
+// recorded is refused, logged and metered (foreign_task_pod), and the
+// dispatch fails naming it, so the attempt never runs in a pod someone else
+// made and nothing runs twice. A pod under the name that names another
+// attempt is refused as before.
+func TestAPodUnderTheAttemptsNameIsAdoptedOnlyWithTheRecordedUID(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "mine"}, lifecycle.NewTask{TaskID: "squatted"})
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "forged"}, lifecycle.NewTask{TaskID: "squatted"})
 	cfg := e.config(e.cs)
 	spec := kuberunner.PodSpec{Namespace: e.ns, Image: cfg.Image, AgentPath: "reaper-agent"}
-	mine := kuberunner.BuildPod(spec, e.ti(t, "run-1", "mine"), nil)
-	made, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, mine, metav1.CreateOptions{})
+	forged := kuberunner.BuildPod(spec, e.ti(t, "run-1", "forged"), nil)
+	made, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, forged, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,11 +519,25 @@ func TestACreateRepeatedForTheSameAttemptAdoptsItsPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := cycle(t, e.runner(t, cfg), e.clk.Now())
-	if res.Dispatched != 1 || !slices.Equal(labels(res), []string{sdk.LabelDispatchFailed}) {
-		t.Fatalf("dispatched %d, decisions %v", res.Dispatched, labels(res))
+	count := map[string]int{}
+	for _, d := range res.Decisions {
+		count[d.Label]++
+		if d.Label == sdk.LabelForeignTaskPod && (d.Applied || d.Evidence["pod_uid"] != string(made.UID) || d.Attempt.TaskID != "forged") {
+			t.Fatalf("foreign pod decision %+v, want one not applied naming pod %s", d, made.UID)
+		}
 	}
-	if uid, err := e.w.PodUID(ctx, e.ti(t, "run-1", "mine").Attempt); err != nil || uid != string(made.UID) {
-		t.Fatalf("recorded UID %q (%v), want the existing pod's %q", uid, err, made.UID)
+	if res.Dispatched != 0 || count[sdk.LabelForeignTaskPod] != 1 || count[sdk.LabelDispatchFailed] != 2 {
+		t.Fatalf("dispatched %d, decisions %v: want nothing dispatched, one foreign pod, two dispatches failed", res.Dispatched, labels(res))
+	}
+	ti := e.ti(t, "run-1", "forged")
+	if uid, err := e.w.PodUID(ctx, ti.Attempt); err != nil || uid != "" {
+		t.Fatalf("recorded UID %q (%v): the forged pod was adopted", uid, err)
+	}
+	if ti.State != sdk.StateFailed || !strings.Contains(ti.ErrorMessage, string(made.UID)) {
+		t.Fatalf("row %s %q: want failed naming the pod the runner did not make", ti.State, ti.ErrorMessage)
+	}
+	if got, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, made.Name, metav1.GetOptions{}); err != nil || got.UID != made.UID {
+		t.Fatalf("the refused pod: %v, %v (the runner never deletes a pod)", got, err)
 	}
 }
 

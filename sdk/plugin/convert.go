@@ -48,6 +48,36 @@ func attemptsToPB(as []sdk.Attempt) []*pb.Attempt {
 	return out
 }
 
+// podUIDsToPB lays the recorded pod UIDs out at the attempts' positions
+// (nil when none is recorded).
+func podUIDsToPB(as []sdk.Attempt, uids map[sdk.Attempt]string) []string {
+	var out []string
+	for i, a := range as {
+		if u := uids[a]; u != "" {
+			if out == nil {
+				out = make([]string, len(as))
+			}
+			out[i] = u
+		}
+	}
+	return out
+}
+
+// podUIDsFromPB reads the recorded pod UIDs by position (nil when none).
+func podUIDsFromPB(as []sdk.Attempt, uids []string) map[sdk.Attempt]string {
+	var out map[sdk.Attempt]string
+	for i, u := range uids {
+		if i >= len(as) || u == "" {
+			continue
+		}
+		if out == nil {
+			out = map[sdk.Attempt]string{}
+		}
+		out[as[i]] = u
+	}
+	return out
+}
+
 func attemptsFromPB(as []*pb.Attempt) []sdk.Attempt {
 	out := make([]sdk.Attempt, len(as))
 	for i, a := range as {
@@ -264,6 +294,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			ExecutionTimeout: durToPB(c.ExecutionTimeout),
 			EndedAt:          tsToPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsToPB(c.CredentialMintedAt),
+			PodUid:             c.PodUID,
 		}
 	}
 	return out
@@ -281,6 +312,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			ExecutionTimeout: durFromPB(c.ExecutionTimeout),
 			EndedAt:          tsFromPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsFromPB(c.CredentialMintedAt),
+			PodUID:             c.PodUid,
 		}
 	}
 	return out

@@ -171,3 +171,28 @@ func TestLossyPodWritesRoundTrip(t *testing.T) {
 		t.Fatalf("page %+v, want %+v", got, page)
 	}
 }
+
+// The pod UID recorded on an attempt crosses the wire on the candidate, the
+// liveness request (at the attempt's position) and the teardown request, so
+// that the substrate takes only that pod for the attempt's.
+func TestRecordedPodUIDRoundTrips(t *testing.T) {
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 2, Epoch: 3}
+	b := sdk.Attempt{RunID: "r", TaskID: "u", Try: 1, Epoch: 1}
+	page := sdk.CandidatePage{Candidates: []sdk.Candidate{{Attempt: a, State: sdk.StateRunning, PodUID: "uid-a"}}}
+	if got := candidatePageFromPB(wire(t, candidatePageToPB(page), &pb.CandidatePage{})); !reflect.DeepEqual(got, page) {
+		t.Fatalf("page %+v, want %+v", got, page)
+	}
+	as := []sdk.Attempt{b, a}
+	uids := map[sdk.Attempt]string{a: "uid-a"}
+	in := wire(t, &pb.LivenessRequest{Attempts: attemptsToPB(as), PodUids: podUIDsToPB(as, uids)}, &pb.LivenessRequest{})
+	if got := podUIDsFromPB(attemptsFromPB(in.Attempts), in.PodUids); !reflect.DeepEqual(got, uids) {
+		t.Fatalf("pod uids %+v, want %+v", got, uids)
+	}
+	if got := podUIDsToPB(as, nil); got != nil {
+		t.Fatalf("no recorded UID sent %q, want none", got)
+	}
+	td := wire(t, &pb.TeardownRequest{Attempt: attemptToPB(a), PodUid: "uid-a"}, &pb.TeardownRequest{})
+	if td.PodUid != "uid-a" {
+		t.Fatalf("teardown pod uid %q", td.PodUid)
+	}
+}

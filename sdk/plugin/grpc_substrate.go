@@ -26,6 +26,7 @@ var (
 func (c *executionsClient) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sdk.AttemptLiveness, error) {
 	resp, err := c.client.Liveness(ctx, &pb.LivenessRequest{
 		Attempts: attemptsToPB(req.Attempts), Live: req.Live, Now: tsToPB(req.Now),
+		PodUids: podUIDsToPB(req.Attempts, req.PodUIDs),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("substrate liveness: %w", err)
@@ -34,7 +35,7 @@ func (c *executionsClient) Liveness(ctx context.Context, req sdk.LivenessRequest
 }
 
 func (c *executionsClient) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
-	in := &pb.TeardownRequest{RunId: req.RunID, Reason: req.Reason, Term: req.Term}
+	in := &pb.TeardownRequest{RunId: req.RunID, Reason: req.Reason, Term: req.Term, PodUid: req.PodUID}
 	if req.Attempt != nil {
 		in.Attempt = attemptToPB(*req.Attempt)
 	}
@@ -154,7 +155,8 @@ func (s *substrateServer) Liveness(ctx context.Context, req *pb.LivenessRequest)
 		return nil, err
 	}
 	asked := attemptsFromPB(req.Attempts)
-	res, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: asked, Live: req.Live, Now: tsFromPB(req.Now)})
+	res, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: asked, Live: req.Live, Now: tsFromPB(req.Now),
+		PodUIDs: podUIDsFromPB(asked, req.PodUids)})
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +168,7 @@ func (s *substrateServer) Teardown(ctx context.Context, req *pb.TeardownRequest)
 	if err != nil {
 		return nil, err
 	}
-	in := sdk.TeardownRequest{RunID: req.RunId, Reason: req.Reason, Term: req.Term}
+	in := sdk.TeardownRequest{RunID: req.RunId, Reason: req.Reason, Term: req.Term, PodUID: req.PodUid}
 	if req.Attempt != nil {
 		a := attemptFromPB(req.Attempt)
 		in.Attempt = &a

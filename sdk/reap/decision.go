@@ -20,6 +20,7 @@ const (
 	EvHeartbeatAge     = "heartbeat_age" // "never" when the attempt has not heartbeated
 	EvRunningAge       = "running_age"
 	EvQueuedAge        = "queued_age"
+	EvPodUID           = "pod_uid" // the pod UID recorded on the attempt (kube), when one is
 	EvActivityAge      = "activity_age"
 	EvLiveness         = "liveness" // the attempt as a whole, or "error"
 	EvAgent            = "agent"
@@ -100,6 +101,9 @@ func CandidateEvidence(pass sdk.Pass, c sdk.Candidate, threshold time.Duration) 
 	}
 	if !c.QueuedAt.IsZero() {
 		e[EvQueuedAge] = Age(pass.Now, c.QueuedAt)
+	}
+	if c.PodUID != "" {
+		e[EvPodUID] = c.PodUID
 	}
 	return e
 }

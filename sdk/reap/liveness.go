@@ -41,11 +41,36 @@ var errNoAnswer = errors.New("the substrate gave no answer for this attempt")
 // ReadLiveness asks the substrate about a batch of attempts in one call. A
 // failed call makes every answer an error, so every attempt defers.
 func ReadLiveness(ctx context.Context, exec sdk.Executions, now time.Time, attempts []sdk.Attempt, live bool) map[sdk.Attempt]Answer {
+	return ReadLivenessRecorded(ctx, exec, now, attempts, nil, live)
+}
+
+// RecordedPodUIDs are the pod UIDs the candidates record (Candidate.PodUID),
+// by attempt; nil when none records one.
+func RecordedPodUIDs(cs []sdk.Candidate) map[sdk.Attempt]string {
+	var out map[sdk.Attempt]string
+	for _, c := range cs {
+		if c.PodUID == "" {
+			continue
+		}
+		if out == nil {
+			out = make(map[sdk.Attempt]string, len(cs))
+		}
+		out[c.Attempt] = c.PodUID
+	}
+	return out
+}
+
+// ReadLivenessRecorded is ReadLiveness telling the substrate the pod UID
+// recorded on each attempt (RecordedPodUIDs), so that only that pod counts
+// for the attempt: a pod someone else made with its labels keeps nothing
+// alive.
+func ReadLivenessRecorded(ctx context.Context, exec sdk.Executions, now time.Time, attempts []sdk.Attempt,
+	recorded map[sdk.Attempt]string, live bool) map[sdk.Attempt]Answer {
 	out := make(map[sdk.Attempt]Answer, len(attempts))
 	if len(attempts) == 0 {
 		return out
 	}
-	got, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Live: live, Now: now})
+	got, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Live: live, Now: now, PodUIDs: recorded})
 	if err != nil {
 		err = fmt.Errorf("read liveness of %d attempts: %w", len(attempts), err)
 		for _, a := range attempts {

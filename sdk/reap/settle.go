@@ -207,9 +207,11 @@ func noopWords(reason string) string {
 // TeardownAttempt tears down one marked attempt (kube) and returns the
 // follow-ups: deleteErrLabel when the teardown failed (the mark stays), and
 // sdk.LabelTeardownDeleteFallback when the stop in place was refused and the
-// object was deleted instead. What happened goes into ev.
+// object was deleted instead. What happened goes into ev. The pod UID
+// recorded on the attempt, when ev names one (EvPodUID, from
+// CandidateEvidence), pins the teardown to that pod.
 func TeardownAttempt(ctx context.Context, exec sdk.Executions, pass sdk.Pass, a sdk.Attempt, reason, deleteErrLabel string, ev Evidence) []FollowUp {
-	out, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: reason, Term: pass.Term})
+	out, err := exec.Teardown(ctx, sdk.TeardownRequest{Attempt: &a, Reason: reason, Term: pass.Term, PodUID: ev[EvPodUID]})
 	return TeardownFollowUps(out, err, deleteErrLabel, ev)
 }
 

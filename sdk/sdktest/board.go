@@ -841,6 +841,7 @@ func candidate(t *TaskInstance) sdk.Candidate {
 		FailureReason:    t.MarkReason,
 		WarmWorker:       t.WarmWorker,
 		ExecutionTimeout: t.ExecutionTimeout,
+		PodUID:           t.PodUID,
 	}
 }
 

@@ -16,6 +16,15 @@
 // and load-a, which share a task-id label, never read or stop each
 // other's pod, and a newer try or epoch is never the one touched.
 //
+// Labels are no proof of who made a pod, so on top of them the UID the
+// kube runner recorded on the attempt decides (foreign.go): a pod whose
+// labels name an attempt that records another UID is foreign, made by
+// someone else. It settles and overrides nothing (the board refuses it,
+// pod_not_recorded), keeps no attempt alive, holds no confirmation back,
+// and is never torn down, released or collected; it is logged once and
+// reported once as a foreign_task_pod decision by the next sweep. An
+// attempt that records no UID keeps the label rule.
+//
 // # Presence
 //
 // An informer lists and watches the namespace's pods that carry a run-id
@@ -46,8 +55,9 @@
 //   - Succeeded or Failed: skipped, logged at INFO ("reap teardown: task
 //     pod is already in a terminal phase"); its outcome record stays.
 //   - started (a start time): stopped in place by lowering
-//     activeDeadlineSeconds to 1 (the patch carries the UID, so it is
-//     refused for a replaced pod); the kubelet stops it and the pod object
+//     activeDeadlineSeconds to 1 (a JSON patch that tests /metadata/uid
+//     first, so the API server refuses it for a replaced pod); the kubelet
+//     stops it and the pod object
 //     stays with its record. A refused patch (a Role without patch, a
 //     webhook) deletes the pod instead: TeardownDeleteFallback, which the
 //     reaper meters as reap_teardown_delete_fallback.

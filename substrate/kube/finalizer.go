@@ -172,8 +172,8 @@ func (sw *sweep) finalizers(ctx context.Context, pods []*pod, settled map[*pod]b
 	released := map[types.UID]bool{}
 	var st releaseStats
 	for _, p := range pods {
-		if _, ok := p.recordFinalizer(); !ok {
-			continue
+		if _, ok := p.recordFinalizer(); !ok || sw.foreign[p] {
+			continue // a foreign pod is not reaperd's to release
 		}
 		a, named := p.labels.attempt()
 		f := releaseFacts{settled: settled[p] && !sw.unrecorded[p], provisional: named && sw.provisional[a]}

@@ -114,6 +114,9 @@ type running struct {
 	client   kubernetes.Interface
 	warm     labels.Selector
 	presence *presence
+	// foreign: the pods seen carrying an attempt's labels under another
+	// UID than the attempt records (foreign.go).
+	foreign *foreignPods
 }
 
 var _ sdk.Substrate = (*Substrate)(nil)
@@ -164,7 +167,7 @@ func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) err
 		return fmt.Errorf("configuring the kube substrate: warm_pool_selector: %w", err)
 	}
 	r := &running{cfg: cfg, client: client, warm: warm,
-		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.opts.Clock, s.log)}
+		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.opts.Clock, s.log), foreign: newForeignPods(s.log)}
 	s.mu.Lock()
 	old := s.run
 	s.run = r

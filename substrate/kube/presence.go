@@ -222,7 +222,9 @@ func selectorChunks(as []sdk.Attempt) [][]sdk.Attempt {
 }
 
 // Liveness answers, for each attempt, whether a pod of exactly that attempt
-// is present. A cached Pending or Running pod answers alive with no API
+// is present. When the request names the pod UID the attempt records, only
+// the pod of that UID counts: any other pod with the attempt's labels is
+// foreign (foreign.go) and keeps nothing alive. A cached Pending or Running pod answers alive with no API
 // call (unless the request asks for a live read); every other attempt is
 // read live, all of them in one LIST. A read error answers unknown. An
 // alive answer whose pods may be on a lost node also says whether that node
@@ -242,7 +244,7 @@ func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sd
 	useCache := !req.Live && r.presence.synced()
 	for i, a := range req.Attempts {
 		if useCache {
-			pods := r.presence.cached(a)
+			pods := r.ownPods(a, req.PodUIDs[a], r.presence.cached(a), "presence")
 			if l, ok := presentFromCache(a, pods); ok {
 				out[i] = l
 				nodes.annotate(ctx, &out[i], pods)
@@ -264,8 +266,9 @@ func (s *Substrate) Liveness(ctx context.Context, req sdk.LivenessRequest) ([]sd
 				Detail: "reading the attempt's pods failed: " + err.Error()}
 			continue
 		}
-		out[i] = presentLive(a, pods[a])
-		nodes.annotate(ctx, &out[i], pods[a])
+		own := r.ownPods(a, req.PodUIDs[a], pods[a], "presence")
+		out[i] = presentLive(a, own)
+		nodes.annotate(ctx, &out[i], own)
 	}
 	return out, nil
 }

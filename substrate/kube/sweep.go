@@ -30,7 +30,7 @@ var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 // leak bound; collect finished pods that are settled and older than
 // CollectAfter. The sweep completes only on a synced cache: until then it
 // fails, and the gate holds.
-func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
+func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (res sdk.SweepResult, err error) {
 	r, err := s.current()
 	if err != nil {
 		return sdk.SweepResult{}, err
@@ -40,7 +40,20 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 	}
 	sw := &sweep{s: s, r: r, req: req, board: board, res: sdk.SweepResult{Overrides: map[string]int64{}},
 		marked: map[sdk.Attempt]bool{}, markedKeys: map[string]bool{}, provisional: map[sdk.Attempt]bool{},
-		unrecorded: map[*pod]bool{}}
+		unrecorded: map[*pod]bool{}, foreign: map[*pod]bool{}}
+	// The foreign pods seen since the last sweep (here, by the presence
+	// check or by a teardown) become decisions, so they are metered and
+	// audited.
+	defer func() {
+		ds := sw.foreignDecisions()
+		if err != nil {
+			// The host drops the decisions of a failed sweep: keep these
+			// for the next one.
+			r.foreign.putBack(ds)
+			return
+		}
+		res.Decisions = append(res.Decisions, ds...)
+	}()
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
@@ -86,6 +99,20 @@ type sweep struct {
 	// unrecorded: finished pods whose settlement found no such task
 	// instance on the board.
 	unrecorded map[*pod]bool
+	// foreign: finished pods the board refused because the attempt their
+	// labels name records another pod's UID: never released, never
+	// collected.
+	foreign map[*pod]bool
+}
+
+// foreignDecisions are the decisions about foreign pods queued since the
+// last sweep, this one's included.
+func (sw *sweep) foreignDecisions() []sdk.Decision {
+	ds := sw.r.foreign.take()
+	for i := range ds {
+		ds[i].DryRun = sw.req.DryRun
+	}
+	return ds
 }
 
 // heldByMark: the pod may belong to an attempt with a provisional infra
@@ -150,6 +177,10 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 				mr.NoopReason == sdk.NoopRunFinished
 			if mr.NoopReason == sdk.NoopNotFound {
 				sw.unrecorded[owner[i]] = true
+			}
+			if mr.NoopReason == sdk.NoopPodNotRecorded {
+				sw.foreign[owner[i]] = true
+				sw.r.foreign.saw(owner[i], batch[i].Attempt, "", "sweep")
 			}
 			if mr.Applied {
 				st := batch[i]
@@ -241,6 +272,9 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 		oDetail   []string
 	)
 	for _, c := range cs {
+		// Only the attempt's recorded pod (when it records one) decides:
+		// a foreign pod neither overrides nor holds the mark back.
+		pods[c.Attempt] = sw.r.ownPods(c.Attempt, c.PodUID, pods[c.Attempt], "sweep")
 		act, detail := judgeMark(c, pods[c.Attempt], sw.req.Now, sw.req.Ladder)
 		switch act {
 		case markConfirm:

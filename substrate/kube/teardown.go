@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -50,7 +51,9 @@ func judgeTeardown(p *pod) (stopAction, string) {
 
 // Teardown stops exactly the named attempt's pods (or every pod of the
 // named run), each pinned by the UID the live read returned, so a pod
-// created after the read is never touched. Outcomes say what happened to
+// created after the read is never touched. With the pod UID the attempt
+// records (req.PodUID), only that pod is: any other with its labels is
+// foreign (foreign.go), left alone. Outcomes say what happened to
 // each pod; an error means the pods could not be read, and nothing was
 // done.
 func (s *Substrate) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sdk.TeardownOutcome, error) {
@@ -85,6 +88,11 @@ func (s *Substrate) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sd
 	}); err != nil {
 		return nil, fmt.Errorf("kube teardown of %s: reading its pods: %w", what, err)
 	}
+	if req.Attempt != nil {
+		// Only the pod the attempt records, when it records one: a pod
+		// someone else made with its labels is never touched.
+		pods = r.ownPods(*req.Attempt, req.PodUID, pods, "teardown")
+	}
 	if len(pods) == 0 {
 		return []sdk.TeardownOutcome{{Object: what, Action: sdk.TeardownNothing}}, nil
 	}
@@ -107,13 +115,12 @@ func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason string)
 	case stopDelete:
 		return r.deletePinned(ctx, p, sdk.TeardownDeleted, log.With("why", why))
 	}
-	patch := fmt.Sprintf(`{"metadata":{"uid":%q},"spec":{"activeDeadlineSeconds":1}}`, p.UID)
-	_, err := r.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+	_, err := r.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.JSONPatchType, deadlinePatch(p.UID), metav1.PatchOptions{})
 	switch {
 	case err == nil:
 		log.Info("reap teardown: stopped the task pod in place (activeDeadlineSeconds lowered to 1)")
 		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownStoppedInPlace}
-	case gone(err):
+	case gone(err) || (apierrors.IsInvalid(err) && r.replaced(ctx, p)):
 		log.Info("reap teardown: the listed pod is gone or was replaced; nothing to stop", "error", err)
 		return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing, Error: sdk.TeardownGone + err.Error()}
 	case refused(err):
@@ -123,6 +130,34 @@ func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason string)
 	log.Warn("reap teardown: stopping the pod in place failed", "error", err)
 	return sdk.TeardownOutcome{Object: p.ref(), Action: sdk.TeardownNothing,
 		Error: fmt.Sprintf("lowering the deadline of %s: %v", p.ref(), err)}
+}
+
+// deadlinePatch lowers a pod's activeDeadlineSeconds to 1, pinned to its
+// UID: a JSON patch whose first operation tests /metadata/uid, so the API
+// server refuses it (the test fails, nothing is applied) for a pod that was
+// replaced under the same name since it was read, as the delete's UID
+// precondition does.
+func deadlinePatch(uid types.UID) []byte {
+	b, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/uid", "value": string(uid)},
+		{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 1},
+	})
+	if err != nil {
+		panic(fmt.Sprintf("kube: building the deadline patch: %v", err)) // strings and numbers: cannot fail
+	}
+	return b
+}
+
+// replaced: the pod under p's name is no longer p (another UID, or none).
+// The API server answers a patch whose test failed with a bare 422
+// Invalid, as it answers a patch it judged invalid: reading the name tells
+// the two apart. A read that fails says nothing: false.
+func (r *running) replaced(ctx context.Context, p *pod) bool {
+	got, err := r.client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true
+	}
+	return err == nil && got.UID != p.UID
 }
 
 // deletePinned deletes p only while it is still the pod with the UID read.

@@ -322,16 +322,39 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatal("a lossy settlement without a pod UID was accepted")
 			}
 		},
-		// An annotated settlement keeps its behaviour: matched by its exact
-		// task id, whatever pod UID the row records.
-		"SettleFromAnExactPodIsUnchanged": func(t *testing.T, f Fixture) {
+		// A pod is the attempt's only when its UID is the one the attempt
+		// records: a pod someone else made with the attempt's labels (and
+		// the exact task id) settles nothing.
+		"SettleFromAPodOfAnotherUIDThanTheRecordedSettlesNothing": func(t *testing.T, f Fixture) {
 			a := silent(f)
 			r := row(t, f, a)
 			r.PodUID = "uid-recorded"
 			f.Put(r)
+			before := row(t, f, a)
 			s := settlement(f, a, sdk.OutcomeSuccess)
-			s.PodUID = "uid-other"
+			s.PodUID = "uid-forged"
+			noop(t, settleOne(t, f, s), sdk.NoopPodNotRecorded)
+			unchanged(t, f, a, before)
+			s.PodUID = "uid-recorded"
 			applied(t, settleOne(t, f, s))
+		},
+		// An attempt that records no pod UID (its pod is from before UIDs
+		// were recorded, or not recorded yet) keeps the label rule.
+		"SettleFromAPodOfAnAttemptThatRecordsNoUIDKeepsTheLabelRule": func(t *testing.T, f Fixture) {
+			a := silent(f)
+			s := settlement(f, a, sdk.OutcomeSuccess)
+			s.PodUID = "uid-any"
+			applied(t, settleOne(t, f, s))
+		},
+		"OverrideFromAPodOfAnotherUIDThanTheRecordedIsRefused": func(t *testing.T, f Fixture) {
+			o := fresh(f)
+			r := row(t, f, o.Attempt)
+			r.PodUID = "uid-own"
+			f.Put(r)
+			o.PodUID = "uid-forged"
+			noOverride(t, f, o, sdk.NoopPodNotRecorded)
+			o.PodUID = "uid-own"
+			applied(t, overrideOne(t, f, o))
 		},
 		// A SUCCESS record on a pod that only its lossy labels tie to the
 		// marked task overrides the mark only when the attempt records

@@ -1038,8 +1038,11 @@ type Candidate struct {
 	EndedAt            int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	FailureReason      string                 `protobuf:"bytes,14,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
 	CredentialMintedAt int64                  `protobuf:"varint,15,opt,name=credential_minted_at,json=credentialMintedAt,proto3" json:"credential_minted_at,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// added in v1 (16 and 17 are the warm claim's): the pod UID the kube
+	// runner recorded for the attempt; "" when none is.
+	PodUid        string `protobuf:"bytes,18,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Candidate) Reset() {
@@ -1175,6 +1178,13 @@ func (x *Candidate) GetCredentialMintedAt() int64 {
 		return x.CredentialMintedAt
 	}
 	return 0
+}
+
+func (x *Candidate) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
 }
 
 type CandidatePage struct {
@@ -2637,10 +2647,14 @@ func (x *SyncedResponse) GetSynced() bool {
 }
 
 type LivenessRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attempts      []*Attempt             `protobuf:"bytes,1,rep,name=attempts,proto3" json:"attempts,omitempty"`
-	Live          bool                   `protobuf:"varint,2,opt,name=live,proto3" json:"live,omitempty"`
-	Now           int64                  `protobuf:"varint,3,opt,name=now,proto3" json:"now,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Attempts []*Attempt             `protobuf:"bytes,1,rep,name=attempts,proto3" json:"attempts,omitempty"`
+	Live     bool                   `protobuf:"varint,2,opt,name=live,proto3" json:"live,omitempty"`
+	Now      int64                  `protobuf:"varint,3,opt,name=now,proto3" json:"now,omitempty"`
+	// added in v1: the pod UID recorded on each attempt, at the attempt's
+	// position ("" none: the label rule); shorter than attempts, or absent,
+	// from older callers.
+	PodUids       []string `protobuf:"bytes,4,rep,name=pod_uids,json=podUids,proto3" json:"pod_uids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2694,6 +2708,13 @@ func (x *LivenessRequest) GetNow() int64 {
 		return x.Now
 	}
 	return 0
+}
+
+func (x *LivenessRequest) GetPodUids() []string {
+	if x != nil {
+		return x.PodUids
+	}
+	return nil
 }
 
 type AttemptLiveness struct {
@@ -2862,6 +2883,7 @@ type TeardownRequest struct {
 	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Term          int64                  `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	PodUid        string                 `protobuf:"bytes,5,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"` // added in v1: the pod UID recorded on the attempt ("" none)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2922,6 +2944,13 @@ func (x *TeardownRequest) GetTerm() int64 {
 		return x.Term
 	}
 	return 0
+}
+
+func (x *TeardownRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
 }
 
 type TeardownOutcome struct {
@@ -3454,7 +3483,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
 	"\x05limit\x18\a \x01(\x05R\x05limit\x12&\n" +
-	"\x04only\x18\b \x03(\v2\x12.reaper.v1.AttemptR\x04only\"\xb8\x04\n" +
+	"\x04only\x18\b \x03(\v2\x12.reaper.v1.AttemptR\x04only\"\xd1\x04\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -3474,7 +3503,8 @@ const file_reaper_proto_rawDesc = "" +
 	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
 	"\bended_at\x18\r \x01(\x03R\aendedAt\x12%\n" +
 	"\x0efailure_reason\x18\x0e \x01(\tR\rfailureReason\x120\n" +
-	"\x14credential_minted_at\x18\x0f \x01(\x03R\x12credentialMintedAt\"l\n" +
+	"\x14credential_minted_at\x18\x0f \x01(\x03R\x12credentialMintedAt\x12\x17\n" +
+	"\apod_uid\x18\x12 \x01(\tR\x06podUid\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +
 	"candidates\x18\x01 \x03(\v2\x14.reaper.v1.CandidateR\n" +
@@ -3591,11 +3621,12 @@ const file_reaper_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"(\n" +
 	"\x0eSyncedResponse\x12\x16\n" +
-	"\x06synced\x18\x01 \x01(\bR\x06synced\"g\n" +
+	"\x06synced\x18\x01 \x01(\bR\x06synced\"\x82\x01\n" +
 	"\x0fLivenessRequest\x12.\n" +
 	"\battempts\x18\x01 \x03(\v2\x12.reaper.v1.AttemptR\battempts\x12\x12\n" +
 	"\x04live\x18\x02 \x01(\bR\x04live\x12\x10\n" +
-	"\x03now\x18\x03 \x01(\x03R\x03now\"\xb4\x02\n" +
+	"\x03now\x18\x03 \x01(\x03R\x03now\x12\x19\n" +
+	"\bpod_uids\x18\x04 \x03(\tR\apodUids\"\xb4\x02\n" +
 	"\x0fAttemptLiveness\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
@@ -3610,12 +3641,13 @@ const file_reaper_proto_rawDesc = "" +
 	"node_error\x18\n" +
 	" \x01(\tR\tnodeError\"H\n" +
 	"\x10LivenessResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.reaper.v1.AttemptLivenessR\aresults\"\x82\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.reaper.v1.AttemptLivenessR\aresults\"\x9b\x01\n" +
 	"\x0fTeardownRequest\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x12\n" +
-	"\x04term\x18\x04 \x01(\x03R\x04term\"W\n" +
+	"\x04term\x18\x04 \x01(\x03R\x04term\x12\x17\n" +
+	"\apod_uid\x18\x05 \x01(\tR\x06podUid\"W\n" +
 	"\x0fTeardownOutcome\x12\x16\n" +
 	"\x06object\x18\x01 \x01(\tR\x06object\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12\x14\n" +
