@@ -264,6 +264,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			ExecutionTimeout: durToPB(c.ExecutionTimeout),
 			EndedAt:          tsToPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsToPB(c.CredentialMintedAt),
+			WarmClaimedAt:      tsToPB(c.WarmClaimedAt), WarmClaimHolds: c.WarmClaimHolds,
 		}
 	}
 	return out
@@ -281,6 +282,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			ExecutionTimeout: durFromPB(c.ExecutionTimeout),
 			EndedAt:          tsFromPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsFromPB(c.CredentialMintedAt),
+			WarmClaimedAt:      tsFromPB(c.WarmClaimedAt), WarmClaimHolds: c.WarmClaimHolds,
 		}
 	}
 	return out
