@@ -45,6 +45,9 @@ type Row struct {
 	// PodUID is the pod UID recorded for the attempt (kube). It is seeded,
 	// not read back.
 	PodUID string
+	// WarmWorker is the warm worker the attempt is bound to (warm). It is
+	// seeded, not read back.
+	WarmWorker string
 }
 
 // RunRow is a run as a case seeds it.
@@ -79,6 +82,9 @@ type Fixture interface {
 	// LockRun makes another transaction hold the rows of a run until the
 	// test ends.
 	LockRun(runID string)
+	// RecordWarmClaim records a warm worker's claim, as the attempt API
+	// records an accepted one.
+	RecordWarmClaim(worker string, c sdktest.WarmClaim)
 }
 
 // Memory returns a Fixture over a fresh in-memory board (sdktest.Board).
@@ -109,7 +115,7 @@ func (m *memory) Put(r Row) {
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
-		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID})
+		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID, WarmWorker: r.WarmWorker})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {
@@ -133,3 +139,6 @@ func (m *memory) Log(a sdk.Attempt) []string { return m.b.Log(a) }
 func (m *memory) Depose()                    { m.b.SetTerm(m.b.Term() + 1) }
 func (m *memory) ExpireLease(at time.Time)   { m.b.SetLease(at) }
 func (m *memory) LockRun(runID string)       { m.b.LockRun(runID, true) }
+func (m *memory) RecordWarmClaim(worker string, c sdktest.WarmClaim) {
+	m.b.RecordWarmClaim(worker, c)
+}
