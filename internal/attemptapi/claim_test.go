@@ -58,7 +58,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		wc := b.workerClient(t, "warm-a")
 		before := wc.Token()
 		b.clk.Advance(2 * time.Second)
-		got, err := wc.Claim(ctx, "warm-a", 4)
+		got, err := wc.Claim(ctx, "warm-a", 4, nil)
 		if err != nil || len(got) != 1 || got[0].Attempt() != a || got[0].Command != "echo warm" ||
 			got[0].ExecutionTimeoutSeconds != 90 {
 			t.Fatalf("claim: %+v, %v", got, err)
@@ -85,7 +85,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 			t.Fatalf("state %s", ti.State)
 		}
 		// Started (and ended): no longer claimable.
-		if got, err := wc.Claim(ctx, "warm-a", 4); err != nil || len(got) != 0 {
+		if got, err := wc.Claim(ctx, "warm-a", 4, nil); err != nil || len(got) != 0 {
 			t.Fatalf("claim after the run: %+v, %v", got, err)
 		}
 	})
@@ -94,11 +94,11 @@ func TestWarmWorkerClaim(t *testing.T) {
 		b := setup(t)
 		a := b.bindWarm(t, "r1", "warm-a")
 		wc := b.workerClient(t, "warm-a")
-		first, err := wc.Claim(ctx, "warm-a", 1)
+		first, err := wc.Claim(ctx, "warm-a", 1, nil)
 		if err != nil || len(first) != 1 {
 			t.Fatal(first, err)
 		}
-		again, err := wc.Claim(ctx, "warm-a", 1) // an answer lost, asked again
+		again, err := wc.Claim(ctx, "warm-a", 1, nil) // an answer lost, asked again
 		if err != nil || len(again) != 1 {
 			t.Fatal(again, err)
 		}
@@ -139,7 +139,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		other := sdk.Attempt{RunID: "r2", TaskID: "t1", Try: 1}
 		b.run(t, "r2", "t1")
 		ac := b.dispatch(t, other)
-		_, err := ac.Claim(ctx, "warm-a", 1)
+		_, err := ac.Claim(ctx, "warm-a", 1, nil)
 		refusedWith(t, err, attemptapi.CodeWrongKind)
 	})
 
@@ -147,7 +147,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		b := setup(t)
 		b.bindWarm(t, "r1", "warm-a")
 		wc := b.workerClient(t, "warm-b")
-		_, err := wc.Claim(ctx, "warm-a", 1)
+		_, err := wc.Claim(ctx, "warm-a", 1, nil)
 		refusedWith(t, err, attemptapi.CodeWrongScope)
 	})
 
@@ -156,13 +156,13 @@ func TestWarmWorkerClaim(t *testing.T) {
 		a := b.bindWarm(t, "r1", "warm-a")
 		b.clk.Advance(ceiling + ttl/2) // bound, never claimed
 		wc := b.workerClient(t, "warm-a")
-		got, err := wc.Claim(ctx, "warm-a", 1)
+		got, err := wc.Claim(ctx, "warm-a", 1, nil)
 		if err != nil || len(got) != 1 || !got[0].ExpiresAt.Equal(base.Add(ceiling+ttl)) {
 			t.Fatalf("claim past the ceiling: %+v, %v: want the token to lapse one TTL after the ceiling", got, err)
 		}
 		b.clk.Advance(ttl)
 		wc = b.workerClient(t, "warm-a")
-		if got, err := wc.Claim(ctx, "warm-a", 1); err != nil || len(got) != 0 {
+		if got, err := wc.Claim(ctx, "warm-a", 1, nil); err != nil || len(got) != 0 {
 			t.Fatalf("claim of a lapsed credential: %+v, %v: want %s not handed out", got, err, a)
 		}
 	})
@@ -172,7 +172,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		b.bindWarm(t, "r1", "warm-a")
 		wc := b.workerClient(t, "warm-a")
 		b.clk.Advance(ttl)
-		_, err := wc.Claim(ctx, "warm-a", 1)
+		_, err := wc.Claim(ctx, "warm-a", 1, nil)
 		refusedWith(t, err, attemptapi.CodeExpired)
 	})
 }

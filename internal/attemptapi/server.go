@@ -27,6 +27,7 @@ type Board interface {
 	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
+	RecordClaim(ctx context.Context, c lifecycle.WarmClaim) error
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -303,15 +304,38 @@ func (s *Server) state(ctx context.Context, c call) (Response, error) {
 
 // claim answers a warm worker (its token verified for the worker the call
 // names) with the queued attempts bound to it, up to its free slots, each
-// with the attempt's own token, and renews the worker's token. It writes
-// nothing: the worker then reports each attempt running through the
-// attempt's own call, whose guard lets exactly one execution start it.
+// with the attempt's own token, and renews the worker's token. Its one
+// write is the worker's claim record (warm_worker_claims): when it claimed
+// and what it said it runs, so the kube sweep can tell a live worker that
+// no longer runs a marked attempt. A claim listing more than
+// MaxClaimRunning attempts, or a malformed one, is refused and records
+// nothing. The worker reports each attempt running through the attempt's
+// own call, whose guard lets exactly one execution start it.
 // The attempt's credential counts from its bind (credential_minted_at,
 // recorded at the warm dispatch; else its queue time), so the credential
 // ceiling and the worker's watchdog count from the dispatch, as for a pod.
 func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a claim names a worker, not an attempt")
+	}
+	rec := lifecycle.WarmClaim{Worker: c.req.Worker, At: c.now}
+	if c.req.Running != nil {
+		running := *c.req.Running
+		if len(running) > MaxClaimRunning {
+			return Response{}, refuse(http.StatusBadRequest, CodeBadRequest,
+				"the claim lists %d running attempts, at most %d", len(running), MaxClaimRunning)
+		}
+		rec.Known, rec.Running = true, make([]sdk.Attempt, len(running))
+		for i, sl := range running {
+			if sl.RunID == "" || sl.TaskID == "" || sl.Try < 0 || sl.Epoch < 0 {
+				return Response{}, refuse(http.StatusBadRequest, CodeBadRequest,
+					"running attempt #%d of the claim is malformed: %s", i, sl.Attempt())
+			}
+			rec.Running[i] = sl.Attempt()
+		}
+	}
+	if err := s.cfg.Board.RecordClaim(ctx, rec); err != nil {
+		return Response{}, boardFailure("recording the worker's claim", err)
 	}
 	slots := min(max(c.req.Slots, 1), maxClaim)
 	tis, err := s.cfg.Board.BoundTo(ctx, c.req.Worker, slots)

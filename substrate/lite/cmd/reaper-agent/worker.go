@@ -10,6 +10,7 @@ import (
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -31,8 +32,8 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 		return exitUsage
 	}
 	defer wc.Close()
-	claim := func(ctx context.Context, slots int) ([]agent.Claimed, error) {
-		got, err := wc.Claim(ctx, inv.Worker, slots)
+	claim := func(ctx context.Context, slots int, running []sdk.Attempt) ([]agent.Claimed, error) {
+		got, err := wc.Claim(ctx, inv.Worker, slots, running)
 		if err != nil {
 			return nil, refused(err)
 		}
