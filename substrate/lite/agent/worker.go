@@ -1,9 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"cmp"
 	"fmt"
 	"slices"
 	"sync"
