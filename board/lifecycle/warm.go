@@ -65,7 +65,10 @@ func (w *Writer) collect(ctx context.Context, what, sql string, args ...any) ([]
 // which attempts it said it runs at that moment.
 type WarmClaim struct {
 	Worker string
-	At     time.Time
+	// At is the claim's time: the attempt API gives the issue time of the
+	// worker token the claim presented (every attempt handed to the worker
+	// before it is in Running unless its run ended).
+	At time.Time
 	// Known: the claim said what the worker runs (Running, possibly none).
 	// An older worker says nothing: unknown, never "runs nothing".
 	Known   bool

@@ -117,10 +117,12 @@ func refuse(status int, code, format string, args ...any) *refusal {
 	return &refusal{status: status, body: ErrorBody{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
-// call is one authorised call: its attempt, the token's claims, its now.
+// call is one authorised call: its attempt, the token's claims (a
+// worker's for a claim), its now.
 type call struct {
 	req    Request
 	claims attempttoken.Claims
+	worker attempttoken.WorkerClaims
 	now    time.Time
 }
 
@@ -191,7 +193,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 			return Response{}, refuse(http.StatusForbidden, CodeWrongScope,
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
-		return h(r.Context(), call{req: req, now: now})
+		return h(r.Context(), call{req: req, worker: wc, now: now})
 	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
@@ -305,12 +307,18 @@ func (s *Server) state(ctx context.Context, c call) (Response, error) {
 // claim answers a warm worker (its token verified for the worker the call
 // names) with the queued attempts bound to it, up to its free slots, each
 // with the attempt's own token, and renews the worker's token. Its one
-// write is the worker's claim record (warm_worker_claims): when it claimed
-// and what it said it runs, so the kube sweep can tell a live worker that
-// no longer runs a marked attempt. A claim listing more than
-// MaxClaimRunning attempts, or a malformed one, is refused and records
-// nothing. The worker reports each attempt running through the attempt's
-// own call, whose guard lets exactly one execution start it.
+// write is the worker's claim record (warm_worker_claims): what the worker
+// said it runs, so the kube sweep can tell a live worker that no longer
+// runs a marked attempt. The record's time is the issue time of the worker
+// token the claim presented, not the time the claim arrived: a worker
+// claims one call at a time and takes each renewed token from an answer,
+// so its claim speaks for every attempt handed to it by an answer made
+// before that time, even when a request sent earlier arrives late (it
+// carries an older token, and an older record never replaces a newer one).
+// A claim listing more than MaxClaimRunning attempts, or a malformed one,
+// is refused and records nothing. The worker reports each attempt running
+// through the attempt's own call, whose guard lets exactly one execution
+// start it.
 // The attempt's credential counts from its bind (credential_minted_at,
 // recorded at the warm dispatch; else its queue time), so the credential
 // ceiling and the worker's watchdog count from the dispatch, as for a pod.
@@ -318,7 +326,7 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a claim names a worker, not an attempt")
 	}
-	rec := lifecycle.WarmClaim{Worker: c.req.Worker, At: c.now}
+	rec := lifecycle.WarmClaim{Worker: c.req.Worker, At: c.worker.IssuedAt}
 	if c.req.Running != nil {
 		running := *c.req.Running
 		if len(running) > MaxClaimRunning {
