@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -62,12 +63,32 @@ func (m *meter) count(key string) int {
 
 type bundle struct {
 	w      *lifecycle.Writer
+	pool   *pgxpool.Pool
+	logs   *logBuffer // what the server logged (warnings and worse)
 	clk    *clock.Fake
 	keys   *keyHolder
 	meter  *meter
 	url    string
 	ca     string
 	issuer attempttoken.Issuer
+}
+
+// logBuffer collects what the server logs, safe for its goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 // keyHolder is the keyring in force, swapped on rotation.
@@ -101,10 +122,11 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
-		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
+	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), pool: pool, logs: &logBuffer{}, clk: clock.NewFake(base),
+		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
-		Board: b.w, Meter: b.meter, Clock: b.clk})
+		Board: b.w, Meter: b.meter, Clock: b.clk,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: b.logs, Level: hclog.Warn, JSONFormat: true})})
 	if err != nil {
 		t.Fatal(err)
 	}
