@@ -127,7 +127,7 @@ func (s *Store) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
 	}
-	page, err := s.candidatePage(ctx, sql, args, limit, func(c sdk.Candidate) time.Time { return candidateTime(c, q.OrderBy) })
+	page, err := s.candidatePage(ctx, sql, args, limit, scanCandidate, func(c sdk.Candidate) time.Time { return candidateTime(c, q.OrderBy) })
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
 	}
@@ -137,13 +137,14 @@ func (s *Store) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 // candidatePage runs a candidate listing (sql selects candidateColumns,
 // at most limit rows) and makes its page: Next, at the last row's key
 // (keyAt its timestamp), only when the page is full.
-func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit int, keyAt func(sdk.Candidate) time.Time) (sdk.CandidatePage, error) {
+func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit int,
+	scan pgx.RowToFunc[sdk.Candidate], keyAt func(sdk.Candidate) time.Time) (sdk.CandidatePage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var cands []sdk.Candidate
 	err := s.listing(ctx, sql, args, func(rows pgx.Rows) error {
 		var err error
-		cands, err = pgx.CollectRows(rows, scanCandidate)
+		cands, err = pgx.CollectRows(rows, scan)
 		return err
 	})
 	if err != nil {
@@ -200,6 +201,12 @@ func (s *Store) listing(ctx context.Context, sql string, args []any, read func(p
 }
 
 func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
+	return scanCandidateWith(row)
+}
+
+// scanCandidateWith scans candidateColumns, then extra (columns the
+// statement selects after them).
+func scanCandidateWith(row pgx.CollectableRow, extra ...any) (sdk.Candidate, error) {
 	var (
 		c                                                  sdk.Candidate
 		queued, running, hb, released, ended, marked, conf *time.Time
@@ -207,8 +214,8 @@ func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
 		kind, reason, warm, podUID                         *string
 		timeout                                            *int32
 	)
-	err := row.Scan(&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
-		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout, &minted, &podUID)
+	err := row.Scan(append([]any{&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
+		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout, &minted, &podUID}, extra...)...)
 	if err != nil {
 		return sdk.Candidate{}, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/sdk/sdktest/boardtest"
 )
 
@@ -83,20 +84,20 @@ func (f *fixture) Put(r boardtest.Row) {
 	f.exec(`INSERT INTO task_instances (run_id, task_id, try_number, attempt_epoch, state, executor,
             queued_at, running_at, last_heartbeat_at, released_at, ended_at, last_failure_kind, failure_reason,
             infra_marked_at, infra_confirmed_at, error_message, held_at, run_closed, updated_at,
-            infra_budget, infra_used, pod_uid, credential_minted_at, credential_exchanged_at)
+            infra_budget, infra_used, pod_uid, credential_minted_at, credential_exchanged_at, warm_worker)
         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            r.state IN ('success', 'failed'), $18, $19, $20, $21, $22, $23
+            r.state IN ('success', 'failed'), $18, $19, $20, $21, $22, $23, $24
         FROM runs r WHERE r.run_id = $1
         ON CONFLICT (run_id, task_id) DO UPDATE SET try_number = $3, attempt_epoch = $4, state = $5, executor = $6,
             queued_at = $7, running_at = $8, last_heartbeat_at = $9, released_at = $10, ended_at = $11,
             last_failure_kind = $12, failure_reason = $13, infra_marked_at = $14, infra_confirmed_at = $15,
             error_message = $16, held_at = $17, updated_at = $18, infra_budget = $19, infra_used = $20,
-            pod_uid = $21, credential_minted_at = $22, credential_exchanged_at = $23`,
+            pod_uid = $21, credential_minted_at = $22, credential_exchanged_at = $23, warm_worker = $24`,
 		r.RunID, r.TaskID, r.Try, r.Epoch, r.State, r.Executor,
 		ts(r.QueuedAt), ts(r.RunningAt), ts(r.LastHeartbeatAt), ts(r.ReleasedAt), ts(r.EndedAt),
 		text(r.LastFailureKind), text(r.FailureReason), ts(r.InfraMarkedAt), ts(r.InfraConfirmedAt),
 		text(r.ErrorMessage), held, boardtest.T0().Add(-48*time.Hour), r.InfraBudget, r.InfraUsed, text(r.PodUID),
-		ts(r.CredentialMintedAt), ts(r.CredentialExchangedAt))
+		ts(r.CredentialMintedAt), ts(r.CredentialExchangedAt), text(r.WarmWorker))
 }
 
 func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
@@ -159,6 +160,16 @@ func (f *fixture) Log(a sdk.Attempt) []string {
 func (f *fixture) Depose() { f.exec(`UPDATE leader SET term = term + 1`) }
 
 func (f *fixture) ExpireLease(at time.Time) { f.exec(`UPDATE leader SET expires_at = $1`, at) }
+
+// RecordWarmClaim records the claim through the attempt API's own write.
+func (f *fixture) RecordWarmClaim(worker string, c sdktest.WarmClaim) {
+	f.t.Helper()
+	err := lifecycle.New(f.pool, lifecycle.Options{}).RecordClaim(context.Background(),
+		lifecycle.WarmClaim{Worker: worker, At: c.At, Known: c.Known, Running: c.Running})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
 
 // LockRun holds every row of the run in another transaction, as a
 // scheduler writing them would, until the test ends.

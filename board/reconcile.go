@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -33,15 +35,37 @@ func (s *Store) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 		args = append(args, q.After.At, q.After.RunID, q.After.TaskID)
 		after = " AND (infra_marked_at, run_id, task_id) > ($1::timestamptz, $2::text, $3::text)"
 	}
-	// infra_marked_at IS NOT NULL matches the partial index of marks.
-	sql := "SELECT " + candidateColumns + " FROM task_instances ti WHERE " + provisionalTI +
+	// infra_marked_at IS NOT NULL matches the partial index of marks. A
+	// warm attempt's row carries its worker's last claim (one primary-key
+	// lookup per row of the page).
+	sql := "SELECT " + candidateColumns + ", " + warmClaimColumns +
+		" FROM task_instances ti LEFT JOIN warm_worker_claims wc ON wc.worker = ti.warm_worker WHERE " + provisionalTI +
 		" AND infra_marked_at IS NOT NULL" + execFilter + after +
 		" ORDER BY infra_marked_at, run_id, task_id LIMIT " + strconv.Itoa(limit)
-	page, err := s.candidatePage(ctx, sql, args, limit, func(c sdk.Candidate) time.Time { return c.InfraMarkedAt })
+	page, err := s.candidatePage(ctx, sql, args, limit, scanProvisional, func(c sdk.Candidate) time.Time { return c.InfraMarkedAt })
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)
 	}
 	return page, nil
+}
+
+// warmClaimColumns are the worker's last claim of a warm candidate: its
+// time when the claim said what the worker runs (NULL otherwise: no record,
+// or an older worker that did not say), and whether it listed exactly the
+// row's attempt.
+const warmClaimColumns = `CASE WHEN wc.running IS NOT NULL THEN wc.claimed_at END,
+	coalesce(wc.running @> jsonb_build_array(jsonb_build_object('run_id', ti.run_id, 'task_id', ti.task_id,
+		'try', ti.try_number, 'epoch', ti.attempt_epoch)), false)`
+
+func scanProvisional(row pgx.CollectableRow) (sdk.Candidate, error) {
+	var claimed *time.Time
+	var holds bool
+	c, err := scanCandidateWith(row, &claimed, &holds)
+	if err != nil {
+		return sdk.Candidate{}, err
+	}
+	c.WarmClaimedAt, c.WarmClaimHolds = timeOrZero(claimed), holds && claimed != nil
+	return c, nil
 }
 
 // confirmSQL confirms a batch of provisional infra marks.

@@ -157,6 +157,16 @@ type Candidate struct {
 	// CredentialMintedAt is when the attempt's credential was minted (at
 	// dispatch, by a runner on the attempt API); zero when none was.
 	CredentialMintedAt time.Time
+	// WarmClaimedAt is when the attempt's warm worker (WarmWorker) last
+	// claimed, as the attempt API recorded it, when that claim said which
+	// attempts the worker runs; zero when the board holds no such claim
+	// (none recorded, or an older worker that did not say). Filled by
+	// ListProvisional for warm attempts only (protocol v1 addition).
+	WarmClaimedAt time.Time
+	// WarmClaimHolds: that last claim listed this very attempt (same try
+	// and epoch) among those the worker runs. Meaningful only when
+	// WarmClaimedAt is set.
+	WarmClaimHolds bool
 	// PodUID is the UID of the pod the kube runner recorded for the
 	// attempt ("" when none is: not created yet, a warm attempt, or a pod
 	// from before UIDs were recorded). A substrate takes a pod for the

@@ -2,8 +2,10 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -57,4 +59,55 @@ func (w *Writer) collect(ctx context.Context, what, sql string, args ...any) ([]
 		return nil, fmt.Errorf("board: list %s: %w", what, err)
 	}
 	return tis, nil
+}
+
+// WarmClaim is one accepted claim of a warm worker: who claimed, when, and
+// which attempts it said it runs at that moment.
+type WarmClaim struct {
+	Worker string
+	// At is the claim's time: the attempt API gives the issue time of the
+	// worker token the claim presented (every attempt handed to the worker
+	// before it is in Running unless its run ended).
+	At time.Time
+	// Known: the claim said what the worker runs (Running, possibly none).
+	// An older worker says nothing: unknown, never "runs nothing".
+	Known   bool
+	Running []sdk.Attempt
+}
+
+// claimSlot is one attempt of warm_worker_claims.running.
+type claimSlot struct {
+	RunID  string `json:"run_id"`
+	TaskID string `json:"task_id"`
+	Try    int32  `json:"try"`
+	Epoch  int32  `json:"epoch"`
+}
+
+// RecordClaim replaces the worker's claim record (warm_worker_claims) with
+// c, in one upsert. A claim older than the one recorded (a retry that
+// arrived late) changes nothing.
+func (w *Writer) RecordClaim(ctx context.Context, c WarmClaim) error {
+	if c.Worker == "" {
+		return fmt.Errorf("board: record a warm worker's claim: no worker named")
+	}
+	var running []byte
+	if c.Known {
+		slots := make([]claimSlot, len(c.Running))
+		for i, a := range c.Running {
+			slots[i] = claimSlot{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch}
+		}
+		var err error
+		if running, err = json.Marshal(slots); err != nil {
+			return fmt.Errorf("board: record the claim of warm worker %s: %w", c.Worker, err)
+		}
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	_, err := w.pool.Exec(ctx, `INSERT INTO warm_worker_claims (worker, claimed_at, running) VALUES ($1, $2, $3::jsonb)
+    ON CONFLICT (worker) DO UPDATE SET claimed_at = EXCLUDED.claimed_at, running = EXCLUDED.running
+    WHERE warm_worker_claims.claimed_at <= EXCLUDED.claimed_at`, c.Worker, c.At, running)
+	if err != nil {
+		return fmt.Errorf("board: record the claim of warm worker %s: %w", c.Worker, err)
+	}
+	return nil
 }

@@ -156,10 +156,15 @@ func (c *Client) State(ctx context.Context, a sdk.Attempt) (Response, error) {
 }
 
 // Claim asks, as warm worker worker (the client holds its worker token),
-// for the attempts bound to it, at most slots, and keeps the renewed
-// worker token.
-func (c *Client) Claim(ctx context.Context, worker string, slots int) ([]Claimed, error) {
-	resp, err := c.do(ctx, PathClaim, Request{Worker: worker, Slots: slots})
+// for the attempts bound to it, at most slots, saying which attempts it
+// runs now (running; none is an empty list, never "unknown"), and keeps
+// the renewed worker token.
+func (c *Client) Claim(ctx context.Context, worker string, slots int, running []sdk.Attempt) ([]Claimed, error) {
+	list := make([]Slot, len(running))
+	for i, a := range running {
+		list[i] = Slot{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch}
+	}
+	resp, err := c.do(ctx, PathClaim, Request{Worker: worker, Slots: slots, Running: &list})
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,7 @@ type Board interface {
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
 	ExchangeWorkerBootstrap(ctx context.Context, worker string, issuedAt, expiresAt, now time.Time) (bool, error)
+	RecordClaim(ctx context.Context, c lifecycle.WarmClaim) error
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -126,7 +127,8 @@ func refuse(status int, code, format string, args ...any) *refusal {
 	return &refusal{status: status, body: ErrorBody{Code: code, Message: fmt.Sprintf(format, args...)}}
 }
 
-// call is one authorised call: its attempt, the token's claims, its now.
+// call is one authorised call: its attempt, the token's claims (a
+// worker's for a claim), its now.
 type call struct {
 	req    Request
 	claims attempttoken.Claims
@@ -330,15 +332,44 @@ func (s *Server) state(ctx context.Context, c call) (Response, error) {
 
 // claim answers a warm worker (its token verified for the worker the call
 // names) with the queued attempts bound to it, up to its free slots, each
-// with the attempt's own token, and renews the worker's token. It writes
-// nothing: the worker then reports each attempt running through the
-// attempt's own call, whose guard lets exactly one execution start it.
+// with the attempt's own token, and renews the worker's token. Its one
+// write is the worker's claim record (warm_worker_claims): what the worker
+// said it runs, so the kube sweep can tell a live worker that no longer
+// runs a marked attempt. The record's time is the issue time of the worker
+// token the claim presented, not the time the claim arrived: a worker
+// claims one call at a time and takes each renewed token from an answer,
+// so its claim speaks for every attempt handed to it by an answer made
+// before that time, even when a request sent earlier arrives late (it
+// carries an older token, and an older record never replaces a newer one).
+// A claim listing more than MaxClaimRunning attempts, or a malformed one,
+// is refused and records nothing. The worker reports each attempt running
+// through the attempt's own call, whose guard lets exactly one execution
+// start it.
 // The attempt's credential counts from its bind (credential_minted_at,
 // recorded at the warm dispatch; else its queue time), so the credential
 // ceiling and the worker's watchdog count from the dispatch, as for a pod.
 func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a claim names a worker, not an attempt")
+	}
+	rec := lifecycle.WarmClaim{Worker: c.req.Worker, At: c.worker.IssuedAt}
+	if c.req.Running != nil {
+		running := *c.req.Running
+		if len(running) > MaxClaimRunning {
+			return Response{}, refuse(http.StatusBadRequest, CodeBadRequest,
+				"the claim lists %d running attempts, at most %d", len(running), MaxClaimRunning)
+		}
+		rec.Known, rec.Running = true, make([]sdk.Attempt, len(running))
+		for i, sl := range running {
+			if sl.RunID == "" || sl.TaskID == "" || sl.Try < 0 || sl.Epoch < 0 {
+				return Response{}, refuse(http.StatusBadRequest, CodeBadRequest,
+					"running attempt #%d of the claim is malformed: %s", i, sl.Attempt())
+			}
+			rec.Running[i] = sl.Attempt()
+		}
+	}
+	if err := s.cfg.Board.RecordClaim(ctx, rec); err != nil {
+		return Response{}, boardFailure("recording the worker's claim", err)
 	}
 	slots := min(max(c.req.Slots, 1), maxClaim)
 	tis, err := s.cfg.Board.BoundTo(ctx, c.req.Worker, slots)

@@ -92,6 +92,7 @@ type bundle struct {
 	issuer attempttoken.Issuer
 }
 
+
 // keyHolder is the keyring in force, swapped on rotation.
 type keyHolder struct {
 	mu sync.Mutex

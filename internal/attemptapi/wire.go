@@ -77,7 +77,29 @@ type Request struct {
 	// Slots is how many attempts the worker can take now (PathClaim only;
 	// at least 1, at most a page).
 	Slots int `json:"slots,omitempty"`
+	// Running lists the attempts the worker runs at the moment of the
+	// claim, one per busy slot (PathClaim only; at most MaxClaimRunning).
+	// Absent (a worker from before this field): unknown, never "runs
+	// nothing"; an empty list says the worker runs nothing.
+	Running *[]Slot `json:"running,omitempty"`
 }
+
+// Slot is one attempt a warm worker runs, as its claim reports it.
+type Slot struct {
+	RunID  string `json:"run_id"`
+	TaskID string `json:"task_id"`
+	Try    int32  `json:"try"`
+	Epoch  int32  `json:"epoch"`
+}
+
+// Attempt is the attempt the slot runs.
+func (s Slot) Attempt() sdk.Attempt {
+	return sdk.Attempt{RunID: s.RunID, TaskID: s.TaskID, Try: s.Try, Epoch: s.Epoch}
+}
+
+// MaxClaimRunning is the most running attempts one claim may list (a
+// worker has at most this many slots); a longer list is refused.
+const MaxClaimRunning = maxClaim
 
 // Attempt is the attempt the request names.
 func (r Request) Attempt() sdk.Attempt {

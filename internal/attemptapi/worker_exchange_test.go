@@ -39,7 +39,7 @@ func TestWarmWorkerBootstrapExchange(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer wc.Close()
-		if _, err := wc.Claim(ctx, "warm-a", 1); err == nil {
+		if _, err := wc.Claim(ctx, "warm-a", 1, nil); err == nil {
 			t.Fatal("the worker bootstrap token claimed")
 		} else {
 			refusedWith(t, err, attemptapi.CodeWrongKind)
@@ -51,7 +51,7 @@ func TestWarmWorkerBootstrapExchange(t *testing.T) {
 		if _, err := b.keys.get().VerifyWorker(wc.Token(), b.clk.Now()); err != nil {
 			t.Fatalf("the token the exchange gave: %v", err)
 		}
-		got, err := wc.Claim(ctx, "warm-a", 1)
+		got, err := wc.Claim(ctx, "warm-a", 1, nil)
 		if err != nil || len(got) != 1 || got[0].Attempt() != a {
 			t.Fatalf("claim: %+v %v", got, err)
 		}
@@ -73,7 +73,7 @@ func TestWarmWorkerBootstrapExchange(t *testing.T) {
 		if thief.Token() != cred.Token || b.workerExchanges(t) != n {
 			t.Fatal("a refused worker exchange gave a token or wrote a record")
 		}
-		if _, err := thief.Claim(ctx, "warm-a", 1); err == nil {
+		if _, err := thief.Claim(ctx, "warm-a", 1, nil); err == nil {
 			t.Fatal("the spent worker bootstrap token claimed")
 		}
 		if c := b.meter.count(attemptapi.CallWorkerExchange + "/" + attemptapi.CodeBootstrapSpent); c != 1 {

@@ -221,6 +221,6 @@ func TestWarmWorkerPodSpecBootstrapToken(t *testing.T) {
 	}
 	defer stolen.Close()
 	wantCode(t, "the viewer's worker exchange", stolen.ExchangeWorker(ctx, names[0]), attemptapi.CodeBootstrapSpent)
-	_, err = stolen.Claim(ctx, names[0], 1)
+	_, err = stolen.Claim(ctx, names[0], 1, nil)
 	wantCode(t, "the viewer's claim", err, attemptapi.CodeWrongKind)
 }

@@ -670,3 +670,71 @@ func TestWarmAgentLostMarkConfirmedBySweepWithoutTheValve(t *testing.T) {
 		t.Fatalf("row epoch %d infra used %d: want a new epoch, one re-place", ti.Epoch, ti.InfraUsed)
 	}
 }
+
+// TestWarmAgentLostMarkOnALiveWorkerConfirmedFromItsClaim: an attempt on a
+// warm worker is marked agent_lost while its worker pod lives on (the
+// heartbeat reaper's provisional mark). The worker is told to stop the
+// attempt at its next heartbeat, its run ends, and its next claims say it
+// runs nothing; once a claim timed after the mark says so, the reconcile
+// sweep (the real kube substrate) confirms the mark from the worker's word,
+// the worker's pod still running, and past the valve the runner re-places
+// it as a confirmed mark: infra_replace, and no infra_confirm_valve_open.
+func TestWarmAgentLostMarkOnALiveWorkerConfirmedFromItsClaim(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(1))
+	e.refill(t, r)
+	e.workersRunning(t, 1)
+	e.mkWarmRun(t, "run-live", lifecycle.NewTask{TaskID: "wait", Command: `while true; do sleep 0.1; done`})
+	ti := e.cycleUntil(t, r, "run-live", "wait", "the attempt to run", func(ti board.TaskInstance) bool {
+		return ti.State == sdk.StateRunning && !ti.LastHeartbeatAt.IsZero()
+	})
+	first, worker := ti.Attempt, ti.WarmWorker
+	marked := e.clk.Now()
+	if ok, err := e.w.Fail(context.Background(), first, []string{sdk.StateRunning}, lifecycle.Failure{Kind: sdk.MarkInfra,
+		Reason: sdk.LabelAgentLost, Message: "agent_lost: silent"}, marked); err != nil || !ok {
+		t.Fatalf("marking %s agent_lost: %v, %v", first, ok, err)
+	}
+	// The worker's claims after the attempt ended present tokens issued
+	// from now on: after the mark.
+	e.clk.Advance(time.Second)
+
+	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: e.c.ConfigFor(kubetest.Admin)})
+	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
+		Values: sdk.Values{"namespace": e.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	waitFor(t, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok })
+	var confirm sdk.Decision
+	waitFor(t, "the sweep to confirm the mark from the worker's claim", func() bool {
+		res, err := sub.Sweep(context.Background(), sdk.SweepRequest{Now: e.clk.Now(), Term: e.term, Ladder: ladder.Defaults()}, e.store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range res.Decisions {
+			if d.Label == sdk.LabelReconcileInfraConfirmed && d.Attempt == first {
+				confirm = d
+				return true
+			}
+		}
+		return false
+	})
+	if !confirm.Applied || confirm.Evidence["warm_signal"] != "worker_claim" || confirm.Evidence["warm_worker"] != worker {
+		t.Fatalf("confirmation %+v: want it applied on worker %s's claim", confirm, worker)
+	}
+	if at, err := time.Parse(time.RFC3339Nano, confirm.Evidence["warm_claimed_at"]); err != nil || !at.After(marked) {
+		t.Fatalf("claim time %q (%v): want one after the mark %s", confirm.Evidence["warm_claimed_at"], err, marked)
+	}
+	if p, ok := e.workers(t)[worker]; !ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+		t.Fatalf("worker %s: want its pod alive and running, got %v %+v", worker, ok, p.Status)
+	}
+	if ti := e.ti(t, "run-live", "wait"); ti.InfraConfirmedAt.IsZero() {
+		t.Fatalf("row %+v: want the mark confirmed", ti)
+	}
+
+	e.clk.Advance(ladder.Defaults().InfraConfirmValve + time.Second)
+	got := labels(cycle(t, r, e.clk.Now()))
+	if slices.Contains(got, sdk.LabelInfraConfirmValveOpen) || !slices.Contains(got, sdk.LabelInfraReplace) {
+		t.Fatalf("runner decisions %v: want infra_replace and no infra_confirm_valve_open", got)
+	}
+}

@@ -295,6 +295,7 @@ func candidatePageToPB(p sdk.CandidatePage) *pb.CandidatePage {
 			EndedAt:          tsToPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsToPB(c.CredentialMintedAt),
 			PodUid:             c.PodUID,
+			WarmClaimedAt:      tsToPB(c.WarmClaimedAt), WarmClaimHolds: c.WarmClaimHolds,
 		}
 	}
 	return out
@@ -313,6 +314,7 @@ func candidatePageFromPB(p *pb.CandidatePage) sdk.CandidatePage {
 			EndedAt:          tsFromPB(c.EndedAt), FailureReason: c.FailureReason,
 			CredentialMintedAt: tsFromPB(c.CredentialMintedAt),
 			PodUID:             c.PodUid,
+			WarmClaimedAt:      tsFromPB(c.WarmClaimedAt), WarmClaimHolds: c.WarmClaimHolds,
 		}
 	}
 	return out

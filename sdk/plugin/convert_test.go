@@ -170,6 +170,12 @@ func TestLossyPodWritesRoundTrip(t *testing.T) {
 	if got := candidatePageFromPB(wire(t, candidatePageToPB(page), &pb.CandidatePage{})); !reflect.DeepEqual(got, page) {
 		t.Fatalf("page %+v, want %+v", got, page)
 	}
+	// A warm mark carries its worker's last claim (a v1 addition).
+	warm := sdk.CandidatePage{Candidates: []sdk.Candidate{{Attempt: a, State: sdk.StateFailed, Executor: sdk.ExecutorWarm,
+		InfraMarkedAt: at, WarmWorker: "w-1", WarmClaimedAt: at.Add(time.Second), WarmClaimHolds: true}}}
+	if got := candidatePageFromPB(wire(t, candidatePageToPB(warm), &pb.CandidatePage{})); !reflect.DeepEqual(got, warm) {
+		t.Fatalf("warm page %+v, want %+v", got, warm)
+	}
 }
 
 // The pod UID recorded on an attempt crosses the wire on the candidate, the

@@ -112,6 +112,7 @@ type Board struct {
 	locked   map[string]bool
 	logs     map[sdk.Attempt][]string
 	errs     map[Op]error
+	claims   map[string]WarmClaim // warm worker -> its last claim
 
 	onList    func(q sdk.CandidateQuery)
 	onMark    func(m sdk.Mark)
@@ -138,6 +139,7 @@ func NewBoard() *Board {
 		locked:   map[string]bool{},
 		logs:     map[sdk.Attempt][]string{},
 		errs:     map[Op]error{},
+		claims:   map[string]WarmClaim{},
 	}
 }
 

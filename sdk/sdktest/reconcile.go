@@ -41,7 +41,36 @@ func (b *Board) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 		}
 		oldest.offer(row{t.InfraMarkedAt, t})
 	}
-	return oldest.page(), nil
+	page := oldest.page()
+	for i := range page.Candidates {
+		c := &page.Candidates[i]
+		if wc, ok := b.claims[c.WarmWorker]; ok && c.WarmWorker != "" && wc.Known {
+			c.WarmClaimedAt, c.WarmClaimHolds = wc.At, slices.Contains(wc.Running, c.Attempt)
+		}
+	}
+	return page, nil
+}
+
+// WarmClaim is a warm worker's last claim as the attempt API records it
+// (the Postgres board's warm_worker_claims row): when it claimed and, when
+// Known, which attempts it said it runs.
+type WarmClaim struct {
+	At      time.Time
+	Known   bool
+	Running []sdk.Attempt
+}
+
+// RecordWarmClaim records worker's claim, as an accepted claim of the
+// attempt API does; a claim older than the recorded one changes nothing.
+// ListProvisional then carries it on the worker's warm candidates.
+func (b *Board) RecordWarmClaim(worker string, c WarmClaim) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.claims[worker]; ok && c.At.Before(old.At) {
+		return
+	}
+	c.Running = slices.Clone(c.Running)
+	b.claims[worker] = c
 }
 
 // ConfirmInfra confirms provisional infra marks of exactly their attempts.

@@ -118,9 +118,12 @@
 //  3. For each provisional infra mark of a warm attempt (no pod of its
 //     own, no record), read the warm pool live after listing the page: the
 //     mark is confirmed when its worker's pod is gone or every container
-//     of it has terminated (judgeWarmMark); a live worker holds it back
-//     (nothing records which attempts a live worker runs), and a LIST
-//     error confirms nothing (warm_worker_list_error).
+//     of it has terminated, or when the worker is alive and its last claim
+//     (which the board carries on the candidate) was made strictly after
+//     the mark and lists what it runs without the attempt (judgeWarmMark);
+//     a live worker that claimed nothing since, still lists the attempt or
+//     did not say what it runs holds it back, and a LIST error confirms
+//     nothing (warm_worker_list_error).
 //  4. Remove the outcome record finalizer (FinalizerOutcomeRecord, which
 //     the kube runner puts on every task pod, never on a warm worker) from
 //     each pod whose record has done its work: finished with its attempt

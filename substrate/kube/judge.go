@@ -2,6 +2,7 @@ package kube
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -225,32 +226,60 @@ func collectible(p *pod, settled bool, now time.Time) bool {
 	return finished(p.phase) && settled && now.Sub(p.finishedAt()) >= CollectAfter
 }
 
+// warmSignal names the positive signal a warm mark was confirmed on (the
+// warm_signal evidence of its decision).
+type warmSignal string
+
+const (
+	warmNoSignal         warmSignal = ""
+	warmWorkerGone       warmSignal = "worker_gone"
+	warmWorkerTerminated warmSignal = "worker_terminated"
+	warmWorkerClaim      warmSignal = "worker_claim"
+)
+
 // judgeWarmMark decides a provisional infra mark of a warm attempt from a
 // live read of the warm pool (workers, by pod name), made after the mark
-// was listed. A warm attempt has no pod of its own and leaves no outcome
-// record, so the one positive signal that nothing of it runs on is its
-// worker's: the worker's pod is gone, or every container of it has
-// terminated (a worker is never restarted in place). While the worker's
-// pod lives it may still run the attempt, and the mark is held: nothing
-// the board or the attempt API keeps says which attempts a live worker
-// runs, so the valve stays that case's guard.
-func judgeWarmMark(c sdk.Candidate, workers map[string]*pod) (markAction, string) {
+// was listed, and from the last claim of its worker the board carries on
+// the candidate. A warm attempt has no pod of its own and leaves no
+// outcome record, so the positive signals that nothing of it runs on are
+// its worker's:
+//   - the worker's pod is gone, or every container of it has terminated
+//     (a worker is never restarted in place);
+//   - the worker is alive, but its last claim was made strictly after the
+//     mark and said which attempts it runs without this one (same try and
+//     epoch). A worker lists every attempt handed to it until the attempt's
+//     run has ended, and the claim's time is the issue time of the worker
+//     token it presented, so a claim after the mark speaks for the marked
+//     attempt, which was handed over before it.
+//
+// Anything else holds the mark (the valve stays its guard): no claim
+// record, a claim that did not say what the worker runs (an older worker,
+// or a list the attempt API refused), a claim not after the mark, a claim
+// that lists the attempt.
+func judgeWarmMark(c sdk.Candidate, workers map[string]*pod) (markAction, warmSignal, string) {
 	if c.WarmWorker == "" {
-		return markHold, "the warm attempt is bound to no worker: nothing says it stopped"
+		return markHold, warmNoSignal, "the warm attempt is bound to no worker: nothing says it stopped"
 	}
 	p, ok := workers[c.WarmWorker]
 	if !ok {
-		return markConfirm, fmt.Sprintf("warm worker %s is gone: a live list of the pool (%d pods) does not hold it",
+		return markConfirm, warmWorkerGone, fmt.Sprintf("warm worker %s is gone: a live list of the pool (%d pods) does not hold it",
 			c.WarmWorker, len(workers))
 	}
-	if len(p.containers) == 0 {
-		return markHold, fmt.Sprintf("warm worker %s (%s) reports no container state", c.WarmWorker, p.phase)
+	if len(p.containers) > 0 && !slices.ContainsFunc(p.containers, func(ct container) bool { return !ct.terminated }) {
+		return markConfirm, warmWorkerTerminated, fmt.Sprintf("every container of warm worker %s has terminated (pod %s)",
+			c.WarmWorker, p.phase)
 	}
-	for _, ct := range p.containers {
-		if !ct.terminated {
-			return markHold, fmt.Sprintf("warm worker %s still runs (pod %s, container %s not terminated): it may still run the attempt",
-				c.WarmWorker, p.phase, ct.name)
-		}
+	switch {
+	case c.WarmClaimedAt.IsZero():
+		return markHold, warmNoSignal, fmt.Sprintf("warm worker %s (pod %s) is alive and has no claim on the board that says what it runs: it may still run the attempt",
+			c.WarmWorker, p.phase)
+	case !c.WarmClaimedAt.After(c.InfraMarkedAt):
+		return markHold, warmNoSignal, fmt.Sprintf("warm worker %s (pod %s) is alive and last claimed at %s, not after the mark (%s): it may still run the attempt",
+			c.WarmWorker, p.phase, c.WarmClaimedAt.UTC().Format(time.RFC3339Nano), c.InfraMarkedAt.UTC().Format(time.RFC3339Nano))
+	case c.WarmClaimHolds:
+		return markHold, warmNoSignal, fmt.Sprintf("warm worker %s (pod %s) claimed at %s that it still runs the attempt",
+			c.WarmWorker, p.phase, c.WarmClaimedAt.UTC().Format(time.RFC3339Nano))
 	}
-	return markConfirm, fmt.Sprintf("every container of warm worker %s has terminated (pod %s)", c.WarmWorker, p.phase)
+	return markConfirm, warmWorkerClaim, fmt.Sprintf("warm worker %s (pod %s) is alive, and its claim at %s, %s after the mark, does not list the attempt",
+		c.WarmWorker, p.phase, c.WarmClaimedAt.UTC().Format(time.RFC3339Nano), c.WarmClaimedAt.Sub(c.InfraMarkedAt).Round(time.Millisecond))
 }

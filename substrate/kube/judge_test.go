@@ -346,18 +346,43 @@ func TestJudgeWarmMark(t *testing.T) {
 	}
 	unbound := mark
 	unbound.WarmWorker = ""
+	// claimed is the mark with its worker's last claim, made after off
+	// past the mark, holding the attempt or not.
+	claimed := func(off time.Duration, holds bool) sdk.Candidate {
+		c := mark
+		c.WarmClaimedAt, c.WarmClaimHolds = mark.InfraMarkedAt.Add(off), holds
+		return c
+	}
+	alive := worker(corev1.PodRunning, workerState(true))
 	tests := []struct {
 		name    string
 		c       sdk.Candidate
 		workers map[string]*pod
 		want    markAction
+		signal  warmSignal
 	}{
-		{name: "WorkerGoneFromTheLiveList_Confirms", c: mark, workers: map[string]*pod{}, want: markConfirm},
+		{name: "AliveWorkerClaimedAfterTheMarkWithoutTheAttempt_Confirms", c: claimed(time.Second, false), workers: alive,
+			want: markConfirm, signal: warmWorkerClaim},
+		{name: "AliveWorkerClaimedAMillisecondAfterTheMarkWithoutTheAttempt_Confirms", c: claimed(time.Millisecond, false), workers: alive,
+			want: markConfirm, signal: warmWorkerClaim},
+		{name: "AliveWorkerClaimStillListsTheAttempt_Holds", c: claimed(time.Second, true), workers: alive, want: markHold},
+		{name: "AliveWorkerClaimedAtTheMarkItself_Holds", c: claimed(0, false), workers: alive, want: markHold},
+		{name: "AliveWorkerClaimedBeforeTheMark_Holds", c: claimed(-time.Second, false), workers: alive, want: markHold},
+		{name: "AliveWorkerWithNoClaimThatSaysWhatItRuns_Holds", c: mark, workers: alive, want: markHold},
+		{name: "WorkerInItsGraceClaimedWithoutTheAttempt_Confirms", c: claimed(time.Second, false), want: markConfirm,
+			signal: warmWorkerClaim, workers: worker(corev1.PodRunning, workerState(true),
+				func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: t0.Add(20 * time.Second)} })},
+		{name: "UnboundAttemptWithAClaim_Holds", c: func() sdk.Candidate { c := claimed(time.Second, false); c.WarmWorker = ""; return c }(),
+			workers: alive, want: markHold},
+		{name: "WorkerGoneWhileItsClaimListedTheAttempt_Confirms", c: claimed(time.Second, true), workers: map[string]*pod{},
+			want: markConfirm, signal: warmWorkerGone},
+		{name: "WorkerGoneFromTheLiveList_Confirms", c: mark, workers: map[string]*pod{}, want: markConfirm, signal: warmWorkerGone},
 		{name: "OnlyOtherWorkersInTheList_Confirms", c: mark, want: markConfirm, workers: func() map[string]*pod {
 			w := worker(corev1.PodRunning, workerState(true))
 			return map[string]*pod{"reaper-warm-b": w["reaper-warm-a"]}
-		}()},
-		{name: "WorkerContainerTerminated_Confirms", c: mark, workers: worker(corev1.PodFailed, workerState(false)), want: markConfirm},
+		}(), signal: warmWorkerGone},
+		{name: "WorkerContainerTerminated_Confirms", c: mark, workers: worker(corev1.PodFailed, workerState(false)), want: markConfirm,
+			signal: warmWorkerTerminated},
 		{name: "WorkerStillRunning_Holds", c: mark, workers: worker(corev1.PodRunning, workerState(true)), want: markHold},
 		{name: "WorkerReadsFailedWhileItsContainerRuns_Holds", c: mark, workers: worker(corev1.PodFailed, workerState(true)), want: markHold},
 		{name: "WorkerTerminatingInItsGrace_Holds", c: mark, want: markHold, workers: worker(corev1.PodRunning, workerState(true),
@@ -367,8 +392,13 @@ func TestJudgeWarmMark(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got, detail := judgeWarmMark(tt.c, tt.workers); got != tt.want {
-				t.Fatalf("got %d (%s), want %d", got, detail, tt.want)
+			got, signal, detail := judgeWarmMark(tt.c, tt.workers)
+			if got != tt.want || signal != tt.signal {
+				t.Fatalf("got %d on %q (%s), want %d on %q", got, signal, detail, tt.want, tt.signal)
+			}
+			if got == markConfirm && signal == warmWorkerClaim &&
+				(!strings.Contains(detail, tt.c.WarmWorker) || !strings.Contains(detail, tt.c.WarmClaimedAt.UTC().Format(time.RFC3339Nano))) {
+				t.Fatalf("the detail %q names neither the worker nor its claim's time", detail)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -340,8 +341,9 @@ func (sw *sweep) refusedOverrides(res []sdk.MarkResult, cands []sdk.Candidate) {
 }
 
 // warmMarks pages through the provisional infra marks of warm attempts
-// and confirms each whose worker can no longer run it (judgeWarmMark),
-// from a live LIST of the warm pool made after the page was listed. A
+// and confirms each whose worker can no longer run it or said, in a claim
+// after the mark, that it no longer does (judgeWarmMark), from a live LIST
+// of the warm pool made after the page was listed. A
 // LIST that fails confirms nothing (warm_worker_list_error): those marks
 // stay provisional, and the rest of the sweep goes on.
 func (sw *sweep) warmMarks(ctx context.Context) error {
@@ -386,14 +388,18 @@ func (sw *sweep) warmPage(ctx context.Context, cs []sdk.Candidate) (bool, error)
 		evidence []map[string]string
 	)
 	for _, c := range cs {
-		act, detail := judgeWarmMark(c, workers)
+		act, signal, detail := judgeWarmMark(c, workers)
 		if act != markConfirm {
 			continue
 		}
 		confirms = append(confirms, sdk.Confirm{Attempt: c.Attempt, Term: sw.req.Term, At: sw.req.Now})
 		details = append(details, detail)
-		evidence = append(evidence, map[string]string{"mark": c.FailureReason, "warm_worker": c.WarmWorker,
-			"warm_workers": strconv.Itoa(len(workers))})
+		ev := map[string]string{"mark": c.FailureReason, "warm_worker": c.WarmWorker,
+			"warm_workers": strconv.Itoa(len(workers)), "warm_signal": string(signal)}
+		if signal == warmWorkerClaim {
+			ev["warm_claimed_at"] = c.WarmClaimedAt.UTC().Format(time.RFC3339Nano)
+		}
+		evidence = append(evidence, ev)
 	}
 	if len(confirms) == 0 {
 		return true, nil

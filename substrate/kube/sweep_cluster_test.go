@@ -20,6 +20,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
@@ -641,6 +643,26 @@ func (s *sweepEnv) warmWorker(name string) *corev1.Pod {
 	return s.waitPod(name, "Running", func(p *corev1.Pod) bool { return p != nil && p.Status.Phase == corev1.PodRunning })
 }
 
+// claimAs makes warm worker worker claim through a real attempt API over
+// the board, presenting a worker token issued at issued (the claim's time
+// on the board), saying it runs running (none: an empty list).
+func (s *sweepEnv) claimAs(worker string, issued time.Time, running ...sdk.Attempt) {
+	s.t.Helper()
+	api := attemptapitest.Start(s.t, s.w, attemptapitest.Options{})
+	cred, err := api.Issuer.MintWorker(worker, issued)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c, err := attemptapi.NewClient(api.URL, cred.Token, api.CA)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Claim(context.Background(), worker, 1, running); err != nil {
+		s.t.Fatalf("claiming as %s: %v", worker, err)
+	}
+}
+
 // A warm attempt has no pod and leaves no record: its provisional mark
 // (agent_lost) is confirmed by the sweep from the warm pool's own signal,
 // a live read showing its worker gone or ended, so the planner re-places
@@ -709,6 +731,64 @@ func TestSweepWarmMarks(t *testing.T) {
 			t.Fatalf("a mark whose worker still runs was confirmed: row %+v", ti)
 		}
 		wantRow(t, s.row(a), sdk.StateFailed, sdk.FailureInfra, "agent_lost:", false)
+	})
+	// A live worker's claim: the sweep confirms from the worker's own word
+	// once a claim after the mark leaves the attempt out, long before the
+	// infra confirmation valve (the mark is 30s old); any other claim
+	// leaves the mark for the valve.
+	claimCase := func(t *testing.T, issued time.Duration, running ...sdk.Attempt) (sdk.SweepResult, board.TaskInstance, time.Time) {
+		t.Helper()
+		s := newSweepEnv(t)
+		s.warmRunningOnBoard(a, worker)
+		s.warmWorker(worker)
+		now := time.Now()
+		marked := now.Add(-30 * time.Second)
+		s.mark(a, sdk.LabelAgentLost, marked)
+		s.claimAs(worker, marked.Add(issued), running...)
+		res := s.sweep(now)
+		return res, s.row(a), marked.Add(issued)
+	}
+	t.Run("AliveWorkerWhoseClaimAfterTheMarkNoLongerListsTheAttempt_ConfirmedWithoutTheValve", func(t *testing.T) {
+		t.Parallel()
+		res, ti, claimed := claimCase(t, 20*time.Second) // runs nothing
+		if !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
+		wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", true)
+		for _, d := range res.Decisions {
+			if d.Label != sdk.LabelReconcileInfraConfirmed || d.Attempt != a {
+				continue
+			}
+			if d.Evidence["warm_signal"] != string(warmWorkerClaim) ||
+				d.Evidence["warm_claimed_at"] != claimed.UTC().Truncate(time.Millisecond).Format(time.RFC3339Nano) ||
+				!strings.Contains(d.Detail, worker) {
+				t.Fatalf("decision %+v: want the worker and its claim's time as the evidence", d)
+			}
+		}
+	})
+	t.Run("AliveWorkerWhoseClaimStillListsTheAttempt_StaysProvisional", func(t *testing.T) {
+		t.Parallel()
+		res, ti, _ := claimCase(t, 20*time.Second, a)
+		if confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a mark whose worker claims it still runs the attempt was confirmed: row %+v", ti)
+		}
+		wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", false)
+	})
+	t.Run("AliveWorkerWhoseClaimIsOlderThanTheMark_StaysProvisional", func(t *testing.T) {
+		t.Parallel()
+		res, ti, _ := claimCase(t, -10*time.Second) // runs nothing, said before the mark
+		if confirmed(res) || !ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("a claim older than the mark confirmed it: row %+v", ti)
+		}
+		wantRow(t, ti, sdk.StateFailed, sdk.FailureInfra, "agent_lost:", false)
+	})
+	t.Run("AliveWorkerWhoseClaimListsTheAttemptsOtherEpoch_ConfirmedBySweep", func(t *testing.T) {
+		t.Parallel()
+		other := a
+		other.Epoch++
+		if res, ti, _ := claimCase(t, 20*time.Second, other); !confirmed(res) || ti.InfraConfirmedAt.IsZero() {
+			t.Fatalf("warm mark not confirmed: row %+v, decisions %+v", ti, res.Decisions)
+		}
 	})
 	t.Run("ListError_ConfirmsNothing", func(t *testing.T) {
 		t.Parallel()

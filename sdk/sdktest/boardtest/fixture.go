@@ -51,6 +51,9 @@ type Row struct {
 	// CredentialExchangedAt is when the attempt's bootstrap token was
 	// exchanged (zero: not).
 	CredentialExchangedAt time.Time
+	// WarmWorker is the warm worker the attempt is bound to (warm). It is
+	// seeded, not read back.
+	WarmWorker string
 }
 
 // RunRow is a run as a case seeds it.
@@ -89,6 +92,9 @@ type Fixture interface {
 	// minted at mintedAt, at at, through the board's writer (the attempt
 	// API's write), and answers "exchanged", "spent" or "moved_on".
 	ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string
+	// RecordWarmClaim records a warm worker's claim, as the attempt API
+	// records an accepted one.
+	RecordWarmClaim(worker string, c sdktest.WarmClaim)
 }
 
 // Memory returns a Fixture over a fresh in-memory board (sdktest.Board).
@@ -119,7 +125,7 @@ func (m *memory) Put(r Row) {
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
-		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID,
+		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID, WarmWorker: r.WarmWorker,
 		CredentialMintedAt: r.CredentialMintedAt, CredentialExchangedAt: r.CredentialExchangedAt})
 }
 
@@ -147,4 +153,8 @@ func (m *memory) LockRun(runID string)       { m.b.LockRun(runID, true) }
 
 func (m *memory) ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string {
 	return m.b.ExchangeBootstrap(a, mintedAt, at)
+}
+
+func (m *memory) RecordWarmClaim(worker string, c sdktest.WarmClaim) {
+	m.b.RecordWarmClaim(worker, c)
 }

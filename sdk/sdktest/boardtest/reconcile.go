@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 // valve is the infra confirmation valve of the cases: an override must
@@ -201,6 +202,54 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("row after a failure: %+v", r)
 			}
 			sameTime(t, "ended_at", r.EndedAt, at(0))
+		},
+		"ListProvisionalCarriesTheWarmWorkersLastClaim": func(t *testing.T, f Fixture) {
+			warm := func(runID, worker string) sdk.Attempt {
+				a := provisional(f, runID, "t", sdk.LabelAgentLost, at(-time.Hour))
+				r := row(t, f, a)
+				r.Executor, r.WarmWorker = sdk.ExecutorWarm, worker
+				f.Put(r)
+				return a
+			}
+			held := warm("a-held", "w-1")
+			dropped := warm("b-dropped", "w-1")
+			unknown := warm("c-unknown", "w-old")
+			warm("d-none", "w-never")
+			other := held
+			other.Epoch++ // the same task's other epoch: not this attempt
+			f.RecordWarmClaim("w-1", sdktest.WarmClaim{At: at(-time.Minute), Known: true, Running: []sdk.Attempt{held}})
+			f.RecordWarmClaim("w-1", sdktest.WarmClaim{At: at(-2 * time.Minute), Known: true}) // late and older: ignored
+			f.RecordWarmClaim("w-old", sdktest.WarmClaim{At: at(-time.Minute)})                // said nothing
+			f.RecordWarmClaim("w-other", sdktest.WarmClaim{At: at(-time.Minute), Known: true, Running: []sdk.Attempt{other, dropped}})
+			page, err := f.Board().ListProvisional(t.Context(), sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorWarm}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]sdk.Candidate{}
+			for _, c := range page.Candidates {
+				got[c.RunID] = c
+			}
+			if c := got[held.RunID]; !c.WarmClaimHolds || !c.WarmClaimedAt.Equal(at(-time.Minute)) {
+				t.Fatalf("a claim that lists the attempt: %+v", c)
+			}
+			if c := got[dropped.RunID]; c.WarmClaimHolds || !c.WarmClaimedAt.Equal(at(-time.Minute)) {
+				t.Fatalf("a claim without the attempt (another worker listing it does not count): %+v", c)
+			}
+			if c := got[unknown.RunID]; c.WarmClaimHolds || !c.WarmClaimedAt.IsZero() {
+				t.Fatalf("a claim that said nothing is unknown: %+v", c)
+			}
+			if c := got["d-none"]; c.WarmClaimHolds || !c.WarmClaimedAt.IsZero() || c.WarmWorker != "w-never" {
+				t.Fatalf("no claim record: %+v", c)
+			}
+			// The same claim listing the task's other epoch does not hold this one.
+			f.RecordWarmClaim("w-1", sdktest.WarmClaim{At: at(0), Known: true, Running: []sdk.Attempt{other}})
+			page, err = f.Board().ListProvisional(t.Context(), sdk.ProvisionalQuery{Executors: []string{sdk.ExecutorWarm}, Limit: 1})
+			if err != nil || len(page.Candidates) != 1 {
+				t.Fatalf("page %+v, %v", page, err)
+			}
+			if c := page.Candidates[0]; c.RunID != held.RunID || c.WarmClaimHolds || !c.WarmClaimedAt.Equal(at(0)) {
+				t.Fatalf("a claim of another epoch holds the attempt: %+v", c)
+			}
 		},
 		"SettleRescheduleParksTheAttempt": func(t *testing.T, f Fixture) {
 			a := silent(f)

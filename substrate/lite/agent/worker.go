@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,7 +19,12 @@ import (
 // kube edition that runs attempts one after another (or a few at once).
 //
 // Every Poll, while it has a free slot, the worker claims the attempts the
-// runner bound to it (Claim, authorised by the worker's own credential).
+// runner bound to it (Claim, authorised by the worker's own credential),
+// and each claim says which attempts it runs at that moment: an attempt
+// counts from the claim that handed it over until its Run has returned
+// (its task's group gone), and the claims are made one after another, so
+// a claim that does not list an attempt proves the worker no longer runs
+// it (the kube sweep confirms a warm mark on it).
 // Each claimed attempt comes with the attempt's own credential, and the
 // worker runs it exactly as a dedicated agent runs its one attempt (Run):
 // RUNNING first (an answer of should_terminate means another execution has
@@ -70,10 +77,13 @@ type WorkerConfig struct {
 	// Watchdog is each attempt's wall-clock bound (Config.Watchdog); 0:
 	// none.
 	Watchdog time.Duration
-	// Claim asks for at most slots attempts bound to the worker. An error
-	// wrapping ErrRefused (the worker's credential lapsed or was refused)
-	// stops the worker; any other is retried at the next poll. Required.
-	Claim func(ctx context.Context, slots int) ([]Claimed, error)
+	// Claim asks for at most slots attempts bound to the worker, saying
+	// which attempts the worker runs at that moment (running: every
+	// attempt it took and whose Run has not returned, none an empty list).
+	// An error wrapping ErrRefused (the worker's credential lapsed or was
+	// refused) stops the worker; any other is retried at the next poll.
+	// Required.
+	Claim func(ctx context.Context, slots int, running []sdk.Attempt) ([]Claimed, error)
 	// Attempt is the template of every attempt's Config: the record
 	// directory, output, heartbeat, graces (its Attempt, Command,
 	// ExecutionTimeout and Watchdog are set per attempt).
@@ -82,6 +92,11 @@ type WorkerConfig struct {
 	Clock clock.Clock
 	// Logger is the worker's log; default a null logger.
 	Logger hclog.Logger
+}
+
+func compareAttempts(a, b sdk.Attempt) int {
+	return cmp.Or(cmp.Compare(a.RunID, b.RunID), cmp.Compare(a.TaskID, b.TaskID),
+		cmp.Compare(a.Try, b.Try), cmp.Compare(a.Epoch, b.Epoch))
 }
 
 // ErrWorkerRefused: the worker's claim was refused (its credential lapsed,
@@ -126,9 +141,14 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	for {
 		mu.Lock()
 		free := cfg.Slots - len(running)
+		holds := make([]sdk.Attempt, 0, len(running))
+		for a := range running {
+			holds = append(holds, a)
+		}
 		mu.Unlock()
 		if free > 0 {
-			claimed, err := cfg.Claim(ctx, free)
+			slices.SortFunc(holds, compareAttempts)
+			claimed, err := cfg.Claim(ctx, free, holds)
 			switch {
 			case ctx.Err() != nil:
 			case errors.Is(err, ErrRefused):

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -20,12 +21,14 @@ type claims struct {
 	batches [][]Claimed
 	calls   int
 	err     error
+	running [][]sdk.Attempt // what each call said the worker runs
 }
 
-func (c *claims) claim(_ context.Context, _ int) ([]Claimed, error) {
+func (c *claims) claim(_ context.Context, _ int, running []sdk.Attempt) ([]Claimed, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls++
+	c.running = append(c.running, running)
 	if c.err != nil {
 		return nil, c.err
 	}
@@ -84,6 +87,71 @@ func TestWorkerDrainFinishesWhatItStartedAndClaimsNothingMore(t *testing.T) {
 	}
 	if cl.count() != calls {
 		t.Fatalf("%d claims after the drain began", cl.count()-calls)
+	}
+}
+
+// TestWorkerClaimSaysWhatItRuns: every claim lists the attempts whose Run
+// has not returned, never "unknown": the claim after the one that handed
+// an attempt over lists it while its task runs, and once the task has ended
+// the next claim no longer does (the positive signal the kube sweep
+// confirms a warm mark from).
+func TestWorkerClaimSaysWhatItRuns(t *testing.T) {
+	b := setup(t, "")
+	gate := filepath.Join(b.work, "go")
+	b.cfg.Command = `while [ ! -f "` + gate + `" ]; do sleep 0.05; done`
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1, Epoch: 2}
+	cl := &claims{batches: [][]Claimed{{{Attempt: a, Command: b.cfg.Command, Reporter: b.rep}}}}
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- RunWorker(ctx, WorkerConfig{Name: "w", Slots: 2, Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second})
+	}()
+	b.pgid(t)
+	said := func(n int) [][]sdk.Attempt {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for cl.count() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d claims, want %d", cl.count(), n)
+			}
+			fake.Advance(time.Second)
+			time.Sleep(5 * time.Millisecond)
+		}
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		return slices.Clone(cl.running)
+	}
+	got := said(2)
+	if got[0] == nil || len(got[0]) != 0 {
+		t.Fatalf("first claim said %v: want an empty list (runs nothing), not unknown", got[0])
+	}
+	if len(got[1]) != 1 || got[1][0] != a {
+		t.Fatalf("claim while %s runs said %v", a, got[1])
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(b.rep.reported()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the attempt never reported")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for n := cl.count() + 2; ; n++ {
+		got = said(n)
+		if last := got[len(got)-1]; len(last) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claims after the attempt ended still list it: %v", got)
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1038,8 +1038,12 @@ type Candidate struct {
 	EndedAt            int64                  `protobuf:"varint,13,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	FailureReason      string                 `protobuf:"bytes,14,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
 	CredentialMintedAt int64                  `protobuf:"varint,15,opt,name=credential_minted_at,json=credentialMintedAt,proto3" json:"credential_minted_at,omitempty"`
-	// added in v1 (16 and 17 are the warm claim's): the pod UID the kube
-	// runner recorded for the attempt; "" when none is.
+	// added in v1 (warm attempts of ListProvisional): the worker's last claim
+	// that said what it runs (0: none recorded), and whether it listed this attempt.
+	WarmClaimedAt  int64 `protobuf:"varint,16,opt,name=warm_claimed_at,json=warmClaimedAt,proto3" json:"warm_claimed_at,omitempty"`
+	WarmClaimHolds bool  `protobuf:"varint,17,opt,name=warm_claim_holds,json=warmClaimHolds,proto3" json:"warm_claim_holds,omitempty"`
+	// added in v1: the pod UID the kube runner recorded for the attempt;
+	// "" when none is.
 	PodUid        string `protobuf:"bytes,18,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1178,6 +1182,20 @@ func (x *Candidate) GetCredentialMintedAt() int64 {
 		return x.CredentialMintedAt
 	}
 	return 0
+}
+
+func (x *Candidate) GetWarmClaimedAt() int64 {
+	if x != nil {
+		return x.WarmClaimedAt
+	}
+	return 0
+}
+
+func (x *Candidate) GetWarmClaimHolds() bool {
+	if x != nil {
+		return x.WarmClaimHolds
+	}
+	return false
 }
 
 func (x *Candidate) GetPodUid() string {
@@ -3483,7 +3501,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12'\n" +
 	"\x05after\x18\x06 \x01(\v2\x11.reaper.v1.CursorR\x05after\x12\x14\n" +
 	"\x05limit\x18\a \x01(\x05R\x05limit\x12&\n" +
-	"\x04only\x18\b \x03(\v2\x12.reaper.v1.AttemptR\x04only\"\xd1\x04\n" +
+	"\x04only\x18\b \x03(\v2\x12.reaper.v1.AttemptR\x04only\"\xa3\x05\n" +
 	"\tCandidate\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -3503,7 +3521,9 @@ const file_reaper_proto_rawDesc = "" +
 	"\x11execution_timeout\x18\f \x01(\x03R\x10executionTimeout\x12\x19\n" +
 	"\bended_at\x18\r \x01(\x03R\aendedAt\x12%\n" +
 	"\x0efailure_reason\x18\x0e \x01(\tR\rfailureReason\x120\n" +
-	"\x14credential_minted_at\x18\x0f \x01(\x03R\x12credentialMintedAt\x12\x17\n" +
+	"\x14credential_minted_at\x18\x0f \x01(\x03R\x12credentialMintedAt\x12&\n" +
+	"\x0fwarm_claimed_at\x18\x10 \x01(\x03R\rwarmClaimedAt\x12(\n" +
+	"\x10warm_claim_holds\x18\x11 \x01(\bR\x0ewarmClaimHolds\x12\x17\n" +
 	"\apod_uid\x18\x12 \x01(\tR\x06podUid\"l\n" +
 	"\rCandidatePage\x124\n" +
 	"\n" +

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -32,13 +33,13 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 		return exitUsage
 	}
 	defer wc.Close()
-	claim := func(ctx context.Context, slots int) ([]agent.Claimed, error) {
+	claim := func(ctx context.Context, slots int, running []sdk.Attempt) ([]agent.Claimed, error) {
 		// The pod spec's bootstrap token is exchanged once, before the
 		// first claim (a no-op from then on).
 		if err := wc.ExchangeWorker(ctx, inv.Worker); err != nil {
 			return nil, refused(err)
 		}
-		got, err := wc.Claim(ctx, inv.Worker, slots)
+		got, err := wc.Claim(ctx, inv.Worker, slots, running)
 		if err != nil {
 			return nil, refused(err)
 		}
