@@ -138,6 +138,24 @@ const (
 	// durable-SUCCESS override touches it; the operator's name is in the
 	// evidence.
 	LabelOperatorMark = "operator_mark"
+
+	// Reschedule is a sensor's, and bounded (the board's own judgment of a
+	// report or record that asks for up_for_reschedule; each is also the
+	// failure_reason and the start of the error_message).
+
+	// LabelRescheduleNotSensor: a task not declared a sensor reported (or
+	// left a record saying) up_for_reschedule: failed as a task failure
+	// instead of parked; its retry policy applies.
+	LabelRescheduleNotSensor = "reschedule_not_sensor"
+	// LabelSensorTimeout: a sensor asked for another poke past its own
+	// timeout, counted from the first poke of its try: failed, its retries
+	// spent.
+	LabelSensorTimeout = "sensor_timeout"
+	// LabelSensorCredentialCeiling: a sensor asked for another poke past
+	// the credential ceiling counted from the first dispatch of its try
+	// (not from the poke's own credential): failed as a task failure; its
+	// retry policy applies.
+	LabelSensorCredentialCeiling = "sensor_credential_ceiling"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -165,5 +183,6 @@ func Labels() []string {
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark,
 		LabelReconcileFinalizerLeak,
+		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling,
 	}
 }
