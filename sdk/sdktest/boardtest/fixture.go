@@ -45,7 +45,17 @@ type Row struct {
 	// PodUID is the pod UID recorded for the attempt (kube). It is seeded,
 	// not read back.
 	PodUID string
+	// Sensor is the task's sensor declaration and the stamps its bounds
+	// count from (zero: not a sensor).
+	Sensor sdk.Sensor
+	// Retries is how many retries the task has left.
+	Retries int32
 }
+
+// Ceiling is the credential ceiling every board under test is made with:
+// a settlement refuses a sensor's reschedule at or past it, counted from the
+// first dispatch of the try.
+const Ceiling = time.Hour
 
 // RunRow is a run as a case seeds it.
 type RunRow struct {
@@ -86,6 +96,7 @@ func Memory(t *testing.T) Fixture {
 	t.Helper()
 	b := sdktest.NewBoard()
 	b.SetLease(T0().Add(24 * time.Hour))
+	b.SetCredentialCeiling(Ceiling)
 	return &memory{b: b}
 }
 
@@ -109,7 +120,7 @@ func (m *memory) Put(r Row) {
 		Executor: r.Executor, QueuedAt: r.QueuedAt, RunningAt: r.RunningAt, LastHeartbeatAt: r.LastHeartbeatAt,
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
-		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID})
+		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID, Sensor: r.Sensor, Retries: r.Retries})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {
@@ -121,7 +132,7 @@ func (m *memory) Row(runID, taskID string) (Row, bool) {
 		RunningAt: t.RunningAt, LastHeartbeatAt: t.LastHeartbeatAt, ReleasedAt: t.ReleasedAt, EndedAt: t.EndedAt,
 		LastFailureKind: t.LastFailureKind, FailureReason: t.MarkReason, InfraMarkedAt: t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt, InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed,
-		ErrorMessage: t.ErrorMessage, Held: t.Held}, true
+		ErrorMessage: t.ErrorMessage, Held: t.Held, Sensor: t.Sensor, Retries: t.Retries}, true
 }
 
 func (m *memory) RunState(runID string) string {
