@@ -60,11 +60,30 @@ func (m *meter) count(key string) int {
 	return m.calls[key]
 }
 
+// decisionLog keeps the decisions the server handed on.
+type decisionLog struct {
+	mu sync.Mutex
+	ds []sdk.Decision
+}
+
+func (l *decisionLog) record(_ context.Context, ds []sdk.Decision) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ds = append(l.ds, ds...)
+}
+
+func (l *decisionLog) all() []sdk.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sdk.Decision(nil), l.ds...)
+}
+
 type bundle struct {
-	w      *lifecycle.Writer
-	clk    *clock.Fake
-	keys   *keyHolder
-	meter  *meter
+	w         *lifecycle.Writer
+	clk       *clock.Fake
+	keys      *keyHolder
+	meter     *meter
+	decisions *decisionLog
 	url    string
 	ca     string
 	issuer attempttoken.Issuer
@@ -101,10 +120,11 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
-		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}}
+	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
+		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
+		decisions: &decisionLog{}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
-		Board: b.w, Meter: b.meter, Clock: b.clk})
+		Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk})
 	if err != nil {
 		t.Fatal(err)
 	}
