@@ -84,9 +84,9 @@ type bundle struct {
 	keys      *keyHolder
 	meter     *meter
 	decisions *decisionLog
-	url    string
-	ca     string
-	issuer attempttoken.Issuer
+	url       string
+	ca        string
+	issuer    attempttoken.Issuer
 }
 
 // keyHolder is the keyring in force, swapped on rotation.
