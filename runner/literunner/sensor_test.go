@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
-	"github.com/dexaflow/reaper/sdk"
 )
 
 // sensorTask is a Lite task declared a sensor with the given timeout.
