@@ -206,6 +206,7 @@ func TestListCandidates(t *testing.T) {
 		b := setup(t)
 		b.run(t, "run", "poke", "trigger", "fresh")
 		poke := first("run", "poke")
+		b.sensor(t, poke)
 		b.running(t, poke, base.Add(-3*time.Hour), time.Time{})
 		if stop, err := b.w.Report(ctx, poke, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-2*time.Hour)); err != nil || stop {
 			t.Fatal(stop, err)

@@ -38,7 +38,7 @@ type fixture struct {
 func newFixture(t *testing.T) boardtest.Fixture {
 	t.Helper()
 	pool := pgtest.NewDB(t)
-	store := board.New(pool, board.Options{})
+	store := board.New(pool, board.Options{CredentialCeiling: boardtest.Ceiling})
 	lease, ok, err := store.TryAcquire(context.Background(), "conformance", 24*time.Hour+time.Minute, boardtest.T0().Add(-time.Minute))
 	if err != nil || !ok {
 		t.Fatalf("acquire leadership: ok=%v err=%v", ok, err)
@@ -77,6 +77,10 @@ func (f *fixture) Put(r boardtest.Row) {
 	if r.Executor == "" {
 		r.Executor = sdk.ExecutorLite
 	}
+	var sensorTimeout pgtype.Int4
+	if r.Sensor.Declared {
+		sensorTimeout = pgtype.Int4{Int32: int32(r.Sensor.Timeout / time.Second), Valid: true}
+	}
 	var held pgtype.Timestamptz
 	if r.Held {
 		held = pgtype.Timestamptz{Time: boardtest.T0().Add(-time.Minute), Valid: true}
@@ -84,20 +88,24 @@ func (f *fixture) Put(r boardtest.Row) {
 	f.exec(`INSERT INTO task_instances (run_id, task_id, try_number, attempt_epoch, state, executor,
             queued_at, running_at, last_heartbeat_at, released_at, ended_at, last_failure_kind, failure_reason,
             infra_marked_at, infra_confirmed_at, error_message, held_at, run_closed, updated_at,
-            infra_budget, infra_used, pod_uid, credential_minted_at, credential_exchanged_at, warm_worker)
+            infra_budget, infra_used, pod_uid, credential_minted_at, credential_exchanged_at, warm_worker,
+            sensor, sensor_timeout_seconds, first_poke_at, try_dispatched_at, retries, max_retries)
         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-            r.state IN ('success', 'failed'), $18, $19, $20, $21, $22, $23, $24
+            r.state IN ('success', 'failed'), $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $29
         FROM runs r WHERE r.run_id = $1
         ON CONFLICT (run_id, task_id) DO UPDATE SET try_number = $3, attempt_epoch = $4, state = $5, executor = $6,
             queued_at = $7, running_at = $8, last_heartbeat_at = $9, released_at = $10, ended_at = $11,
             last_failure_kind = $12, failure_reason = $13, infra_marked_at = $14, infra_confirmed_at = $15,
             error_message = $16, held_at = $17, updated_at = $18, infra_budget = $19, infra_used = $20,
-            pod_uid = $21, credential_minted_at = $22, credential_exchanged_at = $23, warm_worker = $24`,
+            pod_uid = $21, credential_minted_at = $22, credential_exchanged_at = $23, warm_worker = $24,
+            sensor = $25, sensor_timeout_seconds = $26, first_poke_at = $27, try_dispatched_at = $28,
+            retries = $29, max_retries = $29`,
 		r.RunID, r.TaskID, r.Try, r.Epoch, r.State, r.Executor,
 		ts(r.QueuedAt), ts(r.RunningAt), ts(r.LastHeartbeatAt), ts(r.ReleasedAt), ts(r.EndedAt),
 		text(r.LastFailureKind), text(r.FailureReason), ts(r.InfraMarkedAt), ts(r.InfraConfirmedAt),
 		text(r.ErrorMessage), held, boardtest.T0().Add(-48*time.Hour), r.InfraBudget, r.InfraUsed, text(r.PodUID),
-		ts(r.CredentialMintedAt), ts(r.CredentialExchangedAt), text(r.WarmWorker))
+		ts(r.CredentialMintedAt), ts(r.CredentialExchangedAt), text(r.WarmWorker),
+		r.Sensor.Declared, sensorTimeout, ts(r.Sensor.FirstPokeAt), ts(r.Sensor.TryDispatchedAt), r.Retries)
 }
 
 func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
@@ -118,7 +126,8 @@ func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
 		RunningAt: ti.RunningAt, LastHeartbeatAt: ti.LastHeartbeatAt, ReleasedAt: ti.ReleasedAt, EndedAt: ti.EndedAt,
 		LastFailureKind: ti.LastFailureKind, FailureReason: ti.FailureReason, InfraMarkedAt: ti.InfraMarkedAt,
 		InfraConfirmedAt: ti.InfraConfirmedAt, InfraBudget: ti.InfraBudget, InfraUsed: ti.InfraUsed,
-		ErrorMessage: ti.ErrorMessage, Held: !ti.HeldAt.IsZero(), CredentialExchangedAt: exchanged.Time}, true
+		ErrorMessage: ti.ErrorMessage, Held: !ti.HeldAt.IsZero(), CredentialExchangedAt: exchanged.Time,
+		Sensor: ti.Sensor, Retries: ti.Retries}, true
 }
 
 func (f *fixture) ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string {

@@ -92,6 +92,12 @@ func (b *batch) attemptArrays() (runIDs, taskIDs []string, tries, epochs []int32
 // runBatch executes the batch's statement (leadCTE ... batchAnswer; the
 // leader name is prepended to args) and answers one result per request, in order.
 func (s *Store) runBatch(ctx context.Context, b *batch, sql string, args ...any) ([]sdk.MarkResult, error) {
+	return s.runBatchScan(ctx, b, sql, args)
+}
+
+// runBatchScan is runBatch for a statement whose answer has columns after
+// batchAnswer's: they are scanned into extra.
+func (s *Store) runBatchScan(ctx context.Context, b *batch, sql string, args []any, extra ...any) ([]sdk.MarkResult, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var (
@@ -99,7 +105,7 @@ func (s *Store) runBatch(ctx context.Context, b *batch, sql string, args ...any)
 		term    *int64
 		expires *time.Time
 	)
-	if err := s.pool.QueryRow(ctx, sql, append([]any{s.leader}, args...)...).Scan(&applied, &term, &expires); err != nil {
+	if err := s.pool.QueryRow(ctx, sql, append([]any{s.leader}, args...)...).Scan(append([]any{&applied, &term, &expires}, extra...)...); err != nil {
 		return nil, fmt.Errorf("board: %s: %w", b.what, err)
 	}
 	results := make([]sdk.MarkResult, len(b.attempts))

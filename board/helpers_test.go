@@ -51,6 +51,14 @@ func (b *bundle) run(t *testing.T, runID string, taskIDs ...string) {
 	b.runWith(t, runID, sdk.ExecutorLite, taskIDs...)
 }
 
+// sensor declares a's task a sensor (a day's timeout): only a sensor may
+// park up_for_reschedule.
+func (b *bundle) sensor(t *testing.T, a sdk.Attempt) {
+	t.Helper()
+	b.exec(t, `UPDATE task_instances SET sensor = true, sensor_timeout_seconds = 86400 WHERE run_id = $1 AND task_id = $2`,
+		a.RunID, a.TaskID)
+}
+
 func (b *bundle) runWith(t *testing.T, runID, executor string, taskIDs ...string) {
 	t.Helper()
 	r := lifecycle.NewRun{RunID: runID, DagID: "dag", State: sdk.RunRunning}

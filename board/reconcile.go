@@ -180,22 +180,32 @@ func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 // settleSQL settles a batch of finished attempts. Each request carries the
 // state and failure kind its outcome leaves (sdk.Outcome); the columns
 // change as an agent's own report changes them (lifecycle.Report), and an
-// infra outcome is confirmed as it is made.
-const settleSQL = leadCTE + `
+// infra outcome is confirmed as it is made. A reschedule the row's task may
+// not take ($16 the credential ceiling in microseconds) fails it as a task
+// failure with the reason instead (refused): the row's sensor columns are
+// fixed for the attempt the request names, so reading them before the
+// update's lock is reading them under it.
+var settleSQL = leadCTE + `
 r AS (
-    SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[],
-                         $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::timestamptz[],
-                         $13::timestamptz[], $14::text[], $15::bool[])
+    SELECT r.*, CASE WHEN r.to_state = '` + sdk.StateUpForReschedule + `' AND p.run_id IS NOT NULL
+                     THEN ` + RescheduleRefusalSQL("p", "r.at", "$16::int8") + ` ELSE '' END AS refused
+    FROM unnest($2::text[], $3::text[], $4::int4[], $5::int4[], $6::text[],
+                $7::text[], $8::text[], $9::text[], $10::text[], $11::int8[], $12::timestamptz[],
+                $13::timestamptz[], $14::text[], $15::bool[])
         WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, from_states,
                              to_state, failure_kind, reason, message, term, at, ended_at,
                              pod_uid, lossy_pod, ord)
+    LEFT JOIN task_instances p ON p.run_id = r.run_id AND p.task_id = r.task_id
 ),
 applied AS (
     UPDATE task_instances ti SET
-        state              = r.to_state,
-        last_failure_kind  = NULLIF(r.failure_kind, ''),
-        failure_reason     = CASE WHEN r.failure_kind <> '' THEN NULLIF(r.reason, '') END,
-        error_message      = CASE WHEN r.failure_kind <> '' THEN NULLIF(r.message, '') END,
+        state              = CASE WHEN r.refused <> '' THEN '` + sdk.StateFailed + `' ELSE r.to_state END,
+        last_failure_kind  = CASE WHEN r.refused <> '' THEN '` + sdk.FailureTask + `' ELSE NULLIF(r.failure_kind, '') END,
+        failure_reason     = CASE WHEN r.refused <> '' THEN r.refused
+                                  WHEN r.failure_kind <> '' THEN NULLIF(r.reason, '') END,
+        error_message      = CASE WHEN r.refused <> '' THEN ` + RescheduleMessageSQL("r.refused") + `
+                                  WHEN r.failure_kind <> '' THEN NULLIF(r.message, '') END,
+        retries            = CASE WHEN ` + RescheduleSpendsRetriesSQL("r.refused") + ` THEN 0 ELSE ti.retries END,
         infra_marked_at    = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
         infra_confirmed_at = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
         ended_at           = r.ended_at,
@@ -212,13 +222,15 @@ applied AS (
           -- in one of the states the settlement may move it from, and one
           -- a settlement may come from at all (never a terminal state),
       AND ti.state = ANY (string_to_array(r.from_states, ','))
-      AND ti.state = ANY ($16::text[])
+      AND ti.state = ANY ($17::text[])
           -- on a run that is still running,
       AND runs.run_id = ti.run_id AND runs.state = 'running'
           -- and the sweep's term still leads.
       AND ` + fenced + `
-    RETURNING r.ord
-)` + batchAnswer
+    RETURNING r.ord, r.refused
+)` + batchAnswer + `,
+       (SELECT coalesce(array_agg(ord ORDER BY ord), '{}') FROM applied WHERE refused <> ''),
+       (SELECT coalesce(array_agg(refused ORDER BY ord), '{}') FROM applied WHERE refused <> '')`
 
 // Settle settles finished attempts from their outcome records: a success,
 // a task failure (its retry policy applies, exactly as for the agent's own
@@ -355,8 +367,22 @@ func (s *Store) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 		reasons[i], messages[i] = st.Reason, st.Message
 	}
 	runIDs, taskIDs, tries, epochs := b.attemptArrays()
-	return s.runBatch(ctx, b, settleSQL, runIDs, taskIDs, tries, epochs, fromStates, toStates, kinds,
-		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy, sdk.SettleSourceStates())
+	var (
+		refusedOrds []int64
+		refused     []string
+	)
+	res, err := s.runBatchScan(ctx, b, settleSQL, []any{runIDs, taskIDs, tries, epochs, fromStates, toStates, kinds,
+		reasons, messages, b.terms, b.ats, ended, podUIDs, lossy, s.ceiling.Microseconds(),
+		sdk.SettleSourceStates()}, &refusedOrds, &refused)
+	if err != nil {
+		return nil, err
+	}
+	for j, ord := range refusedOrds {
+		if j < len(refused) && ord >= 1 && int(ord) <= len(res) {
+			res[ord-1].RescheduleRefused = refused[j]
+		}
+	}
+	return res, nil
 }
 
 func settlementFields(st sdk.Settlement) (sdk.Attempt, int64, time.Time) {

@@ -53,6 +53,9 @@ type TaskInstance struct {
 	CredentialMintedAt  time.Time
 	CredentialRenewedAt time.Time
 	CredentialCappedAt  time.Time
+	// Sensor is the task's sensor declaration and the stamps a sensor's
+	// bounds count from (migration 010).
+	Sensor sdk.Sensor
 }
 
 // TaskInstanceColumns is the select list ScanTaskInstance reads, in order.
@@ -61,7 +64,8 @@ const TaskInstanceColumns = `run_id, task_id, try_number, attempt_epoch, state, 
 	last_failure_kind, failure_reason, infra_marked_at, infra_confirmed_at,
 	infra_budget, infra_used, retries, max_retries, error_message, warm_worker,
 	dispatch_unavailable_since, held_at, command, execution_timeout_seconds, updated_at,
-	credential_minted_at, credential_renewed_at, credential_capped_at`
+	credential_minted_at, credential_renewed_at, credential_capped_at,
+	sensor, sensor_timeout_seconds, first_poke_at, try_dispatched_at`
 
 // ScanTaskInstance reads one row selected with TaskInstanceColumns.
 func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
@@ -70,13 +74,15 @@ func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 		queued, running, hb, released, ended, marked, conf *time.Time
 		unavail, held, minted, renewed, capped             *time.Time
 		kind, reason, msg, warm, cmd                       *string
-		timeout                                            *int32
+		timeout, sensorTimeout                             *int32
+		firstPoke, tryDispatched                           *time.Time
 	)
 	err := row.Scan(&ti.RunID, &ti.TaskID, &ti.Try, &ti.Epoch, &ti.State, &ti.Executor,
 		&queued, &running, &hb, &released, &ended,
 		&kind, &reason, &marked, &conf,
 		&ti.InfraBudget, &ti.InfraUsed, &ti.Retries, &ti.MaxRetries, &msg, &warm,
-		&unavail, &held, &cmd, &timeout, &ti.UpdatedAt, &minted, &renewed, &capped)
+		&unavail, &held, &cmd, &timeout, &ti.UpdatedAt, &minted, &renewed, &capped,
+		&ti.Sensor.Declared, &sensorTimeout, &firstPoke, &tryDispatched)
 	if err != nil {
 		return TaskInstance{}, err
 	}
@@ -91,6 +97,10 @@ func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 	if timeout != nil {
 		ti.ExecutionTimeout = time.Duration(*timeout) * time.Second
 	}
+	if sensorTimeout != nil {
+		ti.Sensor.Timeout = time.Duration(*sensorTimeout) * time.Second
+	}
+	ti.Sensor.FirstPokeAt, ti.Sensor.TryDispatchedAt = timeOrZero(firstPoke), timeOrZero(tryDispatched)
 	return ti, nil
 }
 

@@ -143,6 +143,7 @@ func TestOrphanRuns(t *testing.T) {
 			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForRetry, Message: "exit 1"}, base.Add(-50*time.Minute))
 		},
 		"UpForReschedule": func(t *testing.T, b *bundle, a sdk.Attempt) {
+			b.sensor(t, a)
 			b.running(t, a, base.Add(-time.Hour), time.Time{})
 			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-50*time.Minute))
 		},

@@ -33,6 +33,11 @@ type Options struct {
 	// QueryTimeout bounds the database work of one call; <= 0 means
 	// QueryTimeoutDefault.
 	QueryTimeout time.Duration
+	// CredentialCeiling is auth.max_attempt_credential_lifetime: a
+	// settlement that asks for a sensor's reschedule at or past it, counted
+	// from the first dispatch of the try, fails the task instead
+	// (sdk.Sensor.RescheduleRefusal). <= 0: none.
+	CredentialCeiling time.Duration
 }
 
 // Store is the board over a PostgreSQL pool. It is safe for concurrent use.
@@ -40,6 +45,7 @@ type Store struct {
 	pool    *pgxpool.Pool
 	leader  string
 	timeout time.Duration
+	ceiling time.Duration
 }
 
 var _ sdk.Board = (*Store)(nil)
@@ -52,7 +58,7 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if opts.QueryTimeout <= 0 {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
-	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout}
+	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling}
 }
 
 // Pool returns the pool the store uses.

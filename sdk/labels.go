@@ -164,6 +164,24 @@ const (
 	// accepts (plugin_max_reply): refused unread, and the pass or sweep
 	// went on without it.
 	LabelPluginReplyTooLarge = "plugin_reply_too_large"
+
+	// Reschedule is a sensor's, and bounded (the board's own judgment of a
+	// report or record that asks for up_for_reschedule; each is also the
+	// failure_reason and the start of the error_message).
+
+	// LabelRescheduleNotSensor: a task not declared a sensor reported (or
+	// left a record saying) up_for_reschedule: failed as a task failure
+	// instead of parked; its retry policy applies.
+	LabelRescheduleNotSensor = "reschedule_not_sensor"
+	// LabelSensorTimeout: a sensor asked for another poke past its own
+	// timeout, counted from the first poke of its try: failed, its retries
+	// spent.
+	LabelSensorTimeout = "sensor_timeout"
+	// LabelSensorCredentialCeiling: a sensor asked for another poke past
+	// the credential ceiling counted from the first dispatch of its try
+	// (not from the poke's own credential): failed as a task failure; its
+	// retry policy applies.
+	LabelSensorCredentialCeiling = "sensor_credential_ceiling"
 )
 
 // Labels lists every label above, for registering metrics ahead of the
@@ -194,5 +212,6 @@ func Labels() []string {
 		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
 		LabelPluginReplyTooLarge,
 		LabelForeignTaskPod,
+		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling,
 	}
 }

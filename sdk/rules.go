@@ -57,6 +57,9 @@ type TaskRow struct {
 	// PodUID is the UID of the pod recorded for the current attempt (kube;
 	// "" when none is).
 	PodUID string
+	// Sensor, SensorTimeout, FirstPokeAt and TryDispatchedAt are what
+	// RescheduleRefusal judges (see Sensor).
+	Sensor Sensor
 }
 
 // Provisional reports whether the row is a provisional infra mark: failed

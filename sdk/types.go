@@ -250,6 +250,12 @@ type MarkResult struct {
 	Attempt
 	Applied    bool
 	NoopReason string
+	// RescheduleRefused, on an applied settlement that asked for
+	// up_for_reschedule, is why the board refused the reschedule (a
+	// Sensor.RescheduleRefusal label): the attempt was failed as a task
+	// failure with that reason instead of parked. Protocol v1 addition: a
+	// host that predates it leaves it empty.
+	RescheduleRefused string
 }
 
 // RunCursor is a keyset position in a run listing.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -52,7 +53,8 @@ func (w *Writer) Enqueue(ctx context.Context, a sdk.Attempt, now time.Time) (boo
 // Queue moves the attempt from scheduled to queued (handed to an executor)
 // and stamps queued_at.
 func (w *Writer) Queue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
-	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5
+	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5,
+            try_dispatched_at = coalesce(ti.try_dispatched_at, $5)
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now)
 }
 
@@ -63,7 +65,7 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
 		return false, fmt.Errorf("board: queue %s on a warm worker: no worker named", a)
 	}
 	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, warm_worker = $6,
-        updated_at = $5
+        updated_at = $5, try_dispatched_at = coalesce(ti.try_dispatched_at, $5)
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
 }
 
@@ -105,7 +107,7 @@ func (w *Writer) PodUID(ctx context.Context, a sdk.Attempt) (string, error) {
 // agent must not start the task.
 func (w *Writer) Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error) {
 	ok, err := w.step(ctx, "report running", a, `UPDATE task_instances ti SET state = 'running', running_at = $5,
-        updated_at = $5
+        updated_at = $5, first_poke_at = CASE WHEN ti.sensor THEN coalesce(ti.first_poke_at, $5) END
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued'`, now)
 	return !ok && err == nil, err
 }
@@ -135,21 +137,71 @@ type Outcome struct {
 // Report records the attempt's terminal report, guarded like Heartbeat:
 // when the row no longer holds this running attempt, or the run is no longer
 // running, nothing changes and shouldTerminate is true. A failure reported
-// here is a task failure.
+// here is a task failure; so is a reschedule the task may not take (see
+// ReportOutcome).
 func (w *Writer) Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (shouldTerminate bool, err error) {
+	r, err := w.ReportOutcome(ctx, a, o, now)
+	return r.ShouldTerminate, err
+}
+
+// ReportResult is what a report did.
+type ReportResult struct {
+	// ShouldTerminate: the row no longer holds this running attempt, or
+	// the run is no longer running; nothing changed.
+	ShouldTerminate bool
+	// RescheduleRefused: the report asked for up_for_reschedule and the
+	// task may not take it (a sdk.Sensor.RescheduleRefusal label): the
+	// attempt was failed as a task failure with that reason instead.
+	RescheduleRefused string
+}
+
+// reportSQL is the terminal report's write. A reschedule the row's task may
+// not take (refused) is a task failure with the reason; past a sensor's own
+// timeout its retries are spent. The sensor columns are fixed for the
+// running attempt the guard names, so the CTE's read is the row's state
+// under the update's lock.
+var reportSQL = `WITH p AS (
+    SELECT CASE WHEN $5 = '` + sdk.StateUpForReschedule + `'
+                THEN ` + board.RescheduleRefusalSQL("p", "$6::timestamptz", "$9::int8") + ` ELSE '' END AS refused
+    FROM task_instances p WHERE p.run_id = $1 AND p.task_id = $2
+)
+UPDATE task_instances ti SET
+        state = CASE WHEN p.refused <> '' THEN '` + sdk.StateFailed + `' ELSE $5 END,
+        ended_at = $6, updated_at = $6,
+        last_failure_kind = CASE WHEN p.refused <> '' OR $5 IN ('failed', 'up_for_retry') THEN 'task' END,
+        failure_reason = CASE WHEN p.refused <> '' THEN p.refused ELSE NULLIF($7, '') END,
+        error_message = CASE WHEN p.refused <> '' THEN ` + board.RescheduleMessageSQL("p.refused") + ` ELSE NULLIF($8, '') END,
+        retries = CASE WHEN ` + board.RescheduleSpendsRetriesSQL("p.refused") + ` THEN 0 ELSE ti.retries END
+    FROM runs r, p WHERE ` + guardAttempt + ` AND ti.state = 'running'
+    RETURNING p.refused`
+
+// ReportOutcome is Report, answering also whether a reschedule was refused:
+// only a task declared a sensor may end up_for_reschedule, and only before
+// its own timeout (counted from the first poke of its try) and the
+// credential ceiling (counted from the first dispatch of its try) have
+// passed. Any other reschedule fails the attempt as a task failure with the
+// reason (reschedule_not_sensor, sensor_timeout,
+// sensor_credential_ceiling) in the same guarded write.
+func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (ReportResult, error) {
 	switch o.State {
 	case sdk.StateSuccess, sdk.StateSkipped, sdk.StateUpForReschedule:
 		o.Reason, o.Message = "", ""
 	case sdk.StateFailed, sdk.StateUpForRetry:
 	default:
-		return false, fmt.Errorf("board: report %s: %q is not an outcome", a, o.State)
+		return ReportResult{}, fmt.Errorf("board: report %s: %q is not an outcome", a, o.State)
 	}
-	ok, err := w.step(ctx, "report", a, `UPDATE task_instances ti SET
-            state = $5, ended_at = $6, updated_at = $6,
-            last_failure_kind = CASE WHEN $5 IN ('failed', 'up_for_retry') THEN 'task' END,
-            failure_reason = NULLIF($7, ''), error_message = NULLIF($8, '')
-        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, o.State, now, o.Reason, o.Message)
-	return !ok && err == nil, err
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var refused string
+	err := w.pool.QueryRow(ctx, reportSQL, a.RunID, a.TaskID, a.Try, a.Epoch, o.State, now, o.Reason, o.Message,
+		w.ceiling.Microseconds()).Scan(&refused)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ReportResult{ShouldTerminate: true}, nil
+	case err != nil:
+		return ReportResult{}, fmt.Errorf("board: report %s: %w", a, err)
+	}
+	return ReportResult{RescheduleRefused: refused}, nil
 }
 
 // Failure is a failure the scheduler itself records (not an agent's report).

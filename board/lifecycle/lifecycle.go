@@ -59,6 +59,11 @@ type Options struct {
 	// LeaderName is the leader row a fenced writer's term is checked
 	// against (see Writer.Fenced); "" means board.LeaderNameDefault.
 	LeaderName string
+	// CredentialCeiling is auth.max_attempt_credential_lifetime: a report
+	// (or a reschedule rail) that asks for a sensor's next poke at or past
+	// it, counted from the first dispatch of the try, fails the task
+	// instead (sdk.Sensor.RescheduleRefusal). <= 0: none.
+	CredentialCeiling time.Duration
 }
 
 // Writer performs the guarded transitions. It is safe for concurrent use.
@@ -67,6 +72,7 @@ type Writer struct {
 	store   *board.Store
 	timeout time.Duration
 	leader  string
+	ceiling time.Duration
 	term    int64 // > 0: the runner writes are fenced by it (see Fenced)
 }
 
@@ -78,13 +84,18 @@ func New(pool *pgxpool.Pool, opts Options) *Writer {
 	if opts.LeaderName == "" {
 		opts.LeaderName = board.LeaderNameDefault
 	}
-	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName}),
-		timeout: opts.QueryTimeout, leader: opts.LeaderName}
+	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName,
+		CredentialCeiling: opts.CredentialCeiling}),
+		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling}
 }
 
 func (w *Writer) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, w.timeout)
 }
+
+// CredentialCeiling is the credential ceiling the writer bounds a sensor's
+// pokes by (Options.CredentialCeiling; <= 0: none).
+func (w *Writer) CredentialCeiling() time.Duration { return w.ceiling }
 
 // TaskInstance reads one task instance (board.ErrNotFound when absent).
 func (w *Writer) TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error) {
@@ -116,6 +127,14 @@ type NewTask struct {
 	Command string
 	// ExecutionTimeout is the task's declared timeout; 0: none.
 	ExecutionTimeout time.Duration
+	// Sensor declares the task a sensor: the only kind of task whose poke
+	// may end up_for_reschedule (any other that reports it is failed,
+	// reschedule_not_sensor). A sensor must declare SensorTimeout.
+	Sensor bool
+	// SensorTimeout is a sensor's own timeout, counted from the first poke
+	// of each try and not reset by its reschedules (sensor_timeout past
+	// it); rounded up to seconds. Only for a sensor.
+	SensorTimeout time.Duration
 }
 
 // NewRun is a run created with its task instances.
@@ -133,11 +152,11 @@ WITH run AS (
     VALUES ($1, $2, $3, CASE WHEN $3 = 'running' THEN $4::timestamptz END, $4)
 )
 INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries, infra_budget,
-    command, execution_timeout_seconds, updated_at)
+    command, execution_timeout_seconds, sensor, sensor_timeout_seconds, updated_at)
 SELECT $1, t.task_id, t.executor, t.retries, t.retries, t.infra_budget,
-    NULLIF(t.command, ''), NULLIF(t.timeout, 0), $4
-FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[])
-    AS t(task_id, executor, retries, infra_budget, command, timeout)`
+    NULLIF(t.command, ''), NULLIF(t.timeout, 0), t.sensor, CASE WHEN t.sensor THEN t.sensor_timeout END, $4
+FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[], $11::bool[], $12::int4[])
+    AS t(task_id, executor, retries, infra_budget, command, timeout, sensor, sensor_timeout)`
 
 // CreateRun inserts a run and its task instances in one statement: all of
 // them or nothing.
@@ -154,6 +173,7 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	n := len(r.Tasks)
 	ids, execs, cmds := make([]string, n), make([]string, n), make([]string, n)
 	retries, budgets, timeouts := make([]int32, n), make([]int32, n), make([]int32, n)
+	sensors, sensorTimeouts := make([]bool, n), make([]int32, n)
 	seen := map[string]bool{}
 	for i, t := range r.Tasks {
 		if t.TaskID == "" || seen[t.TaskID] {
@@ -170,12 +190,34 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 		ids[i], execs[i], cmds[i] = t.TaskID, t.Executor, t.Command
 		retries[i], budgets[i] = t.Retries, budget
 		timeouts[i] = int32((t.ExecutionTimeout + time.Second - 1) / time.Second)
+		if err := checkSensor(t); err != nil {
+			return fmt.Errorf("board: create run %s: task %s: %w", r.RunID, t.TaskID, err)
+		}
+		sensors[i], sensorTimeouts[i] = t.Sensor, int32((t.SensorTimeout+time.Second-1)/time.Second)
 	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	if _, err := w.pool.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
-		ids, execs, retries, budgets, cmds, timeouts); err != nil {
+		ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil {
 		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
+	}
+	return nil
+}
+
+// maxSensorTimeout is the longest sensor timeout a task may declare (the
+// column holds seconds in an int4).
+const maxSensorTimeout = time.Duration(1<<31-1) * time.Second
+
+// checkSensor refuses a sensor without a timeout, and a timeout on a task
+// that is not a sensor.
+func checkSensor(t NewTask) error {
+	switch {
+	case t.Sensor && t.SensorTimeout <= 0:
+		return fmt.Errorf("a sensor must declare a positive sensor timeout")
+	case t.Sensor && t.SensorTimeout > maxSensorTimeout:
+		return fmt.Errorf("sensor timeout %s is too long", t.SensorTimeout)
+	case !t.Sensor && t.SensorTimeout != 0:
+		return fmt.Errorf("a sensor timeout on a task that is not a sensor")
 	}
 	return nil
 }

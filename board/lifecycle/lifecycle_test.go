@@ -103,6 +103,13 @@ func (b *bundle) to(t *testing.T, a sdk.Attempt, state string, at time.Time) {
 			Reason: sdk.LabelAgentLost, Message: "agent_lost: silent", Confirm: true, Term: b.term, At: at}})
 		must("mark", err == nil && res[0].Applied, err)
 	default:
+		if state == sdk.StateUpForReschedule {
+			// Only a sensor may park up_for_reschedule: declare the task one.
+			if _, err := b.store.Pool().Exec(ctx, `UPDATE task_instances SET sensor = true, sensor_timeout_seconds = 86400
+                WHERE run_id = $1 AND task_id = $2`, a.RunID, a.TaskID); err != nil {
+				t.Fatal(err)
+			}
+		}
 		stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: state, Reason: "exit_code", Message: "exit 1"}, at)
 		must("report", !stop, err)
 	}

@@ -157,7 +157,9 @@ func (w *Writer) DispatchBackoff(ctx context.Context, a sdk.Attempt, now time.Ti
 const runRunning = `EXISTS (SELECT 1 FROM runs r WHERE r.run_id = ti.run_id AND r.state = 'running')`
 
 func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.Time) (Release, error) {
-	bump := "try_number = ti.try_number + 1"
+	// A new try starts its sensor bounds over; a new epoch of the same try
+	// (a reschedule's next poke, a re-place) keeps them.
+	bump := "try_number = ti.try_number + 1, first_poke_at = NULL, try_dispatched_at = NULL"
 	if !rl.bumpTry {
 		bump = "attempt_epoch = ti.attempt_epoch + 1"
 	}

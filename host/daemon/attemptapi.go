@@ -20,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -52,7 +53,7 @@ type attemptAPI struct {
 // newAttemptAPI loads (or generates) the signing keys and the certificate
 // and binds the listener. Every replica serves it, leading or not.
 func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
-	clk clock.Clock, log hclog.Logger) (api *attemptAPI, err error) {
+	decisions func(context.Context, []sdk.Decision), clk clock.Clock, log hclog.Logger) (api *attemptAPI, err error) {
 	c := cfg.AttemptAPI
 	api = &attemptAPI{keyFile: c.SigningKeyFile, clk: clk, log: log}
 	defer func() {
@@ -82,7 +83,8 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
 	api.srv, err = attemptapi.NewServer(attemptapi.ServerConfig{
 		Keys: api.keys.Load, TTL: cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling,
 		WorkerCeiling: cfg.WorkerCredentialCeiling,
-		Board:         lifecycle.New(api.pool, lifecycle.Options{}), Meter: m, Clock: clk, Logger: log,
+		Board: lifecycle.New(api.pool, lifecycle.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling}),
+		Meter: m, Decisions: decisions, Clock: clk, Logger: log,
 	})
 	if err != nil {
 		return nil, err

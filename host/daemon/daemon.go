@@ -126,7 +126,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
-	d.store = board.New(d.pool, board.Options{})
+	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling})
 
 	ld, err := d.openLoader()
 	if err != nil {
@@ -150,7 +150,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
-	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, opts.Clock, d.log.Named("attempt-api")); err != nil {
+	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, d.apiDecisions, opts.Clock, d.log.Named("attempt-api")); err != nil {
 		return err
 	}
 	switch {
@@ -234,7 +234,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -298,7 +298,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -337,6 +337,21 @@ func loopback(addr string) []string {
 		return nil
 	}
 	return []string{addr}
+}
+
+// apiDecisions meters and audits the judgments the board made of attempt
+// API calls (a refused reschedule), under the term this replica sees.
+func (d *Daemon) apiDecisions(ctx context.Context, ds []sdk.Decision) {
+	for _, dec := range ds {
+		d.metrics.Decision(dec)
+	}
+	now := d.opts.Clock.Now()
+	term := d.elector.Status(now).Term
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
+	defer cancel()
+	if err := d.store.RecordDecisions(actx, term, now, ds); err != nil {
+		d.log.Warn("audit of the attempt api's decisions failed", "error", err)
+	}
 }
 
 func (d *Daemon) fail(err error) {

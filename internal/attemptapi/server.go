@@ -24,7 +24,7 @@ import (
 type Board interface {
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
 	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
-	Report(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (bool, error)
+	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (lifecycle.ReportResult, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
@@ -62,6 +62,11 @@ type ServerConfig struct {
 	Clock clock.Clock
 	// Logger logs refusals and failures. Default: none.
 	Logger hclog.Logger
+	// Decisions, when set, receives the judgments the board made of a call
+	// (a reschedule it refused: reschedule_not_sensor, sensor_timeout,
+	// sensor_credential_ceiling), for the host to meter and audit. Each is
+	// also logged here.
+	Decisions func(ctx context.Context, ds []sdk.Decision)
 	// HeartbeatWriters is how many batches of heartbeats are written at
 	// once (each takes one board connection while it is written).
 	// Default 2.
@@ -70,6 +75,9 @@ type ServerConfig struct {
 	// 500.
 	HeartbeatBatch int
 }
+
+// DecisionSource is the reaper name the attempt API's decisions carry.
+const DecisionSource = "attempt-api"
 
 // Server is the attempt API's http.Handler.
 type Server struct {
@@ -305,12 +313,28 @@ func (s *Server) report(ctx context.Context, c call) (Response, error) {
 	default:
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "%q is not an outcome", o.State)
 	}
-	term, err := s.cfg.Board.Report(ctx, c.req.Attempt(),
-		lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
+	a := c.req.Attempt()
+	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
 	if err != nil {
 		return Response{}, boardFailure("recording the report", err)
 	}
-	return Response{ShouldTerminate: term}, nil
+	if res.RescheduleRefused != "" {
+		s.refusedReschedule(ctx, a, res.RescheduleRefused)
+	}
+	return Response{ShouldTerminate: res.ShouldTerminate}, nil
+}
+
+// refusedReschedule logs, and hands on as a decision, a reschedule the
+// board refused: the attempt was failed with the reason instead of parked.
+// The caller is the attempt's own token: task code can forge this report.
+func (s *Server) refusedReschedule(ctx context.Context, a sdk.Attempt, reason string) {
+	detail := sdk.RescheduleFailure(reason)
+	s.cfg.Logger.Warn("a reschedule report was refused: the attempt failed instead", "attempt", a.String(),
+		"reason", reason)
+	if s.cfg.Decisions != nil {
+		s.cfg.Decisions(ctx, []sdk.Decision{{Reaper: DecisionSource, Label: reason, Attempt: a, Applied: true,
+			Detail: detail, Evidence: map[string]string{"call": CallReport, "asked": sdk.StateUpForReschedule}}})
+	}
 }
 
 // state reads the state of the token's own attempt; an attempt that has

@@ -80,18 +80,36 @@ func (m *meter) count(key string) int {
 	return m.calls[key]
 }
 
-type bundle struct {
-	log    *logBuffer
-	pool   *pgxpool.Pool
-	w      *lifecycle.Writer
-	clk    *clock.Fake
-	keys   *keyHolder
-	meter  *meter
-	url    string
-	ca     string
-	issuer attempttoken.Issuer
+// decisionLog keeps the decisions the server handed on.
+type decisionLog struct {
+	mu sync.Mutex
+	ds []sdk.Decision
 }
 
+func (l *decisionLog) record(_ context.Context, ds []sdk.Decision) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ds = append(l.ds, ds...)
+}
+
+func (l *decisionLog) all() []sdk.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sdk.Decision(nil), l.ds...)
+}
+
+type bundle struct {
+	log       *logBuffer
+	pool      *pgxpool.Pool
+	w         *lifecycle.Writer
+	decisions *decisionLog
+	clk       *clock.Fake
+	keys      *keyHolder
+	meter     *meter
+	url       string
+	ca        string
+	issuer    attempttoken.Issuer
+}
 
 // keyHolder is the keyring in force, swapped on rotation.
 type keyHolder struct {
@@ -124,10 +142,11 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{}), clk: clock.NewFake(base), keys: &keyHolder{kr: kr},
-		meter: &meter{calls: map[string]int{}, renewals: map[string]int{}}, pool: pool, log: &logBuffer{}}
+	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
+		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
+		decisions: &decisionLog{}, pool: pool, log: &logBuffer{}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
-		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Clock: b.clk,
+		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})
 	if err != nil {
 		t.Fatal(err)

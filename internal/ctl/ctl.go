@@ -73,8 +73,8 @@ func commands() []command {
 	return []command{
 		{name: "submit", run: CLI.submit,
 			synopsis: []string{
-				"[-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] -- CMD [CMD ...]",
-				"[-run ID] [-dag NAME] [-timeout D] [-retries N] -n N -command CMD",
+				"[-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] [-sensor D] -- CMD [CMD ...]",
+				"[-run ID] [-dag NAME] [-timeout D] [-retries N] [-sensor D] -n N -command CMD",
 			},
 			summary: "create a running run of Lite tasks, one per shell command; print its id",
 			help: "Creates a run (state running) of Lite task instances, one per shell command (each CMD is\n" +

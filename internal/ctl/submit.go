@@ -39,6 +39,8 @@ type submitTaskJSON struct {
 	Command                 string  `json:"command"`
 	Retries                 int32   `json:"retries"`
 	ExecutionTimeoutSeconds float64 `json:"execution_timeout_seconds,omitempty"`
+	Sensor                  bool    `json:"sensor,omitempty"`
+	SensorTimeoutSeconds    float64 `json:"sensor_timeout_seconds,omitempty"`
 }
 
 func (c CLI) submit(ctx context.Context, inv *invocation) error {
@@ -50,13 +52,15 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	retries := fs.Int("retries", 0, "`N` retries each task declares")
 	n := fs.Int("n", 0, "with -command: `N` tasks running the same command")
 	command := fs.String("command", "", "with -n: the shell command `CMD` every task runs")
+	sensorTimeout := fs.Duration("sensor", 0, "declare every task a sensor with this timeout `D`, counted from its first poke:"+
+		" a poke that exits 75 asks for the next (0: not sensors)")
 	cmds, err := inv.parse(0, -1)
 	if err != nil {
 		return err
 	}
 
 	run, err := c.submitPlan(submitInput{
-		runID: *runID, dag: *dag, tasks: *taskList, timeout: *timeout, retries: *retries,
+		runID: *runID, dag: *dag, tasks: *taskList, timeout: *timeout, retries: *retries, sensorTimeout: *sensorTimeout,
 		n: *n, nSet: flagSet(fs, "n"), command: *command, commandSet: flagSet(fs, "command"), cmds: cmds,
 	})
 	if err != nil {
@@ -83,7 +87,8 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	doc := submitJSON{RunID: run.RunID, DagID: run.DagID, State: sdk.RunRunning}
 	for _, t := range run.Tasks {
 		doc.Tasks = append(doc.Tasks, submitTaskJSON{TaskID: t.TaskID, Command: t.Command, Retries: t.Retries,
-			ExecutionTimeoutSeconds: t.ExecutionTimeout.Seconds()})
+			ExecutionTimeoutSeconds: t.ExecutionTimeout.Seconds(), Sensor: t.Sensor,
+			SensorTimeoutSeconds: t.SensorTimeout.Seconds()})
 	}
 	return writeJSON(inv.stdout, doc)
 }
@@ -92,6 +97,7 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 type submitInput struct {
 	runID, dag, tasks string
 	timeout           time.Duration
+	sensorTimeout     time.Duration // > 0: every task is a sensor with this timeout
 	retries, n        int
 	nSet              bool
 	command           string
@@ -136,6 +142,12 @@ func (c CLI) submitPlan(in submitInput) (lifecycle.NewRun, error) {
 	if in.timeout > time.Duration(1<<31-1)*time.Second {
 		return lifecycle.NewRun{}, usagef("-timeout %s: too long", in.timeout)
 	}
+	if in.sensorTimeout < 0 {
+		return lifecycle.NewRun{}, usagef("-sensor %s: must not be negative", in.sensorTimeout)
+	}
+	if in.sensorTimeout > time.Duration(1<<31-1)*time.Second {
+		return lifecycle.NewRun{}, usagef("-sensor %s: too long", in.sensorTimeout)
+	}
 	if in.retries < 0 || in.retries > 1000 {
 		return lifecycle.NewRun{}, usagef("-retries %d: want 0 to 1000", in.retries)
 	}
@@ -179,6 +191,7 @@ func (c CLI) submitPlan(in submitInput) (lifecycle.NewRun, error) {
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{
 			TaskID: ids[i], Executor: sdk.ExecutorLite, Retries: int32(in.retries),
 			Command: cmd, ExecutionTimeout: in.timeout,
+			Sensor: in.sensorTimeout > 0, SensorTimeout: in.sensorTimeout,
 		})
 	}
 	return run, nil

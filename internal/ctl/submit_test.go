@@ -60,6 +60,26 @@ func TestSubmit(t *testing.T) {
 		}
 	})
 
+	t.Run("SensorFlagDeclaresEveryTaskASensorWithItsTimeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		r := b.ctl(t, "submit", "-run", "rs", "-sensor", "10m", "-json", "--", "test -e /tmp/ready || exit 75").ok(t)
+		var doc submitJSON
+		r.decode(t, &doc)
+		if len(doc.Tasks) != 1 || !doc.Tasks[0].Sensor || doc.Tasks[0].SensorTimeoutSeconds != 600 {
+			t.Fatalf("document %+v", doc)
+		}
+		ti, err := b.store.TaskInstance(ctx, "rs", "t1")
+		if err != nil || !ti.Sensor.Declared || ti.Sensor.Timeout != 10*time.Minute {
+			t.Fatalf("task instance %+v %v", ti.Sensor, err)
+		}
+		// Without the flag, a task is no sensor.
+		b.ctl(t, "submit", "-run", "rn", "--", "true").ok(t)
+		if ti, err := b.store.TaskInstance(ctx, "rn", "t1"); err != nil || ti.Sensor.Declared {
+			t.Fatalf("task instance %+v %v", ti.Sensor, err)
+		}
+	})
+
 	t.Run("GeneratedRunID", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, "")

@@ -135,6 +135,10 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 		Heartbeat:        spec.Heartbeat,
 		Reporter:         agent.ReporterAPI,
 	}
+	if ti.Sensor.Declared {
+		// Only a sensor's poke may ask for the next one.
+		inv.RescheduleExitCode = agent.SensorRescheduleExitCode
+	}
 	grace := ceilSeconds(spec.TerminationGrace)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{

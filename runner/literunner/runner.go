@@ -272,12 +272,13 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 	}
 	ag, err := r.spawner.Spawn(ctx, lite.SpawnRequest{
 		Invocation: agent.Invocation{
-			Attempt:          a,
-			Command:          ti.Command,
-			ExecutionTimeout: ti.ExecutionTimeout,
-			Heartbeat:        r.cfg.Heartbeat,
-			Reporter:         agent.ReporterAPI,
-			LogLevel:         r.cfg.AgentLogLevel,
+			Attempt:            a,
+			Command:            ti.Command,
+			ExecutionTimeout:   ti.ExecutionTimeout,
+			Heartbeat:          r.cfg.Heartbeat,
+			Reporter:           agent.ReporterAPI,
+			LogLevel:           r.cfg.AgentLogLevel,
+			RescheduleExitCode: rescheduleExitCode(ti),
 		},
 		Env: cred.Env,
 	})
@@ -351,4 +352,13 @@ func (r *Runner) reapExited() int {
 		}
 	}
 	return len(exited)
+}
+
+// rescheduleExitCode is the exit code by which the task's poke asks for
+// its next one: a sensor's only (0: none).
+func rescheduleExitCode(ti board.TaskInstance) int {
+	if ti.Sensor.Declared {
+		return agent.SensorRescheduleExitCode
+	}
+	return 0
 }

@@ -352,7 +352,7 @@ func marksFromPB(ms []*pb.Mark) []sdk.Mark {
 func markResultsToPB(rs []sdk.MarkResult, asked []sdk.Attempt) []*pb.MarkResult {
 	out := make([]*pb.MarkResult, len(rs))
 	for i, r := range rs {
-		out[i] = &pb.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
+		out[i] = &pb.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason, RescheduleRefused: r.RescheduleRefused}
 		if i >= len(asked) || asked[i] != r.Attempt {
 			out[i].Attempt = attemptToPB(r.Attempt)
 		}
@@ -363,7 +363,7 @@ func markResultsToPB(rs []sdk.MarkResult, asked []sdk.Attempt) []*pb.MarkResult 
 func markResultsFromPB(rs []*pb.MarkResult, asked []sdk.Attempt) []sdk.MarkResult {
 	out := make([]sdk.MarkResult, len(rs))
 	for i, r := range rs {
-		out[i] = sdk.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason}
+		out[i] = sdk.MarkResult{Applied: r.Applied, NoopReason: r.NoopReason, RescheduleRefused: r.RescheduleRefused}
 		switch {
 		case r.Attempt != nil:
 			out[i].Attempt = attemptFromPB(r.Attempt)

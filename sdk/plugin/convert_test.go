@@ -202,3 +202,14 @@ func TestRecordedPodUIDRoundTrips(t *testing.T) {
 		t.Fatalf("teardown pod uid %q", td.PodUid)
 	}
 }
+
+// A settlement's refused reschedule travels back to the plugin with its
+// result (field 4 of MarkResult).
+func TestResultsCarryARefusedReschedule(t *testing.T) {
+	a := sdk.Attempt{RunID: "r", TaskID: "a", Try: 1, Epoch: 3}
+	results := []sdk.MarkResult{{Attempt: a, Applied: true, RescheduleRefused: sdk.LabelRescheduleNotSensor}}
+	back := wire(t, &pb.MarkResponse{Results: markResultsToPB(results, []sdk.Attempt{a})}, &pb.MarkResponse{})
+	if got := markResultsFromPB(back.Results, []sdk.Attempt{a}); !reflect.DeepEqual(got, results) {
+		t.Fatalf("mark results %+v, want %+v", got, results)
+	}
+}

@@ -50,6 +50,12 @@ type TaskInstance struct {
 	// token was exchanged for the working token (see ExchangeBootstrap).
 	CredentialMintedAt    time.Time
 	CredentialExchangedAt time.Time
+	// Sensor is the task's sensor declaration and the stamps its bounds
+	// count from (zero: not a sensor).
+	Sensor sdk.Sensor
+	// Retries is how many retries the task has left (a settlement that
+	// refuses a sensor's reschedule past its timeout spends them).
+	Retries int32
 }
 
 // Attempt returns the attempt the row currently holds.
@@ -68,7 +74,8 @@ func (t TaskInstance) Live() bool { return t.guardRow("").Live(time.Time{}) }
 func (t TaskInstance) guardRow(runState string) sdk.TaskRow {
 	return sdk.TaskRow{Attempt: t.Attempt(), State: t.State, LastFailureKind: t.LastFailureKind,
 		LastHeartbeatAt: t.LastHeartbeatAt, InfraMarkedAt: t.InfraMarkedAt, InfraConfirmedAt: t.InfraConfirmedAt,
-		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState, PodUID: t.PodUID}
+		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState, PodUID: t.PodUID,
+		Sensor: t.Sensor}
 }
 
 // Run is one row of the board's runs.
@@ -104,7 +111,8 @@ const (
 type Board struct {
 	mu       sync.Mutex
 	term     int64
-	expires  time.Time // the term's lease; zero: never expires
+	expires  time.Time     // the term's lease; zero: never expires
+	ceiling  time.Duration // the credential ceiling a sensor's pokes are bounded by; 0: none
 	executor string
 	runs     map[string]*Run
 	tasks    map[string]map[string]*TaskInstance // run -> task -> row
@@ -160,6 +168,16 @@ func (b *Board) SetLease(expires time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expires = expires
+}
+
+// SetCredentialCeiling sets the credential ceiling (counted from the first
+// dispatch of a try) past which a settlement refuses a sensor's reschedule,
+// as the real board's board.Options.CredentialCeiling. Zero (the default):
+// none.
+func (b *Board) SetCredentialCeiling(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ceiling = d
 }
 
 // deposedLocked reports whether a write of term made at at is fenced out:

@@ -79,7 +79,7 @@ func (b *Board) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkR
 		func(c sdk.Confirm) (sdk.Attempt, int64, time.Time) { return c.Attempt, c.Term, c.At },
 		func(c sdk.Confirm) error { return nil },
 		func(c sdk.Confirm, row sdk.TaskRow) string { return c.Refusal(row) },
-		func(c sdk.Confirm, t *TaskInstance) { t.InfraConfirmedAt = c.At })
+		func(c sdk.Confirm, t *TaskInstance) string { t.InfraConfirmedAt = c.At; return "" })
 }
 
 // OverrideInfra settles attempts as successes over their provisional infra
@@ -89,11 +89,12 @@ func (b *Board) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 		func(o sdk.Override) (sdk.Attempt, int64, time.Time) { return o.Attempt, o.Term, o.At },
 		func(o sdk.Override) error { return nil },
 		func(o sdk.Override, row sdk.TaskRow) string { return o.Refusal(row) },
-		func(o sdk.Override, t *TaskInstance) {
+		func(o sdk.Override, t *TaskInstance) string {
 			b.logs[o.Attempt] = append(b.logs[o.Attempt], sdk.OverrideLogLine(t.MarkReason))
 			t.State, t.EndedAt = sdk.StateSuccess, sdk.EndOf(o.EndedAt, o.At)
 			t.LastFailureKind, t.MarkReason, t.ErrorMessage = "", "", ""
 			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
+			return ""
 		})
 }
 
@@ -168,7 +169,7 @@ func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 	return guardedBatch(ctx, b, "settle", OpSettle, ss, settlementFields,
 		validSettlement,
 		func(s sdk.Settlement, row sdk.TaskRow) string { return s.Refusal(row) },
-		func(s sdk.Settlement, t *TaskInstance) {
+		func(s sdk.Settlement, t *TaskInstance) string {
 			t.State, t.LastFailureKind, t.EndedAt = s.Outcome.State(), s.Outcome.FailureKind(), sdk.EndOf(s.EndedAt, s.At)
 			t.MarkReason, t.ErrorMessage = "", ""
 			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
@@ -178,6 +179,20 @@ func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 			if t.LastFailureKind == sdk.FailureInfra {
 				t.InfraMarkedAt, t.InfraConfirmedAt = s.At, s.At
 			}
+			// A reschedule is a sensor's, and bounded: any other is a task
+			// failure with the reason.
+			if s.Outcome != sdk.OutcomeReschedule {
+				return ""
+			}
+			refused := t.Sensor.RescheduleRefusal(s.At, b.ceiling)
+			if refused != "" {
+				t.State, t.LastFailureKind = sdk.StateFailed, sdk.FailureTask
+				t.MarkReason, t.ErrorMessage = refused, sdk.RescheduleFailure(refused)
+				if sdk.RescheduleSpendsRetries(refused) {
+					t.Retries = 0
+				}
+			}
+			return refused
 		})
 }
 
@@ -206,7 +221,7 @@ func validSettlement(s sdk.Settlement) error {
 // malformed request fails the whole batch before anything is written.
 func guardedBatch[T any](ctx context.Context, b *Board, what string, op Op, reqs []T,
 	fields func(T) (sdk.Attempt, int64, time.Time), valid func(T) error,
-	refusal func(T, sdk.TaskRow) string, apply func(T, *TaskInstance)) ([]sdk.MarkResult, error) {
+	refusal func(T, sdk.TaskRow) string, apply func(T, *TaskInstance) string) ([]sdk.MarkResult, error) {
 	if err := checkBatch(ctx, what, reqs, fields, valid); err != nil {
 		return nil, err
 	}
@@ -230,7 +245,7 @@ func guardedBatch[T any](ctx context.Context, b *Board, what string, op Op, reqs
 			results[i].NoopReason = refusal(r, t.guardRow(b.runStateLocked(a.RunID)))
 		}
 		if results[i].NoopReason == "" {
-			apply(r, t)
+			results[i].RescheduleRefused = apply(r, t)
 			results[i].Applied = true
 		}
 	}

@@ -194,6 +194,16 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 				}
 				// The board names the attempt it settled: for a pod without
 				// the exact task id, the one that recorded the pod.
+				if mr.RescheduleRefused != "" {
+					// A RESCHEDULE record the task may not take (the task
+					// can write its own termination message): the board
+					// failed the attempt with the reason instead.
+					ev := settleEvidence(owner[i], rules[i], string(st.Outcome))
+					ev["asked"] = sdk.StateUpForReschedule
+					sw.decide(mr.RescheduleRefused, mr.Attempt, true, sdk.RescheduleFailure(mr.RescheduleRefused)+
+						" (a RESCHEDULE record on "+owner[i].ref()+")", ev)
+					continue
+				}
 				sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail,
 					settleEvidence(owner[i], rules[i], string(st.Outcome)))
 			}

@@ -41,7 +41,7 @@ func newSweepEnv(t *testing.T) *sweepEnv {
 	t.Helper()
 	e := newEnv(t)
 	pool := pgtest.NewDB(t)
-	store := board.New(pool, board.Options{})
+	store := board.New(pool, board.Options{CredentialCeiling: ladder.Defaults().CredentialCeiling})
 	lease, ok, err := store.TryAcquire(context.Background(), "sweep-test", 24*time.Hour, time.Now().Add(-time.Hour))
 	if err != nil || !ok {
 		t.Fatalf("taking the board's lease: %v, %v", ok, err)
@@ -81,6 +81,17 @@ func (s *sweepEnv) runningOnBoard(a sdk.Attempt) {
 	}
 	if stop, err := s.w.Running(ctx, a, now); err != nil || stop {
 		s.t.Fatalf("driving %s to running: %v, %v", a, stop, err)
+	}
+}
+
+// sensor declares a's task a sensor with the given timeout whose try first
+// poked at firstPoke.
+func (s *sweepEnv) sensor(a sdk.Attempt, timeout time.Duration, firstPoke time.Time) {
+	s.t.Helper()
+	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE task_instances
+        SET sensor = true, sensor_timeout_seconds = $3, first_poke_at = $4 WHERE run_id = $1 AND task_id = $2`,
+		a.RunID, a.TaskID, int32(timeout/time.Second), firstPoke); err != nil {
+		s.t.Fatal(err)
 	}
 }
 
@@ -180,13 +191,31 @@ func TestSweep(t *testing.T) {
 			kind   string
 			msg    string
 			conf   bool
+			// sensor, when set, declares the task a sensor whose try's
+			// first poke was that long ago.
+			sensor time.Duration
+			// label is the decision the sweep records (default
+			// reconcile_settled).
+			label string
 		}{
 			{name: "DurableSuccessRecordSettlesSuccess", phase: corev1.PodFailed, state: sdk.StateSuccess,
 				status: func(t *testing.T) func(*corev1.PodStatus) {
 					return finish(corev1.PodFailed, 0, "Completed", rec(t, a, RecordSuccess, code(0), ""))
 				}},
-			{name: "RescheduleRecordParksTheTask", phase: corev1.PodSucceeded, state: sdk.StateUpForReschedule,
-				status: func(t *testing.T) func(*corev1.PodStatus) {
+			{name: "RescheduleRecordOfASensorParksTheTask", phase: corev1.PodSucceeded, state: sdk.StateUpForReschedule,
+				sensor: time.Minute, status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordReschedule, code(0), ""))
+				}},
+			// The task can write its own termination message: a RESCHEDULE
+			// record of a task that is not a sensor buys no new epoch.
+			{name: "ForgedRescheduleRecordOfANonSensorIsATaskFailureWithTheReason", phase: corev1.PodSucceeded,
+				state: sdk.StateFailed, kind: sdk.FailureTask, msg: sdk.LabelRescheduleNotSensor + ":",
+				label: sdk.LabelRescheduleNotSensor, status: func(t *testing.T) func(*corev1.PodStatus) {
+					return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordReschedule, code(0), ""))
+				}},
+			{name: "RescheduleRecordPastTheSensorTimeoutFromTheFirstPokeIsATaskFailure", phase: corev1.PodSucceeded,
+				state: sdk.StateFailed, kind: sdk.FailureTask, msg: sdk.LabelSensorTimeout + ":", sensor: 2 * time.Hour,
+				label: sdk.LabelSensorTimeout, status: func(t *testing.T) func(*corev1.PodStatus) {
 					return finish(corev1.PodSucceeded, 0, "Completed", rec(t, a, RecordReschedule, code(0), ""))
 				}},
 			{name: "RecordOfAnotherEpochIsNoRecord", phase: corev1.PodFailed, state: sdk.StateFailed, kind: sdk.FailureTask,
@@ -246,11 +275,19 @@ func TestSweep(t *testing.T) {
 				t.Parallel()
 				s := newSweepEnv(t)
 				s.runningOnBoard(a)
+				if c.sensor > 0 {
+					s.sensor(a, time.Hour, time.Now().Add(-c.sensor))
+				}
 				s.finished(a, c.phase, c.status(t))
 				res := s.sweep(time.Now())
 				wantRow(t, s.row(a), c.state, c.kind, c.msg, c.conf)
-				if len(res.Decisions) != 1 || res.Decisions[0].Label != sdk.LabelReconcileSettled || !res.Decisions[0].Applied {
-					t.Fatalf("decisions %+v, want one applied %s", res.Decisions, sdk.LabelReconcileSettled)
+				label := c.label
+				if label == "" {
+					label = sdk.LabelReconcileSettled
+				}
+				if len(res.Decisions) != 1 || res.Decisions[0].Label != label || !res.Decisions[0].Applied ||
+					res.Decisions[0].Attempt != a {
+					t.Fatalf("decisions %+v, want one applied %s", res.Decisions, label)
 				}
 			})
 		}

@@ -151,6 +151,31 @@ func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.
 		}
 
 	case MoveReschedule:
+		// The next poke is a sensor's, within its bounds; past them (or
+		// for a task that is not a sensor at all) the parked attempt is
+		// failed with the reason instead.
+		if refused := ti.Sensor.RescheduleRefusal(now, d.W.CredentialCeiling()); refused != "" {
+			ok, err := d.W.Fail(ctx, a, []string{sdk.StateUpForReschedule}, lifecycle.Failure{
+				Kind: sdk.MarkTask, Reason: refused, Message: sdk.RescheduleFailure(refused),
+				Terminal: sdk.RescheduleSpendsRetries(refused),
+			}, now)
+			if err != nil {
+				return err
+			}
+			applied, label, level = ok, refused, hclog.Warn
+			detail = "parked for another poke: " + sdk.RescheduleFailure(refused)
+			ev["asked"] = sdk.StateUpForReschedule
+			if !ti.Sensor.FirstPokeAt.IsZero() {
+				ev["first_poke_at"] = ti.Sensor.FirstPokeAt.UTC().Format(time.RFC3339)
+			}
+			if !ti.Sensor.TryDispatchedAt.IsZero() {
+				ev["try_dispatched_at"] = ti.Sensor.TryDispatchedAt.UTC().Format(time.RFC3339)
+			}
+			if ok {
+				t.Failed++
+			}
+			break
+		}
 		rel, err := d.W.Reschedule(ctx, a, now)
 		if err != nil {
 			return err

@@ -23,6 +23,7 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 		{"OrphanRun", orphanCases()},
 		{"Reconcile", reconcileCases()},
 		{"Exchange", exchangeCases()},
+		{"Sensor", sensorCases()},
 	} {
 		t.Run(group.name, func(t *testing.T) {
 			t.Parallel()
@@ -90,8 +91,10 @@ func sameRow(x, y Row) bool {
 		x.ReleasedAt.Equal(y.ReleasedAt) && x.EndedAt.Equal(y.EndedAt) && x.LastFailureKind == y.LastFailureKind &&
 		x.FailureReason == y.FailureReason && x.InfraMarkedAt.Equal(y.InfraMarkedAt) &&
 		x.InfraConfirmedAt.Equal(y.InfraConfirmedAt) && x.ErrorMessage == y.ErrorMessage && x.Held == y.Held &&
-		x.InfraBudget == y.InfraBudget && x.InfraUsed == y.InfraUsed &&
-		x.CredentialExchangedAt.Equal(y.CredentialExchangedAt)
+		x.InfraBudget == y.InfraBudget && x.InfraUsed == y.InfraUsed && x.Retries == y.Retries &&
+		x.CredentialExchangedAt.Equal(y.CredentialExchangedAt) &&
+		x.Sensor.Declared == y.Sensor.Declared && x.Sensor.Timeout == y.Sensor.Timeout &&
+		x.Sensor.FirstPokeAt.Equal(y.Sensor.FirstPokeAt) && x.Sensor.TryDispatchedAt.Equal(y.Sensor.TryDispatchedAt)
 }
 
 func sameTime(t *testing.T, what string, got, want time.Time) {

@@ -54,7 +54,17 @@ type Row struct {
 	// WarmWorker is the warm worker the attempt is bound to (warm). It is
 	// seeded, not read back.
 	WarmWorker string
+	// Sensor is the task's sensor declaration and the stamps its bounds
+	// count from (zero: not a sensor).
+	Sensor sdk.Sensor
+	// Retries is how many retries the task has left.
+	Retries int32
 }
+
+// Ceiling is the credential ceiling every board under test is made with:
+// a settlement refuses a sensor's reschedule at or past it, counted from the
+// first dispatch of the try.
+const Ceiling = time.Hour
 
 // RunRow is a run as a case seeds it.
 type RunRow struct {
@@ -102,6 +112,7 @@ func Memory(t *testing.T) Fixture {
 	t.Helper()
 	b := sdktest.NewBoard()
 	b.SetLease(T0().Add(24 * time.Hour))
+	b.SetCredentialCeiling(Ceiling)
 	return &memory{b: b}
 }
 
@@ -126,7 +137,8 @@ func (m *memory) Put(r Row) {
 		ReleasedAt: r.ReleasedAt, EndedAt: r.EndedAt, LastFailureKind: r.LastFailureKind, MarkReason: r.FailureReason,
 		InfraMarkedAt: r.InfraMarkedAt, InfraConfirmedAt: r.InfraConfirmedAt, InfraBudget: r.InfraBudget, InfraUsed: r.InfraUsed,
 		ErrorMessage: r.ErrorMessage, Held: r.Held, PodUID: r.PodUID, WarmWorker: r.WarmWorker,
-		CredentialMintedAt: r.CredentialMintedAt, CredentialExchangedAt: r.CredentialExchangedAt})
+		CredentialMintedAt: r.CredentialMintedAt, CredentialExchangedAt: r.CredentialExchangedAt,
+		Sensor: r.Sensor, Retries: r.Retries})
 }
 
 func (m *memory) Row(runID, taskID string) (Row, bool) {
@@ -138,7 +150,8 @@ func (m *memory) Row(runID, taskID string) (Row, bool) {
 		RunningAt: t.RunningAt, LastHeartbeatAt: t.LastHeartbeatAt, ReleasedAt: t.ReleasedAt, EndedAt: t.EndedAt,
 		LastFailureKind: t.LastFailureKind, FailureReason: t.MarkReason, InfraMarkedAt: t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt, InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed,
-		ErrorMessage: t.ErrorMessage, Held: t.Held, CredentialExchangedAt: t.CredentialExchangedAt}, true
+		ErrorMessage: t.ErrorMessage, Held: t.Held, CredentialExchangedAt: t.CredentialExchangedAt,
+		Sensor: t.Sensor, Retries: t.Retries}, true
 }
 
 func (m *memory) RunState(runID string) string {

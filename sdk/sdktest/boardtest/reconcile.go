@@ -251,9 +251,14 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("a claim of another epoch holds the attempt: %+v", c)
 			}
 		},
-		"SettleRescheduleParksTheAttempt": func(t *testing.T, f Fixture) {
-			a := silent(f)
-			applied(t, settleOne(t, f, settlement(f, a, sdk.OutcomeReschedule)))
+		"SettleRescheduleOfASensorParksTheAttempt": func(t *testing.T, f Fixture) {
+			a := sensorPoke(f, sdk.Sensor{Declared: true, Timeout: time.Hour, FirstPokeAt: at(-20 * time.Minute),
+				TryDispatchedAt: at(-21 * time.Minute)})
+			res := settleOne(t, f, settlement(f, a, sdk.OutcomeReschedule))
+			applied(t, res)
+			if res.RescheduleRefused != "" {
+				t.Fatalf("a sensor's reschedule inside its bounds was refused: %+v", res)
+			}
 			r := row(t, f, a)
 			if r.State != sdk.StateUpForReschedule || r.LastFailureKind != "" || r.ErrorMessage != "" {
 				t.Fatalf("row after a reschedule: %+v", r)

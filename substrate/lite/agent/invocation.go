@@ -11,6 +11,13 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
+// SensorRescheduleExitCode is the exit code by which a sensor's poke asks
+// for its next poke (75, EX_TEMPFAIL: "try again later"). The runners hand
+// it to the agent of a task declared a sensor only; whatever reports
+// up_for_reschedule for any other task, the board fails it
+// (reschedule_not_sensor).
+const SensorRescheduleExitCode = 75
+
 // Reporter kinds of the reaper-agent command line.
 const (
 	// ReporterFile is the JSON-lines FileReporter (-report-file).
@@ -95,7 +102,9 @@ type Invocation struct {
 	// default DefaultStartRetry).
 	StartRetry time.Duration
 	// RescheduleExitCode is the exit code by which the task asks for its
-	// next poke (-reschedule-exit-code; 0: none).
+	// next poke (-reschedule-exit-code; 0: none). The runners set it to
+	// SensorRescheduleExitCode for a task declared a sensor, and for no
+	// other.
 	RescheduleExitCode int
 	// RunAs is the user the task runs as (-run-as, a name or a uid; Lite's
 	// run_as), the agent staying its own user; "": the agent's user. It

@@ -1426,12 +1426,15 @@ func (x *MarkRequest) GetMarks() []*Mark {
 }
 
 type MarkResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"` // unset: the request's mark at the same position
-	Applied       bool                   `protobuf:"varint,2,opt,name=applied,proto3" json:"applied,omitempty"`
-	NoopReason    string                 `protobuf:"bytes,3,opt,name=noop_reason,json=noopReason,proto3" json:"noop_reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Attempt    *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"` // unset: the request's mark at the same position
+	Applied    bool                   `protobuf:"varint,2,opt,name=applied,proto3" json:"applied,omitempty"`
+	NoopReason string                 `protobuf:"bytes,3,opt,name=noop_reason,json=noopReason,proto3" json:"noop_reason,omitempty"`
+	// An applied settlement's refused reschedule (a reschedule_not_sensor,
+	// sensor_timeout or sensor_credential_ceiling label): failed instead.
+	RescheduleRefused string `protobuf:"bytes,4,opt,name=reschedule_refused,json=rescheduleRefused,proto3" json:"reschedule_refused,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *MarkResult) Reset() {
@@ -1481,6 +1484,13 @@ func (x *MarkResult) GetApplied() bool {
 func (x *MarkResult) GetNoopReason() string {
 	if x != nil {
 		return x.NoopReason
+	}
+	return ""
+}
+
+func (x *MarkResult) GetRescheduleRefused() string {
+	if x != nil {
+		return x.RescheduleRefused
 	}
 	return ""
 }
@@ -3545,13 +3555,14 @@ const file_reaper_proto_rawDesc = "" +
 	" \x01(\x03R\x04term\x12\x0e\n" +
 	"\x02at\x18\v \x01(\x03R\x02at\"4\n" +
 	"\vMarkRequest\x12%\n" +
-	"\x05marks\x18\x01 \x03(\v2\x0f.reaper.v1.MarkR\x05marks\"u\n" +
+	"\x05marks\x18\x01 \x03(\v2\x0f.reaper.v1.MarkR\x05marks\"\xa4\x01\n" +
 	"\n" +
 	"MarkResult\x12,\n" +
 	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\bR\aapplied\x12\x1f\n" +
 	"\vnoop_reason\x18\x03 \x01(\tR\n" +
-	"noopReason\"?\n" +
+	"noopReason\x12-\n" +
+	"\x12reschedule_refused\x18\x04 \x01(\tR\x11rescheduleRefused\"?\n" +
 	"\fMarkResponse\x12/\n" +
 	"\aresults\x18\x01 \x03(\v2\x15.reaper.v1.MarkResultR\aresults\"2\n" +
 	"\tRunCursor\x12\x0e\n" +
