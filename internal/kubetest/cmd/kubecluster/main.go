@@ -51,6 +51,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		fmt.Fprintf(stderr, "kubecluster: binaries in %s\n", bins.Dir)
+		node, err := kubetest.BuildNode(ctx, kubetest.BuildOptions{Progress: stderr})
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "kubecluster: real node binaries in %s\n", node.Dir)
 		return 0
 	case "up":
 		nodes := fs.Int("nodes", 1, "KWOK nodes to create (kwok-node-1, ...)")
