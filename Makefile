@@ -59,8 +59,9 @@ KUBECLUSTER := $(GO) run ./internal/kubetest/cmd/kubecluster
 kube-build:
 	@$(KUBECLUSTER) build
 
+NODE ?= kwok
 kube-up:
-	@$(KUBECLUSTER) up
+	@$(KUBECLUSTER) up -node $(NODE)
 
 kube-down:
 	@$(KUBECLUSTER) down
