@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -275,16 +276,60 @@ func (n *RealNode) ImportImage(ctx context.Context, ref string, args []string) e
 var taskApplets = []string{"sh", "sleep", "echo", "cat", "touch", "flock", "wget", "true", "false", "test", "[",
 	"mkdir", "rm", "ls", "env", "kill", "dd", "head", "seq", "printf", "date", "grep", "tail", "nc"}
 
+// TaskInit is the task image's init: it runs the agent (its arguments
+// passed on) as its child, forwards SIGTERM and SIGINT to it and exits with
+// its status. The agent refuses to run as a container's PID 1 (its task
+// group record never names process 1), so a task image needs an init; a
+// runner on the real node sets agent = TaskInit.
+const TaskInit = "/usr/local/bin/agent-init"
+
+const taskInitScript = `#!/bin/sh
+/usr/local/bin/reaper-agent "$@" &
+child=$!
+trap 'kill -TERM $child' TERM
+trap 'kill -INT $child' INT
+wait $child
+rc=$?
+while kill -0 $child 2>/dev/null; do
+  wait $child
+  rc=$?
+done
+exit $rc
+`
+
 // ImportTaskImage imports a task image under ref: the agent binary at
-// /usr/local/bin/reaper-agent and a static busybox as /bin/sh and the
-// usual commands, PATH set.
+// /usr/local/bin/reaper-agent, its init at TaskInit, and a static busybox
+// as /bin/sh and the usual commands, PATH set.
 func (n *RealNode) ImportTaskImage(ctx context.Context, ref, agent string) error {
-	args := []string{"-file", agent + "=/usr/local/bin/reaper-agent", "-file", busybox + "=/bin/busybox",
+	if err := staticBinary(agent); err != nil {
+		return err
+	}
+	init := filepath.Join(n.dir, "images", "agent-init")
+	if err := os.WriteFile(init, []byte(taskInitScript), 0o755); err != nil {
+		return fmt.Errorf("kubetest: write the task image's init: %w", err)
+	}
+	args := []string{"-file", agent + "=/usr/local/bin/reaper-agent", "-file", init + "=" + TaskInit, "-file", busybox + "=/bin/busybox",
 		"-env", "PATH=/usr/local/bin:/bin", "-env", "TMPDIR=/tmp"}
 	for _, a := range taskApplets {
 		args = append(args, "-link", "/bin/"+a+"=busybox")
 	}
 	return n.ImportImage(ctx, ref, args)
+}
+
+// staticBinary fails for an executable that needs a dynamic loader (the
+// task image has no libc): build it with CGO_ENABLED=0.
+func staticBinary(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("kubetest: read the agent binary %s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("kubetest: %s is dynamically linked; the task image has no libc: build it with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
 }
 
 // writeConfigs writes containerd's, the CNI's and the kubelet's
@@ -663,4 +708,19 @@ func NodeLeftovers(dir string) []string {
 		left = append(left, "bridge "+NodeBridge)
 	}
 	return left
+}
+
+// ContainerLogs returns the tail of the logs the kubelet wrote for the
+// containers of pod ns/name (for a failed test's dump).
+func (n *RealNode) ContainerLogs(ns, name string) string {
+	files, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", ns+"_"+name+"_*", "*", "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%s:\n%s\n", filepath.Base(filepath.Dir(f)), tail(data, 3000))
+	}
+	return b.String()
 }
