@@ -325,7 +325,17 @@ func realEvicted(t *testing.T, c *kubetest.Cluster) {
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
 	s.evict(p)
-	f := s.harm("pod evicted", a, max(agentLost, podLostFloor))
+	// The fault counts from the kubelet's end of the pod (its container
+	// stopped with the grace, the pod written Failed), as a deleted pod's
+	// counts from its going.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := kubetest.WaitPod(ctx, s.cs, p, func(p *corev1.Pod) bool {
+		return p == nil || p.Status.Phase == corev1.PodFailed
+	}); err != nil {
+		t.Fatalf("the evicted pod's end: %v", err)
+	}
+	f := s.harm("pod evicted (stopped by the kubelet)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
 	ds, err := s.decisions()
 	if err != nil {
@@ -365,11 +375,22 @@ func realOOMKilled(t *testing.T, c *kubetest.Cluster) {
 		ti, err := s.taskRow("victim")
 		return err == nil && ti.Try == 2
 	})
-	p, err := s.podOf(a)
-	if err == nil {
-		if term := terminated(p); term == nil || term.Reason != "OOMKilled" {
-			t.Errorf("the first try's pod %s: terminated %+v, want OOMKilled", p.Name, term)
+	// The agent reports before the kubelet writes the container's end:
+	// wait for it (the pod may be gone already, released by the sweep).
+	var term *corev1.ContainerStateTerminated
+	s.eventually(30*time.Second, "the first try's container to be written terminated", func() bool {
+		p, err := s.podOf(a)
+		if err != nil {
+			return true
 		}
+		term = terminated(p)
+		return term != nil
+	})
+	if term != nil && term.Reason != "OOMKilled" {
+		t.Errorf("the first try's container: terminated %+v, want OOMKilled", term)
+	}
+	if term != nil {
+		t.Logf("the first try's container: %s, exit %d", term.Reason, term.ExitCode)
 	}
 	s.ledger.reopen("victim")
 	s.finish()
