@@ -42,6 +42,9 @@ const (
 	NodeBridge  = "reaper0"
 	NodeGateway = "10.88.0.1"
 	nodeSubnet  = "10.88.0.0/16"
+	// nodeSocketDir holds containerd's sockets (the shims name it in
+	// their -address).
+	nodeSocketDir = "/run/reaper-kubetest-node"
 	// PauseImage is the sandbox image the real node's containerd uses.
 	PauseImage = "reaper.local/pause:v1"
 	// RealNodeLabel is set to "real" on the real node (KWOK nodes carry
@@ -66,6 +69,7 @@ var nodeFixedPaths = []string{
 	"/run/containerd",
 	"/var/lib/cni/results",
 	"/var/lib/cni/networks",
+	nodeSocketDir,
 }
 
 // RealNode is a running real node.
@@ -172,7 +176,12 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 		host = "localhost"
 	}
 	n := &RealNode{Name: strings.ToLower(host), bins: bins, dir: filepath.Join(c.dir, "node")}
-	n.Containerd = filepath.Join(n.dir, "containerd", "containerd.sock")
+	// A unix socket's path is short (at most 104 bytes for containerd);
+	// the cluster's directory may be long: the sockets get a fixed one.
+	if err := os.MkdirAll(nodeSocketDir, 0o700); err != nil {
+		return nil, "", fmt.Errorf("kubetest: real node: %w", err)
+	}
+	n.Containerd = filepath.Join(nodeSocketDir, "containerd.sock")
 	for _, d := range []string{"containerd/root", "containerd/state", "containerd/opt", "cni/net.d", "cni/ipam",
 		"kubelet/pki", "pod-logs", "images"} {
 		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
@@ -210,8 +219,9 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 	kubelet, err := c.spawn("kubelet", bins.Kubelet,
 		"--config", filepath.Join(n.dir, "kubelet.yaml"),
 		"--kubeconfig", kubeletConfig,
-		"--root-dir", filepath.Join(n.dir, "kubelet"),
-		"--cert-dir", filepath.Join(n.dir, "kubelet", "pki"),
+		// Its root holds unix sockets too: under the short fixed path.
+		"--root-dir", filepath.Join(nodeSocketDir, "kubelet"),
+		"--cert-dir", filepath.Join(nodeSocketDir, "kubelet", "pki"),
 		"--hostname-override", n.Name,
 		"--node-ip", "127.0.0.1",
 		"--node-labels", RealNodeLabel+"=real",
@@ -472,13 +482,17 @@ func takeNode(ctx context.Context, dir string) error {
 }
 
 // releaseNode removes what the node of the cluster in dir made and its
-// owner record, under NodeLock.
+// owner record, under NodeLock; nothing when the machine's node is another
+// live cluster's (the fixed paths, shims and cgroups are then its).
 func releaseNode(dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	unlock, err := lockFile(ctx, NodeLock, os.Stderr)
 	if err == nil {
 		defer unlock()
+	}
+	if owner := readOwner(); owner != "" && owner != dir && nodeAlive(owner) {
+		return // the machine's node is another live cluster's: leave it be
 	}
 	cleanNode(dir)
 	if readOwner() == dir {
@@ -497,12 +511,19 @@ func readOwner() string {
 // nodeAlive reports whether a program of the real node of the cluster in
 // dir still runs.
 func nodeAlive(dir string) bool {
-	return len(processesNaming(dir)) > 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && ownedBy(pid, filepath.Join(dir, "node")+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // processesNaming lists the live processes whose command line names the
-// real node's directory under dir: the kubelet, containerd and the shims
-// (their -address is containerd's socket there).
+// real node's directory under dir (the kubelet, containerd) or its socket
+// directory (the shims' -address): one node per machine, so every shim
+// there is the node's.
 func processesNaming(dir string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
@@ -511,7 +532,7 @@ func processesNaming(dir string) []int {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if ownedBy(pid, filepath.Join(dir, "node")+"/") {
+		if ownedBy(pid, filepath.Join(dir, "node")+"/") || ownedBy(pid, nodeSocketDir+"/") {
 			pids = append(pids, pid)
 		}
 	}
@@ -626,7 +647,7 @@ func removeCgroup(cg string) {
 }
 
 // NodeMounts lists the mount points the real node of the cluster in dir
-// made: under dir, under /run/containerd, /run/netns and /var/lib/kubelet,
+// made: under dir, its socket directory, /run/containerd, /run/netns and /var/lib/kubelet,
 // deepest first.
 func NodeMounts(dir string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
@@ -643,7 +664,7 @@ func NodeMounts(dir string) []string {
 			continue
 		}
 		m := unescapeMount(fields[4])
-		for _, under := range []string{dir + "/", "/run/containerd/", "/run/netns/", "/var/lib/kubelet/"} {
+		for _, under := range []string{dir + "/", nodeSocketDir + "/", "/run/containerd/", "/run/netns/", "/var/lib/kubelet/"} {
 			if strings.HasPrefix(m, under) {
 				out = append(out, m)
 				break

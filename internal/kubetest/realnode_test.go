@@ -48,8 +48,8 @@ func TestRealNodeUnavailableIsASkipWithItsReasonUnlessRequired(t *testing.T) {
 	}
 }
 
-// The real node runs a pod for real (its termination message read back),
-// and the cluster's Stop leaves no kubelet, containerd, shim, mount under
+// The real node runs a pod for real (Running in its own sandbox), and the
+// cluster's Stop leaves no kubelet, containerd, shim, mount under
 // the cluster's directory, /kubepods cgroup, netns or bridge behind.
 func TestRealNodeRunsAPodAndStopLeavesNothingBehind(t *testing.T) {
 	c, err := kubetest.Start(t.Context(), kubetest.Options{BaseDir: t.TempDir(), NoControllerManager: true, RealNode: true})
