@@ -53,6 +53,9 @@ const (
 	// EnvRequireRealNode, set to 1, makes a machine that cannot host a
 	// real node a failure of the tests that ask for one, not a skip (CI).
 	EnvRequireRealNode = "REAPER_REQUIRE_REAL_NODE"
+	// NodeWait bounds a start's wait for the machine's real node while
+	// another cluster holds it.
+	NodeWait = 20 * time.Minute
 	// NodeMonitorGrace is the controller manager's
 	// --node-monitor-grace-period on a cluster with a real node.
 	NodeMonitorGrace = 30 * time.Second
@@ -166,10 +169,19 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 	if err != nil {
 		return nil, "", err
 	}
-	if err := takeNode(ctx, c.dir); err != nil {
+	wait, cancelWait := context.WithTimeout(ctx, NodeWait)
+	err = takeNode(wait, c.dir)
+	cancelWait()
+	if err != nil {
 		return nil, "", err
 	}
 	c.ownsNode = true
+	timeout := opts.StartTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	begin := time.Now()
 	host, _ := os.Hostname()
 	if host == "" {
