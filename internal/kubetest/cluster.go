@@ -28,6 +28,12 @@
 // through the status subresource, or the kubelet player (package
 // kubetest/kubelet) writes for the containers it runs as local processes. The ServiceAccount admission plugin is off,
 // so a pod can be created in a namespace the instant it exists.
+//
+// With Options.RealNode the cluster also runs a real node beside the KWOK
+// nodes (realnode.go): the upstream kubelet, built from tools/kubenode, with
+// the machine's containerd and runc and a CNI bridge, one per machine; a
+// test takes it with NeedRealNode, which skips saying why on a machine that
+// cannot host one (and fails instead with REAPER_REQUIRE_REAL_NODE=1).
 package kubetest
 
 import (
