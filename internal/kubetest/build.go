@@ -23,6 +23,12 @@ import (
 // to the repository root.
 const SourceDir = "tools/kubecluster"
 
+// NodeSourceDir is where the nested module of the real node's binaries (the
+// kubelet, the pause process, the image writer) lives, relative to the
+// repository root. A module apart from SourceDir: its own cache key, so a
+// change to it never rebuilds the control plane.
+const NodeSourceDir = "tools/kubenode"
+
 // The versions the nested modules pin; the build stamps them into the
 // binaries (an unstamped kube-apiserver reports v0.0.0-master).
 const (
@@ -42,6 +48,61 @@ type Binaries struct {
 	Helm                  string
 }
 
+// NodeBinaries are the paths of the real node's executables.
+type NodeBinaries struct {
+	Dir string
+	// Kubelet is the upstream kubelet at KubernetesVersion.
+	Kubelet string
+	// Pause is the sandbox image's process.
+	Pause string
+	// NodeImage writes an image of local files as a docker archive.
+	NodeImage string
+}
+
+func nodeBinariesIn(dir string) NodeBinaries {
+	return NodeBinaries{Dir: dir, Kubelet: filepath.Join(dir, "kubelet"),
+		Pause: filepath.Join(dir, "pause"), NodeImage: filepath.Join(dir, "nodeimage")}
+}
+
+// binarySet is one cached set of binaries built from one nested module.
+type binarySet struct {
+	what     string // what the progress lines call it
+	source   string // relative to the repository root
+	cache    string // the cache directory's name under the user's cache
+	targets  []target
+	estimate string // what a first build costs, for the progress line
+}
+
+func clusterSet() binarySet {
+	return binarySet{what: fmt.Sprintf("the test cluster's binaries (kubernetes %s, etcd %s, kwok %s, helm %s)",
+		KubernetesVersion, EtcdVersion, KWOKVersion, HelmVersion),
+		source: SourceDir, cache: "kubecluster", targets: targets(),
+		estimate: "a first build takes about 18 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it"}
+}
+
+func nodeSet() binarySet {
+	return binarySet{what: fmt.Sprintf("the real node's binaries (kubelet %s, pause, nodeimage)", KubernetesVersion),
+		source: NodeSourceDir, cache: "kubenode", targets: nodeTargets(),
+		estimate: "about a minute when the control plane's build is cached (the Go build cache is shared), about 4 minutes cold, up to 2 GB of memory"}
+}
+
+// nodeTargets lists what BuildNode makes, in order. Part of its cache key.
+func nodeTargets() []target {
+	return []target{
+		{name: "kubelet", module: ".", pkg: "./cmd/kubelet", ldflags: "-s -w " + versionStamp()},
+		{name: "pause", module: ".", pkg: "./cmd/pause", ldflags: "-s -w"},
+		{name: "nodeimage", module: ".", pkg: "./cmd/nodeimage", ldflags: "-s -w"},
+	}
+}
+
+func versionStamp() string {
+	return strings.Join([]string{
+		"-X k8s.io/component-base/version.gitVersion=" + KubernetesVersion,
+		"-X k8s.io/component-base/version.gitMajor=1",
+		"-X k8s.io/component-base/version.gitMinor=37",
+	}, " ")
+}
+
 // target is one binary of the build: the package built, from which module
 // directory (relative to SourceDir), with which linker flags.
 type target struct {
@@ -53,11 +114,7 @@ type target struct {
 
 // targets lists what Build makes, in order. Part of the cache key.
 func targets() []target {
-	stamp := strings.Join([]string{
-		"-X k8s.io/component-base/version.gitVersion=" + KubernetesVersion,
-		"-X k8s.io/component-base/version.gitMajor=1",
-		"-X k8s.io/component-base/version.gitMinor=37",
-	}, " ")
+	stamp := versionStamp()
 	return []target{
 		{name: "etcd", module: ".", pkg: "./cmd/etcd", ldflags: "-s -w"},
 		{name: "kube-apiserver", module: ".", pkg: "./cmd/kube-apiserver", ldflags: "-s -w " + stamp},
@@ -93,55 +150,79 @@ type BuildOptions struct {
 // files. Concurrent callers (test binaries of several packages) wait for one
 // build.
 func Build(ctx context.Context, opts BuildOptions) (Binaries, error) {
+	dir, err := buildSet(ctx, clusterSet(), opts, func(dir string) bool { return binariesIn(dir).complete() })
+	if err != nil {
+		return Binaries{}, err
+	}
+	return binariesIn(dir), nil
+}
+
+// BuildNode returns the real node's binaries (NodeSourceDir), building them
+// first when the cache (os.UserCacheDir()/reaper/kubenode unless
+// opts.CacheDir) holds none for the module's current content. opts.Source,
+// when set, is the node module's directory.
+func BuildNode(ctx context.Context, opts BuildOptions) (NodeBinaries, error) {
+	dir, err := buildSet(ctx, nodeSet(), opts, func(dir string) bool { return allExecutable(nodeBinariesIn(dir).paths()...) })
+	if err != nil {
+		return NodeBinaries{}, err
+	}
+	return nodeBinariesIn(dir), nil
+}
+
+func (b NodeBinaries) paths() []string { return []string{b.Kubelet, b.Pause, b.NodeImage} }
+
+// buildSet returns the cache directory of set for its module's current
+// content, building it under a lock when complete says it is not there.
+func buildSet(ctx context.Context, set binarySet, opts BuildOptions, complete func(string) bool) (string, error) {
 	if opts.Progress == nil {
 		opts.Progress = os.Stderr
 	}
 	src := opts.Source
 	if src == "" {
 		var err error
-		if src, err = findSource(); err != nil {
-			return Binaries{}, err
+		if src, err = findSource(set.source); err != nil {
+			return "", err
 		}
 	}
 	cacheRoot := opts.CacheDir
 	if cacheRoot == "" {
 		dir, err := os.UserCacheDir()
 		if err != nil {
-			return Binaries{}, fmt.Errorf("kubetest: find the user's cache directory for the cluster's binaries: %w", err)
+			return "", fmt.Errorf("kubetest: find the user's cache directory for %s: %w", set.what, err)
 		}
-		cacheRoot = filepath.Join(dir, "reaper", "kubecluster")
+		cacheRoot = filepath.Join(dir, "reaper", set.cache)
 	}
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		return Binaries{}, fmt.Errorf("kubetest: the cluster's binaries are built from source and need the go command on PATH: %w", err)
+		return "", fmt.Errorf("kubetest: %s are built from source and need the go command on PATH: %w", set.what, err)
 	}
-	key, err := cacheKey(ctx, gobin, src)
+	key, err := cacheKey(ctx, gobin, src, set.targets)
 	if err != nil {
-		return Binaries{}, err
+		return "", err
 	}
-	bins := binariesIn(filepath.Join(cacheRoot, key))
-	if bins.complete() {
-		touch(bins.Dir)
-		return bins, nil
+	dir := filepath.Join(cacheRoot, key)
+	if complete(dir) {
+		touch(dir)
+		return dir, nil
 	}
 
 	if err := os.MkdirAll(cacheRoot, 0o755); err != nil {
-		return Binaries{}, fmt.Errorf("kubetest: make the binary cache %s: %w", cacheRoot, err)
+		return "", fmt.Errorf("kubetest: make the binary cache %s: %w", cacheRoot, err)
 	}
 	unlock, err := lockFile(ctx, filepath.Join(cacheRoot, "build.lock"), opts.Progress)
 	if err != nil {
-		return Binaries{}, err
+		return "", err
 	}
 	defer unlock()
-	if bins.complete() { // another process built them while this one waited
-		return bins, nil
+	if complete(dir) { // another process built them while this one waited
+		return dir, nil
 	}
 	removeAbandoned(cacheRoot) // safe: builds happen only under the lock
-	if err := build(ctx, gobin, src, bins.Dir, opts.Progress); err != nil {
-		return Binaries{}, err
+	if err := build(ctx, gobin, src, dir, set, opts.Progress); err != nil {
+		return "", err
 	}
 	pruneCache(cacheRoot, key)
-	return bins, nil
+	return dir, nil
 }
 
 func binariesIn(dir string) Binaries {
@@ -156,7 +237,11 @@ func binariesIn(dir string) Binaries {
 }
 
 func (b Binaries) complete() bool {
-	for _, p := range []string{b.Etcd, b.KubeAPIServer, b.KubeControllerManager, b.KWOK, b.Helm} {
+	return allExecutable(b.Etcd, b.KubeAPIServer, b.KubeControllerManager, b.KWOK, b.Helm)
+}
+
+func allExecutable(paths ...string) bool {
+	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil || st.Mode()&0o111 == 0 {
 			return false
@@ -167,17 +252,16 @@ func (b Binaries) complete() bool {
 
 // build builds every target into a fresh directory beside dir and renames
 // it to dir when all are built, so that dir is either complete or absent.
-func build(ctx context.Context, gobin, src, dir string, progress io.Writer) error {
+func build(ctx context.Context, gobin, src, dir string, set binarySet, progress io.Writer) error {
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
 	if err != nil {
 		return fmt.Errorf("kubetest: make a build directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	all := targets()
+	all := set.targets
 	start := time.Now()
-	fmt.Fprintf(progress, "kubetest: building the test cluster's binaries (kubernetes %s, etcd %s, kwok %s, helm %s) into %s\n",
-		KubernetesVersion, EtcdVersion, KWOKVersion, HelmVersion, dir)
-	fmt.Fprintf(progress, "kubetest: a first build takes about 18 minutes on 2 idle cores (longer on a busy machine) and up to 2.7 GB of memory; later starts reuse it\n")
+	fmt.Fprintf(progress, "kubetest: building %s into %s\n", set.what, dir)
+	fmt.Fprintf(progress, "kubetest: %s\n", set.estimate)
 	for i, t := range all {
 		step := fmt.Sprintf("[%d/%d] %s", i+1, len(all), t.name)
 		if err := buildOne(ctx, gobin, src, tmp, t, step, progress); err != nil {
@@ -188,7 +272,7 @@ func build(ctx context.Context, gobin, src, dir string, progress io.Writer) erro
 	if err := os.Rename(tmp, dir); err != nil {
 		return fmt.Errorf("kubetest: move the built binaries to %s: %w", dir, err)
 	}
-	fmt.Fprintf(progress, "kubetest: cluster binaries ready in %s\n", time.Since(start).Round(time.Second))
+	fmt.Fprintf(progress, "kubetest: %s ready in %s\n", set.what, time.Since(start).Round(time.Second))
 	return nil
 }
 
@@ -227,14 +311,14 @@ func buildOne(ctx context.Context, gobin, src, out string, t target, step string
 // cacheKey hashes what decides the binaries: the nested modules' go.mod,
 // go.sum and Go files, the targets and their flags, the build environment
 // and the Go toolchain.
-func cacheKey(ctx context.Context, gobin, src string) (string, error) {
+func cacheKey(ctx context.Context, gobin, src string, tgts []target) (string, error) {
 	out, err := exec.CommandContext(ctx, gobin, "env", "GOVERSION", "GOOS", "GOARCH").Output()
 	if err != nil {
 		return "", fmt.Errorf("kubetest: ask go for its version: %w", err)
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "toolchain %s\nenv %q\n", strings.Fields(string(out)), buildEnv())
-	for _, t := range targets() {
+	for _, t := range tgts {
 		fmt.Fprintf(h, "target %q %q %q %q\n", t.name, t.module, t.pkg, t.ldflags)
 	}
 	var files []string
@@ -264,20 +348,21 @@ func cacheKey(ctx context.Context, gobin, src string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-// findSource finds SourceDir in the working directory or one of its
-// parents (a test runs in its package's directory, make in the root).
-func findSource() (string, error) {
+// findSource finds rel (SourceDir, NodeSourceDir) in the working directory
+// or one of its parents (a test runs in its package's directory, make in
+// the root).
+func findSource(rel string) (string, error) {
 	wd, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("kubetest: %w", err)
 	}
 	for dir := wd; ; dir = filepath.Dir(dir) {
-		src := filepath.Join(dir, filepath.FromSlash(SourceDir))
+		src := filepath.Join(dir, filepath.FromSlash(rel))
 		if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
 			return src, nil
 		}
 		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("kubetest: %s/go.mod is not in %s or any parent: run from inside the reaper repository", SourceDir, wd)
+			return "", fmt.Errorf("kubetest: %s/go.mod is not in %s or any parent: run from inside the reaper repository", rel, wd)
 		}
 	}
 }

@@ -25,6 +25,8 @@ type pki struct {
 	servingKey        string
 	serviceAccountKey string // private, for signing (apiserver) and tokens (controller-manager)
 	serviceAccountPub string
+	caKey             *ecdsa.PrivateKey // signs issueServing's certificates
+	ca                *x509.Certificate
 }
 
 func makePKI(dir string) (pki, error) {
@@ -87,6 +89,8 @@ func makePKI(dir string) (pki, error) {
 		servingKey:        filepath.Join(dir, "apiserver.key"),
 		serviceAccountKey: filepath.Join(dir, "sa.key"),
 		serviceAccountPub: filepath.Join(dir, "sa.pub"),
+		caKey:             caKey,
+		ca:                ca,
 	}
 	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
 	if err != nil {
@@ -112,6 +116,42 @@ func makePKI(dir string) (pki, error) {
 		}
 	}
 	return p, nil
+}
+
+// issueServing writes a serving certificate signed by the cluster's CA
+// for ip and loopback into dir as NAME.crt and NAME.key.
+func (p pki) issueServing(dir, name, ip string) (certFile, keyFile string, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", fmt.Errorf("kubetest: generate the %s key: %w", name, err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.ParseIP(ip), net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		return "", "", fmt.Errorf("kubetest: make the %s certificate: %w", name, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", fmt.Errorf("kubetest: encode the %s key: %w", name, err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, pemBlock("CERTIFICATE", der), 0o600); err != nil {
+		return "", "", fmt.Errorf("kubetest: write %s: %w", certFile, err)
+	}
+	if err := os.WriteFile(keyFile, pemBlock("EC PRIVATE KEY", keyDER), 0o600); err != nil {
+		return "", "", fmt.Errorf("kubetest: write %s: %w", keyFile, err)
+	}
+	return certFile, keyFile, nil
 }
 
 func pemBlock(kind string, der []byte) []byte {

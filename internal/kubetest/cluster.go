@@ -28,6 +28,12 @@
 // through the status subresource, or the kubelet player (package
 // kubetest/kubelet) writes for the containers it runs as local processes. The ServiceAccount admission plugin is off,
 // so a pod can be created in a namespace the instant it exists.
+//
+// With Options.RealNode the cluster also runs a real node beside the KWOK
+// nodes (realnode.go): the upstream kubelet, built from tools/kubenode, with
+// the machine's containerd and runc and a CNI bridge, one per machine; a
+// test takes it with NeedRealNode, which skips saying why on a machine that
+// cannot host one (and fails instead with REAPER_REQUIRE_REAL_NODE=1).
 package kubetest
 
 import (
@@ -90,6 +96,16 @@ type Options struct {
 	// taint eviction, garbage collection or namespace deletion, and a
 	// smaller, quicker cluster.
 	NoControllerManager bool
+	// RealNode adds a real node (RealNode) beside the KWOK nodes: the
+	// kubelet built from NodeSourceDir with the machine's containerd and
+	// runc. Where the machine cannot host one, the cluster starts without
+	// it and RealNode says why; where it can, its failure to start is
+	// Start's. The controller manager then marks a node NotReady after
+	// NodeMonitorGrace without a heartbeat.
+	RealNode bool
+	// RealNodeUnavailable, when set with RealNode, is taken as the reason
+	// the machine cannot host a real node (a test of the skip).
+	RealNodeUnavailable string
 	// StartTimeout bounds the start, the build excluded; default 2 minutes.
 	StartTimeout time.Duration
 	// Build configures the build of the binaries when they are not cached.
@@ -105,6 +121,11 @@ type Cluster struct {
 	host     string            // https://127.0.0.1:port
 	detached bool
 	kcm      bool
+	realNode bool
+
+	node     *RealNode // nil without one
+	nodeWhy  string    // why there is no real node
+	ownsNode bool      // the machine's real node is recorded as this cluster's
 
 	mu    sync.Mutex // guards procs once Start has returned (outages swap one)
 	procs []*process // in start order; stopped in reverse
@@ -133,6 +154,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 2 * time.Minute
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 
@@ -149,7 +171,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	} else if err := makeEmptyDir(dir); err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, bins: bins, detached: opts.Detached, kcm: !opts.NoControllerManager}
+	c := &Cluster{dir: dir, bins: bins, detached: opts.Detached, kcm: !opts.NoControllerManager, realNode: opts.RealNode}
+	if !opts.RealNode {
+		c.nodeWhy = "the cluster was started without one (kubetest.Options.RealNode)"
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -185,6 +210,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		c.killAll()
 		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return nil, err
+		}
+	}
+	if opts.RealNode {
+		// The wait for the machine's node (another package's test binary
+		// may hold it for its whole run) is bounded apart from the start.
+		if c.node, c.nodeWhy, err = c.startRealNode(parent, opts); err != nil {
 			return nil, err
 		}
 	}
@@ -300,7 +332,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 	if err := c.writeKubeconfig(kcmConfig, "kube-controller-manager"); err != nil {
 		return err
 	}
-	kcm, err := c.spawn("kube-controller-manager", c.bins.KubeControllerManager,
+	kcmArgs := []string{
 		"--kubeconfig", kcmConfig,
 		"--authentication-kubeconfig", kcmConfig,
 		"--authorization-kubeconfig", kcmConfig,
@@ -313,7 +345,14 @@ func (c *Cluster) launch(ctx context.Context) error {
 		"--service-account-private-key-file", c.pki.serviceAccountKey,
 		"--root-ca-file", c.pki.caFile,
 		"--profiling=false",
-	)
+	}
+	if c.realNode {
+		// A real node that stops heartbeating goes NotReady within the
+		// grace; 30 s keeps the KWOK nodes (a heartbeat every 20-25 s)
+		// from flapping.
+		kcmArgs = append(kcmArgs, "--node-monitor-grace-period", NodeMonitorGrace.String(), "--node-monitor-period", "1s")
+	}
+	kcm, err := c.spawn("kube-controller-manager", c.bins.KubeControllerManager, kcmArgs...)
 	if err != nil {
 		return err
 	}
@@ -402,6 +441,9 @@ func (c *Cluster) Stop() error {
 	var err error
 	c.stop.Do(func() {
 		c.stopAll()
+		if c.ownsNode {
+			releaseNode(c.dir)
+		}
 		if rmErr := os.RemoveAll(c.dir); rmErr != nil {
 			err = fmt.Errorf("kubetest: remove %s: %w", c.dir, rmErr)
 		}
@@ -466,6 +508,9 @@ func StopDir(dir string) error {
 		if err := terminate(pid, dir); err != nil {
 			return err
 		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node")); err == nil {
+		releaseNode(dir)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("kubetest: remove %s: %w", dir, err)
@@ -539,7 +584,7 @@ func (c *Cluster) AdminConfig() *rest.Config { return c.ConfigFor(Admin) }
 // Alice, Bob and Carol. It panics for any other name.
 func (c *Cluster) ConfigFor(user string) *rest.Config {
 	token, ok := c.tokens[user]
-	if !ok || user == "kwok" || user == "kube-controller-manager" {
+	if !ok || user == "kwok" || user == "kube-controller-manager" || user == "kubelet" {
 		panic(fmt.Sprintf("kubetest: no user %q: use kubetest.Admin, Alice, Bob or Carol", user))
 	}
 	return &rest.Config{
@@ -560,6 +605,7 @@ func (c *Cluster) writeTokens() error {
 		{Admin, "system:masters"},
 		{"kwok", "system:masters"},
 		{"kube-controller-manager", "system:masters"},
+		{"kubelet", "system:masters"}, // the real node's; the cluster runs no Node authorizer
 		{Alice, ""},
 		{Bob, ""},
 		{Carol, ""},
@@ -645,6 +691,9 @@ func removeStale(base string) {
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 		if err != nil || pid <= 0 || processExists(pid) {
 			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "node")); err == nil {
+			releaseNode(d) // its shims, containers and mounts outlived it
 		}
 		_ = os.RemoveAll(d)
 	}

@@ -223,7 +223,9 @@ func (s *scenario) finish() {
 	}
 	// The warm pool's workers live on by design: their player stops them
 	// (as the pool's pods would go with the deployment).
-	s.workers.Stop()
+	if s.workers != nil {
+		s.workers.Stop()
+	}
 	until := time.Now().Add(10 * time.Second)
 	for len(marked.Processes(markEnv, s.mark)) > 0 && time.Now().Before(until) {
 		time.Sleep(100 * time.Millisecond)

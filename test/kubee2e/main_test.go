@@ -33,6 +33,8 @@ func run(m *testing.M) int {
 		// One cluster (with the controller manager: Pod GC) and one
 		// PostgreSQL for every scenario; each scenario has a namespace,
 		// nodes and a database of its own.
-		return kubetest.RunWithin(m, kubetest.Options{}, pgtest.Run)
+		// A real node beside the KWOK nodes where the machine can host
+		// one (the real node's tier; it skips, saying why, elsewhere).
+		return kubetest.RunWithin(m, kubetest.Options{RealNode: true}, pgtest.Run)
 	})
 }

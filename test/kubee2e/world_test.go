@@ -82,6 +82,9 @@ type taskSpec struct {
 	want     string
 	try      int32
 	replaced bool
+	// harm, on the real node, is the victim's first execution's body
+	// instead of the wait (the fault the task does to itself).
+	harm string
 }
 
 func bystander(id string) taskSpec { return taskSpec{id: id} }
@@ -125,17 +128,32 @@ type scenario struct {
 	runHarm bool // the run itself may be reaped (orphan run)
 	terms   map[int64]time.Time
 	started time.Time
+
+	// On the real node (newRealScenario): the node, the ledger the tasks
+	// report their executions to over the pod network, and the task
+	// container's memory limit ("" for none).
+	real     *kubetest.RealNode
+	ledger   *ledger
+	memLimit string
 }
 
 // newScenario prepares a scenario on cluster c: a namespace with one node,
 // a database, the binder and the player.
 func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scenario {
 	t.Helper()
+	return newScenarioOn(t, num, title, c, nil)
+}
+
+// newScenarioOn is newScenario; with real set, the scenario's pods run on
+// the real node (no player: its kubelet runs them) and its tasks report
+// their executions to a ledger (see newRealScenario).
+func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, real *kubetest.RealNode) *scenario {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	s := &scenario{t: t, num: num, title: title, c: c, cs: c.Client(t), ns: c.NewNamespace(t),
 		mark: fmt.Sprintf("k%d-%s", num, hex.EncodeToString(b[:])), dir: t.TempDir(),
-		harmed: map[sdk.Attempt]bool{}, terms: map[int64]time.Time{}, started: time.Now()}
+		harmed: map[sdk.Attempt]bool{}, terms: map[int64]time.Time{}, started: time.Now(), real: real}
 	s.row = book.add(num, title)
 	s.row.track(t)
 	s.taskDir = filepath.Join(s.dir, "tasks")
@@ -143,7 +161,12 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	if err := os.Mkdir(s.taskDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	s.apiListen = attemptapitest.FreeAddr(t)
+	if real != nil {
+		s.apiListen = freeAddrOn(t, kubetest.NodeGateway)
+		s.ledger = startLedger(t, s.taskDir, s.release)
+	} else {
+		s.apiListen = attemptapitest.FreeAddr(t)
+	}
 	s.dsn = pgtest.NewDSN(t)
 	var err error
 	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
@@ -157,6 +180,20 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 	if s.binder, err = kubetest.StartBinder(bg, kubetest.BinderConfig{Client: s.cs, Namespace: s.ns,
 		Timeout: apiTimeout}); err != nil {
 		t.Fatal(err)
+	}
+	if real != nil {
+		s.binder.AddNode(real.Name)
+		t.Cleanup(func() {
+			s.binder.Stop()
+			stop()
+			s.sweep()
+		})
+		t.Cleanup(func() {
+			if t.Failed() {
+				s.dump()
+			}
+		})
+		return s
 	}
 	s.addNode()
 	logf, err := os.Create(filepath.Join(s.dir, "player.log"))
@@ -213,6 +250,9 @@ func (s *scenario) config() string {
 	if s.warmPool > 0 {
 		runner = strings.Replace(runner, "  kube {\n", fmt.Sprintf("  kube {\n    warm_pool {\n      size = %d\n      poll = \"200ms\"\n    }\n", s.warmPool), 1)
 	}
+	if s.real != nil {
+		runner = realRunnerBlock(runnerTick, s.apiListen, s.memLimit)
+	}
 	if s.noRunner {
 		name, runner = "reaperd-no-runner.hcl", ""
 	}
@@ -268,7 +308,7 @@ telemetry {
 attempt_api {
   listen    = %q
   state_dir = %q
-}
+%s}
 
 substrate "kube" {
   namespace  = %q
@@ -277,7 +317,7 @@ substrate "kube" {
 
 %s
 
-%s`, binDir, s.dsn, leader, apiListen, filepath.Join(s.dir, "attempt-api"), s.ns, s.c.Kubeconfig(), runner, kubeReapers)
+%s`, binDir, s.dsn, leader, apiListen, filepath.Join(s.dir, "attempt-api"), s.apiTLS(), s.ns, s.c.Kubeconfig(), runner, kubeReapers)
 }
 
 // runnerBlock is the kube runner's block, a cycle every tick.
@@ -413,6 +453,9 @@ func (s *scenario) eventually(bound time.Duration, what string, cond func() bool
 // taken runs at the same time as another, and says so in the task's log.
 // It then logs a start line, its body, an end line.
 func (s *scenario) command(ts taskSpec) string {
+	if s.ledger != nil {
+		return s.ledger.command(ts)
+	}
 	q := func(p string) string { return "'" + p + "'" }
 	log := q(filepath.Join(s.taskDir, ts.id+".log"))
 	lock := q(filepath.Join(s.taskDir, ts.id+".lock"))
@@ -578,6 +621,10 @@ func (s *scenario) dump() {
 		}
 		b, _ := os.ReadFile(filepath.Join(s.taskDir, ts.id+".log"))
 		s.t.Logf("task %s log:\n%s", ts.id, b)
+	}
+	if s.real != nil {
+		s.dumpRealPods()
+		return
 	}
 	b, _ := os.ReadFile(filepath.Join(s.dir, "player.log"))
 	lines := strings.Split(string(b), "\n")

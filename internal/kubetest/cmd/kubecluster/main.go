@@ -4,7 +4,8 @@
 //
 //	kubecluster build                      build the binaries into the user's cache, with progress
 //	kubecluster up [-dir DIR] [-nodes N]   start a cluster that outlives the command and print
-//	               [-no-controller-manager] KUBECONFIG=<path> (an admin kubeconfig)
+//	               [-no-controller-manager] KUBECONFIG=<path> (an admin kubeconfig); -node real
+//	               [-node kwok|real]        adds a real node (kubelet, containerd, runc)
 //	kubecluster down [-dir DIR]            stop that cluster and remove DIR
 //
 // The Makefile's kube-build, kube-up and kube-down run these.
@@ -20,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/dexaflow/reaper/internal/kubetest"
 )
@@ -30,7 +32,7 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = "usage: kubecluster build | up [-dir DIR] [-nodes N] [-no-controller-manager] | down [-dir DIR]"
+const usage = "usage: kubecluster build | up [-dir DIR] [-nodes N] [-no-controller-manager] [-node kwok|real] | down [-dir DIR]"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -51,14 +53,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		fmt.Fprintf(stderr, "kubecluster: binaries in %s\n", bins.Dir)
+		node, err := kubetest.BuildNode(ctx, kubetest.BuildOptions{Progress: stderr})
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "kubecluster: real node binaries in %s\n", node.Dir)
 		return 0
 	case "up":
 		nodes := fs.Int("nodes", 1, "KWOK nodes to create (kwok-node-1, ...)")
 		noKCM := fs.Bool("no-controller-manager", false, "leave kube-controller-manager out")
+		node := fs.String("node", "kwok", "kwok, or real: a real node (kubelet, containerd, runc) beside the KWOK nodes")
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2
 		}
-		return up(ctx, *dir, *nodes, *noKCM, stdout, stderr)
+		if *node != "kwok" && *node != "real" {
+			fmt.Fprintf(stderr, "kubecluster: -node %q: want kwok or real\n", *node)
+			return 2
+		}
+		return up(ctx, *dir, *nodes, *noKCM, *node == "real", stdout, stderr)
 	case "down":
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2
@@ -79,7 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func up(ctx context.Context, dir string, nodes int, noKCM bool, stdout, stderr io.Writer) int {
+func up(ctx context.Context, dir string, nodes int, noKCM, real bool, stdout, stderr io.Writer) int {
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if _, err := os.Stat(dir); err == nil {
 		fmt.Fprintf(stderr, "kubecluster: %s exists: a cluster may be running (stop it with make kube-down)\n", dir)
@@ -92,6 +105,7 @@ func up(ctx context.Context, dir string, nodes int, noKCM bool, stdout, stderr i
 		Dir:                 dir,
 		Detached:            true,
 		NoControllerManager: noKCM,
+		RealNode:            real,
 		Build:               kubetest.BuildOptions{Progress: stderr},
 	})
 	if err != nil {
@@ -113,6 +127,14 @@ func up(ctx context.Context, dir string, nodes int, noKCM bool, stdout, stderr i
 		parts += ", kube-controller-manager"
 	}
 	fmt.Fprintf(stderr, "kubecluster: running at %s (%s); KWOK nodes: %s\n", c.Host(), parts, strings.Join(names, " "))
+	if real {
+		if n, why := c.RealNode(); n != nil {
+			fmt.Fprintf(stderr, "kubecluster: real node %s Ready in %s (kubelet %s, containerd and runc of the machine); pod network %s/16 on bridge %s\n",
+				n.Name, n.Ready.Round(time.Millisecond), kubetest.KubernetesVersion, kubetest.NodeGateway, kubetest.NodeBridge)
+		} else {
+			fmt.Fprintf(stderr, "kubecluster: no real node: %s\n", why)
+		}
+	}
 	fmt.Fprintf(stderr, "kubecluster: no scheduler: give pods spec.nodeName. Logs in %s/logs. Stop with: make kube-down\n", dir)
 	fmt.Fprintf(stdout, "KUBECONFIG=%s\n", kubeconfig)
 	return 0
