@@ -298,11 +298,16 @@ func (n *RealNode) ImportImage(ctx context.Context, ref string, args []string) e
 var taskApplets = []string{"sh", "sleep", "echo", "cat", "touch", "flock", "wget", "true", "false", "test", "[",
 	"mkdir", "rm", "ls", "env", "kill", "dd", "head", "seq", "printf", "date", "grep", "tail", "nc"}
 
-// TaskInit is the task image's init: it runs the agent (its arguments
+// TaskAgent is where the task image holds reaper-agent: the kube runner's
+// agent on the real node. The runner's pods share their process namespace,
+// so the sandbox is PID 1 and the agent runs as the container's command.
+const TaskAgent = "/usr/local/bin/reaper-agent"
+
+// TaskInit is an init in the task image that runs the agent (its arguments
 // passed on) as its child, forwards SIGTERM and SIGINT to it and exits with
-// its status. The agent refuses to run as a container's PID 1 (its task
-// group record never names process 1), so a task image needs an init; a
-// runner on the real node sets agent = TaskInit.
+// its status: for pods that do not share their process namespace, where the
+// agent would otherwise be PID 1 (its task group record never names
+// process 1).
 const TaskInit = "/usr/local/bin/agent-init"
 
 const taskInitScript = `#!/bin/sh

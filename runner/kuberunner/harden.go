@@ -53,6 +53,10 @@ func harden(h Hardening, pod *corev1.Pod, c *corev1.Container) {
 	}
 	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
 	pod.Spec.AutomountServiceAccountToken = &no
+	// The pod's sandbox (pause) process is its PID 1, not the agent: an
+	// agent as PID 1 would owe init's duties (reaping every orphan of its
+	// task) and the group record refuses a PID of 1 by design.
+	pod.Spec.ShareProcessNamespace = &yes
 	pod.Spec.SecurityContext = &corev1.PodSecurityContext{
 		RunAsNonRoot: &yes, RunAsUser: &uid, RunAsGroup: &gid, SeccompProfile: seccomp,
 	}

@@ -32,6 +32,9 @@ func (workerEnv) WorkerEnv(_ context.Context, worker string, _ time.Time) ([]cor
 func checkHardened(t *testing.T, p *corev1.Pod, uid, gid int64, readOnly bool) {
 	t.Helper()
 	spec := p.Spec
+	if spec.ShareProcessNamespace == nil || !*spec.ShareProcessNamespace {
+		t.Errorf("%s: shareProcessNamespace %v, want true (the agent must not be the pod's PID 1)", p.Name, spec.ShareProcessNamespace)
+	}
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("%s: automountServiceAccountToken %v, want false", p.Name, spec.AutomountServiceAccountToken)
 	}

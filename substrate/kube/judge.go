@@ -66,8 +66,12 @@ type verdict struct {
 // agent's shape settles control_plane_unavailable on the infra rail; a
 // disrupted pod settles pod_disrupted on the infra rail, unless its task
 // container was OOM-killed or the kubelet evicted it for a limit of its
-// own (task failures); otherwise the pod's phase decides, a FAILED record
-// giving the failure its words.
+// own (task failures); a pod deleted while its task ran (the agent's
+// "stopped from outside" record on a pod with a deletion timestamp: the
+// record says the task was stopped, not why) settles pod_disrupted on the
+// infra rail, as the same pod gone from the cache settles pod_lost;
+// otherwise the pod's phase decides, a FAILED record giving the failure its
+// words (the agent's "stopped" record gives none: the pod's end does).
 func judgeFinished(p *pod) (verdict, bool) {
 	if !finished(p.phase) {
 		return verdict{}, false
@@ -101,10 +105,19 @@ func judgeFinished(p *pod) (verdict, bool) {
 		}
 		return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted, message: msg, rule: "DisruptedPodIsInfra"}, true
 	}
+	stopped := hasRec && rec.StoppedFromOutside()
+	if stopped && p.DeletionTimestamp != nil {
+		task, _ := p.task()
+		if !(task.terminated && task.reason == "OOMKilled") {
+			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted,
+				message: sdk.ReasonPodDisrupted + ": pod deleted while its task ran (the agent was stopped before the task finished)",
+				rule:    "DeletedUnderTheTaskIsInfra"}, true
+		}
+	}
 	if p.phase == corev1.PodSucceeded {
 		return verdict{outcome: sdk.OutcomeSuccess, rule: "SucceededWithoutRecord"}, true
 	}
-	if hasRec && strings.TrimSpace(rec.Reason) != "" {
+	if hasRec && !stopped && strings.TrimSpace(rec.Reason) != "" {
 		return verdict{outcome: sdk.OutcomeFailed, reason: ReasonTaskFailed,
 			message: ReasonTaskFailed + ": " + rec.Reason, rule: "FailedRecord"}, true
 	}

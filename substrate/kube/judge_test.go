@@ -82,6 +82,10 @@ func rec(t *testing.T, a sdk.Attempt, outcome RecordOutcome, exit *int32, reason
 
 func code(c int32) *int32 { return &c }
 
+// deleting gives a pod the deletion timestamp a graceful delete sets
+// (the outcome record finalizer keeps the object).
+func deleting(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: t0.Add(20 * time.Second)} }
+
 func TestJudgeFinished(t *testing.T) {
 	other := attempt
 	other.Epoch = 0
@@ -115,6 +119,29 @@ func TestJudgeFinished(t *testing.T) {
 		{name: "FailedRecord_TaskFailureWithItsWords", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonTaskFailed,
 			wantMsg: "task_failed: exit status 3", pod: func(t *testing.T) *pod {
 				return podOf(attempt, corev1.PodFailed, taskTerminated(3, "Error", rec(t, attempt, RecordFailed, code(3), "exit status 3"), t0))
+			}},
+		{name: "DeletedUnderTheTask_AgentStoppedRecordIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: pod deleted while its task ran", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting,
+					taskTerminated(1, "Error", rec(t, attempt, RecordFailed, nil, "agent_stopped: the agent was stopped before the task finished"), t0))
+			}},
+		{name: "DeletedUnderTheTask_OOMKilledStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed, wantReason: ReasonTaskFailed,
+			pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting,
+					taskTerminated(137, "OOMKilled", rec(t, attempt, RecordFailed, nil, "agent_stopped: the agent was stopped before the task finished"), t0))
+			}},
+		{name: "DeletedAfterTheTaskFailedOnItsOwn_StaysTaskFailureInItsWords", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: exit status 3", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(3, "Error", rec(t, attempt, RecordFailed, code(3), "exit status 3"), t0))
+			}},
+		{name: "AgentStoppedRecordWithoutADeletion_ThePodsEndGivesTheWords", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed: DeadlineExceeded", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, podReason("DeadlineExceeded", "Pod was active on the node longer than the specified deadline"),
+					taskTerminated(1, "Error", rec(t, attempt, RecordFailed, nil, "agent_stopped: the agent was stopped before the task finished"), t0))
+			}},
+		{name: "AStoppedRecordWithAnExitCodeIsTheTasksOwn", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: agent_stopped", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(1, "Error", rec(t, attempt, RecordFailed, code(1), "agent_stopped: forged by the task"), t0))
 			}},
 		{name: "ControlPlaneUnavailable_InfraMarkerWithReasonNoExitCode", wantOK: true, wantOutcome: sdk.OutcomeInfra,
 			wantReason: sdk.ReasonControlPlaneUnavailable, wantMsg: "control_plane_unavailable: Unavailable: GetTaskSpec",

@@ -79,7 +79,7 @@ func realRunnerBlock(tick time.Duration, apiListen, memLimit string) string {
     agent             = %q
     attempt_api       = "https://%s"
 %s  }
-}`, tick, realTaskImage, kubetest.TaskInit, apiListen, limit)
+}`, tick, realTaskImage, kubetest.TaskAgent, apiListen, limit)
 }
 
 // apiTLS is the attempt_api block's certificate lines: on the real node an
@@ -288,14 +288,11 @@ func terminated(p *corev1.Pod) *corev1.ContainerStateTerminated {
 // the agent, the pod goes, the attempt is reaped on the infra rail and
 // re-placed; the bystander is untouched.
 func realPodDeleted(t *testing.T, c *kubetest.Cluster) {
-	// Found by this scenario, not yet fixed: on a real node a graceful
-	// delete SIGTERMs the agent, which writes FAILED/agent_stopped and
-	// exits 1; the kubelet then writes the pod Failed, the outcome record
-	// finalizer keeps the object, and the sweep settles the attempt from
-	// that record as the task's own failure (task_failed: agent_stopped),
-	// where the pod's going should put it on the infra rail. The player's
-	// tier never sees it (KWOK removes a deleted pod at once).
-	t.Skip("known defect found on the real node: a graceful delete settles as task_failed: agent_stopped, not on the infra rail")
+	// A graceful delete SIGTERMs the agent, which writes its "stopped from
+	// outside" record and exits; the kubelet writes the pod Failed and the
+	// outcome record finalizer keeps the object, deletion timestamp set.
+	// The record says the task was stopped, not why: the deletion decides,
+	// on the infra rail (the player's tier sees the pod vanish: pod_lost).
 	s := newRealScenario(t, 22, "real node: pod deleted under a running attempt", c)
 	s.pair()
 	s.submit(victim("victim"), bystander("bystander"))
@@ -311,6 +308,18 @@ func realPodDeleted(t *testing.T, c *kubetest.Cluster) {
 	s.ledger.reopen("victim")
 	f := s.harm("pod deleted (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
+	ds, err := s.decisions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := reapOf(ds, f); d != nil {
+		what := d.Label + " " + d.Detail + " " + fmt.Sprint(d.Evidence)
+		t.Logf("deleted pod settled as %s: %s", d.Label, d.Detail)
+		if d.Label != sdk.LabelPodLost && !strings.Contains(what, sdk.ReasonPodDisrupted) {
+			t.Errorf("the deleted pod's attempt was settled as %s (%s), want the infra rail (%s or %s)",
+				d.Label, d.Detail, sdk.ReasonPodDisrupted, sdk.LabelPodLost)
+		}
+	}
 	s.finish()
 }
 

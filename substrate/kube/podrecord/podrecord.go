@@ -119,3 +119,18 @@ func Parse(msg string) (Record, bool) {
 func (r Record) HonoredInfra() bool {
 	return r.Outcome == Infra && r.ExitCode == nil && strings.TrimSpace(r.Reason) != ""
 }
+
+// AgentStopped is the reason the agent gives a FAILED record when it was
+// stopped from outside (SIGTERM) before its task finished: the pod was
+// deleted, evicted or shut down under it. Such a record says that the task
+// was stopped, not why.
+const AgentStopped = "agent_stopped"
+
+// StoppedFromOutside reports whether the record is the agent's own
+// "stopped from outside" failure: FAILED, no exit code, and a reason that
+// is AgentStopped or starts with it.
+func (r Record) StoppedFromOutside() bool {
+	reason := strings.TrimSpace(r.Reason)
+	return r.Outcome == Failed && r.ExitCode == nil &&
+		(reason == AgentStopped || strings.HasPrefix(reason, AgentStopped+":"))
+}

@@ -57,6 +57,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/kube/podrecord"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -90,13 +91,13 @@ type Outcome struct {
 
 // Failure reasons (the first word of Outcome.Message).
 const (
-	ReasonExitCode         = "exit_code"         // the task exited non-zero
-	ReasonSignal           = "signal"            // the task died of a signal the agent did not send
-	ReasonExecutionTimeout = "execution_timeout" // the agent enforced the declared timeout
-	ReasonTerminated       = "terminated"        // the control plane answered should_terminate
-	ReasonAgentStopped     = "agent_stopped"     // the agent itself was told to stop
-	ReasonGroupRecord      = "group_record"      // the task's group could not be recorded
-	ReasonStartFailed      = "start_failed"      // the task could not be started
+	ReasonExitCode         = "exit_code"            // the task exited non-zero
+	ReasonSignal           = "signal"               // the task died of a signal the agent did not send
+	ReasonExecutionTimeout = "execution_timeout"    // the agent enforced the declared timeout
+	ReasonTerminated       = "terminated"           // the control plane answered should_terminate
+	ReasonAgentStopped     = podrecord.AgentStopped // the agent itself was told to stop (the same word its pod record uses)
+	ReasonGroupRecord      = "group_record"         // the task's group could not be recorded
+	ReasonStartFailed      = "start_failed"         // the task could not be started
 	// ReasonWatchdog: a warm worker's attempt watchdog ended the attempt
 	// at the credential ceiling (the same reason as the ceiling's reap).
 	ReasonWatchdog = sdk.LabelCredentialCeiling
