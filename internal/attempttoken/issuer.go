@@ -66,12 +66,21 @@ type WorkerCredential struct {
 }
 
 // MintWorker mints the worker credential of worker at now, with the
-// attempt token TTL: the worker renews it with every claim.
+// attempt token TTL: the worker renews it with every claim. (A worker pod
+// is created with a bootstrap instead: MintWorkerBootstrap.)
 func (is Issuer) MintWorker(worker string, now time.Time) (WorkerCredential, error) {
+	return is.mintWorker(worker, now, func(kr *Keyring) (string, WorkerClaims, error) {
+		return kr.MintWorker(worker, now, is.TTL)
+	})
+}
+
+// mintWorker checks the issuer, signs worker's token with sign and puts it
+// in the worker's environment entries (EnvWorkerToken, EnvAPI, EnvCA).
+func (is Issuer) mintWorker(worker string, now time.Time, sign func(*Keyring) (string, WorkerClaims, error)) (WorkerCredential, error) {
 	if is.Keys == nil || is.TTL <= 0 || is.API == "" {
 		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: the issuer has no keys, TTL or API address", worker)
 	}
-	tok, c, err := is.Keys().MintWorker(worker, now, is.TTL)
+	tok, c, err := sign(is.Keys())
 	if err != nil {
 		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: %w", worker, err)
 	}

@@ -79,16 +79,7 @@ func IsWorkerBootstrap(token string) bool { return strings.HasPrefix(token, work
 // worker token, and the environment entries (EnvWorkerToken, EnvAPI,
 // EnvCA).
 func (is Issuer) MintWorkerBootstrap(worker string, now time.Time) (WorkerCredential, error) {
-	if is.Keys == nil || is.TTL <= 0 || is.API == "" {
-		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: the issuer has no keys, TTL or API address", worker)
-	}
-	tok, c, err := is.Keys().MintWorkerBootstrap(worker, now, is.TTL)
-	if err != nil {
-		return WorkerCredential{}, fmt.Errorf("minting the credential of warm worker %s: %w", worker, err)
-	}
-	env := []string{EnvWorkerToken + "=" + tok, EnvAPI + "=" + is.API}
-	if is.CA != "" {
-		env = append(env, EnvCA+"="+is.CA)
-	}
-	return WorkerCredential{Token: tok, Claims: c, Env: env}, nil
+	return is.mintWorker(worker, now, func(kr *Keyring) (string, WorkerClaims, error) {
+		return kr.MintWorkerBootstrap(worker, now, is.TTL)
+	})
 }
