@@ -83,8 +83,8 @@ func newAttemptAPI(ctx context.Context, cfg *config.Config, m *metrics.Metrics,
 	api.srv, err = attemptapi.NewServer(attemptapi.ServerConfig{
 		Keys: api.keys.Load, TTL: cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling,
 		WorkerCeiling: cfg.WorkerCredentialCeiling,
-		Board: lifecycle.New(api.pool, lifecycle.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling}),
-		Meter: m, Decisions: decisions, Clock: clk, Logger: log,
+		Board:         lifecycle.New(api.pool, lifecycle.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling}),
+		Meter:         m, Decisions: decisions, Clock: clk, Logger: log,
 	})
 	if err != nil {
 		return nil, err
