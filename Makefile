@@ -34,8 +34,13 @@ build:
 # real PostgreSQL started from the machine's own server binaries; then the
 # example plugin's own module (examples/parked), on its own go.mod, and the
 # container image's builder (tools/image), which builds and inspects it.
+# The two fault suites (test/e2e, test/kubee2e) hold every scenario to a
+# recovery deadline of a few seconds, so they run last, one after the other,
+# on a machine no other test package is loading.
+FAULT_SUITES := ./test/e2e ./test/kubee2e
 test:
-	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -x -e '.*/test/e2e' -e '.*/test/kubee2e')
+	$(GO) test -count=1 -timeout 20m -p 1 $(FAULT_SUITES)
 	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
 	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
 

@@ -137,6 +137,31 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
 	})
 
+	// A pod deleted while its task ran: the kubelet SIGTERMs the agent,
+	// which writes its "stopped" record (FAILED, agent_stopped, no exit
+	// code) and exits; the kubelet writes the pod Failed and the finalizer
+	// keeps it. That record says the task was stopped, not why: the
+	// deletion decides, on the infra rail, confirmed at once.
+	t.Run("RunningPodDeletedUnderItsTaskIsPodDisruptedOnTheInfraRail", func(t *testing.T) {
+		t.Parallel()
+		s := newSweepEnv(t)
+		s.runningOnBoard(a)
+		p := s.running(a, recordHeld)
+		s.userDelete(p.Name)
+		s.cachedDeleting(a, p.Name)
+		s.playStatus(p.Name, func(st *corev1.PodStatus) {
+			st.Phase = corev1.PodFailed
+			finish(corev1.PodFailed, 1, "Error",
+				rec(t, a, RecordFailed, nil, "agent_stopped: the agent was stopped before the task finished"))(st)
+		})
+		s.cachedPhase(s.sub, a, p.Name, corev1.PodFailed)
+		if res := s.sweep(time.Now()); !settledBy(res, a, "DeletedUnderTheTaskIsInfra") {
+			t.Fatalf("decisions %+v, want the attempt settled by DeletedUnderTheTaskIsInfra", res.Decisions)
+		}
+		wantRow(t, s.row(a), sdk.StateFailed, sdk.FailureInfra, "pod_disrupted: pod deleted while its task ran", true)
+		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+	})
+
 	t.Run("AnotherControllersFinalizerIsLeftUntouched", func(t *testing.T) {
 		t.Parallel()
 		s := newSweepEnv(t)
