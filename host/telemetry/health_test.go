@@ -1,14 +1,12 @@
 package telemetry_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,25 +19,8 @@ import (
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestHealthWithTheDatabaseDown runs the health endpoint over a real
 // PostgreSQL server, then stops the server: the report says "unreachable"
@@ -64,7 +45,7 @@ func TestHealthWithTheDatabaseDown(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(t0)
 	var pings atomic.Int64
-	var logs syncBuffer
+	var logs sdktest.LogBuffer
 	h := telemetry.Handler(metrics.New().Registry, telemetry.HealthSource{
 		Ping:     func(ctx context.Context) error { pings.Add(1); return pool.Ping(ctx) },
 		LastTick: clk.Now, Interval: 30 * time.Second, Started: t0, Clock: clk,

@@ -25,6 +25,7 @@ import (
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -36,24 +37,6 @@ const (
 	ceiling       = time.Hour
 	workerCeiling = 90 * time.Minute
 )
-
-// logBuffer is the server's log, safe for its handlers.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // meter counts what the server metered.
 type meter struct {
@@ -99,7 +82,7 @@ func (l *decisionLog) all() []sdk.Decision {
 }
 
 type bundle struct {
-	log       *logBuffer
+	log       *sdktest.LogBuffer
 	pool      *pgxpool.Pool
 	w         *lifecycle.Writer
 	decisions *decisionLog
@@ -144,7 +127,7 @@ func setup(t *testing.T) *bundle {
 	}
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
 		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
-		decisions: &decisionLog{}, pool: pool, log: &logBuffer{}}
+		decisions: &decisionLog{}, pool: pool, log: &sdktest.LogBuffer{}}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
 		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})

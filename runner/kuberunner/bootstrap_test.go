@@ -24,6 +24,7 @@ import (
 	"github.com/dexaflow/reaper/internal/kubetest/kubelet"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 // callMeter counts the attempt API's calls by call/result.
@@ -58,7 +59,7 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	log := &lockedBuffer{}
+	log := &sdktest.LogBuffer{}
 	node := e.c.AddNode(t, "").Name
 	player, err := kubelet.Start(ctx, kubelet.Config{
 		Client: e.cs, Namespace: e.ns, Dir: filepath.Join(t.TempDir(), "containers"),

@@ -1,7 +1,6 @@
 package kuberunner_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
 
@@ -70,36 +70,18 @@ type buildError struct {
 
 func (e *buildError) Error() string { return "building reaper-agent: " + e.err.Error() + "\n" + e.out }
 
-// lockedBuffer is a log buffer safe for the runner's loops.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // warmEnv is an env with a node, the kubelet player and the attempt API.
 type warmEnv struct {
 	*env
 	node   string
 	player *kubelet.Player
 	api    *attemptapitest.API
-	log    *lockedBuffer
+	log    *sdktest.LogBuffer
 }
 
 func newWarmEnv(t *testing.T) *warmEnv {
 	t.Helper()
-	e := &warmEnv{env: newEnv(t), log: &lockedBuffer{}}
+	e := &warmEnv{env: newEnv(t), log: &sdktest.LogBuffer{}}
 	e.node = e.c.AddNode(t, "").Name
 	p, err := kubelet.Start(context.Background(), kubelet.Config{
 		Client: e.cs, Namespace: e.ns, Dir: filepath.Join(t.TempDir(), "containers"),

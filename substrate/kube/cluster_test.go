@@ -8,7 +8,6 @@ package kube
 // subresource, as the kubelet would, and says so where it does.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -29,6 +28,7 @@ import (
 	"github.com/dexaflow/reaper/internal/kubetest"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 // cluster is the test binary's Kubernetes control plane. TestMain sets it
@@ -116,24 +116,6 @@ func (c *counter) String() string {
 	return fmt.Sprint(c.n)
 }
 
-// syncBuffer is a log sink safe for the substrate's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // env is one test's cluster share: a namespace, a KWOK node, an admin
 // client, and a substrate configured on the namespace.
 type env struct {
@@ -144,7 +126,7 @@ type env struct {
 	node  string
 	sub   *Substrate
 	calls *counter
-	logs  *syncBuffer
+	logs  *sdktest.LogBuffer
 	seq   atomic.Int64
 }
 
@@ -160,10 +142,10 @@ func newEnv(t testing.TB) *env {
 }
 
 // substrateAs configures a substrate on the namespace as user.
-func (e *env) substrateAs(user string, values sdk.Values) (*Substrate, *counter, *syncBuffer) {
+func (e *env) substrateAs(user string, values sdk.Values) (*Substrate, *counter, *sdktest.LogBuffer) {
 	e.t.Helper()
 	calls := &counter{n: map[string]int{}}
-	logs := &syncBuffer{}
+	logs := &sdktest.LogBuffer{}
 	rc := e.c.ConfigFor(user)
 	rc.Wrap(calls.RoundTrip)
 	s := NewWithOptions(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info}), Options{RestConfig: rc})

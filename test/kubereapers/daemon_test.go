@@ -1,11 +1,9 @@
 package kubereapers_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/dexaflow/reaper/host/daemon"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
 // kubeConfig is the kube edition as an operator writes it: the kube
@@ -44,23 +43,6 @@ reaper "warmworker" {}
 reaper "orphanrun" {}
 `
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startDaemon boots reaperd's own daemon from a kube configuration, with
 // the real plugin binaries, on the env's fake clock, and makes it leader.
 func (e *env) startDaemon() *daemon.Daemon {
@@ -72,7 +54,7 @@ func (e *env) startDaemon() *daemon.Daemon {
 	if err != nil {
 		e.t.Fatalf("parse the kube configuration: %v", err)
 	}
-	logs := &lockedBuffer{}
+	logs := &sdktest.LogBuffer{}
 	e.t.Cleanup(func() {
 		if e.t.Failed() {
 			e.t.Logf("host and plugin log:\n%s", logs.String())

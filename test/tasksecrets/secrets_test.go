@@ -1,14 +1,12 @@
 package tasksecrets_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,28 +17,11 @@ import (
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
-
-// lockedBuffer collects a process's output while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // startControl starts a dumpable process of acct holding the canary in its
 // environment: what the probe reads of it is what it would read of an
@@ -168,7 +149,7 @@ func TestATaskCannotReadItsAgentsSecrets(t *testing.T) {
 			probeAPIEnv+"="+api.URL, probeCAEnv+"="+api.CA, probeWorkerEnv+"=warm-a")
 		cmd := agentCmd(acct, env, "-mode", agent.ModeWorker, "-worker", "warm-a", "-reporter", agent.ReporterAPI,
 			"-record-dir", filepath.Join(w.work, "records"), "-poll", "100ms", "-heartbeat", "1s")
-		var stdout, stderr lockedBuffer
+		var stdout, stderr sdktest.LogBuffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
