@@ -41,7 +41,10 @@ const (
 	// pods report to listens there).
 	NodeBridge  = "reaper0"
 	NodeGateway = "10.88.0.1"
-	nodeSubnet  = "10.88.0.0/16"
+	// NodeBridgeMAC is the bridge's fixed, locally administered hardware
+	// address (see makeBridge).
+	NodeBridgeMAC = "02:72:65:61:70:01"
+	nodeSubnet    = "10.88.0.0/16"
 	// nodeSocketDir holds containerd's sockets (the shims name it in
 	// their -address).
 	nodeSocketDir = "/run/reaper-kubetest-node"
@@ -448,10 +451,19 @@ maxPods: 110
 // makeBridge makes the pod network's bridge with the gateway's address
 // before any pod exists, so that a server the pods reach can listen on
 // NodeGateway from the start (the CNI bridge plugin takes it as it is).
+//
+// The bridge gets a fixed hardware address. A Linux bridge without one
+// takes the lowest of its ports' addresses and changes it whenever a pod's
+// veth with a lower one joins or the lowest one leaves; the pods already
+// running keep the gateway's old address in their neighbour cache, and
+// their packets to the gateway go nowhere until the entry turns stale and
+// is probed again (about five seconds and more). That is how a pod
+// stopped or started beside a running one silenced the running one's
+// heartbeats. An address set by hand is never recalculated.
 func makeBridge(ctx context.Context) error {
 	_ = exec.CommandContext(ctx, "ip", "link", "delete", NodeBridge).Run()
 	for _, args := range [][]string{
-		{"link", "add", NodeBridge, "type", "bridge"},
+		{"link", "add", NodeBridge, "address", NodeBridgeMAC, "type", "bridge"},
 		{"addr", "add", NodeGateway + "/16", "dev", NodeBridge},
 		{"link", "set", NodeBridge, "up"},
 	} {
@@ -592,6 +604,7 @@ func cleanNode(dir string) {
 		_ = syscall.Rmdir(d) // only when empty: another program may use it
 	}
 	_ = exec.Command("ip", "link", "delete", NodeBridge).Run()
+	removeTaggedRules()
 }
 
 // KubepodsCgroups lists the /kubepods cgroup of every mounted hierarchy
@@ -713,8 +726,8 @@ func unescapeMount(s string) string {
 
 // NodeLeftovers lists what the real node of the cluster in dir left
 // behind: processes naming dir, processes of the kubelet or containerd
-// binaries, shims, mounts, /kubepods cgroups, network namespaces and the
-// bridge. Empty after a clean stop.
+// binaries, shims, mounts, /kubepods cgroups, network namespaces, the
+// bridge and the firewall rules a test added. Empty after a clean stop.
 func NodeLeftovers(dir string) []string {
 	var left []string
 	for _, pid := range processesNaming(dir) {
@@ -741,6 +754,9 @@ func NodeLeftovers(dir string) []string {
 	netns, _ := filepath.Glob("/run/netns/cni-*")
 	for _, ns := range netns {
 		left = append(left, "netns "+ns)
+	}
+	for _, r := range taggedRules() {
+		left = append(left, "firewall rule "+r)
 	}
 	if _, err := os.Stat("/sys/class/net/" + NodeBridge); err == nil {
 		left = append(left, "bridge "+NodeBridge)

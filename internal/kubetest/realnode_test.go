@@ -48,7 +48,8 @@ func TestRealNodeUnavailableIsASkipWithItsReasonUnlessRequired(t *testing.T) {
 	}
 }
 
-// The real node runs a pod for real (Running in its own sandbox), and the
+// The real node runs a pod for real (Running in its own sandbox) on a
+// bridge whose address a pod's joining does not change, and the
 // cluster's Stop leaves no kubelet, containerd, shim, mount under
 // the cluster's directory, /kubepods cgroup, netns or bridge behind.
 func TestRealNodeRunsAPodAndStopLeavesNothingBehind(t *testing.T) {
@@ -83,6 +84,12 @@ func TestRealNodeRunsAPodAndStopLeavesNothingBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pod Running %s after its create", time.Since(begin).Round(time.Millisecond))
+	// A pod's veth joined the bridge: its hardware address must not have
+	// followed the port's (the running pods' neighbour caches would go
+	// stale whenever a pod comes or goes).
+	if mac, err := os.ReadFile("/sys/class/net/" + kubetest.NodeBridge + "/address"); err != nil || strings.TrimSpace(string(mac)) != kubetest.NodeBridgeMAC {
+		t.Errorf("bridge %s address %q (%v) with a pod on it, want the fixed %s", kubetest.NodeBridge, mac, err, kubetest.NodeBridgeMAC)
+	}
 	if left := kubetest.NodeLeftovers(c.Dir()); len(left) == 0 {
 		t.Fatal("a running real node shows nothing for NodeLeftovers to find: the check would prove nothing")
 	}
