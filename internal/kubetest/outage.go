@@ -91,10 +91,5 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 
 // apiServer returns the API server's process; c.mu is held.
 func (c *Cluster) apiServer() (*process, error) {
-	for _, p := range c.procs {
-		if p.name == apiServerName {
-			return p, nil
-		}
-	}
-	return nil, fmt.Errorf("kubetest: the cluster runs no API server (stopped?)")
+	return c.named(apiServerName)
 }

@@ -44,7 +44,8 @@ const (
 	// NodeBridgeMAC is the bridge's fixed, locally administered hardware
 	// address (see makeBridge).
 	NodeBridgeMAC = "02:72:65:61:70:01"
-	nodeSubnet    = "10.88.0.0/16"
+	// NodeSubnet holds the pods' addresses.
+	NodeSubnet = "10.88.0.0/16"
 	// nodeSocketDir holds containerd's sockets (the shims name it in
 	// their -address).
 	nodeSocketDir = "/run/reaper-kubetest-node"
@@ -138,6 +139,9 @@ func hostCheck(unavailable string) string {
 		if _, err := exec.LookPath(prog); err != nil {
 			return "no " + prog + " on PATH (apt-get install containerd runc)"
 		}
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return "no iptables on PATH for the node's pod network faults (apt-get install iptables)"
 	}
 	for _, f := range []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
 		if _, err := os.Stat(f); err != nil {
@@ -327,19 +331,28 @@ done
 exit $rc
 `
 
+// Script is a shell script a task image carries: its path in the image
+// and its text.
+type Script struct{ Path, Text string }
+
 // ImportTaskImage imports a task image under ref: the agent binary at
-// /usr/local/bin/reaper-agent, its init at TaskInit, and a static busybox
-// as /bin/sh and the usual commands, PATH set.
-func (n *RealNode) ImportTaskImage(ctx context.Context, ref, agent string) error {
+// /usr/local/bin/reaper-agent, its init at TaskInit, a static busybox as
+// /bin/sh and the usual commands, PATH set, and the scripts given
+// (executable).
+func (n *RealNode) ImportTaskImage(ctx context.Context, ref, agent string, scripts ...Script) error {
 	if err := staticBinary(agent); err != nil {
 		return err
 	}
-	init := filepath.Join(n.dir, "images", "agent-init")
-	if err := os.WriteFile(init, []byte(taskInitScript), 0o755); err != nil {
-		return fmt.Errorf("kubetest: write the task image's init: %w", err)
-	}
-	args := []string{"-file", agent + "=/usr/local/bin/reaper-agent", "-file", init + "=" + TaskInit, "-file", busybox + "=/bin/busybox",
+	scripts = append([]Script{{Path: TaskInit, Text: taskInitScript}}, scripts...)
+	args := []string{"-file", agent + "=/usr/local/bin/reaper-agent", "-file", busybox + "=/bin/busybox",
 		"-env", "PATH=/usr/local/bin:/bin", "-env", "TMPDIR=/tmp"}
+	for i, sc := range scripts {
+		file := filepath.Join(n.dir, "images", fmt.Sprintf("%s-script-%d", strings.NewReplacer("/", "_", ":", "_").Replace(ref), i))
+		if err := os.WriteFile(file, []byte(sc.Text), 0o755); err != nil {
+			return fmt.Errorf("kubetest: write the task image's %s: %w", sc.Path, err)
+		}
+		args = append(args, "-file", file+"="+sc.Path)
+	}
 	for _, a := range taskApplets {
 		args = append(args, "-link", "/bin/"+a+"=busybox")
 	}
@@ -405,7 +418,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     {"type": "loopback"}
   ]
 }
-`, NodeBridge, filepath.Join(d, "cni/ipam"), nodeSubnet, NodeGateway)
+`, NodeBridge, filepath.Join(d, "cni/ipam"), NodeSubnet, NodeGateway)
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false

@@ -34,6 +34,17 @@ import (
 // realTaskImage is the task image the tier imports into the real node.
 const realTaskImage = "reaper.local/kubee2e-task:v1"
 
+// tierAgent is the agent as the tier's pods run it: reaper-agent with its
+// start and report retries scaled down with the tier's ladder (2 minutes
+// each by default), so that an agent that cannot reach the control plane
+// gives up within a scenario.
+const tierAgent = "/usr/local/bin/reaper-agent-tier"
+
+const (
+	tierStartRetry  = 6 * time.Second
+	tierReportRetry = 12 * time.Second
+)
+
 // realImage imports the task image once per test binary.
 var realImage struct {
 	once sync.Once
@@ -56,7 +67,8 @@ func newRealScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *
 			realImage.err = fmt.Errorf("build the static agent: %w: %s", err, out)
 			return
 		}
-		realImage.err = n.ImportTaskImage(ctx, realTaskImage, agent)
+		realImage.err = n.ImportTaskImage(ctx, realTaskImage, agent, kubetest.Script{Path: tierAgent, Text: fmt.Sprintf(
+			"#!/bin/sh\nexec %s -start-retry=%s -report-retry=%s \"$@\"\n", kubetest.TaskAgent, tierStartRetry, tierReportRetry)})
 	})
 	if realImage.err != nil {
 		t.Fatal(realImage.err)
@@ -79,7 +91,7 @@ func realRunnerBlock(tick time.Duration, apiListen, memLimit string) string {
     agent             = %q
     attempt_api       = "https://%s"
 %s  }
-}`, tick, realTaskImage, kubetest.TaskAgent, apiListen, limit)
+}`, tick, realTaskImage, tierAgent, apiListen, limit)
 }
 
 // apiTLS is the attempt_api block's certificate lines: on the real node an
@@ -115,6 +127,7 @@ type ledger struct {
 	mu      sync.Mutex
 	open    map[string]int  // task -> executions started and not ended
 	first   map[string]bool // task -> its first execution has asked
+	gates   map[string]bool // gate -> opened
 }
 
 func startLedger(t *testing.T, taskDir, release string) *ledger {
@@ -124,7 +137,7 @@ func startLedger(t *testing.T, taskDir, release string) *ledger {
 		t.Fatalf("ledger: listen on the gateway: %v", err)
 	}
 	lg := &ledger{url: "http://" + l.Addr().String(), taskDir: taskDir, release: release,
-		open: map[string]int{}, first: map[string]bool{}}
+		open: map[string]int{}, first: map[string]bool{}, gates: map[string]bool{}}
 	srv := &http.Server{Handler: http.HandlerFunc(lg.serve), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
@@ -142,6 +155,11 @@ func (lg *ledger) serve(w http.ResponseWriter, r *http.Request) {
 	case "/released":
 		if _, err := os.Stat(lg.release); err != nil {
 			http.Error(w, "not yet", http.StatusNotFound)
+		}
+		return
+	case "/gate":
+		if !lg.gates[q.Get("name")] {
+			http.Error(w, "shut", http.StatusNotFound)
 		}
 		return
 	case "/first":
@@ -171,6 +189,18 @@ func (lg *ledger) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	defer f.Close()
 	_, _ = f.WriteString(line)
+}
+
+// openGate lets the tasks waiting on the gate name (waitGate) go on.
+func (lg *ledger) openGate(name string) {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	lg.gates[name] = true
+}
+
+// waitGate is a task body that waits until the gate name is open.
+func (lg *ledger) waitGate(name string) string {
+	return "until wget -q -O /dev/null '" + lg.url + "/gate?name=" + name + "' 2>/dev/null; do sleep 0.2; done"
 }
 
 // reopen forgets an execution that can never end (its container was
@@ -254,6 +284,11 @@ var realScenarios = []struct {
 	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", realPodDeleted},
 	{"EvictionThroughTheEvictionAPIIsPodDisruptedOnTheInfraRail", realEvicted},
 	{"OOMKilledUnderARealMemoryLimitIsATaskFailureThatSpendsARetry", realOOMKilled},
+	{"KubeletKilledAndRestartedUnderRunningAttemptsReapsNothing", realKubeletRestarted},
+	{"StopInPlaceKeepsTheRecordAndAFinishedTaskIsOverriddenToSuccess", realStopInPlace},
+	{"SuccessWhoseReportWasLostIsSettledFromItsRecord", realReportLost},
+	{"ControlPlaneUnreachablePastTheStartRetryIsControlPlaneUnavailable", realStartUnanswered},
+	{"WedgedAgentIsStoppedInPlaceByTheKubeletAndRePlaced", realWedgedAgent},
 }
 
 // Two tasks run in real containers to SUCCESS: each settled once, run

@@ -462,7 +462,7 @@ func TestInvocationRoundTrip(t *testing.T) {
 		Heartbeat: time.Second, DrainBound: 2 * time.Second, TerminateGrace: 3 * time.Second,
 		KillWait: 4 * time.Second, GateFD: 3, Reporter: ReporterFile, ReportFile: "/f",
 		TerminateFile: "/t", Shell: "/bin/bash", Dir: "/w", LogLevel: "debug", LogJSON: true,
-		Mode: ModePod, TerminationMessagePath: "/m", StartRetry: 5 * time.Second, RescheduleExitCode: 99,
+		Mode: ModePod, TerminationMessagePath: "/m", StartRetry: 5 * time.Second, ReportRetry: 6 * time.Second, RescheduleExitCode: 99,
 	}
 	var out Invocation
 	flags := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)

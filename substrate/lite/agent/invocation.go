@@ -101,6 +101,9 @@ type Invocation struct {
 	// StartRetry bounds the retries of the RUNNING report (-start-retry;
 	// default DefaultStartRetry).
 	StartRetry time.Duration
+	// ReportRetry bounds the retries of the terminal report
+	// (-report-retry; default DefaultReportRetry).
+	ReportRetry time.Duration
 	// RescheduleExitCode is the exit code by which the task asks for its
 	// next poke (-reschedule-exit-code; 0: none). The runners set it to
 	// SensorRescheduleExitCode for a task declared a sensor, and for no
@@ -148,6 +151,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.StringVar(&inv.TerminationMessagePath, "termination-message-path", envOr(TerminationMessagePathEnv, DefaultTerminationMessagePath),
 		"pod mode: the file the durable outcome record is written to")
 	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")
+	fs.DurationVar(&inv.ReportRetry, "report-retry", 0, "how long the terminal report is retried (default 2m)")
 	fs.IntVar(&inv.RescheduleExitCode, "reschedule-exit-code", 0, "the task's exit code that asks for its next poke (0: none)")
 	fs.StringVar(&inv.RunAs, "run-as", "", "lite mode: the user the task runs as (a name or a uid; needs root or CAP_SETUID and CAP_SETGID)")
 	fs.StringVar(&inv.Worker, "worker", "", "worker mode: the warm worker's name (its pod's)")
@@ -301,6 +305,7 @@ func (inv Invocation) Args() []string {
 	str("mode", inv.Mode)
 	str("termination-message-path", inv.TerminationMessagePath)
 	dur("start-retry", inv.StartRetry)
+	dur("report-retry", inv.ReportRetry)
 	str("run-as", inv.RunAs)
 	if inv.RescheduleExitCode != 0 {
 		args = append(args, "-reschedule-exit-code="+strconv.Itoa(inv.RescheduleExitCode))

@@ -243,6 +243,7 @@ func run(args []string) (code int) {
 		Journal:            journal,
 		Logger:             log,
 		StartRetry:         inv.StartRetry,
+		ReportRetry:        inv.ReportRetry,
 		RescheduleExitCode: inv.RescheduleExitCode,
 	}
 	var out agent.Outcome

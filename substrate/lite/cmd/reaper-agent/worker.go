@@ -60,7 +60,7 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 		Attempt: agent.Config{
 			Shell: inv.Shell, Dir: inv.Dir, Records: dir, Output: os.Stdout,
 			Heartbeat: inv.Heartbeat, DrainBound: inv.DrainBound, TerminateGrace: inv.TerminateGrace,
-			KillWait: inv.KillWait, StartRetry: inv.StartRetry, RescheduleExitCode: inv.RescheduleExitCode,
+			KillWait: inv.KillWait, StartRetry: inv.StartRetry, ReportRetry: inv.ReportRetry, RescheduleExitCode: inv.RescheduleExitCode,
 		},
 		Logger: log,
 	})
