@@ -1,6 +1,9 @@
-// Package audit streams a pass's decisions to the audit while the pass goes
-// on: the host's sink of a pass (Sink), written through a Writer
-// (board.Store in production).
+// Package audit is the host's audit of decisions, written through a Writer
+// (board.Store in production): the sink of a pass (Sink), which writes its
+// decisions while the pass goes on; the ledger of a pass's writes (Ledger),
+// so that no applied write goes without its decision; and the Recorder,
+// which writes the host's own decisions and keeps what any failed write
+// left out of the audit, writing it again at the next cycle.
 package audit
 
 import (
@@ -55,6 +58,7 @@ type Sink struct {
 	queue     []sdk.Decision
 	writing   bool
 	errs      []error
+	written   int            // the decisions in the audit
 	unwritten []sdk.Decision // what failed writes left out of the audit
 }
 
@@ -132,12 +136,16 @@ func (s *Sink) write() {
 		ctx, cancel := context.WithTimeout(s.ctx, Bound(len(batch)))
 		err := s.w.RecordDecisions(ctx, s.term, s.at, batch)
 		cancel()
+		s.mu.Lock()
 		if err != nil {
-			s.mu.Lock()
+			left := Unwritten(batch, err)
 			s.errs = append(s.errs, fmt.Errorf("audit %d decisions: %w", len(batch), err))
-			s.unwritten = append(s.unwritten, Unwritten(batch, err)...)
-			s.mu.Unlock()
+			s.unwritten = append(s.unwritten, left...)
+			s.written += len(batch) - len(left)
+		} else {
+			s.written += len(batch)
 		}
+		s.mu.Unlock()
 		if stream != nil {
 			stream(batch)
 		}
@@ -165,6 +173,14 @@ func (s *Sink) Unwritten() []sdk.Decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.unwritten[:len(s.unwritten):len(s.unwritten)]
+}
+
+// Written returns how many of the decisions recorded so far are in the
+// audit (after Wait).
+func (s *Sink) Written() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written
 }
 
 // Unwritten is the part of batch that a write failing with err left out of

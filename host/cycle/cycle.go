@@ -95,23 +95,12 @@ type Loop struct {
 	lastTick time.Time
 	term     int64
 	since    time.Time
-	owed     []owedAudit // decisions whose audit write failed, oldest first
-	owedN    int
 	checked  int64 // the term whose board was checked for unaudited marks
 	owing    owing // failed teardowns the board could not record yet
-}
 
-// owedAudit is a batch of decisions the audit still lacks.
-type owedAudit struct {
-	term int64
-	at   time.Time
-	ds   []sdk.Decision
+	recOnce sync.Once
+	rec     *audit.Recorder // the loop's audit writes and their retries (recorder)
 }
-
-// MaxOwedDecisions bounds the decisions the loop keeps for the audit while
-// its writes fail (the database down, say); past it the oldest are given
-// up, with an error naming how many.
-const MaxOwedDecisions = 100_000
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
@@ -165,7 +154,7 @@ func (l *Loop) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			// A last try for what the audit still lacks.
-			l.payOwed(context.WithoutCancel(ctx))
+			l.recorder().Retry(context.WithoutCancel(ctx))
 			return
 		case <-tk.C():
 			l.RunOnce(ctx)
@@ -182,7 +171,7 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	l.cfg.Metrics.Cycle(now)
 
 	res = Result{Started: now}
-	l.payOwed(ctx)
+	l.recorder().Retry(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
@@ -387,7 +376,9 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	ledger.Close()
-	l.audited(term, now, sink)
+	// The pass is done once its audit is written; what failed to be is the
+	// recorder's to write at the next cycle.
+	l.recorder().Finish(sink)
 	l.refusals(ctx, term, now, fill(ledger.Refusals(), r.Name, dry), res)
 	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
@@ -466,17 +457,6 @@ func (l *Loop) tooLarge(ctx context.Context, term int64, at time.Time, name stri
 		"plugin", name, "error", err)
 	l.record(ctx, term, at, []sdk.Decision{{Reaper: name, Label: sdk.LabelPluginReplyTooLarge, DryRun: dry,
 		Detail: err.Error()}}, res)
-}
-
-// audited waits for a pass's audit to be written (and its stream to have
-// seen every decision), and keeps what failed to be written for the next
-// cycle.
-func (l *Loop) audited(term int64, at time.Time, sink *audit.Sink) {
-	if _, err := sink.Wait(); err != nil {
-		unwritten := sink.Unwritten()
-		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(unwritten), "error", err)
-		l.owe(term, at, unwritten)
-	}
 }
 
 // passEnd says, for the audit, how a pass ended.
@@ -597,62 +577,22 @@ func fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
 }
 
 // record meters, logs and audits decisions. The audit is one batch per
-// call; an audit failure is logged, never fatal to the cycle.
+// call; an audit failure is logged, never fatal to the cycle: the
+// recorder keeps what failed for the next cycle.
 func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	if len(ds) == 0 {
 		return
 	}
 	l.note(term, ds, res)
-	if l.audit == nil {
-		return
-	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(ds)))
-	defer cancel()
-	if err := l.audit.RecordDecisions(actx, term, at, ds); err != nil {
-		l.cfg.Logger.Warn("audit of decisions failed: kept for the next cycle", "count", len(ds), "error", err)
-		l.owe(term, at, audit.Unwritten(ds, err))
-	}
+	l.recorder().Record(ctx, term, at, ds)
 }
 
-// owe keeps decisions the audit lacks, for payOwed; past MaxOwedDecisions
-// the oldest are given up.
-func (l *Loop) owe(term int64, at time.Time, ds []sdk.Decision) {
-	if len(ds) == 0 || l.audit == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.owed = append(l.owed, owedAudit{term: term, at: at, ds: ds})
-	l.owedN += len(ds)
-	for l.owedN > MaxOwedDecisions && len(l.owed) > 1 {
-		l.cfg.Logger.Error("audit writes kept failing: decisions given up, never audited",
-			"count", len(l.owed[0].ds), "term", l.owed[0].term, "at", l.owed[0].at)
-		l.owedN -= len(l.owed[0].ds)
-		l.owed = l.owed[1:]
-	}
-}
-
-// payOwed writes what the audit lacks, oldest first, and keeps what still
-// fails.
-func (l *Loop) payOwed(ctx context.Context) {
-	l.mu.Lock()
-	owed := l.owed
-	l.owed, l.owedN = nil, 0
-	l.mu.Unlock()
-	for i, o := range owed {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), audit.Bound(len(o.ds)))
-		err := l.audit.RecordDecisions(actx, o.term, o.at, o.ds)
-		cancel()
-		if err != nil {
-			l.cfg.Logger.Warn("audit of decisions kept from before failed again", "count", len(o.ds), "error", err)
-			l.owe(o.term, o.at, audit.Unwritten(o.ds, err))
-			for _, rest := range owed[i+1:] {
-				l.owe(rest.term, rest.at, rest.ds)
-			}
-			return
-		}
-		l.cfg.Logger.Info("decisions kept from before are in the audit now", "count", len(o.ds), "term", o.term)
-	}
+// recorder is the loop's audit: it writes the loop's decisions through its
+// Auditor and keeps what a write failed to put there, writing it again at
+// the next cycle. It is made on first use, with the loop's logger.
+func (l *Loop) recorder() *audit.Recorder {
+	l.recOnce.Do(func() { l.rec = audit.NewRecorder(l.audit, l.cfg.Logger) })
+	return l.rec
 }
 
 // note meters and logs decisions and adds them to the cycle's result (its

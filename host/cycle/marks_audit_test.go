@@ -365,3 +365,27 @@ func TestMarkLeftUnauditedByADeadLeaderIsAuditedByTheNext(t *testing.T) {
 		t.Fatalf("audit %+v (err %v), want the mark's one decision, from its row", recs, err)
 	}
 }
+
+// A leader deposed while it still owes the audit writes what it owes at its
+// next cycle all the same, under the term and at the time of the pass that
+// decided it: the audit says what that term did, whoever leads now.
+func TestAuditOwedByADeposedLeaderIsWrittenUnderItsTerm(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "normal", func(s *pgboard.Store) cycle.Auditor {
+		return &flaky{Auditor: s, failing: 1}
+	})
+	if res := w.loop.RunOnce(context.Background()); len(res.Reaped) != 1 {
+		t.Fatalf("the pass did not complete: %+v", res)
+	}
+	w.marked(t)
+	w.lead.set(leader.Status{Leading: false, Term: w.term + 1})
+	w.clock.Advance(ladder.Defaults().MaintenanceInterval)
+	if res := w.loop.RunOnce(context.Background()); res.Leading {
+		t.Fatalf("the deposed replica reported leading: %+v", res)
+	}
+	w.audited(t, "")
+	recs, err := w.store.DecisionsFor(context.Background(), "run", "task", 0)
+	if err != nil || len(recs) != 1 || recs[0].Term != w.term || !recs[0].At.Equal(t0) {
+		t.Fatalf("audit %+v (err %v), want the pass's one decision, under its term %d at the pass's time", recs, err, w.term)
+	}
+}
