@@ -112,14 +112,12 @@ func (w *Writer) Running(ctx context.Context, a sdk.Attempt, now time.Time) (sho
 	return !ok && err == nil, err
 }
 
-// Heartbeat records a heartbeat of a running attempt. When the row no longer
-// holds this running attempt, or the run is no longer running, nothing
-// changes and shouldTerminate is true: the agent must stop the task.
+// Heartbeat records a heartbeat of a running attempt that renews nothing of
+// its credential: HeartbeatCredentials' write for one call. When the row no
+// longer holds this running attempt, or the run is no longer running,
+// nothing changes and shouldTerminate is true: the agent must stop the task.
 func (w *Writer) Heartbeat(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error) {
-	ok, err := w.step(ctx, "heartbeat", a, `UPDATE task_instances ti
-        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, $5), updated_at = $5
-        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'running'`, now)
-	return !ok && err == nil, err
+	return w.HeartbeatCredential(ctx, a, NotRenewed, now)
 }
 
 // Outcome is what an attempt reports at its end.
@@ -260,8 +258,8 @@ const (
 	Capped
 )
 
-// HeartbeatCredential is Heartbeat that also records what the heartbeat
-// did to the attempt's credential, in the same single write.
+// HeartbeatCredential records one heartbeat and what it did to the
+// attempt's credential, in one write (HeartbeatCredentials' for one call).
 func (w *Writer) HeartbeatCredential(ctx context.Context, a sdk.Attempt, r Renewal, now time.Time) (shouldTerminate bool, err error) {
 	term, err := w.HeartbeatCredentials(ctx, []HeartbeatCall{{Attempt: a, Renewal: r, At: now}})
 	if err != nil {
@@ -278,13 +276,16 @@ type HeartbeatCall struct {
 	At      time.Time
 }
 
-// HeartbeatCredentials records a batch of heartbeats (HeartbeatCredential's
-// write for each) in one statement and one commit. Each row is guarded on its
-// own attempt (try and epoch), on its state running and on its run running,
-// so one superseded attempt changes nothing of the others. It answers, per
-// call and in order, shouldTerminate: true when that call's row no longer
-// holds its running attempt. Calls of the same attempt are merged (the latest
-// arrival and its renewal are recorded) and get the same answer.
+// HeartbeatCredentials records a batch of heartbeats in one statement and
+// one commit: it is the board's only heartbeat write (Heartbeat and
+// HeartbeatCredential are this one for a single call). Each heartbeat moves
+// last_heartbeat_at to its arrival, never backwards, and records what it did
+// to the attempt's credential. Each row is guarded on its own attempt (try
+// and epoch), on its state running and on its run running, so one
+// superseded attempt changes nothing of the others. It answers, per call and
+// in order, shouldTerminate: true when that call's row no longer holds its
+// running attempt. Calls of the same attempt are merged (the latest arrival
+// and its renewal are recorded) and get the same answer.
 func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall) (shouldTerminate []bool, err error) {
 	if len(calls) == 0 {
 		return nil, nil

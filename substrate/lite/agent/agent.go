@@ -203,8 +203,8 @@ type Config struct {
 	// exists whether or not the report gets through.
 	OnOutcome func(Outcome)
 	// Unanswered tells a failed pre-start call whose answer never came (the
-	// control plane was down or unreachable) from a refusal; default
-	// ControlPlaneUnanswered.
+	// control plane was down or unreachable) from an answer; default
+	// ControlPlaneUnanswered (the error wraps ErrUnanswered).
 	Unanswered func(error) bool
 	// RescheduleExitCode, when positive, is the exit code by which a task
 	// asks for its next poke (a reschedule-mode sensor): the attempt ends

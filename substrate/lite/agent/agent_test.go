@@ -534,3 +534,29 @@ func TestFileReporter(t *testing.T) {
 		t.Fatalf("events %+v", events)
 	}
 }
+
+// The file reporter has no control plane to go unanswered: its failures (a
+// file it cannot write, the agent's own cancellation) are answers, never
+// ErrUnanswered, so they never end a start as ErrStartUnanswered.
+func TestFileReporterFailuresAreAnswers(t *testing.T) {
+	dir := t.TempDir()
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	now := time.Unix(1_700_000_000, 0)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for name, call := range map[string]func() (bool, error){
+		"Unwritable": func() (bool, error) {
+			return NewFileReporter(filepath.Join(dir, "missing", "report.jsonl"), "").Running(context.Background(), a, now)
+		},
+		"Cancelled": func() (bool, error) {
+			return NewFileReporter(filepath.Join(dir, "report.jsonl"), "").Running(cancelled, a, now)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := call()
+			if err == nil || ControlPlaneUnanswered(err) || errors.Is(err, ErrUnanswered) {
+				t.Fatalf("%v; want a failure that is an answer", err)
+			}
+		})
+	}
+}

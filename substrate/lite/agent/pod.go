@@ -77,7 +77,7 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 // InfraReason is the agent's reason in the infra marker it writes after
 // its pre-start calls went unanswered for d.
 func InfraReason(d time.Duration) string {
-	return fmt.Sprintf("the agent's pre-start calls went unanswered (Unavailable, DeadlineExceeded, Aborted or Internal) for %s", d)
+	return fmt.Sprintf("the agent's pre-start calls went unanswered (the control plane down, unreachable, timing out or failing) for %s", d)
 }
 
 func (c Config) startRetry() time.Duration {

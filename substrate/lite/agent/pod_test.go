@@ -3,15 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -168,7 +166,7 @@ func TestPodModeLostReportKeepsTheDurableSuccessRecord(t *testing.T) {
 	p := setupPod(t, `true`)
 	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
 	p.cfg.Clock = p.fake
-	p.rep.reportErr = status.Error(codes.Unavailable, "control plane down")
+	p.rep.reportErr = fmt.Errorf("%w: control plane down", ErrUnanswered)
 	r := p.run(t, context.Background())
 	if !errors.Is(r.err, ErrNotReported) || r.out.State != sdk.StateSuccess {
 		t.Fatalf("%+v, %v", r.out, r.err)
@@ -179,13 +177,17 @@ func TestPodModeLostReportKeepsTheDurableSuccessRecord(t *testing.T) {
 
 // The infra marker: RUNNING unanswered for 2 minutes (fake clock).
 func TestPodModePreStartUnansweredFor2MinutesWritesInfraMarker(t *testing.T) {
-	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Internal} {
-		t.Run(code.String(), func(t *testing.T) {
+	for name, unanswered := range map[string]error{
+		"IsErrUnanswered":    ErrUnanswered,
+		"WrapsErrUnanswered": fmt.Errorf("%w: no answer", ErrUnanswered),
+		"WrapsItDeeper":      fmt.Errorf("running report: %w", fmt.Errorf("%w: 503 Service Unavailable", ErrUnanswered)),
+	} {
+		t.Run(name, func(t *testing.T) {
 			p := setupPod(t, `touch "$WORK/ran"`)
 			start := time.Unix(1_700_000_000, 0)
 			p.fake = clock.NewFake(start)
 			p.cfg.Clock = p.fake
-			p.rep.runningErr = func(int) error { return status.Error(code, "no answer") }
+			p.rep.runningErr = func(int) error { return unanswered }
 			r := p.run(t, context.Background())
 			if !errors.Is(r.err, ErrStartUnanswered) {
 				t.Fatalf("err %v; want ErrStartUnanswered", r.err)
@@ -217,7 +219,7 @@ func TestLiteModePreStartUnansweredFor2MinutesGivesUpReportingNothing(t *testing
 	start := time.Unix(1_700_000_000, 0)
 	p.fake = clock.NewFake(start)
 	p.cfg.Clock = p.fake
-	p.rep.runningErr = func(int) error { return status.Error(codes.Unavailable, "no answer") }
+	p.rep.runningErr = func(int) error { return fmt.Errorf("%w: no answer", ErrUnanswered) }
 	done := make(chan result, 1)
 	go func() {
 		out, err := Run(context.Background(), p.cfg, p.rep)
@@ -260,7 +262,7 @@ func TestPodModePreStartAnsweredWithinTheWindowRunsTheTask(t *testing.T) {
 	p.cfg.Clock = p.fake
 	p.rep.runningErr = func(n int) error {
 		if n < 4 {
-			return status.Error(codes.Unavailable, "restarting")
+			return fmt.Errorf("%w: restarting", ErrUnanswered)
 		}
 		return nil
 	}
@@ -274,14 +276,14 @@ func TestPodModePreStartAnsweredWithinTheWindowRunsTheTask(t *testing.T) {
 
 func TestPodModePreStartRefusalIsNoInfraMarker(t *testing.T) {
 	for name, errFor := range map[string]func(n int) error{
-		"PermissionDenied": func(int) error { return status.Error(codes.PermissionDenied, "superseded") },
-		"OneRefusalAmongUnanswered": func(n int) error {
+		"Refused": func(int) error { return fmt.Errorf("%w: superseded", ErrRefused) },
+		"OneAnswerAmongUnanswered": func(n int) error {
 			if n == 2 {
-				return status.Error(codes.PermissionDenied, "refused")
+				return errors.New("an answer: permission denied")
 			}
-			return status.Error(codes.Unavailable, "down")
+			return fmt.Errorf("%w: down", ErrUnanswered)
 		},
-		"NoGRPCCode": func(int) error { return errors.New("some other failure") },
+		"NotUnanswered": func(int) error { return errors.New("some other failure") },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := setupPod(t, `true`)

@@ -43,7 +43,8 @@ func (e ReportEvent) Attempt() sdk.Attempt {
 // and answers should_terminate once a terminate file exists. It is the
 // reporter of tests and demos run without a database: the file is the
 // attempt's report trail, and creating the terminate file plays the control
-// plane telling the attempt to stop.
+// plane telling the attempt to stop. Its failures are answers: none wraps
+// ErrUnanswered, as no control plane is there to go unanswered.
 type FileReporter struct {
 	mu            sync.Mutex
 	path          string

@@ -1,27 +1,22 @@
 package agent
 
-import (
-	"errors"
+import "errors"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-)
+// ErrUnanswered, wrapped by a Reporter's error, says the control plane never
+// answered the call: it was down or unreachable, the call timed out, or the
+// answer was a failure of the control plane itself rather than a verdict on
+// the call (for the attempt API: a 5xx, a 429, an unreadable answer). It is
+// the counterpart of ErrRefused: a refusal, and any error wrapping neither,
+// is an answer.
+//
+// Only the RUNNING report reads it: when every failure of that report wraps
+// it for all of StartRetry, the task never starts and Run returns
+// ErrStartUnanswered (pod mode then writes the infra marker); a single
+// answer among them makes the same give-up a plain start failure.
+var ErrUnanswered = errors.New("the control plane did not answer")
 
 // ControlPlaneUnanswered reports whether err is an answer that never came:
-// it carries the gRPC code Unavailable, DeadlineExceeded, Aborted or
-// Internal (the last from an older control plane). A refusal
-// (PermissionDenied, Unauthenticated, NotFound, ...) is an answer, and so
-// is an error with no gRPC code at all: a reporter whose transport is not
-// gRPC says which of its failures went unanswered by giving them one of
-// these codes.
+// whether it wraps ErrUnanswered. It is Config.Unanswered's default.
 func ControlPlaneUnanswered(err error) bool {
-	var se interface{ GRPCStatus() *status.Status }
-	if err == nil || !errors.As(err, &se) {
-		return false
-	}
-	switch se.GRPCStatus().Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Internal:
-		return true
-	}
-	return false
+	return errors.Is(err, ErrUnanswered)
 }

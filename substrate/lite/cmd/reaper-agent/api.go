@@ -2,15 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
@@ -58,72 +53,35 @@ func (r *apiReporter) Report(ctx context.Context, a sdk.Attempt, o agent.Outcome
 }
 
 // refused classifies a failed call. A refusal of the API (its retry cannot
-// succeed) wraps agent.ErrRefused so the agent stops retrying it. Any other
-// failure is an answer that never came and carries the gRPC code
-// agent.ControlPlaneUnanswered counts (see unansweredCode).
+// succeed) wraps agent.ErrRefused so the agent stops retrying it. A failure
+// whose answer never came (see unanswered) wraps agent.ErrUnanswered. Any
+// other failure is returned as it is: an answer, retried within its bound.
 func refused(err error) error {
-	if err == nil {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, attemptapi.ErrRefused) {
+	case errors.Is(err, attemptapi.ErrRefused):
 		return fmt.Errorf("%w: %w", agent.ErrRefused, err)
-	}
-	if c, ok := unansweredCode(err); ok {
-		return &unanswered{code: c, err: err}
+	case unanswered(err):
+		return fmt.Errorf("%w: %w", agent.ErrUnanswered, err)
 	}
 	return err
 }
 
-// unansweredCode maps a failure that is no refusal to its gRPC code:
-// the API unreachable (connection refused or reset, EOF, a TLS failure),
-// a 502 or 503 answer or a 429 (the API shedding load) is Unavailable; a
-// deadline or client timeout and a 504 are DeadlineExceeded; any other 5xx
-// and an unreadable answer are Internal. The agent's own cancellation is
-// no failure of the control plane: it gets no code.
-func unansweredCode(err error) (codes.Code, bool) {
+// unanswered reports whether a failure that is no refusal is an answer
+// that never came. Of the API's error answers, a 5xx and a 429 (the API
+// shedding load) are; any other status (a 3xx, say) is an answer. Every
+// failure short of an answer is one (the API unreachable: connection
+// refused or reset, EOF, a TLS failure; a deadline or client timeout; an
+// answer cut short or unreadable), except the agent's own cancellation: no
+// failure of the control plane.
+func unanswered(err error) bool {
 	var ce *attemptapi.CallError
 	switch {
 	case errors.As(err, &ce):
-		switch {
-		case ce.Status == http.StatusServiceUnavailable || ce.Status == http.StatusBadGateway ||
-			ce.Status == http.StatusTooManyRequests:
-			return codes.Unavailable, true
-		case ce.Status == http.StatusGatewayTimeout:
-			return codes.DeadlineExceeded, true
-		case ce.Status >= 500:
-			return codes.Internal, true
-		}
-		return codes.Unknown, false
+		return ce.Status >= 500 || ce.Status == http.StatusTooManyRequests
 	case errors.Is(err, context.Canceled):
-		return codes.Unknown, false
-	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
-		return codes.DeadlineExceeded, true
-	case isDecode(err):
-		return codes.Internal, true
+		return false
 	}
-	return codes.Unavailable, true
+	return true
 }
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func isDecode(err error) bool {
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	return errors.As(err, &se) || errors.As(err, &te)
-}
-
-// unanswered is a failed call of the API with the gRPC code that says its
-// answer never came.
-type unanswered struct {
-	code codes.Code
-	err  error
-}
-
-func (u *unanswered) Error() string { return u.err.Error() }
-func (u *unanswered) Unwrap() error { return u.err }
-
-// GRPCStatus is what agent.ControlPlaneUnanswered reads.
-func (u *unanswered) GRPCStatus() *status.Status { return status.New(u.code, u.err.Error()) }

@@ -2,16 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
+	"os"
 	"syscall"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
@@ -27,58 +29,86 @@ func transportErr(err error) error {
 	return fmt.Errorf("attempt api /v1/running: %w", &url.Error{Op: "Post", URL: "https://api", Err: err})
 }
 
-// A failure of the API that is no refusal is an answer that never came,
-// with the gRPC code the agent's pre-start rule counts.
-func TestAPIReporterFailuresThatAreNoRefusalAreUnanswered(t *testing.T) {
+// decodeErr is the error of decoding an unreadable answer.
+func decodeErr(t *testing.T, data string, into any) error {
+	t.Helper()
+	err := json.Unmarshal([]byte(data), into)
+	if err == nil {
+		t.Fatalf("%q decoded", data)
+	}
+	return fmt.Errorf("attempt api /v1/running: decoding the answer: %w", err)
+}
+
+// Each failure of a call is one of three: an answer that never came (it
+// wraps agent.ErrUnanswered, which the agent's pre-start rule counts), a
+// refusal (it wraps agent.ErrRefused: not retried, never the infra marker),
+// or an answer that is neither (retried, and no answer that never came).
+// Every classified failure still wraps the call's own error.
+func TestAPIReporterFailureClassification(t *testing.T) {
+	const (
+		unanswered = "unanswered"
+		refusal    = "refusal"
+		answer     = "answer"
+	)
 	for name, c := range map[string]struct {
 		err  error
-		code codes.Code
+		want string
 	}{
-		"connection refused": {transportErr(syscall.ECONNREFUSED), codes.Unavailable},
-		"connection reset":   {transportErr(syscall.ECONNRESET), codes.Unavailable},
-		"EOF":                {transportErr(io.EOF), codes.Unavailable},
-		"503":                {callErr(503), codes.Unavailable},
-		"502":                {callErr(502), codes.Unavailable},
-		"429":                {callErr(429), codes.Unavailable},
-		"deadline":           {transportErr(context.DeadlineExceeded), codes.DeadlineExceeded},
-		"504":                {callErr(504), codes.DeadlineExceeded},
-		"500":                {callErr(500), codes.Internal},
+		"ConnectionRefused_Unanswered": {transportErr(syscall.ECONNREFUSED), unanswered},
+		"ConnectionReset_Unanswered":   {transportErr(syscall.ECONNRESET), unanswered},
+		"EOF_Unanswered":               {transportErr(io.EOF), unanswered},
+		"TLSFailure_Unanswered": {transportErr(&tls.CertificateVerificationError{
+			Err: x509.UnknownAuthorityError{}}), unanswered},
+		"Deadline_Unanswered": {transportErr(context.DeadlineExceeded), unanswered},
+		"ClientTimeout_Unanswered": {transportErr(&net.OpError{Op: "read", Net: "tcp",
+			Err: os.ErrDeadlineExceeded}), unanswered},
+		"AnswerCutShort_Unanswered": {fmt.Errorf("attempt api /v1/running: reading the answer: %w",
+			io.ErrUnexpectedEOF), unanswered},
+		"UnreadableAnswer_Unanswered":    {decodeErr(t, `{"should_terminate":`, &attemptapi.Response{}), unanswered},
+		"MistypedAnswer_Unanswered":      {decodeErr(t, `{"should_terminate":"yes"}`, &attemptapi.Response{}), unanswered},
+		"429_Unanswered":                 {callErr(429), unanswered},
+		"500_Unanswered":                 {callErr(500), unanswered},
+		"501_Unanswered":                 {callErr(501), unanswered},
+		"502_Unanswered":                 {callErr(502), unanswered},
+		"503_Unanswered":                 {callErr(503), unanswered},
+		"504_Unanswered":                 {callErr(504), unanswered},
+		"400_Refusal":                    {callErr(400), refusal},
+		"401_Refusal":                    {callErr(401), refusal},
+		"403_Refusal":                    {callErr(403), refusal},
+		"404_Refusal":                    {callErr(404), refusal},
+		"409_GuardNoLongerHolds_Refusal": {callErr(409), refusal},
+		"302_Answer":                     {callErr(302), answer},
+		"AgentCancelled_Answer":          {transportErr(context.Canceled), answer},
 	} {
-		err := refused(c.err)
-		if !agent.ControlPlaneUnanswered(err) || errors.Is(err, agent.ErrRefused) {
-			t.Errorf("%s: %v is not unanswered (or is a refusal)", name, err)
-			continue
-		}
-		if got := status.Code(err); got != c.code {
-			t.Errorf("%s: code %s, want %s", name, got, c.code)
-		}
-		if !errors.Is(err, c.err) {
-			t.Errorf("%s: %v does not wrap the call's error", name, err)
-		}
+		t.Run(name, func(t *testing.T) {
+			err := refused(c.err)
+			got := answer
+			switch {
+			case agent.ControlPlaneUnanswered(err) && errors.Is(err, agent.ErrRefused):
+				t.Fatalf("%v is both unanswered and a refusal", err)
+			case agent.ControlPlaneUnanswered(err):
+				got = unanswered
+			case errors.Is(err, agent.ErrRefused):
+				got = refusal
+			}
+			if got != c.want {
+				t.Fatalf("%v is %s, want %s", err, got, c.want)
+			}
+			if errors.Is(err, agent.ErrUnanswered) != (got == unanswered) {
+				t.Fatalf("%v: ControlPlaneUnanswered disagrees with errors.Is(err, agent.ErrUnanswered)", err)
+			}
+			if !errors.Is(err, c.err) {
+				t.Fatalf("%v does not wrap the call's error", err)
+			}
+		})
 	}
-}
-
-// A refusal is an answer: it stops the retries and never becomes the infra
-// marker. A 409 (the attempt's guard no longer holds) is one too.
-func TestAPIReporterRefusalsStayRefusals(t *testing.T) {
-	for _, code := range []int{400, 401, 403, 404, 409} {
-		err := refused(callErr(code))
-		if !errors.Is(err, agent.ErrRefused) || agent.ControlPlaneUnanswered(err) {
-			t.Errorf("%d: %v is not a refusal", code, err)
-		}
-	}
-}
-
-// The agent's own cancellation is no failure of the control plane.
-func TestAPIReporterCancelledCallIsNotUnanswered(t *testing.T) {
-	err := refused(transportErr(context.Canceled))
-	if agent.ControlPlaneUnanswered(err) || errors.Is(err, agent.ErrRefused) {
-		t.Fatalf("%v", err)
+	if refused(nil) != nil {
+		t.Fatal("a call that succeeded failed")
 	}
 }
 
 // The real client against an address nothing listens on.
-func TestAPIReporterUnreachableAPIIsUnavailable(t *testing.T) {
+func TestAPIReporterUnreachableAPIIsUnanswered(t *testing.T) {
 	c, err := attemptapi.NewClient("https://"+attemptapitest.FreeAddr(t), "rat1.unverified", "")
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +116,7 @@ func TestAPIReporterUnreachableAPIIsUnavailable(t *testing.T) {
 	r := &apiReporter{c: c}
 	defer r.Close()
 	_, err = r.Running(context.Background(), sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}, time.Time{})
-	if !agent.ControlPlaneUnanswered(err) || status.Code(err) != codes.Unavailable {
-		t.Fatalf("%v: code %s, want Unavailable", err, status.Code(err))
+	if !errors.Is(err, agent.ErrUnanswered) || errors.Is(err, agent.ErrRefused) {
+		t.Fatalf("%v: want an answer that never came", err)
 	}
 }
