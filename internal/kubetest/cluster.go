@@ -263,7 +263,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 		return err
 	}
 
-	apiserver, err := c.spawn(apiServerName, c.bins.KubeAPIServer,
+	apiArgs := []string{
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(ports[2]),
@@ -283,7 +283,16 @@ func (c *Cluster) launch(ctx context.Context) error {
 		// No pod needs a ServiceAccount to exist first (see the package doc).
 		"--disable-admission-plugins", "ServiceAccount",
 		"--profiling=false",
-	)
+	}
+	if c.realNode {
+		// A pod on a node that stopped reporting is deleted by the taint
+		// manager after its toleration of the node's NoExecute taints,
+		// which the API server's DefaultTolerationSeconds admission
+		// writes into every pod (5 minutes unless told).
+		tol := strconv.Itoa(int(NodeLostToleration / time.Second))
+		apiArgs = append(apiArgs, "--default-not-ready-toleration-seconds", tol, "--default-unreachable-toleration-seconds", tol)
+	}
+	apiserver, err := c.spawn(apiServerName, c.bins.KubeAPIServer, apiArgs...)
 	if err != nil {
 		return err
 	}

@@ -63,6 +63,10 @@ const (
 	// NodeMonitorGrace is the controller manager's
 	// --node-monitor-grace-period on a cluster with a real node.
 	NodeMonitorGrace = 30 * time.Second
+	// NodeLostToleration is, on a cluster with a real node, how long a pod
+	// tolerates its node's not-ready and unreachable taints before the
+	// taint manager deletes it (the API server's default tolerations).
+	NodeLostToleration = 5 * time.Second
 )
 
 // The fixed paths the real node's programs write outside the cluster's

@@ -308,3 +308,99 @@ func realWedgedAgent(t *testing.T, c *kubetest.Cluster) {
 	}
 	s.finish()
 }
+
+// The real node's kubelet is frozen (SIGSTOP) while two attempts run, a
+// Ready KWOK node beside it (else the controller manager, seeing every
+// node not Ready, stops evicting). The containers run on and their agents
+// heartbeat, so nothing is reaped while the controller marks the node not
+// Ready, taints it and has the taint manager delete both pods
+// (DisruptionTarget DeletionByTaintManager) that no kubelet can stop. Once
+// the kubelet carries on, it stops the deleted pods' containers (the
+// agents' "stopped" records), and both attempts are settled pod_disrupted
+// on the infra rail, no retry spent, and re-placed. Timed from the
+// kubelet's end of the pods, as an eviction is.
+func realNodeLost(t *testing.T, c *kubetest.Cluster) {
+	s := newRealScenario(t, 30, "real node: kubelet frozen, pods evicted", c)
+	c.AddNode(t, "") // a Ready node beside the real one; the binder places nothing there
+	s.pair()
+	s.submit(victim("a"), victim("b"))
+	a, _ := s.waitRunning("a")
+	b, _ := s.waitRunning("b")
+	pa, pb := s.runningPod(a), s.runningPod(b)
+	if err := c.PauseKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := c.ResumeKubelet(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(resume) // never leave the shared node frozen
+	paused := time.Now()
+	t.Logf("kubelet frozen; waiting for the taint manager to delete the pods")
+	for _, p := range []*corev1.Pod{pa, pb} {
+		ctx, cancel := context.WithTimeout(context.Background(), kubetest.NodeMonitorGrace+kubetest.NodeLostToleration+time.Minute)
+		got, err := kubetest.WaitPod(ctx, s.cs, p, func(p *corev1.Pod) bool {
+			return p == nil || (p.DeletionTimestamp != nil && disruptedBy(p) != "")
+		})
+		cancel()
+		if err != nil || got == nil {
+			t.Fatalf("the taint manager's delete of %s: %v (pod %v)", p.Name, err, got)
+		}
+		t.Logf("pod %s: deleted %s after the freeze, DisruptionTarget %s, phase %s", p.Name,
+			got.DeletionTimestamp.Sub(paused).Round(time.Second), disruptedBy(got), got.Status.Phase)
+		if disruptedBy(got) != "DeletionByTaintManager" {
+			t.Errorf("pod %s disrupted by %s, want DeletionByTaintManager", p.Name, disruptedBy(got))
+		}
+	}
+	// The pods are deleted and not Ready, their containers run on: the
+	// agents still heartbeat, so no reaper may have acted.
+	ds, err := s.decisions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if d.Applied && settles(d) {
+			t.Errorf("reaped while the node was frozen and its containers ran: %s %s %s: %s", d.Reaper, d.Label, d.Attempt, d.Detail)
+		}
+	}
+	resume()
+	for _, p := range []*corev1.Pod{pa, pb} {
+		s.waitPodEnded(p, time.Minute)
+	}
+	fa := s.harm("pod evicted by the taint manager (ended by the kubelet)", a, max(agentLost, podLostFloor))
+	fb := s.harm("pod evicted by the taint manager (ended by the kubelet)", b, max(agentLost, podLostFloor))
+	s.ledger.reopen("a")
+	s.ledger.reopen("b")
+	for _, f := range []*fault{fa, fb} {
+		s.waitReaped(f, time.Minute)
+	}
+	if ds, err = s.decisions(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*fault{fa, fb} {
+		if d := reapOf(ds, f); d != nil {
+			what := d.Label + " " + d.Detail + " " + fmt.Sprint(d.Evidence)
+			t.Logf("%s settled as %s: %s", f.target, d.Label, d.Detail)
+			if d.Label == sdk.LabelPodLost || !onTheInfraRail(t, d, what) {
+				t.Errorf("%s was settled as %s (%s), want %s on the infra rail", f.target, d.Label, d.Detail, sdk.ReasonPodDisrupted)
+			}
+		}
+	}
+	s.finish()
+}
+
+// disruptedBy is the reason of a pod's DisruptionTarget condition, "" when
+// it has none.
+func disruptedBy(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return c.Reason
+		}
+	}
+	return ""
+}

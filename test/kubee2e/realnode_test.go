@@ -289,6 +289,7 @@ var realScenarios = []struct {
 	{"SuccessWhoseReportWasLostIsSettledFromItsRecord", realReportLost},
 	{"ControlPlaneUnreachablePastTheStartRetryIsControlPlaneUnavailable", realStartUnanswered},
 	{"WedgedAgentIsStoppedInPlaceByTheKubeletAndRePlaced", realWedgedAgent},
+	{"NodeLostPodsDeletedByTheTaintManagerArePodDisruptedOnceTheKubeletEndsThem", realNodeLost},
 }
 
 // Two tasks run in real containers to SUCCESS: each settled once, run
