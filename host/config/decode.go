@@ -100,3 +100,26 @@ func decodeAttr(attr *hcl.Attribute, spec sdk.Attribute) (any, hcl.Diagnostics) 
 		return v.AsString(), nil
 	}
 }
+
+// attrsOnly is a body made of already-extracted attributes, so the typed
+// decoder can run over top-level and reserved attributes.
+type attrsOnly struct{ attrs hcl.Attributes }
+
+func (b attrsOnly) Content(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Diagnostics) {
+	c, _, d := b.PartialContent(s)
+	return c, d
+}
+
+func (b attrsOnly) PartialContent(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Body, hcl.Diagnostics) {
+	c := &hcl.BodyContent{Attributes: hcl.Attributes{}}
+	for _, as := range s.Attributes {
+		if a, ok := b.attrs[as.Name]; ok {
+			c.Attributes[as.Name] = a
+		}
+	}
+	return c, attrsOnly{}, nil
+}
+
+func (b attrsOnly) JustAttributes() (hcl.Attributes, hcl.Diagnostics) { return b.attrs, nil }
+
+func (b attrsOnly) MissingItemRange() hcl.Range { return hcl.Range{} }
