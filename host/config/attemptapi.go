@@ -11,7 +11,6 @@ import (
 
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/secretfile"
-	"github.com/dexaflow/reaper/sdk"
 )
 
 // DefaultAttemptAPI is attempt_api.listen's default.
@@ -42,23 +41,27 @@ func DefaultAttemptAPIStateDir() string {
 	return filepath.Join(os.TempDir(), "dexaflow-attempt-api-"+strconv.Itoa(os.Getuid()))
 }
 
-var attemptAPISchema = sdk.Schema{Attributes: append([]sdk.Attribute{
-	{Name: "listen", Type: sdk.TypeString, Default: DefaultAttemptAPI},
-	{Name: "advertise", Type: sdk.TypeString},
-	{Name: "tls_cert", Type: sdk.TypeString},
-	{Name: "tls_key", Type: sdk.TypeString},
-	{Name: "tls_ca", Type: sdk.TypeString},
-	{Name: "signing_key_file", Type: sdk.TypeString},
-	{Name: "state_dir", Type: sdk.TypeString},
-}, serverLimitAttrs...)}
+// attemptAPIBlock is the attempt_api block.
+type attemptAPIBlock struct {
+	Listen         string `reaper:"listen"`
+	Advertise      string `reaper:"advertise"`
+	TLSCert        string `reaper:"tls_cert"`
+	TLSKey         string `reaper:"tls_key"`
+	TLSCA          string `reaper:"tls_ca"`
+	SigningKeyFile string `reaper:"signing_key_file"`
+	StateDir       string `reaper:"state_dir"`
+	serverLimits
+}
 
 func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
-	v, ranges, diags := DecodeBlock(b.Body, attemptAPISchema)
+	defaults := httplimit.DefaultAttemptAPI()
+	ab := attemptAPIBlock{Listen: DefaultAttemptAPI, serverLimits: limitsBlock(defaults)}
+	ranges, diags := decodeInto(b.Body, &ab)
 	api := AttemptAPI{
-		Listen: v.String("listen"), Advertise: v.String("advertise"),
-		TLSCert: cfg.relative(v.String("tls_cert")), TLSKey: cfg.relative(v.String("tls_key")),
-		TLSCA: cfg.relative(v.String("tls_ca")), SigningKeyFile: cfg.relative(v.String("signing_key_file")),
-		StateDir: cfg.relative(v.String("state_dir")),
+		Listen: ab.Listen, Advertise: ab.Advertise,
+		TLSCert: cfg.relative(ab.TLSCert), TLSKey: cfg.relative(ab.TLSKey),
+		TLSCA: cfg.relative(ab.TLSCA), SigningKeyFile: cfg.relative(ab.SigningKeyFile),
+		StateDir: cfg.relative(ab.StateDir),
 	}
 	for _, k := range []string{"tls_cert", "tls_key", "tls_ca", "signing_key_file"} {
 		if rr, ok := ranges[k]; ok {
@@ -66,7 +69,7 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 		}
 	}
 	var ld hcl.Diagnostics
-	api.Limits, ld = decodeLimits(b, v, ranges, httplimit.DefaultAttemptAPI())
+	api.Limits, ld = ab.limits(b, ranges, defaults)
 	diags = append(diags, ld...)
 	if api.StateDir == "" {
 		api.StateDir = DefaultAttemptAPIStateDir()

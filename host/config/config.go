@@ -208,13 +208,21 @@ func (cfg *Config) validateWorkerCeiling() hcl.Diagnostics {
 		Summary: "Invalid worker credential lifetime", Detail: rule + "."}}
 }
 
+// topLevel is the file's own attributes, outside any block.
+type topLevel struct {
+	Edition        string `reaper:"edition,required"` // ladder.EditionLite or ladder.EditionKube
+	PluginDir      string `reaper:"plugin_dir"`
+	PluginMaxReply string `reaper:"plugin_max_reply"` // a quantity of bytes (parseMaxReply)
+	DryRun         bool   `reaper:"dry_run"`
+}
+
+func defaultTopLevel() topLevel {
+	return topLevel{PluginDir: DefaultPluginDir, PluginMaxReply: "8Mi"}
+}
+
+// rootSchema is the file's: its own attributes and the blocks it takes.
 var rootSchema = &hcl.BodySchema{
-	Attributes: []hcl.AttributeSchema{
-		{Name: "edition", Required: true},
-		{Name: "plugin_dir"},
-		{Name: "plugin_max_reply"},
-		{Name: "dry_run"},
-	},
+	Attributes: bodySchema(sdk.SchemaOf(defaultTopLevel())).Attributes,
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "store"},
 		{Type: "leader", LabelNames: []string{"kind"}},
@@ -229,61 +237,27 @@ var rootSchema = &hcl.BodySchema{
 	},
 }
 
-// Schemas of the host's own blocks, in the same form plugins declare theirs.
-
-var rootAttrs = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "edition", Type: sdk.TypeString, Required: true},
-	{Name: "plugin_dir", Type: sdk.TypeString, Default: DefaultPluginDir},
-	{Name: "plugin_max_reply", Type: sdk.TypeString, Default: "8Mi"},
-	{Name: "dry_run", Type: sdk.TypeBool, Default: false},
-}}
-
-var maintenanceSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "interval", Type: sdk.TypeDuration},
-}}
-
-var ladderSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "heartbeat", Type: sdk.TypeDuration},
-	{Name: "agent_lost", Type: sdk.TypeDuration},
-	{Name: "settling_grace", Type: sdk.TypeDuration},
-	{Name: "attempt_token_ttl", Type: sdk.TypeDuration},
-	{Name: "dispatch_lost", Type: sdk.TypeDuration},
-	{Name: "pod_lost_floor", Type: sdk.TypeDuration},
-	{Name: "orphan_run", Type: sdk.TypeDuration},
-	{Name: "infra_confirm_valve", Type: sdk.TypeDuration},
-	{Name: "task_termination_grace", Type: sdk.TypeDuration},
-}}
-
-var authSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "max_attempt_credential_lifetime", Type: sdk.TypeDuration},
-	{Name: "max_worker_credential_lifetime", Type: sdk.TypeDuration},
-}}
-
 // decode fills cfg from the file's content and returns every problem found.
 func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 	var diags hcl.Diagnostics
 	// Top-level attributes go through the same typed decoder as blocks.
-	attrBody := hcl.Body(attrsOnly{content.Attributes})
-	top, _, d := DecodeBlock(attrBody, rootAttrs)
+	top := defaultTopLevel()
+	ranges, d := decodeInto(attrsOnly{content.Attributes}, &top)
 	diags = append(diags, d...)
-	cfg.Edition = top.String("edition")
-	cfg.PluginDir = top.String("plugin_dir")
-	cfg.DryRun = top.Bool("dry_run")
-	if a, ok := content.Attributes["edition"]; ok && !d.HasErrors() &&
+	cfg.Edition = top.Edition
+	cfg.PluginDir = top.PluginDir
+	cfg.DryRun = top.DryRun
+	if _, ok := ranges["edition"]; ok && !d.HasErrors() &&
 		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
-		r := a.Expr.Range()
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
-			Summary: `Invalid value for "edition"`,
-			Detail:  fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)})
+		diags = append(diags, invalid(ranges, "edition",
+			fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)))
 	}
 	cfg.PluginDir = cfg.relative(cfg.PluginDir)
 	cfg.PluginMaxReply = DefaultPluginMaxReply
-	if a, ok := content.Attributes["plugin_max_reply"]; ok && !d.HasErrors() {
-		n, err := parseMaxReply(top.String("plugin_max_reply"))
+	if _, ok := ranges["plugin_max_reply"]; ok && !d.HasErrors() {
+		n, err := parseMaxReply(top.PluginMaxReply)
 		if err != nil {
-			r := a.Expr.Range()
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
-				Summary: `Invalid value for "plugin_max_reply"`, Detail: err.Error()})
+			diags = append(diags, invalid(ranges, "plugin_max_reply", err.Error()))
 		} else {
 			cfg.PluginMaxReply = n
 		}
@@ -318,12 +292,7 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			if !once(b) {
 				continue
 			}
-			v, r, d := DecodeBlock(b.Body, maintenanceSchema)
-			diags = append(diags, d...)
-			if iv, ok := r["interval"]; ok {
-				cfg.ranges["maintenance.interval"] = iv
-				cfg.Ladder.MaintenanceInterval, _ = v.Duration("interval")
-			}
+			diags = append(diags, cfg.decodeMaintenance(b)...)
 		case "ladder":
 			if !once(b) {
 				continue
@@ -333,16 +302,7 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 			if !once(b) {
 				continue
 			}
-			v, r, d := DecodeBlock(b.Body, authSchema)
-			diags = append(diags, d...)
-			if rr, ok := r["max_attempt_credential_lifetime"]; ok {
-				cfg.ranges["auth.max_attempt_credential_lifetime"] = rr
-				cfg.Ladder.CredentialCeiling, _ = v.Duration("max_attempt_credential_lifetime")
-			}
-			if rr, ok := r["max_worker_credential_lifetime"]; ok {
-				cfg.ranges["auth.max_worker_credential_lifetime"] = rr
-				cfg.WorkerCredentialCeiling, _ = v.Duration("max_worker_credential_lifetime")
-			}
+			diags = append(diags, cfg.decodeAuth(b)...)
 		case "telemetry":
 			if !once(b) {
 				continue
@@ -422,24 +382,47 @@ func (cfg *Config) relative(path string) string {
 	return filepath.Join(filepath.Dir(cfg.Path), path)
 }
 
+// decodeLadder decodes the ladder block into the ladder itself, whose
+// fields carry the block's keys.
 func (cfg *Config) decodeLadder(b *hcl.Block) hcl.Diagnostics {
-	v, ranges, diags := DecodeBlock(b.Body, ladderSchema)
-	set := func(key string, dst *time.Duration) {
-		if r, ok := ranges[key]; ok {
-			cfg.ranges[key] = r
-			*dst, _ = v.Duration(key)
-		}
+	ranges, diags := decodeInto(b.Body, &cfg.Ladder)
+	for key, r := range ranges {
+		cfg.ranges[key] = r
 	}
-	l := &cfg.Ladder
-	set("heartbeat", &l.Heartbeat)
-	set("agent_lost", &l.AgentLost)
-	set("settling_grace", &l.SettlingGrace)
-	set("attempt_token_ttl", &l.AttemptTokenTTL)
-	set("dispatch_lost", &l.DispatchLost)
-	set("pod_lost_floor", &l.PodLostFloor)
-	set("orphan_run", &l.OrphanRun)
-	set("infra_confirm_valve", &l.InfraConfirmValve)
-	set("task_termination_grace", &l.TaskTerminationGrace)
+	return diags
+}
+
+// maintenanceBlock is the maintenance block: the cycle's period, a rung of
+// the ladder.
+type maintenanceBlock struct {
+	Interval time.Duration `reaper:"interval"`
+}
+
+func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
+	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval}
+	ranges, diags := decodeInto(b.Body, &mb)
+	if r, ok := ranges["interval"]; ok {
+		cfg.ranges["maintenance.interval"] = r
+	}
+	cfg.Ladder.MaintenanceInterval = mb.Interval
+	return diags
+}
+
+// authBlock is the auth block: the credentials' ceilings, the attempts' a
+// rung of the ladder.
+type authBlock struct {
+	AttemptCeiling time.Duration `reaper:"max_attempt_credential_lifetime"`
+	WorkerCeiling  time.Duration `reaper:"max_worker_credential_lifetime"`
+}
+
+func (cfg *Config) decodeAuth(b *hcl.Block) hcl.Diagnostics {
+	ab := authBlock{AttemptCeiling: cfg.Ladder.CredentialCeiling, WorkerCeiling: cfg.WorkerCredentialCeiling}
+	ranges, diags := decodeInto(b.Body, &ab)
+	for key, r := range ranges {
+		cfg.ranges["auth."+key] = r
+	}
+	cfg.Ladder.CredentialCeiling = ab.AttemptCeiling
+	cfg.WorkerCredentialCeiling = ab.WorkerCeiling
 	return diags
 }
 

@@ -7,7 +7,6 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/host/leader"
-	"github.com/dexaflow/reaper/sdk"
 )
 
 // Leader elector kinds.
@@ -36,25 +35,28 @@ type Leader struct {
 	Kubeconfig string
 }
 
-var leaderSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "lease", Type: sdk.TypeDuration},
-	{Name: "renew", Type: sdk.TypeDuration},
-	{Name: "namespace", Type: sdk.TypeString},
-	{Name: "name", Type: sdk.TypeString},
-	{Name: "kubeconfig", Type: sdk.TypeString},
-}}
+// leaderBlock is the leader block as the file writes it; its label is the
+// elector's kind.
+type leaderBlock struct {
+	Lease      time.Duration `reaper:"lease"` // 0: DefaultLease
+	Renew      time.Duration `reaper:"renew"`
+	Namespace  string        `reaper:"namespace"`
+	Name       string        `reaper:"name"`
+	Kubeconfig string        `reaper:"kubeconfig"`
+}
 
 func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	kind := b.Labels[0]
 	cfg.Leader.Kind = kind
-	v, _, diags := DecodeBlock(b.Body, leaderSchema)
-	if lease, _ := v.Duration("lease"); lease != 0 {
-		cfg.Leader.Lease = lease
+	var lb leaderBlock
+	_, diags := decodeInto(b.Body, &lb)
+	if lb.Lease != 0 {
+		cfg.Leader.Lease = lb.Lease
 	}
-	cfg.Leader.Renew, _ = v.Duration("renew")
-	cfg.Leader.Namespace = v.String("namespace")
-	cfg.Leader.Name = v.String("name")
-	cfg.Leader.Kubeconfig = cfg.relative(v.String("kubeconfig"))
+	cfg.Leader.Renew = lb.Renew
+	cfg.Leader.Namespace = lb.Namespace
+	cfg.Leader.Name = lb.Name
+	cfg.Leader.Kubeconfig = cfg.relative(lb.Kubeconfig)
 	r := b.LabelRanges[0]
 	switch kind {
 	case LeaderPostgres:

@@ -8,41 +8,37 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/internal/httplimit"
-	"github.com/dexaflow/reaper/sdk"
 )
 
-// serverLimitAttrs are the keys bounding an HTTP server's connections,
-// in the telemetry and attempt_api blocks alike.
-var serverLimitAttrs = []sdk.Attribute{
-	{Name: "read_header_timeout", Type: sdk.TypeDuration},
-	{Name: "read_timeout", Type: sdk.TypeDuration},
-	{Name: "write_timeout", Type: sdk.TypeDuration},
-	{Name: "idle_timeout", Type: sdk.TypeDuration},
-	{Name: "max_connections", Type: sdk.TypeNumber},
+// serverLimits are the attributes bounding an HTTP server's connections,
+// embedded in the telemetry and attempt_api blocks alike: httplimit.Limits
+// as the file writes them.
+type serverLimits struct {
+	ReadHeaderTimeout time.Duration `reaper:"read_header_timeout"`
+	ReadTimeout       time.Duration `reaper:"read_timeout"`
+	WriteTimeout      time.Duration `reaper:"write_timeout"`
+	IdleTimeout       time.Duration `reaper:"idle_timeout"`
+	// MaxConnections is read as a number, not an int, so that the block's
+	// own check (limits) words the refusal of 0 or 1.5.
+	MaxConnections float64 `reaper:"max_connections"`
 }
 
-// decodeLimits reads a server block's connection bounds over defaults and
-// refuses, at the key, a bound that is not positive.
-func decodeLimits(b *hcl.Block, v sdk.Values, ranges map[string]hcl.Range, defaults httplimit.Limits) (httplimit.Limits, hcl.Diagnostics) {
-	l := defaults
-	for _, f := range []struct {
-		key string
-		dst *time.Duration
-	}{
-		{"read_header_timeout", &l.ReadHeaderTimeout}, {"read_timeout", &l.ReadTimeout},
-		{"write_timeout", &l.WriteTimeout}, {"idle_timeout", &l.IdleTimeout},
-	} {
-		if _, ok := ranges[f.key]; ok {
-			*f.dst, _ = v.Duration(f.key)
-		}
-	}
+// limitsBlock is l as a block's defaults.
+func limitsBlock(l httplimit.Limits) serverLimits {
+	return serverLimits{ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: l.ReadTimeout,
+		WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout, MaxConnections: float64(l.MaxConns)}
+}
+
+// limits reads a server block's connection bounds (decoded over defaults)
+// and refuses, at the key, a bound that is not positive.
+func (s serverLimits) limits(b *hcl.Block, ranges map[string]hcl.Range, defaults httplimit.Limits) (httplimit.Limits, hcl.Diagnostics) {
+	l := httplimit.Limits{ReadHeaderTimeout: s.ReadHeaderTimeout, ReadTimeout: s.ReadTimeout,
+		WriteTimeout: s.WriteTimeout, IdleTimeout: s.IdleTimeout, MaxConns: defaults.MaxConns}
 	var diags hcl.Diagnostics
-	if rr, ok := ranges["max_connections"]; ok {
-		n := v.Number("max_connections")
+	if _, ok := ranges["max_connections"]; ok {
+		n := s.MaxConnections
 		if n < 1 || n != float64(int(n)) {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-				Summary: `Invalid value for "max_connections"`, Detail: "max_connections must be a whole number, 1 or more."})
-			return l, diags
+			return l, append(diags, invalid(ranges, "max_connections", "max_connections must be a whole number, 1 or more."))
 		}
 		l.MaxConns = int(n)
 	}

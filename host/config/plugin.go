@@ -21,11 +21,12 @@ type PluginBlock struct {
 	Range  hcl.Range
 }
 
-// Keys the host reserves inside every plugin block (not passed to plugins).
-const (
-	keyDryRun = "dry_run"
-	keySHA256 = "sha256"
-)
+// reservedKeys are the attributes the host reserves inside every plugin
+// block (not passed to the plugin).
+type reservedKeys struct {
+	DryRun bool   `reaper:"dry_run"` // or the global dry_run
+	SHA256 string `reaper:"sha256"`  // the plugin binary's checksum, hex
+}
 
 // RecordDirKey is the attribute of the substrate "lite" block that the host
 // reads too (see Config.RecordDir). It stays the plugin's attribute: the
@@ -34,22 +35,15 @@ const RecordDirKey = "record_dir"
 
 func decodePluginBlock(b *hcl.Block, kind string, globalDryRun bool) (PluginBlock, hcl.Diagnostics) {
 	pb := PluginBlock{Kind: kind, Name: b.Labels[0], DryRun: globalDryRun, Range: b.DefRange}
-	reserved := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: keyDryRun}, {Name: keySHA256}}}
-	content, remain, diags := b.Body.PartialContent(reserved)
+	var keys reservedKeys
+	content, remain, diags := b.Body.PartialContent(bodySchema(sdk.SchemaOf(keys)))
 	pb.Body = remain
-	host, _, d := DecodeBlock(attrsOnly{content.Attributes}, sdk.Schema{Attributes: []sdk.Attribute{
-		{Name: keyDryRun, Type: sdk.TypeBool},
-		{Name: keySHA256, Type: sdk.TypeString},
-	}})
+	ranges, d := decodeInto(attrsOnly{content.Attributes}, &keys)
 	diags = append(diags, d...)
-	if v, ok := host[keyDryRun]; ok {
-		pb.DryRun = globalDryRun || v.(bool)
-	}
-	pb.SHA256 = strings.ToLower(host.String(keySHA256))
-	if a, ok := content.Attributes[keySHA256]; ok && !validSHA256(pb.SHA256) {
-		r := a.Expr.Range()
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
-			Summary: `Invalid value for "sha256"`, Detail: "sha256 must be 64 hexadecimal digits."})
+	pb.DryRun = globalDryRun || keys.DryRun
+	pb.SHA256 = strings.ToLower(keys.SHA256)
+	if _, ok := ranges["sha256"]; ok && !validSHA256(pb.SHA256) {
+		diags = append(diags, invalid(ranges, "sha256", "sha256 must be 64 hexadecimal digits."))
 	}
 	return pb, diags
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/internal/runas"
-	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
@@ -78,51 +77,53 @@ type WarmPool struct {
 	Refill time.Duration // how often the pool is refilled; 0: its default (5s)
 }
 
-var runnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "interval", Type: sdk.TypeDuration},
-	{Name: "max_parallel", Type: sdk.TypeNumber, Default: float64(0)},
-	{Name: "max_active_runs", Type: sdk.TypeNumber, Default: float64(0)},
-	{Name: "agent", Type: sdk.TypeString},
-	{Name: "log_dir", Type: sdk.TypeString},
-	{Name: "run_as", Type: sdk.TypeString},
-}}
+// runnerBlock is the runner block (its kube block apart). Numbers are read
+// as numbers, not ints, so that the block's own checks word the refusal of
+// -1 or 1.5.
+type runnerBlock struct {
+	Interval      time.Duration `reaper:"interval"`
+	MaxParallel   float64       `reaper:"max_parallel"`
+	MaxActiveRuns float64       `reaper:"max_active_runs"`
+	Agent         string        `reaper:"agent"`
+	LogDir        string        `reaper:"log_dir"`
+	RunAs         string        `reaper:"run_as"`
+}
 
-var kubeRunnerSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "namespace", Type: sdk.TypeString},
-	{Name: "image", Type: sdk.TypeString, Required: true},
-	{Name: "agent", Type: sdk.TypeString},
-	{Name: "service_account", Type: sdk.TypeString},
-	{Name: "image_pull_policy", Type: sdk.TypeString},
-	{Name: "termination_grace", Type: sdk.TypeDuration},
-	{Name: "cpu_request", Type: sdk.TypeString},
-	{Name: "memory_request", Type: sdk.TypeString},
-	{Name: "cpu_limit", Type: sdk.TypeString},
-	{Name: "memory_limit", Type: sdk.TypeString},
-	{Name: "attempt_api", Type: sdk.TypeString},
-	{Name: "run_as_user", Type: sdk.TypeNumber, Default: float64(DefaultPodRunAs)},
-	{Name: "run_as_group", Type: sdk.TypeNumber, Default: float64(DefaultPodRunAs)},
-	{Name: "read_only_root_filesystem", Type: sdk.TypeBool, Default: true},
-}}
+// kubeBlock is the runner's kube block (its warm_pool block apart).
+type kubeBlock struct {
+	Namespace        string        `reaper:"namespace"`
+	Image            string        `reaper:"image,required"`
+	Agent            string        `reaper:"agent"`
+	ServiceAccount   string        `reaper:"service_account"`
+	PullPolicy       string        `reaper:"image_pull_policy"`
+	TerminationGrace time.Duration `reaper:"termination_grace"`
+	CPURequest       string        `reaper:"cpu_request"`
+	MemoryRequest    string        `reaper:"memory_request"`
+	CPULimit         string        `reaper:"cpu_limit"`
+	MemoryLimit      string        `reaper:"memory_limit"`
+	AttemptAPI       string        `reaper:"attempt_api"`
+	RunAsUser        float64       `reaper:"run_as_user"`
+	RunAsGroup       float64       `reaper:"run_as_group"`
+	ReadOnlyRoot     bool          `reaper:"read_only_root_filesystem"`
+}
 
-var warmPoolSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "name", Type: sdk.TypeString},
-	{Name: "size", Type: sdk.TypeNumber, Required: true},
-	{Name: "slots", Type: sdk.TypeNumber, Default: float64(0)},
-	{Name: "poll", Type: sdk.TypeDuration},
-	{Name: "refill", Type: sdk.TypeDuration},
-}}
+// warmPoolBlock is the kube block's warm_pool block.
+type warmPoolBlock struct {
+	Name   string        `reaper:"name"`
+	Size   float64       `reaper:"size,required"`
+	Slots  float64       `reaper:"slots"`
+	Poll   time.Duration `reaper:"poll"`
+	Refill time.Duration `reaper:"refill"`
+}
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
-	v, ranges, d := DecodeBlock(rest, runnerSchema)
+	var rb runnerBlock
+	ranges, d := decodeInto(rest, &rb)
 	diags = append(diags, d...)
-	r := &Runner{Agent: v.String("agent"), LogDir: v.String("log_dir"), RunAs: v.String("run_as")}
+	r := &Runner{Agent: rb.Agent, LogDir: rb.LogDir, RunAs: rb.RunAs}
 	if r.RunAs != "" {
-		rr := ranges["run_as"]
-		refuse := func(detail string) {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-				Summary: `Invalid value for "run_as"`, Detail: detail})
-		}
+		refuse := func(detail string) { diags = append(diags, invalid(ranges, "run_as", detail)) }
 		if cfg.Edition == ladder.EditionKube {
 			refuse("run_as is Lite's: on kube, the pods' user is runner.kube.run_as_user.")
 		} else if _, err := runas.Lookup(r.RunAs); err != nil {
@@ -131,21 +132,15 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 			refuse(err.Error() + ".")
 		}
 	}
-	r.Interval, _ = v.Duration("interval")
-	n := v.Number("max_parallel")
-	if n < 0 || n != float64(int(n)) {
-		rr := ranges["max_parallel"]
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-			Summary: `Invalid value for "max_parallel"`, Detail: "max_parallel must be a whole number, 0 or more."})
+	r.Interval = rb.Interval
+	if n := rb.MaxParallel; n < 0 || n != float64(int(n)) {
+		diags = append(diags, invalid(ranges, "max_parallel", "max_parallel must be a whole number, 0 or more."))
 	}
-	r.MaxParallel = int(n)
-	n = v.Number("max_active_runs")
-	if n < 0 || n != float64(int(n)) {
-		rr := ranges["max_active_runs"]
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-			Summary: `Invalid value for "max_active_runs"`, Detail: "max_active_runs must be a whole number, 0 (no cap) or more."})
+	r.MaxParallel = int(rb.MaxParallel)
+	if n := rb.MaxActiveRuns; n < 0 || n != float64(int(n)) {
+		diags = append(diags, invalid(ranges, "max_active_runs", "max_active_runs must be a whole number, 0 (no cap) or more."))
 	}
-	r.MaxActiveRuns = int(n)
+	r.MaxActiveRuns = int(rb.MaxActiveRuns)
 	if r.Agent == "" && cfg.PluginDir != "" {
 		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
 	} else {
@@ -182,33 +177,30 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 // decodeKubeRunner decodes the runner's kube block.
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
-	v, ranges, d := DecodeBlock(rest, kubeRunnerSchema)
+	kb := kubeBlock{RunAsUser: DefaultPodRunAs, RunAsGroup: DefaultPodRunAs, ReadOnlyRoot: true}
+	ranges, d := decodeInto(rest, &kb)
 	diags = append(diags, d...)
 	k := &KubeRunner{
-		Namespace: v.String("namespace"), Image: v.String("image"), Agent: v.String("agent"),
-		ServiceAccount: v.String("service_account"), PullPolicy: v.String("image_pull_policy"),
-		AttemptAPI: v.String("attempt_api"), Requests: map[string]string{}, Limits: map[string]string{},
+		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
+		ServiceAccount: kb.ServiceAccount, PullPolicy: kb.PullPolicy,
+		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
 	}
-	k.TerminationGrace, _ = v.Duration("termination_grace")
+	k.TerminationGrace = kb.TerminationGrace
 	if r, ok := ranges["termination_grace"]; ok {
 		k.graceRange = &r
 	}
-	bad := func(key, detail string) {
-		rr := ranges[key]
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
-	}
-	k.ReadOnlyRoot = v.Bool("read_only_root_filesystem")
+	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
+	k.ReadOnlyRoot = kb.ReadOnlyRoot
 	for _, id := range []struct {
 		key  string
+		n    float64
 		into *int64
-	}{{"run_as_user", &k.RunAsUser}, {"run_as_group", &k.RunAsGroup}} {
-		n := v.Number(id.key)
-		if n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
+	}{{"run_as_user", kb.RunAsUser, &k.RunAsUser}, {"run_as_group", kb.RunAsGroup, &k.RunAsGroup}} {
+		if n := id.n; n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
 			bad(id.key, id.key+" must be a whole number from 1 to 2147483647: the runner's pods never run as root.")
 			continue
 		}
-		*id.into = int64(n)
+		*id.into = int64(id.n)
 	}
 	switch k.PullPolicy {
 	case "", "Always", "IfNotPresent", "Never":
@@ -224,21 +216,20 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		}
 	}
 	for _, q := range []struct {
-		key, resource string
-		into          map[string]string
+		key, value, resource string
+		into                 map[string]string
 	}{
-		{"cpu_request", "cpu", k.Requests}, {"memory_request", "memory", k.Requests},
-		{"cpu_limit", "cpu", k.Limits}, {"memory_limit", "memory", k.Limits},
+		{"cpu_request", kb.CPURequest, "cpu", k.Requests}, {"memory_request", kb.MemoryRequest, "memory", k.Requests},
+		{"cpu_limit", kb.CPULimit, "cpu", k.Limits}, {"memory_limit", kb.MemoryLimit, "memory", k.Limits},
 	} {
-		s := v.String(q.key)
-		if s == "" {
+		if q.value == "" {
 			continue
 		}
-		if _, err := resource.ParseQuantity(s); err != nil {
+		if _, err := resource.ParseQuantity(q.value); err != nil {
 			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
 			continue
 		}
-		q.into[q.resource] = s
+		q.into[q.resource] = q.value
 	}
 	for i, wb := range inner.Blocks {
 		if i > 0 {
@@ -260,21 +251,16 @@ var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
 
 // decodeWarmPool decodes the kube block's warm_pool block.
 func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
-	v, ranges, diags := DecodeBlock(b.Body, warmPoolSchema)
-	wp := &WarmPool{Name: v.String("name")}
-	wp.Poll, _ = v.Duration("poll")
-	wp.Refill, _ = v.Duration("refill")
-	bad := func(key, detail string) {
-		rr := ranges[key]
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &rr,
-			Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail})
-	}
-	if n := v.Number("size"); n >= 1 && n == float64(int(n)) {
+	var pb warmPoolBlock
+	ranges, diags := decodeInto(b.Body, &pb)
+	wp := &WarmPool{Name: pb.Name, Poll: pb.Poll, Refill: pb.Refill}
+	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
+	if n := pb.Size; n >= 1 && n == float64(int(n)) {
 		wp.Size = int(n)
 	} else if _, given := ranges["size"]; given { // absent: DecodeBlock said it is required
 		bad("size", "size must be a whole number, 1 or more.")
 	}
-	if n := v.Number("slots"); n < 0 || n != float64(int(n)) {
+	if n := pb.Slots; n < 0 || n != float64(int(n)) {
 		bad("slots", "slots must be a whole number, 0 (the default, 1) or more.")
 	} else {
 		wp.Slots = int(n)

@@ -2,19 +2,19 @@ package config
 
 import (
 	"github.com/hashicorp/hcl/v2"
-
-	"github.com/dexaflow/reaper/sdk"
 )
 
 // EnvDSN overrides store.dsn when set.
 const EnvDSN = "REAPER_DSN"
 
-var storeSchema = sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "dsn", Type: sdk.TypeString},
-}}
+// storeBlock is the store block.
+type storeBlock struct {
+	DSN string `reaper:"dsn"` // the board's PostgreSQL; EnvDSN overrides it
+}
 
 func (cfg *Config) decodeStore(b *hcl.Block) hcl.Diagnostics {
-	v, _, diags := DecodeBlock(b.Body, storeSchema)
-	cfg.StoreDSN = v.String("dsn")
+	var sb storeBlock
+	_, diags := decodeInto(b.Body, &sb)
+	cfg.StoreDSN = sb.DSN
 	return diags
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/internal/httplimit"
-	"github.com/dexaflow/reaper/sdk"
 )
 
 // EnvTelemetryHost, when set, replaces the host of telemetry.listen (the
@@ -30,18 +29,22 @@ type Telemetry struct {
 	Limits httplimit.Limits
 }
 
-var telemetrySchema = sdk.Schema{Attributes: append([]sdk.Attribute{
-	{Name: "listen", Type: sdk.TypeString, Default: DefaultTelemetryAddr},
-}, serverLimitAttrs...)}
+// telemetryBlock is the telemetry block.
+type telemetryBlock struct {
+	Listen string `reaper:"listen"`
+	serverLimits
+}
 
 func (cfg *Config) decodeTelemetry(b *hcl.Block) hcl.Diagnostics {
-	v, r, diags := DecodeBlock(b.Body, telemetrySchema)
-	cfg.Telemetry.Listen = v.String("listen")
-	if rr, ok := r["listen"]; ok {
-		cfg.ranges["telemetry.listen"] = rr
+	defaults := httplimit.DefaultTelemetry()
+	tb := telemetryBlock{Listen: DefaultTelemetryAddr, serverLimits: limitsBlock(defaults)}
+	ranges, diags := decodeInto(b.Body, &tb)
+	cfg.Telemetry.Listen = tb.Listen
+	if r, ok := ranges["listen"]; ok {
+		cfg.ranges["telemetry.listen"] = r
 	}
 	var ld hcl.Diagnostics
-	cfg.Telemetry.Limits, ld = decodeLimits(b, v, r, httplimit.DefaultTelemetry())
+	cfg.Telemetry.Limits, ld = tb.limits(b, ranges, defaults)
 	return append(diags, ld...)
 }
 
