@@ -79,7 +79,7 @@ func (cfg *Config) decodeLeader(b *hcl.Block) hcl.Diagnostics {
 	if cfg.Leader.Lease <= 0 {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: `Invalid value for "lease"`, Detail: "the lease must be positive."})
-	} else if trusted := cfg.Leader.Lease - cfg.Leader.Lease/leader.DefaultMarginShare; cfg.Leader.Renew < 0 || cfg.Leader.Renew >= trusted {
+	} else if trusted := cfg.Leader.Lease - cfg.Leader.Lease/leader.MarginShareDefault; cfg.Leader.Renew < 0 || cfg.Leader.Renew >= trusted {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: `Invalid value for "renew"`,
 			Detail: fmt.Sprintf("renew %s must be positive and shorter than the part of the lease a leader trusts (%s of %s), "+
