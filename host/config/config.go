@@ -1,8 +1,16 @@
 // Package config reads reaperd's HCL configuration file: the shape fixed by
 // DESIGN.md, durations as strings, unknown keys and blocks as errors with
-// file:line:column diagnostics. Plugin blocks (substrate and reaper) are kept
-// undecoded until the plugin has declared its schema; DecodeBlock then
-// decodes them the same way.
+// file:line:column diagnostics.
+//
+// Each of the host's own blocks is a struct with reaper tags, in the file
+// of its block (leader.go, telemetry.go, attemptapi.go, runner.go, ...),
+// decoded the way a plugin's block is: sdk.SchemaOf declares it, DecodeBlock
+// checks the block against that schema, sdk.Values.Decode fills the struct,
+// and the block's own checks refuse what a type cannot say. config.go holds
+// the file as a whole: the edition rules, and the timing ladder, whose rules
+// span the ladder, maintenance, auth and runner blocks. Plugin blocks
+// (substrate and reaper) are kept undecoded until the plugin has declared
+// its schema; DecodeBlock then decodes them the same way.
 package config
 
 import (
@@ -21,7 +29,6 @@ import (
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
-	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
 // Defaults of the top-level settings.
@@ -239,126 +246,30 @@ var rootSchema = &hcl.BodySchema{
 
 // decode fills cfg from the file's content and returns every problem found.
 func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
-	var diags hcl.Diagnostics
-	// Top-level attributes go through the same typed decoder as blocks.
-	top := defaultTopLevel()
-	ranges, d := decodeInto(attrsOnly{content.Attributes}, &top)
-	diags = append(diags, d...)
-	cfg.Edition = top.Edition
-	cfg.PluginDir = top.PluginDir
-	cfg.DryRun = top.DryRun
-	if _, ok := ranges["edition"]; ok && !d.HasErrors() &&
-		cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
-		diags = append(diags, invalid(ranges, "edition",
-			fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)))
+	diags := cfg.decodeTopLevel(content.Attributes)
+	single := map[string]func(*hcl.Block) hcl.Diagnostics{
+		"store": cfg.decodeStore, "leader": cfg.decodeLeader, "maintenance": cfg.decodeMaintenance,
+		"ladder": cfg.decodeLadder, "auth": cfg.decodeAuth, "telemetry": cfg.decodeTelemetry,
+		"runner": cfg.decodeRunner, "attempt_api": cfg.decodeAttemptAPI, "substrate": cfg.decodeSubstrate,
 	}
-	cfg.PluginDir = cfg.relative(cfg.PluginDir)
-	cfg.PluginMaxReply = DefaultPluginMaxReply
-	if _, ok := ranges["plugin_max_reply"]; ok && !d.HasErrors() {
-		n, err := parseMaxReply(top.PluginMaxReply)
-		if err != nil {
-			diags = append(diags, invalid(ranges, "plugin_max_reply", err.Error()))
-		} else {
-			cfg.PluginMaxReply = n
-		}
-	}
-
 	seen := map[string]*hcl.Block{}
-	once := func(b *hcl.Block) bool {
+	reaperSeen := map[string]hcl.Range{}
+	for _, b := range content.Blocks {
+		if b.Type == "reaper" {
+			diags = append(diags, cfg.decodeReaper(b, reaperSeen)...)
+			continue
+		}
 		if prev, ok := seen[b.Type]; ok {
 			r := b.DefRange
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 				Summary: fmt.Sprintf("Duplicate %s block", b.Type),
 				Detail:  fmt.Sprintf("Only one %s block is allowed; another is at line %d.", b.Type, prev.DefRange.Start.Line)})
-			return false
+			continue
 		}
 		seen[b.Type] = b
-		return true
+		diags = append(diags, single[b.Type](b)...)
 	}
-	reaperSeen := map[string]hcl.Range{}
-	for _, b := range content.Blocks {
-		switch b.Type {
-		case "store":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeStore(b)...)
-		case "leader":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeLeader(b)...)
-		case "maintenance":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeMaintenance(b)...)
-		case "ladder":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeLadder(b)...)
-		case "auth":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeAuth(b)...)
-		case "telemetry":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeTelemetry(b)...)
-		case "runner":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeRunner(b)...)
-		case "attempt_api":
-			if !once(b) {
-				continue
-			}
-			diags = append(diags, cfg.decodeAttemptAPI(b)...)
-		case "substrate":
-			if !once(b) {
-				continue
-			}
-			pb, d := decodePluginBlock(b, sdk.KindSubstrate, cfg.DryRun)
-			diags = append(diags, d...)
-			cfg.Substrate = pb
-			if pb.Name == ladder.EditionLite {
-				cfg.RecordDir = cfg.relative(peekString(pb.Body, RecordDirKey))
-				if cfg.RecordDir == "" {
-					cfg.RecordDir = records.DefaultPath()
-				}
-			}
-		case "reaper":
-			name := b.Labels[0]
-			if prev, ok := reaperSeen[name]; ok {
-				r := b.DefRange
-				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
-					Summary: "Duplicate reaper block",
-					Detail:  fmt.Sprintf("reaper %q is already configured at line %d.", name, prev.Start.Line)})
-				continue
-			}
-			reaperSeen[name] = b.DefRange
-			pb, d := decodePluginBlock(b, sdk.KindReaper, cfg.DryRun)
-			diags = append(diags, d...)
-			cfg.Reapers = append(cfg.Reapers, pb)
-		}
-	}
-	if r := cfg.Runner; r != nil && r.Kube != nil && cfg.Substrate.Body != nil {
-		// The runner talks to the substrate's cluster.
-		r.Kube.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
-	}
-	if r := cfg.Runner; r != nil && r.Kube != nil && r.Kube.Namespace == "" {
-		// The pods go where the substrate looks for them.
-		if cfg.Substrate.Body != nil {
-			r.Kube.Namespace = peekString(cfg.Substrate.Body, "namespace")
-		}
-		if r.Kube.Namespace == "" {
-			r.Kube.Namespace = DefaultKubeNamespace
-		}
-	}
+	cfg.kubeRunnerFromSubstrate()
 	if _, ok := seen["substrate"]; !ok {
 		r := cfg.file
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
@@ -369,6 +280,33 @@ func (cfg *Config) decode(content *hcl.BodyContent) hcl.Diagnostics {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: "Substrate does not match the edition",
 			Detail:  fmt.Sprintf("edition %q needs substrate %q, not %q.", cfg.Edition, cfg.Edition, cfg.Substrate.Name)})
+	}
+	return diags
+}
+
+// decodeTopLevel decodes the file's own attributes, through the same typed
+// decoder as the blocks.
+func (cfg *Config) decodeTopLevel(attrs hcl.Attributes) hcl.Diagnostics {
+	top := defaultTopLevel()
+	ranges, diags := decodeInto(attrsOnly{attrs}, &top)
+	cfg.Edition = top.Edition
+	cfg.PluginDir = cfg.relative(top.PluginDir)
+	cfg.DryRun = top.DryRun
+	cfg.PluginMaxReply = DefaultPluginMaxReply
+	if diags.HasErrors() {
+		return diags
+	}
+	if _, ok := ranges["edition"]; ok && cfg.Edition != ladder.EditionLite && cfg.Edition != ladder.EditionKube {
+		diags = append(diags, invalid(ranges, "edition",
+			fmt.Sprintf(`edition must be "lite" or "kube", not %q.`, cfg.Edition)))
+	}
+	if _, ok := ranges["plugin_max_reply"]; ok {
+		n, err := parseMaxReply(top.PluginMaxReply)
+		if err != nil {
+			diags = append(diags, invalid(ranges, "plugin_max_reply", err.Error()))
+		} else {
+			cfg.PluginMaxReply = n
+		}
 	}
 	return diags
 }

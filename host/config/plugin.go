@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -8,6 +9,8 @@ import (
 	"github.com/zclconf/go-cty/cty/convert"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
 // PluginBlock is a substrate or reaper block. Body holds the plugin's own
@@ -32,6 +35,36 @@ type reservedKeys struct {
 // reads too (see Config.RecordDir). It stays the plugin's attribute: the
 // plugin declares it and receives the resolved value.
 const RecordDirKey = "record_dir"
+
+// decodeSubstrate decodes the substrate block; the Lite substrate's record
+// directory is resolved here, once, for the plugin and the runner alike.
+func (cfg *Config) decodeSubstrate(b *hcl.Block) hcl.Diagnostics {
+	pb, diags := decodePluginBlock(b, sdk.KindSubstrate, cfg.DryRun)
+	cfg.Substrate = pb
+	if pb.Name == ladder.EditionLite {
+		cfg.RecordDir = cfg.relative(peekString(pb.Body, RecordDirKey))
+		if cfg.RecordDir == "" {
+			cfg.RecordDir = records.DefaultPath()
+		}
+	}
+	return diags
+}
+
+// decodeReaper decodes a reaper block, refusing a second block of a name
+// already seen (at the line it is first configured).
+func (cfg *Config) decodeReaper(b *hcl.Block, seen map[string]hcl.Range) hcl.Diagnostics {
+	name := b.Labels[0]
+	if prev, ok := seen[name]; ok {
+		r := b.DefRange
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Duplicate reaper block",
+			Detail:  fmt.Sprintf("reaper %q is already configured at line %d.", name, prev.Start.Line)}}
+	}
+	seen[name] = b.DefRange
+	pb, diags := decodePluginBlock(b, sdk.KindReaper, cfg.DryRun)
+	cfg.Reapers = append(cfg.Reapers, pb)
+	return diags
+}
 
 func decodePluginBlock(b *hcl.Block, kind string, globalDryRun bool) (PluginBlock, hcl.Diagnostics) {
 	pb := PluginBlock{Kind: kind, Name: b.Labels[0], DryRun: globalDryRun, Range: b.DefRange}

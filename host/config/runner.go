@@ -174,6 +174,26 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	return diags
 }
 
+// kubeRunnerFromSubstrate gives the runner's kube block what it takes from
+// the kube substrate's block: the cluster (its kubeconfig), and the
+// namespace its pods go to when the kube block names none, so that they go
+// where the substrate looks for them.
+func (cfg *Config) kubeRunnerFromSubstrate() {
+	if cfg.Runner == nil || cfg.Runner.Kube == nil {
+		return
+	}
+	k := cfg.Runner.Kube
+	if cfg.Substrate.Body != nil {
+		k.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
+		if k.Namespace == "" {
+			k.Namespace = peekString(cfg.Substrate.Body, "namespace")
+		}
+	}
+	if k.Namespace == "" {
+		k.Namespace = DefaultKubeNamespace
+	}
+}
+
 // decodeKubeRunner decodes the runner's kube block.
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
