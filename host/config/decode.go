@@ -17,11 +17,7 @@ import (
 // the defaults of attributes the block leaves out, and ranges records where
 // each attribute set in the block was written (for later diagnostics).
 func DecodeBlock(body hcl.Body, schema sdk.Schema) (sdk.Values, map[string]hcl.Range, hcl.Diagnostics) {
-	bs := &hcl.BodySchema{}
-	for _, a := range schema.Attributes {
-		bs.Attributes = append(bs.Attributes, hcl.AttributeSchema{Name: a.Name, Required: a.Required})
-	}
-	content, diags := body.Content(bs)
+	content, diags := body.Content(bodySchema(schema))
 	values := sdk.Values{}
 	ranges := map[string]hcl.Range{}
 	for _, a := range schema.Attributes {
@@ -40,6 +36,66 @@ func DecodeBlock(body hcl.Body, schema sdk.Schema) (sdk.Values, map[string]hcl.R
 		}
 	}
 	return values, ranges, diags
+}
+
+// bodySchema is the HCL body schema of a flat attribute schema.
+func bodySchema(schema sdk.Schema) *hcl.BodySchema {
+	bs := &hcl.BodySchema{}
+	for _, a := range schema.Attributes {
+		bs.Attributes = append(bs.Attributes, hcl.AttributeSchema{Name: a.Name, Required: a.Required})
+	}
+	return bs
+}
+
+// decodeInto decodes one of the host's own blocks into the tagged struct
+// into points to, the way a plugin's block is decoded: sdk.SchemaOf the
+// struct (its field values as given are the defaults) is the schema
+// DecodeBlock checks the block against, with file:line diagnostics, and
+// sdk.Values.Decode reads the values back into the struct. A value the block
+// gets wrong leaves its field at its default. A required attribute the
+// block lacks is a diagnostic already; its field is left at its zero value
+// and the rest of the block is still read, so that Check reports every
+// problem of the file at once. ranges records where each attribute set in
+// the block was written, for the block's own checks.
+func decodeInto(body hcl.Body, into any) (map[string]hcl.Range, hcl.Diagnostics) {
+	schema := sdk.SchemaOf(into)
+	values, ranges, diags := DecodeBlock(body, schema)
+	for _, a := range schema.Attributes {
+		if _, ok := values[a.Name]; !ok && a.Required {
+			values[a.Name] = zeroValue(a.Type)
+		}
+	}
+	if err := values.Decode(into); err != nil {
+		// DecodeBlock has checked every value against the struct's own
+		// schema, so this is a struct the decoder cannot fill.
+		r := body.MissingItemRange()
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+			Summary: "Configuration not decoded", Detail: err.Error() + "."})
+	}
+	return ranges, diags
+}
+
+// zeroValue is the zero of an attribute type, as sdk.Values carries it.
+func zeroValue(t sdk.AttrType) any {
+	switch t {
+	case sdk.TypeNumber:
+		return float64(0)
+	case sdk.TypeBool:
+		return false
+	case sdk.TypeStrings:
+		return []string{}
+	case sdk.TypeDuration:
+		return "0s"
+	default:
+		return ""
+	}
+}
+
+// invalid refuses the value of key, at where the block sets it.
+func invalid(ranges map[string]hcl.Range, key, detail string) *hcl.Diagnostic {
+	r := ranges[key]
+	return &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
+		Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail}
 }
 
 func decodeAttr(attr *hcl.Attribute, spec sdk.Attribute) (any, hcl.Diagnostics) {
@@ -100,3 +156,26 @@ func decodeAttr(attr *hcl.Attribute, spec sdk.Attribute) (any, hcl.Diagnostics) 
 		return v.AsString(), nil
 	}
 }
+
+// attrsOnly is a body made of already-extracted attributes, so the typed
+// decoder can run over top-level and reserved attributes.
+type attrsOnly struct{ attrs hcl.Attributes }
+
+func (b attrsOnly) Content(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Diagnostics) {
+	c, _, d := b.PartialContent(s)
+	return c, d
+}
+
+func (b attrsOnly) PartialContent(s *hcl.BodySchema) (*hcl.BodyContent, hcl.Body, hcl.Diagnostics) {
+	c := &hcl.BodyContent{Attributes: hcl.Attributes{}}
+	for _, as := range s.Attributes {
+		if a, ok := b.attrs[as.Name]; ok {
+			c.Attributes[as.Name] = a
+		}
+	}
+	return c, attrsOnly{}, nil
+}
+
+func (b attrsOnly) JustAttributes() (hcl.Attributes, hcl.Diagnostics) { return b.attrs, nil }
+
+func (b attrsOnly) MissingItemRange() hcl.Range { return hcl.Range{} }

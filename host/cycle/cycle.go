@@ -75,9 +75,30 @@ type Config struct {
 	// the ones due again (board.Store); nil: a failed teardown is only its
 	// reaper's decision, and nothing is retried.
 	Owed OwedTeardowns
-	// TeardownBackoff spaces an owed teardown's tries; zero fields default
-	// to one interval, doubling up to OwedBackoffCap.
+	// TeardownBackoff spaces an owed teardown's tries. Default: Base one
+	// interval, Cap OwedBackoffCapDefault (or Base when longer).
 	TeardownBackoff board.TeardownBackoff
+}
+
+// withDefaults fills in every default: the one place the loop's defaults
+// are decided.
+func (c Config) withDefaults() Config {
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New()
+	}
+	if c.TeardownBackoff.Base <= 0 {
+		c.TeardownBackoff.Base = c.Ladder.MaintenanceInterval
+	}
+	if c.TeardownBackoff.Cap <= 0 {
+		c.TeardownBackoff.Cap = max(OwedBackoffCapDefault, c.TeardownBackoff.Base)
+	}
+	return c
 }
 
 // Loop is the maintenance loop.
@@ -104,15 +125,7 @@ type Loop struct {
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = metrics.New()
-	}
+	cfg = cfg.withDefaults()
 	return &Loop{
 		cfg: cfg, lead: lead, board: board, audit: audit, substrate: substrate, reapers: reapers,
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},

@@ -42,10 +42,10 @@ type OwedTeardowns interface {
 
 // Defaults of the owed teardowns' retries.
 const (
-	// OwedBackoffCap is the longest wait between two tries of an owed
-	// teardown (Config.TeardownBackoff.Cap's default); the first wait is
-	// one interval.
-	OwedBackoffCap = 5 * time.Minute
+	// OwedBackoffCapDefault is the longest wait between two tries of an
+	// owed teardown (Config.TeardownBackoff.Cap's default); the first wait
+	// is one interval.
+	OwedBackoffCapDefault = 5 * time.Minute
 	// OwedPage is the most owed teardowns a cycle tries again; the rest
 	// (the longest due first) wait for the next cycle.
 	OwedPage = 100
@@ -188,7 +188,7 @@ func (l *Loop) oweTeardown(ctx context.Context, reaper string, term int64, req s
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), owedWriteTimeout)
 	defer cancel()
-	o, err := l.cfg.Owed.OweTeardown(wctx, f, l.backoff())
+	o, err := l.cfg.Owed.OweTeardown(wctx, f, l.cfg.TeardownBackoff)
 	if err != nil {
 		l.cfg.Logger.Warn("could not record an owed teardown: kept for the next cycle", "reaper", reaper,
 			"what", subjectOf(f), "error", err)
@@ -208,19 +208,6 @@ func subjectOf(f board.TeardownFailure) string {
 	return "run " + f.RunID
 }
 
-// backoff is the owed teardowns' backoff: Config.TeardownBackoff, its
-// zero fields defaulted (one interval, doubling up to OwedBackoffCap).
-func (l *Loop) backoff() board.TeardownBackoff {
-	b := l.cfg.TeardownBackoff
-	if b.Base <= 0 {
-		b.Base = l.cfg.Ladder.MaintenanceInterval
-	}
-	if b.Cap <= 0 {
-		b.Cap = max(OwedBackoffCap, b.Base)
-	}
-	return b
-}
-
 // payTeardowns is the cycle's last step on the leader: it writes what the
 // board could not record before, then tries again the owed teardowns that
 // are due, under OwedBudget, fenced by term, and sets the gauge. Nothing
@@ -238,7 +225,7 @@ func (l *Loop) payTeardowns(ctx context.Context, term int64, sub sdk.Substrate, 
 
 	kept := l.owing.take()
 	for i, f := range kept {
-		if _, err := l.cfg.Owed.OweTeardown(pctx, f, l.backoff()); err != nil {
+		if _, err := l.cfg.Owed.OweTeardown(pctx, f, l.cfg.TeardownBackoff); err != nil {
 			l.cfg.Logger.Warn("could not record owed teardowns kept from before: next cycle", "count", len(kept)-i, "error", err)
 			for _, g := range kept[i:] {
 				l.owing.keep(g)
@@ -327,7 +314,7 @@ func (l *Loop) retryTeardown(ctx context.Context, term int64, sub sdk.Substrate,
 			Detail: fmt.Sprintf("the teardown owed since %s (%s) completed on try %d", o.FirstFailedAt.UTC().Format(time.RFC3339),
 				o.Label, o.Tries+1), Evidence: ev}, true
 	}
-	n, err := l.cfg.Owed.TeardownFailed(wctx, o.ID, term, now, why, l.backoff())
+	n, err := l.cfg.Owed.TeardownFailed(wctx, o.ID, term, now, why, l.cfg.TeardownBackoff)
 	if err != nil {
 		l.cfg.Logger.Warn("an owed teardown failed again, and recording it failed", "what", o.Subject(),
 			"teardown_error", why, "error", err)

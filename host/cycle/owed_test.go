@@ -120,7 +120,7 @@ func TestOwedTeardownOfALiveAttemptNeverTried(t *testing.T) {
 	a := w.attempt
 	if _, err := w.store.OweTeardown(ctx, pgboard.TeardownFailure{RunID: a.RunID, Attempt: &a, Reaper: "thirdparty",
 		Label: sdk.LabelTeardownOwedError, Reason: "its_own", Error: "timeout", At: w.clock.Now(), Term: w.term},
-		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: cycle.OwedBackoffCap}); err != nil {
+		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: cycle.OwedBackoffCapDefault}); err != nil {
 		t.Fatal(err)
 	}
 	w.clock.Advance(l.MaintenanceInterval)

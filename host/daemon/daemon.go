@@ -59,6 +59,8 @@ type Options struct {
 	SocketRoot string
 }
 
+// withDefaults fills in every default: the one place the daemon's
+// defaults are decided.
 func (o Options) withDefaults() Options {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
@@ -69,6 +71,9 @@ func (o Options) withDefaults() Options {
 	if o.Holder == "" {
 		host, _ := os.Hostname()
 		o.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+	}
+	if o.SocketRoot == "" {
+		o.SocketRoot = loader.DefaultSocketRoot()
 	}
 	return o
 }

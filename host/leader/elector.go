@@ -26,43 +26,43 @@ type Lease interface {
 	Resign(ctx context.Context, term int64, holder string) error
 }
 
-// Defaults.
+// Defaults of Config.
 const (
-	// DefaultMarginShare of the lease is not trusted locally.
-	DefaultMarginShare = 5 // margin = lease / 5
-	// DefaultRenewShare: renew every lease / 3.
-	DefaultRenewShare = 3
+	// MarginShareDefault: Config.Margin defaults to Lease / MarginShareDefault,
+	// the part of the lease not trusted locally.
+	MarginShareDefault = 5
+	// RenewShareDefault: Config.RenewEvery defaults to Lease / RenewShareDefault.
+	RenewShareDefault = 3
 )
 
-// Config configures an Elector.
+// Config configures an Elector. Zero values take the defaults
+// (withDefaults).
 type Config struct {
 	// Holder identifies this replica in the lease row (host name and pid).
+	// Required.
 	Holder string
-	// Lease is the lease duration written to the row.
+	// Lease is the lease duration written to the row. Positive.
 	Lease time.Duration
-	// Margin is taken off the lease for local trust (default Lease/5).
+	// Margin is taken off the lease for local trust. Default Lease /
+	// MarginShareDefault; shorter than the lease.
 	Margin time.Duration
-	// RenewEvery is how often to renew or try to acquire (default Lease/3).
+	// RenewEvery is how often to renew or try to acquire. Default Lease /
+	// RenewShareDefault.
 	RenewEvery time.Duration
-	Clock      clock.Clock
-	Logger     hclog.Logger
+	// Clock is the only time the elector reads. Default clock.Real{}.
+	Clock clock.Clock
+	// Logger logs the elector's transitions. Default: a null logger.
+	Logger hclog.Logger
 }
 
-func (c *Config) fill() error {
-	if c.Holder == "" {
-		return errors.New("leader: holder is required")
-	}
-	if c.Lease <= 0 {
-		return errors.New("leader: lease must be positive")
-	}
+// withDefaults fills in every default and validates the result: the one
+// place the elector's defaults are decided.
+func (c Config) withDefaults() (Config, error) {
 	if c.Margin <= 0 {
-		c.Margin = c.Lease / DefaultMarginShare
-	}
-	if c.Margin >= c.Lease {
-		return fmt.Errorf("leader: margin %s must be shorter than the lease %s", c.Margin, c.Lease)
+		c.Margin = c.Lease / MarginShareDefault
 	}
 	if c.RenewEvery <= 0 {
-		c.RenewEvery = c.Lease / DefaultRenewShare
+		c.RenewEvery = c.Lease / RenewShareDefault
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -70,7 +70,16 @@ func (c *Config) fill() error {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
-	return nil
+
+	switch {
+	case c.Holder == "":
+		return c, errors.New("leader: holder is required")
+	case c.Lease <= 0:
+		return c, errors.New("leader: lease must be positive")
+	case c.Margin >= c.Lease:
+		return c, fmt.Errorf("leader: margin %s must be shorter than the lease %s", c.Margin, c.Lease)
+	}
+	return c, nil
 }
 
 // Status is what the replica believes about its leadership at a moment.
@@ -97,7 +106,8 @@ type Elector struct {
 
 // New returns an Elector.
 func New(lease Lease, cfg Config) (*Elector, error) {
-	if err := cfg.fill(); err != nil {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
 	}
 	return &Elector{cfg: cfg, lease: lease}, nil

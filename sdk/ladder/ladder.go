@@ -14,19 +14,21 @@ import (
 	"time"
 )
 
-// Ladder is the set of thresholds. Key names in comments are the HCL keys of
-// the ladder block (maintenance_interval comes from maintenance.interval and
-// credential_ceiling from auth.max_attempt_credential_lifetime).
+// Ladder is the set of thresholds. The fields of the ladder block carry its
+// HCL keys as reaper tags, so the block decodes into a Ladder as a plugin's
+// block decodes into its configuration (sdk.SchemaOf, sdk.Values.Decode);
+// MaintenanceInterval is maintenance.interval and CredentialCeiling
+// auth.max_attempt_credential_lifetime, keys of other blocks.
 type Ladder struct {
-	Heartbeat            time.Duration // heartbeat: how often a live agent heartbeats
-	AgentLost            time.Duration // agent_lost: silence after which an agent is presumed lost
-	SettlingGrace        time.Duration // settling_grace: the leader-settling gate's grace
-	AttemptTokenTTL      time.Duration // attempt_token_ttl: lifetime of one attempt credential
-	DispatchLost         time.Duration // dispatch_lost: how long a queued attempt may wait for its start
-	PodLostFloor         time.Duration // pod_lost_floor: a running attempt's liveness floor (kube)
-	OrphanRun            time.Duration // orphan_run: quiet time after which a run with nothing live fails
-	InfraConfirmValve    time.Duration // infra_confirm_valve: when an unconfirmed infra mark is acted on anyway
-	TaskTerminationGrace time.Duration // task_termination_grace: a task container's termination grace
+	Heartbeat            time.Duration `reaper:"heartbeat"`              // how often a live agent heartbeats
+	AgentLost            time.Duration `reaper:"agent_lost"`             // silence after which an agent is presumed lost
+	SettlingGrace        time.Duration `reaper:"settling_grace"`         // the leader-settling gate's grace
+	AttemptTokenTTL      time.Duration `reaper:"attempt_token_ttl"`      // lifetime of one attempt credential
+	DispatchLost         time.Duration `reaper:"dispatch_lost"`          // how long a queued attempt may wait for its start
+	PodLostFloor         time.Duration `reaper:"pod_lost_floor"`         // a running attempt's liveness floor (kube)
+	OrphanRun            time.Duration `reaper:"orphan_run"`             // quiet time after which a run with nothing live fails
+	InfraConfirmValve    time.Duration `reaper:"infra_confirm_valve"`    // when an unconfirmed infra mark is acted on anyway
+	TaskTerminationGrace time.Duration `reaper:"task_termination_grace"` // a task container's termination grace
 	MaintenanceInterval  time.Duration // maintenance.interval: the cycle period
 	CredentialCeiling    time.Duration // auth.max_attempt_credential_lifetime; <= 0 disables the ceiling
 }

@@ -328,7 +328,7 @@ func TestOwedTeardowns(t *testing.T) {
 		}
 		// The verbs return: the retry stops the old pod, and only it.
 		w.grant(podsRead, podsWrite)
-		w.clk.Advance(cycle.OwedBackoffCap)
+		w.clk.Advance(cycle.OwedBackoffCapDefault)
 		res := loop.RunOnce(ctx)
 		if _, ok := cycleDecided(res, a, sdk.LabelTeardownRetried); !ok {
 			t.Fatalf("no retry: %+v", res.Decisions)

@@ -1,0 +1,298 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/dexaflow/reaper/internal/runas"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// DefaultPodRunAs is runner.kube.run_as_user and run_as_group: the
+// non-root uid and gid of the runner's pods.
+const DefaultPodRunAs = 65532
+
+// Runner is the runner block.
+type Runner struct {
+	Interval      time.Duration // the runner's tick; 0: its default (1s)
+	MaxParallel   int           // bound on queued plus running Lite attempts; 0: none
+	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
+	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
+	LogDir        string        // where task output and agent logs go; default: the record directory
+	// RunAs is run_as (Lite only): the user every task runs as, another
+	// than reaperd's, which must be able to switch to it (root, or
+	// CAP_SETUID and CAP_SETGID); "": reaperd's own user.
+	RunAs string
+	// Kube is the runner's kube block: required on edition "kube", refused
+	// on "lite". nil when absent.
+	Kube *KubeRunner
+}
+
+// DefaultKubeNamespace is the task pods' namespace when neither the runner's
+// kube block nor the kube substrate names one (the substrate's own default).
+const DefaultKubeNamespace = "default"
+
+// KubeRunner is the runner's kube block: the task pods' template.
+type KubeRunner struct {
+	Namespace        string        // the task pods' namespace; default: the kube substrate's, else "default"
+	Kubeconfig       string        // the kube substrate's kubeconfig ("": the in-cluster service account)
+	Image            string        // the task image (holds the agent); required
+	Agent            string        // the agent binary inside the image; default "reaper-agent"
+	ServiceAccount   string        // "" leaves the namespace's default
+	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
+	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
+	// AttemptAPI is the attempt API's base URL as the task pods reach it
+	// (https://host:port, e.g. a Service name the certificate covers); "":
+	// attempt_api.advertise, else the API's bound address.
+	AttemptAPI string
+	// RunAsUser and RunAsGroup are the uid and gid the runner's pods run
+	// as (task pods and warm workers): non-root, default DefaultPodRunAs.
+	RunAsUser, RunAsGroup int64
+	// ReadOnlyRoot: the pods' root filesystem is read-only (default true;
+	// false for an image whose tasks write outside /tmp).
+	ReadOnlyRoot bool
+	// Requests and Limits of the task container, by resource name (cpu,
+	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
+	Requests, Limits map[string]string
+	// WarmPool is the kube block's warm_pool block: long-lived worker pods
+	// for the tasks of executor warm. nil when absent (no pool).
+	WarmPool *WarmPool
+
+	graceRange *hcl.Range // where termination_grace is set, if it is
+}
+
+// WarmPool is the warm_pool block of the runner's kube block.
+type WarmPool struct {
+	Name   string        // the pool's name, the value of leoflow.io/warm-pool; default "default"
+	Size   int           // how many worker pods are kept; required, at least 1
+	Slots  int           // attempts a worker runs at once; 0: its default (1)
+	Poll   time.Duration // how often a worker claims; 0: its default (1s)
+	Refill time.Duration // how often the pool is refilled; 0: its default (5s)
+}
+
+// runnerBlock is the runner block (its kube block apart). Numbers are read
+// as numbers, not ints, so that the block's own checks word the refusal of
+// -1 or 1.5.
+type runnerBlock struct {
+	Interval      time.Duration `reaper:"interval"`
+	MaxParallel   float64       `reaper:"max_parallel"`
+	MaxActiveRuns float64       `reaper:"max_active_runs"`
+	Agent         string        `reaper:"agent"`
+	LogDir        string        `reaper:"log_dir"`
+	RunAs         string        `reaper:"run_as"`
+}
+
+// kubeBlock is the runner's kube block (its warm_pool block apart).
+type kubeBlock struct {
+	Namespace        string        `reaper:"namespace"`
+	Image            string        `reaper:"image,required"`
+	Agent            string        `reaper:"agent"`
+	ServiceAccount   string        `reaper:"service_account"`
+	PullPolicy       string        `reaper:"image_pull_policy"`
+	TerminationGrace time.Duration `reaper:"termination_grace"`
+	CPURequest       string        `reaper:"cpu_request"`
+	MemoryRequest    string        `reaper:"memory_request"`
+	CPULimit         string        `reaper:"cpu_limit"`
+	MemoryLimit      string        `reaper:"memory_limit"`
+	AttemptAPI       string        `reaper:"attempt_api"`
+	RunAsUser        float64       `reaper:"run_as_user"`
+	RunAsGroup       float64       `reaper:"run_as_group"`
+	ReadOnlyRoot     bool          `reaper:"read_only_root_filesystem"`
+}
+
+// warmPoolBlock is the kube block's warm_pool block.
+type warmPoolBlock struct {
+	Name   string        `reaper:"name"`
+	Size   float64       `reaper:"size,required"`
+	Slots  float64       `reaper:"slots"`
+	Poll   time.Duration `reaper:"poll"`
+	Refill time.Duration `reaper:"refill"`
+}
+
+func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
+	var rb runnerBlock
+	ranges, d := decodeInto(rest, &rb)
+	diags = append(diags, d...)
+	r := &Runner{Agent: rb.Agent, LogDir: rb.LogDir, RunAs: rb.RunAs}
+	if r.RunAs != "" {
+		refuse := func(detail string) { diags = append(diags, invalid(ranges, "run_as", detail)) }
+		if cfg.Edition == ladder.EditionKube {
+			refuse("run_as is Lite's: on kube, the pods' user is runner.kube.run_as_user.")
+		} else if _, err := runas.Lookup(r.RunAs); err != nil {
+			refuse(err.Error() + ".")
+		} else if err := runas.CheckCanSwitch(); err != nil {
+			refuse(err.Error() + ".")
+		}
+	}
+	r.Interval = rb.Interval
+	if n := rb.MaxParallel; n < 0 || n != float64(int(n)) {
+		diags = append(diags, invalid(ranges, "max_parallel", "max_parallel must be a whole number, 0 or more."))
+	}
+	r.MaxParallel = int(rb.MaxParallel)
+	if n := rb.MaxActiveRuns; n < 0 || n != float64(int(n)) {
+		diags = append(diags, invalid(ranges, "max_active_runs", "max_active_runs must be a whole number, 0 (no cap) or more."))
+	}
+	r.MaxActiveRuns = int(rb.MaxActiveRuns)
+	if r.Agent == "" && cfg.PluginDir != "" {
+		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
+	} else {
+		r.Agent = cfg.relative(r.Agent)
+	}
+	for i, kb := range inner.Blocks {
+		if i > 0 {
+			dr := kb.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+				Summary: "Duplicate kube block", Detail: "The runner takes one kube block."})
+			continue
+		}
+		k, d := decodeKubeRunner(kb)
+		diags = append(diags, d...)
+		r.Kube = k
+	}
+	switch {
+	case cfg.Edition == ladder.EditionKube && r.Kube == nil:
+		dr := b.DefRange
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Runner needs a kube block on edition \"kube\"",
+			Detail: "On edition \"kube\" the runner dispatches pods: add a kube { image = ... } block " +
+				"(the runner's other attributes are those of the lite edition's runner, and its tick and caps)."})
+	case cfg.Edition != ladder.EditionKube && r.Kube != nil:
+		dr := inner.Blocks[0].DefRange
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Runner kube block needs the kube edition",
+			Detail:  "The kube block configures task pods; edition \"lite\" dispatches local processes."})
+	}
+	cfg.Runner = r
+	return diags
+}
+
+// kubeRunnerFromSubstrate gives the runner's kube block what it takes from
+// the kube substrate's block: the cluster (its kubeconfig), and the
+// namespace its pods go to when the kube block names none, so that they go
+// where the substrate looks for them.
+func (cfg *Config) kubeRunnerFromSubstrate() {
+	if cfg.Runner == nil || cfg.Runner.Kube == nil {
+		return
+	}
+	k := cfg.Runner.Kube
+	if cfg.Substrate.Body != nil {
+		k.Kubeconfig = peekString(cfg.Substrate.Body, "kubeconfig")
+		if k.Namespace == "" {
+			k.Namespace = peekString(cfg.Substrate.Body, "namespace")
+		}
+	}
+	if k.Namespace == "" {
+		k.Namespace = DefaultKubeNamespace
+	}
+}
+
+// decodeKubeRunner decodes the runner's kube block.
+func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
+	kb := kubeBlock{RunAsUser: DefaultPodRunAs, RunAsGroup: DefaultPodRunAs, ReadOnlyRoot: true}
+	ranges, d := decodeInto(rest, &kb)
+	diags = append(diags, d...)
+	k := &KubeRunner{
+		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
+		ServiceAccount: kb.ServiceAccount, PullPolicy: kb.PullPolicy,
+		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
+	}
+	k.TerminationGrace = kb.TerminationGrace
+	if r, ok := ranges["termination_grace"]; ok {
+		k.graceRange = &r
+	}
+	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
+	k.ReadOnlyRoot = kb.ReadOnlyRoot
+	for _, id := range []struct {
+		key  string
+		n    float64
+		into *int64
+	}{{"run_as_user", kb.RunAsUser, &k.RunAsUser}, {"run_as_group", kb.RunAsGroup, &k.RunAsGroup}} {
+		if n := id.n; n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
+			bad(id.key, id.key+" must be a whole number from 1 to 2147483647: the runner's pods never run as root.")
+			continue
+		}
+		*id.into = int64(id.n)
+	}
+	switch k.PullPolicy {
+	case "", "Always", "IfNotPresent", "Never":
+	default:
+		bad("image_pull_policy", `image_pull_policy must be "Always", "IfNotPresent" or "Never".`)
+	}
+	if k.TerminationGrace < 0 {
+		bad("termination_grace", "termination_grace must not be negative.")
+	}
+	if k.AttemptAPI != "" {
+		if u, err := url.Parse(k.AttemptAPI); err != nil || u.Scheme != "https" || u.Host == "" {
+			bad("attempt_api", `attempt_api must be the API's https base URL as the pods reach it ("https://reaper.example:9465").`)
+		}
+	}
+	for _, q := range []struct {
+		key, value, resource string
+		into                 map[string]string
+	}{
+		{"cpu_request", kb.CPURequest, "cpu", k.Requests}, {"memory_request", kb.MemoryRequest, "memory", k.Requests},
+		{"cpu_limit", kb.CPULimit, "cpu", k.Limits}, {"memory_limit", kb.MemoryLimit, "memory", k.Limits},
+	} {
+		if q.value == "" {
+			continue
+		}
+		if _, err := resource.ParseQuantity(q.value); err != nil {
+			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
+			continue
+		}
+		q.into[q.resource] = q.value
+	}
+	for i, wb := range inner.Blocks {
+		if i > 0 {
+			dr := wb.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+				Summary: "Duplicate warm_pool block", Detail: "The kube block takes one warm_pool block."})
+			continue
+		}
+		wp, d := decodeWarmPool(wb)
+		diags = append(diags, d...)
+		k.WarmPool = wp
+	}
+	return k, diags
+}
+
+// warmPoolName is what a pool's name may be: a label value the worker pod
+// names can carry.
+var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
+
+// decodeWarmPool decodes the kube block's warm_pool block.
+func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
+	var pb warmPoolBlock
+	ranges, diags := decodeInto(b.Body, &pb)
+	wp := &WarmPool{Name: pb.Name, Poll: pb.Poll, Refill: pb.Refill}
+	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
+	if n := pb.Size; n >= 1 && n == float64(int(n)) {
+		wp.Size = int(n)
+	} else if _, given := ranges["size"]; given { // absent: DecodeBlock said it is required
+		bad("size", "size must be a whole number, 1 or more.")
+	}
+	if n := pb.Slots; n < 0 || n != float64(int(n)) {
+		bad("slots", "slots must be a whole number, 0 (the default, 1) or more.")
+	} else {
+		wp.Slots = int(n)
+	}
+	if wp.Name != "" && !warmPoolName.MatchString(wp.Name) {
+		bad("name", "name must be 1 to 30 lowercase letters, digits or dashes, starting and ending with a letter or digit.")
+	}
+	if wp.Poll < 0 {
+		bad("poll", "poll must not be negative.")
+	}
+	if wp.Refill < 0 {
+		bad("refill", "refill must not be negative.")
+	}
+	return wp, diags
+}
