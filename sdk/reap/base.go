@@ -55,7 +55,7 @@ func NewBase[C any](logger hclog.Logger, defaults func() C, info sdk.Info) *Base
 	if info.Version == "" {
 		info.Version = sdk.BuildVersion
 	}
-	info.Editions = slices.Clone(info.Editions)
+	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
 	b := &Base[C]{info: info, defaults: defaults, logger: logger, stopwatch: clock.Real{}}
 	cfg := defaults()
 	b.cfg.Store(&cfg)
@@ -65,7 +65,7 @@ func NewBase[C any](logger hclog.Logger, defaults func() C, info sdk.Info) *Base
 // Info describes the plugin.
 func (b *Base[C]) Info(context.Context) (sdk.Info, error) {
 	info := b.info
-	info.Editions = slices.Clone(info.Editions)
+	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
 	return info, nil
 }
 

@@ -37,7 +37,8 @@ func (c testConfig) Validate() error {
 // testReaper embeds the base the way the reapers of this module do.
 type testReaper struct{ *reap.Base[testConfig] }
 
-var testInfo = sdk.Info{Name: "tester", Editions: []string{ladder.EditionLite}, Description: "tests the base"}
+var testInfo = sdk.Info{Name: "tester", Editions: []string{ladder.EditionLite}, Description: "tests the base",
+	MarkReasons: []string{"tester_expired"}}
 
 func newTestReaper() *testReaper {
 	return &testReaper{reap.NewBase(nil, defaultTestConfig, testInfo)}
@@ -128,9 +129,12 @@ func TestBaseInfo(t *testing.T) {
 		want sdk.Info
 	}{
 		"KindAndVersion_Filled": {info: testInfo, want: sdk.Info{Name: "tester", Kind: sdk.KindReaper,
-			Version: sdk.BuildVersion, Editions: []string{ladder.EditionLite}, Description: "tests the base"}},
+			Version: sdk.BuildVersion, Editions: []string{ladder.EditionLite}, Description: "tests the base",
+			MarkReasons: []string{"tester_expired"}}},
 		"OwnVersion_Kept": {info: sdk.Info{Name: "parked", Version: "0.1.0", Editions: []string{ladder.EditionLite, ladder.EditionKube}},
 			want: sdk.Info{Name: "parked", Kind: sdk.KindReaper, Version: "0.1.0", Editions: []string{ladder.EditionLite, ladder.EditionKube}}},
+		"NoMarkReasons": {info: sdk.Info{Name: "watcher", Editions: []string{ladder.EditionKube}},
+			want: sdk.Info{Name: "watcher", Kind: sdk.KindReaper, Version: sdk.BuildVersion, Editions: []string{ladder.EditionKube}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -141,7 +145,10 @@ func TestBaseInfo(t *testing.T) {
 			}
 			// What a caller does with the answer is not the plugin's.
 			got.Editions[0] = "other"
-			if again, _ := b.Info(ctx); again.Editions[0] != tc.want.Editions[0] {
+			if len(got.MarkReasons) > 0 {
+				got.MarkReasons[0] = "other"
+			}
+			if again, _ := b.Info(ctx); fmt.Sprintf("%+v", again) != fmt.Sprintf("%+v", tc.want) {
 				t.Fatalf("info changed under the caller: %+v", again)
 			}
 		})
