@@ -116,7 +116,8 @@ type Reaper struct{ *reap.Base[Config] }
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Version: "0.1.0",
 		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
-		Description: "fails attempts parked in up_for_reschedule or deferred far past a TTL with nothing of them alive (parked_expired)"})}
+		Description: "fails attempts parked in up_for_reschedule or deferred far past a TTL with nothing of them alive (parked_expired)",
+		MarkReasons: []string{LabelExpired}})}
 }
 
 // WithStopwatch makes the reaper measure its pass against the phase budget

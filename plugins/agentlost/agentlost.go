@@ -56,7 +56,8 @@ type Reaper struct{ *reap.Base[Config] }
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelAgentLost, sdk.LabelCredentialCeiling},
+		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per

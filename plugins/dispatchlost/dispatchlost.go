@@ -55,7 +55,8 @@ type Reaper struct{ *reap.Base[Config] }
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelDispatchLost, sdk.LabelStartExpired},
+		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per

@@ -49,7 +49,8 @@ type Reaper struct{ *reap.Base[Config] }
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	return &Reaper{reap.NewBase[Config](logger, nil, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, Description: "fails running runs with nothing live and no recent activity (orphan_run)"})}
+	return &Reaper{reap.NewBase[Config](logger, nil, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelOrphanRun},
+		Description: "fails running runs with nothing live and no recent activity (orphan_run)"})}
 }
 
 // Reap runs one pass: one decision per run judged (its Attempt carries only

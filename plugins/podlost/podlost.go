@@ -126,7 +126,8 @@ type Reaper struct{ *reap.Base[Config] }
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, Description: "fails running attempts that have no pod left (pod_lost)"})}
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelPodLost},
+		Description: "fails running attempts that have no pod left (pod_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt marked or deferred, plus

@@ -65,15 +65,16 @@ type Reaper struct{ *reap.Base[Config] }
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelWarmWorkerLost},
+		Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt whose worker is gone, or
 // one warm_worker_list_error when the pool could not be listed.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
+	st := reap.LoadState(pass, r.Logger())
 	p := &passRun{log: r.Logger(), cfg: r.Config(), pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink)}
-	st := reap.LoadState(pass, r.Logger())
 	prev := st.Cursors[listWarm]
 	_, hadPrev := st.Cursors[listWarm]
 	res, err := reap.Run(ctx, pass, p.rec, reap.Spec{
