@@ -19,6 +19,11 @@ type Info struct {
 	Version     string   // the plugin's own version
 	Editions    []string // editions it serves: "lite", "kube"
 	Description string
+	// MarkReasons are the failure reasons a reaper's writes leave on the
+	// board (each sdk.Mark's Reason; orphan_run for a run it reaps). The
+	// host files under the reaper's name a write it finds on the board
+	// without its decision and audits itself. Empty for a substrate.
+	MarkReasons []string
 }
 
 // ConfigureRequest carries a plugin's decoded configuration block.

@@ -45,7 +45,6 @@ package parked
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -106,58 +105,27 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Reaper is the parked reaper. Its zero value is not usable; call New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
-}
-
-var _ sdk.Reaper = (*Reaper)(nil)
+// Reaper is the parked reaper: reap.Base serves Info, ConfigSchema and
+// Configure from the Info given and the Config struct; the plugin adds
+// Reap. Its zero value is not usable; call New.
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. plugin.Serve
 // calls it with a logger whose lines the host re-emits under the plugin's
 // name; a nil logger discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	cfg := DefaultConfig()
-	r.cfg.Store(&cfg)
-	return r
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Version: "0.1.0",
+		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
+		Description: "fails attempts parked in up_for_reschedule or deferred far past a TTL with nothing of them alive (parked_expired)",
+		MarkReasons: []string{LabelExpired}})}
 }
 
 // WithStopwatch makes the reaper measure its pass against the phase budget
 // on c instead of the real clock, so a test decides how long pages take.
 // Decisions never read it: they read pass.Now.
 func (r *Reaper) WithStopwatch(c clock.Clock) *Reaper {
-	r.stopwatch = c
+	r.SetStopwatch(c)
 	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: "0.1.0",
-		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
-		Description: "fails attempts parked in up_for_reschedule or deferred far past a TTL with nothing of them alive (parked_expired)"}, nil
-}
-
-// ConfigSchema declares ttl, policy and drain_max_pages.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(DefaultConfig()), nil
-}
-
-// Configure decodes and validates the block the host decoded; an error
-// names the attribute, and the host reports it at the attribute's line.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	cfg := DefaultConfig()
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	r.cfg.Store(&cfg)
-	return nil
 }
 
 // Reap runs one pass: it drains the listing of attempts parked longer than
@@ -165,14 +133,14 @@ func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 // on next pass from where this one stopped), judges each page, and marks
 // the attempts that passed both gates. One decision per attempt judged.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
+	p := &passRun{cfg: r.Config(), pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite}
 	executor := sdk.ExecutorKube
 	if p.lite {
 		executor = sdk.ExecutorLite
 	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: p.cfg.MaxPages,
 		Listings: []reap.Listing{reap.Candidates(listParked, board, sdk.CandidateQuery{
 			// up_for_retry is left out: the retry rail brings it back.
 			States:    []string{sdk.StateUpForReschedule, sdk.StateDeferred},
@@ -182,6 +150,8 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		}, p.judgePage)},
 	})
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)
 
 // passRun is one pass's view: the configuration read once at its start.
 type passRun struct {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dexaflow/reaper/sdk/plugin"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -61,6 +62,10 @@ type Reaper struct {
 	Name   string
 	DryRun bool
 	Plugin Supervised[sdk.Reaper]
+	// MarkReasons are the failure reasons its writes leave on the board
+	// (its Info's): a write found there without its decision is audited
+	// under its name.
+	MarkReasons []string
 }
 
 // Config configures the loop.
@@ -519,7 +524,7 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 		if _, ok := byAt[m.At]; !ok {
 			ats = append(ats, m.At)
 		}
-		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt,
+		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: l.reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt,
 			Applied: true, Detail: "found on the board without its decision (its leader stopped between the write " +
 				"and its audit): audited by the host from the row",
 			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message}})
@@ -529,19 +534,14 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 	}
 }
 
-// reaperOf names the reaper whose write leaves a failure reason.
-func reaperOf(reason string) string {
-	switch reason {
-	case sdk.LabelAgentLost, sdk.LabelCredentialCeiling:
-		return "agentlost"
-	case sdk.LabelDispatchLost, sdk.LabelStartExpired:
-		return "dispatchlost"
-	case sdk.LabelPodLost:
-		return "podlost"
-	case sdk.LabelWarmWorkerLost:
-		return "warmworker"
-	case sdk.LabelOrphanRun:
-		return "orphanrun"
+// reaperOf names the reaper whose Info declares the failure reason among
+// those its writes leave, the first in the configured order; "host" when
+// none does.
+func (l *Loop) reaperOf(reason string) string {
+	for _, r := range l.reapers {
+		if slices.Contains(r.MarkReasons, reason) {
+			return r.Name
+		}
 	}
 	return "host"
 }

@@ -149,7 +149,7 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 	w.lead, w.reaper = lead, p.Reaper()
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: w.clock},
 		lead, w.store, aud, &static[sdk.Substrate]{v: w.exec},
-		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}}})
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}, MarkReasons: p.Info.MarkReasons}})
 	return w
 }
 

@@ -144,7 +144,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	sub := d.supervise(ld, set.Substrate)
 	var reapers []cycle.Reaper
 	for _, h := range set.Reapers {
-		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)}})
+		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
+			MarkReasons: h.Info.MarkReasons})
 	}
 
 	if d.elector, err = d.newElector(); err != nil {

@@ -19,12 +19,10 @@ package agentlost
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/reap"
 )
@@ -53,63 +51,29 @@ func DefaultConfig() Config {
 }
 
 // Reaper is the agent-lost reaper. Its zero value is not usable; call New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock // measures a pass's elapsed time against its budget
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
-}
-
-var _ sdk.Reaper = (*Reaper)(nil)
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	cfg := DefaultConfig()
-	r.cfg.Store(&cfg)
-	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
-		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
-		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"}, nil
-}
-
-// ConfigSchema declares policy, drain_max_pages, brake_share, brake_min and
-// brake_max.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(DefaultConfig()), nil
-}
-
-// Configure validates and applies the decoded block; an error names the
-// offending attribute.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	cfg := DefaultConfig()
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	r.cfg.Store(&cfg)
-	return nil
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelAgentLost, sdk.LabelCredentialCeiling},
+		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per
 // teardown that failed or fell back.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	cfg := *r.cfg.Load()
-	p := newPass(r.logger, cfg, pass, board, exec, sink)
-	p.state = reap.LoadState(pass, r.logger)
+	cfg := r.Config()
+	p := newPass(r.Logger(), cfg, pass, board, exec, sink)
+	p.state = reap.LoadState(pass, r.Logger())
 	p.stopping = reap.TakeStopping(p.state)
 	if p.lite && !pass.DryRun {
 		p.settleKillLines(ctx)
 	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: cfg.MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: cfg.MaxPages,
 		Listings: p.listings(), Backlog: p.backlog, Finish: p.finish, State: p.state, Save: p.stopping.Keep,
 	})
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)

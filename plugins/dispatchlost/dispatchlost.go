@@ -14,13 +14,11 @@ package dispatchlost
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/reap"
 )
@@ -52,63 +50,28 @@ func DefaultConfig() Config {
 }
 
 // Reaper is the dispatch-lost reaper. Its zero value is not usable; call New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
-}
-
-var _ sdk.Reaper = (*Reaper)(nil)
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	cfg := DefaultConfig()
-	r.cfg.Store(&cfg)
-	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
-		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
-		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"}, nil
-}
-
-// ConfigSchema declares policy, drain_max_pages and start_expiry.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(DefaultConfig()), nil
-}
-
-// Configure validates and applies the decoded block; an error names the
-// offending attribute.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	cfg := DefaultConfig()
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	r.cfg.Store(&cfg)
-	return nil
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelDispatchLost, sdk.LabelStartExpired},
+		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per
 // teardown that failed or fell back.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
+	p := &passRun{cfg: r.Config(), pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink), lite: pass.Edition == ladder.EditionLite}
-	st := reap.LoadState(pass, r.logger)
+	st := reap.LoadState(pass, r.Logger())
 	p.stopping = reap.TakeStopping(st)
 	executors := []string{sdk.ExecutorKube}
 	if p.lite {
 		executors = []string{sdk.ExecutorLite}
 	}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: p.cfg.MaxPages,
 		Listings: []reap.Listing{reap.Candidates(listQueued, board, sdk.CandidateQuery{
 			States: []string{sdk.StateQueued}, Executors: executors, OrderBy: sdk.FieldQueuedAt,
 			OlderThan: pass.Now.Add(-pass.Ladder.DispatchLost),
@@ -116,6 +79,8 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		State: st, Save: p.stopping.Keep,
 	})
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)
 
 type passRun struct {
 	cfg   Config

@@ -21,13 +21,11 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/reap"
 )
@@ -46,61 +44,29 @@ type Config struct {
 }
 
 // Reaper is the orphan-run reaper. Its zero value is not usable; call New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
-}
-
-var _ sdk.Reaper = (*Reaper)(nil)
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	r.cfg.Store(&Config{})
-	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
-		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
-		Description: "fails running runs with nothing live and no recent activity (orphan_run)"}, nil
-}
-
-// ConfigSchema declares drain_max_pages.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(Config{}), nil
-}
-
-// Configure validates and applies the decoded block; an error names the
-// offending attribute.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	var cfg Config
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	r.cfg.Store(&cfg)
-	return nil
+	return &Reaper{reap.NewBase[Config](logger, nil, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelOrphanRun},
+		Description: "fails running runs with nothing live and no recent activity (orphan_run)"})}
 }
 
 // Reap runs one pass: one decision per run judged (its Attempt carries only
 // the RunID), plus one per teardown that fell back to a delete.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{log: r.logger, pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink),
+	p := &passRun{log: r.Logger(), pass: pass, board: board, exec: exec, rec: reap.NewRecorder(Name, pass, sink),
 		olderThan:        pass.Now.Add(-pass.Ladder.OrphanRun),
 		provisionalAfter: pass.Now.Add(-pass.Ladder.InfraConfirmValve)}
 	q := sdk.RunQuery{OlderThan: p.olderThan, ProvisionalAfter: p.provisionalAfter}
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: r.cfg.Load().MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: r.Config().MaxPages,
 		Listings: []reap.Listing{reap.Runs(listRuns, board, q, p.judgePage)},
 	})
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)
 
 type passRun struct {
 	log       hclog.Logger

@@ -48,7 +48,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -109,77 +108,49 @@ func DefaultConfig() Config {
 		NodeUnreachableAfter: DefaultNodeUnreachableAfter}
 }
 
-// Reaper is the pod-lost reaper. Its zero value is not usable; call New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
+// Validate checks what the embedded settings do not (they validate
+// themselves).
+func (c Config) Validate() error {
+	if c.FullWalkEvery < 0 {
+		return fmt.Errorf("full_walk_every: %s is negative", c.FullWalkEvery)
+	}
+	if c.NodeUnreachableAfter <= 0 {
+		return fmt.Errorf("node_unreachable_after: %s is not positive", c.NodeUnreachableAfter)
+	}
+	return nil
 }
 
-var _ sdk.Reaper = (*Reaper)(nil)
+// Reaper is the pod-lost reaper. Its zero value is not usable; call New.
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	cfg := DefaultConfig()
-	r.cfg.Store(&cfg)
-	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
-		Editions:    []string{ladder.EditionKube},
-		Description: "fails running attempts that have no pod left (pod_lost)"}, nil
-}
-
-// ConfigSchema declares policy, drain_max_pages, full_walk_every and
-// node_unreachable_after.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(DefaultConfig()), nil
-}
-
-// Configure validates and applies the decoded block; an error names the
-// offending attribute.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	cfg := DefaultConfig()
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	if cfg.FullWalkEvery < 0 {
-		return fmt.Errorf("full_walk_every: %s is negative", cfg.FullWalkEvery)
-	}
-	if cfg.NodeUnreachableAfter <= 0 {
-		return fmt.Errorf("node_unreachable_after: %s is not positive", cfg.NodeUnreachableAfter)
-	}
-	r.cfg.Store(&cfg)
-	return nil
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelPodLost},
+		Description: "fails running attempts that have no pod left (pod_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt marked or deferred, plus
 // one per teardown that failed or fell back. The pass is a full walk or,
 // in the steady state, an incremental one (see plan).
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{log: r.logger, cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
-		rec: reap.NewRecorder(Name, pass, sink), watch: r.stopwatch, started: r.stopwatch.Now(),
+	p := &passRun{log: r.Logger(), cfg: r.Config(), pass: pass, board: board, exec: exec,
+		rec: reap.NewRecorder(Name, pass, sink), watch: r.Stopwatch(), started: r.Stopwatch().Now(),
 		cutoff: pass.Now.Add(-pass.Ladder.PodLostFloor), ended: map[string]bool{}}
-	st := reap.LoadState(pass, r.logger)
+	st := reap.LoadState(pass, r.Logger())
 	p.teardowns = st.TakeOwed(owedTeardown)
 	p.gone = st.TakeOwed(owedGone)
 	listings := p.plan(ctx, st)
 	return reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: p.cfg.MaxPages,
 		Listings: listings,
 		Finish:   p.tearDown,
 		State:    st,
 		Save:     p.save,
 	})
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)
 
 // What a pass owes the next one, by kind in the pass state.
 const (

@@ -30,12 +30,10 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/reap"
 )
@@ -62,60 +60,25 @@ func DefaultConfig() Config { return Config{PolicySetting: reap.DefaultPolicy()}
 
 // Reaper is the warm-worker-lost reaper. Its zero value is not usable; call
 // New.
-type Reaper struct {
-	logger    hclog.Logger
-	stopwatch clock.Clock
-
-	cfg atomic.Pointer[Config] // set by Configure, read once a pass
-}
-
-var _ sdk.Reaper = (*Reaper)(nil)
+type Reaper struct{ *reap.Base[Config] }
 
 // New returns the reaper with its default configuration. A nil logger
 // discards.
 func New(logger hclog.Logger) *Reaper {
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	r := &Reaper{logger: logger, stopwatch: clock.Real{}}
-	cfg := DefaultConfig()
-	r.cfg.Store(&cfg)
-	return r
-}
-
-// Info describes the plugin.
-func (r *Reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: Name, Kind: sdk.KindReaper, Version: sdk.BuildVersion,
-		Editions:    []string{ladder.EditionKube},
-		Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"}, nil
-}
-
-// ConfigSchema declares policy and drain_max_pages.
-func (r *Reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.SchemaOf(DefaultConfig()), nil
-}
-
-// Configure validates and applies the decoded block; an error names the
-// offending attribute.
-func (r *Reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
-	cfg := DefaultConfig()
-	if err := req.Values.Decode(&cfg); err != nil {
-		return err
-	}
-	r.cfg.Store(&cfg)
-	return nil
+	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelWarmWorkerLost},
+		Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt whose worker is gone, or
 // one warm_worker_list_error when the pool could not be listed.
 func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
-	p := &passRun{log: r.logger, cfg: *r.cfg.Load(), pass: pass, board: board, exec: exec,
+	st := reap.LoadState(pass, r.Logger())
+	p := &passRun{log: r.Logger(), cfg: r.Config(), pass: pass, board: board, exec: exec,
 		rec: reap.NewRecorder(Name, pass, sink)}
-	st := reap.LoadState(pass, r.logger)
 	prev := st.Cursors[listWarm]
 	_, hadPrev := st.Cursors[listWarm]
 	res, err := reap.Run(ctx, pass, p.rec, reap.Spec{
-		Name: Name, Logger: r.logger, Stopwatch: r.stopwatch, MaxPages: p.cfg.MaxPages,
+		Name: Name, Logger: r.Logger(), Stopwatch: r.Stopwatch(), MaxPages: p.cfg.MaxPages,
 		Listings: []reap.Listing{reap.Candidates(listWarm, board, sdk.CandidateQuery{
 			States: []string{sdk.StateQueued, sdk.StateRunning}, Executors: []string{sdk.ExecutorWarm},
 			OrderBy: sdk.FieldQueuedAt, OlderThan: pass.Now,
@@ -135,6 +98,8 @@ func (r *Reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	})
 	return res, err
 }
+
+var _ sdk.Reaper = (*Reaper)(nil)
 
 type passRun struct {
 	log   hclog.Logger

@@ -1,4 +1,6 @@
-// Package reap is the toolkit a reaper plugin is built from: Run, one pass
+// Package reap is the toolkit a reaper plugin is built from: Base, the
+// Info, ConfigSchema and Configure every reaper serves, derived from its
+// configuration struct and embedded in its Reaper; Run, one pass
 // from a set of listings (the pass state that carries keyset cursors
 // between passes, the drain bounded by the phase budget, the decisions
 // handed to the pass's sink); the recorder of decisions and their evidence;

@@ -61,7 +61,7 @@ func TestReadmeSnippetsAreTheExample(t *testing.T) {
 		}
 	}
 	if snippets < 5 {
-		t.Fatalf("found %d Go snippets in the walk, want the example's config, schema, Reap, judge, mark, main and test", snippets)
+		t.Fatalf("found %d Go snippets in the walk, want the example's config, Reaper, Reap, judge, mark, main and test", snippets)
 	}
 }
 

@@ -44,7 +44,8 @@ func newReaper(hclog.Logger) *reaper {
 }
 
 func (r *reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: r.name, Kind: sdk.KindReaper, Version: "test", Editions: []string{"lite", "kube"}}, nil
+	return sdk.Info{Name: r.name, Kind: sdk.KindReaper, Version: "test", Editions: []string{"lite", "kube"},
+		MarkReasons: []string{sdk.LabelAgentLost}}, nil
 }
 
 func (r *reaper) ConfigSchema(context.Context) (sdk.Schema, error) {

@@ -448,12 +448,14 @@ func (*Empty) Descriptor() ([]byte, []int) {
 }
 
 type InfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	Editions      []string               `protobuf:"bytes,4,rep,name=editions,proto3" json:"editions,omitempty"`
-	Description   string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind        string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Version     string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	Editions    []string               `protobuf:"bytes,4,rep,name=editions,proto3" json:"editions,omitempty"`
+	Description string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	// The failure reasons a reaper's writes leave on the board.
+	MarkReasons   []string `protobuf:"bytes,6,rep,name=mark_reasons,json=markReasons,proto3" json:"mark_reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +523,13 @@ func (x *InfoResponse) GetDescription() string {
 		return x.Description
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetMarkReasons() []string {
+	if x != nil {
+		return x.MarkReasons
+	}
+	return nil
 }
 
 type AttributeSpec struct {
@@ -3464,13 +3473,14 @@ const file_reaper_proto_rawDesc = "" +
 	"\vcommon_keys\x18\x04 \x03(\rR\n" +
 	"commonKeys\x12#\n" +
 	"\rcommon_values\x18\x05 \x03(\tR\fcommonValues\"\a\n" +
-	"\x05Empty\"\x8e\x01\n" +
+	"\x05Empty\"\xb1\x01\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x1a\n" +
 	"\beditions\x18\x04 \x03(\tR\beditions\x12 \n" +
-	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x98\x01\n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\x12!\n" +
+	"\fmark_reasons\x18\x06 \x03(\tR\vmarkReasons\"\x98\x01\n" +
 	"\rAttributeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +

@@ -1,0 +1,74 @@
+package cycle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	pgboard "github.com/dexaflow/reaper/board"
+	hostaudit "github.com/dexaflow/reaper/host/audit"
+	"github.com/dexaflow/reaper/host/cycle"
+	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// finder is an audit that also finds the writes a dead leader left on the
+// board without their decision.
+type finder struct {
+	audit
+	marks []pgboard.UnauditedMark
+}
+
+func (f *finder) UnauditedMarks(context.Context, time.Time) ([]pgboard.UnauditedMark, error) {
+	return f.marks, nil
+}
+
+// A write the host audits from the board is filed under the reaper whose
+// Info declares its failure reason, a reaper the host has never heard of
+// included; a reason no configured reaper declares is filed under "host".
+func TestRecoveredMarkIsFiledUnderTheReaperDeclaringItsReason(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		reason string
+		want   string
+	}{
+		"NewReasonOfAThirdPartyReaper":     {reason: "parked_expired", want: "parked"},
+		"ReasonOfABuiltInReaper":           {reason: sdk.LabelAgentLost, want: "agentlost"},
+		"SecondReasonAReaperDeclares":      {reason: sdk.LabelCredentialCeiling, want: "agentlost"},
+		"ReasonOfAReaperNotConfigured":     {reason: sdk.LabelPodLost, want: "host"},
+		"ReasonNoReaperDeclares_FallsBack": {reason: "unheard_of", want: "host"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
+			aud := &finder{marks: []pgboard.UnauditedMark{{Attempt: a, Reason: tc.reason,
+				Message: tc.reason + ": left by a dead leader", At: t0.Add(-time.Minute)}}}
+			reapers := []cycle.Reaper{
+				{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: &reaper{name: "agentlost"}},
+					MarkReasons: []string{sdk.LabelAgentLost, sdk.LabelCredentialCeiling}},
+				{Name: "parked", Plugin: &static[sdk.Reaper]{v: &reaper{name: "parked"}},
+					MarkReasons: []string{"parked_expired"}},
+			}
+			clk := clock.NewFake(t0)
+			settled := &lead{st: leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
+			loop := cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clk},
+				settled, &board{}, aud, &static[sdk.Substrate]{v: &substrate{synced: true}}, reapers)
+			for range 2 {
+				loop.RunOnce(context.Background())
+				clk.Advance(ladder.Defaults().MaintenanceInterval)
+			}
+			var recovered []sdk.Decision
+			for _, d := range aud.rows {
+				if d.Evidence[hostaudit.EvRecovered] == "board" {
+					recovered = append(recovered, d)
+				}
+			}
+			if len(recovered) != 1 || recovered[0].Reaper != tc.want || recovered[0].Label != tc.reason ||
+				recovered[0].Attempt != a || !recovered[0].Applied {
+				t.Fatalf("recovered %+v, want one applied %s decision filed under %q", recovered, tc.reason, tc.want)
+			}
+		})
+	}
+}
