@@ -124,15 +124,17 @@ type Loop struct {
 	checked  int64 // the term whose board was checked for unaudited marks
 	owing    owing // failed teardowns the board could not record yet
 
-	recOnce sync.Once
-	rec     *audit.Recorder // the loop's audit writes and their retries (recorder)
+	// rec writes the loop's decisions through its Auditor and keeps what a
+	// write failed to put there, writing it again at the next cycle.
+	rec *audit.Recorder
 }
 
 // New returns a loop.
-func New(cfg Config, lead Leadership, board sdk.Board, audit Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
+func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
 	cfg = cfg.withDefaults()
 	return &Loop{
-		cfg: cfg, lead: lead, board: board, audit: audit, substrate: substrate, reapers: reapers,
+		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
+		rec:  audit.NewRecorder(auditor, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
 	}
 }
@@ -172,7 +174,7 @@ func (l *Loop) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			// A last try for what the audit still lacks.
-			l.recorder().Retry(context.WithoutCancel(ctx))
+			l.rec.Retry(context.WithoutCancel(ctx))
 			return
 		case <-tk.C():
 			l.RunOnce(ctx)
@@ -189,7 +191,7 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	l.cfg.Metrics.Cycle(now)
 
 	res = Result{Started: now}
-	l.recorder().Retry(ctx)
+	l.rec.Retry(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
@@ -396,7 +398,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	ledger.Close()
 	// The pass is done once its audit is written; what failed to be is the
 	// recorder's to write at the next cycle.
-	l.recorder().Finish(sink)
+	l.rec.Finish(sink)
 	l.refusals(ctx, term, now, fill(ledger.Refusals(), r.Name, dry), res)
 	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
@@ -597,15 +599,7 @@ func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.De
 		return
 	}
 	l.note(term, ds, res)
-	l.recorder().Record(ctx, term, at, ds)
-}
-
-// recorder is the loop's audit: it writes the loop's decisions through its
-// Auditor and keeps what a write failed to put there, writing it again at
-// the next cycle. It is made on first use, with the loop's logger.
-func (l *Loop) recorder() *audit.Recorder {
-	l.recOnce.Do(func() { l.rec = audit.NewRecorder(l.audit, l.cfg.Logger) })
-	return l.rec
+	l.rec.Record(ctx, term, at, ds)
 }
 
 // note meters and logs decisions and adds them to the cycle's result (its
