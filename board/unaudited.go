@@ -3,6 +3,7 @@ package board
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,15 +61,24 @@ type UnauditedMark struct {
 // decision in the audit. It returns the attempts (and, with only RunID
 // set, the runs) that the board shows failed by a reaper's write made at or
 // after since, and that no applied decision in the audit is about, ordered
-// by run and task. Empty is the rule holding. The test suites call it at
+// by run and task. Empty is the rule holding. declared adds failure
+// reasons to MarkReasons: the ones the configured plugins' marks carry
+// (sdk.Info.MarkReasons), which the caller has checked are not reasons
+// anything but a mark writes. The test suites call it at
 // the end of a scenario; the host, once a term, to audit what a leader
 // that died between its writes and their audit left behind. It reads the
 // failed rows ended since since (no index serves it): a query for a check,
 // not for every cycle.
-func (s *Store) UnauditedMarks(ctx context.Context, since time.Time) ([]UnauditedMark, error) {
+func (s *Store) UnauditedMarks(ctx context.Context, since time.Time, declared ...string) ([]UnauditedMark, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, unauditedMarksSQL, MarkReasons, since, sdk.LabelOrphanRun+":%")
+	reasons := slices.Clone(MarkReasons)
+	for _, r := range declared {
+		if !slices.Contains(reasons, r) {
+			reasons = append(reasons, r)
+		}
+	}
+	rows, err := s.pool.Query(ctx, unauditedMarksSQL, reasons, since, sdk.LabelOrphanRun+":%")
 	if err != nil {
 		return nil, fmt.Errorf("board: find unaudited marks: %w", err)
 	}

@@ -89,3 +89,27 @@ func TestUnauditedMarks_EveryAppliedMarkHasItsDecision(t *testing.T) {
 	}
 	check()
 }
+
+// A mark whose reason is a plugin's own word (its Info's MarkReasons) is
+// found only when the caller declares the word: the built-in reasons are
+// always searched, nothing else is.
+func TestUnauditedMarks_DeclaredReasons(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.run(t, "run", "parked")
+	a := first("run", "parked")
+	b.running(t, a, base.Add(-10*time.Minute), base.Add(-5*time.Minute))
+	res, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+		Reason: "parked_expired", Message: "parked_expired: a third party's mark", Term: b.term, At: base}})
+	if err != nil || !res[0].Applied {
+		t.Fatalf("mark: %+v, %v", res, err)
+	}
+	if got, err := b.store.UnauditedMarks(ctx, base.Add(-time.Hour)); err != nil || len(got) != 0 {
+		t.Fatalf("undeclared: unaudited %v, %v; want none", got, err)
+	}
+	got, err := b.store.UnauditedMarks(ctx, base.Add(-time.Hour), "parked_expired", sdk.LabelAgentLost)
+	if err != nil || len(got) != 1 || got[0].Attempt != a || got[0].Reason != "parked_expired" {
+		t.Fatalf("declared: unaudited %v, %v; want the parked mark", got, err)
+	}
+}

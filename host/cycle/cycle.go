@@ -40,8 +40,10 @@ type Auditor = audit.Writer
 // applied decision in the audit (board.Store). An Auditor that is one too
 // lets the loop audit, once a term, what a leader that died between its
 // writes and their audit left behind.
+// declared adds the failure reasons the configured reapers' Info declares
+// (those markSearchable admits) to the built-in ones.
 type MarkFinder interface {
-	UnauditedMarks(ctx context.Context, since time.Time) ([]board.UnauditedMark, error)
+	UnauditedMarks(ctx context.Context, since time.Time, declared ...string) ([]board.UnauditedMark, error)
 }
 
 // Supervised hands out a plugin that may have to be (re)started.
@@ -127,6 +129,9 @@ type Loop struct {
 	// rec writes the loop's decisions through its Auditor and keeps what a
 	// write failed to put there, writing it again at the next cycle.
 	rec *audit.Recorder
+	// searchable are the reapers' declared mark reasons the board is
+	// searched for, beside the built-in ones (searchableReasons).
+	searchable []string
 }
 
 // New returns a loop.
@@ -134,7 +139,7 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 	cfg = cfg.withDefaults()
 	return &Loop{
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
-		rec:  audit.NewRecorder(auditor, cfg.Logger),
+		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
 	}
 }
@@ -509,7 +514,7 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 	if !ok || l.checked == term {
 		return
 	}
-	marks, err := finder.UnauditedMarks(ctx, since.Add(-RecoverWindow))
+	marks, err := finder.UnauditedMarks(ctx, since.Add(-RecoverWindow), l.searchable...)
 	if err != nil {
 		l.cfg.Logger.Warn("could not check the board for unaudited marks: next cycle", "error", err)
 		return
@@ -534,6 +539,54 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 	for _, at := range ats {
 		l.record(ctx, term, at, byAt[at], res)
 	}
+}
+
+// markSearchable reports whether the board may be searched for rows
+// failed with reason as a reaper's mark: a built-in mark reason, or a
+// plugin's own word (lowercase, digits and underscores, at most 64 bytes)
+// that is none of the labels and reasons the host, the reconciler and the
+// runners write themselves. A plugin that declared one of those (say
+// reconcile_settled, or credential_ceiling, which a warm worker's watchdog
+// reports too) would have the host audit rows it never wrote as its marks.
+func markSearchable(reason string) bool {
+	if slices.Contains(board.MarkReasons, reason) {
+		return true
+	}
+	if reason == "" || len(reason) > 64 || reason[0] < 'a' || reason[0] > 'z' {
+		return false
+	}
+	for _, c := range reason {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return !slices.Contains(sdk.Labels(), reason) && reason != sdk.ReasonPodDisrupted &&
+		reason != sdk.ReasonControlPlaneUnavailable
+}
+
+// searchableReasons is the declared mark reasons of reapers the board is
+// searched for (markSearchable), each once. A word the host writes itself
+// is filed by its reaper but not searched for (agentlost declares
+// credential_ceiling, which a warm worker's watchdog reports too); a word
+// no reason can be is logged.
+func searchableReasons(reapers []Reaper, log hclog.Logger) []string {
+	var out []string
+	for _, r := range reapers {
+		for _, reason := range r.MarkReasons {
+			switch {
+			case slices.Contains(out, reason) || slices.Contains(board.MarkReasons, reason):
+			case markSearchable(reason):
+				out = append(out, reason)
+			case slices.Contains(sdk.Labels(), reason):
+				log.Debug("a reaper declares a mark reason the host writes too: filed under it, not searched for on the board",
+					"reaper", r.Name, "reason", reason)
+			default:
+				log.Warn("a reaper declares a mark reason no failure reason can be: ignored",
+					"reaper", r.Name, "reason", reason)
+			}
+		}
+	}
+	return out
 }
 
 // reaperOf names the reaper whose Info declares the failure reason among

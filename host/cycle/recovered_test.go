@@ -2,6 +2,7 @@ package cycle_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,10 +19,12 @@ import (
 // board without their decision.
 type finder struct {
 	audit
-	marks []pgboard.UnauditedMark
+	marks    []pgboard.UnauditedMark
+	declared []string // the reasons the loop last searched for beside the built-in ones
 }
 
-func (f *finder) UnauditedMarks(context.Context, time.Time) ([]pgboard.UnauditedMark, error) {
+func (f *finder) UnauditedMarks(_ context.Context, _ time.Time, declared ...string) ([]pgboard.UnauditedMark, error) {
+	f.declared = declared
 	return f.marks, nil
 }
 
@@ -65,10 +68,39 @@ func TestRecoveredMarkIsFiledUnderTheReaperDeclaringItsReason(t *testing.T) {
 					recovered = append(recovered, d)
 				}
 			}
+			// The board is searched for the third party's own word beside
+			// the built-in ones; agentlost's credential_ceiling (a warm
+			// worker's watchdog reports it too) is not.
+			if !slices.Equal(aud.declared, []string{"parked_expired"}) {
+				t.Errorf("the board was searched for %q beside the built-in reasons, want [parked_expired]", aud.declared)
+			}
 			if len(recovered) != 1 || recovered[0].Reaper != tc.want || recovered[0].Label != tc.reason ||
 				recovered[0].Attempt != a || !recovered[0].Applied {
 				t.Fatalf("recovered %+v, want one applied %s decision filed under %q", recovered, tc.reason, tc.want)
 			}
 		})
+	}
+}
+
+// Only a plugin's own word is searched for on the board: a built-in mark
+// reason is searched anyway, and a label or reason the host writes itself,
+// or a word no failure reason can be, never (the host would audit as the
+// plugin's marks rows it never wrote).
+func TestDeclaredMarkReasonsSearchedOnTheBoard(t *testing.T) {
+	t.Parallel()
+	aud := &finder{}
+	reapers := []cycle.Reaper{{Name: "hostile", Plugin: &static[sdk.Reaper]{v: &reaper{name: "hostile"}},
+		MarkReasons: []string{"its_own_word", sdk.LabelAgentLost, sdk.LabelReconcileSettled, sdk.ReasonPodDisrupted,
+			sdk.LabelCredentialCeiling, "Not A Reason", "", "its_own_word"}}}
+	clk := clock.NewFake(t0)
+	settled := &lead{st: leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
+	loop := cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clk},
+		settled, &board{}, aud, &static[sdk.Substrate]{v: &substrate{synced: true}}, reapers)
+	for range 2 {
+		loop.RunOnce(context.Background())
+		clk.Advance(ladder.Defaults().MaintenanceInterval)
+	}
+	if !slices.Equal(aud.declared, []string{"its_own_word"}) {
+		t.Fatalf("searched for %q beside the built-in reasons, want only [its_own_word]", aud.declared)
 	}
 }
