@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 )
 
 // cleanup removes what a demo left in dir: agents and tasks still running

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 )
 
 // binaries are what the kube demo runs, built by TestMain into one

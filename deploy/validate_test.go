@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/validatetest"
+	"github.com/dexaflow/reaper/internal/testkit/validatetest"
 )
 
 // TestExampleConfigurationsValidate runs `reaperd validate` on the shipped

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/kubetest"
-	"github.com/dexaflow/reaper/internal/validatetest"
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/internal/testkit/validatetest"
 )
 
 // TestChartConfigurationIsAcceptedByReaperdValidate renders the chart's

@@ -14,7 +14,7 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/plugins"
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/sdk"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/internal/httplimit"
-	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )

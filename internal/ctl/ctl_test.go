@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 )
 
 func TestHelp(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/host/leader/kubelease"
-	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/sdk"
 )
 

@@ -179,7 +179,7 @@ func TestTaskGroupMemberOfAnotherUserCountsAlive(t *testing.T) {
 	}
 }
 
-// unprivileged is the account the prober runs as (as internal/pgtest picks
+// unprivileged is the account the prober runs as (as internal/testkit/pgtest picks
 // one for PostgreSQL).
 func unprivileged(t *testing.T) *syscall.Credential {
 	t.Helper()

@@ -10,8 +10,8 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/pgtest"
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 )
 
 // binDir is reaperd's plugin_dir in every test: reaperd, the Lite substrate

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/kubetest"
-	"github.com/dexaflow/reaper/internal/pgtest"
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 )
 
 // binDir holds the binaries the scenarios run, built once by TestMain.

@@ -15,7 +15,7 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	hostdaemon "github.com/dexaflow/reaper/host/daemon"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"

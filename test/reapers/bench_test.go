@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/massbench"
-	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/massbench"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
 	"github.com/dexaflow/reaper/plugins/orphanrun"

@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/pgtest"
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 )
 
 // binDir holds the binaries TestMain builds: the Lite agent, the Lite

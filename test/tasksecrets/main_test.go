@@ -33,8 +33,8 @@ import (
 
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/internal/pgtest"
-	"github.com/dexaflow/reaper/internal/testbin"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/testbin"
 )
 
 // binDir holds the reaper-agent binary TestMain builds. Set once, before
@@ -220,7 +220,7 @@ func (a account) credential() *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: []uint32{}}
 }
 
-// unprivileged is the user the agents and tasks run as (as internal/pgtest
+// unprivileged is the user the agents and tasks run as (as internal/testkit/pgtest
 // picks one for PostgreSQL). It skips the test when not root.
 func unprivileged(t *testing.T) account {
 	t.Helper()

@@ -23,7 +23,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dexaflow/reaper/internal/pgtest"
+	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 )
 
 func main() {

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/kubetest"
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 )
 
 func main() {

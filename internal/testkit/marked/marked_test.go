@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/marked"
+	"github.com/dexaflow/reaper/internal/testkit/marked"
 )
 
 // A marked process (and the child it forks, which inherits the marker) is

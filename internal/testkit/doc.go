@@ -1,0 +1,12 @@
+// Package testkit holds the project's test harnesses, each a package of its
+// own: pgtest (a throwaway PostgreSQL started as an unprivileged user),
+// kubetest (a real kube-apiserver, etcd, KWOK and controller manager, a
+// real node beside them, and the kubelet player), testbin (the project's
+// binaries built once per test binary), validatetest, marked (processes a
+// test left, by their marker), massbench (the mass recovery's workload) and
+// eventually (waiting for what is truly asynchronous).
+//
+// They import the product from above it; product code never imports them
+// (TestNoProductPackageImportsTheTestKit). The demo and the tools that
+// drive whole clusters (demo/, tools/) use them as tests do.
+package testkit
