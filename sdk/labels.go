@@ -79,6 +79,13 @@ const (
 	// delete the pods (the out-of-service taint), after which pod_lost
 	// follows on its own signal.
 	LabelPodLostNodeUnreachable = "pod_lost_node_unreachable"
+	// LabelInfraConfirmValveHeld: an unconfirmed infra mark past its
+	// confirmation valve was not acted on, because the kube runner read
+	// that the attempt's pod may still run on a node that is not Ready
+	// (no teardown reaches it; a re-place would run the task again beside
+	// it once the node is back). It waits for the node, the pod's end, the
+	// node's deletion, an out-of-service taint or an operator's mark.
+	LabelInfraConfirmValveHeld = "infra_confirm_valve_held"
 	// LabelMarkNoop: a guarded mark changed nothing because the attempt moved
 	// on (another try, epoch or state), heartbeated again, or the term is no
 	// longer current.
@@ -199,7 +206,7 @@ func Labels() []string {
 		LabelDispatchLostPodDeleteErr, LabelStartExpired,
 		LabelPodLost, LabelPodLostPodQueryErr, LabelPodLostPodDeleteErr,
 		LabelOrphanReapNoop,
-		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen,
+		LabelTeardownDeleteFallback, LabelInfraConfirmValveOpen, LabelInfraConfirmValveHeld,
 		LabelDispatchUnavailable, LabelDispatchUnavailableSpent,
 		LabelOrphanRun, LabelOrphanRunPodDeleteErr, LabelWarmWorkerLost, LabelWarmWorkerListErr, LabelWarmRequeue,
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelPodLostNodeUnreachable, LabelMarkNoop,

@@ -86,6 +86,10 @@ type Runner struct {
 	// latency is measured on the tick that finds them running. Used by the
 	// cycle only.
 	dispatched cycle.Dispatches
+
+	// valveNoted: held marks past the valve and when their decision was
+	// last recorded (valve.go). Used by the cycle only.
+	valveNoted map[sdk.Attempt]time.Time
 }
 
 // New checks the configuration.
@@ -110,10 +114,15 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
+		valveNoted: map[sdk.Attempt]time.Time{},
 	}
+	r.steps.ValveHold = r.valveHold
 	if cfg.WarmPool != nil {
 		r.warm = warmSpec(cfg, r.spec)
 		r.warmSteps = r.steps
+		// A warm attempt's pod is its worker's, not named for it: the
+		// warm-worker sweep judges those marks.
+		r.warmSteps.ValveHold = nil
 		r.warmSteps.Executor = sdk.ExecutorWarm
 		r.shunned = map[string]time.Time{}
 	}

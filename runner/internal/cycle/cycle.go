@@ -68,6 +68,26 @@ type Driver struct {
 	// offered again, from the task's first one, before it fails.
 	DispatchUnavailableWindow time.Duration
 	Log                       hclog.Logger
+	// ValveHold, when set, is asked before an unconfirmed mark is acted on
+	// past the valve (see ValveHold).
+	ValveHold func(ctx context.Context, ti board.TaskInstance, now time.Time) ValveHold
+}
+
+// ValveHold is an executor's answer before the valve acts on an
+// unconfirmed mark. The valve is there for a reconciler that cannot
+// confirm anything; an executor that can read, live, that something of the
+// attempt may still run where no teardown reaches it (its pod on a node
+// that is not Ready: a partition, a hung machine) holds the mark instead,
+// because acting on it would start the task again beside an execution that
+// resumes when the node does. Whatever the executor cannot read does not
+// hold: the valve opens, as it would without it.
+type ValveHold struct {
+	Hold bool
+	// Note: record the decision this time (the executor throttles its
+	// own notes: a held mark is asked every cycle).
+	Note     bool
+	Detail   string
+	Evidence map[string]string
 }
 
 // Decide records one decision and logs it at level.
@@ -120,6 +140,20 @@ func (d Driver) Release(ctx context.Context, now time.Time, t *Tally) error {
 func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) error {
 	a := ti.Attempt
 	v := DecideRelease(ti, now, d.Valve)
+	if v.ValveOpen && d.ValveHold != nil {
+		if h := d.ValveHold(ctx, ti, now); h.Hold {
+			t.Waiting++
+			if h.Note {
+				ev := map[string]string{"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339), "valve": ladder.Format(d.Valve)}
+				for k, val := range h.Evidence {
+					ev[k] = val
+				}
+				d.Decide(t, hclog.Warn, sdk.Decision{Label: sdk.LabelInfraConfirmValveHeld, Attempt: a,
+					Detail: "infra mark past the confirmation valve held: " + h.Detail, Evidence: ev})
+			}
+			return nil
+		}
+	}
 	var (
 		applied bool
 		label   string

@@ -1,0 +1,116 @@
+package kuberunner
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+)
+
+// The valve on an unreachable node.
+//
+// The infra confirmation valve acts on a provisional mark nobody confirmed,
+// so that a reconciler that cannot read the cluster does not hold a task
+// forever. On a node that stopped reporting (partitioned, hung, its kubelet
+// gone) the reconciler can read perfectly well: it reads that the pod's
+// task container has not terminated, and no teardown can make it so,
+// since only that node's kubelet stops containers. Re-placing then would
+// run the task a second time beside the first, which carries on the moment
+// the node is back (proven on the real node: a partition past the valve
+// ran both). So before the valve acts on a kube attempt the runner reads
+// its pod and the pod's node, live, and holds the mark while:
+//
+//   - the pod (the one named for the attempt, carrying its labels) exists,
+//     has not finished and was not force-deleted (grace 0: someone asserted
+//     it is gone), and its task container has not terminated;
+//   - it is bound to a node that exists, whose Ready condition is not True,
+//     and that carries no out-of-service taint (the operator's word that
+//     the machine is off).
+//
+// Anything it cannot read (the pod, the node) does not hold: the valve
+// opens as it would without this. A held mark waits for the node to come
+// back (the old agent is answered should_terminate and the kubelet ends
+// the pod stopped in place; the sweep confirms), the node's deletion (Pod
+// GC), an out-of-service taint or an operator's reaperctl mark.
+
+// valveNoteEvery is how often a held mark's decision is recorded again
+// (the runner asks every cycle).
+const valveNoteEvery = time.Minute
+
+// taintOutOfService is the taint an operator puts on a node whose machine
+// is known to be off (non-graceful node shutdown).
+const taintOutOfService = "node.kubernetes.io/out-of-service"
+
+// valveHold is the kube runner's cycle.Driver.ValveHold.
+func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.Time) cycle.ValveHold {
+	a := ti.Attempt
+	h := r.readValveHold(ctx, a)
+	if !h.Hold {
+		delete(r.valveNoted, a)
+		return h
+	}
+	if last, ok := r.valveNoted[a]; !ok || now.Sub(last) >= valveNoteEvery {
+		r.valveNoted[a] = now
+		h.Note = true
+	}
+	return h
+}
+
+func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt) cycle.ValveHold {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+	defer cancel()
+	p, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, PodName(a), metav1.GetOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			r.log.Warn("could not read the pod of an unconfirmed mark past the valve: the valve opens", "attempt", a.String(), "error", err)
+		}
+		return cycle.ValveHold{}
+	}
+	if got, ok := kube.PodAttempt(p.Labels, p.Annotations); !ok || got != a {
+		return cycle.ValveHold{}
+	}
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.Spec.NodeName == "" ||
+		(p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0) {
+		return cycle.ValveHold{}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == kube.TaskContainer && cs.State.Terminated != nil {
+			return cycle.ValveHold{}
+		}
+	}
+	node, err := r.cfg.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			r.log.Warn("could not read the node of an unconfirmed mark's pod past the valve: the valve opens",
+				"attempt", a.String(), "node", p.Spec.NodeName, "error", err)
+		}
+		return cycle.ValveHold{}
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == taintOutOfService {
+			return cycle.ValveHold{}
+		}
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type != corev1.NodeReady {
+			continue
+		}
+		if c.Status == corev1.ConditionTrue {
+			return cycle.ValveHold{}
+		}
+		since := c.LastTransitionTime.UTC().Format(time.RFC3339)
+		return cycle.ValveHold{Hold: true,
+			Detail: fmt.Sprintf("pod %s may still run its task on node %s, Ready %s since %s (%s): no teardown reaches it, and a re-place would run the task beside it once the node is back",
+				p.Name, node.Name, c.Status, since, c.Reason),
+			Evidence: map[string]string{"pod": p.Name, "node": node.Name, "node_ready": string(c.Status), "node_ready_since": since}}
+	}
+	return cycle.ValveHold{} // no Ready condition yet: no signal
+}
