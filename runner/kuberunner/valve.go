@@ -31,9 +31,14 @@ import (
 //   - the pod (the one named for the attempt, carrying its labels) exists,
 //     has not finished and was not force-deleted (grace 0: someone asserted
 //     it is gone), and its task container has not terminated;
-//   - it is bound to a node that exists, whose Ready condition is not True,
-//     and that carries no out-of-service taint (the operator's word that
-//     the machine is off).
+//   - it is bound to a node that exists and carries no out-of-service
+//     taint (the operator's word that the machine is off), whose Ready
+//     condition is not True, or turned True less than the pods'
+//     termination grace plus two maintenance intervals ago: a node just
+//     back is ending the pod the teardown stopped in place (its kubelet
+//     acts on the lowered deadline, the old agent on should_terminate),
+//     and a re-place before that ends would overlap it. Past that window a
+//     container still running on a Ready node is what the valve is for.
 //
 // Anything it cannot read (the pod, the node) does not hold: the valve
 // opens as it would without this. A held mark waits for the node to come
@@ -52,7 +57,7 @@ const taintOutOfService = "node.kubernetes.io/out-of-service"
 // valveHold is the kube runner's cycle.Driver.ValveHold.
 func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.Time) cycle.ValveHold {
 	a := ti.Attempt
-	h := r.readValveHold(ctx, a)
+	h := r.readValveHold(ctx, a, now)
 	if !h.Hold {
 		delete(r.valveNoted, a)
 		return h
@@ -64,7 +69,7 @@ func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.
 	return h
 }
 
-func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt) cycle.ValveHold {
+func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time) cycle.ValveHold {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	p, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, PodName(a), metav1.GetOptions{})
@@ -103,10 +108,17 @@ func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt) cycle.ValveHo
 		if c.Type != corev1.NodeReady {
 			continue
 		}
-		if c.Status == corev1.ConditionTrue {
-			return cycle.ValveHold{}
-		}
 		since := c.LastTransitionTime.UTC().Format(time.RFC3339)
+		if c.Status == corev1.ConditionTrue {
+			back := r.cfg.TerminationGrace + 2*r.cfg.Ladder.MaintenanceInterval
+			if now.Sub(c.LastTransitionTime.Time) >= back {
+				return cycle.ValveHold{}
+			}
+			return cycle.ValveHold{Hold: true,
+				Detail: fmt.Sprintf("node %s of pod %s is Ready again since %s, and its kubelet is ending the pod (for up to %s): a re-place now would overlap it",
+					node.Name, p.Name, since, back),
+				Evidence: map[string]string{"pod": p.Name, "node": node.Name, "node_ready": string(c.Status), "node_ready_since": since}}
+		}
 		return cycle.ValveHold{Hold: true,
 			Detail: fmt.Sprintf("pod %s may still run its task on node %s, Ready %s since %s (%s): no teardown reaches it, and a re-place would run the task beside it once the node is back",
 				p.Name, node.Name, c.Status, since, c.Reason),

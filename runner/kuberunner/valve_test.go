@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -37,6 +38,7 @@ func TestTheValveHoldsAMarkWhosePodMayStillRunOnANodeNotReady(t *testing.T) {
 		t.Cleanup(func() { _ = e.cs.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 		setReady(t, e, n, ready)
 	}
+	var r0 *kuberunner.Runner // the case's runner, for its then
 	for name, tc := range map[string]struct {
 		ready  corev1.ConditionStatus
 		taints []corev1.Taint
@@ -45,13 +47,23 @@ func TestTheValveHoldsAMarkWhosePodMayStillRunOnANodeNotReady(t *testing.T) {
 		then func(t *testing.T, p *corev1.Pod, nodeName string)
 		held bool
 	}{
-		"NodeUnknown_HeldUntilTheNodeIsReadyAgain": {ready: corev1.ConditionUnknown, held: true,
+		"NodeUnknown_HeldUntilTheNodeIsBackAndHadTimeToEndThePod": {ready: corev1.ConditionUnknown, held: true,
 			then: func(t *testing.T, _ *corev1.Pod, n string) {
 				got, err := e.cs.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
 				setReady(t, e, got, corev1.ConditionTrue)
+				// Just back: its kubelet is ending the stopped pod, so the
+				// mark is still held, until the pods' grace and two
+				// maintenance intervals have passed.
+				e.clk.Advance(time.Second)
+				res := cycle(t, r0, e.clk.Now())
+				if res.Replaced != 0 || res.Waiting != 1 {
+					t.Fatalf("a second after the node is back: replaced %d, waiting %d, decisions %v: want still held", res.Replaced, res.Waiting, labels(res))
+				}
+				l := ladder.Defaults()
+				e.clk.Advance(l.TaskTerminationGrace + 2*l.MaintenanceInterval)
 			}},
 		"NodeNotReady_HeldUntilTheNodeIsDeleted": {ready: corev1.ConditionFalse, held: true,
 			then: func(t *testing.T, _ *corev1.Pod, n string) {
@@ -100,6 +112,7 @@ func TestTheValveHoldsAMarkWhosePodMayStillRunOnANodeNotReady(t *testing.T) {
 			node(t, nodeName, tc.ready, tc.taints...)
 			e.mkRun(t, run, lifecycle.NewTask{TaskID: "task", Retries: 1})
 			r := e.runner(t, e.config(e.cs))
+			r0 = r
 			if res := cycle(t, r, e.clk.Now()); res.Dispatched != 1 {
 				t.Fatalf("dispatched %d", res.Dispatched)
 			}
@@ -160,7 +173,7 @@ func setReady(t *testing.T, e *env, n *corev1.Node, status corev1.ConditionStatu
 	t.Helper()
 	n.Status.Conditions = nil
 	if status != "" {
-		now := metav1.Now()
+		now := metav1.NewTime(e.clk.Now())
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, Reason: "Test",
 			LastHeartbeatTime: now, LastTransitionTime: now}}
 	}

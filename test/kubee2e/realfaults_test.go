@@ -404,3 +404,73 @@ func disruptedBy(p *corev1.Pod) string {
 	}
 	return ""
 }
+
+// The real node is partitioned while an attempt runs: its kubelet frozen
+// and its pods cut off from the attempt API, so the agent's heartbeats
+// stop and nothing on the node can be stopped. The heartbeat reaper marks
+// the attempt (provisional) and the teardown lowers the pod's deadline,
+// which no kubelet acts on; the controller manager marks the node not
+// Ready. Past the confirmation valve the kube runner holds the mark
+// (infra_confirm_valve_held) instead of re-placing it: a re-place would
+// run the task again beside the first execution the moment the node is
+// back (a double execution, seen here before the hold). Once the partition
+// heals, the old agent is answered should_terminate and the kubelet ends
+// the pod; the mark is confirmed, the attempt re-placed, the task run to
+// success with no execution beside another. The valve is set past the
+// node monitor grace (30 s) here, as the default ladder's agent_lost and
+// valve (90 s + 2 min) are past the controller manager's default grace.
+func realPartitioned(t *testing.T, c *kubetest.Cluster) {
+	s := newRealScenario(t, 31, "real node: partitioned past the valve", c)
+	s.valveOver, s.orphanOver = kubetest.NodeMonitorGrace+5*time.Second, 2*time.Minute
+	s.pair()
+	s.submit(victim("victim"))
+	a, _ := s.waitRunning("victim")
+	p := s.runningPod(a)
+	if err := c.PauseKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	healed := false
+	heal := func(undo func() error) {
+		if !healed {
+			healed = true
+			if err := undo(); err != nil {
+				t.Error(err)
+			}
+			if err := c.ResumeKubelet(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	undo, err := s.real.RejectFromPod(kubetest.NodeSubnet, s.apiPort())
+	if err != nil {
+		_ = c.ResumeKubelet()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { heal(undo) }) // never leave the shared node partitioned
+	f := s.harm("node partitioned (kubelet frozen, pods cut off)", a, agentLost)
+	s.waitReaped(f, time.Minute)
+	var held *decision
+	s.eventually(s.valveOver+time.Minute, "the runner to hold the mark past the valve", func() bool {
+		ds, err := s.decisions()
+		if err != nil {
+			return false
+		}
+		for i, d := range ds {
+			if d.Attempt == a && d.Label == sdk.LabelInfraConfirmValveHeld {
+				held = &ds[i]
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("%s: %s: %s", held.At.Format("15:04:05.000"), held.Label, held.Detail)
+	if ti, err := s.taskRow("victim"); err != nil || ti.Attempt != a {
+		t.Fatalf("the held attempt moved: %+v (%v)", ti.Attempt, err)
+	}
+	heal(undo)
+	t.Logf("partition healed %s after it began", time.Since(f.at).Round(time.Millisecond))
+	ended := s.waitPodEnded(p, time.Minute)
+	t.Logf("the partitioned pod: %s/%s", ended.Status.Phase, ended.Status.Reason)
+	s.ledger.reopen("victim")
+	s.finish()
+}

@@ -290,6 +290,7 @@ var realScenarios = []struct {
 	{"ControlPlaneUnreachablePastTheStartRetryIsControlPlaneUnavailable", realStartUnanswered},
 	{"WedgedAgentIsStoppedInPlaceByTheKubeletAndRePlaced", realWedgedAgent},
 	{"NodeLostPodsDeletedByTheTaintManagerArePodDisruptedOnceTheKubeletEndsThem", realNodeLost},
+	{"PartitionedPastTheValveIsHeldNotRunTwice", realPartitioned},
 }
 
 // Two tasks run in real containers to SUCCESS: each settled once, run

@@ -2,6 +2,7 @@ package kubee2e_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -135,6 +136,10 @@ type scenario struct {
 	real     *kubetest.RealNode
 	ledger   *ledger
 	memLimit string
+	// valveOver and orphanOver, when set, replace the ladder's
+	// infra_confirm_valve and orphan_run (a scenario that needs the valve
+	// past the cluster's node monitor grace).
+	valveOver, orphanOver time.Duration
 }
 
 // newScenario prepares a scenario on cluster c: a namespace with one node,
@@ -281,7 +286,7 @@ ladder {
   infra_confirm_valve    = %q
   task_termination_grace = %q
 }`, s.ns, s.c.Kubeconfig(), lease, interval, heartbeat, agentLost, grace, dispatchLost, podLostFloor,
-		orphanRun, valve, podGrace)
+		cmp.Or(s.orphanOver, orphanRun), cmp.Or(s.valveOver, valve), podGrace)
 	if err := os.WriteFile(path, []byte(s.configText(leader, s.apiListen, runner)), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
