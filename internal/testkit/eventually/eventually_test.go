@@ -23,27 +23,20 @@ func (f *fatalTB) Fatalf(format string, args ...any) { f.msg = fmt.Sprintf(forma
 func TestUntil(t *testing.T) {
 	t.Parallel()
 
-	t.Run("HeldAtOnce_AskedOnce", func(t *testing.T) {
-		t.Parallel()
-		var asked atomic.Int32
-		if !eventually.Until(time.Minute, func() bool { asked.Add(1); return true }) {
-			t.Fatal("a condition that holds was not seen to hold")
-		}
-		if n := asked.Load(); n != 1 {
-			t.Fatalf("asked %d times, want 1", n)
-		}
-	})
-
-	t.Run("HeldLater_ReturnsAsSoonAsItHolds", func(t *testing.T) {
-		t.Parallel()
-		var asked atomic.Int32
-		if !eventually.Until(time.Minute, func() bool { return asked.Add(1) == 3 }) {
-			t.Fatal("a condition that holds at the third poll was not seen to hold")
-		}
-		if n := asked.Load(); n != 3 {
-			t.Fatalf("asked %d times, want 3", n)
-		}
-	})
+	// Each condition holds at its n-th poll: Until returns then, having
+	// asked exactly n times.
+	for name, n := range map[string]int32{"HeldAtOnce_AskedOnce": 1, "HeldAtTheThirdPoll_ReturnsThen": 3} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var asked atomic.Int32
+			if !eventually.Until(time.Minute, func() bool { return asked.Add(1) == n }) {
+				t.Fatalf("a condition that holds at poll %d was not seen to hold", n)
+			}
+			if got := asked.Load(); got != n {
+				t.Fatalf("asked %d times, want %d", got, n)
+			}
+		})
+	}
 
 	t.Run("NeverHeld_FalseAfterTheBound_AskedOnceMoreAtIt", func(t *testing.T) {
 		t.Parallel()
