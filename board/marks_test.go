@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -322,26 +323,15 @@ func TestMark(t *testing.T) {
 // (the test's signal that a statement is blocked where it should be).
 func waitForLockWait(t *testing.T, b *bundle) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	eventually.True(t, 10*time.Second, "a session to wait on a lock", func() bool {
 		var n int
-		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
             WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no session ever waited on a lock")
-		case <-tick.C:
-		}
-	}
+		return n > 0
+	}, eventually.Every(2*time.Millisecond))
 }
 
 // markWant is the result a test expects of one mark of a batch.

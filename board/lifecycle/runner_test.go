@@ -10,6 +10,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -441,21 +442,14 @@ func TestRailsCheckTheRunsState(t *testing.T) {
 			finished <- result{done, err}
 		}()
 		// The runner has read the run as settled and waits on its row.
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		eventually.True(t, 20*time.Second, "the runner's finish to wait on the run's row", func() bool {
 			var waiting int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
                 WHERE wait_event_type = 'Lock' AND query LIKE '%WITH done AS%'`).Scan(&waiting); err != nil {
 				t.Fatal(err)
 			}
-			if waiting > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the runner's finish never waited on the run's row")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return waiting > 0
+		})
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}

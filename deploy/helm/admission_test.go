@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -74,17 +75,15 @@ func refusedByPolicy(err error) bool {
 // time) until the policy refuses a dry-run create of a forged pod as cs.
 func waitPolicy(t *testing.T, cs kubernetes.Interface, ns string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for i := 0; ; i++ {
-		_, err := cs.CoreV1().Pods(ns).Create(context.Background(), taskPod(fmt.Sprintf("probe-%d", i), sdk.Attempt{RunID: "probe", TaskID: "probe", Try: 1}),
+	var err error
+	probes := 0
+	if !eventually.Until(time.Minute, func() bool {
+		_, err = cs.CoreV1().Pods(ns).Create(context.Background(), taskPod(fmt.Sprintf("probe-%d", probes), sdk.Attempt{RunID: "probe", TaskID: "probe", Try: 1}),
 			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if refusedByPolicy(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the admission policy never took effect: last answer %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // an external process's own pace, bounded
+		probes++
+		return refusedByPolicy(err)
+	}, eventually.Every(100*time.Millisecond)) {
+		t.Fatalf("the admission policy never took effect: last answer %v", err)
 	}
 }
 

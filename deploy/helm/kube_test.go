@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 )
 
@@ -80,17 +81,15 @@ func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var pods []corev1.Pod
-	for len(pods) != 2 {
+	if !eventually.Until(time.Minute, func() bool {
 		list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			t.Fatalf("list the chart's pods: %v", err)
 		}
 		pods = list.Items
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the Deployment made %d pods, want 2", len(pods))
-		case <-time.After(100 * time.Millisecond):
-		}
+		return len(pods) == 2
+	}, eventually.Every(100*time.Millisecond)) {
+		t.Fatalf("the Deployment made %d pods, want 2", len(pods))
 	}
 	for _, p := range pods {
 		if p.Spec.ServiceAccountName != "reaper" || p.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef.Name != "reaper-database" {
@@ -232,12 +231,9 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			defer cancel()
 			// The authorizer sees new bindings through its informers: wait
 			// for the first allowed call before judging.
-			for !allowed(ctx, t, cs, user, release, allow[0]) {
-				select {
-				case <-ctx.Done():
-					t.Fatalf("the chart's ServiceAccount never got %s", allow[0])
-				case <-time.After(100 * time.Millisecond):
-				}
+			if !eventually.Until(time.Minute, func() bool { return allowed(ctx, t, cs, user, release, allow[0]) },
+				eventually.Every(100*time.Millisecond)) {
+				t.Fatalf("the chart's ServiceAccount never got %s", allow[0])
 			}
 			for _, a := range allow {
 				if !allowed(ctx, t, cs, user, release, a) {

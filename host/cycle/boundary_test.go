@@ -7,6 +7,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	hostaudit "github.com/dexaflow/reaper/host/audit"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -49,12 +50,10 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 		}
 		// The plugin writes on after its pass returned: a real process,
 		// waited for with a bound.
-		deadline := time.Now().Add(20 * time.Second)
-		for !w.hasRefusal(t, sdk.LabelBoardRefusedPassClosed, "mark attempts") {
-			if time.Now().After(deadline) {
-				t.Fatal("the late mark was never refused and audited")
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !eventually.Until(20*time.Second, func() bool {
+			return w.hasRefusal(t, sdk.LabelBoardRefusedPassClosed, "mark attempts")
+		}, eventually.Every(20*time.Millisecond)) {
+			t.Fatal("the late mark was never refused and audited")
 		}
 		w.refusal(t, sdk.LabelBoardRefusedPassClosed, "append try log lines", sdk.NoopPassClosed)
 		w.refusal(t, sdk.LabelBoardRefusedPassClosed, "mark attempts", sdk.NoopPassClosed)

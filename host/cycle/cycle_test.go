@@ -413,8 +413,8 @@ func TestCycle(t *testing.T) {
 		defer cancel()
 		stopped := make(chan struct{})
 		go func() { b.loop.Run(ctx); close(stopped) }()
-		for b.clock.Waiters() == 0 { // the loop's ticker is registered
-			time.Sleep(time.Millisecond)
+		if err := b.clock.BlockUntil(ctx, 1); err != nil { // the loop's ticker is registered
+			t.Fatal(err)
 		}
 		b.clock.Advance(30 * time.Second) // tick 1: the cycle starts and hangs
 		<-b.sub.started

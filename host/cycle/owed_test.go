@@ -10,6 +10,7 @@ import (
 	pgboard "github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -46,11 +47,10 @@ func TestOwedTeardownRetries(t *testing.T) {
 		// cancellation on the broker's goroutine, maybe after the cycle.
 		var rows []pgboard.OwedTeardown
 		var err error
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if rows, err = w.store.OwedTeardownsFor(ctx, "run", "task"); err != nil || len(rows) > 0 {
-				break
-			}
-		}
+		eventually.Until(10*time.Second, func() bool {
+			rows, err = w.store.OwedTeardownsFor(ctx, "run", "task")
+			return err != nil || len(rows) > 0
+		}, eventually.Every(5*time.Millisecond))
 		if err != nil || len(rows) != 1 || rows[0].Tries != 1 || rows[0].Reaper != "agentlost" ||
 			rows[0].Label != sdk.LabelAgentLostPodDeleteErr {
 			t.Fatalf("owed rows %+v, %v", rows, err)

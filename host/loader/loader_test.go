@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk/plugin"
 	"os"
 	"os/exec"
@@ -402,12 +403,8 @@ func TestPassFailures(t *testing.T) {
 // waitExited waits for the crashed process to be reaped by go-plugin.
 func waitExited(t *testing.T, p *loader.Plugin) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !p.Exited() {
-		if time.Now().After(deadline) {
-			t.Fatal("plugin process still running after its crash")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually.Until(10*time.Second, p.Exited) {
+		t.Fatal("plugin process still running after its crash")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/testsignal"
 )
 
 // heartbeatBatcher coalesces concurrent heartbeats into batched writes, the
@@ -21,6 +22,16 @@ type heartbeatBatcher struct {
 
 	mu      sync.Mutex
 	pending []*pendingHeartbeat
+
+	// testSignals are the points tests wait for; no-ops unless a test
+	// initialised them.
+	testSignals batcherTestSignals
+}
+
+// batcherTestSignals are the points of the batcher a test can wait for.
+type batcherTestSignals struct {
+	// joined: a heartbeat joined the pending list.
+	joined testsignal.TestSignal[lifecycle.HeartbeatCall]
 }
 
 type pendingHeartbeat struct {
@@ -46,6 +57,7 @@ func (b *heartbeatBatcher) heartbeat(ctx context.Context, c lifecycle.HeartbeatC
 	b.mu.Lock()
 	b.pending = append(b.pending, p)
 	b.mu.Unlock()
+	b.testSignals.joined.Signal(c)
 	for {
 		select {
 		case r := <-p.done:

@@ -44,6 +44,7 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 		batches [][]sdk.Attempt
 	)
 	gate := make(chan struct{})
+	writing := make(chan struct{}) // closed once the first batch is in write
 	write := func(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error) {
 		mu.Lock()
 		var as []sdk.Attempt
@@ -54,11 +55,13 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 		firstBatch := len(batches) == 1
 		mu.Unlock()
 		if firstBatch {
+			close(writing)
 			<-gate // the others arrive while this batch is written
 		}
 		return w.HeartbeatCredentials(ctx, calls)
 	}
 	hb := newHeartbeatBatcher(write, 1, 100)
+	hb.testSignals.joined.Init(t)
 
 	type answer struct {
 		term bool
@@ -73,32 +76,35 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 			ch <- answer{term, err}
 		}()
 	}
-	waitPending := func(n int) {
+	// wantPending checks, once the batcher has said so, that n heartbeats
+	// wait behind the first batch.
+	wantPending := func(n int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			hb.mu.Lock()
-			got := len(hb.pending)
-			hb.mu.Unlock()
-			mu.Lock()
-			flushing := len(batches)
-			mu.Unlock()
-			if got == n && flushing == 1 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d heartbeats pending, %d batches, want %d pending behind the first batch", got, flushing, n)
-			}
-			time.Sleep(time.Millisecond)
+		hb.mu.Lock()
+		got := len(hb.pending)
+		hb.mu.Unlock()
+		mu.Lock()
+		flushing := len(batches)
+		mu.Unlock()
+		if got != n || flushing != 1 {
+			t.Fatalf("%d heartbeats pending, %d batches, want %d pending behind the first batch", got, flushing, n)
 		}
 	}
 	call(attempt("first"))
-	waitPending(0)
+	hb.testSignals.joined.WaitOrTimeout()
+	select {
+	case <-writing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch was never written")
+	}
+	wantPending(0)
 	superseded := attempt("superseded")
 	superseded.Epoch = 3 // the row holds epoch 0
 	call(attempt("renews"))
 	call(superseded)
-	waitPending(2)
+	hb.testSignals.joined.WaitOrTimeout()
+	hb.testSignals.joined.WaitOrTimeout()
+	wantPending(2)
 	close(gate)
 
 	for id, want := range map[string]bool{"first": false, "renews": false, "superseded": true} {

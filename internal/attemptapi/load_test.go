@@ -16,6 +16,7 @@ import (
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -39,6 +40,10 @@ func BenchmarkHeartbeatLoad100(b *testing.B) { benchHeartbeatLoad(b, 100) }
 // calls, each with a TLS handshake, burst over the first second, and
 // heartbeats sent during the next ones can queue behind that burst.
 const steadyAfter = 5 * time.Second
+
+// apiApplication names the API's own sessions on the server, so that the
+// benchmark can wait for them to end (and their statistics to be flushed).
+const apiApplication = "attempt-api-load"
 
 func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 	ctx := context.Background()
@@ -79,6 +84,7 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 		b.Fatal(err)
 	}
 	apiCfg.MaxConns = 4
+	apiCfg.ConnConfig.RuntimeParams["application_name"] = apiApplication
 	apiPool, err := pgxpool.NewWithConfig(ctx, apiCfg)
 	if err != nil {
 		b.Fatal(err)
@@ -96,8 +102,18 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 	served := attemptapi.Serve(sctx, ln, srv, hclog.NewNullLogger())
 
 	var updBefore, commitsBefore int64
+	// readStats reads the server's statistics once every open session of
+	// the setup's pool has handed its pending counts over (a backend does
+	// so when it goes idle after pg_stat_force_next_flush, or when it exits).
 	readStats := func() (int64, int64) {
 		var upd, commits int64
+		for _, c := range setupPool.AcquireAllIdle(ctx) {
+			_, err := c.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+			c.Release()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
 		if _, err := setupPool.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
 			b.Fatal(err)
 		}
@@ -109,7 +125,6 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 		}
 		return upd, commits
 	}
-	time.Sleep(1500 * time.Millisecond) // the setup's statistics reach the server
 	updBefore, commitsBefore = readStats()
 
 	clients := make([]*attemptapi.Client, loadAgents)
@@ -137,6 +152,8 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 			// Agents start spread over the first second, as dispatches are.
 			next := time.Now().Add(time.Duration(i) * time.Second / time.Duration(loadAgents))
 			for first := true; next.Before(deadline); first = false {
+				// The load's own pace, not a wait for anything: each agent
+				// beats once a second of wall time, at once when it lags.
 				time.Sleep(time.Until(next))
 				start := time.Now()
 				resp, err := c.Heartbeat(ctx, a)
@@ -169,7 +186,14 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 		b.Fatal(err)
 	}
 	apiPool.Close() // its backends flush their statistics as they exit
-	time.Sleep(1500 * time.Millisecond)
+	eventually.True(b, 30*time.Second, "the API's sessions to end", func() bool {
+		var left int
+		if err := setupPool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`,
+			apiApplication).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		return left == 0
+	})
 	upd, commits := readStats()
 
 	n := len(latencies)

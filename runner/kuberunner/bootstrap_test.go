@@ -20,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/runner/kuberunner"
@@ -93,12 +94,12 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 	until := func(what string, done func(board.TaskInstance) bool) board.TaskInstance {
 		t.Helper()
 		var ti board.TaskInstance
-		waitFor(t, what, func() bool {
+		eventually.True(t, clusterWait, what, func() bool {
 			e.clk.Advance(time.Second)
 			cycle(t, r, e.clk.Now())
 			ti = e.ti(t, "run", "t")
 			return done(ti)
-		})
+		}, eventually.Every(clusterPoll))
 		return ti
 	}
 	ti := until("the agent to exchange and report running", func(ti board.TaskInstance) bool { return ti.State == sdk.StateRunning })
@@ -126,14 +127,14 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 			t.Logf("the viewer's last list: %v", lastErr)
 		}
 	})
-	waitFor(t, "the viewer to read the namespace's pods", func() bool {
+	eventually.True(t, clusterWait, "the viewer to read the namespace's pods", func() bool {
 		pods, err = viewer.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
 		lastErr = err
 		if err != nil && !apierrors.IsForbidden(err) {
 			t.Fatal(err)
 		}
 		return err == nil && len(pods.Items) == 1
-	})
+	}, eventually.Every(clusterPoll))
 	env := map[string]string{}
 	for _, v := range pods.Items[0].Spec.Containers[0].Env {
 		env[v.Name] = v.Value

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -76,7 +77,7 @@ func TestTheKubeRunnerWritesTheDispatchCollectors(t *testing.T) {
 		}
 		return rn.State != sdk.RunRunning && rn.State != sdk.RunQueued
 	}
-	waitFor(t, "both runs to finish", func() bool {
+	eventually.True(t, clusterWait, "both runs to finish", func() bool {
 		e.clk.Advance(time.Second)
 		res := cycle(t, r, e.clk.Now())
 		tick(m, res)
@@ -85,7 +86,7 @@ func TestTheKubeRunnerWritesTheDispatchCollectors(t *testing.T) {
 		bound += res.WarmBound
 		latencies = append(latencies, res.DispatchLatencies...)
 		return finished("run-kube") && finished("run-warm")
-	})
+	}, eventually.Every(clusterPoll))
 	if dispatched != 1 || bound != 1 || len(latencies) != 2 {
 		t.Fatalf("dispatched %d, bound %d, latencies %v: want a pod, a bind and the latency of each", dispatched, bound, latencies)
 	}

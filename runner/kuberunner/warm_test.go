@@ -20,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/plugins/warmworker"
@@ -151,7 +152,7 @@ func (e *warmEnv) refill(t *testing.T, r *kuberunner.Runner) kuberunner.RefillRe
 func (e *warmEnv) workersRunning(t *testing.T, n int) []string {
 	t.Helper()
 	var names []string
-	waitFor(t, "warm worker processes to run", func() bool {
+	eventually.True(t, clusterWait, "warm worker processes to run", func() bool {
 		names = names[:0]
 		for name := range e.workers(t) {
 			if _, _, ok := e.player.Process(name); ok {
@@ -159,7 +160,7 @@ func (e *warmEnv) workersRunning(t *testing.T, n int) []string {
 			}
 		}
 		return len(names) >= n
-	})
+	}, eventually.Every(clusterPoll))
 	slices.Sort(names)
 	return names
 }
@@ -174,25 +175,22 @@ func (e *warmEnv) mkWarmRun(t *testing.T, runID string, tasks ...lifecycle.NewTa
 func (e *warmEnv) cycleUntil(t *testing.T, r *kuberunner.Runner, runID, taskID, what string, done func(board.TaskInstance) bool) board.TaskInstance {
 	t.Helper()
 	var ti board.TaskInstance
-	waitFor(t, what, func() bool {
+	eventually.True(t, clusterWait, what, func() bool {
 		e.clk.Advance(time.Second)
 		cycle(t, r, e.clk.Now())
 		ti = e.ti(t, runID, taskID)
 		return done(ti)
-	})
+	}, eventually.Every(clusterPoll))
 	return ti
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(120 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// clusterWait bounds a wait on the test cluster (its API server, the
+// kubelet player's processes); clusterPoll is its pace, which also sets how
+// fast cycleUntil moves the fake clock.
+const (
+	clusterWait = 120 * time.Second
+	clusterPoll = 50 * time.Millisecond
+)
 
 // TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted: the refill
 // keeps Size live worker pods, each labelled for the substrate's
@@ -236,7 +234,7 @@ func TestWarmPoolFilledToSizeAndRefilledAfterAWorkerPodIsDeleted(t *testing.T) {
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), names[0], metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok })
+	eventually.True(t, clusterWait, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok }, eventually.Every(clusterPoll))
 	res := e.refill(t, r)
 	if res.Live != 1 || len(res.Created) != 1 || res.Created[0] == names[0] {
 		t.Fatalf("refill after a delete %+v", res)
@@ -298,7 +296,7 @@ func TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate(t *testing.T) {
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), names[0], metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok })
+	eventually.True(t, clusterWait, "the deleted worker pod to go", func() bool { _, ok := e.workers(t)[names[0]]; return !ok }, eventually.Every(clusterPoll))
 	e.clk.Advance(kuberunner.WarmRefillDefault)
 	created("refilled")
 	gateHolds()
@@ -405,7 +403,7 @@ func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAno
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), lost, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok })
+	eventually.True(t, clusterWait, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok }, eventually.Every(clusterPoll))
 
 	sub := kube.NewWithOptions(hclog.NewNullLogger(), kube.Options{RestConfig: e.c.ConfigFor(kubetest.Admin)})
 	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube,
@@ -472,7 +470,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 		}
 	}
 	mode = "silent"
-	waitFor(t, "the silent worker to run", func() bool {
+	eventually.True(t, clusterWait, "the silent worker to run", func() bool {
 		e.refill(t, r) // the deleted Pending worker is replaced once it is gone
 		for _, p := range e.workers(t) {
 			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
@@ -480,7 +478,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 			}
 		}
 		return false
-	})
+	}, eventually.Every(clusterPoll))
 	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 {
 		t.Fatalf("cycle %+v", res)
 	}
@@ -488,7 +486,7 @@ func TestWarmQueuedAttemptOfAWorkerGoneIsRequeuedAndRunsOnAnother(t *testing.T) 
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), bound.WarmWorker, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the silent worker pod to go", func() bool { _, ok := e.workers(t)[bound.WarmWorker]; return !ok })
+	eventually.True(t, clusterWait, "the silent worker pod to go", func() bool { _, ok := e.workers(t)[bound.WarmWorker]; return !ok }, eventually.Every(clusterPoll))
 	e.clk.Advance(time.Second)
 	res := cycle(t, r, e.clk.Now())
 	if res.WarmRequeued != 1 || !slices.Contains(labels(res), sdk.LabelWarmRequeue) {
@@ -534,7 +532,7 @@ func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *t
 	r := e.runner(t, cfg)
 	e.refill(t, r)
 	var silent string
-	waitFor(t, "the silent worker to run", func() bool {
+	eventually.True(t, clusterWait, "the silent worker to run", func() bool {
 		for name, p := range e.workers(t) {
 			if p.Status.Phase == corev1.PodRunning {
 				silent = name
@@ -542,7 +540,7 @@ func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *t
 			}
 		}
 		return false
-	})
+	}, eventually.Every(clusterPoll))
 	e.mkWarmRun(t, "run-unclaimed", lifecycle.NewTask{TaskID: "t", Command: "true"})
 	if res := cycle(t, r, e.clk.Now()); res.WarmBound != 1 || e.ti(t, "run-unclaimed", "t").WarmWorker != silent {
 		t.Fatalf("cycle %+v: want the attempt bound to the silent worker %s", res, silent)
@@ -568,7 +566,7 @@ func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *t
 			}
 		}
 	}
-	waitFor(t, "a claiming worker to run", func() bool {
+	eventually.True(t, clusterWait, "a claiming worker to run", func() bool {
 		e.refill(t, r)
 		_, _, ok := e.player.Process(silent)
 		running := 0
@@ -578,7 +576,7 @@ func TestWarmAttemptLeftUnclaimedByALiveWorkerIsRequeuedAndTheWorkerShunned(t *t
 			}
 		}
 		return ok && running == 2
-	})
+	}, eventually.Every(clusterPoll))
 	ti := e.cycleUntil(t, r, "run-unclaimed", "t", "the requeued attempt to succeed elsewhere", func(ti board.TaskInstance) bool {
 		return ti.State == sdk.StateSuccess
 	})
@@ -610,7 +608,7 @@ func TestWarmAgentLostMarkConfirmedBySweepWithoutTheValve(t *testing.T) {
 	if err := e.cs.CoreV1().Pods(e.ns).Delete(context.Background(), lost, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok })
+	eventually.True(t, clusterWait, "the worker pod to go", func() bool { _, ok := e.workers(t)[lost]; return !ok }, eventually.Every(clusterPoll))
 	// The heartbeat reaper's mark: provisional.
 	if ok, err := e.w.Fail(context.Background(), first, []string{sdk.StateRunning}, lifecycle.Failure{Kind: sdk.MarkInfra,
 		Reason: sdk.LabelAgentLost, Message: "agent_lost: silent"}, e.clk.Now()); err != nil || !ok {
@@ -623,7 +621,7 @@ func TestWarmAgentLostMarkConfirmedBySweepWithoutTheValve(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(sub.Close)
-	waitFor(t, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok })
+	eventually.True(t, clusterWait, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok }, eventually.Every(clusterPoll))
 	res, err := sub.Sweep(context.Background(), sdk.SweepRequest{Now: e.clk.Now(), Term: e.term, Ladder: ladder.Defaults()}, e.store)
 	if err != nil {
 		t.Fatal(err)
@@ -686,9 +684,9 @@ func TestWarmAgentLostMarkOnALiveWorkerConfirmedFromItsClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(sub.Close)
-	waitFor(t, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok })
+	eventually.True(t, clusterWait, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok }, eventually.Every(clusterPoll))
 	var confirm sdk.Decision
-	waitFor(t, "the sweep to confirm the mark from the worker's claim", func() bool {
+	eventually.True(t, clusterWait, "the sweep to confirm the mark from the worker's claim", func() bool {
 		res, err := sub.Sweep(context.Background(), sdk.SweepRequest{Now: e.clk.Now(), Term: e.term, Ladder: ladder.Defaults()}, e.store)
 		if err != nil {
 			t.Fatal(err)
@@ -700,7 +698,7 @@ func TestWarmAgentLostMarkOnALiveWorkerConfirmedFromItsClaim(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}, eventually.Every(clusterPoll))
 	if !confirm.Applied || confirm.Evidence["warm_signal"] != "worker_claim" || confirm.Evidence["warm_worker"] != worker {
 		t.Fatalf("confirmation %+v: want it applied on worker %s's claim", confirm, worker)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -66,18 +68,13 @@ func TestAgentCredentials(t *testing.T) {
 	b.mkRun(t, "other", task("victim", wait, 0))
 
 	// Until the spy has finished and both victims run.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if !eventually.Until(30*time.Second, func() bool {
 		b.cycle(t)
-		if b.ti(t, "run", "spy").State == sdk.StateSuccess && b.ti(t, "run", "victim").State == sdk.StateRunning &&
-			b.ti(t, "other", "victim").State == sdk.StateRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("spy %s, victims %s / %s", show(b.ti(t, "run", "spy")), show(b.ti(t, "run", "victim")),
-				show(b.ti(t, "other", "victim")))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return b.ti(t, "run", "spy").State == sdk.StateSuccess && b.ti(t, "run", "victim").State == sdk.StateRunning &&
+			b.ti(t, "other", "victim").State == sdk.StateRunning
+	}, eventually.Every(20*time.Millisecond)) {
+		t.Fatalf("spy %s, victims %s / %s", show(b.ti(t, "run", "spy")), show(b.ti(t, "run", "victim")),
+			show(b.ti(t, "other", "victim")))
 	}
 	agentEnv := readEnvFile(t, filepath.Join(work, "agent.env"))
 
@@ -205,17 +202,32 @@ func (f minterFunc) Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential,
 	return f(a, now)
 }
 
-// pollUntil polls cond every 20 ms for at most bound (real agents, real
-// network), failing with what when it never holds.
-func pollUntil(t *testing.T, bound time.Duration, what string, cond func() bool) {
+// agentLogSaid returns how many times the agents' own logs hold line.
+func (b *bundle) agentLogSaid(t *testing.T, line string) int {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", bound, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	files, err := filepath.Glob(filepath.Join(b.agentLogs, "*.agent.log"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	n := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += bytes.Count(data, []byte(line))
+	}
+	return n
+}
+
+// untilAgentLogSays waits until the agents' logs hold line n times more
+// than they did at said: the agent, a process of its own, says so when a
+// call to the attempt API failed.
+func (b *bundle) untilAgentLogSays(t *testing.T, line string, said, n int) {
+	t.Helper()
+	eventually.True(t, 30*time.Second, fmt.Sprintf("the agent to log %q %d times", line, n), func() bool {
+		return b.agentLogSaid(t, line) >= said+n
+	}, eventually.Every(20*time.Millisecond))
 }
 
 // The attempt API goes down (reaperd stopped) before the agent's RUNNING
@@ -240,7 +252,8 @@ func TestAgentRidesOutAnAttemptAPIOutage(t *testing.T) {
 	}
 
 	t.Run("PreStartRetryRidesOutTheOutage", func(t *testing.T) {
-		time.Sleep(2 * time.Second) // the agent is retrying RUNNING against nothing
+		// The agent has tried RUNNING against nothing twice, and retries.
+		b.untilAgentLogSays(t, "running report failed; retrying", 0, 2)
 		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateQueued {
 			t.Fatalf("state %s while the API is down", ti.State)
 		}
@@ -248,27 +261,28 @@ func TestAgentRidesOutAnAttemptAPIOutage(t *testing.T) {
 			t.Fatal("the task started before RUNNING was accepted")
 		}
 		start()
-		pollUntil(t, 30*time.Second, "the attempt running after the API came back", func() bool {
+		eventually.True(t, 30*time.Second, "the attempt running after the API came back", func() bool {
 			_, err := os.Stat(started)
 			return b.ti(t, "run", "t").State == sdk.StateRunning && err == nil
 		})
 	})
 
 	t.Run("HeartbeatsAndTheReportRideOutTheOutage", func(t *testing.T) {
-		pollUntil(t, 30*time.Second, "a renewed credential", func() bool {
+		eventually.True(t, 30*time.Second, "a renewed credential", func() bool {
 			return !b.ti(t, "run", "t").CredentialRenewedAt.IsZero()
 		})
+		beats := b.agentLogSaid(t, "heartbeat failed")
 		api.Stop()
-		time.Sleep(1500 * time.Millisecond) // heartbeats fail meanwhile
+		b.untilAgentLogSays(t, "heartbeat failed", beats, 2) // heartbeats fail meanwhile
 		if err := os.WriteFile(release, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(1500 * time.Millisecond) // the report fails meanwhile
+		b.untilAgentLogSays(t, "terminal report failed; retrying", 0, 1) // the report fails meanwhile
 		if ti := b.ti(t, "run", "t"); ti.State != sdk.StateRunning {
 			t.Fatalf("state %s while the API is down", ti.State)
 		}
 		start()
-		pollUntil(t, 30*time.Second, "the outcome reported after the API came back", func() bool {
+		eventually.True(t, 30*time.Second, "the outcome reported after the API came back", func() bool {
 			return b.ti(t, "run", "t").State == sdk.StateSuccess
 		})
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
@@ -62,6 +63,8 @@ type bundle struct {
 	work   string
 	logs   *lockedBuffer
 	valve  time.Duration
+	// agentLogs is the runner's LogDir: each agent's own log is there.
+	agentLogs string
 }
 
 type opts struct {
@@ -90,6 +93,7 @@ func setup(t *testing.T, o opts) *bundle {
 	}
 	tmp := t.TempDir()
 	logs := &lockedBuffer{}
+	agentLogs := filepath.Join(tmp, "logs")
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
 	if o.credentials == nil {
@@ -98,7 +102,7 @@ func setup(t *testing.T, o opts) *bundle {
 	r, err := literunner.New(literunner.Config{
 		AgentPath:     o.agentPath,
 		RecordDir:     filepath.Join(tmp, "records"),
-		LogDir:        filepath.Join(tmp, "logs"),
+		LogDir:        agentLogs,
 		Credentials:   o.credentials,
 		Heartbeat:     o.heartbeat,
 		MaxParallel:   o.maxParallel,
@@ -113,13 +117,8 @@ func setup(t *testing.T, o opts) *bundle {
 	}
 	// Runs before the database is dropped: every agent has exited first.
 	t.Cleanup(func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for r.ReapAgents() > 0 {
-			if time.Now().After(deadline) {
-				t.Errorf("agents still running at the end of the test")
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !eventually.Until(30*time.Second, func() bool { return r.ReapAgents() == 0 }) {
+			t.Errorf("agents still running at the end of the test")
 		}
 		if err := r.Close(); err != nil {
 			t.Error(err)
@@ -129,7 +128,7 @@ func setup(t *testing.T, o opts) *bundle {
 		}
 	})
 	return &bundle{w: w, store: store, clk: clk, runner: r, term: lease.Term, work: t.TempDir(), logs: logs,
-		valve: lad.InfraConfirmValve}
+		valve: lad.InfraConfirmValve, agentLogs: agentLogs}
 }
 
 type lockedBuffer struct {
@@ -200,29 +199,27 @@ func (tt *totals) add(res literunner.Result) {
 // real agents for at most 30 s; after each cycle it calls check, if any.
 func (b *bundle) untilRunEnds(t *testing.T, runID string, tt *totals, check func()) board.Run {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var run board.Run
+	if eventually.Until(30*time.Second, func() bool {
 		tt.add(b.cycle(t))
 		if check != nil {
 			check()
 		}
-		run, err := b.w.Run(context.Background(), runID)
-		if err != nil {
+		var err error
+		if run, err = b.w.Run(context.Background(), runID); err != nil {
 			t.Fatal(err)
 		}
-		if run.State != sdk.RunRunning {
-			return run
-		}
-		if time.Now().After(deadline) {
-			tis, _ := b.w.TaskInstances(context.Background(), runID)
-			var rows []string
-			for _, ti := range tis {
-				rows = append(rows, show(ti))
-			}
-			t.Fatalf("run %s still running after 30s: %v", runID, rows)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return run.State != sdk.RunRunning
+	}, eventually.Every(20*time.Millisecond)) {
+		return run
 	}
+	tis, _ := b.w.TaskInstances(context.Background(), runID)
+	var rows []string
+	for _, ti := range tis {
+		rows = append(rows, show(ti))
+	}
+	t.Fatalf("run %s still running after 30s: %v", runID, rows)
+	return run
 }
 
 func (b *bundle) ti(t *testing.T, runID, taskID string) board.TaskInstance {
@@ -615,12 +612,10 @@ func TestRun(t *testing.T) {
 		t.Cleanup(func() { cancel(); <-done })
 
 		// Wait for Run's ticker before moving the clock.
-		deadline := time.Now().Add(10 * time.Second)
-		for b.clk.Waiters() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("Run never started its ticker")
-			}
-			time.Sleep(time.Millisecond)
+		waitCtx, waitCancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer waitCancel()
+		if err := b.clk.BlockUntil(waitCtx, 1); err != nil {
+			t.Fatalf("Run never started its ticker: %v", err)
 		}
 		b.clk.Advance(literunner.IntervalDefault)
 		<-asked
@@ -644,12 +639,9 @@ func TestRun(t *testing.T) {
 		cancel()
 		<-done
 		// The agent outlives the loop: its task finishes and reports.
-		deadline = time.Now().Add(30 * time.Second)
-		for b.ti(t, "run", "a").State != sdk.StateSuccess {
-			if time.Now().After(deadline) {
-				t.Fatalf("the agent did not finish after Run stopped: %s", show(b.ti(t, "run", "a")))
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !eventually.Until(30*time.Second, func() bool { return b.ti(t, "run", "a").State == sdk.StateSuccess },
+			eventually.Every(20*time.Millisecond)) {
+			t.Fatalf("the agent did not finish after Run stopped: %s", show(b.ti(t, "run", "a")))
 		}
 		if _, err := os.Stat(marker); err != nil {
 			t.Fatalf("the task did not run to its end: %v", err)

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
@@ -24,16 +26,15 @@ func sensorTask(id, command string, timeout time.Duration) lifecycle.NewTask {
 // cycled meanwhile: the next cycle would start the next poke).
 func (b *bundle) untilParked(t *testing.T, runID, taskID string, epoch int32) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ti := b.ti(t, runID, taskID)
-		if ti.State == sdk.StateUpForReschedule && ti.Epoch == epoch {
-			return
-		}
-		if ti.Epoch > epoch || time.Now().After(deadline) {
+	var ti board.TaskInstance
+	if !eventually.Until(30*time.Second, func() bool {
+		ti = b.ti(t, runID, taskID)
+		if ti.Epoch > epoch {
 			t.Fatalf("waiting for %s/%s parked at epoch %d: %s", runID, taskID, epoch, show(ti))
 		}
-		time.Sleep(20 * time.Millisecond)
+		return ti.State == sdk.StateUpForReschedule && ti.Epoch == epoch
+	}, eventually.Every(20*time.Millisecond)) {
+		t.Fatalf("waiting for %s/%s parked at epoch %d: %s", runID, taskID, epoch, show(ti))
 	}
 }
 

@@ -4,6 +4,8 @@
 package clock
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -109,6 +111,10 @@ func (f *Fake) addLocked(w *fakeWaiter) {
 func (f *Fake) Waiters() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.pendingLocked()
+}
+
+func (f *Fake) pendingLocked() int {
 	n := 0
 	for _, w := range f.waiters {
 		if !w.done {
@@ -116,6 +122,27 @@ func (f *Fake) Waiters() int {
 		}
 	}
 	return n
+}
+
+// BlockUntil waits until at least n timers and tickers are pending (a
+// goroutine under test has blocked on the clock), so that a test can move
+// the clock knowing who it wakes. It returns an error once ctx is done
+// first.
+func (f *Fake) BlockUntil(ctx context.Context, n int) error {
+	for {
+		f.mu.Lock()
+		pending := f.pendingLocked()
+		changed := f.changed
+		f.mu.Unlock()
+		if pending >= n {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %d pending timers, %d pending: %w", n, pending, ctx.Err())
+		}
+	}
 }
 
 // Advance moves the clock forward by d, firing every timer and ticker that

@@ -72,6 +72,43 @@ func TestFake(t *testing.T) {
 	})
 }
 
+func TestFakeBlockUntil(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	t.Run("ReturnsOnceAGoroutineWaitsOnTheClock", func(t *testing.T) {
+		c := clock.NewFake(start)
+		fired := make(chan time.Time)
+		go func() { fired <- <-c.After(time.Minute) }()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.BlockUntil(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(time.Minute) // the goroutine's timer exists: this wakes it
+		if at := <-fired; !at.Equal(start.Add(time.Minute)) {
+			t.Fatalf("fired at %v", at)
+		}
+	})
+
+	t.Run("AlreadyPending_ReturnsAtOnce", func(t *testing.T) {
+		c := clock.NewFake(start)
+		tk := c.NewTicker(time.Second)
+		defer tk.Stop()
+		if err := c.BlockUntil(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("NobodyWaits_ErrorOnceCtxIsDone", func(t *testing.T) {
+		c := clock.NewFake(start)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := c.BlockUntil(ctx, 1); !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
 func TestWithTimeout(t *testing.T) {
 	c := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx, cancel := clock.WithTimeout(context.Background(), c, 30*time.Second)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
@@ -227,15 +228,7 @@ func (e *env) waitFor(what string, cond func() bool) {
 // waitWithin is waitFor with a bound of its own (mass creations).
 func (e *env) waitWithin(bound time.Duration, what string, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(bound)
-	tk := time.NewTicker(5 * time.Millisecond)
-	defer tk.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tk.C
-	}
+	eventually.True(e.t, bound, what, cond, eventually.Every(5*time.Millisecond))
 }
 
 func (e *env) waitPod(name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {

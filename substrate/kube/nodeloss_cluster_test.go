@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -51,22 +52,23 @@ func (s *sweepEnv) kept(p *corev1.Pod) {
 func (s *sweepEnv) disruptedWith(a sdk.Attempt, name, reason string, bound time.Duration) *corev1.Pod {
 	s.t.Helper()
 	var got *corev1.Pod
-	deadline := time.Now().Add(bound)
-	for got = s.get(name); got == nil || reduce(got).disrupted != reason; got = s.get(name) {
-		if time.Now().After(deadline) {
-			node, err := s.cs.CoreV1().Nodes().Get(context.Background(), s.node, metav1.GetOptions{})
-			if err != nil {
-				s.t.Fatalf("pod %s was not disrupted by %s within %s (its node: %v)", name, reason, bound, err)
-			}
-			var phase corev1.PodPhase
-			if got != nil {
-				phase = got.Status.Phase
-			}
-			s.t.Fatalf("pod %s (%s) was not disrupted by %s within %s; its node's annotations %v, taints %+v, conditions %+v",
-				name, phase, reason, bound, node.Annotations, node.Spec.Taints, node.Status.Conditions)
-		}
-		time.Sleep(100 * time.Millisecond) // polling the controller's progress, not a threshold of ours
+	// The controller's own progress, polled: not a threshold of ours.
+	if eventually.Until(bound, func() bool {
+		got = s.get(name)
+		return got != nil && reduce(got).disrupted == reason
+	}, eventually.Every(controllerPoll)) {
+		return got
 	}
+	node, err := s.cs.CoreV1().Nodes().Get(context.Background(), s.node, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("pod %s was not disrupted by %s within %s (its node: %v)", name, reason, bound, err)
+	}
+	var phase corev1.PodPhase
+	if got != nil {
+		phase = got.Status.Phase
+	}
+	s.t.Fatalf("pod %s (%s) was not disrupted by %s within %s; its node's annotations %v, taints %+v, conditions %+v",
+		name, phase, reason, bound, node.Annotations, node.Spec.Taints, node.Status.Conditions)
 	return got
 }
 
@@ -143,10 +145,10 @@ func TestSweepNodeLoss(t *testing.T) {
 			t.Fatalf("deleting the node: %v", err)
 		}
 		got := s.disruptedWith(a, p.Name, "DeletionByPodGC", 3*time.Minute)
-		s.polled("Pod GC's deletion held by the finalizer", time.Minute, func() bool {
+		eventually.True(s.t, time.Minute, "Pod GC's deletion held by the finalizer", func() bool {
 			got = s.get(p.Name)
 			return got != nil && got.DeletionTimestamp != nil && got.Status.Phase == corev1.PodFailed
-		})
+		}, eventually.Every(controllerPoll))
 		s.cachedDeleting(a, p.Name)
 		s.settledDisrupted(a, p.Name, "DeletionByPodGC")
 		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
@@ -167,9 +169,9 @@ func TestSweepNodeLoss(t *testing.T) {
 		if _, err := s.cs.CoreV1().Nodes().Patch(context.Background(), s.node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatalf("tainting the node: %v", err)
 		}
-		s.polled("the pod's deletion seen by the cache", time.Minute, func() bool {
+		eventually.True(s.t, time.Minute, "the pod's deletion seen by the cache", func() bool {
 			return s.get(p.Name) == nil && s.tombs().droppedBy(dropNotTerminal) == 1
-		})
+		}, eventually.Every(controllerPoll))
 		if res := s.sweep(time.Now()); len(res.Decisions) != 0 {
 			t.Fatalf("sweep decisions %+v, want none", res.Decisions)
 		}
@@ -231,7 +233,7 @@ func (s *sweepEnv) tombs() *tombstones {
 func (s *sweepEnv) tombstoned(name string, bound time.Duration) *pod {
 	s.t.Helper()
 	var got *pod
-	s.polled("pod "+name+" deleted and tombstoned", bound, func() bool {
+	eventually.True(s.t, bound, "pod "+name+" deleted and tombstoned", func() bool {
 		if s.get(name) != nil {
 			return false
 		}
@@ -244,19 +246,10 @@ func (s *sweepEnv) tombstoned(name string, bound time.Duration) *pod {
 			}
 		}
 		return got != nil
-	})
+	}, eventually.Every(controllerPoll))
 	return got
 }
 
-// polled polls cond every 100ms until it holds, within bound (the
-// controllers' own periods, not a threshold of ours).
-func (s *sweepEnv) polled(what string, bound time.Duration, cond func() bool) {
-	s.t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("timed out after %s waiting for %s", bound, what)
-		}
-		time.Sleep(100 * time.Millisecond) // polling the controllers' progress
-	}
-}
+// controllerPoll is the pace of a wait on the controllers' own progress
+// (their periods, not a threshold of ours).
+const controllerPoll = 100 * time.Millisecond

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
@@ -161,7 +162,7 @@ func (b *bundle) spawn(t *testing.T, a sdk.Attempt, command string, edit func(*a
 func (b *bundle) group(t *testing.T, a sdk.Attempt) records.GroupRecord {
 	t.Helper()
 	var rec records.GroupRecord
-	eventually(t, "the group record", func() bool {
+	eventually.True(t, processWait, "the group record", func() bool {
 		var err error
 		rec, err = b.dir.ReadGroup(a)
 		return err == nil
@@ -173,7 +174,7 @@ func (b *bundle) group(t *testing.T, a sdk.Attempt) records.GroupRecord {
 // directory.
 func (b *bundle) await(t *testing.T, name string) {
 	t.Helper()
-	eventually(t, name, func() bool { _, err := os.Stat(filepath.Join(b.work, name)); return err == nil })
+	eventually.True(t, processWait, name, func() bool { _, err := os.Stat(filepath.Join(b.work, name)); return err == nil })
 }
 
 func (b *bundle) live(t *testing.T, a sdk.Attempt) sdk.AttemptLiveness {
@@ -185,17 +186,8 @@ func (b *bundle) live(t *testing.T, a sdk.Attempt) sdk.AttemptLiveness {
 	return got[0]
 }
 
-// eventually polls cond, bounded: waiting on a real process, not a threshold.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// processWait bounds a wait on a real process (an agent, a task's group).
+const processWait = 15 * time.Second
 
 func gone(pid int) bool {
 	info, err := proc.Stat(pid)
@@ -223,13 +215,13 @@ func TestKilledAgentLeavesGroupAliveUntilGroupDies(t *testing.T) {
 	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to die", func() bool { return gone(ag.PID) })
 	expect(t, b.live(t, a), sdk.Alive, sdk.Dead, sdk.Alive, true)
 
 	if err := unix.Kill(-g.PGID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+	eventually.True(t, processWait, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
 }
 
@@ -248,9 +240,9 @@ while [ ! -e "$WORK/leave" ]; do sleep 0.02; done`, nil)
 	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to die", func() bool { return gone(ag.PID) })
 	touch(t, filepath.Join(b.work, "leave"))
-	eventually(t, "the leader to exit", func() bool { return gone(g.PGID) })
+	eventually.True(t, processWait, "the leader to exit", func() bool { return gone(g.PGID) })
 
 	got := b.live(t, a)
 	// Alive through the child, but not verifiable: its leader is gone.
@@ -264,7 +256,7 @@ while [ ! -e "$WORK/leave" ]; do sleep 0.02; done`, nil)
 	}
 
 	touch(t, filepath.Join(b.work, "release"))
-	eventually(t, "the child to exit", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+	eventually.True(t, processWait, "the child to exit", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
 	expect(t, b.live(t, a), sdk.Dead, sdk.Dead, sdk.Dead, false)
 }
 
@@ -502,7 +494,7 @@ func TestOrphanStopKillsAGroupThatTrapsTerm(t *testing.T) {
 	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to die", func() bool { return gone(ag.PID) })
 	expect(t, b.live(t, a), sdk.Alive, sdk.Dead, sdk.Alive, true)
 
 	begin := time.Now()
@@ -538,7 +530,7 @@ func TestOrphanStopOutlivesTheCallThatBeganIt(t *testing.T) {
 	if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to die", func() bool { return gone(ag.PID) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
 	defer cancel()
@@ -552,7 +544,11 @@ func TestOrphanStopOutlivesTheCallThatBeganIt(t *testing.T) {
 	if r, _ := proc.GroupRunning(g.PGID); !r {
 		t.Fatal("the trapping group died within its grace")
 	}
-	eventually(t, "the stop to wait on its grace", func() bool { return clk.Waiters() > 0 })
+	graceCtx, graceCancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer graceCancel()
+	if err := clk.BlockUntil(graceCtx, 1); err != nil {
+		t.Fatalf("the stop never waited on its grace: %v", err)
+	}
 	clk.Advance(10 * time.Second) // the grace passes: SIGKILL
 	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopOrphan})
 	if err != nil || !res.Stopped || !strings.Contains(res.Detail, "SIGKILL") {
@@ -591,7 +587,7 @@ func TestCeilingStopEndsTheGroupAndTheAgentReports(t *testing.T) {
 		t.Fatal("the group still runs")
 	}
 	// The agent is never signalled: it sees its task end, reports, exits.
-	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to exit", func() bool { return gone(ag.PID) })
 	events, err := agent.ReadReportFile(report)
 	if err != nil {
 		t.Fatal(err)
@@ -621,7 +617,7 @@ func TestCeilingStopWaitsForTheAgentBeforeReportingStopped(t *testing.T) {
 	})
 	ag := b.spawn(t, a, `setsid sh -c 'echo $$ > "$WORK/escaped.pid"; exec sleep 30' & exec sleep 1000`, nil)
 	g := b.group(t, a)
-	eventually(t, "the escaped descendant to record itself", func() bool { _, err := os.Stat(escaped); return err == nil })
+	eventually.True(t, processWait, "the escaped descendant to record itself", func() bool { _, err := os.Stat(escaped); return err == nil })
 	res, err := b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
 	if err != nil || res.Stopped || !strings.Contains(res.Detail, "agent still running") {
 		t.Fatalf("StopOrphan(ceiling) = %+v, %v; want not stopped while the agent runs", res, err)
@@ -629,7 +625,7 @@ func TestCeilingStopWaitsForTheAgentBeforeReportingStopped(t *testing.T) {
 	if r, _ := proc.GroupRunning(g.PGID); r {
 		t.Fatal("the group still runs")
 	}
-	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to exit", func() bool { return gone(ag.PID) })
 	res, err = b.sub.StopOrphan(context.Background(), sdk.StopRequest{Attempt: a, Reason: sdk.StopCredentialCeiling})
 	if err != nil || !res.Stopped {
 		t.Fatalf("StopOrphan(ceiling) after the agent exited = %+v, %v", res, err)
@@ -667,7 +663,7 @@ func TestSpawnedAgentEnforcesTheTimeoutOnTheWholeGroup(t *testing.T) {
 		report = inv.ReportFile
 	})
 	g := b.group(t, a)
-	eventually(t, "the agent to exit", func() bool { return gone(ag.PID) })
+	eventually.True(t, processWait, "the agent to exit", func() bool { return gone(ag.PID) })
 	if r, _ := proc.GroupRunning(g.PGID); r {
 		t.Fatal("the group outlived its timeout")
 	}
@@ -745,7 +741,7 @@ func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
 		if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the agent to die", func() bool { return gone(ag.PID) })
+		eventually.True(t, processWait, "the agent to die", func() bool { return gone(ag.PID) })
 	}
 	loop := `: > "$WORK/%s"; sleep 1000 & while :; do sleep 0.02; done`
 
@@ -758,7 +754,7 @@ func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
 	if err := unix.Kill(-g.PGID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
+	eventually.True(t, processWait, "the group to die", func() bool { r, _ := proc.GroupRunning(g.PGID); return !r })
 
 	// An orphan: agent killed -9, its group runs on.
 	orphanA := b.attempt(t)
@@ -776,7 +772,7 @@ func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
 	if err := unix.Kill(lg.PGID, unix.SIGKILL); err != nil { // the leader only
 		t.Fatal(err)
 	}
-	eventually(t, "the leader to die", func() bool { return gone(lg.PGID) })
+	eventually.True(t, processWait, "the leader to die", func() bool { return gone(lg.PGID) })
 	if r, _ := proc.GroupRunning(lg.PGID); !r {
 		t.Fatal("the group's member died with its leader")
 	}

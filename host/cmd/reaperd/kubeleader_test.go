@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 )
 
@@ -94,14 +95,14 @@ func TestKubernetesLeaseTakeoverAfterKill9(t *testing.T) {
 
 	first := startDaemon(t, cfg)
 	var lease board.Lease
-	eventually(t, 30*time.Second, "the first replica to hold the Lease and the board's term", func() bool {
+	eventually.True(t, 30*time.Second, "the first replica to hold the Lease and the board's term", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		lease = l
 		return err == nil && ok && l.Holder == first.holder() && leaseHolder(t, c, ns) == first.holder()
 	})
 	firstTerm := lease.Term
 	second := startDaemon(t, cfg)
-	eventually(t, 20*time.Second, "the leader's reaper to run", func() bool {
+	eventually.True(t, 20*time.Second, "the leader's reaper to run", func() bool {
 		for _, r := range decisions(t, store, a) {
 			if r.Reaper == "echo" && r.Term == firstTerm {
 				return true
@@ -116,7 +117,7 @@ func TestKubernetesLeaseTakeoverAfterKill9(t *testing.T) {
 	first.cmd.Process.Signal(syscall.SIGKILL)
 	<-first.done
 	killedAt := time.Now()
-	eventually(t, 30*time.Second, "the second replica to take the Lease and the next term", func() bool {
+	eventually.True(t, 30*time.Second, "the second replica to take the Lease and the next term", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		lease = l
 		return err == nil && ok && l.Holder == second.holder() && leaseHolder(t, c, ns) == second.holder()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -181,20 +182,6 @@ func (d *reaperdProc) holder() string {
 	return fmt.Sprintf("%s/%d", host, d.cmd.Process.Pid)
 }
 
-// eventually polls cond every 20ms until it holds or the bound passes. The
-// bound is far beyond the expected time; polling ends as soon as the real
-// processes get there.
-func eventually(t *testing.T, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func migratedStore(t *testing.T) (*board.Store, *lifecycle.Writer, string) {
 	t.Helper()
 	dsn := pgtest.NewDSN(t)
@@ -271,7 +258,7 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 	first := startDaemon(t, cfg)
 	ctx := context.Background()
 	var lease board.Lease
-	eventually(t, 20*time.Second, "the first replica to lead", func() bool {
+	eventually.True(t, 20*time.Second, "the first replica to lead", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		lease = l
 		return err == nil && ok && l.Holder == first.holder()
@@ -280,7 +267,7 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 	firstTerm := lease.Term
 
 	// Both run a few cycles: the second never takes the lease.
-	eventually(t, 20*time.Second, "the leader's reaper to run", func() bool {
+	eventually.True(t, 20*time.Second, "the leader's reaper to run", func() bool {
 		for _, r := range decisions(t, store, a) {
 			if r.Reaper == "echo" && r.Term == firstTerm {
 				return true
@@ -298,7 +285,7 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 	first.cmd.Process.Signal(syscall.SIGKILL)
 	<-first.done
 	killedAt := time.Now()
-	eventually(t, 10*time.Second, "the killed host's plugins to die with it", func() bool {
+	eventually.True(t, 10*time.Second, "the killed host's plugins to die with it", func() bool {
 		for _, pid := range orphans {
 			if syscall.Kill(pid, 0) == nil {
 				return false
@@ -306,7 +293,7 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 		}
 		return true
 	})
-	eventually(t, 20*time.Second, "the second replica to take over", func() bool {
+	eventually.True(t, 20*time.Second, "the second replica to take over", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		lease = l
 		return err == nil && ok && l.Holder == second.holder()
@@ -328,7 +315,7 @@ func TestTwoReplicasOnOneBoard(t *testing.T) {
 func gateResetAndOldTermFenced(t *testing.T, store *board.Store, a sdk.Attempt, oldTerm int64, lease board.Lease, grace time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, 20*time.Second, "the new leader's first reap", func() bool {
+	eventually.True(t, 20*time.Second, "the new leader's first reap", func() bool {
 		for _, r := range decisions(t, store, a) {
 			if r.Reaper == "echo" && r.Term == lease.Term {
 				return true
@@ -388,7 +375,7 @@ reaper "last" {}
 	startDaemon(t, cfg)
 
 	var crashAt time.Time
-	eventually(t, 30*time.Second, "the crashy reaper to be restarted and run", func() bool {
+	eventually.True(t, 30*time.Second, "the crashy reaper to be restarted and run", func() bool {
 		recs := allDecisions(t, store)
 		ranAgain := false
 		for _, r := range recs {
@@ -467,7 +454,7 @@ func TestSIGTERMResignsKillsPluginsAndExitsZero(t *testing.T) {
 	cfg := writeConfig(t, dsn, "reaper \"first\" {}\nreaper \"last\" {}\n")
 	d := startDaemon(t, cfg)
 	ctx := context.Background()
-	eventually(t, 20*time.Second, "leadership", func() bool {
+	eventually.True(t, 20*time.Second, "leadership", func() bool {
 		l, ok, err := store.CurrentLeader(ctx)
 		return err == nil && ok && l.Holder == d.holder()
 	})
@@ -549,12 +536,12 @@ func TestDatabaseDownAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, writeConfig(t, dsn, "reaper \"echo\" {}\n"))
-	eventually(t, 20*time.Second, "the daemon to report itself unhealthy", func() bool {
+	eventually.True(t, 20*time.Second, "the daemon to report itself unhealthy", func() bool {
 		code, body := d.health(t)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "unreachable")
 	})
 	// Several cycles pass with the database down: the daemon stays up.
-	eventually(t, 20*time.Second, "a few cycles' worth of retries", func() bool {
+	eventually.True(t, 20*time.Second, "a few cycles' worth of retries", func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		n := 0
@@ -575,7 +562,7 @@ func TestDatabaseDownAtStart(t *testing.T) {
 	if err := srv.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "leadership and a reap after the database returned", func() bool {
+	eventually.True(t, 30*time.Second, "leadership and a reap after the database returned", func() bool {
 		recs, err := store.DecisionsFor(ctx, a.RunID, a.TaskID, 100) // the test's own pool reconnects too
 		if err != nil {
 			return false

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/host/loader"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 )
 
 // sockets lists the unix sockets under root.
@@ -48,7 +49,7 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 	// and the host have listened on their sockets.
 	reaped := func(d *reaperdProc) {
 		t.Helper()
-		eventually(t, 20*time.Second, "a pass of the echo reaper", func() bool {
+		eventually.True(t, 20*time.Second, "a pass of the echo reaper", func() bool {
 			l, ok, err := store.CurrentLeader(ctx)
 			if err != nil || !ok || l.Holder != d.holder() {
 				return false
@@ -92,7 +93,7 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 		plugins := childPIDs(t, first.cmd.Process.Pid)
 		first.cmd.Process.Signal(syscall.SIGKILL)
 		<-first.done
-		eventually(t, 10*time.Second, "the killed host's plugins to die with it", func() bool {
+		eventually.True(t, 10*time.Second, "the killed host's plugins to die with it", func() bool {
 			for _, pid := range plugins {
 				if syscall.Kill(pid, 0) == nil {
 					return false

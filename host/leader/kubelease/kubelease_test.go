@@ -119,13 +119,16 @@ func replica() int {
 		return 1
 	}
 	said := false
+	// The replica's own renewal cadence, as the daemon's loop has it.
+	renew := time.NewTicker(renewEvery)
+	defer renew.Stop()
 	for {
 		st := e.Step(ctx)
 		if st.Leading && !said {
 			fmt.Printf("leading %d\n", st.Term)
 			said = true
 		}
-		time.Sleep(renewEvery) // the replica's own renewal cadence, not a test's wait
+		<-renew.C
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/marked"
 )
 
@@ -28,13 +29,10 @@ func TestProcessesFindsTheMarkedAndKillAllLeavesNone(t *testing.T) {
 	other := start("TEST_MARK=other")
 
 	var found []marked.Process
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if found = marked.Processes("TEST_MARK", mark); len(found) == 2 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.Until(10*time.Second, func() bool {
+		found = marked.Processes("TEST_MARK", mark)
+		return len(found) == 2
+	}, eventually.Every(20*time.Millisecond))
 	if len(found) != 2 {
 		t.Fatalf("found %+v, want the shell and its sleep", found)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -155,21 +156,6 @@ func assertGroupGone(t *testing.T, pgid int) {
 	}
 }
 
-// waitFile waits, bounded, for a process under test to create path.
-func waitFile(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSuccessReportsAndKeepsOutput(t *testing.T) {
 	b := setup(t, `echo "hello $REAPER_TASK_ID try $REAPER_TRY"; echo oops >&2`)
 	r := await(t, b.start(t, context.Background()), 10*time.Second)
@@ -271,14 +257,12 @@ func TestWarmWatchdogKillsWholeGroupAndReportsCredentialCeiling(t *testing.T) {
 	}
 }
 
+// waitOutput waits, bounded, for the task (a real process) to have written
+// want.
 func waitOutput(t *testing.T, b *bundle, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.output(t) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("output %q, want %q", b.output(t), want)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !eventually.Until(10*time.Second, func() bool { return b.output(t) == want }) {
+		t.Fatalf("output %q, want %q", b.output(t), want)
 	}
 }
 
@@ -292,7 +276,7 @@ func TestEscapedDescendantCannotHoldTheReport(t *testing.T) {
 	done := b.start(t, context.Background())
 	pgid := b.pgid(t)
 	escaped := filepath.Join(b.work, "escaped")
-	waitFile(t, escaped)
+	eventually.True(t, 10*time.Second, escaped+" to appear", func() bool { _, err := os.Stat(escaped); return err == nil })
 	t.Cleanup(func() {
 		data, _ := os.ReadFile(escaped)
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {

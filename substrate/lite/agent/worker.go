@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/testsignal"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
@@ -92,6 +93,20 @@ type WorkerConfig struct {
 	Clock clock.Clock
 	// Logger is the worker's log; default a null logger.
 	Logger hclog.Logger
+
+	// testSignals are the points tests wait for; no-ops unless a test
+	// initialised them.
+	testSignals workerTestSignals
+}
+
+// workerTestSignals are the points of RunWorker a test can wait for.
+type workerTestSignals struct {
+	// polled: a poll is done (its claim made, the attempts it handed over
+	// started) and the worker waits for the next tick.
+	polled testsignal.TestSignal[struct{}]
+	// ended: a claimed attempt's Run has returned and the worker no longer
+	// counts it as running.
+	ended testsignal.TestSignal[sdk.Attempt]
 }
 
 func compareAttempts(a, b sdk.Attempt) int {
@@ -195,9 +210,11 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 					mu.Lock()
 					delete(running, c.Attempt)
 					mu.Unlock()
+					cfg.testSignals.ended.Signal(c.Attempt)
 				}()
 			}
 		}
+		cfg.testSignals.polled.Signal(struct{}{})
 		select {
 		case <-ctx.Done():
 			mu.Lock()

@@ -105,19 +105,19 @@ func TestWorkerClaimSaysWhatItRuns(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	done := make(chan error, 1)
-	go func() {
-		done <- RunWorker(ctx, WorkerConfig{Name: "w", Slots: 2, Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second})
-	}()
+	wc := WorkerConfig{Name: "w", Slots: 2, Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second}
+	wc.testSignals.polled.Init(t)
+	wc.testSignals.ended.Init(t)
+	go func() { done <- RunWorker(ctx, wc) }()
 	b.pgid(t)
+	wc.testSignals.polled.WaitOrTimeout() // the first poll, at start
+	// said moves the clock one poll at a time, each once the worker waits
+	// for it, until n claims were made.
 	said := func(n int) [][]sdk.Attempt {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
 		for cl.count() < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d claims, want %d", cl.count(), n)
-			}
 			fake.Advance(time.Second)
-			time.Sleep(5 * time.Millisecond)
+			wc.testSignals.polled.WaitOrTimeout()
 		}
 		cl.mu.Lock()
 		defer cl.mu.Unlock()
@@ -133,13 +133,13 @@ func TestWorkerClaimSaysWhatItRuns(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(b.rep.reported()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the attempt never reported")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if ended := wc.testSignals.ended.WaitOrTimeout(); ended != a {
+		t.Fatalf("attempt %s ended, want %s", ended, a)
 	}
+	if len(b.rep.reported()) == 0 {
+		t.Fatal("the attempt never reported")
+	}
+	deadline := time.Now().Add(10 * time.Second)
 	for n := cl.count() + 2; ; n++ {
 		got = said(n)
 		if last := got[len(got)-1]; len(last) == 0 {
@@ -163,33 +163,29 @@ func TestWorkerRefusedClaimStopsTheWorker(t *testing.T) {
 	cl := &claims{err: errors.New("connection refused")}
 	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
 	done := make(chan error, 1)
-	go func() {
-		done <- RunWorker(context.Background(), WorkerConfig{Name: "w", Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second})
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for cl.count() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d claims: a passing failure was not retried", cl.count())
-		}
+	wc := WorkerConfig{Name: "w", Claim: cl.claim, Attempt: b.cfg, Clock: fake, Poll: time.Second}
+	wc.testSignals.polled.Init(t)
+	go func() { done <- RunWorker(context.Background(), wc) }()
+	wc.testSignals.polled.WaitOrTimeout() // the first claim failed
+	// The next two polls claim again.
+	for range 2 {
 		fake.Advance(time.Second)
-		time.Sleep(5 * time.Millisecond)
+		wc.testSignals.polled.WaitOrTimeout()
+	}
+	if n := cl.count(); n != 3 {
+		t.Fatalf("%d claims: a passing failure was not retried", n)
 	}
 	cl.mu.Lock()
 	cl.err = ErrRefused
 	cl.mu.Unlock()
-	for {
-		fake.Advance(time.Second)
-		select {
-		case err := <-done:
-			if !errors.Is(err, ErrWorkerRefused) {
-				t.Fatalf("worker ended with %v", err)
-			}
-			return
-		case <-time.After(5 * time.Millisecond):
+	fake.Advance(time.Second) // the worker waits for this tick: its claim is refused
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrWorkerRefused) {
+			t.Fatalf("worker ended with %v", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the refused worker did not stop")
-		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refused worker did not stop")
 	}
 }
 

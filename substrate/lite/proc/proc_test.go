@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -32,16 +33,7 @@ func startGroup(t *testing.T, script string) *exec.Cmd {
 // waitFile waits, bounded, for a process under test to create path.
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.True(t, 10*time.Second, path+" to appear", func() bool { _, err := os.Stat(path); return err == nil })
 }
 
 func TestStatSelf(t *testing.T) {
@@ -77,19 +69,14 @@ func TestZombieGroupIsNotRunning(t *testing.T) {
 	// kernel still has the group, yet nothing of it runs.
 	cmd := startGroup(t, "exit 0")
 	pgid := cmd.Process.Pid
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !eventually.Until(10*time.Second, func() bool {
 		info, err := Stat(pgid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.Zombie {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("leader did not exit")
-		}
-		time.Sleep(5 * time.Millisecond)
+		return info.Zombie
+	}) {
+		t.Fatal("leader did not exit")
 	}
 	if ok, _ := GroupExists(pgid); !ok {
 		t.Fatal("signal 0 should still see the zombie's group")
