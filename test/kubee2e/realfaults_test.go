@@ -413,7 +413,9 @@ func disruptedBy(p *corev1.Pod) string {
 // Ready. Past the confirmation valve the kube runner holds the mark
 // (infra_confirm_valve_held) instead of re-placing it: a re-place would
 // run the task again beside the first execution the moment the node is
-// back (a double execution, seen here before the hold). Once the partition
+// back (a double execution, seen here before the hold). The real node is
+// the cluster's only node, so the controller manager is in its full
+// disruption mode and evicts nothing. Once the partition
 // heals, the old agent is answered should_terminate and the kubelet ends
 // the pod; the mark is confirmed, the attempt re-placed, the task run to
 // success with no execution beside another. The valve is set past the
@@ -422,6 +424,11 @@ func disruptedBy(p *corev1.Pod) string {
 func realPartitioned(t *testing.T, c *kubetest.Cluster) {
 	s := newRealScenario(t, 31, "real node: partitioned past the valve", c)
 	s.valveOver, s.orphanOver = kubetest.NodeMonitorGrace+5*time.Second, 2*time.Minute
+	// No KWOK node is added: with the real node the only one, its loss is
+	// every node's, and the controller manager enters its full disruption
+	// mode (no taint eviction). The reapers and the runner must hold on
+	// their own signals.
+	alone := s.onlyReadyNode()
 	s.pair()
 	s.submit(victim("victim"))
 	a, _ := s.waitRunning("victim")
@@ -470,7 +477,35 @@ func realPartitioned(t *testing.T, c *kubetest.Cluster) {
 	heal(undo)
 	t.Logf("partition healed %s after it began", time.Since(f.at).Round(time.Millisecond))
 	ended := s.waitPodEnded(p, time.Minute)
-	t.Logf("the partitioned pod: %s/%s", ended.Status.Phase, ended.Status.Reason)
+	t.Logf("the partitioned pod: %s/%s, DisruptionTarget %q", ended.Status.Phase, ended.Status.Reason, disruptedBy(ended))
+	if alone && disruptedBy(ended) != "" {
+		t.Errorf("with the real node the only one the controller manager evicted its pod (%s): no disruption mode", disruptedBy(ended))
+	}
 	s.ledger.reopen("victim")
 	s.finish()
+}
+
+// onlyReadyNode reports whether the real node is the cluster's only Ready
+// node (then a loss of it puts the controller manager in its full
+// disruption mode), and logs which.
+func (s *scenario) onlyReadyNode() bool {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	nodes, err := s.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var others []string
+	for _, n := range nodes.Items {
+		if n.Name != s.real.Name && kubetest.NodeReady(&n) {
+			others = append(others, n.Name)
+		}
+	}
+	if len(others) > 0 {
+		s.t.Logf("other Ready nodes %v: the controller manager stays out of its disruption mode", others)
+		return false
+	}
+	s.t.Logf("the real node is the only one: its loss puts the controller manager in its full disruption mode")
+	return true
 }
