@@ -166,10 +166,13 @@ func runKubeOn(ctx context.Context, sc kubeScenario) (int, nodeReport, error) {
 	clusterDir := w.cluster.Dir()
 	s.close()
 	if w.real != nil {
-		if left := leftovers(clusterDir); len(left) > 0 {
+		switch left, checked := leftovers(clusterDir); {
+		case !checked:
+			say("the machine's real node is another cluster's now: what this one left is not told apart from it")
+		case len(left) > 0:
 			say("the real node left behind: %s", strings.Join(left, "; "))
 			code = 1
-		} else {
+		default:
 			say("the real node left nothing behind: no kubelet, containerd, shim, mount, /kubepods cgroup, netns or bridge")
 		}
 	}
@@ -601,6 +604,9 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 	}
 	w.freeze(pods.Items)
 	how := ""
+	if w.real != nil {
+		how = ": frozen and deleted, their outcome record finalizer removed as a purge out of band would"
+	}
 	for _, p := range pods.Items {
 		if w.real != nil {
 			// A real node's pod outlives its delete until its record is
@@ -609,7 +615,6 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 			if err := w.dropFinalizers(ctx, p); err != nil {
 				return "", err
 			}
-			how = ", their outcome record finalizer removed as a purge out of band would"
 		}
 		if err := w.forceDelete(ctx, p); err != nil {
 			return "", err
@@ -618,8 +623,7 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 			w.harmed[a] = faultOrphanRun
 		}
 	}
-	return fmt.Sprintf("every pod of run %s vanished (%d: frozen and deleted%s): the run has nothing left alive",
-		run, len(pods.Items), how), nil
+	return fmt.Sprintf("every pod of run %s vanished (%d%s): the run has nothing left alive", run, len(pods.Items), how), nil
 }
 
 // freeze stops (SIGSTOP) every process of the pods' containers: the

@@ -331,13 +331,14 @@ func (w *kubeWorld) othersFinished(tis []board.TaskInstance) bool {
 }
 
 // leftovers says what the real node left on the machine once the cluster
-// has stopped (nothing, after a clean stop).
-func leftovers(clusterDir string) []string {
+// has stopped (nothing, after a clean stop); checked is false when the
+// machine's node is another cluster's since (its programs and cgroups
+// are then that cluster's).
+func leftovers(clusterDir string) (left []string, checked bool) {
 	if b, err := os.ReadFile(kubetest.NodeOwner); err == nil && strings.TrimSpace(string(b)) != clusterDir {
-		say("(the machine's real node is another cluster's now: its leftovers not checked)")
-		return nil
+		return nil, false
 	}
-	return kubetest.NodeLeftovers(clusterDir)
+	return kubetest.NodeLeftovers(clusterDir), true
 }
 
 // ledger is the HTTP server on the gateway the tasks in real containers
