@@ -179,8 +179,9 @@ func runKubeOn(ctx context.Context, sc kubeScenario) (int, nodeReport, error) {
 	return code, w.where, nil
 }
 
-// setUp starts the cluster, the attempt API's front, two reaperd replicas
-// and the kubelet player, and submits the runs.
+// setUp starts the cluster (with the real node where asked for and
+// possible), the attempt API's front, two reaperd replicas and the kubelet
+// player or the real node's ledger, and submits the runs.
 func (w *kubeWorld) setUp(ctx context.Context) error {
 	wantReal, why := w.sc.node != nodePlayer, "asked for with -node "+nodePlayer
 	if _, err := os.Stat(w.staticAgentPath()); wantReal && err != nil {
@@ -230,7 +231,7 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 		w.deadline += realNodeExtra
 		// A real pod takes seconds to start on a loaded machine, and the
 		// node lost holds new pods until the node is back: a longer
-		// dispatch_lost than the player's.
+		// dispatch_lost than the player's (demoLadder's 10s).
 		w.sc.ladder = strings.Replace(w.sc.ladder, `dispatch_lost  = "10s"`, `dispatch_lost  = "30s"`, 1)
 	}
 	for _, n := range kwokNodes {
@@ -349,7 +350,7 @@ func (w *kubeWorld) submit(ctx context.Context) error {
 		}
 		say("submitted run %q: %d tasks (%s)", id, len(run.Tasks), summarizeCommands(w.sc.runs[id]))
 	}
-	if w.real != nil && w.faultCount() > 0 {
+	if w.real != nil && w.hasNodeFault() {
 		say("on the real node the node fault's tasks run until their node is lost, once every other task has finished")
 	}
 	say("")
@@ -767,10 +768,10 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	sort.Strings(unanswered)
 	succeeded := 0
 	records := w.records(ctx)
-	ran := w.journalRuns()
+	ran, ranFrom := w.journalRuns(), "its agents' journals show"
 	var doubles []string
 	if w.real != nil {
-		ran, doubles = w.ledger.completeRuns(), w.ledger.doubles()
+		ran, ranFrom, doubles = w.ledger.completeRuns(), "the ledger heard", w.ledger.doubles()
 		touched = append(touched, w.early...)
 	}
 	for _, ti := range tis {
@@ -789,7 +790,7 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 		case records[ti.Attempt] != podrecord.Success:
 			touched = append(touched, fmt.Sprintf("%s: its pod's record says %q", ti.Attempt, records[ti.Attempt]))
 		case ran[key] != 1:
-			touched = append(touched, fmt.Sprintf("%s: its agents' journals show %d complete runs of the task", ti.Attempt, ran[key]))
+			touched = append(touched, fmt.Sprintf("%s: %s %d complete runs of the task", ti.Attempt, ranFrom, ran[key]))
 		}
 	}
 	counts := []count{
@@ -823,6 +824,16 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	}
 	say("\nevery fault was settled, every task succeeded, and no live attempt was touched.")
 	return 0
+}
+
+// hasNodeFault reports whether the scenario loses a node.
+func (w *kubeWorld) hasNodeFault() bool {
+	for _, f := range w.sc.faults {
+		if f == faultNodeLost {
+			return true
+		}
+	}
+	return false
 }
 
 // faultCount is how many faults the scenario injects (the node fault's

@@ -262,8 +262,12 @@ func (w *kubeWorld) watchNodeLoss(ctx context.Context) {
 			}
 		}
 	}
-	say("%6.1fs  NODE       %s NotReady and tainted; its pods deleted after %.0fs (%s); nothing reaped meanwhile: %v",
-		w.at(), w.real.Name, waited.Seconds(), strings.Join(reasons, ", "), len(w.early) == 0)
+	meanwhile := "nothing reaped meanwhile, their agents still heartbeat"
+	if len(w.early) > 0 {
+		meanwhile = fmt.Sprintf("%d reaped meanwhile though their agents heartbeat", len(w.early))
+	}
+	say("%6.1fs  NODE       %s NotReady and tainted; its pods deleted after %.0fs (%s); %s",
+		w.at(), w.real.Name, waited.Seconds(), strings.Join(reasons, ", "), meanwhile)
 	w.resumeKubelet()
 	say("%6.1fs  NODE       kubelet resumed: it ends the deleted pods' containers", w.at())
 }
