@@ -197,8 +197,17 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 	}
 	say("starting the local control plane: etcd, kube-apiserver, KWOK (+ kube-controller-manager)%s ...", also)
 	say("  (the first time, its binaries are built from source: about 11 minutes, progress below)")
-	c, err := kubetest.Start(ctx, kubetest.Options{Dir: filepath.Join(w.dir, "cluster"), RealNode: wantReal,
-		RealNodeUnavailable: w.sc.unavailable, Build: kubetest.BuildOptions{Progress: os.Stdout}})
+	opts := kubetest.Options{Dir: filepath.Join(w.dir, "cluster"), RealNode: wantReal,
+		RealNodeUnavailable: w.sc.unavailable, Build: kubetest.BuildOptions{Progress: os.Stdout}}
+	c, err := kubetest.Start(ctx, opts)
+	if err != nil && wantReal && w.sc.node == nodeAuto && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		// The machine's one real node stayed another cluster's past the
+		// wait (kubetest.NodeWait), or did not come up in time.
+		why = "it did not come up in time: " + err.Error()
+		say("no real node (%s); starting the control plane for the player instead ...", why)
+		wantReal, opts.RealNode = false, false
+		c, err = kubetest.Start(ctx, opts)
+	}
 	if err != nil {
 		return err
 	}
