@@ -83,13 +83,18 @@ demo: build
 # plane's binaries are cached (the first time it builds them from source,
 # about 11 minutes, with progress): a local kube-apiserver, etcd, KWOK and
 # kube-controller-manager, a throwaway PostgreSQL (unless REAPER_DSN), two
-# reaperd replicas on a Kubernetes Lease with the kube runner, a kubelet
-# player running each pod's agent as a local process; pods, a node, an
-# eviction, an agent and the leading reaperd taken away under running runs.
+# reaperd replicas on a Kubernetes Lease with the kube runner; pods, a node,
+# an eviction, an agent and the leading reaperd taken away under running
+# runs. The pods run on a real node (kubelet, containerd, runc; the node
+# lost waits out the controller manager's grace: about two minutes more)
+# where the machine can host one, else on a kubelet player running each
+# pod's agent as a local process; its first lines say which.
+# NODE=kwok asks for the player, NODE=real for the real node or a failure.
 # Leaves nothing running and nothing behind.
 demo-kube: build
 	@$(GO) build -o $(BIN)/reaper-demo ./demo
-	@$(BIN)/reaper-demo -kube
+	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./substrate/lite/cmd/reaper-agent
+	@$(BIN)/reaper-demo -kube $(if $(filter command line environment,$(origin NODE)),-node $(NODE))
 
 # The fault suite alone, verbose, ending with its figures table (make test
 # runs it too).

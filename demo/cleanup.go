@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 )
 
@@ -15,7 +16,8 @@ import (
 // (found by their command line naming dir, or by their working directory
 // inside it: the kube demo's containers), a reaperd whose config is in dir,
 // the kube demo's control plane (its programs name their directory inside
-// dir), a database server whose data is in dir, and dir itself. It reports
+// dir) and what its real node made, a database server whose data is in
+// dir, and dir itself. It reports
 // whether there was anything to clean.
 func cleanup(dir string) bool {
 	if _, err := os.Stat(dir); err != nil {
@@ -33,6 +35,12 @@ func cleanup(dir string) bool {
 	for _, pgid := range recordedGroups(filepath.Join(dir, "records")) {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
+	// The kube demo's real node: its containers, shims, mounts, cgroups,
+	// network namespaces and bridge (nothing when the machine's node is
+	// another live cluster's).
+	if cluster := filepath.Join(dir, "cluster"); exists(filepath.Join(cluster, "node")) {
+		_ = kubetest.StopDir(cluster)
+	}
 	pgDirs, _ := filepath.Glob(filepath.Join(dir, "reaper-pgtest-*"))
 	for _, d := range pgDirs {
 		_ = pgtest.StopDir(d)
@@ -43,6 +51,11 @@ func cleanup(dir string) bool {
 	}
 	_ = os.RemoveAll(dir)
 	return true
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func processesMentioning(s string) []int {

@@ -23,8 +23,10 @@ type front struct {
 	cancel   context.CancelFunc
 }
 
-func startFront() (*front, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// startFront starts the front on a free port of ip: loopback for the
+// player, the pod network's gateway for the real node.
+func startFront(ip string) (*front, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("the attempt API's front: %w", err)
 	}
@@ -45,8 +47,9 @@ func startFront() (*front, error) {
 	return f, nil
 }
 
-// url is the front's https URL (the replicas' generated certificate
-// covers 127.0.0.1 whatever the port).
+// url is the front's https URL (the replicas' certificate covers its
+// address whatever the port: the generated one 127.0.0.1, the real node's
+// the gateway).
 func (f *front) url() string { return "https://" + f.ln.Addr().String() }
 
 // add puts a replica's attempt API behind the front.

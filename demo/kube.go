@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +67,12 @@ type kubeScenario struct {
 	leaderAfter time.Duration
 	ladder      string // the ladder, leader and maintenance blocks
 	deadline    time.Duration
+	// node is where the pods run: nodeAuto, nodeReal or nodePlayer.
+	node string
+	// unavailable, when set, is taken as the reason the machine cannot
+	// host a real node (kubetest.Options.RealNodeUnavailable: a test of
+	// the fallback).
+	unavailable string
 }
 
 // kubeDemo is `make demo-kube`'s scenario.
@@ -95,11 +102,13 @@ func kubeDemo(bin string) kubeScenario {
   task_termination_grace = "2s"
 `),
 		deadline: 4 * time.Minute,
+		node:     nodeAuto,
 	}
 }
 
 // kubeWorld is what the kube demo runs besides the session: the cluster,
-// its client, the replicas, the attempt API's front, the player.
+// its client, the replicas, the attempt API's front, and the player or
+// the real node with its ledger.
 type kubeWorld struct {
 	*session
 	sc       kubeScenario
@@ -107,34 +116,98 @@ type kubeWorld struct {
 	cs       kubernetes.Interface
 	replicas []*replica
 	front    *front
-	player   *kubelet.Player
-	journals string // the agents' journals
+	player   *kubelet.Player    // nil on the real node
+	journals string             // the agents' journals (the player's)
+	real     *kubetest.RealNode // nil on the player
+	ledger   *ledger            // the real node's tasks' executions
+	where    nodeReport
+	deadline time.Duration // the runs' deadline, the real node's faults' time added
 
 	harmed   map[sdk.Attempt]string // the attempts a fault took, and which
 	faulted  map[string]bool        // faults keys already injected
 	injected int
+	loss     *nodeLoss                         // the real node's node lost, once begun
+	early    []string                          // attempts reaped while their node was unreachable
+	seen     map[sdk.Attempt]podrecord.Outcome // the pods' outcome records read so far
+	nodeHeld atomic.Bool                       // the binder binds nothing to the real node
 }
 
 func runKube(ctx context.Context, sc kubeScenario) int {
-	s, err := open(ctx, sc.name, sc.bin)
+	code, _, err := runKubeOn(ctx, sc)
 	if err != nil {
 		return fail(err)
 	}
-	defer s.close()
-	w := &kubeWorld{session: s, sc: sc, harmed: map[sdk.Attempt]string{}, faulted: map[string]bool{}}
-	if err := w.setUp(ctx); err != nil {
-		return fail(err)
-	}
-	return w.run(ctx)
+	return code
 }
 
-// setUp starts the cluster, the attempt API's front, two reaperd replicas
-// and the kubelet player, and submits the runs.
+// runKubeOn runs the kube demo and says where its pods ran. An error is a
+// set-up that failed: a *noRealNode when told to run on the real node
+// where the machine cannot host one.
+func runKubeOn(ctx context.Context, sc kubeScenario) (int, nodeReport, error) {
+	switch sc.node {
+	case nodePlayer:
+		say("kube demo: the pods run on the kubelet player (-node %s)", nodePlayer)
+	case nodeReal:
+		say("kube demo: the pods run on the real node (kubelet, containerd, runc), or the demo fails saying why (-node %s)", nodeReal)
+	default:
+		say("kube demo: the pods run on the real node (kubelet, containerd, runc) where this machine can host one, else on the kubelet player (-node %s forces it)", nodePlayer)
+	}
+	s, err := open(ctx, sc.name, sc.bin)
+	if err != nil {
+		return 1, nodeReport{}, err
+	}
+	defer s.close()
+	w := &kubeWorld{session: s, sc: sc, harmed: map[sdk.Attempt]string{}, faulted: map[string]bool{},
+		seen: map[sdk.Attempt]podrecord.Outcome{}, deadline: sc.deadline}
+	if err := w.setUp(ctx); err != nil {
+		return 1, w.where, err
+	}
+	code := w.run(ctx)
+	clusterDir := w.cluster.Dir()
+	s.close()
+	if w.real != nil {
+		switch left, checked := leftovers(clusterDir); {
+		case !checked:
+			say("the machine's real node is another cluster's now: what this one left is not told apart from it")
+		case len(left) > 0:
+			say("the real node left behind: %s", strings.Join(left, "; "))
+			code = 1
+		default:
+			say("the real node left nothing behind: no kubelet, containerd, shim, mount, /kubepods cgroup, netns or bridge")
+		}
+	}
+	return code, w.where, nil
+}
+
+// setUp starts the cluster (with the real node where asked for and
+// possible), the attempt API's front, two reaperd replicas and the kubelet
+// player or the real node's ledger, and submits the runs.
 func (w *kubeWorld) setUp(ctx context.Context) error {
-	say("starting the local control plane: etcd, kube-apiserver, KWOK (+ kube-controller-manager) ...")
+	wantReal, why := w.sc.node != nodePlayer, "asked for with -node "+nodePlayer
+	if _, err := os.Stat(w.staticAgentPath()); wantReal && err != nil {
+		why = "no " + staticAgent + " beside the demo for the task image (make demo-kube builds it, CGO_ENABLED=0)"
+		if w.sc.node == nodeReal {
+			return &noRealNode{why}
+		}
+		wantReal = false
+	}
+	also := ""
+	if wantReal {
+		also = " and a real node where this machine can host one (one per machine: a start waits while another runs)"
+	}
+	say("starting the local control plane: etcd, kube-apiserver, KWOK (+ kube-controller-manager)%s ...", also)
 	say("  (the first time, its binaries are built from source: about 11 minutes, progress below)")
-	c, err := kubetest.Start(ctx, kubetest.Options{Dir: filepath.Join(w.dir, "cluster"),
-		Build: kubetest.BuildOptions{Progress: os.Stdout}})
+	opts := kubetest.Options{Dir: filepath.Join(w.dir, "cluster"), RealNode: wantReal,
+		RealNodeUnavailable: w.sc.unavailable, Build: kubetest.BuildOptions{Progress: os.Stdout}}
+	c, err := kubetest.Start(ctx, opts)
+	if err != nil && wantReal && w.sc.node == nodeAuto && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		// The machine's one real node stayed another cluster's past the
+		// wait (kubetest.NodeWait), or did not come up in time.
+		why = "it did not come up in time: " + err.Error()
+		say("no real node (%s); starting the control plane for the player instead ...", why)
+		wantReal, opts.RealNode = false, false
+		c, err = kubetest.Start(ctx, opts)
+	}
 	if err != nil {
 		return err
 	}
@@ -151,16 +224,46 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 		metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating namespace %s: %w", kubeNamespace, err)
 	}
-	for _, n := range []string{nodeStay, nodeLost} {
+	if wantReal {
+		n, nwhy := c.RealNode()
+		if n == nil && w.sc.node == nodeReal {
+			return &noRealNode{nwhy}
+		}
+		w.real, why = n, nwhy
+	}
+	w.where = nodeReport{real: w.real != nil, why: why}
+	kwokNodes := []string{nodeStay, nodeLost}
+	if w.real != nil {
+		// One Ready KWOK node beside the real one, empty: with every node
+		// not Ready the controller manager would stop evicting.
+		kwokNodes = kwokNodes[:1]
+		w.deadline += realNodeExtra
+		// A real pod takes seconds to start on a loaded machine, and the
+		// node lost holds new pods until the node is back: a longer
+		// dispatch_lost than the player's (demoLadder's 10s).
+		w.sc.ladder = strings.Replace(w.sc.ladder, `dispatch_lost  = "10s"`, `dispatch_lost  = "30s"`, 1)
+	}
+	for _, n := range kwokNodes {
 		if _, err := c.CreateNode(ctx, n); err != nil {
 			return err
 		}
 	}
-	say("cluster up at %s (%s); KWOK nodes %s and %s", c.Host(), parts, nodeStay, nodeLost)
+	say("cluster up at %s (%s); KWOK nodes %s", c.Host(), parts, strings.Join(kwokNodes, " and "))
+	frontAt := "127.0.0.1"
+	if w.real != nil {
+		say("NODE: the pods run on the real node %s (a real kubelet, containerd and runc); KWOK node %s stands Ready beside it, empty",
+			w.real.Name, nodeStay)
+		if err := w.setUpRealNode(ctx); err != nil {
+			return err
+		}
+		frontAt = kubetest.NodeGateway
+	} else {
+		say("NODE: the pods run on the kubelet player, on KWOK nodes (no real node: %s)", why)
+	}
 
 	// Every replica serves the attempt API; the pods reach whichever is
 	// up through one address, as they would through a Service.
-	if w.front, err = startFront(); err != nil {
+	if w.front, err = startFront(frontAt); err != nil {
 		return err
 	}
 	w.undo = append(w.undo, w.front.close)
@@ -188,6 +291,25 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 	say("started reaperd-1 and reaperd-2 on the Lease %s/%s (interval 2s, pod_lost_floor 5s, settling grace 8s)",
 		kubeNamespace, leaseName)
 
+	if w.real != nil {
+		// The cluster has no kube-scheduler: the binder plays it, every
+		// pod to the real node.
+		binder, err := kubetest.StartBinder(ctx, kubetest.BinderConfig{Client: w.cs, Namespace: kubeNamespace,
+			Nodes: []string{w.real.Name}, Place: w.placeReal})
+		if err != nil {
+			return err
+		}
+		w.undo = append(w.undo, binder.Stop)
+		say("the real kubelet runs each pod's agent in a container; the demo binds pods to the node (no kube-scheduler)")
+	} else if err := w.startPlayer(ctx); err != nil {
+		return err
+	}
+	return w.submit(ctx)
+}
+
+// startPlayer starts the kubelet player and the binder placing the pods
+// on the KWOK nodes.
+func (w *kubeWorld) startPlayer(ctx context.Context) error {
 	w.journals = filepath.Join(w.dir, "journals")
 	if err := os.MkdirAll(w.journals, 0o700); err != nil {
 		return err
@@ -214,18 +336,31 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 	}
 	w.undo = append(w.undo, binder.Stop)
 	say("the kubelet player runs each pod's agent as a local process; the demo binds pods to nodes (no kube-scheduler)")
+	return nil
+}
 
+// submit submits the runs; on the real node each task reports its
+// executions to the ledger, and the node fault's tasks hold their first
+// execution until the node is lost.
+func (w *kubeWorld) submit(ctx context.Context) error {
 	writer := lifecycle.New(w.pool, lifecycle.Options{})
 	for _, id := range w.runIDs() {
 		run := lifecycle.NewRun{RunID: id, DagID: "demo-kube", State: sdk.RunRunning}
 		for i, cmd := range w.sc.runs[id] {
-			run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: "t" + strconv.Itoa(i+1), Executor: sdk.ExecutorKube,
+			task := "t" + strconv.Itoa(i+1)
+			if w.real != nil {
+				cmd = w.realTaskCommand(cmd, w.sc.faults[id+"/"+task] == faultNodeLost)
+			}
+			run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: task, Executor: sdk.ExecutorKube,
 				Retries: 1, Command: cmd})
 		}
 		if err := writer.CreateRun(ctx, run, time.Now()); err != nil {
 			return fmt.Errorf("submitting run %s: %w", id, err)
 		}
 		say("submitted run %q: %d tasks (%s)", id, len(run.Tasks), summarizeCommands(w.sc.runs[id]))
+	}
+	if w.real != nil && w.hasNodeFault() {
+		say("on the real node the node fault's tasks run until their node is lost, once every other task has finished")
 	}
 	say("")
 	return nil
@@ -234,6 +369,16 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 // config is the replicas' configuration (the same file for both).
 func (w *kubeWorld) config() string {
 	kc := w.cluster.Kubeconfig()
+	runner, tls := fmt.Sprintf(`runner {
+  kube {
+    image             = "reaper-demo-task"
+    termination_grace = "2s"
+    attempt_api       = %q
+  }
+}`, w.front.url()), ""
+	if w.real != nil {
+		runner, tls = w.realRunner(), w.realTLS()
+	}
 	return fmt.Sprintf(`edition    = "kube"
 plugin_dir = %q
 store {
@@ -253,23 +398,17 @@ substrate "kube" {
   namespace  = %q
   kubeconfig = %q
 }
-runner {
-  kube {
-    image             = "reaper-demo-task"
-    termination_grace = "2s"
-    attempt_api       = %q
-  }
-}
+%s
 attempt_api {
   listen    = "127.0.0.1:0"
   state_dir = %q
-}
+%s}
 reaper "dispatchlost" {}
 reaper "podlost" {}
 reaper "agentlost" {}
 reaper "warmworker" {}
 reaper "orphanrun" {}
-`, w.bin, w.dsn, kubeNamespace, leaseName, kc, w.sc.ladder, kubeNamespace, kc, w.front.url(), filepath.Join(w.dir, "attempt-api"))
+`, w.bin, w.dsn, kubeNamespace, leaseName, kc, w.sc.ladder, kubeNamespace, kc, runner, filepath.Join(w.dir, "attempt-api"), tls)
 }
 
 func (w *kubeWorld) logFile(name string) *os.File {
@@ -310,7 +449,7 @@ func summarizeCommands(cmds []string) string {
 func (w *kubeWorld) run(ctx context.Context) int {
 	alive := func() bool { return w.live() > 0 }
 	inject := func(tis []board.TaskInstance) { w.inject(ctx, tis) }
-	if code := w.watch(ctx, w.runIDs(), w.sc.deadline, alive, inject); code != 0 {
+	if code := w.watch(ctx, w.runIDs(), w.deadline, alive, inject); code != 0 {
 		return code
 	}
 	code := w.summary(ctx)
@@ -365,8 +504,15 @@ func (w *kubeWorld) inject(ctx context.Context, tis []board.TaskInstance) {
 			}
 		}
 	}
-	if len(nodeTasks) > 0 && nodeReady {
-		msg, err := w.loseNode(ctx)
+	if w.real != nil {
+		w.watchNodeLoss(ctx)
+	}
+	if len(nodeTasks) > 0 && nodeReady && (w.real == nil || w.othersFinished(tis)) {
+		loseNode := w.loseNode
+		if w.real != nil {
+			loseNode = func(ctx context.Context) (string, error) { return w.loseRealNode(ctx, nodeTasks) }
+		}
+		msg, err := loseNode(ctx)
 		for _, ti := range nodeTasks {
 			w.faulted[ti.RunID+"/"+ti.TaskID] = err == nil
 		}
@@ -420,9 +566,9 @@ func (w *kubeWorld) harm(ctx context.Context, fault string, a sdk.Attempt) (stri
 		w.harmed[a] = fault
 		return fmt.Sprintf("pod %s of %s evicted through the Eviction API", name, a), nil
 	case faultAgentKill:
-		pid, _, ok := w.player.Process(name)
-		if !ok {
-			return "", errors.New("its container has not started")
+		pid, err := w.agentOf(ctx, name)
+		if err != nil {
+			return "", err
 		}
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			return "", err
@@ -467,7 +613,19 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 		return "", err
 	}
 	w.freeze(pods.Items)
+	how := ""
+	if w.real != nil {
+		how = ": frozen and deleted, their outcome record finalizer removed as a purge out of band would"
+	}
 	for _, p := range pods.Items {
+		if w.real != nil {
+			// A real node's pod outlives its delete until its record is
+			// read (the outcome record finalizer): it vanishes only when
+			// that is removed too, as a purge out of band would.
+			if err := w.dropFinalizers(ctx, p); err != nil {
+				return "", err
+			}
+		}
 		if err := w.forceDelete(ctx, p); err != nil {
 			return "", err
 		}
@@ -475,13 +633,20 @@ func (w *kubeWorld) deleteRunPods(ctx context.Context, run string) (string, erro
 			w.harmed[a] = faultOrphanRun
 		}
 	}
-	return fmt.Sprintf("every pod of run %s vanished (%d): the run has nothing left alive", run, len(pods.Items)), nil
+	return fmt.Sprintf("every pod of run %s vanished (%d%s): the run has nothing left alive", run, len(pods.Items), how), nil
 }
 
 // freeze stops (SIGSTOP) every process of the pods' containers: the
-// player's, each the session its container's process leads. The player
-// kills them once it sees the pods deleted.
+// player's, each the session its container's process leads, or the real
+// node's, in the pods' cgroups. The player or the kubelet kills them once
+// it sees the pods deleted.
 func (w *kubeWorld) freeze(pods []corev1.Pod) {
+	if w.real != nil { // every process in the pods' cgroups
+		for _, p := range pods {
+			signalAll(w.podProcesses(p), unix.SIGSTOP)
+		}
+		return
+	}
 	sessions := map[int]bool{}
 	for _, p := range pods {
 		if pid, _, ok := w.player.Process(p.Name); ok {
@@ -612,7 +777,12 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	sort.Strings(unanswered)
 	succeeded := 0
 	records := w.records(ctx)
-	ran := w.journalRuns()
+	ran, ranFrom := w.journalRuns(), "its agents' journals show"
+	var doubles []string
+	if w.real != nil {
+		ran, ranFrom, doubles = w.ledger.completeRuns(), "the ledger heard", w.ledger.doubles()
+		touched = append(touched, w.early...)
+	}
 	for _, ti := range tis {
 		if ti.State == sdk.StateSuccess {
 			succeeded++
@@ -629,19 +799,26 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 		case records[ti.Attempt] != podrecord.Success:
 			touched = append(touched, fmt.Sprintf("%s: its pod's record says %q", ti.Attempt, records[ti.Attempt]))
 		case ran[key] != 1:
-			touched = append(touched, fmt.Sprintf("%s: its agents' journals show %d complete runs of the task", ti.Attempt, ran[key]))
+			touched = append(touched, fmt.Sprintf("%s: %s %d complete runs of the task", ti.Attempt, ranFrom, ran[key]))
 		}
 	}
-	w.printSummary([]count{
+	counts := []count{
 		{"tasks", len(tis)}, {"attempts", attempts(tis)}, {"faults injected", w.injected},
 		{"attempts taken by a fault", len(w.harmed)},
 		{"reaped", reaped}, {"settled by the sweep", settled}, {"ended by their agent (SIGTERM)", byAgent},
 		{"re-placed", replaced}, {"retried", retried},
 		{"overridden", overridden}, {"succeeded", succeeded}, {"live attempts touched", len(touched)},
-	})
-	ok := len(touched) == 0 && len(unanswered) == 0 && succeeded == len(tis) && w.injected == w.faultCount()
+	}
+	if w.real != nil {
+		counts = append(counts, count{"double executions (the ledger)", len(doubles)})
+	}
+	w.printSummary(counts)
+	ok := len(touched) == 0 && len(unanswered) == 0 && len(doubles) == 0 && succeeded == len(tis) && w.injected == w.faultCount()
 	for _, t := range touched {
 		say("  touched: %s", t)
+	}
+	for _, d := range doubles {
+		say("  double execution: %s", d)
 	}
 	if len(unanswered) > 0 {
 		say("  taken but never reaped or settled: %s", strings.Join(unanswered, ", "))
@@ -650,8 +827,22 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 		say("\nsomething went wrong: see the lines above and the logs in %s", w.keepLogs())
 		return 1
 	}
+	if w.real != nil {
+		say("\nevery fault was settled, every task succeeded, no live attempt was touched and no task ran twice at once.")
+		return 0
+	}
 	say("\nevery fault was settled, every task succeeded, and no live attempt was touched.")
 	return 0
+}
+
+// hasNodeFault reports whether the scenario loses a node.
+func (w *kubeWorld) hasNodeFault() bool {
+	for _, f := range w.sc.faults {
+		if f == faultNodeLost {
+			return true
+		}
+	}
+	return false
 }
 
 // faultCount is how many faults the scenario injects (the node fault's
@@ -672,9 +863,10 @@ func (w *kubeWorld) faultCount() int {
 }
 
 // records reads the outcome record each finished task pod's agent left in
-// its termination message, by the attempt it names.
+// its termination message, by the attempt it names, with those read
+// before (of pods deleted since).
 func (w *kubeWorld) records(ctx context.Context) map[sdk.Attempt]podrecord.Outcome {
-	out := map[sdk.Attempt]podrecord.Outcome{}
+	out := w.seen
 	pods, err := w.cs.CoreV1().Pods(kubeNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		say("demo: listing the pods: %v", err)

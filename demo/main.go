@@ -9,9 +9,12 @@
 // With -kube it runs the Kubernetes edition: a local control plane (etcd,
 // kube-apiserver, KWOK and kube-controller-manager, built from source and
 // cached the first time), two reaperd replicas on a Kubernetes Lease with
-// the kube runner, a kubelet player that runs each pod's agent as a local
-// process, and pods, a node, an eviction, an agent and the leading reaperd
-// taken away under a running run (kube.go).
+// the kube runner, and pods, a node, an eviction, an agent and the leading
+// reaperd taken away under a running run (kube.go). The pods run on a real
+// node (a real kubelet, containerd and runc, realnode.go) where the
+// machine can host one, and on a kubelet player that runs each pod's agent
+// as a local process otherwise; -node kwok asks for the player, -node real
+// for the real node or a failure saying why. Its first lines say which.
 //
 // Both show the decisions as they happen, a progress line and a summary
 // computed from the board and the agents' own records. They leave nothing
@@ -31,7 +34,14 @@ import (
 
 func main() {
 	kube := flag.Bool("kube", false, "run the Kubernetes edition's demo (local API server, KWOK, the kube runner)")
+	node := flag.String("node", nodeAuto, "with -kube, where the pods run: "+nodeAuto+" (the real node where this machine can host one, else the kubelet player), "+
+		nodeReal+" (the real node, or fail) or "+nodePlayer+" (the kubelet player)")
 	flag.Parse()
+	switch *node {
+	case nodeAuto, nodeReal, nodePlayer:
+	default:
+		os.Exit(fail(fmt.Errorf("-node %q: want %s, %s or %s", *node, nodeAuto, nodeReal, nodePlayer)))
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		os.Exit(fail(err))
@@ -40,7 +50,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var code int
 	if *kube {
-		code = runKube(ctx, kubeDemo(bin))
+		sc := kubeDemo(bin)
+		sc.node = *node
+		code = runKube(ctx, sc)
 	} else {
 		code = runLite(ctx, bin)
 	}
