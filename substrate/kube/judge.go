@@ -69,7 +69,9 @@ type verdict struct {
 // own (task failures); a pod deleted while its task ran (the agent's
 // "stopped from outside" record on a pod with a deletion timestamp: the
 // record says the task was stopped, not why) settles pod_disrupted on the
-// infra rail, as the same pod gone from the cache settles pod_lost;
+// infra rail, as the same pod gone from the cache settles pod_lost, and so
+// does one with no record whose task container ended at or after the
+// deletion (the deletion's kill, on an agent that could write nothing);
 // otherwise the pod's phase decides, a FAILED record giving the failure its
 // words (the agent's "stopped" record gives none: the pod's end does).
 func judgeFinished(p *pod) (verdict, bool) {
@@ -116,6 +118,22 @@ func judgeFinished(p *pod) (verdict, bool) {
 	}
 	if p.phase == corev1.PodSucceeded {
 		return verdict{outcome: sdk.OutcomeSuccess, rule: "SucceededWithoutRecord"}, true
+	}
+	// No record at all, and the task container ended at or after the
+	// pod's deletion: the deletion's kill ended it (an agent frozen or
+	// killed outright writes nothing; a grace of 0 leaves it no time to).
+	// The deletion's second and the container's end are both whole
+	// seconds: the same second counts as after (a task that failed by
+	// itself in the very second someone deleted its pod is re-run on the
+	// infra budget, not charged a retry).
+	if !hasRec && p.DeletionTimestamp != nil {
+		if task, ok := p.task(); ok && task.terminated && task.reason != "OOMKilled" &&
+			!task.finishedAt.Before(p.DeletionTimestamp.Time) {
+			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted,
+				message: fmt.Sprintf("%s: pod deleted while its task ran (its container ended at %s, after the deletion, with no record: exit %d)",
+					sdk.ReasonPodDisrupted, task.finishedAt.UTC().Format(time.RFC3339), task.exitCode),
+				rule: "KilledByItsDeletionIsInfra"}, true
+		}
 	}
 	if hasRec && !stopped && strings.TrimSpace(rec.Reason) != "" {
 		return verdict{outcome: sdk.OutcomeFailed, reason: ReasonTaskFailed,

@@ -134,6 +134,29 @@ func TestJudgeFinished(t *testing.T) {
 			wantReason: ReasonTaskFailed, wantMsg: "task_failed: exit status 3", pod: func(t *testing.T) *pod {
 				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(3, "Error", rec(t, attempt, RecordFailed, code(3), "exit status 3"), t0))
 			}},
+		// An agent frozen or killed outright writes no record; its pod
+		// deleted (grace 0 leaves no time to write one either), the
+		// kubelet's kill ends the container after the deletion.
+		{name: "KilledByItsDeletion_NoRecordIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: pod deleted while its task ran", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(137, "Error", "", t0.Add(21*time.Second)))
+			}},
+		{name: "KilledInTheSecondOfItsDeletion_NoRecordIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: pod deleted while its task ran", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(137, "Error", "", t0.Add(20*time.Second)))
+			}},
+		{name: "EndedBeforeItsDeletion_NoRecordStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(137, "Error", "", t0.Add(19*time.Second)))
+			}},
+		{name: "KilledByItsDeletion_OOMKilledStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed: task container exited 137 (OOMKilled)", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(137, "OOMKilled", "", t0.Add(21*time.Second)))
+			}},
+		{name: "NoRecordNoDeletion_Exit137StaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(137, "Error", "", t0.Add(21*time.Second)))
+			}},
 		{name: "AgentStoppedRecordWithoutADeletion_ThePodsEndGivesTheWords", wantOK: true, wantOutcome: sdk.OutcomeFailed,
 			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed: DeadlineExceeded", pod: func(t *testing.T) *pod {
 				return podOf(attempt, corev1.PodFailed, podReason("DeadlineExceeded", "Pod was active on the node longer than the specified deadline"),
