@@ -7,7 +7,7 @@
 //     on the infra budget (a new epoch, the retries untouched) once their
 //     mark is confirmed (by the substrate's sweep) or, unconfirmed, once the
 //     infra confirmation valve has passed since the mark; with the budget
-//     spent, failed for good (see package runner/internal/cycle).
+//     spent, failed for good (see package runner/internal/steps).
 //  2. start and schedule: queued runs under the run start cap; task
 //     instances in state none of running runs become scheduled.
 //  3. dispatch: each scheduled attempt becomes queued and gets a pod
@@ -58,7 +58,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
@@ -71,12 +71,12 @@ type Runner struct {
 	cfg   Config
 	w     *lifecycle.Writer
 	spec  PodSpec
-	steps cycle.Driver
+	steps steps.Driver
 	log   hclog.Logger
 
 	// The warm pool's (set when Config.WarmPool is).
 	warm      WorkerSpec
-	warmSteps cycle.Driver
+	warmSteps steps.Driver
 	// shunned: live workers that left an attempt unclaimed, bound nothing
 	// until the time given. Read and written by the cycle only.
 	shunned map[string]time.Time
@@ -85,7 +85,7 @@ type Runner struct {
 	// bound) whose running report it has not seen yet; their dispatch
 	// latency is measured on the tick that finds them running. Used by the
 	// cycle only.
-	dispatched cycle.Dispatches
+	dispatched steps.Dispatches
 
 	// valveNoted: held marks past the valve and when their decision was
 	// last recorded (valve.go). Used by the cycle only.
@@ -110,7 +110,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			DispatchLost: cfg.Ladder.DispatchLost, CredentialCeiling: cfg.Ladder.CredentialCeiling,
 			Hardening: cfg.Hardening,
 		},
-		steps: cycle.Driver{
+		steps: steps.Driver{
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
@@ -146,7 +146,7 @@ type Result struct {
 	// Tally counts the shared steps, holds the dispatch latencies measured
 	// (task pods and warm binds alike) and the decisions made, for the host
 	// to meter and audit.
-	cycle.Tally
+	steps.Tally
 }
 
 // Changed reports whether the cycle wrote anything.
@@ -206,25 +206,25 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 	res := Result{At: now}
 	d := r.steps
 	d.W = r.w.Fenced(term)
-	steps := []step{
+	phases := []step{
 		{"release", d.Release},
 		{"start", d.StartRuns},
 		{"schedule", d.Schedule},
-		{"dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error { return r.dispatch(ctx, d, now, &res) }},
+		{"dispatch", func(ctx context.Context, now time.Time, _ *steps.Tally) error { return r.dispatch(ctx, d, now, &res) }},
 	}
 	if r.cfg.WarmPool != nil {
 		wd := r.warmSteps
 		wd.W = d.W
-		steps = append(steps,
+		phases = append(phases,
 			step{"warm release", wd.Release},
 			step{"warm schedule", wd.Schedule},
-			step{"warm dispatch", func(ctx context.Context, now time.Time, _ *cycle.Tally) error {
+			step{"warm dispatch", func(ctx context.Context, now time.Time, _ *steps.Tally) error {
 				return r.warmDispatch(ctx, wd, now, &res)
 			}})
 	}
-	steps = append(steps, step{"observe", r.observeDispatches}, step{"finalize", d.Finalize})
+	phases = append(phases, step{"observe", r.observeDispatches}, step{"finalize", d.Finalize})
 	var err error
-	for _, s := range steps {
+	for _, s := range phases {
 		if err = s.run(ctx, now, &res.Tally); err != nil {
 			err = fmt.Errorf("kube runner: %s: %w", s.name, err)
 			break
@@ -244,19 +244,19 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 // runner queued (task pods and warm binds) that have since reported
 // running. An attempt that never reports running is forgotten once the
 // dispatch-lost threshold and a tick have passed: it is the reapers' then.
-func (r *Runner) observeDispatches(ctx context.Context, now time.Time, t *cycle.Tally) error {
+func (r *Runner) observeDispatches(ctx context.Context, now time.Time, t *steps.Tally) error {
 	return r.dispatched.Observe(ctx, r.w, now, r.cfg.Ladder.DispatchLost+r.cfg.Interval, t)
 }
 
 // step is one step of a cycle.
 type step struct {
 	name string
-	run  func(context.Context, time.Time, *cycle.Tally) error
+	run  func(context.Context, time.Time, *steps.Tally) error
 }
 
 // dispatch queues scheduled attempts and creates their pods, within
 // MaxParallel.
-func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, res *Result) error {
+func (r *Runner) dispatch(ctx context.Context, d steps.Driver, now time.Time, res *Result) error {
 	return d.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		return r.dispatchOne(ctx, d, ti, now, res)
 	})
@@ -264,7 +264,7 @@ func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, re
 
 // dispatchOne queues one attempt and creates its pod. It reports whether
 // the attempt got a pod.
-func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
+func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -317,7 +317,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 // logged and metered (foreign_task_pod), and the dispatch fails with the
 // reason: the attempt never runs in a pod reaperd did not make, and nothing
 // runs twice.
-func (r *Runner) adopt(ctx context.Context, d cycle.Driver, a sdk.Attempt, want *corev1.Pod, res *Result) (*corev1.Pod, error) {
+func (r *Runner) adopt(ctx context.Context, d steps.Driver, a sdk.Attempt, want *corev1.Pod, res *Result) (*corev1.Pod, error) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	got, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(cctx, want.Name, metav1.GetOptions{})
@@ -360,10 +360,10 @@ func adoptRefusal(got *corev1.Pod, recorded string) string {
 
 // failed settles a queued attempt whose dispatch failed: passing errors are
 // offered again within the window, the others fail at once.
-func (r *Runner) failed(ctx context.Context, d cycle.Driver, ti board.TaskInstance, err error, passing bool, now time.Time, res *Result) error {
-	return d.DispatchFailed(ctx, cycle.DispatchFailure{
+func (r *Runner) failed(ctx context.Context, d steps.Driver, ti board.TaskInstance, err error, passing bool, now time.Time, res *Result) error {
+	return d.DispatchFailed(ctx, steps.DispatchFailure{
 		TI: ti, Err: err, What: "the pod create failed",
-		Move:        cycle.DecideDispatchFailure(passing, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
+		Move:        steps.DecideDispatchFailure(passing, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
 		AgainDetail: "Kubernetes API unavailable: offering the task again",
 	}, now, &res.Tally)
 }

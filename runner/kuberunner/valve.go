@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
@@ -54,8 +54,8 @@ const valveNoteEvery = time.Minute
 // is known to be off (non-graceful node shutdown).
 const taintOutOfService = "node.kubernetes.io/out-of-service"
 
-// valveHold is the kube runner's cycle.Driver.ValveHold.
-func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.Time) cycle.ValveHold {
+// valveHold is the kube runner's steps.Driver.ValveHold.
+func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.Time) steps.ValveHold {
 	a := ti.Attempt
 	h := r.readValveHold(ctx, a, now)
 	if !h.Hold {
@@ -69,7 +69,7 @@ func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.
 	return h
 }
 
-func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time) cycle.ValveHold {
+func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time) steps.ValveHold {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	p, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, PodName(a), metav1.GetOptions{})
@@ -77,18 +77,18 @@ func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time
 		if !apierrors.IsNotFound(err) {
 			r.log.Warn("could not read the pod of an unconfirmed mark past the valve: the valve opens", "attempt", a.String(), "error", err)
 		}
-		return cycle.ValveHold{}
+		return steps.ValveHold{}
 	}
 	if got, ok := kube.PodAttempt(p.Labels, p.Annotations); !ok || got != a {
-		return cycle.ValveHold{}
+		return steps.ValveHold{}
 	}
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.Spec.NodeName == "" ||
 		(p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0) {
-		return cycle.ValveHold{}
+		return steps.ValveHold{}
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.Name == kube.TaskContainer && cs.State.Terminated != nil {
-			return cycle.ValveHold{}
+			return steps.ValveHold{}
 		}
 	}
 	node, err := r.cfg.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
@@ -97,11 +97,11 @@ func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time
 			r.log.Warn("could not read the node of an unconfirmed mark's pod past the valve: the valve opens",
 				"attempt", a.String(), "node", p.Spec.NodeName, "error", err)
 		}
-		return cycle.ValveHold{}
+		return steps.ValveHold{}
 	}
 	for _, t := range node.Spec.Taints {
 		if t.Key == taintOutOfService {
-			return cycle.ValveHold{}
+			return steps.ValveHold{}
 		}
 	}
 	for _, c := range node.Status.Conditions {
@@ -112,17 +112,17 @@ func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time
 		if c.Status == corev1.ConditionTrue {
 			back := r.cfg.TerminationGrace + 2*r.cfg.Ladder.MaintenanceInterval
 			if now.Sub(c.LastTransitionTime.Time) >= back {
-				return cycle.ValveHold{}
+				return steps.ValveHold{}
 			}
-			return cycle.ValveHold{Hold: true,
+			return steps.ValveHold{Hold: true,
 				Detail: fmt.Sprintf("node %s of pod %s is Ready again since %s, and its kubelet is ending the pod (for up to %s): a re-place now would overlap it",
 					node.Name, p.Name, since, back),
 				Evidence: map[string]string{"pod": p.Name, "node": node.Name, "node_ready": string(c.Status), "node_ready_since": since}}
 		}
-		return cycle.ValveHold{Hold: true,
+		return steps.ValveHold{Hold: true,
 			Detail: fmt.Sprintf("pod %s may still run its task on node %s, Ready %s since %s (%s): no teardown reaches it, and a re-place would run the task beside it once the node is back",
 				p.Name, node.Name, c.Status, since, c.Reason),
 			Evidence: map[string]string{"pod": p.Name, "node": node.Name, "node_ready": string(c.Status), "node_ready_since": since}}
 	}
-	return cycle.ValveHold{} // no Ready condition yet: no signal
+	return steps.ValveHold{} // no Ready condition yet: no signal
 }

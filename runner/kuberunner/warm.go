@@ -17,7 +17,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -333,7 +333,7 @@ func (r *Runner) refillLoop(ctx context.Context, leading func(time.Time) bool) {
 // warmDispatch requeues the queued warm attempts whose worker will not
 // start them, then binds the scheduled ones to live workers with a free
 // slot.
-func (r *Runner) warmDispatch(ctx context.Context, wd cycle.Driver, now time.Time, res *Result) error {
+func (r *Runner) warmDispatch(ctx context.Context, wd steps.Driver, now time.Time, res *Result) error {
 	ws, err := r.listWorkers(ctx)
 	if err != nil {
 		// No worker can be judged: nothing is bound or requeued this cycle.
@@ -409,7 +409,7 @@ func (r *Runner) warmDispatch(ctx context.Context, wd cycle.Driver, now time.Tim
 	})
 }
 
-func (r *Runner) warmRequeue(ctx context.Context, wd cycle.Driver, ti board.TaskInstance, w worker, now time.Time, res *Result) error {
+func (r *Runner) warmRequeue(ctx context.Context, wd steps.Driver, ti board.TaskInstance, w worker, now time.Time, res *Result) error {
 	rel, err := wd.W.WarmRequeueUnstarted(ctx, ti.Attempt, now)
 	if err != nil {
 		return err

@@ -5,22 +5,22 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/runner/internal/steps"
 )
 
-// spawnMove is what a failed spawn calls for (cycle.DispatchMove).
-type spawnMove = cycle.DispatchMove
+// spawnMove is what a failed spawn calls for (steps.DispatchMove).
+type spawnMove = steps.DispatchMove
 
 const (
 	// spawnFail: the error will not pass by itself (no agent binary, a
 	// refused record directory, a bad invocation): dispatch_failed now.
-	spawnFail = cycle.DispatchFail
+	spawnFail = steps.DispatchFail
 	// spawnOfferAgain: a passing shortage: the dispatch-failure backoff rail
 	// (epoch+1, back to scheduled), offered again next cycle.
-	spawnOfferAgain = cycle.DispatchOfferAgain
+	spawnOfferAgain = steps.DispatchOfferAgain
 	// spawnExhausted: a passing shortage that has lasted the whole window:
 	// dispatch_failed.
-	spawnExhausted = cycle.DispatchExhausted
+	spawnExhausted = steps.DispatchExhausted
 )
 
 // passing reports whether err is one that a later attempt to start an
@@ -41,9 +41,9 @@ func passing(err error) bool {
 }
 
 // decideSpawnFailure judges a failed spawn, in the spirit of the
-// specification's pod create errors (see cycle.DecideDispatchFailure): a
+// specification's pod create errors (see steps.DecideDispatchFailure): a
 // passing shortage is offered again for window, any other error fails at
 // once.
 func decideSpawnFailure(err error, unavailableSince, now time.Time, window time.Duration) spawnMove {
-	return cycle.DecideDispatchFailure(passing(err), unavailableSince, now, window)
+	return steps.DecideDispatchFailure(passing(err), unavailableSince, now, window)
 }

@@ -51,7 +51,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/runner/internal/cycle"
+	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/agent"
@@ -71,7 +71,7 @@ type Runner struct {
 	dir     *records.Dir
 	ownsDir bool
 	log     hclog.Logger
-	steps   cycle.Driver
+	steps   steps.Driver
 
 	mu     sync.Mutex
 	agents map[sdk.Attempt]*lite.Agent // spawned and not yet waited for
@@ -79,7 +79,7 @@ type Runner struct {
 	// dispatched: attempts this runner queued whose running report it has
 	// not seen yet (the dispatch latency is measured on the tick that finds
 	// them running). Used by RunOnce only.
-	dispatched cycle.Dispatches
+	dispatched steps.Dispatches
 }
 
 // New checks the configuration, opens the record directory when the
@@ -110,7 +110,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 	}
 	return &Runner{
 		cfg: cfg, w: w, spawner: sp, dir: dir, ownsDir: owns, log: cfg.Logger,
-		steps: cycle.Driver{
+		steps: steps.Driver{
 			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
@@ -142,7 +142,7 @@ type Result struct {
 	// Tally counts the shared steps (release, schedule, finalize, dispatch
 	// failures), holds the dispatch latencies measured and the decisions
 	// made, for the host to meter and audit.
-	cycle.Tally
+	steps.Tally
 }
 
 // Changed reports whether the cycle wrote or reaped anything.
@@ -183,7 +183,7 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int6
 }
 
 // shared adapts a shared step to RunOnce's steps.
-func (r *Runner) shared(step func(context.Context, time.Time, *cycle.Tally) error) func(context.Context, time.Time, *Result) error {
+func (r *Runner) shared(step func(context.Context, time.Time, *steps.Tally) error) func(context.Context, time.Time, *Result) error {
 	return func(ctx context.Context, now time.Time, res *Result) error { return step(ctx, now, &res.Tally) }
 }
 
@@ -204,7 +204,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 	res := Result{At: now, AgentsExited: r.reapExited()}
 	d := r.steps
 	d.W = r.w.Fenced(term)
-	steps := []struct {
+	phases := []struct {
 		name string
 		run  func(context.Context, time.Time, *Result) error
 	}{
@@ -216,7 +216,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 		{"finalize", r.shared(d.Finalize)},
 	}
 	var err error
-	for _, s := range steps {
+	for _, s := range phases {
 		if err = s.run(ctx, now, &res); err != nil {
 			err = fmt.Errorf("lite runner: %s: %w", s.name, err)
 			break
@@ -243,7 +243,7 @@ func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Resu
 
 // dispatch queues scheduled task instances and starts their agents, within
 // MaxParallel.
-func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, res *Result) error {
+func (r *Runner) dispatch(ctx context.Context, d steps.Driver, now time.Time, res *Result) error {
 	return d.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		return r.dispatchOne(ctx, d, ti, now, res)
 	})
@@ -251,7 +251,7 @@ func (r *Runner) dispatch(ctx context.Context, d cycle.Driver, now time.Time, re
 
 // dispatchOne queues one attempt and starts its agent. It reports whether an
 // agent was started.
-func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
+func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -300,8 +300,8 @@ func (r *Runner) dispatchOne(ctx context.Context, d cycle.Driver, ti board.TaskI
 }
 
 // spawnFailed settles a queued attempt whose agent could not be started.
-func (r *Runner) spawnFailed(ctx context.Context, d cycle.Driver, ti board.TaskInstance, spawnErr error, now time.Time, res *Result) error {
-	return d.DispatchFailed(ctx, cycle.DispatchFailure{
+func (r *Runner) spawnFailed(ctx context.Context, d steps.Driver, ti board.TaskInstance, spawnErr error, now time.Time, res *Result) error {
+	return d.DispatchFailed(ctx, steps.DispatchFailure{
 		TI: ti, Err: spawnErr, What: "the agent could not be started",
 		Move:        decideSpawnFailure(spawnErr, ti.DispatchUnavailableSince, now, r.cfg.DispatchUnavailableWindow),
 		AgainDetail: "the agent could not be started for now: offering the task again",

@@ -1,4 +1,4 @@
-// Package cycle holds the steps every runner's cycle shares, whatever its
+// Package steps holds the steps every runner's cycle shares, whatever its
 // executor: releasing the task instances that wait for a decision (the
 // retry, reschedule and infra re-place rails, acting on confirmed infra
 // marks and on the confirmation valve), starting queued runs under the run
@@ -7,7 +7,7 @@
 // settled runs. The Lite runner and the kube runner differ only in how
 // they start an execution; everything here goes through the board's rails
 // (package board/lifecycle).
-package cycle
+package steps
 
 import (
 	"context"
