@@ -33,7 +33,7 @@ import (
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
-	"github.com/dexaflow/reaper/host/plugins"
+	"github.com/dexaflow/reaper/host/launch"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/runner/kuberunner"
@@ -99,7 +99,7 @@ type Daemon struct {
 	fatal chan error
 }
 
-type supervised = supervise.Supervisor[*plugins.Handle, *plugins.Handle]
+type supervised = supervise.Supervisor[*launch.Handle, *launch.Handle]
 
 // New opens the board (lazily: a database down at start is retried by the
 // elector), launches and configures every plugin, and builds the elector,
@@ -137,7 +137,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	set, err := plugins.Start(ctx, ld, cfg)
+	set, err := launch.Start(ctx, ld, cfg)
 	if err != nil {
 		return err
 	}
@@ -183,15 +183,15 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 
 // supervise puts a started plugin under a supervisor that restarts it (with
 // the same block) when it has exited.
-func (d *Daemon) supervise(ld *loader.Loader, h *plugins.Handle) *supervised {
+func (d *Daemon) supervise(ld *loader.Loader, h *launch.Handle) *supervised {
 	block := h.Block
-	s := supervise.New(supervise.Config[*plugins.Handle]{
+	s := supervise.New(supervise.Config[*launch.Handle]{
 		Name:      block.Name,
-		Start:     func(ctx context.Context) (*plugins.Handle, error) { return plugins.StartOne(ctx, ld, d.cfg, block) },
+		Start:     func(ctx context.Context) (*launch.Handle, error) { return launch.StartOne(ctx, ld, d.cfg, block) },
 		OnRestart: d.metrics.PluginRestart,
 		Clock:     d.opts.Clock,
 		Logger:    d.log,
-	}, h, true, func(h *plugins.Handle) *plugins.Handle { return h })
+	}, h, true, func(h *launch.Handle) *launch.Handle { return h })
 	d.plugins = append(d.plugins, s)
 	return s
 }
@@ -481,7 +481,7 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) hcl.Diagnostic
 	}
 	defer sockets.Close()
 	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path(), MaxReply: cfg.PluginMaxReply}
-	return plugins.Check(ctx, ld, cfg)
+	return launch.Check(ctx, ld, cfg)
 }
 
 // reaperOf and substrateOf give the loop the typed plugin it needs from a

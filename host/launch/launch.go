@@ -1,9 +1,9 @@
-// Package plugins starts the plugins a configuration names — the substrate
+// Package launch starts the plugins a configuration names — the substrate
 // and each reaper, in order — decodes each plugin's block against the schema
 // the plugin declares, and configures it. Everything it started is killed
 // when any step fails, so a refused configuration leaves nothing running.
 // Every problem is a diagnostic at the position in the file it is about.
-package plugins
+package launch
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package plugins_test
+package launch_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/loader"
-	"github.com/dexaflow/reaper/host/plugins"
+	"github.com/dexaflow/reaper/host/launch"
 	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -60,7 +60,7 @@ func TestStartOne_ReaperOnTheBase(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			ld := &loader.Loader{Dir: pluginDir, Logger: hclog.NewNullLogger()}
-			h, err := plugins.StartOne(ctx, ld, cfg, cfg.Reapers[0])
+			h, err := launch.StartOne(ctx, ld, cfg, cfg.Reapers[0])
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("err %v, want it to contain %s", err, tc.want)
