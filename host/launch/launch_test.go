@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/host/config"
-	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/launch"
+	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/sdk"
 )
