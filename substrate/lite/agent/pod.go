@@ -99,7 +99,12 @@ func OutcomeRecord(a sdk.Attempt, o Outcome) podrecord.Record {
 		rec = podrecord.For(a, podrecord.Failed)
 		rec.Reason = o.Message
 	}
-	if o.ExitCode >= 0 {
+	// A stopped agent's record never carries an exit code, whatever the
+	// task did with the stop (a task that traps SIGTERM and exits 0): the
+	// record says the agent was stopped, and the sweep reads that shape as
+	// "stopped from outside", so the pod's end decides (a deletion's stop is
+	// a disruption, not the task's failure).
+	if o.ExitCode >= 0 && o.Reason != ReasonAgentStopped {
 		code := int32(o.ExitCode)
 		rec.ExitCode = &code
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
+
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
@@ -361,5 +363,37 @@ func TestPodModeStoppedAgentStopsTheTaskButReportsNothing(t *testing.T) {
 	rec, ok := p.record(t)
 	if !ok || rec.Outcome != podrecord.Failed || !strings.HasPrefix(rec.Reason, ReasonAgentStopped+":") {
 		t.Fatalf("record %+v", rec)
+	}
+}
+
+// A task that traps the stop's SIGTERM and exits 0 (or leaves the group
+// with a status of its own) does not give the stopped agent's record an
+// exit code: the record keeps the "stopped from outside" shape the sweep
+// reads (no exit code), so a deleted pod settles on the infra rail and no
+// retry is spent (found by the soak on the real node).
+func TestPodModeStoppedRecordHasNoExitCodeWhateverTheTaskExitedWith(t *testing.T) {
+	ready := filepath.Join(t.TempDir(), "trapped")
+	p := setupPod(t, `trap 'exit 0' TERM; touch '`+ready+`'; sleep 1000 & wait`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Stopped once the task has set its trap: the stop's SIGTERM then
+	// ends it with status 0.
+	p.cfg.OnTaskStarted = func(int) {
+		go func() {
+			// Off the test's goroutine: a miss shows as the task's status.
+			eventually.Until(10*time.Second, func() bool {
+				_, err := os.Stat(ready)
+				return err == nil
+			})
+			cancel()
+		}()
+	}
+	r := p.run(t, ctx)
+	if !errors.Is(r.err, ErrStopUnreported) || r.out.Reason != ReasonAgentStopped || r.out.ExitCode != 0 {
+		t.Fatalf("%+v, %v: want the agent stopped and the task's own status 0", r.out, r.err)
+	}
+	rec, ok := p.record(t)
+	if !ok || rec.Outcome != podrecord.Failed || rec.ExitCode != nil || !rec.StoppedFromOutside() {
+		t.Fatalf("record %+v (exit code %v): want FAILED, agent_stopped, no exit code", rec, rec.ExitCode)
 	}
 }
