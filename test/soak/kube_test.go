@@ -439,6 +439,17 @@ func (k *kubeWorld) stop() {
 
 // kubeConfigHCL is every replica's configuration on the kube edition.
 func kubeConfigHCL(bin, dsn, kubeconfig, ns, apiListen, apiState string) string {
+	return kubeHCL(bin, dsn, kubeconfig, ns, apiListen, apiState, "", fmt.Sprintf(`runner {
+  interval = %q
+  kube {
+    image = "reaper-soak"
+  }
+}`, runnerTick))
+}
+
+// kubeHCL is the kube edition's configuration with the attempt API's extra
+// lines and the runner block given.
+func kubeHCL(bin, dsn, kubeconfig, ns, apiListen, apiState, apiExtra, runner string) string {
 	leader := fmt.Sprintf(`leader "kubernetes" {
   namespace  = %q
   name       = "reaperd"
@@ -450,22 +461,17 @@ func kubeConfigHCL(bin, dsn, kubeconfig, ns, apiListen, apiState string) string 
   infra_confirm_valve    = %q
   task_termination_grace = %q
 `, podLostFloor, infraConfirmValve, podGrace)
-	return baseHCL(editionKube, bin, dsn, leader, ladder, apiListen, apiState) + fmt.Sprintf(`
+	return baseHCL(editionKube, bin, dsn, leader, ladder, apiListen, apiState, apiExtra) + fmt.Sprintf(`
 substrate "kube" {
   namespace  = %q
   kubeconfig = %q
 }
 
-runner {
-  interval = %q
-  kube {
-    image = "reaper-soak"
-  }
-}
+%s
 
 reaper "dispatchlost" {}
 reaper "podlost" {}
 reaper "agentlost" {}
 reaper "orphanrun" {}
-`, ns, kubeconfig, runnerTick)
+`, ns, kubeconfig, runner)
 }
