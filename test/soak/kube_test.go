@@ -102,14 +102,10 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}}
 	s.kube = k
 	k.ns = "soak"
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
+	wctx, err := k.makeNamespace(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	k.cancel = stop
 	if k.binder, err = kubetest.StartBinder(wctx, kubetest.BinderConfig{Client: k.cs, Namespace: k.ns,
 		Place: placeByName, Timeout: apiTimeout}); err != nil {
 		t.Fatal(err)
@@ -137,6 +133,20 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 	if err := k.watch(wctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// makeNamespace creates the soak's namespace and returns the context of
+// the cluster side's goroutines (k.cancel ends it).
+func (k *kubeWorld) makeNamespace(ctx context.Context) (context.Context, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create the soak's namespace: %w", err)
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	k.cancel = stop
+	return wctx, nil
 }
 
 // playerEnv is the base environment of the played containers: the soak's
