@@ -86,6 +86,15 @@ type kubeWorld struct {
 
 	binder *kubetest.Binder // the scheduler: binds each new pod to a live node
 
+	// On the real node (realnode_test.go): the node, the attempt API's
+	// address on its gateway, the journals brought out of the pods and
+	// the pids they name resolved; one kubelet fault at a time.
+	real      *kubetest.RealNode
+	apiListen string
+	journals  *journalLinker
+	pids      *pidResolver
+	kubeletMu sync.Mutex
+
 	mu      sync.Mutex // guards nodeSeq, stops, seen
 	nodeSeq int
 	stops   []PodStop
@@ -364,6 +373,9 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 		in.ended(rec)
 		return rec, nil
 
+	case FaultKubeletKill, FaultKubeletPause:
+		return in.injectKubelet(ctx, kind, d1, dPause)
+
 	case FaultAPIPause:
 		if !k.apiPauseMu.TryLock() {
 			return nil, errNoTarget
@@ -442,6 +454,9 @@ func (k *kubeWorld) stop() {
 		k.cancel()
 	}
 	k.wg.Wait()
+	if k.journals != nil {
+		k.saveJournals()
+	}
 	if err := k.c.Stop(); err != nil {
 		k.s.logf("stop the cluster: %v", err)
 	}
