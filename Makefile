@@ -111,6 +111,7 @@ e2e-kube:
 # local kube-apiserver + KWOK (+ kube-controller-manager) with the kubelet
 # player running the agents, leader "kubernetes", and the kube faults (pod
 # deleted, node lost, eviction, API server paused). EDITION=kube NODE=real
+# (NODE as kube-up takes it; kwok, the default, is the player)
 # runs the pods on the test cluster's real node instead (a real kubelet,
 # containerd and runc; root, one real node per machine: a start waits for
 # the machine's node while another cluster holds it), with the kubelet's
@@ -121,7 +122,6 @@ e2e-kube:
 SOAK    ?= 10m
 SEED    ?=
 EDITION ?= lite
-NODE    ?=
 .PHONY: soak
 soak: build
 	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_EDITION=$(EDITION) REAPER_SOAK_NODE=$(NODE) \

@@ -42,9 +42,9 @@ import (
 //     directory, a mount point a link cannot cross; where a link fails it
 //     copies what the journal gains instead), so the journal outlives its
 //     pod's volume, and copies them into its journal directory when it
-//     stops. An attempt that heartbeated and whose journal never reached
-//     the soak fails the soak at the end (checkJournals): the invariants
-//     could not have judged it.
+//     stops. An attempt its agent reported running and whose journal
+//     never reached the soak fails the soak at the end (checkJournals): the
+//     invariants could not have judged it.
 //   - the process table: the containers' processes are the host's; the
 //     journals name them by their pod's process namespace (the pods share
 //     one), so each agent's and each task group leader's pid is resolved to
@@ -67,9 +67,9 @@ import (
 
 // Node switch of the kube edition.
 const (
-	nodeEnv    = "REAPER_SOAK_NODE" // "played" (default) or "real"
-	nodePlayed = "played"
-	nodeReal   = "real"
+	nodeEnv  = "REAPER_SOAK_NODE" // "kwok" (default: KWOK nodes, the kubelet player) or "real"
+	nodeKWOK = "kwok"
+	nodeReal = "real"
 )
 
 // The real node's faults.
@@ -94,7 +94,14 @@ const (
 	// realMaxParallel bounds the attempts queued plus running (the
 	// runner's max_parallel): each running pod costs the node about
 	// 14 MiB and a share of two cores.
-	realMaxParallel = 12
+	realMaxParallel = 20
+	// realStreamGap is the real node's least wait between two runs of the
+	// stream (a run every 3 to 6 seconds, half the player's rate): a real
+	// pod's start and end cost more than a played one's, and the runner
+	// dispatches nothing while a new leader's settling gate runs, so at
+	// the player's rate the queue outgrew the node and never drained
+	// within the recovery bound.
+	realStreamGap = 3 * time.Second
 )
 
 // realJournalDir is where a pod's agent journals: in its scratch volume.
@@ -284,9 +291,11 @@ func (k *kubeWorld) saveJournals() {
 	}
 }
 
-// checkJournals fails the soak for every attempt whose heartbeats landed
-// and of whose agent no journal reached the soak: its executions were
-// never judged.
+// checkJournals fails the soak for every attempt that its agent reported
+// running (the database's own record of the report) and of whose agent no
+// journal reached the soak: its executions were never judged. (Not every
+// attempt with a heartbeat row: a retry's reset of the heartbeat is one,
+// and a pod whose container never started has no agent.)
 func (k *kubeWorld) checkJournals(ctx context.Context) {
 	s := k.s
 	h, err := s.history(context.WithoutCancel(ctx))
@@ -299,15 +308,19 @@ func (k *kubeWorld) checkJournals(ctx context.Context) {
 		journaled[a.Attempt] = true
 	}
 	var missing []string
-	for a := range h.Heartbeats {
-		if !journaled[a] {
-			missing = append(missing, a.String())
+	reported := map[sdk.Attempt]bool{}
+	for _, tr := range h.Transitions {
+		if tr.NewState == sdk.StateRunning && tr.OldState != sdk.StateRunning && !reported[tr.From] {
+			reported[tr.From] = true
+			if !journaled[tr.From] {
+				missing = append(missing, tr.From.String())
+			}
 		}
 	}
 	sort.Strings(missing)
 	for _, a := range missing {
 		s.fail(Violation{Check: "harness", Evidence: fmt.Sprintf(
-			"%s heartbeated, but no journal of its agent reached the soak from its pod's volume: its executions went unjudged", a)})
+			"%s was reported running, but no journal of its agent reached the soak from its pod's volume: its executions went unjudged", a)})
 	}
 }
 

@@ -56,7 +56,7 @@ type soak struct {
 	bin     string
 	tl      timeline
 	edition string
-	node    string // on kube: nodePlayed (the kubelet player) or nodeReal
+	node    string // on kube: nodeKWOK (KWOK nodes, the kubelet player) or nodeReal
 
 	dir, recordDir, logDir, journalDir, escDir, tmpDir string
 	mark                                               string
@@ -132,12 +132,12 @@ func TestSoak(t *testing.T) {
 	}
 	node, replay := os.Getenv(nodeEnv), ""
 	switch {
-	case node == "" || node == nodePlayed:
-		node = nodePlayed
+	case node == "" || node == nodeKWOK:
+		node = nodeKWOK
 	case node == nodeReal && edition == editionKube:
 		replay = " NODE=" + nodeReal
 	default:
-		t.Fatalf("%s=%q: want %s (the default) or, on the kube edition, %s", nodeEnv, node, nodePlayed, nodeReal)
+		t.Fatalf("%s=%q: want %s (the default) or, on the kube edition, %s", nodeEnv, node, nodeKWOK, nodeReal)
 	}
 	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}, edition: edition,
 		node: node}
@@ -286,6 +286,9 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.wl = &workload{w: lifecycle.New(s.pool, lifecycle.Options{}), rng: rand.New(rand.NewPCG(s.seed, 1)),
 		tl: s.tl, kinds: map[string]int{}, executor: executor, shapes: shapes}
+	if s.kube != nil && s.kube.real != nil {
+		s.wl.gap = realStreamGap
+	}
 	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), weights: weights, skipped: map[string]int{},
 		paused: map[int]bool{}}
 }
