@@ -115,15 +115,22 @@ e2e-kube:
 # the Lite runner and local agents; EDITION=kube runs the kube runner on a
 # local kube-apiserver + KWOK (+ kube-controller-manager) with the kubelet
 # player running the agents, leader "kubernetes", and the kube faults (pod
-# deleted, node lost, eviction, API server paused). A run takes SOAK plus
-# about a minute (start, recovery, report); the kube edition's first run
-# builds the cluster's binaries when they are not cached (make kube-build).
+# deleted, node lost, eviction, API server paused). EDITION=kube NODE=real
+# (NODE as kube-up takes it; kwok, the default, is the player)
+# runs the pods on the test cluster's real node instead (a real kubelet,
+# containerd and runc; root, one real node per machine: a start waits for
+# the machine's node while another cluster holds it), with the kubelet's
+# faults (killed -9 and restarted, frozen) in place of the node loss and the
+# wedged agent added. A run takes SOAK plus about a minute (start, recovery,
+# report); the kube edition's first run builds the cluster's binaries when
+# they are not cached (make kube-build).
 SOAK    ?= 10m
 SEED    ?=
 EDITION ?= lite
 .PHONY: soak
 soak: build
-	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_EDITION=$(EDITION) REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
+	REAPER_SOAK=$(SOAK) REAPER_SOAK_SEED=$(SEED) REAPER_SOAK_EDITION=$(EDITION) REAPER_SOAK_NODE=$(NODE) \
+		REAPER_SOAK_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/soak/
 
 # Benchmarks of the board, the Lite substrate and the reapers (the mass

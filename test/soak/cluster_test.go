@@ -155,7 +155,7 @@ func installTriggers(ctx context.Context, pool *pgxpool.Pool) error {
 // directory, so an agent reaches whichever replica is up.
 func configHCL(bin, dsn, recordDir, logDir, apiListen, apiState string) string {
 	leader := fmt.Sprintf("leader \"postgres\" {\n  lease = %q\n}\n", lease)
-	return baseHCL(editionLite, bin, dsn, leader, "", apiListen, apiState) + fmt.Sprintf(`
+	return baseHCL(editionLite, bin, dsn, leader, "", apiListen, apiState, "") + fmt.Sprintf(`
 substrate "lite" {
   record_dir = %q
   stop_grace = %q
@@ -175,8 +175,9 @@ reaper "orphanrun" {}
 
 // baseHCL is what both editions' configurations share: the store, the
 // leader block given, the cycle, the ladder (with the edition's extra
-// lines), telemetry and the attempt API.
-func baseHCL(edition, bin, dsn, leader, ladderExtra, apiListen, apiState string) string {
+// lines), telemetry and the attempt API (with apiExtra's lines: the real
+// node's certificate).
+func baseHCL(edition, bin, dsn, leader, ladderExtra, apiListen, apiState, apiExtra string) string {
 	return fmt.Sprintf(`edition    = %q
 plugin_dir = %q
 
@@ -204,9 +205,9 @@ telemetry {
 attempt_api {
   listen    = %q
   state_dir = %q
-}
+%s}
 `, edition, bin, dsn, leader, interval, heartbeat, agentLost, grace, dispatchLost, orphanRun, ladderExtra,
-		apiListen, apiState)
+		apiListen, apiState, apiExtra)
 }
 
 // daemon is one reaperd replica slot: the process running in it now, and

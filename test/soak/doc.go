@@ -58,6 +58,22 @@
 // images, cgroups or a network of their own), and a deleted node's agents
 // live on until Pod GC deletes their pods.
 //
+// With REAPER_SOAK_NODE=real (`make soak EDITION=kube NODE=real`,
+// realnode_test.go) the kube edition runs its pods on the test cluster's
+// real node instead (kubetest.Options.RealNode: a real kubelet, containerd
+// and runc; root, one per machine), from a task image the soak imports, the
+// agents reporting to the attempt API over the pod network, at most
+// realMaxParallel attempts at once, the stream at half its rate. The
+// invariants read the same accounts: each agent journals into its pod's
+// scratch volume (a wrapper in the image sets the directory and the marker;
+// the product's pod is unchanged), the soak hard-links each journal out of
+// its pod's volume as it appears (the link outlives the volume), and
+// resolves the pids it names (its pod's process namespace's) to the host's;
+// an attempt reported running whose journal never reached the soak fails
+// it. Its faults are the player edition's without the node deletion (one
+// node), with the kubelet killed -9 and restarted, the kubelet frozen under
+// the node monitor grace, and the wedged agent.
+//
 // The seed is printed at the start and taken back from REAPER_SOAK_SEED:
 // the same seed makes the same choices (which fault, when, which target
 // among those sorted by attempt), though the processes' own timing differs

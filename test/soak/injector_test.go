@@ -159,7 +159,10 @@ func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dP
 			detail += fmt.Sprintf(" and its task group %d", e.PGID)
 		}
 		a := e.Attempt
-		f := in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: group, Detail: detail})
+		// On the real node the agent is its container's main process: the
+		// runtime kills the container's other processes, its task group, with it.
+		killed := group || (s.kube != nil && s.kube.real != nil)
+		f := in.record(Fault{Kind: kind, At: at, Ended: at, Target: &a, KilledGroup: killed, Detail: detail})
 		return f, nil
 
 	case FaultAgentPause:
@@ -288,7 +291,9 @@ func (in *injector) target(pick uint64) (Execution, bool) {
 	var cands []Execution
 	in.mu.Lock()
 	for _, e := range in.s.obs.running() {
-		if !in.paused[e.AgentPID] {
+		// A pid below 2 is never signalled: a real node's journal line whose
+		// process was not found has a stand-in below zero.
+		if !in.paused[e.AgentPID] && e.AgentPID > 1 {
 			cands = append(cands, e)
 		}
 	}

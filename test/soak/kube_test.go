@@ -86,6 +86,15 @@ type kubeWorld struct {
 
 	binder *kubetest.Binder // the scheduler: binds each new pod to a live node
 
+	// On the real node (realnode_test.go): the node, the attempt API's
+	// address on its gateway, the journals brought out of the pods and
+	// the pids they name resolved; one kubelet fault at a time.
+	real      *kubetest.RealNode
+	apiListen string
+	journals  *journalLinker
+	pids      *pidResolver
+	kubeletMu sync.Mutex
+
 	mu      sync.Mutex // guards nodeSeq, stops, seen
 	nodeSeq int
 	stops   []PodStop
@@ -102,14 +111,10 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}}
 	s.kube = k
 	k.ns = "soak"
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
+	wctx, err := k.makeNamespace(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	k.cancel = stop
 	if k.binder, err = kubetest.StartBinder(wctx, kubetest.BinderConfig{Client: k.cs, Namespace: k.ns,
 		Place: placeByName, Timeout: apiTimeout}); err != nil {
 		t.Fatal(err)
@@ -137,6 +142,20 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 	if err := k.watch(wctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// makeNamespace creates the soak's namespace and returns the context of
+// the cluster side's goroutines (k.cancel ends it).
+func (k *kubeWorld) makeNamespace(ctx context.Context) (context.Context, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create the soak's namespace: %w", err)
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	k.cancel = stop
+	return wctx, nil
 }
 
 // playerEnv is the base environment of the played containers: the soak's
@@ -354,6 +373,9 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 		in.ended(rec)
 		return rec, nil
 
+	case FaultKubeletKill, FaultKubeletPause:
+		return in.injectKubelet(ctx, kind, d1, dPause)
+
 	case FaultAPIPause:
 		if !k.apiPauseMu.TryLock() {
 			return nil, errNoTarget
@@ -432,6 +454,9 @@ func (k *kubeWorld) stop() {
 		k.cancel()
 	}
 	k.wg.Wait()
+	if k.journals != nil {
+		k.saveJournals()
+	}
 	if err := k.c.Stop(); err != nil {
 		k.s.logf("stop the cluster: %v", err)
 	}
@@ -439,6 +464,17 @@ func (k *kubeWorld) stop() {
 
 // kubeConfigHCL is every replica's configuration on the kube edition.
 func kubeConfigHCL(bin, dsn, kubeconfig, ns, apiListen, apiState string) string {
+	return kubeHCL(bin, dsn, kubeconfig, ns, apiListen, apiState, "", fmt.Sprintf(`runner {
+  interval = %q
+  kube {
+    image = "reaper-soak"
+  }
+}`, runnerTick))
+}
+
+// kubeHCL is the kube edition's configuration with the attempt API's extra
+// lines and the runner block given.
+func kubeHCL(bin, dsn, kubeconfig, ns, apiListen, apiState, apiExtra, runner string) string {
 	leader := fmt.Sprintf(`leader "kubernetes" {
   namespace  = %q
   name       = "reaperd"
@@ -450,22 +486,17 @@ func kubeConfigHCL(bin, dsn, kubeconfig, ns, apiListen, apiState string) string 
   infra_confirm_valve    = %q
   task_termination_grace = %q
 `, podLostFloor, infraConfirmValve, podGrace)
-	return baseHCL(editionKube, bin, dsn, leader, ladder, apiListen, apiState) + fmt.Sprintf(`
+	return baseHCL(editionKube, bin, dsn, leader, ladder, apiListen, apiState, apiExtra) + fmt.Sprintf(`
 substrate "kube" {
   namespace  = %q
   kubeconfig = %q
 }
 
-runner {
-  interval = %q
-  kube {
-    image = "reaper-soak"
-  }
-}
+%s
 
 reaper "dispatchlost" {}
 reaper "podlost" {}
 reaper "agentlost" {}
 reaper "orphanrun" {}
-`, ns, kubeconfig, runnerTick)
+`, ns, kubeconfig, runner)
 }

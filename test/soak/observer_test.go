@@ -39,6 +39,11 @@ func (tl timeline) now() time.Time { return tl.at(agent.MonoNow()) }
 type observer struct {
 	dir string
 	tl  timeline
+	// resolve, when set, rewrites the entries read from one journal file
+	// before they are folded in (the real node's agents journal the pids
+	// of their pod's namespace; resolve makes them the host's). Called
+	// with pollMu held, one file's new entries at a time, in file order.
+	resolve func(path string, es []agent.JournalEntry)
 
 	// pollMu makes one poll at a time: the observer's own loop and each
 	// invariant check poll, and two readers of one journal offset would
@@ -67,11 +72,14 @@ func newObserver(dir string, tl timeline) *observer {
 }
 
 // run looks every period until ctx ends.
-func (o *observer) run(ctx context.Context, period time.Duration) {
+func (o *observer) run(ctx context.Context, period time.Duration) { every(ctx, period, o.poll) }
+
+// every calls f at once and then every period until ctx ends.
+func every(ctx context.Context, period time.Duration, f func()) {
 	tk := time.NewTicker(period)
 	defer tk.Stop()
 	for {
-		o.poll()
+		f()
 		select {
 		case <-ctx.Done():
 			return
@@ -181,12 +189,17 @@ func (o *observer) readJournals() []agent.JournalEntry {
 		if end < 0 {
 			continue
 		}
+		var got []agent.JournalEntry
 		for _, line := range bytes.Split(data[:end], []byte{'\n'}) {
 			var e agent.JournalEntry
 			if json.Unmarshal(line, &e) == nil {
-				out = append(out, e)
+				got = append(got, e)
 			}
 		}
+		if o.resolve != nil {
+			o.resolve(path, got)
+		}
+		out = append(out, got...)
 		o.mu.Lock()
 		o.offsets[path] = off + int64(end) + 1
 		o.mu.Unlock()

@@ -149,6 +149,9 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	row("task executions journaled", execs)
 	row("leadership terms", len(h.Terms))
 	row("process table looks", polls)
+	if s.kube != nil && s.kube.real != nil {
+		s.kube.realReport(row)
+	}
 
 	fmt.Fprintln(w, "decisions by label (applied / recorded)")
 	type count struct{ applied, all int }

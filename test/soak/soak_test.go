@@ -56,6 +56,7 @@ type soak struct {
 	bin     string
 	tl      timeline
 	edition string
+	node    string // on kube: nodeKWOK (KWOK nodes, the kubelet player) or nodeReal
 
 	dir, recordDir, logDir, journalDir, escDir, tmpDir string
 	mark                                               string
@@ -129,9 +130,19 @@ func TestSoak(t *testing.T) {
 	default:
 		t.Fatalf("%s=%q: want %s or %s", editionEnv, edition, editionLite, editionKube)
 	}
-	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}, edition: edition}
-	s.logf("soak: %s edition, seed %d, %s (replay: make soak EDITION=%s SEED=%d SOAK=%s)", edition, seed, dur,
-		edition, seed, dur)
+	node, replay := os.Getenv(nodeEnv), ""
+	switch {
+	case node == "" || node == nodeKWOK:
+		node = nodeKWOK
+	case node == nodeReal && edition == editionKube:
+		replay = " NODE=" + nodeReal
+	default:
+		t.Fatalf("%s=%q: want %s (the default) or, on the kube edition, %s", nodeEnv, node, nodeKWOK, nodeReal)
+	}
+	s := &soak{t: t, seed: seed, dur: dur, bin: bin, tl: newTimeline(), passed: map[string]int{}, edition: edition,
+		node: node}
+	s.logf("soak: %s edition, seed %d, %s (replay: make soak EDITION=%s%s SEED=%d SOAK=%s)", edition, seed, dur,
+		edition, replay, seed, dur)
 	s.run()
 }
 
@@ -190,6 +201,9 @@ func (s *soak) run() {
 	if !s.failed() {
 		s.check(ctx)
 	}
+	if !s.failed() && s.kube != nil && s.kube.real != nil {
+		s.kube.checkJournals(ctx)
+	}
 	s.stopAll()
 	s.report(ctx, quiet)
 }
@@ -227,7 +241,15 @@ func (s *soak) setup(ctx context.Context) {
 	config := filepath.Join(dir, "reaperd.hcl")
 	hcl := configHCL(s.bin, s.db.dsn, s.recordDir, s.logDir, attemptapitest.FreeAddr(t), filepath.Join(dir, "attempt-api"))
 	executor, shapes, weights := sdk.ExecutorLite, taskKinds, faultWeights
-	if s.edition == editionKube {
+	switch {
+	case s.edition == editionKube && s.node == nodeReal:
+		s.startKubeReal(ctx)
+		hcl = realKubeConfigHCL(s.bin, s.db.dsn, s.kube.c.Kubeconfig(), s.kube.ns, s.kube,
+			filepath.Join(dir, "attempt-api"))
+		executor, shapes, weights = sdk.ExecutorKube, kubeTaskKinds(), realFaultWeights
+		s.logf("kube-apiserver, controller manager and the real node %s up (Ready in %s; kubelet, containerd, runc)",
+			s.kube.real.Name, s.kube.real.Ready.Round(time.Millisecond))
+	case s.edition == editionKube:
 		s.startKube(ctx, env)
 		hcl = kubeConfigHCL(s.bin, s.db.dsn, s.kube.c.Kubeconfig(), s.kube.ns, attemptapitest.FreeAddr(t),
 			filepath.Join(dir, "attempt-api"))
@@ -256,8 +278,17 @@ func (s *soak) setup(ctx context.Context) {
 		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: env, logDir: s.logDir})
 	}
 	s.obs = newObserver(s.journalDir, s.tl)
+	if s.kube != nil && s.kube.real != nil {
+		// The journals are brought out of the pods beside them, and the
+		// pids they name are their pods' own.
+		s.obs = newObserver(s.kube.journals.dst, s.tl)
+		s.obs.resolve = s.kube.pids.resolve
+	}
 	s.wl = &workload{w: lifecycle.New(s.pool, lifecycle.Options{}), rng: rand.New(rand.NewPCG(s.seed, 1)),
 		tl: s.tl, kinds: map[string]int{}, executor: executor, shapes: shapes}
+	if s.kube != nil && s.kube.real != nil {
+		s.wl.gap = realStreamGap
+	}
 	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), weights: weights, skipped: map[string]int{},
 		paused: map[int]bool{}}
 }

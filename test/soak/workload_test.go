@@ -76,6 +76,9 @@ type workload struct {
 	tl       timeline
 	executor string     // sdk.ExecutorLite or sdk.ExecutorKube
 	shapes   []taskKind // the edition's task kinds
+	// gap is the stream's least wait between two runs (it waits gap to
+	// twice gap); zero: streamGap.
+	gap time.Duration
 
 	mu    sync.Mutex
 	runs  []string
@@ -132,12 +135,20 @@ func (wl *workload) submit(ctx context.Context, n int) error {
 	return nil
 }
 
-// stream submits a run every 1.5 to 3 seconds until ctx ends. A submit
-// that fails (the database is restarting) is dropped: it is not a run.
+// streamGap is the stream's least wait between two runs by default.
+const streamGap = 1500 * time.Millisecond
+
+// stream submits a run every gap to twice gap (default 1.5 to 3 seconds)
+// until ctx ends. A submit that fails (the database is restarting) is
+// dropped: it is not a run.
 func (wl *workload) stream(ctx context.Context) {
+	gap := wl.gap
+	if gap <= 0 {
+		gap = streamGap
+	}
 	for {
 		wl.mu.Lock()
-		wait := 1500*time.Millisecond + time.Duration(wl.rng.Int64N(int64(1500*time.Millisecond)))
+		wait := gap + time.Duration(wl.rng.Int64N(int64(gap)))
 		wl.mu.Unlock()
 		select {
 		case <-ctx.Done():
