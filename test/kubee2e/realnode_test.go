@@ -291,6 +291,7 @@ var realScenarios = []struct {
 	{"WedgedAgentIsStoppedInPlaceByTheKubeletAndRePlaced", realWedgedAgent},
 	{"NodeLostPodsDeletedByTheTaintManagerArePodDisruptedOnceTheKubeletEndsThem", realNodeLost},
 	{"PartitionedPastTheValveIsHeldNotRunTwice", realPartitioned},
+	{"PodDeletedUnderATaskThatTrapsSIGTERMIsPodDisruptedNoRetrySpent", realPodDeletedTrapTerm},
 }
 
 // Two tasks run in real containers to SUCCESS: each settled once, run
@@ -332,9 +333,28 @@ func realPodDeleted(t *testing.T, c *kubetest.Cluster) {
 	// outcome record finalizer keeps the object, deletion timestamp set.
 	// The record says the task was stopped, not why: the deletion decides,
 	// on the infra rail (the player's tier sees the pod vanish: pod_lost).
-	s := newRealScenario(t, 22, "real node: pod deleted under a running attempt", c)
+	podDeletedUnder(t, c, 22, "real node: pod deleted under a running attempt", false)
+}
+
+// A running attempt's task traps SIGTERM and exits 0 on it, and its pod
+// is deleted: the agent's record still says it was stopped (no exit code),
+// so the deletion settles it on the infra rail, no retry spent (the soak
+// on the real node found such a task's record carrying the exit code 0,
+// read as the task's own failure).
+func realPodDeletedTrapTerm(t *testing.T, c *kubetest.Cluster) {
+	podDeletedUnder(t, c, 32, "real node: pod deleted, task traps SIGTERM", true)
+}
+
+// podDeletedUnder is the pod-deleted scenario; with trap, the victim's
+// first execution exits 0 on SIGTERM.
+func podDeletedUnder(t *testing.T, c *kubetest.Cluster, num int, title string, trap bool) {
+	s := newRealScenario(t, num, title, c)
 	s.pair()
-	s.submit(victim("victim"), bystander("bystander"))
+	v := victim("victim")
+	if trap {
+		v.harm = "trap 'exit 0' TERM; " + s.ledger.waitGate("never")
+	}
+	s.submit(v, bystander("bystander"))
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
