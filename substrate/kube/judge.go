@@ -33,6 +33,10 @@ var disruptionConditions = []string{
 	"DeletionByTaintManager", "DeletionByPodGC",
 }
 
+// startFailures are the terminated reasons the container runtime gives a
+// container it could not start.
+var startFailures = []string{"StartError", "ContainerCannotRun"}
+
 // disruptionReasons are the pod reasons older kubelets and admission
 // refusals set without the condition.
 var disruptionReasons = []string{
@@ -118,6 +122,20 @@ func judgeFinished(p *pod) (verdict, bool) {
 	}
 	if p.phase == corev1.PodSucceeded {
 		return verdict{outcome: sdk.OutcomeSuccess, rule: "SucceededWithoutRecord"}, true
+	}
+	// No record, and the task container was never started (the runtime
+	// failed to: a kubelet killed while it started the container, a
+	// broken image): nothing of the task ran, so it is no failure of the
+	// task's; the infra rail re-places it, its budget bounding a container
+	// that can never start.
+	if !hasRec {
+		if task, ok := p.task(); ok && task.terminated && slices.Contains(startFailures, task.reason) {
+			msg := fmt.Sprintf("%s: the task container never started (%s, exit %d)", sdk.ReasonPodDisrupted, task.reason, task.exitCode)
+			if m := strings.TrimSpace(task.message); m != "" {
+				msg += ": " + m
+			}
+			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted, message: msg, rule: "NeverStartedIsInfra"}, true
+		}
 	}
 	// No record at all, and the task container ended at or after the
 	// pod's deletion: the deletion's kill ended it (an agent frozen or

@@ -134,6 +134,15 @@ func TestJudgeFinished(t *testing.T) {
 			wantReason: ReasonTaskFailed, wantMsg: "task_failed: exit status 3", pod: func(t *testing.T) *pod {
 				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(3, "Error", rec(t, attempt, RecordFailed, code(3), "exit status 3"), t0))
 			}},
+		// The runtime could not start the task container (the kubelet
+		// killed while it started it): nothing of the task ran.
+		{name: "NeverStarted_StartErrorIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: the task container never started (StartError, exit 128): failed to start", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, taskTerminated(128, "StartError", "failed to start containerd task", t0))
+			}},
+		{name: "NeverStarted_ButARecordIsTheRecords", wantOK: true, wantOutcome: sdk.OutcomeSuccess, pod: func(t *testing.T) *pod {
+			return podOf(attempt, corev1.PodFailed, taskTerminated(128, "StartError", rec(t, attempt, RecordSuccess, code(0), ""), t0))
+		}},
 		// An agent frozen or killed outright writes no record; its pod
 		// deleted (grace 0 leaves no time to write one either), the
 		// kubelet's kill ends the container after the deletion.
