@@ -54,14 +54,7 @@ func TestRecoveredMarkIsFiledUnderTheReaperDeclaringItsReason(t *testing.T) {
 				{Name: "parked", Plugin: &static[sdk.Reaper]{v: &reaper{name: "parked"}},
 					MarkReasons: []string{"parked_expired"}},
 			}
-			clk := clock.NewFake(t0)
-			settled := &lead{st: leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
-			loop := cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clk},
-				settled, &board{}, aud, &static[sdk.Substrate]{v: &substrate{synced: true}}, reapers)
-			for range 2 {
-				loop.RunOnce(context.Background())
-				clk.Advance(ladder.Defaults().MaintenanceInterval)
-			}
+			twoSettledCycles(aud, reapers)
 			var recovered []sdk.Decision
 			for _, d := range aud.rows {
 				if d.Evidence[hostaudit.EvRecovered] == "board" {
@@ -92,6 +85,15 @@ func TestDeclaredMarkReasonsSearchedOnTheBoard(t *testing.T) {
 	reapers := []cycle.Reaper{{Name: "hostile", Plugin: &static[sdk.Reaper]{v: &reaper{name: "hostile"}},
 		MarkReasons: []string{"its_own_word", sdk.LabelAgentLost, sdk.LabelReconcileSettled, sdk.ReasonPodDisrupted,
 			sdk.LabelCredentialCeiling, "Not A Reason", "", "its_own_word"}}}
+	twoSettledCycles(aud, reapers)
+	if !slices.Equal(aud.declared, []string{"its_own_word"}) {
+		t.Fatalf("searched for %q beside the built-in reasons, want only [its_own_word]", aud.declared)
+	}
+}
+
+// twoSettledCycles runs two cycles of a settled leader's loop over the
+// reapers, auditing through aud: the first gate's opening recovers marks.
+func twoSettledCycles(aud *finder, reapers []cycle.Reaper) {
 	clk := clock.NewFake(t0)
 	settled := &lead{st: leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
 	loop := cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clk},
@@ -99,8 +101,5 @@ func TestDeclaredMarkReasonsSearchedOnTheBoard(t *testing.T) {
 	for range 2 {
 		loop.RunOnce(context.Background())
 		clk.Advance(ladder.Defaults().MaintenanceInterval)
-	}
-	if !slices.Equal(aud.declared, []string{"its_own_word"}) {
-		t.Fatalf("searched for %q beside the built-in reasons, want only [its_own_word]", aud.declared)
 	}
 }
