@@ -152,11 +152,7 @@ func recordOf(p *corev1.Pod) (podrecord.Record, bool) {
 // success at its first attempt, never re-placed, run once.
 func realStopInPlace(t *testing.T, c *kubetest.Cluster) {
 	s := newRealScenario(t, 26, "real node: stop in place, task had succeeded", c)
-	s.pair()
-	s.submit(taskSpec{id: "victim", victim: true, harm: s.ledger.waitGate("victim-ends")}, bystander("bystander"))
-	a, _ := s.waitRunning("victim")
-	p := s.runningPod(a)
-	s.waitRunning("bystander")
+	a, p := s.gatedBesideABystander("victim")
 	undo := s.cutAPI(p)
 	f := s.harm("the agent cut off from the attempt API, then its task succeeded", a, agentLost)
 	s.ledger.openGate("victim-ends")
@@ -173,6 +169,19 @@ func realStopInPlace(t *testing.T, c *kubetest.Cluster) {
 	}
 	s.waitOverride(a)
 	s.finish()
+}
+
+// gatedBesideABystander starts the replicas and a run of task, whose first
+// execution waits for the gate task+"-ends" (openGate), beside a
+// bystander, and waits until both run: task's attempt and Running pod.
+func (s *scenario) gatedBesideABystander(task string) (sdk.Attempt, *corev1.Pod) {
+	s.t.Helper()
+	s.pair()
+	s.submit(taskSpec{id: task, victim: true, harm: s.ledger.waitGate(task + "-ends")}, bystander("bystander"))
+	a, _ := s.waitRunning(task)
+	p := s.runningPod(a)
+	s.waitRunning("bystander")
+	return a, p
 }
 
 // waitOverride waits for the sweep's durable-SUCCESS override of a's mark.
@@ -202,11 +211,7 @@ func (s *scenario) waitOverride(a sdk.Attempt) {
 // arrive before any reaper judges it, so it is not reaped.
 func realReportLost(t *testing.T, c *kubetest.Cluster) {
 	s := newRealScenario(t, 27, "real node: success report lost (replicas down)", c)
-	s.pair()
-	s.submit(taskSpec{id: "task", victim: true, harm: s.ledger.waitGate("task-ends")}, bystander("bystander"))
-	a, _ := s.waitRunning("task")
-	p := s.runningPod(a)
-	s.waitRunning("bystander")
+	a, p := s.gatedBesideABystander("task")
 	at := time.Now()
 	for _, d := range s.daemons {
 		d.kill()
