@@ -11,9 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // TestTheValveHoldsAMarkWhosePodMayStillRunOnANodeNotReady: past the infra
@@ -179,5 +181,62 @@ func setReady(t *testing.T, e *env, n *corev1.Node, status corev1.ConditionStatu
 	}
 	if _, err := e.cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A tenant with pods/create cannot hold a mark past the valve with a pod
+// of its own: a pod under the attempt's name that names another attempt
+// (or none) on a node that is not Ready holds nothing, and the valve opens
+// as it would have; the runner's decisions say nothing of it.
+func TestTheValveIsNotHeldByAPodThatIsNotTheAttempts(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	run := fmt.Sprintf("foreign-%d", time.Now().UnixNano())
+	nodeName := "unreachable-" + run
+	n, err := e.cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.cs.CoreV1().Nodes().Delete(context.Background(), nodeName, metav1.DeleteOptions{}) })
+	setReady(t, e, n, corev1.ConditionUnknown)
+	e.mkRun(t, run, lifecycle.NewTask{TaskID: "task", Retries: 1})
+	r := e.runner(t, e.config(e.cs))
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d", res.Dispatched)
+	}
+	a := e.ti(t, run, "task").Attempt
+	ours := e.pods(t)[a]
+	// Ours goes (its finalizer released), a tenant's takes its name,
+	// labelled for another try, bound to the node nobody hears from.
+	ours.Finalizers = nil
+	if _, err := e.cs.CoreV1().Pods(e.ns).Update(ctx, &ours, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cs.CoreV1().Pods(e.ns).Delete(ctx, ours.Name, *metav1.NewDeleteOptions(0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, 30*time.Second, "our pod to go", func() bool {
+		_, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, ours.Name, metav1.GetOptions{})
+		return err != nil
+	})
+	other := a
+	other.Try = 7
+	lbls, ann := kube.AttemptLabels(other)
+	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: ours.Name, Namespace: e.ns, Labels: lbls, Annotations: ann},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "task", Image: "registry.invalid/x"}}}}
+	if _, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if sd, err := e.w.Running(ctx, a, e.clk.Now()); err != nil || sd {
+		t.Fatal(sd, err)
+	}
+	if ok, err := e.w.Fail(ctx, a, []string{sdk.StateRunning},
+		lifecycle.Failure{Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost}, e.clk.Now()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	e.clk.Advance(ladder.Defaults().InfraConfirmValve)
+	res := cycle(t, r, e.clk.Now())
+	if res.Replaced != 1 || !slices.Equal(labels(res), []string{sdk.LabelInfraConfirmValveOpen, sdk.LabelInfraReplace}) {
+		t.Fatalf("replaced %d, decisions %v: a foreign pod held the mark", res.Replaced, labels(res))
 	}
 }
