@@ -146,17 +146,13 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	for i, kb := range inner.Blocks {
-		if i > 0 {
-			dr := kb.DefRange
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
-				Summary: "Duplicate kube block", Detail: "The runner takes one kube block."})
-			continue
-		}
+	kb, dups := oneBlock(inner.Blocks, "kube", "The runner")
+	if kb != nil {
 		k, d := decodeKubeRunner(kb)
 		diags = append(diags, d...)
 		r.Kube = k
 	}
+	diags = append(diags, dups...)
 	switch {
 	case cfg.Edition == ladder.EditionKube && r.Kube == nil:
 		dr := b.DefRange
@@ -251,17 +247,13 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		}
 		q.into[q.resource] = q.value
 	}
-	for i, wb := range inner.Blocks {
-		if i > 0 {
-			dr := wb.DefRange
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
-				Summary: "Duplicate warm_pool block", Detail: "The kube block takes one warm_pool block."})
-			continue
-		}
+	wb, dups := oneBlock(inner.Blocks, "warm_pool", "The kube block")
+	if wb != nil {
 		wp, d := decodeWarmPool(wb)
 		diags = append(diags, d...)
 		k.WarmPool = wp
 	}
+	diags = append(diags, dups...)
 	return k, diags
 }
 
@@ -295,4 +287,19 @@ func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
 		bad("refill", "refill must not be negative.")
 	}
 	return wp, diags
+}
+
+// oneBlock is the first of blocks (nil when none), and the refusals of
+// each further one as a duplicate of the block type parent takes once.
+func oneBlock(blocks hcl.Blocks, typ, parent string) (*hcl.Block, hcl.Diagnostics) {
+	if len(blocks) == 0 {
+		return nil, nil
+	}
+	var dups hcl.Diagnostics
+	for _, b := range blocks[1:] {
+		dr := b.DefRange
+		dups = append(dups, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
+			Summary: "Duplicate " + typ + " block", Detail: parent + " takes one " + typ + " block."})
+	}
+	return blocks[0], dups
 }
