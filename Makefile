@@ -16,7 +16,7 @@ BINARIES := \
 	reaper-orphanrun=./plugins/orphanrun/cmd/reaper-orphanrun \
 	reaper-substrate-kube=./substrate/kube/cmd/reaper-substrate-kube \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
-	reaper-agent=./substrate/lite/cmd/reaper-agent
+	reaper-agent=./runner/agent/cmd/reaper-agent
 
 .PHONY: all build test lint proto clean demo demo-kube e2e bench image
 
@@ -93,7 +93,7 @@ demo: build
 # Leaves nothing running and nothing behind.
 demo-kube: build
 	@$(GO) build -o $(BIN)/reaper-demo ./demo
-	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./substrate/lite/cmd/reaper-agent
+	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./runner/agent/cmd/reaper-agent
 	@$(BIN)/reaper-demo -kube $(if $(filter command line environment,$(origin NODE)),-node $(NODE))
 
 # The fault suite alone, verbose, ending with its figures table (make test
@@ -138,7 +138,7 @@ soak: build
 # the kube edition's over 10,000 pods on the test cluster (test/kubereapers:
 # the steady-state pass beside the Lite one, the mass pod loss).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./internal/attemptapi/ \
+	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./board/ ./substrate/lite/ ./test/reapers/ ./runner/attemptapi/ \
 		./test/kubereapers/
 
 # The peer benchmark (not part of make test): River's JobRescuer, the

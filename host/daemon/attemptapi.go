@@ -17,9 +17,9 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/metrics"
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
 

@@ -13,9 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // The task container's outcome record: the agent writes it to this file,

@@ -22,16 +22,16 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 func TestMain(m *testing.M) {

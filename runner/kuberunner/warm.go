@@ -16,12 +16,12 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // The warm pool: long-lived worker pods, each running reaper-agent in

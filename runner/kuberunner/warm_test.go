@@ -18,12 +18,12 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/gate"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/plugins/warmworker"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -53,7 +53,7 @@ func agentBinary(t *testing.T) string {
 			return
 		}
 		agentBin.path = filepath.Join(dir, "reaper-agent")
-		out, err := exec.Command("go", "build", "-o", agentBin.path, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", agentBin.path, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent").CombinedOutput()
 		if err != nil {
 			agentBin.err = &buildError{out: string(out), err: err}
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -38,7 +38,7 @@ type Minter interface {
 // Config configures a Runner. Zero values take the defaults (withDefaults).
 type Config struct {
 	// AgentPath is the reaper-agent executable. Default: reaper-agent next
-	// to the running executable, else on PATH (lite.SpawnerConfig).
+	// to the running executable, else on PATH (SpawnerConfig).
 	AgentPath string
 	// Records is the verified record directory the spawner writes each
 	// agent's .pid record into. It must be the one the Lite substrate (and
@@ -52,7 +52,7 @@ type Config struct {
 	// log (<attempt>.agent.log). Default: the record directory.
 	LogDir string
 	// RunAs, when set, is the user every task runs as (runner.run_as): see
-	// lite.SpawnerConfig.RunAs. "": the tasks run as reaperd's user.
+	// SpawnerConfig.RunAs. "": the tasks run as reaperd's user.
 	RunAs string
 	// Credentials mints each attempt's credential at dispatch
 	// (attempttoken.Issuer): the agent reports RUNNING, heartbeats and its

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
 

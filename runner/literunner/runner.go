@@ -51,10 +51,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/internal/steps"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -67,14 +66,14 @@ const Name = "runner"
 type Runner struct {
 	cfg     Config
 	w       *lifecycle.Writer
-	spawner *lite.Spawner
+	spawner *Spawner
 	dir     *records.Dir
 	ownsDir bool
 	log     hclog.Logger
 	steps   steps.Driver
 
 	mu     sync.Mutex
-	agents map[sdk.Attempt]*lite.Agent // spawned and not yet waited for
+	agents map[sdk.Attempt]*Agent // spawned and not yet waited for
 
 	// dispatched: attempts this runner queued whose running report it has
 	// not seen yet (the dispatch latency is measured on the tick that finds
@@ -99,7 +98,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		}
 		owns = true
 	}
-	sp, err := lite.NewSpawner(lite.SpawnerConfig{
+	sp, err := NewSpawner(SpawnerConfig{
 		AgentPath: cfg.AgentPath, Records: dir, LogDir: cfg.LogDir, RunAs: cfg.RunAs, Logger: cfg.Logger.Named("spawner"),
 	})
 	if err != nil {
@@ -114,7 +113,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 		},
-		agents: map[sdk.Attempt]*lite.Agent{},
+		agents: map[sdk.Attempt]*Agent{},
 	}, nil
 }
 
@@ -270,7 +269,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 	if _, err := d.W.RecordMint(ctx, a, cred.Claims.MintedAt); err != nil {
 		return false, err
 	}
-	ag, err := r.spawner.Spawn(ctx, lite.SpawnRequest{
+	ag, err := r.spawner.Spawn(ctx, SpawnRequest{
 		Invocation: agent.Invocation{
 			Attempt:            a,
 			Command:            ti.Command,
@@ -325,7 +324,7 @@ func (r *Runner) ReapAgents() int {
 // unreaped until this process exits.
 func (r *Runner) reapExited() int {
 	r.mu.Lock()
-	var exited []*lite.Agent
+	var exited []*Agent
 	for a, ag := range r.agents {
 		info, err := proc.Stat(ag.PID)
 		if (err == nil && info.Zombie) || errors.Is(err, proc.ErrNotExist) {

@@ -18,15 +18,14 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
-	"github.com/dexaflow/reaper/substrate/lite"
 )
 
 // agentPath is the reaper-agent binary TestMain builds. TestMain sets it
@@ -42,8 +41,8 @@ func testMain(m *testing.M) int {
 		return 2
 	}
 	defer os.RemoveAll(dir)
-	agentPath = filepath.Join(dir, lite.AgentBinary)
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent")
+	agentPath = filepath.Join(dir, literunner.AgentBinary)
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)
@@ -541,7 +540,7 @@ func TestDispatch(t *testing.T) {
 	t.Run("AnAgentThatCannotStartFailsTheDispatchWithoutRunningTheTask", func(t *testing.T) {
 		t.Parallel()
 		// An agent binary that is gone by the time of the dispatch.
-		gone := filepath.Join(t.TempDir(), lite.AgentBinary)
+		gone := filepath.Join(t.TempDir(), literunner.AgentBinary)
 		data, err := os.ReadFile(agentPath)
 		if err != nil {
 			t.Fatal(err)

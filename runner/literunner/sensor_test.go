@@ -11,9 +11,9 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // sensorTask is a Lite task declared a sensor with the given timeout.
@@ -67,7 +67,7 @@ func TestSensor(t *testing.T) {
 	// fails it with the reason, no new epoch.
 	t.Run("ANonSensorReportingUpForReschedule_FailsWithTheReason", func(t *testing.T) {
 		t.Parallel()
-		wrapper := filepath.Join(t.TempDir(), lite.AgentBinary)
+		wrapper := filepath.Join(t.TempDir(), literunner.AgentBinary)
 		script := "#!/bin/sh\nexec " + agentPath + " -reschedule-exit-code=3 \"$@\"\n"
 		if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
 			t.Fatal(err)

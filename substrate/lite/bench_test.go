@@ -1,4 +1,4 @@
-package lite
+package lite_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -73,7 +74,7 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 	log := hclog.NewNullLogger()
 	b.ResetTimer()
 	for b.Loop() {
-		got, err := Probe(ctx, dir, attempts, log)
+		got, err := lite.Probe(ctx, dir, attempts, log)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package lite
+package lite_test
 
 import (
 	"bytes"
@@ -20,9 +20,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -39,8 +41,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	agentPath = filepath.Join(dir, AgentBinary)
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent")
+	agentPath = filepath.Join(dir, literunner.AgentBinary)
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)
@@ -55,9 +57,9 @@ func TestMain(m *testing.M) {
 // bundle is one test's Lite world: a configured substrate on its own record
 // directory, a spawner, and a scratch directory for the tasks.
 type bundle struct {
-	sub     *Substrate
+	sub     *lite.Substrate
 	dir     *records.Dir
-	spawner *Spawner
+	spawner *literunner.Spawner
 	work    string
 	logs    *lockedBuffer
 	seq     int
@@ -82,17 +84,17 @@ func setup(t *testing.T, o opts) *bundle {
 		clk = o.clock
 	}
 
-	sub := NewWithClock(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), clk)
+	sub := lite.NewWithClock(hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), clk)
 	t.Cleanup(sub.Close)
 	err := sub.Configure(context.Background(), sdk.ConfigureRequest{Edition: "lite", Values: sdk.Values{
-		AttrRecordDir: filepath.Join(t.TempDir(), "records"),
-		AttrStopGrace: o.stopGrace,
-		AttrKillWait:  o.killWait,
+		lite.AttrRecordDir: filepath.Join(t.TempDir(), "records"),
+		lite.AttrStopGrace: o.stopGrace,
+		lite.AttrKillWait:  o.killWait,
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp, err := NewSpawner(SpawnerConfig{AgentPath: agentPath, Records: sub.Records()})
+	sp, err := literunner.NewSpawner(literunner.SpawnerConfig{AgentPath: agentPath, Records: sub.Records()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +126,7 @@ func (b *bundle) attempt(t *testing.T) sdk.Attempt {
 
 // spawn starts an agent for a running attempt; cleanup kills whatever of it
 // is left and reaps the agent.
-func (b *bundle) spawn(t *testing.T, a sdk.Attempt, command string, edit func(*agent.Invocation)) *Agent {
+func (b *bundle) spawn(t *testing.T, a sdk.Attempt, command string, edit func(*agent.Invocation)) *literunner.Agent {
 	t.Helper()
 	inv := agent.Invocation{
 		Attempt:    a,
@@ -135,7 +137,7 @@ func (b *bundle) spawn(t *testing.T, a sdk.Attempt, command string, edit func(*a
 	if edit != nil {
 		edit(&inv)
 	}
-	ag, err := b.spawner.Spawn(context.Background(), SpawnRequest{Invocation: inv, Env: []string{"WORK=" + b.work}})
+	ag, err := b.spawner.Spawn(context.Background(), literunner.SpawnRequest{Invocation: inv, Env: []string{"WORK=" + b.work}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +454,7 @@ func TestRecordDirectoryRefused(t *testing.T) {
 			if err := tc.setup(path); err != nil {
 				t.Fatal(err)
 			}
-			err := New(nil).Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}})
+			err := lite.New(nil).Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{lite.AttrRecordDir: path}})
 			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.reason) {
 				t.Fatalf("Configure = %v; want a refusal naming %s and %q", err, path, tc.reason)
 			}
@@ -464,9 +466,9 @@ func TestRecordDirectoryRefused(t *testing.T) {
 // a missing record directory is created by the first read, with a warning.
 func TestNewRecordDirectoryIsCreatedAtFirstUseWithAWarning(t *testing.T) {
 	logs := &bytes.Buffer{}
-	sub := New(hclog.New(&hclog.LoggerOptions{Output: logs}))
+	sub := lite.New(hclog.New(&hclog.LoggerOptions{Output: logs}))
 	path := filepath.Join(t.TempDir(), "fresh")
-	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{AttrRecordDir: path}}); err != nil {
+	if err := sub.Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{lite.AttrRecordDir: path}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
@@ -640,7 +642,7 @@ func TestSpawnFailsWhenTheRecordCannotBeWritten(t *testing.T) {
 	}
 	marker := filepath.Join(b.work, "ran")
 	report := filepath.Join(b.work, "report.jsonl")
-	_, err := b.spawner.Spawn(context.Background(), SpawnRequest{Invocation: agent.Invocation{
+	_, err := b.spawner.Spawn(context.Background(), literunner.SpawnRequest{Invocation: agent.Invocation{
 		Attempt: a, Command: "touch " + marker, Reporter: agent.ReporterFile, ReportFile: report,
 	}})
 	if err == nil || !strings.Contains(err.Error(), "recording the agent") {
@@ -685,7 +687,7 @@ func TestSpawnedAgentEnforcesTheTimeoutOnTheWholeGroup(t *testing.T) {
 
 func TestSubstrateBasics(t *testing.T) {
 	ctx := context.Background()
-	s := New(nil)
+	s := lite.New(nil)
 	if _, err := s.Liveness(ctx, sdk.LivenessRequest{}); err == nil {
 		t.Fatal("Liveness before Configure succeeded")
 	}
@@ -695,20 +697,20 @@ func TestSubstrateBasics(t *testing.T) {
 	}
 	schema, _ := s.ConfigSchema(ctx)
 	v := schema.WithDefaults(nil)
-	if v.String(AttrRecordDir) != "" {
-		t.Fatalf("record_dir default %q", v.String(AttrRecordDir))
+	if v.String(lite.AttrRecordDir) != "" {
+		t.Fatalf("record_dir default %q", v.String(lite.AttrRecordDir))
 	}
-	if d, _ := v.Duration(AttrStopGrace); d != 10*time.Second {
+	if d, _ := v.Duration(lite.AttrStopGrace); d != 10*time.Second {
 		t.Fatalf("stop_grace default %s", d)
 	}
-	if d, _ := v.Duration(AttrKillWait); d != 5*time.Second {
+	if d, _ := v.Duration(lite.AttrKillWait); d != 5*time.Second {
 		t.Fatalf("kill_wait default %s", d)
 	}
 	if err := s.Configure(ctx, sdk.ConfigureRequest{Edition: "kube"}); err == nil {
 		t.Fatal("configured for kube")
 	}
 	if err := s.Configure(ctx, sdk.ConfigureRequest{Values: sdk.Values{
-		AttrRecordDir: filepath.Join(t.TempDir(), "r"), AttrStopGrace: "0s"}}); err == nil {
+		lite.AttrRecordDir: filepath.Join(t.TempDir(), "r"), lite.AttrStopGrace: "0s"}}); err == nil {
 		t.Fatal("a zero stop grace was accepted")
 	}
 	if ok, _ := s.Synced(ctx); !ok {
@@ -736,7 +738,7 @@ func TestPruneRemovesOnlyRecordsOfAttemptsWithNothingLeft(t *testing.T) {
 	b := setup(t, opts{})
 	ctx := context.Background()
 	later := time.Now().Add(time.Hour) // every record counts as old enough
-	killAgent := func(t *testing.T, ag *Agent) {
+	killAgent := func(t *testing.T, ag *literunner.Agent) {
 		t.Helper()
 		if err := unix.Kill(ag.PID, unix.SIGKILL); err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package lite
+package lite_test
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -76,7 +77,7 @@ func probeHelper() int {
 	if err := unix.Kill(-pgid, 0); err != nil {
 		kill0 = unix.ErrnoName(err.(unix.Errno))
 	}
-	got, err := Probe(context.Background(), dir, []sdk.Attempt{probeAttempt}, nil)
+	got, err := lite.Probe(context.Background(), dir, []sdk.Attempt{probeAttempt}, nil)
 	if err != nil {
 		return answer(probeAnswer{Kill0: kill0, Problems: err.Error()})
 	}

@@ -4,10 +4,11 @@
 // whether an attempt's processes are provably gone, and to stop a task group
 // only when it is provably the one that was recorded.
 //
-// What is on disk (package records): the Spawner writes one .pid record per
-// agent (its PID and start time) before the agent may start its task; the
-// agent writes one .pgid record (group id, its own PID and start time, the
-// leader's start time) before the task runs any of its command. The records
+// What is on disk (package records): the Lite runner's spawner
+// (runner/literunner) writes one .pid record per agent (its PID and start
+// time) before the agent may start its task; the agent writes one .pgid
+// record (group id, its own PID and start time, the leader's start time)
+// before the task runs any of its command. The records
 // are files, so a restarted server sees the agents it spawned before. A
 // server whose record directory changed (another TMPDIR, a cleaned /tmp)
 // sees none of them and reads their attempts dead: that can only matter for

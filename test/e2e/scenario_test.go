@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/testkit/marked"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"

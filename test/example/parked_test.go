@@ -18,13 +18,13 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
@@ -98,7 +98,7 @@ type world struct {
 	store   *board.Store
 	w       *lifecycle.Writer
 	pool    *pgxpool.Pool
-	spawner *lite.Spawner
+	spawner *literunner.Spawner
 	config  string
 }
 
@@ -119,8 +119,8 @@ func newWorld(t *testing.T, ttl string) *world {
 	}
 	t.Cleanup(func() { dir.Close() })
 	logDir := t.TempDir()
-	if w.spawner, err = lite.NewSpawner(lite.SpawnerConfig{
-		AgentPath: filepath.Join(binDir, lite.AgentBinary), Records: dir, LogDir: logDir,
+	if w.spawner, err = literunner.NewSpawner(literunner.SpawnerConfig{
+		AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: dir, LogDir: logDir,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func newWorld(t *testing.T, ttl string) *world {
 // and parks the attempt as deferred since parkedAt. Nothing on Lite ever
 // brings a deferred attempt back: without the reaper it stays parked, and
 // its run open, for good.
-func (w *world) parkedAttempt(runID, command string, parkedAt time.Time) (sdk.Attempt, *lite.Agent) {
+func (w *world) parkedAttempt(runID, command string, parkedAt time.Time) (sdk.Attempt, *literunner.Agent) {
 	w.t.Helper()
 	start := parkedAt.Add(-time.Minute)
 	if err := w.w.CreateRun(w.ctx, lifecycle.NewRun{RunID: runID, DagID: "dag_" + runID, Tasks: []lifecycle.NewTask{
@@ -156,7 +156,7 @@ func (w *world) parkedAttempt(runID, command string, parkedAt time.Time) (sdk.At
 	if stop, err := w.w.Running(w.ctx, a, start); err != nil || stop {
 		w.t.Fatalf("running %s: stop=%v err=%v", a, stop, err)
 	}
-	ag, err := w.spawner.Spawn(w.ctx, lite.SpawnRequest{
+	ag, err := w.spawner.Spawn(w.ctx, literunner.SpawnRequest{
 		Invocation: agent.Invocation{Attempt: a, Command: "sleep 1000", Reporter: agent.ReporterAPI, Heartbeat: time.Hour},
 		Env:        []string{attempttoken.EnvAPI + "=" + unreachableAPI, attempttoken.EnvToken + "=unused"},
 	})
@@ -182,7 +182,7 @@ func (w *world) parkedAttempt(runID, command string, parkedAt time.Time) (sdk.At
 }
 
 // killAgent kills an agent with SIGKILL and waits until it is gone.
-func (w *world) killAgent(ag *lite.Agent) {
+func (w *world) killAgent(ag *literunner.Agent) {
 	w.t.Helper()
 	if err := syscall.Kill(ag.PID, syscall.SIGKILL); err != nil {
 		w.t.Fatal(err)

@@ -16,7 +16,7 @@ var binDir string
 // the agent the task pods run, the kube substrate and the five reapers.
 var packages = []string{
 	"github.com/dexaflow/reaper/host/cmd/reaperd",
-	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
 	"github.com/dexaflow/reaper/substrate/kube/cmd/reaper-substrate-kube",
 	"github.com/dexaflow/reaper/plugins/dispatchlost/cmd/reaper-dispatchlost",
 	"github.com/dexaflow/reaper/plugins/podlost/cmd/reaper-podlost",

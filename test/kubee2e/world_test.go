@@ -28,12 +28,12 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/internal/ctl"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/internal/testkit/marked"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )

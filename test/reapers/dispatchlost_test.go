@@ -12,10 +12,10 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )

@@ -21,13 +21,13 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/daemon"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
@@ -106,7 +106,7 @@ type world struct {
 	store   *board.Store
 	w       *lifecycle.Writer
 	dir     *records.Dir
-	spawner *lite.Spawner
+	spawner *literunner.Spawner
 	work    string // the tasks' scratch directory ($WORK)
 	clock   *clock.Fake
 	t0      time.Time // the fake time of the first cycle; leadership began then
@@ -140,8 +140,8 @@ func newWorld(t *testing.T, reaperBlocks string) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.dir.Close() })
-	w.spawner, err = lite.NewSpawner(lite.SpawnerConfig{
-		AgentPath: filepath.Join(binDir, lite.AgentBinary), Records: w.dir, LogDir: t.TempDir(),
+	w.spawner, err = literunner.NewSpawner(literunner.SpawnerConfig{
+		AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: w.dir, LogDir: t.TempDir(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -543,7 +543,7 @@ func (w *world) spawnWith(a sdk.Attempt, to attempttoken.Issuer, command string,
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	ag, err := w.spawner.Spawn(w.ctx, lite.SpawnRequest{
+	ag, err := w.spawner.Spawn(w.ctx, literunner.SpawnRequest{
 		Invocation: agent.Invocation{
 			Attempt:    a,
 			Command:    command,

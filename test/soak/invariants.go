@@ -5,8 +5,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // The invariants, by name. Each is a function of a History that returns the

@@ -23,9 +23,9 @@ import (
 
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // The kube edition of the soak (REAPER_SOAK_EDITION=kube): the same

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/dexaflow/reaper/substrate/lite/agent"
+	"github.com/dexaflow/reaper/runner/agent"
 )
 
 // TestObserverFoldsEachJournalLineOnceUnderConcurrentPolls: the observer's

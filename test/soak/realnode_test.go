@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 
@@ -167,7 +167,7 @@ func (s *soak) importTaskImage(ctx context.Context, n *kubetest.RealNode) error 
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(s.dir, "reaper-agent-static")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the static agent: %w: %s", err, out)

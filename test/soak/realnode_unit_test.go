@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/kuberunner"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 

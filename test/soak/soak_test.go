@@ -23,9 +23,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // Environment of `make soak`.

@@ -31,10 +31,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/internal/testkit/testbin"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 )
 
 // binDir holds the reaper-agent binary TestMain builds. Set once, before
@@ -65,7 +65,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(probeEnv) != "" {
 		os.Exit(probe())
 	}
-	os.Exit(testbin.Main(m, "tasksecrets", []string{"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent"},
+	os.Exit(testbin.Main(m, "tasksecrets", []string{"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent"},
 		func(m *testing.M, bin string) int {
 			binDir = bin
 			// The agent runs as an unprivileged user: it must reach its binary.

@@ -12,14 +12,14 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
-	"github.com/dexaflow/reaper/substrate/lite"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
@@ -73,7 +73,7 @@ func checkShut(t *testing.T, r probeResult, acct account) {
 
 // agentCmd is the real agent binary, run as acct.
 func agentCmd(acct account, env []string, args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(binDir, lite.AgentBinary), args...)
+	cmd := exec.Command(filepath.Join(binDir, literunner.AgentBinary), args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
 	return cmd
@@ -210,12 +210,12 @@ func TestRunAs(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dir.Close()
-		sp, err := lite.NewSpawner(lite.SpawnerConfig{AgentPath: filepath.Join(binDir, lite.AgentBinary), Records: dir, RunAs: acct.name})
+		sp, err := literunner.NewSpawner(literunner.SpawnerConfig{AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: dir, RunAs: acct.name})
 		if err != nil {
 			t.Fatal(err)
 		}
 		a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
-		ag, err := sp.Spawn(context.Background(), lite.SpawnRequest{
+		ag, err := sp.Spawn(context.Background(), literunner.SpawnRequest{
 			Invocation: agent.Invocation{Attempt: a, Command: "exec " + w.probe, Reporter: agent.ReporterFile,
 				ReportFile: filepath.Join(w.base, "report.jsonl")},
 			Env: []string{probeEnv + "=1", probeFileEnv + "=" + secret, attempttoken.EnvToken + "=rat1." + canary},
@@ -254,7 +254,7 @@ func TestRunAs(t *testing.T) {
 		}
 		defer dir.Close()
 		for _, u := range []string{"root", "no-such-user-anywhere"} {
-			_, err := lite.NewSpawner(lite.SpawnerConfig{AgentPath: filepath.Join(binDir, lite.AgentBinary), Records: dir, RunAs: u})
+			_, err := literunner.NewSpawner(literunner.SpawnerConfig{AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: dir, RunAs: u})
 			if err == nil || !strings.Contains(err.Error(), "run_as") {
 				t.Errorf("run_as %s: %v, want refused", u, err)
 			}

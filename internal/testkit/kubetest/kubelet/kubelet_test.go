@@ -24,17 +24,17 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 
@@ -58,7 +58,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	agentPath := filepath.Join(dir, "reaper-agent")
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/substrate/lite/cmd/reaper-agent")
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)

@@ -1,8 +1,8 @@
 // Command reaper-agent is the Lite agent: it runs one task attempt as the
 // leader of its own process group and reports its outcome (see package
-// github.com/dexaflow/reaper/substrate/lite/agent for what it does).
+// github.com/dexaflow/reaper/runner/agent for what it does).
 //
-// It is normally started by lite.Spawner, detached in its own session, with
+// It is normally started by literunner.Spawner, detached in its own session, with
 // -gate-fd: it then does nothing until the spawner has written its .pid
 // record and sent the go-ahead, and refuses to run if that record does not
 // name it.
@@ -76,8 +76,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/internal/runas"
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )

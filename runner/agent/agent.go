@@ -1,6 +1,9 @@
-// Package agent is the Lite agent: it runs one task attempt as the leader of
-// its own process group, records the group, heartbeats, enforces the
-// attempt's execution timeout, and reports the terminal outcome.
+// Package agent is reaper's agent, the execution side's smallest part: it
+// runs one task attempt as the leader of its own process group, records the
+// group, heartbeats, enforces the attempt's execution timeout, and reports
+// the terminal outcome. The same agent runs as a local process the Lite
+// runner spawned, as the task container of a kube runner's pod, and inside
+// a warm worker pod (see worker.go); its command is cmd/reaper-agent.
 //
 // Run is the whole agent as a library function. It talks to the control
 // plane only through the Reporter interface, so tests drive it with an

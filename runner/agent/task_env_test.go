@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 )
 
 func TestTaskEnvironDropsTheBoardCredentials(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 )
 

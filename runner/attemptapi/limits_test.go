@@ -16,8 +16,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
 	"github.com/dexaflow/reaper/internal/httplimit"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 )
 
 // serveBounded serves a trivial handler through the attempt API's listener

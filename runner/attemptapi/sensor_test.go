@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 )
 

@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )

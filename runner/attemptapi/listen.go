@@ -23,9 +23,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/secretfile"
+	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 )
 
 // ListenConfig is where and how the API listens.

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
 

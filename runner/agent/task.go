@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 )

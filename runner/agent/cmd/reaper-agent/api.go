@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 // apiReporter reports through reaperd's attempt API with the attempt's own

@@ -20,9 +20,9 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
 	"github.com/dexaflow/reaper/internal/ownerdir"
 	"github.com/dexaflow/reaper/internal/secretfile"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 )
 
 // A key file is HCL: one current block (the key new tokens are signed with)

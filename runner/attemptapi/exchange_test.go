@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 )
 

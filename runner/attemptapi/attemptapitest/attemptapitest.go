@@ -13,9 +13,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )

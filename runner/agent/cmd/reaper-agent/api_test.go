@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/attemptapi"
-	"github.com/dexaflow/reaper/internal/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
-	"github.com/dexaflow/reaper/substrate/lite/agent"
 )
 
 func callErr(code int) error {

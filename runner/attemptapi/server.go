@@ -14,7 +14,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 )

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/attempttoken"
-	"github.com/dexaflow/reaper/internal/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
 )
 
