@@ -33,8 +33,8 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// DefaultInfraBudget is how many infra re-places a task gets unless it says.
-const DefaultInfraBudget = 3
+// InfraBudgetDefault is how many infra re-places a task gets unless it says.
+const InfraBudgetDefault = 3
 
 // NoInfraBudget, as NewTask.InfraBudget, allows no infra re-place at all.
 const NoInfraBudget = -1
@@ -121,7 +121,7 @@ type NewTask struct {
 	// retried that many times; a clear restores them.
 	Retries int32
 	// InfraBudget is how many infra re-places the task gets: 0 means
-	// DefaultInfraBudget, NoInfraBudget means none.
+	// InfraBudgetDefault, NoInfraBudget means none.
 	InfraBudget int32
 	// Command is what the Lite runner executes (empty for other executors).
 	Command string
@@ -183,7 +183,7 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 		budget := t.InfraBudget
 		switch {
 		case budget == 0:
-			budget = DefaultInfraBudget
+			budget = InfraBudgetDefault
 		case budget == NoInfraBudget:
 			budget = 0
 		}

@@ -13,8 +13,8 @@ import (
 	"github.com/dexaflow/reaper/internal/secretfile"
 )
 
-// DefaultAttemptAPI is attempt_api.listen's default.
-const DefaultAttemptAPI = "127.0.0.1:9465"
+// AttemptAPIAddrDefault is attempt_api.listen's default.
+const AttemptAPIAddrDefault = "127.0.0.1:9465"
 
 // AttemptAPI is the attempt_api block: where every replica serves the
 // attempt API agents report through, and the keys and certificate it uses.
@@ -55,7 +55,7 @@ type attemptAPIBlock struct {
 
 func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultAttemptAPI()
-	ab := attemptAPIBlock{Listen: DefaultAttemptAPI, serverLimits: limitsBlock(defaults)}
+	ab := attemptAPIBlock{Listen: AttemptAPIAddrDefault, serverLimits: limitsBlock(defaults)}
 	ranges, diags := decodeInto(b.Body, &ab)
 	api := AttemptAPI{
 		Listen: ab.Listen, Advertise: ab.Advertise,

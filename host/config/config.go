@@ -33,11 +33,11 @@ import (
 
 // Defaults of the top-level settings.
 const (
-	DefaultPluginDir = "./bin"
-	// DefaultWorkerCredentialLifetime is auth.max_worker_credential_lifetime.
-	DefaultWorkerCredentialLifetime = 24 * time.Hour
-	// DefaultPluginMaxReply is plugin_max_reply's default, in bytes.
-	DefaultPluginMaxReply = 8 << 20
+	PluginDirDefault = "./bin"
+	// WorkerCredentialLifetimeDefault is auth.max_worker_credential_lifetime.
+	WorkerCredentialLifetimeDefault = 24 * time.Hour
+	// PluginMaxReplyDefault is plugin_max_reply's default, in bytes.
+	PluginMaxReplyDefault = 8 << 20
 	// MinPluginMaxReply and MaxPluginMaxReply bound plugin_max_reply: below
 	// a mebibyte a mass sweep's reply would not fit; past 256 MiB one reply
 	// could take half of the host's memory.
@@ -175,14 +175,14 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 	content, diags := file.Body.Content(rootSchema)
 	cfg := &Config{
 		Path:       path,
-		Leader:     Leader{Kind: LeaderPostgres, Lease: DefaultLease},
+		Leader:     Leader{Kind: LeaderPostgres, Lease: LeaseDefault},
 		Ladder:     ladder.Defaults(),
-		Telemetry:  Telemetry{Listen: DefaultTelemetryAddr, Limits: httplimit.DefaultTelemetry()},
-		AttemptAPI: AttemptAPI{Listen: DefaultAttemptAPI, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI()},
+		Telemetry:  Telemetry{Listen: TelemetryAddrDefault, Limits: httplimit.DefaultTelemetry()},
+		AttemptAPI: AttemptAPI{Listen: AttemptAPIAddrDefault, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI()},
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
 
-		WorkerCredentialCeiling: DefaultWorkerCredentialLifetime,
+		WorkerCredentialCeiling: WorkerCredentialLifetimeDefault,
 	}
 	diags = append(diags, cfg.decode(content)...)
 	if env := getenv(EnvDSN); env != "" {
@@ -224,7 +224,7 @@ type topLevel struct {
 }
 
 func defaultTopLevel() topLevel {
-	return topLevel{PluginDir: DefaultPluginDir, PluginMaxReply: "8Mi"}
+	return topLevel{PluginDir: PluginDirDefault, PluginMaxReply: "8Mi"}
 }
 
 // rootSchema is the file's: its own attributes and the blocks it takes.
@@ -292,7 +292,7 @@ func (cfg *Config) decodeTopLevel(attrs hcl.Attributes) hcl.Diagnostics {
 	cfg.Edition = top.Edition
 	cfg.PluginDir = cfg.relative(top.PluginDir)
 	cfg.DryRun = top.DryRun
-	cfg.PluginMaxReply = DefaultPluginMaxReply
+	cfg.PluginMaxReply = PluginMaxReplyDefault
 	if diags.HasErrors() {
 		return diags
 	}

@@ -75,7 +75,7 @@ runner {
 		Refill: 10 * time.Second}) {
 		t.Fatalf("warm pool %+v", wp)
 	}
-	if k.RunAsUser != config.DefaultPodRunAs || k.RunAsGroup != config.DefaultPodRunAs || !k.ReadOnlyRoot {
+	if k.RunAsUser != config.PodRunAsDefault || k.RunAsGroup != config.PodRunAsDefault || !k.ReadOnlyRoot {
 		t.Fatalf("pods run as %d:%d, read-only root %v: want the non-root default and a read-only root",
 			k.RunAsUser, k.RunAsGroup, k.ReadOnlyRoot)
 	}
@@ -92,7 +92,7 @@ runner {
 		}
 	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
-	if cfg.Runner.Kube.Namespace != config.DefaultKubeNamespace || cfg.Runner.Kube.WarmPool != nil {
+	if cfg.Runner.Kube.Namespace != config.KubeNamespaceDefault || cfg.Runner.Kube.WarmPool != nil {
 		t.Fatalf("namespace %q, warm pool %+v: want the default, none", cfg.Runner.Kube.Namespace, cfg.Runner.Kube.WarmPool)
 	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n    warm_pool {\n      size = 1\n    }\n  }\n}\n")
@@ -287,7 +287,7 @@ func TestLadderRules(t *testing.T) {
 
 	t.Run("WorkerCeilingDefaultsToADayAndIsSettable", func(t *testing.T) {
 		cfg, err := parse(t, minimal, nil)
-		if err != nil || cfg.WorkerCredentialCeiling != config.DefaultWorkerCredentialLifetime {
+		if err != nil || cfg.WorkerCredentialCeiling != config.WorkerCredentialLifetimeDefault {
 			t.Fatalf("default worker ceiling %s (%v)", cfg.WorkerCredentialCeiling, err)
 		}
 		cfg, err = parse(t, minimal+"auth {\n  max_worker_credential_lifetime = \"6h\"\n}\n", nil)
@@ -362,7 +362,7 @@ func TestSettings(t *testing.T) {
 
 	t.Run("PluginMaxReplyDefaultsAndIsConfigurable", func(t *testing.T) {
 		cfg, err := parse(t, minimal, nil)
-		if err != nil || cfg.PluginMaxReply != config.DefaultPluginMaxReply {
+		if err != nil || cfg.PluginMaxReply != config.PluginMaxReplyDefault {
 			t.Fatalf("default plugin_max_reply = %d (err %v)", cfg.PluginMaxReply, err)
 		}
 		cfg, err = parse(t, minimal+"plugin_max_reply = \"16Mi\"\n", nil)
@@ -444,7 +444,7 @@ func TestKubernetesLeaderIsAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Leader.Kubeconfig != "" || cfg.Leader.Renew != 0 || cfg.Leader.Lease != config.DefaultLease {
+	if cfg.Leader.Kubeconfig != "" || cfg.Leader.Renew != 0 || cfg.Leader.Lease != config.LeaseDefault {
 		t.Fatalf("leader = %+v", cfg.Leader)
 	}
 }
@@ -520,7 +520,7 @@ func TestAttemptAPIBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.AttemptAPI.Listen != config.DefaultAttemptAPI || cfg.AttemptAPI.StateDir != config.DefaultAttemptAPIStateDir() {
+		if cfg.AttemptAPI.Listen != config.AttemptAPIAddrDefault || cfg.AttemptAPI.StateDir != config.DefaultAttemptAPIStateDir() {
 			t.Fatalf("attempt_api = %+v", cfg.AttemptAPI)
 		}
 	})

@@ -15,8 +15,8 @@ const (
 	LeaderKubernetes = "kubernetes"
 )
 
-// DefaultLease is the leader block's lease.
-const DefaultLease = 15 * time.Second
+// LeaseDefault is the leader block's lease.
+const LeaseDefault = 15 * time.Second
 
 // Leader is the leader block.
 type Leader struct {
@@ -38,7 +38,7 @@ type Leader struct {
 // leaderBlock is the leader block as the file writes it; its label is the
 // elector's kind.
 type leaderBlock struct {
-	Lease      time.Duration `reaper:"lease"` // 0: DefaultLease
+	Lease      time.Duration `reaper:"lease"` // 0: LeaseDefault
 	Renew      time.Duration `reaper:"renew"`
 	Namespace  string        `reaper:"namespace"`
 	Name       string        `reaper:"name"`

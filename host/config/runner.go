@@ -15,9 +15,9 @@ import (
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
-// DefaultPodRunAs is runner.kube.run_as_user and run_as_group: the
+// PodRunAsDefault is runner.kube.run_as_user and run_as_group: the
 // non-root uid and gid of the runner's pods.
-const DefaultPodRunAs = 65532
+const PodRunAsDefault = 65532
 
 // Runner is the runner block.
 type Runner struct {
@@ -35,9 +35,9 @@ type Runner struct {
 	Kube *KubeRunner
 }
 
-// DefaultKubeNamespace is the task pods' namespace when neither the runner's
+// KubeNamespaceDefault is the task pods' namespace when neither the runner's
 // kube block nor the kube substrate names one (the substrate's own default).
-const DefaultKubeNamespace = "default"
+const KubeNamespaceDefault = "default"
 
 // KubeRunner is the runner's kube block: the task pods' template.
 type KubeRunner struct {
@@ -53,7 +53,7 @@ type KubeRunner struct {
 	// attempt_api.advertise, else the API's bound address.
 	AttemptAPI string
 	// RunAsUser and RunAsGroup are the uid and gid the runner's pods run
-	// as (task pods and warm workers): non-root, default DefaultPodRunAs.
+	// as (task pods and warm workers): non-root, default PodRunAsDefault.
 	RunAsUser, RunAsGroup int64
 	// ReadOnlyRoot: the pods' root filesystem is read-only (default true;
 	// false for an image whose tasks write outside /tmp).
@@ -186,14 +186,14 @@ func (cfg *Config) kubeRunnerFromSubstrate() {
 		}
 	}
 	if k.Namespace == "" {
-		k.Namespace = DefaultKubeNamespace
+		k.Namespace = KubeNamespaceDefault
 	}
 }
 
 // decodeKubeRunner decodes the runner's kube block.
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
-	kb := kubeBlock{RunAsUser: DefaultPodRunAs, RunAsGroup: DefaultPodRunAs, ReadOnlyRoot: true}
+	kb := kubeBlock{RunAsUser: PodRunAsDefault, RunAsGroup: PodRunAsDefault, ReadOnlyRoot: true}
 	ranges, d := decodeInto(rest, &kb)
 	diags = append(diags, d...)
 	k := &KubeRunner{

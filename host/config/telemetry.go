@@ -14,8 +14,8 @@ import (
 // telemetry is served on the pod's address rather than on every interface.
 const EnvTelemetryHost = "REAPER_TELEMETRY_HOST"
 
-// DefaultTelemetryAddr is telemetry.listen's default.
-const DefaultTelemetryAddr = "127.0.0.1:9464"
+// TelemetryAddrDefault is telemetry.listen's default.
+const TelemetryAddrDefault = "127.0.0.1:9464"
 
 // Telemetry is the telemetry block.
 type Telemetry struct {
@@ -37,7 +37,7 @@ type telemetryBlock struct {
 
 func (cfg *Config) decodeTelemetry(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultTelemetry()
-	tb := telemetryBlock{Listen: DefaultTelemetryAddr, serverLimits: limitsBlock(defaults)}
+	tb := telemetryBlock{Listen: TelemetryAddrDefault, serverLimits: limitsBlock(defaults)}
 	ranges, diags := decodeInto(b.Body, &tb)
 	cfg.Telemetry.Listen = tb.Listen
 	if r, ok := ranges["listen"]; ok {

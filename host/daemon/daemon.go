@@ -261,7 +261,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	}
 	// client-go's own default (5 requests a second) would hold dispatch to
 	// 5 pods a second: take the substrate's default rate instead.
-	rc.QPS, rc.Burst = kube.DefaultQPS, kube.DefaultBurst
+	rc.QPS, rc.Burst = kube.QPSDefault, kube.BurstDefault
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("runner: the Kubernetes client: %w", err)

@@ -52,7 +52,7 @@ type Loader struct {
 	// MaxReply bounds each message the host accepts from a plugin, in
 	// bytes: its replies, and its requests to the host's board and
 	// substrate. A larger one is refused unread (the call fails with
-	// ResourceExhausted) and the host goes on. 0: DefaultMaxReply.
+	// ResourceExhausted) and the host goes on. 0: MaxReplyDefault.
 	MaxReply int
 	// SocketDir is where each plugin gets the directory of its unix sockets
 	// (both ends': the plugin's listeners and the host's broker listener),
@@ -66,11 +66,11 @@ type Loader struct {
 	beforeStart func(path string)
 }
 
-// DefaultMaxReply is the largest message the host accepts from a plugin
+// MaxReplyDefault is the largest message the host accepts from a plugin
 // unless configured otherwise (plugin_max_reply): a few times a reap
 // pass's or a mass sweep's largest legitimate reply, a small part of the
 // host's memory.
-const DefaultMaxReply = 8 << 20
+const MaxReplyDefault = 8 << 20
 
 // Plugin is a launched plugin process.
 type Plugin struct {
@@ -123,7 +123,7 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	}
 	maxReply := l.MaxReply
 	if maxReply <= 0 {
-		maxReply = DefaultMaxReply
+		maxReply = MaxReplyDefault
 	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),

@@ -23,8 +23,8 @@ type Process interface {
 
 // Defaults of the restart backoff.
 const (
-	DefaultBackoffMin = time.Second
-	DefaultBackoffMax = 5 * time.Minute
+	BackoffMinDefault = time.Second
+	BackoffMaxDefault = 5 * time.Minute
 )
 
 // Config configures a Supervisor.
@@ -58,10 +58,10 @@ type Supervisor[P Process, T any] struct {
 // false to start lazily). view extracts what callers use from the process.
 func New[P Process, T any](cfg Config[P], proc P, running bool, view func(P) T) *Supervisor[P, T] {
 	if cfg.BackoffMin <= 0 {
-		cfg.BackoffMin = DefaultBackoffMin
+		cfg.BackoffMin = BackoffMinDefault
 	}
 	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = DefaultBackoffMax
+		cfg.BackoffMax = BackoffMaxDefault
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}

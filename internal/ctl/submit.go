@@ -23,8 +23,8 @@ const (
 	SubmitTasksMax = 10000
 	// idMaxLen bounds run, dag and task ids.
 	idMaxLen = 200
-	// DefaultDag is the dag id of submitted runs unless -dag names one.
-	DefaultDag = "reaperctl"
+	// DagDefault is the dag id of submitted runs unless -dag names one.
+	DagDefault = "reaperctl"
 )
 
 type submitJSON struct {
@@ -46,7 +46,7 @@ type submitTaskJSON struct {
 func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	fs := inv.flags()
 	runID := fs.String("run", "", "the run's `ID` (default: run-<UTC time>-<random>)")
-	dag := fs.String("dag", DefaultDag, "the run's dag `NAME`")
+	dag := fs.String("dag", DagDefault, "the run's dag `NAME`")
 	taskList := fs.String("tasks", "", "comma-separated task `ID,...`, one per command (default t1..tN)")
 	timeout := fs.Duration("timeout", 0, "execution timeout `D` of each task, rounded up to seconds (0: none)")
 	retries := fs.Int("retries", 0, "`N` retries each task declares")

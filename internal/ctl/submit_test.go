@@ -50,7 +50,7 @@ func TestSubmit(t *testing.T) {
 		r := b.ctl(t, "submit", "-n", "3", "-command", "echo hi", "-tasks", "a,b,c", "-run", "r2", "-json").ok(t)
 		var doc submitJSON
 		r.decode(t, &doc)
-		if doc.RunID != "r2" || doc.DagID != DefaultDag || doc.State != sdk.RunRunning || len(doc.Tasks) != 3 ||
+		if doc.RunID != "r2" || doc.DagID != DagDefault || doc.State != sdk.RunRunning || len(doc.Tasks) != 3 ||
 			doc.Tasks[2].TaskID != "c" || doc.Tasks[2].Command != "echo hi" || doc.Tasks[0].ExecutionTimeoutSeconds != 0 {
 			t.Fatalf("document %+v", doc)
 		}

@@ -80,11 +80,11 @@ const (
 	noteWalked = "walked"
 )
 
-// DefaultFullWalkEvery is how often, at most, a steady pass walks every
+// FullWalkEveryDefault is how often, at most, a steady pass walks every
 // running attempt past the floor, whatever the change feed says.
-const DefaultFullWalkEvery = 10 * time.Minute
+const FullWalkEveryDefault = 10 * time.Minute
 
-// DefaultNodeUnreachableAfter is how long a node must have been not Ready
+// NodeUnreachableAfterDefault is how long a node must have been not Ready
 // before an attempt wedged on it is said to be (pod_lost_node_unreachable).
 // Five minutes is the cluster's own patience: the node lifecycle controller
 // has already waited its grace period (about 40-50 s) before it turned the
@@ -92,7 +92,7 @@ const DefaultFullWalkEvery = 10 * time.Minute
 // every pod for an unreachable node before the taint manager evicts it
 // (DefaultTolerationSeconds). A kubelet restart or a network blip heals well
 // inside it; past it, only an operator can end the wait.
-const DefaultNodeUnreachableAfter = 5 * time.Minute
+const NodeUnreachableAfterDefault = 5 * time.Minute
 
 // Config is the reaper's configuration block.
 type Config struct {
@@ -104,8 +104,8 @@ type Config struct {
 
 // DefaultConfig is the configuration of a block that sets nothing.
 func DefaultConfig() Config {
-	return Config{PolicySetting: reap.DefaultPolicy(), FullWalkEvery: DefaultFullWalkEvery,
-		NodeUnreachableAfter: DefaultNodeUnreachableAfter}
+	return Config{PolicySetting: reap.DefaultPolicy(), FullWalkEvery: FullWalkEveryDefault,
+		NodeUnreachableAfter: NodeUnreachableAfterDefault}
 }
 
 // Validate checks what the embedded settings do not (they validate

@@ -101,12 +101,12 @@ func TestRules(t *testing.T) {
 		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
 		{name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
 			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-DefaultNodeUnreachableAfter)))
+			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-NodeUnreachableAfterDefault)))
 			return a
 		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
 		{name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", arrange: func(b *bundle) sdk.Attempt {
 			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-DefaultNodeUnreachableAfter-time.Second)))
+			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-NodeUnreachableAfterDefault-time.Second)))
 			return a
 		}, want: sdk.LabelPodLostNodeUnreachable, wantState: running,
 			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
@@ -115,7 +115,7 @@ func TestRules(t *testing.T) {
 					t.Fatalf("%d board writes for a deferral", n)
 				}
 				d := ds.For(a)[0]
-				since := b.h.Now().Add(-DefaultNodeUnreachableAfter - time.Second).UTC().Format(time.RFC3339)
+				since := b.h.Now().Add(-NodeUnreachableAfterDefault - time.Second).UTC().Format(time.RFC3339)
 				if d.Applied || d.Evidence[reap.EvNode] != "node-7" || d.Evidence[reap.EvNodeUnreachableSince] != since ||
 					d.Evidence[evNodeUnreachableFor] != "5m1s" || d.Evidence[evNodeUnreachableAfter] != "5m0s" ||
 					!strings.Contains(d.Detail, "node-7") || !strings.Contains(d.Detail, since) {

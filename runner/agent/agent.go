@@ -134,10 +134,10 @@ var (
 
 // Defaults.
 const (
-	DefaultShell       = "/bin/sh"
-	DefaultDrainBound  = 10 * time.Second
-	DefaultStartRetry  = 2 * time.Minute
-	DefaultReportRetry = 2 * time.Minute
+	ShellDefault       = "/bin/sh"
+	DrainBoundDefault  = 10 * time.Second
+	StartRetryDefault  = 2 * time.Minute
+	ReportRetryDefault = 2 * time.Minute
 )
 
 // Config is one attempt for Run.
@@ -146,7 +146,7 @@ type Config struct {
 	Attempt sdk.Attempt
 	// Command is the task, run as Shell -c Command. Required.
 	Command string
-	// Shell runs Command; default DefaultShell.
+	// Shell runs Command; default ShellDefault.
 	Shell string
 	// Dir is the task's working directory; "" is the agent's.
 	Dir string
@@ -173,7 +173,7 @@ type Config struct {
 	// Heartbeat is the heartbeat interval; default the ladder's.
 	Heartbeat time.Duration
 	// DrainBound is the longest wait for the output pipe after the task's
-	// leader exits; default DefaultDrainBound.
+	// leader exits; default DrainBoundDefault.
 	DrainBound time.Duration
 	// TerminateGrace is how long a group told to stop gets after SIGTERM;
 	// default ladder.OrphanStopGrace.
@@ -182,10 +182,10 @@ type Config struct {
 	// ladder.OrphanKillWait.
 	KillWait time.Duration
 	// StartRetry bounds the retries of the RUNNING report; default
-	// DefaultStartRetry.
+	// StartRetryDefault.
 	StartRetry time.Duration
 	// ReportRetry bounds the retries of the terminal report; default
-	// DefaultReportRetry.
+	// ReportRetryDefault.
 	ReportRetry time.Duration
 
 	// Clock times every threshold above; default clock.Real.
@@ -242,13 +242,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	def(&c.Heartbeat, ladder.Defaults().Heartbeat)
-	def(&c.DrainBound, DefaultDrainBound)
+	def(&c.DrainBound, DrainBoundDefault)
 	def(&c.TerminateGrace, ladder.OrphanStopGrace)
 	def(&c.KillWait, ladder.OrphanKillWait)
-	def(&c.StartRetry, DefaultStartRetry)
-	def(&c.ReportRetry, DefaultReportRetry)
+	def(&c.StartRetry, StartRetryDefault)
+	def(&c.ReportRetry, ReportRetryDefault)
 	if c.Shell == "" {
-		c.Shell = DefaultShell
+		c.Shell = ShellDefault
 	}
 	if c.Output == nil {
 		c.Output = io.Discard

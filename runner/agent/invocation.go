@@ -96,13 +96,13 @@ type Invocation struct {
 	Mode string
 	// TerminationMessagePath is where pod mode writes the outcome record
 	// (-termination-message-path; default $REAPER_RECORD_FILE, else
-	// DefaultTerminationMessagePath).
+	// TerminationMessagePathDefault).
 	TerminationMessagePath string
 	// StartRetry bounds the retries of the RUNNING report (-start-retry;
-	// default DefaultStartRetry).
+	// default StartRetryDefault).
 	StartRetry time.Duration
 	// ReportRetry bounds the retries of the terminal report
-	// (-report-retry; default DefaultReportRetry).
+	// (-report-retry; default ReportRetryDefault).
 	ReportRetry time.Duration
 	// RescheduleExitCode is the exit code by which the task asks for its
 	// next poke (-reschedule-exit-code; 0: none). The runners set it to
@@ -133,12 +133,12 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	int32Var(fs, &inv.Attempt.Try, "try", "try number")
 	int32Var(fs, &inv.Attempt.Epoch, "epoch", "attempt epoch")
 	fs.StringVar(&inv.Command, "command", "", "the task: run as SHELL -c COMMAND (required)")
-	fs.StringVar(&inv.Shell, "shell", DefaultShell, "the shell that runs the command")
+	fs.StringVar(&inv.Shell, "shell", ShellDefault, "the shell that runs the command")
 	fs.StringVar(&inv.Dir, "workdir", "", "the task's working directory")
 	fs.StringVar(&inv.Output, "output", "", "append the task's stdout and stderr to this file (default: the agent's stdout)")
 	fs.DurationVar(&inv.ExecutionTimeout, "execution-timeout", 0, "the task's declared execution timeout (0: none)")
 	fs.DurationVar(&inv.Heartbeat, "heartbeat", 0, "heartbeat interval (default: the ladder's, 15s)")
-	fs.DurationVar(&inv.DrainBound, "drain-bound", DefaultDrainBound, "longest wait for the output pipe after the task exits")
+	fs.DurationVar(&inv.DrainBound, "drain-bound", DrainBoundDefault, "longest wait for the output pipe after the task exits")
 	fs.DurationVar(&inv.TerminateGrace, "terminate-grace", 0, "grace after SIGTERM before SIGKILL (default 10s)")
 	fs.DurationVar(&inv.KillWait, "kill-wait", 0, "wait after SIGKILL (default 5s)")
 	fs.IntVar(&inv.GateFD, "gate-fd", 0, "inherited fd to read the spawner's go-ahead from (0: none)")
@@ -148,7 +148,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.StringVar(&inv.LogLevel, "log-level", "info", "log level")
 	fs.BoolVar(&inv.LogJSON, "log-json", false, "log JSON lines")
 	fs.StringVar(&inv.Mode, "mode", defaultMode(), "lite (a local process) or pod (the task container of a pod; writes the outcome record)")
-	fs.StringVar(&inv.TerminationMessagePath, "termination-message-path", envOr(TerminationMessagePathEnv, DefaultTerminationMessagePath),
+	fs.StringVar(&inv.TerminationMessagePath, "termination-message-path", envOr(TerminationMessagePathEnv, TerminationMessagePathDefault),
 		"pod mode: the file the durable outcome record is written to")
 	fs.DurationVar(&inv.StartRetry, "start-retry", 0, "how long the RUNNING report is retried (default 2m)")
 	fs.DurationVar(&inv.ReportRetry, "report-retry", 0, "how long the terminal report is retried (default 2m)")

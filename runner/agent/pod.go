@@ -36,9 +36,9 @@ import (
 //     agent stopped before RUNNING was answered, or a refusal: no record;
 //     the pod then settles by what the cluster says.
 
-// DefaultTerminationMessagePath is where Kubernetes reads a container's
+// TerminationMessagePathDefault is where Kubernetes reads a container's
 // termination message unless the pod says otherwise.
-const DefaultTerminationMessagePath = "/dev/termination-log"
+const TerminationMessagePathDefault = "/dev/termination-log"
 
 // RunInPod is Run in pod mode: it writes the durable outcome record to
 // messagePath (see the pod-mode notes above). It returns what Run returns;
@@ -84,7 +84,7 @@ func (c Config) startRetry() time.Duration {
 	if c.StartRetry > 0 {
 		return c.StartRetry
 	}
-	return DefaultStartRetry
+	return StartRetryDefault
 }
 
 // OutcomeRecord is the durable record of attempt a that ended with o.

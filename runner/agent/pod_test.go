@@ -194,7 +194,7 @@ func TestPodModePreStartUnansweredFor2MinutesWritesInfraMarker(t *testing.T) {
 			if !errors.Is(r.err, ErrStartUnanswered) {
 				t.Fatalf("err %v; want ErrStartUnanswered", r.err)
 			}
-			if waited := p.fake.Now().Sub(start); waited < DefaultStartRetry {
+			if waited := p.fake.Now().Sub(start); waited < StartRetryDefault {
 				t.Fatalf("gave up after %s, before the 2-minute pre-start retry", waited)
 			}
 			rec, ok := p.record(t)
@@ -244,7 +244,7 @@ func TestLiteModePreStartUnansweredFor2MinutesGivesUpReportingNothing(t *testing
 	if !errors.Is(r.err, ErrStartUnanswered) {
 		t.Fatalf("err %v; want ErrStartUnanswered", r.err)
 	}
-	if waited := p.fake.Now().Sub(start); waited < DefaultStartRetry {
+	if waited := p.fake.Now().Sub(start); waited < StartRetryDefault {
 		t.Fatalf("gave up after %s, before the 2-minute pre-start retry", waited)
 	}
 	if len(p.rep.calls) != 0 {

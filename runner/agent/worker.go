@@ -61,8 +61,8 @@ type Claimed struct {
 
 // Defaults of WorkerConfig.
 const (
-	DefaultWorkerPoll  = time.Second
-	DefaultWorkerSlots = 1
+	WorkerPollDefault  = time.Second
+	WorkerSlotsDefault = 1
 )
 
 // WorkerConfig configures RunWorker.
@@ -70,10 +70,10 @@ type WorkerConfig struct {
 	// Name is the worker's name (its pod's). Required.
 	Name string
 	// Slots is how many attempts it runs at once; default
-	// DefaultWorkerSlots.
+	// WorkerSlotsDefault.
 	Slots int
 	// Poll is how often it claims while it has a free slot; default
-	// DefaultWorkerPoll.
+	// WorkerPollDefault.
 	Poll time.Duration
 	// Watchdog is each attempt's wall-clock bound (Config.Watchdog); 0:
 	// none.
@@ -127,10 +127,10 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		return errors.New("warm worker: a name and a claim are required")
 	}
 	if cfg.Slots <= 0 {
-		cfg.Slots = DefaultWorkerSlots
+		cfg.Slots = WorkerSlotsDefault
 	}
 	if cfg.Poll <= 0 {
-		cfg.Poll = DefaultWorkerPoll
+		cfg.Poll = WorkerPollDefault
 	}
 	if cfg.Watchdog < 0 {
 		return fmt.Errorf("warm worker: negative watchdog %s", cfg.Watchdog)

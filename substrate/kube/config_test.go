@@ -17,8 +17,8 @@ func TestConfigSchemaDeclaresTheBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"namespace": DefaultNamespace, "kubeconfig": "", "qps": float64(DefaultQPS),
-		"burst": float64(DefaultBurst), "warm_pool_selector": DefaultWarmPoolSelector, "resync": "0s",
+	want := map[string]any{"namespace": NamespaceDefault, "kubeconfig": "", "qps": float64(QPSDefault),
+		"burst": float64(BurstDefault), "warm_pool_selector": WarmPoolSelectorDefault, "resync": "0s",
 		"finalizer_max_age": "24h0m0s"}
 	if len(schema.Attributes) != len(want) {
 		t.Fatalf("attributes %+v, want %v", schema.Attributes, want)

@@ -27,7 +27,7 @@ func deletedAt(at time.Time, grace int64) func(*corev1.Pod) {
 // the pod, what the sweep learned of its attempt, now).
 func TestJudgeRelease(t *testing.T) {
 	l := ladder.Defaults()
-	maxAge := DefaultFinalizerMaxAge
+	maxAge := FinalizerMaxAgeDefault
 	success := taskTerminated(0, "Completed", "", t0)
 	cases := []struct {
 		name string

@@ -23,24 +23,24 @@ const Name = "kube"
 
 // Defaults of the substrate's configuration.
 const (
-	DefaultNamespace = "default"
-	// DefaultQPS and DefaultBurst bound the client's request rate. A
+	NamespaceDefault = "default"
+	// QPSDefault and BurstDefault bound the client's request rate. A
 	// teardown costs one LIST and one PATCH (or DELETE), so a mass teardown
 	// of 10,000 attempts takes about 400 s at 50 requests a second: minutes,
 	// off the reapers' critical path (a reaper marks first, then tears down).
-	DefaultQPS   = 50
-	DefaultBurst = 100
-	// DefaultWarmPoolSelector selects the warm pool's pods.
-	DefaultWarmPoolSelector = LabelWarmPool
+	QPSDefault   = 50
+	BurstDefault = 100
+	// WarmPoolSelectorDefault selects the warm pool's pods.
+	WarmPoolSelectorDefault = LabelWarmPool
 	// LabelWarmPool marks a warm pool pod (its value names the pool).
 	LabelWarmPool = "leoflow.io/warm-pool"
 	// CollectAfter is how long a finished, settled pod is kept before the
 	// sweep deletes it.
 	CollectAfter = 10 * time.Minute
-	// DefaultFinalizerMaxAge bounds how long a task pod that has ended (it
+	// FinalizerMaxAgeDefault bounds how long a task pod that has ended (it
 	// finished, or it is being deleted) keeps the outcome record finalizer
 	// when nothing else released it: the leak bound (finalizer.go).
-	DefaultFinalizerMaxAge = 24 * time.Hour
+	FinalizerMaxAgeDefault = 24 * time.Hour
 	// MinFinalizerMaxAge is the least finalizer_max_age accepted: the leak
 	// bound never undercuts the collection it backs up.
 	MinFinalizerMaxAge = CollectAfter
@@ -59,8 +59,8 @@ type Config struct {
 
 // DefaultConfig is the block's defaults.
 func DefaultConfig() Config {
-	return Config{Namespace: DefaultNamespace, QPS: DefaultQPS, Burst: DefaultBurst,
-		WarmPoolSelector: DefaultWarmPoolSelector, FinalizerMaxAge: DefaultFinalizerMaxAge}
+	return Config{Namespace: NamespaceDefault, QPS: QPSDefault, Burst: BurstDefault,
+		WarmPoolSelector: WarmPoolSelectorDefault, FinalizerMaxAge: FinalizerMaxAgeDefault}
 }
 
 // Validate checks the block.

@@ -834,7 +834,7 @@ func TestSweepWarmMarks(t *testing.T) {
 		now := time.Now()
 		s.mark(a, sdk.LabelAgentLost, now.Add(-30*time.Second)) // no worker pod at all
 		s.synced(s.sub)
-		warmSel := "labelSelector=" + url.QueryEscape(DefaultWarmPoolSelector)
+		warmSel := "labelSelector=" + url.QueryEscape(WarmPoolSelectorDefault)
 		s.calls.mu.Lock()
 		s.calls.fail = func(req *http.Request) error {
 			if strings.Contains(req.URL.RawQuery, warmSel) {

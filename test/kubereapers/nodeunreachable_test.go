@@ -148,7 +148,7 @@ func TestPodLostNodeUnreachable(t *testing.T) {
 	t.Run("PastTheThreshold_NodeUnreachableDeferredNeverFailed", func(t *testing.T) {
 		// Past the threshold, and past full_walk_every so that the pass
 		// walks every running attempt again.
-		e.clk.Advance(podlost.DefaultFullWalkEvery + time.Minute)
+		e.clk.Advance(podlost.FullWalkEveryDefault + time.Minute)
 		ds := e.reap(podlost.New(nil), e.sub)
 		if got := labels(ds, a); got != sdk.LabelPodLostNodeUnreachable {
 			t.Fatalf("decisions %q (%+v), want %s", got, ds, sdk.LabelPodLostNodeUnreachable)
@@ -174,7 +174,7 @@ func TestPodLostNodeUnreachable(t *testing.T) {
 			got, err := e.sub.Liveness(ctx, sdk.LivenessRequest{Attempts: []sdk.Attempt{a}, Now: time.Now()})
 			return err == nil && got[0].Node == node && strings.Contains(got[0].Detail, "Terminating")
 		})
-		e.clk.Advance(podlost.DefaultFullWalkEvery + time.Minute)
+		e.clk.Advance(podlost.FullWalkEveryDefault + time.Minute)
 		ds := e.reap(podlost.New(nil), e.sub)
 		if got := labels(ds, a); got != sdk.LabelPodLostNodeUnreachable || !strings.Contains(ds[0].Detail, "Terminating") {
 			t.Fatalf("decisions %q (%+v), want %s of a Terminating pod", got, ds, sdk.LabelPodLostNodeUnreachable)

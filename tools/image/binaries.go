@@ -12,9 +12,9 @@ import (
 )
 
 // mainPatterns are where the product's commands live: the host, the CLI,
-// every reaper plugin and both substrates with the Lite agent. The demo, the
-// examples and the test helpers are left out on purpose.
-var mainPatterns = []string{"./host/cmd/...", "./cmd/...", "./plugins/...", "./substrate/..."}
+// every reaper plugin, both substrates and the execution side's agent. The
+// demo, the examples and the test helpers are left out on purpose.
+var mainPatterns = []string{"./host/cmd/...", "./cmd/...", "./plugins/...", "./substrate/...", "./runner/..."}
 
 // versionVar is the variable the Makefile stamps the version into.
 const versionVar = "github.com/dexaflow/reaper/sdk.BuildVersion"
