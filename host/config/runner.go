@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/internal/runas"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
@@ -39,43 +40,18 @@ type Runner struct {
 // kube block nor the kube substrate names one (the substrate's own default).
 const KubeNamespaceDefault = "default"
 
-// KubeRunner is the runner's kube block: the task pods' template.
+// KubeRunner is the runner's kube block: the task pods' template, in the
+// kube runner's own terms (kuberunner.Settings), as decoded and checked
+// here. Its namespace defaults to the kube substrate's, else "default",
+// and its kubeconfig is the kube substrate's.
 type KubeRunner struct {
-	Namespace        string        // the task pods' namespace; default: the kube substrate's, else "default"
-	Kubeconfig       string        // the kube substrate's kubeconfig ("": the in-cluster service account)
-	Image            string        // the task image (holds the agent); required
-	Agent            string        // the agent binary inside the image; default "reaper-agent"
-	ServiceAccount   string        // "" leaves the namespace's default
-	PullPolicy       string        // "", "Always", "IfNotPresent" or "Never"
-	TerminationGrace time.Duration // terminationGracePeriodSeconds; 0: ladder.task_termination_grace
-	// AttemptAPI is the attempt API's base URL as the task pods reach it
-	// (https://host:port, e.g. a Service name the certificate covers); "":
-	// attempt_api.advertise, else the API's bound address.
-	AttemptAPI string
-	// RunAsUser and RunAsGroup are the uid and gid the runner's pods run
-	// as (task pods and warm workers): non-root, default PodRunAsDefault.
-	RunAsUser, RunAsGroup int64
-	// ReadOnlyRoot: the pods' root filesystem is read-only (default true;
-	// false for an image whose tasks write outside /tmp).
-	ReadOnlyRoot bool
-	// Requests and Limits of the task container, by resource name (cpu,
-	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
-	Requests, Limits map[string]string
-	// WarmPool is the kube block's warm_pool block: long-lived worker pods
-	// for the tasks of executor warm. nil when absent (no pool).
-	WarmPool *WarmPool
+	kuberunner.Settings
 
 	graceRange *hcl.Range // where termination_grace is set, if it is
 }
 
 // WarmPool is the warm_pool block of the runner's kube block.
-type WarmPool struct {
-	Name   string        // the pool's name, the value of leoflow.io/warm-pool; default "default"
-	Size   int           // how many worker pods are kept; required, at least 1
-	Slots  int           // attempts a worker runs at once; 0: its default (1)
-	Poll   time.Duration // how often a worker claims; 0: its default (1s)
-	Refill time.Duration // how often the pool is refilled; 0: its default (5s)
-}
+type WarmPool = kuberunner.WarmPoolSettings
 
 // runnerBlock is the runner block (its kube block apart). Numbers are read
 // as numbers, not ints, so that the block's own checks word the refusal of
@@ -196,11 +172,11 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	kb := kubeBlock{RunAsUser: PodRunAsDefault, RunAsGroup: PodRunAsDefault, ReadOnlyRoot: true}
 	ranges, d := decodeInto(rest, &kb)
 	diags = append(diags, d...)
-	k := &KubeRunner{
+	k := &KubeRunner{Settings: kuberunner.Settings{
 		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
 		ServiceAccount: kb.ServiceAccount, PullPolicy: kb.PullPolicy,
 		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
-	}
+	}}
 	k.TerminationGrace = kb.TerminationGrace
 	if r, ok := ranges["termination_grace"]; ok {
 		k.graceRange = &r

@@ -170,9 +170,14 @@ func (l *Loop) LastTick() time.Time {
 	return l.lastTick
 }
 
-// Run runs a cycle every interval until ctx is done. Ticks that fall due
-// while a cycle is still running are coalesced into one.
-func (l *Loop) Run(ctx context.Context) {
+// NeedsLeadership is true: the loop's passes write under the elector's
+// term, so the host stops it before the elector resigns.
+func (l *Loop) NeedsLeadership() bool { return true }
+
+// Run runs a cycle every interval until ctx is done, then returns nil.
+// Ticks that fall due while a cycle is still running are coalesced into
+// one.
+func (l *Loop) Run(ctx context.Context) error {
 	tk := l.cfg.Clock.NewTicker(l.cfg.Ladder.MaintenanceInterval)
 	defer tk.Stop()
 	for {
@@ -180,7 +185,7 @@ func (l *Loop) Run(ctx context.Context) {
 		case <-ctx.Done():
 			// A last try for what the audit still lacks.
 			l.rec.Retry(context.WithoutCancel(ctx))
-			return
+			return nil
 		case <-tk.C():
 			l.RunOnce(ctx)
 		}

@@ -4,8 +4,12 @@
 // behind the schema check, the maintenance loop with its settling gate,
 // telemetry, and the runner (Lite or kube) when the configuration has one.
 //
-// New builds everything and starts only the plugins; Run runs it on the
-// injected clock until its context ends; Close releases what New took.
+// New builds everything and starts only the plugins; Run runs the elector,
+// telemetry and the components (component.go: the maintenance loop, the
+// attempt API, the runner, each a Run(ctx) error that says whether it needs
+// leadership) on the injected clock until its context ends; Close releases
+// what New took. The execution side's parts are built from their blocks by
+// their own packages (attemptapi.NewService, kuberunner.FromSettings).
 // Tests drive the same daemon one step at a time with Campaign and
 // RunCycle on a fake clock.
 package daemon
@@ -15,16 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -36,11 +35,11 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // auditTimeout bounds the audit of one batch of the runner's decisions.
@@ -90,9 +89,9 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
-	runner  runnerLoop // nil without a runner block
+	runner  runner // nil without a runner block
 	metrics *metrics.Metrics
-	api     *attemptAPI
+	api     *attemptapi.Service
 
 	// fatal receives an error that must stop Run (a board of another
 	// schema version).
@@ -156,7 +155,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
-	if d.api, err = newAttemptAPI(ctx, cfg, d.metrics, d.apiDecisions, opts.Clock, d.log.Named("attempt-api")); err != nil {
+	if d.api, err = d.newAttemptAPI(ctx); err != nil {
 		return err
 	}
 	switch {
@@ -210,11 +209,35 @@ func (d *Daemon) newElector() (*leader.Elector, error) {
 	})
 }
 
-// runnerLoop is a runner as the daemon drives it: the Lite runner or the
-// kube runner.
-type runnerLoop interface {
-	Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool))
+// runner is a runner as the daemon drives it, the Lite runner or the kube
+// runner: a component that is closed after Run returned.
+type runner interface {
+	component
 	Close() error
+}
+
+// newAttemptAPI builds this replica's attempt API from the attempt_api
+// block: every replica serves it, leading or not, and the judgments the
+// board makes of its calls are metered and audited like the reapers'.
+func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error) {
+	cfg, c := d.cfg, d.cfg.AttemptAPI
+	return attemptapi.NewService(ctx, attemptapi.ServiceConfig{
+		DSN: cfg.StoreDSN,
+		Listen: attemptapi.ListenConfig{
+			Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
+			StateDir: c.StateDir, Limits: c.Limits,
+		},
+		SigningKeyFile: c.SigningKeyFile,
+		TTL:            cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling, WorkerCeiling: cfg.WorkerCredentialCeiling,
+		Meter: d.metrics, Decisions: d.apiDecisions, Clock: d.opts.Clock, Logger: d.log.Named("attempt-api"),
+	})
+}
+
+// leading is the elector's answer to a runner at now: the term to fence
+// its cycle's writes with, and whether this replica leads.
+func (d *Daemon) leading(now time.Time) (int64, bool) {
+	st := d.elector.Status(now)
+	return st.Term, st.Leading
 }
 
 // newRunner builds the Lite runner of the runner block: it writes agent
@@ -229,11 +252,12 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		RecordDir:     cfg.RecordDir,
 		LogDir:        cfg.Runner.LogDir,
 		RunAs:         cfg.Runner.RunAs,
-		Credentials:   d.api.issuer(cfg.Ladder.AttemptTokenTTL),
+		Credentials:   d.api.Issuer(cfg.Ladder.AttemptTokenTTL),
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,
 		Ladder:        cfg.Ladder,
+		Leading:       d.leading,
 		Clock:         d.opts.Clock,
 		Logger:        logger,
 		OnResult: func(res literunner.Result) {
@@ -247,57 +271,21 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 	return rn, nil
 }
 
-// newKubeRunner builds the kube runner of the runner block's kube block: it
-// creates the task pods with the kube substrate's kubeconfig (empty: the
-// in-cluster service account), and its decisions are metered and audited
-// like the Lite runner's.
+// newKubeRunner builds the kube runner of the runner block's kube block
+// (kuberunner.FromSettings makes its client, with the kube substrate's
+// kubeconfig, and its pods' template); its decisions are metered and
+// audited like the Lite runner's.
 func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	cfg := d.cfg
-	k := cfg.Runner.Kube
 	logger := d.log.Named("runner")
-	rc, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("runner: the Kubernetes client configuration: %w", err)
-	}
-	// client-go's own default (5 requests a second) would hold dispatch to
-	// 5 pods a second: take the substrate's default rate instead.
-	rc.QPS, rc.Burst = kube.QPSDefault, kube.BurstDefault
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("runner: the Kubernetes client: %w", err)
-	}
-	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
-	for name, q := range k.Requests {
-		res.Requests[corev1.ResourceName(name)] = resource.MustParse(q) // checked by config
-	}
-	for name, q := range k.Limits {
-		res.Limits[corev1.ResourceName(name)] = resource.MustParse(q)
-	}
 	// The pods reach the API at the kube block's attempt_api, else at
 	// attempt_api.advertise (a Service name the certificate covers).
-	issuer := d.api.issuer(cfg.Ladder.AttemptTokenTTL)
-	if k.AttemptAPI != "" {
-		issuer.API = k.AttemptAPI
-	}
-	var warm *kuberunner.WarmPool
-	if wp := k.WarmPool; wp != nil {
-		// Workers claim with a worker credential from the same issuer.
-		warm = &kuberunner.WarmPool{Name: wp.Name, Size: wp.Size, Slots: wp.Slots, Poll: wp.Poll, Refill: wp.Refill,
-			Credentials: kuberunner.MintedWorkerCredentials{Minter: issuer}}
-	}
-	rn, err := kuberunner.New(kuberunner.Config{
-		WarmPool: warm,
-		Client:   cs, Namespace: k.Namespace, Image: k.Image, AgentPath: k.Agent,
-		ServiceAccount: k.ServiceAccount, PullPolicy: corev1.PullPolicy(k.PullPolicy), Resources: res,
-		TerminationGrace: k.TerminationGrace,
-		Hardening:        kuberunner.Hardening{RunAsUser: k.RunAsUser, RunAsGroup: k.RunAsGroup, WritableRoot: !k.ReadOnlyRoot},
-		// The mint is recorded through the runner's own writer, fenced by
-		// the cycle's term like its other writes.
-		Credentials:   kuberunner.MintedCredentials{Minter: issuer},
+	rn, err := kuberunner.FromSettings(cfg.Runner.Kube.Settings, d.api.Issuer(cfg.Ladder.AttemptTokenTTL), kuberunner.Config{
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Interval:      cfg.Runner.Interval,
 		Ladder:        cfg.Ladder,
+		Leading:       d.leading,
 		Clock:         d.opts.Clock,
 		Logger:        logger,
 		OnResult: func(res kuberunner.Result) {
@@ -367,9 +355,11 @@ func (d *Daemon) fail(err error) {
 	}
 }
 
-// Run runs the elector, the maintenance loop, the telemetry server and the
-// runner until ctx is done (a clean stop: nil; the cycle in flight ends at
-// its next boundary and the elector resigns) or a fatal error.
+// Run runs the elector, telemetry and the components (the maintenance
+// loop, the attempt API, the runner when there is one) until ctx is done
+// (a clean stop: nil; the cycle in flight ends at its next boundary and the
+// elector resigns) or a fatal error: a board of another schema version, or
+// a component that stopped on its own.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -390,49 +380,60 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
 		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
 
-	apiDone := d.api.run(ctx)
+	var leaders, others components
+	for _, c := range d.components() {
+		if c.NeedsLeadership() {
+			leaders = append(leaders, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	othersDone := others.start(ctx, d.fail)
 	// The elector outlives the work it guards: it resigns (releasing the
-	// board's row and a Kubernetes Lease) only once the loop and the runner
-	// have returned, so no pass of this term is still writing when another
-	// replica may take over.
+	// board's row and a Kubernetes Lease) only once every component that
+	// writes under its term has returned, so no pass of this term is still
+	// writing when another replica may take over.
 	electing, stopElecting := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopElecting()
 	elected := make(chan struct{})
 	go func() { defer close(elected); d.elector.Run(electing) }()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); d.loop.Run(ctx) }()
-	if d.runner != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The runner's writes are fenced by the term it was given, so
-			// a cycle that outlives its term writes nothing more.
-			d.runner.Run(ctx, func(now time.Time) (int64, bool) {
-				st := d.elector.Status(now)
-				return st.Term, st.Leading
-			})
-		}()
-	}
+	leadersDone := leaders.start(ctx, d.fail)
 	select {
 	case <-ctx.Done():
 	case err := <-d.fatal:
 		cancel(err)
 	}
-	wg.Wait()
+	d.stopped(leadersDone)
 	stopElecting()
 	<-elected
 	if err := <-served; err != nil {
 		d.log.Warn("telemetry server", "error", err)
 	}
-	if err := <-apiDone; err != nil {
-		d.log.Warn("attempt api server", "error", err)
-	}
+	d.stopped(othersDone)
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
 	d.log.Info("reaperd stopped cleanly")
 	return nil
+}
+
+// components are the daemon's long-running parts, in the order they are
+// started: the attempt API, the maintenance loop, the runner.
+func (d *Daemon) components() components {
+	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop}}
+	if d.runner != nil {
+		cs = append(cs, named{"runner", d.runner})
+	}
+	return cs
+}
+
+// stopped waits for the components of done and logs what they returned.
+func (d *Daemon) stopped(done <-chan namedErr) {
+	for r := range done {
+		if r.err != nil {
+			d.log.Warn("component stopped", "component", r.name, "error", r.err)
+		}
+	}
 }
 
 // Campaign makes one attempt to gain or renew leadership, as Run does every
@@ -443,7 +444,7 @@ func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.
 func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
 
 // AttemptAPIURL is the base URL this replica's attempt API is reached at.
-func (d *Daemon) AttemptAPIURL() string { return d.api.ln.URL }
+func (d *Daemon) AttemptAPIURL() string { return d.api.URL() }
 
 // Metrics is the daemon's metric registry.
 func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
@@ -458,7 +459,7 @@ func (d *Daemon) Close() {
 		d.runner.Close()
 	}
 	if d.api != nil {
-		d.api.close()
+		d.api.Close()
 	}
 	if d.sockets != nil {
 		if err := d.sockets.Close(); err != nil {

@@ -4,13 +4,10 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/leader/kubelease"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // leaderLease is the lease the leader block names: the board's row alone,
@@ -21,7 +18,10 @@ func (d *Daemon) leaderLease() (leader.Lease, error) {
 	case config.LeaderPostgres:
 		return board, nil
 	case config.LeaderKubernetes:
-		client, err := kubeClient(d.cfg.Leader.Kubeconfig)
+		client, err := kube.NewClient(d.cfg.Leader.Kubeconfig, "reaperd-leader", 0, 0)
+		if errors.Is(err, kube.ErrNotInCluster) {
+			err = fmt.Errorf("%w: set kubeconfig in the leader block", err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("leader %q: %w", config.LeaderKubernetes, err)
 		}
@@ -29,30 +29,4 @@ func (d *Daemon) leaderLease() (leader.Lease, error) {
 	default:
 		return nil, fmt.Errorf("leader %q has no elector in this build", d.cfg.Leader.Kind)
 	}
-}
-
-// kubeClient reaches the API server through the kubeconfig file at path,
-// or, when path is empty, through the pod's service account.
-func kubeClient(path string) (kubernetes.Interface, error) {
-	var (
-		rc  *rest.Config
-		err error
-	)
-	if path == "" {
-		rc, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			return nil, errors.New("no kubeconfig set and not running in a pod: set kubeconfig in the leader block")
-		}
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("loading the API server's configuration: %w", err)
-	}
-	rc.UserAgent = "reaperd-leader"
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("building the API client: %w", err)
-	}
-	return client, nil
 }

@@ -100,6 +100,10 @@ type Config struct {
 	// pods and warm workers) before it is created: an embedder adds node
 	// selectors or tolerations; a test places the pods on its node.
 	Customize func(*corev1.Pod)
+	// Leading is the host's leadership at now: the term that fences the
+	// cycle's writes, and whether this replica leads. Run needs it; RunOnce
+	// does not.
+	Leading func(now time.Time) (term int64, leading bool)
 	// OnResult, when set, receives the result of every cycle Run runs.
 	OnResult func(Result)
 	// OnRefill, when set, receives the result of every warm pool refill.

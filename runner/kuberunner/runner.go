@@ -155,10 +155,19 @@ func (res Result) Changed() bool {
 		res.OfferedAgain+res.Failed+res.Finalized+len(res.RunsStarted) > 0 || len(res.Decisions) > 0
 }
 
-// Run runs a cycle every Interval until ctx is done, while leading reports
-// true at the tick. Ticks missed by a long cycle are coalesced. Start it on
-// a goroutine of the caller's.
-func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool)) {
+// NeedsLeadership is true: the runner writes under the elector's term, so
+// the host stops it before the elector resigns.
+func (r *Runner) NeedsLeadership() bool { return true }
+
+// Run runs a cycle every Interval until ctx is done, while Config.Leading
+// reports true at the tick. Ticks missed by a long cycle are coalesced.
+// Start it on a goroutine of the caller's; it returns nil once ctx is done,
+// and an error at once without Config.Leading.
+func (r *Runner) Run(ctx context.Context) error {
+	leading := r.cfg.Leading
+	if leading == nil {
+		return errors.New("kube runner: Run needs Config.Leading")
+	}
 	if r.cfg.WarmPool != nil {
 		done := make(chan struct{})
 		go func() {
@@ -172,7 +181,7 @@ func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int6
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-tk.C():
 		}
 		now := r.cfg.Clock.Now()

@@ -253,6 +253,7 @@ func TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate(t *testing.T) {
 	cfg.OnRefill = func(res kuberunner.RefillResult, _ error) { refilled <- res }
 	cycles := make(chan struct{}, 64)
 	cfg.OnResult = func(kuberunner.Result) { cycles <- struct{}{} }
+	cfg.Leading = func(time.Time) (int64, bool) { return e.term, true }
 	r := e.runner(t, cfg)
 	l := ladder.Defaults()
 	leaderSince := e.clk.Now()
@@ -282,7 +283,9 @@ func TestWarmPoolRefillLoopIsNotHeldByTheSettlingGate(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.Run(ctx, func(time.Time) (int64, bool) { return e.term, true })
+		if err := r.Run(ctx); err != nil {
+			t.Error(err)
+		}
 	}()
 	defer func() { cancel(); <-done }()
 	created("filled")

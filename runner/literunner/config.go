@@ -82,6 +82,10 @@ type Config struct {
 	Ladder ladder.Ladder
 	// AgentLogLevel is the agents' log level. Default LogLevelDefault.
 	AgentLogLevel string
+	// Leading is the host's leadership at now: the term that fences the
+	// cycle's writes, and whether this replica leads. Run needs it; RunOnce
+	// does not.
+	Leading func(now time.Time) (term int64, leading bool)
 	// OnResult, when set, receives the result of every cycle Run runs (the
 	// host meters and audits its decisions). It is called on Run's
 	// goroutine and must not block for long.

@@ -150,19 +150,27 @@ func (res Result) Changed() bool {
 		res.OfferedAgain+res.Failed+res.Finalized+len(res.RunsStarted) > 0 || len(res.Decisions) > 0
 }
 
-// Run runs a cycle every Interval until ctx is done: RunOnce while leading
-// reports true at the tick, otherwise only ReapAgents (a replica that lost
-// the lead still waits for the agents it spawned). Ticks missed by a long
-// cycle are coalesced. leading is required (the host's leadership status).
-// Start Run on a goroutine of the caller's; it returns once ctx is done,
-// leaving every agent running.
-func (r *Runner) Run(ctx context.Context, leading func(now time.Time) (term int64, ok bool)) {
+// NeedsLeadership is true: the runner writes under the elector's term, so
+// the host stops it before the elector resigns.
+func (r *Runner) NeedsLeadership() bool { return true }
+
+// Run runs a cycle every Interval until ctx is done: RunOnce while
+// Config.Leading reports true at the tick, otherwise only ReapAgents (a
+// replica that lost the lead still waits for the agents it spawned). Ticks
+// missed by a long cycle are coalesced. Start Run on a goroutine of the
+// caller's; it returns nil once ctx is done, leaving every agent running,
+// and an error at once without Config.Leading.
+func (r *Runner) Run(ctx context.Context) error {
+	leading := r.cfg.Leading
+	if leading == nil {
+		return errors.New("lite runner: Run needs Config.Leading")
+	}
 	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
 	defer tk.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-tk.C():
 		}
 		now := r.cfg.Clock.Now()

@@ -71,6 +71,8 @@ type opts struct {
 	maxRuns     int
 	agentPath   string
 	onResult    func(literunner.Result)
+	// leading: the leadership Run asks (nil: none; only RunOnce is used).
+	leading func(now time.Time) (int64, bool)
 	// credentials: default an attempt API of the test's own.
 	credentials literunner.Minter
 	heartbeat   time.Duration
@@ -108,6 +110,7 @@ func setup(t *testing.T, o opts) *bundle {
 		MaxActiveRuns: o.maxRuns,
 		Ladder:        lad,
 		OnResult:      o.onResult,
+		Leading:       o.leading,
 		Clock:         clk,
 		Logger:        hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),
 	}, w)
@@ -585,28 +588,31 @@ func TestRun(t *testing.T) {
 	t.Run("CyclesOnlyWhileLeadingAndStopsOnCancelLeavingAgentsRunning", func(t *testing.T) {
 		t.Parallel()
 		results := make(chan literunner.Result, 4)
-		b := setup(t, opts{onResult: func(res literunner.Result) { results <- res }})
+		asked, answers := make(chan time.Time), make(chan bool)
+		ctx, cancel := context.WithCancel(context.Background())
+		var b *bundle
+		b = setup(t, opts{onResult: func(res literunner.Result) { results <- res }, leading: func(now time.Time) (int64, bool) {
+			select {
+			case asked <- now:
+			case <-ctx.Done():
+				return 0, false
+			}
+			select {
+			case yes := <-answers:
+				return b.term, yes
+			case <-ctx.Done():
+				return 0, false
+			}
+		}})
 		marker := filepath.Join(b.work, "done")
 		b.mkRun(t, "run", task("a", "sleep 0.3; touch "+marker, 0))
 
-		asked, answers := make(chan time.Time), make(chan bool)
-		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			b.runner.Run(ctx, func(now time.Time) (int64, bool) {
-				select {
-				case asked <- now:
-				case <-ctx.Done():
-					return 0, false
-				}
-				select {
-				case yes := <-answers:
-					return b.term, yes
-				case <-ctx.Done():
-					return 0, false
-				}
-			})
+			if err := b.runner.Run(ctx); err != nil {
+				t.Error(err)
+			}
 		}()
 		t.Cleanup(func() { cancel(); <-done })
 
@@ -670,6 +676,17 @@ func TestNew(t *testing.T) {
 		_, err := literunner.New(literunner.Config{AgentPath: t.TempDir() + "/nope", RecordDir: t.TempDir() + "/r", Credentials: attempttoken.Issuer{}}, w)
 		if err == nil {
 			t.Fatal("no error")
+		}
+	})
+	t.Run("RunRefusesToCycleWithoutLeadership", func(t *testing.T) {
+		t.Parallel()
+		r, err := literunner.New(literunner.Config{AgentPath: agentPath, RecordDir: t.TempDir() + "/r", Credentials: attempttoken.Issuer{}}, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := r.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "Leading") {
+			t.Fatalf("Run without Config.Leading: %v", err)
 		}
 	})
 }

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -185,29 +184,16 @@ func (s *Substrate) client(cfg Config) (kubernetes.Interface, error) {
 		return s.opts.Client, nil
 	}
 	var rc *rest.Config
-	switch {
-	case s.opts.RestConfig != nil:
+	if s.opts.RestConfig != nil {
 		rc = rest.CopyConfig(s.opts.RestConfig)
-	case cfg.Kubeconfig != "":
-		c, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		c, err := RESTConfig(cfg.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("reading kubeconfig %s: %w", cfg.Kubeconfig, err)
-		}
-		rc = c
-	default:
-		c, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("no kubeconfig given and not in a cluster: %w", err)
+			return nil, err
 		}
 		rc = c
 	}
-	rc.QPS, rc.Burst = float32(cfg.QPS), cfg.Burst
-	rc.UserAgent = "reaper-substrate-kube/" + sdk.BuildVersion
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("building the API client: %w", err)
-	}
-	return cs, nil
+	return newClient(rc, "reaper-substrate-kube", float32(cfg.QPS), cfg.Burst)
 }
 
 // Close stops the presence informer. The plugin process is simply killed;
