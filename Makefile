@@ -51,13 +51,13 @@ test:
 # seconds after. make test builds it too when it is missing; kube-build shows
 # the progress. kube-up starts one in the background and prints
 # KUBECONFIG=<path>; kube-down stops it and removes what it made.
-# make test runs the kube tests (internal/testkit/kubetest and its users) on it.
+# make test runs the kube tests (testkit/kubetest and its users) on it.
 # kube-build also builds the real node's kubelet (tools/kubenode, a module
 # and cache of its own: about a minute once the cluster's build is cached).
 # kube-up NODE=real adds a real node (kubelet, containerd, runc) beside the
 # KWOK nodes, where the machine can host one (root, containerd, runc and
 # writable cgroups); kube-down removes it and everything it made.
-KUBECLUSTER := $(GO) run ./internal/testkit/kubetest/cmd/kubecluster
+KUBECLUSTER := $(GO) run ./testkit/kubetest/cmd/kubecluster
 
 .PHONY: kube-build kube-up kube-down
 

@@ -12,10 +12,10 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/sdk/sdktest/boardtest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // The Postgres board passes the board's conformance suite; the in-memory

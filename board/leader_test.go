@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func TestLeadership(t *testing.T) {

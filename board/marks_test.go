@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 func TestMark(t *testing.T) {

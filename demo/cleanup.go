@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // cleanup removes what a demo left in dir: agents and tasks still running

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // binaries are what the kube demo runs, built by TestMain into one

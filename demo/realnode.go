@@ -20,10 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // The kube demo on the real node: a real kubelet, the machine's containerd

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/testkit/validatetest"
+	"github.com/dexaflow/reaper/testkit/validatetest"
 )
 
 // TestExampleConfigurationsValidate runs `reaperd validate` on the shipped

@@ -9,9 +9,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // sensorBundle is a board whose writer bounds a sensor's pokes by the

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/dexaflow/reaper/internal/ctl"
+	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 )
 
 func main() {

@@ -16,9 +16,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // The real reaperctl binary against a real PostgreSQL board.

@@ -15,10 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // as is a client of the API server impersonating service account sa of

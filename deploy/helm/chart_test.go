@@ -1,5 +1,5 @@
 // Package helm_test checks the Helm chart in reaper/ with a real Helm (built
-// pinned from the module proxy with the test cluster, see internal/testkit/kubetest)
+// pinned from the module proxy with the test cluster, see testkit/kubetest)
 // and on a real API server: helm lint, helm template with the default and
 // with other values, the rendered objects applied, the ServiceAccount's
 // rights asked of the API server's authorizer, and the rendered
@@ -27,7 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // releaseLine is the shell line docs/operate.md gives for releasing the

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/validatetest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/validatetest"
 )
 
 // TestChartConfigurationIsAcceptedByReaperdValidate renders the chart's

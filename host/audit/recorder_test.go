@@ -14,9 +14,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // scripted is a Writer whose writes fail as it is told, in turn, and that

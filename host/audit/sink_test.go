@@ -13,8 +13,8 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	hostaudit "github.com/dexaflow/reaper/host/audit"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // The board is the boundary, not the plugin: a plugin (here a real one,

@@ -19,10 +19,10 @@ import (
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // pluginDir holds the test reaper plugin, built once for this package.

@@ -10,9 +10,9 @@ import (
 	pgboard "github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/metrics"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // A teardown the pass's share cut short is owed; its retry runs after the

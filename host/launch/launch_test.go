@@ -14,8 +14,8 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/launch"
 	"github.com/dexaflow/reaper/host/loader"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // pluginDir holds reaper-agentlost, built once for this package: a reaper

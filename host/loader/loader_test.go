@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/sdk/plugin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dexaflow/reaper/sdk/plugin"
+	"github.com/dexaflow/reaper/testkit/eventually"
 
 	"github.com/hashicorp/go-hclog"
 

@@ -17,9 +17,9 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/internal/httplimit"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/sdktest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // TestHealthWithTheDatabaseDown runs the health endpoint over a real

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/eventually"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // Heartbeats that arrive while a batch is being written are written together

@@ -17,15 +17,15 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
 )
 
 // callMeter counts the attempt API's calls by call/result.

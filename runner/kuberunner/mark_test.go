@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/ctl"
+	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )

@@ -18,9 +18,6 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/gate"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
 	"github.com/dexaflow/reaper/plugins/warmworker"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
@@ -29,6 +26,9 @@ import (
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
 )
 
 // The warm pool on the real API server with KWOK, real reaper-agent

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // secretDSN is a database connection string placed in the runner's own

@@ -18,14 +18,14 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // agentPath is the reaper-agent binary TestMain builds. TestMain sets it

@@ -1,7 +1,7 @@
 package kube
 
 // Tests against a real kube-apiserver with KWOK playing the nodes
-// (internal/testkit/kubetest). KWOK runs a pod placed on its node and fails a
+// (testkit/kubetest). KWOK runs a pod placed on its node and fails a
 // Running pod at startTime + activeDeadlineSeconds; everything else a
 // kubelet would write (a terminated container with its termination
 // message, an eviction, phase Unknown) the test writes through the status
@@ -25,11 +25,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // cluster is the test binary's Kubernetes control plane. TestMain sets it

@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/host/leader/kubelease"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // manifest is the shipped least-privilege Role.

@@ -180,7 +180,7 @@ func TestTaskGroupMemberOfAnotherUserCountsAlive(t *testing.T) {
 	}
 }
 
-// unprivileged is the account the prober runs as (as internal/testkit/pgtest picks
+// unprivileged is the account the prober runs as (as testkit/pgtest picks
 // one for PostgreSQL).
 func unprivileged(t *testing.T) *syscall.Credential {
 	t.Helper()

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // TestFaultSuite runs every fault scenario in parallel (each has its own

@@ -16,12 +16,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/ctl"
-	"github.com/dexaflow/reaper/internal/testkit/marked"
+	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
+	"github.com/dexaflow/reaper/testkit/marked"
 )
 
 // The ladder every scenario runs with: the specification's order, shortened

@@ -10,8 +10,8 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
+	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // binDir is reaperd's plugin_dir in every test: reaperd, the Lite substrate

@@ -15,7 +15,7 @@
 //
 //   - the scheduler: each scenario's binder (kubetest.Binder) binds its
 //     unbound pods to its newest KWOK node;
-//   - the kubelet: the player (internal/testkit/kubetest/kubelet) runs each Running
+//   - the kubelet: the player (testkit/kubetest/kubelet) runs each Running
 //     pod's agent as a local process and writes what a kubelet would into
 //     the pod's status: container states, exit codes, the termination
 //     message from the agent's record file; it stops the process when the

@@ -15,9 +15,9 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // TestKubeFaultSuite runs every scenario side by side on the shared

@@ -14,11 +14,11 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 	hostdaemon "github.com/dexaflow/reaper/host/daemon"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // unavailableTick is the in-process runner's interval: the fake clock

@@ -28,14 +28,14 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/ctl"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
-	"github.com/dexaflow/reaper/internal/testkit/marked"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
+	"github.com/dexaflow/reaper/testkit/marked"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // The ladder of every scenario: the specification's order, shortened so a

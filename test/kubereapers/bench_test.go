@@ -17,9 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/massbench"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
 	"github.com/dexaflow/reaper/plugins/orphanrun"
@@ -28,6 +25,9 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/massbench"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // fleetSize is how many running attempts BenchmarkKubeFleet holds:

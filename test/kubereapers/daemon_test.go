@@ -12,9 +12,9 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/daemon"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // kubeConfig is the kube edition as an operator writes it: the kube

@@ -1,8 +1,8 @@
 // Package kubereapers holds the integration tests of the reapers on the
 // kube edition: every reaper's pass, in process, against a real
-// kube-apiserver with KWOK playing the nodes (internal/testkit/kubetest), the real
+// kube-apiserver with KWOK playing the nodes (testkit/kubetest), the real
 // kube substrate (substrate/kube) configured on a namespace of it, and a
-// real PostgreSQL board (internal/testkit/pgtest) whose rows the board's own
+// real PostgreSQL board (testkit/pgtest) whose rows the board's own
 // lifecycle writer drives.
 //
 // Pods are made the way the kube runner makes them: the attempt's labels

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // binDir holds the plugin binaries TestMain builds: the kube substrate and

@@ -15,12 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/massbench"
 	"github.com/dexaflow/reaper/plugins/podlost"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/substrate/kube"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/massbench"
 )
 
 // requests counts the requests a substrate's client makes, by verb and

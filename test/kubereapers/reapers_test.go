@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
 	"github.com/dexaflow/reaper/plugins/orphanrun"
@@ -15,6 +14,7 @@ import (
 	"github.com/dexaflow/reaper/plugins/warmworker"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/reap"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 func TestPodLost(t *testing.T) {

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/massbench"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/plugins/dispatchlost"
 	"github.com/dexaflow/reaper/plugins/orphanrun"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/massbench"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // massSizes are the backlogs BenchmarkMassRecovery recovers.

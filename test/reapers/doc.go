@@ -2,7 +2,7 @@
 // reapers that run on Lite: agentlost, dispatchlost and orphanrun.
 //
 // The tests put everything real in one place: a PostgreSQL board (started by
-// internal/testkit/pgtest), real reaper-agent processes spawned by the Lite spawner
+// testkit/pgtest), real reaper-agent processes spawned by the Lite spawner
 // (some left alive, some killed with SIGKILL, the agent alone or together
 // with its task group), and the real plugin binaries, launched by the host's
 // own plugin code from a parsed configuration and driven cycle by cycle by

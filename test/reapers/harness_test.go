@@ -21,7 +21,6 @@ import (
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/daemon"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
@@ -30,6 +29,7 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // hostConfig is the configuration every integration test boots the host

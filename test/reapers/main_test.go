@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
+	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // binDir holds the binaries TestMain builds: the Lite agent, the Lite

@@ -6,7 +6,7 @@
 // report.
 //
 // For that long it runs the whole system for real, the way an operator
-// would: a PostgreSQL server (internal/testkit/pgtest), three reaperd replicas of
+// would: a PostgreSQL server (testkit/pgtest), three reaperd replicas of
 // the binaries `make build` made, each with the Lite runner and the three
 // Lite reapers, a steady stream of runs of short shell tasks (tasks that
 // succeed, fail and retry, ignore SIGTERM, fork children, leave a child
@@ -30,13 +30,13 @@
 //
 // The kube edition (REAPER_SOAK_EDITION=kube, kube_test.go) runs the same
 // PostgreSQL, replicas, stream, invariants and report against a local
-// kube-apiserver with KWOK and kube-controller-manager (internal/testkit/kubetest):
+// kube-apiserver with KWOK and kube-controller-manager (testkit/kubetest):
 // the replicas run edition "kube" on leader "kubernetes" (the Lease) with
 // the kube runner dispatching pods, the kube substrate and its four reapers
 // (dispatchlost, podlost, agentlost, orphanrun); a binder (kubetest.Binder)
 // plays the scheduler the cluster lacks, spreading the pods over three
 // nodes by their names, and the
-// kubelet player (internal/testkit/kubetest/kubelet) runs each Running pod's agent
+// kubelet player (testkit/kubetest/kubelet) runs each Running pod's agent
 // as a local process with the soak's journal and marker, so the agents'
 // journals and the process table tell the same story as on Lite. Its
 // faults are kill -9 of an agent (the container's process), a pod deleted,

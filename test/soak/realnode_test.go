@@ -16,11 +16,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // The kube edition on the test cluster's real node (REAPER_SOAK_NODE=real):

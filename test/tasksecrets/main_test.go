@@ -31,10 +31,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
-	"github.com/dexaflow/reaper/internal/testkit/testbin"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
 
 // binDir holds the reaper-agent binary TestMain builds. Set once, before
@@ -220,7 +220,7 @@ func (a account) credential() *syscall.Credential {
 	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: []uint32{}}
 }
 
-// unprivileged is the user the agents and tasks run as (as internal/testkit/pgtest
+// unprivileged is the user the agents and tasks run as (as testkit/pgtest
 // picks one for PostgreSQL). It skips the test when not root.
 func unprivileged(t *testing.T) account {
 	t.Helper()

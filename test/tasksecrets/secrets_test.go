@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
@@ -21,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/substrate/lite/records"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // startControl starts a dumpable process of acct holding the canary in its

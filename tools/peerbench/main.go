@@ -26,9 +26,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/massbench"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/massbench"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func main() {

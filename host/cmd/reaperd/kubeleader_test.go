@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // kubeOnce starts the API server of the kubernetes-leader tests on first

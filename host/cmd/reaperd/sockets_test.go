@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/host/loader"
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // sockets lists the unix sockets under root.

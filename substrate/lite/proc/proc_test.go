@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // startGroup starts sh -c script as the leader of a new process group.

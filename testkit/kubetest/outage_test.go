@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // A paused API server leaves its clients waiting until their timeout; a

@@ -16,7 +16,7 @@ func TestNoProductPackageImportsTheTestKit(t *testing.T) {
 		t.Fatalf("go list: %v: %s", err, out)
 	}
 	harness := func(pkg string) bool {
-		for _, p := range []string{"/internal/testkit", "/test/", "/demo"} {
+		for _, p := range []string{"/testkit", "/test/", "/demo"} {
 			if strings.HasPrefix(strings.TrimPrefix(pkg, module), p) {
 				return true
 			}
@@ -31,7 +31,7 @@ func TestNoProductPackageImportsTheTestKit(t *testing.T) {
 		}
 		checked++
 		for _, imp := range f[1:] {
-			if strings.HasPrefix(imp, module+"/internal/testkit") {
+			if strings.HasPrefix(imp, module+"/testkit") {
 				t.Errorf("product package %s imports the test kit's %s", f[0], imp)
 			}
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // fatalTB records a Fatalf instead of ending the test.

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func TestHelp(t *testing.T) {

@@ -8,5 +8,6 @@
 //
 // They import the product from above it; product code never imports them
 // (TestNoProductPackageImportsTheTestKit). The demo and the tools that
-// drive whole clusters (demo/, tools/) use them as tests do.
+// drive whole clusters (demo/, tools/) use them as tests do. They are no
+// API of the project's: a plugin author tests against sdk/sdktest.
 package testkit

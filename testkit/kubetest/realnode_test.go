@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
 // fakeT records what NeedRealNode does with a test.

@@ -24,9 +24,6 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest"
-	"github.com/dexaflow/reaper/internal/testkit/kubetest/kubelet"
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
@@ -36,6 +33,9 @@ import (
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/substrate/kube/podrecord"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
+	"github.com/dexaflow/reaper/testkit/kubetest"
+	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // suite is what TestMain sets up once: the cluster and the agent binary.

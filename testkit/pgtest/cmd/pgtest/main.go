@@ -23,7 +23,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dexaflow/reaper/internal/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func main() {
