@@ -69,15 +69,28 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
 }
 
-// RecordPodUID records the UID of the pod created for the attempt (the
-// kube runner, once the create answered), while the row holds the attempt
-// queued or running and its run is running. It reports whether it applied.
+// RecordPodUID records the UID of the pod created for the attempt: it is
+// RecordPod without the pod's creation time.
 func (w *Writer) RecordPodUID(ctx context.Context, a sdk.Attempt, uid string, now time.Time) (bool, error) {
+	return w.RecordPod(ctx, a, uid, time.Time{}, now)
+}
+
+// RecordPod records the UID of the pod created for the attempt and when the
+// API server created it (zero: unknown; kept for replay as the pod's time
+// to start), as the kube runner learns them once the create answered,
+// while the row holds the attempt queued or running and its run is
+// running. It reports whether it applied.
+func (w *Writer) RecordPod(ctx context.Context, a sdk.Attempt, uid string, created, now time.Time) (bool, error) {
 	if uid == "" {
 		return false, fmt.Errorf("board: record the pod of %s: no UID", a)
 	}
-	return w.runnerStep(ctx, "record the pod of", a, now, `UPDATE task_instances ti SET pod_uid = $6, updated_at = $5
-        FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, uid)
+	var at *time.Time
+	if !created.IsZero() {
+		at = &created
+	}
+	return w.runnerStep(ctx, "record the pod of", a, now, `UPDATE task_instances ti SET pod_uid = $6,
+            pod_created_at = COALESCE($7::timestamptz, ti.pod_created_at), updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, uid, at)
 }
 
 // PodUID reads the pod UID recorded on the attempt ("" when none is, or
@@ -279,8 +292,9 @@ type HeartbeatCall struct {
 // HeartbeatCredentials records a batch of heartbeats in one statement and
 // one commit: it is the board's only heartbeat write (Heartbeat and
 // HeartbeatCredential are this one for a single call). Each heartbeat moves
-// last_heartbeat_at to its arrival, never backwards, and records what it did
-// to the attempt's credential. Each row is guarded on its own attempt (try
+// last_heartbeat_at to its arrival, never backwards, keeps the attempt's
+// longest silence (max_heartbeat_gap, never counted from before
+// Options.HeardSince), and records what it did to the attempt's credential. Each row is guarded on its own attempt (try
 // and epoch), on its state running and on its run running, so one
 // superseded attempt changes nothing of the others. It answers, per call and
 // in order, shouldTerminate: true when that call's row no longer holds its
@@ -322,6 +336,8 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 	defer cancel()
 	rows, err := w.pool.Query(ctx, `UPDATE task_instances ti
         SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.at), updated_at = hb.at,
+            max_heartbeat_gap = GREATEST(ti.max_heartbeat_gap, interval '0',
+                hb.at - GREATEST(COALESCE(ti.last_heartbeat_at, ti.running_at), $7::timestamptz)),
             credential_renewed_at = CASE WHEN hb.renewal = 1 THEN hb.at ELSE ti.credential_renewed_at END,
             credential_capped_at = CASE WHEN hb.renewal = 2 THEN COALESCE(ti.credential_capped_at, hb.at)
                 ELSE ti.credential_capped_at END
@@ -332,7 +348,7 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
             AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
             AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
         RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`,
-		runs, tasks, tries, epochs, renewals, ats)
+		runs, tasks, tries, epochs, renewals, ats, w.since)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

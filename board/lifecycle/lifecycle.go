@@ -64,6 +64,11 @@ type Options struct {
 	// it, counted from the first dispatch of the try, fails the task
 	// instead (sdk.Sensor.RescheduleRefusal). <= 0: none.
 	CredentialCeiling time.Duration
+	// HeardSince is when the writer's attempt API began serving: a
+	// heartbeat's gap (max_heartbeat_gap) is never counted from before it,
+	// so that a time when no replica could hear the agents (reaperd down,
+	// restarting) is not recorded as the agents' silence. Zero: no bound.
+	HeardSince time.Time
 }
 
 // Writer performs the guarded transitions. It is safe for concurrent use.
@@ -73,6 +78,7 @@ type Writer struct {
 	timeout time.Duration
 	leader  string
 	ceiling time.Duration
+	since   time.Time
 	term    int64 // > 0: the runner writes are fenced by it (see Fenced)
 }
 
@@ -86,7 +92,7 @@ func New(pool *pgxpool.Pool, opts Options) *Writer {
 	}
 	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName,
 		CredentialCeiling: opts.CredentialCeiling}),
-		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling}
+		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling, since: opts.HeardSince}
 }
 
 func (w *Writer) bound(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -118,7 +118,7 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 	s.keys.Store(kr)
 	s.srv, err = NewServer(ServerConfig{
 		Keys: s.keys.Load, TTL: cfg.TTL, Ceiling: cfg.Ceiling, WorkerCeiling: cfg.WorkerCeiling,
-		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling}),
+		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now()}),
 		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
 	})
 	if err != nil {

@@ -310,7 +310,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 			Unavailable(err), now, res)
 	}
 	r.dispatched.Queued(a, now)
-	if _, err := d.W.RecordPodUID(ctx, a, string(created.UID), now); err != nil {
+	if _, err := d.W.RecordPod(ctx, a, string(created.UID), created.CreationTimestamp.Time, now); err != nil {
 		return true, err
 	}
 	res.Dispatched++
