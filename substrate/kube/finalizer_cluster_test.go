@@ -65,6 +65,18 @@ func (s *sweepEnv) carries(name, f string) bool {
 	return slices.Contains(p.Finalizers, f)
 }
 
+// released waits until the substrate's finalizer is off pod name, and then
+// until the pod is gone. The release is the substrate's and is bounded as
+// any wait; the removal after it is KWOK's (its delete of a pod being
+// deleted), which a loaded machine can hold back longer.
+func (s *sweepEnv) released(name string) {
+	s.t.Helper()
+	s.waitPod(name, "released", func(p *corev1.Pod) bool {
+		return p == nil || !slices.Contains(p.Finalizers, FinalizerOutcomeRecord)
+	})
+	s.waitWithin(2*time.Minute, "pod "+name+" gone once released", func() bool { return s.get(name) == nil })
+}
+
 // leaks returns the sweep's finalizer leak decisions.
 func leaks(res sdk.SweepResult) []sdk.Decision {
 	var out []sdk.Decision
@@ -109,7 +121,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if ti := s.row(a); ti.State != sdk.StateSuccess {
 			t.Fatalf("row %s, want success", ti.State)
 		}
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 		// Settled already: its deletion keeps no tombstone to settle again.
 		if n := s.tombs().len(); n != 0 {
 			t.Fatalf("%d tombstones after the release, want 0", n)
@@ -134,7 +146,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if res := s.sweep(time.Now()); !settledBy(res, a, "DurableSuccessRecord") {
 			t.Fatalf("decisions %+v, want the attempt settled by DurableSuccessRecord", res.Decisions)
 		}
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 	})
 
 	// A pod deleted while its task ran: the kubelet SIGTERMs the agent,
@@ -159,7 +171,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 			t.Fatalf("decisions %+v, want the attempt settled by DeletedUnderTheTaskIsInfra", res.Decisions)
 		}
 		wantRow(t, s.row(a), sdk.StateFailed, sdk.FailureInfra, "pod_disrupted: pod deleted while its task ran", true)
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 	})
 
 	t.Run("AnotherControllersFinalizerIsLeftUntouched", func(t *testing.T) {
@@ -243,7 +255,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if len(ls) != 1 || !ls[0].Applied || ls[0].Evidence["why"] != LeakAgeLimit {
 			t.Fatalf("decisions %+v, want one applied leak by %s", res.Decisions, LeakAgeLimit)
 		}
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 	})
 
 	// A running pod deleted with no grace (a lost node's pods go so, and
@@ -269,7 +281,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if ls := leaks(res); len(ls) != 1 || !ls[0].Applied || ls[0].Evidence["why"] != LeakEndNeverWritten {
 			t.Fatalf("decisions %+v, want one applied leak by %s", res.Decisions, LeakEndNeverWritten)
 		}
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 		if got := liveness(t, s.sub, true, a)[0]; got.State != sdk.Dead {
 			t.Fatalf("liveness %+v, want dead (no pod object at all)", got)
 		}
@@ -292,7 +304,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 		if res := s.sweep(time.Now()); len(res.Decisions) != 0 {
 			t.Fatalf("decisions %+v, want none", res.Decisions)
 		}
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 	})
 
 	// A provisional mark whose pod is stopped in place: the container is
@@ -320,7 +332,7 @@ func TestSweepOutcomeRecordFinalizer(t *testing.T) {
 			t.Fatalf("decisions %+v, want the SUCCESS record to override agent_lost", res.Decisions)
 		}
 		s.sweep(now.Add(2 * time.Second))
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 	})
 
 	// The release is pinned to the resourceVersion read: a pod that
@@ -431,7 +443,7 @@ func TestLeastPrivilegeRoleReleasesTheOutcomeRecordFinalizer(t *testing.T) {
 				t.Fatalf("decisions %+v, want the attempt settled", res.Decisions)
 			}
 			if c.release {
-				s.waitPod(p.Name, "released and gone", func(p *corev1.Pod) bool { return p == nil })
+				s.released(p.Name)
 				return
 			}
 			if !s.carries(p.Name, FinalizerOutcomeRecord) {

@@ -151,7 +151,7 @@ func TestSweepNodeLoss(t *testing.T) {
 		}, eventually.Every(controllerPoll))
 		s.cachedDeleting(a, p.Name)
 		s.settledDisrupted(a, p.Name, "DeletionByPodGC")
-		s.waitPod(p.Name, "gone once released", func(p *corev1.Pod) bool { return p == nil })
+		s.released(p.Name)
 		if n := s.tombs().len(); n != 0 {
 			t.Fatalf("%d tombstones, want 0: the pod was settled present", n)
 		}
