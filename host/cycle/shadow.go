@@ -66,14 +66,8 @@ func (l *Loop) scoreShadows(ctx context.Context, term int64, res *Result) {
 			break
 		}
 	}
-	elapsed := l.cfg.Clock.Now().Sub(start)
-	overran := (sctx.Err() != nil && ctx.Err() == nil) || elapsed > budget
-	l.cfg.Metrics.Phase("shadow", elapsed, overran)
-	if overran {
-		res.Overruns = append(res.Overruns, "shadow")
-		l.cfg.Logger.Warn("scoring the shadow decisions overran its budget: the rest wait for the next cycle",
-			"budget", budget, "elapsed", elapsed)
-	}
+	l.afterPhase(ctx, sctx, "shadow", start, budget, res,
+		"scoring the shadow decisions overran its budget: the rest wait for the next cycle")
 }
 
 // logVerdict logs a verdict; one that says a decision would have killed
