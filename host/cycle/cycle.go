@@ -1,9 +1,10 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate, and last the retries of the
-// teardowns still owed (owed.go), under a budget of their own. Every
-// decision of every pass, and of the gate, is metered, logged and audited.
+// interval, behind the leader-settling gate, then the retries of the
+// teardowns still owed (owed.go), and last the scoring of the shadow
+// decisions (shadow.go), each under a budget of its own. Every decision of
+// every pass, and of the gate, is metered, logged and audited.
 package cycle
 
 import (
