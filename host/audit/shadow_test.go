@@ -1,12 +1,16 @@
 package audit_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 func TestJudge(t *testing.T) {
@@ -96,4 +100,73 @@ func TestJudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The scorer reads a page after its cursor; decisions still waiting for a
+// truth are read again once it has gone through them all, and a verdict is
+// written once.
+func TestScorerPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := board.New(pgtest.NewDB(t), board.Options{})
+	lease, ok, err := store.TryAcquire(ctx, "test", 72*time.Hour, t0.Add(-time.Minute))
+	if err != nil || !ok {
+		t.Fatalf("acquire leadership: ok=%v err=%v", ok, err)
+	}
+	w := lifecycle.New(store.Pool(), lifecycle.Options{})
+	if err := w.CreateRun(ctx, lifecycle.NewRun{RunID: "r", DagID: "dag", State: sdk.RunRunning,
+		Tasks: []lifecycle.NewTask{{TaskID: "t", Executor: sdk.ExecutorLite}}}, t0.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	ds := make([]sdk.Decision, 5)
+	for i := range ds {
+		ds[i] = sdk.Decision{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: a, DryRun: true}
+	}
+	if err := store.RecordDecisions(ctx, lease.Term, t0, ds); err != nil {
+		t.Fatal(err)
+	}
+	s := audit.NewScorer(store, audit.ScorerConfig{Page: 2, Horizon: time.Hour})
+
+	pages := []struct {
+		at            time.Time
+		read, written int
+		pending       int
+		wrapped       bool
+	}{
+		// Inside the horizon: 2, 2, then 1 (a short page: back to the start).
+		{at: t0.Add(time.Minute), read: 2, pending: 2},
+		{at: t0.Add(time.Minute), read: 2, pending: 2},
+		{at: t0.Add(time.Minute), read: 1, pending: 1, wrapped: true},
+		// Past it: each page scores what it reads, and the next finds the rest.
+		{at: t0.Add(2 * time.Hour), read: 2, written: 2},
+		{at: t0.Add(2 * time.Hour), read: 2, written: 2},
+		{at: t0.Add(2 * time.Hour), read: 1, written: 1, wrapped: true},
+		{at: t0.Add(2 * time.Hour), read: 0, wrapped: true},
+	}
+	for i, p := range pages {
+		res, err := s.ScorePage(ctx, lease.Term, p.at)
+		if err != nil || res.Read != p.read || len(res.Written) != p.written || res.Pending != p.pending || res.Wrapped != p.wrapped {
+			t.Fatalf("page %d: %+v, %v; want read %d, written %d, pending %d, wrapped %v", i, res, err,
+				p.read, p.written, p.pending, p.wrapped)
+		}
+		for _, v := range res.Written {
+			if v.Verdict != sdk.VerdictUnresolved || v.Evidence[audit.VevBy] != "horizon" || v.Reaper != "agentlost" {
+				t.Fatalf("page %d: verdict %+v", i, v)
+			}
+		}
+	}
+
+	t.Run("DeposedTerm_NothingWrittenCursorKept", func(t *testing.T) {
+		if err := store.RecordDecisions(ctx, lease.Term, t0, ds[:1]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ScorePage(ctx, lease.Term+1, t0.Add(2*time.Hour)); !errors.Is(err, board.ErrDeposed) {
+			t.Fatalf("a deposed term scored: %v", err)
+		}
+		res, err := s.ScorePage(ctx, lease.Term, t0.Add(2*time.Hour))
+		if err != nil || len(res.Written) != 1 {
+			t.Fatalf("%+v, %v", res, err)
+		}
+	})
 }
