@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,22 @@ func scoredSQL(alias string) string {
 		"(" + p + "dry_run AND " + p + "label IN (" + sqlList(sdk.KillLabels()) + ")) OR (" +
 		p + "applied AND " + p + "label IN (" + sqlList(sdk.ProvisionalLabels()) + ") AND (" +
 		p + "evidence->>'policy' = 'hold' OR " + p + "evidence->>'edition' = 'kube')))"
+}
+
+// Scored reports whether a decision is one the leader scores: scoredSQL's
+// rule in Go, over the same lists (a test holds the two to the same
+// answers).
+func Scored(d sdk.Decision) bool {
+	switch {
+	case d.Attempt.TaskID == "":
+		return false
+	case d.DryRun:
+		return slices.Contains(sdk.KillLabels(), d.Label)
+	case d.Applied:
+		return slices.Contains(sdk.ProvisionalLabels(), d.Label) &&
+			(d.Evidence["policy"] == "hold" || d.Evidence["edition"] == "kube")
+	}
+	return false
 }
 
 // UnscoredPredicate is the predicate of reap_decisions_unscored_idx as the

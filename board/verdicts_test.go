@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,13 @@ func TestShadowDecisions(t *testing.T) {
 			ids = append(ids, d.ID)
 		}
 		recs, _ := b.store.DecisionsFor(ctx, "r", "t", 0)
+		run, _ := b.store.DecisionsFor(ctx, "r", "", 0)
+		for _, r := range append(recs, run...) {
+			if want := slices.Contains(ids, r.ID); board.Scored(r.Decision) != want {
+				t.Errorf("decision %d (%s, dry %v, applied %v, %v): board.Scored says %v, the board's SQL %v",
+					r.ID, r.Label, r.DryRun, r.Applied, r.Evidence, !want, want)
+			}
+		}
 		first := recs[0].ID
 		want := []int64{first, first + 2, first + 4, first + 6}
 		if len(ids) != len(want) || ids[0] != want[0] || ids[1] != want[1] || ids[2] != want[2] || ids[3] != want[3] {

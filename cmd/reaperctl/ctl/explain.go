@@ -284,6 +284,8 @@ func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []boa
 		}
 		if line := verdictLine(now, r.Verdict); line != "" {
 			fmt.Fprintf(w, "    %s\n", line)
+		} else if board.Scored(r.Decision) {
+			fmt.Fprintln(w, "    verdict: not yet, waiting for what the attempt does next")
 		}
 	}
 }
