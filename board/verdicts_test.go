@@ -12,6 +12,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/migrations"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // dryRun is a dry-run agentlost decision about a, at at.
@@ -220,4 +221,44 @@ func TestShadowDecisions(t *testing.T) {
 			}
 		})
 	})
+}
+
+// BenchmarkUnscoredPage reads one page of 500 pending shadow decisions, with
+// the truth of each attempt, from an audit of 1,000,000 decisions of which
+// 100,000 are pending (one per attempt of a board of 100,000 running
+// attempts) and the rest scored or never scored: the scorer's read each
+// cycle. The pages walk the index from the start as the scorer's cursor
+// does.
+func BenchmarkUnscoredPage(b *testing.B) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(b)
+	seedRunning(b, pool)
+	if _, err := pool.Exec(ctx, `INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number,
+            attempt_epoch, applied, dry_run, evidence, verdict, verdict_at, verdict_term)
+        SELECT $1, 1, 'agentlost', CASE WHEN i % 10 < 5 THEN 'agent_lost_process_alive' ELSE 'agent_lost' END,
+            'run' || lpad(((i / 10) % $2 / 100)::text, 6, '0'), 'task' || lpad(((i / 10) % $2 % 100)::text, 3, '0'), 1, 0,
+            false, true, '{"edition": "lite"}',
+            CASE WHEN i % 10 BETWEEN 5 AND 8 THEN 'right' END,
+            CASE WHEN i % 10 BETWEEN 5 AND 8 THEN $1::timestamptz END,
+            CASE WHEN i % 10 BETWEEN 5 AND 8 THEN 1 END
+        FROM generate_series(0, 10 * $2::int - 1) i`, base, benchRows); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE reap_decisions"); err != nil {
+		b.Fatal(err)
+	}
+	store := board.New(pool, board.Options{})
+	b.ResetTimer()
+	var after int64
+	for i := 0; i < b.N; i++ {
+		ds, err := store.UnscoredDecisions(ctx, after, 500)
+		if err != nil || len(ds) == 0 {
+			b.Fatalf("%d decisions, %v", len(ds), err)
+		}
+		after = ds[len(ds)-1].ID
+		if len(ds) < 500 {
+			after = 0
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/500, "µs/decision")
 }
