@@ -18,6 +18,9 @@ type AuditRecord struct {
 	At   time.Time
 	Term int64
 	sdk.Decision
+	// Verdict is the shadow verdict on the decision (migration 012); its
+	// Word is "" while unscored, and for a decision never scored.
+	Verdict Verdict
 }
 
 // auditColumns are the columns RecordDecisions copies into reap_decisions
@@ -189,7 +192,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	sql := `SELECT id, at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
-        applied, dry_run, detail, evidence
+        applied, dry_run, detail, evidence, verdict, verdict_at, verdict_term, verdict_evidence
     FROM reap_decisions
     WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL)
     ORDER BY id`
@@ -208,15 +211,16 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 			r          AuditRecord
 			run, task  *string
 			try, epoch *int32
+			word       *string
+			vat        *time.Time
+			vterm      *int64
 		)
 		err := row.Scan(&r.ID, &r.At, &r.Term, &r.Reaper, &r.Label, &run, &task, &try, &epoch,
-			&r.Applied, &r.DryRun, &r.Detail, &r.Evidence)
-		r.Attempt.RunID, r.Attempt.TaskID = deref(run), deref(task)
-		if try != nil {
-			r.Attempt.Try = *try
-		}
-		if epoch != nil {
-			r.Attempt.Epoch = *epoch
+			&r.Applied, &r.DryRun, &r.Detail, &r.Evidence, &word, &vat, &vterm, &r.Verdict.Evidence)
+		r.Attempt = attemptOf(run, task, try, epoch)
+		r.Verdict.Word, r.Verdict.At = deref(word), timeOrZero(vat)
+		if vterm != nil {
+			r.Verdict.Term = *vterm
 		}
 		return r, err
 	})

@@ -38,3 +38,6 @@ func OrphanRunsSQL(q sdk.RunQuery) (string, []any) {
 	sql, args, _ := orphanRunsSQL(q)
 	return sql, args
 }
+
+// UnscoredQuery is the statement UnscoredDecisions runs, for EXPLAIN.
+var UnscoredQuery = unscoredQuery

@@ -36,6 +36,7 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	m.PluginRestart("agentlost")
 	m.Cycle(time.Unix(1700000000, 0))
 	m.AttemptAPICall("exchange", "bootstrap_spent", time.Millisecond)
+	m.ShadowVerdict("agentlost", sdk.LabelAgentLost, sdk.VerdictWouldHaveKilledLiveWork)
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatalf("gathering the host's registry: %v", err)

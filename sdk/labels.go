@@ -191,6 +191,49 @@ const (
 	LabelSensorCredentialCeiling = "sensor_credential_ceiling"
 )
 
+// Shadow verdicts: what became of an attempt a decision said was lost, once
+// the board knows. A dry-run decision (or one under policy = "hold", or a
+// provisional kube mark a durable SUCCESS can still override) is scored
+// with one of them, beside the decision in the audit (reap_decisions.verdict)
+// and in reaper_shadow_verdicts_total{verdict}.
+const (
+	// VerdictWouldHaveKilledLiveWork: after the decision the attempt
+	// heartbeated, reported running or an outcome, or succeeded (a durable
+	// SUCCESS over the mark included): failing it would have failed live
+	// work.
+	VerdictWouldHaveKilledLiveWork = "would_have_killed_live_work"
+	// VerdictRight: the attempt never came back, and it was settled lost by
+	// another path (an applied infra mark, the reconciler, the credential
+	// ceiling), its mark was confirmed, or its run failed.
+	VerdictRight = "right"
+	// VerdictUnresolved: no truth arrived within the horizon, or none can
+	// arrive any more (the attempt was released without either).
+	VerdictUnresolved = "unresolved"
+)
+
+// Verdicts lists the verdict words, for the audit's CHECK, the metric and
+// reaperctl shadow.
+func Verdicts() []string {
+	return []string{VerdictWouldHaveKilledLiveWork, VerdictRight, VerdictUnresolved}
+}
+
+// KillLabels are the labels of decisions that fail an attempt: in a dry run,
+// what the reaper would have done. The shadow scorer judges these.
+func KillLabels() []string {
+	return append(ProvisionalLabels(), LabelCredentialCeiling)
+}
+
+// ProvisionalLabels are the kill labels whose mark is an infra mark, which
+// on kube stays provisional until the reconciler confirms it, and which a
+// durable SUCCESS still overrides: an applied one is scored too.
+func ProvisionalLabels() []string {
+	return []string{
+		LabelAgentLost, LabelAgentLostNeverHeartbeated, LabelAgentLostOrphanStopped,
+		LabelDispatchLost, LabelDispatchLostOrphanStopped, LabelStartExpired,
+		LabelPodLost, LabelWarmWorkerLost,
+	}
+}
+
 // Labels lists every label above, for registering metrics ahead of the
 // first decision and for documentation.
 func Labels() []string {

@@ -3,7 +3,10 @@
 // decisions while the pass goes on; the ledger of a pass's writes (Ledger),
 // so that no applied write goes without its decision; and the Recorder,
 // which writes the host's own decisions and keeps what any failed write
-// left out of the audit, writing it again at the next cycle.
+// left out of the audit, writing it again at the next cycle; and the
+// Scorer (shadow.go), which writes beside a shadow decision (a dry run, a
+// hold, a provisional kube mark) the verdict of what became of its
+// attempt.
 package audit
 
 import (

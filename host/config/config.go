@@ -83,6 +83,11 @@ type Config struct {
 	// block) kube tasks as pods. nil when absent.
 	Runner *Runner
 
+	// ShadowHorizon is maintenance.shadow_horizon: how long a shadow
+	// decision waits for its truth before the leader scores it unresolved
+	// (0: audit.ShadowHorizonDefault, 24h).
+	ShadowHorizon time.Duration
+
 	// Warnings are accepted settings worth a WARN at boot.
 	Warnings []string
 
@@ -331,18 +336,26 @@ func (cfg *Config) decodeLadder(b *hcl.Block) hcl.Diagnostics {
 }
 
 // maintenanceBlock is the maintenance block: the cycle's period, a rung of
-// the ladder.
+// the ladder, and how long a shadow decision waits for its truth.
 type maintenanceBlock struct {
-	Interval time.Duration `reaper:"interval"`
+	Interval      time.Duration `reaper:"interval"`
+	ShadowHorizon time.Duration `reaper:"shadow_horizon"`
 }
 
 func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
-	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval}
+	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval, ShadowHorizon: cfg.ShadowHorizon}
 	ranges, diags := decodeInto(b.Body, &mb)
 	if r, ok := ranges["interval"]; ok {
 		cfg.ranges["maintenance.interval"] = r
 	}
 	cfg.Ladder.MaintenanceInterval = mb.Interval
+	if r, ok := ranges["shadow_horizon"]; ok && mb.ShadowHorizon <= 0 {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: r.Ptr(),
+			Summary: "Invalid maintenance.shadow_horizon",
+			Detail: fmt.Sprintf("maintenance.shadow_horizon must be a positive duration, got %s: a shadow decision "+
+				"waits that long for its truth before it is scored unresolved.", ladder.Format(mb.ShadowHorizon))})
+	}
+	cfg.ShadowHorizon = mb.ShadowHorizon
 	return diags
 }
 

@@ -127,6 +127,9 @@ func TestExampleFileParsesAndValidates(t *testing.T) {
 	if cfg.Telemetry.Listen != "127.0.0.1:9464" {
 		t.Fatalf("telemetry = %+v", cfg.Telemetry)
 	}
+	if cfg.ShadowHorizon != 24*time.Hour {
+		t.Fatalf("maintenance.shadow_horizon = %s", cfg.ShadowHorizon)
+	}
 	if api := cfg.AttemptAPI; api.Listen != "127.0.0.1:9465" || api.TLSCert != "" || api.SigningKeyFile != "" ||
 		api.StateDir != config.DefaultAttemptAPIStateDir() {
 		t.Fatalf("attempt_api = %+v", api)
@@ -151,6 +154,8 @@ func TestBadFiles(t *testing.T) {
 		{"UnknownEdition", "edition = \"cloud\"\nsubstrate \"lite\" {}\n", []string{"reaper.hcl:1:11:", "edition"}},
 		{"BadDuration", minimal + "ladder {\n  agent_lost = \"ninety\"\n}\n", []string{"reaper.hcl:4:16:", `"agent_lost"`}},
 		{"NumberWhereDurationString", minimal + "maintenance {\n  interval = 30\n}\n", []string{"reaper.hcl:4:14:", `"interval"`}},
+		{"ShadowHorizonNotPositive", minimal + "maintenance {\n  shadow_horizon = \"0s\"\n}\n",
+			[]string{"reaper.hcl:4:20:", "maintenance.shadow_horizon must be a positive duration"}},
 		{"WrongTypeDryRun", "edition = \"lite\"\ndry_run = \"maybe\"\nsubstrate \"lite\" {}\n", []string{"reaper.hcl:2:11:", `"dry_run"`}},
 		{"MissingSubstrate", "edition = \"lite\"\n", []string{"reaper.hcl:", "substrate"}},
 		{"TwoSubstrates", minimal + "substrate \"lite\" {}\n", []string{"reaper.hcl:3:1:", "Duplicate substrate"}},

@@ -1,9 +1,10 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate, and last the retries of the
-// teardowns still owed (owed.go), under a budget of their own. Every
-// decision of every pass, and of the gate, is metered, logged and audited.
+// interval, behind the leader-settling gate, then the retries of the
+// teardowns still owed (owed.go), and last the scoring of the shadow
+// decisions (shadow.go), each under a budget of its own. Every decision of
+// every pass, and of the gate, is metered, logged and audited.
 package cycle
 
 import (
@@ -85,6 +86,12 @@ type Config struct {
 	// TeardownBackoff spaces an owed teardown's tries. Default: Base one
 	// interval, Cap OwedBackoffCapDefault (or Base when longer).
 	TeardownBackoff board.TeardownBackoff
+	// Verdicts is the audit's shadow decisions, scored by the leader after
+	// every cycle (shadow.go; board.Store); nil: nothing is scored.
+	Verdicts audit.VerdictBoard
+	// ShadowHorizon is how long a shadow decision waits for its truth
+	// before it is scored unresolved. Default audit.ShadowHorizonDefault.
+	ShadowHorizon time.Duration
 }
 
 // withDefaults fills in every default: the one place the loop's defaults
@@ -132,16 +139,27 @@ type Loop struct {
 	// searchable are the reapers' declared mark reasons the board is
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
+	// scorer scores the shadow decisions (nil without Config.Verdicts).
+	scorer *audit.Scorer
 }
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
 	cfg = cfg.withDefaults()
-	return &Loop{
+	l := &Loop{
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
 		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
 	}
+	if cfg.Verdicts != nil {
+		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
+		names := make([]string, len(reapers))
+		for i, r := range reapers {
+			names[i] = r.Name
+		}
+		cfg.Metrics.ShadowReapers(names)
+	}
+	return l
 }
 
 // ResultDecisions is how many of a cycle's decisions its Result keeps: a
@@ -161,6 +179,8 @@ type Result struct {
 	Decisions     []sdk.Decision
 	DecisionCount int
 	Overruns      []string // phases that overran their budget
+	// Verdicts are the shadow verdicts the cycle wrote (shadow.go).
+	Verdicts []audit.Scored
 }
 
 // LastTick is when the loop last started a cycle (zero before the first).
@@ -223,7 +243,10 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 		return res
 	}
 	// The owed teardowns come last, whether the gate opened or not: each
-	// follows a mark already written, it is no judgment.
+	// follows a mark already written, it is no judgment. After them (the
+	// deferred calls run in reverse), the shadow decisions are scored: a
+	// judgment of the audit against the board, which writes nothing else.
+	defer l.scoreShadows(ctx, st.Term, &res)
 	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
 
 	synced := false

@@ -258,13 +258,19 @@ func (l *Loop) payTeardowns(ctx context.Context, term int64, sub sdk.Substrate, 
 			l.record(ctx, term, now, []sdk.Decision{d}, res)
 		}
 	}
+	l.afterPhase(ctx, pctx, "teardown", start, budget, res, "owed teardowns overran their budget: the rest wait for the next cycle")
+}
+
+// afterPhase meters a phase run after the reapers (started at start under
+// budget, in pctx, its budget's context below ctx) and, when it overran,
+// notes it in res and warns with msg.
+func (l *Loop) afterPhase(ctx, pctx context.Context, phase string, start time.Time, budget time.Duration, res *Result, msg string) {
 	elapsed := l.cfg.Clock.Now().Sub(start)
 	overran := (pctx.Err() != nil && ctx.Err() == nil) || elapsed > budget
-	l.cfg.Metrics.Phase("teardown", elapsed, overran)
+	l.cfg.Metrics.Phase(phase, elapsed, overran)
 	if overran {
-		res.Overruns = append(res.Overruns, "teardown")
-		l.cfg.Logger.Warn("owed teardowns overran their budget: the rest wait for the next cycle",
-			"budget", budget, "elapsed", elapsed)
+		res.Overruns = append(res.Overruns, phase)
+		l.cfg.Logger.Warn(msg, "budget", budget, "elapsed", elapsed)
 	}
 }
 

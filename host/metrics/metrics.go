@@ -28,6 +28,7 @@ type Metrics struct {
 	cycles         prometheus.Counter
 	lastCycle      prometheus.Gauge
 	owedTeardowns  prometheus.Gauge
+	shadow         *prometheus.CounterVec
 
 	// The runner's collectors (Lite runner block), written on every tick
 	// or dispatch.
@@ -95,6 +96,10 @@ func New() *Metrics {
 			Name: "reaper_owed_teardowns",
 			Help: "Reap-time teardowns that did not complete and are retried until done, as the leader last counted them (0 on a replica that does not lead).",
 		}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_shadow_verdicts_total",
+			Help: "Verdicts written on shadow decisions (dry run, policy hold, provisional kube marks) once the board showed what became of the attempt: would_have_killed_live_work, right or unresolved, by reaper and decision label.",
+		}, []string{"reaper", "label", "verdict"}),
 		loopDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dexaflow_scheduler_loop_duration_seconds",
 			Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
@@ -134,7 +139,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.apiCalls, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
-		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns,
+		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
@@ -180,6 +185,22 @@ func (m *Metrics) Leader(leading bool, term int64) {
 
 // OwedTeardowns sets the count of owed teardowns.
 func (m *Metrics) OwedTeardowns(n int) { m.owedTeardowns.Set(float64(n)) }
+
+// ShadowReapers creates, at zero, the would_have_killed_live_work series of
+// every kill label (sdk.KillLabels) of each reaper named, so that the
+// alert on its increase sees the first verdict.
+func (m *Metrics) ShadowReapers(reapers []string) {
+	for _, r := range reapers {
+		for _, l := range sdk.KillLabels() {
+			m.shadow.WithLabelValues(r, l, sdk.VerdictWouldHaveKilledLiveWork)
+		}
+	}
+}
+
+// ShadowVerdict counts one verdict on a decision of reaper under label.
+func (m *Metrics) ShadowVerdict(reaper, label, verdict string) {
+	m.shadow.WithLabelValues(reaper, label, verdict).Inc()
+}
 
 // PluginRestart counts a plugin restart.
 func (m *Metrics) PluginRestart(name string) { m.pluginRestarts.WithLabelValues(name).Inc() }

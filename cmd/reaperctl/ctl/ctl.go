@@ -3,8 +3,9 @@
 // REAPER_DSN overrides, and the timing ladder) and answers an operator's
 // questions from the board: what runs and attempts are doing (status), why
 // an attempt was or was not reaped (explain), whether the thresholds fit the
-// durations actually observed (tune), and what is held for review (held,
-// release). It writes an operator's verdict on an attempt (mark) and
+// durations actually observed (tune), how the shadow decisions of dry-run
+// and held reapers scored against what really happened (shadow), and what is
+// held for review (held, release). It writes an operator's verdict on an attempt (mark) and
 // submits Lite work (submit).
 //
 // Every command prints a table for people, or one JSON document with -json.
@@ -101,6 +102,18 @@ func commands() []command {
 				"orphan-reaper pattern suggests: about 10 x the median and never under the observed\n" +
 				"tail, max(10 x median, p99.9) rounded up. Then it compares the configured thresholds\n" +
 				"that bound those times and flags each one below the observed tail (p99.9)."},
+		{name: "shadow", run: CLI.shadow,
+			synopsis: []string{"[-window D] [-reaper NAME] [-v] [-o table|json]"},
+			summary:  "shadow decisions scored by what became of their attempts: precision and recall per reaper",
+			help: "Summarises, per reaper and decision label, the decisions of the window (default 7 days)\n" +
+				"that failed or would have failed an attempt and are scored: dry-run ones, policy = \"hold\"\n" +
+				"ones and provisional kube marks. Counts decisions (and attempts) by verdict:\n" +
+				"would_have_killed_live_work (the attempt heartbeated, reported or succeeded after it),\n" +
+				"right (it never came back and was settled lost, or its run failed), unresolved (no truth\n" +
+				"within the horizon) and unscored (waiting for one). Precision is right / (right +\n" +
+				"would_have_killed_live_work); a reaper's recall is its right attempts / (those + the\n" +
+				"attempts another reaper's standing mark settled lost that it never flagged). -v names\n" +
+				"the attempts and decision ids behind every number."},
 		{name: "held", run: CLI.held,
 			synopsis: []string{"[-limit N]"},
 			summary:  "attempts held for review",

@@ -282,7 +282,67 @@ func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []boa
 		if ev := evidenceLine(r.Evidence); ev != "" {
 			fmt.Fprintf(w, "    saw %s\n", ev)
 		}
+		if line := verdictLine(now, r.Verdict); line != "" {
+			fmt.Fprintf(w, "    %s\n", line)
+		} else if board.Scored(r.Decision) {
+			fmt.Fprintln(w, "    verdict: not yet, waiting for what the attempt does next")
+		}
 	}
+}
+
+// verdictLine tells the shadow verdict on a decision: what the attempt did
+// after it, and when the verdict was written. "" while unscored.
+func verdictLine(now time.Time, v board.Verdict) string {
+	if v.Word == "" {
+		return ""
+	}
+	ev := v.Evidence
+	line := "verdict: " + v.Word
+	var why []string
+	if by := ev["by"]; by != "" {
+		why = append(why, "by "+verdictBy(by))
+	}
+	if after := ev["after"]; after != "" {
+		why = append(why, after+" after the decision")
+	}
+	if waited := ev["waited"]; waited != "" {
+		why = append(why, "no truth in "+waited)
+	}
+	if len(why) > 0 {
+		line += " (" + strings.Join(why, ", ") + ")"
+	}
+	return line + fmt.Sprintf(", scored %s ago, term %d", age(now, v.At), v.Term)
+}
+
+// verdictBy says in words what settled a verdict (the scorer's "by").
+func verdictBy(by string) string {
+	switch by {
+	case "heartbeat":
+		return "a heartbeat"
+	case "running":
+		return "a running report"
+	case "success":
+		return "a success"
+	case "outcome":
+		return "an outcome it reported"
+	case "override":
+		return "a durable SUCCESS over the mark"
+	case "mark":
+		return "an infra failure from another path"
+	case "ceiling":
+		return "the credential ceiling"
+	case "confirmed":
+		return "the mark's confirmation"
+	case "run_failed":
+		return "its run failing"
+	case "released":
+		return "a rail releasing it with no truth"
+	case "horizon":
+		return "the horizon passing"
+	case "gone":
+		return "the attempt being gone"
+	}
+	return by
 }
 
 // outcome classifies a decision: applied, dry-run, no-op (a write that found

@@ -81,6 +81,7 @@ r/t is failed, an infra failure (agent_lost), held for review for 4m
     agent_lost: applied
     agent and task group dead; marked infra, held for review
     saw heartbeat_age=6m0s liveness=dead threshold=1m30s signal=positive policy=hold
+    verdict: not yet, waiting for what the attempt does next
 
   2030-01-02T11:57:00Z (3m ago), term 1: orphanrun judged the run
     orphan_reap_noop: not applied: active
@@ -117,6 +118,7 @@ r/e is none
   2030-01-02T11:58:00Z (2m ago), term 1: dispatchlost judged try 1 epoch 1
     dispatch_lost: dry-run, nothing written
     dry-run: would mark dispatch_lost
+    verdict: not yet, waiting for what the attempt does next
 
 try log: empty
 `)

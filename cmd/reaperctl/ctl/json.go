@@ -131,6 +131,15 @@ type decisionJSON struct {
 	DryRun   bool              `json:"dry_run"`
 	Detail   string            `json:"detail,omitempty"`
 	Evidence map[string]string `json:"evidence"`
+	// Verdict is the shadow verdict on the decision, once scored.
+	Verdict *verdictJSON `json:"verdict,omitempty"`
+}
+
+type verdictJSON struct {
+	Verdict  string            `json:"verdict"`
+	At       time.Time         `json:"at"`
+	Term     int64             `json:"term"`
+	Evidence map[string]string `json:"evidence"`
 }
 
 func decisionOf(r board.AuditRecord) decisionJSON {
@@ -145,6 +154,12 @@ func decisionOf(r board.AuditRecord) decisionJSON {
 	if r.Attempt.TaskID != "" {
 		try, epoch := r.Attempt.Try, r.Attempt.Epoch
 		d.Try, d.Epoch = &try, &epoch
+	}
+	if v := r.Verdict; v.Word != "" {
+		d.Verdict = &verdictJSON{Verdict: v.Word, At: v.At.UTC(), Term: v.Term, Evidence: v.Evidence}
+		if d.Verdict.Evidence == nil {
+			d.Verdict.Evidence = map[string]string{}
+		}
 	}
 	return d
 }
