@@ -95,13 +95,17 @@ func commands() []command {
 				"dry-run, and why), then its try log."},
 		{name: "tune", run: CLI.tune,
 			synopsis: []string{"[-window D] [-limit N] [-min-samples N]"},
-			summary:  "observed durations, the thresholds they suggest, thresholds below the observed tail",
+			summary:  "observed durations and the thresholds they suggest; each rung's smallest threshold with no false reap",
 			help: "Measures what the board has seen: how long successful attempts ran, how long they\n" +
 				"waited queued, and how long successful runs sat with nothing live before they ended.\n" +
 				"For each it prints the count, median, p99, p99.9 and max, and the threshold the\n" +
 				"orphan-reaper pattern suggests: about 10 x the median and never under the observed\n" +
 				"tail, max(10 x median, p99.9) rounded up. Then it compares the configured thresholds\n" +
-				"that bound those times and flags each one below the observed tail (p99.9)."},
+				"that bound those times and flags each one below the observed tail (p99.9).\n\n" +
+				"Last, the summary of reaperctl replay over the same window: for each rung, the false reaps\n" +
+				"at the configured value, the largest value observed (and whose), and the smallest candidate\n" +
+				"with no false reap with its margin over that value; none when every such candidate breaks\n" +
+				"the timing ladder (said so), or nothing was observed."},
 		{name: "replay", run: CLI.replay,
 			synopsis: []string{"[-window D] [-rung RUNG [-candidates D,D,...]] [-list N] [-o table|json] [-picture FILE.svg]"},
 			summary:  "each threshold replayed against the board's history: false reaps, lost recovered sooner or later",
