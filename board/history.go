@@ -152,7 +152,8 @@ const ownOutcomeSQL = `(a.ended_at IS NOT NULL AND a.infra_marked_at IS NULL
 // window, in the columns replayTail reads: run_id, task_id, try_number,
 // attempt_epoch, alive_us (the value that proved alive, NULL: none),
 // alive_from, alive_to, proof, lost_us (the value at which it was settled
-// lost, NULL: it was not), own, reason, lost_at.
+// lost, NULL: it was not), own, reason, lost_at, lost_run (what was lost is
+// the run, not the attempt named).
 
 // agentLostObsSQL: an attempt's longest silence between heartbeats (the
 // first from running_at; every such gap was ended by a heartbeat), and the
@@ -167,7 +168,8 @@ var agentLostObsSQL = `SELECT a.run_id, a.task_id, a.try_number, a.attempt_epoch
     CASE WHEN a.infra_marked_at IS NOT NULL AND a.running_at IS NOT NULL
             AND a.failure_reason IN ('` + sdk.LabelAgentLost + `', '` + sdk.LabelPodLost + `', '` + sdk.LabelWarmWorkerLost + `')
         THEN GREATEST(0, ` + usSQL("a.infra_marked_at - coalesce(a.last_heartbeat_at, a.running_at)") + `) END AS lost_us,
-    a.failure_reason = '` + sdk.LabelAgentLost + `' AS own, a.failure_reason AS reason, a.infra_marked_at AS lost_at
+    a.failure_reason = '` + sdk.LabelAgentLost + `' AS own, a.failure_reason AS reason, a.infra_marked_at AS lost_at,
+    false AS lost_run
 FROM a CROSS JOIN LATERAL (SELECT
     ` + usSQL("a.max_heartbeat_gap") + ` AS gap_us,
     CASE WHEN ` + ownOutcomeSQL + ` AND a.running_at IS NOT NULL
@@ -181,7 +183,7 @@ var dispatchLostObsSQL = `SELECT a.run_id, a.task_id, a.try_number, a.attempt_ep
     a.queued_at AS alive_from, a.running_at AS alive_to, '` + ProofStarted + `' AS proof,
     CASE WHEN a.failure_reason = '` + sdk.LabelDispatchLost + `' AND a.infra_marked_at IS NOT NULL AND a.queued_at IS NOT NULL
         THEN GREATEST(0, ` + usSQL("a.infra_marked_at - a.queued_at") + `) END AS lost_us,
-    true AS own, a.failure_reason AS reason, a.infra_marked_at AS lost_at
+    true AS own, a.failure_reason AS reason, a.infra_marked_at AS lost_at, false AS lost_run
 FROM a`
 
 // ceilingObsSQL: how long a successful attempt lived on its credentials,
@@ -193,7 +195,7 @@ var ceilingObsSQL = `SELECT a.run_id, a.task_id, a.try_number, a.attempt_epoch,
     coalesce(a.credential_minted_at, a.queued_at) AS alive_from, a.ended_at AS alive_to, '` + ProofSuccess + `' AS proof,
     CASE WHEN a.failure_reason = '` + sdk.LabelCredentialCeiling + `' AND a.ended_at >= coalesce(a.credential_minted_at, a.queued_at)
         THEN ` + usSQL("a.ended_at - coalesce(a.credential_minted_at, a.queued_at)") + ` END AS lost_us,
-    true AS own, a.failure_reason AS reason, a.ended_at AS lost_at
+    true AS own, a.failure_reason AS reason, a.ended_at AS lost_at, false AS lost_run
 FROM a`
 
 // orphanRunSQL is the observations of orphan_run, one row per run of the
@@ -240,7 +242,8 @@ iv AS (
 ),
 g AS (
     SELECT run_id, task_id, try_number, attempt_epoch, s,
-        max(e) OVER (PARTITION BY run_id ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
+        max(e) OVER (PARTITION BY run_id ORDER BY s, e, try_number, attempt_epoch, task_id
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
         max(e) OVER (PARTITION BY run_id) AS last_end
     FROM iv
 ),
@@ -252,7 +255,7 @@ quiet AS (
     SELECT DISTINCT ON (run_id) run_id, task_id, try_number, attempt_epoch, prev_end, s, last_end, gap_us
     FROM gaps
     WHERE gap_us = run_gap_us OR run_gap_us IS NULL
-    ORDER BY run_id, s
+    ORDER BY run_id, s, try_number, attempt_epoch, task_id
 ),
 runq AS (
     SELECT r.run_id, r.state, r.ended_at, r.error_message, q.task_id, q.try_number, q.attempt_epoch,
@@ -274,7 +277,7 @@ obs AS MATERIALIZED (
                 AND last_end < 'infinity' AND ended_at >= last_end
             THEN ` + usSQL("ended_at - last_end") + ` END AS lost_us,
         true AS own, CASE WHEN state = '` + sdk.RunFailed + `' THEN '` + sdk.LabelOrphanRun + `' END AS reason,
-        ended_at AS lost_at
+        ended_at AS lost_at, true AS lost_run
     FROM runq
 )`
 
@@ -302,8 +305,10 @@ SELECT
             ORDER BY alive_us DESC, ` + order + `), '[]'::json)
         FROM (SELECT * FROM obs WHERE alive_us IS NOT NULL ORDER BY alive_us DESC, ` + order + `
               LIMIT ` + strconv.Itoa(list) + `) top),
-    (SELECT coalesce(json_agg(json_build_object('run_id', run_id, 'task_id', task_id, 'try', try_number,
-            'epoch', attempt_epoch, 'us', lost_us, 'reason', reason, 'own', own, 'at', lost_at)
+    (SELECT coalesce(json_agg(json_build_object('run_id', run_id,
+            'task_id', CASE WHEN NOT lost_run THEN task_id END, 'try', CASE WHEN NOT lost_run THEN try_number END,
+            'epoch', CASE WHEN NOT lost_run THEN attempt_epoch END,
+            'us', lost_us, 'reason', reason, 'own', own, 'at', lost_at)
             ORDER BY lost_us DESC, ` + order + `), '[]'::json)
         FROM obs WHERE lost_us IS NOT NULL)`
 }

@@ -391,6 +391,26 @@ func TestReplay(t *testing.T) {
 		}
 	})
 
+	t.Run("ADisabledCeilingIsReplayedAroundTheDefault", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "auth {\n  max_attempt_credential_lifetime = \"0\"\n}\n")
+		var doc replayJSON
+		b.ctl(t, "replay", "-json", "-rung", "credential_ceiling").ok(t).decode(t, &doc)
+		r := doc.Rungs[0]
+		if r.ConfiguredSeconds != nil || len(r.Candidates) != len(rangeFactors) || r.Candidates[3].Seconds != 3600 {
+			t.Fatalf("credential_ceiling %+v", r)
+		}
+		for _, c := range r.Candidates {
+			if c.Configured {
+				t.Fatalf("a disabled ceiling has a configured candidate: %+v", c)
+			}
+		}
+		if out := b.ctl(t, "replay", "-rung", "credential_ceiling").ok(t).stdout; !strings.Contains(out,
+			"credential_ceiling (auth.max_attempt_credential_lifetime, configured disabled)") {
+			t.Fatalf("table:\n%s", out)
+		}
+	})
+
 	t.Run("MalformedCommandLines", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, "")
