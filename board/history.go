@@ -220,24 +220,24 @@ iv AS (
     UNION ALL
     SELECT h.run_id, h.task_id, h.try_number, h.attempt_epoch, v.s, GREATEST(v.s, v.e)
     FROM attempt_history h JOIN r ON r.run_id = h.run_id
-    CROSS JOIN LATERAL (VALUES
-        (LEAST(h.queued_at, h.running_at, h.last_heartbeat_at, h.ended_at),
-         CASE WHEN h.state IN (` + sqlList(sdk.LiveStates()) + `)
+    -- Two rows: the attempt's interval (starts, then ends), and the instant of its release.
+    CROSS JOIN LATERAL unnest(
+        ARRAY[LEAST(h.queued_at, h.running_at, h.last_heartbeat_at, h.ended_at), h.released_at],
+        ARRAY[CASE WHEN h.state IN (` + sqlList(sdk.LiveStates()) + `)
                 OR (h.state = '` + sdk.StateFailed + `' AND h.last_failure_kind = '` + sdk.FailureInfra + `')
              THEN h.released_at
              ELSE GREATEST(h.queued_at, h.running_at, h.last_heartbeat_at,
-                 CASE WHEN h.infra_marked_at IS NULL THEN h.ended_at END) END),
-        (h.released_at, h.released_at)) v (s, e)
+                 CASE WHEN h.infra_marked_at IS NULL THEN h.ended_at END) END, h.released_at]) v (s, e)
     WHERE v.s IS NOT NULL
     UNION ALL
     SELECT ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, v.s, GREATEST(v.s, v.e)
     FROM task_instances ti JOIN r ON r.run_id = ti.run_id
-    CROSS JOIN LATERAL (VALUES
-        (LEAST(ti.queued_at, ti.running_at, ti.last_heartbeat_at, ti.ended_at),
-         CASE WHEN ` + liveTI("NULL") + ` THEN 'infinity'::timestamptz
+    -- Two rows: the attempt's interval (starts, then ends), and the instant of its release.
+    CROSS JOIN LATERAL unnest(
+        ARRAY[LEAST(ti.queued_at, ti.running_at, ti.last_heartbeat_at, ti.ended_at), ti.released_at],
+        ARRAY[CASE WHEN ` + liveTI("NULL") + ` THEN 'infinity'::timestamptz
              ELSE GREATEST(ti.queued_at, ti.running_at, ti.last_heartbeat_at,
-                 CASE WHEN ti.infra_marked_at IS NULL THEN ti.ended_at END) END),
-        (ti.released_at, ti.released_at)) v (s, e)
+                 CASE WHEN ti.infra_marked_at IS NULL THEN ti.ended_at END) END, ti.released_at]) v (s, e)
     WHERE v.s IS NOT NULL
 ),
 g AS (
