@@ -116,10 +116,12 @@ func commands() []command {
 				"credentials. A value above a candidate that later proved alive (it heartbeated again,\n" +
 				"reported, succeeded, started, or its run had activity) is a false reap at that candidate,\n" +
 				"and each is listed by run, task, try and epoch, the largest first, so a count can be checked\n" +
-				"by hand. For what really was lost (marked agent_lost, dispatch_lost, credential_ceiling,\n" +
-				"or a run failed orphan_run), the shift is the candidate minus the value at which it was\n" +
-				"settled: negative, recovered that much sooner. pod_lost_floor is shown as not recorded:\n" +
-				"the board keeps no windows of a missing pod.\n\n" +
+				"by hand (-list N of them; -o json lists them per candidate). For what really was lost\n" +
+				"(marked agent_lost, dispatch_lost or credential_ceiling, a run failed orphan_run; for\n" +
+				"agent_lost also an attempt marked pod_lost or warm_worker_lost while silent, which it\n" +
+				"recovers only under a candidate below that silence), the shift is the candidate minus the\n" +
+				"value at which it was settled: negative, recovered that much sooner. pod_lost_floor is\n" +
+				"shown as not recorded: the board keeps no windows of a missing pod.\n\n" +
 				"The candidates are the configured value and multiples of it (1/4, 1/2, 3/4, 3/2, 2, 3 and 4,\n" +
 				"rounded up to a round step), with the observed tail rounded up, less any that break the\n" +
 				"timing ladder (each is named with the rule); or, with -rung, the ones -candidates gives,\n" +

@@ -353,7 +353,7 @@ func (c CLI) replay(ctx context.Context, inv *invocation) error {
 	fs := inv.flags()
 	window := fs.Duration("window", ReplayWindowDefault, "the history of the last `D` (0: everything the board holds)")
 	rungFlag := fs.String("rung", "", "replay only this `RUNG`: "+strings.Join(rungNames(), ", "))
-	candFlag := fs.String("candidates", "", "replay these thresholds, `D,D,...` (with -rung), instead of the range around the configured one")
+	candFlag := fs.String("candidates", "", "with -rung: replay the thresholds `D,D,...` instead of the range around the configured one")
 	list := fs.Int("list", board.ReplayListDefault, "list at most `N` false reaps and lost attempts of each rung")
 	format := fs.String("o", "table", "output `FORMAT`: table or json (as -json)")
 	picture := fs.String("picture", "", "also draw the observed tails with the candidates on them, as an SVG, into `FILE`")
@@ -579,6 +579,8 @@ func replayNotes() []string {
 		"a shift is the candidate minus the value at which a lost one was settled: negative, recovered sooner",
 		"orphan_run counts from stamps: the time a task waited scheduled is not stamped, so a run's quiet " +
 			"can read longer than it was (more false reaps, never fewer)",
+		"agent_lost counts an attempt's first silence from its running report; on kube that window is " +
+			"pod_lost's, so there the count can only be higher than agent_lost's own",
 	}
 }
 

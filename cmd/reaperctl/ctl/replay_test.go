@@ -504,6 +504,7 @@ orphan_run (configured 5m)
 note: a false reap is a value above the candidate that later proved alive; a reaper judging by the threshold alone would have settled it (its liveness read might still have deferred it)
 note: a shift is the candidate minus the value at which a lost one was settled: negative, recovered sooner
 note: orphan_run counts from stamps: the time a task waited scheduled is not stamped, so a run's quiet can read longer than it was (more false reaps, never fewer)
+note: agent_lost counts an attempt's first silence from its running report; on kube that window is pod_lost's, so there the count can only be higher than agent_lost's own
 `)
 		r = b.ctl(t, "replay", "-rung", "pod_lost_floor").ok(t)
 		if !strings.Contains(r.stdout, "pod_lost_floor (configured 1m)\n  not recorded: the board keeps no windows") ||
