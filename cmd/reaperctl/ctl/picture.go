@@ -112,8 +112,9 @@ func panel(r *rungResult, top float64) *node {
 		return g
 	}
 	y0, y1 := top+plotTopPad, top+panelHeight-plotBottomPad // plot top and bottom
-	g.add(text(plotLeft, top+36, fmt.Sprintf("%s that later proved alive: %d; %s settled lost: %d",
-		r.def.values, r.rep.Count, r.def.unit, len(r.rep.Lost)), "fill", "#444", "class", "counts"))
+	g.add(text(plotLeft, top+36, fmt.Sprintf("%s that later proved alive: %d (the curve); %s settled lost: %d "+
+		"(the orange marks, at the value they were settled at)", r.def.values, r.rep.Count, r.def.unit, len(r.rep.Lost)),
+		"fill", "#444", "class", "counts"))
 
 	// The x axis spans every value drawn: observed, candidates, lost.
 	xMax := time.Duration(0)
