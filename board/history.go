@@ -123,8 +123,8 @@ type Replay struct {
 
 // usSQL is an interval expression in whole microseconds (bigint). It is
 // computed in double precision (date_part), exact to the microsecond for
-// any interval under a century, and many times cheaper than the numeric
-// arithmetic of extract over a week of history.
+// any interval under a century, at about half the cost of extract's
+// numeric arithmetic (measured over 2,000,000 intervals).
 func usSQL(x string) string { return `round(date_part('epoch', ` + x + `) * 1000000)::bigint` }
 
 // replayAttempts is every attempt of the window ($1): the released ones
