@@ -2,6 +2,7 @@ package board_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -70,6 +71,60 @@ func TestReplayOnAnEmptyBoardObservesNothing(t *testing.T) {
 		}
 		if _, err := read(ctx, board.ReplayQuery{Quantiles: []float64{1.5}}); err == nil {
 			t.Fatalf("%s: a quantile of 1.5 accepted", name)
+		}
+	}
+}
+
+// Each rung's read is one scan of the attempts, however many candidates it
+// counts: attempt_history and task_instances (and, for orphan_run, runs)
+// each appear once in its plan.
+func TestReplayReadsScanTheHistoryOncePerRung(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	since := base.Add(-7 * 24 * time.Hour)
+	for rung, sql := range board.ReplaySQL(9) {
+		args := []any{since, []float64{0, 0.5, 1}}
+		for i := 1; i <= 9; i++ {
+			args = append(args, int64(i)*int64(time.Minute/time.Microsecond))
+		}
+		var plan string
+		if err := b.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+			t.Fatalf("%s: %v", rung, err)
+		}
+		var doc any
+		if err := json.Unmarshal([]byte(plan), &doc); err != nil {
+			t.Fatal(err)
+		}
+		scans := map[string]int{}
+		var walk func(any)
+		walk = func(v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				if rel, ok := v["Relation Name"].(string); ok {
+					scans[rel]++
+				}
+				for _, c := range v {
+					walk(c)
+				}
+			case []any:
+				for _, c := range v {
+					walk(c)
+				}
+			}
+		}
+		walk(doc)
+		want := map[string]int{"attempt_history": 1, "task_instances": 1}
+		if rung == "orphan_run" {
+			want["runs"] = 1
+		}
+		if len(scans) != len(want) {
+			t.Fatalf("%s scans %v, want %v", rung, scans, want)
+		}
+		for rel, n := range want {
+			if scans[rel] != n {
+				t.Fatalf("%s scans %v, want %v", rung, scans, want)
+			}
 		}
 	}
 }
