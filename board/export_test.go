@@ -41,3 +41,16 @@ func OrphanRunsSQL(q sdk.RunQuery) (string, []any) {
 
 // UnscoredQuery is the statement UnscoredDecisions runs, for EXPLAIN.
 var UnscoredQuery = unscoredQuery
+
+// ReplaySQL is each rung's history read with n thresholds, by the rung's
+// name, for EXPLAIN: its parameters are the window's start, the quantiles'
+// fractions and the n thresholds in microseconds.
+func ReplaySQL(n int) map[string]string {
+	tail := replayTail(n, ReplayListDefault)
+	return map[string]string{
+		"agent_lost":         attemptsObs(agentLostObsSQL) + tail,
+		"dispatch_lost":      attemptsObs(dispatchLostObsSQL) + tail,
+		"credential_ceiling": attemptsObs(ceilingObsSQL) + tail,
+		"orphan_run":         orphanRunSQL + tail,
+	}
+}

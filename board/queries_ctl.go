@@ -193,14 +193,18 @@ type TimingQuery struct {
 	Limit int
 }
 
-func (q TimingQuery) limit() int {
+func (q TimingQuery) limit() int { return clampLimit(q.Limit, TimingLimitDefault, TimingLimitMax) }
+
+// clampLimit is a read's limit asked for as n: def when n is not positive,
+// at most most.
+func clampLimit(n, def, most int) int {
 	switch {
-	case q.Limit <= 0:
-		return TimingLimitDefault
-	case q.Limit > TimingLimitMax:
-		return TimingLimitMax
+	case n <= 0:
+		return def
+	case n > most:
+		return most
 	}
-	return q.Limit
+	return n
 }
 
 // AttemptTiming is when one successful attempt was queued, started and
@@ -314,12 +318,4 @@ LIMIT ` + strconv.Itoa(q.limit())
 }
 
 // pageLimit is the page size of the operator's listings.
-func pageLimit(n int) int {
-	switch {
-	case n <= 0:
-		return ladder.PageSize
-	case n > ListLimitMax:
-		return ListLimitMax
-	}
-	return n
-}
+func pageLimit(n int) int { return clampLimit(n, ladder.PageSize, ListLimitMax) }

@@ -3,9 +3,10 @@
 // REAPER_DSN overrides, and the timing ladder) and answers an operator's
 // questions from the board: what runs and attempts are doing (status), why
 // an attempt was or was not reaped (explain), whether the thresholds fit the
-// durations actually observed (tune), how the shadow decisions of dry-run
-// and held reapers scored against what really happened (shadow), and what is
-// held for review (held, release). It writes an operator's verdict on an attempt (mark) and
+// durations actually observed (tune), what each threshold would have done
+// to the attempts of the last week (replay), how the shadow decisions of
+// dry-run and held reapers scored against what really happened (shadow),
+// and what is held for review (held, release). It writes an operator's verdict on an attempt (mark) and
 // submits Lite work (submit).
 //
 // Every command prints a table for people, or one JSON document with -json.
@@ -95,13 +96,39 @@ func commands() []command {
 				"dry-run, and why), then its try log."},
 		{name: "tune", run: CLI.tune,
 			synopsis: []string{"[-window D] [-limit N] [-min-samples N]"},
-			summary:  "observed durations, the thresholds they suggest, thresholds below the observed tail",
+			summary:  "observed durations and the thresholds they suggest; each rung's smallest threshold with no false reap",
 			help: "Measures what the board has seen: how long successful attempts ran, how long they\n" +
 				"waited queued, and how long successful runs sat with nothing live before they ended.\n" +
 				"For each it prints the count, median, p99, p99.9 and max, and the threshold the\n" +
 				"orphan-reaper pattern suggests: about 10 x the median and never under the observed\n" +
 				"tail, max(10 x median, p99.9) rounded up. Then it compares the configured thresholds\n" +
-				"that bound those times and flags each one below the observed tail (p99.9)."},
+				"that bound those times and flags each one below the observed tail (p99.9).\n\n" +
+				"Last, the summary of reaperctl replay over the same window: for each rung, the false reaps\n" +
+				"at the configured value, the largest value observed (and whose), and the smallest candidate\n" +
+				"with no false reap with its margin over that value; none when every such candidate breaks\n" +
+				"the timing ladder (said so), or nothing was observed."},
+		{name: "replay", run: CLI.replay,
+			synopsis: []string{"[-window D] [-rung RUNG [-candidates D,D,...]] [-list N] [-o table|json] [-picture FILE.svg]"},
+			summary:  "each threshold replayed against the board's history: false reaps, lost recovered sooner or later",
+			help: "Replays the thresholds the reapers judge by against what the board saw in the window: for\n" +
+				"agent_lost the attempts' heartbeat silences, for dispatch_lost their waits from queued to\n" +
+				"running, for orphan_run the runs' longest quiet periods, for the credential ceiling\n" +
+				"(auth.max_attempt_credential_lifetime) how long successful attempts lived on their\n" +
+				"credentials. A value above a candidate that later proved alive (it heartbeated again,\n" +
+				"reported, succeeded, started, or its run had activity) is a false reap at that candidate,\n" +
+				"and each is listed by run, task, try and epoch, the largest first, so a count can be checked\n" +
+				"by hand (-list N of them; -o json lists them per candidate). For what really was lost\n" +
+				"(marked agent_lost, dispatch_lost or credential_ceiling, a run failed orphan_run; for\n" +
+				"agent_lost also an attempt marked pod_lost or warm_worker_lost while silent, which it\n" +
+				"recovers only under a candidate below that silence), the shift is the candidate minus the\n" +
+				"value at which it was settled: negative, recovered that much sooner. pod_lost_floor is\n" +
+				"shown as not recorded: the board keeps no windows of a missing pod.\n\n" +
+				"The candidates are the configured value and multiples of it (1/4, 1/2, 3/4, 3/2, 2, 3 and 4,\n" +
+				"rounded up to a round step), with the observed tail rounded up, less any that break the\n" +
+				"timing ladder (each is named with the rule); or, with -rung, the ones -candidates gives,\n" +
+				"and one that breaks the ladder is refused, naming the rung and the rule. Only the staleness\n" +
+				"gate is replayed: a reaper's liveness read might still have deferred a false reap.\n" +
+				"-picture writes an SVG of each rung's tail with the candidates drawn on it."},
 		{name: "shadow", run: CLI.shadow,
 			synopsis: []string{"[-window D] [-reaper NAME] [-v] [-o table|json]"},
 			summary:  "shadow decisions scored by what became of their attempts: precision and recall per reaper",

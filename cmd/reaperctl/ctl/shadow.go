@@ -238,10 +238,10 @@ func shadowTable(w io.Writer, doc shadowJSON, verbose bool) error {
 			for _, col := range shadowColumns {
 				cells = append(cells, fmt.Sprintf("%d (%d)", l.Decisions[col], l.Attempts[col]))
 			}
-			t.row(append(cells, percent(l.Precision), "-")...)
+			t.row(append(cells, ratioPercent(l.Precision), "-")...)
 		}
-		t.row(r.Reaper, "(all)", "", "", "", "", percent(r.Precision),
-			fmt.Sprintf("%s (%d of %d)", percent(r.Recall), r.RightAttempts, r.RightAttempts+r.MissedAttempts))
+		t.row(r.Reaper, "(all)", "", "", "", "", ratioPercent(r.Precision),
+			fmt.Sprintf("%s (%d of %d)", ratioPercent(r.Recall), r.RightAttempts, r.RightAttempts+r.MissedAttempts))
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -283,7 +283,8 @@ func behindLine(a shadowAttemptJSON) string {
 		a.LastID, stamp(a.LastAt))
 }
 
-func percent(r *float64) string {
+// ratioPercent renders a ratio that may be undefined (nil: "-").
+func ratioPercent(r *float64) string {
 	if r == nil {
 		return "-"
 	}

@@ -61,6 +61,27 @@ type tuneJSON struct {
 	Thresholds    []thresholdJSON `json:"thresholds"`
 	BelowTail     []string        `json:"below_tail"`
 	Notes         []string        `json:"notes"`
+	// Replay is the replay's summary: each rung's smallest candidate with
+	// no false reap in the window (reaperctl replay has the detail).
+	Replay []tuneReplayJSON `json:"replay"`
+}
+
+type tuneReplayJSON struct {
+	Rung   string `json:"rung"`
+	Key    string `json:"key"`
+	Status string `json:"status"`
+	// ConfiguredSeconds is null when the configured value disables the rung.
+	ConfiguredSeconds *float64 `json:"configured_seconds"`
+	// The rest is null when the rung is not recorded; the largest and the
+	// suggestion are null when nothing was observed, the suggestion also
+	// when no candidate within the ladder has no false reap.
+	FalseReapsAtConfigured *int             `json:"false_reaps_at_configured"`
+	Observed               *int             `json:"observed"`
+	Largest                *observationJSON `json:"largest"`
+	SmallestZeroSeconds    *float64         `json:"smallest_zero_seconds"`
+	SmallestZeroSource     string           `json:"smallest_zero_source,omitempty"`
+	MarginSeconds          *float64         `json:"margin_seconds"`
+	Detail                 string           `json:"detail"`
 }
 
 type measureJSON struct {
@@ -156,11 +177,136 @@ func (c CLI) tune(ctx context.Context, inv *invocation) error {
 		ch.verdict, ch.words = judge(ch, *minSamples)
 	}
 	notes := tuneNotes(s.cfg.Edition, s.cfg.Ladder, checks)
+	opts := replayOptions{rungs: rungDefs(), list: 1}
+	if *window > 0 {
+		opts.since = c.now().Add(-*window)
+	}
+	replayed, err := replayRungs(ctx, s, opts)
+	if err != nil {
+		return err
+	}
 
 	if inv.json {
-		return writeJSON(inv.stdout, tuneDoc(*window, *limit, *minSamples, ms, checks, notes))
+		doc := tuneDoc(*window, *limit, *minSamples, ms, checks, notes)
+		doc.Replay = tuneReplayDoc(replayed)
+		return writeJSON(inv.stdout, doc)
 	}
-	return tuneTables(inv, *window, *limit, *minSamples, ms, checks, notes)
+	if err := tuneTables(inv, *window, *limit, *minSamples, ms, checks, notes); err != nil {
+		return err
+	}
+	return tuneReplayTable(inv, *window, replayed)
+}
+
+// replaySummary is a rung's line of tune's replay summary: the smallest
+// candidate with no false reap, its margin over the largest value
+// observed, and what the numbers are when there are none.
+type replaySummary struct {
+	zero   *candidate
+	top    board.Observation
+	hasTop bool
+	atConf *candidate
+	detail string
+	margin time.Duration
+}
+
+func summarizeReplay(r *rungResult) replaySummary {
+	var sum replaySummary
+	for _, c := range r.cands {
+		if c.configured {
+			sum.atConf = c
+		}
+	}
+	sum.top, sum.hasTop = r.largest()
+	zero, ok := r.smallestZero()
+	switch {
+	case r.status == statusNotRecorded:
+		sum.detail = r.def.notRecorded
+	case !sum.hasTop:
+		sum.detail = "nothing observed in the window: no " + r.def.unit + " to judge a threshold by"
+	case !ok:
+		sum.detail = "no candidate within the timing ladder has no false reap"
+		for _, d := range r.dropped {
+			if d.source == sourceTail {
+				sum.detail = fmt.Sprintf("the observed tail needs %s, which breaks the ladder (%s)", human(d.value), d.why)
+			}
+		}
+	default:
+		sum.zero, sum.margin = zero, zero.value-sum.top.Value
+		sum.detail = fmt.Sprintf("%s has no false reap in the window, %s over the largest %s",
+			human(zero.value), human(sum.margin), strings.TrimSuffix(r.def.values, "s"))
+		if zero.configured {
+			sum.detail += "; it is the configured value"
+		}
+	}
+	return sum
+}
+
+func tuneReplayDoc(results []*rungResult) []tuneReplayJSON {
+	out := []tuneReplayJSON{}
+	for _, r := range results {
+		sum := summarizeReplay(r)
+		j := tuneReplayJSON{Rung: r.def.name, Key: r.def.key, Status: r.status, Detail: sum.detail}
+		if !r.disabled {
+			j.ConfiguredSeconds = seconds(r.configured)
+		}
+		if r.status == statusReplayed {
+			n := r.rep.Count
+			j.Observed = &n
+			if sum.atConf != nil {
+				fr := sum.atConf.falseReaps
+				j.FalseReapsAtConfigured = &fr
+			}
+		}
+		if sum.hasTop {
+			o := observationOf(sum.top)
+			j.Largest = &o
+		}
+		if sum.zero != nil {
+			j.SmallestZeroSeconds, j.SmallestZeroSource = seconds(sum.zero.value), sum.zero.source
+			j.MarginSeconds = seconds(sum.margin)
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func tuneReplayTable(inv *invocation, window time.Duration, results []*rungResult) error {
+	w := inv.stdout
+	over := "everything the board holds"
+	if window > 0 {
+		over = "the last " + human(window)
+	}
+	fmt.Fprintf(w, "\nreplayed over %s (reaperctl replay -rung RUNG names the attempts behind each number)\n\n", over)
+	t := newTable(w, "RUNG", "CONFIGURED", "FALSE REAPS AT IT", "LARGEST OBSERVED", "NO FALSE REAP FROM", "MARGIN")
+	for _, r := range results {
+		sum := summarizeReplay(r)
+		falseReaps, largest, zero, margin := "-", "-", "-", "-"
+		if sum.atConf != nil {
+			falseReaps = strconv.Itoa(sum.atConf.falseReaps)
+		}
+		if sum.hasTop {
+			largest = fmt.Sprintf("%s (%s)", human(sum.top.Value), obsName(sum.top.Attempt))
+		}
+		if sum.zero != nil {
+			zero, margin = human(sum.zero.value), human(sum.margin)
+			if sum.zero.source == sourceTail {
+				zero += " (the tail, rounded up)"
+			}
+		}
+		if r.status == statusNotRecorded {
+			largest = "not recorded"
+		}
+		t.row(r.def.name, configuredWords(r), falseReaps, largest, zero, margin)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	for _, r := range results {
+		if sum := summarizeReplay(r); sum.zero == nil {
+			fmt.Fprintf(w, "note: %s: %s\n", r.def.name, sum.detail)
+		}
+	}
+	return nil
 }
 
 // thresholdChecks pairs each configured threshold with the observation that
@@ -174,7 +320,7 @@ func thresholdChecks(l ladder.Ladder, duration, wait, settle *measure) []*check 
 		{key: "orphan_run", value: l.OrphanRun, against: settle,
 			why: "a running run with nothing live for this long is failed"},
 		{key: "agent_lost", value: l.AgentLost,
-			why: "heartbeat gaps are not recorded on the board"},
+			why: "it bounds heartbeat silences, not durations (replayed below)"},
 	}
 }
 

@@ -172,12 +172,23 @@ THRESHOLD                             CONFIGURED  AGAINST           X MEDIAN  SU
 auth.max_attempt_credential_lifetime  1h          attempt duration  1.2x      8h20m      BELOW THE OBSERVED TAIL (p99.9 1h40m, max 1h40m)
 dispatch_lost                         3m          queue wait        3.6x      8m20s      short: above the tail but under 10 x the median (8m20s)
 orphan_run                            5m          run settle lag    50x       -          too few samples to judge (3 < 20)
-agent_lost                            1m30s       -                 -         -          not derivable: heartbeat gaps are not recorded on the board
+agent_lost                            1m30s       -                 -         -          not derivable: it bounds heartbeat silences, not durations (replayed below)
 
 1 threshold below the observed tail: auth.max_attempt_credential_lifetime
 note: suggested = max(10 x median, p99.9), rounded up; percentiles by nearest rank
 note: orphan_run is compared with runs, not attempts: a running attempt keeps its run alive, so what it bounds is a run's quiet time between its last task settling and the run being finished
 note: auth.max_attempt_credential_lifetime is below the observed tail: an attempt still running at the ceiling is ended as credential_ceiling, so observed attempt durations would have been cut short
+
+replayed over the last 7d (reaperctl replay -rung RUNG names the attempts behind each number)
+
+RUNG                CONFIGURED  FALSE REAPS AT IT  LARGEST OBSERVED                 NO FALSE REAP FROM            MARGIN
+agent_lost          1m30s       99                 1h40m (done100/t try 1 epoch 0)  -                             -
+dispatch_lost       3m          0                  1m40s (done100/t try 1 epoch 0)  1m40s (the tail, rounded up)  0s
+pod_lost_floor      1m          -                  not recorded                     -                             -
+orphan_run          5m          4                  1h20m (load/t097 try 1 epoch 0)  1h20m (the tail, rounded up)  14s
+credential_ceiling  1h          41                 1h42m (done100/t try 1 epoch 0)  1h50m (the tail, rounded up)  8m20s
+note: agent_lost: the observed tail needs 1h40m, which breaks the ladder (agent_lost 1h40m breaks the timing ladder: settling_grace (180s) must be greater than agent_lost (100m))
+note: pod_lost_floor: not recorded: the board keeps no windows in which an attempt's pod was missing while the attempt lived on, so this rung cannot be replayed
 `)
 	})
 
@@ -257,6 +268,66 @@ note: auth.max_attempt_credential_lifetime is below the observed tail: an attemp
 		if !strings.Contains(r.stdout, "note: taken as they are, the suggestions break the timing ladder") ||
 			!strings.Contains(r.stdout, "attempt_token_ttl") {
 			t.Fatalf("no ladder note:\n%s", r.stdout)
+		}
+	})
+	t.Run("TheReplaySummaryIsTheSmallestCandidateWithNoFalseReap", func(t *testing.T) {
+		t.Parallel()
+		b := replayBoard(t)
+		var doc tuneJSON
+		b.ctl(t, "tune", "-json").ok(t).decode(t, &doc)
+		want := map[string]struct {
+			zero, largest time.Duration
+			atConfigured  int
+			who           string
+		}{
+			rungAgentLost:    {5 * mins, 5 * mins, 3, "b"},
+			rungDispatchLost: {7 * mins, 7 * mins, 2, "e"},
+			rungOrphanRun:    {12 * mins, 12 * mins, 1, ""},
+			rungCeiling:      {140 * mins, 140 * mins, 1, "x"},
+		}
+		if len(doc.Replay) != 5 {
+			t.Fatalf("replay summary %+v", doc.Replay)
+		}
+		for _, r := range doc.Replay {
+			if r.Rung == rungPodLostFloor {
+				if r.Status != statusNotRecorded || r.Observed != nil || r.FalseReapsAtConfigured != nil ||
+					r.SmallestZeroSeconds != nil || r.MarginSeconds != nil || !strings.Contains(r.Detail, "not recorded") {
+					t.Fatalf("pod_lost_floor %+v", r)
+				}
+				continue
+			}
+			w := want[r.Rung]
+			if *r.SmallestZeroSeconds != w.zero.Seconds() || r.SmallestZeroSource != sourceTail || *r.MarginSeconds != 0 ||
+				r.Largest.ValueSeconds != w.largest.Seconds() || r.Largest.TaskID != w.who ||
+				*r.FalseReapsAtConfigured != w.atConfigured {
+				t.Errorf("%s: %+v (largest %+v)", r.Rung, r, r.Largest)
+			}
+		}
+	})
+
+	t.Run("NoSuggestionWhereTheTailBreaksTheLadderOrNothingWasSeen", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		b.seedHistory(t, []histRun{{id: "r", state: sdk.RunRunning, started: hrs}}, []histAttempt{
+			{run: "r", task: "a", try: 1, state: sdk.StateRunning, queued: 50 * mins, running: 49 * mins, beat: mins,
+				gap: 4 * mins, at: mins},
+		})
+		var doc tuneJSON
+		b.ctl(t, "tune", "-json").ok(t).decode(t, &doc)
+		for _, r := range doc.Replay {
+			switch r.Rung {
+			case rungAgentLost:
+				// A 4m silence: only 4m or more has no false reap, and
+				// agent_lost must stay under settling_grace (3m).
+				if r.SmallestZeroSeconds != nil || !strings.Contains(r.Detail, "the observed tail needs 4m, which breaks the ladder") {
+					t.Fatalf("agent_lost %+v", r)
+				}
+			case rungCeiling:
+				if *r.Observed != 0 || r.SmallestZeroSeconds != nil || r.Largest != nil ||
+					!strings.Contains(r.Detail, "nothing observed in the window") {
+					t.Fatalf("credential_ceiling %+v", r)
+				}
+			}
 		}
 	})
 }
