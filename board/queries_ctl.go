@@ -216,6 +216,9 @@ type AttemptTiming struct {
 	QueuedAt  time.Time
 	RunningAt time.Time
 	EndedAt   time.Time
+	// PodCreatedAt is when the API server created the attempt's pod (kube;
+	// zero when none was recorded).
+	PodCreatedAt time.Time
 }
 
 // Duration is how long the attempt ran: from running to its end.
@@ -230,6 +233,16 @@ func (a AttemptTiming) QueueWait() (time.Duration, bool) {
 	return a.RunningAt.Sub(a.QueuedAt), true
 }
 
+// PodStart is how long the attempt's pod took from its creation to the
+// attempt running; ok is false when no creation was recorded (not kube) or
+// the stamps are out of order.
+func (a AttemptTiming) PodStart() (time.Duration, bool) {
+	if a.PodCreatedAt.IsZero() || a.PodCreatedAt.After(a.RunningAt) {
+		return 0, false
+	}
+	return a.RunningAt.Sub(a.PodCreatedAt), true
+}
+
 // SuccessTimings reads the timings of successful attempts, the most recently
 // ended first. A task instance holds only its current attempt, and for a
 // success that is the attempt that succeeded, so every row is one finished
@@ -241,7 +254,7 @@ func (s *Store) SuccessTimings(ctx context.Context, q TimingQuery) ([]AttemptTim
 		args = append(args, q.EndedAfter)
 		where = " AND ended_at >= $1"
 	}
-	sql := `SELECT run_id, task_id, executor, queued_at, running_at, ended_at FROM task_instances
+	sql := `SELECT run_id, task_id, executor, queued_at, running_at, ended_at, pod_created_at FROM task_instances
 WHERE state = 'success' AND running_at IS NOT NULL AND ended_at IS NOT NULL AND ended_at >= running_at
   AND (queued_at IS NULL OR queued_at <= running_at)` + where + `
 ORDER BY ended_at DESC, run_id, task_id
@@ -254,11 +267,11 @@ LIMIT ` + strconv.Itoa(q.limit())
 	}
 	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AttemptTiming, error) {
 		var (
-			a      AttemptTiming
-			queued *time.Time
+			a           AttemptTiming
+			queued, pod *time.Time
 		)
-		err := row.Scan(&a.RunID, &a.TaskID, &a.Executor, &queued, &a.RunningAt, &a.EndedAt)
-		a.QueuedAt = timeOrZero(queued)
+		err := row.Scan(&a.RunID, &a.TaskID, &a.Executor, &queued, &a.RunningAt, &a.EndedAt, &pod)
+		a.QueuedAt, a.PodCreatedAt = timeOrZero(queued), timeOrZero(pod)
 		return a, err
 	})
 	if err != nil {

@@ -29,6 +29,7 @@ const (
 	measureDuration      = "attempt_duration"
 	measureQueueWait     = "queue_wait"
 	measureRunSettle     = "run_settle_lag"
+	measurePodStart      = "pod_start"
 	keyCredentialCeiling = "auth.max_attempt_credential_lifetime"
 )
 
@@ -148,11 +149,14 @@ func (c CLI) tune(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	var durations, waits, lags []time.Duration
+	var durations, waits, lags, podStarts []time.Duration
 	for _, a := range attempts {
 		durations = append(durations, a.Duration())
 		if w, ok := a.QueueWait(); ok {
 			waits = append(waits, w)
+		}
+		if p, ok := a.PodStart(); ok {
+			podStarts = append(podStarts, p)
 		}
 	}
 	for _, r := range runs {
@@ -164,7 +168,15 @@ func (c CLI) tune(ctx context.Context, inv *invocation) error {
 		{name: measureQueueWait, label: "queue wait", from: "queued -> running, the same attempts"},
 		{name: measureRunSettle, label: "run settle lag", from: "last task activity -> end, successful runs"},
 	}
-	for i, samples := range [][]time.Duration{durations, waits, lags} {
+	samples := [][]time.Duration{durations, waits, lags}
+	if len(podStarts) > 0 {
+		// The kube pods' own start, the part of the queue wait that is the
+		// pod's (no threshold bounds it alone: dispatch_lost bounds the
+		// whole wait); shown only where pods were recorded.
+		ms = append(ms, &measure{name: measurePodStart, label: "pod start", from: "pod created -> running, kube (part of the queue wait)"})
+		samples = append(samples, podStarts)
+	}
+	for i, samples := range samples {
 		m := ms[i]
 		m.sum = summarize(samples)
 		m.enough = m.sum.Count >= *minSamples

@@ -192,6 +192,33 @@ note: pod_lost_floor: not recorded: the board keeps no windows in which an attem
 `)
 	})
 
+	// The pods' own start (created -> running) is shown where the kube
+	// runner recorded pods, and only there: a Lite board has no such row.
+	t.Run("PodStartWhereKubePodsWereRecorded", func(t *testing.T) {
+		t.Parallel()
+		b := tuneBoard(t, "")
+		// Attempts t001..t010 had pods created i seconds before running.
+		if _, err := b.pool.Exec(context.Background(), `UPDATE task_instances
+            SET pod_created_at = running_at - make_interval(secs => substr(task_id, 2)::int)
+            WHERE run_id = 'load' AND substr(task_id, 2)::int <= 10`); err != nil {
+			t.Fatal(err)
+		}
+		var doc tuneJSON
+		b.ctl(t, "tune", "-json", "-min-samples", "3").ok(t).decode(t, &doc)
+		if len(doc.Measures) != 4 {
+			t.Fatalf("measures %+v, want the pod start fourth", doc.Measures)
+		}
+		pod := doc.Measures[3]
+		if pod.Name != measurePodStart || pod.Count != 10 || *pod.MedianSeconds != 5 || *pod.MaxSeconds != 10 {
+			t.Fatalf("pod start %+v", pod)
+		}
+		var lite tuneJSON
+		tuneBoard(t, "").ctl(t, "tune", "-json").ok(t).decode(t, &lite)
+		if len(lite.Measures) != 3 {
+			t.Fatalf("a board with no pods shows %d measures", len(lite.Measures))
+		}
+	})
+
 	t.Run("JSONDocument", func(t *testing.T) {
 		t.Parallel()
 		b := tuneBoard(t, "")
