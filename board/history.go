@@ -437,3 +437,31 @@ func (s *Store) replay(ctx context.Context, rung, with string, q ReplayQuery) (R
 	}
 	return rep, nil
 }
+
+// HistoryRetentionDefault is how long the attempt history is kept (the
+// host's maintenance.history_retention): four times reaperctl replay's
+// default window, and far past the shadow scorer's horizon.
+const HistoryRetentionDefault = 30 * 24 * time.Hour
+
+// HistoryPruneBatchDefault is the most attempt_history rows one
+// PruneHistory call deletes: a backlog (a lowered retention, a first run
+// over an old board) is worked through over several cycles, each a short
+// statement.
+const HistoryPruneBatchDefault = 10000
+
+// PruneHistory deletes at most limit attempt_history rows released before
+// before (limit <= 0: HistoryPruneBatchDefault), oldest first by the
+// released_at index, and says how many it deleted.
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
+	if limit <= 0 {
+		limit = HistoryPruneBatchDefault
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, `DELETE FROM attempt_history WHERE ctid IN (
+        SELECT ctid FROM attempt_history WHERE released_at < $1 ORDER BY released_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("board: prune attempt history: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

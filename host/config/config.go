@@ -26,6 +26,8 @@ import (
 	"github.com/hashicorp/hcl/v2/hclparse"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -87,6 +89,10 @@ type Config struct {
 	// decision waits for its truth before the leader scores it unresolved
 	// (0: audit.ShadowHorizonDefault, 24h).
 	ShadowHorizon time.Duration
+	// HistoryRetention is maintenance.history_retention: how long the
+	// attempt history (replay's and the shadow scorer's) is kept (0:
+	// board.HistoryRetentionDefault, 30 days).
+	HistoryRetention time.Duration
 
 	// Warnings are accepted settings worth a WARN at boot.
 	Warnings []string
@@ -338,12 +344,14 @@ func (cfg *Config) decodeLadder(b *hcl.Block) hcl.Diagnostics {
 // maintenanceBlock is the maintenance block: the cycle's period, a rung of
 // the ladder, and how long a shadow decision waits for its truth.
 type maintenanceBlock struct {
-	Interval      time.Duration `reaper:"interval"`
-	ShadowHorizon time.Duration `reaper:"shadow_horizon"`
+	Interval         time.Duration `reaper:"interval"`
+	ShadowHorizon    time.Duration `reaper:"shadow_horizon"`
+	HistoryRetention time.Duration `reaper:"history_retention"`
 }
 
 func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
-	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval, ShadowHorizon: cfg.ShadowHorizon}
+	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval, ShadowHorizon: cfg.ShadowHorizon,
+		HistoryRetention: cfg.HistoryRetention}
 	ranges, diags := decodeInto(b.Body, &mb)
 	if r, ok := ranges["interval"]; ok {
 		cfg.ranges["maintenance.interval"] = r
@@ -356,6 +364,25 @@ func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
 				"waits that long for its truth before it is scored unresolved.", ladder.Format(mb.ShadowHorizon))})
 	}
 	cfg.ShadowHorizon = mb.ShadowHorizon
+	horizon, retention := mb.ShadowHorizon, mb.HistoryRetention
+	if horizon <= 0 {
+		horizon = audit.ShadowHorizonDefault
+	}
+	if retention == 0 {
+		retention = board.HistoryRetentionDefault
+	}
+	if retention <= horizon {
+		r, ok := ranges["history_retention"]
+		if !ok {
+			r = ranges["shadow_horizon"]
+		}
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: r.Ptr(),
+			Summary: "Invalid maintenance.history_retention",
+			Detail: fmt.Sprintf("maintenance.history_retention (%s) must be longer than maintenance.shadow_horizon (%s): "+
+				"the shadow scorer reads an attempt's history until its decision is scored.",
+				ladder.Format(retention), ladder.Format(horizon))})
+	}
+	cfg.HistoryRetention = mb.HistoryRetention
 	return diags
 }
 

@@ -92,6 +92,12 @@ type Config struct {
 	// ShadowHorizon is how long a shadow decision waits for its truth
 	// before it is scored unresolved. Default audit.ShadowHorizonDefault.
 	ShadowHorizon time.Duration
+	// History prunes the attempt history past HistoryRetention (history.go;
+	// board.Store); nil: it is kept.
+	History HistoryPruner
+	// HistoryRetention is how long the attempt history is kept. Default
+	// board.HistoryRetentionDefault.
+	HistoryRetention time.Duration
 }
 
 // withDefaults fills in every default: the one place the loop's defaults
@@ -108,6 +114,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TeardownBackoff.Base <= 0 {
 		c.TeardownBackoff.Base = c.Ladder.MaintenanceInterval
+	}
+	if c.HistoryRetention <= 0 {
+		c.HistoryRetention = board.HistoryRetentionDefault
 	}
 	if c.TeardownBackoff.Cap <= 0 {
 		c.TeardownBackoff.Cap = max(OwedBackoffCapDefault, c.TeardownBackoff.Base)
@@ -245,7 +254,9 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	// The owed teardowns come last, whether the gate opened or not: each
 	// follows a mark already written, it is no judgment. After them (the
 	// deferred calls run in reverse), the shadow decisions are scored: a
-	// judgment of the audit against the board, which writes nothing else.
+	// judgment of the audit against the board, which writes nothing else;
+	// and, last, the history past its retention is pruned.
+	defer l.pruneHistory(ctx, st.Term)
 	defer l.scoreShadows(ctx, st.Term, &res)
 	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
 

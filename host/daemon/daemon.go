@@ -153,7 +153,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
-		ShadowHorizon: cfg.ShadowHorizon,
+		ShadowHorizon: cfg.ShadowHorizon, History: d.store, HistoryRetention: cfg.HistoryRetention,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = d.newAttemptAPI(ctx); err != nil {
