@@ -425,6 +425,73 @@ func TestAttemptAPI(t *testing.T) {
 		}
 	})
 
+	// A task that kept its earlier attempt's token (the attempt was
+	// re-placed) cannot move the silence replay judges the new attempt by,
+	// nor rewrite its own recorded history: its heartbeats are answered
+	// should_terminate or refused, metered, and change no gap; the gap is
+	// measured on the server's clock, never on anything a caller sends.
+	t.Run("AnOldTokenCannotMoveTheNewAttemptsSilenceOrItsOwnHistory", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		old := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		oc := b.dispatch(t, old)
+		if _, err := oc.Running(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		b.clk.Advance(time.Minute)
+		if resp, err := oc.Heartbeat(ctx, old); err != nil || resp.ShouldTerminate {
+			t.Fatalf("heartbeat: %+v %v", resp, err)
+		}
+		if ok, err := b.w.Fail(ctx, old, []string{sdk.StateRunning}, lifecycle.Failure{Kind: sdk.MarkInfra, Reason: "agent_lost"},
+			b.clk.Now()); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if rel, err := b.w.Replace(ctx, old, b.clk.Now()); err != nil || !rel.Applied {
+			t.Fatalf("re-place: %+v %v", rel, err)
+		}
+		cur := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1, Epoch: 1}
+		nc := b.dispatch(t, cur)
+		if _, err := nc.Running(ctx, cur); err != nil {
+			t.Fatal(err)
+		}
+		b.clk.Advance(2 * time.Second)
+		if resp, err := nc.Heartbeat(ctx, cur); err != nil || resp.ShouldTerminate {
+			t.Fatalf("heartbeat of the current attempt: %+v %v", resp, err)
+		}
+		gaps := func() (current, history string) {
+			t.Helper()
+			if err := b.pool.QueryRow(ctx, `SELECT max_heartbeat_gap::text FROM task_instances WHERE run_id = 'r1'`).Scan(&current); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.pool.QueryRow(ctx, `SELECT coalesce(string_agg(attempt_epoch || ':' || max_heartbeat_gap::text, ','), '')
+                FROM attempt_history`).Scan(&history); err != nil {
+				t.Fatal(err)
+			}
+			return current, history
+		}
+		curBefore, histBefore := gaps()
+		if curBefore != "00:00:02" || histBefore != "0:00:01:00" {
+			t.Fatalf("gaps before the attack: current %s, history %s", curBefore, histBefore)
+		}
+		stale := b.meter.count("heartbeat/" + attemptapi.CodeWrongScope)
+		b.clk.Advance(5 * time.Minute) // a long silence the attacker would like recorded, inside its token's life
+		resp, err := oc.Heartbeat(ctx, old)
+		if err != nil || !resp.ShouldTerminate || resp.Token != "" {
+			t.Fatalf("the old attempt's heartbeat: %+v %v, want should_terminate and no token", resp, err)
+		}
+		_, err = oc.Heartbeat(ctx, cur)
+		refusedWith(t, err, attemptapi.CodeWrongScope)
+		if got := b.meter.count("heartbeat/" + attemptapi.CodeWrongScope); got != stale+1 {
+			t.Errorf("refused heartbeat metered %d times, want %d", got, stale+1)
+		}
+		if logs := b.log.String(); !strings.Contains(logs, "code=wrong_scope") || !strings.Contains(logs, "call=heartbeat") {
+			t.Errorf("the refused heartbeat was not logged:\n%s", logs)
+		}
+		if c, h := gaps(); c != curBefore || h != histBefore {
+			t.Fatalf("the attack moved the gaps: current %s (was %s), history %s (was %s)", c, curBefore, h, histBefore)
+		}
+	})
+
 	t.Run("MovedOnAttemptIsToldToTerminate", func(t *testing.T) {
 		b := setup(t)
 		b.run(t, "r1", "t1")
