@@ -69,12 +69,6 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, worker)
 }
 
-// RecordPodUID records the UID of the pod created for the attempt: it is
-// RecordPod without the pod's creation time.
-func (w *Writer) RecordPodUID(ctx context.Context, a sdk.Attempt, uid string, now time.Time) (bool, error) {
-	return w.RecordPod(ctx, a, uid, time.Time{}, now)
-}
-
 // RecordPod records the UID of the pod created for the attempt and when the
 // API server created it (zero: unknown; kept for replay as the pod's time
 // to start), as the kube runner learns them once the create answered,

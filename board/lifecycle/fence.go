@@ -20,7 +20,7 @@ var ErrDeposed = errors.New("the leadership term no longer leads the board")
 // term of the board's leader row and its lease has not run out at the
 // write's time, the way the reapers' marks are fenced: the scheduling
 // (EnqueueNew), run start (StartQueuedRuns), dispatch (Queue, QueueWarm,
-// RecordMint, RecordPodUID), failure (Fail), rails (Retry, Replace,
+// RecordMint, RecordPod), failure (Fail), rails (Retry, Replace,
 // Reschedule, WarmRequeue, DispatchBackoff, Clear) and finalization
 // (FinishSettledRuns). The leader row is share-locked by each such write,
 // so a takeover waits for a write in flight, and a write after it sees the

@@ -40,8 +40,8 @@ func runnerWrites() []fencedWrite {
 		{"RecordMint", sdk.StateQueued, func(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
 			return w.RecordMint(ctx, a, now)
 		}},
-		{"RecordPodUID", sdk.StateQueued, func(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
-			return w.RecordPodUID(ctx, a, "pod-uid", now)
+		{"RecordPod", sdk.StateQueued, func(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
+			return w.RecordPod(ctx, a, "pod-uid", time.Time{}, now)
 		}},
 		{"FailDispatch", sdk.StateQueued, func(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
 			return w.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{Kind: sdk.MarkInfra,

@@ -126,7 +126,8 @@ func TestARailKeepsTheAttemptItReleasedInTheHistory(t *testing.T) {
 }
 
 // The kube runner records its pod's creation with its UID: the pod's time
-// to start is kept for replay, and a later record without one keeps it.
+// to start is kept for replay, and a later record without a creation time
+// keeps it.
 func TestThePodsCreationIsRecordedWithItsUID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -137,7 +138,7 @@ func TestThePodsCreationIsRecordedWithItsUID(t *testing.T) {
 	if ok, err := b.w.RecordPod(ctx, a, "uid-1", created, base); err != nil || !ok {
 		t.Fatalf("record pod: %v %v", ok, err)
 	}
-	if ok, err := b.w.RecordPodUID(ctx, a, "uid-1", base.Add(time.Second)); err != nil || !ok {
+	if ok, err := b.w.RecordPod(ctx, a, "uid-1", time.Time{}, base.Add(time.Second)); err != nil || !ok {
 		t.Fatalf("record pod uid: %v %v", ok, err)
 	}
 	var at time.Time

@@ -119,7 +119,7 @@ func TestLedger(t *testing.T) {
 		t.Parallel()
 		store, term, as := setup(t)
 		w := lifecycle.New(store.Pool(), lifecycle.Options{})
-		if ok, err := w.RecordPodUID(context.Background(), as[0], "uid-a", t0.Add(-time.Hour)); err != nil || !ok {
+		if ok, err := w.RecordPod(context.Background(), as[0], "uid-a", time.Time{}, t0.Add(-time.Hour)); err != nil || !ok {
 			t.Fatalf("recording the pod: %v, %v", ok, err)
 		}
 		l := audit.NewLedger(store)

@@ -500,7 +500,7 @@ func TestSweep(t *testing.T) {
 // its create answered.
 func (s *sweepEnv) recordPod(a sdk.Attempt, p *corev1.Pod) {
 	s.t.Helper()
-	if ok, err := s.w.RecordPodUID(context.Background(), a, string(p.UID), time.Now()); err != nil || !ok {
+	if ok, err := s.w.RecordPod(context.Background(), a, string(p.UID), time.Time{}, time.Now()); err != nil || !ok {
 		s.t.Fatalf("recording the pod of %s: %v, %v", a, ok, err)
 	}
 }

@@ -295,6 +295,23 @@ func (inv *invocation) flags() *flag.FlagSet {
 	return inv.fs
 }
 
+// outputFlag registers -o (table or json, as -json) on the command's flag
+// set. The check it returns, called once the command line is parsed, sets
+// json for -o json and refuses any other format.
+func (inv *invocation) outputFlag() (check func() error) {
+	format := inv.fs.String("o", "table", "output `FORMAT`: table or json (as -json)")
+	return func() error {
+		switch *format {
+		case "table":
+		case "json":
+			inv.json = true
+		default:
+			return usagef("-o %q: want table or json", *format)
+		}
+		return nil
+	}
+}
+
 // parse parses the command line with flags anywhere among the positional
 // arguments (everything after "--" is positional) and checks the count of
 // positional arguments against [min, max] (max < 0: no limit).

@@ -355,7 +355,7 @@ func (c CLI) replay(ctx context.Context, inv *invocation) error {
 	rungFlag := fs.String("rung", "", "replay only this `RUNG`: "+strings.Join(rungNames(), ", "))
 	candFlag := fs.String("candidates", "", "with -rung: replay the thresholds `D,D,...` instead of the range around the configured one")
 	list := fs.Int("list", board.ReplayListDefault, "list at most `N` false reaps and lost attempts of each rung")
-	format := fs.String("o", "table", "output `FORMAT`: table or json (as -json)")
+	output := inv.outputFlag()
 	picture := fs.String("picture", "", "also draw the observed tails with the candidates on them, as an SVG, into `FILE`")
 	if _, err := inv.parse(0, 0); err != nil {
 		return err
@@ -366,12 +366,8 @@ func (c CLI) replay(ctx context.Context, inv *invocation) error {
 	if *list < 1 || *list > board.ReplayListMax {
 		return usagef("-list %d: want 1 to %d", *list, board.ReplayListMax)
 	}
-	switch *format {
-	case "table":
-	case "json":
-		inv.json = true
-	default:
-		return usagef("-o %q: want table or json", *format)
+	if err := output(); err != nil {
+		return err
 	}
 	opts := replayOptions{list: *list, rungs: rungDefs()}
 	if *rungFlag != "" {

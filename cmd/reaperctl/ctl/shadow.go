@@ -78,19 +78,15 @@ func (c CLI) shadow(ctx context.Context, inv *invocation) error {
 	window := fs.Duration("window", ShadowWindowDefault, "summarise the decisions made within `D` before now")
 	only := fs.String("reaper", "", "only the reaper `NAME`")
 	verbose := fs.Bool("v", false, "name the attempts and decisions behind every number")
-	format := fs.String("o", "table", "output `FORMAT`: table or json (as -json)")
+	output := inv.outputFlag()
 	if _, err := inv.parse(0, 0); err != nil {
 		return err
 	}
 	if *window <= 0 {
 		return usagef("-window %s: must be positive", *window)
 	}
-	switch *format {
-	case "table":
-	case "json":
-		inv.json = true
-	default:
-		return usagef("-o %q: want table or json", *format)
+	if err := output(); err != nil {
+		return err
 	}
 	s, err := c.open(ctx, inv.configPath)
 	if err != nil {
