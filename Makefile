@@ -153,6 +153,15 @@ PEERS_RUNS ?= 3
 bench-peers: build
 	cd tools/peerbench && GOWORK=off $(GO) run . -bin $(CURDIR)/$(BIN) -n $(PEERS_N) -runs $(PEERS_RUNS)
 
+# The fleet-scale benchmarks (not part of make test; under 30 minutes on
+# 2 cores): heartbeats a second through the attempt API, reap passes over
+# 10,000 / 50,000 / 150,000 running attempts of each edition, the informer's
+# bytes per pod, the audit's explain and prune at 10,000,000 decisions; one
+# table at the end, progress lines while it runs.
+.PHONY: bench-scale
+bench-scale: build
+	REAPER_SCALE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 40m ./test/scale/
+
 # The container image, built offline (no daemon, no base image): an OCI
 # layout in bin/image/oci and bin/image/reaper.tar for docker/podman load.
 image:
