@@ -263,17 +263,18 @@ func ForeignPod(recorded, podUID string) bool {
 }
 
 // Refusal says why the sighting would not apply to the row: it applies
-// only to exactly its attempt, running on kube, whose recorded pod is the
-// sighting's (NoopPodNotRecorded otherwise: a pod someone else made with
-// the attempt's labels, or an attempt that records none, says nothing of
-// the attempt's own pod), and only with a part the attempt's running_at
-// precedes (NoopMovedOn otherwise: the pod was missing before the attempt
-// ran, which is the dispatch's wait, not the cache's miss).
+// only to exactly its attempt, running on kube, with a pod UID recorded
+// (NoopMovedOn otherwise: an attempt that records none cannot tell its pod
+// from another), whose recorded pod is the sighting's (NoopPodNotRecorded
+// otherwise: a pod someone else made with the attempt's labels says
+// nothing of the attempt's own), and only with a part the attempt's
+// running_at precedes (NoopMovedOn otherwise: the pod was missing before
+// the attempt ran, which is the dispatch's wait, not the cache's miss).
 func (s PodSighting) Refusal(r TaskRow) string {
 	switch {
-	case !r.holds(s.Attempt) || r.State != StateRunning || r.Executor != ExecutorKube:
+	case !r.holds(s.Attempt) || r.State != StateRunning || r.Executor != ExecutorKube || r.PodUID == "":
 		return NoopMovedOn
-	case r.PodUID == "" || r.PodUID != s.PodUID:
+	case r.PodUID != s.PodUID:
 		return NoopPodNotRecorded
 	case !s.SeenCounts(r.RunningAt) && !s.MissingCounts(r.RunningAt):
 		return NoopMovedOn
@@ -282,15 +283,15 @@ func (s PodSighting) Refusal(r TaskRow) string {
 }
 
 // ValidSighting refuses a sighting that names no pod, says nothing (no
-// SeenAt, no MissingAt), or has its pod deleted before it was seen.
+// SeenAt, no MissingAt), or has its pod deleted before it was seen (at the same time is after: the events came in that order).
 func ValidSighting(s PodSighting) error {
 	switch {
 	case s.PodUID == "":
 		return errors.New("a pod sighting names no pod UID")
 	case s.SeenAt.IsZero() && s.MissingAt.IsZero():
 		return errors.New("a pod sighting with neither a sighting nor a deletion")
-	case !s.SeenAt.IsZero() && !s.MissingAt.IsZero() && !s.MissingAt.After(s.SeenAt):
-		return errors.New("a pod sighting whose deletion is not after its sighting")
+	case !s.SeenAt.IsZero() && s.MissingAt.Before(s.SeenAt):
+		return errors.New("a pod sighting whose deletion is before its sighting")
 	}
 	return nil
 }

@@ -37,6 +37,9 @@ type presence struct {
 	informer cache.SharedIndexInformer
 	tombs    *tombstones
 	feed     *feed
+	// seen: the pods the cache missed, for the sweep to record
+	// (sightings.go).
+	seen   *sightings
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -78,12 +81,17 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 			panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
 		}
 	}
-	tombs := newTombstones(c, log)
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
-		changes.deleted(obj)
-		tombs.deleted(obj)
-	}}); err != nil {
-		panic(fmt.Sprintf("kube: adding the informer's delete handler before it runs: %v", err)) // cannot fail before Run
+	tombs, seen := newTombstones(c, log), newSightings(c)
+	// The detailed handler says whether an add is of the cache's first
+	// list (not a miss: see sightings.go).
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: seen.added,
+		DeleteFunc: func(obj any) {
+			changes.deleted(obj)
+			tombs.deleted(obj)
+			seen.deleted(obj)
+		}}); err != nil {
+		panic(fmt.Sprintf("kube: adding the informer's handlers before it runs: %v", err)) // cannot fail before Run
 	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		changes.brokenBy("the cache lost its list or watch: " + err.Error())
@@ -92,7 +100,7 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 		panic(fmt.Sprintf("kube: setting the informer's watch error handler before it runs: %v", err)) // cannot fail before Run
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &presence{informer: inf, tombs: tombs, feed: changes, cancel: cancel, done: make(chan struct{})}
+	p := &presence{informer: inf, tombs: tombs, feed: changes, seen: seen, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		log.Debug("presence informer started", "namespace", namespace, "selector", sel)
