@@ -290,7 +290,7 @@ func ValidSighting(s PodSighting) error {
 		return errors.New("a pod sighting names no pod UID")
 	case s.SeenAt.IsZero() && s.MissingAt.IsZero():
 		return errors.New("a pod sighting with neither a sighting nor a deletion")
-	case !s.SeenAt.IsZero() && s.MissingAt.Before(s.SeenAt):
+	case !s.SeenAt.IsZero() && !s.MissingAt.IsZero() && s.MissingAt.Before(s.SeenAt):
 		return errors.New("a pod sighting whose deletion is before its sighting")
 	}
 	return nil
