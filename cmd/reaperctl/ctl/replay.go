@@ -103,12 +103,13 @@ func rungDefs() []*rungDef {
 			get:     func(l ladder.Ladder) time.Duration { return l.DispatchLost },
 			set:     func(l *ladder.Ladder, d time.Duration) { l.DispatchLost = d },
 			read:    (*board.Store).ReplayDispatchLost},
-		{name: rungPodLostFloor, key: "pod_lost_floor", unit: "attempts",
-			measure: "a running attempt's pod missing from the cache",
-			get:     func(l ladder.Ladder) time.Duration { return l.PodLostFloor },
-			set:     func(l *ladder.Ladder, d time.Duration) { l.PodLostFloor = d },
-			notRecorded: "not recorded: the board keeps no windows in which an attempt's pod was missing " +
-				"while the attempt lived on, so this rung cannot be replayed"},
+		{name: rungPodLostFloor, key: "pod_lost_floor", unit: "attempts", values: "pod cache misses", lostAs: "running",
+			measure: "pod cache miss: how long a kube attempt had been running when a window in which the pod " +
+				"cache held no pod of it ended while it lived on (its pod came back, or it heartbeated or " +
+				"reported after its pod was deleted)",
+			get:  func(l ladder.Ladder) time.Duration { return l.PodLostFloor },
+			set:  func(l *ladder.Ladder, d time.Duration) { l.PodLostFloor = d },
+			read: (*board.Store).ReplayPodLostFloor},
 		{name: rungOrphanRun, key: "orphan_run", unit: "runs", values: "quiet periods", lostAs: "quiet",
 			measure: "run quiet: a run's longest stretch with no attempt live and no activity",
 			get:     func(l ladder.Ladder) time.Duration { return l.OrphanRun },
@@ -577,6 +578,9 @@ func replayNotes() []string {
 			"can read longer than it was (more false reaps, never fewer)",
 		"agent_lost counts an attempt's first silence from its running report; on kube that window is " +
 			"pod_lost's, so there the count can only be higher than agent_lost's own",
+		"pod_lost_floor counts only the windows the kube substrate's pod cache saw (not its first list " +
+			"after a start, nor a pod the attempt never recorded) and only where the history is recorded " +
+			"(from migration 013 on): a board without it reads as nothing observed",
 	}
 }
 
