@@ -387,7 +387,7 @@ func markAttempt(m sdk.Mark) sdk.Attempt             { return m.Attempt }
 func confirmAttempt(c sdk.Confirm) sdk.Attempt       { return c.Attempt }
 func overrideAttempt(o sdk.Override) sdk.Attempt     { return o.Attempt }
 func settlementAttempt(s sdk.Settlement) sdk.Attempt { return s.Attempt }
-func sightingAttempt(s sdk.PodSighting) sdk.Attempt   { return s.Attempt }
+func sightingAttempt(s sdk.PodSighting) sdk.Attempt  { return s.Attempt }
 
 func provisionalQueryToPB(q sdk.ProvisionalQuery) *pb.ProvisionalQuery {
 	return &pb.ProvisionalQuery{Executors: q.Executors, After: cursorToPB(q.After), Limit: int32(q.Limit)}

@@ -40,8 +40,8 @@ type presence struct {
 	// seen: the pods the cache missed, for the sweep to record
 	// (sightings.go).
 	seen   *sightings
-	cancel   context.CancelFunc
-	done     chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // startPresence starts the informer, reducing every pod, in a goroutine
