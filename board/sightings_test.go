@@ -63,38 +63,9 @@ func TestRecordPodSightings(t *testing.T) {
 	t.Parallel()
 	runningAt := base.Add(-10 * time.Minute)
 
-	// A sighting ends a window: the largest end minus running_at is kept,
-	// and it closes a window left open; a deletion opens one, and a later
-	// one keeps its start.
-	t.Run("TheLargestWindowEndAndTheOpenWindowsStartAreKept", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.runWith(t, "r", sdk.ExecutorKube, "t")
-		a := first("r", "t")
-		b.kubeRunning(t, a, runningAt, "uid-1")
-		for _, step := range []struct {
-			s       sdk.PodSighting
-			longest time.Duration
-			since   time.Time
-		}{
-			{sdk.PodSighting{SeenAt: runningAt.Add(2 * time.Minute)}, 2 * time.Minute, time.Time{}},
-			{sdk.PodSighting{SeenAt: runningAt.Add(time.Minute)}, 2 * time.Minute, time.Time{}}, // shorter: kept
-			{sdk.PodSighting{MissingAt: runningAt.Add(3 * time.Minute)}, 2 * time.Minute, runningAt.Add(3 * time.Minute)},
-			{sdk.PodSighting{MissingAt: runningAt.Add(4 * time.Minute)}, 2 * time.Minute, runningAt.Add(3 * time.Minute)},
-			{sdk.PodSighting{SeenAt: runningAt.Add(5 * time.Minute), MissingAt: runningAt.Add(6 * time.Minute)},
-				5 * time.Minute, runningAt.Add(6 * time.Minute)},
-			{sdk.PodSighting{SeenAt: runningAt.Add(7 * time.Minute)}, 7 * time.Minute, time.Time{}},
-		} {
-			step.s.Attempt, step.s.PodUID = a, "uid-1"
-			if res := b.sight(t, step.s); !res[0].Applied {
-				t.Fatalf("%+v: %+v", step.s, res[0])
-			}
-			if longest, since := b.podMissing(t, "task_instances", a); longest != step.longest || !since.Equal(step.since) {
-				t.Fatalf("after %+v: max %s since %v, want %s %v", step.s, longest, since, step.longest, step.since)
-			}
-		}
-	})
-
+	// The fold of the sightings and the guards are the conformance suite's
+	// (sdk/sdktest/boardtest): here they are proven on rows the board's own
+	// writers made, with the lease's own expiry and the rails.
 	// Nothing changes for a sighting of another attempt, of an attempt not
 	// running, of a lite attempt, of an attempt that records another pod
 	// or none, or from before the attempt ran; a term that is not current
