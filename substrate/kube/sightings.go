@@ -49,7 +49,7 @@ type sightings struct {
 
 	mu      sync.Mutex
 	pending map[sightingKey]*pending
-	order   []sightingKey // oldest first; a key taken or dropped is gone from pending
+	order   []sightingKey // oldest first; a key taken or dropped is gone from pending; a key put back may be listed twice
 	dropped int           // sightings dropped by the bound since the last take
 }
 
@@ -125,16 +125,18 @@ func (s *sightings) take(term int64, at time.Time) ([]sdk.PodSighting, []*pod, i
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var (
-		out  []sdk.PodSighting
-		pods []*pod
-		kept []sightingKey
-		in   = map[[2]string]bool{}
+		out    []sdk.PodSighting
+		pods   []*pod
+		kept   []sightingKey
+		in     = map[[2]string]bool{}
+		listed = map[sightingKey]bool{}
 	)
 	for _, k := range s.order {
 		ps, held := s.pending[k]
-		if !held {
+		if !held || listed[k] {
 			continue
 		}
+		listed[k] = true
 		task := [2]string{k.attempt.RunID, k.attempt.TaskID}
 		if len(out) == sdk.MaxPodSightings || in[task] {
 			kept = append(kept, k)
@@ -169,6 +171,7 @@ func (s *sightings) putBack(ps []sdk.PodSighting, pods []*pod) {
 					cur.MissingAt = p.MissingAt
 				}
 			}
+			keys = append(keys, key)
 			continue
 		}
 		if len(s.pending) >= maxPendingSightings {
