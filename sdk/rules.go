@@ -283,7 +283,8 @@ func (s PodSighting) Refusal(r TaskRow) string {
 }
 
 // ValidSighting refuses a sighting that names no pod, says nothing (no
-// SeenAt, no MissingAt), or has its pod deleted before it was seen (at the same time is after: the events came in that order).
+// SeenAt, no MissingAt), or has its pod deleted before it was seen (at the
+// same instant counts as after: the events came in that order).
 func ValidSighting(s PodSighting) error {
 	switch {
 	case s.PodUID == "":
@@ -309,10 +310,10 @@ func (s PodSighting) MissingCounts(runningAt time.Time) bool {
 }
 
 // PodMissing is what applying the sighting leaves of the attempt's pod
-// cache history, given the attempt's running_at and what it held (longest: the
-// largest end of a window minus running_at, 0 when none; since: the start
-// of an open window, zero when none). The board's statement does the same
-// in SQL.
+// cache history, given the attempt's running_at and what it held
+// (longest: the largest end of a window minus running_at, 0 when none;
+// since: the start of an open window, zero when none). The board's
+// statement does the same in SQL.
 func (s PodSighting) PodMissing(runningAt time.Time, longest time.Duration, since time.Time) (time.Duration, time.Time) {
 	if s.SeenCounts(runningAt) {
 		longest = max(longest, s.SeenAt.Sub(runningAt))

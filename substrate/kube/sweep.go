@@ -24,8 +24,8 @@ var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 // Sweep is the reconcile phase. First it records what the presence cache
 // missed of running attempts' pods since the last sweep (sightings.go), a
 // history stamp written in a dry run too; then four steps over one
-// snapshot of the presence cache: settle every finished pod's attempt from its durable
-// outcome record (or the cluster's word); confirm or override each
+// snapshot of the presence cache: settle every finished pod's attempt
+// from its durable outcome record (or the cluster's word); confirm or override each
 // provisional infra mark of a kube attempt from a live read of its
 // attempt's pods; confirm each provisional infra mark of a warm attempt
 // from a live read of the warm pool; release the outcome record finalizer
