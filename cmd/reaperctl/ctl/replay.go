@@ -41,8 +41,7 @@ const (
 
 // A rung's status in the replay.
 const (
-	statusReplayed    = "replayed"
-	statusNotRecorded = "not_recorded"
+	statusReplayed = "replayed"
 )
 
 // Where a candidate comes from.
@@ -83,11 +82,8 @@ type rungDef struct {
 	lostAs  string // how a lost one's value reads: "silent", ...
 	get     func(ladder.Ladder) time.Duration
 	set     func(*ladder.Ladder, time.Duration)
-	// read is the board's history read; nil: the board records nothing
-	// this rung could be replayed against.
+	// read is the board's history read.
 	read func(*board.Store, context.Context, board.ReplayQuery) (board.Replay, error)
-	// notRecorded says why a rung without a read cannot be replayed.
-	notRecorded string
 }
 
 func rungDefs() []*rungDef {
@@ -272,11 +268,6 @@ func replayRungs(ctx context.Context, s *session, opts replayOptions) ([]*rungRe
 	for _, def := range opts.rungs {
 		res := &rungResult{def: def, configured: def.get(s.cfg.Ladder)}
 		res.disabled = res.configured <= 0
-		if def.read == nil {
-			res.status = statusNotRecorded
-			out = append(out, res)
-			continue
-		}
 		res.status = statusReplayed
 		res.cands, res.dropped = candidatesFor(s.cfg, def, opts.given)
 		q := board.ReplayQuery{Since: opts.since, Quantiles: pictureQuantiles(), List: opts.list}
@@ -479,10 +470,6 @@ func replayTables(inv *invocation, window time.Duration, since time.Time, list i
 	for _, r := range results {
 		def := r.def
 		fmt.Fprintf(w, "\n%s\n", rungTitle(r))
-		if r.status == statusNotRecorded {
-			fmt.Fprintf(w, "  %s\n", def.notRecorded)
-			continue
-		}
 		fmt.Fprintf(w, "  measures %s\n", def.measure)
 		if top, ok := r.largest(); ok {
 			fmt.Fprintf(w, "  %s that later proved alive: %d; the largest %s: %s (%s)\n",
@@ -603,7 +590,7 @@ type rungJSON struct {
 	Unit     string `json:"unit"`
 	// ConfiguredSeconds is null when the configured value disables the rung.
 	ConfiguredSeconds *float64 `json:"configured_seconds"`
-	// Observed is how many values proved alive; null when not recorded.
+	// Observed is how many values proved alive.
 	Observed   *int              `json:"observed"`
 	Largest    *observationJSON  `json:"largest"`
 	Candidates []candidateJSON   `json:"candidates"`
@@ -677,10 +664,6 @@ func rungDoc(r *rungResult, listCap int) rungJSON {
 		Candidates: []candidateJSON{}, FalseReaps: []observationJSON{}, Lost: []lostJSON{}, Dropped: []droppedJSON{}}
 	if !r.disabled {
 		j.ConfiguredSeconds = seconds(r.configured)
-	}
-	if r.status == statusNotRecorded {
-		j.Detail = r.def.notRecorded
-		return j
 	}
 	count, lostCount := r.rep.Count, len(r.rep.Lost)
 	j.Observed, j.LostCount = &count, &lostCount
