@@ -53,3 +53,77 @@ func Measured(f func() error) (float64, error) {
 	err := f()
 	return Busy() - before, err
 }
+
+// Process returns the CPU seconds the process pid and its children have
+// spent: its own, that of its children it has waited for, and that of its
+// children still running (a database server's backends). NaN when
+// /proc/<pid>/stat cannot be read.
+func Process(pid int) float64 {
+	own, ok := procTimes(pid, true)
+	if !ok {
+		return math.NaN()
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return own
+	}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		if ppid, ok := procParent(child); ok && ppid == pid {
+			if t, ok := procTimes(child, false); ok {
+				own += t
+			}
+		}
+	}
+	return own
+}
+
+// procFields are the fields of /proc/<pid>/stat after the command name
+// (whose parentheses may hold spaces): field 4 (ppid) is the second.
+func procFields(pid int) ([]string, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, false
+	}
+	f := strings.Fields(s[i+1:])
+	return f, len(f) >= 15
+}
+
+func procParent(pid int) (int, bool) {
+	f, ok := procFields(pid)
+	if !ok {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
+
+// procTimes is utime + stime (fields 14, 15), and with waited cutime +
+// cstime (16, 17), in seconds.
+func procTimes(pid int, waited bool) (float64, bool) {
+	f, ok := procFields(pid)
+	if !ok {
+		return 0, false
+	}
+	n := 2
+	if waited {
+		n = 4
+	}
+	t := 0.0
+	for _, s := range f[11 : 11+n] {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return 0, false
+		}
+		t += v
+	}
+	return t / clockTicks, true
+}
