@@ -9,6 +9,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -60,7 +61,7 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 		}
 		return w.HeartbeatCredentials(ctx, calls)
 	}
-	hb := newHeartbeatBatcher(write, 1, 100)
+	hb := newHeartbeatBatcher(write, clock.Real{}, 0, 1, 100)
 	hb.testSignals.joined.Init(t)
 
 	type answer struct {
@@ -80,9 +81,7 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 	// wait behind the first batch.
 	wantPending := func(n int) {
 		t.Helper()
-		hb.mu.Lock()
-		got := len(hb.pending)
-		hb.mu.Unlock()
+		got := hb.pending()
 		mu.Lock()
 		flushing := len(batches)
 		mu.Unlock()

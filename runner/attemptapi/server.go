@@ -74,6 +74,17 @@ type ServerConfig struct {
 	// HeartbeatBatch is the most heartbeats written in one batch. Default
 	// 500.
 	HeartbeatBatch int
+	// HeartbeatWindow is how long a batch of heartbeats waits for company
+	// before it is written (attempt_api.heartbeat_window): each heartbeat's
+	// write, and its answer, wait at most this long for it. 0: a batch is
+	// written as soon as a writer is free.
+	HeartbeatWindow time.Duration
+	// WindowClock times the heartbeat window. Default clock.Real{}, even
+	// when Clock is another: the window delays writes and answers and
+	// decides nothing (the times written are Clock's), and a fake Clock
+	// would hold every heartbeat until its test moved it. A test of the
+	// window itself sets a fake one.
+	WindowClock clock.Clock
 }
 
 // DecisionSource is the reaper name the attempt API's decisions carry.
@@ -97,6 +108,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.WindowClock == nil {
+		cfg.WindowClock = clock.Real{}
+	}
 	if cfg.HeartbeatWriters <= 0 {
 		cfg.HeartbeatWriters = 2
 	}
@@ -104,7 +118,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HeartbeatBatch = 500
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
-		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
+		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.WindowClock, max(cfg.HeartbeatWindow, 0),
+			cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
 	s.mux.HandleFunc(PathRunning, s.handle(CallRunning, s.running))
 	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
