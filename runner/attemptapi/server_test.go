@@ -231,7 +231,7 @@ func TestAttemptAPI(t *testing.T) {
 		if term, err := c.Running(ctx, a); err != nil || term {
 			t.Fatalf("running: %v %v", term, err)
 		}
-		b.clk.Advance(15 * time.Second)
+		b.clk.Advance(ttl / 4)
 		resp, err := c.Heartbeat(ctx, a)
 		if err != nil || resp.ShouldTerminate || resp.Token == "" {
 			t.Fatalf("heartbeat: %+v %v", resp, err)
@@ -240,9 +240,45 @@ func TestAttemptAPI(t *testing.T) {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		ti := b.ti(t, a)
-		if ti.State != sdk.StateSuccess || !ti.LastHeartbeatAt.Equal(base.Add(15*time.Second)) ||
-			!ti.CredentialMintedAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base.Add(15*time.Second)) {
+		if ti.State != sdk.StateSuccess || !ti.LastHeartbeatAt.Equal(base.Add(ttl/4)) ||
+			!ti.CredentialMintedAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base.Add(ttl/4)) {
 			t.Fatalf("row %+v", ti)
+		}
+	})
+
+	t.Run("NotRenewedWhenNotDue_TheAgentKeepsItsToken", func(t *testing.T) {
+		b := setup(t)
+		b.run(t, "r1", "t1")
+		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+		c := b.dispatch(t, a)
+		if term, err := c.Running(ctx, a); err != nil || term {
+			t.Fatalf("running: %v %v", term, err)
+		}
+		held := c.Token()
+		// Heartbeats while the token has more than three quarters of its
+		// TTL left: recorded, answered without a token, nothing renewed.
+		for b.clk.Now().Sub(base) < ttl/4-15*time.Second {
+			b.clk.Advance(15 * time.Second)
+			resp, err := c.Heartbeat(ctx, a)
+			if err != nil || resp.ShouldTerminate || resp.Token != "" || resp.Capped || c.Token() != held {
+				t.Fatalf("heartbeat at +%s, not due: %+v %v (token kept: %v)", b.clk.Now().Sub(base), resp, err, c.Token() == held)
+			}
+			if ti := b.ti(t, a); !ti.LastHeartbeatAt.Equal(b.clk.Now()) || !ti.CredentialRenewedAt.IsZero() {
+				t.Fatalf("row after a heartbeat not due: heartbeat %v renewed %v", ti.LastHeartbeatAt, ti.CredentialRenewedAt)
+			}
+		}
+		if got := b.meter.renewals["renewed"]; got != 0 {
+			t.Fatalf("%d renewals metered, none due", got)
+		}
+		// A quarter of the TTL spent: due, renewed, and the agent holds the
+		// new token.
+		b.clk.Advance(15 * time.Second)
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || resp.Token == "" || c.Token() != resp.Token || !resp.ExpiresAt.Equal(b.clk.Now().Add(ttl)) {
+			t.Fatalf("heartbeat at +%s, due: %+v %v", b.clk.Now().Sub(base), resp, err)
+		}
+		if ti := b.ti(t, a); !ti.CredentialRenewedAt.Equal(b.clk.Now()) {
+			t.Fatalf("renewal recorded at %v, want %v", ti.CredentialRenewedAt, b.clk.Now())
 		}
 	})
 
@@ -388,7 +424,7 @@ func TestAttemptAPI(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 		_, claims, _ := b.keys.get().Mint(a, base.Add(-10*ceiling), ttl)
-		tok, _, _ := b.keys.get().Renew(claims, base, ttl)
+		tok, _, _ := b.keys.get().Renew(claims, base.Add(-ttl/2), ttl) // due
 		rec := serveLocal(t, srv, tok, a)
 		if rec.Token == "" || rec.Capped {
 			t.Fatalf("heartbeat with no ceiling: %+v", rec)
