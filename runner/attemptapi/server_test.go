@@ -120,6 +120,13 @@ func newKey(id string) attempttoken.Key {
 // on a real board, with a fake clock.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with the server's configuration changed by change
+// (nil: none) before the server is built.
+func setupWith(t *testing.T, change func(*bundle, *attemptapi.ServerConfig)) *bundle {
+	t.Helper()
 	pool := pgtest.NewDB(t)
 	kr, err := attempttoken.NewKeyring(newKey("k1"))
 	if err != nil {
@@ -128,9 +135,13 @@ func setup(t *testing.T) *bundle {
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
 		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
 		decisions: &decisionLog{}, pool: pool, log: &sdktest.LogBuffer{}}
-	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
+	cfg := attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
 		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})
+		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})}
+	if change != nil {
+		change(b, &cfg)
+	}
+	srv, err := attemptapi.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
