@@ -31,10 +31,7 @@ func (b *bundle) gapOf(t *testing.T) time.Duration {
 func TestMergedHeartbeatsRecordEachCallsSilenceRenewalAndCap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	a := b.task(t)
-	running := base.Add(-10 * time.Minute)
-	b.to(t, a, sdk.StateRunning, running)
+	b, a, running := runningTask(t)
 	calls := []lifecycle.HeartbeatCall{ // out of order, as a batch may hold them
 		{Attempt: a, Renewal: lifecycle.NotRenewed, At: running.Add(50 * time.Second)},
 		{Attempt: a, Renewal: lifecycle.Renewed, At: running.Add(10 * time.Second)},
@@ -60,6 +57,17 @@ func TestMergedHeartbeatsRecordEachCallsSilenceRenewalAndCap(t *testing.T) {
 	}
 }
 
+// runningTask is a board with one task running since ten minutes before
+// base.
+func runningTask(t *testing.T) (*bundle, sdk.Attempt, time.Time) {
+	t.Helper()
+	b := setup(t)
+	a := b.task(t)
+	running := base.Add(-10 * time.Minute)
+	b.to(t, a, sdk.StateRunning, running)
+	return b, a, running
+}
+
 func (b *bundle) historyRows(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -77,10 +85,7 @@ func (b *bundle) historyRows(t *testing.T) int {
 func TestTheHeartbeatKeepsTheLongestSilenceButNotTheAPIsOwnDowntime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	a := b.task(t)
-	running := base.Add(-10 * time.Minute)
-	b.to(t, a, sdk.StateRunning, running)
+	b, a, running := runningTask(t)
 	beat := func(w *lifecycle.Writer, at time.Time) {
 		t.Helper()
 		stop, err := w.HeartbeatCredentials(ctx, []lifecycle.HeartbeatCall{{Attempt: a, At: at}})

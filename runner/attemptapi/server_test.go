@@ -214,6 +214,20 @@ func (b *bundle) dispatchBootstrap(t *testing.T, a sdk.Attempt) (*attemptapi.Cli
 	return c, cred.Token
 }
 
+// oneRunning makes run r1 of one task, t1, and reports its first attempt
+// running through the API, as its agent does: the attempt and its agent's
+// client.
+func (b *bundle) oneRunning(t *testing.T) (sdk.Attempt, *attemptapi.Client) {
+	t.Helper()
+	b.run(t, "r1", "t1")
+	a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+	c := b.dispatch(t, a)
+	if term, err := c.Running(context.Background(), a); err != nil || term {
+		t.Fatalf("running %s: %v %v", a, term, err)
+	}
+	return a, c
+}
+
 func (b *bundle) ti(t *testing.T, a sdk.Attempt) board.TaskInstance {
 	t.Helper()
 	ti, err := b.w.TaskInstance(context.Background(), a.RunID, a.TaskID)
@@ -259,12 +273,7 @@ func TestAttemptAPI(t *testing.T) {
 
 	t.Run("NotRenewedWhenNotDue_TheAgentKeepsItsToken", func(t *testing.T) {
 		b := setup(t)
-		b.run(t, "r1", "t1")
-		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
-		c := b.dispatch(t, a)
-		if term, err := c.Running(ctx, a); err != nil || term {
-			t.Fatalf("running: %v %v", term, err)
-		}
+		a, c := b.oneRunning(t)
 		held := c.Token()
 		// Heartbeats while the token has more than three quarters of its
 		// TTL left: recorded, answered without a token, nothing renewed.

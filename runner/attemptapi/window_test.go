@@ -57,14 +57,6 @@ func notYet(t *testing.T, ch <-chan answer, what string) {
 
 func TestHeartbeatWindow(t *testing.T) {
 	ctx := context.Background()
-	running := func(t *testing.T, b *bundle, a sdk.Attempt) *attemptapi.Client {
-		t.Helper()
-		c := b.dispatch(t, a)
-		if term, err := c.Running(ctx, a); err != nil || term {
-			t.Fatalf("running %s: %v %v", a, term, err)
-		}
-		return c
-	}
 
 	// A rail re-places the attempt while its heartbeat waits in the window:
 	// the window's write finds the attempt gone, and the heartbeat is told
@@ -73,9 +65,7 @@ func TestHeartbeatWindow(t *testing.T) {
 	t.Run("ASupersededAttemptIsToldToTerminateByItsWindowsWrite_NeverRenewed", func(t *testing.T) {
 		wclk := clock.NewFake(base)
 		b := setupWith(t, func(_ *bundle, c *attemptapi.ServerConfig) { c.HeartbeatWindow, c.WindowClock = window, wclk })
-		b.run(t, "r1", "t1")
-		old := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
-		oc := running(t, b, old)
+		old, oc := b.oneRunning(t)
 		b.clk.Advance(ttl / 2) // its renewal is due
 		held := oc.Token()
 		oldBeat := beat(oc, old)
@@ -106,9 +96,7 @@ func TestHeartbeatWindow(t *testing.T) {
 	t.Run("AHeartbeatIsWrittenAtItsWindowsEndWithItsArrival", func(t *testing.T) {
 		wclk := clock.NewFake(base)
 		b := setupWith(t, func(_ *bundle, c *attemptapi.ServerConfig) { c.HeartbeatWindow, c.WindowClock = window, wclk })
-		b.run(t, "r1", "t1")
-		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
-		c := running(t, b, a)
+		a, c := b.oneRunning(t)
 		b.clk.Advance(15 * time.Second)
 		arrival := b.clk.Now()
 		ch := beat(c, a)
@@ -144,9 +132,7 @@ func TestHeartbeatWindow(t *testing.T) {
 			c.Board = lifecycle.New(apiPool, lifecycle.Options{CredentialCeiling: ceiling})
 			c.HeartbeatWindow, c.WindowClock = window, wclk
 		})
-		b.run(t, "r1", "t1")
-		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
-		c := running(t, b, a)
+		a, c := b.oneRunning(t)
 		b.clk.Advance(ttl / 2) // its renewal is due
 		held := c.Token()
 		ch := beat(c, a)
