@@ -84,6 +84,9 @@ const steadyPasses = 7
 //     presence in the directory; and fair for the probe figure because the
 //     batch's per-process facts are read once per process either way, so
 //     what grows with the directory, the record lookup, is what is timed.
+//     (Measured here, the probe costs about the same with 150,000
+//     attempts' records in the one directory as with 10,000: the
+//     directory is not sharded.)
 //   - Kube: the real API server, etcd and KWOK (testkit/kubetest), one pod
 //     per attempt created through the API and run by KWOK, the fleet grown
 //     10k -> 50k -> 150k on one cluster; the kube substrate in process
@@ -99,7 +102,7 @@ const steadyPasses = 7
 // fleet), and a relist after an API outage (the API server killed and
 // started again: the watch cannot resume, the informer lists again),
 // reporting the peak heap over its steady peak and the longest cycle of
-// every reaper while the informer relisted.
+// every reaper while the informer relisted, held to the cycle's budget.
 func BenchmarkScalePasses(b *testing.B) {
 	sizes := passSizes(b)
 	benchLitePasses(b, sizes)
@@ -154,6 +157,8 @@ type cycle struct {
 	board   *massbench.Board
 	exec    sdk.Executions
 	states  [][]byte
+	// slowest names the slowest reaper of the last pass, and its time.
+	slowest string
 }
 
 func newCycle(b *testing.B, edition string, board *massbench.Board, exec sdk.Executions) *cycle {
@@ -166,8 +171,10 @@ func newCycle(b *testing.B, edition string, board *massbench.Board, exec sdk.Exe
 func (c *cycle) pass(b *testing.B) time.Duration {
 	l := ladder.Defaults()
 	start := time.Now()
+	var most time.Duration
 	for i, r := range c.rs {
 		var sink sdk.Collector
+		began := time.Now()
 		res, err := r.Reap(context.Background(), sdk.Pass{Now: massbench.Now, Ladder: l, Term: c.board.Term,
 			Deadline: massbench.Now.Add(l.MaintenanceInterval), Edition: c.edition, State: c.states[i]}, c.board.Store, c.exec, &sink)
 		if err != nil {
@@ -176,6 +183,10 @@ func (c *cycle) pass(b *testing.B) time.Duration {
 		c.states[i] = res.State
 		if ds := sink.Decisions(); len(ds) != 0 {
 			b.Fatalf("a healthy board gave %d decisions, the first %+v", len(ds), ds[0])
+		}
+		if d := time.Since(began); d > most {
+			info, _ := r.Info(context.Background())
+			most, c.slowest = d, info.Name+" "+ms(d)
 		}
 	}
 	return time.Since(start)
@@ -625,37 +636,55 @@ func relist(b *testing.B, f *kubeFleet, c *cycle, sub *kube.Substrate, n int) {
 	if err := f.c.StopAPIServer(); err != nil {
 		b.Fatal(err)
 	}
-	var longest time.Duration
-	for time.Since(outage) < 5*time.Second {
-		longest = max(longest, c.pass(b))
+	var (
+		longest      time.Duration
+		slowest      string
+		back, listed time.Time
+	)
+	cycle := func() {
+		if d := c.pass(b); d > longest {
+			longest, slowest = d, c.slowest
+		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	for time.Since(outage) < 5*time.Second {
+		cycle()
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if _, err := f.c.CompactEtcd(sctx); err != nil {
 		b.Fatal(err)
 	}
-	if err := f.c.StartAPIServer(sctx); err != nil {
-		b.Fatal(err)
-	}
-	back := time.Now()
-	progress("passes: the API server was out for %s", back.Sub(outage).Round(time.Millisecond))
-	var listed time.Time
+	// The cycle goes on while the API server starts (with the whole fleet
+	// in etcd, that takes a while).
+	started := make(chan error, 1)
+	go func() { started <- f.c.StartAPIServer(sctx) }()
 	for listed.IsZero() || time.Since(listed) < relistWindow {
-		longest = max(longest, c.pass(b))
-		if listed.IsZero() && relisted(b, sub, gen) {
+		cycle()
+		select {
+		case err := <-started:
+			if err != nil {
+				b.Fatal(err)
+			}
+			back = time.Now()
+			progress("passes: the API server was out for %s", back.Sub(outage).Round(time.Millisecond))
+		default:
+		}
+		if !back.IsZero() && listed.IsZero() && relisted(b, sub, gen) {
 			listed = time.Now()
 			progress("passes: the informer began its relist %s after the API server's return", listed.Sub(back).Round(time.Millisecond))
 		}
-		if time.Since(back) > 3*time.Minute {
+		if !back.IsZero() && time.Since(back) > 3*time.Minute {
 			b.Fatal("the informer did not relist within 3 minutes of the API server's return")
 		}
 	}
+	progress("passes: the longest cycle's slowest reaper: %s", slowest)
 	peak := s.end()
 	waitCached(b, sub, n)
 	ratio := float64(peak) / float64(steady)
 	aimed(section, "relist at "+sizeName(n)+": peak heap over the steady peak",
 		fmt.Sprintf("%.2fx (%d MiB / %d MiB)", ratio, peak>>20, steady>>20), "< 2x", ratio < 2)
-	aimed(section, "relist at "+sizeName(n)+": longest cycle", ms(longest), "< 5 s", longest < fullWalkAim)
+	budget := ladder.Defaults().MaintenanceInterval // a cycle's budget
+	aimed(section, "relist at "+sizeName(n)+": longest cycle", ms(longest), "< "+budget.String()+" (the cycle's budget)", longest < budget)
 }
 
 // relistWindow is how long the relist is watched after the informer began
