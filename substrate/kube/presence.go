@@ -3,7 +3,9 @@ package kube
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,8 +22,23 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
-// attemptIndex indexes the cache by the attempt a pod's labels spell.
+// attemptIndex indexes the cache by the attempt a pod's labels spell, in
+// attemptBuckets buckets of a hash of it: a lookup reads one bucket (a few
+// pods of other attempts beside the attempt's own, at any fleet size a
+// namespace holds) and keeps those whose labels match. An index value per
+// attempt would cost a set of its own per pod, a fifth of the cache.
 const attemptIndex = "attempt"
+
+// attemptBuckets is how many buckets attemptIndex has: at 150,000 pods
+// about nine a bucket.
+const attemptBuckets = 1 << 14
+
+// attemptBucket is the attemptIndex value of an indexKey.
+func attemptBucket(indexKey string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(indexKey)) // never fails
+	return strconv.FormatUint(uint64(h.Sum32()%attemptBuckets), 16)
+}
 
 // listPageSize is the page size of every live LIST.
 const listPageSize = 500
@@ -114,7 +131,7 @@ func indexByAttempt(obj any) ([]string, error) {
 	if !ok {
 		return nil, nil
 	}
-	return []string{p.labels.indexKey()}, nil
+	return []string{attemptBucket(p.labels.indexKey())}, nil
 }
 
 func (p *presence) stop() {
@@ -126,7 +143,7 @@ func (p *presence) synced() bool { return p.informer.HasSynced() }
 
 // cached returns the cache's pods of exactly attempt a.
 func (p *presence) cached(a sdk.Attempt) []*pod {
-	objs, err := p.informer.GetIndexer().ByIndex(attemptIndex, attemptIndexKey(a))
+	objs, err := p.informer.GetIndexer().ByIndex(attemptIndex, attemptBucket(attemptIndexKey(a)))
 	if err != nil {
 		return nil
 	}

@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -376,4 +378,34 @@ func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) 
 		}
 	}
 	return out, fmt.Errorf("massbench: %d passes marked %d of %d attempts", MaxPasses, out.Marked, spec.N)
+}
+
+// Each runs do for every index from 0 to n-1 on workers goroutines, and
+// returns the first error (after which no new index starts): the
+// benchmarks' fleets are made and unmade this way.
+func Each(n, workers int, do func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Pointer[error]
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || first.Load() != nil {
+					return
+				}
+				if err := do(i); err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
