@@ -21,6 +21,8 @@ type steady struct {
 	fleet   []sdk.Attempt
 	mu      sync.Mutex
 	queries []sdk.CandidateQuery
+	// walk: the listings of the first pass, a full walk.
+	walk []sdk.CandidateQuery
 }
 
 func newSteady(t *testing.T, n int, values sdk.Values) *steady {
@@ -39,9 +41,15 @@ func newSteady(t *testing.T, n int, values sdk.Values) *steady {
 	if ds := s.reap(t); len(ds) != 0 {
 		t.Fatalf("the first pass over a healthy fleet decided %v", ds)
 	}
-	if q := s.take(); len(q) != (n+ladder.PageSize-1)/ladder.PageSize+boolInt(n%ladder.PageSize == 0) || q[0].After != nil {
+	// A full walk from the oldest row: its first page of ladder.PageSize,
+	// the next as large as the budget fits, never more pages than rows of
+	// 100 (one more when the last page is full).
+	q := s.take()
+	if len(q) == 0 || q[0].After != nil || q[0].Limit != ladder.PageSize ||
+		len(q) > (n+ladder.PageSize-1)/ladder.PageSize+boolInt(n%ladder.PageSize == 0) {
 		t.Fatalf("the first pass is not a full walk from the oldest row: %d listings", len(q))
 	}
+	s.walk = q
 	return s
 }
 
@@ -279,5 +287,31 @@ func assertFleetRunning(t *testing.T, s *steady, except ...sdk.Attempt) {
 		if !skip[a] && s.h.Board.Row(a).State != running {
 			t.Fatalf("a live attempt %s left running: %+v", a, s.h.Board.Row(a))
 		}
+	}
+}
+
+// A full walk reads the board in pages larger than 100 when its budget
+// fits them, but never asks the substrate about more than 100 attempts in
+// one liveness read: a read's cache misses are live reads against the API
+// server.
+func TestFullWalkReadsLivenessAHundredAtATime(t *testing.T) {
+	t.Parallel()
+	s := newSteady(t, 2500, nil)
+	seen := map[sdk.Attempt]bool{}
+	for _, rq := range s.h.Exec.LivenessCalls() {
+		if len(rq.Attempts) > ladder.PageSize {
+			t.Fatalf("one liveness read asked about %d attempts, want at most %d", len(rq.Attempts), ladder.PageSize)
+		}
+		for _, a := range rq.Attempts {
+			seen[a] = true
+		}
+	}
+	for _, a := range s.fleet {
+		if !seen[a] {
+			t.Fatalf("the walk never read the liveness of %v", a)
+		}
+	}
+	if len(s.walk) >= len(s.fleet)/ladder.PageSize {
+		t.Fatalf("the walk read %d pages of the board for %d attempts: none larger than %d", len(s.walk), len(s.fleet), ladder.PageSize)
 	}
 }

@@ -46,6 +46,7 @@ package podlost
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -243,13 +244,15 @@ func (p *passRun) full(st *reap.State, at *sdk.FeedCursor, why string) {
 	}
 }
 
-// track notes when listing l reads its last page. Its pages stay at
-// ladder.PageSize, drain or not: a page's cache misses are live reads
-// against the API server, and 100 at a time is what bounds them.
+// track notes when listing l reads its last page. A drain reads the board
+// in pages as large as its budget fits (up to ladder.DrainPage: a full walk
+// over 150,000 attempts is 150 round trips, not 1,500), and judgePage reads
+// their liveness ladder.PageSize at a time: a read's cache misses are live
+// reads against the API server, and 100 at a time is what bounds them.
 func (p *passRun) track(l reap.Listing) reap.Listing {
 	page := l.Sized
-	l.Sized = func(ctx context.Context, after *reap.Cursor, _ int) (*reap.Cursor, int, error) {
-		cur, rows, err := page(ctx, after, ladder.PageSize)
+	l.Sized = func(ctx context.Context, after *reap.Cursor, limit int) (*reap.Cursor, int, error) {
+		cur, rows, err := page(ctx, after, limit)
 		if err == nil && cur == nil {
 			p.ended[l.Name] = true
 		}
@@ -381,6 +384,17 @@ type passRun struct {
 // judgePage reads the page's pods in one call, judges each attempt, then
 // marks and tears down the lost ones.
 func (p *passRun) judgePage(ctx context.Context, page []sdk.Candidate) error {
+	for chunk := range slices.Chunk(page, ladder.PageSize) {
+		if err := p.judgeChunk(ctx, chunk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// judgeChunk judges at most ladder.PageSize candidates of a page: one
+// liveness read, then the marks of those found gone.
+func (p *passRun) judgeChunk(ctx context.Context, page []sdk.Candidate) error {
 	attempts := make([]sdk.Attempt, len(page))
 	for i, c := range page {
 		attempts[i] = c.Attempt
