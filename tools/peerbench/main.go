@@ -312,6 +312,7 @@ func printTable(w io.Writer, rs []sizeResult, runs int) {
 	ratio("reaper out of process / River work", "≥ 0.9", func(r sizeResult) float64 { return r.riverWork.Seconds() / r.outProc.Elapsed.Seconds() })
 	ratio("reaper in process / plain SQL page 100", "≥ 0.7", func(r sizeResult) float64 { return r.plain100.Seconds() / r.inProc.Elapsed.Seconds() })
 	ratio("plugin overhead (out / in, time)", "≤ 1.2", func(r sizeResult) float64 { return r.outProc.Elapsed.Seconds() / r.inProc.Elapsed.Seconds() })
+	ratio("machine CPU a row, reaper in process / River work", "≤ 1.5", func(r sizeResult) float64 { return r.cpuIn / r.cpuRiver })
 	fmt.Fprint(w, perRow)
 }
 
