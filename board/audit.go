@@ -199,17 +199,8 @@ const AuditPruneBatchDefault = 10000
 // decision explain tells, and every one the shadow scorer may still judge
 // while the retention is longer than its horizon.
 func (s *Store) PruneDecisions(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit <= 0 {
-		limit = AuditPruneBatchDefault
-	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	tag, err := s.pool.Exec(ctx, `DELETE FROM reap_decisions WHERE id IN (
-        SELECT id FROM reap_decisions WHERE at < $1 ORDER BY at LIMIT $2)`, before, limit)
-	if err != nil {
-		return 0, fmt.Errorf("board: prune decisions: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return s.pruneBatch(ctx, "decisions", `DELETE FROM reap_decisions WHERE id IN (
+        SELECT id FROM reap_decisions WHERE at < $1 ORDER BY at LIMIT $2)`, before, limit, AuditPruneBatchDefault)
 }
 
 // PruneWarmClaims deletes at most limit warm_worker_claims rows claimed
@@ -219,15 +210,21 @@ func (s *Store) PruneDecisions(ctx context.Context, before time.Time, limit int)
 // with no claim row is one whose claim is unknown, and a mark on it stays
 // provisional, so a pruned claim never confirms nor fails anything.
 func (s *Store) PruneWarmClaims(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.pruneBatch(ctx, "warm worker claims", `DELETE FROM warm_worker_claims WHERE worker IN (
+        SELECT worker FROM warm_worker_claims WHERE claimed_at < $1 LIMIT $2)`, before, limit, AuditPruneBatchDefault)
+}
+
+// pruneBatch runs a retention's DELETE of at most limit rows from before
+// $1 (limit <= 0: batch), $2 its limit, and says how many it deleted.
+func (s *Store) pruneBatch(ctx context.Context, what, sql string, before time.Time, limit, batch int) (int64, error) {
 	if limit <= 0 {
-		limit = AuditPruneBatchDefault
+		limit = batch
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, `DELETE FROM warm_worker_claims WHERE worker IN (
-        SELECT worker FROM warm_worker_claims WHERE claimed_at < $1 LIMIT $2)`, before, limit)
+	tag, err := s.pool.Exec(ctx, sql, before, limit)
 	if err != nil {
-		return 0, fmt.Errorf("board: prune warm worker claims: %w", err)
+		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
 	return tag.RowsAffected(), nil
 }

