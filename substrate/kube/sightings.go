@@ -5,7 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -110,7 +109,7 @@ func (s *sightings) note(p *pod, update func(*sdk.PodSighting, time.Time)) {
 			s.order = s.order[1:]
 		}
 		ps = &pending{PodSighting: sdk.PodSighting{Attempt: a, PodUID: string(p.UID)},
-			pod: &pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID}}}
+			pod: &pod{podMeta: podMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID}}}
 		s.pending[key] = ps
 		s.order = append(s.order, key)
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -14,7 +13,7 @@ import (
 
 func sightingPod(a sdk.Attempt, uid string, phase corev1.PodPhase) *pod {
 	l, ann := AttemptLabels(a)
-	return &pod{ObjectMeta: metav1.ObjectMeta{Name: "p-" + uid, Namespace: "ns", UID: types.UID(uid)},
+	return &pod{podMeta: podMeta{Name: "p-" + uid, Namespace: "ns", UID: types.UID(uid)},
 		labels: labelsOf(l, ann), phase: phase}
 }
 
