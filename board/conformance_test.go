@@ -117,9 +117,13 @@ func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	var exchanged pgtype.Timestamptz
-	if err := f.pool.QueryRow(context.Background(), `SELECT credential_exchanged_at FROM task_instances
-        WHERE run_id = $1 AND task_id = $2`, runID, taskID).Scan(&exchanged); err != nil {
+	var (
+		exchanged, missingSince pgtype.Timestamptz
+		missingUs               pgtype.Int8
+	)
+	if err := f.pool.QueryRow(context.Background(), `SELECT credential_exchanged_at,
+            (extract(epoch FROM pod_missing_max) * 1000000)::bigint, pod_missing_since FROM task_instances
+        WHERE run_id = $1 AND task_id = $2`, runID, taskID).Scan(&exchanged, &missingUs, &missingSince); err != nil {
 		f.t.Fatal(err)
 	}
 	return boardtest.Row{Attempt: ti.Attempt, State: ti.State, Executor: ti.Executor, QueuedAt: ti.QueuedAt,
@@ -127,7 +131,8 @@ func (f *fixture) Row(runID, taskID string) (boardtest.Row, bool) {
 		LastFailureKind: ti.LastFailureKind, FailureReason: ti.FailureReason, InfraMarkedAt: ti.InfraMarkedAt,
 		InfraConfirmedAt: ti.InfraConfirmedAt, InfraBudget: ti.InfraBudget, InfraUsed: ti.InfraUsed,
 		ErrorMessage: ti.ErrorMessage, Held: !ti.HeldAt.IsZero(), CredentialExchangedAt: exchanged.Time,
-		Sensor: ti.Sensor, Retries: ti.Retries}, true
+		Sensor: ti.Sensor, Retries: ti.Retries, PodMissingMax: time.Duration(missingUs.Int64) * time.Microsecond,
+		PodMissingSince: missingSince.Time.UTC()}, true
 }
 
 func (f *fixture) ExchangeBootstrap(a sdk.Attempt, mintedAt, at time.Time) string {

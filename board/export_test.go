@@ -52,5 +52,6 @@ func ReplaySQL(n int) map[string]string {
 		"dispatch_lost":      attemptsObs(dispatchLostObsSQL) + tail,
 		"credential_ceiling": attemptsObs(ceilingObsSQL) + tail,
 		"orphan_run":         orphanRunSQL + tail,
+		"pod_lost_floor":     attemptsObsWith(podLostFloorColumns, podLostFloorObsSQL) + tail,
 	}
 }

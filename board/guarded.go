@@ -8,7 +8,8 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// The guarded batch writes (Mark, ConfirmInfra, OverrideInfra, Settle)
+// The guarded batch writes (Mark, ConfirmInfra, OverrideInfra, Settle,
+// RecordPodSightings)
 // share one shape: one statement takes the batch as parallel arrays, share-
 // locks the leader row, applies each request whose guard holds and returns
 // the ordinals that applied with the lease it saw (leadCTE ... batchAnswer). A
@@ -157,7 +158,7 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 	}
 	rows, err := s.pool.Query(ctx, `SELECT m.ord, ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state,
             ti.last_failure_kind, ti.last_heartbeat_at, ti.infra_marked_at, ti.infra_confirmed_at,
-            ti.held_at IS NOT NULL, r.state, ti.pod_uid
+            ti.held_at IS NOT NULL, r.state, ti.pod_uid, ti.executor, ti.running_at
         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS m(run_id, task_id, ord)
         LEFT JOIN task_instances ti ON ti.run_id = m.run_id AND ti.task_id = m.task_id
         LEFT JOIN runs r ON r.run_id = ti.run_id`, runIDs, taskIDs)
@@ -174,10 +175,11 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 			kind, runState        *string
 			hb, marked, confirmed *time.Time
 			held                  *bool
-			podUID                *string
+			podUID, executor      *string
+			runningAt             *time.Time
 		)
 		if err := rows.Scan(&ord, &runID, &taskID, &try, &epoch, &state, &kind, &hb, &marked, &confirmed,
-			&held, &runState, &podUID); err != nil {
+			&held, &runState, &podUID, &executor, &runningAt); err != nil {
 			return nil, fmt.Errorf("read rows of no-ops: %w", err)
 		}
 		if state == nil {
@@ -188,6 +190,7 @@ func (s *Store) guardRows(ctx context.Context, attempts []sdk.Attempt, missed []
 			State:   *state, LastFailureKind: deref(kind),
 			LastHeartbeatAt: timeOrZero(hb), InfraMarkedAt: timeOrZero(marked), InfraConfirmedAt: timeOrZero(confirmed),
 			Held: *held, RunState: deref(runState), PodUID: deref(podUID),
+			Executor: deref(executor), RunningAt: timeOrZero(runningAt),
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -56,6 +56,7 @@ const (
 	ProofStarted    = "started"     // it reported running after the wait
 	ProofActivity   = "activity"    // the run had activity after its quiet
 	ProofRunSuccess = "run_success" // the run succeeded after its quiet
+	ProofPodSeen    = "pod_seen"    // the pod cache received the attempt's pod, Running
 )
 
 // ReplayQuery is the window and the thresholds of a history read.
@@ -127,18 +128,31 @@ type Replay struct {
 // numeric arithmetic (measured over 2,000,000 intervals).
 func usSQL(x string) string { return `round(date_part('epoch', ` + x + `) * 1000000)::bigint` }
 
-// replayAttempts is every attempt of the window ($1): the released ones
-// and the current ones, with the columns the rungs read.
-const replayAttempts = `
-    SELECT h.run_id, h.task_id, h.try_number, h.attempt_epoch, h.state, h.queued_at, h.running_at,
-        h.last_heartbeat_at, h.ended_at, h.last_failure_kind, h.failure_reason, h.infra_marked_at,
-        h.credential_minted_at, h.max_heartbeat_gap
+// replayAttemptsWith is every attempt of the window ($1): the released
+// ones and the current ones, with the columns the rungs read and more
+// (", col, col": one rung's own, which the others need not carry).
+func replayAttemptsWith(more string) string {
+	cols := func(t string) string {
+		out := ""
+		for _, c := range strings.Split(`run_id, task_id, try_number, attempt_epoch, state, queued_at, running_at,
+            last_heartbeat_at, ended_at, last_failure_kind, failure_reason, infra_marked_at,
+            credential_minted_at, max_heartbeat_gap`+more, ",") {
+			if c = strings.TrimSpace(c); c != "" {
+				if out != "" {
+					out += ", "
+				}
+				out += t + "." + c
+			}
+		}
+		return out
+	}
+	return `
+    SELECT ` + cols("h") + `
     FROM attempt_history h WHERE h.released_at >= $1
     UNION ALL
-    SELECT ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state, ti.queued_at, ti.running_at,
-        ti.last_heartbeat_at, ti.ended_at, ti.last_failure_kind, ti.failure_reason, ti.infra_marked_at,
-        ti.credential_minted_at, ti.max_heartbeat_gap
+    SELECT ` + cols("ti") + `
     FROM task_instances ti WHERE ti.updated_at >= $1`
+}
 
 // ownOutcomeSQL is true for an attempt (aliased a) whose end came from its
 // own outcome, reported by its agent or read from its pod: ended, no infra
@@ -281,6 +295,37 @@ obs AS MATERIALIZED (
     FROM runq
 )`
 
+// podLostFloorColumns are the attempts' columns only pod_lost_floor reads
+// (migration 013).
+const podLostFloorColumns = ", pod_missing_max, pod_missing_since"
+
+// podLostFloorObsSQL: the largest end of a window in which the pod cache
+// held no pod of a running kube attempt, minus its running_at. A closed
+// window (pod_missing_max) was ended by the cache receiving the attempt's
+// pod Running: proof in itself. A window left open (pod_missing_since: the
+// cache saw the pod deleted) is ended by the attempt's last proof of life
+// after it: a heartbeat, or its own outcome; with none it proves nothing.
+// Lost: marked pod_lost, after running that long.
+var podLostFloorObsSQL = `SELECT a.run_id, a.task_id, a.try_number, a.attempt_epoch,
+    GREATEST(o.closed_us, o.open_us) AS alive_us,
+    a.running_at AS alive_from,
+    a.running_at + make_interval(secs => GREATEST(o.closed_us, o.open_us) / 1000000.0) AS alive_to,
+    CASE WHEN o.open_us IS NOT NULL AND o.open_us >= coalesce(o.closed_us, 0)
+        THEN CASE WHEN coalesce(o.end_us, -1) >= coalesce(o.beat_us, -1)
+            THEN CASE WHEN a.state = '` + sdk.StateSuccess + `' THEN '` + ProofSuccess + `' ELSE '` + ProofReport + `' END
+            ELSE '` + ProofHeartbeat + `' END
+        ELSE '` + ProofPodSeen + `' END AS proof,
+    CASE WHEN a.failure_reason = '` + sdk.LabelPodLost + `' AND a.infra_marked_at IS NOT NULL AND a.running_at IS NOT NULL
+        THEN GREATEST(0, ` + usSQL("a.infra_marked_at - a.running_at") + `) END AS lost_us,
+    true AS own, a.failure_reason AS reason, a.infra_marked_at AS lost_at, false AS lost_run
+FROM a CROSS JOIN LATERAL (SELECT
+    ` + usSQL("a.pod_missing_max") + ` AS closed_us,
+    CASE WHEN a.pod_missing_since IS NOT NULL AND a.last_heartbeat_at > a.pod_missing_since
+        THEN ` + usSQL("a.last_heartbeat_at - a.running_at") + ` END AS beat_us,
+    CASE WHEN a.pod_missing_since IS NOT NULL AND ` + ownOutcomeSQL + ` AND a.ended_at > a.pod_missing_since
+        THEN ` + usSQL("a.ended_at - a.running_at") + ` END AS end_us) p
+CROSS JOIN LATERAL (SELECT p.closed_us, p.beat_us, p.end_us, GREATEST(p.beat_us, p.end_us) AS open_us) o`
+
 // replayTail reads one rung's answer from its observations (obs): the
 // count, the counts above each threshold (the parameters from $3 on), the
 // quantiles at the fractions $2, the largest values and the lost rows.
@@ -334,6 +379,14 @@ func (s *Store) ReplayCredentialCeiling(ctx context.Context, q ReplayQuery) (Rep
 	return s.replay(ctx, "the credential ceiling", attemptsObs(ceilingObsSQL), q)
 }
 
+// ReplayPodLostFloor reads the history pod_lost_floor judges by: how long
+// running kube attempts had run when a window in which the pod cache held
+// no pod of theirs ended while they lived on, and the attempts marked
+// pod_lost.
+func (s *Store) ReplayPodLostFloor(ctx context.Context, q ReplayQuery) (Replay, error) {
+	return s.replay(ctx, "pod_lost_floor", attemptsObsWith(podLostFloorColumns, podLostFloorObsSQL), q)
+}
+
 // ReplayOrphanRun reads the history orphan_run judges by: runs' longest
 // quiet periods that activity or the run's success ended, and the runs the
 // orphan-run reap failed. A run is in the window when it ended in it or has
@@ -342,8 +395,11 @@ func (s *Store) ReplayOrphanRun(ctx context.Context, q ReplayQuery) (Replay, err
 	return s.replay(ctx, "orphan_run", orphanRunSQL, q)
 }
 
-func attemptsObs(obs string) string {
-	return "WITH a AS (" + replayAttempts + "\n),\nobs AS MATERIALIZED (\n" + obs + "\n)"
+func attemptsObs(obs string) string { return attemptsObsWith("", obs) }
+
+// attemptsObsWith is attemptsObs over replayAttemptsWith(more).
+func attemptsObsWith(more, obs string) string {
+	return "WITH a AS (" + replayAttemptsWith(more) + "\n),\nobs AS MATERIALIZED (\n" + obs + "\n)"
 }
 
 // replayRow is one listed row of a history read, as its JSON says it.

@@ -25,7 +25,9 @@ const (
 // seedReplayHistory fills a database with the benchmark's history. Every
 // task instance succeeded on its fourth try; its earlier tries failed on
 // their own, but one in a hundred was marked agent_lost and one in 137
-// dispatch_lost. Gaps, waits and lives spread over minutes.
+// dispatch_lost. Gaps, waits and lives spread over minutes. One current
+// attempt in seven had a closed pod cache window, one released try in
+// eleven a window left open that its later heartbeat ended.
 func seedReplayHistory(b *testing.B, pool *pgxpool.Pool) {
 	b.Helper()
 	ctx := context.Background()
@@ -37,17 +39,18 @@ func seedReplayHistory(b *testing.B, pool *pgxpool.Pool) {
              $1::timestamptz - interval '6 days' + r * interval '3 minutes' + interval '5 hours'
          FROM generate_series(0, $2::int / $3::int - 1) r`,
 		`INSERT INTO task_instances (run_id, task_id, try_number, executor, state, queued_at, running_at,
-             last_heartbeat_at, ended_at, credential_minted_at, max_heartbeat_gap, updated_at)
+             last_heartbeat_at, ended_at, credential_minted_at, max_heartbeat_gap, pod_missing_max, updated_at)
          SELECT 'run' || lpad((i / $3::int)::text, 6, '0'), 'task' || lpad((i % $3::int)::text, 3, '0'), 4, 'lite',
              'success', t.q, t.q + (i % 50) * interval '1 second', t.q + interval '50 minutes',
              t.q + interval '50 minutes 10 seconds', t.q, (i % 300) * interval '1 second',
+             CASE WHEN i % 7 = 0 THEN (i % 90) * interval '1 second' END,
              t.q + interval '50 minutes 10 seconds'
          FROM generate_series(0, $2::int - 1) i
          CROSS JOIN LATERAL (SELECT $1::timestamptz - interval '6 days' + (i / $3::int) * interval '3 minutes'
              + interval '3 hours' + (i % 60) * interval '1 second' AS q) t`,
 		`INSERT INTO attempt_history (run_id, task_id, try_number, attempt_epoch, executor, state, queued_at,
              running_at, last_heartbeat_at, ended_at, last_failure_kind, failure_reason, infra_marked_at,
-             credential_minted_at, max_heartbeat_gap, released_at)
+             credential_minted_at, max_heartbeat_gap, pod_missing_since, released_at)
          SELECT 'run' || lpad((k / $3::int)::text, 6, '0'), 'task' || lpad((k % $3::int)::text, 3, '0'), j + 1, 0,
              'lite', 'failed', t.q,
              CASE WHEN n % 137 = 0 THEN NULL ELSE t.q + (n % 40) * interval '1 second' END,
@@ -57,6 +60,7 @@ func seedReplayHistory(b *testing.B, pool *pgxpool.Pool) {
              CASE WHEN n % 137 = 0 THEN 'dispatch_lost' WHEN n % 100 = 0 THEN 'agent_lost' ELSE 'exit_code' END,
              CASE WHEN n % 137 = 0 OR n % 100 = 0 THEN t.q + interval '45 minutes' END,
              t.q, CASE WHEN n % 137 = 0 THEN NULL ELSE (n % 240) * interval '1 second' END,
+             CASE WHEN n % 11 = 0 AND n % 137 <> 0 THEN t.q + interval '30 minutes' END,
              t.q + interval '46 minutes'
          FROM generate_series(0, $2::int - 1) k
          CROSS JOIN generate_series(0, $4::int - 1) j
@@ -108,6 +112,8 @@ func BenchmarkReplay1M(b *testing.B) {
 			140*time.Second, 5*time.Minute)},
 		{"DispatchLost", store.ReplayDispatchLost, q(45*time.Second, 90*time.Second, 3*time.Minute, 6*time.Minute,
 			12*time.Minute)},
+		{"PodLostFloor", store.ReplayPodLostFloor, q(15*time.Second, 30*time.Second, 45*time.Second, time.Minute,
+			90*time.Second, 2*time.Minute, 3*time.Minute, 4*time.Minute)},
 		{"OrphanRun", store.ReplayOrphanRun, q(80*time.Second, 150*time.Second, 5*time.Minute, 10*time.Minute,
 			20*time.Minute)},
 		{"CredentialCeiling", store.ReplayCredentialCeiling, q(15*time.Minute, 30*time.Minute, time.Hour,

@@ -60,6 +60,7 @@ func TestReplayOnAnEmptyBoardObservesNothing(t *testing.T) {
 	for name, read := range map[string]func(context.Context, board.ReplayQuery) (board.Replay, error){
 		"agent_lost": b.store.ReplayAgentLost, "dispatch_lost": b.store.ReplayDispatchLost,
 		"orphan_run": b.store.ReplayOrphanRun, "credential_ceiling": b.store.ReplayCredentialCeiling,
+		"pod_lost_floor": b.store.ReplayPodLostFloor,
 	} {
 		rep, err := read(ctx, board.ReplayQuery{Thresholds: []time.Duration{time.Minute}, Quantiles: []float64{0.5, 1}})
 		if err != nil {
@@ -126,5 +127,68 @@ func TestReplayReadsScanTheHistoryOncePerRung(t *testing.T) {
 				t.Fatalf("%s scans %v, want %v", rung, scans, want)
 			}
 		}
+	}
+}
+
+// pod_lost_floor's values: a closed window is its end minus running_at
+// (proved by the pod coming back); an open one ends at the attempt's last
+// heartbeat or its own outcome after it, and with neither proves nothing;
+// a pod_lost mark is lost at its time running.
+func TestReplayPodLostFloorWindows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := base.Add(-time.Hour)
+	at := func(s int) time.Time { return r.Add(time.Duration(s) * time.Second) }
+	b.exec(t, `INSERT INTO runs (run_id, dag_id, state, started_at, updated_at) VALUES ('p', 'dag', 'running', $1, $1)`, r)
+	b.exec(t, `INSERT INTO task_instances (run_id, task_id, try_number, executor, state, queued_at, running_at,
+            last_heartbeat_at, ended_at, last_failure_kind, failure_reason, infra_marked_at, pod_missing_max,
+            pod_missing_since, released_at, updated_at) VALUES
+        ('p', 'beat', 1, 'kube', 'running', $1, $1, $2, NULL, NULL, NULL, NULL, NULL, $3, $1, $2),
+        ('p', 'ok', 1, 'kube', 'success', $1, $1, $4, $5, NULL, NULL, NULL, NULL, $4, $1, $5),
+        ('p', 'gone', 1, 'kube', 'running', $1, $1, $6, NULL, NULL, NULL, NULL, NULL, $7, $1, $7),
+        ('p', 'both', 1, 'kube', 'running', $1, $1, $8, NULL, NULL, NULL, NULL, interval '30 seconds', $9, $1, $8),
+        ('p', 'lost', 1, 'kube', 'failed', $1, $1, NULL, $10, 'infra', 'pod_lost', $10, NULL, NULL, $1, $10)`,
+		at(0), at(300), at(120), at(60), at(180), at(120), at(240), at(40), at(20), at(70))
+	b.exec(t, `INSERT INTO attempt_history (run_id, task_id, try_number, attempt_epoch, executor, state, queued_at,
+            running_at, ended_at, pod_missing_max, released_at) VALUES
+        ('p', 'beat', 0, 0, 'kube', 'success', $1, $1, $2, interval '90 seconds', $2)`, at(-600), at(-300))
+	rep, err := b.store.ReplayPodLostFloor(context.Background(), board.ReplayQuery{
+		Thresholds: []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute}, Quantiles: []float64{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		task  string
+		try   int32
+		value time.Duration
+		proof string
+	}{
+		{"beat", 1, 5 * time.Minute, board.ProofHeartbeat},
+		{"ok", 1, 3 * time.Minute, board.ProofSuccess},
+		{"beat", 0, 90 * time.Second, board.ProofPodSeen},
+		{"both", 1, 40 * time.Second, board.ProofHeartbeat},
+	}
+	if rep.Count != len(want) || len(rep.Largest) != len(want) {
+		t.Fatalf("replay %+v, want %d values", rep, len(want))
+	}
+	for i, w := range want {
+		o := rep.Largest[i]
+		if o.Attempt != (sdk.Attempt{RunID: "p", TaskID: w.task, Try: w.try}) || o.Value != w.value || o.Proof != w.proof {
+			t.Fatalf("value %d: %+v, want %+v", i, o, w)
+		}
+	}
+	if got := rep.Largest[0]; !got.From.Equal(at(0)) || !got.To.Equal(at(300)) {
+		t.Fatalf("the largest measured from %v to %v, want running_at to the heartbeat", got.From, got.To)
+	}
+	if want := []int{3, 2, 1}; len(rep.Exceeding) != 3 || rep.Exceeding[0] != want[0] || rep.Exceeding[1] != want[1] ||
+		rep.Exceeding[2] != want[2] {
+		t.Fatalf("exceeding %v, want %v", rep.Exceeding, want)
+	}
+	if len(rep.Quantiles) != 2 || rep.Quantiles[0] != 40*time.Second || rep.Quantiles[1] != 5*time.Minute {
+		t.Fatalf("quantiles %v", rep.Quantiles)
+	}
+	if len(rep.Lost) != 1 || rep.Lost[0].Attempt.TaskID != "lost" || rep.Lost[0].Value != 70*time.Second ||
+		!rep.Lost[0].Own || rep.Lost[0].Reason != sdk.LabelPodLost {
+		t.Fatalf("lost %+v", rep.Lost)
 	}
 }

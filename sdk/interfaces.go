@@ -80,6 +80,11 @@ type Board interface {
 	OverrideInfra(ctx context.Context, os []Override) ([]MarkResult, error)
 	// Settle settles finished attempts from their outcome records.
 	Settle(ctx context.Context, ss []Settlement) ([]MarkResult, error)
+	// RecordPodSightings records what the pod cache saw of running kube
+	// attempts' pods (at most MaxPodSightings): the history reaperctl
+	// replay judges pod_lost_floor by. It changes no state, so a dry run
+	// records it too.
+	RecordPodSightings(ctx context.Context, ss []PodSighting) ([]MarkResult, error)
 }
 
 // Executions is the part of a substrate a reaper uses: the world where

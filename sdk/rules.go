@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"errors"
 	"slices"
 	"time"
 )
@@ -57,6 +58,11 @@ type TaskRow struct {
 	// PodUID is the UID of the pod recorded for the current attempt (kube;
 	// "" when none is).
 	PodUID string
+	// Executor and RunningAt are the row's executor and the current
+	// attempt's running_at (zero: not running yet): what a PodSighting is
+	// judged by.
+	Executor  string
+	RunningAt time.Time
 	// Sensor, SensorTimeout, FirstPokeAt and TryDispatchedAt are what
 	// RescheduleRefusal judges (see Sensor).
 	Sensor Sensor
@@ -254,6 +260,73 @@ func (s Settlement) Refusal(r TaskRow) string {
 // no pod keep the label rule: not foreign.
 func ForeignPod(recorded, podUID string) bool {
 	return recorded != "" && podUID != "" && recorded != podUID
+}
+
+// Refusal says why the sighting would not apply to the row: it applies
+// only to exactly its attempt, running on kube, with a pod UID recorded
+// (NoopMovedOn otherwise: an attempt that records none cannot tell its pod
+// from another), whose recorded pod is the sighting's (NoopPodNotRecorded
+// otherwise: a pod someone else made with the attempt's labels says
+// nothing of the attempt's own), and only with a part the attempt's
+// running_at precedes (NoopMovedOn otherwise: the pod was missing before
+// the attempt ran, which is the dispatch's wait, not the cache's miss).
+func (s PodSighting) Refusal(r TaskRow) string {
+	switch {
+	case !r.holds(s.Attempt) || r.State != StateRunning || r.Executor != ExecutorKube || r.PodUID == "":
+		return NoopMovedOn
+	case r.PodUID != s.PodUID:
+		return NoopPodNotRecorded
+	case !s.SeenCounts(r.RunningAt) && !s.MissingCounts(r.RunningAt):
+		return NoopMovedOn
+	}
+	return ""
+}
+
+// ValidSighting refuses a sighting that names no pod, says nothing (no
+// SeenAt, no MissingAt), or has its pod deleted before it was seen (at the
+// same instant counts as after: the events came in that order).
+func ValidSighting(s PodSighting) error {
+	switch {
+	case s.PodUID == "":
+		return errors.New("a pod sighting names no pod UID")
+	case s.SeenAt.IsZero() && s.MissingAt.IsZero():
+		return errors.New("a pod sighting with neither a sighting nor a deletion")
+	case !s.SeenAt.IsZero() && !s.MissingAt.IsZero() && s.MissingAt.Before(s.SeenAt):
+		return errors.New("a pod sighting whose deletion is before its sighting")
+	}
+	return nil
+}
+
+// SeenCounts reports whether the sighting's SeenAt ends a window of an
+// attempt running since runningAt: it came after the attempt ran.
+func (s PodSighting) SeenCounts(runningAt time.Time) bool {
+	return !s.SeenAt.IsZero() && !runningAt.IsZero() && runningAt.Before(s.SeenAt)
+}
+
+// MissingCounts reports whether the sighting's MissingAt opens a window of
+// an attempt running since runningAt: the attempt ran by then.
+func (s PodSighting) MissingCounts(runningAt time.Time) bool {
+	return !s.MissingAt.IsZero() && !runningAt.IsZero() && !runningAt.After(s.MissingAt)
+}
+
+// PodMissing is what applying the sighting leaves of the attempt's pod
+// cache history, given the attempt's running_at and what it held
+// (longest: the largest end of a window minus running_at, 0 when none;
+// since: the start of an open window, zero when none). The board's
+// statement does the same in SQL.
+func (s PodSighting) PodMissing(runningAt time.Time, longest time.Duration, since time.Time) (time.Duration, time.Time) {
+	if s.SeenCounts(runningAt) {
+		longest = max(longest, s.SeenAt.Sub(runningAt))
+		since = time.Time{}
+		if s.MissingCounts(runningAt) {
+			since = s.MissingAt
+		}
+		return longest, since
+	}
+	if s.MissingCounts(runningAt) && since.IsZero() {
+		since = s.MissingAt
+	}
+	return longest, since
 }
 
 // OverrideLogPrefix starts the try log line of a durable-SUCCESS override.

@@ -364,6 +364,35 @@ type Override struct {
 	At       time.Time
 }
 
+// MaxPodSightings is the most sightings one RecordPodSightings call takes.
+const MaxPodSightings = ladder.DrainPage
+
+// PodSighting is what the kube substrate's pod cache saw of one attempt's
+// pod since the last sweep, for the history of pod_lost_floor: windows in
+// which the cache held no pod of an attempt that ran on. It is a history
+// stamp, never a verdict: it changes no state and reaps nothing.
+//
+// SeenAt (zero: none) is the last time the cache received the pod already
+// Running without having held it (not in the cache's first list after the
+// substrate started: then the substrate, not the cache, was missing): the
+// cache had no pod of the attempt up to then. MissingAt (zero: none) is
+// the first time after SeenAt that the cache saw the pod deleted: a window
+// opened that only the attempt's own later signs of life can end.
+//
+// The board keeps, for the attempt, the largest SeenAt - running_at
+// (pod_missing_max) and the start of a window left open (pod_missing_since).
+// A sighting applies only to exactly its attempt, running on kube, whose
+// recorded pod UID is PodUID (see Refusal), under the current Term; each
+// task instance at most once a batch.
+type PodSighting struct {
+	Attempt
+	PodUID    string
+	SeenAt    time.Time
+	MissingAt time.Time
+	Term      int64
+	At        time.Time
+}
+
 // Outcome is how a finished execution ended, as its durable outcome record
 // (or the cluster, for a disrupted pod) says.
 type Outcome string

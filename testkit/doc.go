@@ -3,7 +3,8 @@
 // kubetest (a real kube-apiserver, etcd, KWOK and controller manager, a
 // real node beside them, and the kubelet player), testbin (the project's
 // binaries built once per test binary), validatetest, marked (processes a
-// test left, by their marker), massbench (the mass recovery's workload) and
+// test left, by their marker), massbench (the mass recovery's workload), machinecpu
+// (the whole machine's busy CPU time, for benchmarks) and
 // eventually (waiting for what is truly asynchronous).
 //
 // They import the product from above it; product code never imports them

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
@@ -288,34 +290,32 @@ type HeartbeatCall struct {
 // HeartbeatCredential are this one for a single call). Each heartbeat moves
 // last_heartbeat_at to its arrival, never backwards, keeps the attempt's
 // longest silence (max_heartbeat_gap, never counted from before
-// Options.HeardSince), and records what it did to the attempt's credential. Each row is guarded on its own attempt (try
-// and epoch), on its state running and on its run running, so one
-// superseded attempt changes nothing of the others. It answers, per call and
-// in order, shouldTerminate: true when that call's row no longer holds its
-// running attempt. Calls of the same attempt are merged (the latest arrival
-// and its renewal are recorded) and get the same answer.
+// Options.HeardSince), and records what it did to the attempt's
+// credential. Each row is guarded on its own attempt (try and epoch), on
+// its state running and on its run running, so one superseded attempt
+// changes nothing of the others. It answers, per call and in order,
+// shouldTerminate: true when that call's row no longer holds its running
+// attempt. Calls of the same attempt are merged into one row's write
+// (mergeBeats) that records what each of them would have: the latest
+// arrival, the longest silence before or between them, the latest renewal
+// and the first cap; they get the same answer.
 func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall) (shouldTerminate []bool, err error) {
 	if len(calls) == 0 {
 		return nil, nil
 	}
-	idx := make(map[sdk.Attempt]int, len(calls))
+	beats := mergeBeats(calls)
+	n := len(beats)
 	var (
-		runs, tasks   []string
-		tries, epochs []int32
-		renewals      []int32
-		ats           []time.Time
+		runs, tasks     = make([]string, n), make([]string, n)
+		tries, epochs   = make([]int32, n), make([]int32, n)
+		firsts, lasts   = make([]time.Time, n), make([]time.Time, n)
+		gaps            = make([]int64, n)
+		renewed, capped = make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	)
-	for _, c := range calls {
-		if j, dup := idx[c.Attempt]; dup {
-			if c.At.After(ats[j]) {
-				ats[j], renewals[j] = c.At, int32(c.Renewal)
-			}
-			continue
-		}
-		idx[c.Attempt] = len(runs)
-		runs, tasks = append(runs, c.Attempt.RunID), append(tasks, c.Attempt.TaskID)
-		tries, epochs = append(tries, c.Attempt.Try), append(epochs, c.Attempt.Epoch)
-		renewals, ats = append(renewals, int32(c.Renewal)), append(ats, c.At)
+	for i, b := range beats {
+		runs[i], tasks[i], tries[i], epochs[i] = b.attempt.RunID, b.attempt.TaskID, b.attempt.Try, b.attempt.Epoch
+		firsts[i], lasts[i], gaps[i] = b.first, b.last, b.gap.Microseconds()
+		renewed[i], capped[i] = b.renewed, b.capped
 	}
 	what := fmt.Sprintf("board: heartbeat %s", calls[0].Attempt)
 	if len(calls) > 1 {
@@ -329,24 +329,25 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	rows, err := w.pool.Query(ctx, `UPDATE task_instances ti
-        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.at), updated_at = hb.at,
+        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.last), updated_at = hb.last,
             max_heartbeat_gap = GREATEST(ti.max_heartbeat_gap, interval '0',
-                hb.at - GREATEST(COALESCE(ti.last_heartbeat_at, ti.running_at), $7::timestamptz)),
-            credential_renewed_at = CASE WHEN hb.renewal = 1 THEN hb.at ELSE ti.credential_renewed_at END,
-            credential_capped_at = CASE WHEN hb.renewal = 2 THEN COALESCE(ti.credential_capped_at, hb.at)
-                ELSE ti.credential_capped_at END
-        FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::int[], $6::timestamptz[])
-                AS hb (run_id, task_id, try, epoch, renewal, at),
+                hb.first - GREATEST(COALESCE(ti.last_heartbeat_at, ti.running_at), $10::timestamptz),
+                hb.gap_us * interval '1 microsecond'),
+            credential_renewed_at = COALESCE(hb.renewed_at, ti.credential_renewed_at),
+            credential_capped_at = COALESCE(ti.credential_capped_at, hb.capped_at)
+        FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[], $6::timestamptz[], $7::int8[],
+                    $8::timestamptz[], $9::timestamptz[])
+                AS hb (run_id, task_id, try, epoch, first, last, gap_us, renewed_at, capped_at),
              runs r
         WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
             AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
             AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
         RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`,
-		runs, tasks, tries, epochs, renewals, ats, w.since)
+		runs, tasks, tries, epochs, firsts, lasts, gaps, renewed, capped, w.since)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	applied := make(map[sdk.Attempt]bool, len(runs))
+	applied := make(map[sdk.Attempt]bool, n)
 	var a sdk.Attempt
 	if _, err := pgx.ForEachRow(rows, []any{&a.RunID, &a.TaskID, &a.Try, &a.Epoch}, func() error {
 		applied[a] = true
@@ -359,4 +360,72 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 		shouldTerminate[i] = !applied[c.Attempt]
 	}
 	return shouldTerminate, nil
+}
+
+// mergedBeat is what one attempt's calls of a batch record, as one row's
+// write.
+type mergedBeat struct {
+	attempt sdk.Attempt
+	// first and last are its earliest and latest arrivals; gap is the
+	// longest silence between two of its arrivals (0 for one call). With
+	// the silence before first, counted on the row, they are the silences
+	// each call measured.
+	first, last time.Time
+	gap         time.Duration
+	// renewed is its latest arrival that renewed the credential, capped
+	// its earliest that found it capped; NULL: none did.
+	renewed, capped pgtype.Timestamptz
+}
+
+// mergeBeats merges the calls of each attempt, in the order the attempts
+// first appear.
+func mergeBeats(calls []HeartbeatCall) []mergedBeat {
+	idx := make(map[sdk.Attempt]int, len(calls))
+	beats := make([]mergedBeat, 0, len(calls))
+	var arrivals map[int][]time.Time // of the attempts called more than once
+	for _, c := range calls {
+		j, dup := idx[c.Attempt]
+		if !dup {
+			j = len(beats)
+			idx[c.Attempt] = j
+			beats = append(beats, mergedBeat{attempt: c.Attempt, first: c.At, last: c.At})
+		} else {
+			if arrivals == nil {
+				arrivals = map[int][]time.Time{}
+			}
+			if arrivals[j] == nil {
+				arrivals[j] = []time.Time{beats[j].first}
+			}
+			arrivals[j] = append(arrivals[j], c.At)
+		}
+		b := &beats[j]
+		b.first, b.last = minTime(b.first, c.At), maxTime(b.last, c.At)
+		switch {
+		case c.Renewal == Renewed && (!b.renewed.Valid || c.At.After(b.renewed.Time)):
+			b.renewed = pgtype.Timestamptz{Time: c.At, Valid: true}
+		case c.Renewal == Capped && (!b.capped.Valid || c.At.Before(b.capped.Time)):
+			b.capped = pgtype.Timestamptz{Time: c.At, Valid: true}
+		}
+	}
+	for j, ats := range arrivals {
+		slices.SortFunc(ats, time.Time.Compare)
+		for k := 1; k < len(ats); k++ {
+			beats[j].gap = max(beats[j].gap, ats[k].Sub(ats[k-1]))
+		}
+	}
+	return beats
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -23,6 +23,51 @@ func (b *bundle) gapOf(t *testing.T) time.Duration {
 	return time.Duration(*ms) * time.Millisecond
 }
 
+// Calls of one attempt merged into one batch record what each would have
+// recorded alone: the silence each measured (before the first, between
+// them: never the span from the row's last heartbeat to the latest), the
+// latest arrival, the latest renewal (even when a later call renewed
+// nothing) and the first cap.
+func TestMergedHeartbeatsRecordEachCallsSilenceRenewalAndCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b, a, running := runningTask(t)
+	calls := []lifecycle.HeartbeatCall{ // out of order, as a batch may hold them
+		{Attempt: a, Renewal: lifecycle.NotRenewed, At: running.Add(50 * time.Second)},
+		{Attempt: a, Renewal: lifecycle.Renewed, At: running.Add(10 * time.Second)},
+		{Attempt: a, Renewal: lifecycle.Capped, At: running.Add(45 * time.Second)},
+		{Attempt: a, Renewal: lifecycle.Capped, At: running.Add(48 * time.Second)},
+	}
+	stop, err := b.w.HeartbeatCredentials(ctx, calls)
+	if err != nil || len(stop) != len(calls) || stop[0] || stop[3] {
+		t.Fatalf("merged heartbeats: stop %v, %v", stop, err)
+	}
+	// Silences: 10s from running_at, then 35s, 3s, 2s.
+	if got := b.gapOf(t); got != 35*time.Second {
+		t.Fatalf("max_heartbeat_gap = %s, want the longest silence a call measured, 35s", got)
+	}
+	ti, err := b.w.TaskInstance(ctx, a.RunID, a.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ti.LastHeartbeatAt.Equal(running.Add(50*time.Second)) || !ti.CredentialRenewedAt.Equal(running.Add(10*time.Second)) ||
+		!ti.CredentialCappedAt.Equal(running.Add(45*time.Second)) {
+		t.Fatalf("heartbeat %v renewed %v capped %v: want the latest arrival, the renewal, the first cap",
+			ti.LastHeartbeatAt, ti.CredentialRenewedAt, ti.CredentialCappedAt)
+	}
+}
+
+// runningTask is a board with one task running since ten minutes before
+// base.
+func runningTask(t *testing.T) (*bundle, sdk.Attempt, time.Time) {
+	t.Helper()
+	b := setup(t)
+	a := b.task(t)
+	running := base.Add(-10 * time.Minute)
+	b.to(t, a, sdk.StateRunning, running)
+	return b, a, running
+}
+
 func (b *bundle) historyRows(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -40,10 +85,7 @@ func (b *bundle) historyRows(t *testing.T) int {
 func TestTheHeartbeatKeepsTheLongestSilenceButNotTheAPIsOwnDowntime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	a := b.task(t)
-	running := base.Add(-10 * time.Minute)
-	b.to(t, a, sdk.StateRunning, running)
+	b, a, running := runningTask(t)
 	beat := func(w *lifecycle.Writer, at time.Time) {
 		t.Helper()
 		stop, err := w.HeartbeatCredentials(ctx, []lifecycle.HeartbeatCall{{Attempt: a, At: at}})

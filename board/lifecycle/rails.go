@@ -44,7 +44,8 @@ const clearAttempt = `queued_at = NULL, running_at = NULL, last_heartbeat_at = N
     last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
     infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL, pod_uid = NULL,
     credential_minted_at = NULL, credential_renewed_at = NULL, credential_capped_at = NULL,
-    credential_exchanged_at = NULL, max_heartbeat_gap = NULL, pod_created_at = NULL`
+    credential_exchanged_at = NULL, max_heartbeat_gap = NULL, pod_created_at = NULL,
+    pod_missing_max = NULL, pod_missing_since = NULL`
 
 var (
 	retryRail = rail{

@@ -322,6 +322,23 @@ func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([
 		l.Board.OverrideInfra, &l.overrides)
 }
 
+// RecordPodSightings records the pod cache's history while the pass is
+// open; after Close it is refused like every other write. Nothing of it is
+// kept: it is history, no write a decision covers.
+func (l *Ledger) RecordPodSightings(ctx context.Context, ss []sdk.PodSighting) ([]sdk.MarkResult, error) {
+	var first sdk.Attempt
+	if len(ss) > 0 {
+		first = ss[0].Attempt
+	}
+	if err := l.begin("record pod sightings", len(ss), first); err != nil {
+		return nil, fmt.Errorf("record %d pod sightings: %w", len(ss), err)
+	}
+	defer l.wg.Done()
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	return l.Board.RecordPodSightings(wctx, ss)
+}
+
 // ReapRun reaps the run and keeps the reap if it applied.
 func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
 	if err := l.begin("reap a run", 1, sdk.Attempt{RunID: r.RunID}); err != nil {

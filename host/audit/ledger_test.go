@@ -152,6 +152,10 @@ func TestLedger(t *testing.T) {
 		if _, err := l.ReapRun(context.Background(), sdk.RunReap{RunID: "run", Term: term, At: t0}); !errors.Is(err, audit.ErrPassOver) {
 			t.Fatalf("reap run after the pass: %v", err)
 		}
+		if _, err := l.RecordPodSightings(context.Background(), []sdk.PodSighting{{Attempt: as[0], PodUID: "uid",
+			SeenAt: t0, Term: term, At: t0}}); !errors.Is(err, audit.ErrPassOver) {
+			t.Fatalf("pod sightings after the pass: %v", err)
+		}
 	})
 }
 

@@ -6,15 +6,26 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/secretfile"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // AttemptAPIAddrDefault is attempt_api.listen's default.
 const AttemptAPIAddrDefault = "127.0.0.1:9465"
+
+// HeartbeatWindowDefault is attempt_api.heartbeat_window's default: how
+// long a batch of heartbeats waits for company before it is written.
+const HeartbeatWindowDefault = 20 * time.Millisecond
+
+// heartbeatWindowShare is how small the window must be beside the
+// ladder's heartbeat and beside the silence agent_lost allows a live
+// agent on top of it (agent_lost - heartbeat): at most a tenth of each.
+const heartbeatWindowShare = 10
 
 // AttemptAPI is the attempt_api block: where every replica serves the
 // attempt API agents report through, and the keys and certificate it uses.
@@ -34,6 +45,17 @@ type AttemptAPI struct {
 	StateDir string
 	// Limits bound the server's connections (the keys of Telemetry.Limits).
 	Limits httplimit.Limits
+	// HeartbeatWindow is how long a batch of heartbeats waits for company
+	// before it is written (attemptapi.ServerConfig.HeartbeatWindow); 0:
+	// written as soon as a writer is free. Default HeartbeatWindowDefault.
+	HeartbeatWindow time.Duration
+}
+
+// defaultAttemptAPI is the attempt_api block's settings when the file has
+// none.
+func defaultAttemptAPI() AttemptAPI {
+	return AttemptAPI{Listen: AttemptAPIAddrDefault, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI(),
+		HeartbeatWindow: HeartbeatWindowDefault}
 }
 
 // DefaultAttemptAPIStateDir is the default attempt_api.state_dir.
@@ -50,20 +72,23 @@ type attemptAPIBlock struct {
 	TLSCA          string `reaper:"tls_ca"`
 	SigningKeyFile string `reaper:"signing_key_file"`
 	StateDir       string `reaper:"state_dir"`
+	// HeartbeatWindow is read as given; validateHeartbeatWindow holds it to
+	// the ladder once the whole file is read.
+	HeartbeatWindow time.Duration `reaper:"heartbeat_window"`
 	serverLimits
 }
 
 func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultAttemptAPI()
-	ab := attemptAPIBlock{Listen: AttemptAPIAddrDefault, serverLimits: limitsBlock(defaults)}
+	ab := attemptAPIBlock{Listen: AttemptAPIAddrDefault, HeartbeatWindow: HeartbeatWindowDefault, serverLimits: limitsBlock(defaults)}
 	ranges, diags := decodeInto(b.Body, &ab)
 	api := AttemptAPI{
 		Listen: ab.Listen, Advertise: ab.Advertise,
 		TLSCert: cfg.relative(ab.TLSCert), TLSKey: cfg.relative(ab.TLSKey),
 		TLSCA: cfg.relative(ab.TLSCA), SigningKeyFile: cfg.relative(ab.SigningKeyFile),
-		StateDir: cfg.relative(ab.StateDir),
+		StateDir: cfg.relative(ab.StateDir), HeartbeatWindow: ab.HeartbeatWindow,
 	}
-	for _, k := range []string{"tls_cert", "tls_key", "tls_ca", "signing_key_file"} {
+	for _, k := range []string{"tls_cert", "tls_key", "tls_ca", "signing_key_file", "heartbeat_window"} {
 		if rr, ok := ranges[k]; ok {
 			cfg.ranges["attempt_api."+k] = rr
 		}
@@ -100,6 +125,33 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	}
 	cfg.AttemptAPI = api
 	return diags
+}
+
+// validateHeartbeatWindow refuses, at its key, a heartbeat window that is
+// negative or not far below the ladder: at most a tenth of the heartbeat,
+// and a tenth of agent_lost - heartbeat (the silence the agent-lost reaper
+// allows a live agent past its heartbeat, which the window's delay of each
+// write eats into). Run after the ladder is decoded (the block may come
+// before it in the file).
+func (cfg *Config) validateHeartbeatWindow() hcl.Diagnostics {
+	w, l := cfg.AttemptAPI.HeartbeatWindow, cfg.Ladder
+	var rule string
+	switch {
+	case w < 0:
+		rule = fmt.Sprintf("attempt_api.heartbeat_window (%s) must not be negative (0: no window)", ladder.Format(w))
+	case w > l.Heartbeat/heartbeatWindowShare:
+		rule = fmt.Sprintf("attempt_api.heartbeat_window (%s) must be at most a tenth of the heartbeat (%s): "+
+			"every heartbeat's write and answer wait up to one window", ladder.Format(w), ladder.Format(l.Heartbeat))
+	case l.AgentLost > l.Heartbeat && w > (l.AgentLost-l.Heartbeat)/heartbeatWindowShare:
+		rule = fmt.Sprintf("attempt_api.heartbeat_window (%s) must be at most a tenth of agent_lost - heartbeat (%s - %s): "+
+			"a live agent's recorded silence grows by up to one window", ladder.Format(w),
+			ladder.Format(l.AgentLost), ladder.Format(l.Heartbeat))
+	default:
+		return nil
+	}
+	subject := cfg.rangeOf([]string{"attempt_api.heartbeat_window"})
+	return hcl.Diagnostics{{Severity: hcl.DiagError, Subject: &subject,
+		Summary: "Invalid heartbeat window", Detail: rule + "."}}
 }
 
 // checkKeyFiles refuses, at its key, a private key file that others may

@@ -193,7 +193,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		Leader:     Leader{Kind: LeaderPostgres, Lease: LeaseDefault},
 		Ladder:     ladder.Defaults(),
 		Telemetry:  Telemetry{Listen: TelemetryAddrDefault, Limits: httplimit.DefaultTelemetry()},
-		AttemptAPI: AttemptAPI{Listen: AttemptAPIAddrDefault, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI()},
+		AttemptAPI: defaultAttemptAPI(),
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
 
@@ -207,6 +207,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 	diags = append(diags, cfg.checkKeyFiles()...)
 	diags = append(diags, cfg.validateLadder()...)
 	diags = append(diags, cfg.validateWorkerCeiling()...)
+	diags = append(diags, cfg.validateHeartbeatWindow()...)
 	return cfg, diags
 }
 

@@ -533,7 +533,8 @@ func TestAttemptAPIBlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.AttemptAPI.Listen != config.AttemptAPIAddrDefault || cfg.AttemptAPI.StateDir != config.DefaultAttemptAPIStateDir() {
+		if cfg.AttemptAPI.Listen != config.AttemptAPIAddrDefault || cfg.AttemptAPI.StateDir != config.DefaultAttemptAPIStateDir() ||
+			cfg.AttemptAPI.HeartbeatWindow != config.HeartbeatWindowDefault {
 			t.Fatalf("attempt_api = %+v", cfg.AttemptAPI)
 		}
 	})
@@ -553,11 +554,50 @@ func TestAttemptAPIBlock(t *testing.T) {
 		}
 		want := config.AttemptAPI{Listen: "10.0.0.5:9465", Advertise: "https://reaper.internal:9465",
 			TLSCert: "/etc/reaper/tls/api.crt", TLSKey: "/etc/reaper/tls/api.key", TLSCA: "/etc/ssl/ca.pem",
-			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state", Limits: httplimit.DefaultAttemptAPI()}
+			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state", Limits: httplimit.DefaultAttemptAPI(),
+			HeartbeatWindow: config.HeartbeatWindowDefault}
 		if cfg.AttemptAPI != want {
 			t.Fatalf("attempt_api = %+v\nwant %+v", cfg.AttemptAPI, want)
 		}
 	})
+}
+
+// The heartbeat window is held far below the ladder it is read with (the
+// ladder block may follow it): a tenth of the heartbeat and of agent_lost -
+// heartbeat at most, never negative; a refusal names the key and its line.
+func TestHeartbeatWindow(t *testing.T) {
+	window := func(w string) string { return minimal + "attempt_api {\n  heartbeat_window = \"" + w + "\"\n}\n" }
+	for _, tc := range []struct {
+		name, src string
+		want      time.Duration
+	}{
+		{"Zero_NoWindow", window("0s"), 0},
+		{"FiftyMilliseconds_Accepted", window("50ms"), 50 * time.Millisecond},
+		{"ATenthOfTheHeartbeat_Accepted", window("1500ms"), 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parse(t, tc.src, nil)
+			if err != nil || cfg.AttemptAPI.HeartbeatWindow != tc.want {
+				t.Fatalf("heartbeat_window: %v, %v; want %s", cfg, err, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"Negative_Refused", window("-1ms"), "must not be negative"},
+		{"OverATenthOfTheHeartbeat_Refused", window("1501ms"), "at most a tenth of the heartbeat (15s)"},
+		{"OverATenthOfAShorterHeartbeatGivenAfter_Refused", window("600ms") + "ladder {\n  heartbeat = \"5s\"\n}\n",
+			"at most a tenth of the heartbeat (5s)"},
+		{"OverATenthOfAgentLostPastTheHeartbeat_Refused", window("200ms") + "ladder {\n  agent_lost = \"16s\"\n}\n",
+			"at most a tenth of agent_lost - heartbeat"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.src, nil)
+			if err == nil || !strings.Contains(err.Error(), "reaper.hcl:4:") ||
+				!strings.Contains(err.Error(), "attempt_api.heartbeat_window") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a refusal at reaper.hcl:4 saying %q", err, tc.want)
+			}
+		})
+	}
 }
 
 // Each kube-only rung of the ladder, broken in the file: a Lite

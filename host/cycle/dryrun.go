@@ -48,6 +48,14 @@ func (b dryRunBoard) Settle(_ context.Context, ss []sdk.Settlement) ([]sdk.MarkR
 	return dryRunResults(ss, func(s sdk.Settlement) sdk.Attempt { return s.Attempt }), nil
 }
 
+// RecordPodSightings goes through: it is the history reaperctl replay
+// calibrates pod_lost_floor by, and a dry run is that calibration. It
+// changes no state and decides nothing, as the attempt API keeps recording
+// heartbeat silences in a dry run.
+func (b dryRunBoard) RecordPodSightings(ctx context.Context, ss []sdk.PodSighting) ([]sdk.MarkResult, error) {
+	return b.Board.RecordPodSightings(ctx, ss)
+}
+
 // dryRunResults answers every request of a batch as a dry-run no-op.
 func dryRunResults[T any](reqs []T, attempt func(T) sdk.Attempt) []sdk.MarkResult {
 	out := make([]sdk.MarkResult, len(reqs))

@@ -43,4 +43,17 @@ func TestDryRunBoardRefusesTheReconcilersWrites(t *testing.T) {
 	if real.Row(a) != before || real.Writes() != 0 || len(real.Log(a)) != 0 {
 		t.Fatalf("a dry run wrote: %+v (writes %d)", real.Row(a), real.Writes())
 	}
+
+	// The pod cache's history is the calibration a dry run is for: it goes
+	// through, and changes no state.
+	r := real.Put(sdktest.TaskInstance{RunID: "r", TaskID: "running", State: sdk.StateRunning, Executor: sdk.ExecutorKube,
+		RunningAt: now.Add(-time.Hour), PodUID: "uid"})
+	res, err := dry.RecordPodSightings(ctx, []sdk.PodSighting{{Attempt: r, PodUID: "uid", SeenAt: now.Add(-59 * time.Minute),
+		Term: 1, At: now}})
+	if err != nil || len(res) != 1 || !res[0].Applied {
+		t.Fatalf("pod sightings in a dry run: %+v %v", res, err)
+	}
+	if got := real.Row(r); got.PodMissingMax != time.Minute || got.State != sdk.StateRunning {
+		t.Fatalf("after the sightings: %+v", got)
+	}
 }

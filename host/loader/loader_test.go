@@ -140,6 +140,10 @@ func (b *recordingBoard) Settle(context.Context, []sdk.Settlement) ([]sdk.MarkRe
 	return nil, nil
 }
 
+func (b *recordingBoard) RecordPodSightings(context.Context, []sdk.PodSighting) ([]sdk.MarkResult, error) {
+	return nil, nil
+}
+
 // scriptedExec answers liveness from a map.
 type scriptedExec struct {
 	answers map[sdk.Attempt]sdk.Liveness
@@ -279,6 +283,7 @@ func TestLaunch(t *testing.T) {
 		confirmed := provisional("lost", sdk.LabelPodLost, now.Add(-100*time.Second))
 		overridden := provisional("finished", sdk.LabelAgentLost, now.Add(-time.Minute))
 		running := board.PutRunning("r", "done", now.Add(-time.Hour), now.Add(-time.Minute))
+		board.Update("r", "done", func(t *sdktest.TaskInstance) { t.PodUID = "uid-done" })
 
 		res, err := p.Substrate().Sweep(context.Background(), sdk.SweepRequest{Now: now, Term: board.Term()}, board)
 		if err != nil {
@@ -301,6 +306,12 @@ func TestLaunch(t *testing.T) {
 		}
 		if r := board.Row(running); r.State != sdk.StateSuccess || !r.EndedAt.Equal(now) {
 			t.Fatalf("the settled attempt: %+v", r)
+		}
+		// The pod sighting went through the brokered board before the
+		// settlement.
+		if r := board.Row(running); r.PodMissingMax != 30*time.Minute || !r.PodMissingSince.IsZero() {
+			t.Fatalf("the pod cache's history of the settled attempt: max %s since %v, want 30m and none",
+				r.PodMissingMax, r.PodMissingSince)
 		}
 	})
 

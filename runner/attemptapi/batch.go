@@ -3,25 +3,41 @@ package attemptapi
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/testsignal"
+	"github.com/dexaflow/reaper/sdk/clock"
 )
 
-// heartbeatBatcher coalesces concurrent heartbeats into batched writes, the
-// way a database groups commits: a heartbeat joins the pending list; while
-// fewer than flushers batches are being written, the caller takes a flush
-// slot and writes everything pending (its own and whatever arrived while the
-// previous batch was in flight) in one statement and one commit. No timer:
-// a lone heartbeat is written at once, and batches grow only when writes
-// queue behind each other. Each caller is answered its own row's result.
+// heartbeatBatcher writes heartbeats in batches, the way a database groups
+// commits, each batch waiting at most one window for company:
+//
+//   - A heartbeat joins the open batch; the first to join it opens it and
+//     leads it.
+//   - The leader waits until the window has passed since it opened the
+//     batch (not at all when the window is zero) or the batch is full, then
+//     for one of the write slots (at most flushers batches are written at
+//     once). Heartbeats keep joining meanwhile.
+//   - Then it closes the batch (the next heartbeat opens another) and
+//     writes it in one statement and one commit, and answers each heartbeat
+//     from its own row's guard.
+//
+// No heartbeat is answered before the board has judged it: what a
+// heartbeat may wait for is the window, a write slot and its batch's
+// write. What the window delays is the write of last_heartbeat_at (the
+// time written is the heartbeat's arrival) and the answer, should_terminate
+// included; a batch whose write fails answers each of its heartbeats with
+// the error, so none is acknowledged unwritten.
 type heartbeatBatcher struct {
-	write func(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
-	max   int           // most heartbeats in one batch
-	slots chan struct{} // one per batch being written
+	write  func(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
+	clock  clock.Clock
+	window time.Duration // how long a batch waits for company; 0: none
+	max    int           // most heartbeats in one batch
+	slots  chan struct{} // one per batch being written
 
-	mu      sync.Mutex
-	pending []*pendingHeartbeat
+	mu   sync.Mutex
+	open *heartbeatBatch // the batch heartbeats join; nil: none open
 
 	// testSignals are the points tests wait for; no-ops unless a test
 	// initialised them.
@@ -30,8 +46,16 @@ type heartbeatBatcher struct {
 
 // batcherTestSignals are the points of the batcher a test can wait for.
 type batcherTestSignals struct {
-	// joined: a heartbeat joined the pending list.
+	// joined: a heartbeat joined a batch.
 	joined testsignal.TestSignal[lifecycle.HeartbeatCall]
+}
+
+// heartbeatBatch is one batch: its heartbeats, and whether it is being
+// written (then none joins or leaves it).
+type heartbeatBatch struct {
+	calls   []*pendingHeartbeat
+	full    chan struct{} // closed when the batch reaches max
+	writing bool
 }
 
 type pendingHeartbeat struct {
@@ -44,52 +68,70 @@ type heartbeatResult struct {
 	err             error
 }
 
-func newHeartbeatBatcher(write func(context.Context, []lifecycle.HeartbeatCall) ([]bool, error), flushers, max int) *heartbeatBatcher {
-	return &heartbeatBatcher{write: write, max: max, slots: make(chan struct{}, flushers)}
+func newHeartbeatBatcher(write func(context.Context, []lifecycle.HeartbeatCall) ([]bool, error), clk clock.Clock,
+	window time.Duration, flushers, max int) *heartbeatBatcher {
+	return &heartbeatBatcher{write: write, clock: clk, window: window, max: max, slots: make(chan struct{}, flushers)}
 }
 
 // heartbeat records c in a batch and answers its shouldTerminate. A caller
-// whose ctx ends while its heartbeat is still pending takes it back; once
-// its batch is being written, it is written, and the caller is told ctx's
-// error.
+// whose ctx ends while its batch is still open takes its heartbeat back;
+// once its batch is being written, it is written, and the caller is told
+// ctx's error. A leader's heartbeat is written with its batch even when
+// its caller has gone: the others wait on it.
 func (b *heartbeatBatcher) heartbeat(ctx context.Context, c lifecycle.HeartbeatCall) (bool, error) {
 	p := &pendingHeartbeat{call: c, done: make(chan heartbeatResult, 1)}
 	b.mu.Lock()
-	b.pending = append(b.pending, p)
+	bt := b.open
+	lead := bt == nil
+	if lead {
+		bt = &heartbeatBatch{full: make(chan struct{})}
+		b.open = bt
+	}
+	bt.calls = append(bt.calls, p)
+	if len(bt.calls) == b.max {
+		close(bt.full)
+		b.open = nil
+	}
 	b.mu.Unlock()
 	b.testSignals.joined.Signal(c)
-	for {
+	if lead {
+		b.lead(context.WithoutCancel(ctx), bt)
+	}
+	select {
+	case r := <-p.done:
+		return r.shouldTerminate, r.err
+	case <-ctx.Done():
+		if b.withdraw(bt, p) {
+			return false, ctx.Err()
+		}
 		select {
 		case r := <-p.done:
 			return r.shouldTerminate, r.err
-		case b.slots <- struct{}{}:
-			b.flush(context.WithoutCancel(ctx))
-			<-b.slots
-		case <-ctx.Done():
-			if b.withdraw(p) {
-				return false, ctx.Err()
-			}
-			select {
-			case r := <-p.done:
-				return r.shouldTerminate, r.err
-			default:
-				return false, ctx.Err()
-			}
+		default:
+			return false, ctx.Err()
 		}
 	}
 }
 
-// flush writes up to max pending heartbeats and answers each of them.
-func (b *heartbeatBatcher) flush(ctx context.Context) {
-	b.mu.Lock()
-	n := min(len(b.pending), b.max)
-	batch := append([]*pendingHeartbeat(nil), b.pending[:n]...)
-	b.pending = append(b.pending[:0], b.pending[n:]...)
-	b.mu.Unlock()
-	if n == 0 {
-		return
+// lead waits out bt's window (or until it is full) and a write slot, then
+// writes bt and answers each of its heartbeats.
+func (b *heartbeatBatcher) lead(ctx context.Context, bt *heartbeatBatch) {
+	if b.window > 0 {
+		select {
+		case <-b.clock.After(b.window):
+		case <-bt.full:
+		}
 	}
-	calls := make([]lifecycle.HeartbeatCall, n)
+	b.slots <- struct{}{}
+	defer func() { <-b.slots }()
+	b.mu.Lock()
+	if b.open == bt {
+		b.open = nil
+	}
+	bt.writing = true
+	batch := bt.calls
+	b.mu.Unlock()
+	calls := make([]lifecycle.HeartbeatCall, len(batch))
 	for i, p := range batch {
 		calls[i] = p.call
 	}
@@ -103,15 +145,29 @@ func (b *heartbeatBatcher) flush(ctx context.Context) {
 	}
 }
 
-// withdraw takes p back from the pending list; false when a flush has it.
-func (b *heartbeatBatcher) withdraw(p *pendingHeartbeat) bool {
+// withdraw takes p back from bt while bt is not being written; false once
+// it is.
+func (b *heartbeatBatcher) withdraw(bt *heartbeatBatch, p *pendingHeartbeat) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, q := range b.pending {
+	if bt.writing {
+		return false
+	}
+	for i, q := range bt.calls {
 		if q == p {
-			b.pending = append(b.pending[:i], b.pending[i+1:]...)
+			bt.calls = append(bt.calls[:i], bt.calls[i+1:]...)
 			return true
 		}
 	}
 	return false
+}
+
+// pending is how many heartbeats wait in the open batch.
+func (b *heartbeatBatcher) pending() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open == nil {
+		return 0
+	}
+	return len(b.open.calls)
 }

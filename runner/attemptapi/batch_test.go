@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -60,7 +63,7 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 		}
 		return w.HeartbeatCredentials(ctx, calls)
 	}
-	hb := newHeartbeatBatcher(write, 1, 100)
+	hb := newHeartbeatBatcher(write, clock.Real{}, 0, 1, 100)
 	hb.testSignals.joined.Init(t)
 
 	type answer struct {
@@ -80,9 +83,7 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 	// wait behind the first batch.
 	wantPending := func(n int) {
 		t.Helper()
-		hb.mu.Lock()
-		got := len(hb.pending)
-		hb.mu.Unlock()
+		got := hb.pending()
 		mu.Lock()
 		flushing := len(batches)
 		mu.Unlock()
@@ -123,5 +124,47 @@ func TestHeartbeatBatchAnswersEachCallerItsOwnResult(t *testing.T) {
 		if got := ti.LastHeartbeatAt.Equal(now.Add(time.Minute)); got != beat {
 			t.Fatalf("%s: heartbeat recorded %v (at %v), want %v", id, got, ti.LastHeartbeatAt, beat)
 		}
+	}
+}
+
+// A window's batch whose write fails answers each of its heartbeats with
+// the error, none acknowledged; heartbeats that join while the batch waits
+// out its window share its one write.
+func TestHeartbeatWindowFailureFailsEveryHeartbeatOfTheBatch(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.DSN(pgtest.NewDB(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := lifecycle.New(pool, lifecycle.Options{})
+	var writes int
+	write := func(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error) {
+		writes++
+		return w.HeartbeatCredentials(ctx, calls)
+	}
+	wclk := clock.NewFake(time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC))
+	hb := newHeartbeatBatcher(write, wclk, time.Second, 1, 100)
+	hb.testSignals.joined.Init(t)
+	errs := make(chan error, 2)
+	for _, id := range []string{"a", "b"} {
+		go func() {
+			_, err := hb.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: sdk.Attempt{RunID: "run", TaskID: id, Try: 1},
+				Renewal: lifecycle.Renewed, At: wclk.Now()})
+			errs <- err
+		}()
+		hb.testSignals.joined.WaitOrTimeout()
+	}
+	if got := hb.pending(); got != 2 {
+		t.Fatalf("%d heartbeats in the open batch, want 2", got)
+	}
+	pool.Close() // the board is gone when the window ends
+	wclk.Advance(time.Second)
+	for range 2 {
+		if err := <-errs; err == nil {
+			t.Fatal("a heartbeat whose batch was not written was acknowledged")
+		}
+	}
+	if writes != 1 {
+		t.Fatalf("%d writes, want the batch's one", writes)
 	}
 }

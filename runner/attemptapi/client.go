@@ -49,11 +49,19 @@ type Client struct {
 }
 
 // NewClient dials base (https://host:port), trusting caPEM ("" = the
-// system's roots), with the attempt's token.
+// system's roots), with the attempt's token, over a transport of its own.
 func NewClient(base, token, caPEM string) (*Client, error) {
-	if base == "" || token == "" {
-		return nil, errors.New("attempt api client: no API address or no token")
+	tr, err := NewTransport(caPEM)
+	if err != nil {
+		return nil, err
 	}
+	return NewClientOver(base, token, &http.Client{Transport: tr})
+}
+
+// NewTransport is the agent's transport to the API, trusting caPEM ("" =
+// the system's roots): it keeps its connection alive between heartbeats
+// (the API's idle_timeout is far above the heartbeat).
+func NewTransport(caPEM string) (*http.Transport, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caPEM != "" {
 		pool := x509.NewCertPool()
@@ -62,9 +70,19 @@ func NewClient(base, token, caPEM string) (*Client, error) {
 		}
 		tc.RootCAs = pool
 	}
-	tr := &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
-		ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}
-	return &Client{base: strings.TrimSuffix(base, "/"), hc: &http.Client{Transport: tr}, token: token}, nil
+	return &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}, nil
+}
+
+// NewClientOver is a client of base with the attempt's token over hc's
+// connections, which it shares with the other clients given hc (a process
+// that speaks for many attempts; Close then closes hc's idle connections
+// for all of them).
+func NewClientOver(base, token string, hc *http.Client) (*Client, error) {
+	if base == "" || token == "" || hc == nil {
+		return nil, errors.New("attempt api client: no API address, no token or no HTTP client")
+	}
+	return &Client{base: strings.TrimSuffix(base, "/"), hc: hc, token: token}, nil
 }
 
 // ClientFromEnv builds the client from the environment a runner gave the

@@ -18,7 +18,6 @@ import (
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/testkit/eventually"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -101,31 +100,7 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 	}
 	served := attemptapi.Serve(sctx, ln, srv, hclog.NewNullLogger())
 
-	var updBefore, commitsBefore int64
-	// readStats reads the server's statistics once every open session of
-	// the setup's pool has handed its pending counts over (a backend does
-	// so when it goes idle after pg_stat_force_next_flush, or when it exits).
-	readStats := func() (int64, int64) {
-		var upd, commits int64
-		for _, c := range setupPool.AcquireAllIdle(ctx) {
-			_, err := c.Exec(ctx, "SELECT pg_stat_force_next_flush()")
-			c.Release()
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-		if _, err := setupPool.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
-			b.Fatal(err)
-		}
-		if err := setupPool.QueryRow(ctx, `SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'task_instances'`).Scan(&upd); err != nil {
-			b.Fatal(err)
-		}
-		if err := setupPool.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&commits); err != nil {
-			b.Fatal(err)
-		}
-		return upd, commits
-	}
-	updBefore, commitsBefore = readStats()
+	before := pgtest.ReadWriteCounts(b, setupPool, "task_instances")
 
 	clients := make([]*attemptapi.Client, loadAgents)
 	for i := range clients {
@@ -186,15 +161,8 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 		b.Fatal(err)
 	}
 	apiPool.Close() // its backends flush their statistics as they exit
-	eventually.True(b, 30*time.Second, "the API's sessions to end", func() bool {
-		var left int
-		if err := setupPool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`,
-			apiApplication).Scan(&left); err != nil {
-			b.Fatal(err)
-		}
-		return left == 0
-	})
-	upd, commits := readStats()
+	pgtest.WaitSessionsEnd(b, setupPool, apiApplication)
+	after := pgtest.ReadWriteCounts(b, setupPool, "task_instances")
 
 	n := len(latencies)
 	if len(firsts) == 0 {
@@ -218,8 +186,8 @@ func benchHeartbeatLoad(b *testing.B, loadAgents int) {
 	if len(steady) > 0 {
 		b.ReportMetric(q(steady, 0.99), "steady-p99-ms")
 	}
-	b.ReportMetric(float64(upd-updBefore)/float64(all), "rows-updated/heartbeat")
+	b.ReportMetric(float64(after.Updated-before.Updated)/float64(all), "rows-updated/heartbeat")
 	// Transactions include this benchmark's own two statistics reads.
-	b.ReportMetric(float64(commits-commitsBefore)/float64(all), "commits/heartbeat")
+	b.ReportMetric(float64(after.Commits-before.Commits)/float64(all), "commits/heartbeat")
 	b.ReportMetric(float64(failures), "failed")
 }

@@ -74,6 +74,17 @@ type ServerConfig struct {
 	// HeartbeatBatch is the most heartbeats written in one batch. Default
 	// 500.
 	HeartbeatBatch int
+	// HeartbeatWindow is how long a batch of heartbeats waits for company
+	// before it is written (attempt_api.heartbeat_window): each heartbeat's
+	// write, and its answer, wait at most this long for it. 0: a batch is
+	// written as soon as a writer is free.
+	HeartbeatWindow time.Duration
+	// WindowClock times the heartbeat window. Default clock.Real{}, even
+	// when Clock is another: the window delays writes and answers and
+	// decides nothing (the times written are Clock's), and a fake Clock
+	// would hold every heartbeat until its test moved it. A test of the
+	// window itself sets a fake one.
+	WindowClock clock.Clock
 }
 
 // DecisionSource is the reaper name the attempt API's decisions carry.
@@ -97,6 +108,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.WindowClock == nil {
+		cfg.WindowClock = clock.Real{}
+	}
 	if cfg.HeartbeatWriters <= 0 {
 		cfg.HeartbeatWriters = 2
 	}
@@ -104,7 +118,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.HeartbeatBatch = 500
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
-		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
+		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.WindowClock, max(cfg.HeartbeatWindow, 0),
+			cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
 	s.mux.HandleFunc(PathRunning, s.handle(CallRunning, s.running))
 	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
@@ -139,6 +154,7 @@ func refuse(status int, code, format string, args ...any) *refusal {
 // worker's for a claim), its now.
 type call struct {
 	req    Request
+	token  string // the bearer token, verified
 	claims attempttoken.Claims
 	// worker is the worker token's claims (claim), or the claims of a
 	// worker exchange's bootstrap token.
@@ -233,7 +249,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if err != nil {
 		return Response{}, tokenRefusal(err)
 	}
-	return h(r.Context(), call{req: req, claims: claims, now: now})
+	return h(r.Context(), call{req: req, token: token, claims: claims, now: now})
 }
 
 func tokenRefusal(err error) *refusal {
@@ -269,32 +285,62 @@ func (s *Server) running(ctx context.Context, c call) (Response, error) {
 	return Response{ShouldTerminate: term}, nil
 }
 
-// heartbeat records the heartbeat and renews the credential while it is
-// younger than the ceiling, in one write, batched with the heartbeats that
-// arrive meanwhile.
+// heartbeat records the heartbeat and what it does to the credential (see
+// renewalOf), in one write batched with the heartbeats that arrive
+// meanwhile, and answers with a renewed token only once the board has
+// accepted the heartbeat.
 func (s *Server) heartbeat(ctx context.Context, c call) (Response, error) {
-	renew := s.cfg.Ceiling <= 0 || c.now.Sub(c.claims.MintedAt) < s.cfg.Ceiling
-	r := lifecycle.Capped
-	if renew {
-		r = lifecycle.Renewed
-	}
+	keys := s.cfg.Keys()
+	r := renewalOf(c.claims, c.now, s.cfg.TTL, s.cfg.Ceiling, keys.SignedWithCurrent(c.token))
 	term, err := s.heartbeats.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: c.req.Attempt(), Renewal: r, At: c.now})
 	if err != nil {
 		return Response{}, boardFailure("recording a heartbeat", err)
 	}
-	if term {
+	switch {
+	case term:
 		return Response{ShouldTerminate: true}, nil
-	}
-	if !renew {
+	case r == lifecycle.Capped:
 		s.meterRenewal("capped")
 		return Response{Capped: true}, nil
+	case r == lifecycle.NotRenewed:
+		return Response{}, nil
 	}
-	tok, rc, err := s.cfg.Keys().Renew(c.claims, c.now, s.cfg.TTL)
+	tok, rc, err := keys.Renew(c.claims, c.now, s.cfg.TTL)
 	if err != nil {
 		return Response{}, fmt.Errorf("renewing the credential of %s: %w", c.claims.Attempt, err)
 	}
 	s.meterRenewal("renewed")
 	return Response{Token: tok, ExpiresAt: rc.ExpiresAt}, nil
+}
+
+// renewalDueShare: a token is renewed once this share of a TTL is spent
+// (at most three quarters of it left): with the ladder's 10 min TTL
+// and 15 s heartbeat, one heartbeat in ten renews, and a token the agent
+// holds always has at least three quarters of a TTL left to ride out an
+// outage of the API.
+const renewalDueShare = 4
+
+// renewalOf is what a heartbeat accepted at now does to the credential of
+// claims, whose token verified:
+//   - Capped: the credential is as old as the ceiling (counted from its
+//     first mint); it is never renewed again.
+//   - Renewed: a renewal is due: the token has at most three quarters of
+//     ttl left; or the ceiling is at most a quarter of ttl away, so that
+//     the last renewal is the last heartbeat before the ceiling, exactly as
+//     when every heartbeat renewed; or the token is signed with a key that
+//     is no longer the current one (a rotation moves a live agent to the
+//     new key at its next heartbeat).
+//   - NotRenewed: none is due; the agent keeps the token it holds.
+func renewalOf(c attempttoken.Claims, now time.Time, ttl, ceiling time.Duration, currentKey bool) lifecycle.Renewal {
+	switch {
+	case ceiling > 0 && !(now.Sub(c.MintedAt) < ceiling):
+		return lifecycle.Capped
+	case c.ExpiresAt.Sub(now) <= ttl-ttl/renewalDueShare,
+		ceiling > 0 && c.MintedAt.Add(ceiling).Sub(now) <= ttl/renewalDueShare,
+		!currentKey:
+		return lifecycle.Renewed
+	}
+	return lifecycle.NotRenewed
 }
 
 func (s *Server) meterRenewal(what string) {

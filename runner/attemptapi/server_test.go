@@ -120,6 +120,13 @@ func newKey(id string) attempttoken.Key {
 // on a real board, with a fake clock.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with the server's configuration changed by change
+// (nil: none) before the server is built.
+func setupWith(t *testing.T, change func(*bundle, *attemptapi.ServerConfig)) *bundle {
+	t.Helper()
 	pool := pgtest.NewDB(t)
 	kr, err := attempttoken.NewKeyring(newKey("k1"))
 	if err != nil {
@@ -128,9 +135,13 @@ func setup(t *testing.T) *bundle {
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
 		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
 		decisions: &decisionLog{}, pool: pool, log: &sdktest.LogBuffer{}}
-	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
+	cfg := attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
 		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})})
+		Logger: hclog.New(&hclog.LoggerOptions{Output: b.log, Level: hclog.Info})}
+	if change != nil {
+		change(b, &cfg)
+	}
+	srv, err := attemptapi.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +214,20 @@ func (b *bundle) dispatchBootstrap(t *testing.T, a sdk.Attempt) (*attemptapi.Cli
 	return c, cred.Token
 }
 
+// oneRunning makes run r1 of one task, t1, and reports its first attempt
+// running through the API, as its agent does: the attempt and its agent's
+// client.
+func (b *bundle) oneRunning(t *testing.T) (sdk.Attempt, *attemptapi.Client) {
+	t.Helper()
+	b.run(t, "r1", "t1")
+	a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
+	c := b.dispatch(t, a)
+	if term, err := c.Running(context.Background(), a); err != nil || term {
+		t.Fatalf("running %s: %v %v", a, term, err)
+	}
+	return a, c
+}
+
 func (b *bundle) ti(t *testing.T, a sdk.Attempt) board.TaskInstance {
 	t.Helper()
 	ti, err := b.w.TaskInstance(context.Background(), a.RunID, a.TaskID)
@@ -231,7 +256,7 @@ func TestAttemptAPI(t *testing.T) {
 		if term, err := c.Running(ctx, a); err != nil || term {
 			t.Fatalf("running: %v %v", term, err)
 		}
-		b.clk.Advance(15 * time.Second)
+		b.clk.Advance(ttl / 4)
 		resp, err := c.Heartbeat(ctx, a)
 		if err != nil || resp.ShouldTerminate || resp.Token == "" {
 			t.Fatalf("heartbeat: %+v %v", resp, err)
@@ -240,9 +265,40 @@ func TestAttemptAPI(t *testing.T) {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		ti := b.ti(t, a)
-		if ti.State != sdk.StateSuccess || !ti.LastHeartbeatAt.Equal(base.Add(15*time.Second)) ||
-			!ti.CredentialMintedAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base.Add(15*time.Second)) {
+		if ti.State != sdk.StateSuccess || !ti.LastHeartbeatAt.Equal(base.Add(ttl/4)) ||
+			!ti.CredentialMintedAt.Equal(base) || !ti.CredentialRenewedAt.Equal(base.Add(ttl/4)) {
 			t.Fatalf("row %+v", ti)
+		}
+	})
+
+	t.Run("NotRenewedWhenNotDue_TheAgentKeepsItsToken", func(t *testing.T) {
+		b := setup(t)
+		a, c := b.oneRunning(t)
+		held := c.Token()
+		// Heartbeats while the token has more than three quarters of its
+		// TTL left: recorded, answered without a token, nothing renewed.
+		for b.clk.Now().Sub(base) < ttl/4-15*time.Second {
+			b.clk.Advance(15 * time.Second)
+			resp, err := c.Heartbeat(ctx, a)
+			if err != nil || resp.ShouldTerminate || resp.Token != "" || resp.Capped || c.Token() != held {
+				t.Fatalf("heartbeat at +%s, not due: %+v %v (token kept: %v)", b.clk.Now().Sub(base), resp, err, c.Token() == held)
+			}
+			if ti := b.ti(t, a); !ti.LastHeartbeatAt.Equal(b.clk.Now()) || !ti.CredentialRenewedAt.IsZero() {
+				t.Fatalf("row after a heartbeat not due: heartbeat %v renewed %v", ti.LastHeartbeatAt, ti.CredentialRenewedAt)
+			}
+		}
+		if got := b.meter.renewals["renewed"]; got != 0 {
+			t.Fatalf("%d renewals metered, none due", got)
+		}
+		// A quarter of the TTL spent: due, renewed, and the agent holds the
+		// new token.
+		b.clk.Advance(15 * time.Second)
+		resp, err := c.Heartbeat(ctx, a)
+		if err != nil || resp.Token == "" || c.Token() != resp.Token || !resp.ExpiresAt.Equal(b.clk.Now().Add(ttl)) {
+			t.Fatalf("heartbeat at +%s, due: %+v %v", b.clk.Now().Sub(base), resp, err)
+		}
+		if ti := b.ti(t, a); !ti.CredentialRenewedAt.Equal(b.clk.Now()) {
+			t.Fatalf("renewal recorded at %v, want %v", ti.CredentialRenewedAt, b.clk.Now())
 		}
 	})
 
@@ -388,7 +444,7 @@ func TestAttemptAPI(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 		_, claims, _ := b.keys.get().Mint(a, base.Add(-10*ceiling), ttl)
-		tok, _, _ := b.keys.get().Renew(claims, base, ttl)
+		tok, _, _ := b.keys.get().Renew(claims, base.Add(-ttl/2), ttl) // due
 		rec := serveLocal(t, srv, tok, a)
 		if rec.Token == "" || rec.Capped {
 			t.Fatalf("heartbeat with no ceiling: %+v", rec)

@@ -47,6 +47,8 @@ type ServiceConfig struct {
 	SigningKeyFile string
 	// TTL, Ceiling and WorkerCeiling: see ServerConfig.
 	TTL, Ceiling, WorkerCeiling time.Duration
+	// HeartbeatWindow: see ServerConfig (attempt_api.heartbeat_window).
+	HeartbeatWindow time.Duration
 	// Meter, Decisions: see ServerConfig.
 	Meter     Meter
 	Decisions func(ctx context.Context, ds []sdk.Decision)
@@ -120,6 +122,7 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 		Keys: s.keys.Load, TTL: cfg.TTL, Ceiling: cfg.Ceiling, WorkerCeiling: cfg.WorkerCeiling,
 		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now()}),
 		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
+		HeartbeatWindow: cfg.HeartbeatWindow,
 	})
 	if err != nil {
 		return nil, err

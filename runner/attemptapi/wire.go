@@ -19,11 +19,14 @@
 // (CodeBootstrapSpent): the copy a pod spec keeps is worth nothing once
 // the agent has started.
 //
-// Every accepted heartbeat of an attempt whose credential is younger than
-// the credential ceiling (auth.max_attempt_credential_lifetime, counted from
-// the first mint at dispatch) is answered with a fresh token; past the
-// ceiling no token is given, so the last one runs out one attempt token TTL
-// later and the agent can no longer report.
+// An accepted heartbeat of an attempt whose credential is younger than the
+// credential ceiling (auth.max_attempt_credential_lifetime, counted from the
+// first mint at dispatch) is answered with a fresh token when a renewal is
+// due (a quarter of the token's TTL spent, the ceiling a quarter TTL away,
+// or the token signed with a retired key), and without one otherwise: the
+// agent keeps the token it holds. Past the ceiling no token is given, so
+// the last one runs out one attempt token TTL later and the agent can no
+// longer report.
 package attemptapi
 
 import (

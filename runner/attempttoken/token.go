@@ -122,6 +122,13 @@ func NewKeyring(current Key, previous ...Key) (*Keyring, error) {
 // CurrentID names the key new tokens are signed with.
 func (kr *Keyring) CurrentID() string { return kr.current.ID }
 
+// SignedWithCurrent reports whether token names the current key (it says
+// nothing of whether it verifies: Verify first).
+func (kr *Keyring) SignedWithCurrent(token string) bool {
+	parts := strings.SplitN(token, ".", 3)
+	return len(parts) == 3 && parts[1] == kr.current.ID
+}
+
 // Sign encodes and signs claims with the current key.
 func (kr *Keyring) Sign(c Claims) (string, error) {
 	if c.Attempt.RunID == "" || c.Attempt.TaskID == "" {

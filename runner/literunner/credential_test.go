@@ -268,8 +268,8 @@ func TestAgentRidesOutAnAttemptAPIOutage(t *testing.T) {
 	})
 
 	t.Run("HeartbeatsAndTheReportRideOutTheOutage", func(t *testing.T) {
-		eventually.True(t, 30*time.Second, "a renewed credential", func() bool {
-			return !b.ti(t, "run", "t").CredentialRenewedAt.IsZero()
+		eventually.True(t, 30*time.Second, "a recorded heartbeat", func() bool {
+			return !b.ti(t, "run", "t").LastHeartbeatAt.IsZero()
 		})
 		beats := b.agentLogSaid(t, "heartbeat failed")
 		api.Stop()

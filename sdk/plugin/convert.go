@@ -387,6 +387,7 @@ func markAttempt(m sdk.Mark) sdk.Attempt             { return m.Attempt }
 func confirmAttempt(c sdk.Confirm) sdk.Attempt       { return c.Attempt }
 func overrideAttempt(o sdk.Override) sdk.Attempt     { return o.Attempt }
 func settlementAttempt(s sdk.Settlement) sdk.Attempt { return s.Attempt }
+func sightingAttempt(s sdk.PodSighting) sdk.Attempt  { return s.Attempt }
 
 func provisionalQueryToPB(q sdk.ProvisionalQuery) *pb.ProvisionalQuery {
 	return &pb.ProvisionalQuery{Executors: q.Executors, After: cursorToPB(q.After), Limit: int32(q.Limit)}
@@ -446,6 +447,24 @@ func settlementsFromPB(ss []*pb.Settlement) []sdk.Settlement {
 		out[i] = sdk.Settlement{Attempt: attemptFromPB(s.Attempt), Outcome: sdk.Outcome(s.Outcome), FromStates: s.FromStates,
 			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsFromPB(s.At), EndedAt: tsFromPB(s.EndedAt),
 			PodUID: s.PodUid, LossyPod: s.LossyPod}
+	}
+	return out
+}
+
+func sightingsToPB(ss []sdk.PodSighting) []*pb.PodSighting {
+	out := make([]*pb.PodSighting, len(ss))
+	for i, s := range ss {
+		out[i] = &pb.PodSighting{Attempt: attemptToPB(s.Attempt), PodUid: s.PodUID, SeenAt: tsToPB(s.SeenAt),
+			MissingAt: tsToPB(s.MissingAt), Term: s.Term, At: tsToPB(s.At)}
+	}
+	return out
+}
+
+func sightingsFromPB(ss []*pb.PodSighting) []sdk.PodSighting {
+	out := make([]sdk.PodSighting, len(ss))
+	for i, s := range ss {
+		out[i] = sdk.PodSighting{Attempt: attemptFromPB(s.Attempt), PodUID: s.PodUid, SeenAt: tsFromPB(s.SeenAt),
+			MissingAt: tsFromPB(s.MissingAt), Term: s.Term, At: tsFromPB(s.At)}
 	}
 	return out
 }

@@ -143,6 +143,15 @@ func (c *boardClient) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.Ma
 	return markResultsFromPB(resp.Results, attemptsOf(ss, settlementAttempt)), nil
 }
 
+func (c *boardClient) RecordPodSightings(ctx context.Context, ss []sdk.PodSighting) ([]sdk.MarkResult, error) {
+	c.fire()
+	resp, err := c.client.RecordPodSightings(ctx, &pb.PodSightingsRequest{Sightings: sightingsToPB(ss)})
+	if err != nil {
+		return nil, fmt.Errorf("board record pod sightings: %w", err)
+	}
+	return markResultsFromPB(resp.Results, attemptsOf(ss, sightingAttempt)), nil
+}
+
 // boardServer is the host's Board service, served to plugins.
 type boardServer struct {
 	pb.UnimplementedBoardServer
@@ -234,6 +243,11 @@ func (s *boardServer) OverrideInfra(ctx context.Context, req *pb.OverrideRequest
 func (s *boardServer) Settle(ctx context.Context, req *pb.SettleRequest) (*pb.MarkResponse, error) {
 	ss := settlementsFromPB(req.Settlements)
 	return serveBatch(s, ss, settlementAttempt, func(b sdk.Board) ([]sdk.MarkResult, error) { return b.Settle(ctx, ss) })
+}
+
+func (s *boardServer) RecordPodSightings(ctx context.Context, req *pb.PodSightingsRequest) (*pb.MarkResponse, error) {
+	ss := sightingsFromPB(req.Sightings)
+	return serveBatch(s, ss, sightingAttempt, func(b sdk.Board) ([]sdk.MarkResult, error) { return b.RecordPodSightings(ctx, ss) })
 }
 
 // serveBatch answers a guarded batch write on the host's board.

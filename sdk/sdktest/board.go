@@ -45,6 +45,12 @@ type TaskInstance struct {
 	MarkReason string
 	// PodUID is the UID of the pod recorded for the current attempt (kube).
 	PodUID string
+	// PodMissingMax and PodMissingSince are the attempt's pod cache
+	// history (RecordPodSightings): the largest end of a window with no pod
+	// cached minus RunningAt (0: none), and the start of a window still
+	// open (zero: none).
+	PodMissingMax   time.Duration
+	PodMissingSince time.Time
 	// CredentialMintedAt is when the attempt's credential was minted (its
 	// bootstrap token's mint); CredentialExchangedAt when its bootstrap
 	// token was exchanged for the working token (see ExchangeBootstrap).
@@ -75,7 +81,7 @@ func (t TaskInstance) guardRow(runState string) sdk.TaskRow {
 	return sdk.TaskRow{Attempt: t.Attempt(), State: t.State, LastFailureKind: t.LastFailureKind,
 		LastHeartbeatAt: t.LastHeartbeatAt, InfraMarkedAt: t.InfraMarkedAt, InfraConfirmedAt: t.InfraConfirmedAt,
 		InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed, Held: t.Held, RunState: runState, PodUID: t.PodUID,
-		Sensor: t.Sensor}
+		Executor: t.Executor, RunningAt: t.RunningAt, Sensor: t.Sensor}
 }
 
 // Run is one row of the board's runs.
@@ -103,6 +109,7 @@ const (
 	OpConfirmInfra    Op = "ConfirmInfra"
 	OpOverrideInfra   Op = "OverrideInfra"
 	OpSettle          Op = "Settle"
+	OpRecordSightings Op = "RecordPodSightings"
 )
 
 // Board is an in-memory sdk.Board with the guards of the Postgres board. It
@@ -271,8 +278,8 @@ func (b *Board) Heartbeat(runID, taskID string, at time.Time) bool {
 
 // Replace starts a new execution of the row, the way the scheduler's rails
 // do: the epoch is bumped (or the try, when newTry), the per-attempt
-// timestamps, the infra confirmation, the recorded pod UID and the
-// credential's mint and exchange are cleared,
+// timestamps, the infra confirmation, the recorded pod UID, the pod cache's
+// history and the credential's mint and exchange are cleared,
 // released_at is stamped and the row goes to state. It returns the new
 // attempt.
 func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time.Time) sdk.Attempt {
@@ -285,6 +292,7 @@ func (b *Board) Replace(runID, taskID string, newTry bool, state string, at time
 		}
 		t.QueuedAt, t.RunningAt, t.LastHeartbeatAt = time.Time{}, time.Time{}, time.Time{}
 		t.InfraConfirmedAt, t.PodUID = time.Time{}, ""
+		t.PodMissingMax, t.PodMissingSince = 0, time.Time{}
 		t.CredentialMintedAt, t.CredentialExchangedAt = time.Time{}, time.Time{}
 		t.ReleasedAt = at
 		t.State = state

@@ -196,6 +196,23 @@ func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 		})
 }
 
+// RecordPodSightings records what the pod cache saw of running kube
+// attempts' pods, with the guards of the Postgres board
+// (sdk.PodSighting.Refusal) and its column effects (PodMissing).
+func (b *Board) RecordPodSightings(ctx context.Context, ss []sdk.PodSighting) ([]sdk.MarkResult, error) {
+	if len(ss) > sdk.MaxPodSightings {
+		return nil, fmt.Errorf("record pod sightings: %d in one call: at most %d", len(ss), sdk.MaxPodSightings)
+	}
+	return guardedBatch(ctx, b, "record pod sightings", OpRecordSightings, ss,
+		func(p sdk.PodSighting) (sdk.Attempt, int64, time.Time) { return p.Attempt, p.Term, p.At },
+		sdk.ValidSighting,
+		func(p sdk.PodSighting, row sdk.TaskRow) string { return p.Refusal(row) },
+		func(p sdk.PodSighting, t *TaskInstance) string {
+			t.PodMissingMax, t.PodMissingSince = p.PodMissing(t.RunningAt, t.PodMissingMax, t.PodMissingSince)
+			return ""
+		})
+}
+
 func validSettlement(s sdk.Settlement) error {
 	switch {
 	case s.Outcome.State() == "":

@@ -5,14 +5,13 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/sdk"
 )
 
 func foreignPod(i int) *pod {
-	return &pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("forged-%d", i), Namespace: "ns",
+	return &pod{podMeta: podMeta{Name: fmt.Sprintf("forged-%d", i), Namespace: "ns",
 		UID: types.UID(fmt.Sprintf("uid-%d", i))}}
 }
 

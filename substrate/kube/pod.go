@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // pod is what reaping needs of a task pod, and all the presence cache
@@ -15,11 +16,7 @@ import (
 // states. A live read is reduced to the same shape, so every judgment reads
 // one type.
 type pod struct {
-	// Name, Namespace, UID, ResourceVersion, the creation and deletion
-	// timestamps, the deletion's grace and the finalizers only: the
-	// informer keys and versions objects through them, and the sweep
-	// releases the outcome record finalizer pinned to them.
-	metav1.ObjectMeta
+	podMeta
 
 	labels    podLabels
 	phase     corev1.PodPhase
@@ -51,7 +48,37 @@ type container struct {
 	finishedAt time.Time
 }
 
-var _ runtime.Object = (*pod)(nil)
+// podMeta is the part of a pod's metadata a pod keeps: the name,
+// namespace, UID and resource version, the creation and deletion
+// timestamps, the deletion's grace and the finalizers. The informer keys
+// and versions objects through them, and the sweep releases the outcome
+// record finalizer pinned to them. It is not the whole metav1.ObjectMeta,
+// whose other fields (empty here) would cost the cache a hundred bytes a
+// pod; the informer reads it through GetObjectMeta.
+type podMeta struct {
+	Name                       string
+	Namespace                  string
+	UID                        types.UID
+	ResourceVersion            string
+	CreationTimestamp          metav1.Time
+	DeletionTimestamp          *metav1.Time
+	DeletionGracePeriodSeconds *int64
+	Finalizers                 []string
+}
+
+var (
+	_ runtime.Object            = (*pod)(nil)
+	_ metav1.ObjectMetaAccessor = (*pod)(nil)
+)
+
+// GetObjectMeta is the pod's metadata as the informer's key and version
+// functions read it (meta.Accessor): a copy, so nothing set on it reaches
+// the cached pod.
+func (p *pod) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+		CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp,
+		DeletionGracePeriodSeconds: p.DeletionGracePeriodSeconds, Finalizers: p.Finalizers}
+}
 
 // GetObjectKind makes pod a runtime.Object, as cache code expects.
 func (p *pod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
@@ -59,7 +86,12 @@ func (p *pod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind 
 // DeepCopyObject copies p.
 func (p *pod) DeepCopyObject() runtime.Object {
 	c := *p
-	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	c.Finalizers = append([]string(nil), p.Finalizers...)
+	c.DeletionTimestamp = p.DeletionTimestamp.DeepCopy()
+	if p.DeletionGracePeriodSeconds != nil {
+		g := *p.DeletionGracePeriodSeconds
+		c.DeletionGracePeriodSeconds = &g
+	}
 	c.containers = append([]container(nil), p.containers...)
 	if p.deadline != nil {
 		d := *p.deadline
@@ -71,7 +103,7 @@ func (p *pod) DeepCopyObject() runtime.Object {
 // reduce keeps of a pod only what reaping needs.
 func reduce(in *corev1.Pod) *pod {
 	p := &pod{
-		ObjectMeta: metav1.ObjectMeta{Name: in.Name, Namespace: in.Namespace, UID: in.UID,
+		podMeta: podMeta{Name: in.Name, Namespace: in.Namespace, UID: in.UID,
 			ResourceVersion: in.ResourceVersion, DeletionTimestamp: in.DeletionTimestamp,
 			DeletionGracePeriodSeconds: in.DeletionGracePeriodSeconds, Finalizers: in.Finalizers,
 			CreationTimestamp: in.CreationTimestamp},

@@ -3,7 +3,9 @@ package kube
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,8 +22,23 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
-// attemptIndex indexes the cache by the attempt a pod's labels spell.
+// attemptIndex indexes the cache by the attempt a pod's labels spell, in
+// attemptBuckets buckets of a hash of it: a lookup reads one bucket (a few
+// pods of other attempts beside the attempt's own, at any fleet size a
+// namespace holds) and keeps those whose labels match. An index value per
+// attempt would cost a set of its own per pod, a fifth of the cache.
 const attemptIndex = "attempt"
+
+// attemptBuckets is how many buckets attemptIndex has: at 150,000 pods
+// about nine a bucket.
+const attemptBuckets = 1 << 14
+
+// attemptBucket is the attemptIndex value of an indexKey.
+func attemptBucket(indexKey string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(indexKey)) // never fails
+	return strconv.FormatUint(uint64(h.Sum32()%attemptBuckets), 16)
+}
 
 // listPageSize is the page size of every live LIST.
 const listPageSize = 500
@@ -37,8 +54,11 @@ type presence struct {
 	informer cache.SharedIndexInformer
 	tombs    *tombstones
 	feed     *feed
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// seen: the pods the cache missed, for the sweep to record
+	// (sightings.go).
+	seen   *sightings
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // startPresence starts the informer, reducing every pod, in a goroutine
@@ -78,12 +98,17 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 			panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
 		}
 	}
-	tombs := newTombstones(c, log)
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
-		changes.deleted(obj)
-		tombs.deleted(obj)
-	}}); err != nil {
-		panic(fmt.Sprintf("kube: adding the informer's delete handler before it runs: %v", err)) // cannot fail before Run
+	tombs, seen := newTombstones(c, log), newSightings(c)
+	// The detailed handler says whether an add is of the cache's first
+	// list (not a miss: see sightings.go).
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: seen.added,
+		DeleteFunc: func(obj any) {
+			changes.deleted(obj)
+			tombs.deleted(obj)
+			seen.deleted(obj)
+		}}); err != nil {
+		panic(fmt.Sprintf("kube: adding the informer's handlers before it runs: %v", err)) // cannot fail before Run
 	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		changes.brokenBy("the cache lost its list or watch: " + err.Error())
@@ -92,7 +117,7 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 		panic(fmt.Sprintf("kube: setting the informer's watch error handler before it runs: %v", err)) // cannot fail before Run
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &presence{informer: inf, tombs: tombs, feed: changes, cancel: cancel, done: make(chan struct{})}
+	p := &presence{informer: inf, tombs: tombs, feed: changes, seen: seen, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		log.Debug("presence informer started", "namespace", namespace, "selector", sel)
@@ -106,7 +131,7 @@ func indexByAttempt(obj any) ([]string, error) {
 	if !ok {
 		return nil, nil
 	}
-	return []string{p.labels.indexKey()}, nil
+	return []string{attemptBucket(p.labels.indexKey())}, nil
 }
 
 func (p *presence) stop() {
@@ -118,7 +143,7 @@ func (p *presence) synced() bool { return p.informer.HasSynced() }
 
 // cached returns the cache's pods of exactly attempt a.
 func (p *presence) cached(a sdk.Attempt) []*pod {
-	objs, err := p.informer.GetIndexer().ByIndex(attemptIndex, attemptIndexKey(a))
+	objs, err := p.informer.GetIndexer().ByIndex(attemptIndex, attemptBucket(attemptIndexKey(a)))
 	if err != nil {
 		return nil
 	}

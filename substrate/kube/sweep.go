@@ -21,9 +21,11 @@ var errDeposed = errors.New("the leadership term is no longer current")
 // attempt whose running report was lost is still queued.
 var settleFrom = []string{sdk.StateQueued, sdk.StateRunning}
 
-// Sweep is the reconcile phase, in four steps over one snapshot of the
-// presence cache: settle every finished pod's attempt from its durable
-// outcome record (or the cluster's word); confirm or override each
+// Sweep is the reconcile phase. First it records what the presence cache
+// missed of running attempts' pods since the last sweep (sightings.go), a
+// history stamp written in a dry run too; then four steps over one
+// snapshot of the presence cache: settle every finished pod's attempt
+// from its durable outcome record (or the cluster's word); confirm or override each
 // provisional infra mark of a kube attempt from a live read of its
 // attempt's pods; confirm each provisional infra mark of a warm attempt
 // from a live read of the warm pool; release the outcome record finalizer
@@ -55,6 +57,9 @@ func (s *Substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.B
 		}
 		res.Decisions = append(res.Decisions, ds...)
 	}()
+	if err := sw.sightings(ctx); err != nil {
+		return sw.res, err
+	}
 	// The tombstones are finished pods already deleted: settled like the
 	// others, offered once, never collected.
 	pods, tombs := r.presence.snapshot(), r.presence.tombs.take()
@@ -237,6 +242,45 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 		}
 	}
 	return settled, flush()
+}
+
+// sightings writes the pod cache's misses taken from the presence
+// informer, in one board call. A write that fails (an older host answers
+// Unimplemented) is logged and its sightings kept for the next sweep: the
+// history is not the reconcile's to hold up. A deposed term ends the sweep.
+// A sighting the board refuses because the attempt records another pod is
+// of a foreign pod: reported as one (a decision, metered and audited),
+// nothing written.
+func (sw *sweep) sightings(ctx context.Context) error {
+	ps, pods, dropped := sw.r.presence.seen.take(sw.req.Term, sw.req.Now)
+	if dropped > 0 {
+		sw.s.log.Warn("kube sweep: pod cache sightings dropped by their bound before a sweep could record them",
+			"dropped", dropped, "bound", maxPendingSightings)
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	res, err := sw.board.RecordPodSightings(ctx, ps)
+	if err != nil {
+		sw.r.presence.seen.putBack(ps, pods)
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("kube sweep: recording %d pod cache sightings: %w", len(ps), cerr)
+		}
+		sw.s.log.Warn("kube sweep: recording pod cache sightings failed: kept for the next sweep",
+			"sightings", len(ps), "error", err)
+		return nil
+	}
+	for i, mr := range res {
+		switch {
+		case i >= len(ps):
+		case mr.NoopReason == sdk.NoopDeposed:
+			sw.r.presence.seen.putBack(ps, pods)
+			return errDeposed
+		case mr.NoopReason == sdk.NoopPodNotRecorded:
+			sw.r.foreign.saw(pods[i], ps[i].Attempt, "", "sweep")
+		}
+	}
+	return nil
 }
 
 // marks pages through the provisional infra marks of kube attempts and

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,34 +77,7 @@ func newFleet(tb testing.TB, n int) *fleet {
 
 // each runs f for every attempt's index on podWorkers goroutines and
 // returns the first error.
-func (f *fleet) each(do func(i int) error) error {
-	var (
-		wg    sync.WaitGroup
-		next  atomic.Int64
-		first atomic.Pointer[error]
-	)
-	for range podWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= f.n || first.Load() != nil {
-					return
-				}
-				if err := do(i); err != nil {
-					first.CompareAndSwap(nil, &err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err := first.Load(); err != nil {
-		return *err
-	}
-	return nil
-}
+func (f *fleet) each(do func(i int) error) error { return massbench.Each(f.n, podWorkers, do) }
 
 func podName(a sdk.Attempt) string {
 	return strings.ToLower(a.RunID + "-" + kube.TaskIDLabel(a.TaskID))

@@ -119,6 +119,7 @@ type Cluster struct {
 	pki      pki
 	tokens   map[string]string // user -> bearer token
 	host     string            // https://127.0.0.1:port
+	etcd     string            // etcd's client URL, http://127.0.0.1:port
 	detached bool
 	kcm      bool
 	realNode bool
@@ -232,6 +233,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 		return err
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	c.etcd = etcdURL
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	c.host = "https://127.0.0.1:" + strconv.Itoa(ports[2])
 	kwokAddr := "127.0.0.1:" + strconv.Itoa(ports[3])

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/testkit/kubetest"
@@ -77,5 +80,57 @@ func TestAPIServerOutagesTimeOutOrRefuseThenRecover(t *testing.T) {
 	}
 	if err := get(); err != nil {
 		t.Fatalf("the restarted API server does not serve what etcd kept: %v", err)
+	}
+}
+
+// After an outage across which etcd was compacted, a watch cannot resume
+// from a revision before the compaction: the restarted API server answers
+// it expired (410), so a client must list again.
+func TestCompactionAcrossAnOutageExpiresAResumedWatch(t *testing.T) {
+	t.Parallel()
+	c, err := kubetest.Start(t.Context(), kubetest.Options{Dir: filepath.Join(t.TempDir(), "cluster"), NoControllerManager: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	cs := c.Client(t)
+	ns, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "watched"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "later"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	rev, err := c.CompactEtcd(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old, _ := strconv.ParseInt(ns.ResourceVersion, 10, 64); rev <= old {
+		t.Fatalf("compacted at revision %d, not past the watched one %d", rev, old)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := c.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{ResourceVersion: ns.ResourceVersion})
+	if err == nil {
+		defer w.Stop()
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type == watch.Error {
+				err = apierrors.FromObject(ev.Object)
+			} else {
+				t.Fatalf("the watch resumed from revision %s across the compaction: %s %T", ns.ResourceVersion, ev.Type, ev.Object)
+			}
+		case <-ctx.Done():
+			t.Fatal("the resumed watch said nothing")
+		}
+	}
+	if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+		t.Fatalf("resuming the watch from before the compaction gave %v, want expired (410)", err)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -86,9 +88,15 @@ func (b *Board) SeedRunning(ctx context.Context, n int, heartbeatAgo time.Durati
 // SeedRunningOn is SeedRunning with the attempts on executor (the kube
 // benchmarks seed kube attempts, the ones of Attempts(n)).
 func (b *Board) SeedRunningOn(ctx context.Context, executor string, n int, heartbeatAgo time.Duration) error {
+	return b.SeedRunningAt(ctx, executor, n, Now, heartbeatAgo)
+}
+
+// SeedRunningAt is SeedRunningOn with the rows placed relative to now
+// instead of Now (a benchmark that runs on the wall clock).
+func (b *Board) SeedRunningAt(ctx context.Context, executor string, n int, now time.Time, heartbeatAgo time.Duration) error {
 	if err := b.exec(ctx, `INSERT INTO runs (run_id, dag_id, state, started_at, updated_at)
         SELECT 'run' || lpad(r::text, 6, '0'), 'dag', 'running', $1::timestamptz - interval '1 hour', $1
-        FROM generate_series(0, $2::int - 1) r`, Now, (n+TasksPerRun-1)/TasksPerRun); err != nil {
+        FROM generate_series(0, $2::int - 1) r`, now, (n+TasksPerRun-1)/TasksPerRun); err != nil {
 		return err
 	}
 	if err := b.exec(ctx, `INSERT INTO task_instances (run_id, task_id, executor, state, queued_at, running_at,
@@ -97,7 +105,7 @@ func (b *Board) SeedRunningOn(ctx context.Context, executor string, n int, heart
             $1::timestamptz - interval '51 minutes' + (i % 2400) * interval '1 second',
             $1::timestamptz - interval '50 minutes' + (i % 2400) * interval '1 second',
             $1::timestamptz - $3::interval - (i % 1000) * interval '1 millisecond', $1
-        FROM generate_series(0, $2::int - 1) i`, Now, n, heartbeatAgo, TasksPerRun, executor); err != nil {
+        FROM generate_series(0, $2::int - 1) i`, now, n, heartbeatAgo, TasksPerRun, executor); err != nil {
 		return err
 	}
 	return b.exec(ctx, "VACUUM ANALYZE runs, task_instances")
@@ -370,4 +378,34 @@ func Recover(ctx context.Context, spec Spec, r sdk.Reaper, exec sdk.Executions) 
 		}
 	}
 	return out, fmt.Errorf("massbench: %d passes marked %d of %d attempts", MaxPasses, out.Marked, spec.N)
+}
+
+// Each runs do for every index from 0 to n-1 on workers goroutines, and
+// returns the first error (after which no new index starts): the
+// benchmarks' fleets are made and unmade this way.
+func Each(n, workers int, do func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		next  atomic.Int64
+		first atomic.Pointer[error]
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || first.Load() != nil {
+					return
+				}
+				if err := do(i); err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return *err
+	}
+	return nil
 }

@@ -148,6 +148,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 // Dir is the server's directory (data, log, password).
 func (s *Server) Dir() string { return s.dir }
 
+// PID is the postmaster's process id (0 when it is not running): its
+// backends are its children.
+func (s *Server) PID() int { return postmasterPID(s.dir) }
+
 // Port is the server's TCP port on 127.0.0.1.
 func (s *Server) Port() int { return s.port }
 
@@ -472,17 +476,26 @@ func processExists(pid int) bool {
 }
 
 func postmasterRunning(dir string) bool {
+	pid := postmasterPID(dir)
+	return pid > 0 && processExists(pid)
+}
+
+// postmasterPID is the pid the server in dir recorded; 0 when none.
+func postmasterPID(dir string) int {
 	f, err := os.Open(filepath.Join(dir, "data", "postmaster.pid"))
 	if err != nil {
-		return false
+		return 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	if !sc.Scan() {
-		return false
+		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(sc.Text()))
-	return err == nil && pid > 0 && processExists(pid)
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }
 
 func freePort() (int, error) {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/machinecpu"
 	"github.com/dexaflow/reaper/testkit/massbench"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
@@ -200,7 +201,7 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 				reaper, exec = plugins.Reaper, plugins.Substrate
 			}
 			var rec massbench.Recovery
-			cpu, err := cpuMeasured(func() (err error) {
+			cpu, err := machinecpu.Measured(func() (err error) {
 				rec, err = w.Recover(ctx, reaper, exec)
 				return err
 			})
@@ -222,7 +223,7 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 				d      time.Duration
 				marked int
 			)
-			cpu, err := cpuMeasured(func() (err error) {
+			cpu, err := machinecpu.Measured(func() (err error) {
 				d, marked, err = runPlain(ctx, reaperPool, massbench.Now, page)
 				return err
 			})

@@ -17,6 +17,8 @@ import (
 	"github.com/riverqueue/river/rivershared/baseservice"
 	"github.com/riverqueue/river/rivershared/riverpilot"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/dexaflow/reaper/testkit/machinecpu"
 )
 
 // The River side: N jobs stuck in running (attempted two hours ago, attempt
@@ -52,7 +54,7 @@ type span struct {
 	fetch      bool
 	rows       int
 	start, end time.Time
-	// The machine's CPU seconds (machineCPU) at the start and the end.
+	// The machine's CPU seconds (machinecpu.Busy) at the start and the end.
 	cpuStart, cpuEnd float64
 }
 
@@ -69,9 +71,9 @@ type timedPilot struct {
 var _ riverpilot.PilotJobRescuer = (*timedPilot)(nil)
 
 func (p *timedPilot) JobGetStuck(ctx context.Context, exec riverdriver.Executor, params *riverdriver.JobGetStuckParams) ([]*rivertype.JobRow, error) {
-	cpuStart, start := machineCPU(), time.Now()
+	cpuStart, start := machinecpu.Busy(), time.Now()
 	rows, err := exec.JobGetStuck(ctx, params)
-	end, cpuEnd := time.Now(), machineCPU()
+	end, cpuEnd := time.Now(), machinecpu.Busy()
 	p.mu.Lock()
 	p.spans = append(p.spans, span{fetch: true, rows: len(rows), start: start, end: end, cpuStart: cpuStart, cpuEnd: cpuEnd})
 	p.max = params.Max
@@ -83,9 +85,9 @@ func (p *timedPilot) JobGetStuck(ctx context.Context, exec riverdriver.Executor,
 }
 
 func (p *timedPilot) JobRescueMany(ctx context.Context, exec riverdriver.Executor, params *riverdriver.JobRescueManyParams) (*struct{}, error) {
-	cpuStart, start := machineCPU(), time.Now()
+	cpuStart, start := machinecpu.Busy(), time.Now()
 	res, err := exec.JobRescueMany(ctx, params)
-	end, cpuEnd := time.Now(), machineCPU()
+	end, cpuEnd := time.Now(), machinecpu.Busy()
 	p.mu.Lock()
 	p.spans = append(p.spans, span{rows: len(params.ID), start: start, end: end, cpuStart: cpuStart, cpuEnd: cpuEnd})
 	short := len(params.ID) < p.max

@@ -112,17 +112,18 @@ func commands() []command {
 			summary:  "each threshold replayed against the board's history: false reaps, lost recovered sooner or later",
 			help: "Replays the thresholds the reapers judge by against what the board saw in the window: for\n" +
 				"agent_lost the attempts' heartbeat silences, for dispatch_lost their waits from queued to\n" +
-				"running, for orphan_run the runs' longest quiet periods, for the credential ceiling\n" +
-				"(auth.max_attempt_credential_lifetime) how long successful attempts lived on their\n" +
-				"credentials. A value above a candidate that later proved alive (it heartbeated again,\n" +
-				"reported, succeeded, started, or its run had activity) is a false reap at that candidate,\n" +
+				"running, for pod_lost_floor how long kube attempts had run when a window in which the pod\n" +
+				"cache held no pod of theirs ended while they lived on, for orphan_run the runs' longest quiet\n" +
+				"periods, for the credential ceiling (auth.max_attempt_credential_lifetime) how long\n" +
+				"successful attempts lived on their credentials. A value above a candidate that later proved\n" +
+				"alive (it heartbeated again, reported, succeeded, started, its pod came back, or its run had\n" +
+				"activity) is a false reap at that candidate,\n" +
 				"and each is listed by run, task, try and epoch, the largest first, so a count can be checked\n" +
 				"by hand (-list N of them; -o json lists them per candidate). For what really was lost\n" +
-				"(marked agent_lost, dispatch_lost or credential_ceiling, a run failed orphan_run; for\n" +
+				"(marked agent_lost, dispatch_lost, pod_lost or credential_ceiling, a run failed orphan_run; for\n" +
 				"agent_lost also an attempt marked pod_lost or warm_worker_lost while silent, which it\n" +
 				"recovers only under a candidate below that silence), the shift is the candidate minus the\n" +
-				"value at which it was settled: negative, recovered that much sooner. pod_lost_floor is\n" +
-				"shown as not recorded: the board keeps no windows of a missing pod.\n\n" +
+				"value at which it was settled: negative, recovered that much sooner.\n\n" +
 				"The candidates are the configured value and multiples of it (1/4, 1/2, 3/4, 3/2, 2, 3 and 4,\n" +
 				"rounded up to a round step), with the observed tail rounded up, less any that break the\n" +
 				"timing ladder (each is named with the rule); or, with -rung, the ones -candidates gives,\n" +

@@ -27,20 +27,12 @@ const (
 	pictureWidth  = 900
 	headHeight    = 40  // the picture's title
 	panelHeight   = 340 // a replayed rung's panel
-	shortHeight   = 60  // a rung that is not recorded: its title and why
 	plotLeft      = 80
 	plotRight     = pictureWidth - 30
 	plotTopPad    = 100 // the panel's title, its counts, and four rows of candidate labels
 	plotBottomPad = 45  // the x axis and its labels
 	labelRows     = 4
 )
-
-func panelHeightOf(r *rungResult) int {
-	if r.status == statusNotRecorded {
-		return shortHeight
-	}
-	return panelHeight
-}
 
 // node is one SVG element.
 type node struct {
@@ -73,10 +65,7 @@ func num(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) }
 
 // picture draws the results.
 func picture(window time.Duration, results []*rungResult) ([]byte, error) {
-	height := headHeight
-	for _, r := range results {
-		height += panelHeightOf(r)
-	}
+	height := headHeight + panelHeight*len(results)
 	svg := el("svg", "xmlns", "http://www.w3.org/2000/svg", "width", strconv.Itoa(pictureWidth),
 		"height", strconv.Itoa(height), "viewBox", fmt.Sprintf("0 0 %d %d", pictureWidth, height),
 		"font-family", "sans-serif", "font-size", "11")
@@ -90,7 +79,7 @@ func picture(window time.Duration, results []*rungResult) ([]byte, error) {
 	top := headHeight
 	for _, r := range results {
 		svg.add(panel(r, float64(top)))
-		top += panelHeightOf(r)
+		top += panelHeight
 	}
 	var b bytes.Buffer
 	b.WriteString(xml.Header)
@@ -107,10 +96,6 @@ func picture(window time.Duration, results []*rungResult) ([]byte, error) {
 func panel(r *rungResult, top float64) *node {
 	g := el("g", "class", "rung", "data-rung", r.def.name, "data-status", r.status)
 	g.add(text(plotLeft, top+20, rungTitle(r)+" — "+r.def.measure[:indexOr(r.def.measure, ':')], "font-size", "13", "font-weight", "bold"))
-	if r.status == statusNotRecorded {
-		g.add(text(plotLeft, top+44, r.def.notRecorded, "class", "not-recorded"))
-		return g
-	}
 	y0, y1 := top+plotTopPad, top+panelHeight-plotBottomPad // plot top and bottom
 	g.add(text(plotLeft, top+36, fmt.Sprintf("%s that later proved alive: %d (the curve); %s settled lost: %d "+
 		"(the orange marks, at the value they were settled at)", r.def.values, r.rep.Count, r.def.unit, len(r.rep.Lost)),

@@ -41,8 +41,7 @@ const (
 
 // A rung's status in the replay.
 const (
-	statusReplayed    = "replayed"
-	statusNotRecorded = "not_recorded"
+	statusReplayed = "replayed"
 )
 
 // Where a candidate comes from.
@@ -83,11 +82,8 @@ type rungDef struct {
 	lostAs  string // how a lost one's value reads: "silent", ...
 	get     func(ladder.Ladder) time.Duration
 	set     func(*ladder.Ladder, time.Duration)
-	// read is the board's history read; nil: the board records nothing
-	// this rung could be replayed against.
+	// read is the board's history read.
 	read func(*board.Store, context.Context, board.ReplayQuery) (board.Replay, error)
-	// notRecorded says why a rung without a read cannot be replayed.
-	notRecorded string
 }
 
 func rungDefs() []*rungDef {
@@ -103,12 +99,13 @@ func rungDefs() []*rungDef {
 			get:     func(l ladder.Ladder) time.Duration { return l.DispatchLost },
 			set:     func(l *ladder.Ladder, d time.Duration) { l.DispatchLost = d },
 			read:    (*board.Store).ReplayDispatchLost},
-		{name: rungPodLostFloor, key: "pod_lost_floor", unit: "attempts",
-			measure: "a running attempt's pod missing from the cache",
-			get:     func(l ladder.Ladder) time.Duration { return l.PodLostFloor },
-			set:     func(l *ladder.Ladder, d time.Duration) { l.PodLostFloor = d },
-			notRecorded: "not recorded: the board keeps no windows in which an attempt's pod was missing " +
-				"while the attempt lived on, so this rung cannot be replayed"},
+		{name: rungPodLostFloor, key: "pod_lost_floor", unit: "attempts", values: "pod cache misses", lostAs: "running",
+			measure: "pod cache miss: how long a kube attempt had been running when a window in which the pod " +
+				"cache held no pod of it ended while it lived on (its pod came back, or it heartbeated or " +
+				"reported after its pod was deleted)",
+			get:  func(l ladder.Ladder) time.Duration { return l.PodLostFloor },
+			set:  func(l *ladder.Ladder, d time.Duration) { l.PodLostFloor = d },
+			read: (*board.Store).ReplayPodLostFloor},
 		{name: rungOrphanRun, key: "orphan_run", unit: "runs", values: "quiet periods", lostAs: "quiet",
 			measure: "run quiet: a run's longest stretch with no attempt live and no activity",
 			get:     func(l ladder.Ladder) time.Duration { return l.OrphanRun },
@@ -271,11 +268,6 @@ func replayRungs(ctx context.Context, s *session, opts replayOptions) ([]*rungRe
 	for _, def := range opts.rungs {
 		res := &rungResult{def: def, configured: def.get(s.cfg.Ladder)}
 		res.disabled = res.configured <= 0
-		if def.read == nil {
-			res.status = statusNotRecorded
-			out = append(out, res)
-			continue
-		}
 		res.status = statusReplayed
 		res.cands, res.dropped = candidatesFor(s.cfg, def, opts.given)
 		q := board.ReplayQuery{Since: opts.since, Quantiles: pictureQuantiles(), List: opts.list}
@@ -478,10 +470,6 @@ func replayTables(inv *invocation, window time.Duration, since time.Time, list i
 	for _, r := range results {
 		def := r.def
 		fmt.Fprintf(w, "\n%s\n", rungTitle(r))
-		if r.status == statusNotRecorded {
-			fmt.Fprintf(w, "  %s\n", def.notRecorded)
-			continue
-		}
 		fmt.Fprintf(w, "  measures %s\n", def.measure)
 		if top, ok := r.largest(); ok {
 			fmt.Fprintf(w, "  %s that later proved alive: %d; the largest %s: %s (%s)\n",
@@ -577,6 +565,9 @@ func replayNotes() []string {
 			"can read longer than it was (more false reaps, never fewer)",
 		"agent_lost counts an attempt's first silence from its running report; on kube that window is " +
 			"pod_lost's, so there the count can only be higher than agent_lost's own",
+		"pod_lost_floor counts only the windows the kube substrate's pod cache saw (not its first list " +
+			"after a start, nor a pod the attempt never recorded) and only where the history is recorded " +
+			"(from migration 013 on): a board without it reads as nothing observed",
 	}
 }
 
@@ -599,7 +590,7 @@ type rungJSON struct {
 	Unit     string `json:"unit"`
 	// ConfiguredSeconds is null when the configured value disables the rung.
 	ConfiguredSeconds *float64 `json:"configured_seconds"`
-	// Observed is how many values proved alive; null when not recorded.
+	// Observed is how many values proved alive.
 	Observed   *int              `json:"observed"`
 	Largest    *observationJSON  `json:"largest"`
 	Candidates []candidateJSON   `json:"candidates"`
@@ -673,10 +664,6 @@ func rungDoc(r *rungResult, listCap int) rungJSON {
 		Candidates: []candidateJSON{}, FalseReaps: []observationJSON{}, Lost: []lostJSON{}, Dropped: []droppedJSON{}}
 	if !r.disabled {
 		j.ConfiguredSeconds = seconds(r.configured)
-	}
-	if r.status == statusNotRecorded {
-		j.Detail = r.def.notRecorded
-		return j
 	}
 	count, lostCount := r.rep.Count, len(r.rep.Lost)
 	j.Observed, j.LostCount = &count, &lostCount

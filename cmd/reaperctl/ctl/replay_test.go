@@ -22,7 +22,9 @@ type histRun struct {
 
 // histAttempt is one attempt of a seeded history: the current one of its
 // task (task_instances) or a released one (attempt_history). Its times are
-// before base (0: NULL); gap is max_heartbeat_gap (0: NULL).
+// before base (0: NULL); gap is max_heartbeat_gap (0: NULL). A kube
+// attempt carries its pod cache history: podMax is pod_missing_max (0:
+// NULL), podSince pod_missing_since, before base (0: NULL).
 type histAttempt struct {
 	run, task                                  string
 	try, epoch                                 int32
@@ -31,6 +33,17 @@ type histAttempt struct {
 	queued, running, beat, ended, marked, mint time.Duration
 	gap                                        time.Duration
 	at                                         time.Duration // updated_at, or released_at when released
+	kube                                       bool
+	podMax, podSince                           time.Duration
+}
+
+// interval is d as an interval's text (nil: NULL for 0).
+func interval(d time.Duration) *string {
+	if d <= 0 {
+		return nil
+	}
+	s := d.String()
+	return &s
 }
 
 func ago(d time.Duration) *time.Time {
@@ -65,22 +78,23 @@ func (b *bundle) seedHistory(t *testing.T, runs []histRun, attempts []histAttemp
 			if a.released == current {
 				continue
 			}
-			var gap *string
-			if a.gap > 0 {
-				g := a.gap.String()
-				gap = &g
-			}
 			table, atCol := "task_instances", "updated_at"
 			if a.released {
 				table, atCol = "attempt_history", "released_at"
 			}
+			executor := sdk.ExecutorLite
+			if a.kube {
+				executor = sdk.ExecutorKube
+			}
 			confirmed := ago(a.marked)
 			if _, err := b.pool.Exec(ctx, `INSERT INTO `+table+` (run_id, task_id, try_number, attempt_epoch, state,
                 executor, queued_at, running_at, last_heartbeat_at, ended_at, last_failure_kind, failure_reason,
-                infra_marked_at, infra_confirmed_at, credential_minted_at, max_heartbeat_gap, `+atCol+`)
-                VALUES ($1, $2, $3, $4, $5, 'lite', $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::interval, $16)`,
+                infra_marked_at, infra_confirmed_at, credential_minted_at, max_heartbeat_gap, pod_missing_max,
+                pod_missing_since, `+atCol+`)
+                VALUES ($1, $2, $3, $4, $5, $17, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::interval, $18::interval, $19, $16)`,
 				a.run, a.task, a.try, a.epoch, a.state, ago(a.queued), ago(a.running), ago(a.beat), ago(a.ended),
-				orNull(a.kind), orNull(a.reason), ago(a.marked), confirmed, ago(a.mint), gap, base.Add(-a.at)); err != nil {
+				orNull(a.kind), orNull(a.reason), ago(a.marked), confirmed, ago(a.mint), interval(a.gap), base.Add(-a.at),
+				executor, interval(a.podMax), ago(a.podSince)); err != nil {
 				t.Fatalf("seed %s/%s try %d epoch %d: %v", a.run, a.task, a.try, a.epoch, err)
 			}
 		}
@@ -335,11 +349,86 @@ func TestReplay(t *testing.T) {
 			{4 * hrs, 0, 1, 179 * mins, 179 * mins},
 		})
 
-		// The pod-missing windows are not recorded: said so, no number.
+		// No pod cache misses in this history; lost: d, marked pod_lost
+		// after running 3m.
 		pod := findRung(t, doc, rungPodLostFloor)
-		if pod.Status != statusNotRecorded || pod.Observed != nil || pod.LostCount != nil || len(pod.Candidates) != 0 ||
-			!strings.Contains(pod.Detail, "not recorded") || *pod.ConfiguredSeconds != 60 {
+		if pod.Status != statusReplayed || *pod.Observed != 0 || *pod.LostCount != 1 || *pod.ConfiguredSeconds != 60 ||
+			pod.Lost[0].TaskID != "d" || pod.Lost[0].ValueSeconds != 180 || !pod.Lost[0].Own {
 			t.Fatalf("pod_lost_floor %+v", pod)
+		}
+		checkCandidates(t, pod, []want{
+			{15 * sec, 0, 1, -(2*mins + 45*sec), -(2*mins + 45*sec)},
+			{30 * sec, 0, 1, -(2*mins + 30*sec), -(2*mins + 30*sec)},
+			{45 * sec, 0, 1, -(2*mins + 15*sec), -(2*mins + 15*sec)},
+			{mins, 0, 1, -2 * mins, -2 * mins},
+			{90 * sec, 0, 1, -90 * sec, -90 * sec},
+			{2 * mins, 0, 1, -mins, -mins},
+			{3 * mins, 0, 1, 0, 0},
+			{4 * mins, 0, 1, mins, mins},
+		})
+	})
+
+	// Kube attempts' pod cache misses: a closed window (the pod came back)
+	// counts at its end, an open one at the attempt's last heartbeat or own
+	// outcome after it, one with neither not at all; a pod_lost mark is the
+	// lost one the shifts are measured from.
+	t.Run("PodLostFloorExactFalseReapsAndShiftsFromTheWindows", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		b.seedHistory(t, []histRun{{id: "k", state: sdk.RunRunning, started: hrs}}, []histAttempt{
+			{run: "k", task: "a", try: 1, kube: true, state: sdk.StateRunning, queued: 11 * mins, running: 10 * mins,
+				beat: 10 * sec, podMax: 3 * mins, at: 10 * sec},
+			{run: "k", task: "b", try: 1, kube: true, state: sdk.StateRunning, queued: 11 * mins, running: 10 * mins,
+				beat: 8 * mins, podSince: 9 * mins, at: 8 * mins},
+			{run: "k", task: "c", try: 1, kube: true, state: sdk.StateSuccess, queued: 21 * mins, running: 20 * mins,
+				beat: 19*mins + 50*sec, ended: 19 * mins, podSince: 19*mins + 30*sec, at: 19 * mins},
+			{run: "k", task: "d", try: 1, kube: true, state: sdk.StateRunning, queued: 11 * mins, running: 10 * mins,
+				beat: 6 * mins, podSince: 5 * mins, at: 5 * mins},
+			{run: "k", task: "e", try: 1, released: true, kube: true, state: sdk.StateSuccess, queued: 41 * mins,
+				running: 40 * mins, ended: 35 * mins, podMax: 40 * sec, at: 34 * mins},
+			{run: "k", task: "e", try: 2, kube: true, state: sdk.StateRunning, queued: 34 * mins, running: 33 * mins,
+				beat: 10 * sec, at: 10 * sec},
+			{run: "k", task: "f", try: 1, kube: true, state: sdk.StateFailed, kind: "infra", reason: sdk.LabelPodLost,
+				queued: 16 * mins, running: 15 * mins, beat: 14 * mins, marked: 13 * mins, ended: 13 * mins, at: 13 * mins},
+		})
+		var doc replayJSON
+		b.ctl(t, "replay", "-o", "json", "-rung", "pod_lost_floor").ok(t).decode(t, &doc)
+		r := doc.Rungs[0]
+		// Misses 3m (a, its pod came back), 2m (b, a heartbeat after its pod
+		// was deleted), 1m (c, its success after), 40s (e's first try); d
+		// proved nothing after its deletion. Lost: f after running 2m.
+		if *r.Observed != 4 || *r.LostCount != 1 {
+			t.Fatalf("pod_lost_floor: %d observed, %d lost", *r.Observed, *r.LostCount)
+		}
+		checkCandidates(t, r, []want{
+			{15 * sec, 4, 1, -(mins + 45*sec), -(mins + 45*sec)},
+			{30 * sec, 4, 1, -90 * sec, -90 * sec},
+			{45 * sec, 3, 1, -(mins + 15*sec), -(mins + 15*sec)},
+			{mins, 2, 1, -mins, -mins},
+			{90 * sec, 2, 1, -30 * sec, -30 * sec},
+			{2 * mins, 1, 1, 0, 0},
+			{3 * mins, 0, 1, mins, mins},
+			{4 * mins, 0, 1, 2 * mins, 2 * mins},
+		})
+		f := r.FalseReaps
+		if len(f) != 4 || f[0].TaskID != "a" || f[0].Proof != "pod_seen" || f[1].TaskID != "b" || f[1].Proof != "heartbeat" ||
+			f[2].TaskID != "c" || f[2].Proof != "success" || f[3].TaskID != "e" || *f[3].Try != 1 || f[3].ValueSeconds != 40 {
+			t.Fatalf("false reaps %+v", f)
+		}
+		if !f[1].From.Equal(base.Add(-10*mins)) || !f[1].To.Equal(base.Add(-8*mins)) {
+			t.Fatalf("b measured from %v to %v, want running_at to its heartbeat", f[1].From, f[1].To)
+		}
+		if l := r.Lost; l[0].TaskID != "f" || l[0].ValueSeconds != 120 || l[0].Reason != sdk.LabelPodLost || !l[0].Own {
+			t.Fatalf("lost %+v", l)
+		}
+		out := b.ctl(t, "replay", "-rung", "pod_lost_floor").ok(t).stdout
+		for _, want := range []string{
+			"pod cache misses that later proved alive: 4; the largest 3m: k/a try 1 epoch 0 (pod_seen)",
+			"k/f try 1 epoch 0  running 2m when settled pod_lost at",
+		} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("table lacks %q:\n%s", want, out)
+			}
 		}
 	})
 
@@ -505,10 +594,11 @@ note: a false reap is a value above the candidate that later proved alive; a rea
 note: a shift is the candidate minus the value at which a lost one was settled: negative, recovered sooner
 note: orphan_run counts from stamps: the time a task waited scheduled is not stamped, so a run's quiet can read longer than it was (more false reaps, never fewer)
 note: agent_lost counts an attempt's first silence from its running report; on kube that window is pod_lost's, so there the count can only be higher than agent_lost's own
+note: pod_lost_floor counts only the windows the kube substrate's pod cache saw (not its first list after a start, nor a pod the attempt never recorded) and only where the history is recorded (from migration 013 on): a board without it reads as nothing observed
 `)
 		r = b.ctl(t, "replay", "-rung", "pod_lost_floor").ok(t)
-		if !strings.Contains(r.stdout, "pod_lost_floor (configured 1m)\n  not recorded: the board keeps no windows") ||
-			strings.Contains(r.stdout, "FALSE REAPS") {
+		if !strings.Contains(r.stdout, "pod_lost_floor (configured 1m)\n  measures pod cache miss:") ||
+			!strings.Contains(r.stdout, "nothing observed in the window: no attempts to judge a threshold by") {
 			t.Fatalf("pod_lost_floor:\n%s", r.stdout)
 		}
 	})
@@ -524,8 +614,8 @@ note: agent_lost counts an attempt's first silence from its running report; on k
 			t.Fatal(err)
 		}
 		svg := parseSVG(t, raw)
-		// Four replayed panels and one short one (pod_lost_floor).
-		if svg.Width != "900" || svg.Height != strconv.Itoa(headHeight+4*panelHeight+shortHeight) ||
+		// Five replayed panels.
+		if svg.Width != "900" || svg.Height != strconv.Itoa(headHeight+5*panelHeight) ||
 			svg.ViewBox != "0 0 900 "+svg.Height {
 			t.Fatalf("picture %s x %s, viewBox %q", svg.Width, svg.Height, svg.ViewBox)
 		}
@@ -565,8 +655,13 @@ note: agent_lost counts an attempt's first silence from its running report; on k
 						t.Fatalf("%s: the configured line is drawn as %q", r.Rung, lines[j].Class)
 					}
 				}
-				if !strings.HasPrefix(labels[j].Text, want+": ") ||
-					!strings.HasSuffix(labels[j].Text, plural(c.FalseReaps, "false reap")) {
+				// With nothing observed (pod_lost_floor here) a candidate has
+				// no false reaps to count.
+				if *r.Observed == 0 && labels[j].Text != want {
+					t.Fatalf("%s candidate %d: label %q, want %q", r.Rung, j, labels[j].Text, want)
+				}
+				if *r.Observed > 0 && (!strings.HasPrefix(labels[j].Text, want+": ") ||
+					!strings.HasSuffix(labels[j].Text, plural(c.FalseReaps, "false reap"))) {
 					t.Fatalf("%s candidate %d: label %q, want %q and its false reaps", r.Rung, j, labels[j].Text, want)
 				}
 				// A vertical line at the candidate's place on the axis.
@@ -574,11 +669,15 @@ note: agent_lost counts an attempt's first silence from its running report; on k
 					t.Fatalf("%s candidate %d: line from x %s to %s", r.Rung, j, lines[j].X1, lines[j].X2)
 				}
 			}
-			if r.Status == statusReplayed && (configured != 1 || len(p.Polylines) != 1 || len(p.Circles) != *r.LostCount) {
-				t.Fatalf("%s: %d configured lines, %d tails, %d lost marks", r.Rung, configured, len(p.Polylines), len(p.Circles))
+			tails := 1
+			if *r.Observed == 0 {
+				tails = 0
+				if !strings.Contains(p.text(), "nothing observed") {
+					t.Fatalf("%s: an empty panel does not say it is empty", r.Rung)
+				}
 			}
-			if r.Status == statusNotRecorded && (len(p.Polylines) != 0 || !strings.Contains(p.text(), "not recorded")) {
-				t.Fatalf("%s: drawn although not recorded", r.Rung)
+			if r.Status != statusReplayed || configured != 1 || len(p.Polylines) != tails || len(p.Circles) != *r.LostCount {
+				t.Fatalf("%s %s: %d configured lines, %d tails, %d lost marks", r.Rung, r.Status, configured, len(p.Polylines), len(p.Circles))
 			}
 		}
 	})

@@ -73,7 +73,7 @@ type tuneReplayJSON struct {
 	Status string `json:"status"`
 	// ConfiguredSeconds is null when the configured value disables the rung.
 	ConfiguredSeconds *float64 `json:"configured_seconds"`
-	// The rest is null when the rung is not recorded; the largest and the
+	// The largest and the
 	// suggestion are null when nothing was observed, the suggestion also
 	// when no candidate within the ladder has no false reap.
 	FalseReapsAtConfigured *int             `json:"false_reaps_at_configured"`
@@ -231,8 +231,6 @@ func summarizeReplay(r *rungResult) replaySummary {
 	sum.top, sum.hasTop = r.largest()
 	zero, ok := r.smallestZero()
 	switch {
-	case r.status == statusNotRecorded:
-		sum.detail = r.def.notRecorded
 	case !sum.hasTop:
 		sum.detail = "nothing observed in the window: no " + r.def.unit + " to judge a threshold by"
 	case !ok:
@@ -304,9 +302,6 @@ func tuneReplayTable(inv *invocation, window time.Duration, results []*rungResul
 			if sum.zero.source == sourceTail {
 				zero += " (the tail, rounded up)"
 			}
-		}
-		if r.status == statusNotRecorded {
-			largest = "not recorded"
 		}
 		t.row(r.def.name, configuredWords(r), falseReaps, largest, zero, margin)
 	}

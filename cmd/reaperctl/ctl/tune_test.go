@@ -184,11 +184,11 @@ replayed over the last 7d (reaperctl replay -rung RUNG names the attempts behind
 RUNG                CONFIGURED  FALSE REAPS AT IT  LARGEST OBSERVED                 NO FALSE REAP FROM            MARGIN
 agent_lost          1m30s       99                 1h40m (done100/t try 1 epoch 0)  -                             -
 dispatch_lost       3m          0                  1m40s (done100/t try 1 epoch 0)  1m40s (the tail, rounded up)  0s
-pod_lost_floor      1m          -                  not recorded                     -                             -
+pod_lost_floor      1m          0                  -                                -                             -
 orphan_run          5m          4                  1h20m (load/t097 try 1 epoch 0)  1h20m (the tail, rounded up)  14s
 credential_ceiling  1h          41                 1h42m (done100/t try 1 epoch 0)  1h50m (the tail, rounded up)  8m20s
 note: agent_lost: the observed tail needs 1h40m, which breaks the ladder (agent_lost 1h40m breaks the timing ladder: settling_grace (180s) must be greater than agent_lost (100m))
-note: pod_lost_floor: not recorded: the board keeps no windows in which an attempt's pod was missing while the attempt lived on, so this rung cannot be replayed
+note: pod_lost_floor: nothing observed in the window: no attempts to judge a threshold by
 `)
 	})
 
@@ -317,8 +317,8 @@ note: pod_lost_floor: not recorded: the board keeps no windows in which an attem
 		}
 		for _, r := range doc.Replay {
 			if r.Rung == rungPodLostFloor {
-				if r.Status != statusNotRecorded || r.Observed != nil || r.FalseReapsAtConfigured != nil ||
-					r.SmallestZeroSeconds != nil || r.MarginSeconds != nil || !strings.Contains(r.Detail, "not recorded") {
+				if r.Status != statusReplayed || *r.Observed != 0 || *r.FalseReapsAtConfigured != 0 ||
+					r.SmallestZeroSeconds != nil || r.MarginSeconds != nil || !strings.Contains(r.Detail, "nothing observed") {
 					t.Fatalf("pod_lost_floor %+v", r)
 				}
 				continue

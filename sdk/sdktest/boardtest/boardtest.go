@@ -22,6 +22,7 @@ func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
 		{"Mark", markCases()},
 		{"OrphanRun", orphanCases()},
 		{"Reconcile", reconcileCases()},
+		{"PodSightings", sightingCases()},
 		{"Exchange", exchangeCases()},
 		{"Sensor", sensorCases()},
 	} {

@@ -59,6 +59,11 @@ type Row struct {
 	Sensor sdk.Sensor
 	// Retries is how many retries the task has left.
 	Retries int32
+	// PodMissingMax and PodMissingSince are the attempt's pod cache history
+	// (RecordPodSightings: 0 and zero when none). They are read back, not
+	// seeded.
+	PodMissingMax   time.Duration
+	PodMissingSince time.Time
 }
 
 // Ceiling is the credential ceiling every board under test is made with:
@@ -151,7 +156,7 @@ func (m *memory) Row(runID, taskID string) (Row, bool) {
 		LastFailureKind: t.LastFailureKind, FailureReason: t.MarkReason, InfraMarkedAt: t.InfraMarkedAt,
 		InfraConfirmedAt: t.InfraConfirmedAt, InfraBudget: t.InfraBudget, InfraUsed: t.InfraUsed,
 		ErrorMessage: t.ErrorMessage, Held: t.Held, CredentialExchangedAt: t.CredentialExchangedAt,
-		Sensor: t.Sensor, Retries: t.Retries}, true
+		Sensor: t.Sensor, Retries: t.Retries, PodMissingMax: t.PodMissingMax, PodMissingSince: t.PodMissingSince}, true
 }
 
 func (m *memory) RunState(runID string) string {

@@ -52,6 +52,136 @@ func settlement(f Fixture, a sdk.Attempt, o sdk.Outcome) sdk.Settlement {
 	return sdk.Settlement{Attempt: a, Outcome: o, FromStates: []string{sdk.StateRunning}, Term: f.Term(), At: at(0)}
 }
 
+// kubeRunning seeds a kube attempt running since runningAt with its pod
+// uid recorded.
+func kubeRunning(f Fixture, runID, taskID, uid string, runningAt time.Time) sdk.Attempt {
+	a := attempt(runID, taskID)
+	f.Put(Row{Attempt: a, State: sdk.StateRunning, Executor: sdk.ExecutorKube, QueuedAt: runningAt.Add(-time.Minute),
+		RunningAt: runningAt, PodUID: uid})
+	return a
+}
+
+func sightOne(t *testing.T, f Fixture, s sdk.PodSighting) sdk.MarkResult {
+	t.Helper()
+	if s.Term == 0 {
+		s.Term = f.Term()
+	}
+	if s.At.IsZero() {
+		s.At = at(0)
+	}
+	res, err := f.Board().RecordPodSightings(t.Context(), []sdk.PodSighting{s})
+	return one(t, s.Attempt, res, err)
+}
+
+func sightingCases() map[string]func(t *testing.T, f Fixture) {
+	return map[string]func(t *testing.T, f Fixture){
+		"RecordPodSightingsKeepsTheLargestEndAndTheOpenWindow": func(t *testing.T, f Fixture) {
+			r := at(-10 * time.Minute)
+			a := kubeRunning(f, "run", "task", "uid", r)
+			for _, step := range []struct {
+				seen, missing time.Duration // after running_at; 0: none
+				longest       time.Duration
+				since         time.Duration // after running_at; -1: none
+			}{
+				{2 * time.Minute, 0, 2 * time.Minute, -1},
+				{time.Minute, 0, 2 * time.Minute, -1},
+				{0, 3 * time.Minute, 2 * time.Minute, 3 * time.Minute},
+				{0, 4 * time.Minute, 2 * time.Minute, 3 * time.Minute},
+				{5 * time.Minute, 6 * time.Minute, 5 * time.Minute, 6 * time.Minute},
+				{7 * time.Minute, 0, 7 * time.Minute, -1},
+			} {
+				s := sdk.PodSighting{Attempt: a, PodUID: "uid"}
+				if step.seen > 0 {
+					s.SeenAt = r.Add(step.seen)
+				}
+				if step.missing > 0 {
+					s.MissingAt = r.Add(step.missing)
+				}
+				if res := sightOne(t, f, s); !res.Applied {
+					t.Fatalf("%+v: %+v", s, res)
+				}
+				got := row(t, f, a)
+				want := time.Time{}
+				if step.since >= 0 {
+					want = r.Add(step.since)
+				}
+				if got.PodMissingMax != step.longest || !got.PodMissingSince.Equal(want) {
+					t.Fatalf("after %+v: max %s since %v, want %s %v", s, got.PodMissingMax, got.PodMissingSince, step.longest, want)
+				}
+			}
+		},
+		"RecordPodSightingsGuards": func(t *testing.T, f Fixture) {
+			r := at(-10 * time.Minute)
+			a := kubeRunning(f, "run", "task", "uid", r)
+			none := kubeRunning(f, "run", "none", "", r)
+			lite := attempt("run", "lite")
+			f.Put(Row{Attempt: lite, State: sdk.StateRunning, RunningAt: r, PodUID: "uid-lite"})
+			done := attempt("run", "done")
+			f.Put(Row{Attempt: done, State: sdk.StateSuccess, Executor: sdk.ExecutorKube, RunningAt: r, EndedAt: at(-time.Minute),
+				PodUID: "uid-done"})
+			stale := a
+			stale.Epoch++
+			seen := r.Add(time.Minute)
+			for name, c := range map[string]struct {
+				s    sdk.PodSighting
+				want string
+			}{
+				"StaleEpoch":     {sdk.PodSighting{Attempt: stale, PodUID: "uid", SeenAt: seen}, sdk.NoopMovedOn},
+				"NotRunning":     {sdk.PodSighting{Attempt: done, PodUID: "uid-done", MissingAt: seen}, sdk.NoopMovedOn},
+				"Lite":           {sdk.PodSighting{Attempt: lite, PodUID: "uid-lite", SeenAt: seen}, sdk.NoopMovedOn},
+				"NoPodRecorded":  {sdk.PodSighting{Attempt: none, PodUID: "uid", SeenAt: seen}, sdk.NoopMovedOn},
+				"AnotherPod":     {sdk.PodSighting{Attempt: a, PodUID: "forged", SeenAt: seen, MissingAt: seen}, sdk.NoopPodNotRecorded},
+				"BeforeItRan":    {sdk.PodSighting{Attempt: a, PodUID: "uid", SeenAt: r, MissingAt: r}, ""},
+				"TermNotCurrent": {sdk.PodSighting{Attempt: a, PodUID: "uid", SeenAt: seen, Term: f.Term() + 1}, sdk.NoopDeposed},
+				"NoSuchTask":     {sdk.PodSighting{Attempt: attempt("run", "gone"), PodUID: "uid", SeenAt: seen}, sdk.NoopNotFound},
+			} {
+				before := row(t, f, a)
+				if c.want == "" {
+					// A deletion at running_at opens a window (the attempt ran by
+					// then); a sighting at running_at ends none.
+					if res := sightOne(t, f, c.s); !res.Applied {
+						t.Fatalf("%s: %+v", name, res)
+					}
+					if got := row(t, f, a); got.PodMissingMax != 0 || !got.PodMissingSince.Equal(r) {
+						t.Fatalf("%s: max %s since %v", name, got.PodMissingMax, got.PodMissingSince)
+					}
+					continue
+				}
+				if res := sightOne(t, f, c.s); res.Applied || res.NoopReason != c.want {
+					t.Fatalf("%s: %+v, want %s", name, res, c.want)
+				}
+				unchanged(t, f, a, before)
+			}
+			for _, x := range []sdk.Attempt{none, lite, done} {
+				if got := row(t, f, x); got.PodMissingMax != 0 || !got.PodMissingSince.IsZero() {
+					t.Fatalf("%s changed: %+v", x, got)
+				}
+			}
+		},
+		"RecordPodSightingsRefusesAMalformedBatchWhole": func(t *testing.T, f Fixture) {
+			a := kubeRunning(f, "run", "task", "uid", at(-time.Hour))
+			b := kubeRunning(f, "run", "other", "uid-b", at(-time.Hour))
+			for name, ss := range map[string][]sdk.PodSighting{
+				"NoPod":             {{Attempt: a, SeenAt: at(-time.Minute)}},
+				"NothingSeen":       {{Attempt: a, PodUID: "uid"}},
+				"DeletedBeforeSeen": {{Attempt: a, PodUID: "uid", SeenAt: at(-time.Minute), MissingAt: at(-2 * time.Minute)}},
+				"TaskTwice": {{Attempt: b, PodUID: "uid-b", SeenAt: at(-time.Minute)},
+					{Attempt: b, PodUID: "forged", SeenAt: at(-time.Minute)}},
+			} {
+				for i := range ss {
+					ss[i].Term, ss[i].At = f.Term(), at(0)
+				}
+				if _, err := f.Board().RecordPodSightings(t.Context(), ss); err == nil {
+					t.Fatalf("%s: accepted", name)
+				}
+				if got := row(t, f, b); got.PodMissingMax != 0 || !got.PodMissingSince.IsZero() {
+					t.Fatalf("%s: wrote %+v", name, got)
+				}
+			}
+		},
+	}
+}
+
 func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 	return map[string]func(t *testing.T, f Fixture){
 		"ListProvisionalOldestMarkFirstByKeyset": func(t *testing.T, f Fixture) {

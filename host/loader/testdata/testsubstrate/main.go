@@ -95,6 +95,18 @@ func reconcile(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.
 	if err != nil {
 		return sdk.SweepResult{}, err
 	}
+	// The pod cache's history first: each running attempt's recorded pod
+	// reached the cache Running half an hour after the attempt ran.
+	var sightings []sdk.PodSighting
+	for _, c := range running.Candidates {
+		if c.PodUID != "" {
+			sightings = append(sightings, sdk.PodSighting{Attempt: c.Attempt, PodUID: c.PodUID,
+				SeenAt: c.RunningAt.Add(30 * time.Minute), Term: req.Term, At: req.Now})
+		}
+	}
+	if _, err := board.RecordPodSightings(ctx, sightings); err != nil {
+		return sdk.SweepResult{}, err
+	}
 	var settle []sdk.Settlement
 	for _, c := range running.Candidates {
 		settle = append(settle, sdk.Settlement{Attempt: c.Attempt, Outcome: sdk.OutcomeSuccess,

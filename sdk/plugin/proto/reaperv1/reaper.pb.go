@@ -2511,6 +2511,137 @@ func (x *SettleRequest) GetSettlements() []*Settlement {
 	return nil
 }
 
+// What the kube substrate's pod cache saw of a running attempt's pod
+// (protocol v1 addition: a host that predates it answers Unimplemented,
+// and the history is not recorded). seen_at, missing_at: 0 when none.
+type PodSighting struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       *Attempt               `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	PodUid        string                 `protobuf:"bytes,2,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	SeenAt        int64                  `protobuf:"varint,3,opt,name=seen_at,json=seenAt,proto3" json:"seen_at,omitempty"`
+	MissingAt     int64                  `protobuf:"varint,4,opt,name=missing_at,json=missingAt,proto3" json:"missing_at,omitempty"`
+	Term          int64                  `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`
+	At            int64                  `protobuf:"varint,6,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodSighting) Reset() {
+	*x = PodSighting{}
+	mi := &file_reaper_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodSighting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodSighting) ProtoMessage() {}
+
+func (x *PodSighting) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodSighting.ProtoReflect.Descriptor instead.
+func (*PodSighting) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PodSighting) GetAttempt() *Attempt {
+	if x != nil {
+		return x.Attempt
+	}
+	return nil
+}
+
+func (x *PodSighting) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *PodSighting) GetSeenAt() int64 {
+	if x != nil {
+		return x.SeenAt
+	}
+	return 0
+}
+
+func (x *PodSighting) GetMissingAt() int64 {
+	if x != nil {
+		return x.MissingAt
+	}
+	return 0
+}
+
+func (x *PodSighting) GetTerm() int64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *PodSighting) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
+type PodSightingsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sightings     []*PodSighting         `protobuf:"bytes,1,rep,name=sightings,proto3" json:"sightings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodSightingsRequest) Reset() {
+	*x = PodSightingsRequest{}
+	mi := &file_reaper_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodSightingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodSightingsRequest) ProtoMessage() {}
+
+func (x *PodSightingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_reaper_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodSightingsRequest.ProtoReflect.Descriptor instead.
+func (*PodSightingsRequest) Descriptor() ([]byte, []int) {
+	return file_reaper_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *PodSightingsRequest) GetSightings() []*PodSighting {
+	if x != nil {
+		return x.Sightings
+	}
+	return nil
+}
+
 type SweepRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Now           int64                  `protobuf:"varint,1,opt,name=now,proto3" json:"now,omitempty"`
@@ -2524,7 +2655,7 @@ type SweepRequest struct {
 
 func (x *SweepRequest) Reset() {
 	*x = SweepRequest{}
-	mi := &file_reaper_proto_msgTypes[34]
+	mi := &file_reaper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2667,7 @@ func (x *SweepRequest) String() string {
 func (*SweepRequest) ProtoMessage() {}
 
 func (x *SweepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[34]
+	mi := &file_reaper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2680,7 @@ func (x *SweepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepRequest.ProtoReflect.Descriptor instead.
 func (*SweepRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{34}
+	return file_reaper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SweepRequest) GetNow() int64 {
@@ -2597,7 +2728,7 @@ type SweepResponse struct {
 
 func (x *SweepResponse) Reset() {
 	*x = SweepResponse{}
-	mi := &file_reaper_proto_msgTypes[35]
+	mi := &file_reaper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2740,7 @@ func (x *SweepResponse) String() string {
 func (*SweepResponse) ProtoMessage() {}
 
 func (x *SweepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[35]
+	mi := &file_reaper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2753,7 @@ func (x *SweepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepResponse.ProtoReflect.Descriptor instead.
 func (*SweepResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{35}
+	return file_reaper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SweepResponse) GetDecisions() *DecisionSet {
@@ -2648,7 +2779,7 @@ type SyncedResponse struct {
 
 func (x *SyncedResponse) Reset() {
 	*x = SyncedResponse{}
-	mi := &file_reaper_proto_msgTypes[36]
+	mi := &file_reaper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2791,7 @@ func (x *SyncedResponse) String() string {
 func (*SyncedResponse) ProtoMessage() {}
 
 func (x *SyncedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[36]
+	mi := &file_reaper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2804,7 @@ func (x *SyncedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncedResponse.ProtoReflect.Descriptor instead.
 func (*SyncedResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{36}
+	return file_reaper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SyncedResponse) GetSynced() bool {
@@ -2698,7 +2829,7 @@ type LivenessRequest struct {
 
 func (x *LivenessRequest) Reset() {
 	*x = LivenessRequest{}
-	mi := &file_reaper_proto_msgTypes[37]
+	mi := &file_reaper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2841,7 @@ func (x *LivenessRequest) String() string {
 func (*LivenessRequest) ProtoMessage() {}
 
 func (x *LivenessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[37]
+	mi := &file_reaper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2854,7 @@ func (x *LivenessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LivenessRequest.ProtoReflect.Descriptor instead.
 func (*LivenessRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{37}
+	return file_reaper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LivenessRequest) GetAttempts() []*Attempt {
@@ -2772,7 +2903,7 @@ type AttemptLiveness struct {
 
 func (x *AttemptLiveness) Reset() {
 	*x = AttemptLiveness{}
-	mi := &file_reaper_proto_msgTypes[38]
+	mi := &file_reaper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2784,7 +2915,7 @@ func (x *AttemptLiveness) String() string {
 func (*AttemptLiveness) ProtoMessage() {}
 
 func (x *AttemptLiveness) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[38]
+	mi := &file_reaper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2797,7 +2928,7 @@ func (x *AttemptLiveness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptLiveness.ProtoReflect.Descriptor instead.
 func (*AttemptLiveness) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{38}
+	return file_reaper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttemptLiveness) GetAttempt() *Attempt {
@@ -2879,7 +3010,7 @@ type LivenessResponse struct {
 
 func (x *LivenessResponse) Reset() {
 	*x = LivenessResponse{}
-	mi := &file_reaper_proto_msgTypes[39]
+	mi := &file_reaper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3022,7 @@ func (x *LivenessResponse) String() string {
 func (*LivenessResponse) ProtoMessage() {}
 
 func (x *LivenessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[39]
+	mi := &file_reaper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3035,7 @@ func (x *LivenessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LivenessResponse.ProtoReflect.Descriptor instead.
 func (*LivenessResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{39}
+	return file_reaper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LivenessResponse) GetResults() []*AttemptLiveness {
@@ -2927,7 +3058,7 @@ type TeardownRequest struct {
 
 func (x *TeardownRequest) Reset() {
 	*x = TeardownRequest{}
-	mi := &file_reaper_proto_msgTypes[40]
+	mi := &file_reaper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3070,7 @@ func (x *TeardownRequest) String() string {
 func (*TeardownRequest) ProtoMessage() {}
 
 func (x *TeardownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[40]
+	mi := &file_reaper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3083,7 @@ func (x *TeardownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownRequest.ProtoReflect.Descriptor instead.
 func (*TeardownRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{40}
+	return file_reaper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TeardownRequest) GetAttempt() *Attempt {
@@ -3001,7 +3132,7 @@ type TeardownOutcome struct {
 
 func (x *TeardownOutcome) Reset() {
 	*x = TeardownOutcome{}
-	mi := &file_reaper_proto_msgTypes[41]
+	mi := &file_reaper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3144,7 @@ func (x *TeardownOutcome) String() string {
 func (*TeardownOutcome) ProtoMessage() {}
 
 func (x *TeardownOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[41]
+	mi := &file_reaper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3157,7 @@ func (x *TeardownOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownOutcome.ProtoReflect.Descriptor instead.
 func (*TeardownOutcome) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{41}
+	return file_reaper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TeardownOutcome) GetObject() string {
@@ -3059,7 +3190,7 @@ type TeardownResponse struct {
 
 func (x *TeardownResponse) Reset() {
 	*x = TeardownResponse{}
-	mi := &file_reaper_proto_msgTypes[42]
+	mi := &file_reaper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3202,7 @@ func (x *TeardownResponse) String() string {
 func (*TeardownResponse) ProtoMessage() {}
 
 func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[42]
+	mi := &file_reaper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3215,7 @@ func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownResponse.ProtoReflect.Descriptor instead.
 func (*TeardownResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{42}
+	return file_reaper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TeardownResponse) GetOutcomes() []*TeardownOutcome {
@@ -3104,7 +3235,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_reaper_proto_msgTypes[43]
+	mi := &file_reaper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3116,7 +3247,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[43]
+	mi := &file_reaper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3129,7 +3260,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{43}
+	return file_reaper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StopRequest) GetAttempt() *Attempt {
@@ -3158,7 +3289,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_reaper_proto_msgTypes[44]
+	mi := &file_reaper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +3301,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[44]
+	mi := &file_reaper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +3314,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{44}
+	return file_reaper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StopResponse) GetStopped() bool {
@@ -3217,7 +3348,7 @@ type WarmWorker struct {
 
 func (x *WarmWorker) Reset() {
 	*x = WarmWorker{}
-	mi := &file_reaper_proto_msgTypes[45]
+	mi := &file_reaper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3360,7 @@ func (x *WarmWorker) String() string {
 func (*WarmWorker) ProtoMessage() {}
 
 func (x *WarmWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[45]
+	mi := &file_reaper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3373,7 @@ func (x *WarmWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmWorker.ProtoReflect.Descriptor instead.
 func (*WarmWorker) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{45}
+	return file_reaper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WarmWorker) GetName() string {
@@ -3268,7 +3399,7 @@ type WarmWorkersResponse struct {
 
 func (x *WarmWorkersResponse) Reset() {
 	*x = WarmWorkersResponse{}
-	mi := &file_reaper_proto_msgTypes[46]
+	mi := &file_reaper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3411,7 @@ func (x *WarmWorkersResponse) String() string {
 func (*WarmWorkersResponse) ProtoMessage() {}
 
 func (x *WarmWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[46]
+	mi := &file_reaper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3424,7 @@ func (x *WarmWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmWorkersResponse.ProtoReflect.Descriptor instead.
 func (*WarmWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{46}
+	return file_reaper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WarmWorkersResponse) GetWorkers() []*WarmWorker {
@@ -3313,7 +3444,7 @@ type ChangesRequest struct {
 
 func (x *ChangesRequest) Reset() {
 	*x = ChangesRequest{}
-	mi := &file_reaper_proto_msgTypes[47]
+	mi := &file_reaper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3456,7 @@ func (x *ChangesRequest) String() string {
 func (*ChangesRequest) ProtoMessage() {}
 
 func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[47]
+	mi := &file_reaper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3469,7 @@ func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
 func (*ChangesRequest) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{47}
+	return file_reaper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ChangesRequest) GetGeneration() string {
@@ -3368,7 +3499,7 @@ type ChangesResponse struct {
 
 func (x *ChangesResponse) Reset() {
 	*x = ChangesResponse{}
-	mi := &file_reaper_proto_msgTypes[48]
+	mi := &file_reaper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3380,7 +3511,7 @@ func (x *ChangesResponse) String() string {
 func (*ChangesResponse) ProtoMessage() {}
 
 func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_reaper_proto_msgTypes[48]
+	mi := &file_reaper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3393,7 +3524,7 @@ func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
 func (*ChangesResponse) Descriptor() ([]byte, []int) {
-	return file_reaper_proto_rawDescGZIP(), []int{48}
+	return file_reaper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ChangesResponse) GetGeneration() string {
@@ -3648,7 +3779,17 @@ const file_reaper_proto_rawDesc = "" +
 	"\tlossy_pod\x18\n" +
 	" \x01(\bR\blossyPod\"H\n" +
 	"\rSettleRequest\x127\n" +
-	"\vsettlements\x18\x01 \x03(\v2\x15.reaper.v1.SettlementR\vsettlements\"\x95\x01\n" +
+	"\vsettlements\x18\x01 \x03(\v2\x15.reaper.v1.SettlementR\vsettlements\"\xb0\x01\n" +
+	"\vPodSighting\x12,\n" +
+	"\aattempt\x18\x01 \x01(\v2\x12.reaper.v1.AttemptR\aattempt\x12\x17\n" +
+	"\apod_uid\x18\x02 \x01(\tR\x06podUid\x12\x17\n" +
+	"\aseen_at\x18\x03 \x01(\x03R\x06seenAt\x12\x1d\n" +
+	"\n" +
+	"missing_at\x18\x04 \x01(\x03R\tmissingAt\x12\x12\n" +
+	"\x04term\x18\x05 \x01(\x03R\x04term\x12\x0e\n" +
+	"\x02at\x18\x06 \x01(\x03R\x02at\"K\n" +
+	"\x13PodSightingsRequest\x124\n" +
+	"\tsightings\x18\x01 \x03(\v2\x16.reaper.v1.PodSightingR\tsightings\"\x95\x01\n" +
 	"\fSweepRequest\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x03R\x04term\x12\x17\n" +
@@ -3726,7 +3867,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\fConfigSchema\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SchemaResponse\x12:\n" +
 	"\tConfigure\x12\x1b.reaper.v1.ConfigureRequest\x1a\x10.reaper.v1.Empty2C\n" +
 	"\x06Reaper\x129\n" +
-	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse0\x012\xc8\x04\n" +
+	"\x04Reap\x12\x16.reaper.v1.PassRequest\x1a\x17.reaper.v1.PassResponse0\x012\x97\x05\n" +
 	"\x05Board\x12E\n" +
 	"\x0eListCandidates\x12\x19.reaper.v1.CandidateQuery\x1a\x18.reaper.v1.CandidatePage\x127\n" +
 	"\x04Mark\x12\x16.reaper.v1.MarkRequest\x1a\x17.reaper.v1.MarkResponse\x129\n" +
@@ -3736,7 +3877,8 @@ const file_reaper_proto_rawDesc = "" +
 	"\x0fListProvisional\x12\x1b.reaper.v1.ProvisionalQuery\x1a\x18.reaper.v1.CandidatePage\x12B\n" +
 	"\fConfirmInfra\x12\x19.reaper.v1.ConfirmRequest\x1a\x17.reaper.v1.MarkResponse\x12D\n" +
 	"\rOverrideInfra\x12\x1a.reaper.v1.OverrideRequest\x1a\x17.reaper.v1.MarkResponse\x12;\n" +
-	"\x06Settle\x12\x18.reaper.v1.SettleRequest\x1a\x17.reaper.v1.MarkResponse2\xca\x03\n" +
+	"\x06Settle\x12\x18.reaper.v1.SettleRequest\x1a\x17.reaper.v1.MarkResponse\x12M\n" +
+	"\x12RecordPodSightings\x12\x1e.reaper.v1.PodSightingsRequest\x1a\x17.reaper.v1.MarkResponse2\xca\x03\n" +
 	"\tSubstrate\x12:\n" +
 	"\x05Sweep\x12\x17.reaper.v1.SweepRequest\x1a\x18.reaper.v1.SweepResponse\x125\n" +
 	"\x06Synced\x12\x10.reaper.v1.Empty\x1a\x19.reaper.v1.SyncedResponse\x12C\n" +
@@ -3759,7 +3901,7 @@ func file_reaper_proto_rawDescGZIP() []byte {
 	return file_reaper_proto_rawDescData
 }
 
-var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_reaper_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_reaper_proto_goTypes = []any{
 	(*Attempt)(nil),             // 0: reaper.v1.Attempt
 	(*Ladder)(nil),              // 1: reaper.v1.Ladder
@@ -3795,22 +3937,24 @@ var file_reaper_proto_goTypes = []any{
 	(*OverrideRequest)(nil),     // 31: reaper.v1.OverrideRequest
 	(*Settlement)(nil),          // 32: reaper.v1.Settlement
 	(*SettleRequest)(nil),       // 33: reaper.v1.SettleRequest
-	(*SweepRequest)(nil),        // 34: reaper.v1.SweepRequest
-	(*SweepResponse)(nil),       // 35: reaper.v1.SweepResponse
-	(*SyncedResponse)(nil),      // 36: reaper.v1.SyncedResponse
-	(*LivenessRequest)(nil),     // 37: reaper.v1.LivenessRequest
-	(*AttemptLiveness)(nil),     // 38: reaper.v1.AttemptLiveness
-	(*LivenessResponse)(nil),    // 39: reaper.v1.LivenessResponse
-	(*TeardownRequest)(nil),     // 40: reaper.v1.TeardownRequest
-	(*TeardownOutcome)(nil),     // 41: reaper.v1.TeardownOutcome
-	(*TeardownResponse)(nil),    // 42: reaper.v1.TeardownResponse
-	(*StopRequest)(nil),         // 43: reaper.v1.StopRequest
-	(*StopResponse)(nil),        // 44: reaper.v1.StopResponse
-	(*WarmWorker)(nil),          // 45: reaper.v1.WarmWorker
-	(*WarmWorkersResponse)(nil), // 46: reaper.v1.WarmWorkersResponse
-	(*ChangesRequest)(nil),      // 47: reaper.v1.ChangesRequest
-	(*ChangesResponse)(nil),     // 48: reaper.v1.ChangesResponse
-	nil,                         // 49: reaper.v1.SweepResponse.OverridesEntry
+	(*PodSighting)(nil),         // 34: reaper.v1.PodSighting
+	(*PodSightingsRequest)(nil), // 35: reaper.v1.PodSightingsRequest
+	(*SweepRequest)(nil),        // 36: reaper.v1.SweepRequest
+	(*SweepResponse)(nil),       // 37: reaper.v1.SweepResponse
+	(*SyncedResponse)(nil),      // 38: reaper.v1.SyncedResponse
+	(*LivenessRequest)(nil),     // 39: reaper.v1.LivenessRequest
+	(*AttemptLiveness)(nil),     // 40: reaper.v1.AttemptLiveness
+	(*LivenessResponse)(nil),    // 41: reaper.v1.LivenessResponse
+	(*TeardownRequest)(nil),     // 42: reaper.v1.TeardownRequest
+	(*TeardownOutcome)(nil),     // 43: reaper.v1.TeardownOutcome
+	(*TeardownResponse)(nil),    // 44: reaper.v1.TeardownResponse
+	(*StopRequest)(nil),         // 45: reaper.v1.StopRequest
+	(*StopResponse)(nil),        // 46: reaper.v1.StopResponse
+	(*WarmWorker)(nil),          // 47: reaper.v1.WarmWorker
+	(*WarmWorkersResponse)(nil), // 48: reaper.v1.WarmWorkersResponse
+	(*ChangesRequest)(nil),      // 49: reaper.v1.ChangesRequest
+	(*ChangesResponse)(nil),     // 50: reaper.v1.ChangesResponse
+	nil,                         // 51: reaper.v1.SweepResponse.OverridesEntry
 }
 var file_reaper_proto_depIdxs = []int32{
 	0,  // 0: reaper.v1.Decision.attempt:type_name -> reaper.v1.Attempt
@@ -3841,62 +3985,66 @@ var file_reaper_proto_depIdxs = []int32{
 	30, // 25: reaper.v1.OverrideRequest.overrides:type_name -> reaper.v1.Override
 	0,  // 26: reaper.v1.Settlement.attempt:type_name -> reaper.v1.Attempt
 	32, // 27: reaper.v1.SettleRequest.settlements:type_name -> reaper.v1.Settlement
-	1,  // 28: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
-	3,  // 29: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
-	49, // 30: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
-	0,  // 31: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
-	0,  // 32: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
-	38, // 33: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
-	0,  // 34: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
-	41, // 35: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
-	0,  // 36: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
-	45, // 37: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
-	0,  // 38: reaper.v1.ChangesResponse.gone:type_name -> reaper.v1.Attempt
-	4,  // 39: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
-	4,  // 40: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
-	8,  // 41: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
-	9,  // 42: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
-	12, // 43: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
-	16, // 44: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
-	20, // 45: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
-	23, // 46: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
-	26, // 47: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
-	27, // 48: reaper.v1.Board.ListProvisional:input_type -> reaper.v1.ProvisionalQuery
-	29, // 49: reaper.v1.Board.ConfirmInfra:input_type -> reaper.v1.ConfirmRequest
-	31, // 50: reaper.v1.Board.OverrideInfra:input_type -> reaper.v1.OverrideRequest
-	33, // 51: reaper.v1.Board.Settle:input_type -> reaper.v1.SettleRequest
-	34, // 52: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
-	4,  // 53: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
-	37, // 54: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
-	40, // 55: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
-	43, // 56: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
-	4,  // 57: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
-	47, // 58: reaper.v1.Substrate.Changes:input_type -> reaper.v1.ChangesRequest
-	5,  // 59: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
-	7,  // 60: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
-	4,  // 61: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
-	10, // 62: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
-	14, // 63: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
-	18, // 64: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
-	22, // 65: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
-	24, // 66: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
-	4,  // 67: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
-	14, // 68: reaper.v1.Board.ListProvisional:output_type -> reaper.v1.CandidatePage
-	18, // 69: reaper.v1.Board.ConfirmInfra:output_type -> reaper.v1.MarkResponse
-	18, // 70: reaper.v1.Board.OverrideInfra:output_type -> reaper.v1.MarkResponse
-	18, // 71: reaper.v1.Board.Settle:output_type -> reaper.v1.MarkResponse
-	35, // 72: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
-	36, // 73: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
-	39, // 74: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
-	42, // 75: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
-	44, // 76: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
-	46, // 77: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
-	48, // 78: reaper.v1.Substrate.Changes:output_type -> reaper.v1.ChangesResponse
-	59, // [59:79] is the sub-list for method output_type
-	39, // [39:59] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	0,  // 28: reaper.v1.PodSighting.attempt:type_name -> reaper.v1.Attempt
+	34, // 29: reaper.v1.PodSightingsRequest.sightings:type_name -> reaper.v1.PodSighting
+	1,  // 30: reaper.v1.SweepRequest.ladder:type_name -> reaper.v1.Ladder
+	3,  // 31: reaper.v1.SweepResponse.decisions:type_name -> reaper.v1.DecisionSet
+	51, // 32: reaper.v1.SweepResponse.overrides:type_name -> reaper.v1.SweepResponse.OverridesEntry
+	0,  // 33: reaper.v1.LivenessRequest.attempts:type_name -> reaper.v1.Attempt
+	0,  // 34: reaper.v1.AttemptLiveness.attempt:type_name -> reaper.v1.Attempt
+	40, // 35: reaper.v1.LivenessResponse.results:type_name -> reaper.v1.AttemptLiveness
+	0,  // 36: reaper.v1.TeardownRequest.attempt:type_name -> reaper.v1.Attempt
+	43, // 37: reaper.v1.TeardownResponse.outcomes:type_name -> reaper.v1.TeardownOutcome
+	0,  // 38: reaper.v1.StopRequest.attempt:type_name -> reaper.v1.Attempt
+	47, // 39: reaper.v1.WarmWorkersResponse.workers:type_name -> reaper.v1.WarmWorker
+	0,  // 40: reaper.v1.ChangesResponse.gone:type_name -> reaper.v1.Attempt
+	4,  // 41: reaper.v1.Base.Info:input_type -> reaper.v1.Empty
+	4,  // 42: reaper.v1.Base.ConfigSchema:input_type -> reaper.v1.Empty
+	8,  // 43: reaper.v1.Base.Configure:input_type -> reaper.v1.ConfigureRequest
+	9,  // 44: reaper.v1.Reaper.Reap:input_type -> reaper.v1.PassRequest
+	12, // 45: reaper.v1.Board.ListCandidates:input_type -> reaper.v1.CandidateQuery
+	16, // 46: reaper.v1.Board.Mark:input_type -> reaper.v1.MarkRequest
+	20, // 47: reaper.v1.Board.ListOrphanRuns:input_type -> reaper.v1.RunQuery
+	23, // 48: reaper.v1.Board.ReapRun:input_type -> reaper.v1.RunReap
+	26, // 49: reaper.v1.Board.AppendLog:input_type -> reaper.v1.AppendLogRequest
+	27, // 50: reaper.v1.Board.ListProvisional:input_type -> reaper.v1.ProvisionalQuery
+	29, // 51: reaper.v1.Board.ConfirmInfra:input_type -> reaper.v1.ConfirmRequest
+	31, // 52: reaper.v1.Board.OverrideInfra:input_type -> reaper.v1.OverrideRequest
+	33, // 53: reaper.v1.Board.Settle:input_type -> reaper.v1.SettleRequest
+	35, // 54: reaper.v1.Board.RecordPodSightings:input_type -> reaper.v1.PodSightingsRequest
+	36, // 55: reaper.v1.Substrate.Sweep:input_type -> reaper.v1.SweepRequest
+	4,  // 56: reaper.v1.Substrate.Synced:input_type -> reaper.v1.Empty
+	39, // 57: reaper.v1.Substrate.Liveness:input_type -> reaper.v1.LivenessRequest
+	42, // 58: reaper.v1.Substrate.Teardown:input_type -> reaper.v1.TeardownRequest
+	45, // 59: reaper.v1.Substrate.StopOrphan:input_type -> reaper.v1.StopRequest
+	4,  // 60: reaper.v1.Substrate.WarmWorkers:input_type -> reaper.v1.Empty
+	49, // 61: reaper.v1.Substrate.Changes:input_type -> reaper.v1.ChangesRequest
+	5,  // 62: reaper.v1.Base.Info:output_type -> reaper.v1.InfoResponse
+	7,  // 63: reaper.v1.Base.ConfigSchema:output_type -> reaper.v1.SchemaResponse
+	4,  // 64: reaper.v1.Base.Configure:output_type -> reaper.v1.Empty
+	10, // 65: reaper.v1.Reaper.Reap:output_type -> reaper.v1.PassResponse
+	14, // 66: reaper.v1.Board.ListCandidates:output_type -> reaper.v1.CandidatePage
+	18, // 67: reaper.v1.Board.Mark:output_type -> reaper.v1.MarkResponse
+	22, // 68: reaper.v1.Board.ListOrphanRuns:output_type -> reaper.v1.RunPage
+	24, // 69: reaper.v1.Board.ReapRun:output_type -> reaper.v1.RunReapResult
+	4,  // 70: reaper.v1.Board.AppendLog:output_type -> reaper.v1.Empty
+	14, // 71: reaper.v1.Board.ListProvisional:output_type -> reaper.v1.CandidatePage
+	18, // 72: reaper.v1.Board.ConfirmInfra:output_type -> reaper.v1.MarkResponse
+	18, // 73: reaper.v1.Board.OverrideInfra:output_type -> reaper.v1.MarkResponse
+	18, // 74: reaper.v1.Board.Settle:output_type -> reaper.v1.MarkResponse
+	18, // 75: reaper.v1.Board.RecordPodSightings:output_type -> reaper.v1.MarkResponse
+	37, // 76: reaper.v1.Substrate.Sweep:output_type -> reaper.v1.SweepResponse
+	38, // 77: reaper.v1.Substrate.Synced:output_type -> reaper.v1.SyncedResponse
+	41, // 78: reaper.v1.Substrate.Liveness:output_type -> reaper.v1.LivenessResponse
+	44, // 79: reaper.v1.Substrate.Teardown:output_type -> reaper.v1.TeardownResponse
+	46, // 80: reaper.v1.Substrate.StopOrphan:output_type -> reaper.v1.StopResponse
+	48, // 81: reaper.v1.Substrate.WarmWorkers:output_type -> reaper.v1.WarmWorkersResponse
+	50, // 82: reaper.v1.Substrate.Changes:output_type -> reaper.v1.ChangesResponse
+	62, // [62:83] is the sub-list for method output_type
+	41, // [41:62] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_reaper_proto_init() }
@@ -3910,7 +4058,7 @@ func file_reaper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_reaper_proto_rawDesc), len(file_reaper_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   50,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

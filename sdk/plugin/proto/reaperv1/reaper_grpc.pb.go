@@ -317,15 +317,16 @@ var Reaper_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Board_ListCandidates_FullMethodName  = "/reaper.v1.Board/ListCandidates"
-	Board_Mark_FullMethodName            = "/reaper.v1.Board/Mark"
-	Board_ListOrphanRuns_FullMethodName  = "/reaper.v1.Board/ListOrphanRuns"
-	Board_ReapRun_FullMethodName         = "/reaper.v1.Board/ReapRun"
-	Board_AppendLog_FullMethodName       = "/reaper.v1.Board/AppendLog"
-	Board_ListProvisional_FullMethodName = "/reaper.v1.Board/ListProvisional"
-	Board_ConfirmInfra_FullMethodName    = "/reaper.v1.Board/ConfirmInfra"
-	Board_OverrideInfra_FullMethodName   = "/reaper.v1.Board/OverrideInfra"
-	Board_Settle_FullMethodName          = "/reaper.v1.Board/Settle"
+	Board_ListCandidates_FullMethodName     = "/reaper.v1.Board/ListCandidates"
+	Board_Mark_FullMethodName               = "/reaper.v1.Board/Mark"
+	Board_ListOrphanRuns_FullMethodName     = "/reaper.v1.Board/ListOrphanRuns"
+	Board_ReapRun_FullMethodName            = "/reaper.v1.Board/ReapRun"
+	Board_AppendLog_FullMethodName          = "/reaper.v1.Board/AppendLog"
+	Board_ListProvisional_FullMethodName    = "/reaper.v1.Board/ListProvisional"
+	Board_ConfirmInfra_FullMethodName       = "/reaper.v1.Board/ConfirmInfra"
+	Board_OverrideInfra_FullMethodName      = "/reaper.v1.Board/OverrideInfra"
+	Board_Settle_FullMethodName             = "/reaper.v1.Board/Settle"
+	Board_RecordPodSightings_FullMethodName = "/reaper.v1.Board/RecordPodSightings"
 )
 
 // BoardClient is the client API for Board service.
@@ -341,6 +342,7 @@ type BoardClient interface {
 	ConfirmInfra(ctx context.Context, in *ConfirmRequest, opts ...grpc.CallOption) (*MarkResponse, error)
 	OverrideInfra(ctx context.Context, in *OverrideRequest, opts ...grpc.CallOption) (*MarkResponse, error)
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*MarkResponse, error)
+	RecordPodSightings(ctx context.Context, in *PodSightingsRequest, opts ...grpc.CallOption) (*MarkResponse, error)
 }
 
 type boardClient struct {
@@ -441,6 +443,16 @@ func (c *boardClient) Settle(ctx context.Context, in *SettleRequest, opts ...grp
 	return out, nil
 }
 
+func (c *boardClient) RecordPodSightings(ctx context.Context, in *PodSightingsRequest, opts ...grpc.CallOption) (*MarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MarkResponse)
+	err := c.cc.Invoke(ctx, Board_RecordPodSightings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BoardServer is the server API for Board service.
 // All implementations must embed UnimplementedBoardServer
 // for forward compatibility.
@@ -454,6 +466,7 @@ type BoardServer interface {
 	ConfirmInfra(context.Context, *ConfirmRequest) (*MarkResponse, error)
 	OverrideInfra(context.Context, *OverrideRequest) (*MarkResponse, error)
 	Settle(context.Context, *SettleRequest) (*MarkResponse, error)
+	RecordPodSightings(context.Context, *PodSightingsRequest) (*MarkResponse, error)
 	mustEmbedUnimplementedBoardServer()
 }
 
@@ -490,6 +503,9 @@ func (UnimplementedBoardServer) OverrideInfra(context.Context, *OverrideRequest)
 }
 func (UnimplementedBoardServer) Settle(context.Context, *SettleRequest) (*MarkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedBoardServer) RecordPodSightings(context.Context, *PodSightingsRequest) (*MarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordPodSightings not implemented")
 }
 func (UnimplementedBoardServer) mustEmbedUnimplementedBoardServer() {}
 func (UnimplementedBoardServer) testEmbeddedByValue()               {}
@@ -674,6 +690,24 @@ func _Board_Settle_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Board_RecordPodSightings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PodSightingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BoardServer).RecordPodSightings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Board_RecordPodSightings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BoardServer).RecordPodSightings(ctx, req.(*PodSightingsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Board_ServiceDesc is the grpc.ServiceDesc for Board service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -716,6 +750,10 @@ var Board_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Settle",
 			Handler:    _Board_Settle_Handler,
+		},
+		{
+			MethodName: "RecordPodSightings",
+			Handler:    _Board_RecordPodSightings_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
