@@ -337,7 +337,7 @@ What each side does per row:
            (the agent's and the task group's records, each process checked against its start time);
            the judgment and its decision with evidence; the guarded mark (run, task, try, epoch, source
            state, heartbeat not since the threshold, the term still leading with its lease unexpired);
-           one audit row with the evidence as JSON. Out of process: the reaper and the substrate are
+           one audit row with its evidence packed. Out of process: the reaper and the substrate are
            plugin binaries over go-plugin (gRPC), the board and the sink served by the host.
            Both ways run as reaperd does: the decisions streamed to the audit and let go once
            written, the host's process at the GC target reaperd sets (400, unless GOGC is set).
