@@ -2,10 +2,8 @@ package board
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,7 +24,7 @@ type AuditRecord struct {
 // auditColumns are the columns RecordDecisions copies into reap_decisions
 // (id is generated).
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
-	"applied", "dry_run", "detail", "evidence"}
+	"applied", "dry_run", "detail", "evidence_packed", "scored"}
 
 // AuditChunk is the most decisions RecordDecisions copies in one COPY; each
 // chunk has the store's query timeout to itself, so a mass recovery's audit
@@ -46,17 +44,14 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	// The evidence of every row goes into one buffer, one object after the
 	// other; ends[i] is where row i's ends.
 	var (
-		buf  = make([]byte, 0, 768*len(ds)) // an agentlost decision's evidence is about 600 bytes
+		buf  = make([]byte, 0, 384*len(ds)) // an agentlost decision's evidence packs into about 300 bytes
 		ends = make([]int, len(ds))
 	)
 	for i, d := range ds {
 		if d.Label == "" {
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
-		var err error
-		if buf, err = appendEvidence(buf, d.Evidence); err != nil {
-			return fmt.Errorf("board: record decisions: encode evidence: %w", err)
-		}
+		buf = s.packer.appendPacked(buf, d.Evidence)
 		ends[i] = len(buf)
 	}
 	src := &auditRows{at: at, term: term, ds: ds, buf: buf, ends: ends, row: make([]any, len(auditColumns))}
@@ -106,6 +101,7 @@ func (r *auditRows) Values() ([]any, error) {
 	row := r.row
 	row[0], row[1], row[2], row[3], row[4], row[5] = r.at, r.term, d.Reaper, d.Label, run, task
 	row[6], row[7], row[8], row[9], row[10], row[11] = try, epoch, d.Applied, d.DryRun, d.Detail, r.buf[start:end:end]
+	row[12] = Scored(*d)
 	return row, nil
 }
 
@@ -132,58 +128,6 @@ func (s *Store) copyDecisions(ctx context.Context, rows pgx.CopyFromSource) erro
 	return err
 }
 
-// appendEvidence appends ev as a JSON object, without reflection, its keys
-// in the map's order: the column is jsonb, which keeps an object's keys in
-// an order of its own, so sorting them first would be work thrown away. A
-// string that is not valid UTF-8 is left to encoding/json, which replaces
-// what is invalid.
-func appendEvidence(buf []byte, ev map[string]string) ([]byte, error) {
-	buf = append(buf, '{')
-	first := true
-	for k, v := range ev {
-		if !first {
-			buf = append(buf, ',')
-		}
-		first = false
-		var err error
-		if buf, err = appendJSONString(buf, k); err != nil {
-			return buf, err
-		}
-		buf = append(buf, ':')
-		if buf, err = appendJSONString(buf, v); err != nil {
-			return buf, err
-		}
-	}
-	return append(buf, '}'), nil
-}
-
-// appendJSONString appends s as a JSON string: the bytes that need no
-// escape are copied a run at a time.
-func appendJSONString(buf []byte, s string) ([]byte, error) {
-	if !utf8.ValidString(s) {
-		b, err := json.Marshal(s)
-		return append(buf, b...), err
-	}
-	const hex = "0123456789abcdef"
-	buf = append(buf, '"')
-	from := 0 // s[from:i] needs no escape and is not appended yet
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '"' && c != '\\' && c >= 0x20 {
-			continue
-		}
-		buf = append(buf, s[from:i]...)
-		from = i + 1
-		if c < 0x20 {
-			buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		} else {
-			buf = append(buf, '\\', c)
-		}
-	}
-	buf = append(buf, s[from:]...)
-	return append(buf, '"'), nil
-}
-
 // DecisionsFor returns the audit of one task instance, oldest first: every
 // decision about it, and the run-level decisions about its run (an orphan
 // reap, say). With taskID empty it returns every decision about the run.
@@ -192,7 +136,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	sql := `SELECT id, at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
-        applied, dry_run, detail, evidence, verdict, verdict_at, verdict_term, verdict_evidence
+        applied, dry_run, detail, evidence_packed, evidence, verdict, verdict_at, verdict_term, verdict_evidence
     FROM reap_decisions
     WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL)
     ORDER BY id`
@@ -214,15 +158,22 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 			word       *string
 			vat        *time.Time
 			vterm      *int64
+			packed, ev []byte
 		)
 		err := row.Scan(&r.ID, &r.At, &r.Term, &r.Reaper, &r.Label, &run, &task, &try, &epoch,
-			&r.Applied, &r.DryRun, &r.Detail, &r.Evidence, &word, &vat, &vterm, &r.Verdict.Evidence)
+			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence)
+		if err != nil {
+			return r, err
+		}
+		if r.Evidence, err = readEvidence(packed, ev); err != nil {
+			return r, fmt.Errorf("decision %d: %w", r.ID, err)
+		}
 		r.Attempt = attemptOf(run, task, try, epoch)
 		r.Verdict.Word, r.Verdict.At = deref(word), timeOrZero(vat)
 		if vterm != nil {
 			r.Verdict.Term = *vterm
 		}
-		return r, err
+		return r, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("board: read decisions of %s/%s: %w", runID, taskID, err)
@@ -230,13 +181,50 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	return recs, nil
 }
 
-// PruneDecisions deletes audit rows older than before and says how many.
-func (s *Store) PruneDecisions(ctx context.Context, before time.Time) (int64, error) {
+// AuditRetentionDefault is how long the audit of decisions is kept (the
+// host's maintenance.audit_retention): three times the attempt history's,
+// far past the shadow scorer's horizon, so that explain tells an attempt's
+// decisions for as long as its history is kept and longer.
+const AuditRetentionDefault = 90 * 24 * time.Hour
+
+// AuditPruneBatchDefault is the most rows one PruneDecisions call deletes:
+// a statement of some tens of milliseconds at 10,000,000 decisions
+// (test/scale's BenchmarkScaleAudit), so that a backlog is worked through
+// over many short statements, none holding the vacuum or the writers back.
+const AuditPruneBatchDefault = 10000
+
+// PruneDecisions deletes at most limit audit rows made before before
+// (limit <= 0: AuditPruneBatchDefault), oldest first by reap_decisions_at_idx,
+// and says how many it deleted. What is younger stays whole: every
+// decision explain tells, and every one the shadow scorer may still judge
+// while the retention is longer than its horizon.
+func (s *Store) PruneDecisions(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.pruneBatch(ctx, "decisions", `DELETE FROM reap_decisions WHERE id IN (
+        SELECT id FROM reap_decisions WHERE at < $1 ORDER BY at LIMIT $2)`, before, limit, AuditPruneBatchDefault)
+}
+
+// PruneWarmClaims deletes at most limit warm_worker_claims rows claimed
+// before before (limit <= 0: AuditPruneBatchDefault): the last claims of
+// workers that have not claimed since, gone for that long. The kube
+// sweep reads a claim only to confirm a mark made before it; a worker
+// with no claim row is one whose claim is unknown, and a mark on it stays
+// provisional, so a pruned claim never confirms nor fails anything.
+func (s *Store) PruneWarmClaims(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.pruneBatch(ctx, "warm worker claims", `DELETE FROM warm_worker_claims WHERE worker IN (
+        SELECT worker FROM warm_worker_claims WHERE claimed_at < $1 LIMIT $2)`, before, limit, AuditPruneBatchDefault)
+}
+
+// pruneBatch runs a retention's DELETE of at most limit rows from before
+// $1 (limit <= 0: batch), $2 its limit, and says how many it deleted.
+func (s *Store) pruneBatch(ctx context.Context, what, sql string, before time.Time, limit, batch int) (int64, error) {
+	if limit <= 0 {
+		limit = batch
+	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, "DELETE FROM reap_decisions WHERE at < $1", before)
+	tag, err := s.pool.Exec(ctx, sql, before, limit)
 	if err != nil {
-		return 0, fmt.Errorf("board: prune decisions: %w", err)
+		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -1,10 +1,9 @@
 package board
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
 	"maps"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -19,71 +18,81 @@ var evidenceSample = map[string]string{
 	"unicode": "café ☕", "invalid": "bad\xffbyte", "": "empty key",
 }
 
-// TestAppendEvidenceReadsBackAsEncodingJSONWritesIt: the object decodes
-// to the same keys and values as encoding/json's encoding of the map
-// (invalid UTF-8 replaced alike); their order is the map's (jsonb keeps
-// its own).
-func TestAppendEvidenceReadsBackAsEncodingJSONWritesIt(t *testing.T) {
-	std, err := json.Marshal(evidenceSample)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := decodeEvidence(t, std)
+// TestPackedEvidenceReadsBackByteForByte: packed evidence unpacks to the
+// same keys and values, strings kept byte for byte (invalid UTF-8, control
+// characters and a key not in packedKeys included), whatever the map's
+// order; no evidence packs to the format byte alone and unpacks empty.
+func TestPackedEvidenceReadsBackByteForByte(t *testing.T) {
+	p := newEvidencePacker()
 	buf := []byte("prefix")
 	for range 2 { // the map's order may differ from one encoding to the next
-		got, err := appendEvidence(buf, evidenceSample)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if dec := decodeEvidence(t, got[len(buf):]); !maps.Equal(dec, want) {
-			t.Fatalf("encoded\n%s\nreads back as\n%q\nwant\n%q", got[len(buf):], dec, want)
+		got := p.appendPacked(buf, evidenceSample)
+		ev, err := unpackEvidence(got[len(buf):])
+		if err != nil || !maps.Equal(ev, evidenceSample) {
+			t.Fatalf("packed %q reads back as %q (%v), want %q", got[len(buf):], ev, err, evidenceSample)
 		}
 	}
-	if got, err := appendEvidence(nil, nil); err != nil || string(got) != "{}" {
-		t.Fatalf("no evidence encoded as %q, %v", got, err)
+	none := p.appendPacked(nil, nil)
+	if ev, err := unpackEvidence(none); string(none) != "\x01" || err != nil || ev == nil || len(ev) != 0 {
+		t.Fatalf("no evidence packed as %q, reads back as %v, %v", none, ev, err)
 	}
 }
 
-// decodeEvidence decodes a JSON object of strings into a map, failing on a
-// key seen twice.
-func decodeEvidence(t *testing.T, obj []byte) map[string]string {
-	t.Helper()
-	dec := json.NewDecoder(bytes.NewReader(obj))
-	out := map[string]string{}
-	var key *string
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatalf("decode %s: %v", obj, err)
-		}
-		s, ok := tok.(string)
-		switch {
-		case !ok:
-		case key == nil:
-			if _, dup := out[s]; dup {
-				t.Fatalf("decode %s: key %q twice", obj, s)
-			}
-			key = &s
-		default:
-			out[*key] = s
-			key = nil
+// TestPackedEvidenceRefusesWhatItDidNotWrite: a cut-short value, a length
+// past the end, a key code past packedKeys and another format fail to
+// read, never read as some other evidence.
+func TestPackedEvidenceRefusesWhatItDidNotWrite(t *testing.T) {
+	good := newEvidencePacker().appendPacked(nil, map[string]string{"term": "7", "own_key": "v"})
+	for name, b := range map[string][]byte{
+		"empty":         {},
+		"other format":  append([]byte{2}, good[1:]...),
+		"cut short":     good[:len(good)-1],
+		"length past":   {1, 1, 9, 'x'},
+		"unknown code":  {1, byte(len(packedKeys) + 1), 1, 'x'},
+		"key cut short": {1, 0, 5, 'a'},
+		"no value":      {1, 1},
+	} {
+		if ev, err := unpackEvidence(b); err == nil {
+			t.Errorf("%s: %q read as %q", name, b, ev)
 		}
 	}
 }
 
-func BenchmarkAppendEvidence(b *testing.B) {
+// TestPackedKeysAreOnlyAppended: a key's code is its place in packedKeys,
+// part of the stored form; a key moved or removed would read old rows'
+// evidence under another name.
+func TestPackedKeysAreOnlyAppended(t *testing.T) {
+	const pinned = "term edition state executor threshold heartbeat_age running_age queued_age " +
+		"pod_uid activity_age liveness agent group orphan pending liveness_detail " +
+		"liveness_live signal mark policy noop_reason stop teardown error attached " +
+		"ceiling brake_judged brake_silence_only brake_allowed brake_share node " +
+		"node_unreachable_since node_error confirm credential_lapse mark_from_states mark_kind " +
+		"mark_reason message outcome parked_for warm_workers recovered refusal requests " +
+		"run_age warm_worker write infra_mark hold why worker pod attempt"
+	want := strings.Fields(pinned)
+	if len(packedKeys) < len(want) || !slices.Equal(packedKeys[:len(want)], want) {
+		t.Fatalf("packedKeys changed the codes of stored keys:\n%q\nwant a list that starts with\n%q", packedKeys, want)
+	}
+	seen := map[string]bool{}
+	for _, k := range packedKeys {
+		if seen[k] {
+			t.Fatalf("packedKeys holds %q twice", k)
+		}
+		seen[k] = true
+	}
+}
+
+func BenchmarkAppendPacked(b *testing.B) {
 	ev := map[string]string{}
 	for k, v := range evidenceSample {
 		if k != "invalid" && k != "control" && k != "quoted" {
 			ev[k] = v
 		}
 	}
+	p := newEvidencePacker()
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		buf, _ = appendEvidence(buf[:0], ev)
+		buf = p.appendPacked(buf[:0], ev)
 	}
 }

@@ -509,15 +509,7 @@ const HistoryPruneBatchDefault = 10000
 // before (limit <= 0: HistoryPruneBatchDefault), oldest first by the
 // released_at index, and says how many it deleted.
 func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
-	if limit <= 0 {
-		limit = HistoryPruneBatchDefault
-	}
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	tag, err := s.pool.Exec(ctx, `DELETE FROM attempt_history WHERE ctid IN (
-        SELECT ctid FROM attempt_history WHERE released_at < $1 ORDER BY released_at LIMIT $2)`, before, limit)
-	if err != nil {
-		return 0, fmt.Errorf("board: prune attempt history: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return s.pruneBatch(ctx, "attempt history", `DELETE FROM attempt_history WHERE ctid IN (
+        SELECT ctid FROM attempt_history WHERE released_at < $1 ORDER BY released_at LIMIT $2)`, before, limit,
+		HistoryPruneBatchDefault)
 }

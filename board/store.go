@@ -46,6 +46,7 @@ type Store struct {
 	leader  string
 	timeout time.Duration
 	ceiling time.Duration
+	packer  evidencePacker // the audit's evidence encoder (read only)
 }
 
 var _ sdk.Board = (*Store)(nil)
@@ -58,7 +59,8 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if opts.QueryTimeout <= 0 {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
-	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling}
+	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling,
+		packer: newEvidencePacker()}
 }
 
 // Pool returns the pool the store uses.

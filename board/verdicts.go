@@ -29,30 +29,19 @@ type Verdict struct {
 
 // unscoredSQL is the predicate of the decisions still to score, the
 // partial index reap_decisions_unscored_idx's word for word (a test holds
-// the two to the same text): a scored decision (scoredSQL) with no verdict
-// yet.
+// the two to the same text): a scored decision with no verdict yet.
 func unscoredSQL(alias string) string {
-	return alias + ".verdict IS NULL AND " + scoredSQL(alias)
+	return alias + ".verdict IS NULL AND " + alias + ".scored"
 }
 
-// scoredSQL says which decisions are scored: a dry-run decision that would
-// have failed an attempt (sdk.KillLabels), and an applied infra mark whose
-// truth can still arrive (sdk.ProvisionalLabels): held for review, or made
-// on kube, where the mark stays provisional and a durable SUCCESS may
-// override it. A Lite mark is confirmed as it is made, on the substrate's
-// positive word that the attempt is dead: nothing can come back to judge
-// it by.
-func scoredSQL(alias string) string {
-	p := alias + "."
-	return p + "task_id IS NOT NULL AND (" +
-		"(" + p + "dry_run AND " + p + "label IN (" + sqlList(sdk.KillLabels()) + ")) OR (" +
-		p + "applied AND " + p + "label IN (" + sqlList(sdk.ProvisionalLabels()) + ") AND (" +
-		p + "evidence->>'policy' = 'hold' OR " + p + "evidence->>'edition' = 'kube')))"
-}
-
-// Scored reports whether a decision is one the leader scores: scoredSQL's
-// rule in Go, over the same lists (a test holds the two to the same
-// answers).
+// Scored reports whether a decision is one the leader scores, which the
+// audit writes beside it (reap_decisions.scored, migration 014): a dry-run
+// decision that would have failed an attempt (sdk.KillLabels), and an
+// applied infra mark whose truth can still arrive (sdk.ProvisionalLabels):
+// held for review, or made on kube, where the mark stays provisional and a
+// durable SUCCESS may override it. A Lite mark is confirmed as it is made,
+// on the substrate's positive word that the attempt is dead: nothing can
+// come back to judge it by.
 func Scored(d sdk.Decision) bool {
 	switch {
 	case d.Attempt.TaskID == "":
@@ -116,11 +105,18 @@ func (s *Store) UnscoredDecisions(ctx context.Context, afterID int64, limit int)
 			released                                             *bool
 			state, kind, reason, runState                        *string
 			running, hb, ended, marked, confirmed, rel, runEnded *time.Time
+			packed, evJSON                                       []byte
 		)
 		err := row.Scan(&d.ID, &d.At, &d.Term, &d.Reaper, &d.Label, &run, &task, &try, &epoch,
-			&d.Applied, &d.DryRun, &d.Detail, &d.Evidence,
+			&d.Applied, &d.DryRun, &d.Detail, &packed, &evJSON,
 			&released, &state, &running, &hb, &ended, &marked, &confirmed, &kind, &reason, &rel, &runState, &runEnded)
+		if err != nil {
+			return d, err
+		}
 		d.Attempt = attemptOf(run, task, try, epoch)
+		if d.Evidence, err = readEvidence(packed, evJSON); err != nil {
+			return d, fmt.Errorf("decision %d: %w", d.ID, err)
+		}
 		t := &d.Truth
 		t.Found = released != nil
 		t.Released = released != nil && *released
@@ -128,7 +124,7 @@ func (s *Store) UnscoredDecisions(ctx context.Context, afterID int64, limit int)
 		t.RunningAt, t.LastHeartbeatAt, t.EndedAt = timeOrZero(running), timeOrZero(hb), timeOrZero(ended)
 		t.InfraMarkedAt, t.InfraConfirmedAt, t.ReleasedAt = timeOrZero(marked), timeOrZero(confirmed), timeOrZero(rel)
 		t.RunEndedAt = timeOrZero(runEnded)
-		return d, err
+		return d, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("board: read unscored decisions: %w", err)
@@ -142,7 +138,7 @@ func (s *Store) UnscoredDecisions(ctx context.Context, afterID int64, limit int)
 // attempt_history.
 func unscoredQuery() string {
 	return `SELECT d.id, d.at, d.term, d.reaper, d.label, d.run_id, d.task_id, d.try_number,
-        d.attempt_epoch, d.applied, d.dry_run, d.detail, d.evidence,
+        d.attempt_epoch, d.applied, d.dry_run, d.detail, d.evidence_packed, d.evidence,
         a.released, a.state, a.running_at, a.last_heartbeat_at, a.ended_at, a.infra_marked_at,
         a.infra_confirmed_at, a.last_failure_kind, a.failure_reason, a.released_at, r.state, r.ended_at
     FROM reap_decisions d
@@ -265,7 +261,7 @@ func (s *Store) ShadowDecisions(ctx context.Context, since time.Time) (groups []
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, `SELECT d.reaper, d.label, d.run_id, d.task_id, d.try_number, d.attempt_epoch,
-        `+scoredSQL("d")+` AS scored, d.dry_run, d.applied, coalesce(d.verdict, ''),
+        d.scored, d.dry_run, d.applied, coalesce(d.verdict, ''),
         count(*), min(d.id), max(d.id), min(d.at), max(d.at)
     FROM reap_decisions d
     WHERE d.at >= $1 AND d.task_id IS NOT NULL AND d.label IN (`+sqlList(sdk.KillLabels())+`)

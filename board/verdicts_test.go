@@ -48,7 +48,7 @@ func TestShadowDecisions(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("IndexPredicateIsTheBoards", func(t *testing.T) {
-		sql, err := migrations.FS.ReadFile("012_shadow_verdicts.sql")
+		sql, err := migrations.FS.ReadFile("014_audit_packed.sql")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -93,6 +93,10 @@ type Config struct {
 	// attempt history (replay's and the shadow scorer's) is kept (0:
 	// board.HistoryRetentionDefault, 30 days).
 	HistoryRetention time.Duration
+	// AuditRetention is maintenance.audit_retention: how long the audit of
+	// decisions (explain's, the shadow scorer's) and the warm workers'
+	// claims are kept (0: board.AuditRetentionDefault, 90 days).
+	AuditRetention time.Duration
 
 	// Warnings are accepted settings worth a WARN at boot.
 	Warnings []string
@@ -348,11 +352,12 @@ type maintenanceBlock struct {
 	Interval         time.Duration `reaper:"interval"`
 	ShadowHorizon    time.Duration `reaper:"shadow_horizon"`
 	HistoryRetention time.Duration `reaper:"history_retention"`
+	AuditRetention   time.Duration `reaper:"audit_retention"`
 }
 
 func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
 	mb := maintenanceBlock{Interval: cfg.Ladder.MaintenanceInterval, ShadowHorizon: cfg.ShadowHorizon,
-		HistoryRetention: cfg.HistoryRetention}
+		HistoryRetention: cfg.HistoryRetention, AuditRetention: cfg.AuditRetention}
 	ranges, diags := decodeInto(b.Body, &mb)
 	if r, ok := ranges["interval"]; ok {
 		cfg.ranges["maintenance.interval"] = r
@@ -365,25 +370,36 @@ func (cfg *Config) decodeMaintenance(b *hcl.Block) hcl.Diagnostics {
 				"waits that long for its truth before it is scored unresolved.", ladder.Format(mb.ShadowHorizon))})
 	}
 	cfg.ShadowHorizon = mb.ShadowHorizon
-	horizon, retention := mb.ShadowHorizon, mb.HistoryRetention
+	horizon := mb.ShadowHorizon
 	if horizon <= 0 {
 		horizon = audit.ShadowHorizonDefault
 	}
-	if retention == 0 {
-		retention = board.HistoryRetentionDefault
-	}
-	if retention <= horizon {
-		r, ok := ranges["history_retention"]
+	for _, k := range []struct {
+		key, why      string
+		set, fallback time.Duration
+	}{
+		{"history_retention", "the shadow scorer reads an attempt's history until its decision is scored",
+			mb.HistoryRetention, board.HistoryRetentionDefault},
+		{"audit_retention", "a shadow decision must still be in the audit when its verdict is written",
+			mb.AuditRetention, board.AuditRetentionDefault},
+	} {
+		retention := k.set
+		if retention == 0 {
+			retention = k.fallback
+		}
+		if retention > horizon {
+			continue
+		}
+		r, ok := ranges[k.key]
 		if !ok {
 			r = ranges["shadow_horizon"]
 		}
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: r.Ptr(),
-			Summary: "Invalid maintenance.history_retention",
-			Detail: fmt.Sprintf("maintenance.history_retention (%s) must be longer than maintenance.shadow_horizon (%s): "+
-				"the shadow scorer reads an attempt's history until its decision is scored.",
-				ladder.Format(retention), ladder.Format(horizon))})
+			Summary: "Invalid maintenance." + k.key,
+			Detail: fmt.Sprintf("maintenance.%s (%s) must be longer than maintenance.shadow_horizon (%s): %s.",
+				k.key, ladder.Format(retention), ladder.Format(horizon), k.why)})
 	}
-	cfg.HistoryRetention = mb.HistoryRetention
+	cfg.HistoryRetention, cfg.AuditRetention = mb.HistoryRetention, mb.AuditRetention
 	return diags
 }
 

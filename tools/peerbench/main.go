@@ -313,6 +313,7 @@ func printTable(w io.Writer, rs []sizeResult, runs int) {
 	ratio("reaper out of process / River work", "≥ 0.9", func(r sizeResult) float64 { return r.riverWork.Seconds() / r.outProc.Elapsed.Seconds() })
 	ratio("reaper in process / plain SQL page 100", "≥ 0.7", func(r sizeResult) float64 { return r.plain100.Seconds() / r.inProc.Elapsed.Seconds() })
 	ratio("plugin overhead (out / in, time)", "≤ 1.2", func(r sizeResult) float64 { return r.outProc.Elapsed.Seconds() / r.inProc.Elapsed.Seconds() })
+	ratio("machine CPU a row, reaper in process / River work", "≤ 1.5", func(r sizeResult) float64 { return r.cpuIn / r.cpuRiver })
 	fmt.Fprint(w, perRow)
 }
 
@@ -336,7 +337,7 @@ What each side does per row:
            (the agent's and the task group's records, each process checked against its start time);
            the judgment and its decision with evidence; the guarded mark (run, task, try, epoch, source
            state, heartbeat not since the threshold, the term still leading with its lease unexpired);
-           one audit row with the evidence as JSON. Out of process: the reaper and the substrate are
+           one audit row with its evidence packed. Out of process: the reaper and the substrate are
            plugin binaries over go-plugin (gRPC), the board and the sink served by the host.
            Both ways run as reaperd does: the decisions streamed to the audit and let go once
            written, the host's process at the GC target reaperd sets (400, unless GOGC is set).
