@@ -2,6 +2,7 @@ package scale_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -124,6 +125,22 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 		if clients[i], err = attemptapi.NewClientOver(iss.API, tok, hc); err != nil {
 			b.Fatal(err)
 		}
+	}
+	// The connections are opened before the load: an agent's connection
+	// is open long before its heartbeats (its one handshake is at its
+	// start), so the pool's handshakes are not paid inside the load's
+	// latencies, where 512 at once would be a burst no fleet sends.
+	var warm sync.WaitGroup
+	warmErrs := make([]error, heartbeatConns)
+	for i := range heartbeatConns {
+		warm.Go(func() {
+			j := heartbeatAgents - 1 - i
+			_, warmErrs[i] = clients[j].Heartbeat(ctx, attempts[j])
+		})
+	}
+	warm.Wait()
+	if err := errors.Join(warmErrs...); err != nil {
+		b.Fatalf("opening the connections: %v", err)
 	}
 	before := pgtest.ReadWriteCounts(b, pool, "task_instances")
 	progress("%s: %d heartbeats/s for %ds over %d connections", heartbeatSection, heartbeatRate, seconds, heartbeatConns)
