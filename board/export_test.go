@@ -55,3 +55,9 @@ func ReplaySQL(n int) map[string]string {
 		"pod_lost_floor":     attemptsObsWith(podLostFloorColumns, podLostFloorObsSQL) + tail,
 	}
 }
+
+// PackEvidence is ev in the audit's packed form (migration 014).
+func PackEvidence(ev map[string]string) []byte { return newEvidencePacker().appendPacked(nil, ev) }
+
+// PackedKeys are the keys the packed form writes as codes.
+func PackedKeys() []string { return packedKeys[:] }

@@ -1,0 +1,92 @@
+-- The audit readable from SQL again: reap_evidence(evidence_packed,
+-- evidence) is a decision's evidence as jsonb, whichever column holds it
+-- (migration 014 writes the compact form; older rows keep jsonb). It costs
+-- nothing on the write path: the board never calls it, it is for an
+-- operator's query, e.g.
+--
+--   SELECT id, at, label, reap_evidence(evidence_packed, evidence)
+--   FROM reap_decisions WHERE run_id = 'r1' AND task_id = 't1' ORDER BY id;
+--
+-- The key codes are board/evidence.go's packedKeys, in order (append-only;
+-- a test decodes every one of them here against the Go form). A value that
+-- is not valid UTF-8 is given in the escape form of encode(); a code this
+-- function does not know reads as "#<code>".
+CREATE FUNCTION reap_evidence(packed bytea, plain jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    keys CONSTANT text[] := ARRAY[
+        'term', 'edition', 'state', 'executor', 'threshold', 'heartbeat_age', 'running_age', 'queued_age',
+        'pod_uid', 'activity_age', 'liveness', 'agent', 'group', 'orphan', 'pending', 'liveness_detail',
+        'liveness_live', 'signal', 'mark', 'policy', 'noop_reason', 'stop', 'teardown', 'error',
+        'attached', 'ceiling', 'brake_judged', 'brake_silence_only', 'brake_allowed', 'brake_share', 'node', 'node_unreachable_since',
+        'node_error', 'confirm', 'credential_lapse', 'mark_from_states', 'mark_kind', 'mark_reason', 'message', 'outcome',
+        'parked_for', 'warm_workers', 'recovered', 'refusal', 'requests', 'run_age', 'warm_worker', 'write',
+        'infra_mark', 'hold', 'why', 'worker', 'pod', 'attempt'];
+    out   jsonb := '{}';
+    n     int;
+    i     int := 1;
+    code  bigint;
+    len   bigint;
+    shift int;
+    b     int;
+    k     text;
+    v     bytea;
+    s     text;
+BEGIN
+    IF packed IS NULL THEN
+        RETURN plain;
+    END IF;
+    n := length(packed);
+    IF n = 0 OR get_byte(packed, 0) <> 1 THEN
+        RAISE EXCEPTION 'reap_evidence: not the packed evidence of format 1';
+    END IF;
+    WHILE i < n LOOP
+        -- The key: a uvarint code, 0 for a key spelled out.
+        code := 0; shift := 0;
+        LOOP
+            b := get_byte(packed, i); i := i + 1;
+            code := code | ((b & 127)::bigint << shift);
+            EXIT WHEN b < 128;
+            shift := shift + 7;
+        END LOOP;
+        IF code = 0 THEN
+            len := 0; shift := 0;
+            LOOP
+                b := get_byte(packed, i); i := i + 1;
+                len := len | ((b & 127)::bigint << shift);
+                EXIT WHEN b < 128;
+                shift := shift + 7;
+            END LOOP;
+            IF i + len > n THEN
+                RAISE EXCEPTION 'reap_evidence: packed evidence cut short';
+            END IF;
+            k := convert_from(substring(packed FROM i + 1 FOR len::int), 'UTF8');
+            i := i + len::int;
+        ELSIF code <= array_length(keys, 1) THEN
+            k := keys[code];
+        ELSE
+            k := '#' || code;
+        END IF;
+        -- The value: a uvarint length and its bytes.
+        len := 0; shift := 0;
+        LOOP
+            b := get_byte(packed, i); i := i + 1;
+            len := len | ((b & 127)::bigint << shift);
+            EXIT WHEN b < 128;
+            shift := shift + 7;
+        END LOOP;
+        IF i + len > n THEN
+            RAISE EXCEPTION 'reap_evidence: packed evidence cut short';
+        END IF;
+        v := substring(packed FROM i + 1 FOR len::int);
+        i := i + len::int;
+        BEGIN
+            s := convert_from(v, 'UTF8');
+        EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character THEN
+            s := encode(v, 'escape');
+        END;
+        out := out || jsonb_build_object(k, s);
+    END LOOP;
+    RETURN out;
+END
+$$;
