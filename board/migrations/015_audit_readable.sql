@@ -11,6 +11,30 @@
 -- a test decodes every one of them here against the Go form). A value that
 -- is not valid UTF-8 is given in the escape form of encode(); a code this
 -- function does not know reads as "#<code>".
+-- reap_evidence_uvarint reads the unsigned varint (encoding/binary's
+-- form) that starts at byte offset at of packed: its value, and the offset
+-- after it. A varint that runs past the end raises get_byte's error.
+CREATE FUNCTION reap_evidence_uvarint(packed bytea, at int, OUT value bigint, OUT next int)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    shift int := 0;
+    b     int;
+BEGIN
+    value := 0;
+    next := at;
+    LOOP
+        IF shift > 56 THEN
+            RAISE EXCEPTION 'reap_evidence: a varint longer than a length';
+        END IF;
+        b := get_byte(packed, next);
+        next := next + 1;
+        value := value | ((b & 127)::bigint << shift);
+        EXIT WHEN b < 128;
+        shift := shift + 7;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION reap_evidence(packed bytea, plain jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
@@ -27,8 +51,6 @@ DECLARE
     i     int := 1;
     code  bigint;
     len   bigint;
-    shift int;
-    b     int;
     k     text;
     v     bytea;
     s     text;
@@ -42,21 +64,9 @@ BEGIN
     END IF;
     WHILE i < n LOOP
         -- The key: a uvarint code, 0 for a key spelled out.
-        code := 0; shift := 0;
-        LOOP
-            b := get_byte(packed, i); i := i + 1;
-            code := code | ((b & 127)::bigint << shift);
-            EXIT WHEN b < 128;
-            shift := shift + 7;
-        END LOOP;
+        SELECT u.value, u.next INTO code, i FROM reap_evidence_uvarint(packed, i) u;
         IF code = 0 THEN
-            len := 0; shift := 0;
-            LOOP
-                b := get_byte(packed, i); i := i + 1;
-                len := len | ((b & 127)::bigint << shift);
-                EXIT WHEN b < 128;
-                shift := shift + 7;
-            END LOOP;
+            SELECT u.value, u.next INTO len, i FROM reap_evidence_uvarint(packed, i) u;
             IF i + len > n THEN
                 RAISE EXCEPTION 'reap_evidence: packed evidence cut short';
             END IF;
@@ -68,13 +78,7 @@ BEGIN
             k := '#' || code;
         END IF;
         -- The value: a uvarint length and its bytes.
-        len := 0; shift := 0;
-        LOOP
-            b := get_byte(packed, i); i := i + 1;
-            len := len | ((b & 127)::bigint << shift);
-            EXIT WHEN b < 128;
-            shift := shift + 7;
-        END LOOP;
+        SELECT u.value, u.next INTO len, i FROM reap_evidence_uvarint(packed, i) u;
         IF i + len > n THEN
             RAISE EXCEPTION 'reap_evidence: packed evidence cut short';
         END IF;
