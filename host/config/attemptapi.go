@@ -19,8 +19,21 @@ import (
 const AttemptAPIAddrDefault = "127.0.0.1:9465"
 
 // HeartbeatWindowDefault is attempt_api.heartbeat_window's default: how
-// long a batch of heartbeats waits for company before it is written.
+// long a batch of heartbeats waits for company before it is written. On a
+// ladder moved so low that it would break the window's rules (tests run
+// heartbeats of 100ms), the default is the largest window they allow
+// (defaultHeartbeatWindow); a window given in the file is held to them.
 const HeartbeatWindowDefault = 20 * time.Millisecond
+
+// defaultHeartbeatWindow is the window of a configuration that sets none:
+// HeartbeatWindowDefault, or less on a ladder whose rules want less.
+func defaultHeartbeatWindow(l ladder.Ladder) time.Duration {
+	w := min(HeartbeatWindowDefault, l.Heartbeat/heartbeatWindowShare)
+	if l.AgentLost > l.Heartbeat {
+		w = min(w, (l.AgentLost-l.Heartbeat)/heartbeatWindowShare)
+	}
+	return max(w, 0)
+}
 
 // heartbeatWindowShare is how small the window must be beside the
 // ladder's heartbeat and beside the silence agent_lost allows a live
@@ -127,13 +140,18 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	return diags
 }
 
-// validateHeartbeatWindow refuses, at its key, a heartbeat window that is
+// validateHeartbeatWindow sets the default window of a configuration that
+// gives none (defaultHeartbeatWindow), and refuses, at its key, a heartbeat window that is
 // negative or not far below the ladder: at most a tenth of the heartbeat,
 // and a tenth of agent_lost - heartbeat (the silence the agent-lost reaper
 // allows a live agent past its heartbeat, which the window's delay of each
 // write eats into). Run after the ladder is decoded (the block may come
 // before it in the file).
 func (cfg *Config) validateHeartbeatWindow() hcl.Diagnostics {
+	if _, given := cfg.ranges["attempt_api.heartbeat_window"]; !given {
+		cfg.AttemptAPI.HeartbeatWindow = defaultHeartbeatWindow(cfg.Ladder)
+		return nil
+	}
 	w, l := cfg.AttemptAPI.HeartbeatWindow, cfg.Ladder
 	var rule string
 	switch {

@@ -574,6 +574,13 @@ func TestHeartbeatWindow(t *testing.T) {
 		{"Zero_NoWindow", window("0s"), 0},
 		{"FiftyMilliseconds_Accepted", window("50ms"), 50 * time.Millisecond},
 		{"ATenthOfTheHeartbeat_Accepted", window("1500ms"), 1500 * time.Millisecond},
+		{"NotGiven_TheDefault", minimal, config.HeartbeatWindowDefault},
+		// A ladder moved low (tests run heartbeats of 100ms) takes the
+		// largest window its rules allow when the file gives none.
+		{"NotGiven_ALowLadderTakesATenthOfItsHeartbeat", minimal + "ladder {\n  heartbeat = \"100ms\"\n  agent_lost = \"1s\"\n}\n",
+			10 * time.Millisecond},
+		{"NotGiven_ALowAgentLostTakesATenthOfItsSilence", minimal + "ladder {\n  heartbeat = \"100ms\"\n  agent_lost = \"150ms\"\n}\n",
+			5 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := parse(t, tc.src, nil)
