@@ -75,7 +75,8 @@ r AS (
         WITH ORDINALITY AS r(run_id, task_id, try_number, attempt_epoch, term, at, ord)
 ),
 applied AS (
-    UPDATE task_instances ti SET infra_confirmed_at = r.at, updated_at = r.at
+    UPDATE task_instances ti SET infra_confirmed_at = r.at, updated_at = r.at,
+        reconciled_as = '` + sdk.LabelReconcileInfraConfirmed + `', reconciled_at = r.at
     FROM r
     WHERE -- the row still holds exactly the attempt whose pods were read,
           ` + sameAttempt + `
@@ -119,7 +120,8 @@ r AS (
 applied AS (
     UPDATE task_instances ti SET
         state = 'success', last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
-        infra_marked_at = NULL, infra_confirmed_at = NULL, ended_at = r.ended_at, updated_at = r.at
+        infra_marked_at = NULL, infra_confirmed_at = NULL, ended_at = r.ended_at, updated_at = r.at,
+        reconciled_as = '` + sdk.LabelReconcileInfraOverride + `', reconciled_at = r.at
     FROM r, runs
     WHERE -- the row still holds exactly the attempt that left the SUCCESS record,
           ` + sameAttempt + `
@@ -209,7 +211,9 @@ applied AS (
         infra_marked_at    = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
         infra_confirmed_at = CASE WHEN r.failure_kind = 'infra' THEN r.at END,
         ended_at           = r.ended_at,
-        updated_at         = r.at
+        updated_at         = r.at,
+        reconciled_as      = '` + sdk.LabelReconcileSettled + `',
+        reconciled_at      = r.at
     FROM r, runs
     WHERE -- the row still holds exactly the attempt the outcome record names,
           ` + sameAttempt + `

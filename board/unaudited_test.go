@@ -113,3 +113,116 @@ func TestUnauditedMarks_DeclaredReasons(t *testing.T) {
 		t.Fatalf("declared: unaudited %v, %v; want the parked mark", got, err)
 	}
 }
+
+// A reconciler's write (a settlement, a confirmation, an override) is found
+// like a mark until a decision of its own label is about its attempt; and a
+// write whose attempt was released since (retried, re-placed) is found in
+// the attempt's history: a leader killed between a sweep's write and its
+// audit leaves nothing the next leader cannot audit.
+func TestUnauditedMarks_ReconcilerWritesAndReleasedAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.runWith(t, "run", sdk.ExecutorKube, "settled", "confirmed", "overridden", "marked")
+	settled, confirmed := first("run", "settled"), first("run", "confirmed")
+	overridden, marked := first("run", "overridden"), first("run", "marked")
+	for _, a := range []sdk.Attempt{settled, confirmed, overridden, marked} {
+		b.running(t, a, base.Add(-10*time.Minute), base.Add(-5*time.Minute))
+	}
+	markedAt := base.Add(-time.Minute)
+	for _, a := range []sdk.Attempt{confirmed, overridden, marked} {
+		mark(t, b, sdk.Mark{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+			Reason: sdk.LabelPodLost, Message: "pod_lost: gone", Term: b.term, At: markedAt})
+	}
+	// The marks' decisions reached the audit; the sweep's below never do.
+	if err := b.store.RecordDecisions(ctx, b.term, markedAt, []sdk.Decision{
+		{Reaper: "podlost", Label: sdk.LabelPodLost, Attempt: confirmed, Applied: true},
+		{Reaper: "podlost", Label: sdk.LabelPodLost, Attempt: overridden, Applied: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	applied := func(what string, res []sdk.MarkResult, err error) {
+		t.Helper()
+		if err != nil || len(res) != 1 || !res[0].Applied {
+			t.Fatalf("%s: %+v %v", what, res, err)
+		}
+	}
+	res, err := b.store.Settle(ctx, []sdk.Settlement{{Attempt: settled, Outcome: sdk.OutcomeInfra,
+		Reason: sdk.ReasonPodDisrupted, Message: "pod_disrupted: deleted", FromStates: []string{sdk.StateRunning},
+		Term: b.term, At: base}})
+	applied("settle", res, err)
+	res, err = b.store.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: confirmed, Term: b.term, At: base}})
+	applied("confirm", res, err)
+	res, err = b.store.OverrideInfra(ctx, []sdk.Override{{Attempt: overridden, MarkedAfter: markedAt.Add(-time.Minute),
+		Term: b.term, At: base}})
+	applied("override", res, err)
+
+	type found struct {
+		a          sdk.Attempt
+		label      string
+		reconciled bool
+	}
+	check := func(want ...found) {
+		t.Helper()
+		got, err := b.store.UnauditedMarks(ctx, base.Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var have []found
+		for _, m := range got {
+			have = append(have, found{m.Attempt, m.Reason, m.Reconciled})
+			if m.Reconciled && !m.At.Equal(base) {
+				t.Errorf("%s: found at %v, want the sweep's time %v", m.Attempt, m.At, base)
+			}
+		}
+		if !reflect.DeepEqual(have, want) {
+			t.Fatalf("unaudited %+v, want %+v", have, want)
+		}
+	}
+	check(found{confirmed, sdk.LabelReconcileInfraConfirmed, true},
+		found{marked, sdk.LabelPodLost, false},
+		found{overridden, sdk.LabelReconcileInfraOverride, true},
+		found{settled, sdk.LabelReconcileSettled, true})
+
+	// The planner re-places the settled and the confirmed and the marked
+	// attempts: each write is still found, from the history.
+	for _, a := range []sdk.Attempt{settled, confirmed, marked} {
+		if r, err := b.w.Replace(ctx, a, base.Add(time.Second)); err != nil || !r.Applied {
+			t.Fatalf("re-place %s: %+v %v", a, r, err)
+		}
+	}
+	check(found{confirmed, sdk.LabelReconcileInfraConfirmed, true},
+		found{marked, sdk.LabelPodLost, false},
+		found{overridden, sdk.LabelReconcileInfraOverride, true},
+		found{settled, sdk.LabelReconcileSettled, true})
+	// The new attempts carry none of it.
+	if ti := b.ti(t, "run", "settled"); ti.Epoch != 1 {
+		t.Fatalf("the settled task was not re-placed: %+v", ti)
+	}
+
+	// A decision of another label does not cover a reconciler's write (the
+	// mark's own decision does not audit its confirmation); one of its
+	// label does.
+	if err := b.store.RecordDecisions(ctx, b.term, base, []sdk.Decision{
+		{Reaper: "podlost", Label: sdk.LabelPodLost, Attempt: settled, Applied: true},
+		{Reaper: "substrate", Label: sdk.LabelReconcileInfraConfirmed, Attempt: confirmed, Applied: true},
+		{Reaper: "substrate", Label: sdk.LabelReconcileInfraOverride, Attempt: overridden},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check(found{marked, sdk.LabelPodLost, false},
+		found{overridden, sdk.LabelReconcileInfraOverride, true},
+		found{settled, sdk.LabelReconcileSettled, true})
+	if err := b.store.RecordDecisions(ctx, b.term, base, []sdk.Decision{
+		{Reaper: "substrate", Label: sdk.LabelReconcileSettled, Attempt: settled, Applied: true},
+		{Reaper: "substrate", Label: sdk.LabelReconcileInfraOverride, Attempt: overridden, Applied: true},
+		{Reaper: "podlost", Label: sdk.LabelPodLost, Attempt: marked, Applied: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	// Writes older than since are not looked at.
+	if got, err := b.store.UnauditedMarks(ctx, base.Add(2*time.Second)); err != nil || len(got) != 0 {
+		t.Fatalf("unaudited since after the writes: %v, %v", got, err)
+	}
+}

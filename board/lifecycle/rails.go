@@ -45,7 +45,7 @@ const clearAttempt = `queued_at = NULL, running_at = NULL, last_heartbeat_at = N
     infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL, pod_uid = NULL,
     credential_minted_at = NULL, credential_renewed_at = NULL, credential_capped_at = NULL,
     credential_exchanged_at = NULL, max_heartbeat_gap = NULL, pod_created_at = NULL,
-    pod_missing_max = NULL, pod_missing_since = NULL`
+    pod_missing_max = NULL, pod_missing_since = NULL, reconciled_as = NULL, reconciled_at = NULL`
 
 var (
 	retryRail = rail{

@@ -564,11 +564,12 @@ const RecoverWindow = time.Hour
 
 // recoverMarks audits, once a term, the writes the board shows without an
 // applied decision: what a leader that died (kill -9, OOM) between its
-// writes and their audit left behind; they are told apart from anything
-// else by their failure reason. It runs when the gate first opens, so that
-// a deposed leader still alive has long written its own audit, and before
-// this term's first reap. The attempt must still hold the mark: one that
-// moved on since (a re-place) no longer shows it.
+// writes and their audit left behind. A mark is told apart from anything
+// else by its failure reason, a reconciler's write by the label the board
+// keeps with it (reconciled_as); an attempt released since (retried,
+// re-placed) is found in its history. It runs when the gate first opens,
+// so that a deposed leader still alive has long written its own audit, and
+// before this term's first reap.
 func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, res *Result) {
 	finder, ok := l.audit.(MarkFinder)
 	if !ok || l.checked == term {
@@ -591,7 +592,11 @@ func (l *Loop) recoverMarks(ctx context.Context, term int64, since time.Time, re
 		if _, ok := byAt[m.At]; !ok {
 			ats = append(ats, m.At)
 		}
-		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: l.reaperOf(m.Reason), Label: m.Reason, Attempt: m.Attempt,
+		reaper := l.reaperOf(m.Reason)
+		if m.Reconciled {
+			reaper = "substrate" // the sweep's decisions are filed under it
+		}
+		byAt[m.At] = append(byAt[m.At], sdk.Decision{Reaper: reaper, Label: m.Reason, Attempt: m.Attempt,
 			Applied: true, Detail: "found on the board without its decision (its leader stopped between the write " +
 				"and its audit): audited by the host from the row",
 			Evidence: map[string]string{audit.EvRecovered: "board", audit.EvMessage: m.Message}})

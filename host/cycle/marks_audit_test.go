@@ -366,6 +366,47 @@ func TestMarkLeftUnauditedByADeadLeaderIsAuditedByTheNext(t *testing.T) {
 	}
 }
 
+// So is a sweep's write: a leader killed between the sweep's settlement and
+// its audit (the sweep's decisions come back only with its result) leaves
+// the settlement on the board, and the next term audits it under the
+// sweep's name, with the settlement's label, even once the attempt has been
+// re-placed.
+func TestSweepWriteLeftUnauditedByADeadLeaderIsAuditedByTheNext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newWorld(t, "normal", nil)
+	at := t0.Add(-time.Minute)
+	res, err := w.store.Settle(ctx, []sdk.Settlement{{Attempt: w.attempt, Outcome: sdk.OutcomeInfra,
+		Reason: sdk.ReasonPodDisrupted, Message: "pod_disrupted: pod deleted while its task ran",
+		FromStates: []string{sdk.StateRunning}, Term: w.term, At: at}})
+	if err != nil || !res[0].Applied {
+		t.Fatalf("settle: %+v %v", res, err)
+	}
+	// (the leader that made it died here, its audit unwritten; the planner
+	// re-placed the task)
+	if r, err := w.lw.Replace(ctx, w.attempt, at.Add(time.Second)); err != nil || !r.Applied {
+		t.Fatalf("re-place: %+v %v", r, err)
+	}
+	w.loop.RunOnce(ctx)
+	if lost, err := w.store.UnauditedMarks(ctx, w.since); err != nil || len(lost) != 0 {
+		t.Fatalf("writes on the board without their decision: %v (err %v)", lost, err)
+	}
+	recs, err := w.store.DecisionsFor(ctx, "run", "task", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []pgboard.AuditRecord
+	for _, r := range recs {
+		if r.Attempt == w.attempt {
+			got = append(got, r)
+		}
+	}
+	if len(got) != 1 || got[0].Label != sdk.LabelReconcileSettled || !got[0].Applied || got[0].Reaper != "substrate" ||
+		got[0].Evidence[hostaudit.EvRecovered] != "board" || !got[0].At.Equal(at) {
+		t.Fatalf("audit of the first attempt %+v, want one reconcile_settled decision recovered from the board at %v", got, at)
+	}
+}
+
 // A leader deposed while it still owes the audit writes what it owes at its
 // next cycle all the same, under the term and at the time of the pass that
 // decided it: the audit says what that term did, whoever leads now.
