@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -127,7 +128,7 @@ func (s *Store) ListCandidates(ctx context.Context, q sdk.CandidateQuery) (sdk.C
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
 	}
-	page, err := s.candidatePage(ctx, sql, args, limit, scanCandidate, func(c sdk.Candidate) time.Time { return candidateTime(c, q.OrderBy) })
+	page, err := s.candidatePage(ctx, sql, args, limit, newCandidateScan().scan, func(c sdk.Candidate) time.Time { return candidateTime(c, q.OrderBy) })
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list candidates: %w", err)
 	}
@@ -141,10 +142,12 @@ func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit
 	scan pgx.RowToFunc[sdk.Candidate], keyAt func(sdk.Candidate) time.Time) (sdk.CandidatePage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	var cands []sdk.Candidate
+	// Room for a page of the usual size from the start (a mass recovery's
+	// pages are full); a larger page grows from there.
+	cands := make([]sdk.Candidate, 0, min(limit, ladder.PageSize))
 	err := s.listing(ctx, sql, args, func(rows pgx.Rows) error {
 		var err error
-		cands, err = pgx.CollectRows(rows, scan)
+		cands, err = pgx.AppendRows(cands, rows, scan)
 		return err
 	})
 	if err != nil {
@@ -200,34 +203,89 @@ func (s *Store) listing(ctx context.Context, sql string, args []any, read func(p
 	return err
 }
 
-func scanCandidate(row pgx.CollectableRow) (sdk.Candidate, error) {
-	return scanCandidateWith(row)
+// candidateScan holds the scan targets of candidateColumns, reused for
+// every row of a listing. The NULL-able columns scan into pgtype values,
+// not pointers: pgx scans a non-NULL value through a **time.Time or a
+// **string by allocating the pointer (with reflect) for every value, and a
+// page of Lite attempts has a dozen such columns a row. The row is the
+// same whichever way it was scanned.
+type candidateScan struct {
+	c                                                  sdk.Candidate
+	queued, running, hb, released, ended, marked, conf pgtype.Timestamptz
+	minted                                             pgtype.Timestamptz
+	kind, reason, warm, podUID                         pgtype.Text
+	timeout                                            pgtype.Int4
+	dest                                               []any // pointers to the fields above, then extra
 }
 
-// scanCandidateWith scans candidateColumns, then extra (columns the
-// statement selects after them).
-func scanCandidateWith(row pgx.CollectableRow, extra ...any) (sdk.Candidate, error) {
-	var (
-		c                                                  sdk.Candidate
-		queued, running, hb, released, ended, marked, conf *time.Time
-		minted                                             *time.Time
-		kind, reason, warm, podUID                         *string
-		timeout                                            *int32
-	)
-	err := row.Scan(append([]any{&c.RunID, &c.TaskID, &c.Try, &c.Epoch, &c.State, &c.Executor,
-		&queued, &running, &hb, &released, &ended, &marked, &conf, &kind, &reason, &warm, &timeout, &minted, &podUID}, extra...)...)
-	if err != nil {
+// newCandidateScan makes the targets of candidateColumns, followed by
+// extra (columns the statement selects after them).
+func newCandidateScan(extra ...any) *candidateScan {
+	sc := &candidateScan{}
+	sc.dest = append([]any{&sc.c.RunID, &sc.c.TaskID, &sc.c.Try, &sc.c.Epoch,
+		closedWord{&sc.c.State, stateWords}, closedWord{&sc.c.Executor, executorWords},
+		&sc.queued, &sc.running, &sc.hb, &sc.released, &sc.ended, &sc.marked, &sc.conf,
+		&sc.kind, &sc.reason, &sc.warm, &sc.timeout, &sc.minted, &sc.podUID}, extra...)
+	return sc
+}
+
+// scan reads one row into the targets and returns its candidate (the
+// extra targets hold the row's extra columns until the next scan).
+func (sc *candidateScan) scan(row pgx.CollectableRow) (sdk.Candidate, error) {
+	if err := row.Scan(sc.dest...); err != nil {
 		return sdk.Candidate{}, err
 	}
-	c.QueuedAt, c.RunningAt, c.LastHeartbeatAt = timeOrZero(queued), timeOrZero(running), timeOrZero(hb)
-	c.ReleasedAt, c.InfraMarkedAt, c.InfraConfirmedAt = timeOrZero(released), timeOrZero(marked), timeOrZero(conf)
-	c.EndedAt, c.CredentialMintedAt = timeOrZero(ended), timeOrZero(minted)
-	c.LastFailureKind, c.FailureReason, c.WarmWorker = deref(kind), deref(reason), deref(warm)
-	c.PodUID = deref(podUID)
-	if timeout != nil {
-		c.ExecutionTimeout = time.Duration(*timeout) * time.Second
+	c := &sc.c // every field is written again for every row
+	var err error
+	for _, t := range [...]struct {
+		to   *time.Time
+		from pgtype.Timestamptz
+	}{
+		{&c.QueuedAt, sc.queued}, {&c.RunningAt, sc.running}, {&c.LastHeartbeatAt, sc.hb},
+		{&c.ReleasedAt, sc.released}, {&c.EndedAt, sc.ended}, {&c.InfraMarkedAt, sc.marked},
+		{&c.InfraConfirmedAt, sc.conf}, {&c.CredentialMintedAt, sc.minted},
+	} {
+		if *t.to, err = timeOf(t.from); err != nil {
+			return sdk.Candidate{}, err
+		}
 	}
-	return c, nil
+	c.LastFailureKind, c.FailureReason, c.WarmWorker = sc.kind.String, sc.reason.String, sc.warm.String
+	c.PodUID = sc.podUID.String
+	c.ExecutionTimeout = time.Duration(sc.timeout.Int32) * time.Second // 0 when NULL
+	return *c, nil
+}
+
+// closedWord scans a text column whose values come from a closed set of
+// words (a state, an executor: the table's CHECK constraints) into to,
+// handing out the set's own string instead of a new copy of the same
+// word for every row. A value outside the set is copied, as a plain scan
+// would; NULL is an error, as it is for a scan into a string.
+type closedWord struct {
+	to    *string
+	words []string
+}
+
+func (w closedWord) ScanBytes(b []byte) error {
+	if b == nil {
+		return fmt.Errorf("cannot scan NULL into a string")
+	}
+	for _, s := range w.words {
+		if string(b) == s {
+			*w.to = s
+			return nil
+		}
+	}
+	*w.to = string(b)
+	return nil
+}
+
+// timeOf is timeOrZero for a pgtype.Timestamptz: zero when NULL, and, as
+// a scan into a time.Time, an error for an infinite timestamp.
+func timeOf(t pgtype.Timestamptz) (time.Time, error) {
+	if t.Valid && t.InfinityModifier != pgtype.Finite {
+		return time.Time{}, fmt.Errorf("cannot scan %s into a time", t.InfinityModifier)
+	}
+	return t.Time, nil
 }
 
 func candidateTime(c sdk.Candidate, f sdk.TimeField) time.Time {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -42,7 +43,7 @@ func (s *Store) ListProvisional(ctx context.Context, q sdk.ProvisionalQuery) (sd
 		" FROM task_instances ti LEFT JOIN warm_worker_claims wc ON wc.worker = ti.warm_worker WHERE " + provisionalTI +
 		" AND infra_marked_at IS NOT NULL" + execFilter + after +
 		" ORDER BY infra_marked_at, run_id, task_id LIMIT " + strconv.Itoa(limit)
-	page, err := s.candidatePage(ctx, sql, args, limit, scanProvisional, func(c sdk.Candidate) time.Time { return c.InfraMarkedAt })
+	page, err := s.candidatePage(ctx, sql, args, limit, newProvisionalScan().scan, func(c sdk.Candidate) time.Time { return c.InfraMarkedAt })
 	if err != nil {
 		return sdk.CandidatePage{}, fmt.Errorf("board: list provisional marks: %w", err)
 	}
@@ -57,14 +58,29 @@ const warmClaimColumns = `CASE WHEN wc.running IS NOT NULL THEN wc.claimed_at EN
 	coalesce(wc.running @> jsonb_build_array(jsonb_build_object('run_id', ti.run_id, 'task_id', ti.task_id,
 		'try', ti.try_number, 'epoch', ti.attempt_epoch)), false)`
 
-func scanProvisional(row pgx.CollectableRow) (sdk.Candidate, error) {
-	var claimed *time.Time
-	var holds bool
-	c, err := scanCandidateWith(row, &claimed, &holds)
+// provisionalScan scans candidateColumns and warmClaimColumns, reusing
+// its targets for every row (as candidateScan does).
+type provisionalScan struct {
+	*candidateScan
+	claimed pgtype.Timestamptz
+	holds   bool
+}
+
+func newProvisionalScan() *provisionalScan {
+	ps := &provisionalScan{}
+	ps.candidateScan = newCandidateScan(&ps.claimed, &ps.holds)
+	return ps
+}
+
+func (ps *provisionalScan) scan(row pgx.CollectableRow) (sdk.Candidate, error) {
+	c, err := ps.candidateScan.scan(row)
 	if err != nil {
 		return sdk.Candidate{}, err
 	}
-	c.WarmClaimedAt, c.WarmClaimHolds = timeOrZero(claimed), holds && claimed != nil
+	if c.WarmClaimedAt, err = timeOf(ps.claimed); err != nil {
+		return sdk.Candidate{}, err
+	}
+	c.WarmClaimHolds = ps.holds && ps.claimed.Valid
 	return c, nil
 }
 

@@ -76,6 +76,9 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 var (
 	taskStates = setOf(sdk.TaskStates())
 	executors  = map[string]bool{sdk.ExecutorKube: true, sdk.ExecutorLite: true, sdk.ExecutorWarm: true}
+	// The same sets as lists, whose strings a scan hands out (closedWord).
+	stateWords    = sdk.TaskStates()
+	executorWords = []string{sdk.ExecutorKube, sdk.ExecutorLite, sdk.ExecutorWarm}
 )
 
 func setOf(vals []string) map[string]bool {
