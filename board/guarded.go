@@ -49,7 +49,7 @@ type batch struct {
 	what     string // for errors: "mark", "confirm infra", ...
 	attempts []sdk.Attempt
 	terms    []int64
-	ats      []time.Time
+	ats      timeArray
 	// refusal says why request i did not apply to its row.
 	refusal func(i int, row sdk.TaskRow) string
 }
@@ -58,7 +58,7 @@ type batch struct {
 // task instance once) and collects them.
 func newBatch[T any](what string, reqs []T, fields func(T) (sdk.Attempt, int64, time.Time), refusal func(int, sdk.TaskRow) string) (*batch, error) {
 	b := &batch{what: what, attempts: make([]sdk.Attempt, len(reqs)), terms: make([]int64, len(reqs)),
-		ats: make([]time.Time, len(reqs)), refusal: refusal}
+		ats: make(timeArray, len(reqs)), refusal: refusal}
 	seen := make(map[[2]string]bool, len(reqs))
 	for i, r := range reqs {
 		a, term, at := fields(r)
@@ -81,9 +81,9 @@ func newBatch[T any](what string, reqs []T, fields func(T) (sdk.Attempt, int64, 
 
 // attemptArrays returns the batch's attempts as the four arrays every batch
 // statement starts with: run ids, task ids, tries, epochs.
-func (b *batch) attemptArrays() (runIDs, taskIDs []string, tries, epochs []int32) {
+func (b *batch) attemptArrays() (runIDs, taskIDs textArray, tries, epochs []int32) {
 	n := len(b.attempts)
-	runIDs, taskIDs, tries, epochs = make([]string, n), make([]string, n), make([]int32, n), make([]int32, n)
+	runIDs, taskIDs, tries, epochs = make(textArray, n), make(textArray, n), make([]int32, n), make([]int32, n)
 	for i, a := range b.attempts {
 		runIDs[i], taskIDs[i], tries[i], epochs[i] = a.RunID, a.TaskID, a.Try, a.Epoch
 	}

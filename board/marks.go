@@ -83,9 +83,9 @@ func (s *Store) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, e
 	}
 	n := len(marks)
 	var (
-		fromStates, kinds, reasons, messages = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		fromStates, kinds, reasons, messages = make(textArray, n), make(textArray, n), make(textArray, n), make(textArray, n)
 		noHeartbeat, confirm, hold           = make([]bool, n), make([]bool, n), make([]bool, n)
-		hbBefore                             = make([]pgtype.Timestamptz, n)
+		hbBefore                             = make(nullTimeArray, n)
 	)
 	for i, m := range marks {
 		if err := validateMark(m); err != nil {
