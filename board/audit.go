@@ -41,20 +41,14 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	if len(ds) == 0 {
 		return nil
 	}
-	// The evidence of every row goes into one buffer, one object after the
-	// other; ends[i] is where row i's ends.
-	var (
-		buf  = make([]byte, 0, 384*len(ds)) // an agentlost decision's evidence packs into about 300 bytes
-		ends = make([]int, len(ds))
-	)
 	for i, d := range ds {
 		if d.Label == "" {
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
-		buf = s.packer.appendPacked(buf, d.Evidence)
-		ends[i] = len(buf)
 	}
-	src := &auditRows{at: at, term: term, ds: ds, buf: buf, ends: ends, row: make([]any, len(auditColumns))}
+	// An agentlost decision's evidence packs into about 300 bytes.
+	src := &auditRows{at: (*timeElem)(&at), term: term, ds: ds, packer: s.packer, ev: make(byteaElem, 0, 512),
+		row: make([]any, len(auditColumns))}
 	for start := 0; start < len(ds); start += AuditChunk {
 		src.i, src.end = start-1, min(start+AuditChunk, len(ds))
 		if err := s.copyDecisions(ctx, src); err != nil {
@@ -65,17 +59,29 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 }
 
 // auditRows is the COPY source of the decisions ds[i+1:end]: one row
-// slice, filled again for every row (COPY encodes a row before it asks
-// for the next).
+// slice, filled again for every row, and one buffer its evidence is
+// packed into again for every row (COPY encodes a row before it asks for
+// the next, and asks for each row once).
+//
+// A row's time, strings and evidence go in as pointers (timeElem and
+// textElem from params.go, byteaElem), not as the values themselves: an
+// any holding a time, a string or a slice is an allocation, seven a row,
+// where one holding a pointer is none. pgx encodes the same timestamptz,
+// text and bytea.
 type auditRows struct {
 	at     any // the time and the term, the same in every row
 	term   any
 	ds     []sdk.Decision
-	buf    []byte
-	ends   []int
+	packer evidencePacker
+	ev     byteaElem // the packed evidence of the row being encoded
 	row    []any
 	i, end int
 }
+
+// byteaElem is a bytea value handed to pgx through a pointer.
+type byteaElem []byte
+
+func (b *byteaElem) BytesValue() ([]byte, error) { return *b, nil }
 
 func (r *auditRows) Next() bool {
 	r.i++
@@ -88,19 +94,15 @@ func (r *auditRows) Values() ([]any, error) {
 	d := &r.ds[r.i]
 	var run, task, try, epoch any // NULL unless about a run or a task instance
 	if d.Attempt.RunID != "" {
-		run = d.Attempt.RunID
+		run = (*textElem)(&d.Attempt.RunID)
 	}
 	if d.Attempt.TaskID != "" {
-		task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
+		task, try, epoch = (*textElem)(&d.Attempt.TaskID), d.Attempt.Try, d.Attempt.Epoch
 	}
-	start := 0
-	if r.i > 0 {
-		start = r.ends[r.i-1]
-	}
-	end := r.ends[r.i]
+	r.ev = r.packer.appendPacked(r.ev[:0], d.Evidence)
 	row := r.row
-	row[0], row[1], row[2], row[3], row[4], row[5] = r.at, r.term, d.Reaper, d.Label, run, task
-	row[6], row[7], row[8], row[9], row[10], row[11] = try, epoch, d.Applied, d.DryRun, d.Detail, r.buf[start:end:end]
+	row[0], row[1], row[2], row[3], row[4], row[5] = r.at, r.term, (*textElem)(&d.Reaper), (*textElem)(&d.Label), run, task
+	row[6], row[7], row[8], row[9], row[10], row[11] = try, epoch, d.Applied, d.DryRun, (*textElem)(&d.Detail), &r.ev
 	row[12] = Scored(*d)
 	return row, nil
 }
