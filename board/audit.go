@@ -2,7 +2,13 @@ package board
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"math"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +28,7 @@ type AuditRecord struct {
 }
 
 // auditColumns are the columns RecordDecisions copies into reap_decisions
-// (id is generated).
+// (id is generated), in the order auditCopy.appendRow writes them.
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
 	"applied", "dry_run", "detail", "evidence_packed", "scored"}
 
@@ -46,11 +52,12 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 	}
-	// An agentlost decision's evidence packs into about 300 bytes.
-	src := &auditRows{at: (*timeElem)(&at), term: term, ds: ds, packer: s.packer, ev: make(byteaElem, 0, 512),
-		row: make([]any, len(auditColumns))}
+	src := &auditCopy{at: pgTime(at), term: term, ds: ds, packer: s.packer,
+		// auditCopyBuffer, and room for the row that crosses it; an
+		// agentlost decision's evidence packs into about 300 bytes.
+		buf: make([]byte, 0, auditCopyBuffer+4<<10), ev: make([]byte, 0, 512)}
 	for start := 0; start < len(ds); start += AuditChunk {
-		src.i, src.end = start-1, min(start+AuditChunk, len(ds))
+		src.reset(start, min(start+AuditChunk, len(ds)))
 		if err := s.copyDecisions(ctx, src); err != nil {
 			return &PartialAuditError{Written: start, Total: len(ds), Err: err}
 		}
@@ -58,53 +65,151 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 	return nil
 }
 
-// auditRows is the COPY source of the decisions ds[i+1:end]: one row
-// slice, filled again for every row, and one buffer its evidence is
-// packed into again for every row (COPY encodes a row before it asks for
-// the next, and asks for each row once).
+// auditCopy is the COPY of the decisions ds[next:end] into
+// reap_decisions, in PostgreSQL's binary COPY format ("COPY" in the
+// server's documentation: a header, then for each row its number of
+// columns and each column as its length and its bytes, -1 for NULL, then
+// -1), written here rather than by pgx's CopyFrom. pgx looks up an
+// encoding plan for every value of every row (thirteen a row) and needs
+// each value boxed in an any; the audit's columns are few and fixed
+// (auditColumns), so each is written directly, in the same binary form
+// pgx sends for it. It is read as the COPY's data: the rows are encoded
+// as they are read, into one buffer used again and again.
 //
-// A row's time, strings and evidence go in as pointers (timeElem and
-// textElem from params.go, byteaElem), not as the values themselves: an
-// any holding a time, a string or a slice is an allocation, seven a row,
-// where one holding a pointer is none. pgx encodes the same timestamptz,
-// text and bytea.
-type auditRows struct {
-	at     any // the time and the term, the same in every row
-	term   any
+// pgconn reads it on a goroutine of its own, which a failed COPY may
+// leave running for a moment after CopyFrom returns; close (under mu,
+// which Read holds) makes sure that nothing reads the decisions once
+// RecordDecisions has returned.
+type auditCopy struct {
+	mu     sync.Mutex
+	closed bool
+	at     int64 // the time (pgTime) and the term, the same in every row
+	term   int64
 	ds     []sdk.Decision
 	packer evidencePacker
-	ev     byteaElem // the packed evidence of the row being encoded
-	row    []any
-	i, end int
+	ev     []byte // the evidence of the row being encoded
+	buf    []byte // encoded and not read yet: buf[off:]
+	off    int
+	next   int // the next row to encode
+	end    int
+	header bool // the header is written
 }
 
-// byteaElem is a bytea value handed to pgx through a pointer.
-type byteaElem []byte
-
-func (b *byteaElem) BytesValue() ([]byte, error) { return *b, nil }
-
-func (r *auditRows) Next() bool {
-	r.i++
-	return r.i < r.end
+// reset makes the copy that of ds[start:end].
+func (c *auditCopy) reset(start, end int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next, c.end, c.buf, c.off, c.header, c.closed = start, end, c.buf[:0], 0, false, false
 }
 
-func (r *auditRows) Err() error { return nil }
+// close ends the copy: Read, once any read under way is over, reads
+// nothing more.
+func (c *auditCopy) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+}
 
-func (r *auditRows) Values() ([]any, error) {
-	d := &r.ds[r.i]
-	var run, task, try, epoch any // NULL unless about a run or a task instance
+// auditCopyBuffer is how much of the COPY is encoded ahead of its reads.
+const auditCopyBuffer = 64 << 10
+
+// pgCopyHeader and pgCopyTrailer open and close a binary COPY (no flags,
+// no header extension).
+var (
+	pgCopyHeader  = []byte("PGCOPY\n\377\r\n\000\000\000\000\000\000\000\000\000")
+	pgCopyTrailer = []byte{0xff, 0xff}
+)
+
+func (c *auditCopy) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, errAuditCopyClosed
+	}
+	if c.off == len(c.buf) {
+		c.buf, c.off = c.buf[:0], 0
+		if !c.header {
+			c.buf, c.header = append(c.buf, pgCopyHeader...), true
+		}
+		for c.next < c.end && len(c.buf) < auditCopyBuffer {
+			c.buf = c.appendRow(c.buf, &c.ds[c.next])
+			c.next++
+		}
+		if c.next == c.end {
+			c.buf, c.next = append(c.buf, pgCopyTrailer...), c.end+1
+		}
+		if len(c.buf) == 0 {
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, c.buf[c.off:])
+	c.off += n
+	return n, nil
+}
+
+var errAuditCopyClosed = errors.New("audit copy closed")
+
+// appendRow appends one decision's row: the columns of auditColumns, in
+// their order.
+func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
+	c.ev = c.packer.appendPacked(c.ev[:0], d.Evidence)
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(auditColumns)))
+	buf = appendInt8(buf, c.at)   // at (timestamptz)
+	buf = appendInt8(buf, c.term) // term
+	buf = appendBytes(buf, d.Reaper)
+	buf = appendBytes(buf, d.Label)
+	// run_id, then task_id, try_number and attempt_epoch: NULL unless
+	// about a run or a task instance.
 	if d.Attempt.RunID != "" {
-		run = (*textElem)(&d.Attempt.RunID)
+		buf = appendBytes(buf, d.Attempt.RunID)
+	} else {
+		buf = appendNull(buf)
 	}
 	if d.Attempt.TaskID != "" {
-		task, try, epoch = (*textElem)(&d.Attempt.TaskID), d.Attempt.Try, d.Attempt.Epoch
+		buf = appendBytes(buf, d.Attempt.TaskID)
+		buf = appendInt4(buf, d.Attempt.Try)
+		buf = appendInt4(buf, d.Attempt.Epoch)
+	} else {
+		buf = appendNull(appendNull(appendNull(buf)))
 	}
-	r.ev = r.packer.appendPacked(r.ev[:0], d.Evidence)
-	row := r.row
-	row[0], row[1], row[2], row[3], row[4], row[5] = r.at, r.term, (*textElem)(&d.Reaper), (*textElem)(&d.Label), run, task
-	row[6], row[7], row[8], row[9], row[10], row[11] = try, epoch, d.Applied, d.DryRun, (*textElem)(&d.Detail), &r.ev
-	row[12] = Scored(*d)
-	return row, nil
+	buf = appendBool(buf, d.Applied)
+	buf = appendBool(buf, d.DryRun)
+	buf = appendBytes(buf, d.Detail)
+	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
+	return appendBool(buf, Scored(*d))
+}
+
+// The binary forms of the columns' types, each after its length: text
+// and bytea as their bytes, integers big-endian, a boolean as one byte,
+// a timestamptz as the microseconds since 2000-01-01 UTC (an int8).
+func appendNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, math.MaxUint32) } // -1
+
+func appendBytes[T string | []byte](buf []byte, v T) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(v)))
+	return append(buf, v...)
+}
+
+func appendInt4(buf []byte, v int32) []byte {
+	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(buf, 4), uint32(v))
+}
+
+func appendInt8(buf []byte, v int64) []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(buf, 8), uint64(v))
+}
+
+func appendBool(buf []byte, v bool) []byte {
+	b := byte(0)
+	if v {
+		b = 1
+	}
+	return append(binary.BigEndian.AppendUint32(buf, 1), b)
+}
+
+// pgTime is t as a timestamptz's binary form: microseconds since
+// 2000-01-01 UTC (as pgx encodes a time.Time).
+func pgTime(t time.Time) int64 {
+	const y2k = 946_684_800 * 1_000_000 // 2000-01-01 in microseconds since 1970
+	return t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - y2k
 }
 
 // PartialAuditError is RecordDecisions failing part way: the first Written
@@ -123,10 +228,19 @@ func (e *PartialAuditError) Unwrap() error { return e.Err }
 // AuditWritten is how many decisions of the batch are in the audit.
 func (e *PartialAuditError) AuditWritten() int { return e.Written }
 
-func (s *Store) copyDecisions(ctx context.Context, rows pgx.CopyFromSource) error {
+// copyAuditSQL is the COPY statement of auditCopy.
+var copyAuditSQL = "COPY reap_decisions (" + strings.Join(auditColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+
+func (s *Store) copyDecisions(ctx context.Context, rows *auditCopy) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err := s.pool.CopyFrom(ctx, pgx.Identifier{"reap_decisions"}, auditColumns, rows)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	_, err = conn.Conn().PgConn().CopyFrom(ctx, rows, copyAuditSQL)
+	rows.close()
 	return err
 }
 

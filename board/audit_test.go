@@ -16,6 +16,92 @@ func TestAudit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	t.Run("EveryColumnIsWrittenAsGiven", func(t *testing.T) {
+		// RecordDecisions writes COPY's binary form itself (auditCopy):
+		// every column of every shape of decision reads back as given, the
+		// time to the microsecond (before 2000 too), NULLs where there is
+		// no run or task instance.
+		t.Parallel()
+		b := setup(t)
+		at := time.Date(1999, 12, 31, 23, 59, 59, 123456789, time.FixedZone("east", 3600))
+		const term = int64(1) << 40
+		ds := []sdk.Decision{
+			{Reaper: "agentlost", Label: sdk.LabelAgentLost, Applied: true, Detail: "café ☕",
+				Attempt:  sdk.Attempt{RunID: "run", TaskID: "task", Try: 300, Epoch: 70000},
+				Evidence: map[string]string{"policy": "hold", "not_a_packed_key": "x"}},
+			{Reaper: "dispatchlost", Label: sdk.LabelDispatchLost, DryRun: true, Attempt: sdk.Attempt{RunID: "run", TaskID: "dry", Try: 1}},
+			{Reaper: "orphanrun", Label: sdk.LabelOrphanReapNoop, Attempt: sdk.Attempt{RunID: "run"}},
+			{Reaper: "host", Label: sdk.LabelSettlingSkip},
+		}
+		if err := b.store.RecordDecisions(ctx, term, at, ds); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := b.store.Pool().Query(ctx, `SELECT at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
+                applied, dry_run, detail, scored FROM reap_decisions ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		i := 0
+		for ; rows.Next(); i++ {
+			var (
+				gotAt                   time.Time
+				gotTerm                 int64
+				reaper, label, detail   string
+				run, task               *string
+				try, epoch              *int32
+				applied, dryRun, scored bool
+			)
+			if err := rows.Scan(&gotAt, &gotTerm, &reaper, &label, &run, &task, &try, &epoch,
+				&applied, &dryRun, &detail, &scored); err != nil {
+				t.Fatal(err)
+			}
+			d := ds[i]
+			if !gotAt.Equal(at.Truncate(time.Microsecond)) || gotTerm != term || reaper != d.Reaper || label != d.Label ||
+				applied != d.Applied || dryRun != d.DryRun || detail != d.Detail || scored != board.Scored(d) {
+				t.Fatalf("row %d: %v %d %q %q %v %v %q %v, want %+v", i, gotAt, gotTerm, reaper, label, applied, dryRun, detail, scored, d)
+			}
+			if (run == nil) != (d.Attempt.RunID == "") || run != nil && *run != d.Attempt.RunID {
+				t.Fatalf("row %d: run %v, want %q", i, run, d.Attempt.RunID)
+			}
+			if d.Attempt.TaskID == "" {
+				if task != nil || try != nil || epoch != nil {
+					t.Fatalf("row %d: task %v try %v epoch %v, want NULL", i, task, try, epoch)
+				}
+			} else if task == nil || *task != d.Attempt.TaskID || try == nil || *try != d.Attempt.Try || epoch == nil || *epoch != d.Attempt.Epoch {
+				t.Fatalf("row %d: task %v try %v epoch %v, want %+v", i, task, try, epoch, d.Attempt)
+			}
+		}
+		if err := rows.Err(); err != nil || i != len(ds) {
+			t.Fatalf("%d rows, want %d: %v", i, len(ds), err)
+		}
+		recs, err := b.store.DecisionsFor(ctx, "run", "task", 0)
+		if err != nil || len(recs) != 2 || len(recs[0].Evidence) != 2 || recs[0].Evidence["not_a_packed_key"] != "x" {
+			t.Fatalf("records %+v %v", recs, err)
+		}
+	})
+
+	t.Run("AFailedChunkKeepsTheChunksBefore", func(t *testing.T) {
+		// The server refuses text that is not UTF-8: the second chunk's COPY
+		// fails, the first chunk stays, and the error says so.
+		t.Parallel()
+		b := setup(t)
+		ds := make([]sdk.Decision, board.AuditChunk+1)
+		for i := range ds {
+			ds[i] = sdk.Decision{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: sdk.Attempt{RunID: "run", TaskID: id("t", i)}}
+		}
+		ds[board.AuditChunk].Detail = "bad\xffbyte"
+		err := b.store.RecordDecisions(ctx, b.term, base, ds)
+		var partial *board.PartialAuditError
+		if !errors.As(err, &partial) || partial.Written != board.AuditChunk || partial.Total != len(ds) {
+			t.Fatalf("error %v, want a partial write of %d", err, board.AuditChunk)
+		}
+		var n int
+		if err := b.store.Pool().QueryRow(ctx, "SELECT count(*) FROM reap_decisions").Scan(&n); err != nil || n != board.AuditChunk {
+			t.Fatalf("%d rows %v, want %d", n, err, board.AuditChunk)
+		}
+	})
+
 	t.Run("RecordsABatchAndExplainsATaskInstance", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
