@@ -142,9 +142,11 @@ func (s *Store) candidatePage(ctx context.Context, sql string, args []any, limit
 	scan pgx.RowToFunc[sdk.Candidate], keyAt func(sdk.Candidate) time.Time) (sdk.CandidatePage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	// Room for a page of the usual size from the start (a mass recovery's
-	// pages are full); a larger page grows from there.
-	cands := make([]sdk.Candidate, 0, min(limit, ladder.PageSize))
+	// Room for the whole page from the start: a listing asks for more than
+	// ladder.PageSize only after a full page, while it drains a backlog
+	// (sdk/reap.Drain), and then its page is full or nearly so. Growing a
+	// drain page of 1,000 by doubling would allocate three times its size.
+	cands := make([]sdk.Candidate, 0, limit)
 	err := s.listing(ctx, sql, args, func(rows pgx.Rows) error {
 		var err error
 		cands, err = pgx.AppendRows(cands, rows, scan)
