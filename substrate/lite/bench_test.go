@@ -152,7 +152,7 @@ func mustWrite(b *testing.B, err error) {
 
 // benchLeader starts a process leading its own group; it is killed when the
 // benchmark ends.
-func benchLeader(b *testing.B) int {
+func benchLeader(b testing.TB) int {
 	b.Helper()
 	cmd := exec.Command("sleep", "1000")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -167,7 +167,7 @@ func benchLeader(b *testing.B) int {
 }
 
 // benchDeadPID returns the PID of a process that has exited and been reaped.
-func benchDeadPID(b *testing.B) int {
+func benchDeadPID(b testing.TB) int {
 	b.Helper()
 	cmd := exec.Command("true")
 	if err := cmd.Run(); err != nil {
