@@ -93,6 +93,9 @@ type facts struct {
 	b      *batch
 	stats  map[int]statResult
 	groups map[int]existsResult
+	// records reads the attempts' records, each from disk, with buffers
+	// kept across the batch.
+	records *records.Reader
 	// notes is the detail of the attempt being judged: its notes joined by
 	// "; ". The buffer is kept from one attempt to the next, so a note
 	// costs no allocation of its own.
@@ -132,6 +135,9 @@ type existsResult struct {
 
 func (b *batch) facts(cache bool) *facts {
 	f := &facts{b: b}
+	if b.dir != nil {
+		f.records = b.dir.Reader()
+	}
 	if cache {
 		f.stats = make(map[int]statResult)
 		f.groups = make(map[int]existsResult)
@@ -171,7 +177,7 @@ func (f *facts) probe(a sdk.Attempt) sdk.AttemptLiveness {
 	// The group record, once the agent has written it, names the agent too
 	// (PID and start time): a running attempt costs one record read.
 	verified := false
-	grec, gerr := b.dir.ReadGroup(a)
+	grec, gerr := f.records.ReadGroup(a)
 	switch {
 	case gerr == nil:
 		out.Agent = f.agent(grec.AgentPID, grec.AgentStart, grec.Boot)
@@ -189,7 +195,7 @@ func (f *facts) probe(a sdk.Attempt) sdk.AttemptLiveness {
 		f.note("group record unreadable: " + gerr.Error())
 	}
 	if gerr != nil {
-		arec, aerr := b.dir.ReadAgent(a)
+		arec, aerr := f.records.ReadAgent(a)
 		switch {
 		case aerr == nil:
 			out.Agent = f.agent(arec.PID, arec.Start, arec.Boot)
