@@ -88,10 +88,12 @@ func (b *batch) rebooted(boot string) bool {
 }
 
 // facts is one worker's view of the processes of a batch. With caching on,
-// a PID's stat and a group's signal-0 answer are read once per batch.
+// a PID's stat, a PID's signal-0 answer and a group's signal-0 answer are
+// each read once per batch.
 type facts struct {
 	b      *batch
 	stats  map[int]statResult
+	procs  map[int]existsResult
 	groups map[int]existsResult
 	// records reads the attempts' records, each from disk, with buffers
 	// kept across the batch.
@@ -140,6 +142,7 @@ func (b *batch) facts(cache bool) *facts {
 	}
 	if cache {
 		f.stats = make(map[int]statResult)
+		f.procs = make(map[int]existsResult)
 		f.groups = make(map[int]existsResult)
 	}
 	return f
@@ -155,6 +158,18 @@ func (f *facts) stat(pid int) (proc.Info, error) {
 	info, err := proc.Stat(pid)
 	f.stats[pid] = statResult{info, err}
 	return info, err
+}
+
+func (f *facts) exists(pid int) (bool, error) {
+	if f.procs == nil {
+		return proc.Exists(pid)
+	}
+	if r, ok := f.procs[pid]; ok {
+		return r.exists, r.err
+	}
+	exists, err := proc.Exists(pid)
+	f.procs[pid] = existsResult{exists, err}
+	return exists, err
 }
 
 func (f *facts) groupExists(pgid int) (bool, error) {
@@ -255,7 +270,7 @@ func (f *facts) agentLiveness(pid int, start uint64) sdk.Liveness {
 	}
 	// Gone from the table, or no table here: signal 0 (it also sees a
 	// process the table hides from this user).
-	exists, err := proc.Exists(pid)
+	exists, err := f.exists(pid)
 	switch {
 	case err != nil:
 		f.note("agent probe failed: " + err.Error())
