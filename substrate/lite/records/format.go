@@ -178,16 +178,22 @@ func garbled(format string, args ...any) error {
 
 type fields struct {
 	attempt sdk.Attempt
-	kind    string
-	values  [9][]byte // in the order of keysOf(kind); as many as the longest kind has
+	keys    []string  // keysOf(kind)
+	values  [9][]byte // in the order of keys; as many as the longest kind has
 }
+
+// The keys of each kind of record, in the order Marshal writes them.
+var (
+	agentKeys = []string{"run", "task", "try", "epoch", "pid", "start", "boot"}
+	groupKeys = []string{"run", "task", "try", "epoch", "pgid", "agent_pid", "agent_start", "leader_start", "boot"}
+)
 
 // keysOf lists a record kind's keys in the order Marshal writes them.
 func keysOf(kind string) []string {
 	if kind == KindAgent {
-		return []string{"run", "task", "try", "epoch", "pid", "start", "boot"}
+		return agentKeys
 	}
-	return []string{"run", "task", "try", "epoch", "pgid", "agent_pid", "agent_start", "leader_start", "boot"}
+	return groupKeys
 }
 
 // open checks the header, the checksum and the keys (each once, in the
@@ -237,18 +243,18 @@ func open(data []byte, kind string, like sdk.Attempt) (fields, error) {
 	if h := line(); string(h) != magic+" "+version+" "+kind {
 		return fields{}, garbled("header %q is not %q", h, magic+" "+version+" "+kind)
 	}
-	f := fields{kind: kind}
 	keys := keysOf(kind)
+	f := fields{keys: keys}
 	for n, k := range keys {
 		if len(rest) == 0 {
 			return fields{}, garbled("key %q is missing", k)
 		}
+		// The line is k=value (no key holds '=').
 		l := line()
-		got, v, ok := bytes.Cut(l, []byte("="))
-		if !ok || string(got) != k {
+		if len(l) <= len(k) || string(l[:len(k)]) != k || l[len(k)] != '=' {
 			return fields{}, garbled("line %q: want key %q", l, k)
 		}
-		f.values[n] = v
+		f.values[n] = l[len(k)+1:]
 	}
 	if len(rest) != 0 {
 		return fields{}, garbled("unexpected lines after key %q", keys[len(keys)-1])
@@ -270,7 +276,7 @@ func open(data []byte, kind string, like sdk.Attempt) (fields, error) {
 }
 
 func (f *fields) value(k string) []byte {
-	for i, key := range keysOf(f.kind) {
+	for i, key := range f.keys {
 		if key == k {
 			return f.values[i]
 		}
