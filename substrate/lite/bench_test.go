@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -29,6 +30,47 @@ func BenchmarkLiveness1000(b *testing.B) {
 // live processes), so nothing is read twice.
 func BenchmarkLiveness1000Distinct(b *testing.B) {
 	benchLiveness(b, 500)
+}
+
+// BenchmarkLivenessDead1000 is the batch a mass recovery probes: 1,000
+// attempts whose agents were killed, their records naming 16 processes that
+// have exited (an agent and a group leader each), so every attempt reads
+// dead after one record read.
+func BenchmarkLivenessDead1000(b *testing.B) {
+	dir, err := records.Open(filepath.Join(b.TempDir(), "records"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	boot, _ := proc.BootID()
+	var dead []int
+	for range 16 {
+		dead = append(dead, benchDeadPID(b))
+	}
+	attempts := make([]sdk.Attempt, 1000)
+	for i := range attempts {
+		a := sdk.Attempt{RunID: fmt.Sprintf("run-%d", i/10), TaskID: fmt.Sprintf("task_%d", i%10), Try: 1}
+		attempts[i] = a
+		agent, leader := dead[i%len(dead)], dead[(i+1)%len(dead)]
+		mustWrite(b, dir.WriteAgent(records.AgentRecord{Attempt: a, PID: agent, Start: 12345, Boot: boot}))
+		mustWrite(b, dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: leader, AgentPID: agent,
+			AgentStart: 12345, LeaderStart: 12345, Boot: boot}))
+	}
+	ctx := context.Background()
+	log := hclog.NewNullLogger()
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for b.Loop() {
+		got, err := lite.Probe(ctx, dir, attempts, log)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range got {
+			if l.State != sdk.Dead || l.Orphan {
+				b.Fatalf("unexpected answer: %+v", l)
+			}
+		}
+	}
+	reportCPU(b, cpu0, len(attempts))
 }
 
 func benchLiveness(b *testing.B, liveAttempts int) {
@@ -72,6 +114,7 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 	}
 	ctx := context.Background()
 	log := hclog.NewNullLogger()
+	cpu0 := processCPU()
 	b.ResetTimer()
 	for b.Loop() {
 		got, err := lite.Probe(ctx, dir, attempts, log)
@@ -82,6 +125,22 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 			b.Fatalf("unexpected answers: %+v / %+v", got[0], got[1])
 		}
 	}
+	reportCPU(b, cpu0, len(attempts))
+}
+
+// processCPU is the CPU time (user and system) this process has used. The
+// probe runs on several workers, so ns/op (wall time) hides what it costs.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU time used since cpu0 per attempt probed.
+func reportCPU(b *testing.B, cpu0 time.Duration, attempts int) {
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N*attempts), "cpu-ns/attempt")
 }
 
 func mustWrite(b *testing.B, err error) {
@@ -93,7 +152,7 @@ func mustWrite(b *testing.B, err error) {
 
 // benchLeader starts a process leading its own group; it is killed when the
 // benchmark ends.
-func benchLeader(b *testing.B) int {
+func benchLeader(b testing.TB) int {
 	b.Helper()
 	cmd := exec.Command("sleep", "1000")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -108,7 +167,7 @@ func benchLeader(b *testing.B) int {
 }
 
 // benchDeadPID returns the PID of a process that has exited and been reaped.
-func benchDeadPID(b *testing.B) int {
+func benchDeadPID(b testing.TB) int {
 	b.Helper()
 	cmd := exec.Command("true")
 	if err := cmd.Run(); err != nil {

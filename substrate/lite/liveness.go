@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"runtime"
-	"strings"
+	"strconv"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -88,12 +88,42 @@ func (b *batch) rebooted(boot string) bool {
 }
 
 // facts is one worker's view of the processes of a batch. With caching on,
-// a PID's stat and a group's signal-0 answer are read once per batch.
+// a PID's stat, a PID's signal-0 answer and a group's signal-0 answer are
+// each read once per batch.
 type facts struct {
 	b      *batch
 	stats  map[int]statResult
+	procs  map[int]existsResult
 	groups map[int]existsResult
+	// records reads the attempts' records, each from disk, with buffers
+	// kept across the batch.
+	records *records.Reader
+	// notes is the detail of the attempt being judged: its notes joined by
+	// "; ". The buffer is kept from one attempt to the next, so a note
+	// costs no allocation of its own.
+	notes []byte
 }
+
+// note adds s to the detail of the attempt being judged.
+func (f *facts) note(s string) {
+	if len(f.notes) > 0 {
+		f.notes = append(f.notes, "; "...)
+	}
+	f.notes = append(f.notes, s...)
+}
+
+// noteID adds before, id in decimal and after: the note of a common answer,
+// written without fmt.
+func (f *facts) noteID(before string, id int, after string) {
+	f.note(before)
+	f.notes = strconv.AppendInt(f.notes, int64(id), 10)
+	f.notes = append(f.notes, after...)
+}
+
+// detail is the notes added since the last reset.
+func (f *facts) detail() string { return string(f.notes) }
+
+func (f *facts) resetNotes() { f.notes = f.notes[:0] }
 
 type statResult struct {
 	info proc.Info
@@ -107,8 +137,12 @@ type existsResult struct {
 
 func (b *batch) facts(cache bool) *facts {
 	f := &facts{b: b}
+	if b.dir != nil {
+		f.records = b.dir.Reader()
+	}
 	if cache {
 		f.stats = make(map[int]statResult)
+		f.procs = make(map[int]existsResult)
 		f.groups = make(map[int]existsResult)
 	}
 	return f
@@ -126,6 +160,18 @@ func (f *facts) stat(pid int) (proc.Info, error) {
 	return info, err
 }
 
+func (f *facts) exists(pid int) (bool, error) {
+	if f.procs == nil {
+		return proc.Exists(pid)
+	}
+	if r, ok := f.procs[pid]; ok {
+		return r.exists, r.err
+	}
+	exists, err := proc.Exists(pid)
+	f.procs[pid] = existsResult{exists, err}
+	return exists, err
+}
+
 func (f *facts) groupExists(pgid int) (bool, error) {
 	if f.groups == nil {
 		return proc.GroupExists(pgid)
@@ -141,45 +187,44 @@ func (f *facts) groupExists(pgid int) (bool, error) {
 func (f *facts) probe(a sdk.Attempt) sdk.AttemptLiveness {
 	b := f.b
 	out := sdk.AttemptLiveness{Attempt: a}
-	var notes []string
-	note := func(s string) { notes = append(notes, s) }
+	f.resetNotes()
 
 	// The group record, once the agent has written it, names the agent too
 	// (PID and start time): a running attempt costs one record read.
 	verified := false
-	grec, gerr := b.dir.ReadGroup(a)
+	grec, gerr := f.records.ReadGroup(a)
 	switch {
 	case gerr == nil:
-		out.Agent = f.agent(grec.AgentPID, grec.AgentStart, grec.Boot, note)
-		out.Group, verified = f.group(grec, note)
+		out.Agent = f.agent(grec.AgentPID, grec.AgentStart, grec.Boot)
+		out.Group, verified = f.group(grec)
 	case errors.Is(gerr, fs.ErrNotExist):
 		out.Group = sdk.Dead
-		note("no group recorded")
+		f.note("no group recorded")
 	case errors.Is(gerr, records.ErrGarbled):
 		b.log.Warn("group record is garbled: reading the attempt as unknown", "attempt", a.String(),
 			"path", b.dir.GroupPath(a), "error", gerr)
 		out.Group = sdk.Unknown
-		note("group record garbled")
+		f.note("group record garbled")
 	default:
 		out.Group = sdk.Unknown
-		note("group record unreadable: " + gerr.Error())
+		f.note("group record unreadable: " + gerr.Error())
 	}
 	if gerr != nil {
-		arec, aerr := b.dir.ReadAgent(a)
+		arec, aerr := f.records.ReadAgent(a)
 		switch {
 		case aerr == nil:
-			out.Agent = f.agent(arec.PID, arec.Start, arec.Boot, note)
+			out.Agent = f.agent(arec.PID, arec.Start, arec.Boot)
 		case errors.Is(aerr, fs.ErrNotExist):
 			out.Agent = sdk.Dead
-			note("no agent record")
+			f.note("no agent record")
 		case errors.Is(aerr, records.ErrGarbled):
 			b.log.Warn("agent record is garbled: reading the attempt as unknown", "attempt", a.String(),
 				"path", b.dir.AgentPath(a), "error", aerr)
 			out.Agent = sdk.Unknown
-			note("agent record garbled")
+			f.note("agent record garbled")
 		default:
 			out.Agent = sdk.Unknown
-			note("agent record unreadable: " + aerr.Error())
+			f.note("agent record unreadable: " + aerr.Error())
 		}
 	}
 
@@ -192,60 +237,60 @@ func (f *facts) probe(a sdk.Attempt) sdk.AttemptLiveness {
 		out.State = sdk.Dead
 	}
 	out.Orphan = out.Agent == sdk.Dead && out.Group == sdk.Alive && verified
-	out.Detail = strings.Join(notes, "; ")
+	out.Detail = f.detail()
 	return out
 }
 
 // agent judges an agent process. start is 0 when not recorded.
-func (f *facts) agent(pid int, start uint64, boot string, note func(string)) sdk.Liveness {
+func (f *facts) agent(pid int, start uint64, boot string) sdk.Liveness {
 	if f.b.rebooted(boot) {
-		note("agent recorded before a reboot")
+		f.note("agent recorded before a reboot")
 		return sdk.Dead
 	}
-	return f.agentLiveness(pid, start, note)
+	return f.agentLiveness(pid, start)
 }
 
-func (f *facts) agentLiveness(pid int, start uint64, note func(string)) sdk.Liveness {
+func (f *facts) agentLiveness(pid int, start uint64) sdk.Liveness {
 	// The process table first: a readable entry proves the PID exists and
 	// tells a zombie or a reused PID apart. Signal 0 answers when it cannot.
 	info, err := f.stat(pid)
 	switch {
 	case err == nil && info.Zombie:
-		note(fmt.Sprintf("agent %d exited (zombie)", pid))
+		f.noteID("agent ", pid, " exited (zombie)")
 		return sdk.Dead
 	case err == nil && start != 0 && info.Start != start:
-		note(fmt.Sprintf("agent pid %d now names another process", pid))
+		f.noteID("agent pid ", pid, " now names another process")
 		return sdk.Dead
 	case err == nil:
-		note(fmt.Sprintf("agent %d alive", pid))
+		f.noteID("agent ", pid, " alive")
 		return sdk.Alive
 	case !errors.Is(err, proc.ErrNotExist) && !errors.Is(err, proc.ErrUnsupported):
-		note("agent unreadable: " + err.Error())
+		f.note("agent unreadable: " + err.Error())
 		return sdk.Unknown
 	}
 	// Gone from the table, or no table here: signal 0 (it also sees a
 	// process the table hides from this user).
-	exists, err := proc.Exists(pid)
+	exists, err := f.exists(pid)
 	switch {
 	case err != nil:
-		note("agent probe failed: " + err.Error())
+		f.note("agent probe failed: " + err.Error())
 		return sdk.Unknown
 	case !exists:
-		note(fmt.Sprintf("agent %d gone", pid))
+		f.noteID("agent ", pid, " gone")
 		return sdk.Dead
 	}
-	note(fmt.Sprintf("agent %d answers signal 0", pid))
+	f.noteID("agent ", pid, " answers signal 0")
 	return sdk.Alive
 }
 
 // group judges a recorded task group; verified means its leader is the
 // recorded process, so the group may be signalled.
-func (f *facts) group(rec records.GroupRecord, note func(string)) (sdk.Liveness, bool) {
+func (f *facts) group(rec records.GroupRecord) (sdk.Liveness, bool) {
 	if f.b.rebooted(rec.Boot) {
-		note("group recorded before a reboot")
+		f.note("group recorded before a reboot")
 		return sdk.Dead, false
 	}
-	return f.groupLiveness(rec, note)
+	return f.groupLiveness(rec)
 }
 
 // running tells whether a group whose leader is gone has a running member:
@@ -258,10 +303,10 @@ func (b *batch) running(pgid int) (bool, error) {
 	return proc.GroupRunning(pgid)
 }
 
-func (f *facts) groupLiveness(rec records.GroupRecord, note func(string)) (sdk.Liveness, bool) {
+func (f *facts) groupLiveness(rec records.GroupRecord) (sdk.Liveness, bool) {
 	pgid := rec.PGID
 	if !proc.Supported {
-		note("process groups cannot be probed on this platform")
+		f.note("process groups cannot be probed on this platform")
 		return sdk.Unknown, false
 	}
 	info, serr := f.stat(pgid)
@@ -269,33 +314,33 @@ func (f *facts) groupLiveness(rec records.GroupRecord, note func(string)) (sdk.L
 	case serr == nil && info.Start != rec.LeaderStart:
 		// The PID was reused, which the OS does not do while it is still a
 		// group id: nothing of the recorded group is left.
-		note(fmt.Sprintf("group %d gone: pid %d now names another process", pgid, pgid))
+		f.note(fmt.Sprintf("group %d gone: pid %d now names another process", pgid, pgid))
 		return sdk.Dead, false
 	case serr == nil && !info.Zombie && info.PGID == pgid:
 		// The recorded leader runs and still leads its group.
-		note(fmt.Sprintf("group %d alive", pgid))
+		f.noteID("group ", pgid, " alive")
 		return sdk.Alive, true
 	}
 	exists, err := f.groupExists(pgid)
 	if err != nil {
-		note("group probe failed: " + err.Error())
+		f.note("group probe failed: " + err.Error())
 		return sdk.Unknown, false
 	}
 	if !exists {
-		note(fmt.Sprintf("group %d gone", pgid))
+		f.noteID("group ", pgid, " gone")
 		return sdk.Dead, false
 	}
 	members := func(why string) (sdk.Liveness, bool) {
 		run, err := f.b.running(pgid)
 		switch {
 		case err != nil:
-			note(fmt.Sprintf("group %d: %s; members unreadable: %v", pgid, why, err))
+			f.note(fmt.Sprintf("group %d: %s; members unreadable: %v", pgid, why, err))
 			return sdk.Unknown, false
 		case run:
-			note(fmt.Sprintf("group %d alive, unverifiable: %s", pgid, why))
+			f.note(fmt.Sprintf("group %d alive, unverifiable: %s", pgid, why))
 			return sdk.Alive, false
 		default:
-			note(fmt.Sprintf("group %d: %s; only zombies left", pgid, why))
+			f.note(fmt.Sprintf("group %d: %s; only zombies left", pgid, why))
 			return sdk.Dead, false
 		}
 	}
@@ -303,12 +348,12 @@ func (f *facts) groupLiveness(rec records.GroupRecord, note func(string)) (sdk.L
 	case errors.Is(serr, proc.ErrNotExist):
 		return members("its leader exited")
 	case serr != nil:
-		note(fmt.Sprintf("group %d alive, unverifiable: leader unreadable: %v", pgid, serr))
+		f.note(fmt.Sprintf("group %d alive, unverifiable: leader unreadable: %v", pgid, serr))
 		return sdk.Alive, false
 	case info.Zombie:
 		return members("its leader exited")
 	default: // the leader moved to another group
-		note(fmt.Sprintf("group %d alive, unverifiable: its leader moved to group %d", pgid, info.PGID))
+		f.note(fmt.Sprintf("group %d alive, unverifiable: its leader moved to group %d", pgid, info.PGID))
 		return sdk.Alive, false
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"strings"
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
@@ -149,28 +148,26 @@ func (s *Substrate) stop(ctx context.Context, st *settings, a sdk.Attempt, reaso
 	default:
 		return sdk.StopResult{}, fmt.Errorf("stopping %s: %w", a, aerr)
 	}
-	var notes []string
-	note := func(n string) { notes = append(notes, n) }
 	f := b.facts(false) // fresh reads: this decides a signal
 	if reason == sdk.StopOrphan {
-		if l := f.agent(agentPID, agentStart, grec.Boot, note); l != sdk.Dead {
-			return sdk.StopResult{Detail: "not an orphan, not signalled: " + strings.Join(notes, "; ")}, nil
+		if l := f.agent(agentPID, agentStart, grec.Boot); l != sdk.Dead {
+			return sdk.StopResult{Detail: "not an orphan, not signalled: " + f.detail()}, nil
 		}
 	}
 
 	// The group: signalled only when verified.
-	l, verified := f.group(grec, note)
+	l, verified := f.group(grec)
 	switch {
 	case l == sdk.Dead && reason == sdk.StopCredentialCeiling:
-		if f.agent(agentPID, agentStart, grec.Boot, note) != sdk.Dead {
-			return sdk.StopResult{Detail: "task group gone; agent still running: " + strings.Join(notes, "; ")}, nil
+		if f.agent(agentPID, agentStart, grec.Boot) != sdk.Dead {
+			return sdk.StopResult{Detail: "task group gone; agent still running: " + f.detail()}, nil
 		}
-		return sdk.StopResult{Stopped: true, Detail: "task group and agent gone: " + strings.Join(notes, "; ")}, nil
+		return sdk.StopResult{Stopped: true, Detail: "task group and agent gone: " + f.detail()}, nil
 	case l == sdk.Dead:
-		return sdk.StopResult{Stopped: true, Detail: strings.Join(notes, "; ")}, nil
+		return sdk.StopResult{Stopped: true, Detail: f.detail()}, nil
 	case !verified:
-		log.Warn("task group cannot be verified: not signalling it", "pgid", grec.PGID, "detail", strings.Join(notes, "; "))
-		return sdk.StopResult{Detail: "not signalled: " + strings.Join(notes, "; ")}, nil
+		log.Warn("task group cannot be verified: not signalling it", "pgid", grec.PGID, "detail", f.detail())
+		return sdk.StopResult{Detail: "not signalled: " + f.detail()}, nil
 	}
 
 	log.Warn("stopping the attempt's task group", "pgid", grec.PGID, "grace", st.stopGrace, "kill_wait", st.killWait)
@@ -206,19 +203,22 @@ func (s *Substrate) stop(ctx context.Context, st *settings, a sdk.Attempt, reaso
 // awaitAgentExit waits up to d for the agent to exit on its own.
 func (s *Substrate) awaitAgentExit(ctx context.Context, pid int, start uint64, d time.Duration) bool {
 	f := (&batch{}).facts(false)
-	agentLiveness := f.agentLiveness
+	dead := func() bool {
+		f.resetNotes() // the notes are not wanted: keep them from piling up
+		return f.agentLiveness(pid, start) == sdk.Dead
+	}
 	deadline := s.clock.After(d)
 	tick := time.NewTicker(proc.PollInterval)
 	defer tick.Stop()
 	for {
-		if agentLiveness(pid, start, func(string) {}) == sdk.Dead {
+		if dead() {
 			return true
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline:
-			return agentLiveness(pid, start, func(string) {}) == sdk.Dead
+			return dead()
 		case <-tick.C:
 		}
 	}

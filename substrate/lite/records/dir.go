@@ -151,15 +151,33 @@ func (d *Dir) Path() string { return d.path }
 
 // Name is the file name stem of an attempt's records.
 func Name(a sdk.Attempt) string {
-	tail := "__" + strconv.FormatInt(int64(a.Try), 10) + "__" + strconv.FormatInt(int64(a.Epoch), 10)
-	name := Escape(a.RunID) + "__" + Escape(a.TaskID) + tail
-	if len(name) <= maxName {
-		return name
+	return string(appendName(nil, a))
+}
+
+// appendName appends Name(a) to dst.
+func appendName(dst []byte, a sdk.Attempt) []byte {
+	start := len(dst)
+	dst = appendEscape(dst, a.RunID)
+	dst = append(dst, "__"...)
+	dst = appendEscape(dst, a.TaskID)
+	dst = appendTail(dst, a)
+	if len(dst)-start <= maxName {
+		return dst
 	}
 	// Too long: a hash of the ids. The hashed form has one "__" fewer than
 	// an escaped one, so the two never collide.
 	h := sha256.Sum256([]byte(a.RunID + "\x00" + a.TaskID))
-	return "h" + hex.EncodeToString(h[:16]) + tail
+	dst = append(dst[:start], 'h')
+	dst = hex.AppendEncode(dst, h[:16])
+	return appendTail(dst, a)
+}
+
+// appendTail appends the "__<try>__<epoch>" that ends a record's name.
+func appendTail(dst []byte, a sdk.Attempt) []byte {
+	dst = append(dst, "__"...)
+	dst = strconv.AppendInt(dst, int64(a.Try), 10)
+	dst = append(dst, "__"...)
+	return strconv.AppendInt(dst, int64(a.Epoch), 10)
 }
 
 // AgentPath is the path of an attempt's .pid record.
@@ -216,36 +234,77 @@ func (d *Dir) create(path string, data []byte) error {
 // fs.ErrNotExist; an untrustworthy one wraps ErrGarbled; any other error is
 // a read error.
 func (d *Dir) ReadAgent(a sdk.Attempt) (AgentRecord, error) {
-	name := Name(a) + AgentExt
-	data, err := d.read(name)
-	if err != nil {
-		return AgentRecord{}, fmt.Errorf("reading %s: %w", filepath.Join(d.path, name), err)
-	}
-	r, err := ParseAgent(data)
-	if err == nil && r.Attempt != a {
-		err = fmt.Errorf("%w: it names %s", ErrGarbled, r.Attempt)
-	}
-	if err != nil {
-		return AgentRecord{}, fmt.Errorf("reading %s: %w", filepath.Join(d.path, name), err)
-	}
-	return r, nil
+	return d.Reader().ReadAgent(a)
 }
 
 // ReadGroup reads an attempt's .pgid record, with ReadAgent's errors.
 func (d *Dir) ReadGroup(a sdk.Attempt) (GroupRecord, error) {
-	name := Name(a) + GroupExt
-	data, err := d.read(name)
+	return d.Reader().ReadGroup(a)
+}
+
+// Reader reads records of a Dir as Dir.ReadAgent and Dir.ReadGroup do, each
+// from disk every time, but keeps its buffers from one read to the next: a
+// batch of many attempts then allocates no name and no buffer per record.
+// A Reader is for one goroutine at a time.
+type Reader struct {
+	d    *Dir
+	name []byte // the file name being read
+	buf  []byte // the record's bytes; a record parsed from them keeps none
+	// boot is the boot id of the last record read: the records of one host
+	// mostly share one, and a record holding it reuses the string.
+	boot string
+}
+
+// Reader returns a new Reader of d.
+func (d *Dir) Reader() *Reader { return &Reader{d: d} }
+
+// ReadAgent is Dir.ReadAgent.
+func (r *Reader) ReadAgent(a sdk.Attempt) (AgentRecord, error) {
+	data, err := r.read(a, AgentExt)
 	if err != nil {
-		return GroupRecord{}, fmt.Errorf("reading %s: %w", filepath.Join(d.path, name), err)
+		return AgentRecord{}, r.fail(err)
 	}
-	r, err := ParseGroup(data)
-	if err == nil && r.Attempt != a {
-		err = fmt.Errorf("%w: it names %s", ErrGarbled, r.Attempt)
+	rec, err := parseAgent(data, likely{attempt: a, boot: r.boot})
+	if err == nil && rec.Attempt != a {
+		err = fmt.Errorf("%w: it names %s", ErrGarbled, rec.Attempt)
 	}
 	if err != nil {
-		return GroupRecord{}, fmt.Errorf("reading %s: %w", filepath.Join(d.path, name), err)
+		return AgentRecord{}, r.fail(err)
 	}
-	return r, nil
+	r.boot = rec.Boot
+	return rec, nil
+}
+
+// ReadGroup is Dir.ReadGroup.
+func (r *Reader) ReadGroup(a sdk.Attempt) (GroupRecord, error) {
+	data, err := r.read(a, GroupExt)
+	if err != nil {
+		return GroupRecord{}, r.fail(err)
+	}
+	rec, err := parseGroup(data, likely{attempt: a, boot: r.boot})
+	if err == nil && rec.Attempt != a {
+		err = fmt.Errorf("%w: it names %s", ErrGarbled, rec.Attempt)
+	}
+	if err != nil {
+		return GroupRecord{}, r.fail(err)
+	}
+	r.boot = rec.Boot
+	return rec, nil
+}
+
+// read reads the record of a with extension ext into r.buf.
+func (r *Reader) read(a sdk.Attempt, ext string) ([]byte, error) {
+	r.name = append(appendName(r.name[:0], a), ext...)
+	data, err := r.d.read(string(r.name), r.buf)
+	if data != nil {
+		r.buf = data
+	}
+	return data, err
+}
+
+// fail names the record just read in err.
+func (r *Reader) fail(err error) error {
+	return fmt.Errorf("reading %s: %w", filepath.Join(r.d.path, string(r.name)), err)
 }
 
 // Remove deletes an attempt's records; missing ones are fine.
@@ -280,7 +339,7 @@ func (d *Dir) List() (entries []Entry, garbled int, err error) {
 		var a sdk.Attempt
 		switch {
 		case strings.HasSuffix(name, AgentExt):
-			data, err := d.read(name)
+			data, err := d.read(name, nil)
 			if err != nil {
 				garbled++
 				continue
@@ -292,7 +351,7 @@ func (d *Dir) List() (entries []Entry, garbled int, err error) {
 			}
 			a = r.Attempt
 		case strings.HasSuffix(name, GroupExt):
-			data, err := d.read(name)
+			data, err := d.read(name, nil)
 			if err != nil {
 				garbled++
 				continue
@@ -337,8 +396,9 @@ func (d *Dir) RemoveGroup(a sdk.Attempt) error {
 // read reads the record name with one open and (for a record of usual
 // size) one read, relative to the verified directory. A missing record
 // wraps fs.ErrNotExist; a symlink, a directory or a file larger than
-// MaxRecordSize wraps ErrGarbled.
-func (d *Dir) read(name string) ([]byte, error) {
+// MaxRecordSize wraps ErrGarbled. The record is read into buf when it is
+// large enough, else into a new buffer.
+func (d *Dir) read(name string, buf []byte) ([]byte, error) {
 	fd, err := unix.Openat(int(d.fd.Fd()), name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	switch {
 	case errors.Is(err, unix.ENOENT):
@@ -350,7 +410,10 @@ func (d *Dir) read(name string) ([]byte, error) {
 	}
 	defer unix.Close(fd)
 	// A record is a few hundred bytes: start small, grow to the limit.
-	buf := make([]byte, 512)
+	if cap(buf) < 512 {
+		buf = make([]byte, 512)
+	}
+	buf = buf[:min(cap(buf), MaxRecordSize+1)]
 	n := 0
 	for {
 		m, err := readFull(fd, buf[n:])

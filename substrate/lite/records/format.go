@@ -110,7 +110,20 @@ func seal(kind string, a sdk.Attempt, kv [][2]string) []byte {
 
 // ParseAgent decodes a .pid record. Every failure wraps ErrGarbled.
 func ParseAgent(data []byte) (AgentRecord, error) {
-	f, err := open(data, KindAgent)
+	return parseAgent(data, likely{})
+}
+
+// likely holds strings a reader expects a record to hold: the attempt it
+// asked for, the boot id of the records read before. A value that encodes
+// one of them exactly is decoded to that string instead of a new copy; any
+// other value is decoded as usual. Nothing is assumed: every byte is checked.
+type likely struct {
+	attempt sdk.Attempt
+	boot    string
+}
+
+func parseAgent(data []byte, like likely) (AgentRecord, error) {
+	f, err := open(data, KindAgent, like.attempt)
 	if err != nil {
 		return AgentRecord{}, err
 	}
@@ -121,7 +134,7 @@ func ParseAgent(data []byte) (AgentRecord, error) {
 	if r.Start, err = f.uint("start"); err != nil {
 		return AgentRecord{}, err
 	}
-	if r.Boot, err = f.text("boot"); err != nil {
+	if r.Boot, err = f.textLike("boot", like.boot); err != nil {
 		return AgentRecord{}, err
 	}
 	return r, nil
@@ -129,7 +142,11 @@ func ParseAgent(data []byte) (AgentRecord, error) {
 
 // ParseGroup decodes a .pgid record. Every failure wraps ErrGarbled.
 func ParseGroup(data []byte) (GroupRecord, error) {
-	f, err := open(data, KindGroup)
+	return parseGroup(data, likely{})
+}
+
+func parseGroup(data []byte, like likely) (GroupRecord, error) {
+	f, err := open(data, KindGroup, like.attempt)
 	if err != nil {
 		return GroupRecord{}, err
 	}
@@ -149,7 +166,7 @@ func ParseGroup(data []byte) (GroupRecord, error) {
 	if r.LeaderStart == 0 {
 		return GroupRecord{}, garbled("leader_start is 0")
 	}
-	if r.Boot, err = f.text("boot"); err != nil {
+	if r.Boot, err = f.textLike("boot", like.boot); err != nil {
 		return GroupRecord{}, err
 	}
 	return r, nil
@@ -161,21 +178,28 @@ func garbled(format string, args ...any) error {
 
 type fields struct {
 	attempt sdk.Attempt
-	kind    string
-	values  [9][]byte // in the order of keysOf(kind); as many as the longest kind has
+	keys    []string  // keysOf(kind)
+	values  [9][]byte // in the order of keys; as many as the longest kind has
 }
+
+// The keys of each kind of record, in the order Marshal writes them.
+var (
+	agentKeys = []string{"run", "task", "try", "epoch", "pid", "start", "boot"}
+	groupKeys = []string{"run", "task", "try", "epoch", "pgid", "agent_pid", "agent_start", "leader_start", "boot"}
+)
 
 // keysOf lists a record kind's keys in the order Marshal writes them.
 func keysOf(kind string) []string {
 	if kind == KindAgent {
-		return []string{"run", "task", "try", "epoch", "pid", "start", "boot"}
+		return agentKeys
 	}
-	return []string{"run", "task", "try", "epoch", "pgid", "agent_pid", "agent_start", "leader_start", "boot"}
+	return groupKeys
 }
 
 // open checks the header, the checksum and the keys (each once, in the
-// order Marshal writes them), and decodes the attempt.
-func open(data []byte, kind string) (fields, error) {
+// order Marshal writes them), and decodes the attempt (reusing the strings
+// of like where the record holds exactly them).
+func open(data []byte, kind string, like sdk.Attempt) (fields, error) {
 	if len(data) > MaxRecordSize {
 		return fields{}, garbled("record is %d bytes, more than %d", len(data), MaxRecordSize)
 	}
@@ -219,27 +243,27 @@ func open(data []byte, kind string) (fields, error) {
 	if h := line(); string(h) != magic+" "+version+" "+kind {
 		return fields{}, garbled("header %q is not %q", h, magic+" "+version+" "+kind)
 	}
-	f := fields{kind: kind}
 	keys := keysOf(kind)
+	f := fields{keys: keys}
 	for n, k := range keys {
 		if len(rest) == 0 {
 			return fields{}, garbled("key %q is missing", k)
 		}
+		// The line is k=value (no key holds '=').
 		l := line()
-		got, v, ok := bytes.Cut(l, []byte("="))
-		if !ok || string(got) != k {
+		if len(l) <= len(k) || string(l[:len(k)]) != k || l[len(k)] != '=' {
 			return fields{}, garbled("line %q: want key %q", l, k)
 		}
-		f.values[n] = v
+		f.values[n] = l[len(k)+1:]
 	}
 	if len(rest) != 0 {
 		return fields{}, garbled("unexpected lines after key %q", keys[len(keys)-1])
 	}
 	var err error
-	if f.attempt.RunID, err = f.text("run"); err != nil {
+	if f.attempt.RunID, err = f.textLike("run", like.RunID); err != nil {
 		return fields{}, err
 	}
-	if f.attempt.TaskID, err = f.text("task"); err != nil {
+	if f.attempt.TaskID, err = f.textLike("task", like.TaskID); err != nil {
 		return fields{}, err
 	}
 	if f.attempt.Try, err = f.int32("try"); err != nil {
@@ -252,7 +276,7 @@ func open(data []byte, kind string) (fields, error) {
 }
 
 func (f *fields) value(k string) []byte {
-	for i, key := range keysOf(f.kind) {
+	for i, key := range f.keys {
 		if key == k {
 			return f.values[i]
 		}
@@ -266,6 +290,16 @@ func (f *fields) text(k string) (string, error) {
 		return "", garbled("%s: %v", k, err)
 	}
 	return s, nil
+}
+
+// textLike is text, but returns like itself when the value is exactly
+// Escape(like): Escape gives each string one encoding and Unescape accepts
+// only that one, so the value decodes to like, and no copy is made.
+func (f *fields) textLike(k, like string) (string, error) {
+	if isEscapeOf(f.value(k), like) {
+		return like, nil
+	}
+	return f.text(k)
 }
 
 // number decodes the canonical decimal form of a number (no sign but a
@@ -335,17 +369,42 @@ func Escape(s string) string {
 	if n == 0 {
 		return s
 	}
-	const hex = "0123456789ABCDEF"
-	b := make([]byte, 0, len(s)+2*n)
+	return string(appendEscape(make([]byte, 0, len(s)+2*n), s))
+}
+
+const upperHex = "0123456789ABCDEF"
+
+// appendEscape appends Escape(s) to dst.
+func appendEscape(dst []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if plain(c) {
-			b = append(b, c)
+			dst = append(dst, c)
 			continue
 		}
-		b = append(b, '%', hex[c>>4], hex[c&15])
+		dst = append(dst, '%', upperHex[c>>4], upperHex[c&15])
 	}
-	return string(b)
+	return dst
+}
+
+// isEscapeOf reports whether b is exactly Escape(s), without building it.
+func isEscapeOf(b []byte, s string) bool {
+	j := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if plain(c) {
+			if j >= len(b) || b[j] != c {
+				return false
+			}
+			j++
+			continue
+		}
+		if j+3 > len(b) || b[j] != '%' || b[j+1] != upperHex[c>>4] || b[j+2] != upperHex[c&15] {
+			return false
+		}
+		j += 3
+	}
+	return j == len(b)
 }
 
 // Unescape reverses Escape. It accepts only Escape's own output, so one

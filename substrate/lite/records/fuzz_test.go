@@ -31,6 +31,10 @@ func FuzzParse(f *testing.F) {
 
 func checkParse(t *testing.T, data []byte) {
 	t.Helper()
+	a, _ := ParseAgent(data)
+	g, _ := ParseGroup(data)
+	checkLikely(t, data, likely{}, likely{attempt: a.Attempt, boot: a.Boot}, likely{attempt: g.Attempt, boot: g.Boot},
+		likely{attempt: sampleGroup().Attempt, boot: sampleGroup().Boot})
 	if a, err := ParseAgent(data); err == nil {
 		if a.PID <= 1 {
 			t.Fatalf("accepted agent pid %d", a.PID)
