@@ -10,8 +10,10 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // API server outages, for fault tests. Two kinds differ in what a client
@@ -31,9 +33,68 @@ import (
 
 const apiServerName = "kube-apiserver"
 
-// PauseAPIServer stops the API server's process with SIGSTOP.
+// PauseAPIServer stops the API server's process with SIGSTOP and returns
+// once every one of its threads is stopped. The signal is delivered to the
+// threads one by one: a thread running on another core when kill returns
+// could otherwise still answer a request sent at once.
 func (c *Cluster) PauseAPIServer() error {
-	return c.signalAPIServer(syscall.SIGSTOP, "pause")
+	if err := c.signalAPIServer(syscall.SIGSTOP, "pause"); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	p, err := c.apiServer()
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return waitStopped(p.cmd.Process.Pid, 10*time.Second)
+}
+
+// waitStopped waits until every thread of process pid is stopped (state T
+// in /proc/<pid>/task/<tid>/stat), for at most limit.
+func waitStopped(pid int, limit time.Duration) error {
+	tasks := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	for deadline := time.Now().Add(limit); ; {
+		running, err := runningThreads(tasks)
+		if err != nil {
+			return fmt.Errorf("kubetest: pause the API server: %w", err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubetest: pause the API server: %d threads still not stopped after %v", running, limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads under tasks (a /proc/<pid>/task
+// directory) that are not stopped.
+func runningThreads(tasks string) (int, error) {
+	ents, err := os.ReadDir(tasks)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(tasks, e.Name(), "stat"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return 0, err
+		}
+		// The state follows the command's closing parenthesis.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return 0, fmt.Errorf("unreadable %s", filepath.Join(tasks, e.Name(), "stat"))
+		}
+		if st := b[i+2]; st != 'T' && st != 't' {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // ResumeAPIServer continues a paused API server with SIGCONT.
