@@ -55,22 +55,13 @@ func BenchmarkLivenessDead1000(b *testing.B) {
 		mustWrite(b, dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: leader, AgentPID: agent,
 			AgentStart: 12345, LeaderStart: 12345, Boot: boot}))
 	}
-	ctx := context.Background()
-	log := hclog.NewNullLogger()
-	cpu0 := processCPU()
-	b.ResetTimer()
-	for b.Loop() {
-		got, err := lite.Probe(ctx, dir, attempts, log)
-		if err != nil {
-			b.Fatal(err)
-		}
+	timeProbe(b, dir, attempts, func(got []sdk.AttemptLiveness) {
 		for _, l := range got {
 			if l.State != sdk.Dead || l.Orphan {
 				b.Fatalf("unexpected answer: %+v", l)
 			}
 		}
-	}
-	reportCPU(b, cpu0, len(attempts))
+	})
 }
 
 func benchLiveness(b *testing.B, liveAttempts int) {
@@ -112,6 +103,16 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 				AgentStart: 12345, LeaderStart: 12345, Boot: boot}))
 		}
 	}
+	timeProbe(b, dir, attempts, func(got []sdk.AttemptLiveness) {
+		if got[0].State != sdk.Alive || got[0].Orphan || got[1].State != sdk.Dead {
+			b.Fatalf("unexpected answers: %+v / %+v", got[0], got[1])
+		}
+	})
+}
+
+// timeProbe times probing attempts (their records in dir) in a loop, each
+// batch's answers handed to check, and reports the CPU an attempt.
+func timeProbe(b *testing.B, dir *records.Dir, attempts []sdk.Attempt, check func([]sdk.AttemptLiveness)) {
 	ctx := context.Background()
 	log := hclog.NewNullLogger()
 	cpu0 := processCPU()
@@ -121,9 +122,7 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if got[0].State != sdk.Alive || got[0].Orphan || got[1].State != sdk.Dead {
-			b.Fatalf("unexpected answers: %+v / %+v", got[0], got[1])
-		}
+		check(got)
 	}
 	reportCPU(b, cpu0, len(attempts))
 }
