@@ -160,27 +160,22 @@ func (f *facts) stat(pid int) (proc.Info, error) {
 	return info, err
 }
 
-func (f *facts) exists(pid int) (bool, error) {
-	if f.procs == nil {
-		return proc.Exists(pid)
-	}
-	if r, ok := f.procs[pid]; ok {
-		return r.exists, r.err
-	}
-	exists, err := proc.Exists(pid)
-	f.procs[pid] = existsResult{exists, err}
-	return exists, err
-}
+func (f *facts) exists(pid int) (bool, error) { return observe(f.procs, pid, proc.Exists) }
 
-func (f *facts) groupExists(pgid int) (bool, error) {
-	if f.groups == nil {
-		return proc.GroupExists(pgid)
+func (f *facts) groupExists(pgid int) (bool, error) { return observe(f.groups, pgid, proc.GroupExists) }
+
+// observe answers probe(id) once per batch: from seen when it was asked
+// before, else probed and kept there. Without seen (no caching), every
+// call probes.
+func observe(seen map[int]existsResult, id int, probe func(int) (bool, error)) (bool, error) {
+	if seen == nil {
+		return probe(id)
 	}
-	if r, ok := f.groups[pgid]; ok {
+	if r, ok := seen[id]; ok {
 		return r.exists, r.err
 	}
-	exists, err := proc.GroupExists(pgid)
-	f.groups[pgid] = existsResult{exists, err}
+	exists, err := probe(id)
+	seen[id] = existsResult{exists, err}
 	return exists, err
 }
 
