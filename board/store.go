@@ -74,11 +74,12 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // The enumerations of the schema, for validating input before it reaches SQL
 // (some of it is inlined into statements as literals).
 var (
-	taskStates = setOf(sdk.TaskStates())
-	executors  = map[string]bool{sdk.ExecutorKube: true, sdk.ExecutorLite: true, sdk.ExecutorWarm: true}
-	// The same sets as lists, whose strings a scan hands out (closedWord).
+	// The words a state or an executor may be: lists, whose strings a scan
+	// hands out (closedWord), and the same as sets, for validating input.
 	stateWords    = sdk.TaskStates()
 	executorWords = []string{sdk.ExecutorKube, sdk.ExecutorLite, sdk.ExecutorWarm}
+	taskStates    = setOf(stateWords)
+	executors     = setOf(executorWords)
 )
 
 func setOf(vals []string) map[string]bool {

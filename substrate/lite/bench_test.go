@@ -42,14 +42,9 @@ func BenchmarkLivenessDead1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	boot, _ := proc.BootID()
-	var dead []int
-	for range 16 {
-		dead = append(dead, benchDeadPID(b))
-	}
-	attempts := make([]sdk.Attempt, 1000)
-	for i := range attempts {
-		a := sdk.Attempt{RunID: fmt.Sprintf("run-%d", i/10), TaskID: fmt.Sprintf("task_%d", i%10), Try: 1}
-		attempts[i] = a
+	dead := benchDeadPIDs(b, 16)
+	attempts := benchAttempts(1000)
+	for i, a := range attempts {
 		agent, leader := dead[i%len(dead)], dead[(i+1)%len(dead)]
 		mustWrite(b, dir.WriteAgent(records.AgentRecord{Attempt: a, PID: agent, Start: 12345, Boot: boot}))
 		mustWrite(b, dir.WriteGroup(records.GroupRecord{Attempt: a, PGID: leader, AgentPID: agent,
@@ -83,14 +78,9 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 		}
 		live = append(live, pair{agent, leader})
 	}
-	var dead []int
-	for range 8 {
-		dead = append(dead, benchDeadPID(b))
-	}
-	attempts := make([]sdk.Attempt, 1000)
-	for i := range attempts {
-		a := sdk.Attempt{RunID: fmt.Sprintf("run-%d", i/10), TaskID: fmt.Sprintf("task_%d", i%10), Try: 1}
-		attempts[i] = a
+	dead := benchDeadPIDs(b, 8)
+	attempts := benchAttempts(1000)
+	for i, a := range attempts {
 		if i%2 == 0 {
 			p := live[(i/2)%len(live)]
 			mustWrite(b, dir.WriteAgent(records.AgentRecord{Attempt: a, PID: p.agent.PID, Start: p.agent.Start, Boot: boot}))
@@ -108,6 +98,24 @@ func benchLiveness(b *testing.B, liveAttempts int) {
 			b.Fatalf("unexpected answers: %+v / %+v", got[0], got[1])
 		}
 	})
+}
+
+// benchDeadPIDs returns the PIDs of n processes that have exited.
+func benchDeadPIDs(b *testing.B, n int) []int {
+	dead := make([]int, n)
+	for i := range dead {
+		dead[i] = benchDeadPID(b)
+	}
+	return dead
+}
+
+// benchAttempts names n attempts, ten to a run.
+func benchAttempts(n int) []sdk.Attempt {
+	out := make([]sdk.Attempt, n)
+	for i := range out {
+		out[i] = sdk.Attempt{RunID: fmt.Sprintf("run-%d", i/10), TaskID: fmt.Sprintf("task_%d", i%10), Try: 1}
+	}
+	return out
 }
 
 // timeProbe times probing attempts (their records in dir) in a loop, each
