@@ -118,9 +118,10 @@ var (
 	// ErrNotReported: the outcome could not be delivered within ReportRetry.
 	ErrNotReported = errors.New("the outcome could not be reported")
 	// ErrStartUnanswered: the RUNNING report went unanswered for all of
-	// StartRetry: every failure was one Config.Unanswered counts as an
-	// answer that never came (see ControlPlaneUnanswered). The task did
-	// not start and nothing was reported.
+	// StartRetry, or until its answer was lost for good (ErrAnswerLost):
+	// every failure was one Config.Unanswered counts as an answer that
+	// never came (see ControlPlaneUnanswered). The task did not start and
+	// nothing was reported.
 	ErrStartUnanswered = errors.New("the control plane never answered the pre-start calls")
 	// ErrStopUnreported: the agent was stopped (its context cancelled)
 	// with StopUnreported set: the task's group is stopped and OnOutcome
@@ -614,8 +615,9 @@ var errGaveUp = errors.New("gave up")
 
 // retry calls f until it succeeds, backing off from 1 s up to 15 s, for at
 // most bound: an outage of the control plane (reaperd restarting, the API
-// unreachable) is ridden out. A refusal (ErrRefused) is not retried. An
-// answer of should_terminate is ErrSuperseded.
+// unreachable) is ridden out. A refusal (ErrRefused) is not retried, and
+// an answer lost for good (ErrAnswerLost) gives up at once. An answer of
+// should_terminate is ErrSuperseded.
 func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f func(context.Context) (bool, error)) error {
 	clk := r.cfg.Clock
 	deadline := clk.Now().Add(bound)
@@ -632,6 +634,9 @@ func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f 
 		}
 		if errors.Is(err, ErrRefused) {
 			return fmt.Errorf("%s: not retried: %w", what, err)
+		}
+		if errors.Is(err, ErrAnswerLost) {
+			return fmt.Errorf("%s: %w at once, no retry can bring the answer back: %w", what, errGaveUp, err)
 		}
 		left := deadline.Sub(clk.Now())
 		if left <= 0 {

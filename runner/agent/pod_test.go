@@ -258,6 +258,43 @@ func TestLiteModePreStartUnansweredFor2MinutesGivesUpReportingNothing(t *testing
 	}
 }
 
+// A pre-start call whose answer was lost for good (it applied, and cannot
+// be made again) is an answer that never came, and waiting cannot bring it:
+// the agent gives up at once, long before StartRetry, and writes the infra
+// marker without running the task or reporting anything.
+func TestPodModePreStartAnswerLostGivesUpAtOnceWithTheInfraMarker(t *testing.T) {
+	p := setupPod(t, `touch "$WORK/ran"`)
+	start := time.Unix(1_700_000_000, 0)
+	p.fake = clock.NewFake(start)
+	p.cfg.Clock = p.fake
+	p.rep.runningErr = func(n int) error {
+		if n == 1 {
+			return fmt.Errorf("%w: connection reset", ErrUnanswered)
+		}
+		return fmt.Errorf("%w: %w: spent", ErrUnanswered, ErrAnswerLost)
+	}
+	r := p.run(t, context.Background())
+	if !errors.Is(r.err, ErrStartUnanswered) || !errors.Is(r.err, ErrAnswerLost) {
+		t.Fatalf("err %v; want ErrStartUnanswered for the lost answer", r.err)
+	}
+	if waited := p.fake.Now().Sub(start); waited >= StartRetryDefault/2 {
+		t.Fatalf("gave up after %s; want at once", waited)
+	}
+	if p.rep.runningN != 2 {
+		t.Fatalf("RUNNING tried %d times; want 2 (no retry after the answer was lost)", p.rep.runningN)
+	}
+	rec, ok := p.record(t)
+	if !ok || !rec.HonoredInfra() || rec.Attempt() != p.cfg.Attempt {
+		t.Fatalf("record %+v (%v); want the agent's infra marker", rec, ok)
+	}
+	if len(p.rep.calls) != 0 {
+		t.Fatalf("reported %v; want nothing", p.rep.calls)
+	}
+	if _, err := os.Stat(filepath.Join(p.work, "ran")); err == nil {
+		t.Fatal("the task's code ran")
+	}
+}
+
 func TestPodModePreStartAnsweredWithinTheWindowRunsTheTask(t *testing.T) {
 	p := setupPod(t, `true`)
 	p.fake = clock.NewFake(time.Unix(1_700_000_000, 0))
@@ -286,6 +323,12 @@ func TestPodModePreStartRefusalIsNoInfraMarker(t *testing.T) {
 			return fmt.Errorf("%w: down", ErrUnanswered)
 		},
 		"NotUnanswered": func(int) error { return errors.New("some other failure") },
+		"AnswerLostAfterAnAnswer": func(n int) error {
+			if n == 1 {
+				return errors.New("an answer: permission denied")
+			}
+			return fmt.Errorf("%w: %w: spent", ErrUnanswered, ErrAnswerLost)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := setupPod(t, `true`)

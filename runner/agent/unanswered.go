@@ -15,6 +15,14 @@ import "errors"
 // answer among them makes the same give-up a plain start failure.
 var ErrUnanswered = errors.New("the control plane did not answer")
 
+// ErrAnswerLost, wrapped by a Reporter's error together with ErrUnanswered,
+// says a pre-start call's answer never came and never can: the call applied,
+// its answer was lost on the way, and the call cannot be made again (the
+// attempt API's exchange of a single-use bootstrap token, whose retry is
+// refused as spent). Retrying is pointless, so the agent gives up at once,
+// as it would once StartRetry ran out with no answer.
+var ErrAnswerLost = errors.New("the control plane applied the call, but its answer was lost")
+
 // ControlPlaneUnanswered reports whether err is an answer that never came:
 // whether it wraps ErrUnanswered. It is Config.Unanswered's default.
 func ControlPlaneUnanswered(err error) bool {

@@ -19,6 +19,10 @@ import (
 // returns replaces the one held. The times are reaperd's, not the agent's.
 type apiReporter struct {
 	c *attemptapi.Client
+	// exchangeUnanswered: an exchange of the bootstrap token went
+	// unanswered, so it may have applied (see exchangeFailed). Only
+	// Running exchanges, and the agent calls it from one goroutine.
+	exchangeUnanswered bool
 }
 
 func newAPIReporter(getenv func(string) string) (*apiReporter, error) {
@@ -36,10 +40,40 @@ func (r *apiReporter) Close() { r.c.Close() }
 // applied goes straight to RUNNING), then reports RUNNING with it.
 func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
 	if term, err := r.c.Exchange(ctx, a); err != nil || term {
-		return term, refused(err)
+		return term, r.exchangeFailed(err)
 	}
 	term, err := r.c.Running(ctx, a)
 	return term, refused(err)
+}
+
+// exchangeFailed classifies a failed exchange of the bootstrap token (nil
+// stays nil). An exchange whose answer never came may still have applied:
+// the API recorded the one exchange and minted the working token, and the
+// answer carrying it was lost (reaperd killed after its commit, the
+// connection cut). The retry is then refused bootstrap_spent, rightly, and
+// no retry can bring the token back. That refusal, once an exchange of this
+// agent went unanswered, is the lost answer rather than a verdict on the
+// attempt: it is classified unanswered and lost for good, so the agent
+// gives up at once as if the control plane had never answered (on a
+// dedicated pod: the infra marker, and a re-place on the infra budget).
+// A bootstrap_spent before any unanswered exchange (somebody else spent a
+// copy of the token first) stays a refusal, as does any other refusal.
+func (r *apiReporter) exchangeFailed(err error) error {
+	classified := refused(err)
+	switch {
+	case errors.Is(classified, agent.ErrUnanswered):
+		r.exchangeUnanswered = true
+	case r.exchangeUnanswered && refusedWith(err, attemptapi.CodeBootstrapSpent):
+		return fmt.Errorf("%w: %w: an earlier exchange went unanswered and had applied: %w",
+			agent.ErrUnanswered, agent.ErrAnswerLost, err)
+	}
+	return classified
+}
+
+// refusedWith reports whether err is the API's refusal with code.
+func refusedWith(err error, code string) bool {
+	var ce *attemptapi.CallError
+	return errors.As(err, &ce) && errors.Is(ce, attemptapi.ErrRefused) && ce.Body.Code == code
 }
 
 func (r *apiReporter) Heartbeat(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
