@@ -134,8 +134,8 @@ func TestWarmWorkerClaim(t *testing.T) {
 		if ti := b.ti(t, a); ti.State != sdk.StateQueued {
 			t.Fatalf("state %s after refused calls", ti.State)
 		}
-		if b.meter.count("running/"+attemptapi.CodeWrongKind) != 1 {
-			t.Fatalf("meter %v", b.meter.calls)
+		if b.meter.Count("running/"+attemptapi.CodeWrongKind) != 1 {
+			t.Fatalf("meter %v", b.meter)
 		}
 	})
 
@@ -199,10 +199,10 @@ func TestWarmWorkerClaim(t *testing.T) {
 		if wc.Token() != last {
 			t.Fatal("a claim past the worker credential ceiling renewed the worker's token")
 		}
-		if got := b.meter.renewals[attemptapi.RenewalWorkerCapped]; got != 1 {
-			t.Fatalf("worker_capped metered %d times, want 1 (%v)", got, b.meter.renewals)
+		if got := b.meter.Renewals(attemptapi.RenewalWorkerCapped); got != 1 {
+			t.Fatalf("worker_capped metered %d times, want 1 (%v)", got, b.meter)
 		}
-		if got := b.meter.renewals[attemptapi.RenewalWorkerRenewed]; got != renewals {
+		if got := b.meter.Renewals(attemptapi.RenewalWorkerRenewed); got != renewals {
 			t.Fatalf("worker_renewed metered %d times, want %d", got, renewals)
 		}
 		if !strings.Contains(b.log.String(), "past its ceiling: its token is not renewed") {
@@ -298,7 +298,7 @@ func TestWarmWorkerClaimRecord(t *testing.T) {
 		if !ok || !at.Equal(base.Add(3*time.Second)) || running != "[]" {
 			t.Fatalf("claim record (%s, %q, %v): want the renewed token's issue time and an empty list", at, running, ok)
 		}
-		if n := b.meter.count(attemptapi.CallClaim + "/ok"); n != 2 {
+		if n := b.meter.Count(attemptapi.CallClaim + "/ok"); n != 2 {
 			t.Fatalf("%d claims metered ok, want 2", n)
 		}
 	})
@@ -347,7 +347,7 @@ func TestWarmWorkerClaimRecord(t *testing.T) {
 		if wc.Token() != before {
 			t.Fatal("a refused claim renewed the worker's token")
 		}
-		if n := b.meter.count(attemptapi.CallClaim + "/" + attemptapi.CodeWrongScope); n != 1 {
+		if n := b.meter.Count(attemptapi.CallClaim + "/" + attemptapi.CodeWrongScope); n != 1 {
 			t.Fatalf("%d refused claims metered, want 1", n)
 		}
 		if logs := b.log.String(); !strings.Contains(logs, "code=wrong_scope") || !strings.Contains(logs, "call=claim") {
@@ -377,7 +377,7 @@ func TestWarmWorkerClaimRecord(t *testing.T) {
 		if at, running, _ := b.claimRecord(t, "warm-a"); !at.Equal(recAt) || running != recRunning {
 			t.Fatalf("claim record (%s, %q) after a refused claim: want it unchanged (%s, %q)", at, running, recAt, recRunning)
 		}
-		if n := b.meter.count(attemptapi.CallClaim + "/" + attemptapi.CodeBadRequest); n != 1 {
+		if n := b.meter.Count(attemptapi.CallClaim + "/" + attemptapi.CodeBadRequest); n != 1 {
 			t.Fatalf("%d refused claims metered, want 1", n)
 		}
 		if logs := b.log.String(); !strings.Contains(logs, "running attempts, at most") {

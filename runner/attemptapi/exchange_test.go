@@ -112,7 +112,7 @@ func TestBootstrapExchange(t *testing.T) {
 		if ti.State != sdk.StateSuccess || !ti.CredentialMintedAt.Equal(base) {
 			t.Fatalf("row %s minted %v, want success and the mint kept", ti.State, ti.CredentialMintedAt)
 		}
-		if n := b.meter.count("exchange/ok"); n != 1 {
+		if n := b.meter.Count("exchange/ok"); n != 1 {
 			t.Fatalf("exchange/ok metered %d times", n)
 		}
 	})
@@ -151,7 +151,7 @@ func TestBootstrapExchange(t *testing.T) {
 		if after := b.snapshot(t, a); after != before {
 			t.Fatalf("a refused exchange wrote the running row:\nbefore %s\nafter  %s", before, after)
 		}
-		if n := b.meter.count("exchange/" + attemptapi.CodeBootstrapSpent); n != 2 {
+		if n := b.meter.Count("exchange/" + attemptapi.CodeBootstrapSpent); n != 2 {
 			t.Fatalf("exchange/%s metered %d times, want 2", attemptapi.CodeBootstrapSpent, n)
 		}
 		if n := strings.Count(b.log.String(), "code="+attemptapi.CodeBootstrapSpent); n != 2 {
@@ -197,10 +197,10 @@ func TestBootstrapExchange(t *testing.T) {
 				t.Fatalf("%s with the spent bootstrap token wrote the row", r.path)
 			}
 		}
-		if b.meter.renewals["renewed"] != 0 {
-			t.Fatalf("a bootstrap token was renewed: %v", b.meter.renewals)
+		if b.meter.Renewals("renewed") != 0 {
+			t.Fatalf("a bootstrap token was renewed: %v", b.meter)
 		}
-		if n := b.meter.count("heartbeat/" + attemptapi.CodeWrongKind); n != 2 {
+		if n := b.meter.Count("heartbeat/" + attemptapi.CodeWrongKind); n != 2 {
 			t.Fatalf("heartbeat/%s metered %d times, want 2", attemptapi.CodeWrongKind, n)
 		}
 	})
@@ -283,7 +283,7 @@ func TestBootstrapExchange(t *testing.T) {
 				t.Fatalf("a wrong-scope exchange for %s wrote a row", o)
 			}
 		}
-		if n := b.meter.count("exchange/" + attemptapi.CodeWrongScope); n != len(others) {
+		if n := b.meter.Count("exchange/" + attemptapi.CodeWrongScope); n != len(others) {
 			t.Fatalf("exchange/%s metered %d times, want %d", attemptapi.CodeWrongScope, n, len(others))
 		}
 	})

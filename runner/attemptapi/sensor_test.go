@@ -42,7 +42,7 @@ func TestRescheduleReport(t *testing.T) {
 			ds[0].Reaper != attemptapi.DecisionSource {
 			t.Fatalf("decisions %+v, want one applied %s about %s", ds, sdk.LabelRescheduleNotSensor, a)
 		}
-		if n := b.meter.count(attemptapi.CallReport + "/ok"); n != 1 {
+		if n := b.meter.Count(attemptapi.CallReport + "/ok"); n != 1 {
 			t.Fatalf("report calls metered ok: %d", n)
 		}
 		// The same token again: the attempt has ended, nothing is written

@@ -21,6 +21,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -37,31 +38,6 @@ const (
 	ceiling       = time.Hour
 	workerCeiling = 90 * time.Minute
 )
-
-// meter counts what the server metered.
-type meter struct {
-	mu       sync.Mutex
-	calls    map[string]int // call/result
-	renewals map[string]int
-}
-
-func (m *meter) AttemptAPICall(call, result string, _ time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.calls[call+"/"+result]++
-}
-
-func (m *meter) CredentialRenewal(r string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.renewals[r]++
-}
-
-func (m *meter) count(key string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.calls[key]
-}
 
 // decisionLog keeps the decisions the server handed on.
 type decisionLog struct {
@@ -88,7 +64,7 @@ type bundle struct {
 	decisions *decisionLog
 	clk       *clock.Fake
 	keys      *keyHolder
-	meter     *meter
+	meter     *attemptapitest.Meter
 	url       string
 	ca        string
 	issuer    attempttoken.Issuer
@@ -133,7 +109,7 @@ func setupWith(t *testing.T, change func(*bundle, *attemptapi.ServerConfig)) *bu
 		t.Fatal(err)
 	}
 	b := &bundle{w: lifecycle.New(pool, lifecycle.Options{CredentialCeiling: ceiling}), clk: clock.NewFake(base),
-		keys: &keyHolder{kr: kr}, meter: &meter{calls: map[string]int{}, renewals: map[string]int{}},
+		keys: &keyHolder{kr: kr}, meter: &attemptapitest.Meter{},
 		decisions: &decisionLog{}, pool: pool, log: &sdktest.LogBuffer{}}
 	cfg := attemptapi.ServerConfig{Keys: b.keys.get, TTL: ttl, Ceiling: ceiling,
 		WorkerCeiling: workerCeiling, Board: b.w, Meter: b.meter, Decisions: b.decisions.record, Clock: b.clk,
@@ -287,7 +263,7 @@ func TestAttemptAPI(t *testing.T) {
 				t.Fatalf("row after a heartbeat not due: heartbeat %v renewed %v", ti.LastHeartbeatAt, ti.CredentialRenewedAt)
 			}
 		}
-		if got := b.meter.renewals["renewed"]; got != 0 {
+		if got := b.meter.Renewals("renewed"); got != 0 {
 			t.Fatalf("%d renewals metered, none due", got)
 		}
 		// A quarter of the TTL spent: due, renewed, and the agent holds the
@@ -342,7 +318,7 @@ func TestAttemptAPI(t *testing.T) {
 				t.Errorf("%s changed by refused calls:\nwas %+v\nnow %+v", o, was, now)
 			}
 		}
-		if got := b.meter.count("report/" + attemptapi.CodeWrongScope); got != len(others) {
+		if got := b.meter.Count("report/" + attemptapi.CodeWrongScope); got != len(others) {
 			t.Errorf("refused reports metered %d, want %d", got, len(others))
 		}
 		// Its own attempt still reads.
@@ -368,7 +344,7 @@ func TestAttemptAPI(t *testing.T) {
 		if now := b.ti(t, a); now != was {
 			t.Fatalf("an expired token wrote:\nwas %+v\nnow %+v", was, now)
 		}
-		if b.meter.count("heartbeat/"+attemptapi.CodeExpired) != 1 {
+		if b.meter.Count("heartbeat/"+attemptapi.CodeExpired) != 1 {
 			t.Fatal("the refused heartbeat was not metered")
 		}
 	})
@@ -529,7 +505,7 @@ func TestAttemptAPI(t *testing.T) {
 		if curBefore != "00:00:02" || histBefore != "0:00:01:00" {
 			t.Fatalf("gaps before the attack: current %s, history %s", curBefore, histBefore)
 		}
-		stale := b.meter.count("heartbeat/" + attemptapi.CodeWrongScope)
+		stale := b.meter.Count("heartbeat/" + attemptapi.CodeWrongScope)
 		b.clk.Advance(5 * time.Minute) // a long silence the attacker would like recorded, inside its token's life
 		resp, err := oc.Heartbeat(ctx, old)
 		if err != nil || !resp.ShouldTerminate || resp.Token != "" {
@@ -537,7 +513,7 @@ func TestAttemptAPI(t *testing.T) {
 		}
 		_, err = oc.Heartbeat(ctx, cur)
 		refusedWith(t, err, attemptapi.CodeWrongScope)
-		if got := b.meter.count("heartbeat/" + attemptapi.CodeWrongScope); got != stale+1 {
+		if got := b.meter.Count("heartbeat/" + attemptapi.CodeWrongScope); got != stale+1 {
 			t.Errorf("refused heartbeat metered %d times, want %d", got, stale+1)
 		}
 		if logs := b.log.String(); !strings.Contains(logs, "code=wrong_scope") || !strings.Contains(logs, "call=heartbeat") {

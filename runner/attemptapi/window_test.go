@@ -86,7 +86,7 @@ func TestHeartbeatWindow(t *testing.T) {
 		if ti := b.ti(t, old); ti.Epoch != 1 || !ti.LastHeartbeatAt.IsZero() || !ti.CredentialRenewedAt.IsZero() {
 			t.Fatalf("the re-placed row took the old attempt's heartbeat: %+v", ti)
 		}
-		if got := b.meter.renewals["renewed"]; got != 0 {
+		if got := b.meter.Renewals("renewed"); got != 0 {
 			t.Fatalf("%d renewals metered for a heartbeat the board refused", got)
 		}
 	})
@@ -150,7 +150,7 @@ func TestHeartbeatWindow(t *testing.T) {
 		if ti := b.ti(t, a); !ti.LastHeartbeatAt.IsZero() || !ti.CredentialRenewedAt.IsZero() {
 			t.Fatalf("a failed heartbeat wrote: heartbeat %v renewed %v", ti.LastHeartbeatAt, ti.CredentialRenewedAt)
 		}
-		if got := b.meter.count("heartbeat/" + attemptapi.CodeUnavailable); got != 1 {
+		if got := b.meter.Count("heartbeat/" + attemptapi.CodeUnavailable); got != 1 {
 			t.Fatalf("%d heartbeats metered unavailable, want 1", got)
 		}
 	})

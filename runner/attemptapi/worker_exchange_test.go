@@ -76,7 +76,7 @@ func TestWarmWorkerBootstrapExchange(t *testing.T) {
 		if _, err := thief.Claim(ctx, "warm-a", 1, nil); err == nil {
 			t.Fatal("the spent worker bootstrap token claimed")
 		}
-		if c := b.meter.count(attemptapi.CallWorkerExchange + "/" + attemptapi.CodeBootstrapSpent); c != 1 {
+		if c := b.meter.Count(attemptapi.CallWorkerExchange + "/" + attemptapi.CodeBootstrapSpent); c != 1 {
 			t.Fatalf("worker_exchange/%s metered %d times, want 1", attemptapi.CodeBootstrapSpent, c)
 		}
 	})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,26 +26,6 @@ import (
 	"github.com/dexaflow/reaper/testkit/kubetest"
 	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
 )
-
-// callMeter counts the attempt API's calls by call/result.
-type callMeter struct {
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func (m *callMeter) AttemptAPICall(call, result string, _ time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.calls[call+"/"+result]++
-}
-
-func (m *callMeter) CredentialRenewal(string) {}
-
-func (m *callMeter) count(key string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.calls[key]
-}
 
 // TestPodSpecBootstrapToken: what the kube runner puts in a task pod's spec
 // is the attempt's bootstrap token, which the agent (played by the kubelet
@@ -71,7 +50,7 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(player.Stop)
-	meter := &callMeter{calls: map[string]int{}}
+	meter := &attemptapitest.Meter{}
 	api := attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk, Meter: meter,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: log, Level: hclog.Info, Name: "attempt-api"})})
 	t.Cleanup(func() {
@@ -104,7 +83,7 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 	}
 	ti := until("the agent to exchange and report running", func(ti board.TaskInstance) bool { return ti.State == sdk.StateRunning })
 	a := ti.Attempt
-	if n := meter.count(attemptapi.CallExchange + "/ok"); n != 1 {
+	if n := meter.Count(attemptapi.CallExchange + "/ok"); n != 1 {
 		t.Fatalf("the agent's exchange metered ok %d times, want 1", n)
 	}
 
@@ -169,7 +148,7 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 	if after != before {
 		t.Fatalf("the viewer's calls changed the attempt:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if n := meter.count(attemptapi.CallExchange + "/" + attemptapi.CodeBootstrapSpent); n != 1 {
+	if n := meter.Count(attemptapi.CallExchange + "/" + attemptapi.CodeBootstrapSpent); n != 1 {
 		t.Fatalf("the refused exchange metered %d times, want 1", n)
 	}
 

@@ -5,6 +5,7 @@ package attemptapitest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -114,4 +115,54 @@ func FreeAddr(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return addr
+}
+
+// Meter is an attemptapi.Meter that counts what the API meters: its calls
+// by "call/result" (Count) and its credential renewals by kind (Renewals).
+// The zero value is ready; it is safe for concurrent use.
+type Meter struct {
+	mu       sync.Mutex
+	calls    map[string]int
+	renewals map[string]int
+}
+
+// AttemptAPICall counts the call under "call/result".
+func (m *Meter) AttemptAPICall(call, result string, _ time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.calls == nil {
+		m.calls = map[string]int{}
+	}
+	m.calls[call+"/"+result]++
+}
+
+// CredentialRenewal counts the renewal under its kind.
+func (m *Meter) CredentialRenewal(renewal string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.renewals == nil {
+		m.renewals = map[string]int{}
+	}
+	m.renewals[renewal]++
+}
+
+// Count is how many calls were metered under key ("call/result").
+func (m *Meter) Count(key string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls[key]
+}
+
+// Renewals is how many renewals of the kind were metered.
+func (m *Meter) Renewals(renewal string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.renewals[renewal]
+}
+
+// String lists what was metered, for a test's failure message.
+func (m *Meter) String() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return fmt.Sprintf("calls %v, renewals %v", m.calls, m.renewals)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
@@ -20,6 +21,7 @@ import (
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -125,6 +127,8 @@ type exchangeEnv struct {
 	pool  *pgxpool.Pool
 	board *answerLosingBoard
 	proxy *cutProxy
+	meter *attemptapitest.Meter
+	log   *sdktest.LogBuffer
 	cred  attempttoken.Credential
 	a     sdk.Attempt
 	dir   string
@@ -136,9 +140,11 @@ func setupExchange(t *testing.T) *exchangeEnv {
 	pool := pgtest.NewDB(t)
 	w := lifecycle.New(pool, lifecycle.Options{})
 	e := &exchangeEnv{pool: pool, a: sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}, dir: t.TempDir(),
-		board: &answerLosingBoard{Board: w, applied: make(chan struct{}), release: make(chan struct{})}}
+		board: &answerLosingBoard{Board: w, applied: make(chan struct{}), release: make(chan struct{})},
+		meter: &attemptapitest.Meter{}, log: &sdktest.LogBuffer{}}
 	t.Cleanup(func() { close(e.board.release) })
-	api := attemptapitest.Start(t, e.board, attemptapitest.Options{})
+	api := attemptapitest.Start(t, e.board, attemptapitest.Options{Meter: e.meter,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info})})
 	e.proxy = startCutProxy(t, strings.TrimPrefix(api.URL, "https://"))
 	now := time.Now()
 	if err := w.CreateRun(ctx, lifecycle.NewRun{RunID: "r", DagID: "dag", Tasks: []lifecycle.NewTask{
@@ -180,6 +186,18 @@ func (e *exchangeEnv) runAgent(t *testing.T) (int, string) {
 		t.Fatal(err)
 	}
 	return code, string(data)
+}
+
+// wantSpentRefusals checks the API refused n exchanges bootstrap_spent,
+// each metered and logged.
+func (e *exchangeEnv) wantSpentRefusals(t *testing.T, n int) {
+	t.Helper()
+	if got := e.meter.Count(attemptapi.CallExchange + "/" + attemptapi.CodeBootstrapSpent); got != n {
+		t.Fatalf("%d exchanges metered %s, want %d", got, attemptapi.CodeBootstrapSpent, n)
+	}
+	if got := strings.Count(e.log.String(), attemptapi.CodeBootstrapSpent); got < n {
+		t.Fatalf("the API logged %s %d times, want at least %d:\n%s", attemptapi.CodeBootstrapSpent, got, n, e.log)
+	}
 }
 
 // wantBoard checks the attempt is still queued and not started, and
@@ -227,6 +245,7 @@ func TestPodModeLostExchangeAnswerWritesTheInfraMarker(t *testing.T) {
 	if !rec.HonoredInfra() || rec.Attempt() != e.a {
 		t.Fatalf("record %+v is not the agent's infra marker for %s", rec, e.a)
 	}
+	e.wantSpentRefusals(t, 1) // the retry, once: no retry after it
 	e.wantBoard(t, true)
 }
 
@@ -253,6 +272,7 @@ func TestPodModeBootstrapSpentByACopyIsARefusal(t *testing.T) {
 	if msg != "" {
 		t.Fatalf("the agent wrote %q; want no record", msg)
 	}
+	e.wantSpentRefusals(t, 1)
 	e.wantBoard(t, true)
 }
 
