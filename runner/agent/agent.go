@@ -309,6 +309,10 @@ func (r *runner) run(ctx context.Context) (Outcome, error) {
 		switch {
 		case errors.Is(err, ErrSuperseded):
 			r.log.Warn("the control plane answered should_terminate to RUNNING: not starting the task")
+		case errors.Is(err, errGaveUp) && unanswered && errors.Is(err, ErrAnswerLost):
+			r.log.Error("the control plane applied a pre-start call but its answer was lost for good: not starting the task",
+				"error", err)
+			err = fmt.Errorf("%w: %w", ErrStartUnanswered, err)
 		case errors.Is(err, errGaveUp) && unanswered:
 			r.log.Error("the control plane never answered the RUNNING report: not starting the task",
 				"start_retry", r.cfg.StartRetry, "error", err)
@@ -636,7 +640,7 @@ func (r *runner) retry(ctx context.Context, what string, bound time.Duration, f 
 			return fmt.Errorf("%s: not retried: %w", what, err)
 		}
 		if errors.Is(err, ErrAnswerLost) {
-			return fmt.Errorf("%s: %w at once, no retry can bring the answer back: %w", what, errGaveUp, err)
+			return fmt.Errorf("%s: %w at once: %w", what, errGaveUp, err)
 		}
 		left := deadline.Sub(clk.Now())
 		if left <= 0 {

@@ -64,8 +64,7 @@ func (r *apiReporter) exchangeFailed(err error) error {
 	case errors.Is(classified, agent.ErrUnanswered):
 		r.exchangeUnanswered = true
 	case r.exchangeUnanswered && refusedWith(err, attemptapi.CodeBootstrapSpent):
-		return fmt.Errorf("%w: %w: an earlier exchange went unanswered and had applied: %w",
-			agent.ErrUnanswered, agent.ErrAnswerLost, err)
+		return fmt.Errorf("%w: %w (an earlier exchange went unanswered): %w", agent.ErrUnanswered, agent.ErrAnswerLost, err)
 	}
 	return classified
 }
