@@ -64,6 +64,9 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 	if errors.Is(err, ErrStartUnanswered) {
 		rec := podrecord.For(cfg.Attempt, podrecord.Infra)
 		rec.Reason = InfraReason(cfg.startRetry())
+		if errors.Is(err, ErrAnswerLost) {
+			rec.Reason = AnswerLostReason
+		}
 		if werr := WriteRecord(messagePath, rec); werr != nil {
 			return out, errors.Join(err, werr)
 		}
@@ -79,6 +82,12 @@ func RunInPod(ctx context.Context, cfg Config, rep Reporter, messagePath string)
 func InfraReason(d time.Duration) string {
 	return fmt.Sprintf("the agent's pre-start calls went unanswered (the control plane down, unreachable, timing out or failing) for %s", d)
 }
+
+// AnswerLostReason is the agent's reason in the infra marker it writes
+// when a pre-start call applied and its answer was lost for good
+// (ErrAnswerLost): the control plane failed between its write and its
+// answer, and the call cannot be made again.
+const AnswerLostReason = "the control plane applied one of the agent's pre-start calls (the exchange of its single-use bootstrap token) but its answer was lost, and the call cannot be made again"
 
 func (c Config) startRetry() time.Duration {
 	if c.StartRetry > 0 {

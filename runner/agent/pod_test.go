@@ -284,8 +284,8 @@ func TestPodModePreStartAnswerLostGivesUpAtOnceWithTheInfraMarker(t *testing.T) 
 		t.Fatalf("RUNNING tried %d times; want 2 (no retry after the answer was lost)", p.rep.runningN)
 	}
 	rec, ok := p.record(t)
-	if !ok || !rec.HonoredInfra() || rec.Attempt() != p.cfg.Attempt {
-		t.Fatalf("record %+v (%v); want the agent's infra marker", rec, ok)
+	if !ok || !rec.HonoredInfra() || rec.Attempt() != p.cfg.Attempt || rec.Reason != AnswerLostReason {
+		t.Fatalf("record %+v (%v); want the agent's infra marker for a lost answer", rec, ok)
 	}
 	if len(p.rep.calls) != 0 {
 		t.Fatalf("reported %v; want nothing", p.rep.calls)

@@ -242,8 +242,8 @@ func TestPodModeLostExchangeAnswerWritesTheInfraMarker(t *testing.T) {
 		t.Fatalf("gave up after %s: the pre-start retry ran out instead", took)
 	}
 	rec := readRecord(t, filepath.Join(e.dir, "termination-log"))
-	if !rec.HonoredInfra() || rec.Attempt() != e.a {
-		t.Fatalf("record %+v is not the agent's infra marker for %s", rec, e.a)
+	if !rec.HonoredInfra() || rec.Attempt() != e.a || rec.Reason != agent.AnswerLostReason {
+		t.Fatalf("record %+v is not the agent's infra marker of a lost answer for %s", rec, e.a)
 	}
 	e.wantSpentRefusals(t, 1) // the retry, once: no retry after it
 	e.wantBoard(t, true)
