@@ -106,6 +106,9 @@ type sizeResult struct {
 	// The machine's CPU seconds over each system's run (medians; NaN when
 	// unknown): every process, the database's included.
 	cpuRiver, cpuIn, cpuOut, cpuPlain100, cpuPlain1000 float64
+	// The floor's parts measured alone (floor.go): the recovery's audit
+	// rows inserted again, and the Lite probe of every attempt.
+	cpuAudit, cpuProbe float64
 }
 
 func newDB(ctx context.Context, srv *pgtest.Server, name string) (*pgxpool.Pool, error) {
@@ -166,6 +169,7 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 		plain1, plain10 []time.Duration
 		// The machine's CPU over each run, by system.
 		cpuRiver, cpuIn, cpuOut, cpuPlain1, cpuPlain10 []float64
+		cpuAudit, cpuProbe                             []float64
 	)
 	reset := func() error { return w.Board.Reset(ctx) }
 	for r := 1; r <= runs; r++ {
@@ -214,6 +218,17 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 				rec.Elapsed.Round(time.Millisecond), rec.Passes, rate(n, rec.Elapsed), rec.Audit.Round(time.Millisecond))
 		}
 
+		progress("%d rows, run %d/%d: the floor: the audit rows alone, the probe alone", n, r, runs)
+		acpu, err := measureAuditAlone(ctx, reaperPool, n)
+		if err != nil {
+			return res, err
+		}
+		pcpu, err := measureProbeAlone(ctx, w)
+		if err != nil {
+			return res, err
+		}
+		cpuAudit, cpuProbe = append(cpuAudit, acpu), append(cpuProbe, pcpu)
+
 		for _, page := range []int{100, 1000} {
 			progress("%d rows, run %d/%d: plain SQL, pages of %d", n, r, runs, page)
 			if err := reset(); err != nil {
@@ -256,6 +271,7 @@ func measure(ctx context.Context, srv *pgtest.Server, tmp, binDir string, n, run
 	res.plain1000 = median(plain10, func(d time.Duration) time.Duration { return d })
 	res.cpuRiver, res.cpuIn, res.cpuOut = medianCPU(cpuRiver), medianCPU(cpuIn), medianCPU(cpuOut)
 	res.cpuPlain100, res.cpuPlain1000 = medianCPU(cpuPlain1), medianCPU(cpuPlain10)
+	res.cpuAudit, res.cpuProbe = medianCPU(cpuAudit), medianCPU(cpuProbe)
 	return res, nil
 }
 
@@ -314,6 +330,7 @@ func printTable(w io.Writer, rs []sizeResult, runs int) {
 	ratio("reaper in process / plain SQL page 100", "≥ 0.7", func(r sizeResult) float64 { return r.plain100.Seconds() / r.inProc.Elapsed.Seconds() })
 	ratio("plugin overhead (out / in, time)", "≤ 1.2", func(r sizeResult) float64 { return r.outProc.Elapsed.Seconds() / r.inProc.Elapsed.Seconds() })
 	ratio("machine CPU a row, reaper in process / River work", "≤ 1.5", func(r sizeResult) float64 { return r.cpuIn / r.cpuRiver })
+	printFloor(w, rs)
 	fmt.Fprint(w, perRow)
 }
 
