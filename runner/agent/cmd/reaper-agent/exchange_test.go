@@ -142,9 +142,11 @@ func setupExchange(t *testing.T) *exchangeEnv {
 	e := &exchangeEnv{pool: pool, a: sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}, dir: t.TempDir(),
 		board: &answerLosingBoard{Board: w, applied: make(chan struct{}), release: make(chan struct{})},
 		meter: &attemptapitest.Meter{}, log: &sdktest.LogBuffer{}}
-	t.Cleanup(func() { close(e.board.release) })
 	api := attemptapitest.Start(t, e.board, attemptapitest.Options{Meter: e.meter,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info})})
+	// Before the API stops (cleanups run last first): its shutdown waits
+	// for a held exchange.
+	t.Cleanup(func() { close(e.board.release) })
 	e.proxy = startCutProxy(t, strings.TrimPrefix(api.URL, "https://"))
 	now := time.Now()
 	if err := w.CreateRun(ctx, lifecycle.NewRun{RunID: "r", DagID: "dag", Tasks: []lifecycle.NewTask{
