@@ -1,6 +1,7 @@
 // Package telemetry serves reaperd's HTTP endpoints: /metrics (Prometheus)
 // and /monitor/health, which answers 503 while the database is unreachable
-// or the maintenance loop has stopped ticking.
+// or the maintenance loop has stopped ticking (readiness), and, asked with
+// ?probe=liveness, 200 whenever the process serves (liveness).
 package telemetry
 
 import (
@@ -137,14 +138,32 @@ func (h *Health) Check(ctx context.Context) Report {
 	return r
 }
 
+// ProbeLiveness is the value of /monitor/health's probe parameter that asks
+// whether the process is alive, and nothing more: the answer is 200 from
+// any replica that serves HTTP, leading or not, whatever the database and
+// the loop say. A restart cures neither a database outage nor a slow cycle,
+// so a liveness probe must not follow them (readiness does: the plain
+// /monitor/health).
+const ProbeLiveness = "liveness"
+
+// LivenessReport is /monitor/health?probe=liveness's body.
+type LivenessReport struct {
+	Status string `json:"status"` // always "ok"
+	Probe  string `json:"probe"`  // ProbeLiveness
+}
+
 // Handler returns the mux serving /metrics and /monitor/health.
 func Handler(reg *prometheus.Registry, src HealthSource) http.Handler {
 	health := NewHealth(src)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/monitor/health", func(w http.ResponseWriter, r *http.Request) {
-		rep := health.Check(r.Context())
 		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("probe") == ProbeLiveness {
+			_ = json.NewEncoder(w).Encode(LivenessReport{Status: StatusOK, Probe: ProbeLiveness})
+			return
+		}
+		rep := health.Check(r.Context())
 		if rep.Status != StatusOK {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}

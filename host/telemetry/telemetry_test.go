@@ -29,11 +29,13 @@ func TestEndpoints(t *testing.T) {
 	m.Override(sdk.LabelPodLost, 2)
 
 	var pingErr error
+	ping := func() {}
 	lastTick := t0
+	leading := true
 	h := telemetry.Handler(m.Registry, telemetry.HealthSource{
-		Ping:     func(context.Context) error { return pingErr },
+		Ping:     func(context.Context) error { ping(); return pingErr },
 		LastTick: func() time.Time { return lastTick },
-		Leader:   func(time.Time) (bool, int64) { return true, 4 },
+		Leader:   func(time.Time) (bool, int64) { return leading, 4 },
 		Interval: 30 * time.Second, Started: t0, Clock: c,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -88,11 +90,46 @@ func TestEndpoints(t *testing.T) {
 			t.Fatalf("%d %+v", code, r)
 		}
 	})
+	t.Run("StandbyIsHealthyAndReadyToTakeOver", func(t *testing.T) {
+		leading = false
+		defer func() { leading = true }()
+		if code, r := health(); code != 200 || r.Status != "ok" || r.Leading {
+			t.Fatalf("a standby whose database answers and whose loop ticks: %d %+v", code, r)
+		}
+	})
+	live := func(t *testing.T) {
+		t.Helper()
+		code, body := get("/monitor/health?probe=" + telemetry.ProbeLiveness)
+		var r telemetry.LivenessReport
+		if err := json.Unmarshal([]byte(body), &r); err != nil || code != 200 || r.Status != "ok" || r.Probe != "liveness" {
+			t.Fatalf("liveness: %d %q (%v), want 200 ok", code, body, err)
+		}
+	}
+	t.Run("LivenessIgnoresAnUnreachableDatabase", func(t *testing.T) {
+		c.Advance(telemetry.HealthCacheFor)
+		pingErr = errors.New("connection refused")
+		pings := 0
+		ping = func() { pings++ }
+		defer func() { pingErr, ping = nil, func() {}; c.Advance(telemetry.HealthCacheFor) }()
+		live(t)
+		live(t)
+		if pings != 0 {
+			t.Fatalf("the liveness probe pinged the database %d times, want none", pings)
+		}
+		if code, _ := health(); code != 503 {
+			t.Fatalf("readiness with the database unreachable: %d, want 503", code)
+		}
+	})
 	t.Run("UnhealthyWhenTheLoopStopsTicking", func(t *testing.T) {
 		c.Advance(61 * time.Second)
 		if code, r := health(); code != 503 || !strings.HasPrefix(r.Loop, "stalled") {
 			t.Fatalf("%d %+v", code, r)
 		}
+		lastTick = c.Now()
+		// A stalled loop is the ReaperLoopStalled alert's to report, not a
+		// reason to kill the process.
+		c.Advance(61 * time.Second)
+		live(t)
 		lastTick = c.Now()
 		if code, _ := health(); code != 200 {
 			t.Fatalf("still unhealthy after a tick: %d", code)
