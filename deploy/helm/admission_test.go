@@ -11,6 +11,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -35,25 +36,76 @@ func as(t *testing.T, c *kubetest.Cluster, ns, sa string) kubernetes.Interface {
 	return cs
 }
 
-// grantPods lets the service accounts create, read, update and patch pods
-// in ns (what a tenant of the namespace typically holds; reaperd's runner
-// holds create the same way).
-func grantPods(t *testing.T, cs kubernetes.Interface, ns string, sas ...string) {
+// grantPods lets the subjects (ServiceAccounts, as namespace/name) create,
+// read, update and patch pods in ns, and add ephemeral containers (what a
+// tenant of the namespace typically holds; reaperd's runner holds create
+// the same way).
+func grantPods(t *testing.T, cs kubernetes.Interface, ns string, subjects ...string) {
 	t.Helper()
 	ctx := context.Background()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pod-writer"}, Rules: []rbacv1.PolicyRule{{
-		APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "update", "patch"}}}}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pod-writer"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list", "update", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/ephemeralcontainers"}, Verbs: []string{"update", "patch"}},
+	}}
 	if _, err := cs.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "pod-writer"},
 		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-writer"}}
-	for _, sa := range sas {
-		rb.Subjects = append(rb.Subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns})
+	for _, s := range subjects {
+		sns, name, _ := strings.Cut(s, "/")
+		rb.Subjects = append(rb.Subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: sns})
 	}
 	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// policyEnv is the chart's admission policy applied to the API server, a
+// tenant and reaperd.
+type policyEnv struct {
+	release, tasks  string
+	admin           kubernetes.Interface
+	tenant, reaperd kubernetes.Interface
+	objs            []*unstructured.Unstructured
+}
+
+// applyPolicy renders the chart for a release in a namespace of its own
+// with args, applies every object (the policy and its binding removed when
+// the test ends), makes a tenant ServiceAccount of the task namespace with
+// pod rights there (grantPods), gives reaperd's ServiceAccount the same,
+// and waits until the policy refuses the tenant a forged task pod.
+func applyPolicy(t *testing.T, args ...string) *policyEnv {
+	t.Helper()
+	return applyPolicyIn(t, kubetest.Current(t).NewNamespace(t), args...)
+}
+
+// applyPolicyIn is applyPolicy for the release namespace release.
+func applyPolicyIn(t *testing.T, release string, args ...string) *policyEnv {
+	t.Helper()
+	c := kubetest.Current(t)
+	admin := c.Client(t)
+	ctx := context.Background()
+	objs := render(t, release, args...)
+	name := strings.TrimSuffix((release + "-reaper-task-pods")[:min(63, len(release)+len("-reaper-task-pods"))], "-")
+	policy := find(t, objs, "ValidatingAdmissionPolicy", name)
+	binding := find(t, objs, "ValidatingAdmissionPolicyBinding", name)
+	t.Cleanup(func() {
+		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, binding.GetName(), metav1.DeleteOptions{})
+		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, policy.GetName(), metav1.DeleteOptions{})
+	})
+	tasks, _, _ := unstructured.NestedString(binding.Object, "spec", "matchResources", "namespaceSelector", "matchLabels",
+		"kubernetes.io/metadata.name")
+	apply(t, c, objs)
+	if _, err := admin.CoreV1().ServiceAccounts(tasks).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	grantPods(t, admin, tasks, tasks+"/tenant", release+"/reaper")
+	e := &policyEnv{release: release, tasks: tasks, admin: admin, objs: objs,
+		tenant: as(t, c, tasks, "tenant"), reaperd: as(t, c, release, "reaper")}
+	waitPolicy(t, e.tenant, tasks)
+	return e
 }
 
 // taskPod is a pod carrying attempt a's labels and raw task id annotation,
@@ -109,24 +161,11 @@ func TestChartAdmissionPolicyLetsOnlyReaperdMakeOrRelabelTaskPods(t *testing.T) 
 		t.Fatal("the test API server does not serve validatingadmissionpolicies")
 	}
 
-	ns := c.NewNamespace(t)
-	objs := render(t, ns)
-	name := (ns + "-reaper-task-pods")[:min(63, len(ns)+len("-reaper-task-pods"))]
-	name = strings.TrimSuffix(name, "-")
-	policy := find(t, objs, "ValidatingAdmissionPolicy", name)
-	binding := find(t, objs, "ValidatingAdmissionPolicyBinding", name)
-	t.Cleanup(func() {
-		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, binding.GetName(), metav1.DeleteOptions{})
-		_ = admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, policy.GetName(), metav1.DeleteOptions{})
-	})
-	apply(t, c, objs)
-	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	e := applyPolicy(t)
+	if e.tasks == e.release {
+		t.Fatalf("the default task namespace is the release's (%s)", e.release)
 	}
-	grantPods(t, admin, ns, "tenant", "reaper")
-	tenant, reaperd := as(t, c, ns, "tenant"), as(t, c, ns, "reaper")
-	waitPolicy(t, tenant, ns)
+	ns, tenant, reaperd := e.tasks, e.tenant, e.reaperd
 
 	a := sdk.Attempt{RunID: "run-1", TaskID: "load_a", Try: 1, Epoch: 1}
 	t.Run("AForgedTaskPodIsRefusedToATenant", func(t *testing.T) {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
@@ -144,8 +145,10 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 	objs := render(t, "reaper-system")
 	want := "ClusterRole//reaper-system-reaper-nodes ClusterRoleBinding//reaper-system-reaper-nodes " +
 		"ConfigMap/reaper-system/reaper Deployment/reaper-system/reaper Lease/reaper-system/reaper " +
-		"NetworkPolicy/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
-		"Role/reaper-system/reaper RoleBinding/reaper-system/reaper Service/reaper-system/reaper ServiceAccount/reaper-system/reaper " +
+		"Namespace//reaper-system-tasks NetworkPolicy/reaper-system/reaper PodDisruptionBudget/reaper-system/reaper " +
+		"Role/reaper-system-tasks/reaper Role/reaper-system/reaper-leader " +
+		"RoleBinding/reaper-system-tasks/reaper RoleBinding/reaper-system/reaper-leader " +
+		"Service/reaper-system/reaper ServiceAccount/reaper-system/reaper " +
 		"ValidatingAdmissionPolicy//reaper-system-reaper-task-pods ValidatingAdmissionPolicyBinding//reaper-system-reaper-task-pods"
 	if got := kinds(objs); got != want {
 		t.Fatalf("rendered objects:\n got %s\nwant %s", got, want)
@@ -218,10 +221,22 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	}
 	// The admission policy lets the custom ServiceAccount alone make task
 	// pods, in the task namespace.
+	// Its Secrets are the custom database Secret and the extra volume's.
 	policy := find(t, objs, "ValidatingAdmissionPolicy", "reaper-system-reaperd-task-pods")
-	if vars, _, _ := unstructured.NestedSlice(policy.Object, "spec", "variables"); len(vars) != 1 ||
-		!strings.Contains(fmt.Sprint(vars[0]), "system:serviceaccount:reaper-system:reaper-sa") {
-		t.Errorf("admission policy variables %v, want reaperd's ServiceAccount reaper-sa", vars)
+	vars, _, _ := unstructured.NestedSlice(policy.Object, "spec", "variables")
+	wantVars := map[string]string{"reaperd": `request.userInfo.username == "system:serviceaccount:reaper-system:reaper-sa"`,
+		"secrets": `["reaper-db-ca","scheduler-db"]`}
+	for _, v := range vars {
+		m := v.(map[string]any)
+		if w, ok := wantVars[m["name"].(string)]; ok {
+			if m["expression"] != w {
+				t.Errorf("admission policy variable %s = %v, want %s", m["name"], m["expression"], w)
+			}
+			delete(wantVars, m["name"].(string))
+		}
+	}
+	if len(wantVars) != 0 {
+		t.Errorf("admission policy variables %v lack %v", vars, wantVars)
 	}
 	binding := find(t, objs, "ValidatingAdmissionPolicyBinding", "reaper-system-reaperd-task-pods")
 	if ns, _, _ := unstructured.NestedString(binding.Object, "spec", "matchResources", "namespaceSelector", "matchLabels",
@@ -454,6 +469,9 @@ func TestChartValuesSchemaRefusesMisspelledAndMistypedValues(t *testing.T) {
 		"config.kube.qps=-1",
 		"config.reapers.podlost.sha256=abc",
 		"replicaCount=0",
+		"taskNamespace.allowReleasenamespace=true",
+		"taskNamespace.name=Tasks_1",
+		"admissionPolicy.protectedSecret=x",
 	} {
 		out, err := helm(t, "template", "reaper", chartDir, "--set", set)
 		if err == nil || !strings.Contains(out, "values don't meet the specifications of the schema") {
@@ -474,7 +492,8 @@ func TestChartTemplateEscapesHCLTemplateSequencesInValues(t *testing.T) {
 
 // TestChartRBACHasTheRulesOfDeployKube: the chart's Roles and the plain
 // manifest deploy/kube/rbac.yaml grant the same rules, whether the task pods
-// live in the release's namespace or in another.
+// live in a namespace of their own (the default) or, acknowledged, in the
+// release's.
 func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	manifest, err := os.ReadFile("../kube/rbac.yaml")
 	if err != nil {
@@ -499,7 +518,7 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 		t.Fatal("no ClusterRole in deploy/kube/rbac.yaml")
 	}
 	// The manifest's Lease is named reaperd.
-	for _, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}} {
+	for _, args := range [][]string{nil, {"--set", "taskNamespace.name=reaper-system", "--set", "taskNamespace.allowReleaseNamespace=true"}} {
 		var got, gotCluster []rbacv1.PolicyRule
 		for _, o := range render(t, "reaper-system", append(args, "--set", "config.leader.name=reaperd")...) {
 			switch o.GetKind() {
@@ -595,9 +614,11 @@ func checkDSNFromSecret(t *testing.T, c corev1.Container, secret, key string) {
 	t.Errorf("no REAPER_DSN in %+v", c.Env)
 }
 
-// checkProbes: readiness follows /monitor/health; liveness only asks that
-// the process serve HTTP, so that a database outage or a long cycle never
-// gets a leader killed mid-cycle.
+// checkProbes: both probes ask /monitor/health, never /metrics (a scrape's
+// work, on the telemetry server's few connections). Readiness follows its
+// full answer (database and loop); liveness asks with ?probe=liveness,
+// which answers from the process alone, so that a database outage or a
+// long cycle never gets a leader killed mid-cycle.
 func checkProbes(t *testing.T, c corev1.Container, port int32) {
 	t.Helper()
 	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != port {
@@ -607,8 +628,8 @@ func checkProbes(t *testing.T, c corev1.Container, port int32) {
 	if r == nil || r.HTTPGet == nil || r.HTTPGet.Path != "/monitor/health" || r.HTTPGet.Port.String() != "metrics" {
 		t.Errorf("readiness probe %+v, want /monitor/health", r)
 	}
-	if l == nil || l.HTTPGet == nil || l.HTTPGet.Path == "/monitor/health" || l.HTTPGet.Port.String() != "metrics" {
-		t.Errorf("liveness probe %+v, want an HTTP check that is not /monitor/health", l)
+	if l == nil || l.HTTPGet == nil || l.HTTPGet.Path != "/monitor/health?probe="+telemetry.ProbeLiveness || l.HTTPGet.Port.String() != "metrics" {
+		t.Errorf("liveness probe %+v, want /monitor/health?probe=%s", l, telemetry.ProbeLiveness)
 	}
 	if l != nil && time.Duration(l.PeriodSeconds*l.FailureThreshold)*time.Second < 2*time.Minute {
 		t.Errorf("liveness gives up after %ds: want at least two minutes", l.PeriodSeconds*l.FailureThreshold)

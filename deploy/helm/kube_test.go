@@ -10,6 +10,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -40,6 +41,9 @@ func apply(t *testing.T, c *kubetest.Cluster, objs []*unstructured.Unstructured)
 	}
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
+		if gvk.Kind == "Namespace" {
+			deleteNamespaceAtCleanup(t, c, o.GetName())
+		}
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
 			t.Fatalf("map %s: %v", gvk, err)
@@ -50,6 +54,20 @@ func apply(t *testing.T, c *kubetest.Cluster, objs []*unstructured.Unstructured)
 			t.Fatalf("apply %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
 		}
 	}
+}
+
+// deleteNamespaceAtCleanup deletes a namespace the chart made (the task
+// namespace) when the test ends, as kubetest does with its own.
+func deleteNamespaceAtCleanup(t *testing.T, c *kubetest.Cluster, name string) {
+	t.Helper()
+	cs := c.Client(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete the task namespace %s: %v", name, err)
+		}
+	})
 }
 
 // TestChartAppliesToTheAPIServerAndItsReplicasArePlaced: every rendered
@@ -65,7 +83,7 @@ func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
 	// The other values too (no ServiceMonitor: the test cluster has not its
 	// CRD).
 	custom := render(t, c.NewNamespace(t), "--values", customValues,
-		"--set", "config.kube.namespace="+c.NewNamespace(t), "--set", "serviceMonitor.enabled=false")
+		"--set", "taskNamespace.name="+c.NewNamespace(t), "--set", "serviceMonitor.enabled=false")
 	apply(t, c, custom)
 	// With the kube runner, so the attempt API's Service and the replicas'
 	// port and Secret volumes too.
@@ -150,11 +168,13 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 		split := layout.split
 		t.Run(fmt.Sprintf("tasks_in_own_namespace=%v,leader_postgres=%v,runner=%v", split, layout.postgres, layout.runner), func(t *testing.T) {
 			release := c.NewNamespace(t)
-			tasks, other := release, c.NewNamespace(t)
+			// The default: the chart's own task namespace; else the
+			// release's, acknowledged.
+			tasks, other := release+"-tasks", c.NewNamespace(t)
 			var args []string
-			if split {
-				tasks = c.NewNamespace(t)
-				args = []string{"--set", "config.kube.namespace=" + tasks}
+			if !split {
+				tasks = release
+				args = []string{"--set", "taskNamespace.name=" + tasks, "--set", "taskNamespace.allowReleaseNamespace=true"}
 			}
 			if layout.postgres {
 				args = append(args, "--set", "config.leader.kind=postgres")
@@ -281,6 +301,7 @@ func TestChartInstallsUpgradesAndRollsBackWithHelm(t *testing.T) {
 		return ""
 	}
 
+	deleteNamespaceAtCleanup(t, c, ns+"-tasks")
 	run("install", "reaper", chartDir, "--set", "config.dryRun=true", "--set", "image.tag=v1")
 	if got := dryRun(); got != "true" {
 		t.Fatalf("after install: dry_run = %s", got)
@@ -306,6 +327,11 @@ func TestChartInstallsUpgradesAndRollsBackWithHelm(t *testing.T) {
 	if _, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "reaper", metav1.GetOptions{}); err == nil {
 		t.Errorf("the ConfigMap outlived helm uninstall")
 	}
+	// The task namespace the chart made stays, with whatever task pods
+	// still run in it (docs/operate.md, "Uninstall").
+	if n, err := cs.CoreV1().Namespaces().Get(ctx, ns+"-tasks", metav1.GetOptions{}); err != nil || n.DeletionTimestamp != nil {
+		t.Errorf("the task namespace after helm uninstall: %v (%v), want it kept", n, err)
+	}
 }
 
 // TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly: the
@@ -318,7 +344,7 @@ func TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly(t *tes
 	c := kubetest.Current(t)
 	release, tasks := c.NewNamespace(t), c.NewNamespace(t)
 	objs := render(t, release, append(attemptAPISecrets, "--set", "config.runner.enabled=true",
-		"--set", "config.runner.kube.image=task:1", "--set", "config.kube.namespace="+tasks)...)
+		"--set", "config.runner.kube.image=task:1", "--set", "taskNamespace.name="+tasks, "--set", "taskNamespace.create=false")...)
 	apply(t, c, objs)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -71,7 +71,7 @@ func TestUninstallLineReleasesOnlyTheOutcomeRecordFinalizer(t *testing.T) {
 	if err := cs.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	line := strings.Replace(releaseLine(t), "NS=dexaflow-tasks", "NS="+ns, 1)
+	line := strings.Replace(releaseLine(t), "NS=reaper-system-tasks", "NS="+ns, 1)
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig())
 	if out, err := cmd.CombinedOutput(); err != nil {

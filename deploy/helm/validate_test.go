@@ -36,8 +36,8 @@ func TestChartConfigurationIsAcceptedByReaperdValidate(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := c.NewNamespace(t)
-			objs := render(t, ns, append([]string{"--set", "config.kube.namespace=" + ns,
-				"--set", "config.kube.kubeconfig=" + c.Kubeconfig()}, values...)...)
+			objs := render(t, "reaper-system", append([]string{"--set", "taskNamespace.name=" + ns,
+				"--set", "taskNamespace.create=false", "--set", "config.kube.kubeconfig=" + c.Kubeconfig()}, values...)...)
 			var hcl string
 			for _, o := range objs {
 				if o.GetKind() == "ConfigMap" {

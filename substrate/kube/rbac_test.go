@@ -27,7 +27,9 @@ import (
 // manifest is the shipped least-privilege Role.
 const manifest = "../../deploy/kube/rbac.yaml"
 
-// roleRules reads the Role's rules from the shipped manifest.
+// roleRules reads the rules of the shipped Roles (the pods Role of the task
+// namespace and the Lease Role of reaperd's), together: the tests here bind
+// them in one namespace.
 func roleRules(t testing.TB) []rbacv1.PolicyRule {
 	t.Helper()
 	return manifestRules(t, "Role")
@@ -39,7 +41,7 @@ func clusterRoleRules(t testing.TB) []rbacv1.PolicyRule {
 	return manifestRules(t, "ClusterRole")
 }
 
-// manifestRules reads the rules of the first object of kind in the shipped
+// manifestRules reads the rules of every object of kind in the shipped
 // manifest.
 func manifestRules(t testing.TB, kind string) []rbacv1.PolicyRule {
 	t.Helper()
@@ -49,6 +51,7 @@ func manifestRules(t testing.TB, kind string) []rbacv1.PolicyRule {
 	}
 	defer f.Close()
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var rules []rbacv1.PolicyRule
 	for {
 		var obj struct {
 			Kind  string              `json:"kind"`
@@ -56,15 +59,19 @@ func manifestRules(t testing.TB, kind string) []rbacv1.PolicyRule {
 		}
 		err := dec.Decode(&obj)
 		if errors.Is(err, io.EOF) {
-			t.Fatalf("%s has no %s", manifest, kind)
+			break
 		}
 		if err != nil {
 			t.Fatalf("reading %s: %v", manifest, err)
 		}
 		if obj.Kind == kind {
-			return obj.Rules
+			rules = append(rules, obj.Rules...)
 		}
 	}
+	if len(rules) == 0 {
+		t.Fatalf("%s has no %s", manifest, kind)
+	}
+	return rules
 }
 
 // withoutVerb drops verb from every rule.

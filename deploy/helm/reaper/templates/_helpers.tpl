@@ -42,9 +42,53 @@ app.kubernetes.io/component: reaperd
 {{- end }}
 {{- end }}
 
-{{/* The namespace of the task pods (the substrate's, and the pods Role's). */}}
+{{/*
+The namespace of the task pods and warm workers (the kube substrate's and
+the runner's, the pods Role's, the admission policy's and the
+NetworkPolicy's peers): taskNamespace.name, by default
+<release namespace>-tasks. Never the release's own namespace unless the
+operator says so (taskNamespace.allowReleaseNamespace): that namespace holds
+reaperd's Secrets and ServiceAccount, which whoever may create pods there
+could mount or run as.
+*/}}
 {{- define "reaper.taskNamespace" -}}
-{{- default .Release.Namespace .Values.config.kube.namespace }}
+{{- if .Values.config.kube.namespace }}
+{{- fail "config.kube.namespace has moved: name the task namespace with taskNamespace.name" }}
+{{- end }}
+{{- $ns := default (printf "%s-tasks" .Release.Namespace | trunc 63 | trimSuffix "-") .Values.taskNamespace.name }}
+{{- if and (eq $ns .Release.Namespace) (not .Values.taskNamespace.allowReleaseNamespace) }}
+{{- fail (printf "taskNamespace.name: the task pods would share the release's namespace %s with reaperd's Secrets and ServiceAccount; name another namespace, or set taskNamespace.allowReleaseNamespace=true to accept that whoever may create pods there can reach them" $ns) }}
+{{- end }}
+{{- $ns }}
+{{- end }}
+
+{{/* "true" when the task pods share the release's namespace (acknowledged). */}}
+{{- define "reaper.tasksInReleaseNamespace" -}}
+{{- if eq (include "reaper.taskNamespace" .) .Release.Namespace }}true{{ end }}
+{{- end }}
+
+{{/*
+The Secrets reaperd's pods read, as a sorted list of names in a JSON
+array: the database's, the attempt API's certificate and signing keys, the
+Secrets of extraVolumes (secret and projected sources) and extraEnv
+(secretKeyRef), and admissionPolicy.protectedSecrets. The admission policy
+refuses any other pod of the task namespace that reads one.
+*/}}
+{{- define "reaper.secretNames" -}}
+{{- $s := list .Values.database.existingSecret .Values.attemptApi.tls.existingSecret .Values.attemptApi.signingKeys.existingSecret }}
+{{- range .Values.extraVolumes }}
+{{- with .secret }}{{ $s = append $s .secretName }}{{ end }}
+{{- with .projected }}
+{{- range .sources }}
+{{- with .secret }}{{ $s = append $s .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- with .valueFrom }}{{ with .secretKeyRef }}{{ $s = append $s .name }}{{ end }}{{ end }}
+{{- end }}
+{{- $s = concat $s (.Values.admissionPolicy.protectedSecrets | default list) }}
+{{- without $s "" nil | uniq | sortAlpha | toJson }}
 {{- end }}
 
 {{- define "reaper.leaseName" -}}
