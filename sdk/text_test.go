@@ -107,3 +107,15 @@ func BenchmarkSafeText(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkTextIsSafeShort(b *testing.B) {
+	words := []string{"7", "lite", "running", "1m30s", "10m0.999s", "dead", "agent_lost", "positive", "24h0m0s", "café ☕"}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, w := range words {
+			if !sdk.TextIsSafe(w, 64) {
+				b.Fatal(w)
+			}
+		}
+	}
+}
