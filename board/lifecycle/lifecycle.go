@@ -25,8 +25,10 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
@@ -156,6 +158,10 @@ type NewRun struct {
 	// State is sdk.RunRunning (the default: started at now) or sdk.RunQueued.
 	State string
 	Tasks []NewTask
+	// Operator, when set, names the operator who submitted the run
+	// (CheckOperator): an operator_submit decision about the run naming
+	// them is written to the audit with it.
+	Operator string
 }
 
 const createRunSQL = `
@@ -207,10 +213,24 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 		}
 		sensors[i], sensorTimeouts[i] = t.Sensor, int32((t.SensorTimeout+time.Second-1)/time.Second)
 	}
+	if r.Operator != "" {
+		if err := CheckOperator(r.Operator); err != nil {
+			return fmt.Errorf("board: create run %s: %w", r.RunID, err)
+		}
+	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	if _, err := w.pool.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
-		ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil {
+	err := pgx.BeginTxFunc(ctx, w.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
+			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil || r.Operator == "" {
+			return err
+		}
+		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,
+			Attempt: sdk.Attempt{RunID: r.RunID}, Applied: true,
+			Detail:   fmt.Sprintf("operator %s submitted the run (%d tasks)", r.Operator, n),
+			Evidence: map[string]string{"operator": r.Operator, "tasks": strconv.Itoa(n), "dag": r.DagID}})
+	})
+	if err != nil {
 		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
 	}
 	return nil
