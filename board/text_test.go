@@ -255,6 +255,25 @@ func TestTenantsTextIsMadeSafeAtTheBoardsEdge(t *testing.T) {
 		safeAndBounded(t, "detail", recs[0].Detail, sdk.MaxDetailBytes)
 		safeAndBounded(t, "evidence", recs[0].Evidence["message"], sdk.MaxEvidenceValueBytes)
 	})
+
+	t.Run("AFailedTeardownsLongErrorIsCutOnARuneNotInsideOne", func(t *testing.T) {
+		// The owed teardown used to keep the first 2048 bytes of the
+		// error: inside a rune, which PostgreSQL refuses.
+		t.Parallel()
+		b, _ := setupObserved(t)
+		b.run(t, "r", "t")
+		a := first("r", "t")
+		o, err := b.store.OweTeardown(ctx, board.TeardownFailure{RunID: "r", Attempt: &a, Reaper: "agentlost",
+			Label: sdk.LabelAgentLostPodDeleteErr, Reason: sdk.LabelAgentLost, Error: "x" + strings.Repeat("é", 5000) + nulText,
+			At: base, Term: b.term}, board.TeardownBackoff{Base: time.Second, Cap: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		safeAndBounded(t, "teardown error", o.LastError, board.MaxTeardownError)
+		if !strings.HasSuffix(o.LastError, sdk.TextCutMarker) {
+			t.Fatalf("teardown error cut without the marker: ...%q", o.LastError[len(o.LastError)-20:])
+		}
+	})
 }
 
 // TestABatchARowOfWhichPostgreSQLRefusesIsWrittenRowByRow: when PostgreSQL
