@@ -23,11 +23,47 @@ ORDER BY l.ord`
 
 // AppendLog appends lines to attempts' try logs in one statement, fenced on
 // term: when term is not current (or its lease has expired by the latest
-// line's time) nothing is written and the error wraps ErrDeposed.
+// line's time) nothing is written and the error wraps ErrDeposed. Each line
+// is made safe first (Safe); when PostgreSQL refuses the batch for one
+// line's data, the lines are appended one by one and that line alone is
+// left out (told to the observer).
 func (s *Store) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
 	if len(lines) == 0 {
 		return nil
 	}
+	if _, _, err := logArrays(lines); err != nil {
+		return fmt.Errorf("board: append log: %w", err)
+	}
+	lines = s.safeLines(lines)
+	err := s.appendLog(ctx, term, lines)
+	if err == nil || !IsRowError(err) {
+		return err
+	}
+	for _, l := range lines {
+		err := s.appendLog(ctx, term, []sdk.LogLine{l})
+		switch {
+		case err == nil:
+		case IsRowError(err):
+			if s.observer != nil {
+				s.observer.RowRefused("append log", l.Attempt, err)
+			}
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// safeLines returns lines with each line's text made safe (Safe): lines
+// itself when every line already is.
+func (s *Store) safeLines(lines []sdk.LogLine) []sdk.LogLine {
+	return safeEach(lines, func(l *sdk.LogLine) [2]*string { return [2]*string{&l.Line} }, s.observer, FieldLogLine)
+}
+
+// SafeLogLines is safeLines for the writers' side (package lifecycle).
+func (s *Store) SafeLogLines(lines []sdk.LogLine) []sdk.LogLine { return s.safeLines(lines) }
+
+func (s *Store) appendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
 	args, latest, err := logArrays(lines)
 	if err != nil {
 		return fmt.Errorf("board: append log: %w", err)

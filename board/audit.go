@@ -40,9 +40,12 @@ const AuditChunk = 5_000
 // RecordDecisions writes a batch of decisions to the audit with COPY (the
 // bulk path of the protocol, in order), AuditChunk at a time, all stamped at
 // and term. It is not fenced: what a deposed leader decided is history too.
-// The try and epoch are stored only for decisions about a task instance. On
-// an error the chunks before the failing one are kept, and the error says
-// how many decisions were written.
+// The try and epoch are stored only for decisions about a task instance.
+// The text of each decision (names, detail, evidence) is made safe as it is
+// encoded (Safe); a chunk PostgreSQL refuses for one row's data is copied
+// again one decision at a time, and only that one is left out (told to the
+// observer). On another error the chunks before the failing one are kept,
+// and the error says how many decisions were written.
 func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, ds []sdk.Decision) error {
 	if len(ds) == 0 {
 		return nil
@@ -52,14 +55,44 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 	}
-	src := &auditCopy{at: pgTime(at), term: term, ds: ds, packer: s.packer,
+	src := &auditCopy{at: pgTime(at), term: term, ds: ds, packer: s.packer, obs: s.observer,
 		// auditCopyBuffer, and room for the row that crosses it; an
 		// agentlost decision's evidence packs into about 300 bytes.
 		buf: make([]byte, 0, auditCopyBuffer+4<<10), ev: make([]byte, 0, 512)}
 	for start := 0; start < len(ds); start += AuditChunk {
-		src.reset(start, min(start+AuditChunk, len(ds)))
-		if err := s.copyDecisions(ctx, src); err != nil {
+		end := min(start+AuditChunk, len(ds))
+		src.reset(start, end)
+		err := s.copyDecisions(ctx, src)
+		switch {
+		case err == nil:
+		case IsRowError(err):
+			if err := s.copyOneByOne(ctx, src, start, end); err != nil {
+				return err
+			}
+		default:
 			return &PartialAuditError{Written: start, Total: len(ds), Err: err}
+		}
+	}
+	return nil
+}
+
+// copyOneByOne copies ds[start:end] one decision at a time, after their
+// chunk was refused for a row's data: a decision refused alone too is
+// left out (told to the observer), the others are written. The text of
+// every row is made safe as it is encoded, so what is left for a row to
+// fail on is the schema's own checks.
+func (s *Store) copyOneByOne(ctx context.Context, src *auditCopy, start, end int) error {
+	for i := start; i < end; i++ {
+		src.reset(i, i+1)
+		err := s.copyDecisions(ctx, src)
+		switch {
+		case err == nil:
+		case IsRowError(err):
+			if s.observer != nil {
+				s.observer.RowRefused("record decisions", src.ds[i].Attempt, err)
+			}
+		default:
+			return &PartialAuditError{Written: i, Total: len(src.ds), Err: err}
 		}
 	}
 	return nil
@@ -87,8 +120,9 @@ type auditCopy struct {
 	term   int64
 	ds     []sdk.Decision
 	packer evidencePacker
-	ev     []byte // the evidence of the row being encoded
-	buf    []byte // encoded and not read yet: buf[off:]
+	obs    Observer // told of text made safe
+	ev     []byte   // the evidence of the row being encoded
+	buf    []byte   // encoded and not read yet: buf[off:]
 	off    int
 	next   int // the next row to encode
 	end    int
@@ -152,21 +186,23 @@ var errAuditCopyClosed = errors.New("audit copy closed")
 // appendRow appends one decision's row: the columns of auditColumns, in
 // their order.
 func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
-	c.ev = c.packer.appendPacked(c.ev[:0], d.Evidence)
+	// Every text column is made safe as it is encoded (safeText: nothing
+	// allocated for clean text), so no row's text can fail the COPY.
+	c.ev = c.packer.appendPacked(c.ev[:0], d.Evidence, c.obs)
 	buf = binary.BigEndian.AppendUint16(buf, uint16(len(auditColumns)))
 	buf = appendInt8(buf, c.at)   // at (timestamptz)
 	buf = appendInt8(buf, c.term) // term
-	buf = appendBytes(buf, d.Reaper)
-	buf = appendBytes(buf, d.Label)
+	buf = appendBytes(buf, safeText(c.obs, FieldName, d.Reaper))
+	buf = appendBytes(buf, safeText(c.obs, FieldName, d.Label))
 	// run_id, then task_id, try_number and attempt_epoch: NULL unless
 	// about a run or a task instance.
 	if d.Attempt.RunID != "" {
-		buf = appendBytes(buf, d.Attempt.RunID)
+		buf = appendBytes(buf, safeText(c.obs, FieldName, d.Attempt.RunID))
 	} else {
 		buf = appendNull(buf)
 	}
 	if d.Attempt.TaskID != "" {
-		buf = appendBytes(buf, d.Attempt.TaskID)
+		buf = appendBytes(buf, safeText(c.obs, FieldName, d.Attempt.TaskID))
 		buf = appendInt4(buf, d.Attempt.Try)
 		buf = appendInt4(buf, d.Attempt.Epoch)
 	} else {
@@ -174,7 +210,7 @@ func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
 	}
 	buf = appendBool(buf, d.Applied)
 	buf = appendBool(buf, d.DryRun)
-	buf = appendBytes(buf, d.Detail)
+	buf = appendBytes(buf, safeText(c.obs, FieldDetail, d.Detail))
 	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
 	return appendBool(buf, Scored(*d))
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/dexaflow/reaper/sdk"
 )
 
 // evidenceSample is a decision's evidence as agentlost writes it, with text
@@ -19,20 +21,23 @@ var evidenceSample = map[string]string{
 }
 
 // TestPackedEvidenceReadsBackByteForByte: packed evidence unpacks to the
-// same keys and values, strings kept byte for byte (invalid UTF-8, control
-// characters and a key not in packedKeys included), whatever the map's
-// order; no evidence packs to the format byte alone and unpacks empty.
+// same keys and values, strings kept byte for byte (control characters and
+// a key not in packedKeys included) but for invalid UTF-8, which is made
+// safe as it is packed (U+FFFD), whatever the map's order; no evidence
+// packs to the format byte alone and unpacks empty.
 func TestPackedEvidenceReadsBackByteForByte(t *testing.T) {
 	p := newEvidencePacker()
 	buf := []byte("prefix")
+	want := maps.Clone(evidenceSample)
+	want["invalid"] = "bad\uFFFDbyte"
 	for range 2 { // the map's order may differ from one encoding to the next
-		got := p.appendPacked(buf, evidenceSample)
+		got := p.appendPacked(buf, evidenceSample, nil)
 		ev, err := unpackEvidence(got[len(buf):])
-		if err != nil || !maps.Equal(ev, evidenceSample) {
-			t.Fatalf("packed %q reads back as %q (%v), want %q", got[len(buf):], ev, err, evidenceSample)
+		if err != nil || !maps.Equal(ev, want) {
+			t.Fatalf("packed %q reads back as %q (%v), want %q", got[len(buf):], ev, err, want)
 		}
 	}
-	none := p.appendPacked(nil, nil)
+	none := p.appendPacked(nil, nil, nil)
 	if ev, err := unpackEvidence(none); string(none) != "\x01" || err != nil || ev == nil || len(ev) != 0 {
 		t.Fatalf("no evidence packed as %q, reads back as %v, %v", none, ev, err)
 	}
@@ -42,7 +47,7 @@ func TestPackedEvidenceReadsBackByteForByte(t *testing.T) {
 // past the end, a key code past packedKeys and another format fail to
 // read, never read as some other evidence.
 func TestPackedEvidenceRefusesWhatItDidNotWrite(t *testing.T) {
-	good := newEvidencePacker().appendPacked(nil, map[string]string{"term": "7", "own_key": "v"})
+	good := newEvidencePacker().appendPacked(nil, map[string]string{"term": "7", "own_key": "v"}, nil)
 	for name, b := range map[string][]byte{
 		"empty":         {},
 		"other format":  append([]byte{2}, good[1:]...),
@@ -93,6 +98,26 @@ func BenchmarkAppendPacked(b *testing.B) {
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = p.appendPacked(buf[:0], ev)
+		buf = p.appendPacked(buf[:0], ev, nil)
+	}
+}
+
+// BenchmarkAuditRow encodes one agentlost decision's audit row, its text
+// made safe as it is encoded: clean text allocates nothing.
+func BenchmarkAuditRow(b *testing.B) {
+	ev := map[string]string{}
+	for k, v := range evidenceSample {
+		if k != "invalid" && k != "control" && k != "quoted" {
+			ev[k] = v
+		}
+	}
+	d := sdk.Decision{Reaper: "agentlost", Label: sdk.LabelAgentLost, Applied: true,
+		Attempt: sdk.Attempt{RunID: "run-0001", TaskID: "task-00042", Try: 1},
+		Detail:  "no heartbeat for 10m0.999s (threshold 1m30s); agent and group dead", Evidence: ev}
+	c := &auditCopy{packer: newEvidencePacker(), ev: make([]byte, 0, 512)}
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = c.appendRow(buf[:0], &d)
 	}
 }

@@ -82,15 +82,19 @@ func TestAudit(t *testing.T) {
 	})
 
 	t.Run("AFailedChunkKeepsTheChunksBefore", func(t *testing.T) {
-		// The server refuses text that is not UTF-8: the second chunk's COPY
-		// fails, the first chunk stays, and the error says so.
+		// The server fails the second chunk's COPY for something else than
+		// a row's data (a trigger raising, standing in for a failure part
+		// way): the first chunk stays, and the error says so.
 		t.Parallel()
 		b := setup(t)
+		b.exec(t, `CREATE FUNCTION fail_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.detail = 'boom' THEN RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END $$`)
+		b.exec(t, `CREATE TRIGGER fail_boom BEFORE INSERT ON reap_decisions FOR EACH ROW EXECUTE FUNCTION fail_boom()`)
 		ds := make([]sdk.Decision, board.AuditChunk+1)
 		for i := range ds {
 			ds[i] = sdk.Decision{Reaper: "agentlost", Label: sdk.LabelAgentLost, Attempt: sdk.Attempt{RunID: "run", TaskID: id("t", i)}}
 		}
-		ds[board.AuditChunk].Detail = "bad\xffbyte"
+		ds[board.AuditChunk].Detail = "boom"
 		err := b.store.RecordDecisions(ctx, b.term, base, ds)
 		var partial *board.PartialAuditError
 		if !errors.As(err, &partial) || partial.Written != board.AuditChunk || partial.Total != len(ds) {
@@ -145,7 +149,7 @@ func TestAudit(t *testing.T) {
 		}
 	})
 
-	t.Run("EvidenceOfAnyTextIsKeptAsWritten", func(t *testing.T) {
+	t.Run("EvidenceOfAnyTextIsKeptAsWrittenInvalidUTF8MadeSafe", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		a := sdk.Attempt{RunID: "run", TaskID: "task", Try: 1}
@@ -164,7 +168,10 @@ func TestAudit(t *testing.T) {
 		if err != nil || len(recs) != 2 {
 			t.Fatalf("records %+v %v", recs, err)
 		}
-		for k, want := range ev { // byte for byte, invalid UTF-8 included
+		for k, want := range ev { // byte for byte, invalid UTF-8 made safe (sdk.SafeText)
+			if k == "invalid" {
+				want = "bad\uFFFDbyte"
+			}
 			if got := recs[0].Evidence[k]; got != want {
 				t.Errorf("evidence %q read back %q, want %q", k, got, want)
 			}

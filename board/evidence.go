@@ -49,21 +49,37 @@ type evidencePacker struct{ codes map[string]uint64 }
 
 func newEvidencePacker() evidencePacker { return evidencePacker{codes: packedKeyCodes()} }
 
-// appendPacked appends ev in the packed form.
-func (p evidencePacker) appendPacked(buf []byte, ev map[string]string) []byte {
+// appendPacked appends ev in the packed form, each key and value made safe
+// (safeText, told to obs).
+func (p evidencePacker) appendPacked(buf []byte, ev map[string]string, obs Observer) []byte {
 	buf = append(buf, evidenceFormat)
 	for k, v := range ev {
-		if c, ok := p.codes[k]; ok {
-			buf = binary.AppendUvarint(buf, c)
-		} else {
-			buf = append(buf, 0)
-			buf = binary.AppendUvarint(buf, uint64(len(k)))
-			buf = append(buf, k...)
+		c, known := p.codes[k]
+		if !known { // a known key is the board's own word: safe
+			k = safeText(obs, FieldEvidenceKey, k)
 		}
-		buf = binary.AppendUvarint(buf, uint64(len(v)))
-		buf = append(buf, v...)
+		buf = appendEntry(buf, c, k, safeText(obs, FieldEvidenceValue, v))
 	}
 	return buf
+}
+
+// appendPair appends one key and its value, as they are.
+func (p evidencePacker) appendPair(buf []byte, k, v string) []byte {
+	return appendEntry(buf, p.codes[k], k, v)
+}
+
+// appendEntry appends a key (its code c, or spelled out when c is 0) and
+// its value.
+func appendEntry(buf []byte, c uint64, k, v string) []byte {
+	if c != 0 {
+		buf = binary.AppendUvarint(buf, c)
+	} else {
+		buf = append(buf, 0)
+		buf = binary.AppendUvarint(buf, uint64(len(k)))
+		buf = append(buf, k...)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(v)))
+	return append(buf, v...)
 }
 
 var errPackedTruncated = errors.New("packed evidence cut short")

@@ -56,8 +56,16 @@ func ReplaySQL(n int) map[string]string {
 	}
 }
 
-// PackEvidence is ev in the audit's packed form (migration 014).
-func PackEvidence(ev map[string]string) []byte { return newEvidencePacker().appendPacked(nil, ev) }
+// PackEvidence is ev in the audit's packed form (migration 014), its
+// strings as they are: as a row written before the board made evidence
+// safe holds them.
+func PackEvidence(ev map[string]string) []byte {
+	p, buf := newEvidencePacker(), []byte{evidenceFormat}
+	for k, v := range ev {
+		buf = p.appendPair(buf, k, v)
+	}
+	return buf
+}
 
 // PackedKeys are the keys the packed form writes as codes.
 func PackedKeys() []string { return packedKeys[:] }

@@ -70,14 +70,35 @@ applied AS (
 // may not come from (sdk.MarkSourceStates) is refused whole, whatever its
 // row holds: NoopSourceRefused. A mark that does
 // not apply writes nothing and is reported with its reason; that is never an
-// error. An error means the batch itself was malformed or the database could
-// not be asked, and then nothing was written.
+// error. The reason and message are made safe first (Safe); a batch that
+// PostgreSQL refuses for one mark's data is written mark by mark, and that
+// mark is answered NoopRowRefused. An error means the batch itself was
+// malformed or the database could not be asked, and then nothing was
+// written.
 func (s *Store) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
 	if len(marks) == 0 {
 		return nil, nil
 	}
-	b, err := newBatch("mark", marks, func(m sdk.Mark) (sdk.Attempt, int64, time.Time) { return m.Attempt, m.Term, m.At },
-		func(i int, row sdk.TaskRow) string { return marks[i].Refusal(row) })
+	// A malformed batch is an error before anything is written.
+	if _, err := newBatch("mark", marks, markFields, nil); err != nil {
+		return nil, fmt.Errorf("board: %w", err)
+	}
+	for _, m := range marks {
+		if err := validateMark(m); err != nil {
+			return nil, fmt.Errorf("board: mark %s: %w", m.Attempt, err)
+		}
+	}
+	marks = safeEach(marks, func(m *sdk.Mark) [2]*string { return [2]*string{&m.Reason, &m.Message} },
+		s.observer, FieldReason, FieldMessage)
+	return rowByRow(ctx, s.observer, "mark", marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt }, s.mark)
+}
+
+func markFields(m sdk.Mark) (sdk.Attempt, int64, time.Time) { return m.Attempt, m.Term, m.At }
+
+// mark writes a batch of valid marks, their text made safe, in one
+// statement.
+func (s *Store) mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
+	b, err := newBatch("mark", marks, markFields, func(i int, row sdk.TaskRow) string { return marks[i].Refusal(row) })
 	if err != nil {
 		return nil, fmt.Errorf("board: %w", err)
 	}
@@ -88,9 +109,6 @@ func (s *Store) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, e
 		hbBefore                             = make(nullTimeArray, n)
 	)
 	for i, m := range marks {
-		if err := validateMark(m); err != nil {
-			return nil, fmt.Errorf("board: mark %s: %w", m.Attempt, err)
-		}
 		if !m.SourceRefused() { // a refused mark matches no row
 			fromStates[i] = strings.Join(m.FromStates, ",")
 		}

@@ -169,7 +169,7 @@ ON CONFLICT `+conflict+` DO UPDATE SET
     pod_uid = coalesce(o.pod_uid, EXCLUDED.pod_uid),
     next_try_at = greatest(o.next_try_at, $8::timestamptz + `+backoffSQL("o.tries + 1", "$10", "$11")+`)
 RETURNING `+owedColumns,
-		f.RunID, task, try, epoch, f.Reaper, f.Label, f.Reason, f.At, clipError(f.Error),
+		f.RunID, task, try, epoch, f.Reaper, f.Label, s.Safe(FieldReason, f.Reason), f.At, s.Safe(FieldTeardownError, f.Error),
 		b.Base.Microseconds(), b.Cap.Microseconds(), f.Term))
 	if err != nil {
 		return OwedTeardown{}, fmt.Errorf("board: owe teardown of run %s: %w", f.RunID, err)
@@ -185,15 +185,8 @@ func backoffSQL(tries, base, cap string) string {
 }
 
 // MaxTeardownError is the most of a failed try's error an owed teardown
-// keeps.
+// keeps (FieldTeardownError: cut on a rune boundary, made safe).
 const MaxTeardownError = 2048
-
-func clipError(s string) string {
-	if len(s) <= MaxTeardownError {
-		return s
-	}
-	return s[:MaxTeardownError]
-}
 
 // leads returns ErrDeposed unless term is the leader row's and its lease
 // runs at now.
@@ -282,7 +275,7 @@ func (s *Store) TeardownFailed(ctx context.Context, id, term int64, now time.Tim
 UPDATE owed_teardowns o SET tries = o.tries + 1, last_tried_at = $3::timestamptz, last_error = $5, term = $2,
     next_try_at = $3::timestamptz + `+backoffSQL("o.tries + 1", "$6", "$7")+`
 WHERE id = $4 AND `+fencedTerm+`
-RETURNING `+owedColumns, s.leader, term, now, id, clipError(failure), b.Base.Microseconds(), b.Cap.Microseconds()))
+RETURNING `+owedColumns, s.leader, term, now, id, s.Safe(FieldTeardownError, failure), b.Base.Microseconds(), b.Cap.Microseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		if ferr := s.leads(ctx, term, now); ferr != nil {
 			return OwedTeardown{}, fmt.Errorf("board: owed teardown %d failed again: %w", id, ferr)

@@ -111,6 +111,10 @@ func (s *Store) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkR
 	if len(cs) == 0 {
 		return nil, nil
 	}
+	return rowByRow(ctx, s.observer, "confirm infra", cs, func(c sdk.Confirm) sdk.Attempt { return c.Attempt }, s.confirm)
+}
+
+func (s *Store) confirm(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
 	b, err := newBatch("confirm infra", cs, func(c sdk.Confirm) (sdk.Attempt, int64, time.Time) { return c.Attempt, c.Term, c.At },
 		func(i int, row sdk.TaskRow) string { return cs[i].Refusal(row) })
 	if err != nil {
@@ -179,6 +183,15 @@ func (s *Store) OverrideInfra(ctx context.Context, os []sdk.Override) ([]sdk.Mar
 	if len(os) == 0 {
 		return nil, nil
 	}
+	if _, err := newBatch("override infra mark", os, overrideFields, nil); err != nil {
+		return nil, fmt.Errorf("board: %w", err)
+	}
+	return rowByRow(ctx, s.observer, "override infra mark", os, func(o sdk.Override) sdk.Attempt { return o.Attempt }, s.override)
+}
+
+func overrideFields(o sdk.Override) (sdk.Attempt, int64, time.Time) { return o.Attempt, o.Term, o.At }
+
+func (s *Store) override(ctx context.Context, os []sdk.Override) ([]sdk.MarkResult, error) {
 	b, err := newBatch("override infra mark", os, func(o sdk.Override) (sdk.Attempt, int64, time.Time) { return o.Attempt, o.Term, o.At },
 		func(i int, row sdk.TaskRow) string { return os[i].Refusal(row) })
 	if err != nil {
@@ -267,6 +280,11 @@ applied AS (
 // (LossyPod) is first resolved to the task instance of its run that records
 // the pod's UID, and applies only while that row still records it; none
 // records it: NoopNotFound, and nothing is written for it.
+//
+// The reason and message, a task's or an agent's own words, are made safe
+// first (Safe); a batch PostgreSQL refuses for one settlement's data (an
+// end time out of its range, say) is written settlement by settlement, and
+// that one is answered NoopRowRefused.
 func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
 	if len(ss) == 0 {
 		return nil, nil
@@ -280,12 +298,14 @@ func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 			return nil, fmt.Errorf("board: settle %s: %w", st.Attempt, err)
 		}
 	}
+	ss = safeEach(ss, func(st *sdk.Settlement) [2]*string { return [2]*string{&st.Reason, &st.Message} },
+		s.observer, FieldReason, FieldMessage)
 	resolved, unresolved, err := s.resolveLossy(ctx, ss)
 	if err != nil {
 		return nil, fmt.Errorf("board: settle: %w", err)
 	}
 	if len(unresolved) == 0 {
-		return s.settle(ctx, resolved)
+		return s.settleRows(ctx, resolved)
 	}
 	// The unresolved are answered without a write; the others settle as
 	// one batch, their results put back in the caller's order.
@@ -304,7 +324,7 @@ func (s *Store) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 	if len(write) == 0 {
 		return out, nil
 	}
-	res, err := s.settle(ctx, write)
+	res, err := s.settleRows(ctx, write)
 	if err != nil {
 		return nil, err
 	}
@@ -362,6 +382,12 @@ func (s *Store) resolveLossy(ctx context.Context, ss []sdk.Settlement) ([]sdk.Se
 		}
 	}
 	return out, unresolved, nil
+}
+
+// settleRows settles a batch whose task ids are resolved, row by row when
+// PostgreSQL refuses the batch for one settlement's data (rowByRow).
+func (s *Store) settleRows(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
+	return rowByRow(ctx, s.observer, "settle", ss, func(st sdk.Settlement) sdk.Attempt { return st.Attempt }, s.settle)
 }
 
 // settle writes a batch of settlements whose task ids are resolved.

@@ -227,7 +227,7 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
     WHERE run_id = $1 RETURNING run_id
 )
 UPDATE task_instances ti SET run_closed = true FROM failed f WHERE ti.run_id = f.run_id`,
-		r.RunID, r.At, r.Message); err != nil {
+		r.RunID, r.At, s.Safe(FieldMessage, r.Message)); err != nil {
 		return fail("fail run", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

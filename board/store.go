@@ -38,15 +38,19 @@ type Options struct {
 	// from the first dispatch of the try, fails the task instead
 	// (sdk.Sensor.RescheduleRefusal). <= 0: none.
 	CredentialCeiling time.Duration
+	// Observer hears of tenants' text made safe and of a batch's rows
+	// refused alone (log and meter them); nil: no one.
+	Observer Observer
 }
 
 // Store is the board over a PostgreSQL pool. It is safe for concurrent use.
 type Store struct {
-	pool    *pgxpool.Pool
-	leader  string
-	timeout time.Duration
-	ceiling time.Duration
-	packer  evidencePacker // the audit's evidence encoder (read only)
+	pool     *pgxpool.Pool
+	leader   string
+	timeout  time.Duration
+	ceiling  time.Duration
+	packer   evidencePacker // the audit's evidence encoder (read only)
+	observer Observer
 }
 
 var _ sdk.Board = (*Store)(nil)
@@ -60,7 +64,7 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
 	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling,
-		packer: newEvidencePacker()}
+		packer: newEvidencePacker(), observer: opts.Observer}
 }
 
 // Pool returns the pool the store uses.

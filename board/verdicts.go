@@ -183,10 +183,7 @@ func (s *Store) WriteVerdicts(ctx context.Context, term int64, now time.Time, vs
 		if !known[v.Word] {
 			return nil, fmt.Errorf("board: write verdicts: %q is not a verdict", v.Word)
 		}
-		ev := v.Evidence
-		if ev == nil {
-			ev = map[string]string{}
-		}
+		ev := safeEvidence(s.observer, v.Evidence)
 		b, err := json.Marshal(ev)
 		if err != nil {
 			return nil, fmt.Errorf("board: write verdicts: encode evidence: %w", err)

@@ -151,6 +151,14 @@ const (
 	// durable-SUCCESS override touches it; the operator's name is in the
 	// evidence.
 	LabelOperatorMark = "operator_mark"
+	// LabelOperatorRelease: an operator lifted the hold of an attempt held
+	// for review (reaperctl release); the operator's name is in the
+	// evidence.
+	LabelOperatorRelease = "operator_release"
+	// LabelOperatorSubmit: an operator submitted a run (reaperctl submit);
+	// a decision about the run, the operator's name and the task count in
+	// the evidence.
+	LabelOperatorSubmit = "operator_submit"
 
 	// The board as a boundary (host/audit): writes a plugin asked for and
 	// the board or the host refused, audited by the host whatever the
@@ -257,7 +265,7 @@ func Labels() []string {
 		LabelTeardownRetried, LabelTeardownOwedError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
-		LabelOperatorMark,
+		LabelOperatorMark, LabelOperatorRelease, LabelOperatorSubmit,
 		LabelReconcileFinalizerLeak,
 		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
 		LabelPluginReplyTooLarge,

@@ -243,6 +243,12 @@ const (
 	// to was closed (its share ran out, or the loop stopped): nothing of it
 	// was written, and the host audits the refusal.
 	NoopPassClosed = "pass_closed"
+	// NoopRowRefused: PostgreSQL refused the write's own data (a value out
+	// of range, say) when it was written alone, after the batch it came
+	// in failed: nothing of it was written, and the rest of the batch was
+	// applied as its guards said. Text never causes it: the board makes a
+	// tenant's text safe first (SafeText).
+	NoopRowRefused = "row_refused"
 )
 
 // MarkResult says whether one mark was applied.

@@ -182,7 +182,9 @@ UPDATE task_instances ti SET
     FROM runs r, p WHERE ` + guardAttempt + ` AND ti.state = 'running'
     RETURNING p.refused`
 
-// ReportOutcome is Report, answering also whether a reschedule was refused:
+// ReportOutcome is Report, answering also whether a reschedule was refused
+// (the reason and message, the agent's words, are made safe first:
+// board.Store.Safe):
 // only a task declared a sensor may end up_for_reschedule, and only before
 // its own timeout (counted from the first poke of its try) and the
 // credential ceiling (counted from the first dispatch of its try) have
@@ -200,7 +202,8 @@ func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o Outcome, no
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	var refused string
-	err := w.pool.QueryRow(ctx, reportSQL, a.RunID, a.TaskID, a.Try, a.Epoch, o.State, now, o.Reason, o.Message,
+	err := w.pool.QueryRow(ctx, reportSQL, a.RunID, a.TaskID, a.Try, a.Epoch, o.State, now,
+		w.store.Safe(board.FieldReason, o.Reason), w.store.Safe(board.FieldMessage, o.Message),
 		w.ceiling.Microseconds()).Scan(&refused)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -243,7 +246,8 @@ func (w *Writer) Fail(ctx context.Context, a sdk.Attempt, from []string, f Failu
             infra_marked_at = CASE WHEN $6 = 'infra' THEN $5::timestamptz END,
             infra_confirmed_at = CASE WHEN $6 = 'infra' AND $10::bool THEN $5::timestamptz END
         FROM runs r WHERE `+guardAttempt+` AND ti.state = ANY ($11::text[])`,
-		now, string(f.Kind), f.Reason, f.Message, f.Terminal, f.Confirm, from)
+		now, string(f.Kind), w.store.Safe(board.FieldReason, f.Reason), w.store.Safe(board.FieldMessage, f.Message),
+		f.Terminal, f.Confirm, from)
 }
 
 // RecordMint records when the queued attempt's credential was minted (the

@@ -25,8 +25,10 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
@@ -69,6 +71,9 @@ type Options struct {
 	// so that a time when no replica could hear the agents (reaperd down,
 	// restarting) is not recorded as the agents' silence. Zero: no bound.
 	HeardSince time.Time
+	// Observer hears of tenants' text made safe and of rows refused alone
+	// (board.Options.Observer); nil: no one.
+	Observer board.Observer
 }
 
 // Writer performs the guarded transitions. It is safe for concurrent use.
@@ -80,6 +85,8 @@ type Writer struct {
 	ceiling time.Duration
 	since   time.Time
 	term    int64 // > 0: the runner writes are fenced by it (see Fenced)
+
+	observer board.Observer
 }
 
 // New returns a Writer over pool. The pool stays the caller's to close.
@@ -91,8 +98,9 @@ func New(pool *pgxpool.Pool, opts Options) *Writer {
 		opts.LeaderName = board.LeaderNameDefault
 	}
 	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName,
-		CredentialCeiling: opts.CredentialCeiling}),
-		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling, since: opts.HeardSince}
+		CredentialCeiling: opts.CredentialCeiling, Observer: opts.Observer}),
+		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling, since: opts.HeardSince,
+		observer: opts.Observer}
 }
 
 func (w *Writer) bound(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -150,6 +158,10 @@ type NewRun struct {
 	// State is sdk.RunRunning (the default: started at now) or sdk.RunQueued.
 	State string
 	Tasks []NewTask
+	// Operator, when set, names the operator who submitted the run
+	// (CheckOperator): an operator_submit decision about the run naming
+	// them is written to the audit with it.
+	Operator string
 }
 
 const createRunSQL = `
@@ -201,10 +213,24 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 		}
 		sensors[i], sensorTimeouts[i] = t.Sensor, int32((t.SensorTimeout+time.Second-1)/time.Second)
 	}
+	if r.Operator != "" {
+		if err := CheckOperator(r.Operator); err != nil {
+			return fmt.Errorf("board: create run %s: %w", r.RunID, err)
+		}
+	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	if _, err := w.pool.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
-		ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil {
+	err := pgx.BeginTxFunc(ctx, w.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
+			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil || r.Operator == "" {
+			return err
+		}
+		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,
+			Attempt: sdk.Attempt{RunID: r.RunID}, Applied: true,
+			Detail:   fmt.Sprintf("operator %s submitted the run (%d tasks)", r.Operator, n),
+			Evidence: map[string]string{"operator": r.Operator, "tasks": strconv.Itoa(n), "dag": r.DagID}})
+	})
+	if err != nil {
 		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
 	}
 	return nil
@@ -341,7 +367,7 @@ func (w *Writer) FinishRun(ctx context.Context, runID, state, message string, no
 ), closed AS (
     UPDATE task_instances ti SET run_closed = true FROM fin WHERE ti.run_id = fin.run_id
 )
-SELECT EXISTS (SELECT 1 FROM fin)`, runID, state, now, message).Scan(&finished)
+SELECT EXISTS (SELECT 1 FROM fin)`, runID, state, now, w.store.Safe(board.FieldMessage, message)).Scan(&finished)
 	if err != nil {
 		return false, fmt.Errorf("board: finish run %s: %w", runID, err)
 	}
@@ -349,11 +375,35 @@ SELECT EXISTS (SELECT 1 FROM fin)`, runID, state, now, message).Scan(&finished)
 }
 
 // AppendLog appends lines to attempts' try logs (the writers' side: not
-// fenced by a leadership term).
+// fenced by a leadership term), each made safe first (board.Store.Safe);
+// when PostgreSQL refuses the batch for one line's data, the lines are
+// appended one by one and that line alone is left out (told to the
+// observer).
 func (w *Writer) AppendLog(ctx context.Context, lines []sdk.LogLine) error {
 	if len(lines) == 0 {
 		return nil
 	}
+	lines = w.store.SafeLogLines(lines)
+	err := w.appendLog(ctx, lines)
+	if err == nil || !board.IsRowError(err) {
+		return err
+	}
+	for _, l := range lines {
+		err := w.appendLog(ctx, []sdk.LogLine{l})
+		switch {
+		case err == nil:
+		case board.IsRowError(err):
+			if w.observer != nil {
+				w.observer.RowRefused("append log", l.Attempt, err)
+			}
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *Writer) appendLog(ctx context.Context, lines []sdk.LogLine) error {
 	n := len(lines)
 	runIDs, taskIDs, texts := make([]string, n), make([]string, n), make([]string, n)
 	tries, epochs := make([]int32, n), make([]int32, n)

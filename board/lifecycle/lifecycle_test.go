@@ -440,7 +440,7 @@ func TestRails(t *testing.T) {
 		if rel, err := b.w.Replace(ctx, a, base); err != nil || rel.Applied || rel.Reason != lifecycle.ReasonHeld {
 			t.Fatalf("re-place of a held attempt: %+v %v", rel, err)
 		}
-		if ok, err := b.w.ReleaseHold(ctx, a, base); err != nil || !ok {
+		if ok, err := b.w.ReleaseHold(ctx, a, "ops", base); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
 		if rel, err := b.w.Replace(ctx, a, base); err != nil || !rel.Applied {

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -289,15 +290,54 @@ func (w *Writer) whyNot(ctx context.Context, rl rail, a sdk.Attempt) (string, er
 }
 
 // ReleaseHold lifts an operator hold from the attempt, so the rails may
-// re-place it again. It reports whether the attempt was held.
-func (w *Writer) ReleaseHold(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+// re-place it again, and in the same transaction appends a line to its try
+// log and an operator_release decision to the audit, both naming the
+// operator (CheckOperator). It reports whether the attempt was held; when
+// it was not, nothing is written.
+func (w *Writer) ReleaseHold(ctx context.Context, a sdk.Attempt, operator string, now time.Time) (bool, error) {
+	if err := CheckOperator(operator); err != nil {
+		return false, fmt.Errorf("board: release hold of %s: %w", a, err)
+	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	tag, err := w.pool.Exec(ctx, `UPDATE task_instances SET held_at = NULL, updated_at = $5
-        WHERE run_id = $1 AND task_id = $2 AND try_number = $3 AND attempt_epoch = $4 AND held_at IS NOT NULL`,
-		a.RunID, a.TaskID, a.Try, a.Epoch, now)
+	released := false
+	err := pgx.BeginTxFunc(ctx, w.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE task_instances SET held_at = NULL, updated_at = $5
+            WHERE run_id = $1 AND task_id = $2 AND try_number = $3 AND attempt_epoch = $4 AND held_at IS NOT NULL`,
+			a.RunID, a.TaskID, a.Try, a.Epoch, now)
+		if err != nil || tag.RowsAffected() != 1 {
+			return err
+		}
+		released = true
+		if _, err := tx.Exec(ctx, `INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
+            VALUES ($1, $2, $3, $4, $5, $6)`, a.RunID, a.TaskID, a.Try, a.Epoch, now,
+			"hold released by operator "+operator); err != nil {
+			return err
+		}
+		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorRelease,
+			Attempt: a, Applied: true, Detail: fmt.Sprintf("operator %s released the hold", operator),
+			Evidence: map[string]string{"operator": operator}})
+	})
 	if err != nil {
 		return false, fmt.Errorf("board: release hold of %s: %w", a, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return released, nil
+}
+
+// auditOperator writes an operator's decision to the audit (term 0: an
+// operator's write is not fenced), in the operator's transaction.
+func auditOperator(ctx context.Context, tx pgx.Tx, now time.Time, d sdk.Decision) error {
+	ev, err := json.Marshal(d.Evidence)
+	if err != nil {
+		return err
+	}
+	var task, try, epoch any // NULL for a decision about a run
+	if d.Attempt.TaskID != "" {
+		task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number,
+            attempt_epoch, applied, dry_run, detail, evidence)
+        VALUES ($1, 0, $2, $3, $4, $5, $6, $7, $8, false, $9, $10::jsonb)`,
+		now, d.Reaper, d.Label, d.Attempt.RunID, task, try, epoch, d.Applied, d.Detail, string(ev))
+	return err
 }

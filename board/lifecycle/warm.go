@@ -94,7 +94,9 @@ func (w *Writer) RecordClaim(ctx context.Context, c WarmClaim) error {
 	if c.Known {
 		slots := make([]claimSlot, len(c.Running))
 		for i, a := range c.Running {
-			slots[i] = claimSlot{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch}
+			// The ids are the worker's words: jsonb refuses a NUL in them.
+			slots[i] = claimSlot{RunID: w.store.Safe(board.FieldName, a.RunID), TaskID: w.store.Safe(board.FieldName, a.TaskID),
+				Try: a.Try, Epoch: a.Epoch}
 		}
 		var err error
 		if running, err = json.Marshal(slots); err != nil {

@@ -130,7 +130,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
-	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling})
+	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling,
+		Observer: d.metrics.BoardObserver(d.log.Named("board"))})
 
 	ld, err := d.openLoader()
 	if err != nil {
@@ -233,6 +234,7 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 		TTL:            cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling, WorkerCeiling: cfg.WorkerCredentialCeiling,
 		HeartbeatWindow: c.HeartbeatWindow,
 		Meter:           d.metrics, Decisions: d.apiDecisions, Clock: d.opts.Clock, Logger: d.log.Named("attempt-api"),
+		BoardObserver: d.metrics.BoardObserver(d.log.Named("board")),
 	})
 }
 
@@ -267,7 +269,8 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling,
+		Observer: d.metrics.BoardObserver(d.log.Named("board"))}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -295,7 +298,8 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling,
+		Observer: d.metrics.BoardObserver(d.log.Named("board"))}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}

@@ -42,6 +42,10 @@ type Metrics struct {
 	apiCalls    *prometheus.CounterVec
 	apiDuration *prometheus.HistogramVec
 	renewals    *prometheus.CounterVec
+
+	// The board's observer's collectors (BoardObserver).
+	textMadeSafe *prometheus.CounterVec
+	rowsRefused  *prometheus.CounterVec
 }
 
 // New registers every collector on a new registry, with the decision
@@ -145,6 +149,7 @@ func New() *Metrics {
 	for _, l := range sdk.Labels() {
 		m.decisions.WithLabelValues(l, "false")
 	}
+	newBoardCollectors(m)
 	return m
 }
 

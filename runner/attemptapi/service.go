@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
@@ -52,6 +53,9 @@ type ServiceConfig struct {
 	// Meter, Decisions: see ServerConfig.
 	Meter     Meter
 	Decisions func(ctx context.Context, ds []sdk.Decision)
+	// BoardObserver hears of the agents' text the board made safe
+	// (board.Options.Observer); nil: no one.
+	BoardObserver board.Observer
 	// KeyReload is how often the key file is checked for a rotation.
 	// Default KeyReloadIntervalDefault.
 	KeyReload time.Duration
@@ -120,7 +124,8 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 	s.keys.Store(kr)
 	s.srv, err = NewServer(ServerConfig{
 		Keys: s.keys.Load, TTL: cfg.TTL, Ceiling: cfg.Ceiling, WorkerCeiling: cfg.WorkerCeiling,
-		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now()}),
+		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now(),
+			Observer: cfg.BoardObserver}),
 		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatWindow: cfg.HeartbeatWindow,
 	})

@@ -464,7 +464,7 @@ func TestInfraMarks(t *testing.T) {
 			t.Fatalf("a run with a held attempt was finished: %+v", run)
 		}
 
-		if ok, err := b.w.ReleaseHold(ctx, a, b.clk.Now()); err != nil || !ok {
+		if ok, err := b.w.ReleaseHold(ctx, a, "ops", b.clk.Now()); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
 		res := b.cycle(t)

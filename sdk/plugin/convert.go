@@ -10,6 +10,14 @@ import (
 
 // The functions below translate between the Go types of this package and
 // their protocol messages. A zero time.Time travels as 0.
+//
+// Text that a task, an agent, a pod or a plugin wrote (reasons, messages,
+// log lines, details, evidence, liveness and teardown errors) is made safe
+// as it is put on the wire (sdk.SafeText, with the board's bounds): a
+// proto3 string must be valid UTF-8, and protobuf refuses to marshal a
+// message holding one that is not, so one such string would fail the whole
+// call that carries it (a batch of every tenant's marks or settlements).
+// The board makes the same text safe again at its edge.
 
 func tsToPB(t time.Time) int64 {
 	if t.IsZero() {
@@ -140,10 +148,10 @@ func decisionsToPB(ds []sdk.Decision) *pb.DecisionSet {
 	for k, v := range common {
 		keys[k] = keyInfo{index: uint32(len(set.Keys)), shared: true}
 		set.CommonKeys = append(set.CommonKeys, uint32(len(set.Keys)))
-		set.CommonValues = append(set.CommonValues, v)
-		set.Keys = append(set.Keys, k)
+		set.CommonValues = append(set.CommonValues, sdk.SafeText(v, sdk.MaxEvidenceValueBytes))
+		set.Keys = append(set.Keys, sdk.SafeText(k, sdk.MaxEvidenceKeyBytes))
 	}
-	set.Reaper = ds[0].Reaper
+	set.Reaper = sdk.SafeText(ds[0].Reaper, sdk.MaxNameBytes)
 	entries := 0
 	for _, d := range ds {
 		if d.Reaper != set.Reaper {
@@ -159,12 +167,13 @@ func decisionsToPB(ds []sdk.Decision) *pb.DecisionSet {
 	evValues := make([]string, 0, entries)
 	for i, d := range ds {
 		out := &msgs[i]
-		out.Label, out.Applied, out.DryRun, out.Detail = d.Label, d.Applied, d.DryRun, d.Detail
+		out.Label, out.Applied, out.DryRun = sdk.SafeText(d.Label, sdk.MaxNameBytes), d.Applied, d.DryRun
+		out.Detail = sdk.SafeText(d.Detail, sdk.MaxDetailBytes)
 		a := d.Attempt
 		attempts[i] = pb.Attempt{RunId: a.RunID, TaskId: a.TaskID, TryNumber: a.Try, AttemptEpoch: a.Epoch}
 		out.Attempt = &attempts[i]
 		if set.Reaper == "" {
-			out.Reaper = d.Reaper
+			out.Reaper = sdk.SafeText(d.Reaper, sdk.MaxNameBytes)
 		}
 		first := len(evKeys)
 		for k, v := range d.Evidence {
@@ -172,11 +181,11 @@ func decisionsToPB(ds []sdk.Decision) *pb.DecisionSet {
 			if !ok {
 				info = keyInfo{index: uint32(len(set.Keys))}
 				keys[k] = info
-				set.Keys = append(set.Keys, k)
+				set.Keys = append(set.Keys, sdk.SafeText(k, sdk.MaxEvidenceKeyBytes))
 			}
 			if !info.shared {
 				evKeys = append(evKeys, info.index)
-				evValues = append(evValues, v)
+				evValues = append(evValues, sdk.SafeText(v, sdk.MaxEvidenceValueBytes))
 			}
 		}
 		if n := len(evKeys); n > first {
@@ -326,7 +335,8 @@ func marksToPB(ms []sdk.Mark) []*pb.Mark {
 		out[i] = &pb.Mark{
 			Attempt: attemptToPB(m.Attempt), FromStates: m.FromStates,
 			HeartbeatBefore: tsToPB(m.HeartbeatBefore), RequireNoHeartbeat: m.RequireNoHeartbeat,
-			Kind: string(m.Kind), Reason: m.Reason, Message: m.Message,
+			Kind: string(m.Kind), Reason: sdk.SafeText(m.Reason, sdk.MaxReasonBytes),
+			Message: sdk.SafeText(m.Message, sdk.MaxMessageBytes),
 			Confirm: m.Confirm, Hold: m.Hold, Term: m.Term, At: tsToPB(m.At),
 		}
 	}
@@ -435,7 +445,8 @@ func settlementsToPB(ss []sdk.Settlement) []*pb.Settlement {
 	out := make([]*pb.Settlement, len(ss))
 	for i, s := range ss {
 		out[i] = &pb.Settlement{Attempt: attemptToPB(s.Attempt), Outcome: string(s.Outcome), FromStates: s.FromStates,
-			Reason: s.Reason, Message: s.Message, Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt),
+			Reason: sdk.SafeText(s.Reason, sdk.MaxReasonBytes), Message: sdk.SafeText(s.Message, sdk.MaxMessageBytes),
+			Term: s.Term, At: tsToPB(s.At), EndedAt: tsToPB(s.EndedAt),
 			PodUid: s.PodUID, LossyPod: s.LossyPod}
 	}
 	return out
@@ -504,7 +515,7 @@ func runPageFromPB(p *pb.RunPage) sdk.RunPage {
 func logLinesToPB(ls []sdk.LogLine) []*pb.LogLine {
 	out := make([]*pb.LogLine, len(ls))
 	for i, l := range ls {
-		out[i] = &pb.LogLine{Attempt: attemptToPB(l.Attempt), At: tsToPB(l.At), Line: l.Line}
+		out[i] = &pb.LogLine{Attempt: attemptToPB(l.Attempt), At: tsToPB(l.At), Line: sdk.SafeText(l.Line, sdk.MaxLogLineBytes)}
 	}
 	return out
 }
@@ -523,8 +534,9 @@ func livenessToPB(ls []sdk.AttemptLiveness, asked []sdk.Attempt) []*pb.AttemptLi
 	out := make([]*pb.AttemptLiveness, len(ls))
 	for i, l := range ls {
 		out[i] = &pb.AttemptLiveness{State: string(l.State),
-			Agent: string(l.Agent), Group: string(l.Group), Orphan: l.Orphan, Pending: l.Pending, Detail: l.Detail,
-			Node: l.Node, NodeUnreachableSince: tsToPB(l.NodeUnreachableSince), NodeError: l.NodeError}
+			Agent: string(l.Agent), Group: string(l.Group), Orphan: l.Orphan, Pending: l.Pending,
+			Detail: sdk.SafeText(l.Detail, sdk.MaxEvidenceValueBytes), Node: sdk.SafeText(l.Node, sdk.MaxNameBytes),
+			NodeUnreachableSince: tsToPB(l.NodeUnreachableSince), NodeError: sdk.SafeText(l.NodeError, sdk.MaxEvidenceValueBytes)}
 		if i >= len(asked) || asked[i] != l.Attempt {
 			out[i].Attempt = attemptToPB(l.Attempt)
 		}
@@ -551,7 +563,8 @@ func livenessFromPB(ls []*pb.AttemptLiveness, asked []sdk.Attempt) []sdk.Attempt
 func teardownOutcomesToPB(os []sdk.TeardownOutcome) []*pb.TeardownOutcome {
 	out := make([]*pb.TeardownOutcome, len(os))
 	for i, o := range os {
-		out[i] = &pb.TeardownOutcome{Object: o.Object, Action: o.Action, Error: o.Error}
+		out[i] = &pb.TeardownOutcome{Object: sdk.SafeText(o.Object, sdk.MaxNameBytes), Action: o.Action,
+			Error: sdk.SafeText(o.Error, sdk.MaxMessageBytes)}
 	}
 	return out
 }
@@ -576,7 +589,7 @@ func runQueryFromPB(q *pb.RunQuery) sdk.RunQuery {
 
 func runReapToPB(r sdk.RunReap) *pb.RunReap {
 	return &pb.RunReap{RunId: r.RunID, OlderThan: tsToPB(r.OlderThan), Term: r.Term, At: tsToPB(r.At),
-		Message: r.Message, ProvisionalAfter: tsToPB(r.ProvisionalAfter)}
+		Message: sdk.SafeText(r.Message, sdk.MaxMessageBytes), ProvisionalAfter: tsToPB(r.ProvisionalAfter)}
 }
 
 func runReapFromPB(r *pb.RunReap) sdk.RunReap {

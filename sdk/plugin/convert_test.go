@@ -213,3 +213,50 @@ func TestResultsCarryARefusedReschedule(t *testing.T) {
 		t.Fatalf("mark results %+v, want %+v", got, results)
 	}
 }
+
+// TestTenantsTextCrossesTheWireMadeSafe: a proto3 string must be valid
+// UTF-8, and protobuf refuses to marshal a message holding one that is not;
+// a plugin's batch carrying one tenant's invalid text (a mark's reason, a
+// settlement's message, a log line, a decision's detail or evidence, a
+// liveness detail, a teardown error, a run reap's message) would fail
+// whole. Each is made safe as it is put on the wire (sdk.SafeText), NULs
+// too, and the call goes through.
+func TestTenantsTextCrossesTheWireMadeSafe(t *testing.T) {
+	const bad, safe = "bad\xff\x00byte", "bad\uFFFD\uFFFDbyte"
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	marks := marksFromPB(wire(t, &pb.MarkRequest{Marks: marksToPB([]sdk.Mark{{Attempt: a, Reason: bad, Message: bad}})},
+		&pb.MarkRequest{}).Marks)
+	if marks[0].Reason != safe || marks[0].Message != safe {
+		t.Fatalf("mark %+v", marks[0])
+	}
+	ss := settlementsFromPB(wire(t, &pb.SettleRequest{Settlements: settlementsToPB([]sdk.Settlement{{Attempt: a,
+		Reason: bad, Message: bad}})}, &pb.SettleRequest{}).Settlements)
+	if ss[0].Reason != safe || ss[0].Message != safe {
+		t.Fatalf("settlement %+v", ss[0])
+	}
+	lines := logLinesFromPB(wire(t, &pb.AppendLogRequest{Lines: logLinesToPB([]sdk.LogLine{{Attempt: a, Line: bad}})},
+		&pb.AppendLogRequest{}).Lines)
+	if lines[0].Line != safe {
+		t.Fatalf("log line %q", lines[0].Line)
+	}
+	ds := decisionsFromPB(wire(t, decisionsToPB([]sdk.Decision{
+		{Reaper: "x", Label: "l", Detail: bad, Evidence: map[string]string{"k": bad, bad: "v"}},
+		{Reaper: "x", Label: "l", Detail: "ok", Evidence: map[string]string{"k": bad}},
+	}), &pb.DecisionSet{}))
+	if ds[0].Detail != safe || ds[0].Evidence["k"] != safe || ds[0].Evidence[safe] != "v" || ds[1].Evidence["k"] != safe {
+		t.Fatalf("decisions %+v", ds)
+	}
+	live := livenessFromPB(wire(t, &pb.LivenessResponse{Results: livenessToPB([]sdk.AttemptLiveness{{Attempt: a,
+		Detail: bad, NodeError: bad}}, nil)}, &pb.LivenessResponse{}).Results, nil)
+	if live[0].Detail != safe || live[0].NodeError != safe {
+		t.Fatalf("liveness %+v", live[0])
+	}
+	outs := teardownOutcomesFromPB(wire(t, &pb.TeardownResponse{Outcomes: teardownOutcomesToPB([]sdk.TeardownOutcome{{Error: bad}})},
+		&pb.TeardownResponse{}).Outcomes)
+	if outs[0].Error != safe {
+		t.Fatalf("teardown outcome %+v", outs[0])
+	}
+	if r := runReapFromPB(wire(t, runReapToPB(sdk.RunReap{RunID: "r", Message: bad}), &pb.RunReap{})); r.Message != safe {
+		t.Fatalf("run reap %+v", r)
+	}
+}

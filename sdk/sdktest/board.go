@@ -583,8 +583,9 @@ func (b *Board) markOne(m sdk.Mark) sdk.MarkResult {
 	}
 	t.State = sdk.StateFailed
 	t.EndedAt = m.At
-	t.ErrorMessage = m.Message
-	t.MarkReason = m.Reason
+	// The row keeps the text made safe, as the Postgres board does.
+	t.ErrorMessage = sdk.SafeText(m.Message, sdk.MaxMessageBytes)
+	t.MarkReason = sdk.SafeText(m.Reason, sdk.MaxReasonBytes)
 	t.Held = m.Hold
 	switch m.Kind {
 	case sdk.MarkInfra:
@@ -697,7 +698,7 @@ func (b *Board) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 	}
 	run.State = sdk.RunFailed
 	run.EndedAt = r.At
-	run.FailedBy = r.Message
+	run.FailedBy = sdk.SafeText(r.Message, sdk.MaxMessageBytes)
 	res := sdk.RunReapResult{Applied: true}
 	for _, t := range b.tasks[r.RunID] {
 		if attached(t) {
@@ -737,7 +738,7 @@ func (b *Board) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 		if l.RunID == "" || l.TaskID == "" {
 			return errors.New("append log: line names no attempt")
 		}
-		b.logs[l.Attempt] = append(b.logs[l.Attempt], l.Line)
+		b.logs[l.Attempt] = append(b.logs[l.Attempt], sdk.SafeText(l.Line, sdk.MaxLogLineBytes))
 	}
 	return nil
 }

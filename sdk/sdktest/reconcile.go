@@ -174,7 +174,8 @@ func (b *Board) settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResu
 			t.MarkReason, t.ErrorMessage = "", ""
 			t.InfraMarkedAt, t.InfraConfirmedAt = time.Time{}, time.Time{}
 			if t.LastFailureKind != "" {
-				t.MarkReason, t.ErrorMessage = s.Reason, s.Message
+				// Made safe as the Postgres board makes them (sdk.SafeText).
+				t.MarkReason, t.ErrorMessage = sdk.SafeText(s.Reason, sdk.MaxReasonBytes), sdk.SafeText(s.Message, sdk.MaxMessageBytes)
 			}
 			if t.LastFailureKind == sdk.FailureInfra {
 				t.InfraMarkedAt, t.InfraConfirmedAt = s.At, s.At

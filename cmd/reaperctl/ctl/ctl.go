@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
@@ -69,19 +70,23 @@ type command struct {
 	summary  string   // one line, for the command list
 	help     string   // what it does, for NAME -h
 	run      func(c CLI, ctx context.Context, inv *invocation) error
+	// writes: the command writes the board (and names its operator, -by);
+	// every other command only reads it, and works with a read-only role.
+	writes bool
 }
 
 func commands() []command {
 	return []command{
-		{name: "submit", run: CLI.submit,
+		{name: "submit", run: CLI.submit, writes: true,
 			synopsis: []string{
-				"[-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] [-sensor D] -- CMD [CMD ...]",
-				"[-run ID] [-dag NAME] [-timeout D] [-retries N] [-sensor D] -n N -command CMD",
+				"[-by NAME] [-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] [-sensor D] -- CMD [CMD ...]",
+				"[-by NAME] [-run ID] [-dag NAME] [-timeout D] [-retries N] [-sensor D] -n N -command CMD",
 			},
 			summary: "create a running run of Lite tasks, one per shell command; print its id",
 			help: "Creates a run (state running) of Lite task instances, one per shell command (each CMD is\n" +
 				"one command line: quote it), or N task instances running the same -command. Task ids are\n" +
-				"t1..tN unless -tasks names them. Prints the run id."},
+				"t1..tN unless -tasks names them. Prints the run id. The audit (operator_submit) names the\n" +
+				"operator."},
 		{name: "status", run: CLI.status,
 			synopsis: []string{"[-v] [-state STATE] [-limit N] [RUN]"},
 			summary:  "runs with their task counts; one run's attempts (every listed run's with -v)",
@@ -146,11 +151,12 @@ func commands() []command {
 			synopsis: []string{"[-limit N]"},
 			summary:  "attempts held for review",
 			help:     "Lists the attempts held for an operator's review, the oldest hold first."},
-		{name: "release", run: CLI.release,
-			synopsis: []string{"RUN TASK"},
+		{name: "release", run: CLI.release, writes: true,
+			synopsis: []string{"[-by NAME] RUN TASK"},
 			summary:  "release a held attempt, so the runner may re-place it",
-			help:     "Lifts the hold of the task instance's current attempt. Fails when it is not held."},
-		{name: "mark", run: CLI.mark,
+			help: "Lifts the hold of the task instance's current attempt. Fails when it is not held. The try\n" +
+				"log and the audit (operator_release) name the operator."},
+		{name: "mark", run: CLI.mark, writes: true,
 			synopsis: []string{"[-by NAME] RUN TASK failed|success"},
 			summary:  "the operator's verdict on a task instance's current attempt: failed or success",
 			help: "Marks the task instance's current attempt failed or success, as read now: it ends, with no\n" +
@@ -179,8 +185,14 @@ Every command reads the board named by reaperd's configuration file:
   -config FILE   the HCL file (store.dsn, the ladder); REAPER_DSN overrides store.dsn
   -json          print one JSON document instead of tables
 
-Exit status: 0 done; 1 failed (board unreachable, unknown run or task, ...);
-2 malformed command line. A command that fails writes nothing.
+Commands that write the board (submit, mark, release) name their operator in
+the audit: -by NAME, else the OS user. Every other command only reads, and
+works with a read-only database role (deploy/sql/reaper-readonly.sql); a
+writing command run with such a role is refused and changes nothing.
+
+Exit status: 0 done; 1 failed (board unreachable, unknown run or task, a role
+that may not write, ...); 2 malformed command line. A command that fails
+writes nothing.
 `)
 	return b.String()
 }
@@ -230,10 +242,25 @@ func (c CLI) run(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	case errors.As(err, &uerr):
 		fmt.Fprintf(stderr, "reaperctl %s: %s (see reaperctl %s -h)\n", name, oneLine(uerr.msg), name)
 		return exitUsage
+	case isInsufficientPrivilege(err) && cmd.writes:
+		fmt.Fprintf(stderr, "reaperctl %s: the database role may not write the board (insufficient_privilege): nothing was changed; %s needs a role that may write\n",
+			name, name)
+		return exitFail
+	case isInsufficientPrivilege(err):
+		fmt.Fprintf(stderr, "reaperctl %s: the database role may not read what %s reads (insufficient_privilege): grant it deploy/sql/reaper-readonly.sql\n",
+			name, name)
+		return exitFail
 	default:
 		fmt.Fprintf(stderr, "reaperctl %s: %s\n", name, oneLine(err.Error()))
 		return exitFail
 	}
+}
+
+// isInsufficientPrivilege reports whether PostgreSQL refused err's
+// statement for the role's privileges (SQLSTATE 42501).
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
 
 func lookup(name string) (command, bool) {
@@ -294,6 +321,24 @@ func (inv *invocation) flags() *flag.FlagSet {
 	inv.fs.StringVar(&inv.configPath, "config", "", "reaperd's HCL configuration `FILE` (required)")
 	inv.fs.BoolVar(&inv.json, "json", false, "print one JSON document instead of tables")
 	return inv.fs
+}
+
+// operatorFlag registers -by on a writing command's flag set. The resolve
+// it returns, called once the command line is parsed, names the operator:
+// -by, else the OS user (defaultOperator), checked by
+// lifecycle.CheckOperator (a malformed name is a usage error).
+func (inv *invocation) operatorFlag() (resolve func() (string, error)) {
+	by := inv.fs.String("by", "", "the operator's `NAME`, kept in the audit (default: the OS user)")
+	return func() (string, error) {
+		operator := *by
+		if !flagSet(inv.fs, "by") {
+			operator = defaultOperator()
+		}
+		if err := lifecycle.CheckOperator(operator); err != nil {
+			return "", usagef("-by: %v", err)
+		}
+		return operator, nil
+	}
 }
 
 // outputFlag registers -o (table or json, as -json) on the command's flag

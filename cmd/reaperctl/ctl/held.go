@@ -89,7 +89,12 @@ func (c CLI) held(ctx context.Context, inv *invocation) error {
 
 func (c CLI) release(ctx context.Context, inv *invocation) error {
 	inv.flags()
+	resolve := inv.operatorFlag()
 	pos, err := inv.parse(2, 2)
+	if err != nil {
+		return err
+	}
+	operator, err := resolve()
 	if err != nil {
 		return err
 	}
@@ -108,7 +113,7 @@ func (c CLI) release(ctx context.Context, inv *invocation) error {
 	if ti.HeldAt.IsZero() {
 		return fmt.Errorf("%s is not held for review", attemptName(a))
 	}
-	ok, err := s.writer.ReleaseHold(ctx, a, now)
+	ok, err := s.writer.ReleaseHold(ctx, a, operator, now)
 	if err != nil {
 		return err
 	}

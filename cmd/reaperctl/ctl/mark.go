@@ -29,8 +29,8 @@ func defaultOperator() string {
 }
 
 func (c CLI) mark(ctx context.Context, inv *invocation) error {
-	fs := inv.flags()
-	by := fs.String("by", "", "the operator's `NAME`, kept in the audit (default: the OS user)")
+	inv.flags()
+	resolve := inv.operatorFlag()
 	pos, err := inv.parse(3, 3)
 	if err != nil {
 		return err
@@ -39,12 +39,9 @@ func (c CLI) mark(ctx context.Context, inv *invocation) error {
 	if verdict != sdk.StateFailed && verdict != sdk.StateSuccess {
 		return usagef("%q: mark a task failed or success", verdict)
 	}
-	operator := *by
-	if !flagSet(fs, "by") {
-		operator = defaultOperator()
-	}
-	if err := lifecycle.CheckOperator(operator); err != nil {
-		return usagef("-by: %v", err)
+	operator, err := resolve()
+	if err != nil {
+		return err
 	}
 	s, err := c.open(ctx, inv.configPath)
 	if err != nil {

@@ -45,6 +45,7 @@ type submitTaskJSON struct {
 
 func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	fs := inv.flags()
+	resolve := inv.operatorFlag()
 	runID := fs.String("run", "", "the run's `ID` (default: run-<UTC time>-<random>)")
 	dag := fs.String("dag", DagDefault, "the run's dag `NAME`")
 	taskList := fs.String("tasks", "", "comma-separated task `ID,...`, one per command (default t1..tN)")
@@ -64,6 +65,9 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 		n: *n, nSet: flagSet(fs, "n"), command: *command, commandSet: flagSet(fs, "command"), cmds: cmds,
 	})
 	if err != nil {
+		return err
+	}
+	if run.Operator, err = resolve(); err != nil {
 		return err
 	}
 

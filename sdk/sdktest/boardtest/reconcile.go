@@ -1,7 +1,9 @@
 package boardtest
 
 import (
+	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -332,6 +334,26 @@ func reconcileCases() map[string]func(t *testing.T, f Fixture) {
 				t.Fatalf("row after a failure: %+v", r)
 			}
 			sameTime(t, "ended_at", r.EndedAt, at(0))
+		},
+		"SettleStoresATenantsTextMadeSafe": func(t *testing.T, f Fixture) {
+			// A record's reason and message are the task's words: a NUL,
+			// invalid UTF-8 or an overlong text settles, stored as
+			// sdk.SafeText makes it, and so does a try log line.
+			a := silent(f)
+			s := settlement(f, a, sdk.OutcomeFailed)
+			s.Reason, s.Message = "exit\x00code", "bad\xffbyte "+strings.Repeat("é", sdk.MaxMessageBytes)
+			applied(t, settleOne(t, f, s))
+			r := row(t, f, a)
+			if r.FailureReason != "exit\uFFFDcode" || r.ErrorMessage != sdk.SafeText(s.Message, sdk.MaxMessageBytes) ||
+				len(r.ErrorMessage) > sdk.MaxMessageBytes || !strings.HasSuffix(r.ErrorMessage, sdk.TextCutMarker) {
+				t.Fatalf("row after a poisoned failure: reason %q, message of %d bytes", r.FailureReason, len(r.ErrorMessage))
+			}
+			if err := f.Board().AppendLog(context.Background(), f.Term(), []sdk.LogLine{{Attempt: a, At: at(0), Line: "a\x00b"}}); err != nil {
+				t.Fatal(err)
+			}
+			if log := f.Log(a); len(log) != 1 || log[0] != "a\uFFFDb" {
+				t.Fatalf("try log %q", log)
+			}
 		},
 		"ListProvisionalCarriesTheWarmWorkersLastClaim": func(t *testing.T, f Fixture) {
 			warm := func(runID, worker string) sdk.Attempt {

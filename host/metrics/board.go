@@ -1,0 +1,49 @@
+package metrics
+
+import (
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
+)
+
+// boardObserver meters (and, for a refused row, logs) what the board did
+// to writes it did not refuse whole: the board.Observer reaperd gives its
+// store and writers.
+type boardObserver struct {
+	log     hclog.Logger
+	made    *prometheus.CounterVec
+	refused *prometheus.CounterVec
+}
+
+// BoardObserver returns the board's observer: tenants' text made safe is
+// counted by field (reaper_board_text_made_safe_total), a batch's row
+// refused alone is counted by write (reaper_board_rows_refused_total) and
+// logged with the attempt and PostgreSQL's error. Every call returns the
+// same observer.
+func (m *Metrics) BoardObserver(log hclog.Logger) board.Observer {
+	return boardObserver{log: log, made: m.textMadeSafe, refused: m.rowsRefused}
+}
+
+func newBoardCollectors(m *Metrics) {
+	m.textMadeSafe = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_board_text_made_safe_total",
+		Help: "Text written by a task, an agent, a pod or a plugin that held a NUL or invalid UTF-8, or ran past its field's bound, and was stored made safe, by field.",
+	}, []string{"field"})
+	m.rowsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_board_rows_refused_total",
+		Help: "Requests of a batch write PostgreSQL refused for their own data when written alone, after their batch failed (the rest of the batch was applied), by write.",
+	}, []string{"write"})
+	m.Registry.MustRegister(m.textMadeSafe, m.rowsRefused)
+}
+
+func (o boardObserver) TextMadeSafe(field board.TextField) {
+	o.made.WithLabelValues(string(field)).Inc()
+}
+
+func (o boardObserver) RowRefused(write string, a sdk.Attempt, err error) {
+	o.refused.WithLabelValues(write).Inc()
+	o.log.Warn("the board refused one row of a batch for its own data; the rest of the batch was applied",
+		"write", write, "attempt", a.String(), "error", err)
+}
