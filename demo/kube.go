@@ -548,10 +548,27 @@ func (w *kubeWorld) report(msg string, err error) {
 	say("%6.1fs  FAULT      %s", w.at(), msg)
 }
 
+// podName is the name of attempt a's pod, as the kube runner recorded it
+// with the pod's UID (a pod's name carries a part drawn at each create, so
+// it cannot be computed from the attempt).
+func (w *kubeWorld) podName(ctx context.Context, a sdk.Attempt) (string, error) {
+	rec, err := lifecycle.New(w.pool, lifecycle.Options{}).RecordedPod(ctx, a)
+	if err != nil {
+		return "", err
+	}
+	if rec.Name == "" {
+		return "", fmt.Errorf("no pod recorded for %s yet", a)
+	}
+	return rec.Name, nil
+}
+
 // harm injects a fault into one attempt's pod.
 func (w *kubeWorld) harm(ctx context.Context, fault string, a sdk.Attempt) (string, error) {
 	pods := w.cs.CoreV1().Pods(kubeNamespace)
-	name := kuberunner.PodName(a)
+	name, err := w.podName(ctx, a)
+	if err != nil {
+		return "", err
+	}
 	switch fault {
 	case faultPodDeleted:
 		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {

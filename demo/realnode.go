@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/board"
-	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/kubetest"
@@ -192,7 +191,11 @@ func (w *kubeWorld) loseRealNode(ctx context.Context, nodeTasks []board.TaskInst
 	var pods []corev1.Pod
 	var names []string
 	for _, ti := range nodeTasks {
-		p, err := w.cs.CoreV1().Pods(kubeNamespace).Get(ctx, kuberunner.PodName(ti.Attempt), metav1.GetOptions{})
+		name, err := w.podName(ctx, ti.Attempt)
+		if err != nil {
+			return "", err
+		}
+		p, err := w.cs.CoreV1().Pods(kubeNamespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return "", err
 		}

@@ -119,6 +119,14 @@ const (
 	// error does not call for another offer: failed for good, retries kept
 	// out of it.
 	LabelDispatchFailed = "dispatch_failed"
+	// LabelPodNameSquatted: the kube runner's pod create met a pod it did
+	// not make already under the attempt's pod name (someone with
+	// pods/create guessed or took the name first). The pod is left alone,
+	// never adopted, and the attempt fails on the infra rail (confirmed, so
+	// the next cycle re-places it under a new name, on its infra budget).
+	// The evidence names the pod, its UID and whether its labels name the
+	// attempt.
+	LabelPodNameSquatted = "pod_name_squatted"
 
 	// The kube reconcile sweep (substrate/kube).
 
@@ -263,7 +271,7 @@ func Labels() []string {
 		LabelDispatchLostPodAlive, LabelPodLostPodPresent, LabelPodLostNodeUnreachable, LabelMarkNoop,
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTeardownRetried, LabelTeardownOwedError,
-		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
+		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed, LabelPodNameSquatted,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark, LabelOperatorRelease, LabelOperatorSubmit,
 		LabelReconcileFinalizerLeak,

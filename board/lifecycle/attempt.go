@@ -75,39 +75,76 @@ func (w *Writer) QueueWarm(ctx context.Context, a sdk.Attempt, worker string, no
 // API server created it (zero: unknown; kept for replay as the pod's time
 // to start), as the kube runner learns them once the create answered,
 // while the row holds the attempt queued or running and its run is
-// running. It reports whether it applied.
+// running. It reports whether it applied. It records no name: see
+// RecordCreatedPod.
 func (w *Writer) RecordPod(ctx context.Context, a sdk.Attempt, uid string, created, now time.Time) (bool, error) {
-	if uid == "" {
+	return w.RecordCreatedPod(ctx, a, CreatedPod{UID: uid, Created: created}, now)
+}
+
+// CreatedPod is what the kube runner records of the pod it created for an
+// attempt.
+type CreatedPod struct {
+	// Name is the pod's name ("" none recorded: a pod recorded before names
+	// were, whose name was the attempt's deterministic one).
+	Name string
+	UID  string
+	// Created is when the API server created the pod (zero: unknown).
+	Created time.Time
+}
+
+// RecordCreatedPod records the name and UID of the pod created for the
+// attempt and when the API server created it, as RecordPod (an empty Name
+// leaves the name recorded as it was).
+func (w *Writer) RecordCreatedPod(ctx context.Context, a sdk.Attempt, p CreatedPod, now time.Time) (bool, error) {
+	if p.UID == "" {
 		return false, fmt.Errorf("board: record the pod of %s: no UID", a)
 	}
 	var at *time.Time
-	if !created.IsZero() {
-		at = &created
+	if !p.Created.IsZero() {
+		at = &p.Created
 	}
 	return w.runnerStep(ctx, "record the pod of", a, now, `UPDATE task_instances ti SET pod_uid = $6,
-            pod_created_at = COALESCE($7::timestamptz, ti.pod_created_at), updated_at = $5
-        FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, uid, at)
+            pod_created_at = COALESCE($7::timestamptz, ti.pod_created_at),
+            pod_name = COALESCE(NULLIF($8, ''), ti.pod_name), updated_at = $5
+        FROM runs r WHERE `+guardAttempt+` AND ti.state IN ('queued', 'running')`, now, p.UID, at, p.Name)
 }
 
 // PodUID reads the pod UID recorded on the attempt ("" when none is, or
 // the row holds another attempt).
 func (w *Writer) PodUID(ctx context.Context, a sdk.Attempt) (string, error) {
+	p, err := w.RecordedPod(ctx, a)
+	return p.UID, err
+}
+
+// RecordedPod reads the pod recorded on the attempt (the zero CreatedPod
+// when none is, or the row holds another attempt).
+func (w *Writer) RecordedPod(ctx context.Context, a sdk.Attempt) (CreatedPod, error) {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	var uid *string
-	err := w.pool.QueryRow(ctx, `SELECT pod_uid FROM task_instances
+	var (
+		name, uid *string
+		created   *time.Time
+	)
+	err := w.pool.QueryRow(ctx, `SELECT pod_name, pod_uid, pod_created_at FROM task_instances
         WHERE run_id = $1 AND task_id = $2 AND try_number = $3 AND attempt_epoch = $4`,
-		a.RunID, a.TaskID, a.Try, a.Epoch).Scan(&uid)
+		a.RunID, a.TaskID, a.Try, a.Epoch).Scan(&name, &uid, &created)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+		return CreatedPod{}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("board: read the pod of %s: %w", a, err)
+		return CreatedPod{}, fmt.Errorf("board: read the pod of %s: %w", a, err)
 	}
-	if uid == nil {
-		return "", nil
+	var p CreatedPod
+	if name != nil {
+		p.Name = *name
 	}
-	return *uid, nil
+	if uid != nil {
+		p.UID = *uid
+	}
+	if created != nil {
+		p.Created = *created
+	}
+	return p, nil
 }
 
 // Running records the attempt's RUNNING report: queued to running, stamping

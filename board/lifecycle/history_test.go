@@ -191,3 +191,47 @@ func TestThePodsCreationIsRecordedWithItsUID(t *testing.T) {
 		t.Fatalf("pod_created_at %s, want %s", at, created)
 	}
 }
+
+// The kube runner records its pod's name with its UID (a name is drawn at
+// each create, so whatever finds the pod by name reads it here); a later
+// record without a name keeps it; the rail that starts the next execution
+// clears both, and the history keeps them with the released attempt.
+func TestThePodsNameIsRecordedWithItsUIDAndKeptInTheHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	a := b.task(t)
+	b.to(t, a, sdk.StateQueued, base)
+	want := lifecycle.CreatedPod{Name: "run-t-1-0-0123456789ab", UID: "uid-1", Created: base.Add(-2 * time.Second)}
+	if ok, err := b.w.RecordCreatedPod(ctx, a, want, base); err != nil || !ok {
+		t.Fatalf("record pod: %v %v", ok, err)
+	}
+	if ok, err := b.w.RecordPod(ctx, a, "uid-1", time.Time{}, base.Add(time.Second)); err != nil || !ok {
+		t.Fatalf("record pod uid: %v %v", ok, err)
+	}
+	if got, err := b.w.RecordedPod(ctx, a); err != nil || got.Name != want.Name || got.UID != want.UID || !got.Created.Equal(want.Created) {
+		t.Fatalf("recorded pod %+v (%v), want %+v", got, err, want)
+	}
+	if got, err := b.w.RecordedPod(ctx, sdk.Attempt{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch + 1}); err != nil ||
+		got != (lifecycle.CreatedPod{}) {
+		t.Fatalf("another attempt's recorded pod %+v (%v), want none", got, err)
+	}
+	if ok, err := b.w.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{Kind: sdk.MarkInfra, Reason: sdk.LabelPodNameSquatted, Confirm: true},
+		base.Add(2*time.Second)); err != nil || !ok {
+		t.Fatalf("fail: %v %v", ok, err)
+	}
+	rel, err := b.w.Replace(ctx, a, base.Add(time.Minute))
+	if err != nil || !rel.Applied {
+		t.Fatalf("replace: %+v %v", rel, err)
+	}
+	if got, err := b.w.RecordedPod(ctx, rel.Attempt); err != nil || got != (lifecycle.CreatedPod{}) {
+		t.Fatalf("the new attempt's recorded pod %+v (%v), want none", got, err)
+	}
+	var name, uid string
+	if err := b.store.Pool().QueryRow(ctx, `SELECT pod_name, pod_uid FROM attempt_history`).Scan(&name, &uid); err != nil {
+		t.Fatal(err)
+	}
+	if name != want.Name || uid != want.UID {
+		t.Fatalf("history: pod %s %s, want %s %s", name, uid, want.Name, want.UID)
+	}
+}

@@ -43,7 +43,7 @@ type rail struct {
 // clearAttempt is what every rail clears of the attempt it releases.
 const clearAttempt = `queued_at = NULL, running_at = NULL, last_heartbeat_at = NULL, ended_at = NULL,
     last_failure_kind = NULL, failure_reason = NULL, error_message = NULL,
-    infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL, pod_uid = NULL,
+    infra_marked_at = NULL, infra_confirmed_at = NULL, warm_worker = NULL, pod_uid = NULL, pod_name = NULL,
     credential_minted_at = NULL, credential_renewed_at = NULL, credential_capped_at = NULL,
     credential_exchanged_at = NULL, max_heartbeat_gap = NULL, pod_created_at = NULL,
     pod_missing_max = NULL, pod_missing_since = NULL, reconciled_as = NULL, reconciled_at = NULL`

@@ -1,6 +1,7 @@
 package kuberunner
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"math"
@@ -82,20 +83,40 @@ func namePart(s string, n int) string {
 	return strings.Trim(s, "-")
 }
 
-// PodName is the pod name of attempt a: the same for the same attempt
-// every time (so a create repeated for one attempt meets AlreadyExists
-// rather than making a second pod), different for any other attempt,
-// including one whose task id differs only where the readable part is
-// lossy (a hash of the exact attempt ends the name). It fits a DNS label
-// (63 characters), so the pod's hostname is its name.
-func PodName(a sdk.Attempt) string {
+// AnnotationDispatch is the annotation that carries, on a task pod, the
+// dispatch that made it: a value drawn at random for each create (see
+// BuildPod), which nobody knows before the pod exists. It is how the
+// runner tells the pod its own create made, when that create's answer was
+// lost and the repeated create met the pod, from one someone else put
+// under the name.
+const AnnotationDispatch = "leoflow.io/dispatch"
+
+// podNameSuffixLen is how many hex characters of the dispatch's hash end a
+// pod name (48 bits).
+const podNameSuffixLen = 12
+
+// PodName is the pod name of attempt a made by dispatch (the value of
+// AnnotationDispatch): a readable part (the run and task ids lowercased and
+// cut short, the try and the epoch), for kubectl users, then a hash of the
+// exact attempt and the dispatch. The dispatch is drawn at random for each
+// create, so the name cannot be known before the pod exists: nobody can
+// take an attempt's pod name first. The same attempt and dispatch give the
+// same name (a create repeated by the client meets AlreadyExists rather
+// than making a second pod). It fits a DNS label (63 characters), so the
+// pod's hostname is its name. The name is recorded on the attempt with the
+// pod's UID (lifecycle.Writer.RecordCreatedPod).
+func PodName(a sdk.Attempt, dispatch string) string {
 	sum := sha256.Sum256([]byte(a.RunID + "\x00" + a.TaskID + "\x00" +
-		strconv.Itoa(int(a.Try)) + "\x00" + strconv.Itoa(int(a.Epoch))))
-	tail := strconv.Itoa(int(a.Try)) + "-" + strconv.Itoa(int(a.Epoch)) + "-" + hex.EncodeToString(sum[:])[:10]
+		strconv.Itoa(int(a.Try)) + "\x00" + strconv.Itoa(int(a.Epoch)) + "\x00" + dispatch))
+	tail := strconv.Itoa(int(a.Try)) + "-" + strconv.Itoa(int(a.Epoch)) + "-" + hex.EncodeToString(sum[:])[:podNameSuffixLen]
 	head := namePart(a.RunID, 20) + "-" + namePart(a.TaskID, 20)
 	name := strings.Trim(namePart(head, 63-len(tail)-1), "-") + "-" + tail
 	return strings.TrimLeft(name, "-")
 }
+
+// NewDispatch draws the value of AnnotationDispatch for one create: 128
+// random bits.
+func NewDispatch() string { return strings.ToLower(rand.Text()) }
 
 // PodSpec is what a runner's configuration says of every task pod.
 type PodSpec struct {
@@ -117,8 +138,10 @@ type PodSpec struct {
 	Hardening Hardening
 }
 
-// BuildPod is the pod of the task instance's attempt: its attempt labels
-// and raw task id annotation (kube.AttemptLabels), the outcome record
+// BuildPod is the pod of the task instance's attempt, for one create: its
+// attempt labels and raw task id annotation (kube.AttemptLabels), a new
+// dispatch (NewDispatch) in AnnotationDispatch and the name PodName gives
+// the attempt and that dispatch, the outcome record
 // finalizer (kube.FinalizerOutcomeRecord), one task container named
 // kube.TaskContainer running the agent for the attempt with the outcome
 // record path set, never restarted, and the deadline of ActiveDeadline,
@@ -128,6 +151,8 @@ type PodSpec struct {
 func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.Pod {
 	a := ti.Attempt
 	lbls, ann := kube.AttemptLabels(a)
+	dispatch := NewDispatch()
+	ann[AnnotationDispatch] = dispatch
 	inv := agent.Invocation{
 		Attempt:          a,
 		Command:          ti.Command,
@@ -142,7 +167,7 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 	grace := ceilSeconds(spec.TerminationGrace)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: PodName(a), Namespace: spec.Namespace, Labels: lbls, Annotations: ann,
+			Name: PodName(a, dispatch), Namespace: spec.Namespace, Labels: lbls, Annotations: ann,
 			// Whoever deletes the pod leaves its object, and its outcome
 			// record, until the substrate's sweep has read it.
 			Finalizers: []string{kube.FinalizerOutcomeRecord},

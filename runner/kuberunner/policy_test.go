@@ -14,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 func TestActiveDeadline(t *testing.T) {
@@ -105,11 +108,24 @@ func (timeoutErr) Error() string   { return "i/o timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
 
+// TestPodName: a pod's name is the readable part of its attempt, then a
+// hash of the exact attempt and the dispatch; the same for the same
+// attempt and dispatch (a create repeated by the client meets its own
+// pod), different for another dispatch of the same attempt (nobody who
+// knows the attempt knows the name) and for any other attempt, and a DNS
+// label.
 func TestPodName(t *testing.T) {
 	t.Parallel()
 	a := sdk.Attempt{RunID: "Run_2030.01.02", TaskID: "load_a", Try: 2, Epoch: 3}
-	if PodName(a) != PodName(a) {
-		t.Fatal("the name of one attempt changed")
+	d := NewDispatch()
+	if PodName(a, d) != PodName(a, d) {
+		t.Fatal("the name of one attempt and dispatch changed")
+	}
+	if !strings.HasPrefix(PodName(a, d), "run-2030-01-02-load-a-2-3-") {
+		t.Errorf("pod name %q: want the readable run, task, try and epoch first", PodName(a, d))
+	}
+	if PodName(a, NewDispatch()) == PodName(a, d) || PodName(a, "") == PodName(a, d) {
+		t.Errorf("another dispatch of %s has the pod name %s", a, PodName(a, d))
 	}
 	others := []sdk.Attempt{
 		{RunID: a.RunID, TaskID: "load-a", Try: 2, Epoch: 3}, // the same task label
@@ -118,14 +134,74 @@ func TestPodName(t *testing.T) {
 		{RunID: a.RunID, TaskID: a.TaskID, Try: 2, Epoch: 4},
 	}
 	for _, o := range others {
-		if PodName(o) == PodName(a) {
-			t.Errorf("%s and %s share the pod name %s", a, o, PodName(a))
+		if PodName(o, d) == PodName(a, d) {
+			t.Errorf("%s and %s share the pod name %s", a, o, PodName(a, d))
 		}
 	}
 	long := sdk.Attempt{RunID: strings.Repeat("r", 200), TaskID: "-" + strings.Repeat("T.", 100), Try: 99999, Epoch: 99999}
 	for _, x := range append(others, a, long, sdk.Attempt{RunID: "-", TaskID: "_", Try: 1}) {
-		if errs := validation.IsDNS1123Label(PodName(x)); len(errs) > 0 {
-			t.Errorf("pod name %q of %s: %v", PodName(x), x, errs)
+		if errs := validation.IsDNS1123Label(PodName(x, d)); len(errs) > 0 {
+			t.Errorf("pod name %q of %s: %v", PodName(x, d), x, errs)
 		}
+	}
+}
+
+// TestEachBuildOfAnAttemptsPodHasANameOfItsOwn: every pod BuildPod makes
+// carries a dispatch of its own (AnnotationDispatch) and the name PodName
+// gives the attempt and that dispatch, so two builds of one attempt never
+// share a name and the name cannot be computed from the attempt.
+func TestEachBuildOfAnAttemptsPodHasANameOfItsOwn(t *testing.T) {
+	t.Parallel()
+	ti := board.TaskInstance{Attempt: sdk.Attempt{RunID: "run", TaskID: "t", Try: 1}, Command: "true"}
+	seen := map[string]bool{}
+	for range 100 {
+		p := BuildPod(PodSpec{Namespace: "ns", Image: "img", AgentPath: "reaper-agent"}, ti, nil)
+		d := p.Annotations[AnnotationDispatch]
+		if len(d) < 26 || p.Name != PodName(ti.Attempt, d) {
+			t.Fatalf("pod %s with dispatch %q: want at least 128 random bits and PodName of them", p.Name, d)
+		}
+		if seen[p.Name] || seen[d] {
+			t.Fatalf("pod name %s or dispatch %s built twice", p.Name, d)
+		}
+		seen[p.Name], seen[d] = true, true
+	}
+}
+
+// TestNotOurs: a pod met under the attempt's pod name is the runner's own
+// only when its labels and raw task id name exactly the attempt and it
+// carries this create's dispatch value while the attempt records no pod,
+// or its UID is the one the attempt records. Labels copied from the
+// attempt prove nothing.
+func TestNotOurs(t *testing.T) {
+	t.Parallel()
+	ti := board.TaskInstance{Attempt: sdk.Attempt{RunID: "run", TaskID: "load_a", Try: 1, Epoch: 2}, Command: "true"}
+	want := BuildPod(PodSpec{Namespace: "ns", Image: "img", AgentPath: "reaper-agent"}, ti, nil)
+	pod := func(edit func(p *corev1.Pod)) *corev1.Pod {
+		p := want.DeepCopy()
+		p.UID = "uid-1"
+		edit(p)
+		return p
+	}
+	for name, c := range map[string]struct {
+		got      *corev1.Pod
+		recorded string
+		ours     bool
+	}{
+		"ThisCreatesOwnPod":                {pod(func(*corev1.Pod) {}), "", true},
+		"TheRecordedPod":                   {pod(func(p *corev1.Pod) { delete(p.Annotations, AnnotationDispatch) }), "uid-1", true},
+		"Unlabelled":                       {pod(func(p *corev1.Pod) { p.Labels = nil }), "", false},
+		"TheAttemptsLabelsWithoutTheValue": {pod(func(p *corev1.Pod) { delete(p.Annotations, AnnotationDispatch) }), "", false},
+		"TheAttemptsLabelsAndAnotherValue": {pod(func(p *corev1.Pod) { p.Annotations[AnnotationDispatch] = NewDispatch() }), "", false},
+		"AnotherEpoch":                     {pod(func(p *corev1.Pod) { p.Labels[kube.LabelAttemptEpoch] = "3" }), "", false},
+		"AnotherTaskOfTheSameLabel":        {pod(func(p *corev1.Pod) { p.Annotations[kube.AnnotationRawTaskID] = "load-a" }), "", false},
+		"TheValueButAnotherRecordedUID":    {pod(func(*corev1.Pod) {}), "uid-2", false},
+		"TheRecordedUIDOfAnotherAttempt":   {pod(func(p *corev1.Pod) { p.Labels[kube.LabelTryNumber] = "2" }), "uid-1", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			why := notOurs(c.got, want, c.recorded)
+			if (why == "") != c.ours {
+				t.Fatalf("notOurs = %q, want ours %v", why, c.ours)
+			}
+		})
 	}
 }

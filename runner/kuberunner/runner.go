@@ -33,12 +33,17 @@
 //
 // A create whose answer was lost may have made its pod anyway. Offering the
 // task again moves it to a new epoch, so that pod's agent is refused at its
-// RUNNING report and never starts the task. A create repeated for the same
-// attempt meets AlreadyExists on the attempt's pod name (PodName), and the
-// runner adopts the pod only when its labels and annotation name exactly
-// that attempt and its UID is the one recorded on the attempt; any other
-// pod under the name is refused (foreign_task_pod) and the dispatch fails
-// as dispatch_failed, naming the pod.
+// RUNNING report and never starts the task. A pod's name (PodName) ends in
+// a hash of a value drawn at random for each create, carried on the pod
+// (AnnotationDispatch), so nobody can create a pod under an attempt's name
+// before the runner does. A create that meets AlreadyExists (the client
+// sent it again after losing its first answer) adopts the pod only when its
+// labels and annotation name exactly that attempt and it carries this
+// dispatch's value (or the UID the attempt records); any other pod under
+// the name is left alone, and the attempt fails on the infra rail
+// (pod_name_squatted, confirmed) to be re-placed under a new name on its
+// infra budget: a name someone took is no verdict on the task, so never
+// dispatch_failed. The pod's name is recorded on the attempt with its UID.
 //
 // The runner creates pods and never deletes one: teardown, presence and
 // the reconcile sweep are the substrate's (package substrate/kube).
@@ -48,7 +53,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -298,7 +303,11 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 	created, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
 	cancel()
 	if apierrors.IsAlreadyExists(err) {
-		created, err = r.adopt(ctx, d, a, pod, res)
+		created, err = r.adopt(ctx, d, a, pod)
+	}
+	var taken *nameTaken
+	if errors.As(err, &taken) {
+		return false, r.squatted(ctx, d, ti, pod.Name, taken, now, res)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -310,61 +319,107 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 			Unavailable(err), now, res)
 	}
 	r.dispatched.Queued(a, now)
-	if _, err := d.W.RecordPod(ctx, a, string(created.UID), created.CreationTimestamp.Time, now); err != nil {
+	rec := lifecycle.CreatedPod{Name: created.Name, UID: string(created.UID), Created: created.CreationTimestamp.Time}
+	if _, err := d.W.RecordCreatedPod(ctx, a, rec, now); err != nil {
 		return true, err
 	}
 	res.Dispatched++
 	return true, nil
 }
 
-// adopt reads the pod a create met as AlreadyExists: a create of the same
-// attempt whose answer was lost. The pod is the attempt's own only when its
-// labels and annotation name exactly the attempt and its UID is the one
-// recorded on the attempt: the deterministic name is no secret, so anyone
-// with pods/create could have made a pod under it, labels and all. A pod
-// the attempt does not record (another UID, or none recorded) is refused,
-// logged and metered (foreign_task_pod), and the dispatch fails with the
-// reason: the attempt never runs in a pod reaperd did not make, and nothing
-// runs twice.
-func (r *Runner) adopt(ctx context.Context, d steps.Driver, a sdk.Attempt, want *corev1.Pod, res *Result) (*corev1.Pod, error) {
+// nameTaken is adopt's answer when the pod under the name is not the
+// attempt's: someone else made it (or it was gone when read).
+type nameTaken struct {
+	pod *corev1.Pod // nil: gone when read
+	why string
+}
+
+func (e *nameTaken) Error() string { return e.why }
+
+// adopt reads the pod a create met as AlreadyExists under the name of want.
+// The name ends in a hash of this dispatch's own random value (PodName), so
+// nobody could know it before the create: the pod is most likely the one
+// this very create made, whose first answer was lost and which the client
+// sent again. It is adopted only when that is proven: its labels and
+// annotation name exactly the attempt, and it carries this dispatch's value
+// (AnnotationDispatch) while the attempt records no pod, or its UID is the
+// one the attempt records. Any other pod (a tenant who guessed or read the
+// name) is a *nameTaken, left alone; so is a pod gone by the time it is
+// read. A read that fails is returned as it is.
+func (r *Runner) adopt(ctx context.Context, d steps.Driver, a sdk.Attempt, want *corev1.Pod) (*corev1.Pod, error) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
 	got, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(cctx, want.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, &nameTaken{why: fmt.Sprintf("pod %s/%s existed at the create and was gone when read", r.cfg.Namespace, want.Name)}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the pod that already exists: %w", err)
-	}
-	for k, v := range want.Labels {
-		if got.Labels[k] != v {
-			return nil, fmt.Errorf("a pod of another attempt has the name (label %s is %q)", k, got.Labels[k])
-		}
-	}
-	if !maps.Equal(map[string]string{kube.AnnotationRawTaskID: got.Annotations[kube.AnnotationRawTaskID]}, want.Annotations) {
-		return nil, fmt.Errorf("a pod of another task has the name (annotation %s is %q)",
-			kube.AnnotationRawTaskID, got.Annotations[kube.AnnotationRawTaskID])
 	}
 	recorded, err := d.W.PodUID(ctx, a)
 	if err != nil {
 		return nil, fmt.Errorf("reading the pod UID recorded on the attempt: %w", err)
 	}
-	if recorded == "" || recorded != string(got.UID) {
-		why := adoptRefusal(got, recorded)
-		d.Decide(&res.Tally, hclog.Warn, sdk.Decision{Label: sdk.LabelForeignTaskPod, Attempt: a,
-			Detail: "not adopted: " + why,
-			Evidence: map[string]string{"pod": got.Name, "pod_uid": string(got.UID), "recorded_pod_uid": recorded,
-				"seen_by": "runner"}})
-		return nil, errors.New(why)
+	if why := notOurs(got, want, recorded); why != "" {
+		return nil, &nameTaken{pod: got, why: why}
 	}
-	r.log.Info("the attempt's pod already existed: adopted", "pod", got.Name, "uid", got.UID)
+	r.log.Info("the attempt's pod already existed, made by this dispatch: adopted", "attempt", a.String(),
+		"pod", got.Name, "uid", got.UID)
 	return got, nil
 }
 
-// adoptRefusal says why a pod under the attempt's name is not adopted.
-func adoptRefusal(got *corev1.Pod, recorded string) string {
-	what := fmt.Sprintf("pod %s/%s (uid %s) has the attempt's name and labels but ", got.Namespace, got.Name, got.UID)
-	if recorded == "" {
-		return what + "the runner recorded no pod for the attempt: it did not make that pod"
+// notOurs says why got, found under want's name, is not the pod the
+// runner made for want's attempt ("": it is).
+func notOurs(got, want *corev1.Pod, recorded string) string {
+	what := fmt.Sprintf("pod %s/%s (uid %s) is under the attempt's pod name but ", got.Namespace, got.Name, got.UID)
+	for k, v := range want.Labels {
+		if got.Labels[k] != v {
+			return what + fmt.Sprintf("its label %s is %q: it is not the attempt's", k, got.Labels[k])
+		}
 	}
-	return what + "the attempt records pod uid " + recorded + ": the runner did not make that pod"
+	if raw := kube.AnnotationRawTaskID; got.Annotations[raw] != want.Annotations[raw] {
+		return what + fmt.Sprintf("its annotation %s is %q: it is not the attempt's", raw, got.Annotations[raw])
+	}
+	switch {
+	case recorded != "" && recorded == string(got.UID):
+		return ""
+	case recorded != "":
+		return what + "the attempt records pod uid " + recorded + ": the runner did not make that pod"
+	case got.Annotations[AnnotationDispatch] == "" || got.Annotations[AnnotationDispatch] != want.Annotations[AnnotationDispatch]:
+		return what + "it does not carry this dispatch's " + AnnotationDispatch + ": the runner did not make that pod"
+	}
+	return ""
+}
+
+// squatted settles a queued attempt whose pod name was taken: the pod
+// under it is left alone and the attempt fails on the infra rail,
+// confirmed (nothing of the attempt runs: its pod was never created), so
+// that the next cycle's release re-places it under a new name on its
+// infra budget, or fails it for good once that is spent
+// (infra_budget_spent). Never dispatch_failed: a name someone else took is
+// no verdict on the task. Logged and metered as pod_name_squatted.
+func (r *Runner) squatted(ctx context.Context, d steps.Driver, ti board.TaskInstance, name string, taken *nameTaken, now time.Time, res *Result) error {
+	a := ti.Attempt
+	ev := map[string]string{"pod": name, "error": taken.why}
+	if p := taken.pod; p != nil {
+		ev["pod_uid"] = string(p.UID)
+		got, ok := kube.PodAttempt(p.Labels, p.Annotations)
+		ev["names_attempt"] = strconv.FormatBool(ok && got == a)
+	}
+	ok, err := d.W.Fail(ctx, a, []string{sdk.StateQueued}, lifecycle.Failure{
+		Kind: sdk.MarkInfra, Reason: sdk.LabelPodNameSquatted, Confirm: true,
+		Message: sdk.LabelPodNameSquatted + ": " + taken.why,
+	}, now)
+	if err != nil {
+		return err
+	}
+	ev["infra_used"] = strconv.Itoa(int(ti.InfraUsed))
+	ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
+	d.Decide(&res.Tally, hclog.Warn, sdk.Decision{Label: sdk.LabelPodNameSquatted, Attempt: a, Applied: ok,
+		Detail: "the pod create met a pod the runner did not make under the attempt's pod name: left alone; " +
+			"the attempt fails on the infra rail and is re-placed under a new name",
+		Evidence: ev})
+	return nil
 }
 
 // failed settles a queued attempt whose dispatch failed: passing errors are

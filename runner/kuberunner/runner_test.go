@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -202,8 +201,8 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if p.Annotations[kube.AnnotationRawTaskID] != ann[kube.AnnotationRawTaskID] || p.Annotations[kube.AnnotationRawTaskID] != task {
 			t.Errorf("%s: annotation %q", task, p.Annotations[kube.AnnotationRawTaskID])
 		}
-		if p.Name != kuberunner.PodName(ti.Attempt) {
-			t.Errorf("%s: pod name %s, want %s", task, p.Name, kuberunner.PodName(ti.Attempt))
+		if d := p.Annotations[kuberunner.AnnotationDispatch]; d == "" || p.Name != kuberunner.PodName(ti.Attempt, d) {
+			t.Errorf("%s: pod name %s, dispatch %q: want the name of the attempt and its dispatch", task, p.Name, d)
 		}
 		// The outcome record finalizer: a deletion leaves the pod for the
 		// sweep to read.
@@ -236,9 +235,9 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if !c.Resources.Limits.Memory().Equal(resource.MustParse("64Mi")) {
 			t.Errorf("%s: resources %v", task, c.Resources)
 		}
-		uid, err := e.w.PodUID(ctx, ti.Attempt)
-		if err != nil || uid == "" || uid != string(p.UID) {
-			t.Errorf("%s: recorded UID %q (%v), pod UID %q", task, uid, err, p.UID)
+		rec, err := e.w.RecordedPod(ctx, ti.Attempt)
+		if err != nil || rec.UID == "" || rec.UID != string(p.UID) || rec.Name != p.Name {
+			t.Errorf("%s: recorded pod %+v (%v), pod %s UID %q", task, rec, err, p.Name, p.UID)
 		}
 	}
 
@@ -491,53 +490,6 @@ func TestAConfirmedInfraMarkRePlacesThePodOnANewEpoch(t *testing.T) {
 	}
 	if ti := e.ti(t, "run-1", "provisional"); ti.Epoch != 1 || ti.State != sdk.StateQueued {
 		t.Fatalf("row %+v", ti)
-	}
-}
-
-// TestAPodUnderTheAttemptsNameIsAdoptedOnlyWithTheRecordedUID: the pod
-// name is deterministic, so anyone with pods/create can make a pod under
-// it with the attempt's very labels and annotation. The runner adopts a pod
-// only when its UID is the one recorded on the attempt; one it never
-// recorded is refused, logged and metered (foreign_task_pod), and the
-// dispatch fails naming it, so the attempt never runs in a pod someone else
-// made and nothing runs twice. A pod under the name that names another
-// attempt is refused as before.
-func TestAPodUnderTheAttemptsNameIsAdoptedOnlyWithTheRecordedUID(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "forged"}, lifecycle.NewTask{TaskID: "squatted"})
-	cfg := e.config(e.cs)
-	spec := kuberunner.PodSpec{Namespace: e.ns, Image: cfg.Image, AgentPath: "reaper-agent"}
-	forged := kuberunner.BuildPod(spec, e.ti(t, "run-1", "forged"), nil)
-	made, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, forged, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	squat := kuberunner.BuildPod(spec, e.ti(t, "run-1", "squatted"), nil)
-	squat.Labels[kube.LabelAttemptEpoch] = "7"
-	if _, err := e.cs.CoreV1().Pods(e.ns).Create(ctx, squat, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	res := cycle(t, e.runner(t, cfg), e.clk.Now())
-	count := map[string]int{}
-	for _, d := range res.Decisions {
-		count[d.Label]++
-		if d.Label == sdk.LabelForeignTaskPod && (d.Applied || d.Evidence["pod_uid"] != string(made.UID) || d.Attempt.TaskID != "forged") {
-			t.Fatalf("foreign pod decision %+v, want one not applied naming pod %s", d, made.UID)
-		}
-	}
-	if res.Dispatched != 0 || count[sdk.LabelForeignTaskPod] != 1 || count[sdk.LabelDispatchFailed] != 2 {
-		t.Fatalf("dispatched %d, decisions %v: want nothing dispatched, one foreign pod, two dispatches failed", res.Dispatched, labels(res))
-	}
-	ti := e.ti(t, "run-1", "forged")
-	if uid, err := e.w.PodUID(ctx, ti.Attempt); err != nil || uid != "" {
-		t.Fatalf("recorded UID %q (%v): the forged pod was adopted", uid, err)
-	}
-	if ti.State != sdk.StateFailed || !strings.Contains(ti.ErrorMessage, string(made.UID)) {
-		t.Fatalf("row %s %q: want failed naming the pod the runner did not make", ti.State, ti.ErrorMessage)
-	}
-	if got, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, made.Name, metav1.GetOptions{}); err != nil || got.UID != made.UID {
-		t.Fatalf("the refused pod: %v, %v (the runner never deletes a pod)", got, err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/runner/internal/steps"
@@ -28,7 +29,8 @@ import (
 // ran both). So before the valve acts on a kube attempt the runner reads
 // its pod and the pod's node, live, and holds the mark while:
 //
-//   - the pod (the one named for the attempt, carrying its labels) exists,
+//   - the pod (the one recorded on the attempt, by name and UID, carrying
+//     its labels; see attemptPods) exists,
 //     has not finished and was not force-deleted (grace 0: someone asserted
 //     it is gone), and its task container has not terminated;
 //   - it is bound to a node that exists and carries no out-of-service
@@ -72,13 +74,61 @@ func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.
 func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time) steps.ValveHold {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
-	p, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, PodName(a), metav1.GetOptions{})
+	pods, err := r.attemptPods(ctx, a)
 	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			r.log.Warn("could not read the pod of an unconfirmed mark past the valve: the valve opens", "attempt", a.String(), "error", err)
-		}
+		r.log.Warn("could not read the pod of an unconfirmed mark past the valve: the valve opens", "attempt", a.String(), "error", err)
 		return steps.ValveHold{}
 	}
+	for i := range pods {
+		if h := r.podValveHold(ctx, a, &pods[i], now); h.Hold {
+			return h
+		}
+	}
+	return steps.ValveHold{}
+}
+
+// attemptPods reads, live, the pods that are attempt a's own: the pod
+// recorded on it, by its recorded name and only with its recorded UID (a
+// pod someone put under the name after the attempt's went is not the
+// attempt's). An attempt with no name recorded (its pod recorded before
+// names were, or a create whose answer never came) has the pods its labels
+// and annotation name, kept to the recorded UID when there is one, all of
+// them otherwise (the label rule, as the substrate's).
+func (r *Runner) attemptPods(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, error) {
+	rec, err := r.w.RecordedPod(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Name != "" {
+		p, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Get(ctx, rec.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case err != nil:
+			return nil, fmt.Errorf("reading pod %s: %w", rec.Name, err)
+		case string(p.UID) != rec.UID:
+			return nil, nil
+		}
+		return []corev1.Pod{*p}, nil
+	}
+	lbls, _ := kube.AttemptLabels(a)
+	list, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).List(ctx,
+		metav1.ListOptions{LabelSelector: labels.SelectorFromSet(lbls).String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of %s: %w", a, err)
+	}
+	var own []corev1.Pod
+	for _, p := range list.Items {
+		if rec.UID != "" && string(p.UID) != rec.UID {
+			continue
+		}
+		own = append(own, p)
+	}
+	return own, nil
+}
+
+// podValveHold is the valve's answer for p, a pod of attempt a.
+func (r *Runner) podValveHold(ctx context.Context, a sdk.Attempt, p *corev1.Pod, now time.Time) steps.ValveHold {
 	if got, ok := kube.PodAttempt(p.Labels, p.Annotations); !ok || got != a {
 		return steps.ValveHold{}
 	}

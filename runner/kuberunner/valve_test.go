@@ -185,11 +185,18 @@ func setReady(t *testing.T, e *env, n *corev1.Node, status corev1.ConditionStatu
 }
 
 // A tenant with pods/create cannot hold a mark past the valve with a pod
-// of its own: a pod under the attempt's name that names another attempt
-// (or none) on a node that is not Ready holds nothing, and the valve opens
-// as it would have; the runner's decisions say nothing of it.
+// of its own: a pod under the attempt's recorded name that names another
+// attempt (or none), or even the attempt itself but is not the pod of its
+// recorded UID, on a node that is not Ready holds nothing, and the valve
+// opens as it would have; the runner's decisions say nothing of it.
 func TestTheValveIsNotHeldByAPodThatIsNotTheAttempts(t *testing.T) {
 	e := newEnv(t)
+	for name, ownLabels := range map[string]bool{"NamingAnotherAttempt": false, "WithTheAttemptsOwnLabels": true} {
+		t.Run(name, func(t *testing.T) { valveNotHeldByAForeignPod(t, e, ownLabels) })
+	}
+}
+
+func valveNotHeldByAForeignPod(t *testing.T, e *env, ownLabels bool) {
 	ctx := context.Background()
 	run := fmt.Sprintf("foreign-%d", time.Now().UnixNano())
 	nodeName := "unreachable-" + run
@@ -207,7 +214,8 @@ func TestTheValveIsNotHeldByAPodThatIsNotTheAttempts(t *testing.T) {
 	a := e.ti(t, run, "task").Attempt
 	ours := e.pods(t)[a]
 	// Ours goes (its finalizer released), a tenant's takes its name,
-	// labelled for another try, bound to the node nobody hears from.
+	// labelled for another try (or for the attempt itself), bound to the
+	// node nobody hears from.
 	ours.Finalizers = nil
 	if _, err := e.cs.CoreV1().Pods(e.ns).Update(ctx, &ours, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -220,7 +228,9 @@ func TestTheValveIsNotHeldByAPodThatIsNotTheAttempts(t *testing.T) {
 		return err != nil
 	})
 	other := a
-	other.Try = 7
+	if !ownLabels {
+		other.Try = 7
+	}
 	lbls, ann := kube.AttemptLabels(other)
 	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: ours.Name, Namespace: e.ns, Labels: lbls, Annotations: ann},
 		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "task", Image: "registry.invalid/x"}}}}
