@@ -124,6 +124,25 @@ type Meter struct {
 	mu       sync.Mutex
 	calls    map[string]int
 	renewals map[string]int
+	conns    map[string]int
+}
+
+// AttemptAPIConnection counts what the listener did to a connection
+// (attemptapi.ConnMeter).
+func (m *Meter) AttemptAPIConnection(result string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conns == nil {
+		m.conns = map[string]int{}
+	}
+	m.conns[result]++
+}
+
+// Conns is how many connections were metered under result.
+func (m *Meter) Conns(result string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.conns[result]
 }
 
 // AttemptAPICall counts the call under "call/result".
