@@ -483,6 +483,7 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	}
 	keys := s.cfg.Keys()
 	resp := Response{}
+	reply := claimReply{left: MaxClaimReply - claimReplyReserve}
 	for _, ti := range tis {
 		minted := ti.CredentialMintedAt
 		if minted.IsZero() {
@@ -506,9 +507,20 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 		if err != nil {
 			return Response{}, fmt.Errorf("signing the credential of %s for warm worker %s: %w", ti.Attempt, c.req.Worker, err)
 		}
-		resp.Attempts = append(resp.Attempts, Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
+		cl := Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
 			Command: ti.Command, ExecutionTimeoutSeconds: int64(ti.ExecutionTimeout / time.Second),
-			Token: tok, ExpiresAt: expires})
+			Token: tok, ExpiresAt: expires}
+		if lifecycle.CheckCommand(ti.Command) != nil {
+			s.cfg.Logger.Error("a bound warm attempt's command is over the limit: handed to its worker without it, to be refused",
+				"attempt", ti.Attempt.String(), "worker", c.req.Worker, "bytes", len(ti.Command), "limit", lifecycle.CommandMax)
+			cl.Command, cl.CommandWithheld = "", len(ti.Command)
+		}
+		if !reply.fits(cl) {
+			s.cfg.Logger.Info("a claim's answer is full: the attempts left wait for the worker's next claim",
+				"worker", c.req.Worker, "handed", len(resp.Attempts), "bound", len(tis))
+			break
+		}
+		resp.Attempts = append(resp.Attempts, cl)
 	}
 	// The worker's own credential renews like an attempt's: only while it
 	// is younger than its ceiling, counted from its first mint. Past it the
@@ -530,6 +542,23 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	s.meterRenewal(RenewalWorkerRenewed)
 	resp.Token, resp.ExpiresAt = tok, wc.ExpiresAt
 	return resp, nil
+}
+
+// claimReplyReserve is what a claim's answer holds besides its attempts
+// (the worker's renewed token, the field names), with room to spare.
+const claimReplyReserve = 4 << 10
+
+// claimReply counts what a claim's answer can still take.
+type claimReply struct{ left int }
+
+// fits takes cl's room in the answer if there is room for it.
+func (r *claimReply) fits(cl Claimed) bool {
+	b, err := json.Marshal(cl)
+	if err != nil || len(b)+1 > r.left {
+		return false
+	}
+	r.left -= len(b) + 1
+	return true
 }
 
 // Results of Meter.CredentialRenewal for a warm worker's own credential
