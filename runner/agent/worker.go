@@ -57,6 +57,10 @@ type Claimed struct {
 	Reporter Reporter
 	// Close releases Reporter once the attempt has ended; may be nil.
 	Close func()
+	// Refuse, when set, says why the worker must not run the attempt (its
+	// command was withheld as over the limit): it is failed
+	// (ReasonCommandTooLarge) instead.
+	Refuse string
 }
 
 // Defaults of WorkerConfig.
@@ -89,6 +93,14 @@ type WorkerConfig struct {
 	// directory, output, heartbeat, graces (its Attempt, Command,
 	// ExecutionTimeout and Watchdog are set per attempt).
 	Attempt Config
+	// Subreaper makes the worker a child subreaper that ends, at each
+	// attempt's end, the processes that escaped it (see warm.go). The
+	// reaper-agent binary sets it; a test running the worker inside its own
+	// process leaves it off.
+	Subreaper bool
+	// ScratchDir is where each attempt's scratch directory is made;
+	// default the worker's temporary directory.
+	ScratchDir string
 	// Clock times the polls; default clock.Real.
 	Clock clock.Clock
 	// Logger is the worker's log; default a null logger.
@@ -142,6 +154,14 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	log := cfg.Logger.With("worker", cfg.Name)
+	tree := &warmTree{}
+	if cfg.Subreaper {
+		if err := becomeSubreaper(); err != nil {
+			log.Warn("the worker cannot end its attempts' escaped processes", "error", err)
+		} else {
+			tree.enabled = true
+		}
+	}
 	// The attempts outlive the worker's ctx: a drain lets them end.
 	runCtx := context.WithoutCancel(ctx)
 	var (
@@ -195,7 +215,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					out, err := Run(runCtx, acfg, c.Reporter)
+					out, err := tree.run(runCtx, acfg, c, cfg.ScratchDir, log)
 					switch {
 					case errors.Is(err, ErrSuperseded):
 						log.Info("claimed attempt not started: it moved on or another execution has it", "attempt", c.Attempt.String())
