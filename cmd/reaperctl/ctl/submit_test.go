@@ -3,8 +3,8 @@ package ctl
 import (
 	"context"
 	"fmt"
-	"strings"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
