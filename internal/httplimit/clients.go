@@ -36,8 +36,9 @@ type Clients struct {
 // DefaultAttemptAPIClients).
 const (
 	// AttemptAPIConnsPerAddressDefault: a task pod's agent keeps one or two
-	// connections, a warm worker's attempts share its client's few.
-	AttemptAPIConnsPerAddressDefault = 64
+	// connections; a warm worker keeps one per attempt it runs (at most
+	// the 100 one claim hands out) and its own.
+	AttemptAPIConnsPerAddressDefault = 128
 	// AttemptAPIAddressRequestsDefault: a warm worker running the most
 	// attempts one claim hands out (100) heartbeats 100 times per heartbeat
 	// and claims once a second; an address shared by a node's pods (a

@@ -29,49 +29,72 @@ const sweepRoundsMax = 64
 // trees rooted at spare: it stops them all first (so none forks during the
 // sweep; a round that stopped someone new reads the tree again), then kills
 // them, reaps those that are its children, and starts over until none is
-// left. It returns how many it killed.
+// left. A process it may not signal (one that took another uid through a
+// set-uid program) is left, and named in the error. It returns how many it
+// killed.
 func sweepDescendants(spare map[int]bool) (int, error) {
 	self := os.Getpid()
-	stopped := map[int]bool{}
+	stopped, denied := map[int]bool{}, map[int]bool{}
 	killed := 0
 	for range sweepRoundsMax {
 		procs, err := readProcs()
 		if err != nil {
 			return killed, err
 		}
-		targets := descendants(self, procs, spare)
+		var targets []int
+		for _, p := range descendants(self, procs, spare) {
+			if !denied[p] {
+				targets = append(targets, p)
+			}
+		}
 		if len(targets) == 0 {
+			if len(denied) > 0 {
+				return killed, fmt.Errorf("%d escaped processes could not be signalled (another uid)", len(denied))
+			}
 			return killed, nil
 		}
 		fresh := false
 		for _, p := range targets {
-			if !stopped[p] && procs[p].state != 'Z' {
-				_ = unix.Kill(p, unix.SIGSTOP)
-				stopped[p], fresh = true, true
+			if stopped[p] || procs[p].state == 'Z' {
+				continue
 			}
+			if err := unix.Kill(p, unix.SIGSTOP); errors.Is(err, unix.EPERM) {
+				denied[p] = true
+				continue
+			}
+			stopped[p], fresh = true, true
 		}
 		if fresh {
 			continue
 		}
 		for _, p := range targets {
+			if denied[p] {
+				continue
+			}
 			if procs[p].state != 'Z' {
-				_ = unix.Kill(p, unix.SIGKILL)
+				if err := unix.Kill(p, unix.SIGKILL); err != nil {
+					denied[p] = errors.Is(err, unix.EPERM)
+					continue
+				}
 				killed++
 			}
-		}
-		for _, p := range targets {
 			if procs[p].ppid == self {
-				var ws unix.WaitStatus
-				for {
-					_, err := unix.Wait4(p, &ws, 0, nil)
-					if !errors.Is(err, unix.EINTR) {
-						break
-					}
-				}
+				reap(p)
 			}
 		}
 	}
 	return killed, fmt.Errorf("descendants still left after %d rounds", sweepRoundsMax)
+}
+
+// reap waits for the child pid (killed, or a zombie) and collects it.
+func reap(pid int) {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
 }
 
 type procInfo struct {
