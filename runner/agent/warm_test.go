@@ -162,3 +162,53 @@ func TestWorkerRefusesAWithheldCommandAndServesTheNext(t *testing.T) {
 		t.Fatalf("reported %+v: want the withheld one failed %s, the next one's success", rep, ReasonCommandTooLarge)
 	}
 }
+
+// TestWorkerClaimTooLargeAsksForFewer: a claim whose answer was too large
+// to read is refused (nothing of it used) and the worker's next claim asks
+// for half as many attempts, down to one, so one oversized answer does not
+// break the worker claim after claim: it serves what fits.
+func TestWorkerClaimTooLargeAsksForFewer(t *testing.T) {
+	b := setup(t, "")
+	a := sdk.Attempt{RunID: "r", TaskID: "fits", Try: 1}
+	var (
+		mu    sync.Mutex
+		asked []int
+		given bool
+	)
+	claim := func(_ context.Context, slots int, _ []sdk.Attempt) ([]Claimed, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, slots)
+		switch {
+		case given:
+			return nil, nil
+		case slots > 1: // the answer for that many is over the limit
+			return nil, ErrClaimTooLarge
+		}
+		given = true
+		return []Claimed{{Attempt: a, Command: "true", Reporter: b.rep}}, nil
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- RunWorker(ctx, WorkerConfig{Name: "w", Slots: 4, Claim: claim, Attempt: b.cfg, Poll: 10 * time.Millisecond})
+	}()
+	for deadline := time.Now().Add(10 * time.Second); len(b.rep.reported()) < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker never ran the attempt that fits")
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) < 3 || asked[0] != 4 || asked[1] != 2 || asked[2] != 1 {
+		t.Fatalf("the claims asked for %v slots, want 4, 2, 1", asked)
+	}
+	if rep := b.rep.reported(); rep[0].State != sdk.StateSuccess {
+		t.Fatalf("reported %+v", rep)
+	}
+}

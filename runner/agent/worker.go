@@ -126,6 +126,12 @@ func compareAttempts(a, b sdk.Attempt) int {
 		cmp.Compare(a.Try, b.Try), cmp.Compare(a.Epoch, b.Epoch))
 }
 
+// ErrClaimTooLarge, wrapped by a Claim's error, says the answer was over
+// what the worker reads: nothing of it was used. The worker asks for half
+// as many attempts at its next claim (down to one), and back up by doubling
+// once claims are answered again.
+var ErrClaimTooLarge = errors.New("the claim's answer was over what the worker reads")
+
 // ErrWorkerRefused: the worker's claim was refused (its credential lapsed,
 // say): it can claim nothing more and stopped.
 var ErrWorkerRefused = errors.New("the control plane refused the warm worker's claim")
@@ -172,6 +178,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	defer wg.Wait()
 	ticker := cfg.Clock.NewTicker(cfg.Poll)
 	defer ticker.Stop()
+	ask := cfg.Slots // the most one claim asks for: halved by an answer too large
 	log.Info("warm worker started", "slots", cfg.Slots, "watchdog", cfg.Watchdog)
 	for {
 		mu.Lock()
@@ -183,9 +190,16 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		mu.Unlock()
 		if free > 0 {
 			slices.SortFunc(holds, compareAttempts)
-			claimed, err := cfg.Claim(ctx, free, holds)
+			slots := min(free, ask)
+			claimed, err := cfg.Claim(ctx, slots, holds)
 			switch {
 			case ctx.Err() != nil:
+			case errors.Is(err, ErrClaimTooLarge):
+				ask = max(1, slots/2)
+				log.Error("a claim's answer was too large to read: refused, asking for fewer attempts next",
+					"slots", slots, "next", ask, "error", err)
+			case err == nil:
+				ask = min(cfg.Slots, ask*2)
 			case errors.Is(err, ErrRefused):
 				log.Error("the warm worker's claim was refused: claiming nothing more", "error", err)
 				wg.Wait()

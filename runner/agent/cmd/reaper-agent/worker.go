@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -41,6 +42,9 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 			return nil, refused(err)
 		}
 		got, err := wc.Claim(ctx, inv.Worker, slots, running)
+		if errors.Is(err, attemptapi.ErrReplyTooLarge) {
+			return nil, fmt.Errorf("%w: %w", agent.ErrClaimTooLarge, err)
+		}
 		if err != nil {
 			return nil, refused(err)
 		}
