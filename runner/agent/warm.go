@@ -155,6 +155,30 @@ func (w *warmTree) sweep(a sdk.Attempt, log hclog.Logger) {
 	}
 }
 
+// SubreaperForEscapes makes this process a child subreaper, so that a
+// process that escapes the task's group (a double fork and setsid) is
+// reparented to it; EndEscaped then ends it. It reports whether that took.
+func SubreaperForEscapes(log hclog.Logger) bool {
+	if err := becomeSubreaper(); err != nil {
+		log.Warn("the agent cannot end its task's escaped processes", "error", err)
+		return false
+	}
+	return true
+}
+
+// EndEscaped stops, kills and reaps every descendant this process still
+// has: a Lite agent's, once its attempt has ended, are the processes its
+// task left behind outside its group.
+func EndEscaped(a sdk.Attempt, log hclog.Logger) {
+	n, err := sweepDescendants(nil)
+	if n > 0 {
+		log.Warn("processes that escaped their attempt's group were ended with it", "attempt", a.String(), "killed", n)
+	}
+	if err != nil {
+		log.Error("could not end every escaped process", "attempt", a.String(), "error", err)
+	}
+}
+
 // refuseClaimed fails a claimed attempt the worker will not run: RUNNING
 // (its guard lets one execution have it), then the failure.
 func refuseClaimed(ctx context.Context, acfg Config, c Claimed, log hclog.Logger) (Outcome, error) {

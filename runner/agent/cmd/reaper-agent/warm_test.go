@@ -143,3 +143,37 @@ func TestWorkerModeEscapedProcessEndsWithItsAttempt(t *testing.T) {
 		t.Errorf("the sweep was not logged:\n%s", out.String())
 	}
 }
+
+// TestLiteAgentEndsItsTasksEscapedProcesses: the reaper-agent binary in
+// lite mode with -end-escaped (as the Lite runner starts it) runs a task
+// that escapes its group (a double fork and setsid, sleeping forever):
+// once the agent has reported and exited, the escaped process is gone.
+func TestLiteAgentEndsItsTasksEscapedProcesses(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "reaper-agent")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	pidFile := filepath.Join(dir, "escaped.pid")
+	escape := `(setsid sh -c 'echo $$ > "` + pidFile + `.tmp"; mv "` + pidFile + `.tmp" "` + pidFile + `"; exec sleep 1000' ` +
+		`</dev/null >/dev/null 2>&1 &); while [ ! -s "` + pidFile + `" ]; do sleep 0.01; done`
+	out, err := exec.Command(bin, "-end-escaped", "-record-dir", filepath.Join(dir, "rec"), "-run", "r", "-task", "t",
+		"-try", "1", "-command", escape, "-reporter", "file", "-report-file", filepath.Join(dir, "report.jsonl")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the agent: %v\n%s", err, out)
+	}
+	pidText, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("the task never escaped: %v\n%s", err, out)
+	}
+	pid := strings.TrimSpace(string(pidText))
+	if _, err := os.Stat("/proc/" + pid); err == nil {
+		if n, err := strconv.Atoi(pid); err == nil {
+			_ = syscall.Kill(n, syscall.SIGKILL)
+		}
+		t.Fatalf("the escaped process %s outlived its agent\n%s", pid, out)
+	}
+	if !strings.Contains(string(out), "escaped their attempt's group were ended") {
+		t.Errorf("the sweep was not logged:\n%s", out)
+	}
+}
