@@ -211,6 +211,9 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 		if err := checkSensor(t); err != nil {
 			return fmt.Errorf("board: create run %s: task %s: %w", r.RunID, t.TaskID, err)
 		}
+		if err := CheckCommand(t.Command); err != nil {
+			return fmt.Errorf("board: create run %s: task %s: %w", r.RunID, t.TaskID, err)
+		}
 		sensors[i], sensorTimeouts[i] = t.Sensor, int32((t.SensorTimeout+time.Second-1)/time.Second)
 	}
 	if r.Operator != "" {
@@ -239,6 +242,20 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 // maxSensorTimeout is the longest sensor timeout a task may declare (the
 // column holds seconds in an int4).
 const maxSensorTimeout = time.Duration(1<<31-1) * time.Second
+
+// CommandMax bounds a task's command, in bytes: the runner hands it on
+// whole (a Lite agent's argument, a pod's, a warm worker's claim answer),
+// and a warm worker's claim answer must hold at least one attempt's command
+// even when JSON escapes every byte of it (attemptapi.MaxClaimReply).
+const CommandMax = 32 << 10
+
+// CheckCommand refuses a command over CommandMax, naming the limit.
+func CheckCommand(cmd string) error {
+	if len(cmd) > CommandMax {
+		return fmt.Errorf("the command is %d bytes, at most %d", len(cmd), CommandMax)
+	}
+	return nil
+}
 
 // checkSensor refuses a sensor without a timeout, and a timeout on a task
 // that is not a sensor.

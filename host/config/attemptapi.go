@@ -62,13 +62,17 @@ type AttemptAPI struct {
 	// before it is written (attemptapi.ServerConfig.HeartbeatWindow); 0:
 	// written as soon as a writer is free. Default HeartbeatWindowDefault.
 	HeartbeatWindow time.Duration
+	// Clients bound one client's connections and calls
+	// (httplimit.DefaultAttemptAPIClients): the rates are per ladder
+	// heartbeat (Per is set from the ladder).
+	Clients httplimit.Clients
 }
 
 // defaultAttemptAPI is the attempt_api block's settings when the file has
 // none.
 func defaultAttemptAPI() AttemptAPI {
 	return AttemptAPI{Listen: AttemptAPIAddrDefault, StateDir: DefaultAttemptAPIStateDir(), Limits: httplimit.DefaultAttemptAPI(),
-		HeartbeatWindow: HeartbeatWindowDefault}
+		HeartbeatWindow: HeartbeatWindowDefault, Clients: httplimit.DefaultAttemptAPIClients(ladder.Defaults().Heartbeat)}
 }
 
 // DefaultAttemptAPIStateDir is the default attempt_api.state_dir.
@@ -89,11 +93,45 @@ type attemptAPIBlock struct {
 	// the ladder once the whole file is read.
 	HeartbeatWindow time.Duration `reaper:"heartbeat_window"`
 	serverLimits
+	clientBounds
+}
+
+// clientBounds are the attempt_api block's per-client bounds
+// (httplimit.Clients), read as numbers so that clients checks them.
+type clientBounds struct {
+	MaxConnsPerAddress float64 `reaper:"max_connections_per_address"`
+	AddressRequests    float64 `reaper:"address_requests_per_heartbeat"`
+	TokenRequests      float64 `reaper:"token_requests_per_heartbeat"`
+	TokenInFlight      float64 `reaper:"token_calls_in_flight"`
+}
+
+// clients reads the per-client bounds, refusing at its key one that is not
+// a whole number of at least 1.
+func (c clientBounds) clients(ranges map[string]hcl.Range) (httplimit.Clients, hcl.Diagnostics) {
+	var diags hcl.Diagnostics
+	whole := func(key string, n float64) int {
+		if n < 1 || n != float64(int(n)) {
+			diags = append(diags, invalid(ranges, key, key+" must be a whole number, 1 or more."))
+			return 1
+		}
+		return int(n)
+	}
+	cl := httplimit.Clients{
+		MaxConnsPerAddress: whole("max_connections_per_address", c.MaxConnsPerAddress),
+		AddressRequests:    whole("address_requests_per_heartbeat", c.AddressRequests),
+		SubjectRequests:    whole("token_requests_per_heartbeat", c.TokenRequests),
+		SubjectInFlight:    whole("token_calls_in_flight", c.TokenInFlight),
+		Per:                ladder.Defaults().Heartbeat,
+	}
+	return cl, diags
 }
 
 func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultAttemptAPI()
-	ab := attemptAPIBlock{Listen: AttemptAPIAddrDefault, HeartbeatWindow: HeartbeatWindowDefault, serverLimits: limitsBlock(defaults)}
+	cd := httplimit.DefaultAttemptAPIClients(ladder.Defaults().Heartbeat)
+	ab := attemptAPIBlock{Listen: AttemptAPIAddrDefault, HeartbeatWindow: HeartbeatWindowDefault, serverLimits: limitsBlock(defaults),
+		clientBounds: clientBounds{MaxConnsPerAddress: float64(cd.MaxConnsPerAddress), AddressRequests: float64(cd.AddressRequests),
+			TokenRequests: float64(cd.SubjectRequests), TokenInFlight: float64(cd.SubjectInFlight)}}
 	ranges, diags := decodeInto(b.Body, &ab)
 	api := AttemptAPI{
 		Listen: ab.Listen, Advertise: ab.Advertise,
@@ -108,6 +146,8 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	}
 	var ld hcl.Diagnostics
 	api.Limits, ld = ab.limits(b, ranges, defaults)
+	diags = append(diags, ld...)
+	api.Clients, ld = ab.clients(ranges)
 	diags = append(diags, ld...)
 	if api.StateDir == "" {
 		api.StateDir = DefaultAttemptAPIStateDir()
@@ -148,6 +188,8 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 // write eats into). Run after the ladder is decoded (the block may come
 // before it in the file).
 func (cfg *Config) validateHeartbeatWindow() hcl.Diagnostics {
+	// The per-client call rates are per heartbeat.
+	cfg.AttemptAPI.Clients.Per = cfg.Ladder.Heartbeat
 	if _, given := cfg.ranges["attempt_api.heartbeat_window"]; !given {
 		cfg.AttemptAPI.HeartbeatWindow = defaultHeartbeatWindow(cfg.Ladder)
 		return nil

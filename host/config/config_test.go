@@ -555,7 +555,7 @@ func TestAttemptAPIBlock(t *testing.T) {
 		want := config.AttemptAPI{Listen: "10.0.0.5:9465", Advertise: "https://reaper.internal:9465",
 			TLSCert: "/etc/reaper/tls/api.crt", TLSKey: "/etc/reaper/tls/api.key", TLSCA: "/etc/ssl/ca.pem",
 			SigningKeyFile: "/etc/reaper/keys.hcl", StateDir: "/etc/reaper/state", Limits: httplimit.DefaultAttemptAPI(),
-			HeartbeatWindow: config.HeartbeatWindowDefault}
+			HeartbeatWindow: config.HeartbeatWindowDefault, Clients: httplimit.DefaultAttemptAPIClients(15 * time.Second)}
 		if cfg.AttemptAPI != want {
 			t.Fatalf("attempt_api = %+v\nwant %+v", cfg.AttemptAPI, want)
 		}

@@ -137,6 +137,37 @@ func TestServerLimitKeys(t *testing.T) {
 	}
 }
 
+// TestAttemptAPIClientBoundKeys: the attempt_api block takes the
+// per-client bounds over their defaults, their rates counted per ladder
+// heartbeat (the default sized from it: a faster ladder allows as many
+// calls per heartbeat), and refuses one that is not a whole number of at
+// least 1 at its key.
+func TestAttemptAPIClientBoundKeys(t *testing.T) {
+	cfg, err := parse(t, minimal+"ladder {\n  heartbeat = \"5s\"\n}\n"+
+		"attempt_api {\n  max_connections_per_address = 8\n  token_requests_per_heartbeat = 12\n}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := httplimit.DefaultAttemptAPIClients(5 * time.Second)
+	want.MaxConnsPerAddress, want.SubjectRequests = 8, 12
+	if cfg.AttemptAPI.Clients != want {
+		t.Errorf("attempt api client bounds %+v, want %+v", cfg.AttemptAPI.Clients, want)
+	}
+	if d, err := parse(t, minimal, nil); err != nil || d.AttemptAPI.Clients != httplimit.DefaultAttemptAPIClients(15*time.Second) {
+		t.Errorf("defaults: %+v %v", d.AttemptAPI.Clients, err)
+	}
+	for _, tc := range []struct{ src, want string }{
+		{"attempt_api {\n  max_connections_per_address = 0\n}\n", "reaper.hcl:4:33:"},
+		{"attempt_api {\n  address_requests_per_heartbeat = 2.5\n}\n", "reaper.hcl:4:36:"},
+		{"attempt_api {\n  token_requests_per_heartbeat = -1\n}\n", "reaper.hcl:4:34:"},
+		{"attempt_api {\n  token_calls_in_flight = 0\n}\n", "reaper.hcl:4:27:"},
+	} {
+		if _, err := parse(t, minimal+tc.src, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s", tc.src, err, tc.want)
+		}
+	}
+}
+
 // TestTelemetryHostFromTheEnvironment: REAPER_TELEMETRY_HOST (the pod's IP
 // in the chart) takes the place of telemetry.listen's host, IPv6 too, and
 // loopback on the same port is kept for the pod itself; a value that is

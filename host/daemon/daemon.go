@@ -232,8 +232,8 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 		},
 		SigningKeyFile: c.SigningKeyFile,
 		TTL:            cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling, WorkerCeiling: cfg.WorkerCredentialCeiling,
-		HeartbeatWindow: c.HeartbeatWindow,
-		Meter:           d.metrics, Decisions: d.apiDecisions, Clock: d.opts.Clock, Logger: d.log.Named("attempt-api"),
+		HeartbeatWindow: c.HeartbeatWindow, Clients: c.Clients,
+		Meter: d.metrics, Decisions: d.apiDecisions, Clock: d.opts.Clock, Logger: d.log.Named("attempt-api"),
 		BoardObserver: d.metrics.BoardObserver(d.log.Named("board")),
 	})
 }

@@ -40,6 +40,7 @@ type Metrics struct {
 
 	// The attempt API's collectors (every replica).
 	apiCalls    *prometheus.CounterVec
+	apiConns    *prometheus.CounterVec
 	apiDuration *prometheus.HistogramVec
 	renewals    *prometheus.CounterVec
 
@@ -131,6 +132,10 @@ func New() *Metrics {
 			Name: "reaper_attempt_api_calls_total",
 			Help: "Calls to the attempt API, by call and result: ok, should_terminate, or the error code of a refused or failed call (expired, forged, wrong_scope, ...).",
 		}, []string{"call", "result"}),
+		apiConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reaper_attempt_api_connections_total",
+			Help: "Connections to the attempt API refused (refused_address_cap: its source address over max_connections_per_address, all of them in calls) or closed to make room (evicted_address_cap, evicted_server_cap: one waiting without a call).",
+		}, []string{"result"}),
 		apiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "reaper_attempt_api_call_duration_seconds",
 			Help:    "Duration of each attempt API call as the server saw it.",
@@ -141,7 +146,7 @@ func New() *Metrics {
 			Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped); warm worker claims likewise for the worker's own credential (worker_renewed, worker_capped).",
 		}, []string{"result"}),
 	}
-	m.Registry.MustRegister(m.apiCalls, m.apiDuration, m.renewals)
+	m.Registry.MustRegister(m.apiCalls, m.apiConns, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
@@ -236,6 +241,10 @@ func (m *Metrics) AttemptAPICall(call, result string, took time.Duration) {
 	m.apiCalls.WithLabelValues(call, result).Inc()
 	m.apiDuration.WithLabelValues(call).Observe(took.Seconds())
 }
+
+// AttemptAPIConnection counts a connection the attempt API refused or
+// closed to make room (attemptapi.ConnMeter).
+func (m *Metrics) AttemptAPIConnection(result string) { m.apiConns.WithLabelValues(result).Inc() }
 
 // CredentialRenewal counts a renewal ("renewed") or a refusal at the
 // ceiling ("capped"), and for a warm worker's own credential

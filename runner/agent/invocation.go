@@ -113,6 +113,13 @@ type Invocation struct {
 	// run_as), the agent staying its own user; "": the agent's user. It
 	// needs the agent to be root or to hold CAP_SETUID and CAP_SETGID.
 	RunAs string
+	// EndEscaped (-end-escaped; lite mode): the agent is a child subreaper
+	// and, once its attempt has ended, ends every process of the task that
+	// escaped its group (as a warm worker does between attempts; see
+	// EndEscaped). The Lite runner sets it. Off by default: a test running
+	// the agent inside its own process must not sweep that process's other
+	// children.
+	EndEscaped bool
 
 	// Worker mode (-mode worker) only: the worker's name (-worker, its
 	// pod's), how many attempts it runs at once (-slots), how often it
@@ -154,6 +161,7 @@ func (inv *Invocation) Bind(fs *flag.FlagSet) {
 	fs.DurationVar(&inv.ReportRetry, "report-retry", 0, "how long the terminal report is retried (default 2m)")
 	fs.IntVar(&inv.RescheduleExitCode, "reschedule-exit-code", 0, "the task's exit code that asks for its next poke (0: none)")
 	fs.StringVar(&inv.RunAs, "run-as", "", "lite mode: the user the task runs as (a name or a uid; needs root or CAP_SETUID and CAP_SETGID)")
+	fs.BoolVar(&inv.EndEscaped, "end-escaped", false, "lite mode: end the task's processes that escaped its group once the attempt has ended")
 	fs.StringVar(&inv.Worker, "worker", "", "worker mode: the warm worker's name (its pod's)")
 	fs.IntVar(&inv.Slots, "slots", 0, "worker mode: attempts run at once (default 1)")
 	fs.DurationVar(&inv.Poll, "poll", 0, "worker mode: how often the worker claims (default 1s)")
@@ -307,6 +315,9 @@ func (inv Invocation) Args() []string {
 	dur("start-retry", inv.StartRetry)
 	dur("report-retry", inv.ReportRetry)
 	str("run-as", inv.RunAs)
+	if inv.EndEscaped {
+		args = append(args, "-end-escaped")
+	}
 	if inv.RescheduleExitCode != 0 {
 		args = append(args, "-reschedule-exit-code="+strconv.Itoa(inv.RescheduleExitCode))
 	}

@@ -57,6 +57,10 @@ type Claimed struct {
 	Reporter Reporter
 	// Close releases Reporter once the attempt has ended; may be nil.
 	Close func()
+	// Refuse, when set, says why the worker must not run the attempt (its
+	// command was withheld as over the limit): it is failed
+	// (ReasonCommandTooLarge) instead.
+	Refuse string
 }
 
 // Defaults of WorkerConfig.
@@ -89,6 +93,14 @@ type WorkerConfig struct {
 	// directory, output, heartbeat, graces (its Attempt, Command,
 	// ExecutionTimeout and Watchdog are set per attempt).
 	Attempt Config
+	// Subreaper makes the worker a child subreaper that ends, at each
+	// attempt's end, the processes that escaped it (see warm.go). The
+	// reaper-agent binary sets it; a test running the worker inside its own
+	// process leaves it off.
+	Subreaper bool
+	// ScratchDir is where each attempt's scratch directory is made;
+	// default the worker's temporary directory.
+	ScratchDir string
 	// Clock times the polls; default clock.Real.
 	Clock clock.Clock
 	// Logger is the worker's log; default a null logger.
@@ -113,6 +125,12 @@ func compareAttempts(a, b sdk.Attempt) int {
 	return cmp.Or(cmp.Compare(a.RunID, b.RunID), cmp.Compare(a.TaskID, b.TaskID),
 		cmp.Compare(a.Try, b.Try), cmp.Compare(a.Epoch, b.Epoch))
 }
+
+// ErrClaimTooLarge, wrapped by a Claim's error, says the answer was over
+// what the worker reads: nothing of it was used. The worker asks for half
+// as many attempts at its next claim (down to one), and back up by doubling
+// once claims are answered again.
+var ErrClaimTooLarge = errors.New("the claim's answer was over what the worker reads")
 
 // ErrWorkerRefused: the worker's claim was refused (its credential lapsed,
 // say): it can claim nothing more and stopped.
@@ -142,6 +160,14 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	log := cfg.Logger.With("worker", cfg.Name)
+	tree := &warmTree{}
+	if cfg.Subreaper {
+		if err := becomeSubreaper(); err != nil {
+			log.Warn("the worker cannot end its attempts' escaped processes", "error", err)
+		} else {
+			tree.enabled = true
+		}
+	}
 	// The attempts outlive the worker's ctx: a drain lets them end.
 	runCtx := context.WithoutCancel(ctx)
 	var (
@@ -152,6 +178,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	defer wg.Wait()
 	ticker := cfg.Clock.NewTicker(cfg.Poll)
 	defer ticker.Stop()
+	ask := cfg.Slots // the most one claim asks for: halved by an answer too large
 	log.Info("warm worker started", "slots", cfg.Slots, "watchdog", cfg.Watchdog)
 	for {
 		mu.Lock()
@@ -163,9 +190,16 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 		mu.Unlock()
 		if free > 0 {
 			slices.SortFunc(holds, compareAttempts)
-			claimed, err := cfg.Claim(ctx, free, holds)
+			slots := min(free, ask)
+			claimed, err := cfg.Claim(ctx, slots, holds)
 			switch {
 			case ctx.Err() != nil:
+			case errors.Is(err, ErrClaimTooLarge):
+				ask = max(1, slots/2)
+				log.Error("a claim's answer was too large to read: refused, asking for fewer attempts next",
+					"slots", slots, "next", ask, "error", err)
+			case err == nil:
+				ask = min(cfg.Slots, ask*2)
 			case errors.Is(err, ErrRefused):
 				log.Error("the warm worker's claim was refused: claiming nothing more", "error", err)
 				wg.Wait()
@@ -195,7 +229,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					out, err := Run(runCtx, acfg, c.Reporter)
+					out, err := tree.run(runCtx, acfg, c, cfg.ScratchDir, log)
 					switch {
 					case errors.Is(err, ErrSuperseded):
 						log.Info("claimed attempt not started: it moved on or another execution has it", "attempt", c.Attempt.String())

@@ -182,7 +182,7 @@ func (c *Client) Claim(ctx context.Context, worker string, slots int, running []
 	for i, a := range running {
 		list[i] = Slot{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch}
 	}
-	resp, err := c.do(ctx, PathClaim, Request{Worker: worker, Slots: slots, Running: &list})
+	resp, err := c.doLimited(ctx, PathClaim, Request{Worker: worker, Slots: slots, Running: &list}, MaxClaimReply)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,15 @@ func request(a sdk.Attempt, o *Outcome) Request {
 	return Request{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch, Outcome: o}
 }
 
+// ErrReplyTooLarge: an answer was over what the client reads (maxBody, or
+// MaxClaimReply for a claim); nothing of it was used.
+var ErrReplyTooLarge = errors.New("attempt api answer over the size the client reads")
+
 func (c *Client) do(ctx context.Context, path string, body Request) (Response, error) {
+	return c.doLimited(ctx, path, body, maxBody)
+}
+
+func (c *Client) doLimited(ctx context.Context, path string, body Request, limit int64) (Response, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
@@ -214,9 +222,12 @@ func (c *Client) do(ctx context.Context, path string, body Request) (Response, e
 		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
 	}
 	defer res.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(res.Body, maxBody))
+	data, err := io.ReadAll(io.LimitReader(res.Body, limit+1))
 	if err != nil {
 		return Response{}, fmt.Errorf("attempt api %s: reading the answer: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return Response{}, fmt.Errorf("attempt api %s: %w (%d bytes)", path, ErrReplyTooLarge, limit)
 	}
 	if res.StatusCode != http.StatusOK {
 		ce := &CallError{Status: res.StatusCode}

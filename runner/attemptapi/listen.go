@@ -1,6 +1,7 @@
 package attemptapi
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -26,6 +27,7 @@ import (
 	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/internal/secretfile"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/sdk/clock"
 )
 
 // ListenConfig is where and how the API listens.
@@ -47,6 +49,17 @@ type ListenConfig struct {
 	// Limits bound the server's connections (timeouts, the cap); the
 	// zero value: httplimit.DefaultAttemptAPI.
 	Limits httplimit.Limits
+	// MaxConnsPerAddress bounds the connections of one source address
+	// (httplimit.TrackedListener); 0: httplimit's default.
+	MaxConnsPerAddress int
+	// Meter, when set, is told of every connection refused or closed to
+	// make room.
+	Meter ConnMeter
+	// Logger logs those at a bounded rate; Clock times that rate and how
+	// long a new connection may take before it can be closed to make room
+	// (httplimit.NewGraceDefault). Defaults: none, clock.Real{}.
+	Logger hclog.Logger
+	Clock  clock.Clock
 }
 
 // Listener is the bound, TLS-wrapped listener and what an agent needs to
@@ -58,7 +71,8 @@ type Listener struct {
 	// CA is the PEM agents trust for URL.
 	CA string
 
-	limits httplimit.Limits
+	limits  httplimit.Limits
+	tracked *httplimit.TrackedListener
 }
 
 // loopbackCertFile is the generated certificate and key, one PEM file.
@@ -96,12 +110,58 @@ func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
 	if url == "" {
 		url = "https://" + ln.Addr().String()
 	}
-	// The cap counts raw connections, so a handshake in progress holds a
-	// slot too.
-	tl := tls.NewListener(httplimit.Listener(ln, limits.MaxConns),
-		&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits}, nil
+	// The caps count raw connections, so a handshake in progress is
+	// counted too.
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	tracked := httplimit.Track(ln, httplimit.TrackConfig{Max: limits.MaxConns,
+		PerAddr: cmp.Or(cfg.MaxConnsPerAddress, httplimit.AttemptAPIConnsPerAddressDefault), Now: clk.Now, After: clk.After, Hooks: connHooks(cfg)})
+	tl := tls.NewListener(tracked, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits, tracked: tracked}, nil
 }
+
+// connHooks meter, and log at a bounded rate, what the listener does to
+// a client's connections.
+func connHooks(cfg ListenConfig) httplimit.TrackHooks {
+	logger, clk := cfg.Logger, cfg.Clock
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	log := newSparseLog(logger, clk)
+	meter := func(result string) {
+		if cfg.Meter != nil {
+			cfg.Meter.AttemptAPIConnection(result)
+		}
+	}
+	return httplimit.TrackHooks{
+		Refused: func(addr string) {
+			meter(ConnRefusedAddressCap)
+			log.Warn(ConnRefusedAddressCap, "attempt api: a source address is over its connections, each in a call or "+
+				"just opened: a new one refused", "remote", addr)
+		},
+		Evicted: func(addr, reason string) {
+			result := ConnEvictedServerCap
+			if reason == "address_cap" {
+				result = ConnEvictedAddressCap
+			}
+			meter(result)
+			log.Warn(result, "attempt api: a connection waiting without a call was closed to make room", "remote", addr,
+				"cap", reason)
+		},
+	}
+}
+
+// Open is how many connections the listener holds open now, and how many
+// of them from the source address addr.
+func (l *Listener) Open(addr string) (all, fromAddr int) { return l.tracked.Open(addr) }
+
+// Serving is how many of the listener's connections are serving a call.
+func (l *Listener) Serving() int { return l.tracked.Serving() }
 
 // certificate loads the operator's certificate, or the generated loopback
 // one, and the CA agents should trust.
@@ -213,6 +273,9 @@ func Serve(ctx context.Context, ln *Listener, h http.Handler, log hclog.Logger) 
 		limits = httplimit.DefaultAttemptAPI()
 	}
 	srv := limits.Server(h)
+	if ln.tracked != nil {
+		srv.ConnState = ln.tracked.ConnState
+	}
 	// The server's own complaints (a handshake a scanner never finished,
 	// a client cut off) are a flood's to make: debug level.
 	srv.ErrorLog = log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})

@@ -14,9 +14,11 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // Board is what the server writes and reads: the board's guarded writers
@@ -85,6 +87,11 @@ type ServerConfig struct {
 	// would hold every heartbeat until its test moved it. A test of the
 	// window itself sets a fake one.
 	WindowClock clock.Clock
+	// Clients bound the calls of one source address and of one token's
+	// subject (see bounds.go; its MaxConnsPerAddress is the listener's).
+	// The zero value: httplimit.DefaultAttemptAPIClients on the ladder's
+	// default heartbeat.
+	Clients httplimit.Clients
 }
 
 // DecisionSource is the reaper name the attempt API's decisions carry.
@@ -95,6 +102,7 @@ type Server struct {
 	cfg        ServerConfig
 	mux        *http.ServeMux
 	heartbeats *heartbeatBatcher
+	clients    *clientBounds
 }
 
 // NewServer checks cfg and builds the handler.
@@ -117,9 +125,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.HeartbeatBatch <= 0 {
 		cfg.HeartbeatBatch = 500
 	}
+	if cfg.Clients == (httplimit.Clients{}) {
+		cfg.Clients = httplimit.DefaultAttemptAPIClients(ladder.Defaults().Heartbeat)
+	}
+	if err := cfg.Clients.Validate(); err != nil {
+		return nil, fmt.Errorf("attempt api: %w", err)
+	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(),
 		heartbeats: newHeartbeatBatcher(cfg.Board.HeartbeatCredentials, cfg.WindowClock, max(cfg.HeartbeatWindow, 0),
-			cfg.HeartbeatWriters, cfg.HeartbeatBatch)}
+			cfg.HeartbeatWriters, cfg.HeartbeatBatch),
+		clients: newClientBounds(cfg.Clients, newSparseLog(cfg.Logger, cfg.Clock))}
 	s.mux.HandleFunc(PathRunning, s.handle(CallRunning, s.running))
 	s.mux.HandleFunc(PathHeartbeat, s.handle(CallHeartbeat, s.heartbeat))
 	s.mux.HandleFunc(PathReport, s.handle(CallReport, s.report))
@@ -142,9 +157,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type refusal struct {
 	status int
 	body   ErrorBody
+	// unread: refused before the body was read; the answer closes the
+	// connection, so that the server does not wait for a body a client
+	// may hold back to keep the connection.
+	unread bool
 }
 
 func (e *refusal) Error() string { return e.body.Code + ": " + e.body.Message }
+
+// unread marks r refused before the body was read.
+func unread(r *refusal) *refusal {
+	r.unread = true
+	return r
+}
 
 func refuse(status int, code, format string, args ...any) *refusal {
 	return &refusal{status: status, body: ErrorBody{Code: code, Message: fmt.Sprintf(format, args...)}}
@@ -175,11 +200,16 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 				ref = refuse(http.StatusInternalServerError, CodeInternal, "%v", err)
 			}
 			result = ref.body.Code
-			if ref.status >= 500 {
+			switch {
+			case ref.body.Code == CodeTooManyRequests: // logged at a bounded rate by the bounds
+			case ref.status >= 500:
 				s.cfg.Logger.Error("attempt api call failed", "call", name, "error", err)
-			} else {
+			default:
 				s.cfg.Logger.Warn("attempt api call refused", "call", name, "code", ref.body.Code, "why", ref.body.Message,
 					"remote", r.RemoteAddr)
+			}
+			if ref.unread {
+				w.Header().Set("Connection", "close")
 			}
 			writeError(w, ref.status, ref.body)
 		} else {
@@ -199,12 +229,17 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 // for exactly the attempt the body names.
 func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if r.Method != http.MethodPost {
-		return Response{}, refuse(http.StatusMethodNotAllowed, CodeMethod, "%s: only POST", r.Method)
+		return Response{}, unread(refuse(http.StatusMethodNotAllowed, CodeMethod, "%s: only POST", r.Method))
 	}
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || token == "" {
-		return Response{}, refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token")
+		return Response{}, unread(refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token"))
 	}
+	release, ref := s.clients.admit(r, s.cfg.Keys(), token, s.cfg.Clock.Now())
+	if ref != nil {
+		return Response{}, unread(ref)
+	}
+	defer release()
 	var req Request
 	body := http.MaxBytesReader(nil, r.Body, maxBody)
 	dec := json.NewDecoder(body)
@@ -448,6 +483,7 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	}
 	keys := s.cfg.Keys()
 	resp := Response{}
+	reply := claimReply{left: MaxClaimReply - claimReplyReserve}
 	for _, ti := range tis {
 		minted := ti.CredentialMintedAt
 		if minted.IsZero() {
@@ -471,9 +507,20 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 		if err != nil {
 			return Response{}, fmt.Errorf("signing the credential of %s for warm worker %s: %w", ti.Attempt, c.req.Worker, err)
 		}
-		resp.Attempts = append(resp.Attempts, Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
+		cl := Claimed{RunID: ti.RunID, TaskID: ti.TaskID, Try: ti.Try, Epoch: ti.Epoch,
 			Command: ti.Command, ExecutionTimeoutSeconds: int64(ti.ExecutionTimeout / time.Second),
-			Token: tok, ExpiresAt: expires})
+			Token: tok, ExpiresAt: expires}
+		if lifecycle.CheckCommand(ti.Command) != nil {
+			s.cfg.Logger.Error("a bound warm attempt's command is over the limit: handed to its worker without it, to be refused",
+				"attempt", ti.Attempt.String(), "worker", c.req.Worker, "bytes", len(ti.Command), "limit", lifecycle.CommandMax)
+			cl.Command, cl.CommandWithheld = "", len(ti.Command)
+		}
+		if !reply.fits(cl) {
+			s.cfg.Logger.Info("a claim's answer is full: the attempts left wait for the worker's next claim",
+				"worker", c.req.Worker, "handed", len(resp.Attempts), "bound", len(tis))
+			break
+		}
+		resp.Attempts = append(resp.Attempts, cl)
 	}
 	// The worker's own credential renews like an attempt's: only while it
 	// is younger than its ceiling, counted from its first mint. Past it the
@@ -495,6 +542,23 @@ func (s *Server) claim(ctx context.Context, c call) (Response, error) {
 	s.meterRenewal(RenewalWorkerRenewed)
 	resp.Token, resp.ExpiresAt = tok, wc.ExpiresAt
 	return resp, nil
+}
+
+// claimReplyReserve is what a claim's answer holds besides its attempts
+// (the worker's renewed token, the field names), with room to spare.
+const claimReplyReserve = 4 << 10
+
+// claimReply counts what a claim's answer can still take.
+type claimReply struct{ left int }
+
+// fits takes cl's room in the answer if there is room for it.
+func (r *claimReply) fits(cl Claimed) bool {
+	b, err := json.Marshal(cl)
+	if err != nil || len(b)+1 > r.left {
+		return false
+	}
+	r.left -= len(b) + 1
+	return true
 }
 
 // Results of Meter.CredentialRenewal for a warm worker's own credential

@@ -1,6 +1,7 @@
 package attemptapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
@@ -50,6 +52,10 @@ type ServiceConfig struct {
 	TTL, Ceiling, WorkerCeiling time.Duration
 	// HeartbeatWindow: see ServerConfig (attempt_api.heartbeat_window).
 	HeartbeatWindow time.Duration
+	// Clients bound one client's connections and calls (ServerConfig's
+	// Clients; its MaxConnsPerAddress goes to the listener). The zero
+	// value: the defaults on the ladder's default heartbeat.
+	Clients httplimit.Clients
 	// Meter, Decisions: see ServerConfig.
 	Meter     Meter
 	Decisions func(ctx context.Context, ds []sdk.Decision)
@@ -127,12 +133,16 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now(),
 			Observer: cfg.BoardObserver}),
 		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
-		HeartbeatWindow: cfg.HeartbeatWindow,
+		HeartbeatWindow: cfg.HeartbeatWindow, Clients: cfg.Clients,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if s.ln, err = Listen(ctx, cfg.Listen); err != nil {
+	lc := cfg.Listen
+	lc.MaxConnsPerAddress = cmp.Or(lc.MaxConnsPerAddress, cfg.Clients.MaxConnsPerAddress)
+	lc.Meter, _ = cfg.Meter.(ConnMeter)
+	lc.Logger, lc.Clock = cmp.Or(lc.Logger, cfg.Logger), cmp.Or(lc.Clock, cfg.Clock)
+	if s.ln, err = Listen(ctx, lc); err != nil {
 		return nil, err
 	}
 	cfg.Logger.Info("attempt api ready", "url", s.ln.URL, "signing_key", kr.CurrentID(), "key_file", s.keyFile)

@@ -153,7 +153,19 @@ type Claimed struct {
 	// (the warm dispatch), not from the claim.
 	Token     string    `json:"token"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// CommandWithheld is the size in bytes of a command the server did not
+	// hand over (Command is then empty): over lifecycle.CommandMax, from a
+	// row written around the board's check. The worker refuses the
+	// attempt (fails it) instead of running something else.
+	CommandWithheld int `json:"command_withheld,omitempty"`
 }
+
+// MaxClaimReply bounds a claim's answer, in bytes: the server hands over
+// only the attempts that fit (the rest wait for the next claim), and the
+// worker reads no more. One attempt always fits: a command of
+// lifecycle.CommandMax bytes, each escaped to six in JSON, and its token
+// are far below it.
+const MaxClaimReply = 1 << 20
 
 // Attempt is the attempt claimed.
 func (c Claimed) Attempt() sdk.Attempt {

@@ -286,6 +286,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 			Reporter:           agent.ReporterAPI,
 			LogLevel:           r.cfg.AgentLogLevel,
 			RescheduleExitCode: rescheduleExitCode(ti),
+			EndEscaped:         true,
 		},
 		Env: cred.Env,
 	})

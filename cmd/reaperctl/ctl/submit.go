@@ -192,6 +192,9 @@ func (c CLI) submitPlan(in submitInput) (lifecycle.NewRun, error) {
 
 	run := lifecycle.NewRun{RunID: runID, DagID: in.dag, State: sdk.RunRunning}
 	for i, cmd := range cmds {
+		if err := lifecycle.CheckCommand(cmd); err != nil {
+			return lifecycle.NewRun{}, usagef("task %s: %v", ids[i], err)
+		}
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{
 			TaskID: ids[i], Executor: sdk.ExecutorLite, Retries: int32(in.retries),
 			Command: cmd, ExecutionTimeout: in.timeout,

@@ -2,10 +2,13 @@ package ctl
 
 import (
 	"context"
+	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -41,6 +44,23 @@ func TestSubmit(t *testing.T) {
 				ti.ExecutionTimeout != 30*time.Second || ti.Try != 1 || ti.Epoch != 0 {
 				t.Fatalf("task instance %d: %+v", i, ti)
 			}
+		}
+	})
+
+	t.Run("OverlongCommandRefusedNamingTaskAndLimit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		long := "echo " + strings.Repeat("x", lifecycle.CommandMax)
+		b.ctl(t, "submit", "-run", "rl", "-tasks", "ok,big", "--", "true", long).
+			failed(t, 2, fmt.Sprintf("task big: the command is %d bytes, at most %d", len(long), lifecycle.CommandMax))
+		if _, err := b.store.Run(ctx, "rl"); err == nil {
+			t.Fatal("a refused submit created its run")
+		}
+		// The board's own edge refuses it too, whoever writes the run.
+		err := b.w.CreateRun(ctx, lifecycle.NewRun{RunID: "rl", DagID: "d",
+			Tasks: []lifecycle.NewTask{{TaskID: "big", Executor: sdk.ExecutorWarm, Command: long}}}, base)
+		if err == nil || !strings.Contains(err.Error(), "task big: the command is") {
+			t.Fatalf("the board took an overlong command: %v", err)
 		}
 	})
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/httplimit"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
@@ -34,6 +35,10 @@ type Options struct {
 	// the same StateDir and Listen is the same API restarted. Default: a
 	// directory of the test's.
 	StateDir string
+	// Clients bound one client's connections and calls. Default: the
+	// attempt API's defaults counted per 10ms (tests' ladders heartbeat
+	// that fast), so that only a test of the bounds meets them.
+	Clients httplimit.Clients
 }
 
 // API is a served attempt API.
@@ -75,13 +80,17 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if o.Clients == (httplimit.Clients{}) {
+		o.Clients = httplimit.DefaultAttemptAPIClients(10 * time.Millisecond)
+	}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: func() *attempttoken.Keyring { return kr },
-		TTL: o.TTL, Ceiling: o.Ceiling, Board: b, Meter: o.Meter, Clock: o.Clock, Logger: o.Logger})
+		TTL: o.TTL, Ceiling: o.Ceiling, Board: b, Meter: o.Meter, Clock: o.Clock, Logger: o.Logger, Clients: o.Clients})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ln, err := attemptapi.Listen(ctx, attemptapi.ListenConfig{Listen: o.Listen, StateDir: state})
+	ln, err := attemptapi.Listen(ctx, attemptapi.ListenConfig{Listen: o.Listen, StateDir: state,
+		MaxConnsPerAddress: o.Clients.MaxConnsPerAddress})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -124,6 +133,25 @@ type Meter struct {
 	mu       sync.Mutex
 	calls    map[string]int
 	renewals map[string]int
+	conns    map[string]int
+}
+
+// AttemptAPIConnection counts what the listener did to a connection
+// (attemptapi.ConnMeter).
+func (m *Meter) AttemptAPIConnection(result string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conns == nil {
+		m.conns = map[string]int{}
+	}
+	m.conns[result]++
+}
+
+// Conns is how many connections were metered under result.
+func (m *Meter) Conns(result string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.conns[result]
 }
 
 // AttemptAPICall counts the call under "call/result".

@@ -250,7 +250,11 @@ func run(args []string) (code int) {
 	if inv.Mode == agent.ModePod {
 		out, err = agent.RunInPod(ctx, cfg, rep, inv.TerminationMessagePath)
 	} else {
+		sweep := inv.EndEscaped && agent.SubreaperForEscapes(log)
 		out, err = agent.Run(ctx, cfg, rep)
+		if sweep {
+			agent.EndEscaped(inv.Attempt, log)
+		}
 	}
 	switch {
 	case errors.Is(err, agent.ErrStartUnanswered):

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attempttoken"
@@ -40,6 +42,9 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 			return nil, refused(err)
 		}
 		got, err := wc.Claim(ctx, inv.Worker, slots, running)
+		if errors.Is(err, attemptapi.ErrReplyTooLarge) {
+			return nil, fmt.Errorf("%w: %w", agent.ErrClaimTooLarge, err)
+		}
 		if err != nil {
 			return nil, refused(err)
 		}
@@ -49,14 +54,19 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 			if err != nil {
 				return out, fmt.Errorf("the credential of claimed attempt %s: %w", c.Attempt(), err)
 			}
-			out = append(out, agent.Claimed{Attempt: c.Attempt(), Command: c.Command,
+			cl := agent.Claimed{Attempt: c.Attempt(), Command: c.Command,
 				ExecutionTimeout: secondsOf(c.ExecutionTimeoutSeconds),
-				Reporter:         &apiReporter{c: ac}, Close: ac.Close})
+				Reporter:         &apiReporter{c: ac}, Close: ac.Close}
+			if c.CommandWithheld > 0 {
+				cl.Refuse = fmt.Sprintf("the command of %s is %d bytes, over the %d a command may have: "+
+					"the control plane withheld it", c.Attempt(), c.CommandWithheld, lifecycle.CommandMax)
+			}
+			out = append(out, cl)
 		}
 		return out, nil
 	}
 	err = agent.RunWorker(ctx, agent.WorkerConfig{
-		Name: inv.Worker, Slots: inv.Slots, Poll: inv.Poll, Watchdog: inv.Watchdog, Claim: claim,
+		Name: inv.Worker, Slots: inv.Slots, Poll: inv.Poll, Watchdog: inv.Watchdog, Claim: claim, Subreaper: true,
 		Attempt: agent.Config{
 			Shell: inv.Shell, Dir: inv.Dir, Records: dir, Output: os.Stdout,
 			Heartbeat: inv.Heartbeat, DrainBound: inv.DrainBound, TerminateGrace: inv.TerminateGrace,
