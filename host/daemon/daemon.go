@@ -35,6 +35,7 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/runner/literunner"
@@ -179,7 +180,30 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 	if d.sockets, err = loader.OpenSocketDir(d.opts.SocketRoot, d.log.Named("sockets")); err != nil {
 		return nil, err
 	}
-	return &loader.Loader{Dir: d.cfg.PluginDir, Logger: d.log, SocketDir: d.sockets.Path(), MaxReply: d.cfg.PluginMaxReply}, nil
+	ld := newLoader(d.cfg, d.log, d.sockets.Path())
+	d.metrics.PluginSecretsHidden(warnUnhidden(d.log) == nil)
+	return ld, nil
+}
+
+// newLoader is the loader of cfg's plugins: from its plugin directory, with
+// reaperd's secrets (and, but for the substrate, the ServiceAccount token)
+// hidden from every plugin.
+func newLoader(cfg *config.Config, log hclog.Logger, socketDir string) *loader.Loader {
+	return &loader.Loader{Dir: cfg.PluginDir, Logger: log, SocketDir: socketDir, MaxReply: cfg.PluginMaxReply,
+		Secrets: cfg.Secrets(), TokenDir: confine.ServiceAccountDir}
+}
+
+// warnUnhidden logs one WARN when the kernel offers no Landlock: the
+// plugins then start able to open reaperd's key files, its DSN file and its
+// ServiceAccount token, which run as its user. It returns why, or nil.
+func warnUnhidden(log hclog.Logger) error {
+	_, err := confine.LandlockABI()
+	if err != nil {
+		log.Warn("plugins are started without Landlock: they can open reaperd's key files, its DSN file, its "+
+			"configuration and its ServiceAccount token (they run as its user); they still hold no capability "+
+			"and cannot read reaperd's environment or memory", "error", err)
+	}
+	return err
 }
 
 // supervise puts a started plugin under a supervisor that restarts it (with
@@ -484,8 +508,8 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) hcl.Diagnostic
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot start the plugins", Detail: err.Error()}}
 	}
 	defer sockets.Close()
-	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path(), MaxReply: cfg.PluginMaxReply}
-	return launch.Check(ctx, ld, cfg)
+	_ = warnUnhidden(opts.Logger)
+	return launch.Check(ctx, newLoader(cfg, opts.Logger, sockets.Path()), cfg)
 }
 
 // reaperOf and substrateOf give the loop the typed plugin it needs from a

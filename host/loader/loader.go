@@ -60,6 +60,16 @@ type Loader struct {
 	// SocketDir's Path) so that sockets of a host killed with kill -9 can be
 	// swept; "" is the system's temporary directory.
 	SocketDir string
+	// Secrets are reaperd's own secret files and directories (its key
+	// files, its DSN file, its configuration: config.Secrets): no plugin
+	// may open them. They are hidden with Landlock where the kernel has it
+	// (confine.HideFiles; without it the daemon warns once at start).
+	Secrets []string
+	// TokenDir is the ServiceAccount token directory
+	// (confine.ServiceAccountDir, where the daemon runs in a pod): hidden
+	// from every reaper plugin; a substrate, which talks to the API server
+	// with it, may read it (but not Secrets). "": nothing hidden for it.
+	TokenDir string
 
 	// beforeStart, when set (tests), runs after the binary was opened and
 	// checked and before it is started.
@@ -125,11 +135,12 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if maxReply <= 0 {
 		maxReply = MaxReplyDefault
 	}
+	hidden := l.hidden(spec.Kind)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		VersionedPlugins: plugin.PluginSetsWithLimit(maxReply),
-		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
-			return newProcess(path, bin, spec, append(passedEnv(os.Environ()), l.Env...), l.beforeStart)
+		RunnerFunc: func(_ hclog.Logger, cmd *exec.Cmd, _ string) (runner.Runner, error) {
+			return newProcess(path, bin, cmd, append(passedEnv(os.Environ()), l.Env...), hidden, l.beforeStart)
 		},
 		// Nothing of the host's environment but what PassedEnv names.
 		SkipHostEnv:      true,
@@ -174,6 +185,16 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
 	}
 	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
+}
+
+// hidden is what a plugin of kind may not open: Secrets, and TokenDir
+// unless it is the substrate.
+func (l *Loader) hidden(kind string) []string {
+	out := append([]string(nil), l.Secrets...)
+	if l.TokenDir != "" && kind != sdk.KindSubstrate {
+		out = append(out, l.TokenDir)
+	}
+	return out
 }
 
 // classify turns go-plugin's start-up errors into the reasons an operator

@@ -20,6 +20,13 @@ type process struct {
 	cmd            *exec.Cmd
 	stdout, stderr io.ReadCloser
 	before         func()
+	// hidden are the paths the plugin may not open (Landlock; see
+	// startConfined).
+	hidden []string
+	// waited is closed once the plugin has exited and been waited for,
+	// waitErr set.
+	waited  chan struct{}
+	waitErr error
 }
 
 var _ runner.Runner = (*process)(nil)
@@ -27,8 +34,9 @@ var _ runner.Runner = (*process)(nil)
 // newProcess prepares the open binary bin (found at path) to run with the
 // environment go-plugin made for it (the handshake, the client
 // certificate, the socket directory: the host's own environment is not in
-// it) plus extra. The child executes bin itself, not path (execFile).
-func newProcess(path string, bin *os.File, spec *exec.Cmd, extra []string, before func(string)) (*process, error) {
+// it) plus extra. The child executes bin itself, not path (execFile),
+// confined so that it can open none of the hidden paths (startConfined).
+func newProcess(path string, bin *os.File, spec *exec.Cmd, extra, hidden []string, before func(string)) (*process, error) {
 	cmd := execFile(path, bin)
 	cmd.Env = append(append([]string(nil), spec.Env...), extra...)
 	cmd.Stdin = spec.Stdin
@@ -41,7 +49,7 @@ func newProcess(path string, bin *os.File, spec *exec.Cmd, extra []string, befor
 	if err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, stdout: stdout, stderr: stderr}
+	p := &process{cmd: cmd, stdout: stdout, stderr: stderr, hidden: hidden, waited: make(chan struct{})}
 	if before != nil {
 		p.before = func() { before(path) }
 	}
@@ -52,10 +60,13 @@ func (p *process) Start(context.Context) error {
 	if p.before != nil {
 		p.before()
 	}
-	return p.cmd.Start()
+	return p.startConfined()
 }
 
-func (p *process) Wait(context.Context) error { return p.cmd.Wait() }
+func (p *process) Wait(context.Context) error {
+	<-p.waited
+	return p.waitErr
+}
 
 func (p *process) Kill(context.Context) error {
 	if p.cmd.Process == nil {
