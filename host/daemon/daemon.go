@@ -41,6 +41,7 @@ import (
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
 // auditTimeout bounds the audit of one batch of the runner's decisions.
@@ -179,6 +180,17 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 	var err error
 	if d.sockets, err = loader.OpenSocketDir(d.opts.SocketRoot, d.log.Named("sockets")); err != nil {
 		return nil, err
+	}
+	// A plugin may open only what existed beside reaperd's hidden secrets
+	// when it started (confine.HideFiles), and the Lite record directory
+	// lies by default in $TMPDIR beside the attempt API's state directory,
+	// which is hidden: it is made now, before the substrate starts.
+	if d.cfg.RecordDir != "" {
+		dir, err := records.Open(d.cfg.RecordDir)
+		if err != nil {
+			return nil, fmt.Errorf("the Lite record directory: %w", err)
+		}
+		dir.Close()
 	}
 	ld := newLoader(d.cfg, d.log, d.sockets.Path())
 	d.metrics.PluginSecretsHidden(warnUnhidden(d.log) == nil)
