@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dexaflow/reaper/internal/confine"
 )
 
@@ -43,11 +45,13 @@ func execFile(path string, bin *os.File) *exec.Cmd {
 //
 // Each of these is a thread's own, so the thread must be the plugin's
 // parent and must never run anything else: the goroutine holds it locked
-// and keeps it, waiting for the plugin, until the plugin has exited; then
-// it ends without unlocking, and the thread ends with it. Keeping the
-// thread for the plugin's life is also what dieWithHost needs: the
-// kernel's parent-death signal follows the thread that started the child.
-// The plugin is still executed from the open binary (execFile).
+// and keeps it until the plugin has exited (waiting without reaping, so
+// that go-plugin's own Wait still collects it, once it has drained the
+// plugin's output); then it ends without unlocking, and the thread ends
+// with it. Keeping the thread for the plugin's life is also what
+// dieWithHost needs: the kernel's parent-death signal follows the thread
+// that started the child. The plugin is still executed from the open
+// binary (execFile).
 func (p *process) startConfined() error {
 	started := make(chan error, 1)
 	go func() {
@@ -56,15 +60,17 @@ func (p *process) startConfined() error {
 		if err == nil {
 			err = p.cmd.Start()
 		}
+		started <- err
 		if err != nil {
-			p.waitErr = err
-			close(p.waited)
-			started <- err
 			return
 		}
-		started <- nil
-		p.waitErr = p.cmd.Wait()
-		close(p.waited)
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, p.cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				return
+			}
+		}
 	}()
 	return <-started
 }

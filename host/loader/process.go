@@ -23,10 +23,6 @@ type process struct {
 	// hidden are the paths the plugin may not open (Landlock; see
 	// startConfined).
 	hidden []string
-	// waited is closed once the plugin has exited and been waited for,
-	// waitErr set.
-	waited  chan struct{}
-	waitErr error
 }
 
 var _ runner.Runner = (*process)(nil)
@@ -49,7 +45,7 @@ func newProcess(path string, bin *os.File, spec *exec.Cmd, extra, hidden []strin
 	if err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, stdout: stdout, stderr: stderr, hidden: hidden, waited: make(chan struct{})}
+	p := &process{cmd: cmd, stdout: stdout, stderr: stderr, hidden: hidden}
 	if before != nil {
 		p.before = func() { before(path) }
 	}
@@ -63,10 +59,7 @@ func (p *process) Start(context.Context) error {
 	return p.startConfined()
 }
 
-func (p *process) Wait(context.Context) error {
-	<-p.waited
-	return p.waitErr
-}
+func (p *process) Wait(context.Context) error { return p.cmd.Wait() }
 
 func (p *process) Kill(context.Context) error {
 	if p.cmd.Process == nil {
