@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/internal/confine"
@@ -48,7 +49,38 @@ type hostAnswer struct {
 	// launched with the request's secrets hidden. Bare: what it gave a
 	// reaper launched with nothing hidden (no Landlock at all).
 	Reaper, Substrate, Bare map[string]string
-	Error                   string
+	// Caps are the reaper's CapEff, CapPrm, CapAmb and CapInh, as its
+	// /proc/<pid>/status shows them; HostCaps the host's CapEff.
+	Caps     map[string]string
+	HostCaps string
+	Error    string
+}
+
+// childCaps reads the Cap* lines of the status of every child of this
+// process.
+func childCaps() map[string]string {
+	out := map[string]string{}
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		for _, pid := range strings.Fields(string(b)) {
+			for k, v := range statusCaps("/proc/" + pid + "/status") {
+				out[k] = v
+			}
+		}
+	}
+	return out
+}
+
+func statusCaps(path string) map[string]string {
+	out := map[string]string{}
+	b, _ := os.ReadFile(path)
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(k, "Cap") && k != "CapBnd" {
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
 }
 
 // hostMain is the host mode's main.
@@ -69,12 +101,16 @@ func hostMain() int {
 	paths := strings.ReplaceAll(strings.Join(req.Probe, "\n"), "ENVIRON", environ)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	a := hostAnswer{HostCaps: statusCaps("/proc/self/status")["CapEff"]}
 	probe := func(ld *loader.Loader, spec loader.Spec) (map[string]string, error) {
 		p, err := ld.Launch(ctx, spec)
 		if err != nil {
 			return nil, err
 		}
 		defer p.Kill()
+		if spec.Kind == sdk.KindReaper && a.Caps == nil {
+			a.Caps = childCaps()
+		}
 		values := sdk.Values{"probe": paths}
 		if spec.Kind == sdk.KindReaper {
 			values["mode"] = "probe"
@@ -107,7 +143,6 @@ func hostMain() int {
 		}
 		return got, nil
 	}
-	var a hostAnswer
 	var err error
 	hidden := &loader.Loader{Dir: req.PluginDir, Logger: hclog.NewNullLogger(), Secrets: req.Secrets, TokenDir: req.TokenDir}
 	if a.Reaper, err = probe(hidden, loader.Spec{Kind: sdk.KindReaper, Name: "echo"}); err != nil {
@@ -133,6 +168,8 @@ func hostMain() int {
 // beside the keys; the substrate keeps the token and nothing else. Launched
 // with nothing hidden, a plugin is still refused the host's environ (the
 // host is non-dumpable) while it reads a dumpable process's of the same user.
+// The host holds CAP_SETUID and CAP_SETGID as ambient capabilities, as
+// reaperd does for Lite's run_as: the plugin holds no capability.
 func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: to run the host and its plugins as an unprivileged user, as reaperd runs where it is not root")
@@ -204,7 +241,9 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 	cmd := exec.Command(host)
 	cmd.Env = []string{hostModeEnv + "=" + string(req), "REAPER_DSN=postgres://reaper:" + hostCanary + "@db/reaper",
 		"PATH=" + os.Getenv("PATH")}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	// The host holds what reaperd holds for Lite's run_as: none of it may
+	// reach a plugin.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential(), AmbientCaps: []uintptr{unix.CAP_SETUID, unix.CAP_SETGID}}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -215,7 +254,8 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 	if err := json.Unmarshal(bytes.TrimSpace(out), &a); err != nil || a.Error != "" {
 		t.Fatalf("the host's answer %q: %v %s\n%s", out, err, a.Error, stderr.String())
 	}
-	t.Logf("as uid %d: reaper %v; substrate %v; with nothing hidden %v", acct.uid, a.Reaper, a.Substrate, a.Bare)
+	t.Logf("as uid %d (CapEff %s): reaper %v (caps %v); substrate %v; with nothing hidden %v", acct.uid, a.HostCaps,
+		a.Reaper, a.Caps, a.Substrate, a.Bare)
 	refused := func(s string) bool { return s == "EACCES" || s == "EPERM" || s == "ENOENT" }
 	t.Run("ReaperRefusedTheHostsEnvironKeysDSNAndToken_ReadsAnOrdinaryFile", func(t *testing.T) {
 		for name, p := range map[string]string{"the host's environ": "ENVIRON", "the signing key": signing,
@@ -235,6 +275,16 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 		for _, p := range []string{"ENVIRON", signing, tlsKey, dsnFile} {
 			if !refused(a.Substrate[p]) {
 				t.Errorf("%s: %q, want EACCES", p, a.Substrate[p])
+			}
+		}
+	})
+	t.Run("PluginHoldsNoneOfTheHostsCapabilities", func(t *testing.T) {
+		if a.HostCaps != "00000000000000c0" {
+			t.Errorf("the host's CapEff %q, want CAP_SETUID and CAP_SETGID (else this proves nothing)", a.HostCaps)
+		}
+		for _, k := range []string{"CapEff", "CapPrm", "CapAmb", "CapInh"} {
+			if a.Caps[k] != "0000000000000000" {
+				t.Errorf("the plugin's %s = %q, want 0", k, a.Caps[k])
 			}
 		}
 	})
