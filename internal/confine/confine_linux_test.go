@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/dexaflow/reaper/internal/confine"
@@ -89,5 +91,31 @@ func TestHideFilesRefusesOnlyTheHiddenPaths(t *testing.T) {
 	// This thread, never confined, reads them all.
 	if _, err := os.ReadFile(key); err != nil {
 		t.Fatalf("the test's own thread: %v", err)
+	}
+}
+
+// A confined process still reads what the Lite liveness checks read of
+// processes outside its domain (an agent, non-dumpable, or here init):
+// /proc/<pid>/stat with the start time, and signal 0.
+func TestHideFilesLeavesProcStatAndSignalZero(t *testing.T) {
+	var (
+		stat    []byte
+		statErr error
+		killErr error
+	)
+	onConfinedThread(t, []string{t.TempDir()}, func() {
+		stat, statErr = os.ReadFile("/proc/1/stat")
+		killErr = syscall.Kill(os.Getppid(), 0)
+	})
+	if statErr != nil {
+		t.Fatalf("/proc/1/stat: %v", statErr)
+	}
+	// The start time is the 22nd field, the 20th after the command's ")".
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(fields) < 20 || fields[19] == "0" {
+		t.Errorf("/proc/1/stat shows no start time: %q", stat)
+	}
+	if killErr != nil {
+		t.Errorf("signal 0 to the parent: %v", killErr)
 	}
 }
