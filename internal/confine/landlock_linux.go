@@ -135,8 +135,11 @@ func allowedAround(hidden []string) (fds []int, err error) {
 	}()
 	for _, d := range dirs {
 		names, err := listNames(d)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // on the way to a hidden path that does not exist yet
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			// On the way to a hidden path that does not exist yet, or a
+			// directory this user may cross but not list (mode 0711):
+			// nothing in it is allowed but the way through.
+			continue
 		}
 		if err != nil {
 			return fds, fmt.Errorf("listing %s to allow its entries beside a hidden path: %w", d, err)
