@@ -398,6 +398,24 @@ func TestSettings(t *testing.T) {
 		}
 	})
 
+	t.Run("KubeconfigsAreAPICredentialsNotSecrets", func(t *testing.T) {
+		src := "edition = \"kube\"\nsubstrate \"kube\" {\n  kubeconfig = \"cluster.kubeconfig\"\n}\n" +
+			"leader \"kubernetes\" {\n  namespace  = \"reaper\"\n  name       = \"reaper\"\n  kubeconfig = \"/etc/reaper/leader.kubeconfig\"\n}\n"
+		cfg, diags := config.Check("/etc/reaper/reaper.hcl", []byte(src), config.Options{Getenv: func(string) string { return "" }})
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		got := cfg.APICredentials()
+		for _, want := range []string{"/etc/reaper/leader.kubeconfig", "cluster.kubeconfig", "/etc/reaper/cluster.kubeconfig"} {
+			if !slices.Contains(got, want) {
+				t.Errorf("API credentials %v lack %s", got, want)
+			}
+		}
+		if slices.Contains(cfg.Secrets(), "/etc/reaper/leader.kubeconfig") {
+			t.Errorf("secrets %v hold a kubeconfig: the substrate could not reach the API server", cfg.Secrets())
+		}
+	})
+
 	t.Run("PluginDirIsRelativeToTheFile", func(t *testing.T) {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "r.hcl")

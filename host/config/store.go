@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -120,6 +121,26 @@ func (cfg *Config) Secrets() []string {
 		if p != "" {
 			out = append(out, p)
 		}
+	}
+	return out
+}
+
+// APICredentials are the kubeconfig files this configuration names (the
+// kubernetes leader's, the kube substrate's, as written and relative to
+// the file): they reach the API server as reaperd. The substrate uses them;
+// no reaper plugin may open them (nor the ServiceAccount token).
+func (cfg *Config) APICredentials() []string {
+	var out []string
+	add := func(p string) {
+		if p != "" && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	add(cfg.Leader.Kubeconfig)
+	if cfg.Substrate.Body != nil {
+		raw := peekString(cfg.Substrate.Body, "kubeconfig")
+		add(raw)
+		add(cfg.relative(raw))
 	}
 	return out
 }

@@ -198,11 +198,12 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 }
 
 // newLoader is the loader of cfg's plugins: from its plugin directory, with
-// reaperd's secrets (and, but for the substrate, the ServiceAccount token)
-// hidden from every plugin.
+// reaperd's secrets (and, but for the substrate, its credentials for the
+// API server: the ServiceAccount token, the kubeconfig files) hidden from
+// every plugin.
 func newLoader(cfg *config.Config, log hclog.Logger, socketDir string) *loader.Loader {
 	return &loader.Loader{Dir: cfg.PluginDir, Logger: log, SocketDir: socketDir, MaxReply: cfg.PluginMaxReply,
-		Secrets: cfg.Secrets(), TokenDir: confine.ServiceAccountDir}
+		Secrets: cfg.Secrets(), APICredentials: append([]string{confine.ServiceAccountDir}, cfg.APICredentials()...)}
 }
 
 // warnUnhidden logs one WARN when the kernel offers no Landlock: the

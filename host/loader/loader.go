@@ -65,11 +65,12 @@ type Loader struct {
 	// may open them. They are hidden with Landlock where the kernel has it
 	// (confine.HideFiles; without it the daemon warns once at start).
 	Secrets []string
-	// TokenDir is the ServiceAccount token directory
-	// (confine.ServiceAccountDir, where the daemon runs in a pod): hidden
-	// from every reaper plugin; a substrate, which talks to the API server
-	// with it, may read it (but not Secrets). "": nothing hidden for it.
-	TokenDir string
+	// APICredentials reach the Kubernetes API server as reaperd: the
+	// ServiceAccount token directory (confine.ServiceAccountDir) and the
+	// kubeconfig files the configuration names. They are hidden from every
+	// reaper plugin; the substrate, which talks to the API server with
+	// them, may read them (but not Secrets).
+	APICredentials []string
 
 	// beforeStart, when set (tests), runs after the binary was opened and
 	// checked and before it is started.
@@ -187,12 +188,12 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
 }
 
-// hidden is what a plugin of kind may not open: Secrets, and TokenDir
-// unless it is the substrate.
+// hidden is what a plugin of kind may not open: Secrets, and
+// APICredentials unless it is the substrate.
 func (l *Loader) hidden(kind string) []string {
 	out := append([]string(nil), l.Secrets...)
-	if l.TokenDir != "" && kind != sdk.KindSubstrate {
-		out = append(out, l.TokenDir)
+	if kind != sdk.KindSubstrate {
+		out = append(out, l.APICredentials...)
 	}
 	return out
 }

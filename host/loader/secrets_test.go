@@ -38,7 +38,7 @@ const hostCanary = "canary-dsn-7c2e"
 type hostRequest struct {
 	PluginDir string
 	Secrets   []string
-	TokenDir  string
+	TokenDir  string // the API credentials
 	// Probe are the files the plugins try; "ENVIRON" stands for the host's
 	// own /proc/<pid>/environ.
 	Probe []string
@@ -144,7 +144,7 @@ func hostMain() int {
 		return got, nil
 	}
 	var err error
-	hidden := &loader.Loader{Dir: req.PluginDir, Logger: hclog.NewNullLogger(), Secrets: req.Secrets, TokenDir: req.TokenDir}
+	hidden := &loader.Loader{Dir: req.PluginDir, Logger: hclog.NewNullLogger(), Secrets: req.Secrets, APICredentials: []string{req.TokenDir}}
 	if a.Reaper, err = probe(hidden, loader.Spec{Kind: sdk.KindReaper, Name: "echo"}); err != nil {
 		return answer(hostAnswer{Error: "reaper: " + err.Error()})
 	}
