@@ -19,9 +19,13 @@
 //
 // Capabilities, no_new_privs, Landlock domains and user ids are each a
 // thread's own on Linux. Every function here that changes them changes
-// only the calling thread; the callers run them on a goroutine locked to
-// its OS thread which exits without unlocking it, so that the Go runtime
-// ends that thread with it and no other goroutine ever runs with it.
+// only the calling thread, which the caller holds (runtime.LockOSThread).
+// A thread must not simply end with such a change: the kernel sends the
+// parent-death signal of every child a thread started when that thread
+// ends (go.dev/issue/27505). So what can be undone is undone before the
+// thread is released (ClearInheritable's restore, AsUser), and what cannot
+// (no_new_privs, Landlock) is done in a process of its own that then
+// executes the program (the plugin loader's trampoline).
 package confine
 
 import "errors"

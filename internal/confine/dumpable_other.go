@@ -6,7 +6,7 @@ package confine
 func Undumpable() error { return nil }
 
 // ClearInheritable is Linux's only; elsewhere it does nothing.
-func ClearInheritable() error { return nil }
+func ClearInheritable() (restore func() error, err error) { return func() error { return nil }, nil }
 
 // NoNewPrivs is Linux's only; elsewhere it does nothing.
 func NoNewPrivs() error { return nil }

@@ -119,22 +119,27 @@ func startTask(cfg Config) (t *task, err error) {
 	return t, nil
 }
 
-// startWithoutCapabilities starts cmd from an OS thread of its own whose
-// ambient and inheritable capability sets are empty: the task, unless it
-// runs as root, starts with no capability at all, whatever the agent holds
-// (CAP_SETUID and CAP_SETGID, inherited from reaperd, to start it as
+// startWithoutCapabilities starts cmd from an OS thread whose ambient and
+// inheritable capability sets are emptied for the start: the task, unless
+// it runs as root, starts with no capability at all, whatever the agent
+// holds (CAP_SETUID and CAP_SETGID, inherited from reaperd, to start it as
 // run_as; Go's SysProcAttr can raise ambient capabilities but not clear
-// them). The thread ends with the goroutine, never unlocked, so no other
-// goroutine runs on it.
+// them). The sets are restored before the thread runs anything else; if
+// they cannot be, the thread stays locked and ends with the goroutine.
 func startWithoutCapabilities(cmd *exec.Cmd) error {
 	done := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		if err := confine.ClearInheritable(); err != nil {
+		runtime.LockOSThread()
+		restore, err := confine.ClearInheritable()
+		if err != nil {
 			done <- fmt.Errorf("clearing the capabilities the task would inherit: %w", err)
 			return
 		}
-		done <- cmd.Start()
+		err = cmd.Start()
+		if restore() == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
 	}()
 	return <-done
 }
