@@ -3,8 +3,10 @@
 // and the highest protocol version both sides speak. A plugin binary is
 // trusted only when nobody but reaperd's user (or root) can change it or
 // its directory; it is checked, hashed and run as one open file; it starts
-// with none of the host's environment but what PassedEnv names; and what
-// it answers is bounded in size (Loader.MaxReply). A plugin that cannot be
+// with none of the host's environment but what PassedEnv names, with no
+// capability, and (Landlock) unable to open the host's secrets
+// (Loader.Secrets, Loader.APICredentials); and what it answers is bounded
+// in size (Loader.MaxReply). A plugin that cannot be
 // launched is refused with its name and the reason.
 package loader
 
