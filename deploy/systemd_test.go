@@ -284,6 +284,43 @@ func TestSystemdUnit(t *testing.T) {
 		}
 	})
 
+	t.Run("LandlockCallsAllowed", func(t *testing.T) {
+		// Filtered out, they fail with EPERM and plugins start without
+		// reaperd's secrets hidden.
+		filter := strings.Join(u["Service"]["SystemCallFilter"], " ")
+		for _, call := range []string{"landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"} {
+			if !strings.Contains(" "+filter+" ", " "+call+" ") {
+				t.Errorf("SystemCallFilter=%s does not allow %s", filter, call)
+			}
+		}
+	})
+
+	t.Run("RunAsDropInGrantsExactlyTheCapabilitiesTheAgentsUse", func(t *testing.T) {
+		// docs/operate.md's drop-in for runner.run_as: CAP_SETUID and
+		// CAP_SETGID (to start a task as the run_as user and to signal it
+		// as that user), never CAP_KILL; test/tasksecrets runs the agent
+		// with exactly these.
+		doc := string(readFile(t, "../docs/operate.md"))
+		block := regexp.MustCompile("(?s)```ini\n(\\[Service\\]\nAmbientCapabilities=[^`]*)```").FindStringSubmatch(doc)
+		if block == nil {
+			t.Fatal("docs/operate.md has no run_as drop-in with AmbientCapabilities=")
+		}
+		dropIn, err := parseUnit([]byte("[Unit]\n[Install]\n" + block[1]))
+		if err != nil {
+			t.Fatalf("the drop-in: %v", err)
+		}
+		for _, k := range []string{"AmbientCapabilities", "CapabilityBoundingSet"} {
+			if got := dropIn.get("Service", k); got != "CAP_SETUID CAP_SETGID" {
+				t.Errorf("the drop-in's %s=%q, want exactly CAP_SETUID CAP_SETGID", k, got)
+			}
+		}
+		// The unit with the drop-in applied still passes systemd's check.
+		withDropIn := append(append([]byte(nil), src...), []byte("\n"+block[1])...)
+		if out, ok, err := systemdVerify(t, withDropIn); ok && err != nil {
+			t.Errorf("systemd-analyze verify of the unit with the drop-in: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("LogsWhereTheRunnerWrites", func(t *testing.T) {
 		logs := svc("LogsDirectory")
 		if !regexp.MustCompile(`(?m)^\s*log_dir\s*=\s*"/var/log/` + regexp.QuoteMeta(logs) + `"`).Match(readFile(t, liteHCLPath)) {

@@ -57,7 +57,11 @@ type Config struct {
 	PluginMaxReply int
 	DryRun         bool
 
-	StoreDSN string // store.dsn, or REAPER_DSN when set
+	StoreDSN string // store.dsn, or read from StoreDSNFile, or REAPER_DSN when set
+	// StoreDSNFile is the file StoreDSN was read from (store.dsn_file, or
+	// REAPER_DSN_FILE); "" when none. A secret of reaperd's: no plugin may
+	// read it (Secrets).
+	StoreDSNFile string
 
 	Leader     Leader
 	Ladder     ladder.Ladder
@@ -200,9 +204,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		WorkerCredentialCeiling: WorkerCredentialLifetimeDefault,
 	}
 	diags = append(diags, cfg.decode(content)...)
-	if env := getenv(EnvDSN); env != "" {
-		cfg.StoreDSN = env
-	}
+	diags = append(diags, cfg.storeFromEnv(getenv)...)
 	diags = append(diags, cfg.telemetryHost(getenv(EnvTelemetryHost))...)
 	diags = append(diags, cfg.checkKeyFiles()...)
 	diags = append(diags, cfg.validateLadder()...)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -338,6 +339,80 @@ func TestSettings(t *testing.T) {
 		}
 		if cfg.StoreDSN != "postgres://env" {
 			t.Fatalf("dsn = %q", cfg.StoreDSN)
+		}
+	})
+
+	t.Run("DSNFileIsReadOneLineItsNewlineTrimmed", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "dsn")
+		if err := os.WriteFile(path, []byte("postgres://reaper:hunter2@db/reaper\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := parse(t, minimal+"store {\n  dsn_file = \""+path+"\"\n}\n", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.StoreDSN != "postgres://reaper:hunter2@db/reaper" || cfg.StoreDSNFile != path {
+			t.Fatalf("dsn = %q from %q", cfg.StoreDSN, cfg.StoreDSNFile)
+		}
+		if !slices.Contains(cfg.Secrets(), path) || !slices.Contains(cfg.Secrets(), "reaper.hcl") {
+			t.Fatalf("secrets %v: want the DSN file and the configuration file", cfg.Secrets())
+		}
+		// The environment's file wins over the block's, as REAPER_DSN does.
+		other := filepath.Join(t.TempDir(), "dsn")
+		if err := os.WriteFile(other, []byte("postgres://env-file\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err = parse(t, minimal+"store {\n  dsn = \"postgres://file\"\n}\n", map[string]string{config.EnvDSNFile: other})
+		if err != nil || cfg.StoreDSN != "postgres://env-file" {
+			t.Fatalf("REAPER_DSN_FILE: %v, dsn %q", err, cfg.StoreDSN)
+		}
+	})
+
+	t.Run("DSNAndDSNFileRefusedAtTheirLine", func(t *testing.T) {
+		_, err := parse(t, minimal+"store {\n  dsn      = \"postgres://file\"\n  dsn_file = \"/etc/reaper/dsn\"\n}\n", nil)
+		if err == nil || !strings.Contains(err.Error(), "reaper.hcl:5:") || !strings.Contains(err.Error(), "exclude each other") {
+			t.Fatalf("err = %v, want a refusal at reaper.hcl:5", err)
+		}
+		_, err = parse(t, minimal, map[string]string{config.EnvDSN: "postgres://a", config.EnvDSNFile: "/etc/reaper/dsn"})
+		if err == nil || !strings.Contains(err.Error(), "exclude each other") {
+			t.Fatalf("both variables: err = %v, want refused", err)
+		}
+	})
+
+	t.Run("DSNFileOthersMayReadOrOfTwoLinesIsRefused", func(t *testing.T) {
+		dir := t.TempDir()
+		open := filepath.Join(dir, "open")
+		if err := os.WriteFile(open, []byte("postgres://x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		twoLines := filepath.Join(dir, "two")
+		if err := os.WriteFile(twoLines, []byte("postgres://x\npostgres://y\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]string{open: "mode 0644", twoLines: "more than one line",
+			filepath.Join(dir, "missing"): "no such file"} {
+			_, err := parse(t, minimal+"store {\n  dsn_file = \""+path+"\"\n}\n", nil)
+			if err == nil || !strings.Contains(err.Error(), "reaper.hcl:4:") || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: err = %v, want %q at reaper.hcl:4", path, err, want)
+			}
+		}
+	})
+
+	t.Run("KubeconfigsAreAPICredentialsNotSecrets", func(t *testing.T) {
+		src := "edition = \"kube\"\nsubstrate \"kube\" {\n  kubeconfig = \"cluster.kubeconfig\"\n}\n" +
+			"leader \"kubernetes\" {\n  namespace  = \"reaper\"\n  name       = \"reaper\"\n  kubeconfig = \"/etc/reaper/leader.kubeconfig\"\n}\n"
+		cfg, diags := config.Check("/etc/reaper/reaper.hcl", []byte(src), config.Options{Getenv: func(string) string { return "" }})
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		got := cfg.APICredentials()
+		for _, want := range []string{"/etc/reaper/leader.kubeconfig", "cluster.kubeconfig", "/etc/reaper/cluster.kubeconfig"} {
+			if !slices.Contains(got, want) {
+				t.Errorf("API credentials %v lack %s", got, want)
+			}
+		}
+		if slices.Contains(cfg.Secrets(), "/etc/reaper/leader.kubeconfig") {
+			t.Errorf("secrets %v hold a kubeconfig: the substrate could not reach the API server", cfg.Secrets())
 		}
 	})
 

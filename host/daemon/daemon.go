@@ -35,11 +35,13 @@ import (
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
+	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/substrate/lite/records"
 )
 
 // auditTimeout bounds the audit of one batch of the runner's decisions.
@@ -180,7 +182,42 @@ func (d *Daemon) openLoader() (*loader.Loader, error) {
 	if d.sockets, err = loader.OpenSocketDir(d.opts.SocketRoot, d.log.Named("sockets")); err != nil {
 		return nil, err
 	}
-	return &loader.Loader{Dir: d.cfg.PluginDir, Logger: d.log, SocketDir: d.sockets.Path(), MaxReply: d.cfg.PluginMaxReply}, nil
+	// A plugin may open only what existed beside reaperd's hidden secrets
+	// when it started (confine.HideFiles), and the Lite record directory
+	// lies by default in $TMPDIR beside the attempt API's state directory,
+	// which is hidden: it is made now, before the substrate starts.
+	if d.cfg.RecordDir != "" {
+		dir, err := records.Open(d.cfg.RecordDir)
+		if err != nil {
+			return nil, fmt.Errorf("the Lite record directory: %w", err)
+		}
+		dir.Close()
+	}
+	ld := newLoader(d.cfg, d.log, d.sockets.Path())
+	d.metrics.PluginSecretsHidden(warnUnhidden(d.log) == nil)
+	return ld, nil
+}
+
+// newLoader is the loader of cfg's plugins: from its plugin directory, with
+// reaperd's secrets (and, but for the substrate, its credentials for the
+// API server: the ServiceAccount token, the kubeconfig files) hidden from
+// every plugin.
+func newLoader(cfg *config.Config, log hclog.Logger, socketDir string) *loader.Loader {
+	return &loader.Loader{Dir: cfg.PluginDir, Logger: log, SocketDir: socketDir, MaxReply: cfg.PluginMaxReply,
+		Secrets: cfg.Secrets(), APICredentials: append([]string{confine.ServiceAccountDir}, cfg.APICredentials()...)}
+}
+
+// warnUnhidden logs one WARN when the kernel offers no Landlock: the
+// plugins then start able to open reaperd's key files, its DSN file and its
+// ServiceAccount token, which run as its user. It returns why, or nil.
+func warnUnhidden(log hclog.Logger) error {
+	_, err := confine.LandlockABI()
+	if err != nil {
+		log.Warn("plugins are started without Landlock: they can open reaperd's key files, its DSN file, its "+
+			"configuration and its ServiceAccount token (they run as its user); they still hold no capability "+
+			"and cannot read reaperd's environment or memory", "error", err)
+	}
+	return err
 }
 
 // supervise puts a started plugin under a supervisor that restarts it (with
@@ -488,8 +525,8 @@ func Check(ctx context.Context, cfg *config.Config, opts Options) hcl.Diagnostic
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot start the plugins", Detail: err.Error()}}
 	}
 	defer sockets.Close()
-	ld := &loader.Loader{Dir: cfg.PluginDir, Logger: opts.Logger, SocketDir: sockets.Path(), MaxReply: cfg.PluginMaxReply}
-	return launch.Check(ctx, ld, cfg)
+	_ = warnUnhidden(opts.Logger)
+	return launch.Check(ctx, newLoader(cfg, opts.Logger, sockets.Path()), cfg)
 }
 
 // reaperOf and substrateOf give the loop the typed plugin it needs from a

@@ -3,8 +3,10 @@
 // and the highest protocol version both sides speak. A plugin binary is
 // trusted only when nobody but reaperd's user (or root) can change it or
 // its directory; it is checked, hashed and run as one open file; it starts
-// with none of the host's environment but what PassedEnv names; and what
-// it answers is bounded in size (Loader.MaxReply). A plugin that cannot be
+// with none of the host's environment but what PassedEnv names, with no
+// capability, and (Landlock) unable to open the host's secrets
+// (Loader.Secrets, Loader.APICredentials); and what it answers is bounded
+// in size (Loader.MaxReply). A plugin that cannot be
 // launched is refused with its name and the reason.
 package loader
 
@@ -60,6 +62,17 @@ type Loader struct {
 	// SocketDir's Path) so that sockets of a host killed with kill -9 can be
 	// swept; "" is the system's temporary directory.
 	SocketDir string
+	// Secrets are reaperd's own secret files and directories (its key
+	// files, its DSN file, its configuration: config.Secrets): no plugin
+	// may open them. They are hidden with Landlock where the kernel has it
+	// (confine.HideFiles; without it the daemon warns once at start).
+	Secrets []string
+	// APICredentials reach the Kubernetes API server as reaperd: the
+	// ServiceAccount token directory (confine.ServiceAccountDir) and the
+	// kubeconfig files the configuration names. They are hidden from every
+	// reaper plugin; the substrate, which talks to the API server with
+	// them, may read them (but not Secrets).
+	APICredentials []string
 
 	// beforeStart, when set (tests), runs after the binary was opened and
 	// checked and before it is started.
@@ -125,11 +138,12 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if maxReply <= 0 {
 		maxReply = MaxReplyDefault
 	}
+	hidden := l.hidden(spec.Kind)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		VersionedPlugins: plugin.PluginSetsWithLimit(maxReply),
-		RunnerFunc: func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
-			return newProcess(path, bin, spec, append(passedEnv(os.Environ()), l.Env...), l.beforeStart)
+		RunnerFunc: func(_ hclog.Logger, cmd *exec.Cmd, _ string) (runner.Runner, error) {
+			return newProcess(path, bin, cmd, append(passedEnv(os.Environ()), l.Env...), hidden, l.beforeStart)
 		},
 		// Nothing of the host's environment but what PassedEnv names.
 		SkipHostEnv:      true,
@@ -174,6 +188,16 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
 	}
 	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
+}
+
+// hidden is what a plugin of kind may not open: Secrets, and
+// APICredentials unless it is the substrate.
+func (l *Loader) hidden(kind string) []string {
+	out := append([]string(nil), l.Secrets...)
+	if kind != sdk.KindSubstrate {
+		out = append(out, l.APICredentials...)
+	}
+	return out
 }
 
 // classify turns go-plugin's start-up errors into the reasons an operator

@@ -30,6 +30,9 @@ import (
 var pluginDir string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(hostModeEnv) != "" {
+		os.Exit(hostMain())
+	}
 	os.Exit(runMain(m))
 }
 
@@ -197,7 +200,7 @@ func TestLaunch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("schema: %v", err)
 		}
-		if len(schema.Attributes) != 4 || schema.Attributes[1].Default != "90s" {
+		if len(schema.Attributes) != 5 || schema.Attributes[1].Default != "90s" {
 			t.Fatalf("schema = %+v", schema)
 		}
 		configure(t, p, "normal")
@@ -405,7 +408,7 @@ func TestPassFailures(t *testing.T) {
 			t.Fatalf("launch: %v", err)
 		}
 		err = p.Base().Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{"mode": "sideways"}})
-		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply" or "env", not "sideways"`
+		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env" or "probe", not "sideways"`
 		if err == nil || err.Error() != want {
 			t.Fatalf("err = %v, want exactly the plugin's sentence %q", err, want)
 		}

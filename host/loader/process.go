@@ -20,6 +20,7 @@ type process struct {
 	cmd            *exec.Cmd
 	stdout, stderr io.ReadCloser
 	before         func()
+	path           string
 }
 
 var _ runner.Runner = (*process)(nil)
@@ -27,9 +28,10 @@ var _ runner.Runner = (*process)(nil)
 // newProcess prepares the open binary bin (found at path) to run with the
 // environment go-plugin made for it (the handshake, the client
 // certificate, the socket directory: the host's own environment is not in
-// it) plus extra. The child executes bin itself, not path (execFile).
-func newProcess(path string, bin *os.File, spec *exec.Cmd, extra []string, before func(string)) (*process, error) {
-	cmd := execFile(path, bin)
+// it) plus extra. The child executes bin itself, not path, confined so that
+// it holds no capability and can open none of the hidden paths (execFile).
+func newProcess(path string, bin *os.File, spec *exec.Cmd, extra, hidden []string, before func(string)) (*process, error) {
+	cmd := execFile(path, bin, hidden)
 	cmd.Env = append(append([]string(nil), spec.Env...), extra...)
 	cmd.Stdin = spec.Stdin
 	dieWithHost(cmd)
@@ -41,7 +43,7 @@ func newProcess(path string, bin *os.File, spec *exec.Cmd, extra []string, befor
 	if err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, stdout: stdout, stderr: stderr}
+	p := &process{cmd: cmd, stdout: stdout, stderr: stderr, path: path}
 	if before != nil {
 		p.before = func() { before(path) }
 	}
@@ -71,7 +73,7 @@ func (p *process) Stdout() io.ReadCloser { return p.stdout }
 
 func (p *process) Stderr() io.ReadCloser { return p.stderr }
 
-func (p *process) Name() string { return p.cmd.Path }
+func (p *process) Name() string { return p.path }
 
 func (p *process) ID() string {
 	if p.cmd.Process == nil {
@@ -81,7 +83,7 @@ func (p *process) ID() string {
 }
 
 func (p *process) Diagnose(context.Context) string {
-	return "(is " + p.cmd.Path + " a plugin built for this machine with this SDK?)"
+	return "(is " + p.path + " a plugin built for this machine with this SDK?)"
 }
 
 func (p *process) PluginToHost(network, addr string) (string, string, error) {

@@ -29,6 +29,7 @@ type Metrics struct {
 	lastCycle      prometheus.Gauge
 	owedTeardowns  prometheus.Gauge
 	shadow         *prometheus.CounterVec
+	confinement    prometheus.Gauge
 
 	// The runner's collectors (Lite runner block), written on every tick
 	// or dispatch.
@@ -105,6 +106,10 @@ func New() *Metrics {
 			Name: "reaper_shadow_verdicts_total",
 			Help: "Verdicts written on shadow decisions (dry run, policy hold, provisional kube marks) once the board showed what became of the attempt: would_have_killed_live_work, right or unresolved, by reaper and decision label.",
 		}, []string{"reaper", "label", "verdict"}),
+		confinement: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_plugin_secrets_hidden",
+			Help: "1 when the plugins are started unable to open reaperd's key files, DSN file and ServiceAccount token (Landlock); 0 when the kernel offers no Landlock and they are not.",
+		}),
 		loopDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dexaflow_scheduler_loop_duration_seconds",
 			Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
@@ -148,7 +153,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.apiCalls, m.apiConns, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
-		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow,
+		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
@@ -210,6 +215,16 @@ func (m *Metrics) ShadowReapers(reapers []string) {
 // ShadowVerdict counts one verdict on a decision of reaper under label.
 func (m *Metrics) ShadowVerdict(reaper, label, verdict string) {
 	m.shadow.WithLabelValues(reaper, label, verdict).Inc()
+}
+
+// PluginSecretsHidden says whether plugins start unable to open reaperd's
+// secret files (reaper_plugin_secrets_hidden).
+func (m *Metrics) PluginSecretsHidden(hidden bool) {
+	v := 0.0
+	if hidden {
+		v = 1
+	}
+	m.confinement.Set(v)
 }
 
 // PluginRestart counts a plugin restart.

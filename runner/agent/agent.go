@@ -565,7 +565,7 @@ func (r *runner) stopLeftovers(ctx context.Context, t *task) {
 	}
 	r.log.Warn("the task left processes running in its group: stopping them", "pgid", t.pgid)
 	// Detached from ctx: an agent that is stopping still must not leave them.
-	if _, err := stopGroup(context.WithoutCancel(ctx), r.cfg.Clock, t.pgid, r.cfg.TerminateGrace, r.cfg.KillWait); err != nil {
+	if _, err := t.stop(context.WithoutCancel(ctx), r.cfg.Clock, r.cfg.TerminateGrace, r.cfg.KillWait); err != nil {
 		r.log.Error("could not stop the task's leftover processes; its records stay so the reapers see them",
 			"pgid", t.pgid, "error", err)
 	}

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +16,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/dexaflow/reaper/internal/confine"
+	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -51,6 +55,9 @@ type task struct {
 	state *os.ProcessState
 	// drained is closed when the output copy has ended.
 	drained chan struct{}
+	// runAs is the user the task runs as (Lite's run_as), nil when the
+	// agent's own: see signalGroup.
+	runAs *runas.User
 }
 
 func startTask(cfg Config) (t *task, err error) {
@@ -84,7 +91,7 @@ func startTask(cfg Config) (t *task, err error) {
 		cmd.Env = append(cmd.Env, cfg.RunAs.Env()...)
 		cmd.SysProcAttr.Credential = cfg.RunAs.Credential()
 	}
-	err = cmd.Start()
+	err = startWithoutCapabilities(cmd)
 	outW.Close()
 	gateR.Close()
 	if err != nil {
@@ -99,6 +106,7 @@ func startTask(cfg Config) (t *task, err error) {
 		gate:    gateW,
 		exited:  make(chan struct{}),
 		drained: make(chan struct{}),
+		runAs:   cfg.RunAs,
 	}
 	go func() {
 		defer close(t.exited)
@@ -109,6 +117,53 @@ func startTask(cfg Config) (t *task, err error) {
 		_, _ = io.Copy(cfg.Output, outR)
 	}()
 	return t, nil
+}
+
+// startWithoutCapabilities starts cmd from an OS thread whose ambient and
+// inheritable capability sets are emptied for the start: the task, unless
+// it runs as root, starts with no capability at all, whatever the agent
+// holds (CAP_SETUID and CAP_SETGID, inherited from reaperd, to start it as
+// run_as; Go's SysProcAttr can raise ambient capabilities but not clear
+// them). The sets are restored before the thread runs anything else; if
+// they cannot be, the thread stays locked and ends with the goroutine.
+func startWithoutCapabilities(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := confine.ClearInheritable()
+		if err != nil {
+			done <- fmt.Errorf("clearing the capabilities the task would inherit: %w", err)
+			return
+		}
+		err = cmd.Start()
+		if restore() == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
+}
+
+// signalGroup sends sig to the task's group. A task of Lite's run_as runs
+// as another user, whom the agent (not root, without CAP_KILL) may not
+// signal: refused so (EPERM), the signal is sent again from a thread of the
+// agent's whose effective user is the task's (confine.AsUser; the agent
+// holds CAP_SETUID to start the task), as a process may signal its own
+// user's. A signal that still fails is an error for the caller to log.
+func (t *task) signalGroup(pgid int, sig unix.Signal) (bool, error) {
+	sent, err := proc.SignalGroup(pgid, sig)
+	if t.runAs == nil || !errors.Is(err, unix.EPERM) {
+		return sent, err
+	}
+	var asSent bool
+	aerr := confine.AsUser(t.runAs.UID, func() (e error) {
+		asSent, e = proc.SignalGroup(pgid, sig)
+		return e
+	})
+	if aerr != nil {
+		return false, fmt.Errorf("%w; as the task's user %s (uid %d): %w", err, t.runAs.Name, t.runAs.UID, aerr)
+	}
+	return asSent, nil
 }
 
 // readStart reads the leader's start time and checks that it leads its group.
@@ -142,14 +197,14 @@ func (t *task) abort(clk clock.Clock, killWait time.Duration, log hclog.Logger) 
 		t.gate.Close()
 		t.gate = nil
 	}
-	if err := proc.KillGroup(context.Background(), clk, t.pgid, killWait); err != nil {
+	if err := proc.KillGroupWith(context.Background(), clk, t.pgid, killWait, t.signalGroup); err != nil {
 		log.Error("could not kill the unrecorded task group", "pgid", t.pgid, "error", err)
 	}
 	<-t.exited
 }
 
 func (t *task) signal(sig unix.Signal, log hclog.Logger) {
-	if _, err := proc.SignalGroup(t.pgid, sig); err != nil {
+	if _, err := t.signalGroup(t.pgid, sig); err != nil {
 		log.Error("could not signal the task's group", "pgid", t.pgid, "signal", unix.SignalName(sig), "error", err)
 	}
 }
@@ -194,8 +249,9 @@ func bootID() (string, error) { return proc.BootID() }
 
 func groupRunning(pgid int) (bool, error) { return proc.GroupRunning(pgid) }
 
-func stopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait time.Duration) (proc.StopReport, error) {
-	return proc.StopGroup(ctx, clk, pgid, grace, killWait)
+// stop stops the task's group: SIGTERM, grace, SIGKILL, killWait.
+func (t *task) stop(ctx context.Context, clk clock.Clock, grace, killWait time.Duration) (proc.StopReport, error) {
+	return proc.StopGroupWith(ctx, clk, t.pgid, grace, killWait, t.signalGroup)
 }
 
 // privateEnv names the agent's own settings that a task must not inherit:

@@ -94,6 +94,12 @@ type probeResult struct {
 	File string
 	// Claim is what a claim as the worker answered ("" when not tried).
 	Claim string
+	// Caps: the task's own CapEff, CapPrm and CapAmb, and its parent's
+	// (the agent's) CapEff, as /proc shows them; Setuid: what switching to
+	// each uid of probeSetuidEnv gave ("became" or an errno name). Set
+	// only when probeSetuidEnv is.
+	Caps   map[string]string
+	Setuid map[string]string
 }
 
 const probeMark = "PROBE "
@@ -156,6 +162,9 @@ func probe() int {
 	}
 	if api := os.Getenv(probeAPIEnv); api != "" {
 		r.Claim = claimAsWorker(api, os.Getenv(probeCAEnv), os.Getenv(probeWorkerEnv), os.Getenv(attempttoken.EnvWorkerToken))
+	}
+	if uids := os.Getenv(probeSetuidEnv); uids != "" {
+		probeCaps(&r, uids)
 	}
 	b, _ := json.Marshal(r)
 	fmt.Println(probeMark + string(b))

@@ -25,6 +25,7 @@ import (
 
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/daemon"
+	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/sdk/plugin"
@@ -43,6 +44,15 @@ commands:
 `
 
 func main() {
+	// Before anything else: reaperd's environment (REAPER_DSN) and memory
+	// (the DSN, the signing key, the database connections) must not be
+	// readable by its plugins, which run as its user. Non-dumpable, its
+	// /proc/<pid>/environ and mem are closed to every process of that user
+	// without CAP_SYS_PTRACE.
+	if err := confine.Undumpable(); err != nil {
+		fmt.Fprintf(os.Stderr, "reaperd: %v\n", err)
+		os.Exit(1)
+	}
 	// The host serves every pass its board and audits its decisions: it
 	// runs under the reap passes' GC target (plugin.GCPercent).
 	plugin.TuneGC()
@@ -105,6 +115,7 @@ func parseConfigFlag(name string, args []string, stderr io.Writer) (string, bool
 // does: each diagnostic on its own line, warnings logged.
 func loadConfig(path string, logger hclog.Logger, stderr io.Writer) (*config.Config, bool) {
 	cfg, err := config.Load(path, config.Options{})
+	forgetDSN()
 	if err != nil {
 		var cerr *config.Error
 		if errors.As(err, &cerr) {
@@ -118,6 +129,15 @@ func loadConfig(path string, logger hclog.Logger, stderr io.Writer) (*config.Con
 		logger.Warn(w)
 	}
 	return cfg, true
+}
+
+// forgetDSN removes REAPER_DSN from reaperd's environment once the
+// configuration has read it: no process reaperd starts (a plugin, a Lite
+// agent, their children) inherits it, whatever the launching code passes
+// on. What the kernel shows as /proc/<pid>/environ (the environment
+// reaperd was started with) is closed by Undumpable.
+func forgetDSN() {
+	_ = os.Unsetenv(config.EnvDSN)
 }
 
 // commandSetup is what every command that takes -config does first: parse
@@ -148,6 +168,7 @@ func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	logger := newLogger(stderr, hclog.Warn)
 	cfg, diags, err := config.CheckFile(path, config.Options{})
+	forgetDSN()
 	if err != nil {
 		fmt.Fprintf(stderr, "reaperd: %v\n", err)
 		return 1

@@ -33,6 +33,16 @@ type StopReport struct {
 //
 // The caller must have verified that pgid is the group it means to stop.
 func StopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait time.Duration) (StopReport, error) {
+	return StopGroupWith(ctx, clk, pgid, grace, killWait, SignalGroup)
+}
+
+// Sender sends a signal to a process group, as SignalGroup does: false
+// when the group is already gone.
+type Sender func(pgid int, sig unix.Signal) (bool, error)
+
+// StopGroupWith is StopGroup sending its signals with send (the Lite
+// agent's, which signals a task of another user as that user).
+func StopGroupWith(ctx context.Context, clk clock.Clock, pgid int, grace, killWait time.Duration, send Sender) (StopReport, error) {
 	var rep StopReport
 	running, err := GroupRunning(pgid)
 	if err != nil {
@@ -42,7 +52,7 @@ func StopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 		rep.AlreadyGone, rep.Gone = true, true
 		return rep, nil
 	}
-	if _, err := SignalGroup(pgid, unix.SIGTERM); err != nil {
+	if _, err := send(pgid, unix.SIGTERM); err != nil {
 		return rep, fmt.Errorf("stopping process group %d: %w", pgid, err)
 	}
 	rep.Terminated = true
@@ -51,7 +61,7 @@ func StopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 		rep.Gone = gone
 		return rep, err
 	}
-	if _, err := SignalGroup(pgid, unix.SIGKILL); err != nil {
+	if _, err := send(pgid, unix.SIGKILL); err != nil {
 		return rep, fmt.Errorf("stopping process group %d: %w", pgid, err)
 	}
 	rep.Killed = true
@@ -68,7 +78,12 @@ func StopGroup(ctx context.Context, clk clock.Clock, pgid int, grace, killWait t
 
 // KillGroup sends SIGKILL to the group and waits up to killWait for it to go.
 func KillGroup(ctx context.Context, clk clock.Clock, pgid int, killWait time.Duration) error {
-	if _, err := SignalGroup(pgid, unix.SIGKILL); err != nil {
+	return KillGroupWith(ctx, clk, pgid, killWait, SignalGroup)
+}
+
+// KillGroupWith is KillGroup sending SIGKILL with send.
+func KillGroupWith(ctx context.Context, clk clock.Clock, pgid int, killWait time.Duration, send Sender) error {
+	if _, err := send(pgid, unix.SIGKILL); err != nil {
 		return err
 	}
 	gone, err := waitGone(ctx, clk, pgid, killWait)

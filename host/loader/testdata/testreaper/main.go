@@ -13,18 +13,24 @@
 // hostile modes: "forge_success" marks every successful attempt a confirmed
 // infra failure; "late_write" writes to the board after its pass returned;
 // "big_reply" answers with a reply far larger than the host accepts; "env"
-// hands back its own environment as its state.
+// hands back its own environment as its state; "probe" tries to read each
+// file its probe attribute names (one a line) and hands back, as its state,
+// JSON of what each read gave ("read", or the errno's name).
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk/plugin"
 
@@ -37,6 +43,7 @@ type reaper struct {
 	name   string
 	mode   string
 	marker string
+	probe  string
 }
 
 func newReaper(hclog.Logger) *reaper {
@@ -54,18 +61,20 @@ func (r *reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
 		{Name: "threshold", Type: sdk.TypeDuration, Default: "90s"},
 		{Name: "required_thing", Type: sdk.TypeString, Required: r.name == "strict"},
 		{Name: "crash_marker", Type: sdk.TypeString, Default: ""},
+		{Name: "probe", Type: sdk.TypeString, Default: ""},
 	}}, nil
 }
 
 func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.mode = req.Values.String("mode")
 	r.marker = req.Values.String("crash_marker")
+	r.probe = req.Values.String("probe")
 	switch r.mode {
 	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash",
-		"forge_success", "late_write", "big_reply", "env":
+		"forge_success", "late_write", "big_reply", "env", "probe":
 		return nil
 	}
-	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply" or "env", not %q`, r.mode)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env" or "probe", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
@@ -95,6 +104,8 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 	case "env":
 		// The plugin's whole environment, as its pass's state.
 		return sdk.PassResult{State: []byte(strings.Join(os.Environ(), "\x00"))}, nil
+	case "probe":
+		return sdk.PassResult{State: probe(r.probe)}, nil
 	}
 	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
 		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldHeartbeatAt,
@@ -214,6 +225,29 @@ func reportPass(ctx context.Context, pass sdk.Pass, sink sdk.Sink, early, late i
 		return sdk.PassResult{}, err
 	}
 	return sdk.PassResult{State: []byte("reported")}, err
+}
+
+// probe reads each file named in paths (one a line) and says, as JSON,
+// what each read gave: "read", or the name of the errno that refused it.
+func probe(paths string) []byte {
+	out := map[string]string{}
+	for _, p := range strings.Split(paths, "\n") {
+		if p == "" {
+			continue
+		}
+		_, err := os.ReadFile(p)
+		var errno syscall.Errno
+		switch {
+		case err == nil:
+			out[p] = "read"
+		case errors.As(err, &errno):
+			out[p] = unix.ErrnoName(errno)
+		default:
+			out[p] = err.Error()
+		}
+	}
+	b, _ := json.Marshal(out)
+	return b
 }
 
 func main() {

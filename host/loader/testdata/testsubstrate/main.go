@@ -9,14 +9,23 @@
 // ... and overrides the second, fourth, ... as durable successes, settles
 // every running attempt as a success, and appends "confirmed by the sweep"
 // to the log of each attempt it confirmed.
+//
+// With a probe attribute (file paths, one a line), its StopOrphan answers,
+// as its detail, JSON of what reading each file gave ("read", or the
+// errno's name).
 package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dexaflow/reaper/sdk/plugin"
 
@@ -25,7 +34,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-type substrate struct{ name string }
+type substrate struct{ name, probe string }
 
 func newSubstrate(hclog.Logger) *substrate {
 	return &substrate{name: strings.TrimPrefix(filepath.Base(os.Args[0]), "reaper-substrate-")}
@@ -36,10 +45,14 @@ func (s *substrate) Info(context.Context) (sdk.Info, error) {
 }
 
 func (s *substrate) ConfigSchema(context.Context) (sdk.Schema, error) {
-	return sdk.Schema{Attributes: []sdk.Attribute{{Name: "record_dir", Type: sdk.TypeString, Default: ""}}}, nil
+	return sdk.Schema{Attributes: []sdk.Attribute{{Name: "record_dir", Type: sdk.TypeString, Default: ""},
+		{Name: "probe", Type: sdk.TypeString, Default: ""}}}, nil
 }
 
-func (s *substrate) Configure(context.Context, sdk.ConfigureRequest) error { return nil }
+func (s *substrate) Configure(_ context.Context, req sdk.ConfigureRequest) error {
+	s.probe = req.Values.String("probe")
+	return nil
+}
 
 func (s *substrate) Sweep(ctx context.Context, req sdk.SweepRequest, board sdk.Board) (sdk.SweepResult, error) {
 	if s.name == "reconcile" {
@@ -142,9 +155,35 @@ func (s *substrate) Teardown(context.Context, sdk.TeardownRequest) ([]sdk.Teardo
 }
 
 func (s *substrate) StopOrphan(context.Context, sdk.StopRequest) (sdk.StopResult, error) {
+	if s.probe != "" {
+		return sdk.StopResult{Detail: probe(s.probe)}, nil
+	}
 	return sdk.StopResult{Stopped: true}, nil
 }
 
 func (s *substrate) WarmWorkers(context.Context) ([]sdk.WarmWorker, error) { return nil, nil }
+
+// probe reads each file named in paths (one a line) and says, as JSON,
+// what each read gave: "read", or the name of the errno that refused it.
+func probe(paths string) string {
+	out := map[string]string{}
+	for _, p := range strings.Split(paths, "\n") {
+		if p == "" {
+			continue
+		}
+		_, err := os.ReadFile(p)
+		var errno syscall.Errno
+		switch {
+		case err == nil:
+			out[p] = "read"
+		case errors.As(err, &errno):
+			out[p] = unix.ErrnoName(errno)
+		default:
+			out[p] = err.Error()
+		}
+	}
+	b, _ := json.Marshal(out)
+	return string(b)
+}
 
 func main() { plugin.Serve(newSubstrate) }

@@ -21,7 +21,7 @@
 //	   lapsed); it ran what it had claimed to the end first
 //
 // The agent makes itself non-dumpable before it does anything else (see
-// agent.Undumpable): its task runs as its user and cannot read the agent's
+// confine.Undumpable): its task runs as its user and cannot read the agent's
 // environment or memory, where its credential is. It strips its own
 // settings and credentials (the attempt's and a warm worker's token) from
 // every task's environment.
@@ -75,6 +75,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
@@ -101,7 +102,7 @@ func main() {
 	// attempt's or the worker's) is in it, and the task the agent starts
 	// runs as the same user. Non-dumpable, the agent's /proc/<pid>/environ
 	// and memory are closed to that task.
-	if err := agent.Undumpable(); err != nil {
+	if err := confine.Undumpable(); err != nil {
 		fmt.Fprintf(os.Stderr, "reaper-agent: %v\n", err)
 		os.Exit(exitUsage)
 	}
