@@ -69,6 +69,11 @@ type Reaper struct {
 	// (its Info's): a write found there without its decision is audited
 	// under its name.
 	MarkReasons []string
+	// Labels are the decision labels its Info declared when it was
+	// launched (sdk.Info.DecisionLabels). The loop meters and audits its
+	// decisions only under these, its MarkReasons and sdk.CommonLabels,
+	// and refuses any other (sdk.LabelBoardRefusedUndeclaredLabel).
+	Labels []string
 }
 
 // Config configures the loop.
@@ -158,6 +163,9 @@ type Loop struct {
 	// searchable are the reapers' declared mark reasons the board is
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
+	// allowed are the labels each reaper's decisions may carry, by name
+	// (sdk.AllowedLabels of its declaration).
+	allowed map[string]map[string]bool
 	// scorer scores the shadow decisions (nil without Config.Verdicts).
 	scorer *audit.Scorer
 	// pruneAsked carries a cycle's ask for a batch of the audit's prune to
@@ -172,7 +180,15 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
 		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
-		pruneAsked: make(chan int64, 1),
+		pruneAsked: make(chan int64, 1), allowed: map[string]map[string]bool{},
+	}
+	for _, r := range reapers {
+		declared := sdk.Info{DecisionLabels: r.Labels, MarkReasons: r.MarkReasons}
+		if err := sdk.CheckDeclared(declared); err != nil {
+			cfg.Logger.Warn("a reaper's declared labels are refused: only the sdk's common labels are taken from it",
+				"reaper", r.Name, "error", err)
+		}
+		l.allowed[r.Name] = sdk.AllowedLabels(declared)
 	}
 	if cfg.Verdicts != nil {
 		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
@@ -339,6 +355,7 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	// otherwise leave the write unaudited.
 	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
 	ledger.OnRefusal("substrate", l.lateRefusals(ctx, term, start, l.cfg.DryRun))
+	ledger.Guard(l.cfg.Clock, start, false, nil)
 	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
 	ledger.Close()
@@ -371,7 +388,7 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	for mark, n := range sw.Overrides {
 		l.cfg.Metrics.Override(mark, n)
 	}
-	l.record(ctx, term, start, fill(sw.Decisions, "substrate", l.cfg.DryRun), res)
+	l.record(ctx, term, start, l.screened("substrate", audit.Screen(sw.Decisions, "substrate", nil, l.cfg.DryRun)), res)
 	l.gate.Swept(term)
 	return true
 }
@@ -434,6 +451,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	ctx, cancel := clock.WithTimeout(phase, l.cfg.Clock, share)
 	defer cancel()
 	deadline := passStart.Add(share)
+	substrate := exec // the substrate itself, before the pass's wrappers
 	if dry {
 		exec = dryRunExecutions{exec}
 	} else if l.cfg.Owed != nil {
@@ -447,12 +465,22 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	// written, then let go: a mass recovery's decisions are never all held.
 	// Its writes go through the ledger, so that a write that applied and
 	// whose decision never arrives is audited all the same.
+	// The host, not the plugin, says whose decisions they are, which
+	// labels they may carry, when its writes are fenced and that its marks
+	// are not confirmed as they are made.
 	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
+	sink.Only(l.allowed[r.Name])
 	ledger := audit.NewLedger(l.boardFor(dry))
 	ledger.OnRefusal(r.Name, l.lateRefusals(phase, term, now, dry))
+	ledger.Guard(l.cfg.Clock, now, true, l.allowed[r.Name])
+	if l.cfg.Edition == ladder.EditionLite {
+		// No sweep reads an outcome on Lite: the host confirms an infra
+		// mark as made when the substrate reads its attempt dead.
+		ledger.ConfirmDead(substrate)
+	}
 	sink.Stream(func(ds []sdk.Decision) {
 		ledger.Cover(ds)
-		l.note(term, ds, res)
+		l.note(term, l.screened(r.Name, ds), res)
 	})
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
@@ -519,6 +547,27 @@ func (l *Loop) refusals(ctx context.Context, term int64, at time.Time, ds []sdk.
 		"plugin", ds[0].Reaper, "count", len(ds), "first", ds[0].Label, "run", ds[0].Attempt.RunID,
 		"task", ds[0].Attempt.TaskID, "refusal", ds[0].Evidence[audit.EvRefusal])
 	l.record(ctx, term, at, ds, res)
+}
+
+// screened says at WARN when ds holds decisions the host refused to take
+// from the plugin as they came (audit.Screen), and returns ds.
+func (l *Loop) screened(name string, ds []sdk.Decision) []sdk.Decision {
+	n, first := 0, -1
+	for i, d := range ds {
+		if audit.Refused(d) {
+			n++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if n > 0 {
+		ev := ds[first].Evidence
+		l.cfg.Logger.Warn("a plugin recorded decisions the host does not take as they came: audited as refusals",
+			"plugin", name, "count", n, "first", ds[first].Label, "asked_reaper", ev[audit.EvAskedReaper],
+			"asked_label", ev[audit.EvAskedLabel])
+	}
+	return ds
 }
 
 // lateRefusals is where a pass's ledger hands the refusals made after the

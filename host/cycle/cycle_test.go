@@ -236,7 +236,7 @@ func setup(t *testing.T, dryRun bool, names ...string) *bundle {
 		b.reapers = append(b.reapers, r)
 		p := &static[sdk.Reaper]{v: r}
 		b.plugins = append(b.plugins, p)
-		rs = append(rs, cycle.Reaper{Name: n, Plugin: p})
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: p, Labels: []string{sdk.LabelAgentLost, sdk.LabelAgentLostProcessAlive}})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, DryRun: dryRun,

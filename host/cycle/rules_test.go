@@ -55,7 +55,7 @@ func logged(b *bundle, names ...string) *logLines {
 	logs := &logLines{}
 	var rs []cycle.Reaper
 	for i, n := range names {
-		rs = append(rs, cycle.Reaper{Name: n, Plugin: b.plugins[i]})
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: b.plugins[i], Labels: []string{sdk.LabelAgentLost}})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: b.clock, Metrics: b.metrics,

@@ -144,7 +144,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	var reapers []cycle.Reaper
 	for _, h := range set.Reapers {
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
-			MarkReasons: h.Info.MarkReasons})
+			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
 
 	if d.elector, err = d.newElector(); err != nil {
