@@ -96,6 +96,7 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 		if n := w.metered(t, sdk.LabelAgentLostProcessAlive); n != 0 {
 			t.Fatalf("the refused decision was metered under its own label %d times", n)
 		}
+		w.noAuditRow(t, func(d sdk.Decision) bool { return d.Reaper != "agentlost" || d.Label == sdk.LabelAgentLostProcessAlive })
 	})
 
 	// The host meters and audits a plugin's decisions only under the
@@ -114,7 +115,31 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 				t.Fatalf("the undeclared label %q was metered", l)
 			}
 		}
+		w.noAuditRow(t, func(d sdk.Decision) bool { return strings.HasPrefix(d.Label, "made_up_") })
 	})
+}
+
+// An honest plugin asks for none of it, and its pass is what it was: on
+// Lite its infra mark is confirmed as it is made, by the host, on the
+// substrate's word read at the write (here: dead), and fenced at the
+// host's clock; nothing is refused.
+func TestAnHonestLiteMarkIsConfirmedByTheHostOnTheSubstratesWord(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "normal", nil)
+	if res := w.loop.RunOnce(context.Background()); len(res.Reaped) != 1 {
+		t.Fatalf("the pass did not complete: %+v", res)
+	}
+	ti, err := w.store.TaskInstance(context.Background(), "run", "task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ti.State != sdk.StateFailed || ti.LastFailureKind != sdk.FailureInfra || !ti.InfraMarkedAt.Equal(t0) ||
+		!ti.InfraConfirmedAt.Equal(t0) {
+		t.Fatalf("the attempt is %s/%s marked %v confirmed %v, want an infra mark confirmed at the host's %v",
+			ti.State, ti.LastFailureKind, ti.InfraMarkedAt, ti.InfraConfirmedAt, t0)
+	}
+	w.noAuditRow(t, func(d sdk.Decision) bool { return strings.HasPrefix(d.Label, "board_refused_") })
+	w.audited(t, "")
 }
 
 // overreach runs a cycle of a plugin that asks for what the host decides:
@@ -151,6 +176,20 @@ func (w *world) decisionOf(t *testing.T, label string) sdk.Decision {
 	}
 	t.Fatalf("no %s decision in the audit: %+v", label, recs)
 	return sdk.Decision{}
+}
+
+// noAuditRow asserts that no audit row about the attempt is one of bad's.
+func (w *world) noAuditRow(t *testing.T, bad func(sdk.Decision) bool) {
+	t.Helper()
+	recs, err := w.store.DecisionsFor(context.Background(), "run", "task", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if bad(r.Decision) {
+			t.Fatalf("the audit holds what the plugin asked: %+v", r.Decision)
+		}
+	}
 }
 
 // metered reads dexaflow_scheduler_decisions_total for label.
