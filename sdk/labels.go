@@ -298,6 +298,15 @@ func CommonLabels() []string {
 	return []string{LabelMarkNoop, LabelTeardownDeleteFallback, LabelBrakeEngaged}
 }
 
+// SweepLabels are the labels a substrate's sweep may record without
+// declaring them: the reconciler's own, and the board's refusals of a
+// reschedule it settles (MarkResult.RescheduleRefused).
+func SweepLabels() []string {
+	return []string{LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
+		LabelReconcileFinalizerLeak, LabelForeignTaskPod, LabelWarmWorkerListErr,
+		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling}
+}
+
 // MaxDeclaredLabels bounds the decision labels and mark reasons one plugin
 // declares, and so the metric series it can open.
 const MaxDeclaredLabels = 64

@@ -110,6 +110,10 @@ type Config struct {
 	// AuditRetention is how long the audit is kept. Default
 	// board.AuditRetentionDefault.
 	AuditRetention time.Duration
+	// SubstrateLabels are the decision labels the substrate's Info
+	// declared when it was launched: its sweep's decisions are taken under
+	// these, sdk.SweepLabels and sdk.CommonLabels only.
+	SubstrateLabels []string
 }
 
 // withDefaults fills in every default: the one place the loop's defaults
@@ -164,8 +168,12 @@ type Loop struct {
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
 	// allowed are the labels each reaper's decisions may carry, by name
-	// (sdk.AllowedLabels of its declaration).
-	allowed map[string]map[string]bool
+	// (sdk.AllowedLabels of its declaration); sweepAllowed, the sweep's.
+	allowed      map[string]map[string]bool
+	sweepAllowed map[string]bool
+	// marks are the failure reasons an override may be metered under:
+	// the built-in mark reasons and the reapers' declared ones.
+	marks map[string]bool
 	// scorer scores the shadow decisions (nil without Config.Verdicts).
 	scorer *audit.Scorer
 	// pruneAsked carries a cycle's ask for a batch of the audit's prune to
@@ -190,6 +198,11 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		}
 		l.allowed[r.Name] = sdk.AllowedLabels(declared)
 	}
+	l.sweepAllowed = sdk.AllowedLabels(sdk.Info{DecisionLabels: cfg.SubstrateLabels})
+	for _, s := range sdk.SweepLabels() {
+		l.sweepAllowed[s] = true
+	}
+	l.marks = knownMarks(reapers)
 	if cfg.Verdicts != nil {
 		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
 		names := make([]string, len(reapers))
@@ -386,9 +399,15 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 		return false
 	}
 	for mark, n := range sw.Overrides {
+		if !l.marks[mark] {
+			// The substrate's word is a metric label: only a known mark's.
+			l.cfg.Logger.Warn("the sweep counted overrides of a mark no reaper declared: metered under "+
+				overrideUndeclared, "mark", fmt.Sprintf("%.80q", mark), "count", n)
+			mark = overrideUndeclared
+		}
 		l.cfg.Metrics.Override(mark, n)
 	}
-	l.record(ctx, term, start, l.screened("substrate", audit.Screen(sw.Decisions, "substrate", nil, l.cfg.DryRun)), res)
+	l.record(ctx, term, start, l.screened("substrate", audit.Screen(sw.Decisions, "substrate", l.sweepAllowed, l.cfg.DryRun)), res)
 	l.gate.Swept(term)
 	return true
 }
@@ -548,6 +567,25 @@ func (l *Loop) refusals(ctx context.Context, term int64, at time.Time, ds []sdk.
 		"task", ds[0].Attempt.TaskID, "refusal", ds[0].Evidence[audit.EvRefusal])
 	l.record(ctx, term, at, ds, res)
 }
+
+// knownMarks is the failure reasons an override may be metered under: the
+// built-in mark reasons and those the reapers declared (words only).
+func knownMarks(reapers []Reaper) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range board.MarkReasons {
+		out[m] = true
+	}
+	for _, r := range reapers {
+		for _, m := range r.MarkReasons {
+			out[m] = out[m] || sdk.LabelWord(m)
+		}
+	}
+	return out
+}
+
+// overrideUndeclared is the mark label an override of an undeclared mark
+// is metered under.
+const overrideUndeclared = "undeclared"
 
 // screened says at WARN when ds holds decisions the host refused to take
 // from the plugin as they came (audit.Screen), and returns ds.

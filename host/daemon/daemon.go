@@ -154,7 +154,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
 		ShadowHorizon: cfg.ShadowHorizon, History: d.store, HistoryRetention: cfg.HistoryRetention,
-		AuditPrune: d.store, AuditRetention: cfg.AuditRetention,
+		AuditPrune: d.store, AuditRetention: cfg.AuditRetention, SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = d.newAttemptAPI(ctx); err != nil {
