@@ -479,28 +479,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	// The pass's decisions are audited as they arrive, beside the pass,
-	// and each batch is metered, logged and covered in the ledger once
-	// written, then let go: a mass recovery's decisions are never all held.
-	// Its writes go through the ledger, so that a write that applied and
-	// whose decision never arrives is audited all the same.
-	// The host, not the plugin, says whose decisions they are, which
-	// labels they may carry, when its writes are fenced and that its marks
-	// are not confirmed as they are made.
-	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
-	sink.Only(l.allowed[r.Name])
-	ledger := audit.NewLedger(l.boardFor(dry))
-	ledger.OnRefusal(r.Name, l.lateRefusals(phase, term, now, dry))
-	ledger.Guard(l.cfg.Clock, now, true, l.allowed[r.Name])
-	if l.cfg.Edition == ladder.EditionLite {
-		// No sweep reads an outcome on Lite: the host confirms an infra
-		// mark as made when the substrate reads its attempt dead.
-		ledger.ConfirmDead(substrate)
-	}
-	sink.Stream(func(ds []sdk.Decision) {
-		ledger.Cover(ds)
-		l.note(term, l.screened(r.Name, ds), res)
-	})
+	sink, ledger := l.edge(ctx, phase, term, r.Name, now, dry, substrate, res)
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
@@ -553,6 +532,34 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	l.states[r.Name] = pr.State
 	l.mu.Unlock()
+}
+
+// edge returns the sink and the ledger of a pass of the named reaper: the
+// host's edge between the plugin and the audit and the board. The pass's
+// decisions are audited as they arrive, beside the pass, and each batch is
+// metered, logged and covered in the ledger once written, then let go: a
+// mass recovery's decisions are never all held. Its writes go through the
+// ledger, so that a write that applied and whose decision never arrives is
+// audited all the same. The host, not the plugin, says whose decisions
+// they are, which labels they may carry, when its writes are fenced and
+// whether its marks are confirmed as they are made.
+func (l *Loop) edge(ctx, phase context.Context, term int64, name string, now time.Time, dry bool,
+	substrate sdk.Executions, res *Result) (*audit.Sink, *audit.Ledger) {
+	sink := audit.NewSink(ctx, l.audit, term, now, name, dry)
+	sink.Only(l.allowed[name])
+	ledger := audit.NewLedger(l.boardFor(dry))
+	ledger.OnRefusal(name, l.lateRefusals(phase, term, now, dry))
+	ledger.Guard(l.cfg.Clock, now, true, l.allowed[name])
+	if l.cfg.Edition == ladder.EditionLite {
+		// No sweep reads an outcome on Lite: the host confirms an infra
+		// mark as made when the substrate reads its attempt dead.
+		ledger.ConfirmDead(substrate)
+	}
+	sink.Stream(func(ds []sdk.Decision) {
+		ledger.Cover(ds)
+		l.note(term, l.screened(name, ds), res)
+	})
+	return sink, ledger
 }
 
 // refusals records the writes the board or the host refused a pass's
