@@ -24,6 +24,13 @@ type Info struct {
 	// host files under the reaper's name a write it finds on the board
 	// without its decision and audits itself. Empty for a substrate.
 	MarkReasons []string
+	// DecisionLabels are the labels a reaper's decisions may carry (its
+	// MarkReasons and CommonLabels need not be repeated): the host meters
+	// and audits a decision only under a label its plugin declared here
+	// when it was launched, and refuses any other (see AllowedLabels).
+	// Protocol v1 addition: a plugin built before it declares none, and
+	// may record only CommonLabels and its MarkReasons.
+	DecisionLabels []string
 }
 
 // ConfigureRequest carries a plugin's decoded configuration block.

@@ -1,5 +1,10 @@
 package sdk
 
+import (
+	"fmt"
+	"slices"
+)
+
 // Decision labels. Each is the value of the decision_type label of
 // dexaflow_scheduler_decisions_total and of the label column of the audit.
 // The specification's labels are kept verbatim so that its dashboards and
@@ -187,6 +192,21 @@ const (
 	// accepts (plugin_max_reply): refused unread, and the pass or sweep
 	// went on without it.
 	LabelPluginReplyTooLarge = "plugin_reply_too_large"
+	// LabelBoardRefusedFenceTime: a write's At was not its pass's time
+	// (backdated, or ahead of the host's clock): refused, nothing written.
+	// The host fences every write at its own clock.
+	LabelBoardRefusedFenceTime = "board_refused_fence_time"
+	// LabelBoardRefusedConfirm: a reaper's mark asked to be confirmed as
+	// it was made: refused, nothing written. Confirmation is the sweep's.
+	LabelBoardRefusedConfirm = "board_refused_confirm"
+	// LabelBoardRefusedForeignReaper: a plugin recorded a decision under
+	// another reaper's name: not audited under it; this decision, under
+	// the plugin's own name, says so.
+	LabelBoardRefusedForeignReaper = "board_refused_foreign_reaper"
+	// LabelBoardRefusedUndeclaredLabel: a plugin recorded a decision under
+	// a label it did not declare (Info.DecisionLabels, AllowedLabels): not
+	// metered nor audited under it; this decision says so.
+	LabelBoardRefusedUndeclaredLabel = "board_refused_undeclared_label"
 
 	// Reschedule is a sensor's, and bounded (the board's own judgment of a
 	// report or record that asks for up_for_reschedule; each is also the
@@ -277,7 +297,106 @@ func Labels() []string {
 		LabelReconcileFinalizerLeak,
 		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
 		LabelPluginReplyTooLarge,
+		LabelBoardRefusedFenceTime, LabelBoardRefusedConfirm,
+		LabelBoardRefusedForeignReaper, LabelBoardRefusedUndeclaredLabel,
 		LabelForeignTaskPod,
 		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling,
 	}
+}
+
+// CommonLabels are the labels any reaper may record without declaring
+// them: those the sdk's own helpers (sdk/reap) record on a reaper's behalf,
+// none of which fails an attempt. A plugin that declares nothing (one built
+// before Info.DecisionLabels) may record these and its mark reasons only:
+// the host cannot tell which other labels such a plugin means, and a kill
+// label it never declared would be scored and alerted on as if it had.
+func CommonLabels() []string {
+	return []string{LabelMarkNoop, LabelTeardownDeleteFallback, LabelBrakeEngaged}
+}
+
+// SweepLabels are the labels a substrate's sweep may record without
+// declaring them: the reconciler's own, and the board's refusals of a
+// reschedule it settles (MarkResult.RescheduleRefused).
+func SweepLabels() []string {
+	return []string{LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
+		LabelReconcileFinalizerLeak, LabelForeignTaskPod, LabelWarmWorkerListErr,
+		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling}
+}
+
+// MaxDeclaredLabels bounds the decision labels and mark reasons one plugin
+// declares, and so the metric series it can open.
+const MaxDeclaredLabels = 64
+
+// HostLabels are the labels only the host, its runners, the operator and
+// the substrate's sweep record: no reaper plugin may declare one.
+func HostLabels() []string {
+	return []string{
+		LabelSettlingSkip, LabelSettlingValveOpen,
+		LabelPluginUnavailable, LabelPassError, LabelPluginReplyTooLarge,
+		LabelTeardownRetried, LabelTeardownOwedError,
+		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
+		LabelDispatchUnavailable, LabelDispatchUnavailableSpent, LabelWarmRequeue,
+		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
+		LabelReconcileFinalizerLeak, LabelForeignTaskPod,
+		LabelInfraConfirmValveOpen, LabelInfraConfirmValveHeld,
+		LabelOperatorMark,
+		LabelBoardRefusedSourceState, LabelBoardRefusedRunFinished, LabelBoardRefusedPassClosed,
+		LabelBoardRefusedFenceTime, LabelBoardRefusedConfirm,
+		LabelBoardRefusedForeignReaper, LabelBoardRefusedUndeclaredLabel,
+		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling,
+	}
+}
+
+// LabelWord reports whether s can be a decision label: a lowercase letter,
+// then lowercase letters, digits and underscores, at most 64 bytes.
+func LabelWord(s string) bool {
+	if s == "" || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckDeclared checks a reaper plugin's declaration (Info.DecisionLabels
+// and Info.MarkReasons): at most MaxDeclaredLabels words (LabelWord), none
+// of them a host's label (HostLabels). The host refuses to launch a plugin
+// whose declaration fails it.
+func CheckDeclared(info Info) error {
+	if n := len(info.DecisionLabels) + len(info.MarkReasons); n > MaxDeclaredLabels {
+		return fmt.Errorf("declares %d decision labels and mark reasons, more than %d", n, MaxDeclaredLabels)
+	}
+	host := HostLabels()
+	for _, l := range append(slices.Clone(info.DecisionLabels), info.MarkReasons...) {
+		switch {
+		case !LabelWord(l):
+			return fmt.Errorf("declares %.80q, which is no label (lowercase letters, digits and underscores, at most 64 bytes)", l)
+		case slices.Contains(host, l):
+			return fmt.Errorf("declares %q, a label only the host records", l)
+		}
+	}
+	return nil
+}
+
+// AllowedLabels is the set of labels the host meters and audits a reaper
+// plugin's decisions under: what it declared (Info.DecisionLabels and
+// Info.MarkReasons, when CheckDeclared passes) and CommonLabels.
+func AllowedLabels(info Info) map[string]bool {
+	out := map[string]bool{}
+	for _, l := range CommonLabels() {
+		out[l] = true
+	}
+	if CheckDeclared(info) != nil {
+		return out
+	}
+	for _, l := range info.DecisionLabels {
+		out[l] = true
+	}
+	for _, l := range info.MarkReasons {
+		out[l] = true
+	}
+	return out
 }

@@ -208,13 +208,19 @@ type Mark struct {
 	Kind               MarkKind
 	Reason             string // the label: agent_lost, dispatch_lost, credential_ceiling, ...
 	Message            string // error_message: "<reason>: <detail>"
-	// Confirm confirms an infra mark as it is made (Lite: no reconciler).
+	// Confirm confirms an infra mark as it is made. A reaper plugin never
+	// sets it: the host refuses such a mark (NoopConfirmRefused).
+	// Confirmation is the sweep's word on Kubernetes; on Lite the host sets
+	// it itself when the substrate reads the attempt dead at the call.
 	Confirm bool
 	// Hold holds the attempt for an operator's review: never re-placed
 	// until released.
 	Hold bool
 	Term int64
-	At   time.Time
+	// At is the pass's time (Pass.Now), or zero. The host fences the mark
+	// at its own clock at the call and refuses an At that is not the
+	// pass's (NoopTimeRefused, AtTolerance).
+	At time.Time
 }
 
 // Noop reasons of a mark or a run reap.
@@ -249,7 +255,24 @@ const (
 	// applied as its guards said. Text never causes it: the board makes a
 	// tenant's text safe first (SafeText).
 	NoopRowRefused = "row_refused"
+	// NoopTimeRefused: the write's At is not the pass's time (it lies
+	// further than AtTolerance before the pass began, or after the host's
+	// clock at the call): a plugin does not choose the time a write is
+	// fenced at. Nothing of it was written, and the host audits the
+	// refusal.
+	NoopTimeRefused = "time_refused"
+	// NoopConfirmRefused: a reaper's mark asked to be confirmed as it is
+	// made. Only the substrate's sweep confirms an infra mark: nothing was
+	// written, and the host audits the refusal.
+	NoopConfirmRefused = "confirm_refused"
 )
+
+// AtTolerance is how far a write's At may lie before the start of the pass
+// (or sweep) it belongs to, or after the host's clock at the call, and
+// still be taken: a plugin sets At to its Pass.Now (SweepRequest.Now), or
+// leaves it zero. Either way the host fences the write at its own clock at
+// the call, never at the plugin's At.
+const AtTolerance = 2 * time.Second
 
 // MarkResult says whether one mark was applied.
 type MarkResult struct {

@@ -60,7 +60,8 @@ import (
 const Name = "parked"
 
 // Decision labels. They are this plugin's own: a third-party reaper names
-// its decisions itself, and the host meters and audits them like any other.
+// its decisions itself, declares them in its Info (MarkReasons,
+// DecisionLabels), and the host meters and audits them like any other.
 const (
 	// LabelExpired: parked past the TTL and read dead: failed on the infra
 	// rail.
@@ -117,7 +118,10 @@ func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Version: "0.1.0",
 		Editions:    []string{ladder.EditionLite, ladder.EditionKube},
 		Description: "fails attempts parked in up_for_reschedule or deferred far past a TTL with nothing of them alive (parked_expired)",
-		MarkReasons: []string{LabelExpired}})}
+		MarkReasons: []string{LabelExpired},
+		// Every other label its decisions carry: the host takes a
+		// decision only under a label its plugin declared.
+		DecisionLabels: []string{LabelProcessAlive, LabelQueryError}})}
 }
 
 // WithStopwatch makes the reaper measure its pass against the phase budget
@@ -204,7 +208,6 @@ func (p *passRun) plan(c sdk.Candidate, v verdict, ev reap.Evidence) reap.Planne
 			Kind:       sdk.MarkInfra,
 			Reason:     LabelExpired,
 			Message:    LabelExpired + ": " + v.detail,
-			Confirm:    p.lite, // Lite has no reconciler to confirm it later
 			Hold:       p.cfg.Hold(),
 			Term:       p.pass.Term,
 			At:         p.pass.Now,

@@ -146,9 +146,9 @@ func TestGates(t *testing.T) {
 			b.h.Exec.FailLiveness(errors.New("record directory is a symlink"))
 			return expired(resched)(b)
 		}, want: parked.LabelQueryError, wantState: resched, check: noWrites},
-		{name: "StaleAndDead_UpForReschedule_MarkedGuardedAndConfirmed", arrange: expired(resched),
+		{name: "StaleAndDead_UpForReschedule_MarkedGuardedProvisionally", arrange: expired(resched),
 			want: parked.LabelExpired, wantState: failed, check: checkMarked(resched, false)},
-		{name: "StaleAndDead_Deferred_MarkedGuardedAndConfirmed", arrange: expired(deferred),
+		{name: "StaleAndDead_Deferred_MarkedGuardedProvisionally", arrange: expired(deferred),
 			want: parked.LabelExpired, wantState: failed, check: checkMarked(deferred, false)},
 		{name: "LaterEpoch_MarkPinnedToIt", arrange: func(b *bundle) sdk.Attempt {
 			a := expired(resched)(b)
@@ -206,8 +206,10 @@ func TestGates(t *testing.T) {
 }
 
 // checkMarked checks a mark of an attempt parked in from: on the infra rail,
-// guarded on exactly that state, pinned, under the pass's term, confirmed as
-// made (Lite), held only under the hold policy; and its decision's evidence.
+// guarded on exactly that state, pinned, under the pass's term, never
+// confirmed as made (a reaper may not: the host refuses it; confirmation is
+// the sweep's, or the valve's on Lite), held only under the hold policy;
+// and its decision's evidence.
 func checkMarked(from string, held bool) func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 	return func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 		t.Helper()
@@ -217,11 +219,11 @@ func checkMarked(from string, held bool) func(t *testing.T, b *bundle, a sdk.Att
 		}
 		m := marks[0]
 		if m.Attempt != a || len(m.FromStates) != 1 || m.FromStates[0] != from || m.Kind != sdk.MarkInfra ||
-			m.Reason != parked.LabelExpired || !m.Confirm || m.Hold != held || m.Term != b.h.Term || !m.At.Equal(b.h.Now()) {
+			m.Reason != parked.LabelExpired || m.Confirm || m.Hold != held || m.Term != b.h.Term || !m.At.Equal(b.h.Now()) {
 			t.Fatalf("mark %+v", m)
 		}
 		row := b.h.Board.Row(a)
-		if row.LastFailureKind != sdk.FailureInfra || row.InfraConfirmedAt.IsZero() || row.Held != held ||
+		if row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() || row.Held != held ||
 			!strings.HasPrefix(row.ErrorMessage, parked.LabelExpired+": ") {
 			t.Fatalf("row %+v", row)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
 )
 
 // ErrPassOver refuses a write that a pass's plugin makes after the host
@@ -62,6 +63,18 @@ type Ledger struct {
 	late     func([]sdk.Decision)
 	refused  []sdk.Decision
 	nRefused int // refusals audited so far, to MaxRefusals
+
+	// The board's edge (Guard): the clock every write is fenced at, the
+	// start of the pass, whether it is a reaper's (whose marks may not
+	// confirm themselves) and the labels the host audits its writes
+	// under. clk nil: writes go through as asked.
+	clk      clock.Clock
+	start    time.Time
+	byReaper bool
+	allowed  map[string]bool
+	// substrate, when set (ConfirmDead), is asked before a mark is written
+	// whether its attempt reads dead: then the host confirms it as made.
+	substrate sdk.Executions
 }
 
 var _ sdk.Board = (*Ledger)(nil)
@@ -134,6 +147,123 @@ func (l *Ledger) OnRefusal(reaper string, late func(ds []sdk.Decision)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.reaper, l.late = reaper, late
+}
+
+// Guard makes the ledger the board's edge for a pass (or sweep) that
+// began at start: every write is fenced at clk's time at the call, and a
+// write whose At is not the pass's (further than sdk.AtTolerance before
+// start or after the call) is refused whole (NoopTimeRefused); for a
+// reaper's pass (byReaper), a mark that asks to be confirmed as it is made
+// is refused too (NoopConfirmRefused). Each refusal is audited under the
+// ledger's reaper (OnRefusal). allowed is the labels the plugin declared
+// (sdk.AllowedLabels; nil: any): a write the host audits itself
+// (Unaudited) is filed under its mark's reason only when it is one of
+// them. Call it before the pass starts.
+func (l *Ledger) Guard(clk clock.Clock, start time.Time, byReaper bool, allowed map[string]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.clk, l.start, l.byReaper, l.allowed = clk, start, byReaper, allowed
+}
+
+// ConfirmDead makes the host confirm an infra mark of the pass as it is
+// made when the substrate, asked by the host at the call, reads the
+// attempt dead (nothing of it runs): on Lite, where no sweep reads an
+// outcome, the substrate's word confirms, never the plugin's (which Guard
+// refuses). A mark whose attempt reads alive or unknown, or whose read
+// fails, is made provisional: the valve applies to it. Call it before the
+// pass starts.
+func (l *Ledger) ConfirmDead(substrate sdk.Executions) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.substrate = substrate
+}
+
+// confirmDead sets Confirm on the infra marks among ms whose attempts the
+// substrate reads dead now (ConfirmDead; none without it).
+func (l *Ledger) confirmDead(ctx context.Context, ms []sdk.Mark) {
+	l.mu.Lock()
+	sub, clk := l.substrate, l.clk
+	l.mu.Unlock()
+	if sub == nil || clk == nil {
+		return
+	}
+	var attempts []sdk.Attempt
+	var at []int
+	for i, m := range ms {
+		if m.Kind == sdk.MarkInfra {
+			attempts, at = append(attempts, m.Attempt), append(at, i)
+		}
+	}
+	if len(attempts) == 0 {
+		return
+	}
+	live, err := sub.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Live: true, Now: clk.Now()})
+	if err != nil {
+		return // provisional: the valve applies
+	}
+	for j, lv := range live {
+		// An answer names its attempt, or leaves it to its position.
+		if j < len(at) && lv.State == sdk.Dead && (lv.Attempt == attempts[j] || lv.Attempt == sdk.Attempt{}) {
+			ms[at[j]].Confirm = true
+		}
+	}
+}
+
+// fenceAt is the time a write admitted now is fenced at, and whether the
+// plugin's at may stand beside it: zero, or the pass's time within
+// sdk.AtTolerance. Without Guard, the plugin's at is kept.
+func (l *Ledger) fenceAt(at time.Time) (time.Time, bool) {
+	l.mu.Lock()
+	clk, start := l.clk, l.start
+	l.mu.Unlock()
+	if clk == nil {
+		return at, true
+	}
+	now := clk.Now()
+	if at.IsZero() {
+		return now, true
+	}
+	ok := !at.Before(start.Add(-sdk.AtTolerance)) && !at.After(now.Add(sdk.AtTolerance))
+	return now, ok
+}
+
+// screen is the host's own check of one request of a write, before the
+// board sees it: it sets the request's fence time (fenceAt) and returns
+// the no-op reason of a refusal ("" when admitted).
+func (l *Ledger) screenMark(m *sdk.Mark) string {
+	at, ok := l.fenceAt(m.At)
+	if !ok {
+		return sdk.NoopTimeRefused
+	}
+	l.mu.Lock()
+	byReaper := l.byReaper
+	l.mu.Unlock()
+	if byReaper && m.Confirm {
+		return sdk.NoopConfirmRefused
+	}
+	m.At = at
+	return ""
+}
+
+// screenAt admits a request whose only choice the host takes back is its
+// At (a reconciler's write): it sets the fence time, or returns
+// NoopTimeRefused.
+func screenAt(l *Ledger, at *time.Time) string {
+	t, ok := l.fenceAt(*at)
+	if !ok {
+		return sdk.NoopTimeRefused
+	}
+	*at = t
+	return ""
+}
+
+// screenLabel is the label of the host's refusal of a request it screened
+// (screenMark, screenAt).
+func screenLabel(noop string) string {
+	if noop == sdk.NoopConfirmRefused {
+		return sdk.LabelBoardRefusedConfirm
+	}
+	return sdk.LabelBoardRefusedFenceTime
 }
 
 // Refusals returns the refusals of the pass so far and forgets them (call
@@ -213,11 +343,14 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), writeBound)
 }
 
-// batch makes one batched write through the ledger, adds the requests
-// that applied to *kept, and notes the refusals among the answers (asked
-// gives a refused request's evidence; mark: the requests are marks).
+// batch makes one batched write through the ledger: it screens each
+// request (screen: the host's own refusal, or "" to send it on with the
+// fence time it set), sends the rest to the board, adds the requests that
+// applied to *kept, and notes the refusals, the host's and the board's
+// (asked gives a refused request's evidence; mark: the requests are marks).
+// The answers are the requests', in order.
 func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R, attempt func(R) sdk.Attempt,
-	asked func(R) map[string]string, mark bool,
+	asked func(R) map[string]string, mark bool, screen func(*R) string,
 	write func(context.Context, []R) ([]sdk.MarkResult, error), kept *[]R) ([]sdk.MarkResult, error) {
 	var first sdk.Attempt
 	if len(reqs) > 0 {
@@ -227,31 +360,51 @@ func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R, attempt
 		return nil, fmt.Errorf("%s (%d): %w", what, len(reqs), err)
 	}
 	defer l.wg.Done()
+	res := make([]sdk.MarkResult, len(reqs))
+	sent, at := make([]R, 0, len(reqs)), make([]int, 0, len(reqs))
+	var refused []sdk.Decision
+	refuse := func(i int, label, noop, detail string) {
+		ev := asked(reqs[i])
+		ev[EvWrite], ev[EvRefusal] = what, noop
+		refused = append(refused, sdk.Decision{Label: label, Attempt: attempt(reqs[i]), Detail: detail, Evidence: ev})
+	}
+	for i, r := range reqs {
+		if noop := screen(&r); noop != "" {
+			res[i] = sdk.MarkResult{Attempt: attempt(r), NoopReason: noop}
+			refuse(i, screenLabel(noop), noop, "the host refused a write no plugin may make: nothing written")
+			continue
+		}
+		sent, at = append(sent, r), append(at, i)
+	}
+	// The host's refusals stand whatever becomes of the rest.
+	l.mu.Lock()
+	l.refuseLocked(refused) // the pass is open: begin admitted the write and Close waits for it
+	l.mu.Unlock()
+	refused = refused[:0]
+	if len(sent) == 0 {
+		return res, nil
+	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
-	res, err := write(wctx, reqs)
+	got, err := write(wctx, sent)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	var refused []sdk.Decision
-	for i, r := range res {
-		if i >= len(reqs) {
+	for j, r := range got {
+		if j >= len(sent) {
 			break
 		}
+		res[at[j]] = r
 		if label, ok := refusalOf(r, mark); ok {
-			ev := asked(reqs[i])
-			ev[EvWrite], ev[EvRefusal] = what, r.NoopReason
-			refused = append(refused, sdk.Decision{Label: label, Attempt: attempt(reqs[i]),
-				Detail: "the board refused a write no plugin may make: nothing written", Evidence: ev})
+			refuse(at[j], label, r.NoopReason, "the board refused a write no plugin may make: nothing written")
 		}
 	}
 	l.mu.Lock()
-	for i, r := range res {
-		if r.Applied && i < len(reqs) {
-			*kept = append(*kept, reqs[i])
+	for j, r := range got {
+		if r.Applied && j < len(sent) {
+			*kept = append(*kept, sent[j])
 		}
 	}
-	// The pass is open (begin admitted the write and Close waits for it).
 	l.refuseLocked(refused)
 	l.mu.Unlock()
 	return res, nil
@@ -259,36 +412,71 @@ func batch[R any](ctx context.Context, l *Ledger, what string, reqs []R, attempt
 
 func markAsked(m sdk.Mark) map[string]string {
 	return map[string]string{EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,
-		EvMarkFrom: strings.Join(m.FromStates, ","), EvConfirm: strconv.FormatBool(m.Confirm)}
+		EvMarkFrom: strings.Join(m.FromStates, ","), EvConfirm: strconv.FormatBool(m.Confirm), EvAt: atWord(m.At)}
 }
 
 func settleAsked(s sdk.Settlement) map[string]string {
 	return map[string]string{EvOutcome: string(s.Outcome), EvMarkReason: s.Reason,
-		EvMarkFrom: strings.Join(s.FromStates, ",")}
+		EvMarkFrom: strings.Join(s.FromStates, ","), EvAt: atWord(s.At)}
 }
 
-func noneAsked[R any](R) map[string]string { return map[string]string{} }
+func confirmAsked(c sdk.Confirm) map[string]string { return map[string]string{EvAt: atWord(c.At)} }
+
+func overrideAsked(o sdk.Override) map[string]string { return map[string]string{EvAt: atWord(o.At)} }
+
+// atWord is a write's asked At for its refusal's evidence.
+func atWord(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return at.UTC().Format(time.RFC3339Nano)
+}
 
 // Mark applies the marks and keeps those that applied.
 func (l *Ledger) Mark(ctx context.Context, marks []sdk.Mark) ([]sdk.MarkResult, error) {
 	return batch(ctx, l, "mark attempts", marks, func(m sdk.Mark) sdk.Attempt { return m.Attempt }, markAsked, true,
-		l.Board.Mark, &l.marks)
+		l.screenMark, func(ctx context.Context, ms []sdk.Mark) ([]sdk.MarkResult, error) {
+			l.confirmDead(ctx, ms) // ms is the ledger's own copy
+			return l.Board.Mark(ctx, ms)
+		}, &l.marks)
 }
 
 // AppendLog appends try log lines while the pass is open; after Close it
-// is refused like every other write.
+// is refused like every other write. Each line is stamped with the host's
+// time at the call; a line whose own time is not the pass's refuses the
+// whole call.
 func (l *Ledger) AppendLog(ctx context.Context, term int64, lines []sdk.LogLine) error {
+	const what = "append try log lines"
 	var first sdk.Attempt
 	if len(lines) > 0 {
 		first = lines[0].Attempt
 	}
-	if err := l.begin("append try log lines", len(lines), first); err != nil {
+	if err := l.begin(what, len(lines), first); err != nil {
 		return fmt.Errorf("append %d try log lines: %w", len(lines), err)
 	}
 	defer l.wg.Done()
+	lines = slices.Clone(lines)
+	for i := range lines {
+		asked := lines[i].At
+		if noop := screenAt(l, &lines[i].At); noop != "" {
+			l.refuseOne(what, len(lines), lines[i].Attempt, noop, map[string]string{EvAt: atWord(asked)})
+			return fmt.Errorf("append %d try log lines: line %d: %s", len(lines), i, noop)
+		}
+	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	return l.Board.AppendLog(wctx, term, lines)
+}
+
+// refuseOne notes the host's refusal of a whole call (what, of n
+// requests) about a, with noop's label and ev as its evidence; the pass is
+// open (begin admitted the call).
+func (l *Ledger) refuseOne(what string, n int, a sdk.Attempt, noop string, ev map[string]string) {
+	ev[EvWrite], ev[EvRefusal], ev[EvRequests] = what, noop, strconv.Itoa(n)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refuseLocked([]sdk.Decision{{Label: screenLabel(noop), Attempt: a,
+		Detail: "the host refused a write no plugin may make: nothing written", Evidence: ev}})
 }
 
 // Settle settles finished attempts and keeps those settled, each under the
@@ -299,6 +487,7 @@ func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkRes
 	// the caller's.
 	ss = slices.Clone(ss)
 	return batch(ctx, l, "settle attempts", ss, func(s sdk.Settlement) sdk.Attempt { return s.Attempt }, settleAsked, false,
+		func(s *sdk.Settlement) string { return screenAt(l, &s.At) },
 		func(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkResult, error) {
 			res, err := l.Board.Settle(ctx, ss)
 			for i, r := range res {
@@ -312,39 +501,38 @@ func (l *Ledger) Settle(ctx context.Context, ss []sdk.Settlement) ([]sdk.MarkRes
 
 // ConfirmInfra confirms infra marks and keeps those confirmed.
 func (l *Ledger) ConfirmInfra(ctx context.Context, cs []sdk.Confirm) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "confirm infra marks", cs, func(c sdk.Confirm) sdk.Attempt { return c.Attempt }, noneAsked, false,
-		l.Board.ConfirmInfra, &l.confirmed)
+	return batch(ctx, l, "confirm infra marks", cs, func(c sdk.Confirm) sdk.Attempt { return c.Attempt }, confirmAsked, false,
+		func(c *sdk.Confirm) string { return screenAt(l, &c.At) }, l.Board.ConfirmInfra, &l.confirmed)
 }
 
 // OverrideInfra overrides infra marks and keeps those overridden.
 func (l *Ledger) OverrideInfra(ctx context.Context, overrides []sdk.Override) ([]sdk.MarkResult, error) {
-	return batch(ctx, l, "override infra marks", overrides, func(o sdk.Override) sdk.Attempt { return o.Attempt }, noneAsked, false,
-		l.Board.OverrideInfra, &l.overrides)
+	return batch(ctx, l, "override infra marks", overrides, func(o sdk.Override) sdk.Attempt { return o.Attempt }, overrideAsked, false,
+		func(o *sdk.Override) string { return screenAt(l, &o.At) }, l.Board.OverrideInfra, &l.overrides)
 }
 
 // RecordPodSightings records the pod cache's history while the pass is
 // open; after Close it is refused like every other write. Nothing of it is
 // kept: it is history, no write a decision covers.
 func (l *Ledger) RecordPodSightings(ctx context.Context, ss []sdk.PodSighting) ([]sdk.MarkResult, error) {
-	var first sdk.Attempt
-	if len(ss) > 0 {
-		first = ss[0].Attempt
-	}
-	if err := l.begin("record pod sightings", len(ss), first); err != nil {
-		return nil, fmt.Errorf("record %d pod sightings: %w", len(ss), err)
-	}
-	defer l.wg.Done()
-	wctx, cancel := detached(ctx)
-	defer cancel()
-	return l.Board.RecordPodSightings(wctx, ss)
+	var applied []sdk.PodSighting // dropped with the call
+	return batch(ctx, l, "record pod sightings", ss, func(s sdk.PodSighting) sdk.Attempt { return s.Attempt },
+		func(s sdk.PodSighting) map[string]string { return map[string]string{EvAt: atWord(s.At)} }, false,
+		func(s *sdk.PodSighting) string { return screenAt(l, &s.At) }, l.Board.RecordPodSightings, &applied)
 }
 
 // ReapRun reaps the run and keeps the reap if it applied.
 func (l *Ledger) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, error) {
-	if err := l.begin("reap a run", 1, sdk.Attempt{RunID: r.RunID}); err != nil {
+	const what = "reap a run"
+	if err := l.begin(what, 1, sdk.Attempt{RunID: r.RunID}); err != nil {
 		return sdk.RunReapResult{}, fmt.Errorf("reap run %s: %w", r.RunID, err)
 	}
 	defer l.wg.Done()
+	asked := r.At
+	if noop := screenAt(l, &r.At); noop != "" {
+		l.refuseOne(what, 1, sdk.Attempt{RunID: r.RunID}, noop, map[string]string{EvAt: atWord(asked)})
+		return sdk.RunReapResult{NoopReason: noop}, nil
+	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	res, err := l.Board.ReapRun(wctx, r)
@@ -382,6 +570,9 @@ const (
 	EvRefusal  = "refusal"
 	EvRequests = "requests"
 	EvConfirm  = "confirm"
+	// EvAt is the At the plugin asked a write to be fenced at (RFC 3339;
+	// "" for none): the host fences at its own clock.
+	EvAt = "asked_at"
 )
 
 // Unaudited returns a decision for each applied write of the pass that no
@@ -413,8 +604,10 @@ func (l *Ledger) Unaudited(reaper string, ds []sdk.Decision, why string) []sdk.D
 	}
 	for _, m := range l.marks {
 		label := m.Reason
-		if label == "" {
-			label = sdk.LabelPassError // a mark must name its reason; this one did not
+		if label == "" || (l.allowed != nil && !l.allowed[label]) {
+			// A mark must name its reason, one its plugin declared (the
+			// label it is metered and audited under); this one did not.
+			label = sdk.LabelPassError
 		}
 		add(label, m.Attempt, m.Term, func() map[string]string {
 			return map[string]string{EvMarkKind: string(m.Kind), EvMarkReason: m.Reason,

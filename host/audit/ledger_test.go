@@ -11,6 +11,8 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/sdk/sdktest"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -155,6 +157,92 @@ func TestLedger(t *testing.T) {
 		if _, err := l.RecordPodSightings(context.Background(), []sdk.PodSighting{{Attempt: as[0], PodUID: "uid",
 			SeenAt: t0, Term: term, At: t0}}); !errors.Is(err, audit.ErrPassOver) {
 			t.Fatalf("pod sightings after the pass: %v", err)
+		}
+	})
+
+	// The host, not the plugin, says when a write is fenced and whether a
+	// mark is confirmed: a mark dated outside its pass, or asking to be
+	// confirmed, is refused whole and noted as a refusal; the one the host
+	// admits is fenced at the host's clock, whatever At it carried.
+	t.Run("TheHostFencesAtItsClockAndRefusesAPluginsTimeOrConfirmation", func(t *testing.T) {
+		t.Parallel()
+		store, term, as := setup(t)
+		clk := clock.NewFake(t0.Add(30 * time.Second)) // the pass began at t0
+		l := audit.NewLedger(store)
+		l.OnRefusal("agentlost", nil)
+		l.Guard(clk, t0, true, nil)
+		backdated, ahead, confirmed := mark(as[0], term), mark(as[0], term), mark(as[1], term)
+		backdated.At = t0.Add(-sdk.AtTolerance - time.Nanosecond)
+		ahead.At = clk.Now().Add(sdk.AtTolerance + time.Nanosecond)
+		confirmed.Confirm = true
+		res, err := l.Mark(context.Background(), []sdk.Mark{backdated, ahead, confirmed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{sdk.NoopTimeRefused, sdk.NoopTimeRefused, sdk.NoopConfirmRefused}
+		for i, r := range res {
+			if r.Applied || r.NoopReason != want[i] {
+				t.Fatalf("result %d: %+v, want refused %s", i, r, want[i])
+			}
+		}
+		for _, a := range as {
+			if ti, err := store.TaskInstance(context.Background(), a.RunID, a.TaskID); err != nil || ti.State != sdk.StateRunning {
+				t.Fatalf("a refused mark reached the board: %s, %v", ti.State, err)
+			}
+		}
+		l.Close()
+		refused := l.Refusals()
+		labels := []string{sdk.LabelBoardRefusedFenceTime, sdk.LabelBoardRefusedFenceTime, sdk.LabelBoardRefusedConfirm}
+		if len(refused) != 3 {
+			t.Fatalf("refusals %+v, want 3", refused)
+		}
+		for i, d := range refused {
+			if d.Label != labels[i] || d.Applied || d.Reaper != "agentlost" || d.Evidence[audit.EvRefusal] != want[i] {
+				t.Fatalf("refusal %d: %+v", i, d)
+			}
+		}
+
+		// The pass's own time (or none) is taken, and fenced at the call.
+		l = audit.NewLedger(store)
+		l.Guard(clk, t0, true, nil)
+		withNone := mark(as[1], term)
+		withNone.At = time.Time{}
+		res, err = l.Mark(context.Background(), []sdk.Mark{mark(as[0], term), withNone})
+		if err != nil || !res[0].Applied || !res[1].Applied {
+			t.Fatalf("the pass's own marks: %+v, %v", res, err)
+		}
+		for _, a := range as {
+			ti, err := store.TaskInstance(context.Background(), a.RunID, a.TaskID)
+			if err != nil || !ti.InfraMarkedAt.Equal(clk.Now()) || !ti.InfraConfirmedAt.IsZero() {
+				t.Fatalf("%s marked at %v (confirmed %v), want at the host's %v, provisional (%v)",
+					a, ti.InfraMarkedAt, ti.InfraConfirmedAt, clk.Now(), err)
+			}
+		}
+		l.Close()
+	})
+
+	// On Lite the host confirms an infra mark as it writes it, on the
+	// substrate's word read at the call: dead confirms, alive or unknown
+	// leaves it provisional (the valve applies).
+	t.Run("OnLiteTheHostConfirmsOnTheSubstratesWordOnly", func(t *testing.T) {
+		t.Parallel()
+		store, term, as := setup(t)
+		exec := sdktest.NewExecutions()
+		exec.Dead(as[0])
+		exec.Alive(as[1])
+		l := audit.NewLedger(store)
+		l.Guard(clock.NewFake(t0), t0, true, nil)
+		l.ConfirmDead(exec)
+		res, err := l.Mark(context.Background(), []sdk.Mark{mark(as[0], term), mark(as[1], term)})
+		if err != nil || !res[0].Applied || !res[1].Applied {
+			t.Fatalf("mark: %+v, %v", res, err)
+		}
+		l.Close()
+		for i, a := range as {
+			ti, err := store.TaskInstance(context.Background(), a.RunID, a.TaskID)
+			if err != nil || ti.InfraConfirmedAt.IsZero() != (i == 1) {
+				t.Fatalf("%s confirmed at %v, want confirmed only when it reads dead (%v)", a, ti.InfraConfirmedAt, err)
+			}
 		}
 	})
 }

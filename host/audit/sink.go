@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +54,8 @@ type Sink struct {
 	at   time.Time
 	name string
 	dry  bool
+	// allowed are the labels the pass's plugin declared (Only; nil: any).
+	allowed map[string]bool
 
 	wg        sync.WaitGroup
 	mu        sync.Mutex
@@ -87,22 +90,77 @@ func (s *Sink) Stream(fn func(ds []sdk.Decision)) {
 	s.stream = fn
 }
 
+// Only makes the sink take a decision only under one of allowed (the
+// labels the pass's plugin declared, sdk.AllowedLabels): any other is
+// refused (Screen). Call it before the first Record.
+func (s *Sink) Only(allowed map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.allowed = allowed
+}
+
+// Evidence keys of a decision the sink refused: what the plugin asked.
+const (
+	EvAskedReaper = "asked_reaper"
+	EvAskedLabel  = "asked_label"
+)
+
+// Refused says which of the sink's refusals d is, if any: a plugin's
+// decision the host would not take as it came.
+func Refused(d sdk.Decision) bool {
+	return d.Label == sdk.LabelBoardRefusedForeignReaper || d.Label == sdk.LabelBoardRefusedUndeclaredLabel
+}
+
+// Screen returns ds as the audit takes them from the plugin named name
+// (in place): each under name, in a dry run never applied; or, for a
+// decision under another reaper's name or a label outside allowed (nil:
+// any), the refusal that takes its place, not applied, with what was asked
+// as its evidence (clipped: it is the plugin's text).
+func Screen(ds []sdk.Decision, name string, allowed map[string]bool, dry bool) []sdk.Decision {
+	for i, d := range ds {
+		label, refusal := "", ""
+		switch {
+		case d.Reaper != "" && d.Reaper != name:
+			label, refusal = sdk.LabelBoardRefusedForeignReaper, "foreign_reaper"
+		case allowed != nil && !allowed[d.Label]:
+			label, refusal = sdk.LabelBoardRefusedUndeclaredLabel, "undeclared_label"
+		}
+		if label != "" {
+			d = sdk.Decision{Label: label, Attempt: d.Attempt,
+				Detail:   "a decision the host does not take from this plugin: not audited nor metered as asked",
+				Evidence: map[string]string{EvRefusal: refusal, EvAskedReaper: clip(d.Reaper), EvAskedLabel: clip(d.Label)}}
+		}
+		d.Reaper = name
+		if dry {
+			d.DryRun, d.Applied = true, false
+		}
+		ds[i] = d
+	}
+	return ds
+}
+
+// clipAt bounds the plugin's words a refusal's evidence repeats.
+const clipAt = 128
+
+func clip(v string) string {
+	if len(v) <= clipAt {
+		return v
+	}
+	return strings.ToValidUTF8(v[:clipAt], "") + "…"
+}
+
 // Record keeps ds and queues them for the audit. It never fails: an audit
 // that cannot be written is the host's trouble, not the pass's (Wait says
-// so).
+// so). A decision the host does not take as it came is replaced by its
+// refusal (Screen).
 func (s *Sink) Record(_ context.Context, ds []sdk.Decision) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	batch := append([]sdk.Decision(nil), ds...)
-	for i := range batch {
-		if batch[i].Reaper == "" {
-			batch[i].Reaper = s.name
-		}
-		if s.dry {
-			batch[i].DryRun, batch[i].Applied = true, false
-		}
-	}
+	s.mu.Lock()
+	allowed := s.allowed
+	s.mu.Unlock()
+	batch := Screen(append([]sdk.Decision(nil), ds...), s.name, allowed, s.dry)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stream == nil {

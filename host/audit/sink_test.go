@@ -128,7 +128,9 @@ func TestSink_FailedWriteSurfacesAndLaterWritesGoOn(t *testing.T) {
 }
 
 // Every decision is stamped with the reaper's name when it has none, and a
-// dry run's never claims to be applied, before it is written.
+// dry run's never claims to be applied, before it is written. A decision
+// under another reaper's name is not written under it: its refusal, under
+// the sink's reaper, takes its place.
 func TestSink_StampsReaperAndDryRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -145,12 +147,43 @@ func TestSink_StampsReaperAndDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, d := range append(all, g.batches[0]...) {
-		if !d.DryRun || d.Applied || (i%2 == 0 && d.Reaper != "agentlost") || (i%2 == 1 && d.Reaper != "other") {
+		if !d.DryRun || d.Applied || d.Reaper != "agentlost" {
 			t.Fatalf("decision %d: %+v", i, d)
 		}
+		if refused := d.Label == sdk.LabelBoardRefusedForeignReaper; refused != (i%2 == 1) ||
+			(refused && d.Evidence[audit.EvAskedReaper] != "other") {
+			t.Fatalf("decision %d: %+v, want the foreign name refused", i, d)
+		}
 	}
-	if !ds[0].Applied || ds[0].Reaper != "" {
-		t.Fatalf("the caller's decisions changed: %+v", ds[0])
+	if !ds[0].Applied || ds[0].Reaper != "" || ds[1].Reaper != "other" {
+		t.Fatalf("the caller's decisions changed: %+v", ds)
+	}
+}
+
+// A sink told the labels its plugin declared takes no decision under any
+// other: its refusal takes its place, under a fixed label, and the asked
+// label is only evidence (clipped, however long).
+func TestSink_RefusesAnUndeclaredLabel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := audit.NewSink(ctx, nil, 7, t0, "agentlost", false)
+	s.Only(sdk.AllowedLabels(sdk.Info{MarkReasons: []string{sdk.LabelAgentLost}}))
+	ds := decisions(0, 3)
+	ds[1].Label = "made_up_" + strings.Repeat("x", 10_000)
+	ds[2].Label = sdk.LabelMarkNoop // common to every reaper
+	if err := s.Record(ctx, ds); err != nil {
+		t.Fatal(err)
+	}
+	all, _ := s.Wait()
+	want := []string{sdk.LabelAgentLost, sdk.LabelBoardRefusedUndeclaredLabel, sdk.LabelMarkNoop}
+	for i, d := range all {
+		if d.Label != want[i] || d.Reaper != "agentlost" {
+			t.Fatalf("decision %d: %+v, want %s", i, d, want[i])
+		}
+	}
+	if r := all[1]; r.Applied || len(r.Evidence[audit.EvAskedLabel]) > 200 ||
+		!strings.HasPrefix(r.Evidence[audit.EvAskedLabel], "made_up_") {
+		t.Fatalf("refusal %+v, want not applied, the asked label clipped", r)
 	}
 }
 

@@ -2,6 +2,7 @@ package cycle_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 	t.Parallel()
 
-	t.Run("SuccessCannotBeTurnedIntoAConfirmedInfraFailure", func(t *testing.T) {
+	t.Run("SuccessCannotBeTurnedIntoAnInfraFailure", func(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t, "forge_success", nil)
 		if stop, err := w.lw.Report(context.Background(), w.attempt, lifecycle.Outcome{State: sdk.StateSuccess},
@@ -59,6 +60,177 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 		w.refusal(t, sdk.LabelBoardRefusedPassClosed, "mark attempts", sdk.NoopPassClosed)
 		w.state(t, sdk.StateRunning)
 	})
+
+	// The host fences a write at its own clock: a mark the plugin dates an
+	// hour before its pass (past the confirmation valve, as if the attempt
+	// had long been marked) is refused whole.
+	t.Run("ABackdatedMarkIsRefusedAndAudited", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, "backdate", nil)
+		w.overreach(t, sdk.LabelBoardRefusedFenceTime)
+		w.refusal(t, sdk.LabelBoardRefusedFenceTime, "mark attempts", sdk.NoopTimeRefused)
+		if ev := w.decisionOf(t, sdk.LabelBoardRefusedFenceTime).Evidence; ev[hostaudit.EvAt] != t0.Add(-time.Hour).Format(time.RFC3339Nano) {
+			t.Fatalf("the refusal's evidence %v does not name the asked time", ev)
+		}
+	})
+
+	// Confirmation is the sweep's word: a reaper's mark that asks to be
+	// confirmed as it is made is refused whole.
+	t.Run("AMarkThatConfirmsItselfIsRefusedAndAudited", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, "confirm", nil)
+		w.overreach(t, sdk.LabelBoardRefusedConfirm)
+		w.refusal(t, sdk.LabelBoardRefusedConfirm, "mark attempts", sdk.NoopConfirmRefused)
+	})
+
+	// The host names the reaper a decision is audited under: one filed
+	// under another reaper's name is not audited under it.
+	t.Run("ADecisionUnderAnotherReapersNameIsRefusedAndAudited", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, "foreign_name", nil)
+		w.overreach(t, sdk.LabelBoardRefusedForeignReaper)
+		d := w.decisionOf(t, sdk.LabelBoardRefusedForeignReaper)
+		if d.Evidence[hostaudit.EvAskedReaper] != "podlost" || d.Evidence[hostaudit.EvAskedLabel] != sdk.LabelAgentLostProcessAlive {
+			t.Fatalf("the refusal's evidence %v does not say what was asked", d.Evidence)
+		}
+		if n := w.metered(t, sdk.LabelAgentLostProcessAlive); n != 0 {
+			t.Fatalf("the refused decision was metered under its own label %d times", n)
+		}
+		w.noAuditRow(t, func(d sdk.Decision) bool { return d.Reaper != "agentlost" || d.Label == sdk.LabelAgentLostProcessAlive })
+	})
+
+	// The host meters and audits a plugin's decisions only under the
+	// labels it declared when it was launched: a made-up label opens no
+	// series and reaches no audit row.
+	t.Run("ADecisionUnderAnUndeclaredLabelIsRefusedAndAudited", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t, "undeclared_label", nil)
+		w.overreach(t, sdk.LabelBoardRefusedUndeclaredLabel)
+		d := w.decisionOf(t, sdk.LabelBoardRefusedUndeclaredLabel)
+		if !strings.HasPrefix(d.Evidence[hostaudit.EvAskedLabel], "made_up_") {
+			t.Fatalf("the refusal's evidence %v does not say what was asked", d.Evidence)
+		}
+		for _, l := range w.meteredLabels(t) {
+			if strings.HasPrefix(l, "made_up_") {
+				t.Fatalf("the undeclared label %q was metered", l)
+			}
+		}
+		w.noAuditRow(t, func(d sdk.Decision) bool { return strings.HasPrefix(d.Label, "made_up_") })
+	})
+}
+
+// An honest plugin asks for none of it, and its pass is what it was: on
+// Lite its infra mark is confirmed as it is made, by the host, on the
+// substrate's word read at the write (here: dead), and fenced at the
+// host's clock; nothing is refused.
+func TestAnHonestLiteMarkIsConfirmedByTheHostOnTheSubstratesWord(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "normal", nil)
+	if res := w.loop.RunOnce(context.Background()); len(res.Reaped) != 1 {
+		t.Fatalf("the pass did not complete: %+v", res)
+	}
+	ti, err := w.store.TaskInstance(context.Background(), "run", "task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ti.State != sdk.StateFailed || ti.LastFailureKind != sdk.FailureInfra || !ti.InfraMarkedAt.Equal(t0) ||
+		!ti.InfraConfirmedAt.Equal(t0) {
+		t.Fatalf("the attempt is %s/%s marked %v confirmed %v, want an infra mark confirmed at the host's %v",
+			ti.State, ti.LastFailureKind, ti.InfraMarkedAt, ti.InfraConfirmedAt, t0)
+	}
+	w.noAuditRow(t, func(d sdk.Decision) bool { return strings.HasPrefix(d.Label, "board_refused_") })
+	w.audited(t, "")
+}
+
+// overreach runs a cycle of a plugin that asks for what the host decides:
+// the pass completes, nothing is written to the board, and the refusal is
+// audited, not applied, under the reaper's configured name, and metered
+// under its fixed label.
+func (w *world) overreach(t *testing.T, label string) {
+	t.Helper()
+	res := w.loop.RunOnce(context.Background())
+	if len(res.Reaped) != 1 {
+		t.Fatalf("the pass did not complete: %+v", res)
+	}
+	w.state(t, sdk.StateRunning)
+	d := w.decisionOf(t, label)
+	if d.Applied || d.Reaper != "agentlost" || d.Attempt != w.attempt {
+		t.Fatalf("refusal audited as %+v, want not applied, by agentlost, about %s", d, w.attempt)
+	}
+	if n := w.metered(t, label); n != 1 {
+		t.Fatalf("%s metered %d times, want 1", label, n)
+	}
+}
+
+// decisionOf returns the audit's decision of label about the attempt.
+func (w *world) decisionOf(t *testing.T, label string) sdk.Decision {
+	t.Helper()
+	recs, err := w.store.DecisionsFor(context.Background(), "run", "task", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Label == label {
+			return r.Decision
+		}
+	}
+	t.Fatalf("no %s decision in the audit: %+v", label, recs)
+	return sdk.Decision{}
+}
+
+// noAuditRow asserts that no audit row about the attempt is one of bad's.
+func (w *world) noAuditRow(t *testing.T, bad func(sdk.Decision) bool) {
+	t.Helper()
+	recs, err := w.store.DecisionsFor(context.Background(), "run", "task", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if bad(r.Decision) {
+			t.Fatalf("the audit holds what the plugin asked: %+v", r.Decision)
+		}
+	}
+}
+
+// metered reads dexaflow_scheduler_decisions_total for label.
+func (w *world) metered(t *testing.T, label string) int {
+	t.Helper()
+	n := 0.0
+	w.eachDecisionSeries(t, func(l string, v float64) {
+		if l == label {
+			n += v
+		}
+	})
+	return int(n)
+}
+
+// meteredLabels lists the decision_type of every series of
+// dexaflow_scheduler_decisions_total.
+func (w *world) meteredLabels(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	w.eachDecisionSeries(t, func(l string, _ float64) { out = append(out, l) })
+	return out
+}
+
+func (w *world) eachDecisionSeries(t *testing.T, fn func(label string, v float64)) {
+	t.Helper()
+	fams, err := w.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "dexaflow_scheduler_decisions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "decision_type" {
+					fn(lp.GetValue(), m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
 }
 
 // A reply larger than the host takes (the world's loader keeps the default

@@ -69,6 +69,11 @@ type Reaper struct {
 	// (its Info's): a write found there without its decision is audited
 	// under its name.
 	MarkReasons []string
+	// Labels are the decision labels its Info declared when it was
+	// launched (sdk.Info.DecisionLabels). The loop meters and audits its
+	// decisions only under these, its MarkReasons and sdk.CommonLabels,
+	// and refuses any other (sdk.LabelBoardRefusedUndeclaredLabel).
+	Labels []string
 }
 
 // Config configures the loop.
@@ -105,6 +110,10 @@ type Config struct {
 	// AuditRetention is how long the audit is kept. Default
 	// board.AuditRetentionDefault.
 	AuditRetention time.Duration
+	// SubstrateLabels are the decision labels the substrate's Info
+	// declared when it was launched: its sweep's decisions are taken under
+	// these, sdk.SweepLabels and sdk.CommonLabels only.
+	SubstrateLabels []string
 }
 
 // withDefaults fills in every default: the one place the loop's defaults
@@ -158,6 +167,13 @@ type Loop struct {
 	// searchable are the reapers' declared mark reasons the board is
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
+	// allowed are the labels each reaper's decisions may carry, by name
+	// (sdk.AllowedLabels of its declaration); sweepAllowed, the sweep's.
+	allowed      map[string]map[string]bool
+	sweepAllowed map[string]bool
+	// marks are the failure reasons an override may be metered under:
+	// the built-in mark reasons and the reapers' declared ones.
+	marks map[string]bool
 	// scorer scores the shadow decisions (nil without Config.Verdicts).
 	scorer *audit.Scorer
 	// pruneAsked carries a cycle's ask for a batch of the audit's prune to
@@ -172,8 +188,21 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
 		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
-		pruneAsked: make(chan int64, 1),
+		pruneAsked: make(chan int64, 1), allowed: map[string]map[string]bool{},
 	}
+	for _, r := range reapers {
+		declared := sdk.Info{DecisionLabels: r.Labels, MarkReasons: r.MarkReasons}
+		if err := sdk.CheckDeclared(declared); err != nil {
+			cfg.Logger.Warn("a reaper's declared labels are refused: only the sdk's common labels are taken from it",
+				"reaper", r.Name, "error", err)
+		}
+		l.allowed[r.Name] = sdk.AllowedLabels(declared)
+	}
+	l.sweepAllowed = sdk.AllowedLabels(sdk.Info{DecisionLabels: cfg.SubstrateLabels})
+	for _, s := range sdk.SweepLabels() {
+		l.sweepAllowed[s] = true
+	}
+	l.marks = knownMarks(reapers)
 	if cfg.Verdicts != nil {
 		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
 		names := make([]string, len(reapers))
@@ -339,6 +368,7 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	// otherwise leave the write unaudited.
 	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
 	ledger.OnRefusal("substrate", l.lateRefusals(ctx, term, start, l.cfg.DryRun))
+	ledger.Guard(l.cfg.Clock, start, false, nil)
 	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
 	ledger.Close()
@@ -369,9 +399,15 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 		return false
 	}
 	for mark, n := range sw.Overrides {
+		if !l.marks[mark] {
+			// The substrate's word is a metric label: only a known mark's.
+			l.cfg.Logger.Warn("the sweep counted overrides of a mark no reaper declared: metered under "+
+				overrideUndeclared, "mark", fmt.Sprintf("%.80q", mark), "count", n)
+			mark = overrideUndeclared
+		}
 		l.cfg.Metrics.Override(mark, n)
 	}
-	l.record(ctx, term, start, fill(sw.Decisions, "substrate", l.cfg.DryRun), res)
+	l.record(ctx, term, start, l.screened("substrate", audit.Screen(sw.Decisions, "substrate", l.sweepAllowed, l.cfg.DryRun)), res)
 	l.gate.Swept(term)
 	return true
 }
@@ -434,6 +470,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	ctx, cancel := clock.WithTimeout(phase, l.cfg.Clock, share)
 	defer cancel()
 	deadline := passStart.Add(share)
+	substrate := exec // the substrate itself, before the pass's wrappers
 	if dry {
 		exec = dryRunExecutions{exec}
 	} else if l.cfg.Owed != nil {
@@ -442,18 +479,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	// The pass's decisions are audited as they arrive, beside the pass,
-	// and each batch is metered, logged and covered in the ledger once
-	// written, then let go: a mass recovery's decisions are never all held.
-	// Its writes go through the ledger, so that a write that applied and
-	// whose decision never arrives is audited all the same.
-	sink := audit.NewSink(ctx, l.audit, term, now, r.Name, dry)
-	ledger := audit.NewLedger(l.boardFor(dry))
-	ledger.OnRefusal(r.Name, l.lateRefusals(phase, term, now, dry))
-	sink.Stream(func(ds []sdk.Decision) {
-		ledger.Cover(ds)
-		l.note(term, ds, res)
-	})
+	sink, ledger := l.edge(ctx, phase, term, r.Name, now, dry, substrate, res)
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
@@ -508,6 +534,34 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Unlock()
 }
 
+// edge returns the sink and the ledger of a pass of the named reaper: the
+// host's edge between the plugin and the audit and the board. The pass's
+// decisions are audited as they arrive, beside the pass, and each batch is
+// metered, logged and covered in the ledger once written, then let go: a
+// mass recovery's decisions are never all held. Its writes go through the
+// ledger, so that a write that applied and whose decision never arrives is
+// audited all the same. The host, not the plugin, says whose decisions
+// they are, which labels they may carry, when its writes are fenced and
+// whether its marks are confirmed as they are made.
+func (l *Loop) edge(ctx, phase context.Context, term int64, name string, now time.Time, dry bool,
+	substrate sdk.Executions, res *Result) (*audit.Sink, *audit.Ledger) {
+	sink := audit.NewSink(ctx, l.audit, term, now, name, dry)
+	sink.Only(l.allowed[name])
+	ledger := audit.NewLedger(l.boardFor(dry))
+	ledger.OnRefusal(name, l.lateRefusals(phase, term, now, dry))
+	ledger.Guard(l.cfg.Clock, now, true, l.allowed[name])
+	if l.cfg.Edition == ladder.EditionLite {
+		// No sweep reads an outcome on Lite: the host confirms an infra
+		// mark as made when the substrate reads its attempt dead.
+		ledger.ConfirmDead(substrate)
+	}
+	sink.Stream(func(ds []sdk.Decision) {
+		ledger.Cover(ds)
+		l.note(term, l.screened(name, ds), res)
+	})
+	return sink, ledger
+}
+
 // refusals records the writes the board or the host refused a pass's
 // plugin (audit.Ledger.Refusals) and says so at WARN: a plugin asking for
 // what no plugin may do is misbehaving, or hostile.
@@ -519,6 +573,46 @@ func (l *Loop) refusals(ctx context.Context, term int64, at time.Time, ds []sdk.
 		"plugin", ds[0].Reaper, "count", len(ds), "first", ds[0].Label, "run", ds[0].Attempt.RunID,
 		"task", ds[0].Attempt.TaskID, "refusal", ds[0].Evidence[audit.EvRefusal])
 	l.record(ctx, term, at, ds, res)
+}
+
+// knownMarks is the failure reasons an override may be metered under: the
+// built-in mark reasons and those the reapers declared (words only).
+func knownMarks(reapers []Reaper) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range board.MarkReasons {
+		out[m] = true
+	}
+	for _, r := range reapers {
+		for _, m := range r.MarkReasons {
+			out[m] = out[m] || sdk.LabelWord(m)
+		}
+	}
+	return out
+}
+
+// overrideUndeclared is the mark label an override of an undeclared mark
+// is metered under.
+const overrideUndeclared = "undeclared"
+
+// screened says at WARN when ds holds decisions the host refused to take
+// from the plugin as they came (audit.Screen), and returns ds.
+func (l *Loop) screened(name string, ds []sdk.Decision) []sdk.Decision {
+	n, first := 0, -1
+	for i, d := range ds {
+		if audit.Refused(d) {
+			n++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if n > 0 {
+		ev := ds[first].Evidence
+		l.cfg.Logger.Warn("a plugin recorded decisions the host does not take as they came: audited as refusals",
+			"plugin", name, "count", n, "first", ds[first].Label, "asked_reaper", ev[audit.EvAskedReaper],
+			"asked_label", ev[audit.EvAskedLabel])
+	}
+	return ds
 }
 
 // lateRefusals is where a pass's ledger hands the refusals made after the

@@ -49,6 +49,7 @@ type substrate struct {
 	calls         *callLog         // when set, each sweep is noted in it
 	overrides     map[string]int64 // when set, what each sweep reports it overrode
 	during        func()           // when set, runs inside each sweep (a slow one moves the clock)
+	decisions     []sdk.Decision   // with overrides: what each sweep reports it decided
 }
 
 // callLog notes, in order, the calls made on the in-process substrate and
@@ -95,7 +96,7 @@ func (s *substrate) Sweep(ctx context.Context, _ sdk.SweepRequest, _ sdk.Board) 
 		return sdk.SweepResult{}, ctx.Err()
 	}
 	if s.overrides != nil {
-		return sdk.SweepResult{Overrides: s.overrides}, nil
+		return sdk.SweepResult{Overrides: s.overrides, Decisions: append([]sdk.Decision(nil), s.decisions...)}, nil
 	}
 	return sdk.SweepResult{Overrides: map[string]int64{sdk.LabelAgentLost: 1}}, nil
 }
@@ -236,7 +237,7 @@ func setup(t *testing.T, dryRun bool, names ...string) *bundle {
 		b.reapers = append(b.reapers, r)
 		p := &static[sdk.Reaper]{v: r}
 		b.plugins = append(b.plugins, p)
-		rs = append(rs, cycle.Reaper{Name: n, Plugin: p})
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: p, Labels: []string{sdk.LabelAgentLost, sdk.LabelAgentLostProcessAlive}})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, DryRun: dryRun,

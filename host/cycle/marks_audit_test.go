@@ -19,6 +19,7 @@ import (
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
+	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -61,6 +62,8 @@ type world struct {
 	lead    *lead
 	reaper  sdk.Reaper
 	lw      *lifecycle.Writer
+	metrics *metrics.Metrics
+	info    sdk.Info // the plugin's, as launched
 }
 
 // blockingExec answers every attempt dead, and holds each teardown until
@@ -146,10 +149,11 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 		aud = auditor(w.store)
 	}
 	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
-	w.lead, w.reaper = lead, p.Reaper()
-	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: w.clock},
+	w.lead, w.reaper, w.metrics, w.info = lead, p.Reaper(), metrics.New(), p.Info
+	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: w.clock, Metrics: w.metrics},
 		lead, w.store, aud, &static[sdk.Substrate]{v: w.exec},
-		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}, MarkReasons: p.Info.MarkReasons}})
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}, MarkReasons: p.Info.MarkReasons,
+			Labels: p.Info.DecisionLabels}})
 	return w
 }
 

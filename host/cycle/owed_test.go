@@ -25,7 +25,8 @@ func TestOwedTeardownRetries(t *testing.T) {
 	w := newWorld(t, "mark_teardown", nil)
 	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
 		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec},
-		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}}})
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}, MarkReasons: w.info.MarkReasons,
+			Labels: w.info.DecisionLabels}})
 
 	run := func() cycle.Result {
 		done := make(chan cycle.Result)

@@ -55,7 +55,7 @@ func logged(b *bundle, names ...string) *logLines {
 	logs := &logLines{}
 	var rs []cycle.Reaper
 	for i, n := range names {
-		rs = append(rs, cycle.Reaper{Name: n, Plugin: b.plugins[i]})
+		rs = append(rs, cycle.Reaper{Name: n, Plugin: b.plugins[i], Labels: []string{sdk.LabelAgentLost}})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: b.clock, Metrics: b.metrics,
@@ -214,6 +214,39 @@ func TestSweepOverridesAreCountedByMark(t *testing.T) {
 	if len(got) != len(want) || got[sdk.LabelPodLost] != want[sdk.LabelPodLost] || got[sdk.LabelDispatchLost] != want[sdk.LabelDispatchLost] {
 		t.Fatalf("dexaflow_reconcile_infra_override_total = %v, want %v", got, want)
 	}
+
+	// The substrate is a plugin too: its words become metric labels and
+	// audit rows only when the host knows them. An override of a mark no
+	// reaper declared is metered under a fixed label; a decision under a
+	// reaper's name, or a label no sweep records, is refused.
+	t.Run("OnlyKnownMarksAndTheSweepsOwnLabels", func(t *testing.T) {
+		b := setup(t, false, "agentlost")
+		a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+		b.sub.overrides = map[string]int64{sdk.LabelPodLost: 1, "made_up_mark_" + strings.Repeat("x", 200): 3}
+		b.sub.decisions = []sdk.Decision{
+			{Label: sdk.LabelReconcileSettled, Attempt: a, Applied: true},
+			{Reaper: "agentlost", Label: sdk.LabelReconcileInfraConfirmed, Attempt: a, Applied: true},
+			{Label: "made_up_label", Attempt: a, Applied: true},
+		}
+		settle(b)
+		res := b.loop.RunOnce(context.Background())
+		if !res.Swept {
+			t.Fatalf("the cycle did not sweep: %+v", res)
+		}
+		want := []string{sdk.LabelReconcileSettled, sdk.LabelBoardRefusedForeignReaper, sdk.LabelBoardRefusedUndeclaredLabel}
+		var got []string
+		for _, d := range res.Decisions {
+			if d.Reaper == "substrate" {
+				got = append(got, d.Label)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("the sweep's decisions %v, want %v", got, want)
+		}
+		if got := overridesMetered(t, b); len(got) != 2 || got[sdk.LabelPodLost] != 1 || got["undeclared"] != 3 {
+			t.Fatalf("dexaflow_reconcile_infra_override_total = %v, want pod_lost 1 and undeclared 3", got)
+		}
+	})
 
 	t.Run("AFailedSweepCountsNone", func(t *testing.T) {
 		b := setup(t, false, "agentlost")

@@ -84,11 +84,16 @@ func newShadowWorld(t *testing.T) *shadowWorld {
 	if err := r.Configure(ctx, sdk.ConfigureRequest{Edition: ladder.EditionKube, Ladder: ladder.Defaults()}); err != nil {
 		t.Fatal(err)
 	}
+	info, err := r.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}}
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionKube, Clock: w.clock,
 		Metrics: w.metrics, Verdicts: w.store},
 		lead, w.store, w.store, &static[sdk.Substrate]{v: deadPods{}},
-		[]cycle.Reaper{{Name: agentlost.Name, DryRun: true, Plugin: &static[sdk.Reaper]{v: r}}})
+		[]cycle.Reaper{{Name: agentlost.Name, DryRun: true, Plugin: &static[sdk.Reaper]{v: r},
+			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}})
 	return w
 }
 

@@ -147,7 +147,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	var reapers []cycle.Reaper
 	for _, h := range set.Reapers {
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
-			MarkReasons: h.Info.MarkReasons})
+			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
 
 	if d.elector, err = d.newElector(); err != nil {
@@ -157,7 +157,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
 		ShadowHorizon: cfg.ShadowHorizon, History: d.store, HistoryRetention: cfg.HistoryRetention,
-		AuditPrune: d.store, AuditRetention: cfg.AuditRetention,
+		AuditPrune: d.store, AuditRetention: cfg.AuditRetention, SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 
 	if d.api, err = d.newAttemptAPI(ctx); err != nil {

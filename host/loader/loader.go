@@ -187,6 +187,11 @@ func (l *Loader) Launch(ctx context.Context, spec Spec) (p *Plugin, err error) {
 	if info.Name != spec.Name {
 		return nil, fail(fmt.Errorf("calls itself %q", info.Name))
 	}
+	// The labels its decisions and marks may carry are fixed here, once:
+	// the host meters and audits nothing else from it.
+	if err := sdk.CheckDeclared(info); err != nil {
+		return nil, fail(err)
+	}
 	return &Plugin{Spec: spec, Path: path, Info: info, client: client, raw: raw}, nil
 }
 

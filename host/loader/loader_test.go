@@ -349,6 +349,14 @@ func TestLaunchRefusals(t *testing.T) {
 		{"NoCommonProtocolVersion", loader.Spec{Kind: sdk.KindReaper, Name: "v99"}, []string{"TESTREAPER_PROTOCOLS=99"}, "speaks no protocol version"},
 		{"ChecksumMismatch", loader.Spec{Kind: sdk.KindReaper, Name: "echo", SHA256: strings.Repeat("ab", 32)}, nil, "checksum mismatch"},
 		{"WrongKind", loader.Spec{Kind: sdk.KindSubstrate, Name: "impostor"}, nil, "is a reaper plugin, configured as a substrate"},
+		// The labels a plugin may use are fixed at launch, and bounded:
+		// never the host's own, never more than the host meters.
+		{"DeclaresAHostsLabel", loader.Spec{Kind: sdk.KindReaper, Name: "echo"},
+			[]string{"TESTREAPER_DECLARE=" + sdk.LabelReconcileInfraConfirmed}, "a label only the host records"},
+		{"DeclaresTooManyLabels", loader.Spec{Kind: sdk.KindReaper, Name: "echo"},
+			[]string{"TESTREAPER_DECLARE=100*its_label_"}, "more than 64"},
+		{"DeclaresSomethingNoLabelCanBe", loader.Spec{Kind: sdk.KindReaper, Name: "echo"},
+			[]string{"TESTREAPER_DECLARE=Not A Label"}, "which is no label"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -408,7 +416,7 @@ func TestPassFailures(t *testing.T) {
 			t.Fatalf("launch: %v", err)
 		}
 		err = p.Base().Configure(context.Background(), sdk.ConfigureRequest{Values: sdk.Values{"mode": "sideways"}})
-		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env" or "probe", not "sideways"`
+		want := `attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env", "probe", "backdate", "confirm", "foreign_name" or "undeclared_label", not "sideways"`
 		if err == nil || err.Error() != want {
 			t.Fatalf("err = %v, want exactly the plugin's sentence %q", err, want)
 		}

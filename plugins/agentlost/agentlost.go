@@ -57,6 +57,10 @@ type Reaper struct{ *reap.Base[Config] }
 // discards.
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelAgentLost, sdk.LabelCredentialCeiling},
+		DecisionLabels: []string{sdk.LabelAgentLostProcessAlive, sdk.LabelAgentLostProcessQueryErr,
+			sdk.LabelAgentLostOrphanStopped, sdk.LabelAgentLostOrphanStopErr, sdk.LabelAgentLostPodDeleteErr,
+			sdk.LabelAgentLostNeverHeartbeated, sdk.LabelAgentLostNeverHeartbeatedProcessAlive,
+			sdk.LabelAgentLostNeverHeartbeatedProcessQueryErr},
 		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
 }
 

@@ -171,7 +171,6 @@ func (p *passRun) plan(c sdk.Candidate, j judgment, ev reap.Evidence) reap.Plann
 		m.RequireNoHeartbeat = true
 	}
 	if j.kind == sdk.MarkInfra {
-		m.Confirm = p.lite // no reconciler on Lite: confirmed as made
 		m.Hold = p.cfg.Hold()
 		ev[reap.EvPolicy] = string(p.cfg.Policy)
 	}

@@ -56,6 +56,9 @@ type Reaper struct{ *reap.Base[Config] }
 // discards.
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelDispatchLost, sdk.LabelStartExpired},
+		DecisionLabels: []string{sdk.LabelDispatchLostProcessAlive, sdk.LabelDispatchLostProcessQueryErr,
+			sdk.LabelDispatchLostPodQueryErr, sdk.LabelDispatchLostPodAlive, sdk.LabelDispatchLostOrphanStopped,
+			sdk.LabelDispatchLostOrphanStopErr, sdk.LabelDispatchLostPodDeleteErr},
 		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
 }
 
@@ -165,7 +168,6 @@ func (p *passRun) plan(c sdk.Candidate, j judgment, ev reap.Evidence) reap.Plann
 			Kind:       sdk.MarkInfra,
 			Reason:     j.reason,
 			Message:    j.reason + ": " + j.detail,
-			Confirm:    p.lite,
 			Hold:       p.cfg.Hold(),
 			Term:       p.pass.Term,
 			At:         p.pass.Now,

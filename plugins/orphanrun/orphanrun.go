@@ -50,7 +50,8 @@ type Reaper struct{ *reap.Base[Config] }
 // discards.
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase[Config](logger, nil, sdk.Info{Name: Name, Editions: []string{ladder.EditionLite, ladder.EditionKube}, MarkReasons: []string{sdk.LabelOrphanRun},
-		Description: "fails running runs with nothing live and no recent activity (orphan_run)"})}
+		DecisionLabels: []string{sdk.LabelOrphanReapNoop, sdk.LabelOrphanRunPodDeleteErr},
+		Description:    "fails running runs with nothing live and no recent activity (orphan_run)"})}
 }
 
 // Reap runs one pass: one decision per run judged (its Attempt carries only

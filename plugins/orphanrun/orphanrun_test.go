@@ -236,8 +236,9 @@ func TestRules(t *testing.T) {
 }
 
 // A scheduler crash mid-tick leaves a run's task queued: dispatch-lost
-// fails it first (Lite: confirmed at once), and orphan-run fails the run
-// once the mark itself is older than the orphan threshold.
+// fails it first (on Lite the host confirms the mark as made, on the
+// substrate's word that nothing of the attempt runs), and orphan-run fails
+// the run once the mark itself is older than the orphan threshold.
 // A dispatch-lost mark is the reaper's, not the run's activity: once the
 // mark leaves the run nothing live (its infra budget spent), the next
 // orphan-run pass fails the run, measured from the queueing, not from the
@@ -269,6 +270,12 @@ func TestLostDispatchThenOrphanRun(t *testing.T) {
 			}
 			if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
 				t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
+			}
+			// The host confirms the mark as made (Lite: the substrate reads
+			// its agent dead); this harness has no host, so it does so here.
+			if res, err := b.h.Board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: stuck, Term: b.h.Term, At: b.h.Now()}}); err != nil ||
+				len(res) != 1 || !res[0].Applied {
+				t.Fatalf("the sweep's confirmation: %+v %v", res, err)
 			}
 			b.reap(t)
 			if r, _ := b.h.Board.Run("r"); r.State != tc.wantRun {

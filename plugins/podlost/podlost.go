@@ -128,6 +128,8 @@ type Reaper struct{ *reap.Base[Config] }
 // discards.
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelPodLost},
+		DecisionLabels: []string{sdk.LabelPodLostPodQueryErr, sdk.LabelPodLostPodDeleteErr, sdk.LabelPodLostPodPresent,
+			sdk.LabelPodLostNodeUnreachable},
 		Description: "fails running attempts that have no pod left (pod_lost)"})}
 }
 

@@ -66,7 +66,8 @@ type Reaper struct{ *reap.Base[Config] }
 // discards.
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelWarmWorkerLost},
-		Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
+		DecisionLabels: []string{sdk.LabelWarmWorkerListErr},
+		Description:    "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt whose worker is gone, or
@@ -167,7 +168,6 @@ func (p *passRun) finish(ctx context.Context, _ reap.DrainStats) error {
 				Kind:       sdk.MarkInfra,
 				Reason:     sdk.LabelWarmWorkerLost,
 				Message:    sdk.LabelWarmWorkerLost + ": " + detail,
-				Confirm:    true,
 				Hold:       p.cfg.Hold(),
 				Term:       p.pass.Term,
 				At:         p.pass.Now,

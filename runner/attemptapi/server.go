@@ -153,7 +153,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// refusal is a call answered with an error, nothing written.
+// refusal is a call answered with an error, nothing written. cause, when
+// set, is the error behind it: for the log only, never the body.
 type refusal struct {
 	status int
 	body   ErrorBody
@@ -161,9 +162,17 @@ type refusal struct {
 	// connection, so that the server does not wait for a body a client
 	// may hold back to keep the connection.
 	unread bool
+	cause  error
 }
 
-func (e *refusal) Error() string { return e.body.Code + ": " + e.body.Message }
+func (e *refusal) Error() string {
+	if e.cause != nil {
+		return e.body.Code + ": " + e.body.Message + ": " + e.cause.Error()
+	}
+	return e.body.Code + ": " + e.body.Message
+}
+
+func (e *refusal) Unwrap() error { return e.cause }
 
 // unread marks r refused before the body was read.
 func unread(r *refusal) *refusal {
@@ -197,7 +206,10 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 		if err != nil {
 			var ref *refusal
 			if !errors.As(err, &ref) {
-				ref = refuse(http.StatusInternalServerError, CodeInternal, "%v", err)
+				// The error's text is for the log: it may carry the
+				// database's words.
+				ref = &refusal{status: http.StatusInternalServerError, cause: err,
+					body: ErrorBody{Code: CodeInternal, Message: "the call failed inside the server; see its log"}}
 			}
 			result = ref.body.Code
 			switch {
@@ -307,9 +319,12 @@ func tokenRefusal(err error) *refusal {
 }
 
 // boardFailure turns a board error into a retryable refusal (the agent
-// retries Unavailable).
+// retries Unavailable). The body says what could not be done, in the
+// server's fixed words; the board's error, which may carry the database's
+// text (a host, a role, a statement), goes to the log only.
 func boardFailure(what string, err error) error {
-	return refuse(http.StatusServiceUnavailable, CodeUnavailable, "%s: %v", what, err)
+	return &refusal{status: http.StatusServiceUnavailable, cause: err,
+		body: ErrorBody{Code: CodeUnavailable, Message: what + ": the board could not be reached; retry"}}
 }
 
 func (s *Server) running(ctx context.Context, c call) (Response, error) {

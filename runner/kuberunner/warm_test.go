@@ -388,9 +388,10 @@ func TestWarmWatchdogKillsTheAttemptAtTheCredentialCeiling(t *testing.T) {
 // TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAnotherWorker:
 // the worker pod running an attempt is deleted; its container is stopped
 // with the attempt unreported; the warm-worker-lost reaper (in process,
-// over the real kube substrate) fails it on the infra rail, confirmed; the
-// runner re-places it on the infra budget, binds it to another worker, and
-// it succeeds there.
+// over the real kube substrate) fails it on the infra rail, provisionally
+// (a reaper never confirms its own mark); the reconcile sweep confirms it
+// from the warm pool's live list; the runner re-places it on the infra
+// budget, binds it to another worker, and it succeeds there.
 func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAnotherWorker(t *testing.T) {
 	e := newWarmEnv(t)
 	r := e.runner(t, e.warmConfig(2))
@@ -427,8 +428,15 @@ func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAno
 		t.Fatalf("decisions %+v: want warm_worker_lost of %s", ds, first)
 	}
 	ti = e.ti(t, "run-lost", "wait")
-	if ti.LastFailureKind != sdk.FailureInfra || ti.InfraConfirmedAt.IsZero() {
-		t.Fatalf("row %s/%s confirmed %v", ti.State, ti.LastFailureKind, ti.InfraConfirmedAt)
+	if ti.LastFailureKind != sdk.FailureInfra || !ti.InfraConfirmedAt.IsZero() {
+		t.Fatalf("row %s/%s confirmed %v: want a provisional infra mark", ti.State, ti.LastFailureKind, ti.InfraConfirmedAt)
+	}
+	eventually.True(t, clusterWait, "the substrate's cache to sync", func() bool { ok, err := sub.Synced(context.Background()); return err == nil && ok }, eventually.Every(clusterPoll))
+	if _, err := sub.Sweep(context.Background(), sdk.SweepRequest{Now: e.clk.Now(), Term: e.term, Ladder: l}, e.store); err != nil {
+		t.Fatal(err)
+	}
+	if ti = e.ti(t, "run-lost", "wait"); ti.InfraConfirmedAt.IsZero() {
+		t.Fatalf("the sweep did not confirm the warm mark: row %s/%s", ti.State, ti.LastFailureKind)
 	}
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)

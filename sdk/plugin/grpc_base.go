@@ -24,7 +24,8 @@ func (c *baseClient) Info(ctx context.Context) (sdk.Info, error) {
 		return sdk.Info{}, remoteError("plugin info", err)
 	}
 	return sdk.Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
-		Editions: resp.Editions, Description: resp.Description, MarkReasons: resp.MarkReasons}, nil
+		Editions: resp.Editions, Description: resp.Description, MarkReasons: resp.MarkReasons,
+		DecisionLabels: resp.DecisionLabels}, nil
 }
 
 func (c *baseClient) ConfigSchema(ctx context.Context) (sdk.Schema, error) {
@@ -84,7 +85,8 @@ func (s *baseServer) Info(ctx context.Context, _ *pb.Empty) (*pb.InfoResponse, e
 		return nil, err
 	}
 	return &pb.InfoResponse{Name: info.Name, Kind: info.Kind, Version: info.Version,
-		Editions: info.Editions, Description: info.Description, MarkReasons: info.MarkReasons}, nil
+		Editions: info.Editions, Description: info.Description, MarkReasons: info.MarkReasons,
+		DecisionLabels: info.DecisionLabels}, nil
 }
 
 func (s *baseServer) ConfigSchema(ctx context.Context, _ *pb.Empty) (*pb.SchemaResponse, error) {

@@ -21,11 +21,13 @@ func (infoReaper) Reap(context.Context, sdk.Pass, sdk.Board, sdk.Executions, sdk
 }
 
 // Every field of a plugin's Info reaches the host, the failure reasons
-// its marks carry included: the host files the marks it recovers by them.
+// its marks carry included (the host files the marks it recovers by them),
+// and the labels its decisions may carry (the host refuses any other).
 func TestInfoOverGoPlugin(t *testing.T) {
 	t.Parallel()
 	want := sdk.Info{Name: "parked", Kind: sdk.KindReaper, Version: "0.1.0", Editions: []string{"lite", "kube"},
-		Description: "fails parked attempts", MarkReasons: []string{"parked_expired", "parked_lost"}}
+		Description: "fails parked attempts", MarkReasons: []string{"parked_expired", "parked_lost"},
+		DecisionLabels: []string{"parked_process_alive"}}
 	client, _ := goplugin.TestPluginGRPCConn(t, false, map[string]goplugin.Plugin{PluginReaper: &ReaperPlugin{Impl: infoReaper{want}}})
 	t.Cleanup(func() { _ = client.Close() })
 	raw, err := client.Dispense(PluginReaper)

@@ -56,6 +56,7 @@ func NewBase[C any](logger hclog.Logger, defaults func() C, info sdk.Info) *Base
 		info.Version = sdk.BuildVersion
 	}
 	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
+	info.DecisionLabels = slices.Clone(info.DecisionLabels)
 	b := &Base[C]{info: info, defaults: defaults, logger: logger, stopwatch: clock.Real{}}
 	cfg := defaults()
 	b.cfg.Store(&cfg)
@@ -66,6 +67,7 @@ func NewBase[C any](logger hclog.Logger, defaults func() C, info sdk.Info) *Base
 func (b *Base[C]) Info(context.Context) (sdk.Info, error) {
 	info := b.info
 	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
+	info.DecisionLabels = slices.Clone(info.DecisionLabels)
 	return info, nil
 }
 

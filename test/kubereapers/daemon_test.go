@@ -134,13 +134,15 @@ func TestDaemon_KubeEditionSettlesLostPodsWorkersAndDispatches(t *testing.T) {
 	}
 	e.wantProvisional(lostPod, sdk.LabelPodLost)
 	e.wantProvisional(lostDispatch, sdk.LabelDispatchLost)
+	e.wantProvisional(onWarm, sdk.LabelWarmWorkerLost) // no reaper confirms its own mark
 	e.wantState(healthy, sdk.StateRunning)
 
-	// The next sweep finds no pod of either attempt and confirms them.
+	// The next sweep finds no pod of either attempt, nor the warm worker in
+	// its live list of the pool, and confirms them.
 	e.clk.Advance(e.ladder.MaintenanceInterval)
 	e.beat(healthy)
 	res = d.RunCycle(context.Background())
-	for _, a := range []sdk.Attempt{lostPod, lostDispatch} {
+	for _, a := range []sdk.Attempt{lostPod, lostDispatch, onWarm} {
 		if !decided(res, a, sdk.LabelReconcileInfraConfirmed) || e.row(a).InfraConfirmedAt.IsZero() {
 			t.Fatalf("%s not confirmed: %+v", a, res.Decisions)
 		}

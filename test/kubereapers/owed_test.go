@@ -117,6 +117,10 @@ func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *cycle.Loo
 		Values: defaults(w.t, r)}); err != nil {
 		w.t.Fatal(err)
 	}
+	info, err := r.Info(context.Background())
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	lg := hclog.NewNullLogger()
 	if logs != nil {
 		lg = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
@@ -125,7 +129,8 @@ func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *cycle.Loo
 		ValidUntil: w.clk.Now().Add(24 * time.Hour)}}
 	return cycle.New(cycle.Config{Ladder: w.ladder, Edition: ladder.EditionKube, DryRun: dryRun, Clock: w.clk,
 		Logger: lg, Metrics: w.metrics, Owed: w.store},
-		lead, w.store, w.store, fixed[sdk.Substrate]{w.sub}, []cycle.Reaper{{Name: "agentlost", Plugin: fixed[sdk.Reaper]{r}}})
+		lead, w.store, w.store, fixed[sdk.Substrate]{w.sub}, []cycle.Reaper{{Name: "agentlost", Plugin: fixed[sdk.Reaper]{r},
+			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}})
 }
 
 // silent puts a running attempt with a running pod on the board and lets

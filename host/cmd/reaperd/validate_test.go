@@ -96,7 +96,7 @@ reaper "echo" {
 	want := []string{
 		"reaper.hcl:4:16: Timing ladder out of order: agent_lost (10s) must be greater than heartbeat (15s)",
 		`reaper.hcl:7:1: reaper plugin "nosuch" (` + filepath.Join(binDir, "reaper-nosuch") + `): binary not found`,
-		`reaper.hcl:9:10: reaper plugin "echo" refused its configuration: attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env" or "probe", not "sideways"`,
+		`reaper.hcl:9:10: reaper plugin "echo" refused its configuration: attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env", "probe", "backdate", "confirm", "foreign_name" or "undeclared_label", not "sideways"`,
 	}
 	lines := strings.Split(strings.TrimSpace(errs), "\n")
 	if len(lines) != len(want) {

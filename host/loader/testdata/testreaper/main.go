@@ -10,8 +10,12 @@
 // fails. With "mark_teardown" it marks the dead attempts, then tears each
 // one down before it records its decisions (as the kube reapers do); with
 // "mark_crash" it exits right after its marks, before any decision. The
-// hostile modes: "forge_success" marks every successful attempt a confirmed
-// infra failure; "late_write" writes to the board after its pass returned;
+// hostile modes: "forge_success" marks every successful attempt an infra
+// failure; "late_write" writes to the board after its pass returned;
+// "backdate" marks the running attempts at a time an hour before its pass;
+// "confirm" marks them confirmed as they are made; "foreign_name" records a
+// decision about them under another reaper's name; "undeclared_label"
+// records one under a label it did not declare;
 // "big_reply" answers with a reply far larger than the host accepts; "env"
 // hands back its own environment as its state; "probe" tries to read each
 // file its probe attribute names (one a line) and hands back, as its state,
@@ -51,8 +55,26 @@ func newReaper(hclog.Logger) *reaper {
 }
 
 func (r *reaper) Info(context.Context) (sdk.Info, error) {
-	return sdk.Info{Name: r.name, Kind: sdk.KindReaper, Version: "test", Editions: []string{"lite", "kube"},
-		MarkReasons: []string{sdk.LabelAgentLost}}, nil
+	info := sdk.Info{Name: r.name, Kind: sdk.KindReaper, Version: "test", Editions: []string{"lite", "kube"},
+		MarkReasons:    []string{sdk.LabelAgentLost},
+		DecisionLabels: []string{sdk.LabelAgentLostProcessAlive, sdk.LabelAgentLostPodDeleteErr}}
+	// TESTREAPER_DECLARE (comma-separated, "n*label" for n of them)
+	// replaces the labels it declares.
+	if v, ok := os.LookupEnv("TESTREAPER_DECLARE"); ok {
+		info.DecisionLabels = nil
+		for _, l := range strings.Split(v, ",") {
+			n, label, many := strings.Cut(l, "*")
+			if !many {
+				info.DecisionLabels = append(info.DecisionLabels, l)
+				continue
+			}
+			count, _ := strconv.Atoi(n)
+			for i := range count {
+				info.DecisionLabels = append(info.DecisionLabels, label+strconv.Itoa(i))
+			}
+		}
+	}
+	return info, nil
 }
 
 func (r *reaper) ConfigSchema(context.Context) (sdk.Schema, error) {
@@ -71,10 +93,10 @@ func (r *reaper) Configure(_ context.Context, req sdk.ConfigureRequest) error {
 	r.probe = req.Values.String("probe")
 	switch r.mode {
 	case "normal", "crash", "hang", "crash_once", "report", "report_fail", "mark_teardown", "mark_crash",
-		"forge_success", "late_write", "big_reply", "env", "probe":
+		"forge_success", "late_write", "big_reply", "env", "probe", "backdate", "confirm", "foreign_name", "undeclared_label":
 		return nil
 	}
-	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env" or "probe", not %q`, r.mode)
+	return fmt.Errorf(`attribute "mode": must be "normal", "crash", "crash_once", "hang", "report", "report_fail", "mark_teardown", "mark_crash", "forge_success", "late_write", "big_reply", "env", "probe", "backdate", "confirm", "foreign_name" or "undeclared_label", not %q`, r.mode)
 }
 
 func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec sdk.Executions, sink sdk.Sink) (sdk.PassResult, error) {
@@ -98,6 +120,8 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 		return forgeSuccess(ctx, pass, board)
 	case "late_write":
 		return lateWrite(ctx, pass, board)
+	case "backdate", "confirm", "foreign_name", "undeclared_label":
+		return overreach(ctx, r.mode, pass, board, sink)
 	case "big_reply":
 		// A reply far larger than the host accepts.
 		return sdk.PassResult{State: make([]byte, 8<<20)}, nil
@@ -131,7 +155,7 @@ func (r *reaper) Reap(ctx context.Context, pass sdk.Pass, board sdk.Board, exec 
 			continue
 		}
 		marks = append(marks, sdk.Mark{Attempt: l.Attempt, FromStates: []string{sdk.StateRunning},
-			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Term: pass.Term, At: pass.Now, Confirm: true})
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Term: pass.Term, At: pass.Now})
 	}
 	results, err := board.Mark(ctx, marks)
 	if err != nil {
@@ -174,7 +198,7 @@ func forgeSuccess(ctx context.Context, pass sdk.Pass, board sdk.Board) (sdk.Pass
 	var marks []sdk.Mark
 	for _, c := range page.Candidates {
 		marks = append(marks, sdk.Mark{Attempt: c.Attempt, FromStates: []string{sdk.StateRunning, sdk.StateSuccess},
-			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: forged", Confirm: true,
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: forged",
 			Term: pass.Term, At: pass.Now})
 	}
 	if _, err := board.Mark(ctx, marks); err != nil {
@@ -207,6 +231,55 @@ func lateWrite(ctx context.Context, pass sdk.Pass, board sdk.Board) (sdk.PassRes
 		_, _ = board.Mark(bg, []sdk.Mark{{Attempt: a, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
 			Reason: sdk.LabelAgentLost, Message: "agent_lost: late", Term: pass.Term, At: pass.Now}})
 	}()
+	return sdk.PassResult{}, nil
+}
+
+// overreach is a hostile reaper that asks the host for what the host, not
+// a plugin, decides, about every running attempt: a mark fenced an hour
+// before its pass (backdate) or confirmed as it is made (confirm), a
+// decision filed under another reaper's name (foreign_name) or under a
+// label it never declared (undeclared_label). It records nothing else.
+func overreach(ctx context.Context, mode string, pass sdk.Pass, board sdk.Board, sink sdk.Sink) (sdk.PassResult, error) {
+	page, err := board.ListCandidates(ctx, sdk.CandidateQuery{
+		States: []string{sdk.StateRunning}, OrderBy: sdk.FieldRunningAt, OlderThan: pass.Now,
+	})
+	if err != nil {
+		return sdk.PassResult{}, err
+	}
+	var marks []sdk.Mark
+	var decisions []sdk.Decision
+	for _, c := range page.Candidates {
+		m := sdk.Mark{Attempt: c.Attempt, FromStates: []string{sdk.StateRunning}, Kind: sdk.MarkInfra,
+			Reason: sdk.LabelAgentLost, Message: "agent_lost: " + mode, Term: pass.Term, At: pass.Now}
+		switch mode {
+		case "backdate":
+			m.At = pass.Now.Add(-time.Hour)
+			marks = append(marks, m)
+		case "confirm":
+			m.Confirm = true
+			marks = append(marks, m)
+		case "foreign_name":
+			decisions = append(decisions, sdk.Decision{Reaper: "podlost", Label: sdk.LabelAgentLostProcessAlive,
+				Attempt: c.Attempt, Detail: "filed under another reaper"})
+		case "undeclared_label":
+			decisions = append(decisions, sdk.Decision{Label: "made_up_" + strconv.FormatInt(pass.Now.UnixNano(), 10),
+				Attempt: c.Attempt, Detail: "a label no one declared"})
+		}
+	}
+	if len(marks) > 0 {
+		res, err := board.Mark(ctx, marks)
+		if err != nil {
+			return sdk.PassResult{}, err
+		}
+		for _, r := range res {
+			if r.Applied {
+				return sdk.PassResult{}, fmt.Errorf("the host applied a %s mark of %s", mode, r.Attempt)
+			}
+		}
+	}
+	if err := sink.Record(ctx, decisions); err != nil {
+		return sdk.PassResult{}, err
+	}
 	return sdk.PassResult{}, nil
 }
 

@@ -455,9 +455,13 @@ type InfoResponse struct {
 	Editions    []string               `protobuf:"bytes,4,rep,name=editions,proto3" json:"editions,omitempty"`
 	Description string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
 	// The failure reasons a reaper's writes leave on the board.
-	MarkReasons   []string `protobuf:"bytes,6,rep,name=mark_reasons,json=markReasons,proto3" json:"mark_reasons,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MarkReasons []string `protobuf:"bytes,6,rep,name=mark_reasons,json=markReasons,proto3" json:"mark_reasons,omitempty"`
+	// The labels a reaper's decisions may carry besides its mark reasons and
+	// the sdk's common labels; the host refuses a decision under any other.
+	// Added within v1: a plugin built before it sends none.
+	DecisionLabels []string `protobuf:"bytes,7,rep,name=decision_labels,json=decisionLabels,proto3" json:"decision_labels,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -528,6 +532,13 @@ func (x *InfoResponse) GetDescription() string {
 func (x *InfoResponse) GetMarkReasons() []string {
 	if x != nil {
 		return x.MarkReasons
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetDecisionLabels() []string {
+	if x != nil {
+		return x.DecisionLabels
 	}
 	return nil
 }
@@ -3604,14 +3615,15 @@ const file_reaper_proto_rawDesc = "" +
 	"\vcommon_keys\x18\x04 \x03(\rR\n" +
 	"commonKeys\x12#\n" +
 	"\rcommon_values\x18\x05 \x03(\tR\fcommonValues\"\a\n" +
-	"\x05Empty\"\xb1\x01\n" +
+	"\x05Empty\"\xda\x01\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x1a\n" +
 	"\beditions\x18\x04 \x03(\tR\beditions\x12 \n" +
 	"\vdescription\x18\x05 \x01(\tR\vdescription\x12!\n" +
-	"\fmark_reasons\x18\x06 \x03(\tR\vmarkReasons\"\x98\x01\n" +
+	"\fmark_reasons\x18\x06 \x03(\tR\vmarkReasons\x12'\n" +
+	"\x0fdecision_labels\x18\a \x03(\tR\x0edecisionLabels\"\x98\x01\n" +
 	"\rAttributeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
