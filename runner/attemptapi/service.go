@@ -49,6 +49,8 @@ type ServiceConfig struct {
 	TTL, Ceiling, WorkerCeiling time.Duration
 	// HeartbeatWindow: see ServerConfig (attempt_api.heartbeat_window).
 	HeartbeatWindow time.Duration
+	// Pods: see ServerConfig (the kube edition's pod proof).
+	Pods PodVerifier
 	// Meter, Decisions: see ServerConfig.
 	Meter     Meter
 	Decisions func(ctx context.Context, ds []sdk.Decision)
@@ -121,7 +123,7 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 	s.srv, err = NewServer(ServerConfig{
 		Keys: s.keys.Load, TTL: cfg.TTL, Ceiling: cfg.Ceiling, WorkerCeiling: cfg.WorkerCeiling,
 		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now()}),
-		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
+		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger, Pods: cfg.Pods,
 		HeartbeatWindow: cfg.HeartbeatWindow,
 	})
 	if err != nil {

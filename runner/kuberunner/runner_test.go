@@ -65,6 +65,9 @@ func newEnv(t *testing.T) *env {
 	}
 	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), store: store,
 		dsn: pgtest.DSN(pool), term: lease.Term, clk: clk, logs: &bytes.Buffer{}}
+	if err := kubetest.CreateServiceAccount(ctx, e.cs, e.ns, kuberunner.ServiceAccountDefault); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runner log:\n%s", e.logs.String())
@@ -216,7 +219,7 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if g := p.Spec.TerminationGracePeriodSeconds; g == nil || *g != 90 {
 			t.Errorf("%s: terminationGracePeriodSeconds %v, want the declared 90", task, g)
 		}
-		if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Spec.ServiceAccountName != "default" {
+		if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Spec.ServiceAccountName != kuberunner.ServiceAccountDefault {
 			t.Errorf("%s: restart policy %s, service account %q", task, p.Spec.RestartPolicy, p.Spec.ServiceAccountName)
 		}
 		c := p.Spec.Containers[0]

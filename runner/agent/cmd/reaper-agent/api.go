@@ -61,12 +61,21 @@ func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (
 func (r *apiReporter) exchangeFailed(err error) error {
 	classified := refused(err)
 	switch {
-	case errors.Is(classified, agent.ErrUnanswered):
+	case errors.Is(classified, agent.ErrUnanswered) && !notApplied(err):
 		r.exchangeUnanswered = true
 	case r.exchangeUnanswered && refusedWith(err, attemptapi.CodeBootstrapSpent):
 		return fmt.Errorf("%w: %w (an earlier exchange went unanswered): %w", agent.ErrUnanswered, agent.ErrAnswerLost, err)
 	}
 	return classified
+}
+
+// notApplied reports whether err is the API's answer that the exchange was
+// not made yet and should be retried: the pod is not recorded yet, or its
+// token could not be reviewed. It is retried like a call unanswered, but it
+// is an answer: the exchange did not apply.
+func notApplied(err error) bool {
+	var ce *attemptapi.CallError
+	return errors.As(err, &ce) && (ce.Body.Code == attemptapi.CodePodNotRecorded || ce.Body.Code == attemptapi.CodePodUnverified)
 }
 
 // refusedWith reports whether err is the API's refusal with code.
