@@ -57,7 +57,10 @@ func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (
 // gives up at once as if the control plane had never answered (on a
 // dedicated pod: the infra marker, and a re-place on the infra budget).
 // A bootstrap_spent before any unanswered exchange (somebody else spent a
-// copy of the token first) stays a refusal, as does any other refusal.
+// copy of the token first) stays a refusal, as does any other refusal. The
+// API's 503s that say the pod proof is not decided yet (the pod not
+// recorded, its token not reviewable) are retried like an unanswered call
+// but do not count as one: they answer that nothing applied.
 func (r *apiReporter) exchangeFailed(err error) error {
 	classified := refused(err)
 	switch {
