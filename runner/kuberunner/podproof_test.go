@@ -194,10 +194,11 @@ func TestViewerCannotSpendAPendingTaskPodsBootstrap(t *testing.T) {
 	}
 	before := e.ti(t, "run", "t")
 	a := before.Attempt
-	pod, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, kuberunner.PodName(a), metav1.GetOptions{})
-	if err != nil || pod.Spec.NodeName != "" {
-		t.Fatalf("the attempt's pod: %v (node %q), want it Pending with no node", err, pod.Spec.NodeName)
+	made, ok := e.pods(t)[a]
+	if !ok || made.Spec.NodeName != "" {
+		t.Fatalf("the attempt's pod: found %v (node %q), want it Pending with no node", ok, made.Spec.NodeName)
 	}
+	pod := &made
 
 	env := e.viewerSpec(t, pod.Name)
 	if !attempttoken.IsBootstrap(env[attempttoken.EnvToken]) {
