@@ -236,7 +236,7 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 	}
 	return attemptapi.NewService(ctx, attemptapi.ServiceConfig{
 		Pods: pods,
-		DSN: cfg.StoreDSN,
+		DSN:  cfg.StoreDSN,
 		Listen: attemptapi.ListenConfig{
 			Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
 			StateDir: c.StateDir, Limits: c.Limits,
