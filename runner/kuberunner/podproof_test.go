@@ -138,15 +138,27 @@ func (e *env) otherPod(t *testing.T) *corev1.Pod {
 // read, each refused exchange_not_from_pod: no pod token; a genuine
 // projected token of another pod (its own); a token of the right pod for
 // another audience; a token of the right audience bound to no pod.
-func (e *env) forgedPodProofs(t *testing.T, own *corev1.Pod) map[string]string {
+func (e *env) forgedPodProofs(t *testing.T, own *corev1.Pod) map[string]forgedProof {
 	other := e.otherPod(t)
-	return map[string]string{
-		"NoPodToken":          "",
-		"AnotherPodsToken":    e.podToken(t, other, kuberunner.TokenAudienceDefault),
-		"WrongAudience":       e.podToken(t, own, "https://kubernetes.default.svc"),
-		"TokenBoundToNoPod":   e.podToken(t, nil, kuberunner.TokenAudienceDefault),
-		"AnotherPodsAPIToken": e.podToken(t, other, "https://kubernetes.default.svc"),
+	return map[string]forgedProof{
+		"NoPodToken":          {"", "no pod token"},
+		"AnotherPodsToken":    {e.podToken(t, other, kuberunner.TokenAudienceDefault), "the board records pod uid " + string(own.UID)},
+		"WrongAudience":       {e.podToken(t, own, "https://kubernetes.default.svc"), "does not authenticate"},
+		"TokenBoundToNoPod":   {e.podToken(t, nil, kuberunner.TokenAudienceDefault), "bound to no pod"},
+		"AnotherPodsAPIToken": {e.podToken(t, other, "https://kubernetes.default.svc"), "does not authenticate"},
 	}
+}
+
+// forgedProof is a pod token file ("": none) and what its refusal says.
+type forgedProof struct{ file, why string }
+
+// lastWhy is the why of the last exchange_not_from_pod decision.
+func (d *decisions) lastWhy() string {
+	ds := d.labelled(sdk.LabelExchangeNotFromPod)
+	if len(ds) == 0 {
+		return ""
+	}
+	return ds[len(ds)-1].Evidence["why"]
 }
 
 // TestViewerCannotSpendAPendingTaskPodsBootstrap: a viewer of the task
@@ -205,18 +217,21 @@ func TestViewerCannotSpendAPendingTaskPodsBootstrap(t *testing.T) {
 		t.Fatalf("the pod spec carries a %.4s token, want the bootstrap", env[attempttoken.EnvToken])
 	}
 	forged := e.forgedPodProofs(t, pod)
-	for name, file := range forged {
+	for name, f := range forged {
 		t.Run(name, func(t *testing.T) {
 			stolen, err := attemptapi.ClientFromEnv(func(k string) string { return env[k] })
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer stolen.Close()
-			stolen.UsePodToken(file)
+			stolen.UsePodToken(f.file)
 			_, err = stolen.Exchange(ctx, a)
 			wantCode(t, "the viewer's exchange", err, attemptapi.CodeNotFromPod)
 			if !attempttoken.IsBootstrap(stolen.Token()) {
 				t.Fatal("a refused exchange gave the viewer a token")
+			}
+			if why := ds.lastWhy(); !strings.Contains(why, f.why) {
+				t.Fatalf("refused because %q, want %q", why, f.why)
 			}
 		})
 	}
@@ -307,15 +322,18 @@ func TestViewerCannotSpendAPendingWarmWorkersBootstrap(t *testing.T) {
 		t.Fatalf("the worker pod spec carries a %.4s token, want the worker bootstrap", boot)
 	}
 	forged := e.forgedPodProofs(t, pod)
-	for what, file := range forged {
+	for what, f := range forged {
 		t.Run(what, func(t *testing.T) {
 			stolen, err := attemptapi.NewClient(env[attempttoken.EnvAPI], boot, env[attempttoken.EnvCA])
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer stolen.Close()
-			stolen.UsePodToken(file)
+			stolen.UsePodToken(f.file)
 			wantCode(t, "the viewer's worker exchange", stolen.ExchangeWorker(ctx, name), attemptapi.CodeNotFromPod)
+			if why := e.decisions.lastWhy(); !strings.Contains(why, f.why) {
+				t.Fatalf("refused because %q, want %q", why, f.why)
+			}
 		})
 	}
 	if n := e.meter.Count(attemptapi.CallWorkerExchange + "/" + attemptapi.CodeNotFromPod); n != len(forged) {
