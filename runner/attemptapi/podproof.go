@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"strings"
@@ -148,12 +149,17 @@ func (s *Server) notFromPod(ctx context.Context, a sdk.Attempt, ev map[string]st
 	return refuse(http.StatusForbidden, CodeNotFromPod, "%s", why)
 }
 
-// readPodToken reads the pod token file at path ("": none).
+// readPodToken reads the pod token file at path ("", or no such file:
+// none, and the API judges the exchange without it; a kube pod's kubelet
+// writes the file before the container starts).
 func readPodToken(path string) (string, error) {
 	if path == "" {
 		return "", nil
 	}
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
 	if err != nil {
 		return "", fmt.Errorf("reading the pod token: %w", err)
 	}

@@ -43,8 +43,16 @@ const (
 
 // projectPodToken gives pod, whose one container is c, the projected token
 // volume for audience, its read-only mount and the variable naming the
-// file to the agent.
+// file to the agent. A pod that names no ServiceAccount runs as
+// ServiceAccountDefault (the API server refuses a projected token without
+// one), and an empty audience is TokenAudienceDefault.
 func projectPodToken(pod *corev1.Pod, c *corev1.Container, audience string) {
+	if pod.Spec.ServiceAccountName == "" {
+		pod.Spec.ServiceAccountName = ServiceAccountDefault
+	}
+	if audience == "" {
+		audience = TokenAudienceDefault
+	}
 	expiry := PodTokenExpiry
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: PodTokenVolume,
 		VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{

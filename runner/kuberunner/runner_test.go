@@ -219,7 +219,7 @@ func TestDispatchCreatesThePodOfTheAttempt(t *testing.T) {
 		if g := p.Spec.TerminationGracePeriodSeconds; g == nil || *g != 90 {
 			t.Errorf("%s: terminationGracePeriodSeconds %v, want the declared 90", task, g)
 		}
-		if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Spec.ServiceAccountName != kuberunner.ServiceAccountDefault {
+		if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Spec.ServiceAccountName != "default" {
 			t.Errorf("%s: restart policy %s, service account %q", task, p.Spec.RestartPolicy, p.Spec.ServiceAccountName)
 		}
 		c := p.Spec.Containers[0]
