@@ -508,9 +508,10 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	}
 	runner := append([]string{"--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1"}, attemptAPISecrets...)
 	// The manifest's Lease is named reaperd.
-	for _, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}, runner} {
+	for i, args := range [][]string{nil, {"--set", "config.kube.namespace=tasks"}, runner} {
+		withRunner := i == 2
 		var got, gotCluster []rbacv1.PolicyRule
-		for _, o := range render(t, "reaper-system", append(args, "--set", "config.leader.name=reaperd")...) {
+		for _, o := range render(t, "reaper-system", append(slices.Clone(args), "--set", "config.leader.name=reaperd")...) {
 			switch o.GetKind() {
 			case "Role":
 				got = append(got, convert[rbacv1.Role](t, o).Rules...)
@@ -519,7 +520,7 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 			}
 		}
 		wantRoles, wantClusterRoles := ruleSet(want), ruleSet(wantCluster)
-		if len(args) > 0 && args[0] == runner[0] {
+		if withRunner {
 			wantRoles = ruleSet(append(slices.Clone(want), rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"},
 				Verbs: []string{"create"}}))
 			wantClusterRoles = ruleSet(append(slices.Clone(wantCluster), wantRunner...))
