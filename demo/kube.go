@@ -224,6 +224,11 @@ func (w *kubeWorld) setUp(ctx context.Context) error {
 		metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating namespace %s: %w", kubeNamespace, err)
 	}
+	// The task pods run as the runner's task ServiceAccount, as the chart
+	// creates it.
+	if err := kubetest.CreateServiceAccount(ctx, w.cs, kubeNamespace, kuberunner.ServiceAccountDefault); err != nil {
+		return err
+	}
 	if wantReal {
 		n, nwhy := c.RealNode()
 		if n == nil && w.sc.node == nodeReal {

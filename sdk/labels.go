@@ -156,6 +156,14 @@ const (
 	// alive, is never torn down) and, in the runner, never adopted. One
 	// decision per pod UID; the evidence names the pod and both UIDs.
 	LabelForeignTaskPod = "foreign_task_pod"
+	// LabelExchangeNotFromPod: the attempt API refused the exchange of a
+	// kube attempt's (or a warm worker's) bootstrap credential because the
+	// call did not prove it came from the pod the board recorded: no pod
+	// token, a token the cluster does not authenticate for the API's
+	// audience, another ServiceAccount's, or another pod's. Nothing was
+	// written and the bootstrap stays unspent for the pod's own agent; the
+	// evidence says why and names both UIDs.
+	LabelExchangeNotFromPod = "exchange_not_from_pod"
 
 	// The operator (reaperctl).
 
@@ -299,7 +307,7 @@ func Labels() []string {
 		LabelPluginReplyTooLarge,
 		LabelBoardRefusedFenceTime, LabelBoardRefusedConfirm,
 		LabelBoardRefusedForeignReaper, LabelBoardRefusedUndeclaredLabel,
-		LabelForeignTaskPod,
+		LabelForeignTaskPod, LabelExchangeNotFromPod,
 		LabelRescheduleNotSensor, LabelSensorTimeout, LabelSensorCredentialCeiling,
 	}
 }

@@ -56,6 +56,13 @@ func runnerWrites() []fencedWrite {
 		{"Replace", "infra", func(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
 			return release(w.Replace(ctx, a, now))
 		}},
+		{"RecordWarmWorkerPod", "", func(ctx context.Context, w *lifecycle.Writer, _ sdk.Attempt, now time.Time) (bool, error) {
+			if err := w.RecordWarmWorkerPod(ctx, "worker-1", "pod-uid", time.Hour, now); err != nil {
+				return false, err
+			}
+			uid, err := w.WarmWorkerPodUID(ctx, "worker-1")
+			return uid == "pod-uid", err
+		}},
 		{"FinishSettledRuns", sdk.StateSuccess, func(ctx context.Context, w *lifecycle.Writer, _ sdk.Attempt, now time.Time) (bool, error) {
 			runs, err := w.FinishSettledRuns(ctx, 0, now)
 			return len(runs) > 0, err

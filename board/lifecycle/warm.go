@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -112,4 +113,53 @@ func (w *Writer) RecordClaim(ctx context.Context, c WarmClaim) error {
 		return fmt.Errorf("board: record the claim of warm worker %s: %w", c.Worker, err)
 	}
 	return nil
+}
+
+// RecordWarmWorkerPod records the UID of the pod created for warm worker
+// worker at now (the kube runner's write once the create answered), fenced
+// by the writer's term like the runner's other writes, and removes the
+// records made before now-keep: a worker's pod proof matters only while
+// its bootstrap credential can still be exchanged. A record of the worker
+// is never replaced: a worker name is new with each pod.
+func (w *Writer) RecordWarmWorkerPod(ctx context.Context, worker, uid string, keep time.Duration, now time.Time) error {
+	if worker == "" || uid == "" {
+		return fmt.Errorf("board: record the pod of warm worker %q: no worker or no UID", worker)
+	}
+	cond, fenceArgs := w.fence(5, now)
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var recorded bool
+	err := w.pool.QueryRow(ctx, `WITH pruned AS (
+            DELETE FROM warm_worker_pods WHERE recorded_at < $4::timestamptz AND worker <> $1
+        ), ins AS (
+            INSERT INTO warm_worker_pods (worker, pod_uid, recorded_at)
+            SELECT $1, $2, $3 WHERE `+cond+`
+            ON CONFLICT (worker) DO NOTHING RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM ins)`, append([]any{worker, uid, now, now.Add(-keep)}, fenceArgs...)...).Scan(&recorded)
+	if err != nil {
+		return fmt.Errorf("board: record the pod of warm worker %s: %w", worker, err)
+	}
+	if !recorded {
+		if err := w.deposed(ctx, now); err != nil {
+			return fmt.Errorf("board: record the pod of warm worker %s: %w", worker, err)
+		}
+	}
+	return nil
+}
+
+// WarmWorkerPodUID reads the pod UID recorded for warm worker worker (""
+// when none is).
+func (w *Writer) WarmWorkerPodUID(ctx context.Context, worker string) (string, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	var uid string
+	err := w.pool.QueryRow(ctx, `SELECT pod_uid FROM warm_worker_pods WHERE worker = $1`, worker).Scan(&uid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("board: read the pod of warm worker %s: %w", worker, err)
+	}
+	return uid, nil
 }

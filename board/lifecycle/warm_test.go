@@ -96,3 +96,40 @@ func TestWarmBinding(t *testing.T) {
 		}
 	})
 }
+
+// TestWarmWorkerPodRecord: the pod recorded for a warm worker (what its
+// exchange must prove it comes from) is the first one recorded under the
+// name, never replaced by a later record (a worker name is new with each
+// pod); a record older than the keep is removed by the next one, and a
+// worker never recorded reads "".
+func TestWarmWorkerPodRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	if uid, err := b.w.WarmWorkerPodUID(ctx, "w1"); err != nil || uid != "" {
+		t.Fatalf("a worker never recorded reads %q (%v), want none", uid, err)
+	}
+	if err := b.w.RecordWarmWorkerPod(ctx, "w1", "uid-1", time.Hour, base); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.w.RecordWarmWorkerPod(ctx, "w1", "uid-forged", time.Hour, base.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if uid, err := b.w.WarmWorkerPodUID(ctx, "w1"); err != nil || uid != "uid-1" {
+		t.Fatalf("w1 reads %q (%v), want its first pod uid-1", uid, err)
+	}
+	if err := b.w.RecordWarmWorkerPod(ctx, "w2", "uid-2", time.Hour, base.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if uid, err := b.w.WarmWorkerPodUID(ctx, "w1"); err != nil || uid != "" {
+		t.Fatalf("w1 reads %q (%v) past the keep, want its record removed", uid, err)
+	}
+	if uid, err := b.w.WarmWorkerPodUID(ctx, "w2"); err != nil || uid != "uid-2" {
+		t.Fatalf("w2 reads %q (%v), want uid-2", uid, err)
+	}
+	for _, bad := range [][2]string{{"", "uid"}, {"w3", ""}} {
+		if err := b.w.RecordWarmWorkerPod(ctx, bad[0], bad[1], time.Hour, base); err == nil {
+			t.Fatalf("a record of worker %q, uid %q was accepted", bad[0], bad[1])
+		}
+	}
+}

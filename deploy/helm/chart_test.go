@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -493,7 +494,9 @@ func TestChartTemplateEscapesHCLTemplateSequencesInValues(t *testing.T) {
 // TestChartRBACHasTheRulesOfDeployKube: the chart's Roles and the plain
 // manifest deploy/kube/rbac.yaml grant the same rules, whether the task pods
 // live in a namespace of their own (the default) or, acknowledged, in the
-// release's.
+// release's; with the kube runner, the chart adds what the manifest says the
+// runner needs (create on pods, and its ClusterRole: create on tokenreviews),
+// and nothing else.
 func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	manifest, err := os.ReadFile("../kube/rbac.yaml")
 	if err != nil {
@@ -508,19 +511,26 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 	if len(want) == 0 {
 		t.Fatal("no Role in deploy/kube/rbac.yaml")
 	}
-	var wantCluster []rbacv1.PolicyRule
+	var wantCluster, wantRunner []rbacv1.PolicyRule
 	for _, u := range decodeAll(t, "deploy/kube/rbac.yaml", manifest) {
-		if u.GetKind() == "ClusterRole" {
+		if u.GetKind() != "ClusterRole" {
+			continue
+		}
+		if u.GetName() == "reaperd-runner" {
+			wantRunner = append(wantRunner, convert[rbacv1.ClusterRole](t, u).Rules...)
+		} else {
 			wantCluster = append(wantCluster, convert[rbacv1.ClusterRole](t, u).Rules...)
 		}
 	}
-	if len(wantCluster) == 0 {
-		t.Fatal("no ClusterRole in deploy/kube/rbac.yaml")
+	if len(wantCluster) == 0 || len(wantRunner) == 0 {
+		t.Fatal("no ClusterRole, or none for the runner, in deploy/kube/rbac.yaml")
 	}
+	runner := append([]string{"--set", "config.runner.enabled=true", "--set", "config.runner.kube.image=task:1"}, attemptAPISecrets...)
 	// The manifest's Lease is named reaperd.
-	for _, args := range [][]string{nil, {"--set", "taskNamespace.name=reaper-system", "--set", "taskNamespace.allowReleaseNamespace=true"}} {
+	for i, args := range [][]string{nil, {"--set", "taskNamespace.name=reaper-system", "--set", "taskNamespace.allowReleaseNamespace=true"}, runner} {
+		withRunner := i == 2
 		var got, gotCluster []rbacv1.PolicyRule
-		for _, o := range render(t, "reaper-system", append(args, "--set", "config.leader.name=reaperd")...) {
+		for _, o := range render(t, "reaper-system", append(slices.Clone(args), "--set", "config.leader.name=reaperd")...) {
 			switch o.GetKind() {
 			case "Role":
 				got = append(got, convert[rbacv1.Role](t, o).Rules...)
@@ -528,11 +538,17 @@ func TestChartRBACHasTheRulesOfDeployKube(t *testing.T) {
 				gotCluster = append(gotCluster, convert[rbacv1.ClusterRole](t, o).Rules...)
 			}
 		}
-		if !reflect.DeepEqual(ruleSet(got), ruleSet(want)) {
-			t.Errorf("%v: chart rules %v, deploy/kube/rbac.yaml rules %v", args, got, want)
+		wantRoles, wantClusterRoles := ruleSet(want), ruleSet(wantCluster)
+		if withRunner {
+			wantRoles = ruleSet(append(slices.Clone(want), rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"},
+				Verbs: []string{"create"}}))
+			wantClusterRoles = ruleSet(append(slices.Clone(wantCluster), wantRunner...))
 		}
-		if !reflect.DeepEqual(ruleSet(gotCluster), ruleSet(wantCluster)) {
-			t.Errorf("%v: chart cluster rules %v, deploy/kube/rbac.yaml cluster rules %v", args, gotCluster, wantCluster)
+		if !reflect.DeepEqual(ruleSet(got), wantRoles) {
+			t.Errorf("%v: chart rules %v, deploy/kube/rbac.yaml rules %v", args, ruleSet(got), wantRoles)
+		}
+		if !reflect.DeepEqual(ruleSet(gotCluster), wantClusterRoles) {
+			t.Errorf("%v: chart cluster rules %v, deploy/kube/rbac.yaml cluster rules %v", args, ruleSet(gotCluster), wantClusterRoles)
 		}
 	}
 }

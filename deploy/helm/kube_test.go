@@ -209,11 +209,18 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			// The one cluster-wide grant: the node of a pod that hints at a
 			// lost node, read one at a time (pod_lost_node_unreachable).
 			allow = append(allow, access{ns: "", verb: "get", resource: "nodes"})
+			// The kube runner's dispatch, and the attempt API's review of a
+			// pod's projected token (the proof of a bootstrap exchange).
+			// Never a token of its own making for any ServiceAccount.
+			runnerCalls := []access{{ns: tasks, verb: "create", resource: "pods"},
+				{ns: "", verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"}}
 			if layout.runner {
-				allow = append(allow, access{ns: tasks, verb: "create", resource: "pods"}) // the kube runner's dispatch
+				allow = append(allow, runnerCalls...)
 			} else {
-				deny = append(deny, access{ns: tasks, verb: "create", resource: "pods"})
+				deny = append(deny, runnerCalls...)
 			}
+			deny = append(deny, access{ns: tasks, verb: "create", resource: "serviceaccounts", sub: "token"},
+				access{ns: "", verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"})
 			deny = append(deny, []access{
 				{ns: tasks, verb: "update", resource: "pods"},
 				{ns: tasks, verb: "deletecollection", resource: "pods"},
@@ -265,7 +272,38 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 					t.Errorf("allowed %s: reaperd does not need it", a)
 				}
 			}
+			if layout.runner {
+				checkTaskServiceAccount(ctx, t, cs, tasks)
+			}
 		})
+	}
+}
+
+// checkTaskServiceAccount: the chart made the kube runner's task
+// ServiceAccount in the task namespace, mounting no token by default, and
+// it may do nothing at all: its one use is the projected token for the
+// attempt API's audience.
+func checkTaskServiceAccount(ctx context.Context, t *testing.T, cs kubernetes.Interface, tasks string) {
+	t.Helper()
+	sa, err := cs.CoreV1().ServiceAccounts(tasks).Get(ctx, "reaper-task", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the task ServiceAccount: %v", err)
+	}
+	if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Errorf("the task ServiceAccount mounts a token by default (%v)", sa.AutomountServiceAccountToken)
+	}
+	task := "system:serviceaccount:" + tasks + ":reaper-task"
+	for _, a := range []access{
+		{ns: tasks, verb: "get", resource: "pods"},
+		{ns: tasks, verb: "list", resource: "pods"},
+		{ns: tasks, verb: "create", resource: "pods"},
+		{ns: tasks, verb: "get", resource: "secrets"},
+		{ns: tasks, verb: "create", resource: "serviceaccounts", sub: "token"},
+		{ns: "", verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
+	} {
+		if allowed(ctx, t, cs, task, tasks, a) {
+			t.Errorf("the task ServiceAccount is allowed %s: it must hold no role", a)
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ runner {
     cpu_request       = "250m"
     memory_limit      = "1Gi"
     attempt_api       = "https://reaper.tasks.svc:9465"
+    pod_token_audience = "reaper-api.tasks"
     warm_pool {
       name   = "etl"
       size   = 3
@@ -69,7 +70,7 @@ runner {
 	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
 		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
 		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 ||
-		k.AttemptAPI != "https://reaper.tasks.svc:9465" {
+		k.AttemptAPI != "https://reaper.tasks.svc:9465" || k.PodTokenAudience != "reaper-api.tasks" {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
 	if wp := k.WarmPool; wp == nil || *wp != (config.WarmPool{Name: "etl", Size: 3, Slots: 2, Poll: 500 * time.Millisecond,

@@ -71,6 +71,7 @@ type kubeBlock struct {
 	Image            string        `reaper:"image,required"`
 	Agent            string        `reaper:"agent"`
 	ServiceAccount   string        `reaper:"service_account"`
+	PodTokenAudience string        `reaper:"pod_token_audience"`
 	PullPolicy       string        `reaper:"image_pull_policy"`
 	TerminationGrace time.Duration `reaper:"termination_grace"`
 	CPURequest       string        `reaper:"cpu_request"`
@@ -174,7 +175,7 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	diags = append(diags, d...)
 	k := &KubeRunner{Settings: kuberunner.Settings{
 		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
-		ServiceAccount: kb.ServiceAccount, PullPolicy: kb.PullPolicy,
+		ServiceAccount: kb.ServiceAccount, PodTokenAudience: kb.PodTokenAudience, PullPolicy: kb.PullPolicy,
 		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
 	}}
 	k.TerminationGrace = kb.TerminationGrace

@@ -258,11 +258,23 @@ type runner interface {
 
 // newAttemptAPI builds this replica's attempt API from the attempt_api
 // block: every replica serves it, leading or not, and the judgments the
-// board makes of its calls are metered and audited like the reapers'.
+// board makes of its calls are metered and audited like the reapers'. With
+// a kube runner, an exchange of a kube attempt's or a warm worker's
+// bootstrap must prove its pod: the runner's kube block says which
+// namespace, ServiceAccount and token audience (kuberunner.PodVerifier).
 func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error) {
 	cfg, c := d.cfg, d.cfg.AttemptAPI
+	var pods attemptapi.PodVerifier
+	if cfg.Runner != nil && cfg.Runner.Kube != nil {
+		v, err := kuberunner.NewPodVerifier(cfg.Runner.Kube.Settings, nil)
+		if err != nil {
+			return nil, err
+		}
+		pods = v
+	}
 	return attemptapi.NewService(ctx, attemptapi.ServiceConfig{
-		DSN: cfg.StoreDSN,
+		Pods: pods,
+		DSN:  cfg.StoreDSN,
 		Listen: attemptapi.ListenConfig{
 			Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
 			StateDir: c.StateDir, Limits: c.Limits,

@@ -44,6 +44,10 @@ type Client struct {
 	base string
 	hc   *http.Client
 
+	// podTokenFile holds the pod's projected ServiceAccount token, read at
+	// each exchange (the kubelet renews it); "": none.
+	podTokenFile string
+
 	mu    sync.Mutex
 	token string
 }
@@ -86,10 +90,22 @@ func NewClientOver(base, token string, hc *http.Client) (*Client, error) {
 }
 
 // ClientFromEnv builds the client from the environment a runner gave the
-// agent (attempttoken.EnvAPI, EnvToken, EnvCA).
+// agent (attempttoken.EnvAPI, EnvToken, EnvCA, and EnvPodTokenFile when
+// the agent runs in a kube runner's pod).
 func ClientFromEnv(getenv func(string) string) (*Client, error) {
-	return NewClient(getenv(attempttoken.EnvAPI), getenv(attempttoken.EnvToken), getenv(attempttoken.EnvCA))
+	c, err := NewClient(getenv(attempttoken.EnvAPI), getenv(attempttoken.EnvToken), getenv(attempttoken.EnvCA))
+	if err != nil {
+		return nil, err
+	}
+	c.UsePodToken(getenv(EnvPodTokenFile))
+	return c, nil
 }
+
+// UsePodToken makes the client's exchanges carry the pod token held in the
+// file at path (HeaderPodToken), read at each exchange: the proof that the
+// exchange comes from the pod recorded for it. "": none. Call it before
+// the first exchange.
+func (c *Client) UsePodToken(path string) { c.podTokenFile = path }
 
 // Token is the token the client holds now.
 func (c *Client) Token() string {
@@ -207,6 +223,13 @@ func (c *Client) do(ctx context.Context, path string, body Request) (Response, e
 }
 
 func (c *Client) doLimited(ctx context.Context, path string, body Request, limit int64) (Response, error) {
+	var podToken string
+	if path == PathExchange || path == PathWorkerExchange {
+		var err error
+		if podToken, err = readPodToken(c.podTokenFile); err != nil {
+			return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
+		}
+	}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
@@ -217,6 +240,9 @@ func (c *Client) doLimited(ctx context.Context, path string, body Request, limit
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token())
+	if podToken != "" {
+		req.Header.Set(HeaderPodToken, podToken)
+	}
 	res, err := c.hc.Do(req)
 	if err != nil {
 		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)

@@ -32,6 +32,11 @@ type Board interface {
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
 	ExchangeWorkerBootstrap(ctx context.Context, worker string, issuedAt, expiresAt, now time.Time) (bool, error)
 	RecordClaim(ctx context.Context, c lifecycle.WarmClaim) error
+	// PodUID and WarmWorkerPodUID read the pod the kube runner recorded
+	// for an attempt and for a warm worker ("": none yet), which an
+	// exchange must prove it comes from (see PodVerifier).
+	PodUID(ctx context.Context, a sdk.Attempt) (string, error)
+	WarmWorkerPodUID(ctx context.Context, worker string) (string, error)
 }
 
 // Meter receives one observation per call: result is "ok",
@@ -60,6 +65,10 @@ type ServerConfig struct {
 	Board Board
 	// Meter, when set, meters every call.
 	Meter Meter
+	// Pods, when set, reviews the pod token an exchange of a kube
+	// attempt's or a warm worker's bootstrap must carry (the kube
+	// edition's; see PodVerifier). nil: no pod proof is asked (Lite).
+	Pods PodVerifier
 	// Clock is the time of every check and write. Default clock.Real{}.
 	Clock clock.Clock
 	// Logger logs refusals and failures. Default: none.
@@ -193,7 +202,9 @@ type call struct {
 	// worker is the worker token's claims (claim), or the claims of a
 	// worker exchange's bootstrap token.
 	worker attempttoken.WorkerClaims
-	now    time.Time
+	// podToken is what an exchange carries in HeaderPodToken.
+	podToken string
+	now      time.Time
 }
 
 type handlerFunc func(ctx context.Context, c call) (Response, error)
@@ -283,20 +294,30 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, worker: wc, now: now})
+		return h(r.Context(), call{req: req, worker: wc, podToken: podToken(r), now: now})
 	}
 	if r.URL.Path == PathExchange {
 		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, claims: claims, now: now})
+		return h(r.Context(), call{req: req, claims: claims, podToken: podToken(r), now: now})
 	}
 	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
 	if err != nil {
 		return Response{}, tokenRefusal(err)
 	}
 	return h(r.Context(), call{req: req, token: token, claims: claims, now: now})
+}
+
+// podToken is the pod token the request carries ("" when none, or one
+// over maxPodToken, which no projected token is).
+func podToken(r *http.Request) string {
+	t := strings.TrimSpace(r.Header.Get(HeaderPodToken))
+	if len(t) > maxPodToken {
+		return ""
+	}
+	return t
 }
 
 func tokenRefusal(err error) *refusal {
@@ -594,6 +615,9 @@ func (s *Server) exchange(ctx context.Context, c call) (Response, error) {
 	if c.req.Outcome != nil || c.req.Worker != "" {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "an exchange names its attempt and nothing else")
 	}
+	if err := s.proveKubeAttempt(ctx, c); err != nil {
+		return Response{}, err
+	}
 	a := c.req.Attempt()
 	res, err := s.cfg.Board.ExchangeBootstrap(ctx, a, c.claims.MintedAt, c.now)
 	if err != nil {
@@ -621,6 +645,9 @@ func (s *Server) exchange(ctx context.Context, c call) (Response, error) {
 func (s *Server) workerExchange(ctx context.Context, c call) (Response, error) {
 	if c.req.RunID != "" || c.req.TaskID != "" || c.req.Outcome != nil {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "a worker exchange names a worker, not an attempt")
+	}
+	if err := s.proveWorker(ctx, c); err != nil {
+		return Response{}, err
 	}
 	ok, err := s.cfg.Board.ExchangeWorkerBootstrap(ctx, c.worker.Worker, c.worker.IssuedAt, c.worker.ExpiresAt, c.now)
 	if err != nil {

@@ -56,6 +56,8 @@ type ServiceConfig struct {
 	// Clients; its MaxConnsPerAddress goes to the listener). The zero
 	// value: the defaults on the ladder's default heartbeat.
 	Clients httplimit.Clients
+	// Pods: see ServerConfig (the kube edition's pod proof).
+	Pods PodVerifier
 	// Meter, Decisions: see ServerConfig.
 	Meter     Meter
 	Decisions func(ctx context.Context, ds []sdk.Decision)
@@ -132,7 +134,7 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 		Keys: s.keys.Load, TTL: cfg.TTL, Ceiling: cfg.Ceiling, WorkerCeiling: cfg.WorkerCeiling,
 		Board: lifecycle.New(s.pool, lifecycle.Options{CredentialCeiling: cfg.Ceiling, HeardSince: cfg.Clock.Now(),
 			Observer: cfg.BoardObserver}),
-		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger,
+		Meter: cfg.Meter, Decisions: cfg.Decisions, Clock: cfg.Clock, Logger: cfg.Logger, Pods: cfg.Pods,
 		HeartbeatWindow: cfg.HeartbeatWindow, Clients: cfg.Clients,
 	})
 	if err != nil {

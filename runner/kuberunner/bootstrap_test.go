@@ -172,7 +172,9 @@ func wantCode(t *testing.T, what string, err error, code string) {
 // worker's bootstrap token, which the worker (played from the runner's own
 // worker pod) exchanges before its first claim, then runs a warm attempt
 // to its outcome. A viewer of the namespace who reads the token from the
-// worker pod's spec can neither exchange it again nor claim with it.
+// worker pod's spec can neither exchange it again nor claim with it: from
+// outside the pod its exchange proves no pod (exchange_not_from_pod), and
+// even with a token bound to the worker's own pod, the bootstrap is spent.
 func TestWarmWorkerPodSpecBootstrapToken(t *testing.T) {
 	ctx := context.Background()
 	e := newWarmEnv(t)
@@ -201,7 +203,9 @@ func TestWarmWorkerPodSpecBootstrapToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stolen.Close()
-	wantCode(t, "the viewer's worker exchange", stolen.ExchangeWorker(ctx, names[0]), attemptapi.CodeBootstrapSpent)
+	wantCode(t, "the viewer's worker exchange", stolen.ExchangeWorker(ctx, names[0]), attemptapi.CodeNotFromPod)
+	stolen.UsePodToken(e.podToken(t, pod, kuberunner.TokenAudienceDefault))
+	wantCode(t, "the worker exchange again from its pod", stolen.ExchangeWorker(ctx, names[0]), attemptapi.CodeBootstrapSpent)
 	_, err = stolen.Claim(ctx, names[0], 1, nil)
 	wantCode(t, "the viewer's claim", err, attemptapi.CodeWrongKind)
 }

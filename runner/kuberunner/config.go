@@ -60,8 +60,14 @@ type Config struct {
 	Image string
 	// AgentPath is the agent binary in the image. Default AgentPathDefault.
 	AgentPath string
-	// ServiceAccount of the task pods; "": the namespace's default.
+	// ServiceAccount of the runner's pods (task pods and warm workers), in
+	// Namespace: the task ServiceAccount, bound to no role. Default
+	// ServiceAccountDefault.
 	ServiceAccount string
+	// TokenAudience is the audience of the pods' projected token, which
+	// their agents present to the attempt API. Default
+	// TokenAudienceDefault.
+	TokenAudience string
 	// Resources of the task container.
 	Resources corev1.ResourceRequirements
 	// PullPolicy of the task container's image; "": the API server's default.
@@ -121,6 +127,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.AgentPath == "" {
 		c.AgentPath = AgentPathDefault
+	}
+	if c.ServiceAccount == "" {
+		c.ServiceAccount = ServiceAccountDefault
+	}
+	if c.TokenAudience == "" {
+		c.TokenAudience = TokenAudienceDefault
 	}
 	if c.Hardening.RunAsUser == 0 {
 		c.Hardening.RunAsUser = RunAsDefault

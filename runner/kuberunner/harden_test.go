@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
@@ -38,10 +39,19 @@ func checkHardened(t *testing.T, p *corev1.Pod, uid, gid int64, readOnly bool) {
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("%s: automountServiceAccountToken %v, want false", p.Name, spec.AutomountServiceAccountToken)
 	}
+	// The one projected volume is the pod token: a ServiceAccount token for
+	// the attempt API's audience alone, good for nothing at the API server.
 	for _, v := range spec.Volumes {
-		if v.Projected != nil || strings.HasPrefix(v.Name, "kube-api-access") {
-			t.Errorf("%s: volume %s: a service-account token is mounted", p.Name, v.Name)
+		if strings.HasPrefix(v.Name, "kube-api-access") {
+			t.Errorf("%s: volume %s: the API server's service-account token is mounted", p.Name, v.Name)
 		}
+		if v.Projected != nil && !isPodToken(v) {
+			t.Errorf("%s: volume %s: projected %+v, want only the pod token's", p.Name, v.Name, v.Projected.Sources)
+		}
+	}
+	if spec.ServiceAccountName != kuberunner.ServiceAccountDefault {
+		t.Errorf("%s: serviceAccountName %q, want the task ServiceAccount %q", p.Name, spec.ServiceAccountName,
+			kuberunner.ServiceAccountDefault)
 	}
 	psc := spec.SecurityContext
 	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser != uid ||
@@ -77,6 +87,29 @@ func checkHardened(t *testing.T, p *corev1.Pod, uid, gid int64, readOnly bool) {
 	if tmp < 0 || mount < 0 || env < 0 {
 		t.Errorf("%s: scratch emptyDir %d, its mount at %s %d, TMPDIR %d: want all three", p.Name, tmp, kuberunner.TmpDir, mount, env)
 	}
+	token := slices.IndexFunc(spec.Volumes, isPodToken)
+	tokenMount := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == kuberunner.PodTokenVolume && m.MountPath == kuberunner.PodTokenDir && m.ReadOnly
+	})
+	tokenEnv := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == attemptapi.EnvPodTokenFile && e.Value == kuberunner.PodTokenPath
+	})
+	if token < 0 || tokenMount < 0 || tokenEnv < 0 {
+		t.Errorf("%s: pod token volume %d, its read-only mount at %s %d, %s %d: want all three", p.Name, token,
+			kuberunner.PodTokenDir, tokenMount, attemptapi.EnvPodTokenFile, tokenEnv)
+	}
+}
+
+// isPodToken: v is the pod token's volume: one projected ServiceAccount
+// token for the attempt API's default audience, lasting at least the API
+// server's floor of 10 minutes.
+func isPodToken(v corev1.Volume) bool {
+	if v.Name != kuberunner.PodTokenVolume || v.Projected == nil || len(v.Projected.Sources) != 1 {
+		return false
+	}
+	st := v.Projected.Sources[0].ServiceAccountToken
+	return st != nil && st.Audience == kuberunner.TokenAudienceDefault && st.ExpirationSeconds != nil &&
+		*st.ExpirationSeconds >= 600 && st.Path == "token"
 }
 
 // TestPodsTheRunnerMakesAreHardened: the task pods and warm worker pods the
@@ -84,7 +117,9 @@ func checkHardened(t *testing.T, p *corev1.Pod, uid, gid int64, readOnly bool) {
 // context that keeps a task from its agent's credential and from the
 // cluster: non-root (the default uid and gid 65532, or the configured
 // ones), no capabilities, no privilege escalation, seccomp RuntimeDefault,
-// a read-only root with a writable /tmp, no service-account token; the
+// a read-only root with a writable /tmp, no token for the API server (only
+// the pod token, for the attempt API's audience, as the task
+// ServiceAccount); the
 // API server's Pod Security admission admits them at its restricted level.
 // (KWOK enforces none of it at run time; the warm end-to-end tests run
 // such pods with the kubelet player.)

@@ -123,9 +123,12 @@ type PodSpec struct {
 	Namespace      string
 	Image          string
 	AgentPath      string // the reaper-agent binary inside the image
-	ServiceAccount string // "" leaves the namespace's default
-	Resources      corev1.ResourceRequirements
-	PullPolicy     corev1.PullPolicy // "": the API server's default
+	ServiceAccount string
+	// TokenAudience is the audience of the pods' projected token (see
+	// projectPodToken).
+	TokenAudience string
+	Resources     corev1.ResourceRequirements
+	PullPolicy    corev1.PullPolicy // "": the API server's default
 	// TerminationGrace is the pod's terminationGracePeriodSeconds, carried
 	// verbatim.
 	TerminationGrace time.Duration
@@ -193,5 +196,6 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 		pod.Spec.ActiveDeadlineSeconds = &s
 	}
 	harden(spec.Hardening, pod, &pod.Spec.Containers[0])
+	projectPodToken(pod, &pod.Spec.Containers[0], spec.TokenAudience)
 	return pod
 }

@@ -110,7 +110,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		cfg: cfg, w: w, log: cfg.Logger,
 		spec: PodSpec{
 			Namespace: cfg.Namespace, Image: cfg.Image, AgentPath: cfg.AgentPath,
-			ServiceAccount: cfg.ServiceAccount, Resources: cfg.Resources, PullPolicy: cfg.PullPolicy,
+			ServiceAccount: cfg.ServiceAccount, TokenAudience: cfg.TokenAudience, Resources: cfg.Resources, PullPolicy: cfg.PullPolicy,
 			TerminationGrace: cfg.TerminationGrace, Heartbeat: cfg.Heartbeat,
 			DispatchLost: cfg.Ladder.DispatchLost, CredentialCeiling: cfg.Ladder.CredentialCeiling,
 			Hardening: cfg.Hardening,
@@ -177,7 +177,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			r.refillLoop(ctx, func(now time.Time) bool { _, ok := leading(now); return ok })
+			r.refillLoop(ctx, leading)
 		}()
 		defer func() { <-done }()
 	}

@@ -64,6 +64,9 @@ func newEnv(t *testing.T) *env {
 	}
 	e := &env{c: c, cs: c.Client(t), ns: c.NewNamespace(t), w: lifecycle.New(pool, lifecycle.Options{}), store: store,
 		dsn: pgtest.DSN(pool), term: lease.Term, clk: clk, logs: &bytes.Buffer{}}
+	if err := kubetest.CreateServiceAccount(ctx, e.cs, e.ns, kuberunner.ServiceAccountDefault); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("runner log:\n%s", e.logs.String())

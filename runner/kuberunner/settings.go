@@ -26,8 +26,12 @@ type Settings struct {
 	Image string
 	// Agent is the agent binary inside the image; "": AgentPathDefault.
 	Agent string
-	// ServiceAccount of the pods; "": the namespace's default.
+	// ServiceAccount of the pods, in Namespace: the task ServiceAccount,
+	// bound to no role; "": ServiceAccountDefault.
 	ServiceAccount string
+	// PodTokenAudience is the audience of the pods' projected token, which
+	// the attempt API reviews; "": TokenAudienceDefault.
+	PodTokenAudience string
 	// PullPolicy is "", "Always", "IfNotPresent" or "Never".
 	PullPolicy string
 	// TerminationGrace is terminationGracePeriodSeconds; 0: the ladder's
@@ -85,6 +89,7 @@ func FromSettings(s Settings, issuer attempttoken.Issuer, base Config, w *lifecy
 		issuer.API = s.AttemptAPI
 	}
 	cfg.Namespace, cfg.Image, cfg.AgentPath, cfg.ServiceAccount = s.Namespace, s.Image, s.Agent, s.ServiceAccount
+	cfg.TokenAudience = s.PodTokenAudience
 	cfg.PullPolicy = corev1.PullPolicy(s.PullPolicy)
 	cfg.TerminationGrace = s.TerminationGrace
 	cfg.Hardening = Hardening{RunAsUser: s.RunAsUser, RunAsGroup: s.RunAsGroup, WritableRoot: !s.ReadOnlyRoot}

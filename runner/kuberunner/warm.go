@@ -183,7 +183,8 @@ type WorkerSpec struct {
 }
 
 // BuildWorkerPod is the pod of warm worker name (see the warm pool notes
-// above), hardened like a task pod (see harden); env is its worker
+// above), hardened like a task pod (see harden), with the pod token its
+// exchange proves the pod with (see projectPodToken); env is its worker
 // credential.
 func BuildWorkerPod(spec WorkerSpec, name string, env []corev1.EnvVar) *corev1.Pod {
 	inv := agent.Invocation{Worker: name, Slots: spec.Slots, Poll: spec.Poll, Watchdog: spec.Watchdog,
@@ -208,6 +209,7 @@ func BuildWorkerPod(spec WorkerSpec, name string, env []corev1.EnvVar) *corev1.P
 		},
 	}
 	harden(spec.Hardening, pod, &pod.Spec.Containers[0])
+	projectPodToken(pod, &pod.Spec.Containers[0], spec.TokenAudience)
 	return pod
 }
 
@@ -244,10 +246,23 @@ type RefillResult struct {
 	Created []string // workers created
 }
 
-// Refill creates worker pods until the pool holds WarmPool.Size live ones.
-// A create that fails is returned (joined) and tried again at the next
-// refill.
+// Refill creates worker pods until the pool holds WarmPool.Size live ones,
+// recording each one's pod UID on the board (what the worker's exchange
+// proves it comes from). A create that fails is returned (joined) and tried
+// again at the next refill. It must run on the leader only, and its writes
+// are not fenced: the refill loop fences them (RefillFenced).
 func (r *Runner) Refill(ctx context.Context, now time.Time) (RefillResult, error) {
+	return r.RefillFenced(ctx, now, 0)
+}
+
+// warmPodRecordKeep is how long a warm worker's pod record is kept at
+// least: far longer than its bootstrap credential can be exchanged (one
+// attempt token TTL from the pod's creation).
+const warmPodRecordKeep = 24 * time.Hour
+
+// RefillFenced is Refill with its board writes fenced by the leadership
+// term (a term of 0 fences nothing).
+func (r *Runner) RefillFenced(ctx context.Context, now time.Time, term int64) (RefillResult, error) {
 	if r.cfg.WarmPool == nil {
 		return RefillResult{}, nil
 	}
@@ -262,8 +277,9 @@ func (r *Runner) Refill(ctx context.Context, now time.Time) (RefillResult, error
 		}
 	}
 	var errs []error
+	w := r.w.Fenced(term)
 	for n := res.Live; n < r.cfg.WarmPool.Size; n++ {
-		name, err := r.createWorker(ctx, now)
+		name, err := r.createWorker(ctx, w, now)
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				return res, cerr
@@ -282,7 +298,11 @@ func (r *Runner) Refill(ctx context.Context, now time.Time) (RefillResult, error
 	return res, nil
 }
 
-func (r *Runner) createWorker(ctx context.Context, now time.Time) (string, error) {
+// createWorker creates a worker pod and records its UID through w. A
+// worker whose record failed is returned with the error: its pod runs, but
+// its exchange is answered "not recorded" until its bootstrap lapses, and
+// its pod then ends and is replaced.
+func (r *Runner) createWorker(ctx context.Context, w *lifecycle.Writer, now time.Time) (string, error) {
 	name, err := WorkerName(r.warm.Pool)
 	if err != nil {
 		return "", err
@@ -299,22 +319,27 @@ func (r *Runner) createWorker(ctx context.Context, now time.Time) (string, error
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
-	if _, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{}); err != nil {
+	created, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
+	if err != nil {
 		return "", fmt.Errorf("creating warm worker pod %s/%s: %w", r.cfg.Namespace, name, err)
+	}
+	keep := max(warmPodRecordKeep, 2*r.cfg.Ladder.AttemptTokenTTL)
+	if err := w.RecordWarmWorkerPod(ctx, name, string(created.UID), keep, now); err != nil {
+		return name, fmt.Errorf("warm worker pod %s/%s created: %w", r.cfg.Namespace, name, err)
 	}
 	return name, nil
 }
 
-// refillLoop runs Refill every WarmPool.Refill while leading, until ctx is
-// done. It does not wait for anything else: not for the runner's cycle, and
-// not for the reapers' settling gate.
-func (r *Runner) refillLoop(ctx context.Context, leading func(time.Time) bool) {
+// refillLoop runs Refill every WarmPool.Refill while leading, fenced by
+// the term, until ctx is done. It does not wait for anything else: not for
+// the runner's cycle, and not for the reapers' settling gate.
+func (r *Runner) refillLoop(ctx context.Context, leading func(time.Time) (int64, bool)) {
 	tk := r.cfg.Clock.NewTicker(r.cfg.WarmPool.Refill)
 	defer tk.Stop()
 	for {
 		now := r.cfg.Clock.Now()
-		if leading(now) {
-			res, err := r.Refill(ctx, now)
+		if term, ok := leading(now); ok {
+			res, err := r.RefillFenced(ctx, now, term)
 			if err != nil && ctx.Err() == nil {
 				r.log.Warn("warm pool refill failed; the next one tries again", "error", err)
 			}

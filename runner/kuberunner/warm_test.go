@@ -71,18 +71,22 @@ type buildError struct {
 
 func (e *buildError) Error() string { return "building reaper-agent: " + e.err.Error() + "\n" + e.out }
 
-// warmEnv is an env with a node, the kubelet player and the attempt API.
+// warmEnv is an env with a node, the kubelet player and the attempt API,
+// which asks every worker's exchange to prove its pod (the kube edition's
+// pod proof, over the real API server's TokenReviews).
 type warmEnv struct {
 	*env
-	node   string
-	player *kubelet.Player
-	api    *attemptapitest.API
-	log    *sdktest.LogBuffer
+	node      string
+	player    *kubelet.Player
+	api       *attemptapitest.API
+	log       *sdktest.LogBuffer
+	meter     *attemptapitest.Meter
+	decisions *decisions
 }
 
 func newWarmEnv(t *testing.T) *warmEnv {
 	t.Helper()
-	e := &warmEnv{env: newEnv(t), log: &sdktest.LogBuffer{}}
+	e := &warmEnv{env: newEnv(t), log: &sdktest.LogBuffer{}, meter: &attemptapitest.Meter{}, decisions: &decisions{}}
 	e.node = e.c.AddNode(t, "").Name
 	p, err := kubelet.Start(context.Background(), kubelet.Config{
 		Client: e.cs, Namespace: e.ns, Dir: filepath.Join(t.TempDir(), "containers"),
@@ -94,8 +98,8 @@ func newWarmEnv(t *testing.T) *warmEnv {
 	}
 	t.Cleanup(p.Stop)
 	e.player = p
-	e.api = attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk,
-		Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info, Name: "attempt-api"})})
+	e.api = attemptapitest.Start(t, e.w, attemptapitest.Options{Clock: e.clk, Meter: e.meter, Decisions: e.decisions.add,
+		Pods: e.podVerifier(t), Logger: hclog.New(&hclog.LoggerOptions{Output: e.log, Level: hclog.Info, Name: "attempt-api"})})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("player, API and runner log:\n%s", e.log.String())

@@ -30,6 +30,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/kubetest"
@@ -159,6 +160,9 @@ func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, rea
 	s := &scenario{t: t, num: num, title: title, c: c, cs: c.Client(t), ns: c.NewNamespace(t),
 		mark: fmt.Sprintf("k%d-%s", num, hex.EncodeToString(b[:])), dir: t.TempDir(),
 		harmed: map[sdk.Attempt]bool{}, terms: map[int64]time.Time{}, started: time.Now(), real: real}
+	if err := kubetest.CreateServiceAccount(context.Background(), s.cs, s.ns, kuberunner.ServiceAccountDefault); err != nil {
+		t.Fatal(err)
+	}
 	s.row = book.add(num, title)
 	s.row.track(t)
 	s.taskDir = filepath.Join(s.dir, "tasks")

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/kubetest"
@@ -152,6 +153,9 @@ func (k *kubeWorld) makeNamespace(ctx context.Context) (context.Context, error) 
 	if _, err := k.cs.CoreV1().Namespaces().Create(cctx,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create the soak's namespace: %w", err)
+	}
+	if err := kubetest.CreateServiceAccount(cctx, k.cs, k.ns, kuberunner.ServiceAccountDefault); err != nil {
+		return nil, err
 	}
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = stop

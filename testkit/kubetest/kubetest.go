@@ -273,3 +273,17 @@ func NodeReady(node *corev1.Node) bool {
 	}
 	return false
 }
+
+// CreateServiceAccount creates the ServiceAccount name in namespace ns (an
+// existing one is left as it is). The API server's ServiceAccount
+// admission is off, so a pod naming a ServiceAccount that does not exist
+// is still admitted; but a projected token of it cannot be made: the kube
+// runner's pods run as its task ServiceAccount, which whatever runs them
+// here (a test, the demo, the suites) creates first, as the chart does.
+func CreateServiceAccount(ctx context.Context, cs kubernetes.Interface, ns, name string) error {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("kubetest: create ServiceAccount %s/%s: %w", ns, name, err)
+	}
+	return nil
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -31,6 +32,10 @@ type Options struct {
 	Listen  string
 	Meter   attemptapi.Meter
 	Logger  hclog.Logger
+	// Pods and Decisions: see attemptapi.ServerConfig (the pod proof of
+	// exchanges, and the judgments handed on).
+	Pods      attemptapi.PodVerifier
+	Decisions func(ctx context.Context, ds []sdk.Decision)
 	// StateDir holds the generated key and certificate; a second Start on
 	// the same StateDir and Listen is the same API restarted. Default: a
 	// directory of the test's.
@@ -84,7 +89,8 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 		o.Clients = httplimit.DefaultAttemptAPIClients(10 * time.Millisecond)
 	}
 	srv, err := attemptapi.NewServer(attemptapi.ServerConfig{Keys: func() *attempttoken.Keyring { return kr },
-		TTL: o.TTL, Ceiling: o.Ceiling, Board: b, Meter: o.Meter, Clock: o.Clock, Logger: o.Logger, Clients: o.Clients})
+		TTL: o.TTL, Ceiling: o.Ceiling, Board: b, Meter: o.Meter, Clock: o.Clock, Logger: o.Logger, Clients: o.Clients,
+		Pods: o.Pods, Decisions: o.Decisions})
 	if err != nil {
 		t.Fatal(err)
 	}

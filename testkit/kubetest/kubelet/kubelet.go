@@ -25,6 +25,11 @@
 //     process is told its path in REAPER_RECORD_FILE, which replaces any
 //     value the pod spec gives it (a real kubelet mounts the file at the
 //     container's terminationMessagePath).
+//   - a projected serviceAccountToken volume the container mounts is
+//     filled as a kubelet fills it: a TokenRequest for the pod's
+//     ServiceAccount bound to the pod, with the source's audience and
+//     expiry, written into the container's directory; the process is told
+//     the file in REAPER_POD_TOKEN_FILE (see projectTokens).
 //   - when the process exits, the player writes what the kubelet would: the
 //     container terminated with its exit code (128+signal when a signal
 //     ended it), reason Completed, Error or OOMKilled, the termination
@@ -49,8 +54,9 @@
 // Simulated, not real: no image, no cgroup limits (OOMKilled is only
 // what the annotation asks for), no restarts (restartPolicy is treated as
 // Never), no init or sidecar containers (only the task container runs; the
-// others are reported as they are), no probes, no volumes (the only file
-// shared with the "container" is its termination message), and no node
+// others are reported as they are), no probes, no volumes (the only files
+// shared with the "container" are its termination message and its
+// projected ServiceAccount tokens), and no node
 // shutdown, eviction or preemption by the kubelet (tests write those
 // statuses themselves). The processes run as the test's user on the test's
 // host.
@@ -114,8 +120,9 @@ func Own(pod *corev1.Pod) {
 
 // Config configures a Player.
 type Config struct {
-	// Client reaches the API server; it needs get, list, watch on pods and
-	// update on pods/status in Namespace. Required.
+	// Client reaches the API server; it needs get, list, watch on pods,
+	// update on pods/status and create on serviceaccounts/token in
+	// Namespace. Required.
 	Client kubernetes.Interface
 	// Namespace is the namespace whose owned pods the player runs. Required.
 	Namespace string
@@ -441,7 +448,7 @@ func (p *Player) start(ctx context.Context, pod *corev1.Pod) {
 	c := &container{uid: pod.UID, name: pod.Name, container: spec.Name, pod: pod, done: make(chan struct{})}
 	c.dir = filepath.Join(p.cfg.Dir, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID))
 	c.msgPath = filepath.Join(c.dir, "termination-log")
-	err := p.spawn(c, spec)
+	err := p.spawn(ctx, c, spec)
 	p.mu.Lock()
 	p.conts[pod.UID] = c
 	p.mu.Unlock()
@@ -467,9 +474,13 @@ func (p *Player) start(ctx context.Context, pod *corev1.Pod) {
 	p.writeRunning(ctx, c)
 }
 
-func (p *Player) spawn(c *container, spec corev1.Container) error {
+func (p *Player) spawn(ctx context.Context, c *container, spec corev1.Container) error {
 	if err := os.MkdirAll(c.dir, 0o700); err != nil {
 		return fmt.Errorf("making the container's directory: %w", err)
+	}
+	tokenFile, err := p.projectTokens(ctx, c.pod, spec, filepath.Join(c.dir, "volumes"))
+	if err != nil {
+		return fmt.Errorf("container %q: %w", spec.Name, err)
 	}
 	argv := append(append([]string(nil), spec.Command...), spec.Args...)
 	if len(argv) == 0 {
@@ -496,6 +507,9 @@ func (p *Player) spawn(c *container, spec corev1.Container) error {
 	// terminationMessagePath, which does not exist here) is replaced.
 	cmd.Env = append(append(append([]string(nil), p.cfg.Env...), containerEnv(c.pod, spec, p.log)...),
 		"TMPDIR="+c.dir, MessagePathEnv+"="+c.msgPath)
+	if tokenFile != "" {
+		cmd.Env = append(cmd.Env, PodTokenEnv+"="+tokenFile)
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/kuberunner"
@@ -518,7 +519,12 @@ func TestPlayerLeavesPodsItDoesNotOwn(t *testing.T) {
 
 // The kube runner's own pod (kuberunner.BuildPod), handed to the player:
 // the agent finds its record file where the runner says, in pod mode
-// without being told, and reports to the board itself.
+// without being told, and reports to the board itself. Its exchange
+// proves its pod with the token the player projects as a kubelet does (a
+// TokenRequest for the task ServiceAccount bound to the pod), which the
+// API has the real API server review; the pod's UID is recorded only
+// after the create, as the runner does, so an early exchange is told to
+// retry.
 func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -531,7 +537,15 @@ func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
 	ti.Command = "echo from the runner pod"
 	// The runner's own credential seam: the attempt API (served in process)
 	// mints the attempt's credential, and the agent reports through it.
-	api := attemptapitest.Start(t, b.w, attemptapitest.Options{})
+	if err := kubetest.CreateServiceAccount(context.Background(), e.cs, e.ns, kuberunner.ServiceAccountDefault); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := kuberunner.NewPodVerifier(kuberunner.Settings{Namespace: e.ns}, e.cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meter := &attemptapitest.Meter{}
+	api := attemptapitest.Start(t, b.w, attemptapitest.Options{Pods: pods, Meter: meter})
 	env, err := kuberunner.MintedCredentials{Minter: api.Issuer, Recorder: b.w}.Env(context.Background(), a, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -546,7 +560,13 @@ func TestPlayedKubeRunnerPodRunsTheAgentInPodMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ok, err := b.w.RecordPod(context.Background(), a, string(pod.UID), pod.CreationTimestamp.Time, time.Now()); err != nil || !ok {
+		t.Fatalf("recording the pod: %v %v", ok, err)
+	}
 	done := e.awaitPhase(pod, corev1.PodSucceeded)
+	if n := meter.Count(attemptapi.CallExchange + "/ok"); n != 1 {
+		t.Fatalf("the agent's exchange metered ok %d times, want 1 (its pod proved)", n)
+	}
 	if rec := recordOf(t, done); rec.Outcome != podrecord.Success || rec.Attempt() != a {
 		t.Fatalf("record %+v", rec)
 	}

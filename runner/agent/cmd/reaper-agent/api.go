@@ -57,16 +57,28 @@ func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (
 // gives up at once as if the control plane had never answered (on a
 // dedicated pod: the infra marker, and a re-place on the infra budget).
 // A bootstrap_spent before any unanswered exchange (somebody else spent a
-// copy of the token first) stays a refusal, as does any other refusal.
+// copy of the token first) stays a refusal, as does any other refusal. The
+// API's 503s that say the pod proof is not decided yet (the pod not
+// recorded, its token not reviewable) are retried like an unanswered call
+// but do not count as one: they answer that nothing applied.
 func (r *apiReporter) exchangeFailed(err error) error {
 	classified := refused(err)
 	switch {
-	case errors.Is(classified, agent.ErrUnanswered):
+	case errors.Is(classified, agent.ErrUnanswered) && !notApplied(err):
 		r.exchangeUnanswered = true
 	case r.exchangeUnanswered && refusedWith(err, attemptapi.CodeBootstrapSpent):
 		return fmt.Errorf("%w: %w (an earlier exchange went unanswered): %w", agent.ErrUnanswered, agent.ErrAnswerLost, err)
 	}
 	return classified
+}
+
+// notApplied reports whether err is the API's answer that the exchange was
+// not made yet and should be retried: the pod is not recorded yet, or its
+// token could not be reviewed. It is retried like a call unanswered, but it
+// is an answer: the exchange did not apply.
+func notApplied(err error) bool {
+	var ce *attemptapi.CallError
+	return errors.As(err, &ce) && (ce.Body.Code == attemptapi.CodePodNotRecorded || ce.Body.Code == attemptapi.CodePodUnverified)
 }
 
 // refusedWith reports whether err is the API's refusal with code.

@@ -35,6 +35,8 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 		return exitUsage
 	}
 	defer wc.Close()
+	// The worker's exchange proves its pod with the pod's projected token.
+	wc.UsePodToken(getenv(attemptapi.EnvPodTokenFile))
 	claim := func(ctx context.Context, slots int, running []sdk.Attempt) ([]agent.Claimed, error) {
 		// The pod spec's bootstrap token is exchanged once, before the
 		// first claim (a no-op from then on).
