@@ -131,7 +131,10 @@ func (s *Server) provePod(ctx context.Context, c call, uid string, a sdk.Attempt
 		return nil
 	}
 	if !errors.Is(err, ErrNotFromPod) {
-		return refuse(http.StatusServiceUnavailable, CodePodUnverified, "reviewing the pod token: %v", err)
+		// The review's error is for the log: it may name the API server
+		// and carry its words.
+		return &refusal{status: http.StatusServiceUnavailable, cause: err,
+			body: ErrorBody{Code: CodePodUnverified, Message: "the pod token could not be reviewed; retry"}}
 	}
 	ev["pod_uid"], ev["pod"], ev["namespace"], ev["service_account"] = id.PodUID, id.PodName, id.Namespace, id.ServiceAccount
 	return s.notFromPod(ctx, a, ev, err.Error())

@@ -157,6 +157,9 @@ func TestExchangeProvesItsPod(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Status != http.StatusServiceUnavailable || ce.Body.Code != attemptapi.CodePodUnverified {
 			t.Fatalf("%v: want a 503 %s to retry", err, attemptapi.CodePodUnverified)
 		}
+		if strings.Contains(ce.Body.Message, "connection refused") {
+			t.Fatalf("the answer carries the review's error text: %q", ce.Body.Message)
+		}
 		unchanged(t, a, before)
 	})
 	t.Run("LiteAttempt_NoProofAsked", func(t *testing.T) {
