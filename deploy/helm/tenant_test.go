@@ -296,8 +296,20 @@ func TestChartTaskNamespaceIsNotTheReleasesByDefault(t *testing.T) {
 			t.Errorf("NetworkPolicy peers' namespaces %v, want monitoring and the task namespace twice", peers)
 		}
 		for _, o := range objs {
-			if o.GetNamespace() == tasks && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
+			// The task ServiceAccount (the runner's pods' identity, bound to
+			// no role) must live where the pods run; nothing else of
+			// reaperd's may.
+			taskSA := o.GetKind() == "ServiceAccount" && o.GetName() == "reaper-task"
+			if o.GetNamespace() == tasks && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" && !taskSA {
 				t.Errorf("%s %s rendered in the task namespace", o.GetKind(), o.GetName())
+			}
+			if o.GetKind() == "RoleBinding" || o.GetKind() == "ClusterRoleBinding" {
+				subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+				for _, sub := range subjects {
+					if sub.(map[string]any)["name"] == "reaper-task" {
+						t.Errorf("%s %s binds the task ServiceAccount", o.GetKind(), o.GetName())
+					}
+				}
 			}
 		}
 	})
