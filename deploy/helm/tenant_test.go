@@ -266,7 +266,7 @@ func TestChartTaskNamespaceIsNotTheReleasesByDefault(t *testing.T) {
 		}
 	})
 	t.Run("TaskPodObjectsFollowTheTaskNamespace", func(t *testing.T) {
-		for _, kn := range [][2]string{{"Role", "reaper"}, {"RoleBinding", "reaper"}} {
+		for _, kn := range [][2]string{{"Role", "reaper"}, {"RoleBinding", "reaper"}, {"ServiceAccount", "reaper-task"}} {
 			if ns := find(t, objs, kn[0], kn[1]).GetNamespace(); ns != tasks {
 				t.Errorf("%s %s in %q, want the task namespace %s", kn[0], kn[1], ns, tasks)
 			}
@@ -296,7 +296,8 @@ func TestChartTaskNamespaceIsNotTheReleasesByDefault(t *testing.T) {
 			t.Errorf("NetworkPolicy peers' namespaces %v, want monitoring and the task namespace twice", peers)
 		}
 		for _, o := range objs {
-			if o.GetNamespace() == tasks && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
+			taskSA := o.GetKind() == "ServiceAccount" && o.GetName() == "reaper-task" // the task pods' own
+			if o.GetNamespace() == tasks && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" && !taskSA {
 				t.Errorf("%s %s rendered in the task namespace", o.GetKind(), o.GetName())
 			}
 		}
