@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -174,7 +175,6 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 		t.Errorf("args = %q", got)
 	}
 	checkPodHardening(t, pod)
-	checkDSNFromSecret(t, c, "reaper-database", "dsn")
 	checkProbes(t, c, 9464)
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("resources: %+v, want cpu and memory requests and a memory limit", c.Resources)
@@ -196,9 +196,7 @@ func TestChartTemplateDefaultsRunTwoReplicasOfReaperdWithTheKubernetesLease(t *t
 	if got := reapersIn(hcl); got != reaperOrder {
 		t.Errorf("reapers %q, want %q", got, reaperOrder)
 	}
-	if strings.Contains(hcl, "dsn") && strings.Contains(hcl, "postgres://") {
-		t.Errorf("the configuration holds a DSN:\n%s", hcl)
-	}
+	checkDSNFromSecret(t, pod, hcl, "reaper-database", "dsn")
 
 	svc := convert[corev1.Service](t, find(t, objs, "Service", "reaper"))
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9464 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
@@ -256,16 +254,15 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 		t.Errorf("serviceAccountName = %q", d.Spec.Template.Spec.ServiceAccountName)
 	}
 	checkPodHardening(t, d.Spec.Template.Spec)
-	checkDSNFromSecret(t, c, "scheduler-db", "url")
 	checkProbes(t, c, 9500)
-	if vs := d.Spec.Template.Spec.Volumes; len(vs) != 3 || vs[2].Secret == nil || vs[2].Secret.SecretName != "reaper-db-ca" {
-		t.Errorf("volumes %+v, want config, state and the extra db-ca", vs)
+	if vs := d.Spec.Template.Spec.Volumes; len(vs) != 4 || vs[3].Secret == nil || vs[3].Secret.SecretName != "reaper-db-ca" {
+		t.Errorf("volumes %+v, want config, state, the database's and the extra db-ca", vs)
 	}
-	if ms := c.VolumeMounts; len(ms) != 3 || ms[2].MountPath != "/etc/reaper-db-ca" || !ms[2].ReadOnly {
-		t.Errorf("mounts %+v, want config, state and the extra db-ca", ms)
+	if ms := c.VolumeMounts; len(ms) != 4 || ms[3].MountPath != "/etc/reaper-db-ca" || !ms[3].ReadOnly {
+		t.Errorf("mounts %+v, want config, state, the database's and the extra db-ca", ms)
 	}
-	if env := c.Env; len(env) != 4 || env[3].Name != "PGCONNECT_TIMEOUT" {
-		t.Errorf("env %+v, want REAPER_DSN, TMPDIR, REAPER_TELEMETRY_HOST and the extra PGCONNECT_TIMEOUT", env)
+	if env := c.Env; len(env) != 3 || env[2].Name != "PGCONNECT_TIMEOUT" {
+		t.Errorf("env %+v, want TMPDIR, REAPER_TELEMETRY_HOST and the extra PGCONNECT_TIMEOUT", env)
 	}
 	if got := c.Resources.Limits.Memory().String(); got != "1Gi" {
 		t.Errorf("memory limit %s", got)
@@ -279,6 +276,7 @@ func TestChartTemplateCustomValuesReachEveryObject(t *testing.T) {
 	}
 
 	hcl := configOf(t, objs, "reaperd")
+	checkDSNFromSecret(t, d.Spec.Template.Spec, hcl, "scheduler-db", "url")
 	for _, line := range []string{
 		`dry_run    = true`, `name      = "reaper-leader"`, `lease     = "20s"`, `renew = "4s"`, `interval = "20s"`,
 		`heartbeat = "10s"`, `agent_lost = "2m"`, `settling_grace = "4m"`,
@@ -612,22 +610,82 @@ func checkPodHardening(t *testing.T, pod corev1.PodSpec) {
 	}
 }
 
-func checkDSNFromSecret(t *testing.T, c corev1.Container, secret, key string) {
+func modeOf(m *int32) string {
+	if m == nil {
+		return "unset"
+	}
+	return fmt.Sprintf("%04o", *m)
+}
+
+// dsnAttr is a store.dsn attribute: a DSN in the configuration itself.
+var dsnAttr = regexp.MustCompile(`(?m)^\s*dsn\s*=`)
+
+// checkDSNFromSecret: the DSN reaches reaperd as a file, never through
+// its environment. The pod mounts the one key of the database Secret,
+// read-only and mode 0440 (with the pod's fsGroup: root's file, readable by
+// reaperd's group, the mode reaperd accepts for a root-owned secret), and
+// the configuration names that file in store.dsn_file. No variable names
+// the Secret or holds a DSN.
+func checkDSNFromSecret(t *testing.T, pod corev1.PodSpec, hcl, secret, key string) {
 	t.Helper()
+	c := pod.Containers[0]
 	for _, e := range c.Env {
 		if e.Value != "" && strings.Contains(strings.ToLower(e.Value), "postgres") {
 			t.Errorf("env %s holds a value in the clear: %q", e.Name, e.Value)
 		}
-		if e.Name != "REAPER_DSN" {
-			continue
+		if e.Name == "REAPER_DSN" || e.Name == "REAPER_DSN_FILE" ||
+			(e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == secret) {
+			t.Errorf("env %+v: the DSN must come from the mounted file alone", e)
 		}
-		if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
-			e.ValueFrom.SecretKeyRef.Name != secret || e.ValueFrom.SecretKeyRef.Key != key {
-			t.Errorf("REAPER_DSN = %+v, want secretKeyRef %s/%s", e, secret, key)
-		}
-		return
 	}
-	t.Errorf("no REAPER_DSN in %+v", c.Env)
+	for _, e := range c.EnvFrom {
+		if e.SecretRef != nil && e.SecretRef.Name == secret {
+			t.Errorf("envFrom %+v: the DSN must come from the mounted file alone", e)
+		}
+	}
+	var vol *corev1.Volume
+	for i, v := range pod.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == secret {
+			if vol != nil {
+				t.Errorf("the Secret %s is mounted twice: %+v", secret, pod.Volumes)
+			}
+			vol = &pod.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Fatalf("no volume of the Secret %s in %+v", secret, pod.Volumes)
+	}
+	s := vol.Secret
+	if len(s.Items) != 1 || s.Items[0].Key != key || s.Items[0].Path != key || s.Items[0].Mode != nil {
+		t.Errorf("volume %s items %+v, want the key %s alone, at %s", vol.Name, s.Items, key, key)
+	}
+	if s.DefaultMode == nil || *s.DefaultMode != 0o440 {
+		t.Errorf("volume %s defaultMode %s, want 0440: readable by the pod's fsGroup alone", vol.Name, modeOf(s.DefaultMode))
+	}
+	if s.Optional != nil && *s.Optional {
+		t.Errorf("volume %s is optional: a pod must not start without its DSN", vol.Name)
+	}
+	if sc := pod.SecurityContext; sc == nil || sc.FSGroup == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+		t.Errorf("pod securityContext %+v: want a non-root user and an fsGroup, so that the 0440 file is root's and its group reaperd's", sc)
+	}
+	var dir string
+	for _, m := range c.VolumeMounts {
+		if m.Name == vol.Name {
+			if !m.ReadOnly || m.SubPath != "" || dir != "" {
+				t.Errorf("mount %+v of the DSN volume, want one read-only mount of the whole volume", m)
+			}
+			dir = m.MountPath
+		}
+	}
+	if dir != "/etc/reaper-db" {
+		t.Errorf("the DSN volume is mounted at %q, want /etc/reaper-db", dir)
+	}
+	if want := "\nstore {\n  dsn_file = \"" + dir + "/" + key + "\"\n}\n"; !strings.Contains(hcl, want) {
+		t.Errorf("the configuration lacks %q:\n%s", want, hcl)
+	}
+	if dsnAttr.MatchString(hcl) || strings.Contains(hcl, "postgres://") {
+		t.Errorf("the configuration holds a DSN:\n%s", hcl)
+	}
 }
 
 // checkProbes: both probes ask /monitor/health, never /metrics (a scrape's

@@ -110,9 +110,10 @@ func TestChartAppliesToTheAPIServerAndItsReplicasArePlaced(t *testing.T) {
 		t.Fatalf("the Deployment made %d pods, want 2", len(pods))
 	}
 	for _, p := range pods {
-		if p.Spec.ServiceAccountName != "reaper" || p.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef.Name != "reaper-database" {
-			t.Errorf("pod %s: service account %q, env %+v", p.Name, p.Spec.ServiceAccountName, p.Spec.Containers[0].Env)
+		if p.Spec.ServiceAccountName != "reaper" {
+			t.Errorf("pod %s: service account %q", p.Name, p.Spec.ServiceAccountName)
 		}
+		checkDSNFromSecret(t, p.Spec, configOf(t, objs, "reaper"), "reaper-database", "dsn")
 	}
 }
 
