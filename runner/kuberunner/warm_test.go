@@ -421,6 +421,10 @@ func TestWarmWorkerPodDeletedWithARunningAttempt_WarmWorkerLostThenReplacedOnAno
 	t.Cleanup(sub.Close)
 	reaper := warmworker.New(nil)
 	var sink sdk.Collector
+	// The pass comes after the dispatch: a worker that claimed within the
+	// cycle that bound the attempt leaves its queued_at at the clock's
+	// reading, which a pass at the same instant does not list.
+	e.clk.Advance(time.Second)
 	now := e.clk.Now()
 	l := ladder.Defaults()
 	if _, err := reaper.Reap(context.Background(), sdk.Pass{Now: now, Ladder: l, Term: e.term,
