@@ -4,7 +4,8 @@
 // real node beside them, and the kubelet player), testbin (the project's
 // binaries built once per test binary), validatetest, marked (processes a
 // test left, by their marker), massbench (the mass recovery's workload), machinecpu
-// (the whole machine's busy CPU time, for benchmarks) and
+// (the whole machine's busy CPU time, for benchmarks), unpriv (an unprivileged
+// account to run a process as) and
 // eventually (waiting for what is truly asynchronous).
 //
 // They import the product from above it; product code never imports them

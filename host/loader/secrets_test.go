@@ -5,12 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/unpriv"
 )
 
 // hostModeEnv, set, makes this test binary a plugin host instead of running
@@ -177,7 +175,7 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 	if _, err := confine.LandlockABI(); err != nil {
 		t.Skipf("the kernel offers no Landlock: %v", err)
 	}
-	acct := nobody(t)
+	acct := unpriv.Find(t)
 	base, err := os.MkdirTemp("", "loader-secrets-")
 	if err != nil {
 		t.Fatal(err)
@@ -195,9 +193,9 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	host := filepath.Join(base, "host")
-	copyFile(t, self, host, 0o755)
+	unpriv.CopyFile(t, self, host, 0o755)
 	for _, name := range []string{"reaper-echo", "reaper-substrate-reconcile"} {
-		copyFile(t, filepath.Join(pluginDir, name), filepath.Join(plugins, name), 0o755)
+		unpriv.CopyFile(t, filepath.Join(pluginDir, name), filepath.Join(plugins, name), 0o755)
 	}
 	work := filepath.Join(base, "work")
 	own := func(path string, mode os.FileMode, dir bool) string {
@@ -210,7 +208,7 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(path, acct.uid, acct.gid); err != nil {
+		if err := os.Chown(path, acct.UID, acct.GID); err != nil {
 			t.Fatal(err)
 		}
 		return path
@@ -226,7 +224,7 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 
 	control := exec.Command("sleep", "300")
 	control.Env = []string{"CONTROL_SECRET=" + hostCanary}
-	control.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	control.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 	if err := control.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +241,7 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 		"PATH=" + os.Getenv("PATH")}
 	// The host holds what reaperd holds for Lite's run_as: none of it may
 	// reach a plugin.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential(), AmbientCaps: []uintptr{unix.CAP_SETUID, unix.CAP_SETGID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential(), AmbientCaps: []uintptr{unix.CAP_SETUID, unix.CAP_SETGID}}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -254,7 +252,7 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 	if err := json.Unmarshal(bytes.TrimSpace(out), &a); err != nil || a.Error != "" {
 		t.Fatalf("the host's answer %q: %v %s\n%s", out, err, a.Error, stderr.String())
 	}
-	t.Logf("as uid %d (CapEff %s): reaper %v (caps %v); substrate %v; with nothing hidden %v", acct.uid, a.HostCaps,
+	t.Logf("as uid %d (CapEff %s): reaper %v (caps %v); substrate %v; with nothing hidden %v", acct.UID, a.HostCaps,
 		a.Reaper, a.Caps, a.Substrate, a.Bare)
 	refused := func(s string) bool { return s == "EACCES" || s == "EPERM" || s == "ENOENT" }
 	t.Run("ReaperRefusedTheHostsEnvironKeysDSNAndToken_ReadsAnOrdinaryFile", func(t *testing.T) {
@@ -299,47 +297,4 @@ func TestPluginCannotOpenReaperdsSecrets(t *testing.T) {
 			t.Errorf("the signing key with nothing hidden: %q, want read (else the hiding proves nothing)", a.Bare[signing])
 		}
 	})
-}
-
-type account struct{ uid, gid int }
-
-func (a account) credential() *syscall.Credential {
-	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: []uint32{}}
-}
-
-// nobody is an unprivileged user to run the host as.
-func nobody(t *testing.T) account {
-	t.Helper()
-	for _, name := range []string{"nobody", "postgres"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 == nil && err2 == nil && uid != 0 {
-			return account{uid: uid, gid: gid}
-		}
-	}
-	t.Skip("no unprivileged account (nobody, postgres)")
-	return account{}
-}
-
-func copyFile(t *testing.T, from, to string, mode os.FileMode) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_EXCL, mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
 }

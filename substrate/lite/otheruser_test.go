@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,6 +20,7 @@ import (
 	"github.com/dexaflow/reaper/substrate/lite"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
+	"github.com/dexaflow/reaper/testkit/unpriv"
 )
 
 // probeHelperEnv, when set, makes this test binary the unprivileged prober
@@ -97,7 +96,7 @@ func TestTaskGroupMemberOfAnotherUserCountsAlive(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: to run the prober and the task group's member as two different users")
 	}
-	cred := unprivileged(t)
+	cred := unpriv.Find(t).Credential()
 
 	// The group: a shell that leaves a sleep behind and exits once told.
 	sh := exec.Command("sh", "-c", "sleep 300 & echo $!; read _")
@@ -144,7 +143,7 @@ func TestTaskGroupMemberOfAnotherUserCountsAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(base, "lite.test")
-	copyExecutable(t, bin)
+	unpriv.CopySelf(t, bin)
 	recDir := filepath.Join(base, "records")
 	if err := os.Mkdir(recDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -177,50 +176,5 @@ func TestTaskGroupMemberOfAnotherUserCountsAlive(t *testing.T) {
 	}
 	if info, err := proc.Stat(member); err != nil || info.Zombie {
 		t.Fatalf("the member was touched: %+v, %v", info, err)
-	}
-}
-
-// unprivileged is the account the prober runs as (as testkit/pgtest picks
-// one for PostgreSQL).
-func unprivileged(t *testing.T) *syscall.Credential {
-	t.Helper()
-	for _, name := range []string{"nobody", "postgres"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 != nil || err2 != nil || uid == 0 {
-			continue
-		}
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
-	}
-	t.Skip("no unprivileged account (nobody, postgres) to probe as")
-	return nil
-}
-
-// copyExecutable copies the running test binary to path, mode 0755.
-func copyExecutable(t *testing.T, path string) {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
 	}
 }

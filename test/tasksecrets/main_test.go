@@ -22,7 +22,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,6 +34,7 @@ import (
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 	"github.com/dexaflow/reaper/testkit/testbin"
+	"github.com/dexaflow/reaper/testkit/unpriv"
 )
 
 // binDir holds the reaper-agent binary TestMain builds. Set once, before
@@ -220,37 +220,11 @@ func parseProbe(t *testing.T, out string) probeResult {
 }
 
 // account is an unprivileged user.
-type account struct {
-	name     string
-	uid, gid int
-}
+type account = unpriv.Account
 
-func (a account) credential() *syscall.Credential {
-	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: []uint32{}}
-}
-
-// unprivileged is the user the agents and tasks run as (as testkit/pgtest
-// picks one for PostgreSQL). It skips the test when not root.
-func unprivileged(t *testing.T) account {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: to run the agent and its task as an unprivileged user")
-	}
-	for _, name := range []string{"nobody", "postgres"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 != nil || err2 != nil || uid == 0 {
-			continue
-		}
-		return account{name: name, uid: uid, gid: gid}
-	}
-	t.Skip("no unprivileged account (nobody, postgres)")
-	return account{}
-}
+// unprivileged is the user the agents and tasks run as. It skips the test
+// when not root.
+func unprivileged(t *testing.T) account { return unpriv.Find(t) }
 
 // world is a test's scratch: base (0755, root's) holds the probe binary;
 // work (0700) belongs to the user the agent runs as.
@@ -272,7 +246,7 @@ func newWorld(t *testing.T, owner account) world {
 	if err := os.Mkdir(w.work, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(w.work, owner.uid, owner.gid); err != nil {
+	if err := os.Chown(w.work, owner.UID, owner.GID); err != nil {
 		t.Fatal(err)
 	}
 	self, err := os.Executable()

@@ -83,10 +83,10 @@ func twoUnprivileged(t *testing.T) (reaperd, tasks account) {
 		}
 		uid, err1 := strconv.Atoi(u.Uid)
 		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 != nil || err2 != nil || uid == 0 || (len(found) == 1 && found[0].uid == uid) {
+		if err1 != nil || err2 != nil || uid == 0 || (len(found) == 1 && found[0].UID == uid) {
 			continue
 		}
-		found = append(found, account{name: name, uid: uid, gid: gid})
+		found = append(found, account{Name: name, UID: uid, GID: gid})
 		if len(found) == 2 {
 			return found[0], found[1]
 		}
@@ -112,11 +112,11 @@ func TestRunAsFromAnUnprivilegedAgent(t *testing.T) {
 		out = filepath.Join(w.work, fmt.Sprintf("out-%d", n))
 		report = filepath.Join(w.work, fmt.Sprintf("report-%d.jsonl", n))
 		args = append([]string{"-mode", agent.ModeLite, "-record-dir", filepath.Join(w.work, "records"),
-			"-run", "r", "-task", fmt.Sprintf("t%d", n), "-try", "1", "-run-as", tasks.name, "-workdir", w.base,
+			"-run", "r", "-task", fmt.Sprintf("t%d", n), "-try", "1", "-run-as", tasks.Name, "-workdir", w.base,
 			"-reporter", agent.ReporterFile, "-report-file", report, "-output", out}, args...)
 		cmd = exec.Command(filepath.Join(binDir, literunner.AgentBinary), args...)
 		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: reaperd.credential(), AmbientCaps: runAsCaps}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: reaperd.Credential(), AmbientCaps: runAsCaps}
 		logs := &strings.Builder{}
 		cmd.Stdout, cmd.Stderr = logs, logs
 		if err := cmd.Start(); err != nil {
@@ -168,7 +168,7 @@ func TestRunAsFromAnUnprivilegedAgent(t *testing.T) {
 	const stubborn = `echo "PGID $$"; sleep 300 & sleep 300`
 
 	t.Run("TaskHoldsNoCapabilityAndCannotBecomeReaperdsUserOrRoot", func(t *testing.T) {
-		cmd, out, _, exited := start(t, []string{probeEnv + "=1", probeSetuidEnv + "=" + strconv.Itoa(reaperd.uid) + ",0"},
+		cmd, out, _, exited := start(t, []string{probeEnv + "=1", probeSetuidEnv + "=" + strconv.Itoa(reaperd.UID) + ",0"},
 			"-command", "exec "+w.probe)
 		awaitExit(t, cmd, exited)
 		data, err := os.ReadFile(out)
@@ -177,9 +177,9 @@ func TestRunAsFromAnUnprivilegedAgent(t *testing.T) {
 		}
 		r := parseProbe(t, string(data))
 		t.Logf("the task (uid %d) under the agent (uid %d, CapEff %s): caps %v, setuid %v",
-			r.UID, reaperd.uid, r.Caps["ParentCapEff"], r.Caps, r.Setuid)
-		if r.UID != tasks.uid {
-			t.Fatalf("the task ran as uid %d, want %s's %d", r.UID, tasks.name, tasks.uid)
+			r.UID, reaperd.UID, r.Caps["ParentCapEff"], r.Caps, r.Setuid)
+		if r.UID != tasks.UID {
+			t.Fatalf("the task ran as uid %d, want %s's %d", r.UID, tasks.Name, tasks.UID)
 		}
 		want := uint64(1<<unix.CAP_SETUID | 1<<unix.CAP_SETGID)
 		if eff, err := strconv.ParseUint(r.Caps["ParentCapEff"], 16, 64); err != nil || eff != want {

@@ -30,7 +30,7 @@ func startControl(t *testing.T, acct account) string {
 	t.Helper()
 	cmd := exec.Command("sleep", "300")
 	cmd.Env = []string{"CONTROL_SECRET=" + canary}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +51,8 @@ func checkShut(t *testing.T, r probeResult, acct account) {
 	t.Helper()
 	t.Logf("the task (uid %d) under %s (pid %d): environ %s, mem %s; a dumpable process of the same user: %s",
 		r.UID, r.ParentComm, r.PPID, r.Environ, r.Mem, r.Control)
-	if r.UID != acct.uid {
-		t.Errorf("the task ran as uid %d, want %d (%s)", r.UID, acct.uid, acct.name)
+	if r.UID != acct.UID {
+		t.Errorf("the task ran as uid %d, want %d (%s)", r.UID, acct.UID, acct.Name)
 	}
 	if r.ParentComm != "reaper-agent" {
 		t.Errorf("the task's parent is %q, want the agent", r.ParentComm)
@@ -75,7 +75,7 @@ func checkShut(t *testing.T, r probeResult, acct account) {
 func agentCmd(acct account, env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(binDir, literunner.AgentBinary), args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 	return cmd
 }
 
@@ -210,7 +210,7 @@ func TestRunAs(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dir.Close()
-		sp, err := literunner.NewSpawner(literunner.SpawnerConfig{AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: dir, RunAs: acct.name})
+		sp, err := literunner.NewSpawner(literunner.SpawnerConfig{AgentPath: filepath.Join(binDir, literunner.AgentBinary), Records: dir, RunAs: acct.Name})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,8 +234,8 @@ func TestRunAs(t *testing.T) {
 		}
 		r := parseProbe(t, string(data))
 		t.Logf("the task (uid %d) under %s: reaperd's 0600 file %s, the agent's environ %s, mem %s", r.UID, r.ParentComm, r.File, r.Environ, r.Mem)
-		if r.UID != acct.uid {
-			t.Fatalf("the task ran as uid %d, want %s's %d", r.UID, acct.name, acct.uid)
+		if r.UID != acct.UID {
+			t.Fatalf("the task ran as uid %d, want %s's %d", r.UID, acct.Name, acct.UID)
 		}
 		if !refusedErrno(r.File) {
 			t.Errorf("reaperd's 0600 file: %s, want EACCES", r.File)

@@ -4,12 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/testkit/pgtest"
+	"github.com/dexaflow/reaper/testkit/unpriv"
 )
 
 // TestReaperdsDSN: the board's DSN reaches reaperd without reaching anyone
@@ -68,7 +66,7 @@ func TestReaperdsDSN(t *testing.T) {
 		if os.Geteuid() != 0 {
 			t.Skip("needs root: to run reaperd and the reader as one unprivileged user")
 		}
-		acct := nobodyAccount(t)
+		acct := unpriv.Find(t)
 		base, err := os.MkdirTemp("", "reaperd-dsn-")
 		if err != nil {
 			t.Fatal(err)
@@ -82,7 +80,7 @@ func TestReaperdsDSN(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, name := range []string{"reaperd", "reaper-substrate-lite"} {
-			copyExecutable(t, filepath.Join(binDir, name), filepath.Join(bin, name))
+			unpriv.CopyFile(t, filepath.Join(binDir, name), filepath.Join(bin, name), 0o755)
 		}
 		work := filepath.Join(base, "work")
 		if err := os.Mkdir(work, 0o700); err != nil {
@@ -94,7 +92,7 @@ func TestReaperdsDSN(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, p := range []string{work, config} {
-			if err := os.Chown(p, acct.uid, acct.gid); err != nil {
+			if err := os.Chown(p, acct.UID, acct.GID); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -102,7 +100,7 @@ func TestReaperdsDSN(t *testing.T) {
 		secretDSN := dsn + "&application_name=" + canary
 		cmd := exec.Command(filepath.Join(bin, "reaperd"), "run", "-config", config)
 		cmd.Env = []string{"REAPER_DSN=" + secretDSN, "TMPDIR=" + work, "PATH=" + os.Getenv("PATH")}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -143,7 +141,7 @@ func TestReaperdsDSN(t *testing.T) {
 		}
 		control := exec.Command("sleep", "300")
 		control.Env = []string{"CONTROL=" + canary}
-		control.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+		control.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 		if err := control.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -153,15 +151,15 @@ func TestReaperdsDSN(t *testing.T) {
 		})
 		read := func(path string) (string, error) {
 			c := exec.Command("cat", path)
-			c.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+			c.SysProcAttr = &syscall.SysProcAttr{Credential: acct.Credential()}
 			out, err := c.CombinedOutput()
 			return string(out), err
 		}
 		if out, err := read(environ); err == nil || strings.Contains(out, canary) || !strings.Contains(out, "Permission denied") {
-			t.Errorf("uid %d reading reaperd's environ: %v\n%s\nwant Permission denied", acct.uid, err, out)
+			t.Errorf("uid %d reading reaperd's environ: %v\n%s\nwant Permission denied", acct.UID, err, out)
 		}
 		if out, err := read(fmt.Sprintf("/proc/%d/environ", control.Process.Pid)); err != nil || !strings.Contains(out, canary) {
-			t.Errorf("uid %d reading a dumpable process of its own: %v\n%s\nwant it read (else the refusal proves nothing)", acct.uid, err, out)
+			t.Errorf("uid %d reading a dumpable process of its own: %v\n%s\nwant it read (else the refusal proves nothing)", acct.UID, err, out)
 		}
 		if t.Failed() {
 			mu.Lock()
@@ -169,46 +167,4 @@ func TestReaperdsDSN(t *testing.T) {
 			mu.Unlock()
 		}
 	})
-}
-
-type account struct{ uid, gid int }
-
-func (a account) credential() *syscall.Credential {
-	return &syscall.Credential{Uid: uint32(a.uid), Gid: uint32(a.gid), Groups: []uint32{}}
-}
-
-func nobodyAccount(t *testing.T) account {
-	t.Helper()
-	for _, name := range []string{"nobody", "postgres"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 == nil && err2 == nil && uid != 0 {
-			return account{uid: uid, gid: gid}
-		}
-	}
-	t.Skip("no unprivileged account (nobody, postgres)")
-	return account{}
-}
-
-func copyExecutable(t *testing.T, from, to string) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
