@@ -16,7 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -442,7 +444,16 @@ func (s *scenario) decisions(task string) ([]decision, error) {
 }
 
 // isReaper tells a reaper's decision from the runner's and the gate's.
-func isReaper(d decision) bool { return d.Reaper != "runner" && d.Reaper != "gate" }
+// isReaper tells a reaper's decision from the runner's, the gate's, an
+// operator's (reaperctl's submit, mark and release are audited) and the
+// attempt API's.
+func isReaper(d decision) bool {
+	switch d.Reaper {
+	case "runner", "gate", lifecycle.OperatorReaper, attemptapi.DecisionSource:
+		return false
+	}
+	return true
+}
 
 // reapOf is the first applied reaper decision about exactly a.
 func reapOf(ds []decision, a sdk.Attempt) *decision {

@@ -5,7 +5,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -74,8 +76,16 @@ func isReaperMark(t Transition) bool {
 	return t.NewState == sdk.StateFailed && (reaperMarks[t.FailureReason] || t.FailureReason == sdk.LabelCredentialCeiling)
 }
 
-// IsReaper tells a reaper's decision from the runner's and the gate's.
-func IsReaper(d Decision) bool { return d.Reaper != "runner" && d.Reaper != "gate" && d.Reaper != "" }
+// IsReaper tells a reaper's decision from the runner's, the gate's, an
+// operator's (reaperctl's submit, mark and release are audited) and the
+// attempt API's.
+func IsReaper(d Decision) bool {
+	switch d.Reaper {
+	case "", "runner", "gate", lifecycle.OperatorReaper, attemptapi.DecisionSource:
+		return false
+	}
+	return true
+}
 
 func stamp(t time.Time) string { return t.Format("15:04:05.000000") }
 
