@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dexaflow/reaper/substrate/lite/proc"
 )
 
 // becomeSubreaper makes this process a child subreaper: orphans among its
@@ -55,7 +56,7 @@ func sweepDescendants(spare map[int]bool) (int, error) {
 		}
 		fresh := false
 		for _, p := range targets {
-			if stopped[p] || procs[p].state == 'Z' {
+			if stopped[p] || procs[p].zombie {
 				continue
 			}
 			if err := unix.Kill(p, unix.SIGSTOP); errors.Is(err, unix.EPERM) {
@@ -71,7 +72,7 @@ func sweepDescendants(spare map[int]bool) (int, error) {
 			if denied[p] {
 				continue
 			}
-			if procs[p].state != 'Z' {
+			if !procs[p].zombie {
 				if err := unix.Kill(p, unix.SIGKILL); err != nil {
 					denied[p] = errors.Is(err, unix.EPERM)
 					continue
@@ -98,11 +99,12 @@ func reap(pid int) {
 }
 
 type procInfo struct {
-	ppid  int
-	state byte
+	ppid   int
+	zombie bool
 }
 
-// readProcs reads every process's parent and state from /proc.
+// readProcs reads every process's parent, and whether it is a zombie, from
+// /proc (through proc.Stat, which the Lite liveness checks read with).
 func readProcs() (map[int]procInfo, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -114,25 +116,11 @@ func readProcs() (map[int]procInfo, error) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		info, err := proc.Stat(pid)
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 || i+4 > len(s) {
-			continue
-		}
-		f := strings.Fields(s[i+2:])
-		if len(f) < 2 {
-			continue
-		}
-		ppid, err := strconv.Atoi(f[1])
-		if err != nil {
-			continue
-		}
-		out[pid] = procInfo{ppid: ppid, state: f[0][0]}
+		out[pid] = procInfo{ppid: info.PPID, zombie: info.Zombie}
 	}
 	return out, nil
 }
