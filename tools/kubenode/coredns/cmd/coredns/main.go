@@ -20,6 +20,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/kubernetes"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/template"
 	_ "github.com/coredns/coredns/plugin/whoami"
 )
 
@@ -33,6 +34,7 @@ var directives = []string{
 	"errors",
 	"log",
 	"cache",
+	"template",
 	"kubernetes",
 	"whoami",
 }
