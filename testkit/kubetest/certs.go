@@ -66,7 +66,9 @@ func makePKI(dir string) (pki, error) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default",
 			"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		// Loopback; the pod network's gateway and the kubernetes
+		// Service's ClusterIP, where an in-cluster cluster serves.
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.ParseIP(NodeGateway), net.ParseIP(KubernetesServiceIP)},
 	}
 	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, ca, &srvKey.PublicKey, caKey)
 	if err != nil {
@@ -121,9 +123,26 @@ func makePKI(dir string) (pki, error) {
 // issueServing writes a serving certificate signed by the cluster's CA
 // for ip and loopback into dir as NAME.crt and NAME.key.
 func (p pki) issueServing(dir, name, ip string) (certFile, keyFile string, err error) {
+	cert, key, err := p.issue(name, []string{"localhost"}, []net.IP{net.ParseIP(ip), net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return "", "", err
+	}
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
+		return "", "", fmt.Errorf("kubetest: write %s: %w", certFile, err)
+	}
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		return "", "", fmt.Errorf("kubetest: write %s: %w", keyFile, err)
+	}
+	return certFile, keyFile, nil
+}
+
+// issue makes a serving certificate signed by the cluster's CA for the
+// names and addresses given, and returns it and its key, PEM.
+func (p pki) issue(name string, dnsNames []string, ips []net.IP) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return "", "", fmt.Errorf("kubetest: generate the %s key: %w", name, err)
+		return nil, nil, fmt.Errorf("kubetest: generate the %s key: %w", name, err)
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
@@ -133,25 +152,32 @@ func (p pki) issueServing(dir, name, ip string) (certFile, keyFile string, err e
 		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.ParseIP(ip), net.IPv4(127, 0, 0, 1)},
+		DNSNames:     dnsNames,
+		IPAddresses:  ips,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
-		return "", "", fmt.Errorf("kubetest: make the %s certificate: %w", name, err)
+		return nil, nil, fmt.Errorf("kubetest: make the %s certificate: %w", name, err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return "", "", fmt.Errorf("kubetest: encode the %s key: %w", name, err)
+		return nil, nil, fmt.Errorf("kubetest: encode the %s key: %w", name, err)
 	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, pemBlock("CERTIFICATE", der), 0o600); err != nil {
-		return "", "", fmt.Errorf("kubetest: write %s: %w", certFile, err)
+	return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
+}
+
+// ServingCert is a serving certificate for a Service's DNS names, signed
+// by the cluster's CA (an operator's certificate, as cert-manager would
+// issue it): the certificate, its key and the CA, PEM.
+type ServingCert struct{ Cert, Key, CA []byte }
+
+// IssueServingCert issues a ServingCert for dnsNames.
+func (c *Cluster) IssueServingCert(name string, dnsNames ...string) (ServingCert, error) {
+	cert, key, err := c.pki.issue(name, dnsNames, nil)
+	if err != nil {
+		return ServingCert{}, err
 	}
-	if err := os.WriteFile(keyFile, pemBlock("EC PRIVATE KEY", keyDER), 0o600); err != nil {
-		return "", "", fmt.Errorf("kubetest: write %s: %w", keyFile, err)
-	}
-	return certFile, keyFile, nil
+	return ServingCert{Cert: cert, Key: key, CA: append([]byte(nil), c.pki.caCert...)}, nil
 }
 
 func pemBlock(kind string, der []byte) []byte {

@@ -106,6 +106,14 @@ type Options struct {
 	// RealNodeUnavailable, when set with RealNode, is taken as the reason
 	// the machine cannot host a real node (a test of the skip).
 	RealNodeUnavailable string
+	// InCluster (which implies RealNode) makes a cluster that hosts
+	// in-cluster workloads as a real one does (incluster.go): the API
+	// server on the pod network's gateway behind the kubernetes Service,
+	// ServiceAccount tokens mounted into pods, kube-scheduler placing pods,
+	// kube-proxy programming the Services' ClusterIPs and CoreDNS answering
+	// for their names. Where the machine cannot host a real node, Start
+	// fails instead of starting without one: none of it works without.
+	InCluster bool
 	// StartTimeout bounds the start, the build excluded; default 2 minutes.
 	StartTimeout time.Duration
 	// Build configures the build of the binaries when they are not cached.
@@ -114,15 +122,19 @@ type Options struct {
 
 // Cluster is a running control plane.
 type Cluster struct {
-	dir      string
-	bins     Binaries
-	pki      pki
-	tokens   map[string]string // user -> bearer token
-	host     string            // https://127.0.0.1:port
-	etcd     string            // etcd's client URL, http://127.0.0.1:port
-	detached bool
-	kcm      bool
-	realNode bool
+	dir       string
+	bins      Binaries
+	pki       pki
+	tokens    map[string]string // user -> bearer token
+	host      string            // https://127.0.0.1:port
+	etcd      string            // etcd's client URL, http://127.0.0.1:port
+	detached  bool
+	kcm       bool
+	realNode  bool
+	inCluster bool
+	// prep is the real node's preparation (the machine's node taken, its
+	// bridge made) when InCluster needs it before the API server starts.
+	prep *nodePrep
 
 	node     *RealNode // nil without one
 	nodeWhy  string    // why there is no real node
@@ -172,7 +184,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	} else if err := makeEmptyDir(dir); err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, bins: bins, detached: opts.Detached, kcm: !opts.NoControllerManager, realNode: opts.RealNode}
+	if opts.InCluster {
+		opts.RealNode = true
+		opts.NoControllerManager = false // ServiceAccounts, tokens, the root CA's ConfigMap, endpoints
+	}
+	c := &Cluster{dir: dir, bins: bins, detached: opts.Detached, kcm: !opts.NoControllerManager, realNode: opts.RealNode,
+		inCluster: opts.InCluster}
 	if !opts.RealNode {
 		c.nodeWhy = "the cluster was started without one (kubetest.Options.RealNode)"
 	}
@@ -202,6 +219,16 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "kwok-stages.yaml"), kwokStages, 0o644); err != nil {
 		return nil, fmt.Errorf("kubetest: write the KWOK stages: %w", err)
+	}
+	if opts.InCluster {
+		if why := hostCheck(opts.RealNodeUnavailable); why != "" {
+			return nil, fmt.Errorf("kubetest: a cluster for in-cluster workloads needs a real node, and this machine cannot host one: %s", why)
+		}
+		// The API server listens on the pod network's gateway, so the
+		// machine's node and its bridge come first.
+		if c.prep, err = c.prepareNode(parent, opts); err != nil {
+			return nil, err
+		}
 	}
 	// A free port can be taken between the probe and the bind: try again.
 	for attempt := 1; ; attempt++ {
@@ -235,7 +262,16 @@ func (c *Cluster) launch(ctx context.Context) error {
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	c.etcd = etcdURL
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	c.host = "https://127.0.0.1:" + strconv.Itoa(ports[2])
+	apiAddr := "127.0.0.1"
+	if c.inCluster {
+		// On the gateway: the pods reach it there, through the
+		// kubernetes Service's ClusterIP, and so does this machine.
+		apiAddr = NodeGateway
+		if ports[2], err = freePortOn(NodeGateway); err != nil {
+			return err
+		}
+	}
+	c.host = "https://" + apiAddr + ":" + strconv.Itoa(ports[2])
 	kwokAddr := "127.0.0.1:" + strconv.Itoa(ports[3])
 	kcmPort := ports[4]
 
@@ -267,7 +303,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 
 	apiArgs := []string{
 		"--etcd-servers", etcdURL,
-		"--bind-address", "127.0.0.1",
+		"--bind-address", apiAddr,
 		"--secure-port", strconv.Itoa(ports[2]),
 		"--cert-dir", filepath.Join(c.dir, "apiserver"),
 		"--tls-cert-file", c.pki.servingCert,
@@ -279,12 +315,20 @@ func (c *Cluster) launch(ctx context.Context) error {
 		"--service-account-signing-key-file", c.pki.serviceAccountKey,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-cluster-ip-range", "10.96.0.0/16",
-		// The apiserver refuses a loopback advertise address; with no
-		// reconciler it needs none.
-		"--endpoint-reconciler-type", "none",
-		// No pod needs a ServiceAccount to exist first (see the package doc).
-		"--disable-admission-plugins", "ServiceAccount",
 		"--profiling=false",
+	}
+	if c.inCluster {
+		// The kubernetes Service's endpoint is the gateway (the lease
+		// reconciler writes it), and pods get their ServiceAccount's
+		// token mounted, as in any cluster.
+		apiArgs = append(apiArgs, "--advertise-address", NodeGateway, "--endpoint-reconciler-type", "lease")
+	} else {
+		apiArgs = append(apiArgs,
+			// The apiserver refuses a loopback advertise address; with no
+			// reconciler it needs none.
+			"--endpoint-reconciler-type", "none",
+			// No pod needs a ServiceAccount to exist first (see the package doc).
+			"--disable-admission-plugins", "ServiceAccount")
 	}
 	if c.realNode {
 		// A pod on a node that stopped reporting is deleted by the taint
@@ -595,7 +639,7 @@ func (c *Cluster) AdminConfig() *rest.Config { return c.ConfigFor(Admin) }
 // Alice, Bob and Carol. It panics for any other name.
 func (c *Cluster) ConfigFor(user string) *rest.Config {
 	token, ok := c.tokens[user]
-	if !ok || user == "kwok" || user == "kube-controller-manager" || user == "kubelet" {
+	if !ok || (user != Admin && user != Alice && user != Bob && user != Carol) {
 		panic(fmt.Sprintf("kubetest: no user %q: use kubetest.Admin, Alice, Bob or Carol", user))
 	}
 	return &rest.Config{
@@ -617,6 +661,9 @@ func (c *Cluster) writeTokens() error {
 		{"kwok", "system:masters"},
 		{"kube-controller-manager", "system:masters"},
 		{"kubelet", "system:masters"}, // the real node's; the cluster runs no Node authorizer
+		{"kube-scheduler", "system:masters"},
+		{"kube-proxy", "system:masters"},
+		{"coredns", "system:masters"},
 		{Alice, ""},
 		{Bob, ""},
 		{Carol, ""},
@@ -713,6 +760,16 @@ func removeStale(base string) {
 func processExists(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// freePortOn returns a free port on addr.
+func freePortOn(addr string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("kubetest: find a free port on %s: %w", addr, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // freePorts returns n distinct free ports on 127.0.0.1.

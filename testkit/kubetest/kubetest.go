@@ -164,6 +164,12 @@ func (c *Cluster) CreateNode(ctx context.Context, name string) (*corev1.Node, er
 			"type":                   "kwok",
 		},
 	}}
+	if c.inCluster {
+		// The scheduler places workloads on the real node only: a pod
+		// on a KWOK node runs nothing. A test that names a KWOK node in
+		// spec.nodeName passes by the scheduler and its taints.
+		node.Spec.Taints = []corev1.Taint{{Key: NodeAnnotation, Value: "fake", Effect: corev1.TaintEffectNoSchedule}}
+	}
 	created, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("kubetest: create node %s: %w", name, err)

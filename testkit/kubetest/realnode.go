@@ -169,24 +169,48 @@ func hostCheck(unavailable string) string {
 // busybox is the static shell the task image carries.
 const busybox = "/bin/busybox"
 
-// startRealNode starts containerd and the kubelet and waits for the node
-// to be Ready. It returns (nil, reason, nil) when the machine cannot host
-// one, and an error when it can and the node fails to start.
-func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, string, error) {
-	if why := hostCheck(opts.RealNodeUnavailable); why != "" {
-		return nil, why, nil
-	}
+// nodePrep is what a real node's start does before its programs run: the
+// machine's node taken for this cluster, its binaries built and the pod
+// network's bridge made.
+type nodePrep struct{ bins NodeBinaries }
+
+// prepareNode builds the node's binaries, takes the machine's node (waiting
+// while another cluster holds it) and makes the bridge.
+func (c *Cluster) prepareNode(ctx context.Context, opts Options) (*nodePrep, error) {
 	bins, err := BuildNode(ctx, opts.Build)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	wait, cancelWait := context.WithTimeout(ctx, NodeWait)
 	err = takeNode(wait, c.dir)
 	cancelWait()
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	c.ownsNode = true
+	if err := makeBridge(ctx); err != nil {
+		return nil, err
+	}
+	return &nodePrep{bins: bins}, nil
+}
+
+// startRealNode starts containerd and the kubelet and waits for the node
+// to be Ready (and, in-cluster, the scheduler, kube-proxy and the cluster
+// DNS). It returns (nil, reason, nil) when the machine cannot host one,
+// and an error when it can and the node fails to start.
+func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, string, error) {
+	prep := c.prep
+	if prep == nil {
+		if why := hostCheck(opts.RealNodeUnavailable); why != "" {
+			return nil, why, nil
+		}
+		var err error
+		if prep, err = c.prepareNode(ctx, opts); err != nil {
+			return nil, "", err
+		}
+	}
+	bins := prep.bins
+	var err error
 	timeout := opts.StartTimeout
 	if timeout <= 0 {
 		timeout = 2 * time.Minute
@@ -211,9 +235,6 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 			return nil, "", fmt.Errorf("kubetest: real node: %w", err)
 		}
 	}
-	if err := makeBridge(ctx); err != nil {
-		return nil, "", err
-	}
 	if err := n.writeConfigs(c); err != nil {
 		return nil, "", err
 	}
@@ -235,6 +256,15 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 		return nil, "", err
 	}
 
+	// The node's address: loopback, which the kubelet does not publish,
+	// unless the cluster hosts in-cluster workloads; there kube-proxy
+	// waits for the node to have one, and the gateway is where the pods
+	// reach the machine. The API server reaches the kubelet by its host
+	// name, which resolves to loopback, either way.
+	nodeIP := "127.0.0.1"
+	if c.inCluster {
+		nodeIP = NodeGateway
+	}
 	kubeletConfig := filepath.Join(n.dir, "kubelet.kubeconfig")
 	if err := c.writeKubeconfig(kubeletConfig, "kubelet"); err != nil {
 		return nil, "", err
@@ -246,7 +276,7 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 		"--root-dir", filepath.Join(nodeSocketDir, "kubelet"),
 		"--cert-dir", filepath.Join(nodeSocketDir, "kubelet", "pki"),
 		"--hostname-override", n.Name,
-		"--node-ip", "127.0.0.1",
+		"--node-ip", nodeIP,
 		"--node-labels", RealNodeLabel+"=real",
 		"--v", "1",
 	)
@@ -268,6 +298,11 @@ func (c *Cluster) startRealNode(ctx context.Context, opts Options) (*RealNode, s
 		return nil
 	}); err != nil {
 		return nil, "", err
+	}
+	if c.inCluster {
+		if err := c.startInCluster(ctx, n); err != nil {
+			return nil, "", err
+		}
 	}
 	n.Ready = time.Since(begin)
 	return n, "", nil
@@ -305,9 +340,21 @@ func (n *RealNode) ImportImage(ctx context.Context, ref string, args []string) e
 	return nil
 }
 
+// ImportArchive imports an image archive (a docker archive or OCI
+// tarball, tagged inside, as make image writes it) into the node's
+// containerd, as a registry pull would have put it there.
+func (n *RealNode) ImportArchive(ctx context.Context, tar string) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", n.Containerd, "-n", "k8s.io", "images", "import", tar).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kubetest: import the image archive %s: %w: %s", tar, err, out)
+	}
+	return nil
+}
+
 // taskApplets are the busybox commands the task image links.
 var taskApplets = []string{"sh", "sleep", "echo", "cat", "touch", "flock", "wget", "true", "false", "test", "[",
-	"mkdir", "rm", "ls", "env", "kill", "dd", "head", "seq", "printf", "date", "grep", "tail", "nc"}
+	"mkdir", "rm", "ls", "env", "kill", "dd", "head", "seq", "printf", "date", "grep", "tail", "nc",
+	"httpd", "nslookup", "timeout"}
 
 // TaskAgent is where the task image holds reaper-agent: the kube runner's
 // agent on the real node. The runner's pods share their process namespace,
@@ -413,16 +460,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = %q
 `, filepath.Join(d, "containerd/root"), filepath.Join(d, "containerd/state"), n.Containerd, n.Containerd+".ttrpc",
 		filepath.Join(d, "containerd/opt"), PauseImage, filepath.Join(d, "cni/net.d"))
+	routes := ""
+	if c.inCluster {
+		// A default route through the gateway: the Services' ClusterIPs
+		// lie outside the pod network, and the machine's kube-proxy
+		// rules take them there.
+		routes = `, "routes": [{"dst": "0.0.0.0/0"}]`
+	}
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "reaper-kubetest",
   "plugins": [
     {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]]}},
+     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]]%s}},
     {"type": "loopback"}
   ]
 }
-`, NodeBridge, filepath.Join(d, "cni/ipam"), NodeSubnet, NodeGateway)
+`, NodeBridge, filepath.Join(d, "cni/ipam"), NodeSubnet, NodeGateway, routes)
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -453,6 +507,10 @@ evictionHard:
   imagefs.available: "1%%"
 maxPods: 110
 `, n.Containerd, n.Containerd, filepath.Join(d, "pod-logs"))
+	if c.inCluster {
+		// The cluster DNS the pods are handed (CoreDNS on the gateway).
+		kubelet += fmt.Sprintf("clusterDomain: %s\nclusterDNS:\n- %s\n", ClusterDomain, NodeGateway)
+	}
 	for _, f := range []struct{ path, text string }{
 		{filepath.Join(d, "containerd.toml"), containerd},
 		{filepath.Join(d, "cni/net.d/10-reaper.conflist"), cni},
@@ -622,6 +680,7 @@ func cleanNode(dir string) {
 	}
 	_ = exec.Command("ip", "link", "delete", NodeBridge).Run()
 	removeTaggedRules()
+	removeKubeProxyRules()
 }
 
 // KubepodsCgroups lists the /kubepods cgroup of every mounted hierarchy
@@ -758,7 +817,7 @@ func NodeLeftovers(dir string) []string {
 		}
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
-		case "kubelet", "containerd", "containerd-shim-runc-v2", "containerd-shim":
+		case "kubelet", "containerd", "containerd-shim-runc-v2", "containerd-shim", "kube-proxy", "kube-scheduler", "coredns":
 			left = append(left, fmt.Sprintf("process %d (%s)", pid, exe))
 		}
 	}
@@ -774,6 +833,9 @@ func NodeLeftovers(dir string) []string {
 	}
 	for _, r := range taggedRules() {
 		left = append(left, "firewall rule "+r)
+	}
+	for _, r := range kubeProxyRules() {
+		left = append(left, "kube-proxy rule "+r)
 	}
 	if _, err := os.Stat("/sys/class/net/" + NodeBridge); err == nil {
 		left = append(left, "bridge "+NodeBridge)
@@ -795,3 +857,6 @@ func (n *RealNode) ContainerLogs(ns, name string) string {
 	}
 	return b.String()
 }
+
+// HostCheck says why this machine cannot host a real node, "" when it can.
+func HostCheck() string { return hostCheck("") }

@@ -58,6 +58,12 @@ type Options struct {
 	Detached bool
 	// StartTimeout bounds the start; default 60s.
 	StartTimeout time.Duration
+	// Listen names more addresses the server listens on beside 127.0.0.1
+	// (the test cluster's pod network gateway, for a database that pods
+	// reach as they would a managed one), and AllowFrom the networks
+	// (CIDR) whose clients may log in there, by password.
+	Listen    []string
+	AllowFrom []string
 }
 
 // Server is a running PostgreSQL.
@@ -65,6 +71,7 @@ type Server struct {
 	dir      string
 	port     int
 	password string
+	listen   []string // beside 127.0.0.1
 	bin      binaries
 	cred     *syscall.Credential
 	detached bool
@@ -107,7 +114,8 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: make directory: %w", err)
 	}
-	s := &Server{dir: dir, bin: bin, cred: cred, detached: opts.Detached, password: randomHex(16)}
+	s := &Server{dir: dir, bin: bin, cred: cred, detached: opts.Detached, password: randomHex(16),
+		listen: opts.Listen}
 	ok := false
 	defer func() {
 		if !ok {
@@ -122,6 +130,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 	}
 	if err := s.initdb(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.allow(opts.AllowFrom); err != nil {
 		return nil, err
 	}
 	// A free port can be taken between the probe and the bind: try again.
@@ -156,11 +167,14 @@ func (s *Server) PID() int { return postmasterPID(s.dir) }
 func (s *Server) Port() int { return s.port }
 
 // DSN is the connection string of database on the server.
-func (s *Server) DSN(database string) string {
+func (s *Server) DSN(database string) string { return s.DSNAt("127.0.0.1", database) }
+
+// DSNAt is DSN through address addr, one of Options.Listen.
+func (s *Server) DSNAt(addr, database string) string {
 	u := url.URL{
 		Scheme:   "postgres",
 		User:     url.UserPassword(Superuser, s.password),
-		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)),
+		Host:     net.JoinHostPort(addr, strconv.Itoa(s.port)),
 		Path:     "/" + database,
 		RawQuery: "sslmode=disable",
 	}
@@ -268,11 +282,33 @@ func (s *Server) initdb(ctx context.Context) error {
 	return nil
 }
 
+// allow lets clients of the networks cidrs log in by password.
+func (s *Server) allow(cidrs []string) error {
+	if len(cidrs) == 0 {
+		return nil
+	}
+	hba := filepath.Join(s.dataDir(), "pg_hba.conf")
+	f, err := os.OpenFile(hba, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: open %s: %w", hba, err)
+	}
+	defer f.Close()
+	for _, c := range cidrs {
+		if _, _, err := net.ParseCIDR(c); err != nil {
+			return fmt.Errorf("pgtest: AllowFrom %q: %w", c, err)
+		}
+		if _, err := fmt.Fprintf(f, "host all all %s scram-sha-256\n", c); err != nil {
+			return fmt.Errorf("pgtest: write %s: %w", hba, err)
+		}
+	}
+	return nil
+}
+
 // serverSettings are the server's options: loopback only, no socket file,
 // and speed over durability.
 func (s *Server) serverSettings() []string {
 	settings := []string{
-		"listen_addresses=127.0.0.1",
+		"listen_addresses=" + strings.Join(append([]string{"127.0.0.1"}, s.listen...), ","),
 		"port=" + strconv.Itoa(s.port),
 		"unix_socket_directories=",
 		"fsync=off",

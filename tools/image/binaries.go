@@ -35,6 +35,10 @@ type BuildConfig struct {
 	Version string
 	// GOARCH of the binaries; Linux is the only GOOS an image runs.
 	GOARCH string
+	// Tags are build tags (go build -tags), comma-separated; empty for a
+	// release. The install tier's upgrade builds a second image with the
+	// board's probe migration (reaper_upgrade_probe).
+	Tags string
 }
 
 // mainPackages lists the import paths of the product's commands under Root.
@@ -79,6 +83,9 @@ func BuildBinaries(ctx context.Context, c BuildConfig) ([]Binary, error) {
 	args := []string{"build", "-trimpath",
 		"-ldflags", fmt.Sprintf("-s -w -X %s=%s", versionVar, c.Version),
 		"-o", out + string(filepath.Separator)}
+	if c.Tags != "" {
+		args = append(args, "-tags", c.Tags)
+	}
 	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
 	cmd.Dir = c.Root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+c.GOARCH)

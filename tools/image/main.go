@@ -47,6 +47,7 @@ type Options struct {
 	Version string
 	Source  string
 	GOARCH  string
+	Tags    string
 	Created time.Time
 }
 
@@ -58,6 +59,7 @@ func main() {
 	flag.StringVar(&o.Version, "version", "dev", "the version stamped into the binaries and the labels")
 	flag.StringVar(&o.Source, "source", SourceDefault, "the source label")
 	flag.StringVar(&o.GOARCH, "goarch", runtime.GOARCH, "the architecture of the image")
+	flag.StringVar(&o.Tags, "tags", "", "build tags of the binaries, comma-separated (none for a release)")
 	flag.Int64Var(&created, "created", sourceDateEpoch(), "creation time, unix seconds (default $SOURCE_DATE_EPOCH, else 0): fixed, so a build is reproducible")
 	flag.Parse()
 	o.Created = time.Unix(created, 0).UTC()
@@ -89,7 +91,7 @@ func Build(ctx context.Context, o Options) (v1.Hash, error) {
 	}
 	defer os.RemoveAll(scratch)
 
-	bins, err := BuildBinaries(ctx, BuildConfig{Root: o.Root, Out: filepath.Join(scratch, "bin"), Version: o.Version, GOARCH: o.GOARCH})
+	bins, err := BuildBinaries(ctx, BuildConfig{Root: o.Root, Out: filepath.Join(scratch, "bin"), Version: o.Version, GOARCH: o.GOARCH, Tags: o.Tags})
 	if err != nil {
 		return v1.Hash{}, err
 	}

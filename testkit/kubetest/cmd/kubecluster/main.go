@@ -6,6 +6,8 @@
 //	kubecluster up [-dir DIR] [-nodes N]   start a cluster that outlives the command and print
 //	               [-no-controller-manager] KUBECONFIG=<path> (an admin kubeconfig); -node real
 //	               [-node kwok|real]        adds a real node (kubelet, containerd, runc)
+//	                                       and what in-cluster workloads need
+//	                                       (kube-scheduler, kube-proxy, CoreDNS)
 //	kubecluster down [-dir DIR]            stop that cluster and remove DIR
 //
 // The Makefile's kube-build, kube-up and kube-down run these.
@@ -106,6 +108,7 @@ func up(ctx context.Context, dir string, nodes int, noKCM, real bool, stdout, st
 		Detached:            true,
 		NoControllerManager: noKCM,
 		RealNode:            real,
+		InCluster:           real,
 		Build:               kubetest.BuildOptions{Progress: stderr},
 	})
 	if err != nil {
@@ -131,11 +134,15 @@ func up(ctx context.Context, dir string, nodes int, noKCM, real bool, stdout, st
 		if n, why := c.RealNode(); n != nil {
 			fmt.Fprintf(stderr, "kubecluster: real node %s Ready in %s (kubelet %s, containerd and runc of the machine); pod network %s/16 on bridge %s\n",
 				n.Name, n.Ready.Round(time.Millisecond), kubetest.KubernetesVersion, kubetest.NodeGateway, kubetest.NodeBridge)
+			fmt.Fprintf(stderr, "kubecluster: in-cluster workloads: kube-scheduler, kube-proxy (iptables, Services in %s), cluster DNS %s on %s; the API server listens on %s\n",
+				kubetest.ServiceRange, kubetest.ClusterDomain, kubetest.NodeGateway, c.Host())
 		} else {
 			fmt.Fprintf(stderr, "kubecluster: no real node: %s\n", why)
 		}
+	} else {
+		fmt.Fprintf(stderr, "kubecluster: no scheduler: give pods spec.nodeName.\n")
 	}
-	fmt.Fprintf(stderr, "kubecluster: no scheduler: give pods spec.nodeName. Logs in %s/logs. Stop with: make kube-down\n", dir)
+	fmt.Fprintf(stderr, "kubecluster: logs in %s/logs. Stop with: make kube-down\n", dir)
 	fmt.Fprintf(stdout, "KUBECONFIG=%s\n", kubeconfig)
 	return 0
 }
