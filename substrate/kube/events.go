@@ -77,7 +77,7 @@ const (
 	// eventsQPS and eventsBurst bound the Events recorded (more are
 	// dropped) and the requests of the Events' own client. A mass teardown
 	// of 10,000 pods (about 400 s at the default qps) records an Event for
-	// the first hundred and about one pod in three after.
+	// the first hundred and about two pods in five after.
 	eventsQPS   = 10
 	eventsBurst = 100
 	// maxEventNoteBytes is the API server's bound on an Event's note;

@@ -179,9 +179,9 @@ func TestEvents(t *testing.T) {
 		s.sweep(time.Now())
 		evs := s.eventsOn(po, pd)
 		wantEvent(t, evs[po.UID], po, corev1.EventTypeNormal, sdk.LabelReconcileSettled, EventActionSettle,
-			"attempt run run-1, task load_a, try 1, epoch 1", "as SUCCESS", "DurableSuccessRecord")
+			"attempt run run-1, task load_a, try 1, epoch 1", "as success", "DurableSuccessRecord")
 		wantEvent(t, evs[pd.UID], pd, corev1.EventTypeWarning, sdk.LabelReconcileSettled, EventActionSettle,
-			"attempt run run-1, task load_b, try 1, epoch 1", "as INFRA ("+sdk.ReasonPodDisrupted+")", "DisruptedPodIsInfra")
+			"attempt run run-1, task load_b, try 1, epoch 1", "as infra ("+sdk.ReasonPodDisrupted+")", "DisruptedPodIsInfra")
 		// A later sweep settles nothing more (the attempts moved on): no
 		// more Events.
 		before := s.eventer(s.sub).counts().emitted
@@ -203,7 +203,7 @@ func TestEvents(t *testing.T) {
 			t.Fatalf("overrides %v", res.Overrides)
 		}
 		wantEvent(t, s.eventsOn(p)[p.UID], p, corev1.EventTypeNormal, sdk.LabelReconcileInfraOverride, EventActionSettle,
-			"attempt run run-1, task load_a, try 1, epoch 1", "SUCCESS", sdk.LabelPodLost)
+			"attempt run run-1, task load_a, try 1, epoch 1", "as success from its outcome record", sdk.LabelPodLost)
 	})
 
 	// A pod someone else made with a live attempt's labels (another UID

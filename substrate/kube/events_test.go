@@ -34,12 +34,12 @@ func TestEventNotes(t *testing.T) {
 	}
 	st := sdk.Settlement{Attempt: a, Outcome: sdk.OutcomeInfra, Reason: sdk.ReasonPodDisrupted}
 	if got, want := settleNote(a, st, "DisruptedPodIsInfra"),
-		"Settled attempt run r1, task load_a, try 2, epoch 3 as INFRA (pod_disrupted), by rule DisruptedPodIsInfra"; got != want {
+		"Settled attempt run r1, task load_a, try 2, epoch 3 as infra (pod_disrupted), by rule DisruptedPodIsInfra"; got != want {
 		t.Errorf("settleNote %q, want %q", got, want)
 	}
 	st = sdk.Settlement{Attempt: a, Outcome: sdk.OutcomeSuccess}
 	if got, want := settleNote(a, st, "DurableSuccessRecord"),
-		"Settled attempt run r1, task load_a, try 2, epoch 3 as SUCCESS, by rule DurableSuccessRecord"; got != want {
+		"Settled attempt run r1, task load_a, try 2, epoch 3 as success, by rule DurableSuccessRecord"; got != want {
 		t.Errorf("settleNote %q, want %q", got, want)
 	}
 	// A run's teardown names the attempt the pod's labels name, or only

@@ -208,7 +208,7 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 					sw.decide(mr.RescheduleRefused, mr.Attempt, true, sdk.RescheduleFailure(mr.RescheduleRefused)+
 						" (a RESCHEDULE record on "+owner[i].ref()+")", ev)
 					sw.r.events.record(owner[i], true, mr.RescheduleRefused, EventActionSettle,
-						"Settled "+attemptNote(mr.Attempt)+" as FAILED: "+sdk.RescheduleFailure(mr.RescheduleRefused))
+						"Settled "+attemptNote(mr.Attempt)+" as failed: "+sdk.RescheduleFailure(mr.RescheduleRefused))
 					continue
 				}
 				sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail,
@@ -376,7 +376,7 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
 				sdk.OverrideLogLine(mark)+": "+oDetail[i], map[string]string{"mark": mark})
 			sw.r.events.record(oPod[i], false, sdk.LabelReconcileInfraOverride, EventActionSettle,
-				"Settled "+attemptNote(oCand[i].Attempt)+" as SUCCESS from its outcome record, over the provisional mark "+mark)
+				"Settled "+attemptNote(oCand[i].Attempt)+" as success from its outcome record, over the provisional mark "+mark)
 		})
 	}
 	return nil
