@@ -318,8 +318,8 @@ func TestChartTemplateWithThePostgresLeaderHasNoLease(t *testing.T) {
 			rules = append(rules, convert[rbacv1.Role](t, o).Rules...)
 		}
 	}
-	if len(rules) != 1 || rules[0].Resources[0] != "pods" {
-		t.Errorf("rules %+v, want the pods rule alone", rules)
+	if len(rules) != 2 || rules[0].Resources[0] != "pods" || rules[1].Resources[0] != "events" {
+		t.Errorf("rules %+v, want the pods and events rules alone", rules)
 	}
 	if strings.Contains(kinds(objs), "Lease/") {
 		t.Errorf("a Lease rendered for leader \"postgres\": %s", kinds(objs))
@@ -352,6 +352,43 @@ func TestChartTemplateWithTheKubeRunnerGrantsPodCreation(t *testing.T) {
 	}
 	if hcl := configOf(t, render(t, "ns"), "reaper"); strings.Contains(hcl, "runner") {
 		t.Errorf("runner rendered while off:\n%s", hcl)
+	}
+}
+
+// TestChartTemplateWithEventsOffGrantsNoEvents: config.kube.events = false
+// reaches the substrate's block, and the Role drops its events rule; on
+// (the default), the rule is create and patch of events.k8s.io Events in
+// the task namespace.
+func TestChartTemplateWithEventsOffGrantsNoEvents(t *testing.T) {
+	eventsRules := func(objs []*unstructured.Unstructured) (out []string) {
+		for _, o := range objs {
+			if o.GetKind() != "Role" {
+				continue
+			}
+			for _, r := range convert[rbacv1.Role](t, o).Rules {
+				if slices.Contains(r.Resources, "events") {
+					out = append(out, fmt.Sprintf("%s %v %v %v", o.GetNamespace(), r.APIGroups, r.Resources, r.Verbs))
+				}
+			}
+		}
+		return out
+	}
+	on := render(t, "reaper-system")
+	if got := eventsRules(on); len(got) != 1 || got[0] != "reaper-system-tasks [events.k8s.io] [events] [create patch]" {
+		t.Errorf("events rules by default %q, want create and patch in the task namespace", got)
+	}
+	if hcl := configOf(t, on, "reaper"); !strings.Contains(hcl, "events = true") {
+		t.Errorf("events on by default not in the substrate's block:\n%s", hcl)
+	}
+	off := render(t, "reaper-system", "--set", "config.kube.events=false")
+	if got := eventsRules(off); len(got) != 0 {
+		t.Errorf("events rules with events off: %q", got)
+	}
+	if hcl := configOf(t, off, "reaper"); !strings.Contains(hcl, "events = false") {
+		t.Errorf("events = false not in the substrate's block:\n%s", hcl)
+	}
+	if out, err := helm(t, "template", "reaper", chartDir, "--set", "config.kube.events=maybe"); err == nil {
+		t.Errorf("events = maybe accepted:\n%s", out)
 	}
 }
 

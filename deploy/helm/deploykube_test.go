@@ -72,7 +72,7 @@ func TestDeployKubeKeepsReaperdOutOfTheTaskNamespace(t *testing.T) {
 			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
 			for _, r := range rules {
 				res := r.(map[string]any)["resources"].([]any)[0]
-				if wantNS := map[any]string{"pods": tasks, "leases": home}[res]; o.GetNamespace() != wantNS {
+				if wantNS := map[any]string{"pods": tasks, "events": tasks, "leases": home}[res]; o.GetNamespace() != wantNS {
 					t.Errorf("the %s rule lives in %s, want %s", res, o.GetNamespace(), wantNS)
 				}
 			}
@@ -100,6 +100,8 @@ func TestDeployKubeKeepsReaperdOutOfTheTaskNamespace(t *testing.T) {
 		{ns: tasks, verb: "watch", resource: "pods"},
 		{ns: tasks, verb: "delete", resource: "pods"},
 		{ns: tasks, verb: "patch", resource: "pods"},
+		{ns: tasks, verb: "create", group: "events.k8s.io", resource: "events"},
+		{ns: tasks, verb: "patch", group: "events.k8s.io", resource: "events"},
 		{ns: home, verb: "update", group: "coordination.k8s.io", resource: "leases", name: "reaperd"},
 		{ns: "", verb: "get", resource: "nodes"},
 	} {
@@ -109,6 +111,7 @@ func TestDeployKubeKeepsReaperdOutOfTheTaskNamespace(t *testing.T) {
 	}
 	for _, a := range []access{
 		{ns: home, verb: "list", resource: "pods"},
+		{ns: home, verb: "create", group: "events.k8s.io", resource: "events"},
 		{ns: home, verb: "get", resource: "secrets"},
 		{ns: tasks, verb: "get", resource: "secrets"},
 		{ns: tasks, verb: "update", group: "coordination.k8s.io", resource: "leases", name: "reaperd"},

@@ -194,6 +194,16 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			for _, v := range []string{"get", "list", "watch", "patch", "delete"} {
 				allow = append(allow, access{ns: tasks, verb: v, resource: "pods"})
 			}
+			// The Events on the task pods: create, and patch for a
+			// repeat's series; nothing else of them, and nowhere else.
+			for _, v := range []string{"create", "patch"} {
+				allow = append(allow, access{ns: tasks, verb: v, group: "events.k8s.io", resource: "events"})
+			}
+			for _, v := range []string{"get", "list", "watch", "update", "delete", "deletecollection"} {
+				deny = append(deny, access{ns: tasks, verb: v, group: "events.k8s.io", resource: "events"})
+			}
+			deny = append(deny, access{ns: tasks, verb: "create", resource: "events"},
+				access{ns: other, verb: "create", group: "events.k8s.io", resource: "events"})
 			// The Lease by name, get and update: the chart makes it, since
 			// no rule can hold a create to one name.
 			for _, v := range []string{"get", "update"} {
@@ -252,6 +262,7 @@ func TestChartServiceAccountIsAllowedExactlyTheCallsReaperdMakes(t *testing.T) {
 			if split {
 				deny = append(deny,
 					access{ns: release, verb: "list", resource: "pods"},
+					access{ns: release, verb: "create", group: "events.k8s.io", resource: "events"},
 					access{ns: tasks, verb: "update", group: "coordination.k8s.io", resource: "leases", name: "reaper"})
 			}
 

@@ -19,7 +19,7 @@ func TestConfigSchemaDeclaresTheBlock(t *testing.T) {
 	}
 	want := map[string]any{"namespace": NamespaceDefault, "kubeconfig": "", "qps": float64(QPSDefault),
 		"burst": float64(BurstDefault), "warm_pool_selector": WarmPoolSelectorDefault, "resync": "0s",
-		"finalizer_max_age": "24h0m0s"}
+		"finalizer_max_age": "24h0m0s", "events": true}
 	if len(schema.Attributes) != len(want) {
 		t.Fatalf("attributes %+v, want %v", schema.Attributes, want)
 	}

@@ -143,6 +143,20 @@
 //     task its label could name). Unknown is not finished: never settled,
 //     never collected.
 //
+// # Kubernetes Events
+//
+// Each pod a teardown stops in place or deletes, and each whose attempt
+// the sweep settles (step 1) or whose SUCCESS record overrides a mark
+// (step 2), gets an events.k8s.io Event regarding it (name and UID),
+// reported by "reaperd": the decision label is its reason, the action
+// StopInPlace, Delete or Settle, the note says what was done and names
+// the attempt, and a recorded failure makes it a Warning (events.go). A
+// pod reaperd does not own is never acted on, so never written about.
+// Client-go's broadcaster aggregates repeats into a series; a client of
+// the Events' own bounds their rate apart from the substrate's; a failure
+// to record fails nothing and is logged once a streak. events = false
+// turns them off.
+//
 // The classification is pure functions of the pod (judgeFinished,
 // judgeMark, judgeWarmMark, judgeTeardown, judgeRelease, collectible),
 // tested rule by rule.

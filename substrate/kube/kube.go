@@ -54,12 +54,13 @@ type Config struct {
 	WarmPoolSelector string        `reaper:"warm_pool_selector" help:"label selector of the warm pool's pods, read live by WarmWorkers"`
 	Resync           time.Duration `reaper:"resync" help:"how often the presence informer replays its cache; \"0s\": never"`
 	FinalizerMaxAge  time.Duration `reaper:"finalizer_max_age" help:"the leak bound: how long after a task pod ended (finished, or its deletion began) the sweep removes its outcome record finalizer if nothing else did"`
+	Events           bool          `reaper:"events" help:"record a Kubernetes Event (events.k8s.io) on each task pod stopped, deleted or settled; false: none, and the Role needs no events rule"`
 }
 
 // DefaultConfig is the block's defaults.
 func DefaultConfig() Config {
 	return Config{Namespace: NamespaceDefault, QPS: QPSDefault, Burst: BurstDefault,
-		WarmPoolSelector: WarmPoolSelectorDefault, FinalizerMaxAge: FinalizerMaxAgeDefault}
+		WarmPoolSelector: WarmPoolSelectorDefault, FinalizerMaxAge: FinalizerMaxAgeDefault, Events: true}
 }
 
 // Validate checks the block.
@@ -116,6 +117,15 @@ type running struct {
 	// foreign: the pods seen carrying an attempt's labels under another
 	// UID than the attempt records (foreign.go).
 	foreign *foreignPods
+	// events records the Kubernetes Events (events.go); nil when off.
+	events *eventer
+}
+
+// stop stops what the configuration started: the presence informer and
+// the Events broadcaster.
+func (r *running) stop() {
+	r.presence.stop()
+	r.events.stop()
 }
 
 var _ sdk.Substrate = (*Substrate)(nil)
@@ -157,54 +167,67 @@ func (s *Substrate) Configure(ctx context.Context, req sdk.ConfigureRequest) err
 	if err := req.Values.Decode(&cfg); err != nil {
 		return fmt.Errorf("configuring the kube substrate: %w", err)
 	}
-	client, err := s.client(cfg)
-	if err != nil {
-		return fmt.Errorf("configuring the kube substrate: %w", err)
-	}
 	warm, err := labels.Parse(cfg.WarmPoolSelector)
 	if err != nil {
 		return fmt.Errorf("configuring the kube substrate: warm_pool_selector: %w", err)
 	}
-	r := &running{cfg: cfg, client: client, warm: warm,
+	client, eventsClient, err := s.clients(cfg)
+	if err != nil {
+		return fmt.Errorf("configuring the kube substrate: %w", err)
+	}
+	var ev *eventer
+	if cfg.Events {
+		if ev, err = startEvents(eventsClient, eventsQPS, eventsBurst, s.log); err != nil {
+			return fmt.Errorf("configuring the kube substrate: %w", err)
+		}
+	}
+	r := &running{cfg: cfg, client: client, warm: warm, events: ev,
 		presence: startPresence(client, cfg.Namespace, cfg.Resync, s.opts.Clock, s.log), foreign: newForeignPods(s.log)}
 	s.mu.Lock()
 	old := s.run
 	s.run = r
 	s.mu.Unlock()
 	if old != nil {
-		old.presence.stop()
+		old.stop()
 	}
-	s.log.Info("kube substrate configured", "namespace", cfg.Namespace, "qps", cfg.QPS, "burst", cfg.Burst)
+	s.log.Info("kube substrate configured", "namespace", cfg.Namespace, "qps", cfg.QPS, "burst", cfg.Burst, "events", cfg.Events)
 	return nil
 }
 
-// client builds the API client the configuration asks for.
-func (s *Substrate) client(cfg Config) (kubernetes.Interface, error) {
+// clients builds the API clients the configuration asks for: the
+// substrate's, and the Events' own, whose requests are bounded apart
+// (eventsQPS), so that an Event never waits on the substrate's rate nor
+// takes from it.
+func (s *Substrate) clients(cfg Config) (client, events kubernetes.Interface, err error) {
 	if s.opts.Client != nil {
-		return s.opts.Client, nil
+		return s.opts.Client, s.opts.Client, nil
 	}
-	var rc *rest.Config
-	if s.opts.RestConfig != nil {
-		rc = rest.CopyConfig(s.opts.RestConfig)
-	} else {
-		c, err := RESTConfig(cfg.Kubeconfig)
-		if err != nil {
-			return nil, err
+	rc := s.opts.RestConfig
+	if rc == nil {
+		if rc, err = RESTConfig(cfg.Kubeconfig); err != nil {
+			return nil, nil, err
 		}
-		rc = c
 	}
-	return newClient(rc, "reaper-substrate-kube", float32(cfg.QPS), cfg.Burst)
+	if client, err = newClient(rest.CopyConfig(rc), "reaper-substrate-kube", float32(cfg.QPS), cfg.Burst); err != nil {
+		return nil, nil, err
+	}
+	// A series' patch follows its Event's create: twice the Events' rate.
+	if events, err = newClient(rest.CopyConfig(rc), "reaper-substrate-kube", 2*eventsQPS, eventsBurst); err != nil {
+		return nil, nil, err
+	}
+	return client, events, nil
 }
 
-// Close stops the presence informer. The plugin process is simply killed;
-// a program embedding the substrate calls Close.
+// Close stops the presence informer and the Events broadcaster. The
+// plugin process is simply killed; a program embedding the substrate calls
+// Close.
 func (s *Substrate) Close() {
 	s.mu.Lock()
 	r := s.run
 	s.run = nil
 	s.mu.Unlock()
 	if r != nil {
-		r.presence.stop()
+		r.stop()
 	}
 }
 

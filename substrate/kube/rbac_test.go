@@ -13,6 +13,7 @@ import (
 	authv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -183,8 +184,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 
 	t.Run("EverySubstrateCallAllowed", func(t *testing.T) {
 		started, never := att("started"), att("never")
-		e.running(started)
-		e.create(never, false)
+		startedPod, neverPod := e.running(started), e.create(never, false)
 		e.synced(s) // list and watch
 		for _, l := range liveness(t, s, true, started, never) {
 			if l.State != sdk.Alive {
@@ -199,6 +199,11 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		}
 		if out := teardown(t, s, sdk.TeardownRequest{Attempt: &never}); out[0].Action != sdk.TeardownDeleted {
 			t.Fatalf("delete as the Role's user: %+v", out)
+		}
+		// Their Events, written under the Role's events rule (create).
+		e.eventsOn(startedPod, neverPod)
+		if n := e.eventer(s).counts().failed; n != 0 {
+			t.Fatalf("%d Event writes failed as the Role's user", n)
 		}
 	})
 	// The Lease rule names its Lease and grants no create (no rule can hold
@@ -270,6 +275,24 @@ func TestLeastPrivilegeRole(t *testing.T) {
 				_, err := c.CoreV1().Pods(e.ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 				return err
 			}},
+			// Events: create and patch of events.k8s.io Events in the
+			// task namespace, nothing else.
+			{"EventsOfAnotherNamespace", func(c kubernetes.Interface) error {
+				_, err := c.EventsV1().Events(other).Create(ctx, testEvent(other), metav1.CreateOptions{})
+				return err
+			}},
+			{"CoreEvents", func(c kubernetes.Interface) error {
+				_, err := c.CoreV1().Events(e.ns).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "core-"},
+					InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: e.ns, Name: "p"}, Reason: "Test"}, metav1.CreateOptions{})
+				return err
+			}},
+			{"EventsList", func(c kubernetes.Interface) error {
+				_, err := c.EventsV1().Events(e.ns).List(ctx, metav1.ListOptions{})
+				return err
+			}},
+			{"EventsDelete", func(c kubernetes.Interface) error {
+				return c.EventsV1().Events(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+			}},
 			{"PodsClusterWide", func(c kubernetes.Interface) error {
 				_, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 				return err
@@ -303,6 +326,14 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			}
 		}
 	})
+}
+
+// testEvent is an events.k8s.io Event regarding a pod of ns.
+func testEvent(ns string) *eventsv1.Event {
+	return &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "test-"}, EventTime: metav1.NowMicro(),
+		Regarding: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: "p"},
+		Type:      corev1.EventTypeNormal, Reason: "Test", Action: "Test", ReportingController: EventsController,
+		ReportingInstance: "test"}
 }
 
 // countingTerms is a board lease that grants every acquisition a new term.

@@ -207,10 +207,14 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 					ev["asked"] = sdk.StateUpForReschedule
 					sw.decide(mr.RescheduleRefused, mr.Attempt, true, sdk.RescheduleFailure(mr.RescheduleRefused)+
 						" (a RESCHEDULE record on "+owner[i].ref()+")", ev)
+					sw.r.events.record(owner[i], true, mr.RescheduleRefused, EventActionSettle,
+						"Settled "+attemptNote(mr.Attempt)+" as failed: "+sdk.RescheduleFailure(mr.RescheduleRefused))
 					continue
 				}
 				sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail,
 					settleEvidence(owner[i], rules[i], string(st.Outcome)))
+				sw.r.events.record(owner[i], settleWarns(st.Outcome), sdk.LabelReconcileSettled, EventActionSettle,
+					settleNote(mr.Attempt, st, rules[i]))
 			}
 		}
 		return nil
@@ -325,6 +329,7 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 		cDetail   []string
 		oCand     []sdk.Candidate
 		oDetail   []string
+		oPod      []*pod // the pod whose record overrides
 	)
 	for _, c := range cs {
 		// Only the attempt's recorded pod (when it records one) decides:
@@ -340,7 +345,7 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			overrides = append(overrides, sdk.Override{Attempt: c.Attempt,
 				MarkedAfter: sw.req.Now.Add(-sw.req.Ladder.InfraConfirmValve), EndedAt: rec.endedAt(sw.req.Now),
 				PodUID: string(rec.UID), LossyPod: !rec.labels.hasRaw, Term: sw.req.Term, At: sw.req.Now})
-			oCand, oDetail = append(oCand, c), append(oDetail, detail)
+			oCand, oDetail, oPod = append(oCand, c), append(oDetail, detail), append(oPod, rec)
 		}
 	}
 	if sw.req.DryRun {
@@ -370,6 +375,8 @@ func (sw *sweep) markPage(ctx context.Context, cs []sdk.Candidate) error {
 			sw.res.Overrides[mark]++
 			sw.decide(sdk.LabelReconcileInfraOverride, oCand[i].Attempt, true,
 				sdk.OverrideLogLine(mark)+": "+oDetail[i], map[string]string{"mark": mark})
+			sw.r.events.record(oPod[i], false, sdk.LabelReconcileInfraOverride, EventActionSettle,
+				"Settled "+attemptNote(oCand[i].Attempt)+" as success from its outcome record, over the provisional mark "+mark)
 		})
 	}
 	return nil
@@ -526,6 +533,16 @@ func (sw *sweep) collect(ctx context.Context, pods []*pod, settled map[*pod]bool
 		sw.s.log.Info("kube sweep: collected finished pods", "deleted", n, "failed", failed)
 	}
 	return nil
+}
+
+// settleNote is the note of the Event of settlement st, applied to
+// attempt a by rule.
+func settleNote(a sdk.Attempt, st sdk.Settlement, rule string) string {
+	note := "Settled " + attemptNote(a) + " as " + string(st.Outcome)
+	if st.Reason != "" {
+		note += " (" + st.Reason + ")"
+	}
+	return note + ", by rule " + rule
 }
 
 // settleEvidence is the evidence of a settle decision.

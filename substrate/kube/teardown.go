@@ -99,14 +99,37 @@ func (s *Substrate) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sd
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
 	out := make([]sdk.TeardownOutcome, 0, len(pods))
 	for _, p := range pods {
-		out = append(out, s.stop(ctx, r, p, req.Reason))
+		// The attempt its Event names: the one torn down, or, in a run's
+		// teardown, the one the pod's labels name.
+		subject := podAttemptNote(p)
+		if req.Attempt != nil {
+			subject = attemptNote(*req.Attempt)
+		}
+		out = append(out, s.stop(ctx, r, p, req.Reason, subject))
 	}
 	return out, nil
 }
 
-// stop applies one pod's teardown.
-func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason string) sdk.TeardownOutcome {
+// stop applies one pod's teardown, and records an Event regarding the pod
+// when it stopped or deleted it (events.go), naming subject, the attempt.
+func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason, subject string) sdk.TeardownOutcome {
 	act, why := judgeTeardown(p)
+	out := s.apply(ctx, r, p, act, why, reason)
+	switch note := " for " + subject; out.Action {
+	case sdk.TeardownStoppedInPlace:
+		r.events.record(p, teardownWarns(reason), reason, EventActionStop,
+			"Stopped in place (activeDeadlineSeconds lowered to 1)"+note)
+	case sdk.TeardownDeleted:
+		r.events.record(p, teardownWarns(reason), reason, EventActionDelete, "Deleted ("+why+")"+note)
+	case sdk.TeardownDeleteFallback:
+		r.events.record(p, true, reason, EventActionDelete,
+			"Deleted: stopping it in place was refused ("+sdk.LabelTeardownDeleteFallback+")"+note)
+	}
+	return out
+}
+
+// apply carries out action act (judgeTeardown's, for why) on one pod.
+func (s *Substrate) apply(ctx context.Context, r *running, p *pod, act stopAction, why, reason string) sdk.TeardownOutcome {
 	log := s.log.With("pod", p.Name, "namespace", p.Namespace, "uid", p.UID, "reason", reason)
 	switch act {
 	case stopSkipTerminal:
