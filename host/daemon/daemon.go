@@ -15,6 +15,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,7 +134,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("open store: %s", board.ConnProblem(err))
 	}
-	d.gate = &schemaGate{pool: d.pool, clock: opts.Clock, log: d.log.Named("schema")}
+	d.gate = &schemaGate{pool: d.pool, clock: opts.Clock, log: d.log.Named("schema"),
+		maxRetry: cmp.Or(cfg.Leader.Renew, cfg.Leader.Lease/leader.RenewShareDefault)}
 	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling,
 		Observer: d.metrics.BoardObserver(d.log.Named("board"))})
 

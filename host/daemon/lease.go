@@ -33,7 +33,9 @@ func (l leaseStore) Resign(ctx context.Context, term int64, holder string) error
 }
 
 // The schema gate's retry period: it starts at gateRetryMin and doubles
-// up to gateRetryMax while the check fails.
+// up to gateRetryMax (or the elector's renewal period, when shorter: the
+// pace at which a replica retried the board before the gate) while the
+// check fails.
 const (
 	gateRetryMin = 500 * time.Millisecond
 	gateRetryMax = 5 * time.Second
@@ -47,9 +49,10 @@ const (
 // While it is closed, it says why in one line: to the health report and,
 // when the line changes, to the log. It never closes again once open.
 type schemaGate struct {
-	pool  *pgxpool.Pool
-	clock clock.Clock
-	log   hclog.Logger
+	pool     *pgxpool.Pool
+	clock    clock.Clock
+	log      hclog.Logger
+	maxRetry time.Duration // the longest wait between checks; 0: gateRetryMax
 
 	mu       sync.Mutex
 	openedAt time.Time // zero while closed
@@ -84,6 +87,10 @@ func (g *schemaGate) check(ctx context.Context) error {
 	st, err := board.ReadSchema(ctx, g.pool)
 	if err == nil {
 		err = st.Admits(known)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Stopped mid-check: that says nothing of the database.
+		return ctx.Err()
 	}
 	now := g.clock.Now()
 	g.mu.Lock()
@@ -127,7 +134,11 @@ func (e *gateClosed) Unwrap() error { return e.err }
 // error), backing off from gateRetryMin to gateRetryMax between checks.
 // While the database cannot be reached, each failed check is logged.
 func (g *schemaGate) wait(ctx context.Context) error {
-	delay := gateRetryMin
+	longest := gateRetryMax
+	if g.maxRetry > 0 && g.maxRetry < longest {
+		longest = g.maxRetry
+	}
+	delay := min(gateRetryMin, longest)
 	for {
 		err := g.check(ctx)
 		if err == nil {
@@ -145,7 +156,7 @@ func (g *schemaGate) wait(ctx context.Context) error {
 			return ctx.Err()
 		case <-g.clock.After(delay):
 		}
-		delay = min(2*delay, gateRetryMax)
+		delay = min(2*delay, longest)
 	}
 }
 
