@@ -62,12 +62,17 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 			return 1
 		}
 		runCtx, stop := context.WithCancelCause(ctx)
-		if cfg.StoreDSNFile != "" {
-			go watchDSN(runCtx, stop, d, cfg.StoreDSNFile, cfg.StoreDSN, logger)
-		}
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			if cfg.StoreDSNFile != "" {
+				watchDSN(runCtx, stop, d, cfg.StoreDSNFile, cfg.StoreDSN, logger)
+			}
+		}()
 		err = d.Run(runCtx)
 		changed := errors.Is(context.Cause(runCtx), errDSNChanged) && ctx.Err() == nil
 		stop(nil)
+		<-watched
 		d.Close()
 		if err != nil {
 			logger.Error("reaperd stopped", "error", err)
@@ -163,13 +168,13 @@ func dsnParses(path, dsn string) error {
 // Once d has started it watches no more: a DSN changed under a running
 // replica (a password rotated) is taken at its next start.
 func watchDSN(ctx context.Context, stop context.CancelCauseFunc, d *daemon.Daemon, path, inUse string, logger hclog.Logger) {
-	tk := time.NewTicker(dsnWatchEvery)
+	tk := clock.Real{}.NewTicker(dsnWatchEvery)
 	defer tk.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tk.C:
+		case <-tk.C():
 		}
 		if d.Started() {
 			return
