@@ -62,6 +62,10 @@ type Config struct {
 	// REAPER_DSN_FILE); "" when none. A secret of reaperd's: no plugin may
 	// read it (Secrets).
 	StoreDSNFile string
+	// StoreDSNWait is why StoreDSN is empty although StoreDSNFile is set:
+	// the file is missing, or its text is not one line (Options.
+	// WaitForDSNFile). nil otherwise.
+	StoreDSNWait error
 
 	Leader     Leader
 	Ladder     ladder.Ladder
@@ -144,6 +148,11 @@ func FormatDiagnostics(diags hcl.Diagnostics) string {
 type Options struct {
 	// Getenv looks up environment variables; nil means os.Getenv.
 	Getenv func(string) string
+	// WaitForDSNFile accepts a DSN file that is missing or whose text is
+	// not one line (a *DSNFileError): Config.StoreDSNWait holds why, and
+	// the caller waits for the file (reaperd run). A file others may read
+	// is refused all the same.
+	WaitForDSNFile bool
 }
 
 // Load reads, parses and validates a configuration file (everything but the
@@ -204,7 +213,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		WorkerCredentialCeiling: WorkerCredentialLifetimeDefault,
 	}
 	diags = append(diags, cfg.decode(content)...)
-	diags = append(diags, cfg.storeFromEnv(getenv)...)
+	diags = append(diags, cfg.storeFromEnv(getenv, opts.WaitForDSNFile)...)
 	diags = append(diags, cfg.telemetryHost(getenv(EnvTelemetryHost))...)
 	diags = append(diags, cfg.checkKeyFiles()...)
 	diags = append(diags, cfg.validateLadder()...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -51,8 +52,9 @@ func (cfg *Config) decodeStore(b *hcl.Block) hcl.Diagnostics {
 }
 
 // storeFromEnv applies EnvDSN and EnvDSNFile, then reads the DSN file when
-// there is one.
-func (cfg *Config) storeFromEnv(getenv func(string) string) hcl.Diagnostics {
+// there is one. With wait, a file that is missing or not one line is no
+// error: StoreDSNWait says why.
+func (cfg *Config) storeFromEnv(getenv func(string) string, wait bool) hcl.Diagnostics {
 	dsn, file := getenv(EnvDSN), getenv(EnvDSNFile)
 	switch {
 	case dsn != "" && file != "":
@@ -68,7 +70,12 @@ func (cfg *Config) storeFromEnv(getenv func(string) string) hcl.Diagnostics {
 	if cfg.StoreDSNFile == "" {
 		return nil
 	}
-	dsn, err := readDSNFile(cfg.StoreDSNFile)
+	dsn, err := ReadDSNFile(cfg.StoreDSNFile)
+	var ferr *DSNFileError
+	if wait && errors.As(err, &ferr) {
+		cfg.StoreDSNWait = err
+		return nil
+	}
 	if err != nil {
 		r := cfg.rangeOf([]string{"store.dsn_file"})
 		if file != "" {
@@ -81,13 +88,29 @@ func (cfg *Config) storeFromEnv(getenv func(string) string) hcl.Diagnostics {
 	return nil
 }
 
-// readDSNFile reads the DSN from path: one line, its trailing newline
-// trimmed. The file is held to the key files' rule (secretfile).
-func readDSNFile(path string) (string, error) {
+// DSNFileError is a DSN file that is missing, or whose text is not one
+// line (empty, several lines, too large): what a Secret not created yet,
+// or written wrong, gives. Both can be put right in place (a Secret created
+// or corrected after the pod started appears in its volume), so reaperd
+// run waits for the file rather than exiting. It never carries the text.
+type DSNFileError struct {
+	Path    string
+	Problem string // e.g. "does not exist (no such file or directory)"
+}
+
+func (e *DSNFileError) Error() string { return "DSN file " + e.Path + " " + e.Problem }
+
+// ReadDSNFile reads the DSN from path: one line, its trailing newline
+// trimmed. The file is held to the key files' rule (secretfile). A file
+// that is missing or not one line is a *DSNFileError.
+func ReadDSNFile(path string) (string, error) {
 	if err := secretfile.PrivateKey(path); err != nil {
 		return "", err
 	}
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", &DSNFileError{Path: path, Problem: "does not exist (no such file or directory)"}
+	}
 	if err != nil {
 		return "", fmt.Errorf("reading the DSN file: %w", err)
 	}
@@ -97,14 +120,14 @@ func readDSNFile(path string) (string, error) {
 		return "", fmt.Errorf("reading the DSN file %s: %w", path, err)
 	}
 	if len(b) > MaxDSNFile {
-		return "", fmt.Errorf("DSN file %s is larger than %d bytes", path, MaxDSNFile)
+		return "", &DSNFileError{Path: path, Problem: fmt.Sprintf("is larger than %d bytes", MaxDSNFile)}
 	}
 	dsn := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	switch {
 	case dsn == "":
-		return "", fmt.Errorf("DSN file %s is empty", path)
+		return "", &DSNFileError{Path: path, Problem: "is empty"}
 	case strings.ContainsAny(dsn, "\r\n"):
-		return "", errors.New("DSN file " + path + " holds more than one line: give the DSN alone, on one line")
+		return "", &DSNFileError{Path: path, Problem: "holds more than one line: give the DSN alone, on one line"}
 	}
 	return dsn, nil
 }

@@ -15,6 +15,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,9 +95,10 @@ type Daemon struct {
 	runner  runner // nil without a runner block
 	metrics *metrics.Metrics
 	api     *attemptapi.Service
+	gate    *schemaGate
 
-	// fatal receives an error that must stop Run (a board of another
-	// schema version).
+	// fatal receives an error that must stop Run (a component that
+	// stopped on its own).
 	fatal chan error
 }
 
@@ -125,13 +127,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 // opened is left on d for Close.
 func (d *Daemon) start(ctx context.Context) error {
 	cfg, opts := d.cfg, d.opts
-	poolCfg, err := pgxpool.ParseConfig(cfg.StoreDSN)
+	poolCfg, err := board.ParseDSN(cfg.StoreDSN)
 	if err != nil {
-		return fmt.Errorf("parse store dsn: %w", err)
+		return err
 	}
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
-		return fmt.Errorf("open store: %w", err)
+		return fmt.Errorf("open store: %s", board.ConnProblem(err))
 	}
+	d.gate = &schemaGate{pool: d.pool, clock: opts.Clock, log: d.log.Named("schema"),
+		maxRetry: cmp.Or(cfg.Leader.Renew, cfg.Leader.Lease/leader.RenewShareDefault)}
 	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling,
 		Observer: d.metrics.BoardObserver(d.log.Named("board"))})
 
@@ -243,7 +247,7 @@ func (d *Daemon) newElector() (*leader.Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return leader.New(&schemaGate{Lease: lease, pool: d.pool, fatal: d.fail}, leader.Config{
+	return leader.New(gatedLease{Lease: lease, gate: d.gate}, leader.Config{
 		Holder: d.opts.Holder, Lease: d.cfg.Leader.Lease, RenewEvery: d.cfg.Leader.Renew,
 		Clock: d.opts.Clock, Logger: d.log.Named("leader"),
 	})
@@ -411,11 +415,13 @@ func (d *Daemon) fail(err error) {
 	}
 }
 
-// Run runs the elector, telemetry and the components (the maintenance
-// loop, the attempt API, the runner when there is one) until ctx is done
-// (a clean stop: nil; the cycle in flight ends at its next boundary and the
-// elector resigns) or a fatal error: a board of another schema version, or
-// a component that stopped on its own.
+// Run serves telemetry, waits behind the schema gate for a board this
+// binary may run on (readiness says why while it waits: a database not
+// reachable, a schema not migrated, a floor above this binary), then runs
+// the elector and the components (the maintenance loop, the attempt API,
+// the runner when there is one) until ctx is done (a clean stop: nil; the
+// cycle in flight ends at its next boundary and the elector resigns) or a
+// fatal error: a component that stopped on its own.
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -428,13 +434,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return st.Leading, st.Term
 		},
 		Interval: d.cfg.Ladder.MaintenanceInterval, Started: started, Clock: d.opts.Clock,
-		Logger: d.log.Named("health"),
+		Logger: d.log.Named("health"), Explain: board.ConnProblem, Gate: d.gate.state,
 	}), d.log.Named("telemetry"), loopback(d.cfg.Telemetry.Loopback)...)
 	if err != nil {
 		return err
 	}
 	d.log.Info("reaperd running", "edition", d.cfg.Edition, "reapers", d.cfg.ReaperNames(),
-		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun)
+		"interval", d.cfg.Ladder.MaintenanceInterval, "lease", d.cfg.Leader.Lease, "dry_run", d.cfg.DryRun,
+		"schema", board.SchemaVersion())
+	// Nothing that reads or writes the board starts before the gate opens.
+	if err := d.gate.wait(ctx); err != nil {
+		cancel(nil)
+		if err := <-served; err != nil {
+			d.log.Warn("telemetry server", "error", err)
+		}
+		d.log.Info("reaperd stopped before the schema gate opened")
+		return nil
+	}
 
 	var leaders, others components
 	for _, c := range d.components() {
@@ -570,3 +586,10 @@ func (r substrateOf) Get(ctx context.Context, now time.Time) (sdk.Substrate, err
 func (r substrateOf) Down() bool { return r.s.Down() }
 
 func (r substrateOf) Recycle() { r.s.Recycle() }
+
+// Started reports whether the daemon has passed its schema gate: the
+// database answered and holds a schema this binary may run on.
+func (d *Daemon) Started() bool {
+	opened, _ := d.gate.state()
+	return !opened.IsZero()
+}

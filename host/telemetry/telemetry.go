@@ -1,7 +1,9 @@
 // Package telemetry serves reaperd's HTTP endpoints: /metrics (Prometheus)
-// and /monitor/health, which answers 503 while the database is unreachable
-// or the maintenance loop has stopped ticking (readiness), and, asked with
-// ?probe=liveness, 200 whenever the process serves (liveness).
+// and /monitor/health, which answers 503 while reaperd waits for its DSN or
+// for a schema it may run on, while the database is unreachable, or while
+// the maintenance loop has stopped ticking (readiness), with the reason in
+// one line; and, asked with ?probe=liveness, 200 whenever the process
+// serves (liveness).
 package telemetry
 
 import (
@@ -40,6 +42,15 @@ type HealthSource struct {
 	// Logger receives the database's error, which the report never
 	// carries (it names the user, the database and the host); nil: none.
 	Logger hclog.Logger
+	// Explain says in one line, without the DSN's contents, why a ping
+	// failed: the report's reason and the log's warning. nil: the reason
+	// is "the database is unreachable" alone.
+	Explain func(error) string
+	// Gate reports whether reaperd has started its work: the time it did
+	// (zero while it waits) and, while it waits, why, in one line (a
+	// schema this binary may not run on, a database not yet checked).
+	// The loop is judged from that time on. nil: started with the loop.
+	Gate func() (opened time.Time, reason string)
 }
 
 // Health answers reported to the world.
@@ -65,6 +76,12 @@ const (
 	unreachableLogEvery = time.Minute
 )
 
+// DatabaseNoDSN is the report's database while reaperd waits for its DSN.
+const DatabaseNoDSN = "no dsn"
+
+// LoopWaiting is the report's loop while reaperd has not started its work.
+const LoopWaiting = "waiting"
+
 // Report is the health endpoint's body.
 type Report struct {
 	Status   string `json:"status"` // "ok" or "unhealthy"
@@ -72,6 +89,10 @@ type Report struct {
 	Loop     string `json:"loop"`
 	Leading  bool   `json:"leading"`
 	Term     int64  `json:"term"`
+	// Reason is why the status is unhealthy, in one line (the first of
+	// the causes: the wait for a DSN or a schema, the database, the loop);
+	// "" when healthy.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Health is the health check with its memory: the last database answer
@@ -108,7 +129,10 @@ func (h *Health) database(ctx context.Context, now time.Time) error {
 	h.pingedAt, h.dbErr = now, err
 	switch {
 	case err != nil && (h.loggedAt.IsZero() || now.Sub(h.loggedAt) >= unreachableLogEvery):
-		h.src.Logger.Warn("health: the database is unreachable", "error", err)
+		// The warning carries no DSN content; pgx's error (which names the
+		// user, the database and the host) is for debugging.
+		h.src.Logger.Warn("health: " + h.unreachable(err))
+		h.src.Logger.Debug("health: the database's error", "error", err)
 		h.loggedAt = now
 	case err == nil && !h.loggedAt.IsZero():
 		h.src.Logger.Info("health: the database is reachable again")
@@ -117,20 +141,49 @@ func (h *Health) database(ctx context.Context, now time.Time) error {
 	return err
 }
 
+// unreachable is the one line said of a failed ping.
+func (h *Health) unreachable(err error) string {
+	if h.src.Explain != nil {
+		if s := h.src.Explain(err); s != "" {
+			return "the database is unreachable: " + s
+		}
+	}
+	return "the database is unreachable"
+}
+
 // Check builds the report.
 func (h *Health) Check(ctx context.Context) Report {
 	src := h.src
 	now := src.Clock.Now()
 	r := Report{Status: StatusOK, Database: DatabaseReachable, Loop: "ok"}
+	unhealthy := func(reason string) {
+		if r.Status == StatusOK {
+			r.Status, r.Reason = StatusUnhealthy, reason
+		}
+	}
+	started := src.Started
+	if src.Gate != nil {
+		opened, reason := src.Gate()
+		if opened.IsZero() {
+			r.Loop = LoopWaiting
+			unhealthy(reason)
+		} else if opened.After(started) {
+			started = opened
+		}
+	}
 	if err := h.database(ctx, now); err != nil {
-		r.Status, r.Database = StatusUnhealthy, DatabaseUnreachable
+		r.Database = DatabaseUnreachable
+		unhealthy(h.unreachable(err))
 	}
-	ref := src.LastTick()
-	if ref.IsZero() {
-		ref = src.Started
-	}
-	if age := now.Sub(ref); age > 2*src.Interval {
-		r.Status, r.Loop = StatusUnhealthy, fmt.Sprintf("stalled: no cycle for %s", age.Truncate(time.Second))
+	if r.Loop != LoopWaiting {
+		ref := src.LastTick()
+		if ref.IsZero() || ref.Before(started) {
+			ref = started
+		}
+		if age := now.Sub(ref); age > 2*src.Interval {
+			r.Loop = fmt.Sprintf("stalled: no cycle for %s", age.Truncate(time.Second))
+			unhealthy("the maintenance loop is " + r.Loop)
+		}
 	}
 	if src.Leader != nil {
 		r.Leading, r.Term = src.Leader(now)
@@ -157,19 +210,34 @@ func Handler(reg *prometheus.Registry, src HealthSource) http.Handler {
 	health := NewHealth(src)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/monitor/health", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/monitor/health", healthHandler(health.Check))
+	return mux
+}
+
+// WaitingHandler serves /monitor/health while reaperd has no DSN yet (its
+// DSN file is missing, empty or does not parse): readiness answers 503 with
+// reason's line, liveness 200. There is nothing to meter yet.
+func WaitingHandler(reason func() string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/monitor/health", healthHandler(func(context.Context) Report {
+		return Report{Status: StatusUnhealthy, Database: DatabaseNoDSN, Loop: LoopWaiting, Reason: reason()}
+	}))
+	return mux
+}
+
+func healthHandler(check func(context.Context) Report) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.URL.Query().Get("probe") == ProbeLiveness {
 			_ = json.NewEncoder(w).Encode(LivenessReport{Status: StatusOK, Probe: ProbeLiveness})
 			return
 		}
-		rep := health.Check(r.Context())
+		rep := check(r.Context())
 		if rep.Status != StatusOK {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(rep)
-	})
-	return mux
+	}
 }
 
 // Serve listens on addr (and on each address of also) and serves h until

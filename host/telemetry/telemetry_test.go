@@ -136,3 +136,81 @@ func TestEndpoints(t *testing.T) {
 		}
 	})
 }
+
+// TestHealthWaitsForTheGate: while reaperd has not started its work (no
+// schema it may run on yet), readiness answers 503 with the gate's line as
+// the reason and liveness 200; once it started, the loop is judged from
+// then, not from the process's start.
+func TestHealthWaitsForTheGate(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	c := clock.NewFake(t0)
+	var (
+		opened time.Time
+		reason = "this binary (version dev, schema 19) is below the database's floor 21, raised by migration 021_x.sql"
+	)
+	h := telemetry.Handler(metrics.New().Registry, telemetry.HealthSource{
+		Ping:     func(context.Context) error { return nil },
+		LastTick: func() time.Time { return time.Time{} },
+		Interval: 30 * time.Second, Started: t0, Clock: c,
+		Gate: func() (time.Time, string) { return opened, reason },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, _, err := telemetry.Serve(ctx, "127.0.0.1:0", httplimit.DefaultTelemetry(), h, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := func(query string) (int, telemetry.Report) {
+		resp, err := http.Get("http://" + addr.String() + "/monitor/health" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var r telemetry.Report
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, r
+	}
+	c.Advance(10 * time.Minute) // long past two intervals: not a stalled loop while it waits
+	if code, r := health(""); code != 503 || r.Reason != reason || r.Loop != telemetry.LoopWaiting || r.Database != telemetry.DatabaseReachable {
+		t.Fatalf("waiting: %d %+v", code, r)
+	}
+	if code, r := health("?probe=" + telemetry.ProbeLiveness); code != 200 || r.Status != "ok" {
+		t.Fatalf("liveness while waiting: %d %+v", code, r)
+	}
+	opened, reason = c.Now(), ""
+	c.Advance(30 * time.Second)
+	if code, r := health(""); code != 200 || r.Reason != "" {
+		t.Fatalf("started 30s ago, no tick yet: %d %+v", code, r)
+	}
+	c.Advance(31 * time.Second)
+	if code, r := health(""); code != 503 || !strings.HasPrefix(r.Loop, "stalled") || !strings.Contains(r.Reason, "stalled") {
+		t.Fatalf("started 61s ago, no tick: %d %+v", code, r)
+	}
+}
+
+// TestWaitingHandler: before reaperd has a DSN, readiness says why in one
+// line and liveness answers 200.
+func TestWaitingHandler(t *testing.T) {
+	const reason = "store.dsn_file /etc/reaper-db/dsn does not exist: waiting for it"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, _, err := telemetry.Serve(ctx, "127.0.0.1:0", httplimit.DefaultTelemetry(),
+		telemetry.WaitingHandler(func() string { return reason }), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for query, want := range map[string]int{"": 503, "?probe=" + telemetry.ProbeLiveness: 200} {
+		resp, err := http.Get("http://" + addr.String() + "/monitor/health" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r telemetry.Report
+		err = json.NewDecoder(resp.Body).Decode(&r)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != want || (want == 503 && (r.Reason != reason || r.Database != telemetry.DatabaseNoDSN)) {
+			t.Fatalf("%q: %d %+v (%v)", query, resp.StatusCode, r, err)
+		}
+	}
+}

@@ -114,7 +114,12 @@ func parseConfigFlag(name string, args []string, stderr io.Writer) (string, bool
 // loadConfig reads the file and reports its problems the way every command
 // does: each diagnostic on its own line, warnings logged.
 func loadConfig(path string, logger hclog.Logger, stderr io.Writer) (*config.Config, bool) {
-	cfg, err := config.Load(path, config.Options{})
+	return loadConfigWith(path, config.Options{}, logger, stderr)
+}
+
+// loadConfigWith is loadConfig with options of the command's own.
+func loadConfigWith(path string, opts config.Options, logger hclog.Logger, stderr io.Writer) (*config.Config, bool) {
+	cfg, err := config.Load(path, opts)
 	forgetDSN()
 	if err != nil {
 		var cerr *config.Error

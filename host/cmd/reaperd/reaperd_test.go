@@ -138,8 +138,16 @@ type reaperdProc struct {
 
 func startDaemon(t *testing.T, config string, env ...string) *reaperdProc {
 	t.Helper()
-	d := &reaperdProc{cmd: exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config), done: make(chan struct{})}
-	d.cmd.Env = append(append(os.Environ(), "REAPER_DSN="), env...)
+	return startDaemonCmd(t, exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config), env...)
+}
+
+// startDaemonCmd starts cmd (a reaperd run) with env added to this
+// process's environment, REAPER_DSN and REAPER_DSN_FILE cleared, and
+// collects its log; it is killed when the test ends.
+func startDaemonCmd(t *testing.T, cmd *exec.Cmd, env ...string) *reaperdProc {
+	t.Helper()
+	d := &reaperdProc{cmd: cmd, done: make(chan struct{})}
+	d.cmd.Env = append(append(os.Environ(), "REAPER_DSN=", "REAPER_DSN_FILE="), env...)
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -496,17 +504,51 @@ func (d *reaperdProc) telemetryAddr() string {
 
 func (d *reaperdProc) health(t *testing.T) (int, string) {
 	t.Helper()
+	return d.get(t, "/monitor/health")
+}
+
+// get asks the daemon's telemetry for path: the status code and the body
+// (0 and "" before it serves).
+func (d *reaperdProc) get(t *testing.T, path string) (int, string) {
+	t.Helper()
 	addr := d.telemetryAddr()
 	if addr == "" {
 		return 0, ""
 	}
-	resp, err := http.Get("http://" + addr + "/monitor/health")
+	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
 		return 0, err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// count is how many lines of the daemon's log hold s.
+func (d *reaperdProc) count(s string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, l := range d.logs {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// logged reports whether a line of the daemon's log holds s.
+func (d *reaperdProc) logged(s string) bool { return d.count(s) > 0 }
+
+// stop sends SIGTERM and waits for the daemon to exit.
+func (d *reaperdProc) stop(t *testing.T) {
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("reaperd did not exit 30s after SIGTERM")
+	}
 }
 
 func TestDatabaseDownAtStart(t *testing.T) {
@@ -536,17 +578,19 @@ func TestDatabaseDownAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, writeConfig(t, dsn, "reaper \"echo\" {}\n"))
-	eventually.True(t, 20*time.Second, "the daemon to report itself unhealthy", func() bool {
+	eventually.True(t, 20*time.Second, "the daemon to report itself unhealthy, saying why", func() bool {
 		code, body := d.health(t)
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "unreachable")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "unreachable") &&
+			strings.Contains(body, `"reason":"the database's schema cannot be checked yet: connection refused`)
 	})
-	// Several cycles pass with the database down: the daemon stays up.
-	eventually.True(t, 20*time.Second, "a few cycles' worth of retries", func() bool {
+	// Several retries of the schema gate pass with the database down: the
+	// daemon stays up, and nothing leads before the gate opens.
+	eventually.True(t, 20*time.Second, "a few retries", func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		n := 0
 		for _, l := range d.logs {
-			if strings.Contains(l, "lease acquisition failed") {
+			if strings.Contains(l, "the database's schema cannot be checked yet") && strings.Contains(l, "retry_in") {
 				n++
 			}
 		}

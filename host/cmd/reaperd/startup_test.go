@@ -55,7 +55,9 @@ func TestStartUpErrorsAreOneLine(t *testing.T) {
 		{"RecordDirIsASymlink", base(real, fmt.Sprintf("substrate \"lite\" {\n  record_dir = %q\n}", symlink), telemetry), "symlink"},
 		{"RecordDirWritableByOthers", base(real, fmt.Sprintf("substrate \"lite\" {\n  record_dir = %q\n}", open), telemetry), "writable"},
 		{"TelemetryAddressTaken", base(real, `substrate "lite" {}`, taken), "address already in use"},
-		{"BadDSN", strings.Replace(base(real, `substrate "lite" {}`, telemetry), dsn, "postgres://%zz", 1), "dsn"},
+		// Given in the file (not in a DSN file, which reaperd waits for),
+		// a DSN that does not parse is said without its text.
+		{"BadDSN", strings.Replace(base(real, `substrate "lite" {}`, telemetry), dsn, "postgres://reaper:"+dsnCanary+"@%zz/reaper", 1), "dsn"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -88,6 +90,9 @@ func TestStartUpErrorsAreOneLine(t *testing.T) {
 			}
 			if len(lines) != 1 || !strings.Contains(strings.ToLower(lines[0]), tc.cause) {
 				t.Fatalf("want one line naming %q, got %q; stderr:\n%s", tc.cause, lines, out)
+			}
+			if strings.Contains(out, dsnCanary) || strings.Contains(out, "%zz") {
+				t.Fatalf("the DSN's text is in reaperd's output:\n%s", out)
 			}
 		})
 	}
