@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -53,6 +54,7 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	retries := fs.Int("retries", 0, "`N` retries each task declares")
 	n := fs.Int("n", 0, "with -command: `N` tasks running the same command")
 	command := fs.String("command", "", "with -n: the shell command `CMD` every task runs")
+	executor := fs.String("executor", "", "the executor `NAME` of every task: lite, kube or warm (default: the configuration's edition)")
 	sensorTimeout := fs.Duration("sensor", 0, "declare every task a sensor with this timeout `D`, counted from its first poke:"+
 		" a poke that exits 75 asks for the next (0: not sensors)")
 	cmds, err := inv.parse(0, -1)
@@ -70,12 +72,24 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	if run.Operator, err = resolve(); err != nil {
 		return err
 	}
+	if *executor != "" && !board.IsExecutor(*executor) {
+		return usagef("-executor %q: want %s, %s or %s", *executor, sdk.ExecutorLite, sdk.ExecutorKube, sdk.ExecutorWarm)
+	}
 
 	s, err := c.open(ctx, inv.configPath)
 	if err != nil {
 		return err
 	}
 	defer s.close()
+	// The tasks go to the edition's runner unless told: a kube board's
+	// tasks to the kube runner, as its task pods.
+	executorName := *executor
+	if executorName == "" {
+		executorName = s.cfg.Edition
+	}
+	for i := range run.Tasks {
+		run.Tasks[i].Executor = executorName
+	}
 	if err := s.writer.CreateRun(ctx, run, c.now()); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation

@@ -3,6 +3,8 @@ package ctl
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -44,6 +46,29 @@ func TestSubmit(t *testing.T) {
 				ti.ExecutionTimeout != 30*time.Second || ti.Try != 1 || ti.Epoch != 0 {
 				t.Fatalf("task instance %d: %+v", i, ti)
 			}
+		}
+	})
+
+	t.Run("TasksGoToTheEditionsExecutorUnlessTold", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		kube := filepath.Join(t.TempDir(), "kube.hcl")
+		src := fmt.Sprintf("edition = \"kube\"\n\nstore {\n  dsn = %q\n}\n\nsubstrate \"kube\" {\n  namespace = \"tasks\"\n}\n", b.dsn)
+		if err := os.WriteFile(kube, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run(t, b.cli, "submit", "-config", kube, "-run", "rk", "--", "true").ok(t)
+		run(t, b.cli, "submit", "-config", kube, "-run", "rw", "-executor", "warm", "--", "true").ok(t)
+		b.ctl(t, "submit", "-run", "rb", "-executor", "docker", "--", "true").
+			failed(t, 2, `-executor "docker": want lite, kube or warm`)
+		for runID, want := range map[string]string{"rk": sdk.ExecutorKube, "rw": sdk.ExecutorWarm} {
+			tis, err := b.store.TaskInstances(ctx, runID)
+			if err != nil || len(tis) != 1 || tis[0].Executor != want {
+				t.Fatalf("run %s: %+v %v, want one task of executor %s", runID, tis, err, want)
+			}
+		}
+		if _, err := b.store.Run(ctx, "rb"); err == nil {
+			t.Fatal("a refused submit created its run")
 		}
 	})
 
