@@ -17,6 +17,8 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -71,8 +73,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = hclog.NewNullLogger()
 	}
 	if o.Holder == "" {
-		host, _ := os.Hostname()
-		o.Holder = fmt.Sprintf("%s/%d", host, os.Getpid())
+		o.Holder = defaultHolder()
 	}
 	if o.SocketRoot == "" {
 		o.SocketRoot = loader.DefaultSocketRoot()
@@ -592,4 +593,16 @@ func (r substrateOf) Recycle() { r.s.Recycle() }
 func (d *Daemon) Started() bool {
 	opened, _ := d.gate.state()
 	return !opened.IsZero()
+}
+
+// defaultHolder names this process as a leader: its host, its process id
+// and a random part. The host and the id alone do not tell one process
+// from its successor in a restarted container (both are PID 1 in a pod of
+// the same name), which would take its predecessor's Lease and term as
+// its own instead of waiting them out.
+func defaultHolder() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }
