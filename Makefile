@@ -36,10 +36,12 @@ build:
 # container image's builder (tools/image), which builds and inspects it.
 # The two fault suites (test/e2e, test/kubee2e) hold every scenario to a
 # recovery deadline of a few seconds, so they run last, one after the other,
-# on a machine no other test package is loading.
-FAULT_SUITES := ./test/e2e ./test/kubee2e
+# on a machine no other test package is loading; then the install tier
+# (test/install: the image and the Helm chart installed in a cluster that
+# hosts them, on the real node).
+FAULT_SUITES := ./test/e2e ./test/kubee2e ./test/install
 test:
-	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -x -e '.*/test/e2e' -e '.*/test/kubee2e')
+	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v -x -e '.*/test/e2e' -e '.*/test/kubee2e' -e '.*/test/install')
 	$(GO) test -count=1 -timeout 20m -p 1 $(FAULT_SUITES)
 	cd examples/parked && GOWORK=off $(GO) test -count=1 ./...
 	cd tools/image && GOWORK=off $(GO) test -count=1 -timeout 20m ./...
