@@ -34,6 +34,12 @@ const firstVersion = "0.0.1-install"
 //     node's kubelet frozen past the node's grace): no attempt that lived
 //     is reaped, no task runs twice at once (the ledger), no run is left
 //     wedged;
+//   - day two: helm upgrade to a second image with a migration of its own
+//     while tasks run (never two leaders, the tasks untouched and run once,
+//     the migration applied once), helm rollback to the first (the
+//     migration is additive: the older binary serves on), and a replica
+//     below a raised migration floor (it says why in its log and its
+//     readiness and is not Ready);
 //   - uninstall: no replica, Lease, admission policy or finalizer is left.
 func TestInstalledRelease(t *testing.T) {
 	r := newRelease(t)
@@ -56,6 +62,9 @@ func TestInstalledRelease(t *testing.T) {
 		{"task pod deleted", r.phaseTaskPodDeleted},
 		{"agent killed in its container", r.phaseAgentKilled},
 		{"kubelet frozen past the node grace", r.phaseKubeletFrozen},
+		{"upgrade to a second image and migration", r.phaseUpgrade},
+		{"rollback across the additive migration", r.phaseRollback},
+		{"a binary below the migration floor", r.phaseBelowFloor},
 		{"uninstall", func(ctx context.Context, t *testing.T, _ *ledger) { r.uninstall(ctx) }},
 	}
 	for _, ph := range phases {

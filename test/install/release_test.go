@@ -73,11 +73,11 @@ func repoRoot(t *testing.T) string {
 }
 
 // buildImage builds the product's image with tools/image, stamped with
-// version, and returns the path of its tarball (tagged reaper:VERSION).
-func buildImage(ctx context.Context, t *testing.T, version string) string {
+// version (more of its flags given), and returns the path of its tarball (tagged reaper:VERSION).
+func buildImage(ctx context.Context, t *testing.T, version string, flags ...string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "image")
-	cmd := exec.CommandContext(ctx, "go", "run", ".", "-root", "../..", "-out", out, "-version", version)
+	cmd := exec.CommandContext(ctx, "go", append([]string{"run", ".", "-root", "../..", "-out", out, "-version", version}, flags...)...)
 	cmd.Dir = filepath.Join(repoRoot(t), "tools", "image")
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {

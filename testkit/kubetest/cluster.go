@@ -330,11 +330,12 @@ func (c *Cluster) launch(ctx context.Context) error {
 			// No pod needs a ServiceAccount to exist first (see the package doc).
 			"--disable-admission-plugins", "ServiceAccount")
 	}
-	if c.realNode {
+	if c.realNode && !c.inCluster {
 		// A pod on a node that stopped reporting is deleted by the taint
 		// manager after its toleration of the node's NoExecute taints,
 		// which the API server's DefaultTolerationSeconds admission
-		// writes into every pod (5 minutes unless told).
+		// writes into every pod (5 minutes unless told). A cluster for
+		// in-cluster workloads keeps the 5 minutes, as a user's does.
 		tol := strconv.Itoa(int(NodeLostToleration / time.Second))
 		apiArgs = append(apiArgs, "--default-not-ready-toleration-seconds", tol, "--default-unreachable-toleration-seconds", tol)
 	}

@@ -63,7 +63,8 @@ const (
 	// NodeMonitorGrace is the controller manager's
 	// --node-monitor-grace-period on a cluster with a real node.
 	NodeMonitorGrace = 30 * time.Second
-	// NodeLostToleration is, on a cluster with a real node, how long a pod
+	// NodeLostToleration is, on a cluster with a real node (not one for
+	// in-cluster workloads, which keeps the default 5 minutes), how long a pod
 	// tolerates its node's not-ready and unreachable taints before the
 	// taint manager deletes it (the API server's default tolerations).
 	NodeLostToleration = 5 * time.Second

@@ -1,0 +1,319 @@
+package install_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dexaflow/reaper/testkit/eventually"
+)
+
+// Day two: helm upgrade to a second image while attempts run, helm
+// rollback to the first, and a binary below the board's migration floor.
+
+// secondVersion is the upgrade's image: the same code, a higher version,
+// built with the board's no-op probe migration (an additive one).
+const (
+	secondVersion = "0.0.2-install"
+	probeTag      = "reaper_upgrade_probe"
+)
+
+// watch samples, while a change rolls the replicas, what each replica says
+// of its own leadership (its reaper_leader gauge) and how many are Ready.
+type watch struct {
+	mu sync.Mutex
+	// overlaps counts the rounds in which two replicas said they led, and
+	// doubles the times two rounds in a row did so (the violation: one
+	// round can catch a handover between two reads).
+	overlaps, doubles int
+	// longestNone is the longest stretch in which no replica led.
+	longestNone time.Duration
+	// minReady is the fewest Ready replicas seen.
+	minReady int
+	stop     func()
+}
+
+func (r *release) watchReplicas(ctx context.Context) *watch {
+	w := &watch{minReady: 2}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	w.stop = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		var noneSince time.Time
+		prevOverlap := false
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			list, err := r.cs.CoreV1().Pods(releaseNS).List(ctx, metav1.ListOptions{
+				LabelSelector: "app.kubernetes.io/name=reaper,app.kubernetes.io/instance=" + releaseName})
+			if err != nil {
+				continue
+			}
+			leaders, readyN := 0, 0
+			for _, p := range list.Items {
+				if ready(p) && p.DeletionTimestamp == nil {
+					readyN++
+				}
+				if p.Status.PodIP != "" && scrape(ctx, p.Status.PodIP, "reaper_leader") == "1" {
+					leaders++
+				}
+			}
+			now := time.Now()
+			w.mu.Lock()
+			w.minReady = min(w.minReady, readyN)
+			if leaders > 1 {
+				w.overlaps++
+				if prevOverlap {
+					w.doubles++
+				}
+			}
+			prevOverlap = leaders > 1
+			if leaders == 0 {
+				if noneSince.IsZero() {
+					noneSince = now
+				}
+				w.longestNone = max(w.longestNone, now.Sub(noneSince))
+			} else {
+				noneSince = time.Time{}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// scrape reads one unlabelled metric from a replica's telemetry port ("" on
+// any failure: a replica stopping or starting).
+func scrape(ctx context.Context, ip, name string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "9464")+"/metrics", nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// check stops the watch and fails on two leaders or no Ready replica.
+func (w *watch) check(t *testing.T, what string) {
+	t.Helper()
+	w.stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.Logf("%s: longest time with no replica leading %s; rounds with two saying they led: %d (two in a row: %d); fewest Ready replicas %d",
+		what, w.longestNone.Round(100*time.Millisecond), w.overlaps, w.doubles, w.minReady)
+	if w.doubles > 0 {
+		t.Errorf("%s: two replicas said they led in %d consecutive rounds", what, w.doubles)
+	}
+	if w.minReady < 1 {
+		t.Errorf("%s: no replica was Ready at some moment (the PodDisruptionBudget and the rollout allow one down)", what)
+	}
+}
+
+// imagesOf lists the image of each live replica.
+func (r *release) imagesOf(ctx context.Context) []string {
+	var out []string
+	for _, p := range r.replicas(ctx) {
+		if p.DeletionTimestamp == nil {
+			out = append(out, p.Spec.Containers[0].Image)
+		}
+	}
+	return out
+}
+
+// phaseUpgrade: helm upgrade to the second image (built with the probe
+// migration, which the operator applies first with that image's reaperd,
+// as docs/operate.md says) while two tasks run; the replicas roll one at
+// a time, never two leaders, the tasks untouched and each run once.
+func (r *release) phaseUpgrade(ctx context.Context, t *testing.T, lg *ledger) {
+	const runID = "upgrade"
+	tasks := []string{"a", "b"}
+	r.submitLedger(ctx, lg, runID, tasks...)
+	tar := buildImage(ctx, t, secondVersion, "-tags", probeTag)
+	if err := r.node.ImportArchive(ctx, tar); err != nil {
+		t.Fatal(err)
+	}
+	probe := filepath.Join(binDir, "reaperd-probe")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", probeTag, "-o", probe, "github.com/dexaflow/reaper/host/cmd/reaperd")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe reaperd: %v\n%s", err, out)
+	}
+	out, err := exec.CommandContext(ctx, probe, "migrate", "-config", r.hostConfig).CombinedOutput()
+	if err != nil {
+		t.Fatalf("reaperd migrate (the second image's): %v\n%s", err, out)
+	}
+	t.Logf("reaperd migrate: %s", strings.TrimSpace(string(out)))
+
+	w := r.watchReplicas(ctx)
+	begin := time.Now()
+	if out, err := r.helm(ctx, "upgrade", releaseName, r.chart(), "--namespace", releaseNS,
+		"--values", r.values(secondVersion), "--wait", "--timeout", "5m"); err != nil {
+		w.stop()
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	r.waitImages(ctx, imageRepo+":"+secondVersion)
+	r.waitReplicasReady(ctx)
+	t.Logf("helm upgrade: both replicas on %s and Ready %s after it began", secondVersion, time.Since(begin).Round(100*time.Millisecond))
+	time.Sleep(settle) // the new leader's grace and cycles, in real time
+	w.check(t, "upgrade")
+	r.expectUntouched(ctx, runID)
+	lg.release(runID)
+	r.expectSuccess(ctx, runID, 2*time.Minute)
+	r.expectOneExecution(lg, runID, tasks...)
+	var n int
+	if err := r.board.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE name LIKE '%upgrade_probe%'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the probe migration is recorded %d times (%v), want once", n, err)
+	}
+}
+
+// waitImages waits until every live replica runs image.
+func (r *release) waitImages(ctx context.Context, image string) {
+	r.t.Helper()
+	if !eventually.Until(3*time.Minute, func() bool {
+		imgs := r.imagesOf(ctx)
+		if len(imgs) != 2 {
+			return false
+		}
+		for _, i := range imgs {
+			if i != image {
+				return false
+			}
+		}
+		return true
+	}, eventually.Every(250*time.Millisecond)) {
+		r.t.Fatalf("the replicas run %v, want both on %s", r.imagesOf(ctx), image)
+	}
+}
+
+// phaseRollback: helm rollback to the first release; its binary knows no
+// probe migration, but the probe is additive, so the floor lets it serve.
+func (r *release) phaseRollback(ctx context.Context, t *testing.T, lg *ledger) {
+	const runID = "rollback"
+	tasks := []string{"a"}
+	r.submitLedger(ctx, lg, runID, tasks...)
+	w := r.watchReplicas(ctx)
+	begin := time.Now()
+	if out, err := r.helm(ctx, "rollback", releaseName, "1", "--namespace", releaseNS, "--wait", "--timeout", "5m"); err != nil {
+		w.stop()
+		t.Fatalf("helm rollback: %v\n%s", err, out)
+	}
+	r.waitImages(ctx, imageRepo+":"+firstVersion)
+	r.waitReplicasReady(ctx)
+	t.Logf("helm rollback: both replicas back on %s and Ready %s after it began", firstVersion, time.Since(begin).Round(100*time.Millisecond))
+	time.Sleep(settle)
+	w.check(t, "rollback")
+	r.expectUntouched(ctx, runID)
+	lg.release(runID)
+	r.expectSuccess(ctx, runID, 2*time.Minute)
+	r.expectOneExecution(lg, runID, tasks...)
+}
+
+// phaseBelowFloor: a migration that raised the floor above the running
+// image (written as a newer release's breaking migration would be): a
+// replica started on that image refuses, saying why in one line in its
+// log and its readiness, and is not Ready; once the row is gone it serves.
+func (r *release) phaseBelowFloor(ctx context.Context, t *testing.T, _ *ledger) {
+	var top int
+	if err := r.board.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&top); err != nil {
+		t.Fatal(err)
+	}
+	breaking := top + 1
+	name := fmt.Sprintf("%03d_breaking.sql", breaking)
+	if _, err := r.board.Exec(ctx, `INSERT INTO schema_migrations (version, name, floor) VALUES ($1, $2, $1)`, breaking, name); err != nil {
+		t.Fatal(err)
+	}
+	removed := false
+	defer func() {
+		if !removed {
+			_, _ = r.board.Exec(context.Background(), `DELETE FROM schema_migrations WHERE version = $1`, breaking)
+		}
+	}()
+	before := map[string]bool{}
+	for _, p := range r.replicas(ctx) {
+		before[p.Name] = true
+	}
+	victim := r.replicas(ctx)[0]
+	if err := r.cs.CoreV1().Pods(releaseNS).Delete(ctx, victim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var fresh corev1.Pod
+	if !eventually.Until(2*time.Minute, func() bool {
+		for _, p := range r.replicas(ctx) {
+			if !before[p.Name] && p.Status.PodIP != "" &&
+				len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil {
+				fresh = p
+				return true
+			}
+		}
+		return false
+	}, eventually.Every(250*time.Millisecond)) {
+		t.Fatal("the Deployment did not replace the deleted replica")
+	}
+	want := "below the database's floor " + fmt.Sprint(breaking)
+	var health string
+	if !eventually.Until(time.Minute, func() bool {
+		health = r.health(ctx, fresh.Status.PodIP)
+		return strings.Contains(health, want)
+	}, eventually.Every(250*time.Millisecond)) {
+		t.Fatalf("the replica's readiness says %q, want it to name %q", health, want)
+	}
+	logs, err := r.cs.CoreV1().Pods(releaseNS).GetLogs(fresh.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(logs), want) {
+		t.Fatalf("the replica's log (%v) does not say %q:\n%s", err, want, logs)
+	}
+	if p, err := r.cs.CoreV1().Pods(releaseNS).Get(ctx, fresh.Name, metav1.GetOptions{}); err != nil || ready(*p) {
+		t.Fatalf("a replica below the floor is Ready (%v)", err)
+	}
+	t.Logf("below the floor, the replica's readiness: %s", strings.TrimSpace(health))
+	if _, err := r.board.Exec(ctx, `DELETE FROM schema_migrations WHERE version = $1`, breaking); err != nil {
+		t.Fatal(err)
+	}
+	removed = true
+	r.waitReplicasReady(ctx)
+}
+
+// health reads /monitor/health from a replica's telemetry port.
+func (r *release) health(ctx context.Context, ip string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "9464")+"/monitor/health", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return fmt.Sprintf("%d %s", resp.StatusCode, body)
+}
+
