@@ -316,4 +316,3 @@ func (r *release) health(ctx context.Context, ip string) string {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	return fmt.Sprintf("%d %s", resp.StatusCode, body)
 }
-
