@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/testkit/eventually"
@@ -256,42 +255,8 @@ func (r *release) phaseBelowFloor(ctx context.Context, t *testing.T, _ *ledger) 
 			_, _ = r.board.Exec(context.Background(), `DELETE FROM schema_migrations WHERE version = $1`, breaking)
 		}
 	}()
-	before := map[string]bool{}
-	for _, p := range r.replicas(ctx) {
-		before[p.Name] = true
-	}
-	victim := r.replicas(ctx)[0]
-	if err := r.cs.CoreV1().Pods(releaseNS).Delete(ctx, victim.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var fresh corev1.Pod
-	if !eventually.Until(2*time.Minute, func() bool {
-		for _, p := range r.replicas(ctx) {
-			if !before[p.Name] && p.Status.PodIP != "" &&
-				len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil {
-				fresh = p
-				return true
-			}
-		}
-		return false
-	}, eventually.Every(250*time.Millisecond)) {
-		t.Fatal("the Deployment did not replace the deleted replica")
-	}
-	want := "below the database's floor " + fmt.Sprint(breaking)
-	var health string
-	if !eventually.Until(time.Minute, func() bool {
-		health = r.health(ctx, fresh.Status.PodIP)
-		return strings.Contains(health, want)
-	}, eventually.Every(250*time.Millisecond)) {
-		t.Fatalf("the replica's readiness says %q, want it to name %q", health, want)
-	}
-	logs, err := r.cs.CoreV1().Pods(releaseNS).GetLogs(fresh.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-	if err != nil || !strings.Contains(string(logs), want) {
-		t.Fatalf("the replica's log (%v) does not say %q:\n%s", err, want, logs)
-	}
-	if p, err := r.cs.CoreV1().Pods(releaseNS).Get(ctx, fresh.Name, metav1.GetOptions{}); err != nil || ready(*p) {
-		t.Fatalf("a replica below the floor is Ready (%v)", err)
-	}
+	fresh := r.replaceReplica(ctx)
+	health := r.expectRefusing(ctx, fresh, "below the database's floor "+fmt.Sprint(breaking))
 	t.Logf("below the floor, the replica's readiness: %s", strings.TrimSpace(health))
 	if _, err := r.board.Exec(ctx, `DELETE FROM schema_migrations WHERE version = $1`, breaking); err != nil {
 		t.Fatal(err)

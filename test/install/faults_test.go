@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/eventually"
 	"github.com/dexaflow/reaper/testkit/kubetest"
@@ -201,7 +202,7 @@ func (r *release) waitPodEnded(ctx context.Context, pod corev1.Pod) {
 // replaced runs a task (declaring retries), ends its pod's execution with
 // harm, and checks that the task is placed again and succeeds, the two
 // executions never overlapping.
-func (r *release) replaced(ctx context.Context, lg *ledger, runID string, retries int, harm func(corev1.Pod)) {
+func (r *release) replaced(ctx context.Context, lg *ledger, runID string, retries int, harm func(corev1.Pod)) corev1.Pod {
 	r.t.Helper()
 	r.submitLedgerRetries(ctx, lg, runID, retries, "v")
 	pod := r.taskPod(ctx, runID, "v")
@@ -216,17 +217,46 @@ func (r *release) replaced(ctx context.Context, lg *ledger, runID string, retrie
 	if ex := lg.executions(runID, "v"); len(ex) != 2 {
 		r.t.Errorf("run %s: %d executions (%v), want 2: the lost one and its re-place", runID, len(ex), ex)
 	}
+	return pod
+}
+
+// expectEvent waits for reaperd's Event (events.k8s.io) on the pod, by
+// its UID, with the action and reason given, its note naming the run:
+// what kubectl describe pod shows a user.
+func (r *release) expectEvent(ctx context.Context, pod corev1.Pod, runID, action, reason string) {
+	r.t.Helper()
+	var seen []string
+	if !eventually.Until(time.Minute, func() bool {
+		list, err := r.cs.EventsV1().Events(taskNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			if e.Regarding.UID != pod.UID {
+				continue
+			}
+			seen = append(seen, e.Action+" "+e.Reason+": "+e.Note)
+			if e.Action == action && e.Reason == reason && strings.Contains(e.Note, runID) {
+				return true
+			}
+		}
+		return false
+	}, eventually.Every(250*time.Millisecond)) {
+		r.t.Errorf("pod %s: no Event %s %s naming run %s; its Events: %v", pod.Name, action, reason, runID, seen)
+	}
 }
 
 // phaseTaskPodDeleted: a running task's pod deleted by someone; the
 // cluster stopped it (a disruption), so it settles on the infra rail and
 // is placed again without spending a retry (it declares none).
 func (r *release) phaseTaskPodDeleted(ctx context.Context, t *testing.T, lg *ledger) {
-	r.replaced(ctx, lg, "pod-deleted", 0, func(pod corev1.Pod) {
+	pod := r.replaced(ctx, lg, "pod-deleted", 0, func(pod corev1.Pod) {
 		if err := r.cs.CoreV1().Pods(taskNS).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete the task pod %s: %v", pod.Name, err)
 		}
 	})
+	r.expectEvent(ctx, pod, "pod-deleted", kube.EventActionSettle, sdk.LabelReconcileSettled)
 }
 
 // phaseAgentKilled: a running task's agent killed inside its container.
@@ -234,7 +264,7 @@ func (r *release) phaseTaskPodDeleted(ctx context.Context, t *testing.T, lg *led
 // the cluster stopped it, so the pod settles by its phase, a task failure
 // that spends a retry: the task declares one, runs again and succeeds.
 func (r *release) phaseAgentKilled(ctx context.Context, t *testing.T, lg *ledger) {
-	r.replaced(ctx, lg, "agent-killed", 1, func(pod corev1.Pod) {
+	pod := r.replaced(ctx, lg, "agent-killed", 1, func(pod corev1.Pod) {
 		killed := 0
 		for _, p := range kubetest.PodProcesses(string(pod.UID)) {
 			if p.Exe == "reaper-agent" {
@@ -247,6 +277,7 @@ func (r *release) phaseAgentKilled(ctx context.Context, t *testing.T, lg *ledger
 			t.Fatalf("no agent process in the task pod %s: %v", pod.Name, kubetest.PodProcesses(string(pod.UID)))
 		}
 	})
+	r.expectEvent(ctx, pod, "agent-killed", kube.EventActionSettle, sdk.LabelReconcileSettled)
 }
 
 // phaseKubeletFrozen: the node's kubelet frozen past the node's grace

@@ -40,6 +40,11 @@ const firstVersion = "0.0.1-install"
 //     migration is additive: the older binary serves on), and a replica
 //     below a raised migration floor (it says why in its log and its
 //     readiness and is not Ready);
+//   - what users get wrong: the DSN Secret with a wrong password, then
+//     missing (the replica says so in its readiness and log, is not Ready
+//     and does not crash-loop), and an upgrade to an image tag that does
+//     not exist (the upgrade fails, the new replica names the image, the
+//     other serves on; helm rollback mends it);
 //   - uninstall: no replica, Lease, admission policy or finalizer is left.
 func TestInstalledRelease(t *testing.T) {
 	r := newRelease(t)
@@ -65,6 +70,8 @@ func TestInstalledRelease(t *testing.T) {
 		{"upgrade to a second image and migration", r.phaseUpgrade},
 		{"rollback across the additive migration", r.phaseRollback},
 		{"a binary below the migration floor", r.phaseBelowFloor},
+		{"the DSN Secret wrong, then missing", r.phaseBadDSN},
+		{"an image tag that does not exist", r.phaseBadImageTag},
 		{"uninstall", func(ctx context.Context, t *testing.T, _ *ledger) { r.uninstall(ctx) }},
 	}
 	for _, ph := range phases {
