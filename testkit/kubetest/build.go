@@ -36,6 +36,8 @@ const (
 	EtcdVersion       = "v3.7.0"
 	KWOKVersion       = "v0.8.0"
 	HelmVersion       = "v3.22.0"
+	// KubeRouterVersion is the NetworkPolicy enforcer's (tools/kubenode/netpol).
+	KubeRouterVersion = "v2.1.0"
 )
 
 // Binaries are the paths of the cluster's executables.
@@ -58,16 +60,17 @@ type NodeBinaries struct {
 	// NodeImage writes an image of local files as a docker archive.
 	NodeImage string
 	// KubeScheduler and KubeProxy are the upstream ones at
-	// KubernetesVersion, and CoreDNS the cluster DNS (its nested module
-	// coredns), for a cluster that hosts in-cluster workloads.
-	KubeScheduler, KubeProxy, CoreDNS string
+	// KubernetesVersion, CoreDNS the cluster DNS (its nested module
+	// coredns) and KubeRouter the NetworkPolicy enforcer (its nested
+	// module netpol), for a cluster that hosts in-cluster workloads.
+	KubeScheduler, KubeProxy, CoreDNS, KubeRouter string
 }
 
 func nodeBinariesIn(dir string) NodeBinaries {
 	return NodeBinaries{Dir: dir, Kubelet: filepath.Join(dir, "kubelet"),
 		Pause: filepath.Join(dir, "pause"), NodeImage: filepath.Join(dir, "nodeimage"),
 		KubeScheduler: filepath.Join(dir, "kube-scheduler"), KubeProxy: filepath.Join(dir, "kube-proxy"),
-		CoreDNS: filepath.Join(dir, "coredns")}
+		CoreDNS: filepath.Join(dir, "coredns"), KubeRouter: filepath.Join(dir, "kube-router")}
 }
 
 // binarySet is one cached set of binaries built from one nested module.
@@ -87,9 +90,9 @@ func clusterSet() binarySet {
 }
 
 func nodeSet() binarySet {
-	return binarySet{what: fmt.Sprintf("the real node's binaries (kubelet, kube-proxy and kube-scheduler %s, CoreDNS, pause, nodeimage)", KubernetesVersion),
+	return binarySet{what: fmt.Sprintf("the real node's binaries (kubelet, kube-proxy and kube-scheduler %s, CoreDNS, kube-router, pause, nodeimage)", KubernetesVersion),
 		source: NodeSourceDir, cache: "kubenode", targets: nodeTargets(),
-		estimate: "about 3 minutes when the control plane's build is cached (the Go build cache is shared), about 8 minutes cold, up to 2 GB of memory"}
+		estimate: "about 8 minutes when the control plane's build is cached (the Go build cache is shared), about 14 minutes cold, up to 2 GB of memory"}
 }
 
 // nodeTargets lists what BuildNode makes, in order. Part of its cache key.
@@ -101,6 +104,8 @@ func nodeTargets() []target {
 		{name: "kube-proxy", module: ".", pkg: "./cmd/kube-proxy", ldflags: "-s -w " + versionStamp()},
 		{name: "kube-scheduler", module: ".", pkg: "./cmd/kube-scheduler", ldflags: "-s -w " + versionStamp()},
 		{name: "coredns", module: "coredns", pkg: "./cmd/coredns", ldflags: "-s -w"},
+		{name: "kube-router", module: "netpol", pkg: "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",
+			ldflags: "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=" + KubeRouterVersion},
 	}
 }
 
@@ -179,7 +184,7 @@ func BuildNode(ctx context.Context, opts BuildOptions) (NodeBinaries, error) {
 }
 
 func (b NodeBinaries) paths() []string {
-	return []string{b.Kubelet, b.Pause, b.NodeImage, b.KubeProxy, b.KubeScheduler, b.CoreDNS}
+	return []string{b.Kubelet, b.Pause, b.NodeImage, b.KubeProxy, b.KubeScheduler, b.CoreDNS, b.KubeRouter}
 }
 
 // buildSet returns the cache directory of set for its module's current

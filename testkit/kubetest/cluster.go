@@ -132,6 +132,8 @@ type Cluster struct {
 	kcm       bool
 	realNode  bool
 	inCluster bool
+	netpol    bool   // the NetworkPolicy enforcer runs
+	netpolWhy string // why it does not
 	// prep is the real node's preparation (the machine's node taken, its
 	// bridge made) when InCluster needs it before the API server starts.
 	prep *nodePrep
@@ -229,6 +231,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if c.prep, err = c.prepareNode(parent, opts); err != nil {
 			return nil, err
 		}
+		// The start's bound counts from here: the wait for the machine's
+		// node (another cluster may hold it) is bounded apart.
+		cancel()
+		ctx, cancel = context.WithTimeout(parent, opts.StartTimeout)
+		defer cancel()
 	}
 	// A free port can be taken between the probe and the bind: try again.
 	for attempt := 1; ; attempt++ {
@@ -665,6 +672,7 @@ func (c *Cluster) writeTokens() error {
 		{"kube-scheduler", "system:masters"},
 		{"kube-proxy", "system:masters"},
 		{"coredns", "system:masters"},
+		{"kube-router", "system:masters"},
 		{Alice, ""},
 		{Bob, ""},
 		{Carol, ""},

@@ -23,7 +23,13 @@ import (
 //     on the pod network's gateway (client-go's in-cluster configuration
 //     reaches it at KubernetesServiceIP);
 //   - CoreDNS, on the gateway's port 53, answers for Services and pods in
-//     ClusterDomain; the kubelet hands it to every pod as its name server.
+//     ClusterDomain; the kubelet hands it to every pod as its name server;
+//   - kube-router's NetworkPolicy controller enforces NetworkPolicies with
+//     iptables and ipsets, where the machine has ipset (NetworkPolicies
+//     says whether it runs). It is kube-router v2.1.0, which has reported
+//     security flaws and no later release served: only its policy
+//     controller runs, listening on nothing, in a test cluster only
+//     (tools/kubenode/netpol/README.md says why not another).
 //
 // Bridged traffic between two pods of the bridge passes the machine's
 // iptables (net.bridge.bridge-nf-call-iptables, which Start turns on when
@@ -143,7 +149,7 @@ func (c *Cluster) startInCluster(ctx context.Context, n *RealNode) error {
 		var d net.Dialer
 		return d.DialContext(ctx, network, net.JoinHostPort(NodeGateway, "53"))
 	}}
-	return c.waitReady(ctx, dns, func(ctx context.Context) error {
+	if err := c.waitReady(ctx, dns, func(ctx context.Context) error {
 		if _, err := get(ctx, http.DefaultClient, "http://"+readyAddr+"/ready", ""); err != nil {
 			return err
 		}
@@ -155,7 +161,75 @@ func (c *Cluster) startInCluster(ctx context.Context, n *RealNode) error {
 			return fmt.Errorf("the kubernetes Service resolves to %v, want %s", addrs, KubernetesServiceIP)
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	return c.startEnforcer(ctx, n)
+}
+
+// startEnforcer starts kube-router's NetworkPolicy controller (and nothing
+// else of kube-router: no routing, no proxy, no port) where the machine has
+// what it needs, and records why not where it has not.
+func (c *Cluster) startEnforcer(ctx context.Context, n *RealNode) error {
+	if _, err := exec.LookPath("ipset"); err != nil {
+		c.netpolWhy = "no ipset on PATH for the NetworkPolicy enforcer (apt-get install ipset)"
+		return nil
+	}
+	config := filepath.Join(n.dir, "kube-router.kubeconfig")
+	if err := c.writeKubeconfig(config, "kube-router"); err != nil {
+		return err
+	}
+	router, err := c.spawn("kube-router", n.bins.KubeRouter,
+		"--kubeconfig="+config,
+		"--hostname-override="+n.Name,
+		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--run-loadbalancer=false",
+		"--service-cluster-ip-range="+ServiceRange,
+		"--health-port=0", "--metrics-port=0",
+	)
+	if err != nil {
+		return err
+	}
+	if err := c.waitReady(ctx, router, func(ctx context.Context) error {
+		return exec.CommandContext(ctx, "iptables", "-t", "filter", "-S", "KUBE-ROUTER-FORWARD").Run()
+	}); err != nil {
+		return err
+	}
+	c.netpol = true
+	return nil
+}
+
+// NetworkPolicies reports whether the cluster enforces NetworkPolicies,
+// and why not when it does not.
+func (c *Cluster) NetworkPolicies() (bool, string) {
+	if c.netpol {
+		return true, ""
+	}
+	if c.netpolWhy == "" {
+		return false, "the cluster hosts no in-cluster workloads (kubetest.Options.InCluster)"
+	}
+	return false, c.netpolWhy
+}
+
+// kubeRouterSets lists the ipsets kube-router made.
+func kubeRouterSets() []string {
+	out, err := exec.Command("ipset", "list", "-n").Output()
+	if err != nil {
+		return nil
+	}
+	var sets []string
+	for _, name := range strings.Fields(string(out)) {
+		if strings.HasPrefix(name, "KUBE-SRC-") || strings.HasPrefix(name, "KUBE-DST-") {
+			sets = append(sets, name)
+		}
+	}
+	return sets
+}
+
+// removeKubeRouterSets destroys them (after the rules that name them).
+func removeKubeRouterSets() {
+	for _, name := range kubeRouterSets() {
+		_ = exec.Command("ipset", "destroy", name).Run()
+	}
 }
 
 // kubeProxyConfig is kube-proxy's configuration: iptables mode, the pod
@@ -206,16 +280,16 @@ func bridgeNetfilter() error {
 	return nil
 }
 
-// kubeProxyTables are the iptables tables kube-proxy writes chains into,
-// and kubeProxyCommands the commands it writes them with.
+// kubeProxyTables are the iptables tables kube-proxy and kube-router write
+// chains into, and kubeProxyCommands the commands they write them with.
 var (
 	kubeProxyTables   = []string{"nat", "filter", "mangle"}
 	kubeProxyCommands = []string{"iptables", "ip6tables"}
 )
 
-// kubeProxyRules lists the KUBE- chains kube-proxy left in iptables and
-// the rules of the built-in chains that jump to them.
-func kubeProxyRules() []string {
+// kubeChainRules lists the KUBE- chains kube-proxy and kube-router left
+// in iptables and the rules of the built-in chains that jump to them.
+func kubeChainRules() []string {
 	var left []string
 	for _, cmd := range kubeProxyCommands {
 		for _, table := range kubeProxyTables {
@@ -233,9 +307,9 @@ func kubeProxyRules() []string {
 	return left
 }
 
-// removeKubeProxyRules deletes what kubeProxyRules lists: the jumps from
+// removeKubeChainRules deletes what kubeChainRules lists: the jumps from
 // the built-in chains first, then the KUBE- chains, flushed and deleted.
-func removeKubeProxyRules() {
+func removeKubeChainRules() {
 	for _, cmd := range kubeProxyCommands {
 		for _, table := range kubeProxyTables {
 			removeKubeChains(cmd, table)

@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -58,7 +59,7 @@ func TestInClusterHostsWorkloadsAndStopLeavesNothingBehind(t *testing.T) {
 	}
 	const probeImage = "reaper.local/kubetest-netprobe:v1"
 	probe := filepath.Join(t.TempDir(), "netprobe")
-	build := exec.CommandContext(ctx, "go", "build", "-o", probe, "github.com/dexaflow/reaper/testkit/kubetest/internal/netprobe")
+	build := exec.CommandContext(ctx, "go", "build", "-o", probe, "github.com/dexaflow/reaper/testkit/netprobe")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build netprobe: %v\n%s", err, out)
@@ -141,6 +142,53 @@ func TestInClusterHostsWorkloadsAndStopLeavesNothingBehind(t *testing.T) {
 	}
 	if end.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("the client pod %s:\n%s", end.Status.Phase, n.ContainerLogs(ns, "client"))
+	}
+
+	// NetworkPolicies are enforced: ingress to the web pod only from pods
+	// labelled role=client.
+	if on, why := c.NetworkPolicies(); !on {
+		if os.Getenv(kubetest.EnvRequireRealNode) == "1" {
+			t.Fatalf("no NetworkPolicy enforcer (required with the real node): %s", why)
+		}
+		t.Logf("NetworkPolicies not checked: %s", why)
+	} else {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: labels},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+				PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}}},
+		}}
+		if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for i, tc := range []struct {
+			labels map[string]string
+			check  string
+		}{
+			{nil, "nodial:" + web.Status.PodIP + ":8080"},
+			{nil, "nodial:" + svc.Spec.ClusterIP + ":80"},
+			{map[string]string{"role": "client"}, "dial:" + web.Status.PodIP + ":8080"},
+			{map[string]string{"role": "client"}, "get:http://web/=served-by-web"},
+		} {
+			// The rules follow the policy within a sync: a refusal is
+			// asked again until it holds.
+			if !eventually.Until(30*time.Second, func() bool {
+				name := fmt.Sprintf("np-%d-%d", i, time.Now().UnixNano()%100000)
+				p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: tc.labels},
+					Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
+						Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever,
+						Command: []string{"/netprobe", tc.check}}}}}, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				end, err := kubetest.WaitPod(ctx, cs, p, func(p *corev1.Pod) bool {
+					return p != nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+				})
+				return err == nil && end.Status.Phase == corev1.PodSucceeded
+			}, eventually.Every(time.Second)) {
+				t.Errorf("NetworkPolicy check %q from a pod labelled %v did not hold", tc.check, tc.labels)
+			}
+		}
 	}
 
 	dir := c.Dir()

@@ -681,7 +681,8 @@ func cleanNode(dir string) {
 	}
 	_ = exec.Command("ip", "link", "delete", NodeBridge).Run()
 	removeTaggedRules()
-	removeKubeProxyRules()
+	removeKubeChainRules()
+	removeKubeRouterSets()
 }
 
 // KubepodsCgroups lists the /kubepods cgroup of every mounted hierarchy
@@ -818,7 +819,7 @@ func NodeLeftovers(dir string) []string {
 		}
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
-		case "kubelet", "containerd", "containerd-shim-runc-v2", "containerd-shim", "kube-proxy", "kube-scheduler", "coredns":
+		case "kubelet", "containerd", "containerd-shim-runc-v2", "containerd-shim", "kube-proxy", "kube-scheduler", "coredns", "kube-router":
 			left = append(left, fmt.Sprintf("process %d (%s)", pid, exe))
 		}
 	}
@@ -835,8 +836,11 @@ func NodeLeftovers(dir string) []string {
 	for _, r := range taggedRules() {
 		left = append(left, "firewall rule "+r)
 	}
-	for _, r := range kubeProxyRules() {
-		left = append(left, "kube-proxy rule "+r)
+	for _, r := range kubeChainRules() {
+		left = append(left, "kube-proxy or kube-router rule "+r)
+	}
+	for _, set := range kubeRouterSets() {
+		left = append(left, "kube-router ipset "+set)
 	}
 	if _, err := os.Stat("/sys/class/net/" + NodeBridge); err == nil {
 		left = append(left, "bridge "+NodeBridge)

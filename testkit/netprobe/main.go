@@ -6,6 +6,8 @@
 //	resolve:NAME=IP    NAME resolves (through the pod's resolv.conf) to IP
 //	get:URL=TEXT       an HTTP GET of URL answers 200 with TEXT in its body
 //	dial:HOST:PORT     a TCP connection to HOST:PORT opens
+//	nodial:HOST:PORT   a TCP connection to HOST:PORT is refused or times
+//	                   out (a NetworkPolicy's refusal)
 package main
 
 import (
@@ -22,11 +24,28 @@ import (
 
 func main() {
 	for _, arg := range os.Args[1:] {
-		if err := check(arg); err != nil {
+		if err := retry(arg); err != nil {
 			fmt.Fprintf(os.Stderr, "netprobe: %s: %v\n", arg, err)
 			os.Exit(1)
 		}
 		fmt.Printf("netprobe: %s: ok\n", arg)
+	}
+}
+
+// retry runs a check that must succeed again every quarter second for up
+// to 15 seconds: a pod's first packets can come before the NetworkPolicy
+// enforcer has learnt its address. A check that must fail runs once.
+func retry(arg string) error {
+	if strings.HasPrefix(arg, "nodial:") {
+		return check(arg)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := check(arg)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
@@ -73,6 +92,13 @@ func check(arg string) error {
 			return err
 		}
 		return conn.Close()
+	case "nodial":
+		d := net.Dialer{Timeout: 3 * time.Second}
+		conn, err := d.DialContext(ctx, "tcp", rest)
+		if err == nil {
+			conn.Close()
+			return fmt.Errorf("connected")
+		}
 	default:
 		return fmt.Errorf("unknown check %q", kind)
 	}
