@@ -29,6 +29,9 @@ const firstVersion = "0.0.1-install"
 //   - run: a run submitted from the machine is dispatched by the
 //     in-cluster kube runner as task pods whose agents reach the attempt
 //     API through its Service by name, and every task succeeds;
+//   - the chart's NetworkPolicy, enforced: the attempt API and the
+//     telemetry port refuse pods other than the task pods and the
+//     telemetry namespace's;
 //   - faults (the leading replica's pod deleted, its reaperd killed in its
 //     container, a task pod deleted, an agent killed in its container, the
 //     node's kubelet frozen past the node's grace): no attempt that lived
@@ -62,6 +65,7 @@ func TestInstalledRelease(t *testing.T) {
 		run  func(context.Context, *testing.T, *ledger)
 	}{
 		{"run", r.phaseRun},
+		{"the chart's NetworkPolicy", r.phaseNetworkPolicy},
 		{"leader pod deleted", r.phaseLeaderLost(false)},
 		{"leader killed in its container", r.phaseLeaderLost(true)},
 		{"task pod deleted", r.phaseTaskPodDeleted},
