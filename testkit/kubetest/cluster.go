@@ -34,6 +34,13 @@
 // the machine's containerd and runc and a CNI bridge, one per machine; a
 // test takes it with NeedRealNode, which skips saying why on a machine that
 // cannot host one (and fails instead with REAPER_REQUIRE_REAL_NODE=1).
+//
+// With Options.InCluster the cluster hosts in-cluster workloads as a real
+// one does (incluster.go): the API server on the pod network's gateway
+// behind the kubernetes Service, ServiceAccount tokens mounted into pods,
+// kube-scheduler, kube-proxy, CoreDNS and, where the machine has ipset, a
+// NetworkPolicy enforcer; the Helm chart is installed there from the image
+// (test/install, testkit/helmrelease).
 package kubetest
 
 import (
