@@ -566,7 +566,11 @@ func takeNode(ctx context.Context, dir string) error {
 				cleanNode(owner)
 			}
 			cleanNode(dir) // what a crash of this very directory left, if any
-			err := os.WriteFile(NodeOwner, []byte(dir), 0o644)
+			// The owner's directory, and the process that took the node:
+			// until the node's own programs run (an in-cluster start takes
+			// it before its control plane), that process is what says
+			// the node is in use.
+			err := os.WriteFile(NodeOwner, []byte(fmt.Sprintf("%s\n%d\n", dir, os.Getpid())), 0o644)
 			unlock()
 			if err != nil {
 				return fmt.Errorf("kubetest: record the real node's owner: %w", err)
@@ -606,16 +610,32 @@ func releaseNode(dir string) {
 }
 
 func readOwner() string {
-	b, err := os.ReadFile(NodeOwner)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+	dir, _ := readOwnerRecord()
+	return dir
 }
 
-// nodeAlive reports whether a program of the real node of the cluster in
-// dir still runs.
+// readOwnerRecord reads NodeOwner: the owner's directory and the process
+// that took the node (0 when the record names none).
+func readOwnerRecord() (string, int) {
+	b, err := os.ReadFile(NodeOwner)
+	if err != nil {
+		return "", 0
+	}
+	lines := strings.SplitN(strings.TrimSpace(string(b)), "\n", 2)
+	pid := 0
+	if len(lines) == 2 {
+		pid, _ = strconv.Atoi(strings.TrimSpace(lines[1]))
+	}
+	return strings.TrimSpace(lines[0]), pid
+}
+
+// nodeAlive reports whether the real node of the cluster in dir is in
+// use: a program of it still runs, or the process that took it for that
+// cluster (which starts its programs) is alive.
 func nodeAlive(dir string) bool {
+	if owner, pid := readOwnerRecord(); owner == dir && pid > 0 && processExists(pid) {
+		return true
+	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		if pid, err := strconv.Atoi(e.Name()); err == nil && ownedBy(pid, filepath.Join(dir, "node")+"/") {
