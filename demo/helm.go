@@ -159,7 +159,7 @@ func (w *helmWorld) play(ctx context.Context) (int, error) {
 	}
 	if code != 0 {
 		w.dumpRelease()
-		say("\nsomething went wrong: see the lines above and the logs in %s", w.keepLogs())
+		_ = w.keepLogs()
 	}
 	if err := w.uninstall(ctx); err != nil {
 		return 1, err
@@ -280,6 +280,9 @@ func (w *helmWorld) run(ctx context.Context) (int, error) {
 		return code, nil
 	}
 	w.figure("reaperctl submit to every task succeeded", time.Since(w.submittedAt))
+	if err := w.rel.WaitReleased(ctx); err != nil {
+		return 1, err
+	}
 	pods, err := w.rel.TaskPods(ctx, helmRun)
 	if err != nil {
 		return 1, err
@@ -446,7 +449,8 @@ func showPods(ns string, pods []corev1.Pod) {
 }
 
 // showEvents prints the task namespace's Events as kubectl get events
-// does, oldest first: the scheduler's, the kubelet's and reaperd's.
+// does, pod by pod, oldest first: the scheduler's, the kubelet's and
+// reaperd's.
 func (w *helmWorld) showEvents(ctx context.Context) error {
 	events, err := w.rel.TaskEvents(ctx)
 	if err != nil {
@@ -483,14 +487,18 @@ func (w *helmWorld) summary(ctx context.Context) int {
 	var touched []string
 	for _, d := range ds {
 		switch {
-		case d.label == sdk.LabelInfraReplace:
-			replaced++
-		case d.label == sdk.LabelTaskRetry:
-			retried++
+		case isReap(d.label):
+			reaped++
 		case strings.HasPrefix(d.label, "reconcile_"):
 			settled++
+		case d.label == sdk.LabelInfraReplace:
+			replaced++
+			continue
+		case d.label == sdk.LabelTaskRetry:
+			retried++
+			continue
 		default:
-			reaped++
+			continue // the operator's submit, and what touches no attempt
 		}
 		if d.attempt.TaskID != w.harmedTask {
 			touched = append(touched, fmt.Sprintf("%s: %s by %s", d.attempt, d.label, d.reaper))
@@ -535,10 +543,13 @@ func (w *helmWorld) summary(ctx context.Context) int {
 // uninstall, checks what it left and deletes the namespaces.
 func (w *helmWorld) uninstall(ctx context.Context) error {
 	say("")
-	if err := w.rel.WaitReleased(ctx); err != nil {
+	held, err := w.rel.HeldTaskPods(ctx)
+	if err != nil {
 		return err
 	}
-	say("the sweep released every task pod it held (the outcome record finalizer): nothing for the uninstall's finalizer step")
+	if len(held) == 0 {
+		say("the sweep released every task pod it held (the outcome record finalizer): nothing for the uninstall's finalizer step")
+	}
 	begin := time.Now()
 	left, err := w.rel.Uninstall(ctx)
 	if err != nil {

@@ -730,9 +730,8 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	judged := map[sdk.Attempt]bool{} // a reaper or the sweep decided on it
 	retriedA := map[sdk.Attempt]bool{}
 	for _, d := range ds {
-		switch d.label {
-		case sdk.LabelPodLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelAgentLost,
-			sdk.LabelCredentialCeiling, sdk.LabelWarmWorkerLost, sdk.LabelOrphanRun:
+		switch {
+		case isReap(d.label):
 			reaped++
 			judged[d.attempt] = true
 			if d.attempt.TaskID == "" && w.sc.faults[d.attempt.RunID] != faultOrphanRun {
@@ -740,17 +739,17 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 			} else if _, ok := w.harmed[d.attempt]; !ok && d.attempt.TaskID != "" {
 				touched = append(touched, fmt.Sprintf("%s marked %s", d.attempt, d.label))
 			}
-		case sdk.LabelReconcileSettled:
+		case d.label == sdk.LabelReconcileSettled:
 			settled++
 			judged[d.attempt] = true
 			if _, ok := w.harmed[d.attempt]; !ok {
 				touched = append(touched, fmt.Sprintf("%s settled by the sweep", d.attempt))
 			}
-		case sdk.LabelReconcileInfraOverride:
+		case d.label == sdk.LabelReconcileInfraOverride:
 			overridden++
-		case sdk.LabelInfraReplace:
+		case d.label == sdk.LabelInfraReplace:
 			replaced++
-		case sdk.LabelTaskRetry:
+		case d.label == sdk.LabelTaskRetry:
 			retried++
 			retriedA[d.attempt] = true
 		}

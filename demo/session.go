@@ -418,6 +418,17 @@ func (s *session) outcome(ctx context.Context, runs ...string) ([]board.TaskInst
 	return tis, ds, err
 }
 
+// isReap reports whether label is a reaper's decision that fails or
+// re-places an attempt (the kube demos' "reaped").
+func isReap(label string) bool {
+	switch label {
+	case sdk.LabelPodLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelAgentLost,
+		sdk.LabelCredentialCeiling, sdk.LabelWarmWorkerLost, sdk.LabelOrphanRun:
+		return true
+	}
+	return false
+}
+
 // decisionRow is an applied decision of the audit.
 type decisionRow struct {
 	reaper, label string

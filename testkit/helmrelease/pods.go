@@ -79,28 +79,16 @@ func (r *Release) WaitReleased(ctx context.Context) error {
 	return nil
 }
 
-// TaskEvents lists the Events (events.k8s.io) in the task namespace,
-// oldest first: what kubectl get events shows.
+// TaskEvents lists the Events (events.k8s.io) in the task namespace, as
+// kubectl get events does: in the API's order, by name, which is the
+// object's name and the Event's creation time in nanoseconds (pod by pod,
+// oldest first).
 func (r *Release) TaskEvents(ctx context.Context) ([]eventsv1.Event, error) {
 	list, err := r.Client.EventsV1().Events(TaskNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("helmrelease: list the task namespace's Events: %w", err)
 	}
-	slices.SortStableFunc(list.Items, func(a, b eventsv1.Event) int { return eventTime(a).Compare(eventTime(b)) })
 	return list.Items, nil
-}
-
-// eventTime is when the Event was last seen.
-func eventTime(e eventsv1.Event) time.Time {
-	switch {
-	case e.Series != nil:
-		return e.Series.LastObservedTime.Time
-	case !e.EventTime.IsZero():
-		return e.EventTime.Time
-	case !e.DeprecatedLastTimestamp.IsZero():
-		return e.DeprecatedLastTimestamp.Time
-	}
-	return e.CreationTimestamp.Time
 }
 
 // Dump writes what a failed test or demo needs to w: the runs, the
