@@ -107,8 +107,9 @@ demo-kube: build
 	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./runner/agent/cmd/reaper-agent
 	@$(BIN)/reaper-demo -kube $(if $(filter command line environment,$(origin NODE)),-node $(NODE))
 
-# The kube edition installed the way a user installs it, end to end, in a
-# few minutes once the cluster's binaries are cached: the image built by
+# The kube edition installed the way a user installs it, end to end, in
+# about a minute and a half once the cluster's binaries and Go's build cache
+# are warm (a cold image build adds a few minutes): the image built by
 # tools/image and imported into the test cluster's real node, a local
 # cluster that hosts in-cluster workloads (as make kube-up NODE=real starts
 # it), PostgreSQL on the pod network's gateway, the three Secrets, reaperd
