@@ -18,7 +18,7 @@ BINARIES := \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
 	reaper-agent=./runner/agent/cmd/reaper-agent
 
-.PHONY: all build test lint proto clean demo demo-kube e2e bench image
+.PHONY: all build test lint proto clean demo demo-kube demo-helm e2e bench image
 
 all: build
 
@@ -54,11 +54,20 @@ test:
 # the progress. kube-up starts one in the background and prints
 # KUBECONFIG=<path>; kube-down stops it and removes what it made.
 # make test runs the kube tests (testkit/kubetest and its users) on it.
-# kube-build also builds the real node's kubelet (tools/kubenode, a module
-# and cache of its own: about a minute once the cluster's build is cached).
+# kube-build also builds the real node's binaries (tools/kubenode, a module
+# and cache of its own: the kubelet, kube-scheduler, kube-proxy, CoreDNS and
+# kube-router; about 8 minutes once the cluster's build is cached).
 # kube-up NODE=real adds a real node (kubelet, containerd, runc) beside the
-# KWOK nodes, where the machine can host one (root, containerd, runc and
-# writable cgroups); kube-down removes it and everything it made.
+# KWOK nodes and what in-cluster workloads need: kube-scheduler placing the
+# pods, kube-proxy (iptables mode) routing the Services' ClusterIPs, CoreDNS
+# answering for cluster.local on the pod network's gateway, the API server
+# on that gateway behind the kubernetes Service, and, where the machine has
+# ipset, kube-router's NetworkPolicy controller (and nothing else of it)
+# enforcing NetworkPolicies. It needs a machine that can host the node
+# (root, containerd, runc, the CNI plugins, iptables, a static busybox and
+# writable cgroups) and fails saying why on one that cannot. kube-down
+# removes the node and everything it made (the iptables chains and ipsets
+# included).
 KUBECLUSTER := $(GO) run ./testkit/kubetest/cmd/kubecluster
 
 .PHONY: kube-build kube-up kube-down
@@ -97,6 +106,24 @@ demo-kube: build
 	@$(GO) build -o $(BIN)/reaper-demo ./demo
 	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./runner/agent/cmd/reaper-agent
 	@$(BIN)/reaper-demo -kube $(if $(filter command line environment,$(origin NODE)),-node $(NODE))
+
+# The kube edition installed the way a user installs it, end to end, in
+# about a minute and a half once the cluster's binaries and Go's build cache
+# are warm (a cold image build adds a few minutes): the image built by
+# tools/image and imported into the test cluster's real node, a local
+# cluster that hosts in-cluster workloads (as make kube-up NODE=real starts
+# it), PostgreSQL on the pod network's gateway, the three Secrets, reaperd
+# migrate, helm install of deploy/helm/reaper with a values file (printed,
+# with each command as a user types it), both replicas Ready, a run
+# submitted with reaperctl, the leading replica's pod and a task pod
+# deleted under it, the task pods and their Events, then helm uninstall.
+# The walk of docs/operate.md, "Install on a cluster, step by step"; the
+# install tier (test/install) holds it to its promises in make test. Needs
+# a machine that can host the real node (it fails saying why on one that
+# cannot). Leaves nothing running and nothing behind.
+demo-helm: build
+	@$(GO) build -o $(BIN)/reaper-demo ./demo
+	@$(BIN)/reaper-demo -helm -version $(VERSION)
 
 # The fault suite alone, verbose, ending with its figures table (make test
 # runs it too).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,6 +159,26 @@ func TestKubeDemo_OnTheRealNodeEveryFaultSettledAndNothingLeftBehind(t *testing.
 		t.Logf("the machine's real node is another cluster's since: the leftovers are not told apart")
 	} else if len(left) > 0 {
 		t.Errorf("the real node left behind: %v", left)
+	}
+	leftBehind(t, sc.name)
+}
+
+// make demo-helm where the machine cannot host the real node its chart's
+// pods need fails before anything else, saying why in one line, and
+// leaves nothing behind.
+func TestHelmDemo_WhereNoRealNodeCanBeHostedFailsSayingWhyInOneLine(t *testing.T) {
+	sc := helmDemo(binDir, "test")
+	sc.name, sc.unavailable = "reaper-demo-helm-test-none", "the test's machine hosts no node"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	code, err := runHelmOn(ctx, sc)
+	var none *noRealNode
+	if code == 0 || !errors.As(err, &none) || none.why != sc.unavailable {
+		t.Fatalf("runHelmOn: %d, %v; want a failure because %q", code, err, sc.unavailable)
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "real node") {
+		t.Errorf("the failure says %q, want one line naming the real node", msg)
 	}
 	leftBehind(t, sc.name)
 }

@@ -123,9 +123,8 @@ type kubeWorld struct {
 	where    nodeReport
 	deadline time.Duration // the runs' deadline, the real node's faults' time added
 
-	harmed   map[sdk.Attempt]string // the attempts a fault took, and which
-	faulted  map[string]bool        // faults keys already injected
-	injected int
+	harmed   map[sdk.Attempt]string            // the attempts a fault took, and which
+	faulted  map[string]bool                   // faults keys already injected
 	loss     *nodeLoss                         // the real node's node lost, once begun
 	early    []string                          // attempts reaped while their node was unreachable
 	seen     map[sdk.Attempt]podrecord.Outcome // the pods' outcome records read so far
@@ -165,16 +164,8 @@ func runKubeOn(ctx context.Context, sc kubeScenario) (int, nodeReport, error) {
 	code := w.run(ctx)
 	clusterDir := w.cluster.Dir()
 	s.close()
-	if w.real != nil {
-		switch left, checked := leftovers(clusterDir); {
-		case !checked:
-			say("the machine's real node is another cluster's now: what this one left is not told apart from it")
-		case len(left) > 0:
-			say("the real node left behind: %s", strings.Join(left, "; "))
-			code = 1
-		default:
-			say("the real node left nothing behind: no kubelet, containerd, shim, mount, /kubepods cgroup, netns or bridge")
-		}
+	if w.real != nil && !reportLeftovers(clusterDir) {
+		code = 1
 	}
 	return code, w.where, nil
 }
@@ -544,15 +535,6 @@ func (w *kubeWorld) note(key string, msg string, err error) {
 	w.report(msg, err)
 }
 
-func (w *kubeWorld) report(msg string, err error) {
-	if err != nil {
-		say("%6.1fs  (fault not injected yet: %v)", w.at(), err)
-		return
-	}
-	w.injected++
-	say("%6.1fs  FAULT      %s", w.at(), msg)
-}
-
 // podName is the name of attempt a's pod, as the kube runner recorded it
 // with the pod's UID (a pod's name carries a part drawn at each create, so
 // it cannot be computed from the attempt).
@@ -735,16 +717,7 @@ func placePod(faults map[string]string) func(*corev1.Pod, []string) string {
 // attempt settled by a reaper or the sweep, every task succeeded, and no
 // attempt a fault did not take was touched.
 func (w *kubeWorld) summary(ctx context.Context) int {
-	runs := w.runIDs()
-	var tis []board.TaskInstance
-	for _, id := range runs {
-		t, err := w.store.TaskInstances(ctx, id)
-		if err != nil {
-			return fail(err)
-		}
-		tis = append(tis, t...)
-	}
-	ds, err := w.appliedDecisions(ctx, runs...)
+	tis, ds, err := w.outcome(ctx, w.runIDs()...)
 	if err != nil {
 		return fail(err)
 	}
@@ -757,9 +730,8 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	judged := map[sdk.Attempt]bool{} // a reaper or the sweep decided on it
 	retriedA := map[sdk.Attempt]bool{}
 	for _, d := range ds {
-		switch d.label {
-		case sdk.LabelPodLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelAgentLost,
-			sdk.LabelCredentialCeiling, sdk.LabelWarmWorkerLost, sdk.LabelOrphanRun:
+		switch {
+		case isReap(d.label):
 			reaped++
 			judged[d.attempt] = true
 			if d.attempt.TaskID == "" && w.sc.faults[d.attempt.RunID] != faultOrphanRun {
@@ -767,17 +739,17 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 			} else if _, ok := w.harmed[d.attempt]; !ok && d.attempt.TaskID != "" {
 				touched = append(touched, fmt.Sprintf("%s marked %s", d.attempt, d.label))
 			}
-		case sdk.LabelReconcileSettled:
+		case d.label == sdk.LabelReconcileSettled:
 			settled++
 			judged[d.attempt] = true
 			if _, ok := w.harmed[d.attempt]; !ok {
 				touched = append(touched, fmt.Sprintf("%s settled by the sweep", d.attempt))
 			}
-		case sdk.LabelReconcileInfraOverride:
+		case d.label == sdk.LabelReconcileInfraOverride:
 			overridden++
-		case sdk.LabelInfraReplace:
+		case d.label == sdk.LabelInfraReplace:
 			replaced++
-		case sdk.LabelTaskRetry:
+		case d.label == sdk.LabelTaskRetry:
 			retried++
 			retriedA[d.attempt] = true
 		}

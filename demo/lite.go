@@ -163,11 +163,7 @@ func findAgent(a sdk.Attempt) (agent, task int, err error) {
 // liteSummary prints the table of what happened, from the board and its
 // audit.
 func liteSummary(ctx context.Context, s *session) int {
-	tis, err := s.store.TaskInstances(ctx, runID)
-	if err != nil {
-		return fail(err)
-	}
-	ds, err := s.appliedDecisions(ctx, runID)
+	tis, ds, err := s.outcome(ctx, runID)
 	if err != nil {
 		return fail(err)
 	}

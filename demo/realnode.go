@@ -348,6 +348,23 @@ func leftovers(clusterDir string) (left []string, checked bool) {
 	return kubetest.NodeLeftovers(clusterDir), true
 }
 
+// reportLeftovers says what the real node of the cluster in clusterDir
+// left on the machine once the cluster has stopped, and reports whether it
+// left nothing (or whether that cannot be told: the machine's node is
+// another cluster's since).
+func reportLeftovers(clusterDir string) bool {
+	switch left, checked := leftovers(clusterDir); {
+	case !checked:
+		say("the machine's real node is another cluster's now: what this one left is not told apart from it")
+	case len(left) > 0:
+		say("the real node left behind: %s", strings.Join(left, "; "))
+		return false
+	default:
+		say("the real node left nothing behind: no kubelet, containerd, shim, kube-proxy or firewall rule, mount, /kubepods cgroup, netns or bridge")
+	}
+	return true
+}
+
 // ledger is the HTTP server on the gateway the tasks in real containers
 // report their executions to.
 type ledger struct {

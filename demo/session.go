@@ -35,7 +35,9 @@ type session struct {
 	pool   *pgxpool.Pool
 	store  *board.Store
 	events chan string
-	undo   []func() // run in reverse by close
+	// injected counts the faults injected (report).
+	injected int
+	undo     []func() // run in reverse by close
 }
 
 func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
@@ -44,11 +46,40 @@ func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
 func (s *session) at() float64 { return time.Since(s.start).Seconds() }
 
 // open prepares a session in $TMPDIR/<name>-<uid> with the binaries in
-// bin: cleans what a previous demo left there, then starts a throwaway
-// PostgreSQL unless REAPER_DSN names one, and opens the board.
+// bin (openDir), then starts a throwaway PostgreSQL unless REAPER_DSN
+// names one, and opens the board.
 func open(ctx context.Context, name, bin string) (*session, error) {
+	s, err := openDir(name, bin)
+	if err != nil {
+		return nil, err
+	}
+	dsn := os.Getenv("REAPER_DSN")
+	if dsn == "" {
+		say("starting a throwaway PostgreSQL from this machine's server binaries ...")
+		srv, err := s.startDatabase(ctx, pgtest.Options{})
+		if err == nil {
+			err = srv.CreateDatabase(ctx, "reaper", "")
+		}
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		dsn = srv.DSN("reaper")
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.undo = append(s.undo, pool.Close)
+	s.useBoard(dsn, pool)
+	return s, nil
+}
+
+// openDir prepares a session in $TMPDIR/<name>-<uid> with the binaries in
+// bin, cleaning what a previous demo left there first; close removes it.
+func openDir(name, bin string) (*session, error) {
 	s := &session{start: time.Now(), bin: bin, events: make(chan string, 1024)}
-	var err error
 	s.dir = filepath.Join(os.TempDir(), fmt.Sprintf("%s-%d", name, os.Getuid()))
 	if cleanup(s.dir) {
 		say("cleaned up what a previous demo left behind")
@@ -59,29 +90,25 @@ func open(ctx context.Context, name, bin string) (*session, error) {
 	}
 	_ = os.Chmod(s.dir, 0o755) // the database server's account needs to reach its directory
 	s.undo = append(s.undo, func() { cleanup(s.dir) })
+	return s, nil
+}
 
-	s.dsn = os.Getenv("REAPER_DSN")
-	if s.dsn == "" {
-		say("starting a throwaway PostgreSQL from this machine's server binaries ...")
-		srv, err := pgtest.Start(ctx, pgtest.Options{BaseDir: s.dir})
-		if err != nil {
-			s.close()
-			return nil, err
-		}
-		s.undo = append(s.undo, func() { _ = srv.Stop() })
-		if err := srv.CreateDatabase(ctx, "reaper", ""); err != nil {
-			s.close()
-			return nil, err
-		}
-		s.dsn = srv.DSN("reaper")
-	}
-	if s.pool, err = pgxpool.New(ctx, s.dsn); err != nil {
-		s.close()
+// startDatabase starts a throwaway PostgreSQL in the session's directory
+// (so that cleanup finds it after a crash); close stops it.
+func (s *session) startDatabase(ctx context.Context, opts pgtest.Options) (*pgtest.Server, error) {
+	opts.BaseDir = s.dir
+	srv, err := pgtest.Start(ctx, opts)
+	if err != nil {
 		return nil, err
 	}
-	s.undo = append(s.undo, s.pool.Close)
-	s.store = board.New(s.pool, board.Options{})
-	return s, nil
+	s.undo = append(s.undo, func() { _ = srv.Stop() })
+	return srv, nil
+}
+
+// useBoard makes the database at dsn, through pool, the session's board.
+func (s *session) useBoard(dsn string, pool *pgxpool.Pool) {
+	s.dsn, s.pool = dsn, pool
+	s.store = board.New(pool, board.Options{})
 }
 
 // logsDir is where a failed demo's logs are kept (the session's directory
@@ -341,6 +368,16 @@ func (s *session) explain(ctx context.Context, run, task string) {
 	}
 }
 
+// report says a fault injected, counting it, or why it was not yet.
+func (s *session) report(msg string, err error) {
+	if err != nil {
+		say("%6.1fs  (fault not injected yet: %v)", s.at(), err)
+		return
+	}
+	s.injected++
+	say("%6.1fs  FAULT      %s", s.at(), msg)
+}
+
 // drain prints the event lines waiting.
 func (s *session) drain() {
 	for len(s.events) > 0 {
@@ -364,6 +401,32 @@ func progress(tis []board.TaskInstance) string {
 		parts[i] = fmt.Sprintf("%s=%d", k, counts[k])
 	}
 	return "tasks: " + strings.Join(parts, " ")
+}
+
+// outcome reads what a summary is computed from: the runs' task
+// instances and the audit's applied decisions about them.
+func (s *session) outcome(ctx context.Context, runs ...string) ([]board.TaskInstance, []decisionRow, error) {
+	var tis []board.TaskInstance
+	for _, id := range runs {
+		t, err := s.store.TaskInstances(ctx, id)
+		if err != nil {
+			return nil, nil, err
+		}
+		tis = append(tis, t...)
+	}
+	ds, err := s.appliedDecisions(ctx, runs...)
+	return tis, ds, err
+}
+
+// isReap reports whether label is a reaper's decision that fails or
+// re-places an attempt (the kube demos' "reaped").
+func isReap(label string) bool {
+	switch label {
+	case sdk.LabelPodLost, sdk.LabelDispatchLost, sdk.LabelStartExpired, sdk.LabelAgentLost,
+		sdk.LabelCredentialCeiling, sdk.LabelWarmWorkerLost, sdk.LabelOrphanRun:
+		return true
+	}
+	return false
 }
 
 // decisionRow is an applied decision of the audit.

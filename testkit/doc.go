@@ -1,7 +1,9 @@
 // Package testkit holds the project's test harnesses, each a package of its
 // own: pgtest (a throwaway PostgreSQL started as an unprivileged user),
 // kubetest (a real kube-apiserver, etcd, KWOK and controller manager, a
-// real node beside them, and the kubelet player), testbin (the project's
+// real node beside them, and the kubelet player), helmrelease (the chart
+// installed from the image on that cluster as users install it: the
+// install tier's and make demo-helm's), testbin (the project's
 // binaries built once per test binary), validatetest, marked (processes a
 // test left, by their marker), massbench (the mass recovery's workload), machinecpu
 // (the whole machine's busy CPU time, for benchmarks), unpriv (an unprivileged

@@ -3,9 +3,6 @@ package install_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -13,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/helmrelease"
 )
 
 // Day two: helm upgrade to a second image while attempts run, helm
@@ -60,14 +55,13 @@ func (r *release) watchReplicas(ctx context.Context) *watch {
 				return
 			case <-tick.C:
 			}
-			list, err := r.cs.CoreV1().Pods(releaseNS).List(ctx, metav1.ListOptions{
-				LabelSelector: "app.kubernetes.io/name=reaper,app.kubernetes.io/instance=" + releaseName})
+			pods, err := r.Replicas(ctx)
 			if err != nil {
 				continue
 			}
 			leaders, readyN := 0, 0
-			for _, p := range list.Items {
-				if ready(p) && p.DeletionTimestamp == nil {
+			for _, p := range pods {
+				if helmrelease.Ready(p) && p.DeletionTimestamp == nil {
 					readyN++
 				}
 				if p.Status.PodIP != "" && scrape(ctx, p.Status.PodIP, "reaper_leader") == "1" {
@@ -103,22 +97,8 @@ func (r *release) watchReplicas(ctx context.Context) *watch {
 func scrape(ctx context.Context, ip, name string) string {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "9464")+"/metrics", nil)
-	if err != nil {
-		return ""
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
+	v, _ := helmrelease.Metric(ctx, ip, name)
+	return v
 }
 
 // check stops the watch and fails on two leaders or no Ready replica.
@@ -137,17 +117,6 @@ func (w *watch) check(t *testing.T, what string) {
 	}
 }
 
-// imagesOf lists the image of each live replica.
-func (r *release) imagesOf(ctx context.Context) []string {
-	var out []string
-	for _, p := range r.replicas(ctx) {
-		if p.DeletionTimestamp == nil {
-			out = append(out, p.Spec.Containers[0].Image)
-		}
-	}
-	return out
-}
-
 // phaseUpgrade: helm upgrade to the second image (built with the probe
 // migration, which the operator applies first with that image's reaperd,
 // as docs/operate.md says) while two tasks run; the replicas roll one at
@@ -156,16 +125,13 @@ func (r *release) phaseUpgrade(ctx context.Context, t *testing.T, lg *ledger) {
 	const runID = "upgrade"
 	tasks := []string{"a", "b"}
 	r.submitLedger(ctx, lg, runID, tasks...)
-	tar := buildImage(ctx, t, secondVersion, "-tags", probeTag)
-	if err := r.node.ImportArchive(ctx, tar); err != nil {
-		t.Fatal(err)
-	}
+	r.check(r.ImportImage(ctx, helmrelease.ImageOptions{Version: secondVersion, Tags: probeTag}))
 	probe := filepath.Join(binDir, "reaperd-probe")
 	build := exec.CommandContext(ctx, "go", "build", "-tags", probeTag, "-o", probe, "github.com/dexaflow/reaper/host/cmd/reaperd")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the probe reaperd: %v\n%s", err, out)
 	}
-	out, err := exec.CommandContext(ctx, probe, "migrate", "-config", r.hostConfig).CombinedOutput()
+	out, err := exec.CommandContext(ctx, probe, "migrate", "-config", r.HostConfig).CombinedOutput()
 	if err != nil {
 		t.Fatalf("reaperd migrate (the second image's): %v\n%s", err, out)
 	}
@@ -173,13 +139,12 @@ func (r *release) phaseUpgrade(ctx context.Context, t *testing.T, lg *ledger) {
 
 	w := r.watchReplicas(ctx)
 	begin := time.Now()
-	if out, err := r.helm(ctx, "upgrade", releaseName, r.chart(), "--namespace", releaseNS,
-		"--values", r.values(secondVersion), "--wait", "--timeout", "5m"); err != nil {
+	if out, err := r.Upgrade(ctx, secondVersion, "--wait", "--timeout", "5m"); err != nil {
 		w.stop()
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
-	r.waitImages(ctx, imageRepo+":"+secondVersion)
-	r.waitReplicasReady(ctx)
+	r.check(r.WaitImages(ctx, helmrelease.ImageRepository+":"+secondVersion))
+	r.check(r.WaitReplicasReady(ctx))
 	t.Logf("helm upgrade: both replicas on %s and Ready %s after it began", secondVersion, time.Since(begin).Round(100*time.Millisecond))
 	time.Sleep(settle) // the new leader's grace and cycles, in real time
 	w.check(t, "upgrade")
@@ -188,27 +153,8 @@ func (r *release) phaseUpgrade(ctx context.Context, t *testing.T, lg *ledger) {
 	r.expectSuccess(ctx, runID, 2*time.Minute)
 	r.expectOneExecution(lg, runID, tasks...)
 	var n int
-	if err := r.board.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE name LIKE '%upgrade_probe%'`).Scan(&n); err != nil || n != 1 {
+	if err := r.Board.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE name LIKE '%upgrade_probe%'`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("the probe migration is recorded %d times (%v), want once", n, err)
-	}
-}
-
-// waitImages waits until every live replica runs image.
-func (r *release) waitImages(ctx context.Context, image string) {
-	r.t.Helper()
-	if !eventually.Until(3*time.Minute, func() bool {
-		imgs := r.imagesOf(ctx)
-		if len(imgs) != 2 {
-			return false
-		}
-		for _, i := range imgs {
-			if i != image {
-				return false
-			}
-		}
-		return true
-	}, eventually.Every(250*time.Millisecond)) {
-		r.t.Fatalf("the replicas run %v, want both on %s", r.imagesOf(ctx), image)
 	}
 }
 
@@ -220,12 +166,12 @@ func (r *release) phaseRollback(ctx context.Context, t *testing.T, lg *ledger) {
 	r.submitLedger(ctx, lg, runID, tasks...)
 	w := r.watchReplicas(ctx)
 	begin := time.Now()
-	if out, err := r.helm(ctx, "rollback", releaseName, "1", "--namespace", releaseNS, "--wait", "--timeout", "5m"); err != nil {
+	if out, err := r.Helm(ctx, "rollback", helmrelease.Name, "1", "--namespace", helmrelease.Namespace, "--wait", "--timeout", "5m"); err != nil {
 		w.stop()
 		t.Fatalf("helm rollback: %v\n%s", err, out)
 	}
-	r.waitImages(ctx, imageRepo+":"+firstVersion)
-	r.waitReplicasReady(ctx)
+	r.check(r.WaitImages(ctx, helmrelease.ImageRepository+":"+firstVersion))
+	r.check(r.WaitReplicasReady(ctx))
 	t.Logf("helm rollback: both replicas back on %s and Ready %s after it began", firstVersion, time.Since(begin).Round(100*time.Millisecond))
 	time.Sleep(settle)
 	w.check(t, "rollback")
@@ -241,43 +187,26 @@ func (r *release) phaseRollback(ctx context.Context, t *testing.T, lg *ledger) {
 // log and its readiness, and is not Ready; once the row is gone it serves.
 func (r *release) phaseBelowFloor(ctx context.Context, t *testing.T, _ *ledger) {
 	var top int
-	if err := r.board.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&top); err != nil {
+	if err := r.Board.QueryRow(ctx, `SELECT max(version) FROM schema_migrations`).Scan(&top); err != nil {
 		t.Fatal(err)
 	}
 	breaking := top + 1
 	name := fmt.Sprintf("%03d_breaking.sql", breaking)
-	if _, err := r.board.Exec(ctx, `INSERT INTO schema_migrations (version, name, floor) VALUES ($1, $2, $1)`, breaking, name); err != nil {
+	if _, err := r.Board.Exec(ctx, `INSERT INTO schema_migrations (version, name, floor) VALUES ($1, $2, $1)`, breaking, name); err != nil {
 		t.Fatal(err)
 	}
 	removed := false
 	defer func() {
 		if !removed {
-			_, _ = r.board.Exec(context.Background(), `DELETE FROM schema_migrations WHERE version = $1`, breaking)
+			_, _ = r.Board.Exec(context.Background(), `DELETE FROM schema_migrations WHERE version = $1`, breaking)
 		}
 	}()
 	fresh := r.replaceReplica(ctx)
 	health := r.expectRefusing(ctx, fresh, "below the database's floor "+fmt.Sprint(breaking))
 	t.Logf("below the floor, the replica's readiness: %s", strings.TrimSpace(health))
-	if _, err := r.board.Exec(ctx, `DELETE FROM schema_migrations WHERE version = $1`, breaking); err != nil {
+	if _, err := r.Board.Exec(ctx, `DELETE FROM schema_migrations WHERE version = $1`, breaking); err != nil {
 		t.Fatal(err)
 	}
 	removed = true
-	r.waitReplicasReady(ctx)
-}
-
-// health reads /monitor/health from a replica's telemetry port.
-func (r *release) health(ctx context.Context, ip string) string {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "9464")+"/monitor/health", nil)
-	if err != nil {
-		return err.Error()
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err.Error()
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	return fmt.Sprintf("%d %s", resp.StatusCode, body)
+	r.check(r.WaitReplicasReady(ctx))
 }

@@ -10,6 +10,10 @@
 // through the attempt API's Service by its DNS name, every task succeeded,
 // and an uninstall that leaves nothing of reaperd's behind.
 //
+// The install itself, and what the tests read of it, is
+// testkit/helmrelease's, which make demo-helm takes too: the tests hold
+// it to its promises.
+//
 // The tier needs the real node: where the machine cannot host one its
 // tests skip saying why, and with REAPER_REQUIRE_REAL_NODE=1 (CI) they
 // fail instead.

@@ -3,8 +3,6 @@ package install_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/eventually"
+	"github.com/dexaflow/reaper/testkit/helmrelease"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
@@ -25,7 +24,7 @@ import (
 
 // settle is how long a new leader is watched after it took over: the
 // settling grace and two maintenance intervals of the tier's values.
-const settle = 8*time.Second + 2*2*time.Second
+const settle = helmrelease.SettlingGrace + 2*helmrelease.MaintenanceInterval
 
 // submitLedger submits a run whose tasks report to the ledger and wait
 // for its release, and waits for every task's first execution to start.
@@ -37,43 +36,24 @@ func (r *release) submitLedger(ctx context.Context, lg *ledger, runID string, ta
 // submitLedgerRetries is submitLedger with tasks that declare retries.
 func (r *release) submitLedgerRetries(ctx context.Context, lg *ledger, runID string, retries int, tasks ...string) {
 	r.t.Helper()
-	args := []string{"submit", "-config", r.hostConfig, "-run", runID, "-retries", fmt.Sprint(retries), "-tasks", strings.Join(tasks, ",")}
+	args := []string{"-run", runID, "-retries", fmt.Sprint(retries), "-tasks", strings.Join(tasks, ",")}
 	for _, task := range tasks {
 		args = append(args, lg.command(runID, task))
 	}
-	if out, err := exec.CommandContext(ctx, filepath.Join(binDir, "reaperctl"), args...).CombinedOutput(); err != nil {
-		r.t.Fatalf("reaperctl submit: %v\n%s", err, out)
-	}
+	_, err := r.Reaperctl(ctx, "submit", args...)
+	r.check(err)
 	if !eventually.Until(2*time.Minute, func() bool { return lg.started(runID, tasks) == len(tasks) }, eventually.Every(200*time.Millisecond)) {
 		r.t.Fatalf("run %s: %d of %d tasks started", runID, lg.started(runID, tasks), len(tasks))
 	}
-}
-
-// attempts returns each task's current "try.epoch" and state.
-func (r *release) attempts(ctx context.Context, runID string) map[string]string {
-	r.t.Helper()
-	rows, err := r.board.Query(ctx, `SELECT task_id, try_number, attempt_epoch, state FROM task_instances WHERE run_id = $1`, runID)
-	if err != nil {
-		r.t.Fatalf("read run %s: %v", runID, err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var task, state string
-		var try, epoch int
-		if err := rows.Scan(&task, &try, &epoch, &state); err != nil {
-			r.t.Fatal(err)
-		}
-		out[task] = fmt.Sprintf("%d.%d %s", try, epoch, state)
-	}
-	return out
 }
 
 // expectUntouched fails when a task of the run moved from its first
 // attempt or left running: a live attempt was reaped.
 func (r *release) expectUntouched(ctx context.Context, runID string) {
 	r.t.Helper()
-	for task, a := range r.attempts(ctx, runID) {
+	attempts, err := r.Attempts(ctx, runID)
+	r.check(err)
+	for task, a := range attempts {
 		if a != "1.0 running" {
 			r.t.Errorf("run %s task %s: %s, want its first attempt still running (a live attempt was reaped)", runID, task, a)
 		}
@@ -102,8 +82,8 @@ func (r *release) phaseLeaderLost(kill bool) func(context.Context, *testing.T, *
 		}
 		tasks := []string{"a", "b"}
 		r.submitLedger(ctx, lg, runID, tasks...)
-		old := r.leader(ctx, "")
-		held := r.leaseHolder(ctx)
+		old, held, err := r.Leader(ctx, "")
+		r.check(err)
 		begin := time.Now()
 		if kill {
 			killed := 0
@@ -117,12 +97,12 @@ func (r *release) phaseLeaderLost(kill bool) func(context.Context, *testing.T, *
 			if killed == 0 {
 				t.Fatalf("no reaperd process found in the leading pod %s", old.Name)
 			}
-		} else if err := r.cs.CoreV1().Pods(releaseNS).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		} else if err := r.Client.CoreV1().Pods(helmrelease.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete the leading pod %s: %v", old.Name, err)
 		}
-		next := r.leader(ctx, held)
-		if next.Name == "" {
-			t.Fatalf("no replica took the Lease over from %s", held)
+		next, _, err := r.Leader(ctx, held)
+		if err != nil {
+			t.Fatalf("no replica took the Lease over from %s: %v", held, err)
 		}
 		t.Logf("leader %s lost (%s); %s leads %s later", old.Name, map[bool]string{true: "killed", false: "deleted"}[kill],
 			next.Name, time.Since(begin).Round(100*time.Millisecond))
@@ -131,55 +111,15 @@ func (r *release) phaseLeaderLost(kill bool) func(context.Context, *testing.T, *
 		lg.release(runID)
 		r.expectSuccess(ctx, runID, 2*time.Minute)
 		r.expectOneExecution(lg, runID, tasks...)
-		r.waitReplicasReady(ctx)
+		r.check(r.WaitReplicasReady(ctx))
 	}
-}
-
-// waitReplicasReady waits for the Deployment's two replicas to be Ready
-// again (a deleted pod replaced, a killed container restarted).
-func (r *release) waitReplicasReady(ctx context.Context) {
-	r.t.Helper()
-	if !eventually.Until(3*time.Minute, func() bool {
-		n := 0
-		for _, p := range r.replicas(ctx) {
-			if p.DeletionTimestamp == nil && ready(p) {
-				n++
-			}
-		}
-		return n == 2
-	}, eventually.Every(250*time.Millisecond)) {
-		r.t.Fatal("the two replicas are not Ready again")
-	}
-}
-
-// taskPod returns the pod of the run's task's current attempt.
-func (r *release) taskPod(ctx context.Context, runID, task string) corev1.Pod {
-	r.t.Helper()
-	var pod corev1.Pod
-	if !eventually.Until(time.Minute, func() bool {
-		list, err := r.cs.CoreV1().Pods(taskNS).List(ctx, metav1.ListOptions{
-			LabelSelector: kube.LabelRunID + "=" + runID + "," + kube.LabelTaskID + "=" + task})
-		if err != nil {
-			return false
-		}
-		for _, p := range list.Items {
-			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
-				pod = p
-				return true
-			}
-		}
-		return false
-	}, eventually.Every(200*time.Millisecond)) {
-		r.t.Fatalf("no running pod for run %s task %s", runID, task)
-	}
-	return pod
 }
 
 // waitPodEnded waits until the pod is gone or its containers terminated.
 func (r *release) waitPodEnded(ctx context.Context, pod corev1.Pod) {
 	r.t.Helper()
 	if !eventually.Until(time.Minute, func() bool {
-		p, err := r.cs.CoreV1().Pods(taskNS).Get(ctx, pod.Name, metav1.GetOptions{})
+		p, err := r.Client.CoreV1().Pods(helmrelease.TaskNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil || p.UID != pod.UID {
 			return true
 		}
@@ -205,12 +145,14 @@ func (r *release) waitPodEnded(ctx context.Context, pod corev1.Pod) {
 func (r *release) replaced(ctx context.Context, lg *ledger, runID string, retries int, harm func(corev1.Pod)) corev1.Pod {
 	r.t.Helper()
 	r.submitLedgerRetries(ctx, lg, runID, retries, "v")
-	pod := r.taskPod(ctx, runID, "v")
+	pod, err := r.RunningTaskPod(ctx, runID, "v")
+	r.check(err)
 	harm(pod)
 	r.waitPodEnded(ctx, pod)
 	lg.forget(runID, "v") // the first execution's end can never come
 	if !eventually.Until(2*time.Minute, func() bool { return len(lg.executions(runID, "v")) >= 2 }, eventually.Every(200*time.Millisecond)) {
-		r.t.Fatalf("run %s: the task was not placed again (attempts %v)", runID, r.attempts(ctx, runID))
+		attempts, _ := r.Attempts(ctx, runID)
+		r.t.Fatalf("run %s: the task was not placed again (attempts %v)", runID, attempts)
 	}
 	lg.release(runID)
 	r.expectSuccess(ctx, runID, 2*time.Minute)
@@ -227,12 +169,12 @@ func (r *release) expectEvent(ctx context.Context, pod corev1.Pod, runID, action
 	r.t.Helper()
 	var seen []string
 	if !eventually.Until(time.Minute, func() bool {
-		list, err := r.cs.EventsV1().Events(taskNS).List(ctx, metav1.ListOptions{})
+		events, err := r.TaskEvents(ctx)
 		if err != nil {
 			return false
 		}
 		seen = seen[:0]
-		for _, e := range list.Items {
+		for _, e := range events {
 			if e.Regarding.UID != pod.UID {
 				continue
 			}
@@ -252,7 +194,7 @@ func (r *release) expectEvent(ctx context.Context, pod corev1.Pod, runID, action
 // is placed again without spending a retry (it declares none).
 func (r *release) phaseTaskPodDeleted(ctx context.Context, t *testing.T, lg *ledger) {
 	pod := r.replaced(ctx, lg, "pod-deleted", 0, func(pod corev1.Pod) {
-		if err := r.cs.CoreV1().Pods(taskNS).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		if err := r.Client.CoreV1().Pods(helmrelease.TaskNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete the task pod %s: %v", pod.Name, err)
 		}
 	})
@@ -287,29 +229,29 @@ func (r *release) phaseKubeletFrozen(ctx context.Context, t *testing.T, lg *ledg
 	const runID = "kubelet-frozen"
 	tasks := []string{"a", "b"}
 	r.submitLedger(ctx, lg, runID, tasks...)
-	if err := r.c.PauseKubelet(); err != nil {
+	if err := r.Cluster.PauseKubelet(); err != nil {
 		t.Fatal(err)
 	}
 	thawed := false
 	defer func() {
 		if !thawed {
-			_ = r.c.ResumeKubelet()
+			_ = r.Cluster.ResumeKubelet()
 		}
 	}()
 	if !eventually.Until(2*time.Minute, func() bool {
-		n, err := r.cs.CoreV1().Nodes().Get(ctx, r.node.Name, metav1.GetOptions{})
+		n, err := r.Client.CoreV1().Nodes().Get(ctx, r.Node.Name, metav1.GetOptions{})
 		return err == nil && !kubetest.NodeReady(n)
 	}, eventually.Every(500*time.Millisecond)) {
 		t.Fatal("the node never went NotReady with its kubelet frozen")
 	}
 	time.Sleep(settle) // the reapers' cycles with the node NotReady, in real time
 	r.expectUntouched(ctx, runID)
-	if err := r.c.ResumeKubelet(); err != nil {
+	if err := r.Cluster.ResumeKubelet(); err != nil {
 		t.Fatal(err)
 	}
 	thawed = true
 	lg.release(runID)
 	r.expectSuccess(ctx, runID, 2*time.Minute)
 	r.expectOneExecution(lg, runID, tasks...)
-	r.waitReplicasReady(ctx)
+	r.check(r.WaitReplicasReady(ctx))
 }

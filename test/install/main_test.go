@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,7 +15,8 @@ import (
 // The tier's shared parts, made once by TestMain.
 var (
 	// binDir holds reaperctl, which submits runs from the machine, and
-	// reaperd, which migrates the board before the install.
+	// reaperd, which migrates the board before the install (and the
+	// upgrade's reaperd, built by its phase).
 	binDir string
 	// db is the PostgreSQL the pods reach on the gateway (nil when the
 	// machine cannot host the real node).
@@ -56,16 +55,4 @@ func run(m *testing.M) int {
 			return m.Run()
 		})
 	})
-}
-
-// buildStatic builds pkg of this module as a static Linux binary into
-// binDir (the task image has no libc).
-func buildStatic(ctx context.Context, name, pkg string) (string, error) {
-	out := filepath.Join(binDir, name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %w: %s", pkg, err, b)
-	}
-	return out, nil
 }

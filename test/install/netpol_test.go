@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dexaflow/reaper/testkit/helmrelease"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 )
 
@@ -30,7 +31,7 @@ const probeImage = "reaper.local/install-netprobe:v1"
 // phaseNetworkPolicy probes a replica's two ports from pods in the task
 // namespace, in another namespace and in the telemetry namespace.
 func (r *release) phaseNetworkPolicy(ctx context.Context, t *testing.T, _ *ledger) {
-	if on, why := r.c.NetworkPolicies(); !on {
+	if on, why := r.Cluster.NetworkPolicies(); !on {
 		if os.Getenv(kubetest.EnvRequireRealNode) == "1" {
 			t.Fatalf("no NetworkPolicy enforcer: %s", why)
 		}
@@ -42,26 +43,28 @@ func (r *release) phaseNetworkPolicy(ctx context.Context, t *testing.T, _ *ledge
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build netprobe: %v\n%s", err, out)
 	}
-	if err := r.node.ImportImage(ctx, probeImage, []string{"-file", probe + "=/netprobe", "-entrypoint", "/netprobe"}); err != nil {
+	if err := r.Node.ImportImage(ctx, probeImage, []string{"-file", probe + "=/netprobe", "-entrypoint", "/netprobe"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{"monitoring", "elsewhere"} {
-		if _, err := r.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		if _, err := r.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 			metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = r.cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+		t.Cleanup(func() { _ = r.Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
 	}
 	r.waitServiceAccount(ctx, "monitoring")
 	r.waitServiceAccount(ctx, "elsewhere")
-	ip := r.replicas(ctx)[0].Status.PodIP
-	api, telemetry := ip+":9465", ip+":9464"
-	service := fmt.Sprintf("%s-attempt-api.%s.svc:443", releaseName, releaseNS)
+	pods, err := r.Replicas(ctx)
+	r.check(err)
+	ip := pods[0].Status.PodIP
+	api, telemetry := ip+":9465", ip+":"+helmrelease.TelemetryPort
+	service := fmt.Sprintf("%s-attempt-api.%s.svc:443", helmrelease.Name, helmrelease.Namespace)
 	for _, tc := range []struct {
 		ns     string
 		checks []string
 	}{
-		{taskNS, []string{"nodial:" + api, "nodial:" + telemetry, "nodial:" + service}},
+		{helmrelease.TaskNamespace, []string{"nodial:" + api, "nodial:" + telemetry, "nodial:" + service}},
 		{"elsewhere", []string{"nodial:" + api, "nodial:" + telemetry, "nodial:" + service}},
 		{"monitoring", []string{"dial:" + telemetry, "nodial:" + api}},
 	} {
@@ -74,7 +77,7 @@ func (r *release) phaseNetworkPolicy(ctx context.Context, t *testing.T, _ *ledge
 func (r *release) waitServiceAccount(ctx context.Context, ns string) {
 	r.t.Helper()
 	for ctx.Err() == nil {
-		if _, err := r.cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+		if _, err := r.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -85,20 +88,20 @@ func (r *release) waitServiceAccount(ctx context.Context, ns string) {
 // namespace's default ServiceAccount) and fails unless every check holds.
 func (r *release) probe(ctx context.Context, ns string, checks []string) {
 	r.t.Helper()
-	p, err := r.cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "netprobe-"},
+	p, err := r.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: "netprobe-"},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
 			Name: "probe", Image: probeImage, ImagePullPolicy: corev1.PullNever, Command: append([]string{"/netprobe"}, checks...)}}}},
 		metav1.CreateOptions{})
 	if err != nil {
 		r.t.Fatalf("create a probe pod in %s: %v", ns, err)
 	}
-	end, err := kubetest.WaitPod(ctx, r.cs, p, func(p *corev1.Pod) bool {
+	end, err := kubetest.WaitPod(ctx, r.Client, p, func(p *corev1.Pod) bool {
 		return p != nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
 	})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	if end.Status.Phase != corev1.PodSucceeded {
-		r.t.Errorf("from namespace %s, %v did not hold:\n%s", ns, checks, r.node.ContainerLogs(ns, p.Name))
+		r.t.Errorf("from namespace %s, %v did not hold:\n%s", ns, checks, r.Node.ContainerLogs(ns, p.Name))
 	}
 }
