@@ -699,8 +699,8 @@ func checkDSNFromSecret(t *testing.T, pod corev1.PodSpec, hcl, secret, key strin
 	if s.DefaultMode == nil || *s.DefaultMode != 0o440 {
 		t.Errorf("volume %s defaultMode %s, want 0440: readable by the pod's fsGroup alone", vol.Name, modeOf(s.DefaultMode))
 	}
-	if s.Optional != nil && *s.Optional {
-		t.Errorf("volume %s is optional: a pod must not start without its DSN", vol.Name)
+	if s.Optional == nil || !*s.Optional {
+		t.Errorf("volume %s is not optional: a pod whose Secret is missing would hang in ContainerCreating instead of saying, in its readiness and its log, that it waits for its DSN", vol.Name)
 	}
 	if sc := pod.SecurityContext; sc == nil || sc.FSGroup == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
 		t.Errorf("pod securityContext %+v: want a non-root user and an fsGroup, so that the 0440 file is root's and its group reaperd's", sc)

@@ -82,10 +82,11 @@ func (s *scenario) startDaemon(config string) *daemon {
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
 
-// holder is the name the daemon holds the lease under.
-func (d *daemon) holder() string {
+// holds reports whether holder is the name the replica holds the board's
+// lease under (host/pid/random: its prefix names the process).
+func (d *daemon) holds(holder string) bool {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("%s/%d", host, d.pid())
+	return strings.HasPrefix(holder, fmt.Sprintf("%s/%d/", host, d.pid()))
 }
 
 func (d *daemon) exited() bool {

@@ -367,7 +367,7 @@ func leaderReplicaKilled(t *testing.T, mon *monitor) {
 	if v, _ := d2.metric("reaper_leader"); v != 0 {
 		t.Fatalf("the second replica leads while the first lives")
 	}
-	if l, _ := s.leaderNow(); l.Holder != d1.holder() || l.Term != before.Term {
+	if l, _ := s.leaderNow(); !d1.holds(l.Holder) || l.Term != before.Term {
 		t.Fatalf("leadership moved while the leader lived: %+v", l)
 	}
 	killedAt := time.Now()

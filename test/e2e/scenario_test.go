@@ -514,7 +514,7 @@ func (s *scenario) waitLeader(d *daemon, bound time.Duration) board.Lease {
 	s.eventually(bound, d.name+" to lead", func() bool {
 		var ok bool
 		l, ok = s.leaderNow()
-		return ok && l.Holder == d.holder() && l.Held(time.Now())
+		return ok && d.holds(l.Holder) && l.Held(time.Now())
 	})
 	return l
 }

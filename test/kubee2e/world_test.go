@@ -397,10 +397,11 @@ func (d *daemon) stop(bound time.Duration) bool {
 	}
 }
 
-// holder is the name the replica holds the board's lease under.
-func (d *daemon) holder() string {
+// holds reports whether holder is the name the replica holds the board's
+// lease under (host/pid/random: its prefix names the process).
+func (d *daemon) holds(holder string) bool {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("%s/%d", host, d.pid())
+	return strings.HasPrefix(holder, fmt.Sprintf("%s/%d/", host, d.pid()))
 }
 
 func (d *daemon) tail(n int) string {
@@ -423,7 +424,7 @@ func (s *scenario) leader(bound time.Duration) *daemon {
 			return false
 		}
 		for _, d := range s.daemons {
-			if !d.exited() && l.Holder == d.holder() {
+			if !d.exited() && d.holds(l.Holder) {
 				found = d
 			}
 		}

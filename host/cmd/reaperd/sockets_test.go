@@ -51,7 +51,7 @@ func TestHostRunLeavesNoSocketBehind(t *testing.T) {
 		t.Helper()
 		eventually.True(t, 20*time.Second, "a pass of the echo reaper", func() bool {
 			l, ok, err := store.CurrentLeader(ctx)
-			if err != nil || !ok || l.Holder != d.holder() {
+			if err != nil || !ok || !d.holds(l.Holder) {
 				return false
 			}
 			for _, r := range decisions(t, store, a) {
