@@ -444,7 +444,13 @@ func summarizeCommands(cmds []string) string {
 // run watches the runs, injects the faults and ends with the summary.
 func (w *kubeWorld) run(ctx context.Context) int {
 	alive := func() bool { return w.live() > 0 }
-	inject := func(tis []board.TaskInstance) { w.inject(ctx, tis) }
+	inject := func(tis []board.TaskInstance) {
+		w.inject(ctx, tis)
+		// The pods' records as they finish: a finished pod may be gone
+		// by the summary (the taint manager deletes the pods of a lost
+		// node, finished ones included, once the sweep released them).
+		w.records(ctx)
+	}
 	if code := w.watch(ctx, w.runIDs(), w.deadline, alive, inject); code != 0 {
 		return code
 	}
