@@ -71,8 +71,19 @@ func (s *sweepEnv) carries(name, f string) bool {
 // deleted), which a loaded machine can hold back longer.
 func (s *sweepEnv) released(name string) {
 	s.t.Helper()
+	// A release the API server refused as stale (the pod changed after
+	// the cache's copy: a busy machine) waits for the next sweep, as a
+	// cycle's would: sweep again, at most once a second, until it is done.
+	last := time.Now()
 	s.waitPod(name, "released", func(p *corev1.Pod) bool {
-		return p == nil || !slices.Contains(p.Finalizers, FinalizerOutcomeRecord)
+		if p == nil || !slices.Contains(p.Finalizers, FinalizerOutcomeRecord) {
+			return true
+		}
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			s.sweep(last)
+		}
+		return false
 	})
 	s.waitWithin(2*time.Minute, "pod "+name+" gone once released", func() bool { return s.get(name) == nil })
 }
