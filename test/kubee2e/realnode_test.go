@@ -203,6 +203,12 @@ func (lg *ledger) waitGate(name string) string {
 	return "until wget -q -O /dev/null '" + lg.url + "/gate?name=" + name + "' 2>/dev/null; do sleep 0.2; done"
 }
 
+// endReport is a shell command reporting the end of task's execution
+// (for a trap: single quotes only around the whole).
+func (lg *ledger) endReport(task string) string {
+	return `wget -q -O /dev/null "` + lg.url + `/end?task=` + task + `&try=$REAPER_TRY&epoch=$REAPER_EPOCH"`
+}
+
 // reopen forgets an execution that can never end (its container was
 // killed): the next one is not a double of it.
 func (lg *ledger) reopen(task string) {
@@ -352,7 +358,9 @@ func podDeletedUnder(t *testing.T, c *kubetest.Cluster, num int, title string, t
 	s.pair()
 	v := victim("victim")
 	if trap {
-		v.harm = "trap 'exit 0' TERM; " + s.ledger.waitGate("never")
+		// The trap reports the execution's end itself: it is the moment
+		// this execution stops, whatever the pod's object does after.
+		v.harm = "trap '" + s.ledger.endReport(v.id) + "; exit 0' TERM; " + s.ledger.waitGate("never")
 	}
 	s.submit(v, bystander("bystander"))
 	a, p := s.waitRunning("victim")
@@ -363,8 +371,20 @@ func podDeletedUnder(t *testing.T, c *kubetest.Cluster, num int, title string, t
 		Preconditions: &metav1.Preconditions{UID: &p.UID}}); err != nil {
 		t.Fatalf("delete pod %s: %v", p.Name, err)
 	}
-	s.podGone(p.Name, time.Minute)
+	// The first execution is over once the kubelet has ended the pod
+	// (killed by the signal it reports no end): forget it then, not when
+	// the object goes. The outcome record's finalizer keeps the object
+	// until the sweep releases it, which can come after the re-placed
+	// execution has started.
+	ended, cancelEnded := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelEnded()
+	if _, err := kubetest.WaitPod(ended, s.cs, p, func(p *corev1.Pod) bool {
+		return p == nil || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+	}); err != nil {
+		t.Fatalf("wait for the deleted pod's end: %v", err)
+	}
 	s.ledger.reopen("victim")
+	s.podGone(p.Name, time.Minute)
 	f := s.harm("pod deleted (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
 	ds, err := s.decisions()
