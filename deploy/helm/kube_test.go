@@ -449,6 +449,73 @@ func TestChartNetworkPolicyAdmitsTheTaskPodsAndTheMonitoringNamespaceOnly(t *tes
 	}
 }
 
+// TestChartTaskEgressPolicyLetsTheTaskPodsReachNamesAndTheAttemptAPIOnly:
+// off by default; on, a policy in the task namespace selects every pod of
+// it (a pod without a task's labels too) and lets out DNS, the attempt API
+// on reaperd's pods (when it is served) and the operator's extraEgress
+// rules, nothing else. The real API server accepts it as rendered. Its
+// enforcement is proven in test/install.
+func TestChartTaskEgressPolicyLetsTheTaskPodsReachNamesAndTheAttemptAPIOnly(t *testing.T) {
+	if strings.Contains(kinds(render(t, "ns")), "reaper-task-egress") {
+		t.Errorf("a task egress policy rendered by default")
+	}
+	c := kubetest.Current(t)
+	release, tasks := c.NewNamespace(t), c.NewNamespace(t)
+	objs := render(t, release, append(attemptAPISecrets, "--set", "config.runner.enabled=true",
+		"--set", "config.runner.kube.image=task:1", "--set", "taskNamespace.name="+tasks, "--set", "taskNamespace.create=false",
+		"--set", "networkPolicy.taskEgress.enabled=true",
+		"--set-json", `networkPolicy.taskEgress.extraEgress=[{"to":[{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.0.5.10/32"]}}]}]`)...)
+	apply(t, c, objs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	np, err := c.Client(t).NetworkingV1().NetworkPolicies(tasks).Get(ctx, "reaper-task-egress", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the API server has no task egress policy in the task namespace: %v", err)
+	}
+	if len(np.Spec.PodSelector.MatchLabels)+len(np.Spec.PodSelector.MatchExpressions) != 0 {
+		t.Errorf("podSelector %+v, want every pod of the task namespace", np.Spec.PodSelector)
+	}
+	if fmt.Sprint(np.Spec.PolicyTypes) != "[Egress]" {
+		t.Errorf("policyTypes %v, want Egress only", np.Spec.PolicyTypes)
+	}
+	var rules []string
+	for _, r := range np.Spec.Egress {
+		var words []string
+		for _, p := range r.Ports {
+			words = append(words, fmt.Sprintf("%s/%s", p.Port, *p.Protocol))
+		}
+		for _, p := range r.To {
+			switch {
+			case p.IPBlock != nil:
+				words = append(words, fmt.Sprintf("cidr %s except %v", p.IPBlock.CIDR, p.IPBlock.Except))
+			default:
+				words = append(words, fmt.Sprintf("ns=%s pods=%v", p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"],
+					p.PodSelector.MatchLabels))
+			}
+		}
+		rules = append(rules, strings.Join(words, " "))
+	}
+	dep := find(t, objs, "Deployment", "reaper")
+	podLabels, _, _ := unstructured.NestedStringMap(dep.Object, "spec", "template", "metadata", "labels")
+	want := []string{
+		"53/UDP 53/TCP",
+		fmt.Sprintf("9465/TCP ns=%s pods=map[app.kubernetes.io/instance:reaper app.kubernetes.io/name:reaper]", release),
+		"cidr 0.0.0.0/0 except [10.0.5.10/32]",
+	}
+	if fmt.Sprint(rules) != fmt.Sprint(want) {
+		t.Errorf("egress\n got %q\nwant %q", rules, want)
+	}
+	sel := labels.SelectorFromSet(np.Spec.Egress[1].To[0].PodSelector.MatchLabels)
+	if !sel.Matches(labels.Set(podLabels)) {
+		t.Errorf("the attempt API peer %v does not select reaperd's pods %v", sel, podLabels)
+	}
+	// Without the attempt API, names only.
+	off := convertNP(t, find(t, render(t, "ns", "--set", "networkPolicy.taskEgress.enabled=true"), "NetworkPolicy", "reaper-task-egress"))
+	if len(off.Spec.Egress) != 1 || len(off.Spec.Egress[0].To) != 0 || off.Namespace != "ns-tasks" {
+		t.Errorf("attempt API off: %s egress %+v, want names alone in ns-tasks", off.Namespace, off.Spec.Egress)
+	}
+}
+
 func convertNP(t *testing.T, o *unstructured.Unstructured) *networkingv1.NetworkPolicy {
 	t.Helper()
 	return convert[networkingv1.NetworkPolicy](t, o)

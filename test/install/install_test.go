@@ -20,9 +20,11 @@ const firstVersion = "0.0.1-install"
 //   - run: a run submitted from the machine is dispatched by the
 //     in-cluster kube runner as task pods whose agents reach the attempt
 //     API through its Service by name, and every task succeeds;
-//   - the chart's NetworkPolicy, enforced: the attempt API and the
+//   - the chart's NetworkPolicies, enforced: the attempt API and the
 //     telemetry port refuse pods other than the task pods and the
-//     telemetry namespace's;
+//     telemetry namespace's; with the task egress policy on, a pod of the
+//     task namespace is refused the database, the API server and
+//     telemetry, and a run's tasks still succeed;
 //   - faults (the leading replica's pod deleted, its reaperd killed in its
 //     container, a task pod deleted, an agent killed in its container, the
 //     node's kubelet frozen past the node's grace): no attempt that lived

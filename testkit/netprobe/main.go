@@ -8,6 +8,11 @@
 //	dial:HOST:PORT     a TCP connection to HOST:PORT opens
 //	nodial:HOST:PORT   a TCP connection to HOST:PORT is refused or times
 //	                   out (a NetworkPolicy's refusal)
+//	blocked:HOST:PORT  as nodial, waiting up to 15 seconds for the refusal:
+//	                   an enforcer applies a new pod's egress rules a moment
+//	                   after the pod starts, so the first check of an
+//	                   egress policy waits for them, and the nodial checks
+//	                   after it run once
 package main
 
 import (
@@ -92,7 +97,7 @@ func check(arg string) error {
 			return err
 		}
 		return conn.Close()
-	case "nodial":
+	case "nodial", "blocked":
 		d := net.Dialer{Timeout: 3 * time.Second}
 		conn, err := d.DialContext(ctx, "tcp", rest)
 		if err == nil {
