@@ -282,6 +282,30 @@ func TestViolations(t *testing.T) {
 			},
 		},
 		{
+			name: "an open execution started while an earlier one still ran",
+			events: []history.Event{
+				start(0, a10, "pod-1"),
+				start(50, a11, "pod-2"),
+				end(100, "pod-1", history.OutcomeKilled),
+				final(200, a11, "success"),
+			},
+			want: []history.Rule{history.RuleOverlap, history.RuleUnended},
+			mention: [][]string{
+				{"from " + ts(50) + " to " + ts(100), `"pod-2" (try 1 epoch 1, from ` + ts(50) + ", no end)"},
+				{`"pod-2"`},
+			},
+		},
+		{
+			name: "an open execution started after the earlier one ended",
+			events: []history.Event{
+				start(0, a10, "pod-1"),
+				end(40, "pod-1", history.OutcomeKilled),
+				start(50, a11, "pod-2"),
+				final(200, a11, "success"),
+			},
+			want: []history.Rule{history.RuleUnended},
+		},
+		{
 			name: "an open execution",
 			events: []history.Event{
 				start(0, a10, "pod-1"),
@@ -346,6 +370,22 @@ func TestViolations(t *testing.T) {
 			},
 			want:    []history.Rule{history.RuleOverwritten},
 			mention: [][]string{{"op override", "settled it as skipped"}},
+		},
+		{
+			name: "an override or a verdict of a failure to anything but success or failed",
+			events: []history.Event{
+				w(10, "mark", 1, "r", a10, applied, "failed"),
+				w(20, history.OpOverride, 1, "r", a10, applied, "skipped"),
+				w(30, "mark", 1, "r", att("b", 1, 0), applied, "failed"),
+				w(40, history.OpVerdict, 0, "", att("b", 1, 0), applied, "upstream_failed"),
+				final(100, a10, "skipped"),
+				final(100, att("b", 1, 0), "upstream_failed"),
+			},
+			want: []history.Rule{history.RuleOverwritten, history.RuleOverwritten},
+			mention: [][]string{
+				{"op override under term 1", "to skipped", "settled it as failed"},
+				{"op verdict on run-1/b", "to upstream_failed", "settled it as failed"},
+			},
 		},
 		{
 			name: "a success moved on by a rail that is not a clear",

@@ -41,8 +41,8 @@
 //
 // An execution start carries attempt (the task and the try and epoch it
 // ran as) and exec, an identifier unique to that execution (a pod's UID, a
-// process's pid with its start time). Its end carries the same exec and an
-// outcome: the execution's own ("success", "failed", "exit 3", ...) or
+// process's pid with its start time). Its end carries the same exec (and
+// may repeat the attempt) and an outcome: the execution's own ("success", "failed", "exit 3", ...) or
 // "killed" when it ended without a word of its own and the recorder
 // established that it ended (the process reaped, the pod gone, the
 // container terminated): the end's time is when that was established.
@@ -60,8 +60,8 @@
 // the rules walk the history in order, events are sorted by time, and
 // events with the same time keep their order in the file.
 //
-// Only applied writes can break a rule: a refused write is the fence (or
-// a guard) doing its job, and is only counted.
+// Only applied writes can break the rules on writes: a refused write is the
+// fence (or a guard) doing its job, and is only counted.
 //
 // One writer (RuleStaleTerm, RuleTermTwice): once a term's first applied
 // write has come back, no write under an older term may be applied that
@@ -90,7 +90,8 @@
 // write that moved it on came back) is an overwrite too. At the end, the
 // final row must agree with the last state applied to its attempt once
 // that attempt was settled, and must not stand at an attempt older than
-// one an applied write reached (the board rolled back).
+// one an applied write reached (the board rolled back). A write the board
+// acknowledged and then lost, a standby promoted without it, shows here.
 //
 // Every attempt ended (RuleNotTerminal, RuleNoFinal, RuleUnended): every
 // task the history names has a final row, that row is settled, and every
