@@ -350,9 +350,9 @@ const AuditPruneBatchDefault = 10000
 // and says how many it deleted. What is younger stays whole: every
 // decision explain tells, and every one the shadow scorer may still judge
 // while the retention is longer than its horizon.
-func (s *Store) PruneDecisions(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (s *Store) PruneDecisions(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
 	return s.pruneBatch(ctx, "decisions", `DELETE FROM reap_decisions WHERE id IN (
-        SELECT id FROM reap_decisions WHERE at < $1 ORDER BY at LIMIT $2)`, before, limit, AuditPruneBatchDefault)
+        SELECT id FROM reap_decisions WHERE at < $2 ORDER BY at LIMIT $3)`, term, now, before, limit, AuditPruneBatchDefault)
 }
 
 // PruneWarmClaims deletes at most limit warm_worker_claims rows claimed
@@ -361,22 +361,39 @@ func (s *Store) PruneDecisions(ctx context.Context, before time.Time, limit int)
 // sweep reads a claim only to confirm a mark made before it; a worker
 // with no claim row is one whose claim is unknown, and a mark on it stays
 // provisional, so a pruned claim never confirms nor fails anything.
-func (s *Store) PruneWarmClaims(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (s *Store) PruneWarmClaims(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
 	return s.pruneBatch(ctx, "warm worker claims", `DELETE FROM warm_worker_claims WHERE worker IN (
-        SELECT worker FROM warm_worker_claims WHERE claimed_at < $1 LIMIT $2)`, before, limit, AuditPruneBatchDefault)
+        SELECT worker FROM warm_worker_claims WHERE claimed_at < $2 LIMIT $3)`, term, now, before, limit, AuditPruneBatchDefault)
 }
 
 // pruneBatch runs a retention's DELETE of at most limit rows from before
-// $1 (limit <= 0: batch), $2 its limit, and says how many it deleted.
-func (s *Store) pruneBatch(ctx context.Context, what, sql string, before time.Time, limit, batch int) (int64, error) {
+// ($2 in sql; limit <= 0: batch; $3 in sql), fenced like every leader
+// write: it deletes only while term, held by this store's holder, leads
+// the board at now ($4, $5), and otherwise deletes nothing and returns
+// ErrDeposed. It says how many rows it deleted.
+func (s *Store) pruneBatch(ctx context.Context, what, sql string, term int64, now, before time.Time, limit, batch int) (int64, error) {
 	if limit <= 0 {
 		limit = batch
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, sql, before, limit)
+	var (
+		n    int64
+		lead bool
+	)
+	err := s.pool.QueryRow(ctx, `WITH lead AS (
+    SELECT 1 FROM leader WHERE `+leaderRow+` AND term = $4 AND expires_at > $5::timestamptz FOR SHARE
+), gone AS (
+    `+sql+` AND EXISTS (SELECT 1 FROM lead)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM lead)`, s.fenceKey(), before, limit, term, now).Scan(&n, &lead)
 	if err != nil {
 		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
-	return tag.RowsAffected(), nil
+	if !lead {
+		deposed(s.observer, "prune "+what, term)
+		return 0, fmt.Errorf("board: prune %s: term %d: %w", what, term, ErrDeposed)
+	}
+	return n, nil
 }

@@ -30,7 +30,7 @@ func TestPruneDecisionsDeletesTheOldestPastTheTimeInBatches(t *testing.T) {
 		deleted int64
 		kept    []string
 	}{{2, 2, []string{"2h0m0s", "1h0m0s"}}, {2, 1, []string{"1h0m0s"}}, {0, 0, []string{"1h0m0s"}}} {
-		n, err := b.store.PruneDecisions(ctx, base.Add(-90*time.Minute), step.limit)
+		n, err := b.store.PruneDecisions(ctx, b.term, base, base.Add(-90*time.Minute), step.limit)
 		if err != nil || n != step.deleted {
 			t.Fatalf("pruned %d (%v), want %d", n, err, step.deleted)
 		}
@@ -51,7 +51,7 @@ func TestPruneDecisionsDeletesTheOldestPastTheTimeInBatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := b.store.PruneWarmClaims(ctx, base.Add(-time.Hour), 0); err != nil || n != 1 {
+	if n, err := b.store.PruneWarmClaims(ctx, b.term, base, base.Add(-time.Hour), 0); err != nil || n != 1 {
 		t.Fatalf("pruned %d claims (%v), want the one before the time", n, err)
 	}
 	var left string

@@ -144,7 +144,7 @@ func TestAudit(t *testing.T) {
 		if err != nil || len(all) != 4 {
 			t.Fatalf("run records: %d %v", len(all), err)
 		}
-		if n, err := b.store.PruneDecisions(ctx, base.Add(time.Second), 0); err != nil || n != 5 {
+		if n, err := b.store.PruneDecisions(ctx, b.term, base, base.Add(time.Second), 0); err != nil || n != 5 {
 			t.Fatalf("pruned %d %v, want 5", n, err)
 		}
 	})

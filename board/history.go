@@ -508,8 +508,8 @@ const HistoryPruneBatchDefault = 10000
 // PruneHistory deletes at most limit attempt_history rows released before
 // before (limit <= 0: HistoryPruneBatchDefault), oldest first by the
 // released_at index, and says how many it deleted.
-func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (s *Store) PruneHistory(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
 	return s.pruneBatch(ctx, "attempt history", `DELETE FROM attempt_history WHERE ctid IN (
-        SELECT ctid FROM attempt_history WHERE released_at < $1 ORDER BY released_at LIMIT $2)`, before, limit,
+        SELECT ctid FROM attempt_history WHERE released_at < $2 ORDER BY released_at LIMIT $3)`, term, now, before, limit,
 		HistoryPruneBatchDefault)
 }

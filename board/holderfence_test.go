@@ -79,6 +79,17 @@ func TestFenceChecksTheHolderAsWellAsTheTerm(t *testing.T) {
 		t.Errorf("replica C's owed teardown done: %v %v", done, err)
 	}
 
+	// The retentions' prunes.
+	if _, err := a.PruneDecisions(ctx, term, base, base, 0); !errors.Is(err, board.ErrDeposed) {
+		t.Errorf("replica A's prune of the audit: %v, want ErrDeposed", err)
+	}
+	if _, err := a.PruneHistory(ctx, term, base, base, 0); !errors.Is(err, board.ErrDeposed) {
+		t.Errorf("replica A's prune of the history: %v, want ErrDeposed", err)
+	}
+	if _, err := c.PruneWarmClaims(ctx, term, base, base, 0); err != nil {
+		t.Errorf("replica C's prune of the warm claims: %v", err)
+	}
+
 	// The runner's writes: A's writer is deposed and says why; C's and a
 	// writer with no holder write.
 	wa := lifecycle.New(b.pool, lifecycle.Options{Holder: "replica-a"}).Fenced(term)

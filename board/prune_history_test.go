@@ -26,7 +26,7 @@ func TestPruneHistoryDeletesTheOldestPastTheTimeInBatches(t *testing.T) {
 	}
 	// Before base-90m: epochs 0..3; two a call.
 	for _, want := range []struct{ deleted, left, oldest int }{{2, 3, 2}, {2, 1, 4}, {0, 1, 4}} {
-		n, err := b.store.PruneHistory(ctx, base.Add(-90*time.Minute), 2)
+		n, err := b.store.PruneHistory(ctx, b.term, base, base.Add(-90*time.Minute), 2)
 		if err != nil || int(n) != want.deleted {
 			t.Fatalf("prune: %d rows, %v; want %d", n, err, want.deleted)
 		}

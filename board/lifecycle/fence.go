@@ -61,6 +61,15 @@ func (w *Writer) deposed(ctx context.Context, now time.Time) error {
 	return err
 }
 
+// Leads checks the fence without writing: nil while the writer's term,
+// held by its holder, leads the board at now (or the writer is not
+// fenced), ErrDeposed (wrapped, and told to the observer) when it does
+// not. For what a runner does outside the board under its term, such as
+// creating pods, where no guarded statement can carry the fence.
+func (w *Writer) Leads(ctx context.Context, now time.Time) error {
+	return w.deposed(ctx, now)
+}
+
 // fenceRefusal is deposed's reading of the leader row.
 func (w *Writer) fenceRefusal(ctx context.Context, now time.Time) error {
 	if w.term <= 0 {

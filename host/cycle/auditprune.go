@@ -20,8 +20,8 @@ import (
 // AuditPruner deletes decisions made, and warm worker claims claimed,
 // before a time, at most limit rows a call (board.Store).
 type AuditPruner interface {
-	PruneDecisions(ctx context.Context, before time.Time, limit int) (int64, error)
-	PruneWarmClaims(ctx context.Context, before time.Time, limit int) (int64, error)
+	PruneDecisions(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
+	PruneWarmClaims(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
 }
 
 // askAuditPrune asks the pruner for one batch under term, unless a batch
@@ -60,14 +60,14 @@ func (l *Loop) pruneAuditBatch(ctx context.Context, term int64) {
 		return
 	}
 	before := now.Add(-l.cfg.AuditRetention)
-	n, err := l.cfg.AuditPrune.PruneDecisions(ctx, before, 0)
+	n, err := l.cfg.AuditPrune.PruneDecisions(ctx, term, now, before, 0)
 	switch {
 	case err != nil:
 		l.cfg.Logger.Warn("could not prune the audit of decisions: after the next cycle", "error", err)
 	case n > 0:
 		l.cfg.Logger.Debug("audit of decisions pruned", "rows", n, "retention", l.cfg.AuditRetention)
 	}
-	n, err = l.cfg.AuditPrune.PruneWarmClaims(ctx, before, 0)
+	n, err = l.cfg.AuditPrune.PruneWarmClaims(ctx, term, now, before, 0)
 	switch {
 	case err != nil:
 		l.cfg.Logger.Warn("could not prune the warm workers' claims: after the next cycle", "error", err)

@@ -23,15 +23,15 @@ type heldPrune struct {
 	done             chan struct{} // a batch's claims were pruned
 }
 
-func (h *heldPrune) PruneDecisions(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (h *heldPrune) PruneDecisions(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
 	h.entered <- struct{}{}
 	<-h.release
-	return h.Store.PruneDecisions(ctx, before, limit)
+	return h.Store.PruneDecisions(ctx, term, now, before, limit)
 }
 
-func (h *heldPrune) PruneWarmClaims(ctx context.Context, before time.Time, limit int) (int64, error) {
+func (h *heldPrune) PruneWarmClaims(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
 	defer func() { h.done <- struct{}{} }()
-	return h.Store.PruneWarmClaims(ctx, before, limit)
+	return h.Store.PruneWarmClaims(ctx, term, now, before, limit)
 }
 
 // The leader keeps the audit to its retention beside its cycles: a batch

@@ -16,7 +16,7 @@ import (
 // HistoryPruner deletes attempt history released before a time, at most
 // limit rows a call (board.Store).
 type HistoryPruner interface {
-	PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error)
+	PruneHistory(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
 }
 
 // pruneHistory deletes one batch of history past the retention.
@@ -28,7 +28,7 @@ func (l *Loop) pruneHistory(ctx context.Context, term int64) {
 	if st := l.lead.Status(now); !st.Leading || st.Term != term {
 		return
 	}
-	n, err := l.cfg.History.PruneHistory(ctx, now.Add(-l.cfg.HistoryRetention), 0)
+	n, err := l.cfg.History.PruneHistory(ctx, term, now, now.Add(-l.cfg.HistoryRetention), 0)
 	switch {
 	case err != nil:
 		l.cfg.Logger.Warn("could not prune the attempt history: next cycle", "error", err)

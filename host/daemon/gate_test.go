@@ -112,4 +112,40 @@ func TestSchemaGate(t *testing.T) {
 			t.Fatalf("after %s the line is logged again: %d times", gateRelogEvery, n)
 		}
 	})
+
+	// A replica that passed the gate before a migration raised the floor
+	// above it takes no term after that migration: every acquisition
+	// reads the schema again, and the refusal closes the gate.
+	t.Run("AFloorRaisedWhileOpenRefusesTheNextTerm", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewDB(t)
+		clk := clock.NewFake(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+		g := &schemaGate{pool: pool, clock: clk, log: hclog.NewNullLogger()}
+		lease := gatedLease{Lease: leaseStore{board.New(pool, board.Options{})}, gate: g}
+		if _, ok, err := lease.TryAcquire(ctx, "h", time.Second, clk.Now()); err != nil || !ok {
+			t.Fatalf("first term: %v %v", ok, err)
+		}
+		opened, _ := g.state()
+		clk.Advance(2 * time.Second) // the first term's lease has run out
+		if _, ok, err := lease.TryAcquire(ctx, "h", time.Second, clk.Now()); err != nil || !ok {
+			t.Fatalf("second term, the schema unchanged: %v %v", ok, err)
+		}
+		if again, _ := g.state(); !again.Equal(opened) {
+			t.Fatalf("a recheck that passed moved the gate's opening from %v to %v", opened, again)
+		}
+		known := board.SchemaVersion()
+		breaking := fmt.Sprintf("%03d_breaking.sql", known+1)
+		if _, err := pool.Exec(ctx, "INSERT INTO schema_migrations (version, name, floor) VALUES ($1, $2, $1)", known+1, breaking); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(2 * time.Second)
+		_, ok, err := lease.TryAcquire(ctx, "h", time.Second, clk.Now())
+		var se *board.SchemaError
+		if ok || !errors.As(err, &se) || se.Floor != known+1 {
+			t.Fatalf("a term after the floor rose above this binary: %v %v", ok, err)
+		}
+		if opened, reason := g.state(); !opened.IsZero() || !strings.Contains(reason, "reaperd cannot start") {
+			t.Fatalf("the gate after the refusal: opened %v, %q; want closed, saying why", opened, reason)
+		}
+	})
 }

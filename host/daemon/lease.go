@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -83,6 +84,15 @@ func (g *schemaGate) check(ctx context.Context) error {
 	if open {
 		return nil
 	}
+	return g.recheck(ctx)
+}
+
+// recheck checks the schema even when the gate is open: before every
+// acquisition of a term, so that a replica started before a migration that
+// raised the floor above it takes no term after it. A refusal closes the
+// gate (readiness says why); a database that cannot be reached leaves an
+// open gate open (the acquisition fails on its own).
+func (g *schemaGate) recheck(ctx context.Context) error {
 	known := board.SchemaVersion()
 	st, err := board.ReadSchema(ctx, g.pool)
 	if err == nil {
@@ -98,6 +108,9 @@ func (g *schemaGate) check(ctx context.Context) error {
 	var serr *board.SchemaError
 	switch {
 	case err == nil:
+		if !g.openedAt.IsZero() {
+			return nil // open already: a recheck before a term
+		}
 		g.openedAt, g.reason = now, ""
 		if st.Version > known {
 			g.log.Info("the database's schema is newer than this binary, and its floor admits it: its newer migrations are additive",
@@ -107,6 +120,7 @@ func (g *schemaGate) check(ctx context.Context) error {
 	case errors.As(err, &serr):
 		// A refusal: one line, logged when it appears or changes, and
 		// again now and then while it lasts.
+		g.openedAt = time.Time{}
 		line := "reaperd cannot start: " + serr.Error()
 		if line != g.reason || now.Sub(g.loggedAt) >= gateRelogEvery {
 			g.log.Error(line)
@@ -114,6 +128,9 @@ func (g *schemaGate) check(ctx context.Context) error {
 		}
 		g.reason = line
 	default:
+		if !g.openedAt.IsZero() {
+			return fmt.Errorf("schema gate: the database's schema cannot be checked: %w", err)
+		}
 		g.reason = "the database's schema cannot be checked yet: " + board.ConnProblem(err)
 		g.log.Debug("schema check", "error", err)
 	}
@@ -169,7 +186,9 @@ type gatedLease struct {
 }
 
 func (l gatedLease) TryAcquire(ctx context.Context, holder string, ttl time.Duration, now time.Time) (int64, bool, error) {
-	if err := l.gate.check(ctx); err != nil {
+	// Every acquisition may start a term: the schema is read again, not
+	// taken from the first check.
+	if err := l.gate.recheck(ctx); err != nil {
 		return 0, false, err
 	}
 	return l.Lease.TryAcquire(ctx, holder, ttl, now)

@@ -278,6 +278,13 @@ func (r *Runner) RefillFenced(ctx context.Context, now time.Time, term int64) (R
 	}
 	var errs []error
 	w := r.w.Fenced(term)
+	if res.Live < r.cfg.WarmPool.Size {
+		// Pods are made before the board records them: a replica whose
+		// term no longer leads makes none.
+		if err := w.Leads(ctx, now); err != nil {
+			return res, fmt.Errorf("warm pool %s: refill: %w", r.warm.Pool, err)
+		}
+	}
 	for n := res.Live; n < r.cfg.WarmPool.Size; n++ {
 		name, err := r.createWorker(ctx, w, now)
 		if err != nil {

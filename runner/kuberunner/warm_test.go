@@ -2,6 +2,7 @@ package kuberunner_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -739,5 +740,21 @@ func TestWarmAgentLostMarkOnALiveWorkerConfirmedFromItsClaim(t *testing.T) {
 	got := labels(cycle(t, r, e.clk.Now()))
 	if slices.Contains(got, sdk.LabelInfraConfirmValveOpen) || !slices.Contains(got, sdk.LabelInfraReplace) {
 		t.Fatalf("runner decisions %v: want infra_replace and no infra_confirm_valve_open", got)
+	}
+}
+
+// TestWarmRefillOfATermThatNoLongerLeadsMakesNoPod: the refill makes pods
+// before the board records them, so it asks the fence first: a refill
+// under a term the board does not name (deposed, or handed to another
+// replica) creates no worker pod and says so.
+func TestWarmRefillOfATermThatNoLongerLeadsMakesNoPod(t *testing.T) {
+	e := newWarmEnv(t)
+	r := e.runner(t, e.warmConfig(2))
+	res, err := r.RefillFenced(context.Background(), e.clk.Now(), 999)
+	if !errors.Is(err, lifecycle.ErrDeposed) || len(res.Created) != 0 {
+		t.Fatalf("refill under a term that does not lead: %+v, %v; want nothing created and ErrDeposed", res, err)
+	}
+	if ws := e.workers(t); len(ws) != 0 {
+		t.Fatalf("%d worker pods made under a deposed term", len(ws))
 	}
 }

@@ -82,10 +82,14 @@ func BenchmarkScaleAudit(b *testing.B) {
 			removed int64
 		)
 		before := now.Add(-board.AuditRetentionDefault)
+		lease, ok, err := store.TryAcquire(ctx, "bench", time.Hour, now)
+		if err != nil || !ok {
+			b.Fatalf("take the lease for the prune: %v %v", ok, err)
+		}
 		t0 = time.Now()
 		for {
 			t1 := time.Now()
-			d, err := store.PruneDecisions(ctx, before, 0)
+			d, err := store.PruneDecisions(ctx, lease.Term, now, before, 0)
 			if err != nil {
 				b.Fatal(err)
 			}
