@@ -17,6 +17,9 @@ const ListingSettings = listingSettings
 // MarkSQL is the mark statement, for EXPLAIN.
 const MarkSQL = markSQL
 
+// OwedOfSQL is OwedTeardownOf's statement, for EXPLAIN.
+const OwedOfSQL = owedOfSQL
+
 // ExplainCandidates explains the listing of q exactly as ListCandidates runs
 // it, and returns the plan as JSON.
 func (s *Store) ExplainCandidates(ctx context.Context, q sdk.CandidateQuery) (string, error) {

@@ -317,3 +317,26 @@ func (s *Store) OwedTeardownsFor(ctx context.Context, runID, taskID string) ([]O
 	}
 	return out, nil
 }
+
+// OwedTeardownOf returns the teardown owed for attempt a itself (not its
+// run's, not another attempt's of its task); ok is false when none is. It
+// reads by the attempt's unique index (owed_teardowns_attempt_idx): the
+// kube runner asks it for every mark past the confirmation valve.
+func (s *Store) OwedTeardownOf(ctx context.Context, a sdk.Attempt) (o OwedTeardown, ok bool, err error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	o, err = scanOwed(s.pool.QueryRow(ctx, owedOfSQL, a.RunID, a.TaskID, a.Try, a.Epoch))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return OwedTeardown{}, false, nil
+	case err != nil:
+		return OwedTeardown{}, false, fmt.Errorf("board: owed teardown of %s: %w", a, err)
+	}
+	return o, true, nil
+}
+
+// owedOfSQL reads the row of one attempt ($1..$4: run, task, try, epoch).
+// The predicate repeats the partial index's, so that even a generic plan
+// proves it.
+const owedOfSQL = `SELECT ` + owedColumns + ` FROM owed_teardowns o
+    WHERE o.run_id = $1 AND o.task_id = $2 AND o.try_number = $3 AND o.attempt_epoch = $4 AND o.task_id IS NOT NULL`

@@ -199,6 +199,72 @@ func TestOwedTeardowns(t *testing.T) {
 			t.Fatalf("%d bytes kept, %v", len(o.LastError), err)
 		}
 	})
+	t.Run("OfAnAttempt_ItsOwnRowOnly", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := first("r1", "t")
+		other := a
+		other.Epoch = 1
+		if _, err := b.store.OweTeardown(ctx, failure(b, a, base, "forbidden"), owedBackoff); err != nil {
+			t.Fatal(err)
+		}
+		o2, err := b.store.OweTeardown(ctx, failure(b, other, base, "webhook"), owedBackoff)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.OweTeardown(ctx, board.TeardownFailure{RunID: "r1", Reaper: "orphanrun",
+			Label: sdk.LabelOrphanRunPodDeleteErr, Reason: sdk.LabelOrphanRun, Error: "x", At: base, Term: b.term}, owedBackoff); err != nil {
+			t.Fatal(err)
+		}
+		o, ok, err := b.store.OwedTeardownOf(ctx, other)
+		if err != nil || !ok || o.ID != o2.ID || o.Attempt == nil || *o.Attempt != other || o.LastError != "webhook" {
+			t.Fatalf("TheAttemptsRow: %+v, %v, %v", o, ok, err)
+		}
+		// Through the runners' writer too.
+		if o, ok, err := b.w.OwedTeardown(ctx, a); err != nil || !ok || o.LastError != "forbidden" || *o.Attempt != a {
+			t.Fatalf("ThroughTheWriter: %+v, %v, %v", o, ok, err)
+		}
+		// Another try, another task, or only the run's teardown: none.
+		for _, x := range []sdk.Attempt{{RunID: "r1", TaskID: "t", Try: 2, Epoch: 0}, first("r1", "u"), first("r2", "t")} {
+			if o, ok, err := b.store.OwedTeardownOf(ctx, x); err != nil || ok {
+				t.Fatalf("NoneFor %s: %+v, %v, %v", x, o, ok, err)
+			}
+		}
+	})
+	t.Run("OfAnAttempt_ReadByItsIndex", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.exec(t, `INSERT INTO owed_teardowns (run_id, task_id, try_number, attempt_epoch, reaper, label, reason,
+            first_failed_at, last_tried_at, last_error, next_try_at, term)
+            SELECT 'run' || (i / 10), 'task' || (i % 10), 1, 0, 'agentlost', 'agent_lost_pod_delete_error', 'agent_lost',
+                $1, $1, 'forbidden', $1, 1
+            FROM generate_series(0, 19999) i`, base)
+		b.exec(t, `ANALYZE owed_teardowns`)
+		conn, err := b.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		for _, s := range []string{"SET LOCAL plan_cache_mode = force_generic_plan",
+			"PREPARE owed_of (text, text, integer, integer) AS " + board.OwedOfSQL} {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		var plan string
+		if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE owed_of ('run7', 'task3', 1, 0)").Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		assertIndexed(t, "generic plan", plan)
+		if !strings.Contains(plan, "owed_teardowns_attempt_idx") {
+			t.Fatalf("not read by the attempt's index:\n%s", plan)
+		}
+	})
 	t.Run("BadRequests_Refused", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

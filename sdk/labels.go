@@ -86,10 +86,14 @@ const (
 	LabelPodLostNodeUnreachable = "pod_lost_node_unreachable"
 	// LabelInfraConfirmValveHeld: an unconfirmed infra mark past its
 	// confirmation valve was not acted on, because the kube runner read
-	// that the attempt's pod may still run on a node that is not Ready
+	// that the attempt's pod may still run: on a node that is not Ready
 	// (no teardown reaches it; a re-place would run the task again beside
-	// it once the node is back). It waits for the node, the pod's end, the
-	// node's deletion, an out-of-service taint or an operator's mark.
+	// it once the node is back), or while the attempt's teardown is owed
+	// (the stop and the delete keep failing) and its pod has not ended,
+	// or could not be read. It waits for the node, the pod's end (a
+	// completed retry of the teardown, the pod's own deadline), the node's
+	// deletion, an out-of-service taint, a forced delete or an operator's
+	// mark.
 	LabelInfraConfirmValveHeld = "infra_confirm_valve_held"
 	// LabelMarkNoop: a guarded mark changed nothing because the attempt moved
 	// on (another try, epoch or state), heartbeated again, or the term is no

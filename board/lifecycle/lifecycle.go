@@ -126,6 +126,12 @@ func (w *Writer) TaskInstances(ctx context.Context, runID string) ([]board.TaskI
 	return w.store.TaskInstances(ctx, runID)
 }
 
+// OwedTeardown reads the teardown owed for attempt a itself, if one is
+// (board.Store.OwedTeardownOf).
+func (w *Writer) OwedTeardown(ctx context.Context, a sdk.Attempt) (board.OwedTeardown, bool, error) {
+	return w.store.OwedTeardownOf(ctx, a)
+}
+
 // Run reads one run (board.ErrNotFound when absent).
 func (w *Writer) Run(ctx context.Context, runID string) (board.Run, error) {
 	return w.store.Run(ctx, runID)

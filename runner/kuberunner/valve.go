@@ -3,6 +3,7 @@ package kuberunner
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,41 @@ import (
 // back (the old agent is answered should_terminate and the kubelet ends
 // the pod stopped in place; the sweep confirms), the node's deletion (Pod
 // GC), an out-of-service taint or an operator's reaperctl mark.
+//
+// The valve on a teardown still owed.
+//
+// The sweep confirms a mark once nothing of its attempt runs on; on a Ready
+// node it does so soon after the teardown stopped the pod in place or
+// deleted it. When that teardown keeps failing (RBAC without patch or
+// delete on pods, an admission webhook refusing them, an API server that
+// errs) the host keeps it owed (owed_teardowns) and retries it with its
+// backoff, and the mark stays unconfirmed because the pod still runs. The
+// valve would re-place it all the same, and the successor would run beside
+// the old container: an old agent that heartbeats is answered
+// should_terminate and stops its task, but a silent or wedged one hears
+// nothing, and its task runs on until the pod's own activeDeadlineSeconds.
+// So when a teardown of the attempt is owed, the runner reads its pod, live
+// (by the recorded name and only with the recorded UID, as above), and
+// holds the mark while that pod may still run its task: it exists, has
+// not finished, was not deleted with no grace left (the kubelet's last
+// word once its containers stopped, Pod GC, or an operator's forced
+// delete) and its task container has not terminated; unscheduled, too (it
+// may yet be bound and start). Unlike the node hold, what it cannot read
+// holds here: the owed row is the board's own positive word that a
+// teardown it meant to make did not happen, so an unreadable pod is one
+// that may well run, and the valve waits for a read instead of opening
+// (an unreadable owed_teardowns holds likewise). The decision carries the
+// owed teardown (its id, tries, last error and next try) and the pod.
+//
+// The owed teardown's own retries carry on meanwhile (host/cycle/owed.go,
+// untouched): once one completes (the verbs granted back, the webhook
+// fixed), the pod is stopped in place or deleted, its container ends and
+// the hold lets go. Otherwise the backstop is the pod's own deadline: at
+// startTime + activeDeadlineSeconds (the task's timeout plus headroom, or
+// the credential ceiling) the kubelet fails the pod (DeadlineExceeded) and
+// kills its containers, and the hold lets go on the next cycle. An operator
+// can end it sooner: force-delete the pod (grace 0), or settle the task
+// with reaperctl mark (no successor at all then).
 
 // valveNoteEvery is how often a held mark's decision is recorded again
 // (the runner asks every cycle).
@@ -74,17 +110,94 @@ func (r *Runner) valveHold(ctx context.Context, ti board.TaskInstance, now time.
 func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time) steps.ValveHold {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
+	owed, isOwed, err := r.w.OwedTeardown(ctx, a)
+	if err != nil {
+		return steps.ValveHold{Hold: true,
+			Detail:   fmt.Sprintf("the board could not say whether a teardown of the attempt is still owed (%v): a re-place could run the task beside a pod never stopped; asked again next cycle", err),
+			Evidence: map[string]string{"owed_read_error": err.Error()}}
+	}
 	pods, err := r.attemptPods(ctx, a)
 	if err != nil {
+		if isOwed {
+			return owedValveHold(owed, nil, err)
+		}
 		r.log.Warn("could not read the pod of an unconfirmed mark past the valve: the valve opens", "attempt", a.String(), "error", err)
 		return steps.ValveHold{}
 	}
 	for i := range pods {
-		if h := r.podValveHold(ctx, a, &pods[i], now); h.Hold {
+		p := &pods[i]
+		if isOwed && ownPod(a, p) && !podEnded(p) {
+			return owedValveHold(owed, p, nil)
+		}
+		if h := r.podValveHold(ctx, a, p, now); h.Hold {
 			return h
 		}
 	}
 	return steps.ValveHold{}
+}
+
+// owedValveHold is the hold of a mark whose teardown o is owed, for its pod
+// p that may still run, or, p nil, for a pod that could not be read (err).
+func owedValveHold(o board.OwedTeardown, p *corev1.Pod, err error) steps.ValveHold {
+	ev := map[string]string{
+		"owed_teardown": strconv.FormatInt(o.ID, 10), "owed_tries": strconv.Itoa(o.Tries),
+		"owed_last_error": o.LastError, "owed_next_try_at": o.NextTryAt.UTC().Format(time.RFC3339),
+		"owed_since": o.FirstFailedAt.UTC().Format(time.RFC3339),
+	}
+	if p == nil {
+		ev["pod_read_error"] = err.Error()
+		return steps.ValveHold{Hold: true,
+			Detail: fmt.Sprintf("a teardown of the attempt is owed (%d tries failed, the next at %s) and its pod could not be read (%v): it may still run its task, and a re-place would run the task beside it",
+				o.Tries, ev["owed_next_try_at"], err),
+			Evidence: ev}
+	}
+	ev["pod"], ev["pod_phase"], ev["node"] = p.Name, string(p.Status.Phase), p.Spec.NodeName
+	where := "on node " + p.Spec.NodeName
+	if p.Spec.NodeName == "" {
+		where = "not yet scheduled"
+	}
+	ends := "it has no deadline of its own"
+	if end, ok := podDeadline(p); ok {
+		ev["pod_deadline"] = end.UTC().Format(time.RFC3339)
+		ends = "its own deadline ends it at " + ev["pod_deadline"] + " at the latest"
+	}
+	return steps.ValveHold{Hold: true,
+		Detail: fmt.Sprintf("a teardown of the attempt is owed (%d tries failed, the next at %s) and its pod %s may still run its task (%s, %s): a re-place would run the task beside it; held until the pod is gone or its task ended (%s)",
+			o.Tries, ev["owed_next_try_at"], p.Name, p.Status.Phase, where, ends),
+		Evidence: ev}
+}
+
+// podDeadline is when the kubelet fails p for its activeDeadlineSeconds,
+// once it has started.
+func podDeadline(p *corev1.Pod) (time.Time, bool) {
+	if p.Spec.ActiveDeadlineSeconds == nil || p.Status.StartTime == nil {
+		return time.Time{}, false
+	}
+	return p.Status.StartTime.Add(time.Duration(*p.Spec.ActiveDeadlineSeconds) * time.Second), true
+}
+
+// ownPod reports whether p, a pod read as attempt a's, names a itself (its
+// labels and annotation).
+func ownPod(a sdk.Attempt, p *corev1.Pod) bool {
+	got, ok := kube.PodAttempt(p.Labels, p.Annotations)
+	return ok && got == a
+}
+
+// podEnded reports whether nothing of p runs any more: it finished, it was
+// deleted with no grace left (the kubelet's last word once its containers
+// stopped, Pod GC, an operator's forced delete), or its task container
+// terminated.
+func podEnded(p *corev1.Pod) bool {
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+		(p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0) {
+		return true
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == kube.TaskContainer && cs.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // attemptPods reads, live, the pods that are attempt a's own: the pod
@@ -129,17 +242,8 @@ func (r *Runner) attemptPods(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, 
 
 // podValveHold is the valve's answer for p, a pod of attempt a.
 func (r *Runner) podValveHold(ctx context.Context, a sdk.Attempt, p *corev1.Pod, now time.Time) steps.ValveHold {
-	if got, ok := kube.PodAttempt(p.Labels, p.Annotations); !ok || got != a {
+	if !ownPod(a, p) || podEnded(p) || p.Spec.NodeName == "" {
 		return steps.ValveHold{}
-	}
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || p.Spec.NodeName == "" ||
-		(p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0) {
-		return steps.ValveHold{}
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == kube.TaskContainer && cs.State.Terminated != nil {
-			return steps.ValveHold{}
-		}
 	}
 	node, err := r.cfg.Client.CoreV1().Nodes().Get(ctx, p.Spec.NodeName, metav1.GetOptions{})
 	if err != nil {

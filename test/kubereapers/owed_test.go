@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,15 +17,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/cmd/reaperctl/ctl"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/plugins/agentlost"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
@@ -315,8 +320,10 @@ func TestOwedTeardowns(t *testing.T) {
 				t.Fatal("the mark was confirmed while the old pod's container runs")
 			}
 		}
-		// Past the valve the planner re-places the task on a new epoch (its
-		// rail, as the runner takes it) and the successor's pod runs.
+		// Past the valve the task is re-placed on a new epoch, through the
+		// rail directly (the kube runner itself holds the mark while this
+		// pod may run: see the AFrozenAgentsPod subtests), and the
+		// successor's pod runs.
 		rel, err := w.w.Replace(ctx, a, w.clk.Now())
 		if err != nil || !rel.Applied {
 			t.Fatalf("re-place: %+v, %v", rel, err)
@@ -346,6 +353,47 @@ func TestOwedTeardowns(t *testing.T) {
 		}
 		w.noneOwed(a)
 	})
+
+	// The owed-teardown hold: the stop and the delete refused by RBAC, the
+	// old agent frozen (it never heartbeats again, so it never hears
+	// should_terminate), the valve passed: the kube runner, reading the
+	// pod live, starts no successor while the teardown is owed and the old
+	// pod may run; once the pod is gone, exactly one starts.
+	for name, gone := range map[string]func(w *owedWorld, p *corev1.Pod) (clears bool){
+		// The runbook's step: an admin force-deletes the pod (grace 0);
+		// its outcome record finalizer keeps the object, which reaperd
+		// may not patch away, so its teardown stays owed (on a real node
+		// the kubelet would end the container and its phase with it)
+		// until the verbs are granted back.
+		"ForceDeletedByAnAdmin": func(w *owedWorld, p *corev1.Pod) bool {
+			if err := w.cs.CoreV1().Pods(w.ns).Delete(context.Background(), p.Name, *metav1.NewDeleteOptions(0)); err != nil {
+				w.t.Fatal(err)
+			}
+			w.waitFor("the pod deleted with no grace", func() bool {
+				got := w.get(p.Name)
+				return got == nil || (got.DeletionGracePeriodSeconds != nil && *got.DeletionGracePeriodSeconds == 0)
+			})
+			return false
+		},
+		// The backstop: the pod's activeDeadlineSeconds passes and the
+		// kubelet (KWOK's stage) fails it. An admin brings the deadline
+		// to now rather than the test waiting out the credential ceiling.
+		"ItsOwnDeadlinePasses": func(w *owedWorld, p *corev1.Pod) bool {
+			if _, err := w.cs.CoreV1().Pods(w.ns).Patch(context.Background(), p.Name, types.MergePatchType,
+				[]byte(`{"spec":{"activeDeadlineSeconds":1}}`), metav1.PatchOptions{}); err != nil {
+				w.t.Fatal(err)
+			}
+			if got := w.waitPhase(p.Name, corev1.PodFailed); got.Status.Reason != "DeadlineExceeded" {
+				w.t.Fatalf("the pod failed for %q", got.Status.Reason)
+			}
+			return true
+		},
+	} {
+		t.Run("PastTheValve_AFrozenAgentsPodHoldsTheMarkUntilItIsGone/"+name, func(t *testing.T) {
+			t.Parallel()
+			pastTheValveFrozenAgent(t, gone)
+		})
+	}
 
 	t.Run("LeaderChange_TheNewTermPicksUpTheRowAndTheDeposedDoesNothing", func(t *testing.T) {
 		t.Parallel()
@@ -412,4 +460,163 @@ func TestOwedTeardowns(t *testing.T) {
 		}
 		w.wantState(a, sdk.StateRunning)
 	})
+}
+
+// podsCreate lets the runner, on reaperd's identity, create the task pods.
+var podsCreate = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create"}}
+
+// pastTheValveFrozenAgent runs the owed-teardown hold's scenario; gone
+// ends the old pod and says whether the owed teardown then completes on its
+// own, RBAC still refusing.
+func pastTheValveFrozenAgent(t *testing.T, gone func(w *owedWorld, p *corev1.Pod) (clears bool)) {
+	w := newOwedWorld(t, kubetest.Bob)
+	ctx := context.Background()
+	// reaperd's Role: read and create pods, never patch or delete them.
+	w.grant(podsRead, podsCreate)
+	var logs bytes.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("runner log:\n%s", logs.String())
+		}
+	})
+	r, err := kuberunner.New(kuberunner.Config{Client: w.c.ClientFor(t, w.user), Namespace: w.ns,
+		Image: "registry.invalid/reaper-task:test", Ladder: w.ladder, Clock: w.clk,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})}, w.w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := func() kuberunner.Result {
+		t.Helper()
+		res, err := r.RunOnce(ctx, w.clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if err := w.w.CreateRun(ctx, lifecycle.NewRun{RunID: "run-1", DagID: "dag", Tasks: []lifecycle.NewTask{
+		{TaskID: "t", Executor: sdk.ExecutorKube, Command: "true", Retries: 1}}}, w.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if res := runner(); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d", res.Dispatched)
+	}
+	a := w.row(sdk.Attempt{RunID: "run-1", TaskID: "t"}).Attempt
+	taskPods := func() map[sdk.Attempt]corev1.Pod {
+		t.Helper()
+		list, err := w.cs.CoreV1().Pods(w.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[sdk.Attempt]corev1.Pod{}
+		for _, p := range list.Items {
+			if got, ok := kube.PodAttempt(p.Labels, p.Annotations); ok && got.RunID == a.RunID && got.TaskID == a.TaskID {
+				out[got] = p
+			}
+		}
+		return out
+	}
+	old, ok := taskPods()[a]
+	if !ok {
+		t.Fatalf("no pod for %s: %v", a, taskPods())
+	}
+	// The scheduler's part: bound to the KWOK node, where it runs.
+	if err := w.cs.CoreV1().Pods(w.ns).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: old.Name},
+		Target: corev1.ObjectReference{Kind: "Node", Name: w.node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitPhase(old.Name, corev1.PodRunning)
+	// The agent reports running and heartbeats once, then freezes.
+	w.toRunning(a)
+	w.clk.Advance(w.ladder.AgentLost + time.Second)
+
+	loop := w.loop(w.term, false, nil)
+	res := loop.RunOnce(ctx)
+	if _, ok := cycleDecided(res, a, sdk.LabelAgentLost); !ok {
+		t.Fatalf("no agent_lost mark: %+v", res.Decisions)
+	}
+	w.wantProvisional(a, sdk.LabelAgentLost)
+	w.owed(a)
+	marked := w.row(a).InfraMarkedAt
+
+	// The valve's span, then ten minutes past it, a maintenance interval
+	// at a time: the host's cycle (the sweep, the owed retries) and the
+	// runner's, the old agent silent throughout.
+	var held int
+	for end := marked.Add(w.ladder.InfraConfirmValve + 10*time.Minute); w.clk.Now().Before(end); {
+		w.clk.Advance(w.ladder.MaintenanceInterval)
+		loop.RunOnce(ctx)
+		res := runner()
+		if res.Replaced != 0 || res.Dispatched != 0 {
+			t.Fatalf("at %s past the mark: replaced %d, dispatched %d, decisions %v: a successor while the teardown is owed",
+				w.clk.Now().Sub(marked), res.Replaced, res.Dispatched, res.Decisions)
+		}
+		if n := len(taskPods()); n != 1 {
+			t.Fatalf("%d pods of the task while the teardown is owed", n)
+		}
+		for _, d := range res.Decisions {
+			if d.Attempt != a || d.Label != sdk.LabelInfraConfirmValveHeld {
+				t.Fatalf("runner decision %+v", d)
+			}
+			o := w.owed(a)
+			if !strings.Contains(d.Detail, "a teardown of the attempt is owed") || d.Evidence["pod"] != old.Name ||
+				d.Evidence["owed_teardown"] != strconv.FormatInt(o.ID, 10) || d.Evidence["owed_tries"] != strconv.Itoa(o.Tries) ||
+				!strings.Contains(d.Evidence["owed_last_error"], "forbidden") || d.Evidence["owed_next_try_at"] != o.NextTryAt.UTC().Format(time.RFC3339) {
+				t.Fatalf("held decision %+v (owed %+v)", d, o)
+			}
+			held++
+		}
+	}
+	if held == 0 {
+		t.Fatal("the runner never recorded infra_confirm_valve_held")
+	}
+	// The owed teardown's own backoff kept trying, and kept being refused.
+	if o := w.owed(a); o.Tries < 4 || !strings.Contains(o.LastError, "forbidden") {
+		t.Fatalf("the owed teardown across the hold: %+v", o)
+	}
+	if p := w.get(old.Name); p == nil || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+		t.Fatalf("the old pod changed while everything was refused: %+v", p)
+	}
+	w.wantProvisional(a, sdk.LabelAgentLost)
+
+	// The old pod goes: the next runner cycle re-places, exactly one
+	// successor starts, and no later cycle starts another.
+	clears := gone(w, &old)
+	w.clk.Advance(time.Second)
+	res2 := runner()
+	if res2.Replaced != 1 {
+		t.Fatalf("once the old pod is gone: replaced %d, decisions %v", res2.Replaced, res2.Decisions)
+	}
+	for range 5 {
+		w.clk.Advance(w.ladder.MaintenanceInterval)
+		loop.RunOnce(ctx)
+		runner()
+	}
+	next := a
+	next.Epoch++
+	pods := taskPods()
+	if _, ok := pods[next]; !ok || len(pods) != 2 {
+		t.Fatalf("pods of the task after the hold: %v; want the old one and exactly one successor (%s)", pods, next)
+	}
+	if got := w.row(a); got.Attempt != next {
+		t.Fatalf("the task's attempt after the hold: %s, want %s", got.Attempt, next)
+	}
+	if !clears {
+		return
+	}
+	// A finished pod's teardown is complete: the next due retry clears
+	// the row on its own (within the backoff's cap).
+	for end := w.clk.Now().Add(cycle.OwedBackoffCapDefault + w.ladder.MaintenanceInterval); ; {
+		rows, err := w.store.OwedTeardownsFor(ctx, a.RunID, a.TaskID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) == 0 {
+			break
+		}
+		if !w.clk.Now().Before(end) {
+			t.Fatalf("the owed teardown of the finished pod was never cleared: %+v", rows)
+		}
+		w.clk.Advance(w.ladder.MaintenanceInterval)
+		loop.RunOnce(ctx)
+	}
 }

@@ -77,10 +77,13 @@ type Driver struct {
 // unconfirmed mark. The valve is there for a reconciler that cannot
 // confirm anything; an executor that can read, live, that something of the
 // attempt may still run where no teardown reaches it (its pod on a node
-// that is not Ready: a partition, a hung machine) holds the mark instead,
-// because acting on it would start the task again beside an execution that
-// resumes when the node does. Whatever the executor cannot read does not
-// hold: the valve opens, as it would without it.
+// that is not Ready: a partition, a hung machine), or that its teardown is
+// still owed and its pod has not ended, holds the mark instead, because
+// acting on it would start the task again beside an execution that carries
+// on. What the executor cannot read is the executor's to judge: on a node
+// it does not hold (the valve opens, as it would without it); with a
+// teardown owed it does (the board already says something was left
+// running).
 type ValveHold struct {
 	Hold bool
 	// Note: record the decision this time (the executor throttles its
