@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -66,7 +67,7 @@ func (s *Server) Freeze() error {
 		return fmt.Errorf("pgtest: freeze: %w", err)
 	}
 	for _, pid := range childrenOf(pm) {
-		if err := stopAndWait(pid); err != nil && alive(pid) {
+		if err := stopAndWait(pid); err != nil {
 			return fmt.Errorf("pgtest: freeze: %w", err)
 		}
 	}
@@ -91,17 +92,21 @@ func (s *Server) Thaw() error {
 
 // stopAndWait sends SIGSTOP to pid and waits until it is stopped.
 func stopAndWait(pid int) error {
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("stop process %d: %w", pid, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := poll(ctx, func() (bool, error) {
 		st, _, err := procStat(pid)
+		if errors.Is(err, fs.ErrNotExist) {
+			return true, nil // gone: nothing left to stop
+		}
 		if err != nil {
 			return false, err
 		}
-		return st == 'T' || st == 't', nil
+		// Stopped, or dead (a zombie its stopped parent has not reaped).
+		return st == 'T' || st == 't' || st == 'Z' || st == 'X', nil
 	})
 	if err != nil {
 		return fmt.Errorf("wait for process %d to stop: %w", pid, err)
