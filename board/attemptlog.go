@@ -12,7 +12,7 @@ import (
 
 const appendLogSQL = `
 WITH lead AS (
-    SELECT 1 FROM leader WHERE name = $1 AND term = $2 AND expires_at > $3 FOR SHARE
+    SELECT 1 FROM leader WHERE ` + leaderRow + ` AND term = $2 AND expires_at > $3 FOR SHARE
 )
 INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
 SELECT l.run_id, l.task_id, l.try_number, l.attempt_epoch, l.at, l.line
@@ -70,11 +70,12 @@ func (s *Store) appendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, appendLogSQL, append([]any{s.leader, term, latest}, args...)...)
+	tag, err := s.pool.Exec(ctx, appendLogSQL, append([]any{s.fenceKey(), term, latest}, args...)...)
 	if err != nil {
 		return fmt.Errorf("board: append log: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
+		deposed(s.observer, "append log", term)
 		return fmt.Errorf("board: append log: term %d: %w", term, ErrDeposed)
 	}
 	return nil

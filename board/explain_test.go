@@ -113,7 +113,7 @@ func TestCandidateQueriesUseAnIndex(t *testing.T) {
 			hb, kinds, reasons, msgs = append(hb, base), append(kinds, "infra"), append(reasons, "agent_lost"), append(msgs, "")
 			terms, ats = append(terms, b.term), append(ats, base)
 		}
-		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, board.LeaderNameDefault, runs, tasks, tries, epochs,
+		plan := explain(t, b.pool, "EXPLAIN (FORMAT JSON) "+board.MarkSQL, []string{board.LeaderNameDefault, ""}, runs, tasks, tries, epochs,
 			from, hb, noHB, kinds, confirm, hold, reasons, msgs, terms, ats,
 			sdk.MarkSourceStates(sdk.MarkInfra), sdk.MarkSourceStates(sdk.MarkTask))
 		for _, n := range planNodes(plan) {

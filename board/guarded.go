@@ -33,11 +33,12 @@ const provisionalTI = `(ti.state = '` + sdk.StateFailed + `' AND ti.last_failure
 
 // A batch statement is leadCTE, then the batch's own CTEs (the last of them
 // named "applied", returning the ordinals that applied), then batchAnswer.
-// The leader row is named by $1.
+// The leader row is picked by $1 (leaderRow): held by another replica, it
+// is not there, and every request is deposed.
 const (
 	leadCTE = `
 WITH lead AS (
-    SELECT term, expires_at FROM leader WHERE name = $1 FOR SHARE
+    SELECT term, expires_at FROM leader WHERE ` + leaderRow + ` FOR SHARE
 ),`
 	batchAnswer = `
 SELECT (SELECT coalesce(array_agg(ord), '{}') FROM applied),
@@ -106,7 +107,7 @@ func (s *Store) runBatchScan(ctx context.Context, b *batch, sql string, args []a
 		term    *int64
 		expires *time.Time
 	)
-	if err := s.pool.QueryRow(ctx, sql, append([]any{s.leader}, args...)...).Scan(append([]any{&applied, &term, &expires}, extra...)...); err != nil {
+	if err := s.pool.QueryRow(ctx, sql, append([]any{s.fenceKey()}, args...)...).Scan(append([]any{&applied, &term, &expires}, extra...)...); err != nil {
 		return nil, fmt.Errorf("board: %s: %w", b.what, err)
 	}
 	results := make([]sdk.MarkResult, len(b.attempts))
@@ -117,11 +118,16 @@ func (s *Store) runBatchScan(ctx context.Context, b *batch, sql string, args []a
 		results[ord-1].Applied = true
 	}
 	var missed []int // requests that did not apply and whose reason needs the row
+	told := false
 	for i := range results {
 		switch {
 		case results[i].Applied:
 		case term == nil || *term != b.terms[i] || expires == nil || !expires.After(b.ats[i]):
 			results[i].NoopReason = sdk.NoopDeposed
+			if !told {
+				deposed(s.observer, b.what, b.terms[i])
+				told = true
+			}
 		default:
 			missed = append(missed, i)
 		}

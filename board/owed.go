@@ -201,6 +201,7 @@ func (s *Store) leads(ctx context.Context, term int64, now time.Time) error {
 	case err != nil:
 		return err
 	case !ok:
+		deposed(s.observer, "fenced read or write", term)
 		return ErrDeposed
 	}
 	return nil
@@ -237,7 +238,7 @@ func (s *Store) DueTeardowns(ctx context.Context, term int64, now time.Time, lim
 // fencedOwed is the leader row, share-locked, for the writes of a retry.
 const fencedOwed = `
 WITH lead AS (
-    SELECT term, expires_at FROM leader WHERE name = $1 FOR SHARE
+    SELECT term, expires_at FROM leader WHERE ` + leaderRow + ` FOR SHARE
 )`
 
 // fencedTerm is true when $2 is the leader row's term and its lease runs at
@@ -251,7 +252,7 @@ func (s *Store) TeardownDone(ctx context.Context, id, term int64, now time.Time)
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, fencedOwed+`
-DELETE FROM owed_teardowns WHERE id = $4 AND `+fencedTerm, s.leader, term, now, id)
+DELETE FROM owed_teardowns WHERE id = $4 AND `+fencedTerm, s.fenceKey(), term, now, id)
 	if err != nil {
 		return false, fmt.Errorf("board: owed teardown %d done: %w", id, err)
 	}
@@ -275,7 +276,7 @@ func (s *Store) TeardownFailed(ctx context.Context, id, term int64, now time.Tim
 UPDATE owed_teardowns o SET tries = o.tries + 1, last_tried_at = $3::timestamptz, last_error = $5, term = $2,
     next_try_at = $3::timestamptz + `+backoffSQL("o.tries + 1", "$6", "$7")+`
 WHERE id = $4 AND `+fencedTerm+`
-RETURNING `+owedColumns, s.leader, term, now, id, s.Safe(FieldTeardownError, failure), b.Base.Microseconds(), b.Cap.Microseconds()))
+RETURNING `+owedColumns, s.fenceKey(), term, now, id, s.Safe(FieldTeardownError, failure), b.Base.Microseconds(), b.Cap.Microseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		if ferr := s.leads(ctx, term, now); ferr != nil {
 			return OwedTeardown{}, fmt.Errorf("board: owed teardown %d failed again: %w", id, ferr)

@@ -172,6 +172,7 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 		return fail("read leader", err)
 	}
 	if !ok {
+		deposed(s.observer, "reap run", r.Term)
 		return noop(sdk.NoopDeposed)
 	}
 
@@ -243,7 +244,7 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, term int64, at time.Time) 
 		cur     int64
 		expires *time.Time
 	)
-	err := tx.QueryRow(ctx, "SELECT term, expires_at FROM leader WHERE name = $1 FOR SHARE", s.leader).Scan(&cur, &expires)
+	err := tx.QueryRow(ctx, "SELECT term, expires_at FROM leader WHERE "+leaderRow+" FOR SHARE", s.fenceKey()).Scan(&cur, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

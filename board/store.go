@@ -30,6 +30,13 @@ type Options struct {
 	// LeaderName is the leader row that fences writes and holds the lease.
 	// Default LeaderNameDefault.
 	LeaderName string
+	// Holder is this replica's name in the leader row (the holder it
+	// acquires leadership as). Set, a fenced write applies only while the
+	// row names this holder as well as the write's term: a term number
+	// handed out twice (a failover to a standby that missed the increment)
+	// fences out the replica that held it first. Empty: the term alone
+	// (tools and tests that write as no replica).
+	Holder string
 	// QueryTimeout bounds the database work of one call; <= 0 means
 	// QueryTimeoutDefault.
 	QueryTimeout time.Duration
@@ -47,6 +54,7 @@ type Options struct {
 type Store struct {
 	pool     *pgxpool.Pool
 	leader   string
+	holder   string
 	timeout  time.Duration
 	ceiling  time.Duration
 	packer   evidencePacker // the audit's evidence encoder (read only)
@@ -63,9 +71,17 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 	if opts.QueryTimeout <= 0 {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
-	return &Store{pool: pool, leader: opts.LeaderName, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling,
+	return &Store{pool: pool, leader: opts.LeaderName, holder: opts.Holder, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling,
 		packer: newEvidencePacker(), observer: opts.Observer}
 }
+
+// leaderRow is the condition that picks the board's leader row for a
+// fenced write: $1 is fenceKey's pair, the row's name and the writing
+// replica's holder (empty: any holder).
+const leaderRow = `name = ($1::text[])[1] AND (($1::text[])[2] = '' OR holder = ($1::text[])[2])`
+
+// fenceKey is $1 of a statement fenced with leaderRow.
+func (s *Store) fenceKey() []string { return []string{s.leader, s.holder} }
 
 // Pool returns the pool the store uses.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -66,6 +66,19 @@ type Observer interface {
 	// applied. a is the request's attempt (zero for an audit row about no
 	// task instance).
 	RowRefused(write string, a sdk.Attempt, err error)
+	// Deposed: a fenced write (write: "mark", "append log", "enqueue",
+	// ...) of term was refused by the fence: the board's leader row no
+	// longer names term and this replica's holder with an unexpired
+	// lease. Told once per refused call, the batch's first refusal for a
+	// batch.
+	Deposed(write string, term int64)
+}
+
+// deposed tells the observer, if any, of a fenced write the fence refused.
+func deposed(o Observer, write string, term int64) {
+	if o != nil {
+		o.Deposed(write, term)
+	}
 }
 
 // Safe returns v made safe for field (sdk.SafeText with the field's bound),

@@ -36,6 +36,8 @@ func (o *observer) RowRefused(write string, a sdk.Attempt, err error) {
 	o.refused = append(o.refused, write+" "+a.RunID+"/"+a.TaskID)
 }
 
+func (o *observer) Deposed(string, int64) {}
+
 func (o *observer) counts() (map[board.TextField]int, []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -201,7 +201,7 @@ UPDATE reap_decisions d
    AND d.verdict IS NULL
    -- fenced: the leader row still holds the term, its lease unexpired
    AND `+fencedTerm+`
-RETURNING d.id`, s.leader, term, now, ids, words, evs)
+RETURNING d.id`, s.fenceKey(), term, now, ids, words, evs)
 	if err != nil {
 		return nil, fmt.Errorf("board: write verdicts: %w", err)
 	}

@@ -7,7 +7,8 @@
 // binaries built once per test binary), validatetest, marked (processes a
 // test left, by their marker), massbench (the mass recovery's workload), machinecpu
 // (the whole machine's busy CPU time, for benchmarks), unpriv (an unprivileged
-// account to run a process as) and
+// account to run a process as), history (a fault history of guarded writes
+// and executions, and the checker that judges it) and
 // eventually (waiting for what is truly asynchronous).
 //
 // They import the product from above it; product code never imports them

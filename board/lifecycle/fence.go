@@ -36,16 +36,17 @@ func (w *Writer) Fenced(term int64) *Writer {
 }
 
 // fence returns the condition that fences a runner write, its arguments
-// numbered from $first (leader row, term, the write's time), and those
-// arguments; "true" and none for a writer that is not fenced.
+// numbered from $first (leader row, holder, term, the write's time), and
+// those arguments; "true" and none for a writer that is not fenced. An
+// empty holder (Options.Holder) fences on the term alone.
 func (w *Writer) fence(first int, now time.Time) (string, []any) {
 	if w.term <= 0 {
 		return "true", nil
 	}
 	p := func(i int) string { return "$" + strconv.Itoa(first+i) }
-	return `EXISTS (SELECT 1 FROM leader WHERE name = ` + p(0) + ` AND term = ` + p(1) +
-			` AND expires_at > ` + p(2) + `::timestamptz FOR SHARE)`,
-		[]any{w.leader, w.term, now}
+	return `EXISTS (SELECT 1 FROM leader WHERE name = ` + p(0) + ` AND (` + p(1) + `::text = '' OR holder = ` + p(1) +
+			`) AND term = ` + p(2) + ` AND expires_at > ` + p(3) + `::timestamptz FOR SHARE)`,
+		[]any{w.leader, w.holder, w.term, now}
 }
 
 // deposed, after a fenced write that applied to nothing, tells whether the
@@ -53,6 +54,15 @@ func (w *Writer) fence(first int, now time.Time) (string, []any) {
 // the writer's term no longer leads the board at now, nil when it does (or
 // the writer is not fenced) and the write's own guard refused it.
 func (w *Writer) deposed(ctx context.Context, now time.Time) error {
+	err := w.fenceRefusal(ctx, now)
+	if errors.Is(err, ErrDeposed) && w.observer != nil {
+		w.observer.Deposed("runner write", w.term)
+	}
+	return err
+}
+
+// fenceRefusal is deposed's reading of the leader row.
+func (w *Writer) fenceRefusal(ctx context.Context, now time.Time) error {
 	if w.term <= 0 {
 		return nil
 	}
@@ -60,9 +70,10 @@ func (w *Writer) deposed(ctx context.Context, now time.Time) error {
 	defer cancel()
 	var (
 		term    int64
+		holder  *string    // NULL once resigned
 		expires *time.Time // NULL once its holder resigned
 	)
-	err := w.pool.QueryRow(ctx, `SELECT term, expires_at FROM leader WHERE name = $1`, w.leader).Scan(&term, &expires)
+	err := w.pool.QueryRow(ctx, `SELECT term, holder, expires_at FROM leader WHERE name = $1`, w.leader).Scan(&term, &holder, &expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: term %d, and the board has no leader row %q", ErrDeposed, w.term, w.leader)
@@ -70,6 +81,10 @@ func (w *Writer) deposed(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("reading the board's leader row: %w", err)
 	case term != w.term:
 		return fmt.Errorf("%w: term %d, the board's is %d", ErrDeposed, w.term, term)
+	case w.holder != "" && holder != nil && *holder != w.holder:
+		// The same number handed out twice: the board lost the write that
+		// gave it to this replica (a failover to a standby behind).
+		return fmt.Errorf("%w: term %d is held by %s on the board, not by this replica (%s)", ErrDeposed, w.term, *holder, w.holder)
 	case expires == nil:
 		return fmt.Errorf("%w: term %d was resigned", ErrDeposed, w.term)
 	case !expires.After(now):

@@ -61,6 +61,10 @@ type Options struct {
 	// LeaderName is the leader row a fenced writer's term is checked
 	// against (see Writer.Fenced); "" means board.LeaderNameDefault.
 	LeaderName string
+	// Holder is this replica's name in the leader row
+	// (board.Options.Holder): set, a fenced write applies only while the
+	// row names this holder as well as the term. Empty: the term alone.
+	Holder string
 	// CredentialCeiling is auth.max_attempt_credential_lifetime: a report
 	// (or a reschedule rail) that asks for a sensor's next poke at or past
 	// it, counted from the first dispatch of the try, fails the task
@@ -82,6 +86,7 @@ type Writer struct {
 	store   *board.Store
 	timeout time.Duration
 	leader  string
+	holder  string
 	ceiling time.Duration
 	since   time.Time
 	term    int64 // > 0: the runner writes are fenced by it (see Fenced)
@@ -98,8 +103,8 @@ func New(pool *pgxpool.Pool, opts Options) *Writer {
 		opts.LeaderName = board.LeaderNameDefault
 	}
 	return &Writer{pool: pool, store: board.New(pool, board.Options{QueryTimeout: opts.QueryTimeout, LeaderName: opts.LeaderName,
-		CredentialCeiling: opts.CredentialCeiling, Observer: opts.Observer}),
-		timeout: opts.QueryTimeout, leader: opts.LeaderName, ceiling: opts.CredentialCeiling, since: opts.HeardSince,
+		Holder: opts.Holder, CredentialCeiling: opts.CredentialCeiling, Observer: opts.Observer}),
+		timeout: opts.QueryTimeout, leader: opts.LeaderName, holder: opts.Holder, ceiling: opts.CredentialCeiling, since: opts.HeardSince,
 		observer: opts.Observer}
 }
 

@@ -137,8 +137,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.gate = &schemaGate{pool: d.pool, clock: opts.Clock, log: d.log.Named("schema"),
 		maxRetry: cmp.Or(cfg.Leader.Renew, cfg.Leader.Lease/leader.RenewShareDefault)}
-	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling,
-		Observer: d.metrics.BoardObserver(d.log.Named("board"))})
+	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling, Holder: opts.Holder,
+		Observer: d.boardObserver()})
 
 	ld, err := d.openLoader()
 	if err != nil {
@@ -288,8 +288,33 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 		TTL:            cfg.Ladder.AttemptTokenTTL, Ceiling: cfg.Ladder.CredentialCeiling, WorkerCeiling: cfg.WorkerCredentialCeiling,
 		HeartbeatWindow: c.HeartbeatWindow, Clients: c.Clients,
 		Meter: d.metrics, Decisions: d.apiDecisions, Clock: d.opts.Clock, Logger: d.log.Named("attempt-api"),
-		BoardObserver: d.metrics.BoardObserver(d.log.Named("board")),
+		BoardObserver: d.boardObserver(),
 	})
+}
+
+// boardObserver is the observer of the daemon's stores and writers: the
+// metrics' (host/metrics BoardObserver), and a write the fence refused
+// makes this replica stop leading its term (fencedObserver).
+func (d *Daemon) boardObserver() board.Observer {
+	return fencedObserver{Observer: d.metrics.BoardObserver(d.log.Named("board")), d: d}
+}
+
+// fencedObserver steps the replica down when the board's fence refuses a
+// write of the term it leads: the board names another holder or term, and
+// every further write of it would be refused too. Logged once per term
+// (StepDown answers true once).
+type fencedObserver struct {
+	board.Observer
+	d *Daemon
+}
+
+func (o fencedObserver) Deposed(write string, term int64) {
+	o.Observer.Deposed(write, term)
+	if o.d.elector == nil || !o.d.elector.StepDown(term) {
+		return
+	}
+	o.d.log.Named("leader").Warn("the board's fence refused a write of this replica's term: it no longer leads; stepping down",
+		"write", write, "term", term, "holder", o.d.opts.Holder)
 }
 
 // leading is the elector's answer to a runner at now: the term to fence
@@ -323,8 +348,8 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling,
-		Observer: d.metrics.BoardObserver(d.log.Named("board"))}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
+		Observer: d.boardObserver()}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -352,8 +377,8 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
 		},
-	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling,
-		Observer: d.metrics.BoardObserver(d.log.Named("board"))}))
+	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
+		Observer: d.boardObserver()}))
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}

@@ -199,6 +199,22 @@ func (e *Elector) Run(ctx context.Context) {
 	}
 }
 
+// StepDown stops leading term at once, when it is the term this replica
+// leads: a write of it was refused by the board's fence, so the board no
+// longer names this replica the holder of term (another took it over, or
+// a failover handed the number to another). The lease row is left alone
+// (it is not this replica's to release); the next Step tries to acquire
+// as a replica that leads nothing. It reports whether it stepped down.
+func (e *Elector) StepDown(term int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.state.Leading || e.state.Term != term {
+		return false
+	}
+	e.state.Leading = false
+	return true
+}
+
 // Resign gives up the term this replica holds, if any.
 func (e *Elector) Resign() {
 	e.mu.Lock()

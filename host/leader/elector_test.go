@@ -63,3 +63,47 @@ func TestResignReleasesATermWhoseAcquisitionAnswerWasLost(t *testing.T) {
 		t.Fatalf("resigns %v", lease.resigns)
 	}
 }
+
+// grantingLease grants every acquisition a new term and every renewal.
+type grantingLease struct{ term int64 }
+
+func (l *grantingLease) TryAcquire(context.Context, string, time.Duration, time.Time) (int64, bool, error) {
+	l.term++
+	return l.term, true, nil
+}
+
+func (l *grantingLease) Renew(context.Context, int64, string, time.Duration, time.Time) (bool, error) {
+	return true, nil
+}
+
+func (l *grantingLease) Resign(context.Context, int64, string) error { return nil }
+
+// StepDown ends the leadership of the term it names at once, and only of
+// that term: a refusal of an older term's write (in flight when this
+// replica gained a newer one) changes nothing.
+func TestStepDownEndsOnlyTheTermItNames(t *testing.T) {
+	e, err := leader.New(&grantingLease{}, leader.Config{Holder: "host/1", Lease: 15 * time.Second,
+		Clock: clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := e.Step(context.Background())
+	if !st.Leading || st.Term != 1 {
+		t.Fatalf("status %+v, want leading term 1", st)
+	}
+	if e.StepDown(0) || e.StepDown(2) {
+		t.Fatal("stepped down for a term it does not lead")
+	}
+	if !e.StepDown(1) {
+		t.Fatal("did not step down for the term it leads")
+	}
+	if e.Status(time.Date(2030, 1, 1, 0, 0, 1, 0, time.UTC)).Leading {
+		t.Fatal("still leading after stepping down")
+	}
+	if e.StepDown(1) {
+		t.Fatal("stepped down twice for one term")
+	}
+	if st := e.Step(context.Background()); !st.Leading || st.Term != 2 {
+		t.Fatalf("after stepping down the next step acquires anew: %+v, want term 2", st)
+	}
+}

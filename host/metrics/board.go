@@ -15,15 +15,21 @@ type boardObserver struct {
 	log     hclog.Logger
 	made    *prometheus.CounterVec
 	refused *prometheus.CounterVec
+	fenced  *prometheus.CounterVec
 }
 
 // BoardObserver returns the board's observer: tenants' text made safe is
 // counted by field (reaper_board_text_made_safe_total), a batch's row
 // refused alone is counted by write (reaper_board_rows_refused_total) and
-// logged with the attempt and PostgreSQL's error. Every call returns the
-// same observer.
+// logged with the attempt and PostgreSQL's error, and a fenced write the
+// fence refused is counted by write (reaper_fence_refused_total; the
+// daemon logs it and steps down). Every call returns the same observer.
 func (m *Metrics) BoardObserver(log hclog.Logger) board.Observer {
-	return boardObserver{log: log, made: m.textMadeSafe, refused: m.rowsRefused}
+	return boardObserver{log: log, made: m.textMadeSafe, refused: m.rowsRefused, fenced: m.fenceRefused}
+}
+
+func (o boardObserver) Deposed(write string, _ int64) {
+	o.fenced.WithLabelValues(write).Inc()
 }
 
 func newBoardCollectors(m *Metrics) {
@@ -35,7 +41,11 @@ func newBoardCollectors(m *Metrics) {
 		Name: "reaper_board_rows_refused_total",
 		Help: "Requests of a batch write PostgreSQL refused for their own data when written alone, after their batch failed (the rest of the batch was applied), by write.",
 	}, []string{"write"})
-	m.Registry.MustRegister(m.textMadeSafe, m.rowsRefused)
+	m.fenceRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_fence_refused_total",
+		Help: "Fenced writes the board refused because their leadership term no longer led it for this replica (another term, another holder, or the lease run out), by write. Each makes the replica stop leading that term.",
+	}, []string{"write"})
+	m.Registry.MustRegister(m.textMadeSafe, m.rowsRefused, m.fenceRefused)
 }
 
 func (o boardObserver) TextMadeSafe(field board.TextField) {

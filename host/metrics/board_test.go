@@ -54,4 +54,9 @@ func TestBoardObserverMetersAndLogs(t *testing.T) {
 	if !strings.Contains(log.String(), "timestamp out of range") || !strings.Contains(log.String(), "write=settle") {
 		t.Fatalf("log %q", log.String())
 	}
+	obs.Deposed("mark", 7)
+	obs.Deposed("mark", 7)
+	if got := counter(t, m, "reaper_fence_refused_total", "write", "mark"); got != 2 {
+		t.Fatalf("fence refusals %v, want 2", got)
+	}
 }

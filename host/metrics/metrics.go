@@ -48,6 +48,7 @@ type Metrics struct {
 	// The board's observer's collectors (BoardObserver).
 	textMadeSafe *prometheus.CounterVec
 	rowsRefused  *prometheus.CounterVec
+	fenceRefused *prometheus.CounterVec
 }
 
 // New registers every collector on a new registry, with the decision
