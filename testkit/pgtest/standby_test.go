@@ -251,11 +251,21 @@ func TestFreezeStallsUntilThaw(t *testing.T) {
 		var one int
 		answered <- conn.QueryRow(ctx, "SELECT 1").Scan(&one)
 	}()
+	var queryErr error
+	queried := false
+	defer func() { // before the connection goes back to the pool
+		if !queried {
+			_ = srv.Thaw()
+			cancel()
+			<-answered
+		}
+	}()
 	// A stall, not a death: no answer and no error while frozen...
 	stall := time.NewTimer(300 * time.Millisecond)
 	defer stall.Stop()
 	select {
 	case err := <-answered:
+		queried = true
 		t.Fatalf("a query on a frozen server answered: %v", err)
 	case <-stall.C:
 	}
@@ -268,8 +278,9 @@ func TestFreezeStallsUntilThaw(t *testing.T) {
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-answered; err != nil {
-		t.Fatalf("the query that waited through the freeze: %v, want its answer", err)
+	queryErr, queried = <-answered, true
+	if queryErr != nil {
+		t.Fatalf("the query that waited through the freeze: %v, want its answer", queryErr)
 	}
 }
 
