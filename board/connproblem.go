@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,14 +22,49 @@ import (
 var ErrDSNInvalid = errors.New("the DSN is not a valid PostgreSQL connection string " +
 	"(a postgres:// URL or key=value pairs; its text is not repeated here)")
 
-// ParseDSN parses a DSN into a pool configuration. Its error is
-// ErrDSNInvalid alone.
+// ParseDSN parses a DSN into a pool configuration, fitted by FollowPrimary
+// when it names more than one server. Its error is ErrDSNInvalid alone.
 func ParseDSN(dsn string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, ErrDSNInvalid
 	}
+	FollowPrimary(cfg)
 	return cfg, nil
+}
+
+// ConnectTimeoutMultiHostDefault bounds connecting to each server of a DSN
+// that names more than one and gives no connect_timeout.
+const ConnectTimeoutMultiHostDefault = 3 * time.Second
+
+// FollowPrimary fits a pool configuration whose DSN names more than one
+// server (host=a,b port=p,q: a primary and its standbys) to follow a
+// failover. A connection is kept only on a server that accepts writes, as
+// target_session_attrs=read-write asks: the board is written to, and a
+// standby, or an old primary come back read-only, must not take the pool's
+// connections. That holds unless the DSN asks for another kind of server
+// that accepts writes (target_session_attrs=primary); "any", the default, is
+// taken as read-write. And each server has ConnectTimeoutMultiHostDefault to
+// answer unless the DSN gives a connect_timeout: a server that hangs rather
+// than refuses (stalled, or cut off so that its packets are dropped) would
+// otherwise spend a call's whole bound, and the next server, the one
+// promoted, would never be tried. A DSN naming one server is left as it is
+// (pgx's TLS fallback of sslmode=prefer names the same server twice).
+func FollowPrimary(cfg *pgxpool.Config) {
+	cc := cfg.ConnConfig
+	servers := map[string]bool{net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))): true}
+	for _, fb := range cc.Fallbacks {
+		servers[net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port)))] = true
+	}
+	if len(servers) < 2 {
+		return
+	}
+	if cc.ValidateConnect == nil {
+		cc.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = ConnectTimeoutMultiHostDefault
+	}
 }
 
 // ConnProblem says, in one line, why the database could not be reached or
@@ -49,6 +86,11 @@ func ConnProblem(err error) string {
 		return ""
 	case errors.Is(err, ErrDSNInvalid):
 		return ErrDSNInvalid.Error()
+	case errors.Is(err, pgconn.ErrReadOnlyConnection), errors.Is(err, pgconn.ErrStandbyConnection):
+		// First: the other servers of a multi-host DSN may have refused
+		// or failed, but one answered and is not a primary.
+		return "no server of the DSN accepts writes: those that answer are standbys " +
+			"(a primary down and none promoted yet?)"
 	case errors.As(err, &pgErr):
 		switch {
 		case pgErr.Code == "28P01":

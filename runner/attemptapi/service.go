@@ -111,7 +111,9 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 			s.Close()
 		}
 	}()
-	poolCfg, err := pgxpool.ParseConfig(cfg.DSN)
+	// As the daemon's own pool: a DSN naming a primary and its standbys
+	// follows a promotion.
+	poolCfg, err := board.ParseDSN(cfg.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("attempt api: parse store dsn: %w", err)
 	}

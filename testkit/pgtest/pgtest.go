@@ -58,21 +58,31 @@ func Run(m *testing.M) int {
 func makeTemplate(ctx context.Context, srv *Server) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := srv.CreateDatabase(ctx, TemplateDB, ""); err != nil {
+	if err := srv.CreateBoardDatabase(ctx, TemplateDB); err != nil {
 		return err
-	}
-	pool, err := pgxpool.New(ctx, srv.DSN(TemplateDB))
-	if err != nil {
-		return fmt.Errorf("pgtest: connect to the template: %w", err)
-	}
-	_, err = board.Migrate(ctx, pool)
-	pool.Close()
-	if err != nil {
-		return fmt.Errorf("pgtest: migrate the template: %w", err)
 	}
 	// No connection may linger on a template that is being copied.
 	if _, err := srv.admin.Exec(ctx, "ALTER DATABASE "+TemplateDB+" WITH ALLOW_CONNECTIONS false"); err != nil {
 		return fmt.Errorf("pgtest: seal the template: %w", err)
+	}
+	return nil
+}
+
+// CreateBoardDatabase creates database name holding the board's schema,
+// migrated: on a server of a test's own (a primary whose standbys are made
+// before or after), where there is no template to copy.
+func (s *Server) CreateBoardDatabase(ctx context.Context, name string) error {
+	if err := s.CreateDatabase(ctx, name, ""); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, s.DSN(name))
+	if err != nil {
+		return fmt.Errorf("pgtest: connect to %s: %w", name, err)
+	}
+	_, err = board.Migrate(ctx, pool)
+	pool.Close()
+	if err != nil {
+		return fmt.Errorf("pgtest: migrate %s: %w", name, err)
 	}
 	return nil
 }
@@ -146,4 +156,34 @@ func createDB(t testing.TB, srv *Server, template string) string {
 		}
 	})
 	return name
+}
+
+// NewFailoverPair starts a primary of the test's own (Options.Replication)
+// holding database, with the board's schema, and a standby of it made with
+// opts, for failover tests: the test may Kill the primary and Promote the
+// standby (FailoverDSN names both). Both are stopped, and their directories
+// removed, when the test ends.
+func NewFailoverPair(t testing.TB, database string, opts StandbyOptions) (primary, standby *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary, err := Start(ctx, Options{Replication: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopOrFail(t, primary) })
+	if err := primary.CreateBoardDatabase(ctx, database); err != nil {
+		t.Fatal(err)
+	}
+	if standby, err = primary.Standby(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopOrFail(t, standby) })
+	return primary, standby
+}
+
+func stopOrFail(t testing.TB, srv *Server) {
+	if err := srv.Stop(); err != nil {
+		t.Error(err)
+	}
 }

@@ -14,6 +14,13 @@
 // Stop run a server without the testing package (the pgtest command uses
 // them for demos).
 //
+// For failover tests, a server started with Options.Replication makes
+// streaming-replication standbys of itself (Standby, synchronous or not),
+// which Promote makes primaries; StopStreaming makes a standby fall behind
+// on purpose, and FailoverDSN names a primary and its standbys in one
+// connection string. Kill crashes a server and Freeze stalls one (its
+// processes stopped, as by a hung disk) until Thaw.
+//
 // When the tests run as root the server runs as an unprivileged account
 // (postgres if the machine has one, else nobody), since PostgreSQL refuses to
 // run as root. The server is tuned for speed, not durability: fsync is off.
@@ -64,6 +71,12 @@ type Options struct {
 	// (CIDR) whose clients may log in there, by password.
 	Listen    []string
 	AllowFrom []string
+	// Replication makes the server a primary that standbys stream from
+	// (Standby): its WAL is kept at the replica level, it runs WAL senders,
+	// and its sessions commit with synchronous_commit on, so that naming a
+	// synchronous standby takes effect in every session at once. Without it
+	// the server writes minimal WAL and commits asynchronously.
+	Replication bool
 }
 
 // Server is a running PostgreSQL.
@@ -75,6 +88,11 @@ type Server struct {
 	bin      binaries
 	cred     *syscall.Credential
 	detached bool
+	// replication: the server runs WAL senders (Options.Replication, and
+	// every standby); standbyName is a standby's application name on its
+	// primary, "" for a primary.
+	replication bool
+	standbyName string
 
 	cmd    *exec.Cmd     // the postmaster when not detached
 	exited chan struct{} // closed when cmd has exited
@@ -83,7 +101,10 @@ type Server struct {
 	stop   sync.Once
 }
 
-type binaries struct{ initdb, pgctl, postgres string }
+type binaries struct {
+	initdb, pgctl, postgres string
+	basebackup              string // "" when not found: Standby fails, Start does not
+}
 
 // Start initialises and starts a server. Stop it with Stop (or, detached,
 // with StopDir).
@@ -115,7 +136,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("pgtest: make directory: %w", err)
 	}
 	s := &Server{dir: dir, bin: bin, cred: cred, detached: opts.Detached, password: randomHex(16),
-		listen: opts.Listen}
+		listen: opts.Listen, replication: opts.Replication}
 	ok := false
 	defer func() {
 		if !ok {
@@ -123,10 +144,8 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 	}()
 	if !opts.Detached {
-		// Marks the directory as this process's, so a later run can tell
-		// a leftover (its owner died) from a live one.
-		if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-			return nil, fmt.Errorf("pgtest: %w", err)
+		if err := s.markOwned(); err != nil {
+			return nil, err
 		}
 	}
 	if err := s.initdb(ctx); err != nil {
@@ -135,25 +154,44 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err := s.allow(opts.AllowFrom); err != nil {
 		return nil, err
 	}
+	if err := s.launch(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// markOwned marks the server's directory as this process's, so a later run
+// can tell a leftover (its owner died) from a live one.
+func (s *Server) markOwned() error {
+	if err := os.WriteFile(filepath.Join(s.dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	return nil
+}
+
+// launch starts the initialised server on a free port and opens its admin
+// pool.
+func (s *Server) launch(ctx context.Context) error {
 	// A free port can be taken between the probe and the bind: try again.
 	for attempt := 0; ; attempt++ {
+		var err error
 		if s.port, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
 		err = s.start(ctx)
 		if err == nil {
 			break
 		}
 		if attempt == 4 || !strings.Contains(s.logTail(), "could not bind") {
-			return nil, fmt.Errorf("%w\n%s", err, s.logTail())
+			return fmt.Errorf("%w\n%s", err, s.logTail())
 		}
 	}
-	s.admin, err = pgxpool.New(ctx, s.DSN("postgres"))
-	if err != nil {
-		return nil, fmt.Errorf("pgtest: connect: %w", err)
+	var err error
+	if s.admin, err = pgxpool.New(ctx, s.DSN("postgres")); err != nil {
+		return fmt.Errorf("pgtest: connect: %w", err)
 	}
-	ok = true
-	return s, nil
+	return nil
 }
 
 // Dir is the server's directory (data, log, password).
@@ -217,6 +255,9 @@ func (s *Server) Stop() error {
 		}
 		switch {
 		case s.cmd != nil:
+			// A frozen server is woken first: its stopped children would
+			// never see the postmaster go.
+			_ = s.Thaw()
 			// SIGQUIT is PostgreSQL's immediate shutdown: nothing to keep.
 			_ = s.cmd.Process.Signal(syscall.SIGQUIT)
 			select {
@@ -305,24 +346,30 @@ func (s *Server) allow(cidrs []string) error {
 }
 
 // serverSettings are the server's options: loopback only, no socket file,
-// and speed over durability.
+// and speed over durability. A server with replication keeps WAL for its
+// standbys and leaves synchronous_commit (on) and synchronous_standby_names
+// to its configuration files, where ALTER SYSTEM can change them (an option
+// on the command line would override it).
 func (s *Server) serverSettings() []string {
-	settings := []string{
+	wal := []string{"wal_level=minimal", "max_wal_senders=0", "synchronous_commit=off"}
+	if s.replication {
+		wal = []string{"wal_level=replica", "max_wal_senders=10", "wal_keep_size=256MB"}
+	}
+	settings := append([]string{
 		"listen_addresses=" + strings.Join(append([]string{"127.0.0.1"}, s.listen...), ","),
 		"port=" + strconv.Itoa(s.port),
 		"unix_socket_directories=",
 		"fsync=off",
-		"synchronous_commit=off",
 		"full_page_writes=off",
-		"wal_level=minimal",
-		"max_wal_senders=0",
+	}, wal...)
+	settings = append(settings,
 		"max_wal_size=2GB",
 		"checkpoint_timeout=1h",
 		"autovacuum=off",
 		"max_connections=200",
 		"log_min_messages=warning",
 		"log_min_error_statement=panic",
-	}
+	)
 	var args []string
 	for _, kv := range settings {
 		args = append(args, "-c", kv)
@@ -434,7 +481,22 @@ func findBinaries() (binaries, error) {
 			return ""
 		}
 		b = binaries{initdb: find("initdb"), pgctl: find("pg_ctl"), postgres: find("postgres")}
-		return b.initdb != "" && b.pgctl != "" && b.postgres != ""
+		if b.initdb == "" || b.pgctl == "" || b.postgres == "" {
+			return false
+		}
+		// pg_basebackup of the server's own version: beside the real
+		// postgres binary (a name on PATH may be a link to it, or a
+		// wrapper that picks a version), else wherever the rest was found.
+		if real, err := filepath.EvalSymlinks(b.postgres); err == nil {
+			p := filepath.Join(filepath.Dir(real), "pg_basebackup")
+			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+				b.basebackup = p
+			}
+		}
+		if b.basebackup == "" {
+			b.basebackup = find("pg_basebackup")
+		}
+		return true
 	}
 	if look("") {
 		return b, nil

@@ -443,6 +443,7 @@ func (c CLI) open(ctx context.Context, path string) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the board's DSN (store.dsn or REAPER_DSN): %w", err)
 	}
+	board.FollowPrimary(pc) // a DSN naming a primary and its standbys: the primary
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = ConnectTimeoutDefault
 	}
