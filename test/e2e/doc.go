@@ -23,7 +23,13 @@
 //     goes on in the substrate, the mark lands on the pass that finds the
 //     group gone, with agentlost first in the order (9) and last (10), and
 //     no plugin is recycled for it (about two and a half minutes: these
-//     two set the suite's wall time).
+//     two set the suite's wall time);
+//  20. two replicas, the leader cut off from PostgreSQL by a partition that
+//     drops its packets (its connections hang) while the other sees the
+//     database: the leader stops leading on its own clock, the other takes
+//     over once the lease has run out, and after the heal the old leader
+//     stands by (the database listens on a second loopback address, and an
+//     iptables DROP rule on it is the partition).
 //
 // Every scenario runs one run of a victim task (or two) next to bystanders
 // and checks the same three promises: the attempts the test did not harm

@@ -57,6 +57,7 @@ func TestFaultSuite(t *testing.T) {
 			{"8_reaper_plugin_hanging", pluginHanging},
 			{"9_trapping_orphan_at_defaults_first", orphanStopAtDefaults(true)},
 			{"10_trapping_orphan_at_defaults_last", orphanStopAtDefaults(false)},
+			{"20_leader_partitioned_from_postgres", leaderPartitionedFromPostgres},
 		} {
 			// Run is called from a goroutine of its own rather than with
 			// t.Parallel, which -parallel (GOMAXPROCS by default) would
