@@ -37,7 +37,11 @@
 // clock, with the Postgres lease, so the 15 minutes pass in seconds; the
 // API server answers its creates 500 through a validating webhook that
 // cannot be called. The orphan run restarts the replicas without the
-// runner: the scheduler gone, the reapers and the attempt API left. Every scenario checks the same promises:
+// runner: the scheduler gone, the reapers and the attempt API left. The
+// leader cut off from the API server reaches it through a proxy
+// (testkit/netfault) whose cut holds every byte, so that replica's
+// requests hang while the other replica and the cluster see the API
+// server. Every scenario checks the same promises:
 // each task's exact end (state, try, re-placed or not); no false reap (an
 // applied reaper decision on an attempt or run the test did not harm); no
 // double execution (each execution of a task holds an flock on the task's

@@ -68,6 +68,7 @@ var scenarios = []struct {
 	{"LeaderKilledTheNewLeaderReapsOnceAfterItsGate", leaderKilled},
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 	{"WarmWorkerPodDeletedItsAttemptIsReapedAndRePlaced", warmWorkerDeleted},
+	{"LeaderCutOffFromTheAPIServerIsReplacedAndReapsNothingBlind", leaderCutOffFromTheAPIServer},
 }
 
 // pair starts the scenario's two replicas and waits for a leader.

@@ -350,13 +350,19 @@ type daemon struct {
 // startDaemon starts a reaperd replica on the scenario's configuration.
 func (s *scenario) startDaemon() *daemon {
 	s.t.Helper()
+	return s.startDaemonWith(s.config())
+}
+
+// startDaemonWith starts a replica on the configuration file config.
+func (s *scenario) startDaemonWith(config string) *daemon {
+	s.t.Helper()
 	d := &daemon{name: fmt.Sprintf("reaperd#%d", len(s.daemons)+1), done: make(chan struct{})}
 	d.log = filepath.Join(s.dir, d.name+".log")
 	logf, err := os.Create(d.log)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	d.cmd = exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", s.config())
+	d.cmd = exec.Command(filepath.Join(binDir, "reaperd"), "run", "-config", config)
 	d.cmd.Env = append(os.Environ(), "REAPER_DSN=", markEnv+"="+s.mark)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
