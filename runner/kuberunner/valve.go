@@ -129,6 +129,11 @@ func (r *Runner) readValveHold(ctx context.Context, a sdk.Attempt, now time.Time
 		if isOwed && ownPod(a, p) && !podEnded(p) {
 			return owedValveHold(owed, p, nil)
 		}
+		if ownPod(a, p) && !podEnded(p) {
+			if h := stoppingValveHold(p); h.Hold {
+				return h
+			}
+		}
 		if h := r.podValveHold(ctx, a, p, now); h.Hold {
 			return h
 		}
@@ -164,6 +169,34 @@ func owedValveHold(o board.OwedTeardown, p *corev1.Pod, err error) steps.ValveHo
 	return steps.ValveHold{Hold: true,
 		Detail: fmt.Sprintf("a teardown of the attempt is owed (%d tries failed, the next at %s) and its pod %s may still run its task (%s, %s): a re-place would run the task beside it; held until the pod is gone or its task ended (%s)",
 			o.Tries, ev["owed_next_try_at"], p.Name, p.Status.Phase, where, ends),
+		Evidence: ev}
+}
+
+// stoppingValveHold holds the mark of an attempt whose pod p was stopped
+// and has not ended yet: a teardown stopped it in place (its
+// activeDeadlineSeconds is kube.StopInPlaceDeadline) or its deletion was
+// asked with a grace. The kubelet is ending it, within the pod's grace,
+// and its task may run until then: an owed teardown that completes just
+// before the valve acts leaves exactly this, and a re-place at once would
+// run the task beside its last seconds. It holds until the pod has ended;
+// a kubelet that never ends it is a node the node hold or an operator
+// answers. Both signs are the pod's own, read without comparing clocks.
+func stoppingValveHold(p *corev1.Pod) steps.ValveHold {
+	ev := map[string]string{"pod": p.Name, "pod_phase": string(p.Status.Phase), "node": p.Spec.NodeName}
+	var how string
+	switch {
+	case p.DeletionTimestamp != nil:
+		ev["pod_deletion_due"] = p.DeletionTimestamp.UTC().Format(time.RFC3339)
+		how = "deleted, its grace ending at " + ev["pod_deletion_due"]
+	case p.Spec.ActiveDeadlineSeconds != nil && *p.Spec.ActiveDeadlineSeconds == kube.StopInPlaceDeadline:
+		ev["pod_stopped_in_place"] = "true"
+		how = "stopped in place"
+	default:
+		return steps.ValveHold{}
+	}
+	return steps.ValveHold{Hold: true,
+		Detail: fmt.Sprintf("its pod %s was %s, and its task has not ended yet (%s, on node %s): a re-place would run the task beside it; held until it has ended",
+			p.Name, how, p.Status.Phase, p.Spec.NodeName),
 		Evidence: ev}
 }
 

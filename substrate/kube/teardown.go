@@ -160,10 +160,15 @@ func (s *Substrate) apply(ctx context.Context, r *running, p *pod, act stopActio
 // server refuses it (the test fails, nothing is applied) for a pod that was
 // replaced under the same name since it was read, as the delete's UID
 // precondition does.
+// StopInPlaceDeadline is the activeDeadlineSeconds a stop in place gives a
+// pod: past at once, so its kubelet ends it within its grace. A pod
+// carrying it is one a teardown stopped.
+const StopInPlaceDeadline = 1
+
 func deadlinePatch(uid types.UID) []byte {
 	b, err := json.Marshal([]map[string]any{
 		{"op": "test", "path": "/metadata/uid", "value": string(uid)},
-		{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 1},
+		{"op": "add", "path": "/spec/activeDeadlineSeconds", "value": StopInPlaceDeadline},
 	})
 	if err != nil {
 		panic(fmt.Sprintf("kube: building the deadline patch: %v", err)) // strings and numbers: cannot fail

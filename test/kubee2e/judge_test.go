@@ -243,7 +243,7 @@ func (s *scenario) finish() {
 	s.everyMarkAudited()
 	marks := map[sdk.Attempt]int{}
 	for _, d := range ds {
-		if d.Applied && reapers[d.Reaper] && d.Attempt.TaskID != "" {
+		if d.Applied && reapers[d.Reaper] && d.Attempt.TaskID != "" && d.Label != sdk.LabelTeardownRetried {
 			marks[d.Attempt]++
 			if marks[d.Attempt] == 2 {
 				s.t.Errorf("%s was reaped twice (again by %s as %s in term %d)", d.Attempt, d.Reaper, d.Label, d.Term)

@@ -298,6 +298,7 @@ var realScenarios = []struct {
 	{"NodeLostPodsDeletedByTheTaintManagerArePodDisruptedOnceTheKubeletEndsThem", realNodeLost},
 	{"PartitionedPastTheValveIsHeldNotRunTwice", realPartitioned},
 	{"PodDeletedUnderATaskThatTrapsSIGTERMIsPodDisruptedNoRetrySpent", realPodDeletedTrapTerm},
+	{"TeardownRefusedPastTheValveWithTheAgentFrozenHoldsTheSuccessor", realTeardownRefusedPastTheValve},
 }
 
 // Two tasks run in real containers to SUCCESS: each settled once, run
