@@ -332,7 +332,8 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	defer cancel()
 	h := History{Faults: s.inj.list()}
 	rows, err := s.pool.Query(ctx, `SELECT at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0)
+	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0),
+	        coalesce(old_failure_kind, ''), coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '')
 	    FROM soak_ti_history ORDER BY id`)
 	if err != nil {
 		return h, err
@@ -340,7 +341,8 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	for rows.Next() {
 		var tr Transition
 		if err := rows.Scan(&tr.At, &tr.From.RunID, &tr.From.TaskID, &tr.From.Try, &tr.From.Epoch,
-			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term); err != nil {
+			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term,
+			&tr.OldFailureKind, &tr.Writer, &tr.Fenced, &tr.LeadHolder); err != nil {
 			rows.Close()
 			return h, err
 		}
@@ -351,13 +353,14 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	if err := rows.Err(); err != nil {
 		return h, err
 	}
-	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0) FROM soak_run_history ORDER BY id`)
+	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0),
+	        coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '') FROM soak_run_history ORDER BY id`)
 	if err != nil {
 		return h, err
 	}
 	for rows.Next() {
 		var rc RunChange
-		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term); err != nil {
+		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term, &rc.Writer, &rc.Fenced, &rc.LeadHolder); err != nil {
 			rows.Close()
 			return h, err
 		}
