@@ -335,12 +335,16 @@ func (d *daemon) stop(bound time.Duration) bool {
 	}
 }
 
-// holderPID is the pid in a lease holder's name (host/pid).
+// holderPID is the pid in a lease holder's name: host/pid/random (reaperd's
+// default), or host/pid.
 func holderPID(holder string) int {
-	i := strings.LastIndexByte(holder, '/')
-	if i < 0 {
+	parts := strings.Split(holder, "/")
+	if len(parts) < 2 {
 		return 0
 	}
-	pid, _ := strconv.Atoi(holder[i+1:])
+	if len(parts) >= 3 {
+		parts = parts[:len(parts)-1]
+	}
+	pid, _ := strconv.Atoi(parts[len(parts)-1])
 	return pid
 }

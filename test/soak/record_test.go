@@ -250,3 +250,19 @@ func TestRecordViolations(t *testing.T) {
 		})
 	}
 }
+
+// The soak finds the leading replica by the pid in its holder: reaperd's
+// holder is host/pid/random.
+func TestHolderPID(t *testing.T) {
+	for holder, want := range map[string]int{
+		"node-1/4242/0a1b2c3d": 4242,
+		"node-1/4242/12345678": 4242,
+		"node-1/4242":          4242,
+		"node-1":               0,
+		"":                     0,
+	} {
+		if got := holderPID(holder); got != want {
+			t.Errorf("holderPID(%q) = %d, want %d", holder, got, want)
+		}
+	}
+}

@@ -79,6 +79,11 @@ type soak struct {
 	heartbeats map[sdk.Attempt][]time.Time // landed, by attempt
 	lastBeat   int64
 	out        *os.File // the report, as it is written
+	// fenceRefused is, by replica slot and pid, the most writes its fence
+	// refused that its telemetry showed (fenceCounts).
+	fenceRefused map[string]float64
+	// historyPath is the run's fault history, once written (judgeHistory).
+	historyPath string
 }
 
 func (s *soak) logf(format string, args ...any) {
@@ -204,6 +209,7 @@ func (s *soak) run() {
 	if !s.failed() && s.kube != nil && s.kube.real != nil {
 		s.kube.checkJournals(ctx)
 	}
+	s.fenceCounts(ctx)
 	s.stopAll()
 	s.report(ctx, quiet)
 }
@@ -302,6 +308,7 @@ func (s *soak) checkLoop(ctx context.Context) {
 		case <-time.After(checkEvery):
 		}
 		s.check(ctx)
+		s.fenceCounts(ctx)
 	}
 }
 
@@ -664,8 +671,15 @@ func (s *soak) cleanup() {
 		s.mu.Unlock()
 		return
 	}
+	kept := ""
+	if s.historyPath != "" {
+		// The history outlives the directory: anyone can judge it again.
+		if err := os.Rename(s.historyPath, s.dir+"."+historyFile); err == nil {
+			kept = "; its history is kept in " + s.dir + "." + historyFile
+		}
+	}
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.logf("remove %s: %v", s.dir, err)
 	}
-	s.logf("soak passed; its directory is removed")
+	s.logf("soak passed; its directory is removed%s", kept)
 }
