@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"os"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
@@ -133,7 +132,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nameConnections(poolCfg, opts.Holder)
+	board.NameConnections(poolCfg, opts.Holder)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("open store: %s", board.ConnProblem(err))
 	}
@@ -281,7 +280,7 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 	}
 	return attemptapi.NewService(ctx, attemptapi.ServiceConfig{
 		Pods: pods,
-		DSN:  cfg.StoreDSN,
+		DSN:  cfg.StoreDSN, ApplicationName: d.opts.Holder,
 		Listen: attemptapi.ListenConfig{
 			Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
 			StateDir: c.StateDir, Limits: c.Limits,
@@ -620,38 +619,6 @@ func (r substrateOf) Recycle() { r.s.Recycle() }
 func (d *Daemon) Started() bool {
 	opened, _ := d.gate.state()
 	return !opened.IsZero()
-}
-
-// maxApplicationName is the longest application_name PostgreSQL keeps
-// (NAMEDATALEN-1 bytes); a longer one is cut there by the server.
-const maxApplicationName = 63
-
-// nameConnections names the board's connections by this replica's leader
-// identity (its holder), unless the DSN names them itself
-// (application_name): pg_stat_activity then tells which replica holds
-// which connection, and a trigger or an audit of the database's own can
-// tell which replica wrote a row (current_setting('application_name')).
-// A holder longer than PostgreSQL keeps is cut, at a character boundary,
-// to the first maxApplicationName bytes.
-func nameConnections(cfg *pgxpool.Config, holder string) {
-	if holder == "" || cfg.ConnConfig.RuntimeParams["application_name"] != "" {
-		return
-	}
-	if cfg.ConnConfig.RuntimeParams == nil {
-		cfg.ConnConfig.RuntimeParams = map[string]string{}
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = cutName(holder, maxApplicationName)
-}
-
-// cutName cuts s to at most n bytes without splitting a character.
-func cutName(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // defaultHolder names this process as a leader: its host, its process id
