@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -109,4 +111,39 @@ func scrapeFence(ctx context.Context, addr string) (float64, error) {
 		}
 	}
 	return n, sc.Err()
+}
+
+// The soak finds each replica's telemetry in its log, text or JSON, and
+// sums the fence's refusals over their labels.
+func TestFenceScrape(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, "# HELP "+fenceMetric+" x\n# TYPE "+fenceMetric+" counter\n"+
+			fenceMetric+"{write=\"mark\"} 3\n"+fenceMetric+"{write=\"runner write\"} 2\nreaper_other_total 9\n")
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text.log")
+	js := filepath.Join(dir, "json.log")
+	if err := os.WriteFile(text, []byte("2026-12-07T09:00:00Z [INFO]  reaperd.telemetry: telemetry listening: addr=127.0.0.1:1\n"+
+		"2026-12-07T09:00:05Z [INFO]  reaperd.telemetry: telemetry listening: addr="+addr+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(js, []byte(`{"@level":"info","@message":"telemetry listening","@module":"reaperd.telemetry","addr":"`+
+		addr+`"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{text, js} {
+		if got := lastTelemetryAddr(path); got != addr {
+			t.Errorf("%s: address %q, want the last one logged, %q", filepath.Base(path), got, addr)
+		}
+	}
+	n, err := scrapeFence(context.Background(), addr)
+	if err != nil || n != 5 {
+		t.Errorf("refusals %v (%v), want 5", n, err)
+	}
 }
