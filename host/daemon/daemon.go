@@ -132,6 +132,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	board.NameConnections(poolCfg, opts.Holder)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return fmt.Errorf("open store: %s", board.ConnProblem(err))
 	}
@@ -279,7 +280,7 @@ func (d *Daemon) newAttemptAPI(ctx context.Context) (*attemptapi.Service, error)
 	}
 	return attemptapi.NewService(ctx, attemptapi.ServiceConfig{
 		Pods: pods,
-		DSN:  cfg.StoreDSN,
+		DSN:  cfg.StoreDSN, ApplicationName: d.opts.Holder,
 		Listen: attemptapi.ListenConfig{
 			Listen: c.Listen, Advertise: c.Advertise, CertFile: c.TLSCert, KeyFile: c.TLSKey, CAFile: c.TLSCA,
 			StateDir: c.StateDir, Limits: c.Limits,

@@ -42,6 +42,9 @@ const (
 type ServiceConfig struct {
 	// DSN is the board's PostgreSQL. Required.
 	DSN string
+	// ApplicationName names the service's connections to the board
+	// (board.NameConnections; reaperd: its holder). Default: unnamed.
+	ApplicationName string
 	// Listen says where and how the API is served (its StateDir also holds
 	// the generated signing key).
 	Listen ListenConfig
@@ -118,6 +121,7 @@ func NewService(ctx context.Context, cfg ServiceConfig) (s *Service, err error) 
 		return nil, fmt.Errorf("attempt api: parse store dsn: %w", err)
 	}
 	poolCfg.MaxConns = PoolConnsDefault
+	board.NameConnections(poolCfg, cfg.ApplicationName)
 	if s.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err != nil {
 		return nil, fmt.Errorf("attempt api: open store: %w", err)
 	}

@@ -44,20 +44,34 @@ const (
 // triggersSQL makes the database keep its own history of every change of
 // a task instance's state or attempt, of a run's state and of the leader
 // row's term, each with clock_timestamp() and the term current in the
-// writing transaction, and of every heartbeat that landed.
+// writing transaction, and of every heartbeat that landed. A change of a
+// task instance or a run also records who wrote it and how: the writing
+// connection's application_name (reaperd names its connections by its
+// holder), whether the writing transaction had share-locked the leader row
+// (every fenced write does, to read its fence; nothing else does), and the
+// holder the leader row named then.
 const triggersSQL = `
+CREATE FUNCTION soak_writer() RETURNS text LANGUAGE sql AS $$
+    SELECT coalesce(current_setting('application_name', true), '') $$;
+CREATE FUNCTION soak_fenced() RETURNS boolean LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'
+        AND relation = 'leader'::regclass AND mode = 'RowShareLock' AND granted) $$;
+CREATE FUNCTION soak_lead_holder() RETURNS text LANGUAGE sql AS $$
+    SELECT holder FROM leader ORDER BY term DESC LIMIT 1 $$;
+
 CREATE TABLE soak_ti_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL,
     old_try int NOT NULL, old_epoch int NOT NULL, new_try int NOT NULL, new_epoch int NOT NULL,
-    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, failure_kind text, term bigint);
+    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, failure_kind text, term bigint,
+    old_failure_kind text, writer text, fenced boolean, lead_holder text);
 CREATE FUNCTION soak_ti_log() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO soak_ti_history (at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-        old_state, new_state, failure_reason, failure_kind, term)
+        old_state, new_state, failure_reason, failure_kind, term, old_failure_kind, writer, fenced, lead_holder)
     VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, OLD.try_number, OLD.attempt_epoch,
         NEW.try_number, NEW.attempt_epoch, OLD.state, NEW.state, NEW.failure_reason, NEW.last_failure_kind,
-        (SELECT max(term) FROM leader));
+        (SELECT max(term) FROM leader), OLD.last_failure_kind, soak_writer(), soak_fenced(), soak_lead_holder());
     RETURN NULL;
 END $$;
 CREATE TRIGGER soak_ti AFTER UPDATE ON task_instances FOR EACH ROW
@@ -79,11 +93,13 @@ CREATE TRIGGER soak_hb AFTER UPDATE ON task_instances FOR EACH ROW
 
 CREATE TABLE soak_run_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL, run_id text NOT NULL, old_state text NOT NULL, new_state text NOT NULL, term bigint);
+    at timestamptz NOT NULL, run_id text NOT NULL, old_state text NOT NULL, new_state text NOT NULL, term bigint,
+    writer text, fenced boolean, lead_holder text);
 CREATE FUNCTION soak_run_log() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO soak_run_history (at, run_id, old_state, new_state, term)
-    VALUES (clock_timestamp(), NEW.run_id, OLD.state, NEW.state, (SELECT max(term) FROM leader));
+    INSERT INTO soak_run_history (at, run_id, old_state, new_state, term, writer, fenced, lead_holder)
+    VALUES (clock_timestamp(), NEW.run_id, OLD.state, NEW.state, (SELECT max(term) FROM leader),
+        soak_writer(), soak_fenced(), soak_lead_holder());
     RETURN NULL;
 END $$;
 CREATE TRIGGER soak_run AFTER UPDATE ON runs FOR EACH ROW
@@ -319,12 +335,16 @@ func (d *daemon) stop(bound time.Duration) bool {
 	}
 }
 
-// holderPID is the pid in a lease holder's name (host/pid).
+// holderPID is the pid in a lease holder's name: host/pid/random (reaperd's
+// default), or host/pid.
 func holderPID(holder string) int {
-	i := strings.LastIndexByte(holder, '/')
-	if i < 0 {
+	parts := strings.Split(holder, "/")
+	if len(parts) < 2 {
 		return 0
 	}
-	pid, _ := strconv.Atoi(holder[i+1:])
+	if len(parts) >= 3 {
+		parts = parts[:len(parts)-1]
+	}
+	pid, _ := strconv.Atoi(parts[len(parts)-1])
 	return pid
 }

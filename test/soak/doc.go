@@ -28,6 +28,18 @@
 // soak with its evidence, and keeps its directory (logs, journals) for
 // study.
 //
+// At the end the soak writes its run's fault history (history.jsonl in its
+// directory; Record, judgeHistory) from the same accounts, with the
+// board's final rows, and the independent checker of package
+// testkit/history judges it: its verdict ends the report, and each of its
+// violations fails the soak as the soak's own invariants do. The triggers
+// record, for that, who wrote each change (the connection's
+// application_name: reaperd names its connections by its holder) and
+// whether its transaction was fenced (it share-locked the leader row); a
+// fenced write is put under its writer's own term, the latest the leader
+// row's history shows it acquiring. The fence's refusals leave no row: the
+// report counts them from the replicas' reaper_fence_refused_total.
+//
 // The kube edition (REAPER_SOAK_EDITION=kube, kube_test.go) runs the same
 // PostgreSQL, replicas, stream, invariants and report against a local
 // kube-apiserver with KWOK and kube-controller-manager (testkit/kubetest):

@@ -122,6 +122,16 @@ type Transition struct {
 	FailureReason string
 	FailureKind   string // last_failure_kind: "task", "infra" or ""
 	Term          int64  // the leader row's term at the write; 0 when none
+	// OldFailureKind is the row's last_failure_kind before the change.
+	OldFailureKind string
+	// Writer is the writing connection's application_name: a reaperd
+	// replica's holder (cut to what PostgreSQL keeps), "" when unnamed.
+	Writer string
+	// Fenced says the writing transaction share-locked the leader row: a
+	// write fenced by a leadership term.
+	Fenced bool
+	// LeadHolder is the holder the leader row named at the write.
+	LeadHolder string
 }
 
 // RunChange is one change of a run's state as the database saw it.
@@ -131,6 +141,10 @@ type RunChange struct {
 	OldState string
 	NewState string
 	Term     int64
+	// Writer, Fenced and LeadHolder are as a Transition's.
+	Writer     string
+	Fenced     bool
+	LeadHolder string
 }
 
 // Term is one leadership term as the database saw it begin.

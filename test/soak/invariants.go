@@ -41,11 +41,16 @@ const (
 	// rail, never as a task failure that spends a retry, unless the task
 	// had ended on its own before.
 	NoRetrySpentOnAClusterStop = "no_retry_spent_on_a_cluster_stop"
+	// HistoryChecked: the run's fault history (Record), written to its
+	// file and judged once at the end by the independent checker
+	// (testkit/history.Check), broke none of its rules. Each of its
+	// violations fails the soak as history/<rule>.
+	HistoryChecked = "history_checked"
 )
 
 // Invariants lists the invariants by name, in the report's order.
 var Invariants = []string{NeverTwoLiveExecutions, NoReapOfALiveAttempt, NoDeposedLeaderWrite, NoLivePodTornDown,
-	NoRetrySpentOnAClusterStop, BoundedRecovery, NothingLeftBehind}
+	NoRetrySpentOnAClusterStop, BoundedRecovery, NothingLeftBehind, HistoryChecked}
 
 // Violation is one breach of an invariant, with what shows it.
 type Violation struct {

@@ -94,8 +94,10 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	h, err := s.history(context.WithoutCancel(ctx))
 	if err != nil {
 		s.logf("report: could not read the history: %v", err)
+		s.fail(Violation{Check: HistoryChecked, Evidence: "the accounts could not be read for the history: " + err.Error()})
 		return
 	}
+	verdict, herr := s.judgeHistory(context.WithoutCancel(ctx), h)
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "  %s\t%v\n", k, v) }
@@ -194,6 +196,18 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	if len(rec.Unrecovered) > 0 {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
 	}
+	fmt.Fprintln(w, "fault history")
+	row("writes refused by the fence (replicas' "+fenceMetric+", a lower bound)", s.fenceTotal())
+	if herr != nil {
+		row("history", herr)
+	} else {
+		row("history file", s.historyPath)
+	}
 	w.Flush()
 	fmt.Print(b.String())
+	if herr == nil {
+		// The checker's verdict ends the report: its counts, then each
+		// violation on a line of its own.
+		fmt.Println(verdict.String())
+	}
 }

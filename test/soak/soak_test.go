@@ -79,6 +79,11 @@ type soak struct {
 	heartbeats map[sdk.Attempt][]time.Time // landed, by attempt
 	lastBeat   int64
 	out        *os.File // the report, as it is written
+	// fenceRefused is, by replica slot and pid, the most writes its fence
+	// refused that its telemetry showed (fenceCounts).
+	fenceRefused map[string]float64
+	// historyPath is the run's fault history, once written (judgeHistory).
+	historyPath string
 }
 
 func (s *soak) logf(format string, args ...any) {
@@ -204,6 +209,7 @@ func (s *soak) run() {
 	if !s.failed() && s.kube != nil && s.kube.real != nil {
 		s.kube.checkJournals(ctx)
 	}
+	s.fenceCounts(ctx)
 	s.stopAll()
 	s.report(ctx, quiet)
 }
@@ -302,6 +308,7 @@ func (s *soak) checkLoop(ctx context.Context) {
 		case <-time.After(checkEvery):
 		}
 		s.check(ctx)
+		s.fenceCounts(ctx)
 	}
 }
 
@@ -332,7 +339,8 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	defer cancel()
 	h := History{Faults: s.inj.list()}
 	rows, err := s.pool.Query(ctx, `SELECT at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0)
+	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0),
+	        coalesce(old_failure_kind, ''), coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '')
 	    FROM soak_ti_history ORDER BY id`)
 	if err != nil {
 		return h, err
@@ -340,7 +348,8 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	for rows.Next() {
 		var tr Transition
 		if err := rows.Scan(&tr.At, &tr.From.RunID, &tr.From.TaskID, &tr.From.Try, &tr.From.Epoch,
-			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term); err != nil {
+			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term,
+			&tr.OldFailureKind, &tr.Writer, &tr.Fenced, &tr.LeadHolder); err != nil {
 			rows.Close()
 			return h, err
 		}
@@ -351,13 +360,14 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	if err := rows.Err(); err != nil {
 		return h, err
 	}
-	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0) FROM soak_run_history ORDER BY id`)
+	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0),
+	        coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '') FROM soak_run_history ORDER BY id`)
 	if err != nil {
 		return h, err
 	}
 	for rows.Next() {
 		var rc RunChange
-		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term); err != nil {
+		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term, &rc.Writer, &rc.Fenced, &rc.LeadHolder); err != nil {
 			rows.Close()
 			return h, err
 		}
@@ -661,8 +671,15 @@ func (s *soak) cleanup() {
 		s.mu.Unlock()
 		return
 	}
+	kept := ""
+	if s.historyPath != "" {
+		// The history outlives the directory: anyone can judge it again.
+		if err := os.Rename(s.historyPath, s.dir+"."+historyFile); err == nil {
+			kept = "; its history is kept in " + s.dir + "." + historyFile
+		}
+	}
 	if err := os.RemoveAll(s.dir); err != nil {
 		s.logf("remove %s: %v", s.dir, err)
 	}
-	s.logf("soak passed; its directory is removed")
+	s.logf("soak passed; its directory is removed%s", kept)
 }
