@@ -4,7 +4,7 @@
 // while faults are injected into it, with figures at the end.
 //
 // Each scenario gets its own database, record directory, log directory,
-// task files and telemetry port, so the ten run side by side:
+// task files and telemetry port, so the thirteen run side by side:
 //
 //  1. an agent killed with SIGKILL while its task runs on;
 //  2. an agent and its whole task group killed;
@@ -23,7 +23,17 @@
 //     goes on in the substrate, the mark lands on the pass that finds the
 //     group gone, with agentlost first in the order (9) and last (10), and
 //     no plugin is recycled for it (about two and a half minutes: these
-//     two set the suite's wall time).
+//     two set the suite's wall time);
+//  11. two replicas, PostgreSQL's processes stopped (SIGSTOP: every query
+//     hangs rather than fails) past the lease, then resumed;
+//  12. the board's primary killed and its synchronous standby promoted,
+//     every replica's DSN naming both: they follow without a restart and
+//     nothing the board acknowledged is lost;
+//  13. the primary killed and an asynchronous standby promoted that missed
+//     the last term increment, so that a restarted replica is handed the
+//     term another replica (frozen across the failover, and renewing
+//     seldom) still believes it holds: the fence's holder check refuses
+//     the old holder's writes and it steps down.
 //
 // Every scenario runs one run of a victim task (or two) next to bystanders
 // and checks the same three promises: the attempts the test did not harm
@@ -36,7 +46,10 @@
 // The suite prints one table: per scenario and in total, faults injected,
 // faults recovered within the SLA (the fault's threshold plus one interval,
 // from the fault to the reaping decision), false reaps, double executions
-// and wedged attempts.
+// and wedged attempts; under it, each scenario's own figures (for the
+// PostgreSQL nemeses: the longest time without a leader, the time from the
+// fault to the first cycle on the recovered or promoted board, the writes
+// the fence refused).
 //
 //	go test -v -run TestFaultSuite ./test/e2e/
 //
