@@ -99,9 +99,11 @@ func postgresFrozen(t *testing.T, mon *monitor) {
 	}
 	s.checkSettled(r, l)
 	firstCycle := s.firstDecisionOf(l.Term)
-	s.row.note("longest time without a leader after the thaw %s; thaw to the new term's first cycle (term %d, %s) %s, to the reap %s",
-		gaps.longest.Round(100*time.Millisecond), l.Term, leader.name, firstCycle.Sub(thawAt).Round(100*time.Millisecond),
-		r.At.Sub(thawAt).Round(100*time.Millisecond))
+	// A replica's acquisition sent while the board hung is applied at the
+	// thaw, dated when it was sent: its acquired_at may precede the thaw.
+	s.row.note("longest time without a leader after the thaw %s (sampled every 100ms); term %d (%s) acquired at thaw %+.1fs, its first cycle at thaw %+.1fs; thaw to the reap %s",
+		gaps.longest.Round(100*time.Millisecond), l.Term, leader.name, l.AcquiredAt.Sub(thawAt).Seconds(),
+		firstCycle.Sub(thawAt).Seconds(), r.At.Sub(thawAt).Round(100*time.Millisecond))
 	s.waitRecovered("victim")
 	s.finish()
 }
