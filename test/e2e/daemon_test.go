@@ -41,6 +41,9 @@ type logEvent struct {
 	Decision string `json:"decision"`
 	Applied  bool   `json:"applied"`
 	Reaper   string `json:"reaper"`
+	Task     string `json:"task"`
+	Term     int64  `json:"term"`
+	Write    string `json:"write"`
 }
 
 // startDaemon starts reaperd run on the scenario's configuration. Its
@@ -104,8 +107,51 @@ func (d *daemon) kill() {
 	<-d.done
 }
 
-// stop sends SIGTERM and waits up to bound for a clean exit.
+// freeze stops the process with SIGSTOP, as a long pause of the whole
+// process (a stalled VM, a garbage collector's worst case) would: its
+// timers, its connections and its plugins wait with it. Its plugins are
+// processes of their own and run on. It returns once the kernel shows the
+// process stopped.
+func (d *daemon) freeze() error {
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("freeze %s: %w", d.name, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if stopped(d.pid()) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freeze %s: not stopped 5s after SIGSTOP", d.name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// stopped reports whether /proc shows pid stopped by a signal.
+func stopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+}
+
+// thaw resumes a frozen process (SIGCONT); on a running one it does
+// nothing.
+func (d *daemon) thaw() error {
+	if err := d.cmd.Process.Signal(syscall.SIGCONT); err != nil && !d.exited() {
+		return fmt.Errorf("thaw %s: %w", d.name, err)
+	}
+	return nil
+}
+
+// stop sends SIGTERM and waits up to bound for a clean exit (a frozen
+// process is thawed first, or the signal would wait with it).
 func (d *daemon) stop(bound time.Duration) bool {
+	_ = d.thaw()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
@@ -241,4 +287,55 @@ func (s *scenario) killMidCycle(d *daemon) time.Time {
 	at := time.Now()
 	d.kill()
 	return at
+}
+
+// appliedAfter lists the decisions the daemon logged as applied after at.
+func (d *daemon) appliedAfter(at time.Time) []logLine {
+	var out []logLine
+	for _, l := range d.lines() {
+		if l.ev.Message == "decision" && l.ev.Applied && l.at.After(at) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// stepDownMsg is reaperd's line when the board's fence refused a write of
+// the term it leads (host/daemon).
+const stepDownMsg = "the board's fence refused a write of this replica's term: it no longer leads; stepping down"
+
+// stepDowns lists the daemon's step-down lines.
+func (d *daemon) stepDowns() []logLine {
+	var out []logLine
+	for _, l := range d.lines() {
+		if l.ev.Message == stepDownMsg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// passFailures counts the daemon's logged failures of reaper's passes: a
+// pass that failed, or its plugin unavailable for the cycle.
+func (d *daemon) passFailures(reaper string) int {
+	n := 0
+	for _, l := range d.lines() {
+		if l.ev.Reaper == reaper && (l.ev.Message == "reaper pass failed" || l.ev.Message == "reaper unavailable this cycle") {
+			n++
+		}
+	}
+	return n
+}
+
+// passedCleanly reports whether the daemon ran a pass of reaper that did
+// not fail since the baseline (passes, failures) was read: more passes
+// metered than failures logged, the failures read again a moment later,
+// since a failed pass is metered before its failure is logged.
+func (d *daemon) passedCleanly(reaper string, passes float64, failures int) bool {
+	ran := d.passes(reaper) - passes
+	if ran <= float64(d.passFailures(reaper)-failures) {
+		return false
+	}
+	time.Sleep(300 * time.Millisecond)
+	return ran > float64(d.passFailures(reaper)-failures)
 }

@@ -4,7 +4,7 @@
 // while faults are injected into it, with figures at the end.
 //
 // Each scenario gets its own database, record directory, log directory,
-// task files and telemetry port, so the ten run side by side:
+// task files and telemetry port, so the thirteen run side by side:
 //
 //  1. an agent killed with SIGKILL while its task runs on;
 //  2. an agent and its whole task group killed;
@@ -24,7 +24,17 @@
 //     group gone, with agentlost first in the order (9) and last (10), and
 //     no plugin is recycled for it (about two and a half minutes: these
 //     two set the suite's wall time);
-//  20. two replicas, the leader cut off from PostgreSQL by a partition that
+//  11. two replicas, PostgreSQL's processes stopped (SIGSTOP: every query
+//     hangs rather than fails) past the lease, then resumed;
+//  12. the board's primary killed and its synchronous standby promoted,
+//     every replica's DSN naming both: they follow without a restart and
+//     nothing the board acknowledged is lost;
+//  13. the primary killed and an asynchronous standby promoted that missed
+//     the last term increment, so that a restarted replica is handed the
+//     term another replica (frozen across the failover, and renewing
+//     seldom) still believes it holds: the fence's holder check refuses
+//     the old holder's writes and it steps down;
+//  14. two replicas, the leader cut off from PostgreSQL by a partition that
 //     drops its packets (its connections hang) while the other sees the
 //     database: the leader stops leading on its own clock, the other takes
 //     over once the lease has run out, and after the heal the old leader
@@ -42,7 +52,10 @@
 // The suite prints one table: per scenario and in total, faults injected,
 // faults recovered within the SLA (the fault's threshold plus one interval,
 // from the fault to the reaping decision), false reaps, double executions
-// and wedged attempts.
+// and wedged attempts; under it, each scenario's own figures (for the
+// PostgreSQL nemeses: the longest time without a leader, the time from the
+// fault to the first cycle on the recovered or promoted board, the writes
+// the fence refused).
 //
 //	go test -v -run TestFaultSuite ./test/e2e/
 //

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
@@ -57,7 +55,10 @@ func TestFaultSuite(t *testing.T) {
 			{"8_reaper_plugin_hanging", pluginHanging},
 			{"9_trapping_orphan_at_defaults_first", orphanStopAtDefaults(true)},
 			{"10_trapping_orphan_at_defaults_last", orphanStopAtDefaults(false)},
-			{"20_leader_partitioned_from_postgres", leaderPartitionedFromPostgres},
+			{"11_postgres_frozen", postgresFrozen},
+			{"12_failover_synchronous", failoverSynchronous},
+			{"13_failover_async_lost_term", failoverAsyncLostTerm},
+			{"14_leader_partitioned_from_postgres", leaderPartitionedFromPostgres},
 		} {
 			// Run is called from a goroutine of its own rather than with
 			// t.Parallel, which -parallel (GOMAXPROCS by default) would
@@ -278,26 +279,8 @@ func reaperdKilledAndRestarted(t *testing.T, mon *monitor) {
 // alone and recovers the dead one.
 func postgresOutage(t *testing.T, mon *monitor) {
 	ctx := context.Background()
-	srv, err := pgtest.Start(ctx, pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	name := srv.UniqueName("outage")
-	if err := srv.CreateDatabase(ctx, name, ""); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, srv.DSN(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = board.Migrate(ctx, pool)
-	pool.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	s := newScenario(t, 5, "PostgreSQL stopped and restarted", mon, srv.DSN(name))
+	srv, dsn := ownBoard(t, "outage")
+	s := newScenario(t, 5, "PostgreSQL stopped and restarted", mon, dsn)
 	d, _ := s.startWork(liteReapers)
 	before, _ := s.leaderNow()
 

@@ -18,6 +18,16 @@ type figures struct {
 	faults, recovered, falseReaps, doubles, wedged int
 	wall                                           time.Duration
 	measured, failed                               bool
+	// notes are a scenario's own figures (times to recover, writes the
+	// fence refused), printed under the table.
+	notes []string
+}
+
+// note adds one of the scenario's own figures.
+func (f *figures) note(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
 }
 
 func (f *figures) set(faults, recovered, falseReaps, doubles, wedged int, wall time.Duration) {
@@ -89,5 +99,17 @@ func (b *figureBook) table(suite time.Duration) string {
 	}
 	fmt.Fprintf(&sb, format, "total", fmt.Sprint(tf), fmt.Sprintf("%d/%d", tr, tf), fmt.Sprint(tfr), fmt.Sprint(td),
 		fmt.Sprint(tw), suite.Round(100*time.Millisecond), "")
+	first := true
+	for _, r := range rows {
+		r.mu.Lock()
+		for _, n := range r.notes {
+			if first {
+				sb.WriteString("\nscenario figures:\n")
+				first = false
+			}
+			fmt.Fprintf(&sb, "  %d. %s\n", r.num, n)
+		}
+		r.mu.Unlock()
+	}
 	return sb.String()
 }

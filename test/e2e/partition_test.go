@@ -65,7 +65,7 @@ func dropRule(t *testing.T, addr string, port int) func() {
 	return undo
 }
 
-// 20. Two replicas; the leader is cut off from PostgreSQL by a partition
+// 14. Two replicas; the leader is cut off from PostgreSQL by a partition
 // that drops its packets (its connections hang, they are not refused)
 // while the other replica sees the database. The leader cannot renew: its
 // local trust runs out and it stops leading; the other takes the lease
@@ -95,7 +95,7 @@ func leaderPartitionedFromPostgres(t *testing.T, mon *monitor) {
 
 	// The test's own reads and the second replica reach the database on
 	// 127.0.0.1; the first replica through partitionAddr.
-	s := newScenario(t, 20, "the leader partitioned from PostgreSQL", mon, srv.DSN(name))
+	s := newScenario(t, 14, "the leader partitioned from PostgreSQL", mon, srv.DSN(name))
 	s.dsn = srv.DSNAt(partitionAddr, name)
 	d1, _ := s.startWork(liteReapers)
 	before, _ := s.leaderNow()

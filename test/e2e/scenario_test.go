@@ -24,6 +24,7 @@ import (
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 	"github.com/dexaflow/reaper/testkit/marked"
+	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
 // The ladder every scenario runs with: the specification's order, shortened
@@ -161,7 +162,13 @@ func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) 
 	t.Cleanup(func() { s.records.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if s.pool, err = pgxpool.New(ctx, dsn); err != nil {
+	// Parsed as reaperd parses it: a DSN naming a primary and its standby
+	// follows a promotion.
+	cfg, err := board.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.pool.Close)
@@ -184,6 +191,26 @@ func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) 
 // reaper blocks, and returns its path.
 func (s *scenario) config(reapers string) string {
 	s.t.Helper()
+	return s.configWith(reapers, leaderTiming{})
+}
+
+// leaderTiming is a replica's own leader block, apart from the suite's
+// lease: a zero field takes the suite's value (renew: the elector's
+// default, a third of the lease).
+type leaderTiming struct {
+	lease, renew time.Duration
+}
+
+// configWith is config with a leader block of the replica's own.
+func (s *scenario) configWith(reapers string, lt leaderTiming) string {
+	s.t.Helper()
+	if lt.lease == 0 {
+		lt.lease = lease
+	}
+	leaderBlock := fmt.Sprintf("  lease = %q\n", lt.lease)
+	if lt.renew > 0 {
+		leaderBlock += fmt.Sprintf("  renew = %q\n", lt.renew)
+	}
 	src := fmt.Sprintf(`edition    = "lite"
 plugin_dir = %q
 
@@ -192,8 +219,7 @@ store {
 }
 
 leader "postgres" {
-  lease = %q
-}
+%s}
 
 maintenance {
   interval = %q
@@ -226,7 +252,7 @@ runner {
   log_dir = %q
 }
 
-%s`, binDir, s.dsn, lease, s.timing.interval, heartbeat, agentLost, s.timing.grace, dispatchLost, orphanRun,
+%s`, binDir, s.dsn, leaderBlock, s.timing.interval, heartbeat, agentLost, s.timing.grace, dispatchLost, orphanRun,
 		s.apiListen, filepath.Join(s.dir, "attempt-api"),
 		s.recordDir, s.timing.stopGrace, s.timing.killWait, s.logDir, reapers)
 	path := filepath.Join(s.dir, fmt.Sprintf("reaperd-%d.hcl", len(s.daemons)+1))
@@ -237,6 +263,42 @@ runner {
 }
 
 func (s *scenario) ctx() context.Context { return context.Background() }
+
+// ownBoard starts a PostgreSQL server of the scenario's own, for a fault
+// that takes the whole server (stopped, frozen), and makes a database
+// holding the board's schema on it. The server is stopped when the
+// scenario ends, after its processes.
+func ownBoard(t *testing.T, prefix string) (*pgtest.Server, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	name := srv.UniqueName(prefix)
+	if err := srv.CreateBoardDatabase(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	return srv, srv.DSN(name)
+}
+
+// failoverBoard starts a primary of the scenario's own holding the board's
+// schema and a streaming standby of it made with opts, and returns both
+// and the DSN naming both (primary first), which every replica of the
+// scenario and the scenario's own pool use: after the primary is killed
+// and the standby promoted, their new connections reach the promoted one.
+func failoverBoard(t *testing.T, opts pgtest.StandbyOptions) (primary, standby *pgtest.Server, dsn string) {
+	t.Helper()
+	primary, standby = pgtest.NewFailoverPair(t, "board", opts)
+	return primary, standby, pgtest.FailoverDSN("board", primary, standby)
+}
+
+// promoted drops the scenario's own connections after its primary was
+// killed and its standby promoted: the next reads of the scenario reach
+// the promoted server.
+func (s *scenario) promoted() { s.pool.Reset() }
 
 // queryBound bounds each read of the suite's own on the board.
 const queryBound = 10 * time.Second
@@ -809,4 +871,82 @@ func (s *scenario) dump() {
 	for _, p := range marked.Processes(markEnv, s.mark) {
 		s.t.Logf("still running: pid %d %s", p.PID, p.Cmdline)
 	}
+}
+
+// waitAnyLeader waits until one of the scenario's live replicas holds the
+// lease, and returns the lease and the replica.
+func (s *scenario) waitAnyLeader(bound time.Duration) (board.Lease, *daemon) {
+	s.t.Helper()
+	var (
+		l     board.Lease
+		found *daemon
+	)
+	s.eventually(bound, "a replica to lead", func() bool {
+		var ok bool
+		if l, ok = s.leaderNow(); !ok || !l.Held(time.Now()) {
+			return false
+		}
+		for _, d := range s.daemons {
+			if !d.exited() && d.holds(l.Holder) {
+				found = d
+				return true
+			}
+		}
+		return false
+	})
+	return l, found
+}
+
+// leaderless follows, one sample at a time, whether the board's lease is
+// held, and keeps the longest stretch without a holder (from the first
+// sample that found none to the first that found one again).
+type leaderless struct {
+	since   time.Time // zero while held
+	longest time.Duration
+}
+
+// sample reads the lease once; an unreadable board counts as leaderless.
+func (g *leaderless) sample(s *scenario) {
+	now := time.Now()
+	l, ok := s.leaderNow()
+	switch held := ok && l.Held(now); {
+	case !held && g.since.IsZero():
+		g.since = now
+	case held && !g.since.IsZero():
+		g.longest = max(g.longest, now.Sub(g.since))
+		g.since = time.Time{}
+	}
+}
+
+// checkAppliedKept checks that every decision a replica logged as applied
+// to an attempt (reaperd logs one once the board has applied its write)
+// is in the board's audit, applied: nothing the board acknowledged was
+// lost, whatever became of the server that acknowledged it.
+func (s *scenario) checkAppliedKept() int {
+	s.t.Helper()
+	ds, err := s.decisions("")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	type key struct{ reaper, label, task string }
+	audited := map[key]bool{}
+	for _, d := range ds {
+		if d.Applied {
+			audited[key{d.Reaper, d.Label, d.Attempt.TaskID}] = true
+		}
+	}
+	n := 0
+	for _, d := range s.daemons {
+		for _, l := range d.lines() {
+			if l.ev.Message != "decision" || !l.ev.Applied || l.ev.Task == "" {
+				continue
+			}
+			n++
+			if !audited[key{l.ev.Reaper, l.ev.Decision, l.ev.Task}] {
+				s.t.Errorf("%s reported %s applied by %s to %s (term %d) at %s; the board's audit has no such applied decision",
+					d.name, l.ev.Decision, l.ev.Reaper, l.ev.Task, l.ev.Term, l.at.Format("15:04:05.000"))
+			}
+		}
+	}
+	return n
 }
