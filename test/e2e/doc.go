@@ -4,7 +4,7 @@
 // while faults are injected into it, with figures at the end.
 //
 // Each scenario gets its own database, record directory, log directory,
-// task files and telemetry port, so the thirteen run side by side:
+// task files and telemetry port, so they all run side by side:
 //
 //  1. an agent killed with SIGKILL while its task runs on;
 //  2. an agent and its whole task group killed;
