@@ -78,15 +78,7 @@ func realTeardownRefusedPastTheValve(t *testing.T, c *kubetest.Cluster) {
 	p := s.runningPod(a)
 	s.waitRunning("bystander")
 	allow := s.refusePodWrites("victim")
-	agent := 0
-	for _, pp := range kubetest.PodProcesses(string(p.UID)) {
-		if pp.Exe == "reaper-agent" {
-			agent = pp.PID
-		}
-	}
-	if agent == 0 {
-		t.Fatalf("no reaper-agent process in pod %s", p.Name)
-	}
+	agent := podAgent(t, p)
 	if err := syscall.Kill(agent, syscall.SIGSTOP); err != nil {
 		t.Fatalf("freeze the agent: %v", err)
 	}

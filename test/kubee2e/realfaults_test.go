@@ -288,15 +288,7 @@ func realWedgedAgent(t *testing.T, c *kubetest.Cluster) {
 	a, _ := s.waitRunning("victim")
 	p := s.runningPod(a)
 	s.waitRunning("bystander")
-	agent := 0
-	for _, pp := range kubetest.PodProcesses(string(p.UID)) {
-		if pp.Exe == "reaper-agent" {
-			agent = pp.PID
-		}
-	}
-	if agent == 0 {
-		t.Fatalf("no reaper-agent process in pod %s: %+v", p.Name, kubetest.PodProcesses(string(p.UID)))
-	}
+	agent := podAgent(t, p)
 	if err := syscall.Kill(agent, syscall.SIGSTOP); err != nil {
 		t.Fatalf("stop the agent: %v", err)
 	}
@@ -513,4 +505,17 @@ func (s *scenario) onlyReadyNode() bool {
 	}
 	s.t.Logf("the real node is the only one: its loss puts the controller manager in its full disruption mode")
 	return true
+}
+
+// podAgent is the pid, on the host, of the reaper-agent in pod p's
+// container on the real node.
+func podAgent(t *testing.T, p *corev1.Pod) int {
+	t.Helper()
+	for _, pp := range kubetest.PodProcesses(string(p.UID)) {
+		if pp.Exe == "reaper-agent" {
+			return pp.PID
+		}
+	}
+	t.Fatalf("no reaper-agent process in pod %s: %+v", p.Name, kubetest.PodProcesses(string(p.UID)))
+	return 0
 }
