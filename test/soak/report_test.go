@@ -196,6 +196,10 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	if len(rec.Unrecovered) > 0 {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
 	}
+	if s.edition == editionLite {
+		fmt.Fprintln(w, "nemeses (each in its faults' windows: from the fault to its end plus lease and grace)")
+		s.nemesisRows(h, verdict, row)
+	}
 	fmt.Fprintln(w, "fault history")
 	row("writes refused by the fence (replicas' "+fenceMetric+", a lower bound)", s.fenceTotal())
 	if herr != nil {
