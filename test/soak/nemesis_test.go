@@ -107,11 +107,12 @@ type NemesisFigures struct {
 	// Refused is the fence's refusals scraped in the faults' windows (a
 	// lower bound: a replica killed between scrapes loses its count).
 	Refused float64
-	// Leaderless is the longest time without a leader that overlapped one
-	// of the faults' windows.
+	// Leaderless is the longest time without a leader that began while
+	// one of the faults lasted or within a lease of its end.
 	Leaderless time.Duration
-	// Recovery is, per fault, from its end (heal, thaw, promotion) to the
-	// first fenced write the board applied after it.
+	// Recovery is, per fault, from its end (heal, thaw, promotion) until
+	// a leader holds the lease and the board has applied a fenced write
+	// since the end.
 	Recovery []time.Duration
 	// Violations are the checker's violations placed in the windows.
 	Violations int
@@ -124,7 +125,8 @@ const nemesisWindow = lease + grace
 // MeasureNemeses gives each nemesis kind its figures: the faults of that
 // kind in h, the leader samples, the fence rises and the checker's
 // violations, each counted in the windows [fault, its end +
-// nemesisWindow]. Overlapping windows share what falls in both.
+// nemesisWindow] (a gap without a leader by when it began). Overlapping
+// windows share what falls in both.
 func MeasureNemeses(h History, samples []leaderSample, rises []fenceRise, vs []history.Violation) []NemesisFigures {
 	gaps := leaderGaps(samples)
 	var out []NemesisFigures
@@ -141,7 +143,9 @@ func MeasureNemeses(h History, samples []leaderSample, rises []fenceRise, vs []h
 			}
 			from, to := f.At, end.Add(nemesisWindow)
 			for _, g := range gaps {
-				if !g.From.After(to) && !g.To.Before(from) {
+				// A gap it caused begins while it lasts, or as the lease
+				// it kept from being renewed runs out.
+				if !g.From.Before(from.Add(-leaderEvery)) && !g.From.After(end.Add(lease)) {
 					nf.Leaderless = max(nf.Leaderless, g.len())
 				}
 			}
@@ -155,13 +159,25 @@ func MeasureNemeses(h History, samples []leaderSample, rises []fenceRise, vs []h
 					nf.Violations++
 				}
 			}
-			if first, ok := firstFencedWrite(h, end); ok {
-				nf.Recovery = append(nf.Recovery, first.Sub(end))
+			led, ok1 := firstHeld(samples, end)
+			wrote, ok2 := firstFencedWrite(h, end)
+			if ok1 && ok2 {
+				nf.Recovery = append(nf.Recovery, max(led.Sub(end), wrote.Sub(end)))
 			}
 		}
 		out = append(out, nf)
 	}
 	return out
+}
+
+// firstHeld is the first sample at or after t that saw a leader.
+func firstHeld(samples []leaderSample, t time.Time) (time.Time, bool) {
+	for _, sm := range samples {
+		if sm.Held && !sm.At.Before(t) {
+			return sm.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // firstFencedWrite is the first fenced write the board applied after t.
@@ -310,7 +326,7 @@ func TestMeasureNemeses(t *testing.T) {
 	}
 	p, f, fo := got[FaultPartition], got[FaultFreeze], got[FaultFailover]
 	if p.Thrown != 1 || p.Refused != 3 || p.Leaderless != 6*time.Second || p.Violations != 0 ||
-		!reflect.DeepEqual(p.Recovery, []time.Duration{2 * time.Second}) {
+		!reflect.DeepEqual(p.Recovery, []time.Duration{3 * time.Second}) {
 		t.Errorf("partition: %+v", p)
 	}
 	if f.Thrown != 1 || f.Refused != 0 || f.Leaderless != 3*time.Second || f.Violations != 1 ||
