@@ -197,7 +197,7 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
 	}
 	if s.edition == editionLite {
-		fmt.Fprintln(w, "nemeses (each in its faults' windows: from the fault to its end plus lease and grace)")
+		fmt.Fprintln(w, "nemeses (in each fault's window, from it to its end plus lease and grace: what windows share counts for each)")
 		s.nemesisRows(h, verdict, row)
 	}
 	fmt.Fprintln(w, "fault history")
