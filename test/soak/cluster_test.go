@@ -391,6 +391,16 @@ type daemon struct {
 	done   chan struct{}
 	paused bool
 	starts int
+	ending bool     // the soak is killing or stopping the process now
+	exits  []string // exits the soak did not cause: how each ended
+}
+
+// unasked lists the exits of the slot's processes that the soak did not
+// cause (a replica that gave up on its own, on a partition for one).
+func (d *daemon) unasked() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.exits...)
 }
 
 func (d *daemon) start() error {
@@ -413,10 +423,15 @@ func (d *daemon) start() error {
 	}
 	done := make(chan struct{})
 	go func() { // owned by the daemon: ends when the process does
-		_ = cmd.Wait()
+		err := cmd.Wait()
+		d.mu.Lock()
+		if !d.ending {
+			d.exits = append(d.exits, fmt.Sprintf("pid %d: %v", cmd.Process.Pid, err))
+		}
+		d.mu.Unlock()
 		close(done)
 	}()
-	d.cmd, d.done, d.paused = cmd, done, false
+	d.cmd, d.done, d.paused, d.ending = cmd, done, false, false
 	return nil
 }
 
@@ -457,6 +472,8 @@ func (d *daemon) signal(sig syscall.Signal) error {
 		d.paused = true
 	case syscall.SIGCONT:
 		d.paused = false
+	case syscall.SIGKILL, syscall.SIGTERM:
+		d.ending = true
 	}
 	return d.cmd.Process.Signal(sig)
 }

@@ -151,6 +151,13 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	row("task executions journaled", execs)
 	row("leadership terms", len(h.Terms))
 	row("process table looks", polls)
+	var exits []string
+	for _, d := range s.daemons {
+		for _, e := range d.unasked() {
+			exits = append(exits, fmt.Sprintf("#%d %s", d.slot, e))
+		}
+	}
+	row("replica exits the soak did not cause", fmt.Sprintf("%d %s", len(exits), strings.Join(exits, "; ")))
 	if s.kube != nil && s.kube.real != nil {
 		s.kube.realReport(row)
 	}
