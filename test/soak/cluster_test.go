@@ -2,10 +2,13 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dexaflow/reaper/testkit/netfault"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -118,44 +122,191 @@ CREATE TRIGGER soak_leader_update AFTER UPDATE ON leader FOR EACH ROW
     WHEN (OLD.term IS DISTINCT FROM NEW.term) EXECUTE FUNCTION soak_leader_log();
 `
 
-// database is the soak's PostgreSQL: one server, restarted by the injector.
+// database is the soak's PostgreSQL. On Lite it is a primary started for
+// replication with one synchronous standby, and each replica reaches it
+// through links of its own (netfault proxies): the injector restarts,
+// freezes or fails over the primary and cuts one replica's links. The kube
+// editions run the one server alone, reached directly.
 type database struct {
-	mu  sync.Mutex // Pause and Resume are not safe together
-	srv *pgtest.Server
+	// mu makes the faults of the database one at a time: a restart, a
+	// freeze and the failover each hold it while under way.
+	mu      sync.Mutex
+	primary *pgtest.Server
+	standby *pgtest.Server   // the synchronous standby; nil without one, and after the failover
+	dead    []*pgtest.Server // primaries the failover killed, stopped at the end
+	// dsn is the soak's own connection string: every server directly, the
+	// first that accepts writes taken (the soak's judge is never cut off).
 	dsn string
+	// links are, by replica slot (1-based: links[slot-1]), the proxies a
+	// replica reaches the servers through, in the order of the servers in
+	// dsn, and the connection string naming them.
+	links []*link
 }
 
-func startDatabase(ctx context.Context, base string) (*database, error) {
-	srv, err := pgtest.Start(ctx, pgtest.Options{BaseDir: base})
+// link is one replica's path to the database: a netfault proxy to each
+// server, all cut together (a partition of the replica from PostgreSQL,
+// whichever server is the primary).
+type link struct {
+	proxies []*netfault.Proxy
+	dsn     string
+}
+
+func (l *link) cut() {
+	for _, p := range l.proxies {
+		p.Cut()
+	}
+}
+
+func (l *link) heal() {
+	for _, p := range l.proxies {
+		p.Heal()
+	}
+}
+
+// startDatabase starts the soak's PostgreSQL in base. With linked > 0 it is
+// a primary with a synchronous standby (nothing the primary acknowledged is
+// lost when the standby is promoted), and linked replicas each get a link:
+// one proxy per server, so a cut partitions the replica from the primary
+// and from the standby that may become it, and the replica's connection
+// string names both proxies with target_session_attrs=read-write, so it
+// follows the promotion as it would follow a managed database's.
+func startDatabase(ctx context.Context, base string, linked int) (*database, error) {
+	srv, err := pgtest.Start(ctx, pgtest.Options{BaseDir: base, Replication: linked > 0})
 	if err != nil {
 		return nil, err
 	}
+	db := &database{primary: srv, dsn: srv.DSN("reaper")}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = db.stop()
+		}
+	}()
 	if err := srv.CreateDatabase(ctx, "reaper", ""); err != nil {
-		srv.Stop()
 		return nil, err
 	}
-	return &database{srv: srv, dsn: srv.DSN("reaper")}, nil
+	if linked == 0 {
+		ok = true
+		return db, nil
+	}
+	if db.standby, err = srv.Standby(ctx, pgtest.StandbyOptions{Synchronous: true}); err != nil {
+		return nil, fmt.Errorf("start the synchronous standby: %w", err)
+	}
+	servers := []*pgtest.Server{db.primary, db.standby}
+	db.dsn = pgtest.FailoverDSN("reaper", servers...)
+	for range linked {
+		l := &link{}
+		db.links = append(db.links, l)
+		ports := make([]string, len(servers))
+		for i, srv := range servers {
+			p, err := netfault.Listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port())))
+			if err != nil {
+				return nil, err
+			}
+			l.proxies = append(l.proxies, p)
+			_, ports[i], _ = net.SplitHostPort(p.Addr())
+		}
+		l.dsn = withPorts(db.dsn, ports)
+	}
+	ok = true
+	return db, nil
 }
 
-// restart stops the server (fast shutdown: connections cut), keeps it down
-// for down, and starts it again on the same port.
-func (db *database) restart(ctx context.Context, down time.Duration) error {
+// portsField is the ports of a keyword/value connection string.
+var portsField = regexp.MustCompile(`\bport=[0-9,]+`)
+
+// withPorts is dsn with its ports replaced by ports, in order.
+func withPorts(dsn string, ports []string) string {
+	return portsField.ReplaceAllLiteralString(dsn, "port="+strings.Join(ports, ","))
+}
+
+// link is replica slot's link, nil when the replicas reach the database
+// directly.
+func (db *database) link(slot int) *link {
+	if slot < 1 || slot > len(db.links) {
+		return nil
+	}
+	return db.links[slot-1]
+}
+
+// acquire takes the database for one fault, waiting for the one under way;
+// it reports false, holding nothing, if ctx ended meanwhile (the fault
+// phase is over).
+func (db *database) acquire(ctx context.Context) bool {
 	db.mu.Lock()
-	defer db.mu.Unlock()
-	if err := db.srv.Pause(); err != nil {
+	if ctx.Err() != nil {
+		db.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+func (db *database) release() { db.mu.Unlock() }
+
+// restart stops the primary (fast shutdown: connections cut), keeps it down
+// for down, and starts it again on the same port. The caller holds the
+// database (acquire).
+func (db *database) restart(ctx context.Context, down time.Duration) error {
+	if err := db.primary.Pause(); err != nil {
 		return err
 	}
-	select {
-	case <-time.After(down):
-	case <-ctx.Done():
-	}
-	return db.srv.Resume(context.WithoutCancel(ctx))
+	sleep(ctx, down)
+	return db.primary.Resume(context.WithoutCancel(ctx))
 }
 
+// freeze stalls the primary (every one of its processes SIGSTOPped, as a
+// hung disk would) for d, then thaws it. The caller holds the database.
+func (db *database) freeze(ctx context.Context, d time.Duration) error {
+	if err := db.primary.Freeze(); err != nil {
+		return err
+	}
+	sleep(ctx, d)
+	return db.primary.Thaw()
+}
+
+// canFailOver reports whether a standby is left to promote.
+func (db *database) canFailOver() bool { return db.standby != nil }
+
+// failover kills the primary (kill -9 of all its processes: nothing
+// flushed, nothing shut down), waits detect, as a failover manager takes
+// to notice, and promotes the synchronous standby, which is the primary
+// from then on (a restart or a freeze is of it). The caller holds the
+// database. It returns once the promoted server accepts writes.
+func (db *database) failover(ctx context.Context, detect time.Duration) error {
+	if db.standby == nil {
+		return errNoTarget
+	}
+	old := db.primary
+	if err := old.Kill(); err != nil {
+		return err
+	}
+	db.dead = append(db.dead, old)
+	sleep(context.WithoutCancel(ctx), detect)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+	defer cancel()
+	if err := db.standby.Promote(pctx); err != nil {
+		return err
+	}
+	db.primary, db.standby = db.standby, nil
+	return nil
+}
+
+// stop closes the links and stops every server.
 func (db *database) stop() error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	return db.srv.Stop()
+	for _, l := range db.links {
+		for _, p := range l.proxies {
+			_ = p.Close()
+		}
+	}
+	var errs []error
+	for _, srv := range append([]*pgtest.Server{db.standby, db.primary}, db.dead...) {
+		if srv != nil {
+			errs = append(errs, srv.Stop())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // installTriggers adds the soak's history tables to the migrated board.
@@ -240,6 +391,16 @@ type daemon struct {
 	done   chan struct{}
 	paused bool
 	starts int
+	ending bool     // the soak is killing or stopping the process now
+	exits  []string // exits the soak did not cause: how each ended
+}
+
+// unasked lists the exits of the slot's processes that the soak did not
+// cause (a replica that gave up on its own, on a partition for one).
+func (d *daemon) unasked() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.exits...)
 }
 
 func (d *daemon) start() error {
@@ -262,10 +423,15 @@ func (d *daemon) start() error {
 	}
 	done := make(chan struct{})
 	go func() { // owned by the daemon: ends when the process does
-		_ = cmd.Wait()
+		err := cmd.Wait()
+		d.mu.Lock()
+		if !d.ending {
+			d.exits = append(d.exits, fmt.Sprintf("pid %d: %v", cmd.Process.Pid, err))
+		}
+		d.mu.Unlock()
 		close(done)
 	}()
-	d.cmd, d.done, d.paused = cmd, done, false
+	d.cmd, d.done, d.paused, d.ending = cmd, done, false, false
 	return nil
 }
 
@@ -306,6 +472,8 @@ func (d *daemon) signal(sig syscall.Signal) error {
 		d.paused = true
 	case syscall.SIGCONT:
 		d.paused = false
+	case syscall.SIGKILL, syscall.SIGTERM:
+		d.ending = true
 	}
 	return d.cmd.Process.Signal(sig)
 }

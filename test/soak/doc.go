@@ -18,6 +18,34 @@
 // past its lease that then resumes: the fencing case); a PostgreSQL
 // restart; a burst of new runs.
 //
+// On Lite it also throws three nemeses, drawn from the seed like the rest.
+// The database is a primary started for replication with one synchronous
+// standby (testkit/pgtest), and each replica reaches it through links of
+// its own: a testkit/netfault proxy per server, named in the replica's
+// multi-host connection string (REAPER_DSN, target_session_attrs=read-write)
+// in the servers' order. A partition Cuts one replica's proxies (the
+// leader's, or a slot drawn) for a time drawn either side of the lease:
+// its connections hang, nothing is refused, the others see the database;
+// Heal lets what was held through, late (a deposed leader's write meets
+// the fence). A proxy per server, not the primary's alone, so that the cut
+// holds whichever server is the primary, after a failover too. A freeze
+// SIGSTOPs every process of the primary (pgtest Freeze: a stalled disk)
+// for a time drawn either side of the lease, then Thaws it. A failover,
+// drawn at most once (no standby is left after it), kills the primary -9,
+// waits a drawn moment and promotes the standby; since the standby is
+// synchronous, nothing the primary acknowledged is lost, which the
+// invariants and the checker judge on the promoted server's copy of the
+// triggers' tables. The restart and the freeze act on whichever server is
+// the primary then; the three database faults take the database one at a
+// time. The soak's own connections name both servers directly, so its
+// judge is never partitioned. The report gives each nemesis its faults,
+// the fence's refusals scraped in its windows (from the fault to its end
+// plus the lease and the grace), the longest time without a leader that
+// began in one, its recovery (from its end until a leader holds the lease
+// and the board has applied a fenced write), and the checker's violations
+// placed in its windows; the soak reads the leader row every 200 ms and
+// the fence counters every second for that.
+//
 // The invariants (invariants.go) are judged from accounts the board cannot
 // colour: every agent keeps a journal of its own (REAPER_AGENT_JOURNAL_DIR,
 // see package agent), the soak watches the process table, and triggers the

@@ -43,11 +43,21 @@ func (s *soak) fenceCounts(ctx context.Context) {
 			continue // restarting, paused, or its log not written yet
 		}
 		key := fmt.Sprintf("%d/%d", d.slot, pid)
+		at := s.tl.now()
 		s.mu.Lock()
 		if s.fenceRefused == nil {
-			s.fenceRefused = map[string]float64{}
+			s.fenceRefused, s.fenceSeen = map[string]float64{}, map[string]time.Time{}
+		}
+		if n > s.fenceRefused[key] {
+			// Made since this process's last scrape (its start, if none).
+			since, ok := s.fenceSeen[key]
+			if !ok {
+				since = s.tl.wall
+			}
+			s.fenceRises = append(s.fenceRises, fenceRise{Since: since, At: at, Refused: n - s.fenceRefused[key]})
 		}
 		s.fenceRefused[key] = max(s.fenceRefused[key], n)
+		s.fenceSeen[key] = at
 		s.mu.Unlock()
 	}
 }

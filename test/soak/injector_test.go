@@ -27,7 +27,20 @@ const (
 	FaultLeaderPause    = "pause_leader"
 	FaultPostgres       = "restart_postgres"
 	FaultBurst          = "burst_of_runs"
+	// The nemeses (Lite): one replica partitioned from PostgreSQL, the
+	// primary's I/O frozen, the primary lost and its synchronous standby
+	// promoted (once a soak: no standby is left after it).
+	FaultPartition = "partition_replica_from_postgres"
+	FaultFreeze    = "freeze_postgres"
+	FaultFailover  = "failover_to_sync_standby"
 )
+
+// nemeses are the fault kinds the report follows one by one: what they
+// cost the cluster in leadership and fenced writes.
+var nemeses = []string{FaultPartition, FaultFreeze, FaultFailover}
+
+// once are the kinds drawn at most once a soak.
+var once = map[string]bool{FaultFailover: true}
 
 // faultWeight is how often a kind of fault is drawn.
 type faultWeight struct {
@@ -39,6 +52,7 @@ type faultWeight struct {
 var faultWeights = []faultWeight{
 	{FaultAgentKill, 4}, {FaultAgentGroupKill, 4}, {FaultEscapedKill, 2}, {FaultLeaderKill, 2},
 	{FaultPluginKill, 2}, {FaultAgentPause, 3}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
+	{FaultPartition, 2}, {FaultFreeze, 1}, {FaultFailover, 1},
 }
 
 // injector throws faults at the system: one every 1 to 3.5 seconds, each on
@@ -49,15 +63,64 @@ type injector struct {
 	rng     *rand.Rand    // used only on the injector's goroutine
 	weights []faultWeight // the edition's draw
 
+	drawn map[string]bool // kinds drawn so far, for the ones drawn once; the injector's goroutine's
+
 	mu      sync.Mutex
 	faults  []*Fault
 	skipped map[string]int
 	paused  map[int]bool // agents under SIGSTOP
+	cut     map[int]bool // replica slots partitioned from the database
 	wg      sync.WaitGroup
 }
 
+func newInjector(s *soak, weights []faultWeight) *injector {
+	return &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), weights: weights, drawn: map[string]bool{},
+		skipped: map[string]int{}, paused: map[int]bool{}, cut: map[int]bool{}}
+}
+
+// draw draws a kind of fault, leaving out a kind drawn once already that
+// is drawn at most once.
 func (in *injector) draw() string {
-	return drawWeighted(in.rng, in.weights, func(f faultWeight) int { return f.weight }).kind
+	ws := in.weights
+	if len(in.drawn) > 0 {
+		ws = nil
+		for _, w := range in.weights {
+			if !(once[w.kind] && in.drawn[w.kind]) {
+				ws = append(ws, w)
+			}
+		}
+	}
+	kind := drawWeighted(in.rng, ws, func(f faultWeight) int { return f.weight }).kind
+	in.drawn[kind] = true
+	return kind
+}
+
+// step is one fault as drawn: every choice it needs, drawn in order from
+// the seed on the injector's goroutine (what it meets when it lands, which
+// processes are up, is the system's).
+type step struct {
+	wait    time.Duration // after the previous fault
+	kind    string
+	pick    uint64        // which target among those sorted
+	d1      time.Duration // a short outage: a replica's or PostgreSQL's downtime, a promotion's delay
+	dPause  time.Duration // an agent's pause
+	dLeader time.Duration // a leader's pause, past its lease
+	// dCut is a partition's length and dFreeze a freeze's: either side of
+	// the lease, up to past the lease and the settling grace.
+	dCut, dFreeze time.Duration
+}
+
+// next draws the next step.
+func (in *injector) next() step {
+	st := step{wait: in.dur(time.Second, 3500*time.Millisecond)}
+	st.kind = in.draw()
+	st.pick = in.rng.Uint64()
+	st.d1 = in.dur(500*time.Millisecond, 3*time.Second)
+	st.dPause = in.dur(time.Second, 8*time.Second)
+	st.dLeader = in.dur(lease+time.Second, lease+grace+2*time.Second)
+	st.dCut = in.dur(lease/3, lease+grace+2*time.Second)
+	st.dFreeze = in.dur(lease/3, lease+grace)
+	return st
 }
 
 // dur draws a duration in [lo, hi).
@@ -70,24 +133,20 @@ func (in *injector) dur(lo, hi time.Duration) time.Duration {
 func (in *injector) run(ctx context.Context) {
 	defer in.wg.Wait()
 	for {
+		// Every choice is drawn here, on this goroutine, in order: the seed
+		// decides them all.
+		st := in.next()
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(in.dur(time.Second, 3500*time.Millisecond)):
+		case <-time.After(st.wait):
 		}
-		kind := in.draw()
-		// Every choice is drawn here, on this goroutine, in order: the seed
-		// decides them all.
-		pick := in.rng.Uint64()
-		d1 := in.dur(500*time.Millisecond, 3*time.Second)
-		dPause := in.dur(time.Second, 8*time.Second)
-		dLeader := in.dur(lease+time.Second, lease+grace+2*time.Second)
 		in.wg.Add(1)
 		go func() {
 			defer in.wg.Done()
-			if _, err := in.inject(ctx, kind, pick, d1, dPause, dLeader); err != nil {
+			if _, err := in.inject(ctx, st); err != nil {
 				in.mu.Lock()
-				in.skipped[kind]++
+				in.skipped[st.kind]++
 				in.mu.Unlock()
 			}
 		}()
@@ -136,8 +195,9 @@ func (in *injector) list() []Fault {
 
 var errNoTarget = fmt.Errorf("no target")
 
-func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dPause, dLeader time.Duration) (*Fault, error) {
+func (in *injector) inject(ctx context.Context, st step) (*Fault, error) {
 	s := in.s
+	kind, pick, d1, dPause, dLeader := st.kind, st.pick, st.d1, st.dPause, st.dLeader
 	switch kind {
 	case FaultAgentKill, FaultAgentGroupKill:
 		e, ok := in.target(pick)
@@ -265,10 +325,71 @@ func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dP
 			Detail: fmt.Sprintf("%s (pid %d) of reaperd #%d", p.comm, p.info.PID, d.slot)}), nil
 
 	case FaultPostgres:
+		if !s.db.acquire(ctx) {
+			return nil, errNoTarget
+		}
+		defer s.db.release()
 		f := in.record(Fault{Kind: kind, At: s.tl.now(), Detail: fmt.Sprintf("down for %s", d1.Round(time.Millisecond))})
 		if err := s.db.restart(ctx, d1); err != nil {
 			s.fail(Violation{Check: "harness", Evidence: "restart postgres: " + err.Error()})
 		}
+		in.ended(f)
+		return f, nil
+
+	case FaultFreeze:
+		if !s.db.acquire(ctx) {
+			return nil, errNoTarget
+		}
+		defer s.db.release()
+		pid := s.db.primary.PID()
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("primary (postmaster %d) and its processes stopped for %s", pid, st.dFreeze.Round(time.Millisecond))})
+		if err := s.db.freeze(ctx, st.dFreeze); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "freeze postgres: " + err.Error()})
+		}
+		in.ended(f)
+		return f, nil
+
+	case FaultFailover:
+		if !s.db.acquire(ctx) {
+			return nil, errNoTarget
+		}
+		defer s.db.release()
+		if !s.db.canFailOver() {
+			return nil, errNoTarget
+		}
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("primary (port %d) killed -9, its synchronous standby (port %d) promoted after %s",
+				s.db.primary.Port(), s.db.standby.Port(), d1.Round(time.Millisecond))})
+		if err := s.db.failover(ctx, d1); err != nil {
+			s.fail(Violation{Check: "harness", Evidence: "fail over postgres: " + err.Error()})
+		}
+		in.ended(f)
+		return f, nil
+
+	case FaultPartition:
+		slot, how, ok := in.partitionTarget(pick)
+		if !ok {
+			return nil, errNoTarget
+		}
+		l := s.db.link(slot)
+		in.mu.Lock()
+		busy := in.cut[slot]
+		in.cut[slot] = true
+		in.mu.Unlock()
+		if busy || l == nil {
+			return nil, errNoTarget
+		}
+		defer func() {
+			in.mu.Lock()
+			delete(in.cut, slot)
+			in.mu.Unlock()
+		}()
+		l.cut()
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("reaperd #%d (%s) cut from PostgreSQL for %s", slot, how, st.dCut.Round(time.Millisecond))})
+		sleep(ctx, st.dCut)
+		l.heal()
 		in.ended(f)
 		return f, nil
 
@@ -284,6 +405,23 @@ func (in *injector) inject(ctx context.Context, kind string, pick uint64, d1, dP
 		return in.injectKube(ctx, kind, pick, d1, dLeader) // an API server paused past the lease
 	}
 	return nil, fmt.Errorf("unknown fault kind %q", kind)
+}
+
+// partitionTarget picks the replica a partition cuts: the leader's slot
+// (an even pick) or any slot (an odd one, from the rest of the pick).
+func (in *injector) partitionTarget(pick uint64) (slot int, how string, ok bool) {
+	if pick%2 == 0 {
+		d, _ := in.s.leaderDaemon()
+		if d == nil {
+			return 0, "", false
+		}
+		return d.slot, "the leader", true
+	}
+	n := len(in.s.daemons)
+	if n == 0 {
+		return 0, "", false
+	}
+	return 1 + int((pick/2)%uint64(n)), "drawn", true
 }
 
 // target picks a running execution whose agent is not paused.

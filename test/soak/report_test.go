@@ -151,6 +151,13 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	row("task executions journaled", execs)
 	row("leadership terms", len(h.Terms))
 	row("process table looks", polls)
+	var exits []string
+	for _, d := range s.daemons {
+		for _, e := range d.unasked() {
+			exits = append(exits, fmt.Sprintf("#%d %s", d.slot, e))
+		}
+	}
+	row("replica exits the soak did not cause", fmt.Sprintf("%d %s", len(exits), strings.Join(exits, "; ")))
 	if s.kube != nil && s.kube.real != nil {
 		s.kube.realReport(row)
 	}
@@ -195,6 +202,10 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	row("faults that found their attempt already settled", rec.Missed)
 	if len(rec.Unrecovered) > 0 {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
+	}
+	if s.edition == editionLite {
+		fmt.Fprintln(w, "nemeses (in each fault's window, from it to its end plus lease and grace: what windows share counts for each)")
+		s.nemesisRows(h, verdict, row)
 	}
 	fmt.Fprintln(w, "fault history")
 	row("writes refused by the fence (replicas' "+fenceMetric+", a lower bound)", s.fenceTotal())

@@ -82,6 +82,12 @@ type soak struct {
 	// fenceRefused is, by replica slot and pid, the most writes its fence
 	// refused that its telemetry showed (fenceCounts).
 	fenceRefused map[string]float64
+	// fenceSeen is, by the same key, when its count was last read, and
+	// fenceRises every increase read (watchNemeses, fenceCounts).
+	fenceSeen  map[string]time.Time
+	fenceRises []fenceRise
+	// leaderSamples are the looks at the leader row (watchNemeses).
+	leaderSamples []leaderSample
 	// historyPath is the run's fault history, once written (judgeHistory).
 	historyPath string
 }
@@ -172,8 +178,9 @@ func (s *soak) run() {
 
 	obsCtx, stopObs := context.WithCancel(ctx)
 	var bg sync.WaitGroup
-	bg.Add(1)
+	bg.Add(2)
 	go func() { defer bg.Done(); s.obs.run(obsCtx, 100*time.Millisecond) }()
+	go func() { defer bg.Done(); s.watchNemeses(obsCtx) }()
 	defer func() { stopObs(); bg.Wait() }()
 
 	for _, d := range s.daemons {
@@ -238,7 +245,11 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.logf("soak directory %s", dir)
 
-	s.db, err = startDatabase(ctx, dir)
+	linked := 0 // the kube editions' replicas reach the database directly
+	if s.edition == editionLite {
+		linked = replicas
+	}
+	s.db, err = startDatabase(ctx, dir, linked)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +292,13 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.store = board.New(s.pool, board.Options{})
 	for i := 1; i <= replicas; i++ {
-		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: env, logDir: s.logDir})
+		denv := env
+		if l := s.db.link(i); l != nil {
+			// Its own path to the database (REAPER_DSN overrides the
+			// configuration's store.dsn): what the injector cuts.
+			denv = append(append([]string(nil), env...), "REAPER_DSN="+l.dsn)
+		}
+		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: denv, logDir: s.logDir})
 	}
 	s.obs = newObserver(s.journalDir, s.tl)
 	if s.kube != nil && s.kube.real != nil {
@@ -295,8 +312,7 @@ func (s *soak) setup(ctx context.Context) {
 	if s.kube != nil && s.kube.real != nil {
 		s.wl.gap = realStreamGap
 	}
-	s.inj = &injector{s: s, rng: rand.New(rand.NewPCG(s.seed, 2)), weights: weights, skipped: map[string]int{},
-		paused: map[int]bool{}}
+	s.inj = newInjector(s, weights)
 }
 
 // checkLoop judges the invariants every checkEvery until ctx ends.
