@@ -8,7 +8,9 @@
 // test left, by their marker), massbench (the mass recovery's workload), machinecpu
 // (the whole machine's busy CPU time, for benchmarks), unpriv (an unprivileged
 // account to run a process as), history (a fault history of guarded writes
-// and executions, and the checker that judges it) and
+// and executions, and the checker that judges it), boardhistory (the
+// triggers that record the board's writes and their conversion to such a
+// history, shared by the soak and the fault suites) and
 // eventually (waiting for what is truly asynchronous).
 //
 // They import the product from above it; product code never imports them

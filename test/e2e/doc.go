@@ -49,13 +49,23 @@
 // /proc until its group is gone); and nothing is wedged at the end (the run
 // is final, and no process carrying the scenario's marker is left).
 //
+// Each scenario is also judged by its fault history (package
+// testkit/history, history.jsonl in its directory): triggers installed in
+// its database before any replica starts (package testkit/boardhistory)
+// record every write with its writer, term and fence; at the finish those
+// writes, the executions of the task files (a killed one ended at the scan
+// that found its group gone), the faults thrown and the board's final rows
+// are written out and checked. Each violation fails the scenario with the
+// checker's text.
+//
 // The suite prints one table: per scenario and in total, faults injected,
 // faults recovered within the SLA (the fault's threshold plus one interval,
-// from the fault to the reaping decision), false reaps, double executions
-// and wedged attempts; under it, each scenario's own figures (for the
-// PostgreSQL nemeses: the longest time without a leader, the time from the
-// fault to the first cycle on the recovered or promoted board, the writes
-// the fence refused).
+// from the fault to the reaping decision), false reaps, double executions,
+// wedged attempts, and the history's writes applied, executions, terms and
+// violations; under it, each scenario's own figures (for the PostgreSQL
+// nemeses: the longest time without a leader, the time from the fault to
+// the first cycle on the recovered or promoted board, the writes the fence
+// refused).
 //
 //	go test -v -run TestFaultSuite ./test/e2e/
 //

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dexaflow/reaper/testkit/history"
 )
 
 // figures are one scenario's line of the table.
@@ -21,6 +23,9 @@ type figures struct {
 	// notes are a scenario's own figures (times to recover, writes the
 	// fence refused), printed under the table.
 	notes []string
+	// The verdict on the scenario's fault history, once judged.
+	hist       history.Verdict
+	histJudged bool
 }
 
 // note adds one of the scenario's own figures.
@@ -28,6 +33,23 @@ func (f *figures) note(format string, args ...any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.notes = append(f.notes, fmt.Sprintf(format, args...))
+}
+
+// setHistory records the verdict on the scenario's history.
+func (f *figures) setHistory(v history.Verdict) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hist, f.histJudged = v, true
+}
+
+// historyCells are the history's columns: writes applied, executions,
+// terms, violations ("-" each when not judged).
+func (f *figures) historyCells() []any {
+	if !f.histJudged {
+		return []any{"-", "-", "-", "-"}
+	}
+	return []any{fmt.Sprint(f.hist.WritesApplied), fmt.Sprint(f.hist.Executions), fmt.Sprint(f.hist.Terms),
+		fmt.Sprint(len(f.hist.Violations))}
 }
 
 func (f *figures) set(faults, recovered, falseReaps, doubles, wedged int, wall time.Duration) {
@@ -76,10 +98,13 @@ func (b *figureBook) table(suite time.Duration) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nfault suite figures (ladder: heartbeat %s, agent_lost %s, settling_grace %s, interval %s, lease %s;\n",
 		heartbeat, agentLost, grace, interval, lease)
-	sb.WriteString("SLA: threshold + one interval, from the fault to the reaping decision)\n\n")
-	const format = "%-44s %6s %16s %11s %12s %7s %7s  %s\n"
-	fmt.Fprintf(&sb, format, "scenario", "faults", "recovered in SLA", "false reaps", "double execs", "wedged", "wall", "result")
+	sb.WriteString("SLA: threshold + one interval, from the fault to the reaping decision; history: the writes applied,\n")
+	sb.WriteString("executions, terms and violations of the scenario's fault history, as its checker judged it)\n\n")
+	const format = "%-44s %6s %16s %11s %12s %7s %7s %6s %6s %10s %7s  %s\n"
+	fmt.Fprintf(&sb, format, "scenario", "faults", "recovered in SLA", "false reaps", "double execs", "wedged",
+		"writes", "execs", "terms", "violations", "wall", "result")
 	var tf, tr, tfr, td, tw int
+	var hw, hx, ht, hv, judged int
 	for _, r := range rows {
 		r.mu.Lock()
 		result := "pass"
@@ -88,17 +113,23 @@ func (b *figureBook) table(suite time.Duration) string {
 		}
 		name := fmt.Sprintf("%d. %s", r.num, r.title)
 		if !r.measured {
-			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", "-", "-", result+" (not measured)")
+			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", result+" (not measured)")
 			r.mu.Unlock()
 			continue
 		}
-		fmt.Fprintf(&sb, format, name, fmt.Sprint(r.faults), fmt.Sprintf("%d/%d", r.recovered, r.faults),
-			fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles), fmt.Sprint(r.wedged), r.wall.Round(100*time.Millisecond), result)
+		cells := append([]any{name, fmt.Sprint(r.faults), fmt.Sprintf("%d/%d", r.recovered, r.faults),
+			fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles), fmt.Sprint(r.wedged)}, r.historyCells()...)
+		fmt.Fprintf(&sb, format, append(cells, r.wall.Round(100*time.Millisecond), result)...)
 		tf, tr, tfr, td, tw = tf+r.faults, tr+r.recovered, tfr+r.falseReaps, td+r.doubles, tw+r.wedged
+		if r.histJudged {
+			judged++
+			hw, hx, ht, hv = hw+r.hist.WritesApplied, hx+r.hist.Executions, ht+r.hist.Terms, hv+len(r.hist.Violations)
+		}
 		r.mu.Unlock()
 	}
 	fmt.Fprintf(&sb, format, "total", fmt.Sprint(tf), fmt.Sprintf("%d/%d", tr, tf), fmt.Sprint(tfr), fmt.Sprint(td),
-		fmt.Sprint(tw), suite.Round(100*time.Millisecond), "")
+		fmt.Sprint(tw), fmt.Sprint(hw), fmt.Sprint(hx), fmt.Sprint(ht), fmt.Sprint(hv), suite.Round(100*time.Millisecond),
+		fmt.Sprintf("%d/%d histories judged", judged, len(rows)))
 	first := true
 	for _, r := range rows {
 		r.mu.Lock()

@@ -173,6 +173,7 @@ func newScenario(t *testing.T, num int, title string, mon *monitor, dsn string) 
 	}
 	t.Cleanup(s.pool.Close)
 	s.store = board.New(s.pool, board.Options{})
+	s.installHistory()
 	mon.watch(s.taskDir)
 	t.Cleanup(func() { mon.forget(s.taskDir) })
 	// Cleanups run last registered first: the daemons' own (registered
@@ -686,6 +687,9 @@ func (s *scenario) finish() {
 	falseReaps := s.falseReaps(ds)
 	s.everyMarkAudited()
 	recovered := s.evaluate(ds)
+	if v, ok := s.judgeHistory(execs); ok {
+		s.row.setHistory(v)
+	}
 
 	s.row.set(len(s.faults), recovered, falseReaps, doubles, len(wedged), time.Since(s.started))
 }

@@ -51,6 +51,20 @@
 // its threshold, or the reaping term's settling gate when later, plus one
 // interval, from the fault to the reaping decision.
 //
+// Each scenario is also judged by its fault history (package
+// testkit/history, history.jsonl in its directory): triggers installed in
+// its database before any replica starts (package testkit/boardhistory)
+// record every write with its writer, term and fence; at the finish those
+// writes, the executions its task logs record, the faults thrown and the
+// board's final rows are written out and checked, and each violation fails
+// the scenario with the checker's text. Each execution's start and end
+// line carries its time; one killed writes no end, so the harness writes a
+// killed line when it establishes the execution gone: on the player's
+// tier the first scan of the process table that finds its group gone, on
+// the real node the moment the scenario tells the ledger the execution
+// can never end. The table's history columns are the writes applied,
+// executions, terms and violations.
+//
 //	make e2e-kube
 //
 // Everything lives in the package's _test files; this file documents them.

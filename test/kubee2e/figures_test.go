@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dexaflow/reaper/testkit/history"
 )
 
 // figures are one scenario's line of the table.
@@ -19,6 +21,26 @@ type figures struct {
 	falseReaps, doubles, wedge int
 	wall                       time.Duration
 	measured, failed           bool
+	// The verdict on the scenario's fault history, once judged.
+	hist       history.Verdict
+	histJudged bool
+}
+
+// setHistory records the verdict on the scenario's history.
+func (f *figures) setHistory(v history.Verdict) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hist, f.histJudged = v, true
+}
+
+// historyCells are the history's columns: writes applied, executions,
+// terms, violations ("-" each when not judged).
+func (f *figures) historyCells() []any {
+	if !f.histJudged {
+		return []any{"-", "-", "-", "-"}
+	}
+	return []any{fmt.Sprint(f.hist.WritesApplied), fmt.Sprint(f.hist.Executions), fmt.Sprint(f.hist.Terms),
+		fmt.Sprint(len(f.hist.Violations))}
 }
 
 func (f *figures) set(faults []*fault, falseReaps, doubles, wedged int, wall time.Duration) {
@@ -69,10 +91,13 @@ func (b *figureBook) table(suite time.Duration) string {
 	fmt.Fprintf(&sb, "dispatch_lost %s, infra_confirm_valve %s, orphan_run %s, interval %s, lease %s; SLA: threshold (or the\n",
 		dispatchLost, valve, orphanRun, interval, lease)
 	sb.WriteString("settling gate, when later) + one interval, from the fault to the reaping decision; settled: from the\n")
-	sb.WriteString("fault to the run's final state, the tasks released by the test)\n\n")
-	const format = "%-46s %9s %9s %9s %9s %6s %6s %6s  %s\n"
-	fmt.Fprintf(&sb, format, "scenario", "threshold", "SLA", "reaped", "settled", "false", "double", "wedged", "result")
+	sb.WriteString("fault to the run's final state, the tasks released by the test; history: the writes applied,\n")
+	sb.WriteString("executions, terms and violations of the scenario's fault history, as its checker judged it)\n\n")
+	const format = "%-46s %9s %9s %9s %9s %6s %6s %6s %6s %5s %5s %5s  %s\n"
+	fmt.Fprintf(&sb, format, "scenario", "threshold", "SLA", "reaped", "settled", "false", "double", "wedged",
+		"writes", "execs", "terms", "viol.", "result")
 	var total, inSLA, tfr, td, tw int
+	var hw, hx, ht, hv, judged int
 	for _, r := range rows {
 		r.mu.Lock()
 		result := "pass"
@@ -81,19 +106,26 @@ func (b *figureBook) table(suite time.Duration) string {
 		}
 		name := fmt.Sprintf("%d. %s", r.num, r.title)
 		if !r.measured {
-			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", "-", "-", "-", result+" (not measured)")
+			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", result+" (not measured)")
 			r.mu.Unlock()
 			continue
 		}
 		tfr, td, tw = tfr+r.falseReaps, td+r.doubles, tw+r.wedge
+		if r.histJudged {
+			judged++
+			hw, hx, ht, hv = hw+r.hist.WritesApplied, hx+r.hist.Executions, ht+r.hist.Terms, hv+len(r.hist.Violations)
+		}
+		hist := r.historyCells()
 		for i, f := range r.faults {
 			total++
 			if f.ok {
 				inSLA++
 			}
 			label, fr, db, wd := name, fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles), fmt.Sprint(r.wedge)
+			hc := hist
 			if i > 0 {
 				label, fr, db, wd = "   "+f.what, "", "", ""
+				hc = []any{"", "", "", ""}
 			} else if len(r.faults) > 1 {
 				label = name + ": " + f.what
 			}
@@ -110,16 +142,19 @@ func (b *figureBook) table(suite time.Duration) string {
 			if !f.ok {
 				verdict += " (late)"
 			}
-			fmt.Fprintf(&sb, format, clip(label, 46), threshold, sla, reaped, dur(f.settled), fr, db, wd, verdict)
+			cells := append([]any{clip(label, 46), threshold, sla, reaped, dur(f.settled), fr, db, wd}, hc...)
+			fmt.Fprintf(&sb, format, append(cells, verdict)...)
 		}
 		if len(r.faults) == 0 {
-			fmt.Fprintf(&sb, format, name, "-", "-", "-", "-", fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles),
-				fmt.Sprint(r.wedge), result)
+			cells := append([]any{name, "-", "-", "-", "-", fmt.Sprint(r.falseReaps), fmt.Sprint(r.doubles),
+				fmt.Sprint(r.wedge)}, hist...)
+			fmt.Fprintf(&sb, format, append(cells, result)...)
 		}
 		r.mu.Unlock()
 	}
 	fmt.Fprintf(&sb, format, fmt.Sprintf("total: %d/%d faults in SLA", inSLA, total), "", "", "", dur(suite),
-		fmt.Sprint(tfr), fmt.Sprint(td), fmt.Sprint(tw), "")
+		fmt.Sprint(tfr), fmt.Sprint(td), fmt.Sprint(tw), fmt.Sprint(hw), fmt.Sprint(hx), fmt.Sprint(ht), fmt.Sprint(hv),
+		fmt.Sprintf("%d/%d histories judged", judged, len(rows)))
 	return sb.String()
 }
 

@@ -234,6 +234,9 @@ func (s *scenario) finish() {
 		wedged["pid "+p.Cmdline] = true
 		s.t.Errorf("left running: pid %d %s", p.PID, p.Cmdline)
 	}
+	if v, ok := s.judgeHistory(); ok {
+		s.row.setHistory(v)
+	}
 
 	ds, err := s.decisions()
 	if err != nil {

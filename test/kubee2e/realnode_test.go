@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -117,17 +118,26 @@ func freeAddrOn(t *testing.T, ip string) string {
 
 // ledger is the HTTP server the tasks in real containers report to: each
 // execution's start and end (written to the task's log as the player's
-// tier writes them, so execLog reads both), an execution that started
-// while another of its task was open (a double), the release and the
-// victim's first execution.
+// tier writes them, so execLog and the history read both, with the
+// ledger's clock and its count of the task's starts naming the
+// execution), an execution that started while another of its task was
+// open (a double), the release and the victim's first execution.
 type ledger struct {
 	url     string
 	taskDir string
 	release string
 	mu      sync.Mutex
-	open    map[string]int  // task -> executions started and not ended
-	first   map[string]bool // task -> its first execution has asked
-	gates   map[string]bool // gate -> opened
+	open    map[string][]ledgerExec // task -> executions started and not ended
+	starts  map[string]int          // task -> executions started
+	first   map[string]bool         // task -> its first execution has asked
+	gates   map[string]bool         // gate -> opened
+}
+
+// ledgerExec is an execution the ledger saw start: its try, epoch and
+// number among its task's starts.
+type ledgerExec struct {
+	try, epoch string
+	n          int
 }
 
 func startLedger(t *testing.T, taskDir, release string) *ledger {
@@ -137,7 +147,7 @@ func startLedger(t *testing.T, taskDir, release string) *ledger {
 		t.Fatalf("ledger: listen on the gateway: %v", err)
 	}
 	lg := &ledger{url: "http://" + l.Addr().String(), taskDir: taskDir, release: release,
-		open: map[string]int{}, first: map[string]bool{}, gates: map[string]bool{}}
+		open: map[string][]ledgerExec{}, starts: map[string]int{}, first: map[string]bool{}, gates: map[string]bool{}}
 	srv := &http.Server{Handler: http.HandlerFunc(lg.serve), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
@@ -170,14 +180,23 @@ func (lg *ledger) serve(w http.ResponseWriter, r *http.Request) {
 		lg.first[task] = true
 		return
 	case "/start":
-		if lg.open[task] > 0 {
+		if len(lg.open[task]) > 0 {
 			line = fmt.Sprintf("double %s %s\n", q.Get("try"), q.Get("epoch"))
 		}
-		lg.open[task]++
-		line += fmt.Sprintf("start %s %s\n", q.Get("try"), q.Get("epoch"))
+		lg.starts[task]++
+		x := ledgerExec{try: q.Get("try"), epoch: q.Get("epoch"), n: lg.starts[task]}
+		lg.open[task] = append(lg.open[task], x)
+		line += fmt.Sprintf("start %s %s %d %s\n", x.try, x.epoch, x.n, unixStamp(time.Now()))
 	case "/end":
-		lg.open[task]--
-		line = fmt.Sprintf("end %s %s\n", q.Get("try"), q.Get("epoch"))
+		n := "none" // an end of no open execution: the history says so
+		open := lg.open[task]
+		for i, x := range open {
+			if x.try == q.Get("try") && x.epoch == q.Get("epoch") {
+				n, lg.open[task] = strconv.Itoa(x.n), append(open[:i:i], open[i+1:]...)
+				break
+			}
+		}
+		line = fmt.Sprintf("end %s %s %s %s\n", q.Get("try"), q.Get("epoch"), n, unixStamp(time.Now()))
 	default:
 		http.NotFound(w, r)
 		return
@@ -210,11 +229,19 @@ func (lg *ledger) endReport(task string) string {
 }
 
 // reopen forgets an execution that can never end (its container was
-// killed): the next one is not a double of it.
+// killed): the next one is not a double of it. The scenario calls it once
+// it has established the execution gone: the task's log records each open
+// execution killed then.
 func (lg *ledger) reopen(task string) {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
-	lg.open[task] = 0
+	var b strings.Builder
+	now := unixStamp(time.Now())
+	for _, x := range lg.open[task] {
+		fmt.Fprintf(&b, "killed %s %s %d %s\n", x.try, x.epoch, x.n, now)
+	}
+	appendLine(filepath.Join(lg.taskDir, task+".log"), b.String())
+	lg.open[task] = nil
 }
 
 // command is a task's shell command in a real container: report the start,

@@ -141,6 +141,10 @@ type scenario struct {
 	// infra_confirm_valve and orphan_run (a scenario that needs the valve
 	// past the cluster's node monitor grace).
 	valveOver, orphanOver time.Duration
+
+	// gone establishes, on the player's tier, when an execution killed
+	// without its end line ended (history_test.go).
+	gone *goneWatch
 }
 
 // newScenario prepares a scenario on cluster c: a namespace with one node,
@@ -183,6 +187,10 @@ func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, rea
 	}
 	t.Cleanup(s.pool.Close)
 	s.store = board.New(s.pool, board.Options{})
+	s.installHistory()
+	if real == nil {
+		s.gone = startGoneWatch(t, s.taskDir)
+	}
 
 	bg, stop := context.WithCancel(context.Background())
 	s.stopBg = stop
@@ -467,7 +475,8 @@ func (s *scenario) eventually(bound time.Duration, what string, cond func() bool
 // flock on its task's lock file for its whole life (the lock goes when
 // the last process of the execution does): an execution that finds it
 // taken runs at the same time as another, and says so in the task's log.
-// It then logs a start line, its body, an end line.
+// It then logs a start line, its body, an end line (history_test.go reads
+// them: the shell's pid leads the execution's process group).
 func (s *scenario) command(ts taskSpec) string {
 	if s.ledger != nil {
 		return s.ledger.command(ts)
@@ -482,8 +491,8 @@ func (s *scenario) command(ts taskSpec) string {
 			q(filepath.Join(s.taskDir, ts.id+".started")) + "; " + wait + "; else sleep 1; fi"
 	}
 	return "exec 9>>" + lock + "; flock -n 9 || echo \"double $REAPER_TRY $REAPER_EPOCH\" >> " + log +
-		`; echo "start $REAPER_TRY $REAPER_EPOCH $$" >> ` + log + "; " + body +
-		`; echo "end $REAPER_TRY $REAPER_EPOCH $$" >> ` + log
+		`; echo "start $REAPER_TRY $REAPER_EPOCH $$ $(date +%s.%N)" >> ` + log + "; " + body +
+		`; echo "end $REAPER_TRY $REAPER_EPOCH $$ $(date +%s.%N)" >> ` + log
 }
 
 // execLog is what a task's log says: its executions started and ended,

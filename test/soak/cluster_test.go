@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/dexaflow/reaper/testkit/netfault"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
@@ -45,88 +43,7 @@ const (
 	escEnv  = "SOAK_ESC"         // where an escaping task writes its escaped child's pid
 )
 
-// triggersSQL makes the database keep its own history of every change of
-// a task instance's state or attempt, of a run's state and of the leader
-// row's term, each with clock_timestamp() and the term current in the
-// writing transaction, and of every heartbeat that landed. A change of a
-// task instance or a run also records who wrote it and how: the writing
-// connection's application_name (reaperd names its connections by its
-// holder), whether the writing transaction had share-locked the leader row
-// (every fenced write does, to read its fence; nothing else does), and the
-// holder the leader row named then.
-const triggersSQL = `
-CREATE FUNCTION soak_writer() RETURNS text LANGUAGE sql AS $$
-    SELECT coalesce(current_setting('application_name', true), '') $$;
-CREATE FUNCTION soak_fenced() RETURNS boolean LANGUAGE sql AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'
-        AND relation = 'leader'::regclass AND mode = 'RowShareLock' AND granted) $$;
-CREATE FUNCTION soak_lead_holder() RETURNS text LANGUAGE sql AS $$
-    SELECT holder FROM leader ORDER BY term DESC LIMIT 1 $$;
-
-CREATE TABLE soak_ti_history (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL,
-    old_try int NOT NULL, old_epoch int NOT NULL, new_try int NOT NULL, new_epoch int NOT NULL,
-    old_state text NOT NULL, new_state text NOT NULL, failure_reason text, failure_kind text, term bigint,
-    old_failure_kind text, writer text, fenced boolean, lead_holder text);
-CREATE FUNCTION soak_ti_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO soak_ti_history (at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-        old_state, new_state, failure_reason, failure_kind, term, old_failure_kind, writer, fenced, lead_holder)
-    VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, OLD.try_number, OLD.attempt_epoch,
-        NEW.try_number, NEW.attempt_epoch, OLD.state, NEW.state, NEW.failure_reason, NEW.last_failure_kind,
-        (SELECT max(term) FROM leader), OLD.last_failure_kind, soak_writer(), soak_fenced(), soak_lead_holder());
-    RETURN NULL;
-END $$;
-CREATE TRIGGER soak_ti AFTER UPDATE ON task_instances FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.try_number <> NEW.try_number
-          OR OLD.attempt_epoch <> NEW.attempt_epoch)
-    EXECUTE FUNCTION soak_ti_log();
-
-CREATE TABLE soak_hb_history (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL, run_id text NOT NULL, task_id text NOT NULL, try int NOT NULL, epoch int NOT NULL);
-CREATE FUNCTION soak_hb_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO soak_hb_history (at, run_id, task_id, try, epoch)
-    VALUES (clock_timestamp(), NEW.run_id, NEW.task_id, NEW.try_number, NEW.attempt_epoch);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER soak_hb AFTER UPDATE ON task_instances FOR EACH ROW
-    WHEN (OLD.last_heartbeat_at IS DISTINCT FROM NEW.last_heartbeat_at) EXECUTE FUNCTION soak_hb_log();
-
-CREATE TABLE soak_run_history (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL, run_id text NOT NULL, old_state text NOT NULL, new_state text NOT NULL, term bigint,
-    writer text, fenced boolean, lead_holder text);
-CREATE FUNCTION soak_run_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO soak_run_history (at, run_id, old_state, new_state, term, writer, fenced, lead_holder)
-    VALUES (clock_timestamp(), NEW.run_id, OLD.state, NEW.state, (SELECT max(term) FROM leader),
-        soak_writer(), soak_fenced(), soak_lead_holder());
-    RETURN NULL;
-END $$;
-CREATE TRIGGER soak_run AFTER UPDATE ON runs FOR EACH ROW
-    WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION soak_run_log();
-
-CREATE TABLE soak_leader_history (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL, term bigint NOT NULL, holder text);
-CREATE FUNCTION soak_leader_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO soak_leader_history (at, term, holder) VALUES (clock_timestamp(), NEW.term, NEW.holder);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER soak_leader_insert AFTER INSERT ON leader FOR EACH ROW EXECUTE FUNCTION soak_leader_log();
-CREATE TRIGGER soak_leader_update AFTER UPDATE ON leader FOR EACH ROW
-    WHEN (OLD.term IS DISTINCT FROM NEW.term) EXECUTE FUNCTION soak_leader_log();
-`
-
-// database is the soak's PostgreSQL. On Lite it is a primary started for
-// replication with one synchronous standby, and each replica reaches it
-// through links of its own (netfault proxies): the injector restarts,
-// freezes or fails over the primary and cuts one replica's links. The kube
-// editions run the one server alone, reached directly.
+// database is the soak's PostgreSQL: one server, restarted by the injector.
 type database struct {
 	// mu makes the faults of the database one at a time: a restart, a
 	// freeze and the failover each hold it while under way.
@@ -307,14 +224,6 @@ func (db *database) stop() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// installTriggers adds the soak's history tables to the migrated board.
-func installTriggers(ctx context.Context, pool *pgxpool.Pool) error {
-	if _, err := pool.Exec(ctx, triggersSQL); err != nil {
-		return fmt.Errorf("install the soak's history triggers: %w", err)
-	}
-	return nil
 }
 
 // configHCL is every replica's configuration on the Lite edition.

@@ -49,7 +49,8 @@
 // The invariants (invariants.go) are judged from accounts the board cannot
 // colour: every agent keeps a journal of its own (REAPER_AGENT_JOURNAL_DIR,
 // see package agent), the soak watches the process table, and triggers the
-// soak installs in its database record every change of a task instance, a
+// soak installs in its database (package testkit/boardhistory, which the
+// fault suites share) record every change of a task instance, a
 // run and the leader row with the database's own clock and the term
 // current in that transaction. They are checked every few seconds while
 // the system runs and once more at the end; the first violation stops the

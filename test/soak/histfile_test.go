@@ -2,11 +2,10 @@ package soak
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"time"
 
-	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/boardhistory"
 	"github.com/dexaflow/reaper/testkit/history"
 )
 
@@ -30,32 +29,14 @@ func (s *soak) judgeHistory(ctx context.Context, h History) (history.Verdict, er
 		s.fail(Violation{Check: HistoryChecked, Evidence: "read the board's final rows: " + err.Error()})
 		return history.Verdict{}, err
 	}
-	events := Record(h, finals)
 	path := filepath.Join(s.dir, historyFile)
-	w, err := history.Open(path)
+	// The checker judges the file as anyone would: read back.
+	v, err := boardhistory.Judge(path, Record(h, finals))
 	if err != nil {
-		s.fail(Violation{Check: HistoryChecked, Evidence: err.Error()})
-		return history.Verdict{}, err
-	}
-	for _, e := range events {
-		if err := w.Record(e); err != nil {
-			_ = w.Close()
-			s.fail(Violation{Check: HistoryChecked, Evidence: err.Error()})
-			return history.Verdict{}, err
-		}
-	}
-	if err := w.Close(); err != nil {
 		s.fail(Violation{Check: HistoryChecked, Evidence: err.Error()})
 		return history.Verdict{}, err
 	}
 	s.historyPath = path
-	// The checker judges the file as anyone would: read back.
-	read, err := history.Read(path)
-	if err != nil {
-		s.fail(Violation{Check: HistoryChecked, Evidence: err.Error()})
-		return history.Verdict{}, err
-	}
-	v := history.Check(read)
 	s.logf("%s (%s)", v.Summary(), path)
 	if v.OK() {
 		s.mu.Lock()
@@ -72,25 +53,5 @@ func (s *soak) judgeHistory(ctx context.Context, h History) (history.Verdict, er
 func (s *soak) finals(ctx context.Context) ([]Final, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT run_id, task_id, try_number, attempt_epoch, state FROM task_instances
-	    ORDER BY run_id, task_id`)
-	if err != nil {
-		return nil, fmt.Errorf("read the final rows: %w", err)
-	}
-	defer rows.Close()
-	at := s.tl.now()
-	var out []Final
-	for rows.Next() {
-		f := Final{At: at}
-		var a sdk.Attempt
-		if err := rows.Scan(&a.RunID, &a.TaskID, &a.Try, &a.Epoch, &f.State); err != nil {
-			return nil, fmt.Errorf("read the final rows: %w", err)
-		}
-		f.Attempt = a
-		out = append(out, f)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the final rows: %w", err)
-	}
-	return out, nil
+	return boardhistory.ReadFinals(ctx, s.pool, s.tl.now())
 }

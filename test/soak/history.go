@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/boardhistory"
 )
 
 // History is everything a soak observed, from three independent accounts:
@@ -113,46 +114,13 @@ type AgentLife struct {
 
 // Transition is one change of a task instance's row as the database saw
 // it (a trigger), with the leadership term current in that transaction.
-type Transition struct {
-	At            time.Time
-	From          sdk.Attempt // the attempt the row held before
-	To            sdk.Attempt // and after (a new try or epoch on a rail)
-	OldState      string
-	NewState      string
-	FailureReason string
-	FailureKind   string // last_failure_kind: "task", "infra" or ""
-	Term          int64  // the leader row's term at the write; 0 when none
-	// OldFailureKind is the row's last_failure_kind before the change.
-	OldFailureKind string
-	// Writer is the writing connection's application_name: a reaperd
-	// replica's holder (cut to what PostgreSQL keeps), "" when unnamed.
-	Writer string
-	// Fenced says the writing transaction share-locked the leader row: a
-	// write fenced by a leadership term.
-	Fenced bool
-	// LeadHolder is the holder the leader row named at the write.
-	LeadHolder string
-}
+type Transition = boardhistory.Transition
 
 // RunChange is one change of a run's state as the database saw it.
-type RunChange struct {
-	At       time.Time
-	RunID    string
-	OldState string
-	NewState string
-	Term     int64
-	// Writer, Fenced and LeadHolder are as a Transition's.
-	Writer     string
-	Fenced     bool
-	LeadHolder string
-}
+type RunChange = boardhistory.RunChange
 
 // Term is one leadership term as the database saw it begin.
-type Term struct {
-	Term   int64
-	Holder string
-	At     time.Time
-}
+type Term = boardhistory.Term
 
 // Decision is one audit row (reap_decisions).
 type Decision struct {

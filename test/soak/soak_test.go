@@ -26,6 +26,7 @@ import (
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/attemptapi/attemptapitest"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/boardhistory"
 )
 
 // Environment of `make soak`.
@@ -287,7 +288,7 @@ func (s *soak) setup(ctx context.Context) {
 	if s.pool, err = pgxpool.New(ctx, s.db.dsn); err != nil {
 		t.Fatal(err)
 	}
-	if err := installTriggers(ctx, s.pool); err != nil {
+	if err := boardhistory.Install(ctx, s.pool); err != nil {
 		t.Fatal(err)
 	}
 	s.store = board.New(s.pool, board.Options{})
@@ -354,55 +355,16 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	h := History{Faults: s.inj.list()}
-	rows, err := s.pool.Query(ctx, `SELECT at, run_id, task_id, old_try, old_epoch, new_try, new_epoch,
-	        old_state, new_state, coalesce(failure_reason, ''), coalesce(failure_kind, ''), coalesce(term, 0),
-	        coalesce(old_failure_kind, ''), coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '')
-	    FROM soak_ti_history ORDER BY id`)
-	if err != nil {
+	var err error
+	if h.Transitions, err = boardhistory.Transitions(ctx, s.pool); err != nil {
 		return h, err
 	}
-	for rows.Next() {
-		var tr Transition
-		if err := rows.Scan(&tr.At, &tr.From.RunID, &tr.From.TaskID, &tr.From.Try, &tr.From.Epoch,
-			&tr.To.Try, &tr.To.Epoch, &tr.OldState, &tr.NewState, &tr.FailureReason, &tr.FailureKind, &tr.Term,
-			&tr.OldFailureKind, &tr.Writer, &tr.Fenced, &tr.LeadHolder); err != nil {
-			rows.Close()
-			return h, err
-		}
-		tr.To.RunID, tr.To.TaskID = tr.From.RunID, tr.From.TaskID
-		h.Transitions = append(h.Transitions, tr)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	if h.RunChanges, err = boardhistory.RunChanges(ctx, s.pool); err != nil {
 		return h, err
 	}
-	rows, err = s.pool.Query(ctx, `SELECT at, run_id, old_state, new_state, coalesce(term, 0),
-	        coalesce(writer, ''), coalesce(fenced, false), coalesce(lead_holder, '') FROM soak_run_history ORDER BY id`)
-	if err != nil {
+	if h.Terms, err = boardhistory.Terms(ctx, s.pool); err != nil {
 		return h, err
 	}
-	for rows.Next() {
-		var rc RunChange
-		if err := rows.Scan(&rc.At, &rc.RunID, &rc.OldState, &rc.NewState, &rc.Term, &rc.Writer, &rc.Fenced, &rc.LeadHolder); err != nil {
-			rows.Close()
-			return h, err
-		}
-		h.RunChanges = append(h.RunChanges, rc)
-	}
-	rows.Close()
-	rows, err = s.pool.Query(ctx, `SELECT term, coalesce(holder, ''), at FROM soak_leader_history ORDER BY id`)
-	if err != nil {
-		return h, err
-	}
-	for rows.Next() {
-		var tm Term
-		if err := rows.Scan(&tm.Term, &tm.Holder, &tm.At); err != nil {
-			rows.Close()
-			return h, err
-		}
-		h.Terms = append(h.Terms, tm)
-	}
-	rows.Close()
 	if err := s.readAudit(ctx); err != nil {
 		return h, err
 	}
@@ -466,27 +428,20 @@ func (s *soak) readHeartbeats(ctx context.Context) error {
 	s.mu.Lock()
 	after := s.lastBeat
 	s.mu.Unlock()
-	rows, err := s.pool.Query(ctx, `SELECT id, at, run_id, task_id, try, epoch FROM soak_hb_history WHERE id > $1 ORDER BY id`, after)
+	beats, last, err := boardhistory.Heartbeats(ctx, s.pool, after)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.heartbeats == nil {
 		s.heartbeats = map[sdk.Attempt][]time.Time{}
 	}
-	for rows.Next() {
-		var id int64
-		var at time.Time
-		var a sdk.Attempt
-		if err := rows.Scan(&id, &at, &a.RunID, &a.TaskID, &a.Try, &a.Epoch); err != nil {
-			return err
-		}
-		s.heartbeats[a] = append(s.heartbeats[a], at)
-		s.lastBeat = id
+	for _, b := range beats {
+		s.heartbeats[b.Attempt] = append(s.heartbeats[b.Attempt], b.At)
 	}
-	return rows.Err()
+	s.lastBeat = last
+	return nil
 }
 
 // leaderDaemon is the replica holding the lease now, and how many others
