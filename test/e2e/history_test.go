@@ -38,19 +38,10 @@ func (s *scenario) judgeHistory(execs []execution) (history.Verdict, bool) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(s.ctx(), 3*queryBound)
 	defer cancel()
-	b, err := boardhistory.Collect(ctx, s.pool)
-	if err != nil {
-		s.t.Errorf("history: %v", err)
-		return history.Verdict{}, false
-	}
-	finals, err := boardhistory.ReadFinals(ctx, s.pool, time.Now())
-	if err != nil {
-		s.t.Errorf("history: %v", err)
-		return history.Verdict{}, false
-	}
 	path := filepath.Join(s.dir, historyFile)
-	v, err := boardhistory.Judge(path, boardhistory.Record(b, historyExecutions(execs, b.Transitions),
-		historyFaults(s.faults), finals))
+	v, err := boardhistory.JudgeBoard(ctx, s.pool, path, func(b boardhistory.Board) ([]boardhistory.Execution, error) {
+		return historyExecutions(execs, b.Transitions), nil
+	}, historyFaults(s.faults), time.Now())
 	if err != nil {
 		s.t.Errorf("history: %v", err)
 		return history.Verdict{}, false

@@ -60,27 +60,6 @@ func (s *scenario) judgeHistory() (history.Verdict, bool) {
 	if s.gone != nil {
 		s.gone.stop() // its last scan is done: what it found gone is written
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*apiTimeout)
-	defer cancel()
-	b, err := boardhistory.Collect(ctx, s.pool)
-	if err != nil {
-		s.t.Errorf("history: %v", err)
-		return history.Verdict{}, false
-	}
-	finals, err := boardhistory.ReadFinals(ctx, s.pool, time.Now())
-	if err != nil {
-		s.t.Errorf("history: %v", err)
-		return history.Verdict{}, false
-	}
-	var execs []boardhistory.Execution
-	for _, ts := range s.tasks {
-		xs, err := readExecutions(filepath.Join(s.taskDir, ts.id+".log"), ts.id)
-		if err != nil {
-			s.t.Errorf("history: %v", err)
-			return history.Verdict{}, false
-		}
-		execs = append(execs, xs...)
-	}
 	faults := make([]boardhistory.Fault, 0, len(s.faults))
 	for _, f := range s.faults {
 		note := f.what
@@ -91,8 +70,20 @@ func (s *scenario) judgeHistory() (history.Verdict, bool) {
 		}
 		faults = append(faults, boardhistory.Fault{At: f.at, Note: note})
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*apiTimeout)
+	defer cancel()
 	path := filepath.Join(s.dir, historyFile)
-	v, err := boardhistory.Judge(path, boardhistory.Record(b, execs, faults, finals))
+	v, err := boardhistory.JudgeBoard(ctx, s.pool, path, func(boardhistory.Board) ([]boardhistory.Execution, error) {
+		var execs []boardhistory.Execution
+		for _, ts := range s.tasks {
+			xs, err := readExecutions(filepath.Join(s.taskDir, ts.id+".log"), ts.id)
+			if err != nil {
+				return nil, err
+			}
+			execs = append(execs, xs...)
+		}
+		return execs, nil
+	}, faults, time.Now())
 	if err != nil {
 		s.t.Errorf("history: %v", err)
 		return history.Verdict{}, false
