@@ -1,6 +1,7 @@
 package kubee2e_test
 
 import (
+	"github.com/dexaflow/reaper/sdk"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -67,7 +68,7 @@ func TestLedgerLinesMakeExecutions(t *testing.T) {
 		lg.serve(httptest.NewRecorder(), httptest.NewRequest("GET", path, nil))
 	}
 	get("/start?task=victim&try=1&epoch=0")
-	lg.reopen("victim")
+	lg.reopen(sdk.Attempt{RunID: runID, TaskID: "victim", Try: 1, Epoch: 0})
 	get("/start?task=victim&try=1&epoch=1")
 	get("/end?task=victim&try=1&epoch=1")
 	get("/start?task=by&try=1&epoch=0")
@@ -99,4 +100,28 @@ func (lg *ledger) execLogOf(t *testing.T, task string) execLog {
 	t.Helper()
 	s := &scenario{taskDir: lg.taskDir}
 	return s.execLog(task)
+}
+
+// A scenario that reopens a dead attempt after its successor has started
+// (the OOM scenario: try 2 may start before the test sees try 1's end)
+// forgets the dead attempt's execution only: the successor's end is its
+// own.
+func TestLedgerReopenForgetsOnlyTheDeadAttempt(t *testing.T) {
+	dir := t.TempDir()
+	lg := &ledger{taskDir: dir, open: map[string][]ledgerExec{}, starts: map[string]int{}, first: map[string]bool{},
+		gates: map[string]bool{}}
+	get := func(path string) {
+		lg.serve(httptest.NewRecorder(), httptest.NewRequest("GET", path, nil))
+	}
+	get("/start?task=victim&try=1&epoch=0")
+	get("/start?task=victim&try=2&epoch=0")
+	lg.reopen(sdk.Attempt{RunID: runID, TaskID: "victim", Try: 1, Epoch: 0})
+	get("/end?task=victim&try=2&epoch=0")
+	xs, err := readExecutions(filepath.Join(dir, "victim.log"), "victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(xs) != 2 || xs[0].Outcome != history.OutcomeKilled || xs[1].Outcome != "end line" || xs[1].Attempt.Try != 2 {
+		t.Fatalf("victim's executions: %+v", xs)
+	}
 }

@@ -111,7 +111,7 @@ func realTeardownRefusedPastTheValve(t *testing.T, c *kubetest.Cluster) {
 	allow()
 	t.Logf("refusal ended %s after the freeze", time.Since(f.at).Round(time.Millisecond))
 	ended := s.waitPodEnded(p, 2*time.Minute)
-	s.ledger.reopen("victim") // its execution was killed with the container: no end report
+	s.ledger.reopen(a) // its execution was killed with the container: no end report
 	t.Logf("the old pod: %s/%s", ended.Status.Phase, ended.Status.Reason)
 	s.eventually(2*time.Minute, "one successor to be placed", func() bool { return s.successors(a) == 1 })
 	s.finish()

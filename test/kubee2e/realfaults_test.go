@@ -295,7 +295,7 @@ func realWedgedAgent(t *testing.T, c *kubetest.Cluster) {
 	f := s.harm("agent frozen (SIGSTOP) in its container", a, agentLost)
 	s.waitReaped(f, time.Minute)
 	ended := s.waitPodEnded(p, time.Minute)
-	s.ledger.reopen("victim")
+	s.ledger.reopen(a)
 	t.Logf("the wedged pod: %s/%s %q", ended.Status.Phase, ended.Status.Reason, ended.Status.Message)
 	if ended.Status.Phase != corev1.PodFailed || ended.Status.Reason != "DeadlineExceeded" {
 		t.Errorf("the wedged pod: %s/%s, want Failed/DeadlineExceeded (the kubelet's deadline)", ended.Status.Phase, ended.Status.Reason)
@@ -371,8 +371,8 @@ func realNodeLost(t *testing.T, c *kubetest.Cluster) {
 	}
 	fa := s.harm("pod evicted by the taint manager (ended by the kubelet)", a, max(agentLost, podLostFloor))
 	fb := s.harm("pod evicted by the taint manager (ended by the kubelet)", b, max(agentLost, podLostFloor))
-	s.ledger.reopen("a")
-	s.ledger.reopen("b")
+	s.ledger.reopen(a)
+	s.ledger.reopen(b)
 	for _, f := range []*fault{fa, fb} {
 		s.waitReaped(f, time.Minute)
 	}
@@ -478,7 +478,7 @@ func realPartitioned(t *testing.T, c *kubetest.Cluster) {
 	if alone && disruptedBy(ended) != "" {
 		t.Errorf("with the real node the only one the controller manager evicted its pod (%s): no disruption mode", disruptedBy(ended))
 	}
-	s.ledger.reopen("victim")
+	s.ledger.reopen(a)
 	s.finish()
 }
 

@@ -228,20 +228,26 @@ func (lg *ledger) endReport(task string) string {
 	return `wget -q -O /dev/null "` + lg.url + `/end?task=` + task + `&try=$REAPER_TRY&epoch=$REAPER_EPOCH"`
 }
 
-// reopen forgets an execution that can never end (its container was
-// killed): the next one is not a double of it. The scenario calls it once
-// it has established the execution gone: the task's log records each open
-// execution killed then.
-func (lg *ledger) reopen(task string) {
+// reopen forgets the open executions of attempt a, which can never end
+// (their container was killed): each is written killed now, and a later
+// start is not a double of it. Only a's: a successor that has started
+// meanwhile stays open.
+func (lg *ledger) reopen(a sdk.Attempt) {
 	lg.mu.Lock()
 	defer lg.mu.Unlock()
+	try, epoch := strconv.Itoa(int(a.Try)), strconv.Itoa(int(a.Epoch))
 	var b strings.Builder
 	now := unixStamp(time.Now())
-	for _, x := range lg.open[task] {
+	var left []ledgerExec
+	for _, x := range lg.open[a.TaskID] {
+		if x.try != try || x.epoch != epoch {
+			left = append(left, x)
+			continue
+		}
 		fmt.Fprintf(&b, "killed %s %s %d %s\n", x.try, x.epoch, x.n, now)
 	}
-	appendLine(filepath.Join(lg.taskDir, task+".log"), b.String())
-	lg.open[task] = nil
+	appendLine(filepath.Join(lg.taskDir, a.TaskID+".log"), b.String())
+	lg.open[a.TaskID] = left
 }
 
 // command is a task's shell command in a real container: report the start,
@@ -411,7 +417,7 @@ func podDeletedUnder(t *testing.T, c *kubetest.Cluster, num int, title string, t
 	}); err != nil {
 		t.Fatalf("wait for the deleted pod's end: %v", err)
 	}
-	s.ledger.reopen("victim")
+	s.ledger.reopen(a)
 	s.podGone(p.Name, time.Minute)
 	f := s.harm("pod deleted (gone)", a, max(agentLost, podLostFloor))
 	s.waitReaped(f, time.Minute)
@@ -482,7 +488,7 @@ func realEvicted(t *testing.T, c *kubetest.Cluster) {
 			t.Errorf("the evicted attempt was settled as %s (%s), want %s on the infra rail", d.Label, d.Detail, sdk.ReasonPodDisrupted)
 		}
 	}
-	s.ledger.reopen("victim")
+	s.ledger.reopen(a)
 	s.finish()
 }
 
@@ -523,6 +529,6 @@ func realOOMKilled(t *testing.T, c *kubetest.Cluster) {
 	if term != nil {
 		t.Logf("the first try's container: %s, exit %d", term.Reason, term.ExitCode)
 	}
-	s.ledger.reopen("victim")
+	s.ledger.reopen(a)
 	s.finish()
 }
