@@ -137,6 +137,24 @@ const (
 	// attempt.
 	LabelPodNameSquatted = "pod_name_squatted"
 
+	// The runners' graph and finalize steps (runner/internal/steps).
+
+	// LabelUpstreamFailed: a task waiting in state none was settled
+	// upstream_failed because one of its upstreams failed for good (a task
+	// failure with no retries left, an infra failure made terminal, or an
+	// upstream_failed of its own). The evidence names those upstreams.
+	LabelUpstreamFailed = "upstream_failed"
+	// LabelUpstreamSkipped: a task waiting in state none was skipped
+	// because one of its upstreams was skipped and none failed.
+	LabelUpstreamSkipped = "upstream_skipped"
+	// LabelRunFinalizedSuccess: a running run whose task instances had all
+	// succeeded or been skipped was finished success.
+	LabelRunFinalizedSuccess = "run_finalized_success"
+	// LabelRunFinalizedFailed: a running run whose task instances were all
+	// settled, one or more of them unsuccessfully, was finished failed; the
+	// evidence names the unsuccessful tasks.
+	LabelRunFinalizedFailed = "run_finalized_failed"
+
 	// The kube reconcile sweep (substrate/kube).
 
 	// LabelReconcileSettled: a finished pod's attempt was settled from its
@@ -304,6 +322,7 @@ func Labels() []string {
 		LabelBrakeEngaged, LabelPluginUnavailable, LabelPassError,
 		LabelTeardownRetried, LabelTeardownOwedError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed, LabelPodNameSquatted,
+		LabelUpstreamFailed, LabelUpstreamSkipped, LabelRunFinalizedSuccess, LabelRunFinalizedFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelOperatorMark, LabelOperatorRelease, LabelOperatorSubmit,
 		LabelReconcileFinalizerLeak,
@@ -348,6 +367,7 @@ func HostLabels() []string {
 		LabelTeardownRetried, LabelTeardownOwedError,
 		LabelTaskRetry, LabelInfraReplace, LabelInfraBudgetSpent, LabelDispatchFailed,
 		LabelDispatchUnavailable, LabelDispatchUnavailableSpent, LabelWarmRequeue,
+		LabelUpstreamFailed, LabelUpstreamSkipped, LabelRunFinalizedSuccess, LabelRunFinalizedFailed,
 		LabelReconcileSettled, LabelReconcileInfraConfirmed, LabelReconcileInfraOverride,
 		LabelReconcileFinalizerLeak, LabelForeignTaskPod,
 		LabelInfraConfirmValveOpen, LabelInfraConfirmValveHeld,

@@ -45,11 +45,11 @@ func (w *Writer) runnerStep(ctx context.Context, what string, a sdk.Attempt, now
 	return false, nil
 }
 
-// Enqueue moves the attempt from none to scheduled. It reports whether it
-// applied.
+// Enqueue moves the attempt from none to scheduled, once its upstreams all
+// succeeded. It reports whether it applied.
 func (w *Writer) Enqueue(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
 	return w.runnerStep(ctx, "enqueue", a, now, `UPDATE task_instances ti SET state = 'scheduled', updated_at = $5
-        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'none'`, now)
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'none' AND `+upstreamsSucceeded, now)
 }
 
 // Queue moves the attempt from scheduled to queued (handed to an executor)

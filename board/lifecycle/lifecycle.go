@@ -24,6 +24,7 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -160,6 +161,11 @@ type NewTask struct {
 	// of each try and not reset by its reschedules (sensor_timeout past
 	// it); rounded up to seconds. Only for a sensor.
 	SensorTimeout time.Duration
+	// Upstreams name the tasks of the same run this one waits for: it is
+	// scheduled once every one of them succeeded, settled upstream_failed
+	// once one failed for good, skipped once one was skipped (and none
+	// failed). See CheckGraph for what a run's upstreams must be.
+	Upstreams []string
 }
 
 // NewRun is a run created with its task instances.
@@ -181,11 +187,13 @@ WITH run AS (
     VALUES ($1, $2, $3, CASE WHEN $3 = 'running' THEN $4::timestamptz END, $4)
 )
 INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries, infra_budget,
-    command, execution_timeout_seconds, sensor, sensor_timeout_seconds, updated_at)
+    command, execution_timeout_seconds, sensor, sensor_timeout_seconds, upstreams, updated_at)
 SELECT $1, t.task_id, t.executor, t.retries, t.retries, t.infra_budget,
-    NULLIF(t.command, ''), NULLIF(t.timeout, 0), t.sensor, CASE WHEN t.sensor THEN t.sensor_timeout END, $4
-FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[], $11::bool[], $12::int4[])
-    AS t(task_id, executor, retries, infra_budget, command, timeout, sensor, sensor_timeout)`
+    NULLIF(t.command, ''), NULLIF(t.timeout, 0), t.sensor, CASE WHEN t.sensor THEN t.sensor_timeout END,
+    ARRAY(SELECT jsonb_array_elements_text(t.upstreams::jsonb)), $4
+FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[], $11::bool[], $12::int4[],
+        $13::text[])
+    AS t(task_id, executor, retries, infra_budget, command, timeout, sensor, sensor_timeout, upstreams)`
 
 // CreateRun inserts a run and its task instances in one statement: all of
 // them or nothing.
@@ -203,12 +211,22 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	ids, execs, cmds := make([]string, n), make([]string, n), make([]string, n)
 	retries, budgets, timeouts := make([]int32, n), make([]int32, n), make([]int32, n)
 	sensors, sensorTimeouts := make([]bool, n), make([]int32, n)
-	seen := map[string]bool{}
+	// Each task's upstreams travel as one JSON array: unnest flattens an
+	// array of arrays.
+	upstreams := make([]string, n)
+	if err := CheckGraph(r.Tasks); err != nil {
+		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
+	}
 	for i, t := range r.Tasks {
-		if t.TaskID == "" || seen[t.TaskID] {
-			return fmt.Errorf("board: create run %s: task id %q is empty or repeated", r.RunID, t.TaskID)
+		ups := t.Upstreams
+		if ups == nil {
+			ups = []string{}
 		}
-		seen[t.TaskID] = true
+		b, err := json.Marshal(ups)
+		if err != nil {
+			return fmt.Errorf("board: create run %s: task %s: %w", r.RunID, t.TaskID, err)
+		}
+		upstreams[i] = string(b)
 		budget := t.InfraBudget
 		switch {
 		case budget == 0:
@@ -236,7 +254,7 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	defer cancel()
 	err := pgx.BeginTxFunc(ctx, w.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
-			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts); err != nil || r.Operator == "" {
+			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts, upstreams); err != nil || r.Operator == "" {
 			return err
 		}
 		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,

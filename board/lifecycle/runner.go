@@ -84,9 +84,13 @@ func checkExecutor(executor string) error {
 
 // workingSet selects the task instances (ti) of running runs (r) of
 // executor $1, after the key ($2, $3) when $2 is not NULL.
-const workingSet = `FROM runs r JOIN task_instances ti ON ti.run_id = r.run_id
-WHERE r.state = 'running' AND ti.executor = $1
+const workingSet = workingFrom + "\n" + workingWhere
+
+const (
+	workingFrom  = `FROM runs r JOIN task_instances ti ON ti.run_id = r.run_id`
+	workingWhere = `WHERE r.state = 'running' AND ti.executor = $1
   AND ($2::text IS NULL OR (ti.run_id, ti.task_id) > ($2::text, $3::text))`
+)
 
 func keyArgs(after *Key) (any, any) {
 	if after == nil {
@@ -95,23 +99,32 @@ func keyArgs(after *Key) (any, any) {
 	return after.RunID, after.TaskID
 }
 
+// upstreamsSucceeded is true for a task instance (aliased ti) every one of
+// whose upstreams succeeded (so for one that names none). An upstream that
+// is still running, waits on a rail, carries a provisional infra mark or is
+// held for review keeps it waiting; SettleBlocked settles one whose
+// upstream failed for good or was skipped.
+const upstreamsSucceeded = `NOT EXISTS (SELECT 1 FROM task_instances up
+    WHERE up.run_id = ti.run_id AND up.task_id = ANY (ti.upstreams) AND up.state <> 'success')`
+
 // EnqueueNew moves up to limit task instances of executor that are in state
-// none, of running runs, to scheduled (at most ladder.PageSize; <= 0 means
-// that), in one statement, and returns their attempts by (run, task). Like
-// Enqueue, each move is guarded on the state none and the run running.
+// none, of running runs, whose upstreams all succeeded, to scheduled (at
+// most ladder.PageSize; <= 0 means that), in one statement, and returns
+// their attempts by (run, task). Like Enqueue, each move is guarded on the
+// state none and the run running, and on the upstreams again.
 func (w *Writer) EnqueueNew(ctx context.Context, executor string, limit int, now time.Time) ([]sdk.Attempt, error) {
 	if err := checkExecutor(executor); err != nil {
 		return nil, fmt.Errorf("board: enqueue new task instances: %w", err)
 	}
 	fence, fenceArgs := w.fence(5, now)
 	sql := `WITH next AS (
-    SELECT ti.run_id, ti.task_id ` + workingSet + ` AND ti.state = 'none'
+    SELECT ti.run_id, ti.task_id ` + workingSet + ` AND ti.state = 'none' AND ` + upstreamsSucceeded + `
     ORDER BY ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 )
 UPDATE task_instances ti SET state = 'scheduled', updated_at = $4
 FROM next n, runs r
 WHERE ti.run_id = n.run_id AND ti.task_id = n.task_id AND ti.state = 'none'
-  AND r.run_id = ti.run_id AND r.state = 'running'
+  AND r.run_id = ti.run_id AND r.state = 'running' AND ` + upstreamsSucceeded + `
   AND ` + fence + `
 RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`
 	ctx, cancel := w.bound(ctx)

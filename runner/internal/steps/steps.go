@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -36,6 +37,9 @@ type Tally struct {
 	// spent, dispatch failed, up_for_retry without retries.
 	Failed    int
 	Finalized int // runs finished
+	// UpstreamSettled counts the task instances settled upstream_failed or
+	// skipped by their upstreams.
+	UpstreamSettled int
 	// Waiting counts unconfirmed infra marks still inside their valve.
 	Waiting int
 	// RunsStarted lists the queued runs started under the run start cap;
@@ -285,9 +289,14 @@ func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.
 	return nil
 }
 
-// Schedule moves every task instance in state none of a running run to
-// scheduled.
+// Schedule settles the task instances in state none of a running run that
+// their upstreams will never let run (SettleBlocked: upstream_failed or
+// skipped, each a decision), then moves every one whose upstreams all
+// succeeded to scheduled.
 func (d Driver) Schedule(ctx context.Context, now time.Time, t *Tally) error {
+	if err := d.settleBlocked(ctx, now, t); err != nil {
+		return err
+	}
 	for {
 		as, err := d.W.EnqueueNew(ctx, d.Executor, ladder.PageSize, now)
 		if err != nil {
@@ -370,7 +379,35 @@ func (d Driver) StartRuns(ctx context.Context, now time.Time, t *Tally) error {
 	}
 }
 
-// Finalize finishes the running runs whose task instances are all settled.
+// settleBlocked settles, page by page, the task instances their upstreams
+// will never let run.
+func (d Driver) settleBlocked(ctx context.Context, now time.Time, t *Tally) error {
+	for {
+		bs, err := d.W.SettleBlocked(ctx, d.Executor, ladder.PageSize, now)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			t.UpstreamSettled++
+			if b.State == sdk.StateUpstreamFailed {
+				d.Decide(t, hclog.Info, sdk.Decision{Label: sdk.LabelUpstreamFailed, Attempt: b.Attempt, Applied: true,
+					Detail:   "an upstream failed for good: the task will not run",
+					Evidence: map[string]string{"upstreams_failed": strings.Join(b.Failed, ",")}})
+				continue
+			}
+			d.Decide(t, hclog.Info, sdk.Decision{Label: sdk.LabelUpstreamSkipped, Attempt: b.Attempt, Applied: true,
+				Detail:   "an upstream was skipped: the task is skipped",
+				Evidence: map[string]string{"upstreams_skipped": strings.Join(b.Skipped, ",")}})
+		}
+		if len(bs) < ladder.PageSize {
+			return nil
+		}
+	}
+}
+
+// Finalize finishes the running runs whose task instances are all settled,
+// each a decision (run_finalized_success or run_finalized_failed, naming
+// the unsuccessful tasks).
 func (d Driver) Finalize(ctx context.Context, now time.Time, t *Tally) error {
 	for {
 		runs, err := d.W.FinishSettledRuns(ctx, ladder.PageSize, now)
@@ -378,7 +415,17 @@ func (d Driver) Finalize(ctx context.Context, now time.Time, t *Tally) error {
 			return err
 		}
 		for _, f := range runs {
-			d.Log.Info("run finished", "run", f.RunID, "state", f.State, "unsuccessful", f.Unsuccessful)
+			label, level := sdk.LabelRunFinalizedSuccess, hclog.Info
+			ev := map[string]string{"state": f.State}
+			if f.State != sdk.RunSuccess {
+				label, level = sdk.LabelRunFinalizedFailed, hclog.Warn
+				ev["unsuccessful"] = strings.Join(f.Unsuccessful, ",")
+			}
+			if !f.SettledAt.IsZero() {
+				ev["settled_at"] = f.SettledAt.UTC().Format(time.RFC3339Nano)
+			}
+			d.Decide(t, level, sdk.Decision{Label: label, Attempt: sdk.Attempt{RunID: f.RunID}, Applied: true,
+				Detail: "run finished " + f.State, Evidence: ev})
 		}
 		t.Finalized += len(runs)
 		t.Finished = append(t.Finished, runs...)
