@@ -19,6 +19,24 @@ import (
 // scheduling reads them every cycle.
 const UpstreamsMax = 100_000
 
+// GraphError is CheckGraph's refusal: the task it is about (empty for the
+// run as a whole) and why.
+type GraphError struct {
+	Task   string
+	Reason string
+}
+
+func (e *GraphError) Error() string {
+	if e.Task == "" {
+		return e.Reason
+	}
+	return fmt.Sprintf("task %q: %s", e.Task, e.Reason)
+}
+
+func graphErr(task, format string, args ...any) error {
+	return &GraphError{Task: task, Reason: fmt.Sprintf(format, args...)}
+}
+
 // CheckGraph refuses a run's tasks whose upstreams do not form a graph the
 // runner can drive: a task id that is empty or declared twice, an upstream
 // that names no task of the run, a task named twice among one task's
@@ -29,10 +47,10 @@ func CheckGraph(tasks []NewTask) error {
 	index := make(map[string]int, len(tasks))
 	for i, t := range tasks {
 		if t.TaskID == "" {
-			return fmt.Errorf("task %d has an empty id", i+1)
+			return graphErr("", "task %d has an empty id", i+1)
 		}
 		if _, dup := index[t.TaskID]; dup {
-			return fmt.Errorf("task %q is declared twice", t.TaskID)
+			return graphErr(t.TaskID, "declared twice")
 		}
 		index[t.TaskID] = i
 	}
@@ -42,22 +60,22 @@ func CheckGraph(tasks []NewTask) error {
 		for _, u := range t.Upstreams {
 			switch {
 			case u == t.TaskID:
-				return fmt.Errorf("task %q names itself as an upstream", t.TaskID)
+				return graphErr(t.TaskID, "names itself as an upstream")
 			case seen[u]:
-				return fmt.Errorf("task %q names upstream %q twice", t.TaskID, u)
+				return graphErr(t.TaskID, "names upstream %q twice", u)
 			}
 			if _, ok := index[u]; !ok {
-				return fmt.Errorf("task %q: upstream %q is not a task of the run", t.TaskID, u)
+				return graphErr(t.TaskID, "upstream %q is not a task of the run", u)
 			}
 			seen[u] = true
 		}
 		edges += len(t.Upstreams)
 		if edges > UpstreamsMax {
-			return fmt.Errorf("the run's tasks name more than %d upstreams in all", UpstreamsMax)
+			return graphErr("", "the run's tasks name more than %d upstreams in all", UpstreamsMax)
 		}
 	}
 	if cycle := findCycle(tasks, index); cycle != nil {
-		return fmt.Errorf("task %q: its upstreams form a cycle: %s", cycle[0], strings.Join(cycle, " -> "))
+		return graphErr(cycle[0], "its upstreams form a cycle (each waits for the next): %s", strings.Join(cycle, " -> "))
 	}
 	return nil
 }

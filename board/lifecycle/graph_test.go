@@ -29,15 +29,15 @@ func TestCheckGraph(t *testing.T) {
 		{"NoUpstreams", []lifecycle.NewTask{lite("a", 0), lite("b", 0)}, ""},
 		{"Diamond", []lifecycle.NewTask{after("d", "b", "c"), after("b", "a"), after("c", "a"), lite("a", 0)}, ""},
 		{"EmptyID", []lifecycle.NewTask{lite("a", 0), lite("", 0)}, "task 2 has an empty id"},
-		{"Duplicate", []lifecycle.NewTask{lite("a", 0), lite("a", 0)}, `task "a" is declared twice`},
+		{"Duplicate", []lifecycle.NewTask{lite("a", 0), lite("a", 0)}, `task "a": declared twice`},
 		{"UnknownUpstream", []lifecycle.NewTask{lite("extract", 0), after("load", "extrct")},
 			`task "load": upstream "extrct" is not a task of the run`},
-		{"Self", []lifecycle.NewTask{after("a", "a")}, `task "a" names itself as an upstream`},
-		{"NamedTwice", []lifecycle.NewTask{lite("a", 0), after("b", "a", "a")}, `task "b" names upstream "a" twice`},
+		{"Self", []lifecycle.NewTask{after("a", "a")}, `task "a": names itself as an upstream`},
+		{"NamedTwice", []lifecycle.NewTask{lite("a", 0), after("b", "a", "a")}, `task "b": names upstream "a" twice`},
 		{"TwoCycle", []lifecycle.NewTask{after("a", "b"), after("b", "a")},
-			`task "a": its upstreams form a cycle: a -> b -> a`},
+			`task "a": its upstreams form a cycle (each waits for the next): a -> b -> a`},
 		{"CycleBehindAPath", []lifecycle.NewTask{after("start", "x"), after("x", "y"), after("y", "z"), after("z", "x")},
-			`its upstreams form a cycle: x -> y -> z -> x`},
+			`task "x": its upstreams form a cycle (each waits for the next): x -> y -> z -> x`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := lifecycle.CheckGraph(c.tasks)

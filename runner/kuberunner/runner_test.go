@@ -148,10 +148,29 @@ func (e *env) pods(t *testing.T) map[sdk.Attempt]corev1.Pod {
 	return out
 }
 
+// labels are the labels of res's decisions about attempts, in order. A
+// run's finalization (a decision about the run, no task) is left out: the
+// tests that read these are about what happened to an attempt, and a run
+// of one task that failed for good finishes in the same cycle.
 func labels(res kuberunner.Result) []string {
 	var out []string
 	for _, d := range res.Decisions {
+		if d.Attempt.TaskID == "" {
+			continue
+		}
 		out = append(out, d.Label)
+	}
+	return out
+}
+
+// finalized are the runs res finished, by the decisions about them: run id
+// to label.
+func finalized(res kuberunner.Result) map[string]string {
+	out := map[string]string{}
+	for _, d := range res.Decisions {
+		if d.Attempt.TaskID == "" {
+			out[d.Attempt.RunID] = d.Label
+		}
 	}
 	return out
 }
@@ -306,6 +325,9 @@ func TestACreateRefusedFailsTheDispatchAtOnce(t *testing.T) {
 			res := cycle(t, r, e.clk.Now())
 			if !slices.Equal(labels(res), []string{sdk.LabelDispatchFailed}) || res.Failed != 1 || res.OfferedAgain != 0 {
 				t.Fatalf("decisions %v, failed %d, offered again %d: want one dispatch_failed", labels(res), res.Failed, res.OfferedAgain)
+			}
+			if got := finalized(res); got[runID] != sdk.LabelRunFinalizedFailed {
+				t.Fatalf("run decisions %v: want the run of its one task finalized failed in the same cycle", got)
 			}
 			ti := e.ti(t, runID, "t")
 			if ti.State != sdk.StateFailed || ti.LastFailureKind != sdk.FailureInfra || ti.FailureReason != sdk.LabelDispatchFailed ||

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -322,8 +323,36 @@ func TestRunToCompletion(t *testing.T) {
 		if tt.scheduled != 4 || tt.dispatched != 4 || tt.retried != 1 || tt.finalized != 1 || tt.replaced != 0 || tt.failed != 0 {
 			t.Errorf("totals %+v", tt)
 		}
-		if len(tt.labels) != 1 || tt.labels[0] != sdk.LabelTaskRetry {
-			t.Errorf("decisions %v, want one %s", tt.labels, sdk.LabelTaskRetry)
+		if want := []string{sdk.LabelTaskRetry, sdk.LabelRunFinalizedFailed}; !slices.Equal(tt.labels, want) {
+			t.Errorf("decisions %v, want %v", tt.labels, want)
+		}
+	})
+
+	t.Run("ARunAsAGraph", func(t *testing.T) {
+		// a, then b (fails, no retries) and c (after a), then d (after b
+		// and c): d never runs, settled upstream_failed with its decision;
+		// c runs only once a has ended; the run finishes failed.
+		t.Parallel()
+		b := setup(t, opts{})
+		after := func(nt lifecycle.NewTask, ups ...string) lifecycle.NewTask { nt.Upstreams = ups; return nt }
+		b.mkRun(t, "run", task("a", "sleep 0.2", 0), after(task("b", "exit 3", 0), "a"),
+			after(task("c", "true", 0), "a"), after(task("d", "true", 0), "b", "c"))
+		var tt totals
+		if run := b.untilRunEnds(t, "run", &tt, nil); run.State != sdk.RunFailed {
+			t.Fatalf("run %+v", run)
+		}
+		a, c, d := b.ti(t, "run", "a"), b.ti(t, "run", "c"), b.ti(t, "run", "d")
+		if c.State != sdk.StateSuccess || c.RunningAt.Before(a.EndedAt) {
+			t.Errorf("c %s running at %v, a ended at %v", c.State, c.RunningAt, a.EndedAt)
+		}
+		if d.State != sdk.StateUpstreamFailed || !d.QueuedAt.IsZero() || d.ErrorMessage != "upstream failed: b" {
+			t.Errorf("d %s queued %v message %q, want upstream_failed by b, never queued", d.State, d.QueuedAt, d.ErrorMessage)
+		}
+		if tt.dispatched != 3 {
+			t.Errorf("%d dispatched, want a, b and c", tt.dispatched)
+		}
+		if want := []string{sdk.LabelUpstreamFailed, sdk.LabelRunFinalizedFailed}; !slices.Equal(tt.labels, want) {
+			t.Errorf("decisions %v, want %v", tt.labels, want)
 		}
 	})
 

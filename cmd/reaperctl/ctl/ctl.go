@@ -81,12 +81,16 @@ func commands() []command {
 			synopsis: []string{
 				"[-by NAME] [-run ID] [-dag NAME] [-tasks ID,...] [-timeout D] [-retries N] [-sensor D] -- CMD [CMD ...]",
 				"[-by NAME] [-run ID] [-dag NAME] [-timeout D] [-retries N] [-sensor D] -n N -command CMD",
+				"[-by NAME] [-run ID] [-dag NAME] -file RUN.hcl",
 			},
-			summary: "create a running run of Lite tasks, one per shell command; print its id",
-			help: "Creates a run (state running) of Lite task instances, one per shell command (each CMD is\n" +
+			summary: "create a running run of tasks, one per shell command or as a run file declares; print its id",
+			help: "Creates a run (state running) of task instances, one per shell command (each CMD is\n" +
 				"one command line: quote it), or N task instances running the same -command. Task ids are\n" +
-				"t1..tN unless -tasks names them. Prints the run id. The audit (operator_submit) names the\n" +
-				"operator."},
+				"t1..tN unless -tasks names them. With -file, the run file (HCL) declares the run: one\n" +
+				"task block a task, with its command, upstream tasks, retries and timeouts; a task runs\n" +
+				"once every upstream succeeded. A file whose upstreams name an unknown task, a task twice\n" +
+				"or a cycle is refused, naming the task and its line. Prints the run id. The audit\n" +
+				"(operator_submit) names the operator."},
 		{name: "status", run: CLI.status,
 			synopsis: []string{"[-v] [-state STATE] [-limit N] [RUN]"},
 			summary:  "runs with their task counts; one run's attempts (every listed run's with -v)",

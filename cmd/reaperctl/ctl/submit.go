@@ -36,12 +36,14 @@ type submitJSON struct {
 }
 
 type submitTaskJSON struct {
-	TaskID                  string  `json:"task_id"`
-	Command                 string  `json:"command"`
-	Retries                 int32   `json:"retries"`
-	ExecutionTimeoutSeconds float64 `json:"execution_timeout_seconds,omitempty"`
-	Sensor                  bool    `json:"sensor,omitempty"`
-	SensorTimeoutSeconds    float64 `json:"sensor_timeout_seconds,omitempty"`
+	TaskID                  string   `json:"task_id"`
+	Command                 string   `json:"command"`
+	Retries                 int32    `json:"retries"`
+	ExecutionTimeoutSeconds float64  `json:"execution_timeout_seconds,omitempty"`
+	Sensor                  bool     `json:"sensor,omitempty"`
+	SensorTimeoutSeconds    float64  `json:"sensor_timeout_seconds,omitempty"`
+	Executor                string   `json:"executor"`
+	Upstreams               []string `json:"upstreams,omitempty"`
 }
 
 func (c CLI) submit(ctx context.Context, inv *invocation) error {
@@ -57,15 +59,29 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	executor := fs.String("executor", "", "the executor `NAME` of every task: lite, kube or warm (default: the configuration's edition)")
 	sensorTimeout := fs.Duration("sensor", 0, "declare every task a sensor with this timeout `D`, counted from its first poke:"+
 		" a poke that exits 75 asks for the next (0: not sensors)")
+	runFilePath := fs.String("file", "", "a run file `PATH` declaring the run's tasks, their commands and upstreams (HCL; see docs)")
 	cmds, err := inv.parse(0, -1)
 	if err != nil {
 		return err
 	}
 
-	run, err := c.submitPlan(submitInput{
-		runID: *runID, dag: *dag, tasks: *taskList, timeout: *timeout, retries: *retries, sensorTimeout: *sensorTimeout,
-		n: *n, nSet: flagSet(fs, "n"), command: *command, commandSet: flagSet(fs, "command"), cmds: cmds,
-	})
+	var run lifecycle.NewRun
+	if *runFilePath != "" {
+		for _, f := range []string{"tasks", "timeout", "retries", "n", "command", "sensor"} {
+			if flagSet(fs, f) {
+				return usagef("-file declares the tasks: -%s goes in the run file", f)
+			}
+		}
+		if len(cmds) > 0 {
+			return usagef("-file declares the tasks: give no commands after --")
+		}
+		run, err = c.submitFile(*runFilePath, *runID, flagSet(fs, "dag"), *dag)
+	} else {
+		run, err = c.submitPlan(submitInput{
+			runID: *runID, dag: *dag, tasks: *taskList, timeout: *timeout, retries: *retries, sensorTimeout: *sensorTimeout,
+			n: *n, nSet: flagSet(fs, "n"), command: *command, commandSet: flagSet(fs, "command"), cmds: cmds,
+		})
+	}
 	if err != nil {
 		return err
 	}
@@ -88,7 +104,9 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 		executorName = s.cfg.Edition
 	}
 	for i := range run.Tasks {
-		run.Tasks[i].Executor = executorName
+		if run.Tasks[i].Executor == "" {
+			run.Tasks[i].Executor = executorName
+		}
 	}
 	if err := s.writer.CreateRun(ctx, run, c.now()); err != nil {
 		var pgErr *pgconn.PgError
@@ -106,9 +124,40 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 	for _, t := range run.Tasks {
 		doc.Tasks = append(doc.Tasks, submitTaskJSON{TaskID: t.TaskID, Command: t.Command, Retries: t.Retries,
 			ExecutionTimeoutSeconds: t.ExecutionTimeout.Seconds(), Sensor: t.Sensor,
-			SensorTimeoutSeconds: t.SensorTimeout.Seconds()})
+			SensorTimeoutSeconds: t.SensorTimeout.Seconds(), Executor: t.Executor, Upstreams: t.Upstreams})
 	}
 	return writeJSON(inv.stdout, doc)
+}
+
+// submitFile builds the run the run file at path declares; -run and -dag,
+// when given, name the run and its dag over the file's run and dag.
+func (c CLI) submitFile(path, runID string, dagSet bool, dag string) (lifecycle.NewRun, error) {
+	rf, err := readRunFile(path)
+	if err != nil {
+		return lifecycle.NewRun{}, err
+	}
+	if runID == "" {
+		runID = rf.runID
+	}
+	if runID == "" {
+		runID = c.newRunID()
+	}
+	if !dagSet && rf.dag != "" {
+		dag = rf.dag
+	}
+	if err := checkID("run", runID); err != nil {
+		return lifecycle.NewRun{}, err
+	}
+	if err := checkID("dag", dag); err != nil {
+		return lifecycle.NewRun{}, err
+	}
+	run := lifecycle.NewRun{RunID: runID, DagID: dag, State: sdk.RunRunning, Tasks: rf.tasks}
+	for i := range run.Tasks {
+		if run.Tasks[i].Executor == "" {
+			run.Tasks[i].Executor = rf.executor
+		}
+	}
+	return run, nil
 }
 
 // submitInput is submit's command line.
@@ -210,7 +259,7 @@ func (c CLI) submitPlan(in submitInput) (lifecycle.NewRun, error) {
 			return lifecycle.NewRun{}, usagef("task %s: %v", ids[i], err)
 		}
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{
-			TaskID: ids[i], Executor: sdk.ExecutorLite, Retries: int32(in.retries),
+			TaskID: ids[i], Retries: int32(in.retries), // the executor: -executor, else the edition's
 			Command: cmd, ExecutionTimeout: in.timeout,
 			Sensor: in.sensorTimeout > 0, SensorTimeout: in.sensorTimeout,
 		})
