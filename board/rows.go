@@ -20,6 +20,9 @@ type Run struct {
 	EndedAt      time.Time
 	ErrorMessage string
 	UpdatedAt    time.Time
+	// MaxActiveTasks bounds the run's task instances queued or running at
+	// once (migration 020); 0: no bound.
+	MaxActiveTasks int32
 }
 
 // TaskInstance is one row of task_instances. Zero times stand for NULL.
@@ -56,6 +59,10 @@ type TaskInstance struct {
 	// Sensor is the task's sensor declaration and the stamps a sensor's
 	// bounds count from (migration 010).
 	Sensor sdk.Sensor
+	// Pool is the pool whose slots the task takes while queued or running,
+	// PoolSlots how many (migration 020).
+	Pool      string
+	PoolSlots int32
 }
 
 // TaskInstanceColumns is the select list ScanTaskInstance reads, in order.
@@ -65,7 +72,7 @@ const TaskInstanceColumns = `run_id, task_id, try_number, attempt_epoch, state, 
 	infra_budget, infra_used, retries, max_retries, error_message, warm_worker,
 	dispatch_unavailable_since, held_at, command, execution_timeout_seconds, updated_at,
 	credential_minted_at, credential_renewed_at, credential_capped_at,
-	sensor, sensor_timeout_seconds, first_poke_at, try_dispatched_at`
+	sensor, sensor_timeout_seconds, first_poke_at, try_dispatched_at, pool, pool_slots`
 
 // ScanTaskInstance reads one row selected with TaskInstanceColumns.
 func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
@@ -82,7 +89,7 @@ func ScanTaskInstance(row pgx.Row) (TaskInstance, error) {
 		&kind, &reason, &marked, &conf,
 		&ti.InfraBudget, &ti.InfraUsed, &ti.Retries, &ti.MaxRetries, &msg, &warm,
 		&unavail, &held, &cmd, &timeout, &ti.UpdatedAt, &minted, &renewed, &capped,
-		&ti.Sensor.Declared, &sensorTimeout, &firstPoke, &tryDispatched)
+		&ti.Sensor.Declared, &sensorTimeout, &firstPoke, &tryDispatched, &ti.Pool, &ti.PoolSlots)
 	if err != nil {
 		return TaskInstance{}, err
 	}
@@ -143,10 +150,11 @@ func (s *Store) Run(ctx context.Context, runID string) (Run, error) {
 		r              Run
 		started, ended *time.Time
 		msg            *string
+		maxActive      *int32
 	)
 	err := s.pool.QueryRow(ctx,
-		"SELECT run_id, dag_id, state, started_at, ended_at, error_message, updated_at FROM runs WHERE run_id = $1",
-		runID).Scan(&r.RunID, &r.DagID, &r.State, &started, &ended, &msg, &r.UpdatedAt)
+		"SELECT run_id, dag_id, state, started_at, ended_at, error_message, updated_at, max_active_tasks FROM runs WHERE run_id = $1",
+		runID).Scan(&r.RunID, &r.DagID, &r.State, &started, &ended, &msg, &r.UpdatedAt, &maxActive)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, fmt.Errorf("board: read run %s: %w", runID, ErrNotFound)
 	}
@@ -154,6 +162,9 @@ func (s *Store) Run(ctx context.Context, runID string) (Run, error) {
 		return Run{}, fmt.Errorf("board: read run %s: %w", runID, err)
 	}
 	r.StartedAt, r.EndedAt, r.ErrorMessage = timeOrZero(started), timeOrZero(ended), deref(msg)
+	if maxActive != nil {
+		r.MaxActiveTasks = *maxActive
+	}
 	return r, nil
 }
 

@@ -37,6 +37,7 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	m.Cycle(time.Unix(1700000000, 0))
 	m.AttemptAPICall("exchange", "bootstrap_spent", time.Millisecond)
 	m.ShadowVerdict("agentlost", sdk.LabelAgentLost, sdk.VerdictWouldHaveKilledLiveWork)
+	m.Pools(map[string]int{"db": 4}, "default_pool", nil)
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatalf("gathering the host's registry: %v", err)

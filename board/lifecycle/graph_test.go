@@ -325,3 +325,75 @@ func TestRunsAsGraphs(t *testing.T) {
 		}
 	})
 }
+
+// TestPoolUsage: the slots in use are the queued and running attempts'
+// pool_slots, by pool, of running runs only; silent ones are counted apart;
+// a run's max_active_tasks counts its queued and running task instances.
+func TestPoolUsage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	at := base.Add(-10 * time.Minute)
+	inPool := func(id, pool string, slots int32) lifecycle.NewTask {
+		nt := lite(id, 0)
+		nt.Pool, nt.PoolSlots = pool, slots
+		return nt
+	}
+	as := b.mkRun(t, "r", sdk.RunRunning, inPool("q", "db", 2), inPool("run", "db", 3), inPool("quiet", "db", 1),
+		inPool("sched", "db", 1), inPool("done", "db", 5), lite("plain", 0))
+	b.to(t, as["q"], sdk.StateQueued, at)
+	b.to(t, as["run"], sdk.StateRunning, base.Add(-time.Minute))
+	b.to(t, as["quiet"], sdk.StateRunning, at)
+	b.to(t, as["sched"], sdk.StateScheduled, at)
+	b.to(t, as["done"], sdk.StateSuccess, at)
+	b.to(t, as["plain"], sdk.StateRunning, at)
+	// A finished run's attempts hold nothing.
+	old := b.mkRun(t, "old", sdk.RunRunning, inPool("x", "db", 7))
+	b.to(t, old["x"], sdk.StateRunning, at)
+	if _, err := b.store.Pool().Exec(ctx, `UPDATE runs SET state = 'failed', ended_at = $1 WHERE run_id = 'old'`, at); err != nil {
+		t.Fatal(err)
+	}
+	use, err := b.w.PoolUsage(ctx, base.Add(-5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []lifecycle.PoolUse{
+		{Pool: "db", Queued: 2, Running: 4, Silent: 1, Waiting: 1},
+		{Pool: lifecycle.DefaultPool, Running: 1, Silent: 1},
+	}
+	if !reflect.DeepEqual(use, want) {
+		t.Fatalf("use %+v, want %+v", use, want)
+	}
+
+	err = b.w.CreateRun(ctx, lifecycle.NewRun{RunID: "bounded", DagID: "d", MaxActiveTasks: 2,
+		Tasks: []lifecycle.NewTask{lite("a", 0), lite("b", 0), lite("c", 0)}}, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.to(t, sdk.Attempt{RunID: "bounded", TaskID: "a", Try: 1}, sdk.StateRunning, at)
+	runs, err := b.w.BoundedRuns(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runs["bounded"]; got != (lifecycle.RunUse{Max: 2, Active: 1}) || len(runs) != 1 {
+		t.Fatalf("bounded runs %+v", runs)
+	}
+	got, err := b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, []string{"bounded"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("listed %v from a closed pool and a closed run", keys(got))
+	}
+	b.to(t, sdk.Attempt{RunID: "bounded", TaskID: "b", Try: 1}, sdk.StateScheduled, at)
+	got, err = b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(keys(got), []string{"bounded/b"}) || got[0].Pool != lifecycle.DefaultPool || got[0].PoolSlots != 1 {
+		t.Fatalf("listed %v", got)
+	}
+	if _, err := b.store.Pool().Exec(ctx, `UPDATE task_instances SET pool_slots = 0 WHERE run_id = 'r' AND task_id = 'q'`); err == nil {
+		t.Fatal("a task of 0 slots was stored")
+	}
+}

@@ -166,7 +166,17 @@ type NewTask struct {
 	// once one failed for good, skipped once one was skipped (and none
 	// failed). See CheckGraph for what a run's upstreams must be.
 	Upstreams []string
+	// Pool is the pool whose slots the task takes while queued or running
+	// ("": DefaultPool), PoolSlots how many (0: 1).
+	Pool      string
+	PoolSlots int32
 }
+
+// DefaultPool is the pool of a task that names none.
+const DefaultPool = "default_pool"
+
+// PoolSlotsMax bounds the slots one task takes.
+const PoolSlotsMax = 1 << 20
 
 // NewRun is a run created with its task instances.
 type NewRun struct {
@@ -175,6 +185,9 @@ type NewRun struct {
 	// State is sdk.RunRunning (the default: started at now) or sdk.RunQueued.
 	State string
 	Tasks []NewTask
+	// MaxActiveTasks bounds the run's task instances queued or running at
+	// once; 0: no bound.
+	MaxActiveTasks int32
 	// Operator, when set, names the operator who submitted the run
 	// (CheckOperator): an operator_submit decision about the run naming
 	// them is written to the audit with it.
@@ -183,17 +196,17 @@ type NewRun struct {
 
 const createRunSQL = `
 WITH run AS (
-    INSERT INTO runs (run_id, dag_id, state, started_at, updated_at)
-    VALUES ($1, $2, $3, CASE WHEN $3 = 'running' THEN $4::timestamptz END, $4)
+    INSERT INTO runs (run_id, dag_id, state, started_at, updated_at, max_active_tasks)
+    VALUES ($1, $2, $3, CASE WHEN $3 = 'running' THEN $4::timestamptz END, $4, NULLIF($16::int4, 0))
 )
 INSERT INTO task_instances (run_id, task_id, executor, retries, max_retries, infra_budget,
-    command, execution_timeout_seconds, sensor, sensor_timeout_seconds, upstreams, updated_at)
+    command, execution_timeout_seconds, sensor, sensor_timeout_seconds, upstreams, pool, pool_slots, updated_at)
 SELECT $1, t.task_id, t.executor, t.retries, t.retries, t.infra_budget,
     NULLIF(t.command, ''), NULLIF(t.timeout, 0), t.sensor, CASE WHEN t.sensor THEN t.sensor_timeout END,
-    ARRAY(SELECT jsonb_array_elements_text(t.upstreams::jsonb)), $4
+    ARRAY(SELECT jsonb_array_elements_text(t.upstreams::jsonb)), t.pool, t.pool_slots, $4
 FROM unnest($5::text[], $6::text[], $7::int4[], $8::int4[], $9::text[], $10::int4[], $11::bool[], $12::int4[],
-        $13::text[])
-    AS t(task_id, executor, retries, infra_budget, command, timeout, sensor, sensor_timeout, upstreams)`
+        $13::text[], $14::text[], $15::int4[])
+    AS t(task_id, executor, retries, infra_budget, command, timeout, sensor, sensor_timeout, upstreams, pool, pool_slots)`
 
 // CreateRun inserts a run and its task instances in one statement: all of
 // them or nothing.
@@ -213,7 +226,10 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	sensors, sensorTimeouts := make([]bool, n), make([]int32, n)
 	// Each task's upstreams travel as one JSON array: unnest flattens an
 	// array of arrays.
-	upstreams := make([]string, n)
+	upstreams, pools, poolSlots := make([]string, n), make([]string, n), make([]int32, n)
+	if r.MaxActiveTasks < 0 {
+		return fmt.Errorf("board: create run %s: max_active_tasks %d: want 0 (no bound) or more", r.RunID, r.MaxActiveTasks)
+	}
 	if err := CheckGraph(r.Tasks); err != nil {
 		return fmt.Errorf("board: create run %s: %w", r.RunID, err)
 	}
@@ -227,6 +243,15 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 			return fmt.Errorf("board: create run %s: task %s: %w", r.RunID, t.TaskID, err)
 		}
 		upstreams[i] = string(b)
+		if pools[i], poolSlots[i] = t.Pool, t.PoolSlots; pools[i] == "" {
+			pools[i] = DefaultPool
+		}
+		if poolSlots[i] == 0 {
+			poolSlots[i] = 1
+		}
+		if poolSlots[i] < 0 || poolSlots[i] > PoolSlotsMax {
+			return fmt.Errorf("board: create run %s: task %s: pool_slots %d: want 1 to %d", r.RunID, t.TaskID, t.PoolSlots, PoolSlotsMax)
+		}
 		budget := t.InfraBudget
 		switch {
 		case budget == 0:
@@ -254,7 +279,8 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 	defer cancel()
 	err := pgx.BeginTxFunc(ctx, w.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, createRunSQL, r.RunID, r.DagID, r.State, now,
-			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts, upstreams); err != nil || r.Operator == "" {
+			ids, execs, retries, budgets, cmds, timeouts, sensors, sensorTimeouts, upstreams, pools, poolSlots,
+			r.MaxActiveTasks); err != nil || r.Operator == "" {
 			return err
 		}
 		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,

@@ -55,6 +55,9 @@ func TestEachBlock(t *testing.T) {
 			`state_dir = ["state"]`, `port = 9465`},
 		{"Runner", in("runner {\n", lite), `max_parallel = 4`, func(c *config.Config) bool { return c.Runner.MaxParallel == 4 },
 			`max_parallel = "four"`, `parallel = 4`},
+		{"Pool", in("runner {\n  pool \"db\" {\n", lite), `slots = 4`,
+			func(c *config.Config) bool { return c.Runner.Pools["db"] == 4 && len(c.Runner.Pools) == 1 },
+			`slots = "four"`, ""}, // slots is required: an unknown key in its place is two errors (PoolUnknownKey)
 		{"RunnerKube", in("runner {\n  kube {\n    image = \"x\"\n", kube), `service_account = "task"`,
 			func(c *config.Config) bool { return c.Runner.Kube.ServiceAccount == "task" },
 			`run_as_user = "nobody"`, `replicas = 2`},

@@ -34,7 +34,17 @@ type Runner struct {
 	// Kube is the runner's kube block: required on edition "kube", refused
 	// on "lite". nil when absent.
 	Kube *KubeRunner
+	// Pools are the pool blocks' slots, by pool name; nil when none.
+	Pools map[string]int
 }
+
+// poolBlock is a pool block of the runner block.
+type poolBlock struct {
+	Slots float64 `reaper:"slots,required"`
+}
+
+// PoolSlotsMax bounds a pool's slots.
+const PoolSlotsMax = 1 << 30
 
 // KubeNamespaceDefault is the task pods' namespace when neither the runner's
 // kube block nor the kube substrate names one (the substrate's own default).
@@ -94,7 +104,8 @@ type warmPoolBlock struct {
 }
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
-	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "kube"}}})
+	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+		{Type: "kube"}, {Type: "pool", LabelNames: []string{"name"}}}})
 	var rb runnerBlock
 	ranges, d := decodeInto(rest, &rb)
 	diags = append(diags, d...)
@@ -123,7 +134,10 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	kb, dups := oneBlock(inner.Blocks, "kube", "The runner")
+	r.Pools, d = decodePools(inner.Blocks)
+	diags = append(diags, d...)
+	kubes := inner.Blocks.OfType("kube")
+	kb, dups := oneBlock(kubes, "kube", "The runner")
 	if kb != nil {
 		k, d := decodeKubeRunner(kb)
 		diags = append(diags, d...)
@@ -138,7 +152,7 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 			Detail: "On edition \"kube\" the runner dispatches pods: add a kube { image = ... } block " +
 				"(the runner's other attributes are those of the lite edition's runner, and its tick and caps)."})
 	case cfg.Edition != ladder.EditionKube && r.Kube != nil:
-		dr := inner.Blocks[0].DefRange
+		dr := kubes[0].DefRange
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &dr,
 			Summary: "Runner kube block needs the kube edition",
 			Detail:  "The kube block configures task pods; edition \"lite\" dispatches local processes."})
@@ -280,3 +294,52 @@ func oneBlock(blocks hcl.Blocks, typ, parent string) (*hcl.Block, hcl.Diagnostic
 	}
 	return blocks[0], dups
 }
+
+// decodePools decodes the runner's pool blocks: each names a pool once
+// and gives its slots, a whole number from 1.
+func decodePools(blocks hcl.Blocks) (map[string]int, hcl.Diagnostics) {
+	var (
+		diags hcl.Diagnostics
+		pools map[string]int
+		where = map[string]hcl.Range{}
+	)
+	for _, b := range blocks {
+		if b.Type != "pool" {
+			continue
+		}
+		name := b.Labels[0]
+		if !poolName.MatchString(name) {
+			r := b.LabelRanges[0]
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r, Summary: "Invalid pool name",
+				Detail: fmt.Sprintf("Pool %q: a pool's name is a letter, then letters, digits, '_', '-' or '.', "+
+					"at most 64 bytes.", name)})
+			continue
+		}
+		if prev, dup := where[name]; dup {
+			r := b.DefRange
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r, Summary: "Pool declared twice",
+				Detail: fmt.Sprintf("Pool %q is also declared at %s.", name, prev)})
+			continue
+		}
+		where[name] = b.DefRange
+		var pb poolBlock
+		ranges, d := decodeInto(b.Body, &pb)
+		diags = append(diags, d...)
+		if d.HasErrors() {
+			continue
+		}
+		if n := pb.Slots; n < 1 || n > PoolSlotsMax || n != float64(int(n)) {
+			diags = append(diags, invalid(ranges, "slots", fmt.Sprintf("slots of pool %q must be a whole number from 1 to %d.",
+				name, PoolSlotsMax)))
+			continue
+		}
+		if pools == nil {
+			pools = map[string]int{}
+		}
+		pools[name] = int(pb.Slots)
+	}
+	return pools, diags
+}
+
+// poolName is what a pool may be called: it names a metric series.
+var poolName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)

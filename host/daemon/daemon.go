@@ -340,6 +340,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Credentials:   d.api.Issuer(cfg.Ladder.AttemptTokenTTL),
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Pools:         cfg.Runner.Pools,
 		Interval:      cfg.Runner.Interval,
 		Ladder:        cfg.Ladder,
 		Leading:       d.leading,
@@ -347,7 +348,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Logger:        logger,
 		OnResult: func(res literunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools})
 		},
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
@@ -369,6 +370,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	rn, err := kuberunner.FromSettings(cfg.Runner.Kube.Settings, d.api.Issuer(cfg.Ladder.AttemptTokenTTL), kuberunner.Config{
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
+		Pools:         cfg.Runner.Pools,
 		Interval:      cfg.Runner.Interval,
 		Ladder:        cfg.Ladder,
 		Leading:       d.leading,
@@ -376,7 +378,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Logger:        logger,
 		OnResult: func(res kuberunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions})
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools})
 		},
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
@@ -394,10 +396,18 @@ type runnerTick struct {
 	waiting            int
 	dispatch, finalize []time.Duration
 	decisions          []sdk.Decision
+	pools              []lifecycle.PoolUse
 }
 
 func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
 	d.metrics.RunnerTick(res.took, len(res.started), res.waiting, res.dispatch, res.finalize)
+	if res.pools != nil || len(d.cfg.Runner.Pools) > 0 {
+		use := make([]metrics.PoolUse, len(res.pools))
+		for i, u := range res.pools {
+			use[i] = metrics.PoolUse{Pool: u.Pool, Queued: u.Queued, Running: u.Running, Silent: u.Silent, Waiting: u.Waiting}
+		}
+		d.metrics.Pools(d.cfg.Runner.Pools, lifecycle.DefaultPool, use)
+	}
 	if len(res.decisions) == 0 {
 		return
 	}

@@ -38,6 +38,8 @@ type Metrics struct {
 	runsWaiting     prometheus.Gauge
 	runsStarted     prometheus.Counter
 	finalizeLatency prometheus.Histogram
+	poolSlots       *prometheus.GaugeVec
+	poolWaiting     *prometheus.GaugeVec
 
 	// The attempt API's collectors (every replica).
 	apiCalls    *prometheus.CounterVec
@@ -129,6 +131,14 @@ func New() *Metrics {
 			Name: "dexaflow_scheduler_runs_started_total",
 			Help: "Queued runs the runner started.",
 		}),
+		poolSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dexaflow_pool_slots",
+			Help: "Each pool's slots as of the runner's last tick, by state: total (configured; absent for an unbounded pool), queued, running, silent (of running: attempts without a heartbeat for three heartbeat periods, which a lost attempt holds until a reaper settles it) and open. Pools no pool block names, but for default_pool, are summed under pool=\"(unconfigured)\".",
+		}, []string{"pool", "state"}),
+		poolWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dexaflow_pool_waiting_tasks",
+			Help: "Scheduled task instances of each pool the runner has not dispatched, as of its last tick (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\"): waiting for a slot, or for the next tick.",
+		}, []string{"pool"}),
 		finalizeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dexaflow_scheduler_run_finalize_latency_seconds",
 			Help:    "Time from a run's last task instance settling to the run's finalization.",
@@ -155,7 +165,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.apiCalls, m.apiConns, m.apiDuration, m.renewals)
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement,
-		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
+		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency, m.poolSlots, m.poolWaiting,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
 		m.decisions.WithLabelValues(l, "false")
@@ -249,6 +259,50 @@ func (m *Metrics) RunnerTick(loop time.Duration, started, waiting int, dispatch,
 	}
 	for _, d := range finalize {
 		m.finalizeLatency.Observe(d.Seconds())
+	}
+}
+
+// PoolUse is one pool's use as a runner's tick read it.
+type PoolUse struct {
+	Pool                             string
+	Queued, Running, Silent, Waiting int
+}
+
+// PoolUnconfigured is the pool label under which the pools no pool block
+// names are summed: a task names its pool, and a series per name a tenant
+// makes up would grow without bound.
+const PoolUnconfigured = "(unconfigured)"
+
+// Pools sets the pools' gauges from one tick's reading: every configured
+// pool (slots, by name) and the default pool get their series, even unused;
+// any other pool's use is summed under PoolUnconfigured.
+func (m *Metrics) Pools(configured map[string]int, defaultPool string, use []PoolUse) {
+	sum := map[string]PoolUse{}
+	for name := range configured {
+		sum[name] = PoolUse{Pool: name}
+	}
+	if _, ok := sum[defaultPool]; !ok {
+		sum[defaultPool] = PoolUse{Pool: defaultPool}
+	}
+	sum[PoolUnconfigured] = PoolUse{Pool: PoolUnconfigured}
+	for _, u := range use {
+		key := u.Pool
+		if _, ok := sum[key]; !ok {
+			key = PoolUnconfigured
+		}
+		s := sum[key]
+		s.Queued, s.Running, s.Silent, s.Waiting = s.Queued+u.Queued, s.Running+u.Running, s.Silent+u.Silent, s.Waiting+u.Waiting
+		sum[key] = s
+	}
+	for name, u := range sum {
+		m.poolSlots.WithLabelValues(name, "queued").Set(float64(u.Queued))
+		m.poolSlots.WithLabelValues(name, "running").Set(float64(u.Running))
+		m.poolSlots.WithLabelValues(name, "silent").Set(float64(u.Silent))
+		m.poolWaiting.WithLabelValues(name).Set(float64(u.Waiting))
+		if slots, ok := configured[name]; ok {
+			m.poolSlots.WithLabelValues(name, "total").Set(float64(slots))
+			m.poolSlots.WithLabelValues(name, "open").Set(float64(max(slots-u.Queued-u.Running, 0)))
+		}
 	}
 }
 

@@ -84,6 +84,11 @@ type Config struct {
 	Credentials Credentials
 	// Heartbeat is the agents' heartbeat interval. Default: Ladder.Heartbeat.
 	Heartbeat time.Duration
+	// Pools are the pools' slots, by name: a task instance starts only into
+	// open slots of its pool. A pool named nowhere has none, but for the
+	// default pool (lifecycle.DefaultPool), unbounded unless named. Nil or
+	// empty: every pool is unbounded.
+	Pools map[string]int
 	// MaxActiveRuns is the run start cap (see the Lite runner); 0: no cap.
 	MaxActiveRuns int
 	// MaxParallel bounds the kube attempts queued plus running; 0: none.

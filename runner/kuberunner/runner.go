@@ -118,6 +118,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		steps: steps.Driver{
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
+			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat,
 		},
 		valveNoted: map[sdk.Attempt]time.Time{},
 	}
@@ -236,7 +237,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 				return r.warmDispatch(ctx, wd, now, &res)
 			}})
 	}
-	phases = append(phases, step{"observe", r.observeDispatches}, step{"finalize", d.Finalize})
+	phases = append(phases, step{"observe", r.observeDispatches}, step{"finalize", d.Finalize}, step{"pools", d.ReadPools})
 	var err error
 	for _, s := range phases {
 		if err = s.run(ctx, now, &res.Tally); err != nil {
@@ -271,7 +272,7 @@ type step struct {
 // dispatch queues scheduled attempts and creates their pods, within
 // MaxParallel.
 func (r *Runner) dispatch(ctx context.Context, d steps.Driver, now time.Time, res *Result) error {
-	return d.Dispatch(ctx, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+	return d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		return r.dispatchOne(ctx, d, ti, now, res)
 	})
 }

@@ -61,6 +61,11 @@ type Config struct {
 	Credentials Minter
 	// Heartbeat is the agents' heartbeat interval. Default: Ladder.Heartbeat.
 	Heartbeat time.Duration
+	// Pools are the pools' slots, by name: a task instance starts only into
+	// open slots of its pool. A pool named nowhere has none, but for the
+	// default pool (lifecycle.DefaultPool), unbounded unless named. Nil or
+	// empty: every pool is unbounded.
+	Pools map[string]int
 	// MaxActiveRuns is the run start cap: queued runs are started, oldest
 	// first, while fewer than this many runs are running. 0: no cap (every
 	// queued run is started at the next tick). Negative is refused.

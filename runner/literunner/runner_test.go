@@ -77,6 +77,7 @@ type opts struct {
 	// credentials: default an attempt API of the test's own.
 	credentials literunner.Minter
 	heartbeat   time.Duration
+	pools       map[string]int
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -109,6 +110,7 @@ func setup(t *testing.T, o opts) *bundle {
 		Heartbeat:     o.heartbeat,
 		MaxParallel:   o.maxParallel,
 		MaxActiveRuns: o.maxRuns,
+		Pools:         o.pools,
 		Ladder:        lad,
 		OnResult:      o.onResult,
 		Leading:       o.leading,

@@ -35,22 +35,26 @@ const RunFileMax = 16 << 20
 //	  timeout = "10m"            # optional execution timeout
 //	}
 //
+//	max_active_tasks = 8         # optional: most tasks queued or running at once
+//
 //	task "load" {
 //	  command  = "load.sh"
 //	  upstream = ["extract"]     # optional: runs once every one succeeded
 //	  sensor_timeout = "1h"      # optional: declares the task a sensor
+//	  pool = "db"                # optional: the pool whose slots it takes (default_pool)
+//	  pool_slots = 2             # optional: how many (1)
 //	}
 //
 // Every problem of the file is reported at once, each with its file:line.
 var (
 	runFileSchema = &hcl.BodySchema{
-		Attributes: []hcl.AttributeSchema{{Name: "run"}, {Name: "dag"}, {Name: "executor"}},
+		Attributes: []hcl.AttributeSchema{{Name: "run"}, {Name: "dag"}, {Name: "executor"}, {Name: "max_active_tasks"}},
 		Blocks:     []hcl.BlockHeaderSchema{{Type: "task", LabelNames: []string{"id"}}},
 	}
 	taskBlockSchema = &hcl.BodySchema{
 		Attributes: []hcl.AttributeSchema{
 			{Name: "command", Required: true}, {Name: "upstream"}, {Name: "retries"}, {Name: "timeout"},
-			{Name: "sensor_timeout"}, {Name: "executor"},
+			{Name: "sensor_timeout"}, {Name: "executor"}, {Name: "pool"}, {Name: "pool_slots"},
 		},
 	}
 )
@@ -59,6 +63,7 @@ var (
 // where the file names none) and where each task was declared.
 type runFile struct {
 	runID, dag, executor string
+	maxActiveTasks       int32
 	tasks                []lifecycle.NewTask
 	declared             map[string]hcl.Range
 }
@@ -95,6 +100,11 @@ func parseRunFile(path string, src []byte) (runFile, error) {
 	if a := content.Attributes["executor"]; a != nil && rf.executor != "" && !board.IsExecutor(rf.executor) {
 		diags = append(diags, attrDiag(a, fmt.Sprintf("executor %q: want %s, %s or %s", rf.executor,
 			sdk.ExecutorLite, sdk.ExecutorKube, sdk.ExecutorWarm)))
+	}
+	if a := content.Attributes["max_active_tasks"]; a != nil {
+		var n int64
+		n, diags = wholeAttr(a, 1, 1<<20, diags)
+		rf.maxActiveTasks = int32(n)
 	}
 	for _, b := range content.Blocks {
 		t, d := taskOf(b)
@@ -177,26 +187,39 @@ func taskOf(b *hcl.Block) (lifecycle.NewTask, hcl.Diagnostics) {
 		}
 	}
 	if a := content.Attributes["retries"]; a != nil {
-		v, d := a.Expr.Value(nil)
-		diags = append(diags, d...)
-		n, err := convert.Convert(v, cty.Number)
-		switch {
-		case d.HasErrors():
-		case err != nil || n.IsNull():
-			diags = append(diags, attrDiag(a, "retries is a whole number"))
-		default:
-			i, acc := n.AsBigFloat().Int64()
-			if acc != 0 || i < 0 || i > 1000 {
-				diags = append(diags, attrDiag(a, "retries: want a whole number from 0 to 1000"))
-			}
-			t.Retries = int32(i)
-		}
+		var n int64
+		n, diags = wholeAttr(a, 0, 1000, diags)
+		t.Retries = int32(n)
+	}
+	t.Pool, diags = stringAttr(content.Attributes, "pool", diags)
+	if a := content.Attributes["pool_slots"]; a != nil {
+		var n int64
+		n, diags = wholeAttr(a, 1, lifecycle.PoolSlotsMax, diags)
+		t.PoolSlots = int32(n)
 	}
 	var timeout, sensor time.Duration
 	timeout, diags = durationAttr(content.Attributes, "timeout", diags)
 	sensor, diags = durationAttr(content.Attributes, "sensor_timeout", diags)
 	t.ExecutionTimeout, t.Sensor, t.SensorTimeout = timeout, sensor > 0, sensor
 	return t, diags
+}
+
+// wholeAttr reads attribute a as a whole number from lo to hi.
+func wholeAttr(a *hcl.Attribute, lo, hi int64, diags hcl.Diagnostics) (int64, hcl.Diagnostics) {
+	v, d := a.Expr.Value(nil)
+	diags = append(diags, d...)
+	if d.HasErrors() {
+		return 0, diags
+	}
+	n, err := convert.Convert(v, cty.Number)
+	if err != nil || n.IsNull() || !n.IsKnown() {
+		return 0, append(diags, attrDiag(a, a.Name+" is a whole number"))
+	}
+	i, acc := n.AsBigFloat().Int64()
+	if acc != 0 || i < lo || i > hi {
+		return 0, append(diags, attrDiag(a, fmt.Sprintf("%s: want a whole number from %d to %d", a.Name, lo, hi)))
+	}
+	return i, diags
 }
 
 // stringAttr reads attribute name as a string ("" when absent).

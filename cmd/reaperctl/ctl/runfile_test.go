@@ -107,7 +107,7 @@ func TestSubmitRunFile(t *testing.T) {
 			{"Duplicate", "task \"a\" {\n  command = \"true\"\n}\ntask \"a\" {\n  command = \"false\"\n}\n",
 				`run.hcl:4: Task declared twice: Task "a" is also declared at`},
 			{"NoCommand", "task \"a\" {\n}\n", `run.hcl:1: Missing required argument`},
-			{"UnknownAttribute", "task \"a\" {\n  command = \"true\"\n  pool = \"gpu\"\n}\n", `run.hcl:3: Unsupported argument`},
+			{"UnknownAttribute", "task \"a\" {\n  command = \"true\"\n  priority = 3\n}\n", `run.hcl:3: Unsupported argument`},
 			{"BadTimeout", "task \"a\" {\n  command = \"true\"\n  timeout = \"soon\"\n}\n",
 				`run.hcl:3: Invalid timeout: timeout "soon": not a duration`},
 			{"NoTask", "dag = \"x\"\n", "No task"},

@@ -19,6 +19,8 @@ type statusJSON struct {
 	Runs   []runJSON   `json:"runs"`
 	// More is true when runs beyond -limit exist.
 	More bool `json:"more"`
+	// Pools are the pools' slots and their use (the overview only).
+	Pools []poolJSON `json:"pools,omitempty"`
 }
 
 func (c CLI) status(ctx context.Context, inv *invocation) error {
@@ -86,8 +88,14 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 		}
 	}
 
+	var pools []poolJSON
+	if len(pos) == 0 {
+		if pools, err = poolRows(ctx, s, now); err != nil {
+			return err
+		}
+	}
 	if inv.json {
-		doc := statusJSON{Runs: []runJSON{}, More: more}
+		doc := statusJSON{Runs: []runJSON{}, More: more, Pools: pools}
 		if hasLeader {
 			doc.Leader = &leaderJSON{Name: lease.Name, Term: lease.Term, Holder: lease.Holder,
 				Held: lease.Held(now), ExpiresAt: timeOrNil(lease.ExpiresAt)}
@@ -108,6 +116,12 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 	w := inv.stdout
 	fmt.Fprintln(w, leaderLine(lease, hasLeader, now))
 	fmt.Fprintln(w)
+	if busy(pools) {
+		if err := poolTable(w, pools); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
 	if len(runs) == 0 {
 		if *state != "" {
 			fmt.Fprintf(w, "no %s runs\n", *state)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -108,6 +110,9 @@ func (c CLI) submit(ctx context.Context, inv *invocation) error {
 			run.Tasks[i].Executor = executorName
 		}
 	}
+	if err := checkPools(run.Tasks, s.cfg.Runner); err != nil {
+		return err
+	}
 	if err := s.writer.CreateRun(ctx, run, c.now()); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
@@ -151,7 +156,8 @@ func (c CLI) submitFile(path, runID string, dagSet bool, dag string) (lifecycle.
 	if err := checkID("dag", dag); err != nil {
 		return lifecycle.NewRun{}, err
 	}
-	run := lifecycle.NewRun{RunID: runID, DagID: dag, State: sdk.RunRunning, Tasks: rf.tasks}
+	run := lifecycle.NewRun{RunID: runID, DagID: dag, State: sdk.RunRunning, Tasks: rf.tasks,
+		MaxActiveTasks: rf.maxActiveTasks}
 	for i := range run.Tasks {
 		if run.Tasks[i].Executor == "" {
 			run.Tasks[i].Executor = rf.executor
@@ -289,4 +295,29 @@ func (c CLI) newRunID() string {
 	var b [3]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return "run-" + c.now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
+}
+
+// checkPools refuses a task whose pool the configuration's runner does not
+// name (the default pool aside): the runner would never start it.
+func checkPools(tasks []lifecycle.NewTask, r *config.Runner) error {
+	for _, t := range tasks {
+		if t.Pool == "" || t.Pool == lifecycle.DefaultPool {
+			continue
+		}
+		if r != nil {
+			if _, ok := r.Pools[t.Pool]; ok {
+				continue
+			}
+		}
+		var names []string
+		if r != nil {
+			for n := range r.Pools {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names)
+		return usagef("task %s: pool %q is not configured (the runner's pool blocks name: %s): the runner would never start it",
+			t.TaskID, t.Pool, strings.Join(append([]string{lifecycle.DefaultPool}, names...), ", "))
+	}
+	return nil
 }

@@ -56,6 +56,8 @@ type Tally struct {
 	Finished []lifecycle.FinishedRun
 	// Decisions are the judgments made, for the host to meter and audit.
 	Decisions []sdk.Decision
+	// Pools is every pool's use at the end of the cycle (ReadPools).
+	Pools []lifecycle.PoolUse
 }
 
 // Driver runs the shared steps for one executor.
@@ -72,6 +74,15 @@ type Driver struct {
 	// offered again, from the task's first one, before it fails.
 	DispatchUnavailableWindow time.Duration
 	Log                       hclog.Logger
+	// Pools are the configured pools' slots, by name. A task instance of
+	// a pool named here starts only into its open slots; one of a pool
+	// named nowhere waits (it is counted, never started), but for
+	// DefaultPool, which is unbounded unless named. With no pool named,
+	// every pool is unbounded.
+	Pools map[string]int
+	// Heartbeat is the agents' heartbeat period: the pools' silent slots
+	// are those of attempts silent for lifecycle.SilentHeartbeats of them.
+	Heartbeat time.Duration
 	// ValveHold, when set, is asked before an unconfirmed mark is acted on
 	// past the valve (see ValveHold).
 	ValveHold func(ctx context.Context, ti board.TaskInstance, now time.Time) ValveHold
@@ -313,7 +324,7 @@ func (d Driver) Schedule(ctx context.Context, now time.Time, t *Tally) error {
 // oldest first, and hands each to one (which queues it and starts its
 // execution, reporting whether one was started), within maxParallel queued
 // and running attempts (0: no bound).
-func (d Driver) Dispatch(ctx context.Context, maxParallel int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+func (d Driver) Dispatch(ctx context.Context, now time.Time, maxParallel int, one func(context.Context, board.TaskInstance) (bool, error)) error {
 	slots := -1 // no bound
 	if maxParallel > 0 {
 		active, err := d.W.CountActive(ctx, d.Executor)
@@ -322,20 +333,27 @@ func (d Driver) Dispatch(ctx context.Context, maxParallel int, one func(context.
 		}
 		slots = max(maxParallel-active, 0)
 	}
-	return d.DispatchUpTo(ctx, slots, one)
+	return d.DispatchUpTo(ctx, now, slots, one)
 }
 
 // DispatchUpTo is Dispatch for at most slots started executions (a
 // negative slots: no bound), whatever is active: the warm pool counts its
-// free worker slots itself.
-func (d Driver) DispatchUpTo(ctx context.Context, slots int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+// free worker slots itself. Either way a task instance starts only into
+// open slots of its pool (Pools) and under its run's max_active_tasks;
+// the others stay scheduled for a later cycle.
+func (d Driver) DispatchUpTo(ctx context.Context, now time.Time, slots int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+	g, err := d.newGate(ctx, now)
+	if err != nil {
+		return err
+	}
 	var after *lifecycle.Key
 	for slots != 0 {
 		limit := ladder.PageSize
 		if slots > 0 {
 			limit = min(limit, slots)
 		}
-		page, err := d.W.ListScheduled(ctx, d.Executor, after, limit)
+		closedPools, closedRuns := g.closed()
+		page, err := d.W.ListScheduledOpen(ctx, d.Executor, after, limit, closedPools, closedRuns)
 		if err != nil {
 			return err
 		}
@@ -343,12 +361,18 @@ func (d Driver) DispatchUpTo(ctx context.Context, slots int, one func(context.Co
 			if slots == 0 {
 				return nil
 			}
+			if !d.fits(g, ti) {
+				continue
+			}
 			started, err := one(ctx, ti)
 			if err != nil {
 				return err
 			}
-			if started && slots > 0 {
-				slots--
+			if started {
+				d.take(g, ti)
+				if slots > 0 {
+					slots--
+				}
 			}
 		}
 		if len(page) < limit {
