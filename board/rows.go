@@ -21,7 +21,7 @@ type Run struct {
 	ErrorMessage string
 	UpdatedAt    time.Time
 	// MaxActiveTasks bounds the run's task instances queued or running at
-	// once (migration 020); 0: no bound.
+	// once (migration 021); 0: no bound.
 	MaxActiveTasks int32
 }
 
@@ -60,7 +60,7 @@ type TaskInstance struct {
 	// bounds count from (migration 010).
 	Sensor sdk.Sensor
 	// Pool is the pool whose slots the task takes while queued or running,
-	// PoolSlots how many (migration 020).
+	// PoolSlots how many (migration 021).
 	Pool      string
 	PoolSlots int32
 }

@@ -1,4 +1,4 @@
--- reaper: floor=20
+-- reaper: floor=21
 -- The built-in scheduler's graphs and pools (docs/board.md).
 --
 -- Runs as graphs: a task instance may name tasks of its own run as its
