@@ -23,6 +23,26 @@
 //     caller stops every guarded piece of work before it resigns; leader's
 //     Elector.Run resigns only once its context is done.
 //
+// Holding the Lease is worth something only while the board answers: a
+// replica that reaches the API server but not the database (a partition,
+// a database that stalls for it alone) would otherwise keep the Lease
+// renewed for ever while every board call hangs, and no replica would
+// lead. So the Lease is held on the board's word. From the moment this
+// process takes the Lease, every answer of the board to it (a term, a
+// renewal, or a refusal: the board answered) restarts a count; once the
+// board has been silent for a whole lease duration (every call erring or
+// timing out), the process no longer renews the Lease but releases it,
+// and does not take it again for one more lease duration, so a replica
+// that reaches both takes it first. By then the silent replica's own term
+// has run out on the board (it was last renewed before the silence began),
+// so the successor gets its term at once, and the replica that released
+// has stopped leading on its own clock long before. A board that answers
+// slowly but within a step is not silent: its answers keep the Lease. One
+// that answers only now and then keeps it while the gaps stay shorter
+// than the lease, and leads when its renewals land. When no replica
+// reaches the board, the Lease passes from one to the next every lease
+// duration until one does.
+//
 // Each process needs an identity of its own (Identity): two processes with
 // one identity would each believe they hold the Lease.
 package kubelease
@@ -69,6 +89,12 @@ type Lease struct {
 	// another process's clock is never compared with ours).
 	observed   []byte
 	observedAt time.Time
+	// answeredAt is when the board last answered this process, or when
+	// this process took the Lease if later: the Lease is released once it
+	// is a lease duration old (silent). yieldUntil: after such a release,
+	// the Lease is not taken again before it.
+	answeredAt time.Time
+	yieldUntil time.Time
 }
 
 var _ leader.Lease = (*Lease)(nil)
@@ -123,6 +149,7 @@ func (l *Lease) take(ctx context.Context, holder string, ttl time.Duration, now 
 			return false, fmt.Errorf("kubelease: creating Lease %s: %w", l.lock.Describe(), err)
 		}
 		l.observed, l.observedAt = nil, now
+		l.answeredAt = now
 		return true, nil
 	}
 	if err != nil {
@@ -134,6 +161,12 @@ func (l *Lease) take(ctx context.Context, holder string, ttl time.Duration, now 
 	held := rec.HolderIdentity != "" && rec.HolderIdentity != holder &&
 		now.Before(l.observedAt.Add(time.Duration(rec.LeaseDurationSeconds)*time.Second))
 	if held {
+		return false, nil
+	}
+	if rec.HolderIdentity == holder && l.silent(now, ttl) {
+		return false, l.yield(ctx, *rec, ttl, now)
+	}
+	if rec.HolderIdentity != holder && now.Before(l.yieldUntil) {
 		return false, nil
 	}
 	next := *rec
@@ -148,7 +181,33 @@ func (l *Lease) take(ctx context.Context, holder string, ttl time.Duration, now 
 		}
 		return false, fmt.Errorf("kubelease: updating Lease %s: %w", l.lock.Describe(), err)
 	}
+	if rec.HolderIdentity != holder {
+		l.answeredAt = now // a new hold: the board's silence counts from here
+	}
 	return true, nil
+}
+
+// silent reports whether the board has not answered this process for a
+// whole lease duration of ttl since it last did or since the Lease was
+// taken.
+func (l *Lease) silent(now time.Time, ttl time.Duration) bool {
+	return !now.Before(l.answeredAt.Add(ttl))
+}
+
+// yield gives up the Lease this process holds (record rec) because the
+// board has been silent: it releases it (holder cleared) and will not take
+// it again for ttl. A release that fails leaves the Lease to run out on
+// its own, unrenewed.
+func (l *Lease) yield(ctx context.Context, rec resourcelock.LeaderElectionRecord, ttl time.Duration, now time.Time) error {
+	l.yieldUntil = now.Add(ttl)
+	next := rec
+	next.HolderIdentity, next.LeaseDurationSeconds = "", 1
+	if err := l.lock.Update(ctx, next); err != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("kubelease: releasing Lease %s, the board silent since %s: %w", l.lock.Describe(),
+			l.answeredAt.Format(time.RFC3339Nano), err)
+	}
+	return fmt.Errorf("kubelease: the board has not answered since %s (a lease of %s): released Lease %s for a replica that reaches it",
+		l.answeredAt.Format(time.RFC3339Nano), ttl, l.lock.Describe())
 }
 
 // TryAcquire takes the Kubernetes Lease for holder, then a new term from
@@ -166,6 +225,7 @@ func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration
 	if err != nil {
 		return 0, false, fmt.Errorf("kubelease: taking a term from the board: %w", err)
 	}
+	l.answeredAt = now
 	return term, ok, nil
 }
 
@@ -181,6 +241,9 @@ func (l *Lease) Renew(ctx context.Context, term int64, holder string, ttl time.D
 	if rec.HolderIdentity != holder {
 		return false, nil
 	}
+	if l.silent(now, ttl) {
+		return false, l.yield(ctx, *rec, ttl, now)
+	}
 	next := *rec
 	next.RenewTime, next.LeaseDurationSeconds = metav1.NewTime(now), seconds(ttl)
 	if err := l.lock.Update(ctx, next); err != nil {
@@ -190,6 +253,7 @@ func (l *Lease) Renew(ctx context.Context, term int64, holder string, ttl time.D
 	if err != nil {
 		return false, fmt.Errorf("kubelease: renewing term %d on the board: %w", term, err)
 	}
+	l.answeredAt = now
 	return ok, nil
 }
 

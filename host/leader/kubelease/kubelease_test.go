@@ -86,7 +86,12 @@ const (
 // elector builds a replica's elector over the Kubernetes Lease ns/name and
 // the board at dsn.
 func elector(ctx context.Context, cs kubernetes.Interface, pool *pgxpool.Pool, ns, holder string, clk clock.Clock) (*leader.Elector, error) {
-	l, err := kubelease.New(kubelease.Config{Namespace: ns, Name: "reaperd", Client: cs}, boardLease{board.New(pool, board.Options{})})
+	return electorOn(cs, board.New(pool, board.Options{}), ns, holder, clk)
+}
+
+// electorOn is elector over the board store.
+func electorOn(cs kubernetes.Interface, store *board.Store, ns, holder string, clk clock.Clock) (*leader.Elector, error) {
+	l, err := kubelease.New(kubelease.Config{Namespace: ns, Name: "reaperd", Client: cs}, boardLease{store})
 	if err != nil {
 		return nil, err
 	}
