@@ -69,6 +69,7 @@ var scenarios = []struct {
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 	{"WarmWorkerPodDeletedItsAttemptIsReapedAndRePlaced", warmWorkerDeleted},
 	{"LeaderCutOffFromTheAPIServerIsReplacedAndReapsNothingBlind", leaderCutOffFromTheAPIServer},
+	{"LeaderCutOffFromPostgresReleasesTheLeaseAndIsReplaced", leaderCutOffFromPostgres},
 }
 
 // pair starts the scenario's two replicas and waits for a leader.
