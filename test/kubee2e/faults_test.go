@@ -59,6 +59,7 @@ var scenarios = []struct {
 	{"NodeLostItsPodsGoneAreReapedAndRePlaced", nodeLost},
 	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
 	{"RunWhoseEveryPodVanishedWithItsSchedulerGoneIsAnOrphanRun", orphanedRun},
+	{"LeaderCutOffFromPostgresReleasesTheLeaseAndIsReplaced", leaderCutOffFromPostgres},
 	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", podDeleted},
 	{"EvictionThroughTheEvictionAPIIsAnInfraFailure", evicted},
 	{"PreemptionIsAnInfraFailure", preempted},
@@ -69,7 +70,6 @@ var scenarios = []struct {
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 	{"WarmWorkerPodDeletedItsAttemptIsReapedAndRePlaced", warmWorkerDeleted},
 	{"LeaderCutOffFromTheAPIServerIsReplacedAndReapsNothingBlind", leaderCutOffFromTheAPIServer},
-	{"LeaderCutOffFromPostgresReleasesTheLeaseAndIsReplaced", leaderCutOffFromPostgres},
 }
 
 // pair starts the scenario's two replicas and waits for a leader.

@@ -213,7 +213,9 @@ func (l *Lease) yield(ctx context.Context, rec resourcelock.LeaderElectionRecord
 // TryAcquire takes the Kubernetes Lease for holder, then a new term from
 // the board. ok is false while another replica holds the Lease, or while
 // the board's row is still held (the Lease is then kept, and the next step
-// tries the board again).
+// tries the board again), or while the board does not answer (the Lease is
+// kept until the board has been silent for a lease, then released with an
+// error that says so).
 func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration, now time.Time) (int64, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -222,3 +222,56 @@ func TestSlowOrFlappingBoardKeepsTheLease(t *testing.T) {
 		t.Fatalf("the Lease is held by %q, want a", h)
 	}
 }
+
+// A replica alone, cut off from the board: it gives the Lease up once the
+// board has been silent for a lease, leaves it free for one lease more,
+// then takes it again (nobody else wants it) and gives it up again while
+// the board stays silent. After the heal it leads within a lease and a
+// renewal.
+func TestReplicaAloneCutFromTheBoardLeadsAgainAfterTheHeal(t *testing.T) {
+	c := cluster.Load()
+	ctx := context.Background()
+	ns := c.NewNamespace(t)
+	pool := pgtest.NewDB(t)
+	store, proxy := throughProxy(t, pool, 300*time.Millisecond)
+	clk := clock.NewFake(time.Now())
+	a, err := electorOn(c.Client(t), store, ns, "a", clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := a.Step(ctx)
+	if !first.Leading {
+		t.Fatalf("a does not lead: %v", a.LastError())
+	}
+	proxy.Cut()
+	cutAt := clk.Now()
+	// The holder at each step, from the cut on: held until the board has
+	// been silent a lease, free for a lease, held again, free again.
+	var seen []string
+	for range 3 * int(leaseTTL/renewEvery) {
+		clk.Advance(renewEvery)
+		if st := a.Step(ctx); st.Leading && !clk.Now().Before(cutAt.Add(leaseTTL)) {
+			t.Fatalf("a leads %s after the cut: %+v", clk.Now().Sub(cutAt), st)
+		}
+		h := holderOf(t, ns)
+		if len(seen) == 0 || seen[len(seen)-1] != h {
+			seen = append(seen, h)
+		}
+	}
+	if got := strings.Join(seen, ","); got != "a,,a," {
+		t.Fatalf("the Lease's holders after the cut, in turn: %q, want a, free, a, free", got)
+	}
+	proxy.Heal()
+	healed := clk.Now()
+	var st leader.Status
+	for st = a.Step(ctx); !st.Leading; st = a.Step(ctx) {
+		if clk.Now().Sub(healed) > leaseTTL+renewEvery {
+			t.Fatalf("a does not lead %s after the heal: %v", clk.Now().Sub(healed), a.LastError())
+		}
+		clk.Advance(renewEvery)
+	}
+	t.Logf("a leads again %s (fake clock) after the heal, term %d after %d", clk.Now().Sub(healed), st.Term, first.Term)
+	if st.Term <= first.Term {
+		t.Fatalf("a leads under term %d after the heal, want one after %d", st.Term, first.Term)
+	}
+}
