@@ -59,7 +59,7 @@ var scenarios = []struct {
 	{"NodeLostItsPodsGoneAreReapedAndRePlaced", nodeLost},
 	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
 	{"RunWhoseEveryPodVanishedWithItsSchedulerGoneIsAnOrphanRun", orphanedRun},
-	{"LeaderCutOffFromPostgresReleasesTheLeaseAndIsReplaced", leaderCutOffFromPostgres},
+	{"LeaderCutOffFromPostgresIsReplacedAndAppliesNothing", leaderCutOffFromPostgres},
 	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", podDeleted},
 	{"EvictionThroughTheEvictionAPIIsAnInfraFailure", evicted},
 	{"PreemptionIsAnInfraFailure", preempted},
