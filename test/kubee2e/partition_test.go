@@ -153,17 +153,17 @@ func (s *scenario) kubeLeaseHolder() string {
 
 // boardCutTakeover is the SLA of the takeover when the leader is cut off
 // from PostgreSQL but not from the API server. The cut replica renews the
-// Kubernetes Lease only in a step where it still trusts its term (a
-// renewal renews the Lease, then hangs on the board): the last such step
-// starts at most lease - margin (lease/5) after the cut. From then on it
-// does not renew the Lease: reaperd reads the board's schema before each
-// acquisition, which hangs before the Lease is touched, and kubelease
-// itself releases a Lease whose board has been silent for a lease. The
-// Lease runs out a lease after its last renewal as the other replica
-// observes it (up to a renewal interval, lease/3, late), and the other's
-// next step takes it and, the cut replica's term having run out on the
-// board by then, a new term.
-const boardCutTakeover = 2*lease - lease/5 + 2*(lease/3)
+// Kubernetes Lease once at most after the cut: in the first step that
+// finds the board silent (a renewal renews the Lease, then hangs on the
+// board), a renewal interval (lease/3) after it at the latest. From then
+// on the Lease is not renewed: a renewal after a failed board call asks
+// the board first, reaperd reads the board's schema before each
+// acquisition (which hangs before the Lease is touched), and kubelease
+// releases a Lease whose board has been silent for a lease. The Lease runs
+// out a lease after that renewal as the other replica observes it (up to
+// a renewal interval late), and the other's next step takes it and, the
+// cut replica's term having run out on the board by then, a new term.
+const boardCutTakeover = lease + 3*(lease/3)
 
 // The leading replica is cut off from PostgreSQL by a partition that holds
 // its packets (its board calls hang) while it and the other replica still

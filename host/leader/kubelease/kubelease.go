@@ -17,7 +17,10 @@
 //     Until the board grants a term (the deposed leader's row may still be
 //     running out) the replica holds the Lease but does not lead.
 //   - Renew renews the Kubernetes Lease, then the board's term; losing
-//     either ends leadership.
+//     either ends leadership. After a board call that failed it asks the
+//     board first and renews the Lease only once the board answers, so a
+//     leader whose board went silent renews the Lease once at most: the
+//     Lease runs out about when its term does.
 //   - Resign resigns the board's term, then releases the Kubernetes Lease
 //     (holder cleared) so a successor need not wait for it to run out. The
 //     caller stops every guarded piece of work before it resigns; leader's
@@ -95,6 +98,9 @@ type Lease struct {
 	// the Lease is not taken again before it.
 	answeredAt time.Time
 	yieldUntil time.Time
+	// boardFailed: the last call to the board failed (Renew asks it
+	// first).
+	boardFailed bool
 }
 
 var _ leader.Lease = (*Lease)(nil)
@@ -224,6 +230,7 @@ func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration
 		return 0, false, err
 	}
 	term, ok, err := l.board.TryAcquire(ctx, holder, ttl, now)
+	l.boardFailed = err != nil
 	if err != nil {
 		return 0, false, fmt.Errorf("kubelease: taking a term from the board: %w", err)
 	}
@@ -231,11 +238,29 @@ func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration
 	return term, ok, nil
 }
 
-// Renew renews the Kubernetes Lease and then the board's term. ok is false
-// once another replica holds the Lease or the board's term is over.
+// Renew renews the Kubernetes Lease and then the board's term; after a
+// board call that failed, the board's term first and the Lease only once
+// the board has answered, so that a Lease whose board went silent is
+// renewed once at most and runs out with the term. ok is false once
+// another replica holds the Lease or the board's term is over.
 func (l *Lease) Renew(ctx context.Context, term int64, holder string, ttl time.Duration, now time.Time) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.boardFailed {
+		if ok, err := l.renewTerm(ctx, term, holder, ttl, now); err != nil || !ok {
+			return false, err
+		}
+		return l.renewLease(ctx, holder, ttl, now)
+	}
+	if ok, err := l.renewLease(ctx, holder, ttl, now); err != nil || !ok {
+		return false, err
+	}
+	return l.renewTerm(ctx, term, holder, ttl, now)
+}
+
+// renewLease renews the Kubernetes Lease for holder; false when another
+// holds it. A board silent for a lease releases it instead (yield).
+func (l *Lease) renewLease(ctx context.Context, holder string, ttl time.Duration, now time.Time) (bool, error) {
 	rec, _, err := l.lock.Get(ctx)
 	if err != nil {
 		return false, fmt.Errorf("kubelease: reading Lease %s: %w", l.lock.Describe(), err)
@@ -251,7 +276,14 @@ func (l *Lease) Renew(ctx context.Context, term int64, holder string, ttl time.D
 	if err := l.lock.Update(ctx, next); err != nil {
 		return false, fmt.Errorf("kubelease: renewing Lease %s: %w", l.lock.Describe(), err)
 	}
+	return true, nil
+}
+
+// renewTerm renews holder's term on the board, noting whether the board
+// answered.
+func (l *Lease) renewTerm(ctx context.Context, term int64, holder string, ttl time.Duration, now time.Time) (bool, error) {
 	ok, err := l.board.Renew(ctx, term, holder, ttl, now)
+	l.boardFailed = err != nil
 	if err != nil {
 		return false, fmt.Errorf("kubelease: renewing term %d on the board: %w", term, err)
 	}

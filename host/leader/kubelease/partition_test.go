@@ -46,20 +46,32 @@ func throughProxy(t *testing.T, pool *pgxpool.Pool, timeout time.Duration) (*boa
 // holderOf reads the Kubernetes Lease's holder ("" when released).
 func holderOf(t *testing.T, ns string) string {
 	t.Helper()
+	h, _ := leaseOf(t, ns)
+	return h
+}
+
+// leaseOf reads the Kubernetes Lease's holder ("" when released) and when
+// it was last renewed.
+func leaseOf(t *testing.T, ns string) (string, time.Time) {
+	t.Helper()
 	l, err := cluster.Load().Client(t).CoordinationV1().Leases(ns).Get(context.Background(), "reaperd", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Spec.HolderIdentity == nil {
-		return ""
+	var renewed time.Time
+	if l.Spec.RenewTime != nil {
+		renewed = l.Spec.RenewTime.Time
 	}
-	return *l.Spec.HolderIdentity
+	if l.Spec.HolderIdentity == nil {
+		return "", renewed
+	}
+	return *l.Spec.HolderIdentity, renewed
 }
 
 // The leader is cut off from PostgreSQL (its packets held, its board calls
-// hanging) but not from the API server. It stops leading on its own clock;
-// once the board has been silent for a lease it releases the Kubernetes
-// Lease rather than renew it, and the replica that reaches both takes it
+// hanging) but not from the API server. It stops leading on its own clock
+// and renews the Kubernetes Lease no more once a renewal found the board
+// silent; once the board has been silent for a lease it releases the Lease, and the replica that reaches both takes it
 // and its term. The cut replica leads nothing meanwhile, does not take the
 // Lease back while cut, and after the heal stands by, its late writes
 // refused by the fence.
@@ -99,6 +111,9 @@ func TestLeaderCutFromTheBoardGivesUpTheLease(t *testing.T) {
 		}
 		if sa.Leading && sb.Leading {
 			t.Fatalf("both lead at %s after the cut: a %+v, b %+v", clk.Now().Sub(cutAt), sa, sb)
+		}
+		if h, renewed := leaseOf(t, ns); h == "a" && renewed.After(cutAt.Add(renewEvery)) {
+			t.Fatalf("a renewed the Lease %s after the cut, its board silent since: only the renewal that found the board silent may", renewed.Sub(cutAt))
 		}
 		if sb.Leading {
 			break
