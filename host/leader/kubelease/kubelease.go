@@ -17,10 +17,10 @@
 //     Until the board grants a term (the deposed leader's row may still be
 //     running out) the replica holds the Lease but does not lead.
 //   - Renew renews the Kubernetes Lease, then the board's term; losing
-//     either ends leadership. After a board call that failed it asks the
-//     board first and renews the Lease only once the board answers, so a
-//     leader whose board went silent renews the Lease once at most: the
-//     Lease runs out about when its term does.
+//     either ends leadership. After a board call that failed, Renew and
+//     TryAcquire ask the board first and renew the Lease only once it
+//     answers, so a replica whose board went silent renews the Lease once
+//     at most: the Lease runs out about when its term does.
 //   - Resign resigns the board's term, then releases the Kubernetes Lease
 //     (holder cleared) so a successor need not wait for it to run out. The
 //     caller stops every guarded piece of work before it resigns; leader's
@@ -39,7 +39,8 @@
 // that reaches both takes it first. By then the silent replica's own term
 // has run out on the board (it was last renewed before the silence began),
 // so the successor gets its term at once, and the replica that released
-// has stopped leading on its own clock long before. A board that answers
+// has stopped leading on its own clock before (its trust ends a margin
+// short of the lease). A board that answers
 // slowly but within a step is not silent: its answers keep the Lease. One
 // that answers only now and then keeps it while the gaps stay shorter
 // than the lease, and leads when its renewals land. When no replica
@@ -172,6 +173,9 @@ func (l *Lease) take(ctx context.Context, holder string, ttl time.Duration, now 
 	if rec.HolderIdentity == holder && l.silent(now, ttl) {
 		return false, l.yield(ctx, *rec, ttl, now)
 	}
+	if rec.HolderIdentity == holder && l.boardFailed {
+		return true, nil // held; renewed once the board answers (TryAcquire)
+	}
 	if rec.HolderIdentity != holder && now.Before(l.yieldUntil) {
 		return false, nil
 	}
@@ -225,6 +229,9 @@ func (l *Lease) yield(ctx context.Context, rec resourcelock.LeaderElectionRecord
 func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration, now time.Time) (int64, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// After a board call that failed, a Lease this process holds is not
+	// renewed until the board answers (take leaves it as it is).
+	unrenewed := l.boardFailed
 	ok, err := l.take(ctx, holder, ttl, now)
 	if err != nil || !ok {
 		return 0, false, err
@@ -235,6 +242,14 @@ func (l *Lease) TryAcquire(ctx context.Context, holder string, ttl time.Duration
 		return 0, false, fmt.Errorf("kubelease: taking a term from the board: %w", err)
 	}
 	l.answeredAt = now
+	if ok && unrenewed {
+		held, err := l.renewLease(ctx, holder, ttl, now)
+		if err != nil || !held {
+			// The term is left to run out on the board (the elector
+			// resigns what it may hold when it stops).
+			return 0, false, errors.Join(err, fmt.Errorf("kubelease: term %d taken, but the Lease %s could not be renewed after it", term, l.lock.Describe()))
+		}
+	}
 	return term, ok, nil
 }
 

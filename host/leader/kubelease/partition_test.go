@@ -30,17 +30,27 @@ func throughProxy(t *testing.T, pool *pgxpool.Pool, timeout time.Duration) (*boa
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = proxy.Close() })
 	dsn := pgtest.DSN(pool)
 	if !strings.Contains(dsn, server) {
+		_ = proxy.Close()
 		t.Fatalf("the DSN %q does not name the server at %s", dsn, server)
 	}
 	p, err := pgxpool.New(context.Background(), strings.Replace(dsn, server, proxy.Addr(), 1))
 	if err != nil {
+		_ = proxy.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
+	// Cleanups run last registered first: the proxy closes (its
+	// connections with it, cut or not) before the pool does.
+	t.Cleanup(func() { _ = proxy.Close() })
 	return board.New(p, board.Options{QueryTimeout: timeout}), proxy
+}
+
+// sameTime reports whether a time the Lease stores (to the microsecond) is
+// b.
+func sameTime(stored, b time.Time) bool {
+	return stored.Sub(b).Abs() < time.Microsecond
 }
 
 // holderOf reads the Kubernetes Lease's holder ("" when released).
@@ -288,5 +298,90 @@ func TestReplicaAloneCutFromTheBoardLeadsAgainAfterTheHeal(t *testing.T) {
 	t.Logf("a leads again %s (fake clock) after the heal, term %d after %d", clk.Now().Sub(healed), st.Term, first.Term)
 	if st.Term <= first.Term {
 		t.Fatalf("a leads under term %d after the heal, want one after %d", st.Term, first.Term)
+	}
+}
+
+// With a margin longer than a renewal, a leader cut off from the board
+// tries to acquire again (its trust over) before the board has been silent
+// for a lease: those steps hold the Lease without renewing it, so it was
+// renewed once after the cut, by the renewal that found the board silent,
+// until it is released.
+func TestAcquisitionsAfterASilentBoardLeaveTheLeaseUnrenewed(t *testing.T) {
+	c := cluster.Load()
+	ctx := context.Background()
+	ns := c.NewNamespace(t)
+	pool := pgtest.NewDB(t)
+	store, proxy := throughProxy(t, pool, 300*time.Millisecond)
+	clk := clock.NewFake(time.Now())
+	a, err := electorWithMargin(c.Client(t), store, ns, "a", clk, leaseTTL/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Step(ctx); !st.Leading {
+		t.Fatalf("a does not lead: %v", a.LastError())
+	}
+	proxy.Cut()
+	cutAt := clk.Now()
+	for clk.Now().Sub(cutAt) < leaseTTL {
+		clk.Advance(renewEvery)
+		if st := a.Step(ctx); st.Leading && !clk.Now().Before(cutAt.Add(leaseTTL/2)) {
+			t.Fatalf("a leads %s after the cut, past its trust: %+v", clk.Now().Sub(cutAt), st)
+		}
+		h, renewed := leaseOf(t, ns)
+		if clk.Now().Sub(cutAt) < leaseTTL && h != "a" {
+			t.Fatalf("%s after the cut the Lease is held by %q, want a until the board has been silent a lease", clk.Now().Sub(cutAt), h)
+		}
+		if renewed.After(cutAt.Add(renewEvery)) {
+			t.Fatalf("the Lease was renewed %s after the cut, %s after the board first failed to answer",
+				renewed.Sub(cutAt), renewed.Sub(cutAt.Add(renewEvery)))
+		}
+	}
+	if h := holderOf(t, ns); h != "" {
+		t.Fatalf("a lease after the cut the Lease is held by %q, want it released", h)
+	}
+}
+
+// A replica that took the Lease while another's term still ran on the
+// board, and then could not reach the board, holds the Lease unrenewed;
+// when the board answers with a term, the Lease is renewed with it.
+func TestATermTakenAfterAFailedBoardCallRenewsTheLease(t *testing.T) {
+	c := cluster.Load()
+	ctx := context.Background()
+	ns := c.NewNamespace(t)
+	pool := pgtest.NewDB(t)
+	store, proxy := throughProxy(t, pool, 300*time.Millisecond)
+	clk := clock.NewFake(time.Now())
+	// A replica gone: its term runs on the board for a lease; it holds no
+	// Lease.
+	gone := clk.Now()
+	if _, ok, err := board.New(pool, board.Options{}).TryAcquire(ctx, "gone", leaseTTL, gone); err != nil || !ok {
+		t.Fatalf("a term for the gone replica: %v, %v", ok, err)
+	}
+	a, err := electorOn(c.Client(t), store, ns, "a", clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	clk.Advance(renewEvery)
+	took := clk.Now()
+	// Cut until the gone replica's term has run out.
+	for clk.Now().Before(gone.Add(leaseTTL - renewEvery)) {
+		if st := a.Step(ctx); st.Leading {
+			t.Fatalf("a leads while cut: %+v", st)
+		}
+		if h, renewed := leaseOf(t, ns); h != "a" || !sameTime(renewed, took) {
+			t.Fatalf("%s after it took the Lease, its holder is %q, renewed at %s: want a, never renewed since",
+				clk.Now().Sub(took), h, renewed.Sub(took))
+		}
+		clk.Advance(renewEvery)
+	}
+	proxy.Heal()
+	clk.Set(gone.Add(leaseTTL))
+	st := a.Step(ctx)
+	if !st.Leading {
+		t.Fatalf("a does not lead once healed and the gone replica's term is over: %v", a.LastError())
+	}
+	if _, renewed := leaseOf(t, ns); !sameTime(renewed, clk.Now()) {
+		t.Fatalf("a took term %d and the Lease was last renewed %s before, want with it", st.Term, clk.Now().Sub(renewed))
 	}
 }
