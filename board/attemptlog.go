@@ -75,7 +75,7 @@ func (s *Store) appendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 		return fmt.Errorf("board: append log: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		deposed(s.observer, "append log", term)
+		s.refused(ctx, "append log", term, latest, lineAttempts(lines)...)
 		return fmt.Errorf("board: append log: term %d: %w", term, ErrDeposed)
 	}
 	return nil
@@ -120,4 +120,17 @@ func (s *Store) AttemptLog(ctx context.Context, runID, taskID string) ([]sdk.Log
 		return nil, fmt.Errorf("board: read attempt log of %s/%s: %w", runID, taskID, err)
 	}
 	return lines, nil
+}
+
+// lineAttempts are the attempts lines name, each once, in order.
+func lineAttempts(lines []sdk.LogLine) []sdk.Attempt {
+	var out []sdk.Attempt
+	seen := map[sdk.Attempt]bool{}
+	for _, l := range lines {
+		if !seen[l.Attempt] {
+			seen[l.Attempt] = true
+			out = append(out, l.Attempt)
+		}
+	}
+	return out
 }

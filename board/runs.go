@@ -172,7 +172,7 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 		return fail("read leader", err)
 	}
 	if !ok {
-		deposed(s.observer, "reap run", r.Term)
+		s.refused(ctx, "reap run", r.Term, r.At, sdk.Attempt{RunID: r.RunID})
 		return noop(sdk.NoopDeposed)
 	}
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dexaflow/reaper/sdk"
 )
 
 // ErrDeposed is the error of a fenced write (see Writer.Fenced) made after
@@ -49,14 +51,17 @@ func (w *Writer) fence(first int, now time.Time) (string, []any) {
 		[]any{w.leader, w.holder, w.term, now}
 }
 
-// deposed, after a fenced write that applied to nothing, tells whether the
-// fence refused it: ErrDeposed (wrapped, with what the board holds) when
-// the writer's term no longer leads the board at now, nil when it does (or
-// the writer is not fenced) and the write's own guard refused it.
-func (w *Writer) deposed(ctx context.Context, now time.Time) error {
+// deposed, after a fenced write (what: "queue", "retry", ...) that
+// applied to nothing, tells whether the fence refused it: ErrDeposed
+// (wrapped, with what the board holds) when the writer's term no longer
+// leads the board at now, nil when it does (or the writer is not fenced)
+// and the write's own guard refused it. A refusal is told to the observer
+// as a "runner write" and recorded on the board with the attempts the
+// write named (board.Store.Refused).
+func (w *Writer) deposed(ctx context.Context, what string, now time.Time, attempts ...sdk.Attempt) error {
 	err := w.fenceRefusal(ctx, now)
-	if errors.Is(err, ErrDeposed) && w.observer != nil {
-		w.observer.Deposed("runner write", w.term)
+	if errors.Is(err, ErrDeposed) {
+		w.store.Refused(ctx, "runner write", what, w.term, now, attempts)
 	}
 	return err
 }
@@ -67,7 +72,7 @@ func (w *Writer) deposed(ctx context.Context, now time.Time) error {
 // not. For what a runner does outside the board under its term, such as
 // creating pods, where no guarded statement can carry the fence.
 func (w *Writer) Leads(ctx context.Context, now time.Time) error {
-	return w.deposed(ctx, now)
+	return w.deposed(ctx, "fence check", now)
 }
 
 // fenceRefusal is deposed's reading of the leader row.
