@@ -75,7 +75,7 @@ func (s *Store) appendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 		return fmt.Errorf("board: append log: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		s.refused(ctx, "append log", term, latest, lineAttempts(lines)...)
+		s.refused(ctx, "append log", term, latest, nil, lineAttempts(lines)...)
 		return fmt.Errorf("board: append log: term %d: %w", term, ErrDeposed)
 	}
 	return nil

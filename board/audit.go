@@ -403,7 +403,7 @@ SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM lead)`, s.fenceKey(), 
 		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
 	if !lead {
-		s.refused(ctx, "prune "+what, term, now)
+		s.refused(ctx, "prune "+what, term, now, nil)
 		return 0, fmt.Errorf("board: prune %s: term %d: %w", what, term, ErrDeposed)
 	}
 	return n, nil

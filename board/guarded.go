@@ -138,7 +138,7 @@ func (s *Store) runBatchScan(ctx context.Context, b *batch, sql string, args []a
 		for j, i := range fenced {
 			as[j] = b.attempts[i]
 		}
-		s.refused(ctx, b.what, b.terms[fenced[0]], b.ats[fenced[0]], as...)
+		s.refused(ctx, b.what, b.terms[fenced[0]], b.ats[fenced[0]], s.seenHolding(term, expires), as...)
 	}
 	if len(missed) == 0 {
 		return results, nil

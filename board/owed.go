@@ -196,12 +196,12 @@ func (s *Store) leads(ctx context.Context, write string, term int64, now time.Ti
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // nothing written
-	ok, err := s.fence(ctx, tx, term, now)
+	ok, seen, err := s.fence(ctx, tx, term, now)
 	switch {
 	case err != nil:
 		return err
 	case !ok:
-		s.refused(ctx, write, term, now)
+		s.refused(ctx, write, term, now, seen)
 		return ErrDeposed
 	}
 	return nil

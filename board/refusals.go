@@ -15,7 +15,8 @@ import (
 // wrote nothing; what it was refused is then written on its own, unfenced,
 // to fence_refusals: the write, the term and holder the writer claimed,
 // the writer's time, the attempts it named and the leader row as the
-// recording statement found it. A refused batch is one row. Recording is
+// refusing fence saw it (LeaderSeen; where that fence does not say, as the
+// recording statement finds it). A refused batch is one row. Recording is
 // best effort: a row that cannot be written is told to the observer
 // (RefusalUnrecorded) and the caller gets the refusal it would have got
 // anyway. The leader keeps the table to the audit's retention
@@ -59,9 +60,9 @@ type FenceRefusal struct {
 	// (one with only RunID for a run); Requests counts every one.
 	Attempts []sdk.Attempt
 	Requests int
-	// The leader row as the recording statement found it: LeadFound false
-	// when there was none; LeadHolder "" and LeadExpiresAt zero when
-	// resigned.
+	// The leader row as the refusing fence saw it, or where that fence did
+	// not say, as the recording statement found it: LeadFound false when
+	// there was none; LeadHolder "" and LeadExpiresAt zero when resigned.
 	LeadFound     bool
 	LeadTerm      int64
 	LeadHolder    string
@@ -94,27 +95,52 @@ type refusalAttempt struct {
 	Epoch  int32  `json:"epoch,omitempty"`
 }
 
+// LeaderSeen is the leader row as the fence that refused a call saw it.
+type LeaderSeen struct {
+	Found     bool // false: no leader row of the store's name
+	Term      int64
+	Holder    string    // "": resigned
+	ExpiresAt time.Time // zero: resigned
+}
+
 // Refused is what a fenced call does when the fence refused it: it tells
 // the observer (Deposed, with told as the write), then records the
 // refusal in fence_refusals, unfenced, with write, term, the writer's time
-// at and the attempts named (this store's holder is the writer's). A
-// refusal that cannot be recorded is told to the observer
-// (RefusalUnrecorded), never returned: the caller's answer is the refusal
-// itself. It waits for the record for at most the store's query timeout,
-// even when ctx is done (a refusal met as the caller gives up is kept).
-func (s *Store) Refused(ctx context.Context, told, write string, term int64, at time.Time, attempts []sdk.Attempt) {
+// at and the attempts named (this store's holder is the writer's), and
+// the leader row as seen: by the refusing fence when the caller knows it
+// (seen), else as the recording statement finds it. A refusal that cannot
+// be recorded is told to the observer (RefusalUnrecorded), never
+// returned: the caller's answer is the refusal itself. It waits for the
+// record for at most the store's query timeout, even when ctx is done (a
+// refusal met as the caller gives up is kept).
+func (s *Store) Refused(ctx context.Context, told, write string, term int64, at time.Time, attempts []sdk.Attempt, seen *LeaderSeen) {
 	deposed(s.observer, told, term)
-	if err := s.recordRefusal(context.WithoutCancel(ctx), write, term, at, attempts); err != nil && s.observer != nil {
+	if err := s.recordRefusal(context.WithoutCancel(ctx), write, term, at, attempts, seen); err != nil && s.observer != nil {
 		s.observer.RefusalUnrecorded(write, term, err)
 	}
 }
 
 // refused is Refused for the board's own calls, told as write.
-func (s *Store) refused(ctx context.Context, write string, term int64, at time.Time, attempts ...sdk.Attempt) {
-	s.Refused(ctx, write, write, term, at, attempts)
+func (s *Store) refused(ctx context.Context, write string, term int64, at time.Time, seen *LeaderSeen, attempts ...sdk.Attempt) {
+	s.Refused(ctx, write, write, term, at, attempts, seen)
 }
 
-func (s *Store) recordRefusal(ctx context.Context, write string, term int64, at time.Time, attempts []sdk.Attempt) error {
+// seenHolding is what a fence that picks the leader row by this store's
+// holder saw when it found the row (term non-nil): the row, held by this
+// holder. Nil when it did not find it (no row, or another holder's) or the
+// store has no holder (the row's holder is not known then).
+func (s *Store) seenHolding(term *int64, expires *time.Time) *LeaderSeen {
+	if term == nil || s.holder == "" {
+		return nil
+	}
+	seen := &LeaderSeen{Found: true, Term: *term, Holder: s.holder, ExpiresAt: timeOrZero(expires)}
+	if expires == nil {
+		seen.Holder = "" // resigned
+	}
+	return seen
+}
+
+func (s *Store) recordRefusal(ctx context.Context, write string, term int64, at time.Time, attempts []sdk.Attempt, seen *LeaderSeen) error {
 	named := make([]refusalAttempt, 0, min(len(attempts), MaxRefusalAttempts))
 	for _, a := range attempts[:min(len(attempts), MaxRefusalAttempts)] {
 		named = append(named, refusalAttempt{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch})
@@ -125,11 +151,24 @@ func (s *Store) recordRefusal(ctx context.Context, write string, term int64, at 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	_, err = s.pool.Exec(ctx, `INSERT INTO fence_refusals (at, write, term, holder, write_at, attempts, requests,
+	args := []any{safeText(s.observer, FieldName, write), term, s.holder, nullTime(at), string(js), len(attempts)}
+	lead := `l.term, l.holder, l.expires_at FROM (SELECT 1) one LEFT JOIN leader l ON l.name = $7`
+	if seen != nil {
+		// What the refusing fence saw: a later read may find it changed
+		// (a renewal that committed in between).
+		var term *int64
+		if seen.Found {
+			term = &seen.Term
+		}
+		args = append(args, term, nullText(seen.Holder), nullTime(seen.ExpiresAt))
+		lead = `$7::bigint, $8::text, $9::timestamptz`
+	} else {
+		args = append(args, s.leader)
+	}
+	sql := `INSERT INTO fence_refusals (at, write, term, holder, write_at, attempts, requests,
         lead_term, lead_holder, lead_expires_at)
-    SELECT clock_timestamp(), $2, $3, $4, $5, $6::jsonb, $7, l.term, l.holder, l.expires_at
-    FROM (SELECT 1) one LEFT JOIN leader l ON l.name = $1`,
-		s.leader, safeText(s.observer, FieldName, write), term, s.holder, nullTime(at), string(js), len(attempts))
+    SELECT clock_timestamp(), $1, $2, $3, $4, $5::jsonb, $6, ` + lead
+	_, err = s.pool.Exec(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("board: record the fence's refusal of %s: %w", write, err)
 	}
@@ -220,4 +259,12 @@ func scanRefusal(row pgx.CollectableRow) (FenceRefusal, error) {
 		r.LeadFound, r.LeadTerm, r.LeadHolder = true, *leadTerm, deref(leadHolder)
 	}
 	return r, nil
+}
+
+// nullText is v as a query argument: NULL when empty.
+func nullText(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
 }

@@ -7,7 +7,8 @@
 -- names the write, the term and holder the writer claimed, the writer's
 -- own time (the lease is compared with it), up to the first 64 attempts
 -- the call named (requests counts them all), and the leader row as the
--- recording statement found it. at is the database's clock. Rows are
+-- refusing fence saw it (or, where that fence does not say, as the
+-- recording statement found it). at is the database's clock. Rows are
 -- deleted with the audit's retention (Store.PruneRefusals).
 --
 -- reap_decisions.holder: the replica that wrote a decision (its leader
