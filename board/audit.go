@@ -389,21 +389,26 @@ func (s *Store) pruneBatch(ctx context.Context, what, sql string, term int64, no
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var (
-		n    int64
-		lead bool
+		n       int64
+		lead    bool
+		seen    *int64
+		expires *time.Time
 	)
 	err := s.pool.QueryRow(ctx, `WITH lead AS (
-    SELECT 1 FROM leader WHERE `+leaderRow+` AND term = $4 AND expires_at > $5::timestamptz FOR SHARE
+    SELECT term, expires_at FROM leader WHERE `+leaderRow+` FOR SHARE
+), fenced AS (
+    SELECT 1 FROM lead WHERE term = $4 AND expires_at > $5::timestamptz
 ), gone AS (
-    `+sql+` AND EXISTS (SELECT 1 FROM lead)
+    `+sql+` AND EXISTS (SELECT 1 FROM fenced)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM lead)`, s.fenceKey(), before, limit, term, now).Scan(&n, &lead)
+SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM fenced), (SELECT term FROM lead), (SELECT expires_at FROM lead)`,
+		s.fenceKey(), before, limit, term, now).Scan(&n, &lead, &seen, &expires)
 	if err != nil {
 		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
 	if !lead {
-		s.refused(ctx, "prune "+what, term, now, nil)
+		s.refused(ctx, "prune "+what, term, now, s.seenHolding(seen, expires))
 		return 0, fmt.Errorf("board: prune %s: term %d: %w", what, term, ErrDeposed)
 	}
 	return n, nil

@@ -207,6 +207,24 @@ func TestARefusalPastTheLeaseAndABigBatch(t *testing.T) {
 	if err != nil || sum.Count != 1 || sum.Last == nil || sum.Last.ID != r.ID {
 		t.Errorf("recent refusals: %+v %v", sum, err)
 	}
+	// The try log and a prune past the lease: what their fence saw is the
+	// writer's own row, its lease run out.
+	if err := a.AppendLog(ctx, term, []sdk.LogLine{{Attempt: first("run", tasks[0]), At: late, Line: "late"}}); !errors.Is(err, board.ErrDeposed) {
+		t.Fatalf("a line past the lease: %v", err)
+	}
+	if _, err := a.PruneDecisions(ctx, term, late, base, 0); !errors.Is(err, board.ErrDeposed) {
+		t.Fatalf("a prune past the lease: %v", err)
+	}
+	rs = refusals(t, a)
+	if len(rs) != 3 {
+		t.Fatalf("refusals: %+v", rs)
+	}
+	for _, r := range rs[1:] {
+		if r.Why() != board.RefusedLease || !r.WriteAt.Equal(late) || r.LeadTerm != term || r.LeadHolder != "replica-a" ||
+			!r.LeadExpiresAt.Equal(rs[0].LeadExpiresAt) {
+			t.Errorf("%s past the lease: %+v, why %s", r.Write, r, r.Why())
+		}
+	}
 	if sum, err := a.RecentRefusals(ctx, time.Now().Add(time.Hour)); err != nil || sum.Count != 0 || sum.Last != nil {
 		t.Errorf("no refusal since: %+v %v", sum, err)
 	}
