@@ -203,7 +203,7 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		k.DispatchBuffer = int(n)
 	}
 	if n := kb.DispatchWorkers; n < 0 || n > kuberunner.DispatchWorkersMax || n != float64(int(n)) {
-		bad("dispatch_workers", fmt.Sprintf("dispatch_workers must be a whole number from 1 to %d (0: %d).",
+		bad("dispatch_workers", fmt.Sprintf("dispatch_workers must be a whole number from 1 to %d (0 or absent: %d).",
 			kuberunner.DispatchWorkersMax, kuberunner.DispatchWorkersDefault))
 	} else if k.DispatchWorkers = int(n); n > 0 && kb.DispatchBuffer == 0 {
 		bad("dispatch_workers", "dispatch_workers serve the dispatch buffer: set dispatch_buffer above 0 too.")

@@ -22,6 +22,10 @@
 //     (dispatch_unavailable_exhausted, ERROR). A create refused fails as
 //     dispatch_failed at once. dispatch_failed is terminal and spends no
 //     retry: a clear starts the task over.
+//     With Config.DispatchBuffer above 0 the tick hands the attempts to
+//     dispatch workers instead, which dispatch each one through the same
+//     function, under the tick's leadership term, and the tick waits for
+//     them (see dispatchbuf.go).
 //  4. warm (with Config.WarmPool): the task instances of executor warm
 //     through the same release and schedule steps, then requeued off
 //     workers that will not start them and bound to live ones (see
