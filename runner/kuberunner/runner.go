@@ -148,8 +148,10 @@ func (r *Runner) Close() error { return nil }
 
 // Result reports one cycle.
 type Result struct {
-	At         time.Time // the cycle's now
-	Dispatched int       // scheduled -> queued, with a pod created (or adopted)
+	At time.Time // the cycle's now
+	// Dispatched counts scheduled -> queued with a pod created (or
+	// adopted), on the tick or by the dispatch workers.
+	Dispatched int
 	// Handed counts the attempts handed to the dispatch workers (with
 	// Config.DispatchBuffer); BufferWaits the times the cycle found the
 	// buffer full and waited for a worker.
