@@ -44,7 +44,10 @@ import (
 // to hand off the next one); one whose create failed frees its slot for
 // the next tick. Once a handed-off dispatch ends in an error (the term
 // deposed, the board unreachable), the tick hands off nothing more, waits
-// for what it handed off, and ends with the first such error.
+// for what it handed off, and ends with the first such error (in hand-off
+// order). The attempts already in the buffer are still dispatched, each
+// through its own fenced writes: under a deposed term each one's queue is
+// refused before its create, as on a tick that went on.
 //
 // The workers are started by Run, serve all its ticks and are stopped
 // once its context is done and its last tick has returned; RunOnce and
