@@ -10,16 +10,22 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
+// appendLogSQL appends the lines when the leader row picked by $1 holds
+// term $2 with a lease unexpired at $3, and answers how many it appended
+// and the row it saw (NULL, NULL: none of this holder).
 const appendLogSQL = `
 WITH lead AS (
-    SELECT 1 FROM leader WHERE ` + leaderRow + ` AND term = $2 AND expires_at > $3 FOR SHARE
+    SELECT term, expires_at FROM leader WHERE ` + leaderRow + ` FOR SHARE
+), ins AS (
+    INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
+    SELECT l.run_id, l.task_id, l.try_number, l.attempt_epoch, l.at, l.line
+    FROM unnest($4::text[], $5::text[], $6::int4[], $7::int4[], $8::timestamptz[], $9::text[])
+        WITH ORDINALITY AS l(run_id, task_id, try_number, attempt_epoch, at, line, ord)
+    WHERE EXISTS (SELECT 1 FROM lead WHERE term = $2 AND expires_at > $3)
+    ORDER BY l.ord
+    RETURNING 1
 )
-INSERT INTO attempt_log (run_id, task_id, try_number, attempt_epoch, at, line)
-SELECT l.run_id, l.task_id, l.try_number, l.attempt_epoch, l.at, l.line
-FROM unnest($4::text[], $5::text[], $6::int4[], $7::int4[], $8::timestamptz[], $9::text[])
-    WITH ORDINALITY AS l(run_id, task_id, try_number, attempt_epoch, at, line, ord)
-WHERE EXISTS (SELECT 1 FROM lead)
-ORDER BY l.ord`
+SELECT (SELECT count(*) FROM ins), (SELECT term FROM lead), (SELECT expires_at FROM lead)`
 
 // AppendLog appends lines to attempts' try logs in one statement, fenced on
 // term: when term is not current (or its lease has expired by the latest
@@ -70,12 +76,17 @@ func (s *Store) appendLog(ctx context.Context, term int64, lines []sdk.LogLine) 
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, appendLogSQL, append([]any{s.fenceKey(), term, latest}, args...)...)
+	var (
+		n       int64
+		seen    *int64
+		expires *time.Time
+	)
+	err = s.pool.QueryRow(ctx, appendLogSQL, append([]any{s.fenceKey(), term, latest}, args...)...).Scan(&n, &seen, &expires)
 	if err != nil {
 		return fmt.Errorf("board: append log: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		deposed(s.observer, "append log", term)
+	if n == 0 {
+		s.refused(ctx, "append log", term, latest, s.seenHolding(seen, expires), lineAttempts(lines)...)
 		return fmt.Errorf("board: append log: term %d: %w", term, ErrDeposed)
 	}
 	return nil
@@ -120,4 +131,17 @@ func (s *Store) AttemptLog(ctx context.Context, runID, taskID string) ([]sdk.Log
 		return nil, fmt.Errorf("board: read attempt log of %s/%s: %w", runID, taskID, err)
 	}
 	return lines, nil
+}
+
+// lineAttempts are the attempts lines name, each once, in order.
+func lineAttempts(lines []sdk.LogLine) []sdk.Attempt {
+	var out []sdk.Attempt
+	seen := map[sdk.Attempt]bool{}
+	for _, l := range lines {
+		if !seen[l.Attempt] {
+			seen[l.Attempt] = true
+			out = append(out, l.Attempt)
+		}
+	}
+	return out
 }

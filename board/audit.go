@@ -21,6 +21,10 @@ type AuditRecord struct {
 	ID   int64
 	At   time.Time
 	Term int64
+	// Holder is the replica that wrote the decision (its
+	// board.Options.Holder, reaperd's leader identity); "" for a writer
+	// without one and for the rows before migration 20.
+	Holder string
 	sdk.Decision
 	// Verdict is the shadow verdict on the decision (migration 012); its
 	// Word is "" while unscored, and for a decision never scored.
@@ -30,7 +34,7 @@ type AuditRecord struct {
 // auditColumns are the columns RecordDecisions copies into reap_decisions
 // (id is generated), in the order auditCopy.appendRow writes them.
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
-	"applied", "dry_run", "detail", "evidence_packed", "scored"}
+	"applied", "dry_run", "detail", "evidence_packed", "scored", "holder"}
 
 // AuditChunk is the most decisions RecordDecisions copies in one COPY; each
 // chunk has the store's query timeout to itself, so a mass recovery's audit
@@ -39,7 +43,8 @@ const AuditChunk = 5_000
 
 // RecordDecisions writes a batch of decisions to the audit with COPY (the
 // bulk path of the protocol, in order), AuditChunk at a time, all stamped at
-// and term. It is not fenced: what a deposed leader decided is history too.
+// and term, and with the store's holder (NULL without one). It is not
+// fenced: what a deposed leader decided is history too.
 // The try and epoch are stored only for decisions about a task instance.
 // The text of each decision (names, detail, evidence) is made safe as it is
 // encoded (Safe); a chunk PostgreSQL refuses for one row's data is copied
@@ -55,7 +60,7 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 	}
-	src := &auditCopy{at: pgTime(at), term: term, ds: ds, packer: s.packer, obs: s.observer,
+	src := &auditCopy{at: pgTime(at), term: term, holder: safeText(s.observer, FieldName, s.holder), ds: ds, packer: s.packer, obs: s.observer,
 		// auditCopyBuffer, and room for the row that crosses it; an
 		// agentlost decision's evidence packs into about 300 bytes.
 		buf: make([]byte, 0, auditCopyBuffer+4<<10), ev: make([]byte, 0, 512)}
@@ -103,7 +108,7 @@ func (s *Store) copyOneByOne(ctx context.Context, src *auditCopy, start, end int
 // server's documentation: a header, then for each row its number of
 // columns and each column as its length and its bytes, -1 for NULL, then
 // -1), written here rather than by pgx's CopyFrom. pgx looks up an
-// encoding plan for every value of every row (thirteen a row) and needs
+// encoding plan for every value of every row (fourteen a row) and needs
 // each value boxed in an any; the audit's columns are few and fixed
 // (auditColumns), so each is written directly, in the same binary form
 // pgx sends for it. It is read as the COPY's data: the rows are encoded
@@ -116,8 +121,9 @@ func (s *Store) copyOneByOne(ctx context.Context, src *auditCopy, start, end int
 type auditCopy struct {
 	mu     sync.Mutex
 	closed bool
-	at     int64 // the time (pgTime) and the term, the same in every row
+	at     int64 // the time (pgTime), the term and the holder, the same in every row
 	term   int64
+	holder string // "": NULL
 	ds     []sdk.Decision
 	packer evidencePacker
 	obs    Observer // told of text made safe
@@ -212,7 +218,11 @@ func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
 	buf = appendBool(buf, d.DryRun)
 	buf = appendBytes(buf, safeText(c.obs, FieldDetail, d.Detail))
 	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
-	return appendBool(buf, Scored(*d))
+	buf = appendBool(buf, Scored(*d))
+	if c.holder == "" {
+		return appendNull(buf)
+	}
+	return appendBytes(buf, c.holder)
 }
 
 // The binary forms of the columns' types, each after its length: text
@@ -288,7 +298,8 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	sql := `SELECT id, at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
-        applied, dry_run, detail, evidence_packed, evidence, verdict, verdict_at, verdict_term, verdict_evidence
+        applied, dry_run, detail, evidence_packed, evidence, verdict, verdict_at, verdict_term, verdict_evidence,
+        coalesce(holder, '')
     FROM reap_decisions
     WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL)
     ORDER BY id`
@@ -313,7 +324,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 			packed, ev []byte
 		)
 		err := row.Scan(&r.ID, &r.At, &r.Term, &r.Reaper, &r.Label, &run, &task, &try, &epoch,
-			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence)
+			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence, &r.Holder)
 		if err != nil {
 			return r, err
 		}
@@ -378,21 +389,26 @@ func (s *Store) pruneBatch(ctx context.Context, what, sql string, term int64, no
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var (
-		n    int64
-		lead bool
+		n       int64
+		lead    bool
+		seen    *int64
+		expires *time.Time
 	)
 	err := s.pool.QueryRow(ctx, `WITH lead AS (
-    SELECT 1 FROM leader WHERE `+leaderRow+` AND term = $4 AND expires_at > $5::timestamptz FOR SHARE
+    SELECT term, expires_at FROM leader WHERE `+leaderRow+` FOR SHARE
+), fenced AS (
+    SELECT 1 FROM lead WHERE term = $4 AND expires_at > $5::timestamptz
 ), gone AS (
-    `+sql+` AND EXISTS (SELECT 1 FROM lead)
+    `+sql+` AND EXISTS (SELECT 1 FROM fenced)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM lead)`, s.fenceKey(), before, limit, term, now).Scan(&n, &lead)
+SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM fenced), (SELECT term FROM lead), (SELECT expires_at FROM lead)`,
+		s.fenceKey(), before, limit, term, now).Scan(&n, &lead, &seen, &expires)
 	if err != nil {
 		return 0, fmt.Errorf("board: prune %s: %w", what, err)
 	}
 	if !lead {
-		deposed(s.observer, "prune "+what, term)
+		s.refused(ctx, "prune "+what, term, now, s.seenHolding(seen, expires))
 		return 0, fmt.Errorf("board: prune %s: term %d: %w", what, term, ErrDeposed)
 	}
 	return n, nil

@@ -117,20 +117,28 @@ func (s *Store) runBatchScan(ctx context.Context, b *batch, sql string, args []a
 	for _, ord := range applied {
 		results[ord-1].Applied = true
 	}
-	var missed []int // requests that did not apply and whose reason needs the row
-	told := false
+	var (
+		missed []int // requests that did not apply and whose reason needs the row
+		fenced []int // requests the fence refused
+	)
 	for i := range results {
 		switch {
 		case results[i].Applied:
 		case term == nil || *term != b.terms[i] || expires == nil || !expires.After(b.ats[i]):
 			results[i].NoopReason = sdk.NoopDeposed
-			if !told {
-				deposed(s.observer, b.what, b.terms[i])
-				told = true
-			}
+			fenced = append(fenced, i)
 		default:
 			missed = append(missed, i)
 		}
+	}
+	if len(fenced) > 0 {
+		// One refusal for the batch, under its first refused request's
+		// term and time.
+		as := make([]sdk.Attempt, len(fenced))
+		for j, i := range fenced {
+			as[j] = b.attempts[i]
+		}
+		s.refused(ctx, b.what, b.terms[fenced[0]], b.ats[fenced[0]], s.seenHolding(term, expires), as...)
 	}
 	if len(missed) == 0 {
 		return results, nil

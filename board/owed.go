@@ -189,19 +189,19 @@ func backoffSQL(tries, base, cap string) string {
 const MaxTeardownError = 2048
 
 // leads returns ErrDeposed unless term is the leader row's and its lease
-// runs at now.
-func (s *Store) leads(ctx context.Context, term int64, now time.Time) error {
+// runs at now; a refusal is the fence's refusal of write (Refused).
+func (s *Store) leads(ctx context.Context, write string, term int64, now time.Time) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // nothing written
-	ok, err := s.fence(ctx, tx, term, now)
+	ok, seen, err := s.fence(ctx, tx, term, now)
 	switch {
 	case err != nil:
 		return err
 	case !ok:
-		deposed(s.observer, "fenced read or write", term)
+		s.refused(ctx, write, term, now, seen)
 		return ErrDeposed
 	}
 	return nil
@@ -213,7 +213,7 @@ func (s *Store) leads(ctx context.Context, term int64, now time.Time) error {
 func (s *Store) DueTeardowns(ctx context.Context, term int64, now time.Time, limit int) ([]OwedTeardown, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if err := s.leads(ctx, term, now); err != nil {
+	if err := s.leads(ctx, "due teardowns", term, now); err != nil {
 		return nil, fmt.Errorf("board: due teardowns: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+owedColumns+`,
@@ -259,7 +259,7 @@ DELETE FROM owed_teardowns WHERE id = $4 AND `+fencedTerm, s.fenceKey(), term, n
 	if tag.RowsAffected() == 1 {
 		return true, nil
 	}
-	if err := s.leads(ctx, term, now); err != nil {
+	if err := s.leads(ctx, "owed teardown done", term, now); err != nil {
 		return false, fmt.Errorf("board: owed teardown %d done: %w", id, err)
 	}
 	return false, nil
@@ -278,7 +278,7 @@ UPDATE owed_teardowns o SET tries = o.tries + 1, last_tried_at = $3::timestamptz
 WHERE id = $4 AND `+fencedTerm+`
 RETURNING `+owedColumns, s.fenceKey(), term, now, id, s.Safe(FieldTeardownError, failure), b.Base.Microseconds(), b.Cap.Microseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
-		if ferr := s.leads(ctx, term, now); ferr != nil {
+		if ferr := s.leads(ctx, "owed teardown failed", term, now); ferr != nil {
 			return OwedTeardown{}, fmt.Errorf("board: owed teardown %d failed again: %w", id, ferr)
 		}
 		return OwedTeardown{}, fmt.Errorf("board: owed teardown %d: %w", id, ErrNotFound)

@@ -167,12 +167,12 @@ func (s *Store) ReapRun(ctx context.Context, r sdk.RunReap) (sdk.RunReapResult, 
 		return sdk.RunReapResult{}, fmt.Errorf("board: reap run %s: %s: %w", r.RunID, what, err)
 	}
 
-	ok, err := s.fence(ctx, tx, r.Term, r.At)
+	ok, seen, err := s.fence(ctx, tx, r.Term, r.At)
 	if err != nil {
 		return fail("read leader", err)
 	}
 	if !ok {
-		deposed(s.observer, "reap run", r.Term)
+		s.refused(ctx, "reap run", r.Term, r.At, seen, sdk.Attempt{RunID: r.RunID})
 		return noop(sdk.NoopDeposed)
 	}
 
@@ -238,20 +238,21 @@ UPDATE task_instances ti SET run_closed = true FROM failed f WHERE ti.run_id = f
 }
 
 // fence share-locks the leader row inside tx and reports whether term is
-// current and its lease unexpired at at.
-func (s *Store) fence(ctx context.Context, tx pgx.Tx, term int64, at time.Time) (bool, error) {
+// current and its lease unexpired at at, and the row as it saw it when
+// it found it (seenHolding).
+func (s *Store) fence(ctx context.Context, tx pgx.Tx, term int64, at time.Time) (bool, *LeaderSeen, error) {
 	var (
 		cur     int64
 		expires *time.Time
 	)
 	err := tx.QueryRow(ctx, "SELECT term, expires_at FROM leader WHERE "+leaderRow+" FOR SHARE", s.fenceKey()).Scan(&cur, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return false, nil, nil
 	}
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
-	return cur == term && expires != nil && expires.After(at), nil
+	return cur == term && expires != nil && expires.After(at), s.seenHolding(&cur, expires), nil
 }
 
 func isLockNotAvailable(err error) bool {

@@ -72,6 +72,10 @@ type Observer interface {
 	// lease. Told once per refused call, the batch's first refusal for a
 	// batch.
 	Deposed(write string, term int64)
+	// RefusalUnrecorded: a refusal the fence made (told to Deposed) could
+	// not be kept in fence_refusals (err says why); the refused call's
+	// answer is the refusal all the same. Log it.
+	RefusalUnrecorded(write string, term int64, err error)
 }
 
 // deposed tells the observer, if any, of a fenced write the fence refused.

@@ -2,6 +2,8 @@ package board_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,9 +18,11 @@ import (
 
 // observer records what the board tells its Observer.
 type observer struct {
-	mu      sync.Mutex
-	made    map[board.TextField]int
-	refused []string // "write run/task"
+	mu         sync.Mutex
+	made       map[board.TextField]int
+	refused    []string // "write run/task"
+	deposed    []string // "write term"
+	unrecorded []string // "write term: error"
 }
 
 func (o *observer) TextMadeSafe(f board.TextField) {
@@ -36,7 +40,24 @@ func (o *observer) RowRefused(write string, a sdk.Attempt, err error) {
 	o.refused = append(o.refused, write+" "+a.RunID+"/"+a.TaskID)
 }
 
-func (o *observer) Deposed(string, int64) {}
+func (o *observer) Deposed(write string, term int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.deposed = append(o.deposed, fmt.Sprintf("%s %d", write, term))
+}
+
+func (o *observer) RefusalUnrecorded(write string, term int64, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.unrecorded = append(o.unrecorded, fmt.Sprintf("%s %d: %v", write, term, err))
+}
+
+// fenced returns what the observer was told of the fence's refusals.
+func (o *observer) fenced() (deposed, unrecorded []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.deposed), slices.Clone(o.unrecorded)
+}
 
 func (o *observer) counts() (map[board.TextField]int, []string) {
 	o.mu.Lock()

@@ -210,7 +210,7 @@ RETURNING d.id`, s.fenceKey(), term, now, ids, words, evs)
 		return nil, fmt.Errorf("board: write verdicts: %w", err)
 	}
 	if len(written) == 0 {
-		if err := s.leads(ctx, term, now); err != nil {
+		if err := s.leads(ctx, "write verdicts", term, now); err != nil {
 			return nil, fmt.Errorf("board: write verdicts: %w", err)
 		}
 	}

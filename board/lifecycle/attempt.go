@@ -39,7 +39,7 @@ func (w *Writer) runnerStep(ctx context.Context, what string, a sdk.Attempt, now
 	if err != nil || ok {
 		return ok, err
 	}
-	if err := w.deposed(ctx, now); err != nil {
+	if err := w.deposed(ctx, what, now, a); err != nil {
 		return false, fmt.Errorf("board: %s %s: %w", what, a, err)
 	}
 	return false, nil

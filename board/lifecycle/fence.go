@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dexaflow/reaper/board"
+	"github.com/dexaflow/reaper/sdk"
 )
 
 // ErrDeposed is the error of a fenced write (see Writer.Fenced) made after
@@ -49,14 +52,17 @@ func (w *Writer) fence(first int, now time.Time) (string, []any) {
 		[]any{w.leader, w.holder, w.term, now}
 }
 
-// deposed, after a fenced write that applied to nothing, tells whether the
-// fence refused it: ErrDeposed (wrapped, with what the board holds) when
-// the writer's term no longer leads the board at now, nil when it does (or
-// the writer is not fenced) and the write's own guard refused it.
-func (w *Writer) deposed(ctx context.Context, now time.Time) error {
-	err := w.fenceRefusal(ctx, now)
-	if errors.Is(err, ErrDeposed) && w.observer != nil {
-		w.observer.Deposed("runner write", w.term)
+// deposed, after a fenced write (what: "queue", "retry", ...) that
+// applied to nothing, tells whether the fence refused it: ErrDeposed
+// (wrapped, with what the board holds) when the writer's term no longer
+// leads the board at now, nil when it does (or the writer is not fenced)
+// and the write's own guard refused it. A refusal is told to the observer
+// as a "runner write" and recorded on the board with the attempts the
+// write named (board.Store.Refused).
+func (w *Writer) deposed(ctx context.Context, what string, now time.Time, attempts ...sdk.Attempt) error {
+	seen, err := w.fenceRefusal(ctx, now)
+	if errors.Is(err, ErrDeposed) {
+		w.store.Refused(ctx, "runner write", what, w.term, now, attempts, seen)
 	}
 	return err
 }
@@ -67,13 +73,14 @@ func (w *Writer) deposed(ctx context.Context, now time.Time) error {
 // not. For what a runner does outside the board under its term, such as
 // creating pods, where no guarded statement can carry the fence.
 func (w *Writer) Leads(ctx context.Context, now time.Time) error {
-	return w.deposed(ctx, now)
+	return w.deposed(ctx, "fence check", now)
 }
 
-// fenceRefusal is deposed's reading of the leader row.
-func (w *Writer) fenceRefusal(ctx context.Context, now time.Time) error {
+// fenceRefusal is deposed's reading of the leader row: the refusal, and
+// the row it read.
+func (w *Writer) fenceRefusal(ctx context.Context, now time.Time) (*board.LeaderSeen, error) {
 	if w.term <= 0 {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
@@ -83,21 +90,25 @@ func (w *Writer) fenceRefusal(ctx context.Context, now time.Time) error {
 		expires *time.Time // NULL once its holder resigned
 	)
 	err := w.pool.QueryRow(ctx, `SELECT term, holder, expires_at FROM leader WHERE name = $1`, w.leader).Scan(&term, &holder, &expires)
+	seen := &board.LeaderSeen{Found: err == nil, Term: term}
+	if holder != nil && expires != nil {
+		seen.Holder, seen.ExpiresAt = *holder, *expires
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: term %d, and the board has no leader row %q", ErrDeposed, w.term, w.leader)
+		return seen, fmt.Errorf("%w: term %d, and the board has no leader row %q", ErrDeposed, w.term, w.leader)
 	case err != nil:
-		return fmt.Errorf("reading the board's leader row: %w", err)
+		return nil, fmt.Errorf("reading the board's leader row: %w", err)
 	case term != w.term:
-		return fmt.Errorf("%w: term %d, the board's is %d", ErrDeposed, w.term, term)
+		return seen, fmt.Errorf("%w: term %d, the board's is %d", ErrDeposed, w.term, term)
 	case w.holder != "" && holder != nil && *holder != w.holder:
 		// The same number handed out twice: the board lost the write that
 		// gave it to this replica (a failover to a standby behind).
-		return fmt.Errorf("%w: term %d is held by %s on the board, not by this replica (%s)", ErrDeposed, w.term, *holder, w.holder)
+		return seen, fmt.Errorf("%w: term %d is held by %s on the board, not by this replica (%s)", ErrDeposed, w.term, *holder, w.holder)
 	case expires == nil:
-		return fmt.Errorf("%w: term %d was resigned", ErrDeposed, w.term)
+		return seen, fmt.Errorf("%w: term %d was resigned", ErrDeposed, w.term)
 	case !expires.After(now):
-		return fmt.Errorf("%w: term %d's lease ran out at %s", ErrDeposed, w.term, expires.UTC().Format(time.RFC3339Nano))
+		return seen, fmt.Errorf("%w: term %d's lease ran out at %s", ErrDeposed, w.term, expires.UTC().Format(time.RFC3339Nano))
 	}
-	return nil
+	return nil, nil
 }

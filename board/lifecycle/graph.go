@@ -206,7 +206,7 @@ RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.state, b.fa
 		return nil, fmt.Errorf("board: settle blocked %s task instances: %w", executor, err)
 	}
 	if len(bs) == 0 {
-		if err := w.deposed(ctx, now); err != nil {
+		if err := w.deposed(ctx, "settle blocked", now); err != nil {
 			return nil, fmt.Errorf("board: settle blocked %s task instances: %w", executor, err)
 		}
 	}

@@ -283,7 +283,7 @@ func (w *Writer) CreateRun(ctx context.Context, r NewRun, now time.Time) error {
 			r.MaxActiveTasks); err != nil || r.Operator == "" {
 			return err
 		}
-		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,
+		return auditOperator(ctx, tx, now, w.holder, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorSubmit,
 			Attempt: sdk.Attempt{RunID: r.RunID}, Applied: true,
 			Detail:   fmt.Sprintf("operator %s submitted the run (%d tasks)", r.Operator, n),
 			Evidence: map[string]string{"operator": r.Operator, "tasks": strconv.Itoa(n), "dag": r.DagID}})
@@ -364,7 +364,7 @@ SELECT coalesce((SELECT array_agg(run_id ORDER BY run_id) FROM started), '{}'),
 		return nil, 0, fmt.Errorf("board: start queued runs: %w", err)
 	}
 	if len(started) == 0 && waiting > 0 {
-		if err := w.deposed(ctx, now); err != nil {
+		if err := w.deposed(ctx, "start queued runs", now); err != nil {
 			return nil, 0, fmt.Errorf("board: start queued runs: %w", err)
 		}
 	}

@@ -174,9 +174,9 @@ func (w *Writer) MarkState(ctx context.Context, a sdk.Attempt, seen string, v Ve
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number,
-                attempt_epoch, applied, dry_run, detail, evidence)
-            VALUES ($1, 0, $2, $3, $4, $5, $6, $7, true, false, $8, $9::jsonb)`,
-			now, dec.Reaper, dec.Label, a.RunID, a.TaskID, a.Try, a.Epoch, dec.Detail, string(ev))
+                attempt_epoch, applied, dry_run, detail, evidence, holder)
+            VALUES ($1, 0, $2, $3, $4, $5, $6, $7, true, false, $8, $9::jsonb, nullif($10, ''))`,
+			now, dec.Reaper, dec.Label, a.RunID, a.TaskID, a.Try, a.Epoch, dec.Detail, string(ev), w.holder)
 		return err
 	})
 	if err == nil {

@@ -213,7 +213,7 @@ func (w *Writer) release(ctx context.Context, rl rail, a sdk.Attempt, now time.T
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
 	}
-	if err := w.deposed(ctx, now); err != nil {
+	if err := w.deposed(ctx, rl.name, now, a); err != nil {
 		return Release{}, fmt.Errorf("board: %s %s: %w", rl.name, a, err)
 	}
 	reason, err := w.whyNot(ctx, rl, a)
@@ -314,7 +314,7 @@ func (w *Writer) ReleaseHold(ctx context.Context, a sdk.Attempt, operator string
 			"hold released by operator "+operator); err != nil {
 			return err
 		}
-		return auditOperator(ctx, tx, now, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorRelease,
+		return auditOperator(ctx, tx, now, w.holder, sdk.Decision{Reaper: OperatorReaper, Label: sdk.LabelOperatorRelease,
 			Attempt: a, Applied: true, Detail: fmt.Sprintf("operator %s released the hold", operator),
 			Evidence: map[string]string{"operator": operator}})
 	})
@@ -326,7 +326,7 @@ func (w *Writer) ReleaseHold(ctx context.Context, a sdk.Attempt, operator string
 
 // auditOperator writes an operator's decision to the audit (term 0: an
 // operator's write is not fenced), in the operator's transaction.
-func auditOperator(ctx context.Context, tx pgx.Tx, now time.Time, d sdk.Decision) error {
+func auditOperator(ctx context.Context, tx pgx.Tx, now time.Time, holder string, d sdk.Decision) error {
 	ev, err := json.Marshal(d.Evidence)
 	if err != nil {
 		return err
@@ -336,8 +336,8 @@ func auditOperator(ctx context.Context, tx pgx.Tx, now time.Time, d sdk.Decision
 		task, try, epoch = d.Attempt.TaskID, d.Attempt.Try, d.Attempt.Epoch
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number,
-            attempt_epoch, applied, dry_run, detail, evidence)
-        VALUES ($1, 0, $2, $3, $4, $5, $6, $7, $8, false, $9, $10::jsonb)`,
-		now, d.Reaper, d.Label, d.Attempt.RunID, task, try, epoch, d.Applied, d.Detail, string(ev))
+            attempt_epoch, applied, dry_run, detail, evidence, holder)
+        VALUES ($1, 0, $2, $3, $4, $5, $6, $7, $8, false, $9, $10::jsonb, nullif($11, ''))`,
+		now, d.Reaper, d.Label, d.Attempt.RunID, task, try, epoch, d.Applied, d.Detail, string(ev), holder)
 	return err
 }

@@ -142,7 +142,7 @@ RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`
 		return nil, fmt.Errorf("board: enqueue new %s task instances: %w", executor, err)
 	}
 	if len(as) == 0 {
-		if err := w.deposed(ctx, now); err != nil {
+		if err := w.deposed(ctx, "enqueue new", now); err != nil {
 			return nil, fmt.Errorf("board: enqueue new %s task instances: %w", executor, err)
 		}
 	}
@@ -274,7 +274,7 @@ SELECT run_id, state, unsuccessful, settled_at FROM fin`
 		return nil, fmt.Errorf("board: finish settled runs: %w", err)
 	}
 	if len(runs) == 0 {
-		if err := w.deposed(ctx, now); err != nil {
+		if err := w.deposed(ctx, "finish settled runs", now); err != nil {
 			return nil, fmt.Errorf("board: finish settled runs: %w", err)
 		}
 	}

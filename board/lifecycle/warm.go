@@ -141,7 +141,7 @@ func (w *Writer) RecordWarmWorkerPod(ctx context.Context, worker, uid string, ke
 		return fmt.Errorf("board: record the pod of warm worker %s: %w", worker, err)
 	}
 	if !recorded {
-		if err := w.deposed(ctx, now); err != nil {
+		if err := w.deposed(ctx, "record warm worker pod", now); err != nil {
 			return fmt.Errorf("board: record the pod of warm worker %s: %w", worker, err)
 		}
 	}

@@ -37,7 +37,8 @@ GRANT SELECT ON TABLE
     attempt_log,        -- explain: the try log
     reap_decisions,     -- explain, shadow: the audit
     owed_teardowns,     -- explain: teardowns still owed
-    leader              -- status: who leads, which term
+    leader,             -- status: who leads, which term
+    fence_refusals      -- status: the writes the fence refused
 TO reaper_readonly;
 
 -- Not granted: warm_worker_claims and worker_credential_exchanges (the

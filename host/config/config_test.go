@@ -43,6 +43,8 @@ runner {
     memory_limit      = "1Gi"
     attempt_api       = "https://reaper.tasks.svc:9465"
     pod_token_audience = "reaper-api.tasks"
+    dispatch_buffer    = 64
+    dispatch_workers   = 8
     warm_pool {
       name   = "etl"
       size   = 3
@@ -70,7 +72,8 @@ runner {
 	if cfg.Runner.MaxParallel != 8 || k == nil || k.Namespace != "tasks" || k.Image != "registry.example/task:1" ||
 		k.ServiceAccount != "task" || k.Kubeconfig != "cluster.kubeconfig" || k.PullPolicy != "IfNotPresent" || k.TerminationGrace != 45*time.Second ||
 		k.Requests["cpu"] != "250m" || k.Limits["memory"] != "1Gi" || len(k.Requests) != 1 || len(k.Limits) != 1 ||
-		k.AttemptAPI != "https://reaper.tasks.svc:9465" || k.PodTokenAudience != "reaper-api.tasks" {
+		k.AttemptAPI != "https://reaper.tasks.svc:9465" || k.PodTokenAudience != "reaper-api.tasks" ||
+		k.DispatchBuffer != 64 || k.DispatchWorkers != 8 {
 		t.Fatalf("runner = %+v, kube = %+v", cfg.Runner, k)
 	}
 	if wp := k.WarmPool; wp == nil || *wp != (config.WarmPool{Name: "etl", Size: 3, Slots: 2, Poll: 500 * time.Millisecond,
@@ -93,7 +96,23 @@ runner {
 			t.Errorf("%s: %v, want refused", bad, diags)
 		}
 	}
+	for bad, want := range map[string]string{
+		"dispatch_buffer = -1":                            "dispatch_buffer must be a whole number",
+		"dispatch_buffer = 1.5":                           "dispatch_buffer must be a whole number",
+		"dispatch_workers = 4":                            "set dispatch_buffer above 0 too",
+		"dispatch_buffer = 8\n    dispatch_workers = 0.5": "dispatch_workers must be a whole number from 1 to 256",
+		"dispatch_buffer = 8\n    dispatch_workers = 257": "dispatch_workers must be a whole number from 1 to 256",
+	} {
+		_, diags := config.Check("reaper.hcl", []byte(kubeMinimal+"runner {\n  kube {\n    image = \"x\"\n    "+bad+"\n  }\n}\n"),
+			config.Options{Getenv: func(string) string { return "" }})
+		if !strings.Contains(diags.Error(), want) {
+			t.Errorf("%s: %v, want refused: %s", bad, diags, want)
+		}
+	}
 	cfg = check(kubeMinimal + "runner {\n  kube {\n    image = \"x\"\n  }\n}\n")
+	if k := cfg.Runner.Kube; k.DispatchBuffer != 0 || k.DispatchWorkers != 0 {
+		t.Fatalf("dispatch buffer %d, workers %d: want none (the tick creates the pods)", k.DispatchBuffer, k.DispatchWorkers)
+	}
 	if cfg.Runner.Kube.Namespace != config.KubeNamespaceDefault || cfg.Runner.Kube.WarmPool != nil {
 		t.Fatalf("namespace %q, warm pool %+v: want the default, none", cfg.Runner.Kube.Namespace, cfg.Runner.Kube.WarmPool)
 	}

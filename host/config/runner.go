@@ -92,6 +92,8 @@ type kubeBlock struct {
 	RunAsUser        float64       `reaper:"run_as_user"`
 	RunAsGroup       float64       `reaper:"run_as_group"`
 	ReadOnlyRoot     bool          `reaper:"read_only_root_filesystem"`
+	DispatchBuffer   float64       `reaper:"dispatch_buffer"`
+	DispatchWorkers  float64       `reaper:"dispatch_workers"`
 }
 
 // warmPoolBlock is the kube block's warm_pool block.
@@ -208,6 +210,17 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 			continue
 		}
 		*id.into = int64(id.n)
+	}
+	if n := kb.DispatchBuffer; n < 0 || n != float64(int(n)) {
+		bad("dispatch_buffer", "dispatch_buffer must be a whole number, 0 (the tick creates the pods) or more.")
+	} else {
+		k.DispatchBuffer = int(n)
+	}
+	if n := kb.DispatchWorkers; n < 0 || n > kuberunner.DispatchWorkersMax || n != float64(int(n)) {
+		bad("dispatch_workers", fmt.Sprintf("dispatch_workers must be a whole number from 1 to %d (0 or absent: %d).",
+			kuberunner.DispatchWorkersMax, kuberunner.DispatchWorkersDefault))
+	} else if k.DispatchWorkers = int(n); n > 0 && kb.DispatchBuffer == 0 {
+		bad("dispatch_workers", "dispatch_workers serve the dispatch buffer: set dispatch_buffer above 0 too.")
 	}
 	switch k.PullPolicy {
 	case "", "Always", "IfNotPresent", "Never":

@@ -8,8 +8,8 @@ import (
 // The audit's retention, kept by the leader beside its cycles.
 //
 // reap_decisions (the board's audit) gains a row for every decision of
-// every pass, and warm_worker_claims a row for every warm worker that ever
-// claimed; explain, the shadow scorer and the kube sweep read them, the
+// every pass, fence_refusals one for every write the fence refused, and
+// warm_worker_claims a row for every warm worker that ever claimed; explain, the shadow scorer and the kube sweep read them, the
 // newest parts only. The leader deletes what is older than
 // Config.AuditRetention, one bounded batch of each after a cycle. Unlike
 // the history's, the audit's prune runs on a goroutine of its own: a batch
@@ -17,10 +17,12 @@ import (
 // no cycle waits for it. A cycle that ends while a batch is still under
 // way asks for none more; the next one after it does.
 
-// AuditPruner deletes decisions made, and warm worker claims claimed,
-// before a time, at most limit rows a call (board.Store).
+// AuditPruner deletes decisions made, the fence's refusals recorded, and
+// warm worker claims claimed, before a time, at most limit rows a call
+// (board.Store).
 type AuditPruner interface {
 	PruneDecisions(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
+	PruneRefusals(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
 	PruneWarmClaims(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error)
 }
 
@@ -49,8 +51,9 @@ func (l *Loop) pruneAudit(ctx context.Context) {
 	}
 }
 
-// pruneAuditBatch deletes one batch of decisions and one of warm worker
-// claims past the retention, while term still leads.
+// pruneAuditBatch deletes one batch of decisions, one of the fence's
+// refusals and one of warm worker claims past the retention, while term
+// still leads.
 func (l *Loop) pruneAuditBatch(ctx context.Context, term int64) {
 	if ctx.Err() != nil {
 		return
@@ -66,6 +69,13 @@ func (l *Loop) pruneAuditBatch(ctx context.Context, term int64) {
 		l.cfg.Logger.Warn("could not prune the audit of decisions: after the next cycle", "error", err)
 	case n > 0:
 		l.cfg.Logger.Debug("audit of decisions pruned", "rows", n, "retention", l.cfg.AuditRetention)
+	}
+	n, err = l.cfg.AuditPrune.PruneRefusals(ctx, term, now, before, 0)
+	switch {
+	case err != nil:
+		l.cfg.Logger.Warn("could not prune the fence's refusals: after the next cycle", "error", err)
+	case n > 0:
+		l.cfg.Logger.Debug("the fence's refusals pruned", "rows", n, "retention", l.cfg.AuditRetention)
 	}
 	n, err = l.cfg.AuditPrune.PruneWarmClaims(ctx, term, now, before, 0)
 	switch {

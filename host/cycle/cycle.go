@@ -103,8 +103,8 @@ type Config struct {
 	// HistoryRetention is how long the attempt history is kept. Default
 	// board.HistoryRetentionDefault.
 	HistoryRetention time.Duration
-	// AuditPrune prunes the audit of decisions and the warm workers' claims
-	// past AuditRetention, beside the cycles (auditprune.go; board.Store);
+	// AuditPrune prunes the audit of decisions, the fence's refusals and
+	// the warm workers' claims past AuditRetention, beside the cycles (auditprune.go; board.Store);
 	// nil: they are kept.
 	AuditPrune AuditPruner
 	// AuditRetention is how long the audit is kept. Default

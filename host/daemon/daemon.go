@@ -368,14 +368,15 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	// The pods reach the API at the kube block's attempt_api, else at
 	// attempt_api.advertise (a Service name the certificate covers).
 	rn, err := kuberunner.FromSettings(cfg.Runner.Kube.Settings, d.api.Issuer(cfg.Ladder.AttemptTokenTTL), kuberunner.Config{
-		MaxParallel:   cfg.Runner.MaxParallel,
-		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
-		Pools:         cfg.Runner.Pools,
-		Interval:      cfg.Runner.Interval,
-		Ladder:        cfg.Ladder,
-		Leading:       d.leading,
-		Clock:         d.opts.Clock,
-		Logger:        logger,
+		MaxParallel:      cfg.Runner.MaxParallel,
+		MaxActiveRuns:    cfg.Runner.MaxActiveRuns,
+		Pools:            cfg.Runner.Pools,
+		Interval:         cfg.Runner.Interval,
+		Ladder:           cfg.Ladder,
+		Leading:          d.leading,
+		DispatchObserver: d.metrics,
+		Clock:            d.opts.Clock,
+		Logger:           logger,
 		OnResult: func(res kuberunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
 				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools})

@@ -32,6 +32,13 @@ func (o boardObserver) Deposed(write string, _ int64) {
 	o.fenced.WithLabelValues(write).Inc()
 }
 
+// RefusalUnrecorded logs a refusal of the fence that could not be kept in
+// the board's fence_refusals (it is counted by Deposed all the same).
+func (o boardObserver) RefusalUnrecorded(write string, term int64, err error) {
+	o.log.Warn("the board's fence refused a write, and the refusal could not be recorded on the board",
+		"write", write, "term", term, "error", err)
+}
+
 func newBoardCollectors(m *Metrics) {
 	m.textMadeSafe = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "reaper_board_text_made_safe_total",

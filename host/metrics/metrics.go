@@ -40,6 +40,9 @@ type Metrics struct {
 	finalizeLatency prometheus.Histogram
 	poolSlots       *prometheus.GaugeVec
 	poolWaiting     *prometheus.GaugeVec
+	// The kube runner's dispatch buffer (runner.kube.dispatch_buffer).
+	dispatchBufferDepth prometheus.Gauge
+	dispatchBufferFull  prometheus.Counter
 
 	// The attempt API's collectors (every replica).
 	apiCalls    *prometheus.CounterVec
@@ -144,6 +147,14 @@ func New() *Metrics {
 			Help:    "Time from a run's last task instance settling to the run's finalization.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}),
+		dispatchBufferDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "reaper_dispatch_buffer_depth",
+			Help: "Attempts waiting in the kube runner's dispatch buffer: handed off by the tick, not yet taken by a dispatch worker (runner.kube.dispatch_buffer).",
+		}),
+		dispatchBufferFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "reaper_dispatch_buffer_full_waits_total",
+			Help: "Times the kube runner's tick found its dispatch buffer full and waited for a dispatch worker (it never drops an attempt).",
+		}),
 		apiCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reaper_attempt_api_calls_total",
 			Help: "Calls to the attempt API, by call and result: ok, should_terminate, or the error code of a refused or failed call (expired, forged, wrong_scope, ...).",
@@ -166,6 +177,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency, m.poolSlots, m.poolWaiting,
+		m.dispatchBufferDepth, m.dispatchBufferFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
 		m.decisions.WithLabelValues(l, "false")
@@ -173,6 +185,14 @@ func New() *Metrics {
 	newBoardCollectors(m)
 	return m
 }
+
+// DispatchBuffered adds delta to the depth of the kube runner's dispatch
+// buffer (kuberunner.DispatchObserver).
+func (m *Metrics) DispatchBuffered(delta int) { m.dispatchBufferDepth.Add(float64(delta)) }
+
+// DispatchBufferFull counts a wait of the kube runner's tick on a full
+// dispatch buffer (kuberunner.DispatchObserver).
+func (m *Metrics) DispatchBufferFull() { m.dispatchBufferFull.Inc() }
 
 // Decision counts one decision.
 func (m *Metrics) Decision(d sdk.Decision) {

@@ -49,11 +49,18 @@ func gathered(t *testing.T, m *metrics.Metrics) map[string]float64 {
 // holds one observation for each; every cycle is a loop duration
 // observation; the run started under the start cap is counted; both runs'
 // finalizations are observed. The pods run the real agent (the kubelet
-// player) and report through the attempt API.
+// player) and report through the attempt API. The same holds with the
+// task pod created by a dispatch worker (a dispatch buffer) as on the tick.
 func TestTheKubeRunnerWritesTheDispatchCollectors(t *testing.T) {
+	for _, m := range dispatchModes {
+		t.Run(m.name, func(t *testing.T) { dispatchCollectors(t, m) })
+	}
+}
+
+func dispatchCollectors(t *testing.T, mode dispatchMode) {
 	e := newWarmEnv(t)
 	ctx := context.Background()
-	r := e.runner(t, e.warmConfig(1))
+	r := e.runner(t, mode.on(e.warmConfig(1)))
 	e.refill(t, r)
 	e.workersRunning(t, 1)
 	if err := e.w.CreateRun(ctx, lifecycle.NewRun{RunID: "run-kube", DagID: "dag", State: sdk.RunQueued,
@@ -67,8 +74,8 @@ func TestTheKubeRunnerWritesTheDispatchCollectors(t *testing.T) {
 		t.Fatalf("collectors before any cycle: %v", got)
 	}
 	var (
-		cycles, dispatched, bound int
-		latencies                 []time.Duration
+		cycles, dispatched, bound, handed int
+		latencies                         []time.Duration
 	)
 	finished := func(run string) bool {
 		rn, err := e.w.Run(ctx, run)
@@ -83,12 +90,14 @@ func TestTheKubeRunnerWritesTheDispatchCollectors(t *testing.T) {
 		tick(m, res)
 		cycles++
 		dispatched += res.Dispatched
+		handed += res.Handed
 		bound += res.WarmBound
 		latencies = append(latencies, res.DispatchLatencies...)
 		return finished("run-kube") && finished("run-warm")
 	}, eventually.Every(clusterPoll))
-	if dispatched != 1 || bound != 1 || len(latencies) != 2 {
-		t.Fatalf("dispatched %d, bound %d, latencies %v: want a pod, a bind and the latency of each", dispatched, bound, latencies)
+	if dispatched != 1 || bound != 1 || len(latencies) != 2 || handed != min(mode.buffer, 1) {
+		t.Fatalf("dispatched %d (handed to the workers %d), bound %d, latencies %v: want a pod, a bind and the latency of each",
+			dispatched, handed, bound, latencies)
 	}
 	for _, l := range latencies {
 		if l < 0 || l > time.Duration(cycles)*time.Second {

@@ -28,7 +28,33 @@ const (
 	CreateTimeoutDefault = 30 * time.Second
 	// AgentPathDefault is the agent binary inside the task image.
 	AgentPathDefault = "reaper-agent"
+	// DispatchWorkersDefault is how many dispatch workers serve a dispatch
+	// buffer (DispatchBuffer above 0) when DispatchWorkers is 0.
+	DispatchWorkersDefault = 4
+	// DispatchWorkersMax bounds DispatchWorkers: each worker holds a pod
+	// create in flight, and the client's own rate limit is shared by all.
+	DispatchWorkersMax = 256
 )
+
+// DispatchObserver is told what the dispatch buffer does (host/metrics
+// meters it). Its methods are called from the tick and the workers at
+// once: an implementation must be safe for concurrent use.
+type DispatchObserver interface {
+	// DispatchBuffered reports that the number of attempts waiting in the
+	// buffer (handed off by the tick, not yet taken by a worker) changed
+	// by delta (+1, -1): a gauge adds it, so that changes reported from
+	// the tick and the workers at once never leave it stale.
+	DispatchBuffered(delta int)
+	// DispatchBufferFull reports that the tick found the buffer full and
+	// waited for a worker to take an attempt.
+	DispatchBufferFull()
+}
+
+// noDispatchObserver observes nothing.
+type noDispatchObserver struct{}
+
+func (noDispatchObserver) DispatchBuffered(int) {}
+func (noDispatchObserver) DispatchBufferFull()  {}
 
 // Credentials gives a task pod its attempt's credential. The runner calls
 // it once per dispatch, after the attempt is queued and before the pod is
@@ -97,6 +123,21 @@ type Config struct {
 	DispatchUnavailableWindow time.Duration
 	// CreateTimeout bounds one pod create. Default CreateTimeoutDefault.
 	CreateTimeout time.Duration
+	// DispatchBuffer, above 0, is the size of the queue between the tick
+	// and the dispatch workers (the specification's
+	// scheduler.dispatch.buffer_size): the tick hands each scheduled
+	// attempt to it, DispatchWorkers goroutines take them and dispatch
+	// them (queue, credential, pod create, and the same settling of every
+	// create error as on the tick), and a full buffer makes the tick wait.
+	// 0, the default: the tick dispatches every attempt itself, one at a
+	// time. See dispatchbuf.go.
+	DispatchBuffer int
+	// DispatchWorkers serve the buffer; 0: DispatchWorkersDefault. Only
+	// with DispatchBuffer above 0.
+	DispatchWorkers int
+	// DispatchObserver is told the buffer's depth and the tick's waits on
+	// a full buffer. Default: nothing is told.
+	DispatchObserver DispatchObserver
 	// Interval is Run's period. Default IntervalDefault.
 	Interval time.Duration
 	// Ladder gives the thresholds: the infra confirmation valve, the
@@ -163,6 +204,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Interval == 0 {
 		c.Interval = IntervalDefault
 	}
+	if c.DispatchBuffer > 0 && c.DispatchWorkers == 0 {
+		c.DispatchWorkers = DispatchWorkersDefault
+	}
+	if c.DispatchObserver == nil {
+		c.DispatchObserver = noDispatchObserver{}
+	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
 	}
@@ -185,6 +232,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxParallel < 0 {
 		errs = append(errs, fmt.Errorf("max_parallel %d: must be 0 (no bound) or more", c.MaxParallel))
+	}
+	if c.DispatchBuffer < 0 {
+		errs = append(errs, fmt.Errorf("dispatch_buffer %d: must be 0 (the tick creates the pods) or more", c.DispatchBuffer))
+	}
+	switch {
+	case c.DispatchWorkers < 0 || c.DispatchWorkers > DispatchWorkersMax:
+		errs = append(errs, fmt.Errorf("dispatch_workers %d: must be from 1 to %d", c.DispatchWorkers, DispatchWorkersMax))
+	case c.DispatchWorkers > 0 && c.DispatchBuffer <= 0:
+		errs = append(errs, fmt.Errorf("dispatch_workers %d: the workers serve the dispatch buffer, and dispatch_buffer is 0", c.DispatchWorkers))
 	}
 	if c.TerminationGrace < 0 {
 		errs = append(errs, fmt.Errorf("termination grace %s: must not be negative", c.TerminationGrace))

@@ -22,6 +22,10 @@
 //     (dispatch_unavailable_exhausted, ERROR). A create refused fails as
 //     dispatch_failed at once. dispatch_failed is terminal and spends no
 //     retry: a clear starts the task over.
+//     With Config.DispatchBuffer above 0 the tick hands the attempts to
+//     dispatch workers instead, which dispatch each one through the same
+//     function, under the tick's leadership term, and the tick waits for
+//     them (see dispatchbuf.go).
 //  4. warm (with Config.WarmPool): the task instances of executor warm
 //     through the same release and schedule steps, then requeued off
 //     workers that will not start them and bound to live ones (see
@@ -54,6 +58,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -89,8 +94,10 @@ type Runner struct {
 	// dispatched: attempts this runner queued (a pod created, a warm worker
 	// bound) whose running report it has not seen yet; their dispatch
 	// latency is measured on the tick that finds them running. Used by the
-	// cycle only.
-	dispatched steps.Dispatches
+	// cycle only, and by the dispatch workers during the cycle's dispatch
+	// step (Queued under dispatchedMu).
+	dispatched   steps.Dispatches
+	dispatchedMu sync.Mutex
 
 	// valveNoted: held marks past the valve and when their decision was
 	// last recorded (valve.go). Used by the cycle only.
@@ -142,8 +149,15 @@ func (r *Runner) Close() error { return nil }
 
 // Result reports one cycle.
 type Result struct {
-	At         time.Time // the cycle's now
-	Dispatched int       // scheduled -> queued, with a pod created (or adopted)
+	At time.Time // the cycle's now
+	// Dispatched counts scheduled -> queued with a pod created (or
+	// adopted), on the tick or by the dispatch workers.
+	Dispatched int
+	// Handed counts the attempts handed to the dispatch workers (with
+	// Config.DispatchBuffer); BufferWaits the times the cycle found the
+	// buffer full and waited for a worker.
+	Handed      int
+	BufferWaits int
 	// WarmBound counts warm attempts bound to a worker (scheduled ->
 	// queued); WarmRequeued those offered again on the warm requeue rail.
 	WarmBound    int
@@ -182,6 +196,17 @@ func (r *Runner) Run(ctx context.Context) error {
 		}()
 		defer func() { <-done }()
 	}
+	// The dispatch workers serve every tick and stop once the last one
+	// has returned.
+	if p := r.startDispatchPool(); p != nil {
+		defer p.stop()
+		return r.loop(ctx, leading, p)
+	}
+	return r.loop(ctx, leading, nil)
+}
+
+// loop is Run's loop of ticks, with the dispatch workers of p (nil: none).
+func (r *Runner) loop(ctx context.Context, leading func(time.Time) (int64, bool), p *dispatchPool) error {
 	tk := r.cfg.Clock.NewTicker(r.cfg.Interval)
 	defer tk.Stop()
 	for {
@@ -195,7 +220,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		res, err := r.RunOnceFenced(ctx, now, term)
+		res, err := r.runOnce(ctx, now, term, p)
 		if err != nil && ctx.Err() == nil {
 			r.steps.CycleFailed(err)
 		}
@@ -216,8 +241,20 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 // RunOnceFenced is RunOnce with every board write of the cycle fenced by
 // the leadership term (lifecycle.Writer.Fenced): once term no longer leads
 // the board, the cycle writes nothing more and ends with an error that
-// wraps lifecycle.ErrDeposed. A term of 0 fences nothing.
+// wraps lifecycle.ErrDeposed. A term of 0 fences nothing. With a dispatch
+// buffer, the workers are started for the call and stopped before it
+// returns (Run keeps its own across its ticks).
 func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (Result, error) {
+	if p := r.startDispatchPool(); p != nil {
+		defer p.stop()
+		return r.runOnce(ctx, now, term, p)
+	}
+	return r.runOnce(ctx, now, term, nil)
+}
+
+// runOnce is one cycle, dispatching through the workers of p (nil: on the
+// tick).
+func (r *Runner) runOnce(ctx context.Context, now time.Time, term int64, p *dispatchPool) (Result, error) {
 	res := Result{At: now}
 	d := r.steps
 	d.W = r.w.Fenced(term)
@@ -225,7 +262,9 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 		{"release", d.Release},
 		{"start", d.StartRuns},
 		{"schedule", d.Schedule},
-		{"dispatch", func(ctx context.Context, now time.Time, _ *steps.Tally) error { return r.dispatch(ctx, d, now, &res) }},
+		{"dispatch", func(ctx context.Context, now time.Time, _ *steps.Tally) error {
+			return r.dispatch(ctx, p, d, now, &res)
+		}},
 	}
 	if r.cfg.WarmPool != nil {
 		wd := r.warmSteps
@@ -248,7 +287,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 	res.Took = r.cfg.Clock.Now().Sub(now)
 	if res.Changed() {
 		r.log.Info("kube runner cycle", "runs_started", len(res.RunsStarted), "runs_waiting", res.RunsWaiting,
-			"scheduled", res.Scheduled, "dispatched", res.Dispatched, "warm_bound", res.WarmBound, "warm_requeued", res.WarmRequeued,
+			"scheduled", res.Scheduled, "dispatched", res.Dispatched, "handed", res.Handed, "buffer_waits", res.BufferWaits, "warm_bound", res.WarmBound, "warm_requeued", res.WarmRequeued,
 			"retried", res.Retried, "rescheduled", res.Rescheduled, "replaced", res.Replaced,
 			"offered_again", res.OfferedAgain, "failed", res.Failed, "finalized", res.Finalized, "waiting", res.Waiting)
 	}
@@ -270,15 +309,23 @@ type step struct {
 }
 
 // dispatch queues scheduled attempts and creates their pods, within
-// MaxParallel.
-func (r *Runner) dispatch(ctx context.Context, d steps.Driver, now time.Time, res *Result) error {
-	return d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+// MaxParallel: on the tick, one at a time, or through the dispatch
+// workers of p (see dispatchbuf.go). Both go through dispatchOne.
+func (r *Runner) dispatch(ctx context.Context, p *dispatchPool, d steps.Driver, now time.Time, res *Result) error {
+	one := func(ctx context.Context, ti board.TaskInstance, res *Result) (bool, error) {
 		return r.dispatchOne(ctx, d, ti, now, res)
+	}
+	if p != nil {
+		return r.dispatchBuffered(ctx, p, d, now, res, one)
+	}
+	return d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+		return one(ctx, ti, res)
 	})
 }
 
 // dispatchOne queues one attempt and creates its pod. It reports whether
-// the attempt got a pod.
+// the attempt got a pod. The tick and the dispatch workers alike dispatch
+// through it (a worker with a res of its own, merged into its tick's).
 func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
@@ -319,7 +366,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 		return false, r.failed(ctx, d, ti, fmt.Errorf("creating pod %s/%s: %w", r.cfg.Namespace, pod.Name, err),
 			Unavailable(err), now, res)
 	}
-	r.dispatched.Queued(a, now)
+	r.noteQueued(ti, now)
 	rec := lifecycle.CreatedPod{Name: created.Name, UID: string(created.UID), Created: created.CreationTimestamp.Time}
 	if _, err := d.W.RecordCreatedPod(ctx, a, rec, now); err != nil {
 		return true, err

@@ -50,6 +50,11 @@ type Settings struct {
 	// Requests and Limits of the task container, by resource name (cpu,
 	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
 	Requests, Limits map[string]string
+	// DispatchBuffer and DispatchWorkers are dispatch_buffer and
+	// dispatch_workers: the buffer between the tick and the dispatch
+	// workers (0: the tick creates the pods) and the workers serving it
+	// (see Config.DispatchBuffer).
+	DispatchBuffer, DispatchWorkers int
 	// WarmPool is the kube block's warm_pool block; nil: no pool.
 	WarmPool *WarmPoolSettings
 }
@@ -92,6 +97,7 @@ func FromSettings(s Settings, issuer attempttoken.Issuer, base Config, w *lifecy
 	cfg.TokenAudience = s.PodTokenAudience
 	cfg.PullPolicy = corev1.PullPolicy(s.PullPolicy)
 	cfg.TerminationGrace = s.TerminationGrace
+	cfg.DispatchBuffer, cfg.DispatchWorkers = s.DispatchBuffer, s.DispatchWorkers
 	cfg.Hardening = Hardening{RunAsUser: s.RunAsUser, RunAsGroup: s.RunAsGroup, WritableRoot: !s.ReadOnlyRoot}
 	// Each mint is recorded through the runner's own writer, fenced by the
 	// cycle's term like its other writes.

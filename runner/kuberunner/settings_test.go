@@ -40,7 +40,8 @@ func TestFromSettingsBuildsTheRunnerOfTheKubeBlock(t *testing.T) {
 		PullPolicy: "Never", TerminationGrace: 7 * time.Second, AttemptAPI: "https://reaper.tasks.svc:9465",
 		RunAsUser: 1000, RunAsGroup: 2000, ReadOnlyRoot: false,
 		Requests: map[string]string{"cpu": "250m"}, Limits: map[string]string{"memory": "1Gi"},
-		WarmPool: &WarmPoolSettings{Name: "etl", Size: 2, Slots: 3, Poll: time.Second, Refill: 4 * time.Second},
+		WarmPool:       &WarmPoolSettings{Name: "etl", Size: 2, Slots: 3, Poll: time.Second, Refill: 4 * time.Second},
+		DispatchBuffer: 32, DispatchWorkers: 6,
 	}
 	r, err := FromSettings(s, issuer, Config{MaxParallel: 9}, w)
 	if err != nil {
@@ -48,7 +49,8 @@ func TestFromSettingsBuildsTheRunnerOfTheKubeBlock(t *testing.T) {
 	}
 	c := r.cfg
 	if c.Client == nil || c.Namespace != "tasks" || c.Image != "task:1" || c.AgentPath != AgentPathDefault ||
-		c.ServiceAccount != "runner" || c.PullPolicy != corev1.PullNever || c.TerminationGrace != 7*time.Second || c.MaxParallel != 9 {
+		c.ServiceAccount != "runner" || c.PullPolicy != corev1.PullNever || c.TerminationGrace != 7*time.Second || c.MaxParallel != 9 ||
+		c.DispatchBuffer != 32 || c.DispatchWorkers != 6 {
 		t.Fatalf("config %+v", c)
 	}
 	if c.Hardening != (Hardening{RunAsUser: 1000, RunAsGroup: 2000, WritableRoot: true}) {
@@ -90,9 +92,10 @@ func TestFromSettingsBuildsTheRunnerOfTheKubeBlock(t *testing.T) {
 		edit func(*Settings)
 		want string
 	}{
-		"AMissingKubeconfigIsRefused": {func(s *Settings) { s.Kubeconfig += ".missing" }, "loading the API server's configuration"},
-		"ABadQuantityIsRefused":       {func(s *Settings) { s.Limits = map[string]string{"memory": "lots"} }, `memory limit "lots"`},
-		"NoImageIsRefused":            {func(s *Settings) { s.Image = "" }, "no image"},
+		"AMissingKubeconfigIsRefused":     {func(s *Settings) { s.Kubeconfig += ".missing" }, "loading the API server's configuration"},
+		"ABadQuantityIsRefused":           {func(s *Settings) { s.Limits = map[string]string{"memory": "lots"} }, `memory limit "lots"`},
+		"NoImageIsRefused":                {func(s *Settings) { s.Image = "" }, "no image"},
+		"WorkersWithoutABufferAreRefused": {func(s *Settings) { s.DispatchBuffer = 0 }, "dispatch_workers 6"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := s

@@ -3,11 +3,14 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/history"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -241,15 +244,17 @@ func failoverSynchronous(t *testing.T, mon *monitor) {
 // still believing it leads N+1, and runs a cycle.
 //
 // What is proven: the board's fence refuses replica 2's writes of N+1 (it
-// counts them in reaper_fence_refused_total and logs that it steps down,
-// for term N+1), replica 2 reports no decision applied after the thaw,
-// replica 3 holds N+1 on the board from its acquisition to the end, and
-// the promoted board's audit holds no applied decision of N+1 dated before
-// replica 3 took it: of the two replicas handed term N+1, only replica 3's
-// writes applied. The audit does not record the writing replica, so which
-// replica wrote an applied decision of N+1 is read from these, not from
-// the audit. A fence on the term alone would have let replica 2's writes
-// through beside replica 3's (board's
+// counts them in reaper_fence_refused_total, logs that it steps down, for
+// term N+1, and the board records the refusal in fence_refusals: term N+1
+// claimed by replica 2, met held by replica 3), replica 2 reports no
+// decision applied after the thaw, replica 3 holds N+1 on the board from
+// its acquisition to the end, and the promoted board's audit holds no
+// applied decision of N+1 written by replica 2 (each audit row names its
+// holder) nor dated before replica 3 took it: of the two replicas handed
+// term N+1, only replica 3's writes applied. The scenario's fault history
+// holds the refusal as a write refused by the fence, and the checker
+// proves it stale. A fence on the term alone would have let replica 2's
+// writes through beside replica 3's (board's
 // TestFailoverToAnAsyncStandbyThatLostATermIncrementDoesNotHandTheTermTwice
 // shows that on the store).
 func failoverAsyncLostTerm(t *testing.T, mon *monitor) {
@@ -380,15 +385,70 @@ func failoverAsyncLostTerm(t *testing.T, mon *monitor) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	byTermC := 0
 	for _, d := range ds {
 		if d.Term == termB.Term && d.Applied && d.At.Before(termC.AcquiredAt) {
 			t.Errorf("the promoted board holds an applied decision of term %d from before replica 3 took it: %+v", d.Term, d)
 		}
+		if d.Term == termB.Term && d.Applied && d2.holds(d.Holder) {
+			t.Errorf("the promoted board holds an applied decision of term %d written by replica 2 (%s): %+v", d.Term, d.Holder, d)
+		}
+		if d.Term == termB.Term && d3.holds(d.Holder) {
+			byTermC++
+		}
+	}
+	if byTermC == 0 {
+		t.Errorf("no audit row of term %d names replica 3 (%s) as its writer", termB.Term, termC.Holder)
+	}
+	// The board kept replica 2's refusals: term N+1 claimed by replica 2,
+	// met held by replica 3.
+	rfs, err := s.store.FenceRefusals(ctx, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []board.FenceRefusal
+	for _, r := range rfs {
+		if r.Term == termB.Term && d2.holds(r.Holder) {
+			kept = append(kept, r)
+			if r.Why() != board.RefusedHolder || r.LeadTerm != termC.Term || r.LeadHolder != termC.Holder {
+				t.Errorf("replica 2's refusal %+v (%s), want refused for its holder against replica 3's term %d", r, r.Why(), termC.Term)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		t.Errorf("the board recorded none of replica 2's refused writes: %+v", rfs)
+	}
+	replica2 := ""
+	if len(kept) > 0 {
+		replica2 = kept[0].Holder
 	}
 	s.waitRecovered("victim")
 	refused, _ = d2.metric("reaper_fence_refused_total")
-	s.row.note("term %d handed to %s on the primary and again to %s on the promoted standby; %s's writes refused by the fence: %v (first: %s), stepped down %s after its thaw; %s's applied: 0",
-		termB.Term, d2.name, d3.name, d2.name, refused, strings.Join(writes, ", "),
+	s.row.note("term %d handed to %s on the primary and again to %s on the promoted standby; %s's writes refused by the fence: %v (first: %s), %d recorded on the board, stepped down %s after its thaw; %s's applied: 0",
+		termB.Term, d2.name, d3.name, d2.name, refused, strings.Join(writes, ", "), len(kept),
 		down.at.Sub(thawAt).Round(time.Millisecond), d2.name)
 	s.finish()
+
+	// The history holds replica 2's refusals as writes refused by the
+	// fence, with what the fence met (and the checker, in finish, found
+	// them stale).
+	events, err := history.Read(filepath.Join(s.dir, historyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, e := range events {
+		if e.Kind == history.KindWrite && e.Outcome == history.OutcomeDeposed && e.Term == termB.Term && e.Holder == replica2 {
+			found++
+			if e.Fence == nil || e.Fence.Term != termC.Term || e.Fence.Holder != termC.Holder {
+				t.Errorf("replica 2's refusal in the history: %+v fence %+v", e, e.Fence)
+			}
+			if found == 1 {
+				t.Logf("history: %s under term %d by %s refused (%s)", e.Op, e.Term, e.Holder, e.Note)
+			}
+		}
+	}
+	if replica2 != "" && found == 0 {
+		t.Errorf("the history holds no refused write of replica 2 under term %d", termB.Term)
+	}
 }

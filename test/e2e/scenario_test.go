@@ -474,13 +474,14 @@ type decision struct {
 	Applied bool
 	Detail  string
 	Attempt sdk.Attempt // zero for run or gate decisions
+	Holder  string      // the replica that wrote it
 }
 
 // decisions reads the audit, oldest first; with a run/task filter when task
 // is not empty.
 func (s *scenario) decisions(task string) ([]decision, error) {
 	q := `SELECT at, term, reaper, label, applied, detail, coalesce(run_id, ''), coalesce(task_id, ''),
-	             coalesce(try_number, 0), coalesce(attempt_epoch, 0)
+	             coalesce(try_number, 0), coalesce(attempt_epoch, 0), coalesce(holder, '')
 	        FROM reap_decisions`
 	var args []any
 	if task != "" {
@@ -498,7 +499,7 @@ func (s *scenario) decisions(task string) ([]decision, error) {
 	for rows.Next() {
 		var d decision
 		if err := rows.Scan(&d.At, &d.Term, &d.Reaper, &d.Label, &d.Applied, &d.Detail,
-			&d.Attempt.RunID, &d.Attempt.TaskID, &d.Attempt.Try, &d.Attempt.Epoch); err != nil {
+			&d.Attempt.RunID, &d.Attempt.TaskID, &d.Attempt.Try, &d.Attempt.Epoch, &d.Holder); err != nil {
 			return nil, err
 		}
 		out = append(out, d)

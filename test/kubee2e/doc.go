@@ -41,7 +41,10 @@
 // leader cut off from the API server reaches it through a proxy
 // (testkit/netfault) whose cut holds every byte, so that replica's
 // requests hang while the other replica and the cluster see the API
-// server. Every scenario checks the same promises:
+// server; the leader cut off from PostgreSQL reaches the board the same
+// way (a proxy its DSN names) while both replicas see the API server, and
+// the other must take the Lease and its term within a bound of the cut
+// (boardCutTakeover). Every scenario checks the same promises:
 // each task's exact end (state, try, re-placed or not); no false reap (an
 // applied reaper decision on an attempt or run the test did not harm); no
 // double execution (each execution of a task holds an flock on the task's

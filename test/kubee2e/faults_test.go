@@ -59,6 +59,7 @@ var scenarios = []struct {
 	{"NodeLostItsPodsGoneAreReapedAndRePlaced", nodeLost},
 	{"APIServerStoppedPastTheThresholdsReapsNothingWhileBlind", apiServerStopped},
 	{"RunWhoseEveryPodVanishedWithItsSchedulerGoneIsAnOrphanRun", orphanedRun},
+	{"LeaderCutOffFromPostgresIsReplacedAndAppliesNothing", leaderCutOffFromPostgres},
 	{"PodDeletedUnderARunningAttemptIsReapedAndRePlaced", podDeleted},
 	{"EvictionThroughTheEvictionAPIIsAnInfraFailure", evicted},
 	{"PreemptionIsAnInfraFailure", preempted},

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -60,11 +61,13 @@ type Heartbeat struct {
 	Attempt sdk.Attempt
 }
 
-// Board is what the triggers recorded, each list in the order of its rows.
+// Board is what the triggers recorded, each list in the order of its rows,
+// and the writes the board's fence refused (its own fence_refusals).
 type Board struct {
 	Terms       []Term
 	Transitions []Transition
 	RunChanges  []RunChange
+	Refusals    []board.FenceRefusal
 	// Heartbeats are, by attempt, the times its heartbeats landed, in
 	// order.
 	Heartbeats map[sdk.Attempt][]time.Time
@@ -81,6 +84,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool) (Board, error) {
 		return b, err
 	}
 	if b.Terms, err = Terms(ctx, pool); err != nil {
+		return b, err
+	}
+	if b.Refusals, err = Refusals(ctx, pool); err != nil {
 		return b, err
 	}
 	beats, _, err := Heartbeats(ctx, pool, 0)
@@ -163,6 +169,30 @@ func Terms(ctx context.Context, pool *pgxpool.Pool) ([]Term, error) {
 	}
 	return out, nil
 }
+
+// Refusals reads every write the board's fence refused, in order
+// (board.Store.FenceRefusals, page by page).
+func Refusals(ctx context.Context, pool *pgxpool.Pool) ([]board.FenceRefusal, error) {
+	store := board.New(pool, board.Options{})
+	var out []board.FenceRefusal
+	for {
+		var after int64
+		if len(out) > 0 {
+			after = out[len(out)-1].ID
+		}
+		page, err := store.FenceRefusals(ctx, after, refusalPage)
+		if err != nil {
+			return nil, fmt.Errorf("boardhistory: %w", err)
+		}
+		out = append(out, page...)
+		if len(page) < refusalPage {
+			return out, nil
+		}
+	}
+}
+
+// refusalPage is how many refusals Refusals reads at once.
+const refusalPage = 500
 
 // Heartbeats reads the heartbeats that landed after the one with id after
 // (0: all), in order, and the id of the last read (after when none).

@@ -2,6 +2,8 @@ package boardhistory_test
 
 import (
 	"context"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,5 +109,85 @@ func TestInstallAndCollect(t *testing.T) {
 	v := history.Check(boardhistory.Record(b, nil, nil, finals))
 	if !v.OK() || v.WritesApplied != 6 || v.Terms != 1 {
 		t.Errorf("verdict: %s", v)
+	}
+}
+
+// A write the fence refused on a real board is collected and becomes a
+// refused write of the history, with what the fence met: A's mark after B
+// took the next term (stale by its term) and B's after its own lease ran
+// out (the lease's refusal, not the rightful holder's) both leave the
+// history clean.
+func TestRefusalsAreCollected(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.NewDB(t)
+	if err := boardhistory.Install(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	const holderA, holderB = "host/1/aaaa", "host/2/bbbb"
+	a := board.New(pool, board.Options{Holder: holderA})
+	b := board.New(pool, board.Options{Holder: holderB})
+	t0 := time.Now()
+	leaseA, ok, err := a.TryAcquire(ctx, holderA, time.Second, t0)
+	if err != nil || !ok {
+		t.Fatalf("A acquires: %v %v", ok, err)
+	}
+	if err := lifecycle.New(pool, lifecycle.Options{}).CreateRun(ctx, lifecycle.NewRun{RunID: "r", DagID: "d",
+		State: sdk.RunRunning, Tasks: []lifecycle.NewTask{{TaskID: "a", Executor: sdk.ExecutorLite, Command: "true"}}},
+		t0); err != nil {
+		t.Fatal(err)
+	}
+	leaseB, ok, err := b.TryAcquire(ctx, holderB, time.Second, t0.Add(2*time.Second))
+	if err != nil || !ok || leaseB.Term != leaseA.Term+1 {
+		t.Fatalf("B acquires: %+v %v %v", leaseB, ok, err)
+	}
+	a1 := sdk.Attempt{RunID: "r", TaskID: "a", Try: 1}
+	mark := func(term int64, at time.Time) sdk.Mark {
+		return sdk.Mark{Attempt: a1, FromStates: []string{sdk.StateNone}, HeartbeatBefore: at, Kind: sdk.MarkInfra,
+			Reason: sdk.LabelAgentLost, Message: "agent_lost: test", Term: term, At: at}
+	}
+	for _, try := range []struct {
+		who  *board.Store
+		mark sdk.Mark
+	}{
+		{a, mark(leaseA.Term, t0.Add(2*time.Second))},
+		{b, mark(leaseB.Term, t0.Add(5*time.Second))}, // past B's own lease
+	} {
+		if res, err := try.who.Mark(ctx, []sdk.Mark{try.mark}); err != nil || res[0].NoopReason != sdk.NoopDeposed {
+			t.Fatalf("mark under term %d: %+v %v, want deposed", try.mark.Term, res, err)
+		}
+	}
+	// The run ends by an operator's hand, so the history has a final row.
+	if _, err := pool.Exec(ctx, `UPDATE task_instances SET state = 'success'`); err != nil {
+		t.Fatal(err)
+	}
+
+	col, err := boardhistory.Collect(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(col.Refusals) != 2 || col.Refusals[0].Why() != board.RefusedTerm || col.Refusals[1].Why() != board.RefusedLease {
+		t.Fatalf("refusals: %+v", col.Refusals)
+	}
+	finals, err := boardhistory.ReadFinals(ctx, pool, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "history.jsonl")
+	v, err := boardhistory.Judge(path, boardhistory.Record(col, nil, nil, finals))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.OK() || v.RefusedByFence != 2 || v.Terms != 2 {
+		t.Fatalf("verdict: %s", v)
+	}
+	read, err := history.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(read, func(e history.Event) bool { return e.Outcome == history.OutcomeDeposed })
+	if e := read[i]; e.Op != "mark" || e.Term != leaseA.Term || e.Holder != holderA || e.Attempt == nil ||
+		e.Attempt.TaskID != "a" || e.Fence == nil || e.Fence.Term != leaseB.Term || e.Fence.Holder != holderB {
+		t.Errorf("A's refusal in the file: %+v %+v", e, e.Fence)
 	}
 }

@@ -24,6 +24,10 @@
 // start and end, and when one killed without a word was gone, is each
 // harness's business: only it watched them.
 //
-// A write the fence refused leaves no row (its transaction rolled back),
-// so the history these triggers make holds applied writes only.
+// A write the fence refused leaves no row the triggers see (it changed
+// nothing); the board itself keeps it, in fence_refusals (migration 20),
+// and Collect reads those too (Board.Refusals), so the history holds the
+// writes the fence refused beside those that applied, each with what the
+// fence met: the checker proves each refusal stale by the leader row's
+// history of terms (history.RuleRightfulRefused).
 package boardhistory

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/testkit/history"
 )
@@ -51,6 +52,10 @@ type Fault struct {
 //     same way;
 //   - each heartbeat that landed is an unfenced write "heartbeat" on its
 //     attempt;
+//   - each write the fence refused is a write refused as deposed, at the
+//     database's time of its record, one per task attempt it named (about
+//     no attempt when it named none), with what the fence met
+//     (RefusalEvents);
 //   - each execution is a start and, when it ended, an end;
 //   - each fault is a fault event; each final row a final event.
 //
@@ -66,7 +71,7 @@ func Record(b Board, executions []Execution, faults []Fault, finals []Final) []h
 	r := newRecorder(b.Terms)
 	var out []history.Event
 	for _, t := range b.Terms {
-		out = append(out, history.Event{Time: t.At, Kind: history.KindWrite, Op: "acquire", Term: t.Term,
+		out = append(out, history.Event{Time: t.At, Kind: history.KindWrite, Op: history.OpAcquire, Term: t.Term,
 			Holder: t.Holder, Outcome: history.OutcomeApplied, Note: "the leader row's new term"})
 	}
 	for _, t := range b.Transitions {
@@ -77,6 +82,9 @@ func Record(b Board, executions []Execution, faults []Fault, finals []Final) []h
 			Outcome: history.OutcomeApplied, Note: fmt.Sprintf("run %s %s -> %s", rc.RunID, rc.OldState, rc.NewState)}
 		r.fence(&e, rc.Fenced, rc.Writer, rc.Term, rc.LeadHolder)
 		out = append(out, e)
+	}
+	for _, rf := range b.Refusals {
+		out = append(out, RefusalEvents(rf)...)
 	}
 	for _, a := range sortedAttempts(b.Heartbeats) {
 		for _, at := range b.Heartbeats[a] {
@@ -236,5 +244,56 @@ func sortedAttempts[V any](m map[sdk.Attempt]V) []sdk.Attempt {
 		}
 		return x.Epoch < y.Epoch
 	})
+	return out
+}
+
+// NoHolder is the holder a refusal's events give a writer that had none (a
+// store or writer built without a holder: a tool, a test).
+const NoHolder = "(no holder)"
+
+// RefusalEvents are the history events of one refusal of the fence: a
+// write of its name under the term and holder the writer claimed,
+// refused as deposed at the time the board recorded it, with the leader
+// row it met and the write's own time as its fence; one per task attempt
+// it named, or one about no attempt when it named none (a prune, a
+// run's reap: the run is in the note).
+func RefusalEvents(rf board.FenceRefusal) []history.Event {
+	holder := rf.Holder
+	if holder == "" {
+		holder = NoHolder
+	}
+	note := "refused by the fence (" + rf.Why() + "): the board had no leader row"
+	if rf.LeadFound {
+		lead := rf.LeadHolder
+		if lead == "" {
+			lead = "resigned"
+		}
+		note = fmt.Sprintf("refused by the fence (%s): the leader row held term %d (%s)", rf.Why(), rf.LeadTerm, lead)
+	}
+	if rf.Requests > len(rf.Attempts) {
+		note = join(note, fmt.Sprintf("%d requests, the first %d named", rf.Requests, len(rf.Attempts)))
+	}
+	e := func(a *history.Attempt, note string) history.Event {
+		return history.Event{Time: rf.At, Kind: history.KindWrite, Op: rf.Write, Term: rf.Term, Holder: holder,
+			Attempt: a, Outcome: history.OutcomeDeposed, Note: note,
+			Fence: &history.Fence{Term: rf.LeadTerm, Holder: rf.LeadHolder, Expires: rf.LeadExpiresAt, WriteAt: rf.WriteAt}}
+	}
+	var (
+		out  []history.Event
+		runs []string
+	)
+	for _, a := range rf.Attempts {
+		if a.TaskID == "" {
+			runs = append(runs, a.RunID)
+			continue
+		}
+		out = append(out, e(attempt(a), note))
+	}
+	if len(out) == 0 {
+		if len(runs) > 0 {
+			note = join(note, "run "+strings.Join(runs, ", "))
+		}
+		out = append(out, e(nil, note))
+	}
 	return out
 }

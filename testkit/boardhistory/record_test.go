@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/testkit/boardhistory"
 	"github.com/dexaflow/reaper/testkit/history"
@@ -197,6 +198,72 @@ func TestRecordViolations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The fence's refusals are history events: one per task attempt a
+// refusal named (one about no attempt when it named none), refused as
+// deposed, with what the fence met. A stale writer's refusals keep the
+// history clean; the rightful holder refused breaks it, named.
+func TestRecordRefusals(t *testing.T) {
+	a10, a11 := attempt("a", 1, 0), attempt("a", 1, 1)
+	// Replica A, deposed by B's term 2 at 15, marks a batch under term 1 at
+	// 21 (two attempts, three requests) and tries to reap the run at 26.
+	stale := board.FenceRefusal{ID: 1, At: at(21), Write: "mark", Term: 1, Holder: holderA, WriteAt: at(20.9),
+		Attempts: []sdk.Attempt{a10, attempt("b", 1, 0)}, Requests: 3,
+		LeadFound: true, LeadTerm: 2, LeadHolder: holderB, LeadExpiresAt: at(60)}
+	reap := board.FenceRefusal{ID: 2, At: at(26), Write: "reap run", Term: 1, Holder: holderA, WriteAt: at(26),
+		Attempts: []sdk.Attempt{{RunID: "r"}}, Requests: 1, LeadFound: true, LeadTerm: 2, LeadHolder: holderB, LeadExpiresAt: at(60)}
+
+	b, x, faults, f := clean()
+	b.Refusals = []board.FenceRefusal{stale, reap}
+	f = append(f, boardhistory.Final{Attempt: attempt("b", 1, 0), State: sdk.StateSuccess, At: at(40)})
+	events := boardhistory.Record(b, x, faults, f)
+	v := history.Check(events)
+	if !v.OK() || v.RefusedByFence != 3 {
+		t.Fatalf("a stale writer's refusals: %s", v)
+	}
+	var refused []history.Event
+	for _, e := range events {
+		if e.Outcome == history.OutcomeDeposed {
+			refused = append(refused, e)
+		}
+	}
+	if len(refused) != 3 {
+		t.Fatalf("refusal events: %+v", refused)
+	}
+	first := refused[0]
+	if first.Op != "mark" || first.Term != 1 || first.Holder != holderA || first.Attempt == nil || first.Attempt.TaskID != "a" || first.Attempt.Try != 1 ||
+		!first.Time.Equal(at(21)) || first.Fence == nil || first.Fence.Term != 2 || first.Fence.Holder != holderB ||
+		!first.Fence.WriteAt.Equal(at(20.9)) || !strings.Contains(first.Note, "refused by the fence (term)") ||
+		!strings.Contains(first.Note, "3 requests, the first 2 named") {
+		t.Errorf("the batch's first event: %+v %+v", first, first.Fence)
+	}
+	if r := refused[2]; r.Op != "reap run" || r.Attempt != nil || !strings.Contains(r.Note, "run r") {
+		t.Errorf("the run's reap: %+v", r)
+	}
+
+	// B refused under its own term, its lease running: the fence refused
+	// the rightful holder.
+	b.Refusals = append(b.Refusals, board.FenceRefusal{ID: 3, At: at(25), Write: "settle", Term: 2, Holder: holderB,
+		WriteAt: at(24.9), Attempts: []sdk.Attempt{a11}, Requests: 1,
+		LeadFound: true, LeadTerm: 2, LeadHolder: holderB, LeadExpiresAt: at(60)})
+	v = history.Check(boardhistory.Record(b, x, faults, f))
+	if got := rules(v); !slices.Equal(got, []history.Rule{history.RuleRightfulRefused}) {
+		t.Fatalf("rules %v:\n%s", got, v)
+	}
+	// Past its own lease it is the lease's refusal, and stale.
+	b.Refusals[2].LeadExpiresAt = at(24)
+	if v := history.Check(boardhistory.Record(b, x, faults, f)); !v.OK() {
+		t.Errorf("a refusal past the writer's own lease: %s", v)
+	}
+}
+
+func rules(v history.Verdict) []history.Rule {
+	var out []history.Rule
+	for _, x := range v.Violations {
+		out = append(out, x.Rule)
+	}
+	return out
 }
 
 // Judge writes the file and judges it read back.

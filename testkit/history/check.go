@@ -89,6 +89,7 @@ func Check(events []Event) Verdict {
 	c.sort(events)
 	c.read()
 	c.oneWriter()
+	c.refusals() // refusals.go
 	c.outcomes()
 	c.executions()
 	c.judgeFinals()
@@ -210,6 +211,9 @@ func problem(e Event) string {
 			return fmt.Sprintf("a write sent at %s, after its answer", ts(e.Since))
 		case e.Next != nil && e.Attempt == nil:
 			return "a next attempt with no attempt"
+		}
+		if why := fenceProblem(e); why != "" {
+			return why
 		}
 		if e.Attempt != nil {
 			if why := attempt(e.Attempt, "attempt"); why != "" {

@@ -38,6 +38,12 @@
 //	         the new attempt's state
 //	since    when the write was sent, if known; time is when its answer
 //	         came back. The write took effect somewhere in between.
+//	fence    for a write the fence refused (outcome "deposed"), what it
+//	         met, if known: the leader row's term, holder and lease
+//	         expiry, and the write's own time the lease was compared with
+//
+// The write "acquire" (OpAcquire), applied, is the leader row beginning a
+// term, under that term, by its holder: the history's leader history.
 //
 // An execution start carries attempt (the task and the try and epoch it
 // ran as) and exec, an identifier unique to that execution (a pod's UID, a
@@ -60,8 +66,17 @@
 // the rules walk the history in order, events are sorted by time, and
 // events with the same time keep their order in the file.
 //
-// Only applied writes can break the rules on writes: a refused write is the
-// fence (or a guard) doing its job, and is only counted.
+// Applied writes are what break the rules on writes: a refused write is the
+// fence (or a guard) doing its job, and is counted; but the fence must
+// refuse only what is stale.
+//
+// No rightful holder refused (RuleRightfulRefused): a write the fence
+// refused must not be of the term and holder the leader history shows
+// leading at the refusal's time (the last acquisition before it; one at
+// the same instant orders nothing, and the refusal is not judged), unless
+// its fence shows the writer's own lease run out at the write's time, or
+// its term resigned, which acquisitions do not record. A history with no
+// acquisition has no leader history; its refusals are only counted.
 //
 // One writer (RuleStaleTerm, RuleTermTwice): once a term's first applied
 // write has come back, no write under an older term may be applied that

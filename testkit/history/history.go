@@ -116,6 +116,9 @@ type Event struct {
 	Exec string `json:"exec,omitempty"`
 	// Note is free text: which fault, which replica (any kind).
 	Note string `json:"note,omitempty"`
+	// Fence is what the fence met when it refused the write (a write with
+	// outcome deposed; refusals.go).
+	Fence *Fence `json:"fence,omitempty"`
 }
 
 // Writer appends events to a history, one JSON line per event. It is safe

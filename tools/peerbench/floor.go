@@ -22,7 +22,7 @@ import (
 
 // auditColumns are the audit row's columns as the board writes them.
 const auditColumns = `at, term, reaper, label, run_id, task_id, try_number, attempt_epoch, applied, dry_run,
-    detail, evidence_packed, scored`
+    detail, evidence_packed, scored, holder`
 
 // measureAuditAlone writes again, alone, the audit rows the last recovery
 // wrote: a copy of them is taken, the audit emptied, and the rows inserted

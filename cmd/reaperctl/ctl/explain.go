@@ -273,7 +273,11 @@ func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []boa
 			fmt.Fprintf(w, "  %s (%s ago): operator %s marked %s %s\n", stamp(r.At), age(now, r.At),
 				r.Evidence["operator"], subject, r.Evidence["verdict"])
 		} else {
-			fmt.Fprintf(w, "  %s (%s ago), term %d: %s judged %s\n", stamp(r.At), age(now, r.At), r.Term, who, subject)
+			by := ""
+			if r.Holder != "" {
+				by = " by " + r.Holder
+			}
+			fmt.Fprintf(w, "  %s (%s ago), term %d%s: %s judged %s\n", stamp(r.At), age(now, r.At), r.Term, by, who, subject)
 		}
 		fmt.Fprintf(w, "    %s: %s\n", r.Label, outcomeWords(r))
 		if r.Detail != "" {

@@ -237,6 +237,26 @@ teardown owed of try 1 epoch 0 since 4m ago (agentlost, reaped as agent_lost): 2
 		}
 	})
 
+	t.Run("NamesTheReplicaThatWroteADecision", func(t *testing.T) {
+		t.Parallel()
+		b := explainBoard(t)
+		replica := board.New(b.pool, board.Options{Holder: "host-b/77/abcd"})
+		if err := replica.RecordDecisions(context.Background(), b.term, base.Add(-time.Minute), []sdk.Decision{{Reaper: "agentlost",
+			Label: sdk.LabelAgentLostProcessAlive, Attempt: first("r", "t")}}); err != nil {
+			t.Fatal(err)
+		}
+		r := b.ctl(t, "explain", "r", "t").ok(t)
+		if !strings.Contains(r.stdout, "(1m ago), term 1 by host-b/77/abcd: agentlost judged try 1 epoch 0") ||
+			!strings.Contains(r.stdout, "(5m ago), term 1: agentlost judged") {
+			t.Errorf("explain names the holder of the decision that has one, only:\n%s", r.stdout)
+		}
+		var doc explainJSON
+		b.ctl(t, "explain", "-json", "r", "t").ok(t).decode(t, &doc)
+		if n := len(doc.Decisions); n != 4 || doc.Decisions[n-1].Holder != "host-b/77/abcd" || doc.Decisions[0].Holder != "" {
+			t.Errorf("decisions' holders: %+v", doc.Decisions)
+		}
+	})
+
 	t.Run("LimitTellsTheNewestAndSaysOlderWereLeftOut", func(t *testing.T) {
 		t.Parallel()
 		b := explainBoard(t)

@@ -120,6 +120,7 @@ type decisionJSON struct {
 	ID       int64             `json:"id"`
 	At       time.Time         `json:"at"`
 	Term     int64             `json:"term"`
+	Holder   string            `json:"holder,omitempty"` // the replica that wrote it
 	Reaper   string            `json:"reaper"`
 	Label    string            `json:"label"`
 	RunID    string            `json:"run_id"`
@@ -144,7 +145,7 @@ type verdictJSON struct {
 
 func decisionOf(r board.AuditRecord) decisionJSON {
 	d := decisionJSON{
-		ID: r.ID, At: r.At.UTC(), Term: r.Term, Reaper: r.Reaper, Label: r.Label,
+		ID: r.ID, At: r.At.UTC(), Term: r.Term, Holder: r.Holder, Reaper: r.Reaper, Label: r.Label,
 		RunID: r.Attempt.RunID, TaskID: r.Attempt.TaskID, Outcome: outcome(r),
 		Applied: r.Applied, DryRun: r.DryRun, Detail: r.Detail, Evidence: r.Evidence,
 	}

@@ -14,9 +14,16 @@ import (
 // StatusLimitDefault is how many runs status lists unless -limit says.
 const StatusLimitDefault = 20
 
+// RefusalWindow is how far back status counts the writes the board's
+// fence refused.
+const RefusalWindow = 24 * time.Hour
+
 type statusJSON struct {
 	Leader *leaderJSON `json:"leader"`
-	Runs   []runJSON   `json:"runs"`
+	// FenceRefusals are the writes the fence refused in the last
+	// RefusalWindow.
+	FenceRefusals refusalsJSON `json:"fence_refusals"`
+	Runs          []runJSON    `json:"runs"`
 	// More is true when runs beyond -limit exist.
 	More bool `json:"more"`
 	// Pools are the pools' slots and their use (the overview only).
@@ -50,6 +57,10 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 	now := c.now()
 
 	lease, hasLeader, err := s.store.CurrentLeader(ctx)
+	if err != nil {
+		return err
+	}
+	refused, err := s.store.RecentRefusals(ctx, now.Add(-RefusalWindow))
 	if err != nil {
 		return err
 	}
@@ -95,7 +106,7 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 		}
 	}
 	if inv.json {
-		doc := statusJSON{Runs: []runJSON{}, More: more, Pools: pools}
+		doc := statusJSON{Runs: []runJSON{}, More: more, Pools: pools, FenceRefusals: refusalsOf(now, refused)}
 		if hasLeader {
 			doc.Leader = &leaderJSON{Name: lease.Name, Term: lease.Term, Holder: lease.Holder,
 				Held: lease.Held(now), ExpiresAt: timeOrNil(lease.ExpiresAt)}
@@ -115,6 +126,9 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 
 	w := inv.stdout
 	fmt.Fprintln(w, leaderLine(lease, hasLeader, now))
+	if refused.Count > 0 {
+		fmt.Fprintln(w, refusalLine(now, refused))
+	}
 	fmt.Fprintln(w)
 	if busy(pools) {
 		if err := poolTable(w, pools); err != nil {
@@ -208,4 +222,77 @@ func leaderLine(l board.Lease, ok bool, now time.Time) string {
 		return fmt.Sprintf("leader: none (term %d resigned)", l.Term)
 	}
 	return fmt.Sprintf("leader: none (the lease of term %d, %s, lapsed %s ago)", l.Term, l.Holder, age(now, l.ExpiresAt))
+}
+
+// refusalLine says how many writes the fence refused in the window and
+// which was the last: what it claimed, and the leader row it met.
+func refusalLine(now time.Time, sum board.RefusalSummary) string {
+	line := fmt.Sprintf("fence: %s refused in the last %dh", plural(sum.Count, "write"), int(RefusalWindow.Hours()))
+	r := sum.Last
+	if r == nil {
+		return line
+	}
+	by := r.Holder
+	if by == "" {
+		by = "a writer with no holder"
+	}
+	met := "no leader row"
+	if r.LeadFound {
+		holder := r.LeadHolder
+		if holder == "" {
+			holder = "resigned"
+		}
+		met = fmt.Sprintf("the board's term %d, %s", r.LeadTerm, holder)
+	}
+	return fmt.Sprintf("%s; the last %s ago: %s under term %d by %s (%s: %s)", line, age(now, r.At), r.Write, r.Term, by, met, r.Why())
+}
+
+// refusalsJSON is the fence's refusals in status's document.
+type refusalsJSON struct {
+	Since time.Time    `json:"since"`
+	Count int          `json:"count"`
+	Last  *refusalJSON `json:"last,omitempty"`
+}
+
+type refusalJSON struct {
+	ID            int64                `json:"id"`
+	At            time.Time            `json:"at"`
+	Write         string               `json:"write"`
+	Term          int64                `json:"term"`
+	Holder        string               `json:"holder,omitempty"`
+	WriteAt       *time.Time           `json:"write_at,omitempty"`
+	Attempts      []refusedAttemptJSON `json:"attempts"`
+	Requests      int                  `json:"requests"`
+	LeadTerm      *int64               `json:"lead_term,omitempty"`
+	LeadHolder    string               `json:"lead_holder,omitempty"`
+	LeadExpiresAt *time.Time           `json:"lead_expires_at,omitempty"`
+	Why           string               `json:"why"`
+}
+
+// refusedAttemptJSON is an attempt as a refusal names it (a run alone: no task).
+type refusedAttemptJSON struct {
+	RunID  string `json:"run_id"`
+	TaskID string `json:"task_id,omitempty"`
+	Try    int32  `json:"try_number"`
+	Epoch  int32  `json:"attempt_epoch"`
+}
+
+func refusalsOf(now time.Time, sum board.RefusalSummary) refusalsJSON {
+	doc := refusalsJSON{Since: now.Add(-RefusalWindow).UTC(), Count: sum.Count}
+	r := sum.Last
+	if r == nil {
+		return doc
+	}
+	last := &refusalJSON{ID: r.ID, At: r.At.UTC(), Write: r.Write, Term: r.Term, Holder: r.Holder,
+		WriteAt: timeOrNil(r.WriteAt), Attempts: []refusedAttemptJSON{}, Requests: r.Requests, LeadHolder: r.LeadHolder,
+		LeadExpiresAt: timeOrNil(r.LeadExpiresAt), Why: r.Why()}
+	if r.LeadFound {
+		term := r.LeadTerm
+		last.LeadTerm = &term
+	}
+	for _, a := range r.Attempts {
+		last.Attempts = append(last.Attempts, refusedAttemptJSON{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch})
+	}
+	doc.Last = last
+	return doc
 }

@@ -2,10 +2,12 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -106,6 +108,52 @@ y     queued   1    0      1m     -          -        -     -
 		}
 		if none := old.Attempts[2]; none.QueuedAt != nil || none.Command != "sleep 1" || none.Retries != 1 {
 			t.Fatalf("unstarted attempt %+v", none)
+		}
+	})
+
+	t.Run("TellsTheFencesRecentRefusals", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "")
+		b.createRun(t, "r", base.Add(-time.Hour), "a")
+		ctx := context.Background()
+		// A replica that does not hold the term writes under it, twice;
+		// the first refusal is older than the window.
+		stale := board.New(b.pool, board.Options{Holder: "host-b"})
+		for range 2 {
+			if err := stale.AppendLog(ctx, b.term, []sdk.LogLine{{Attempt: first("r", "a"), At: base, Line: "x"}}); !errors.Is(err, board.ErrDeposed) {
+				t.Fatalf("a stale holder's write: %v", err)
+			}
+		}
+		if _, err := b.pool.Exec(ctx, `UPDATE fence_refusals SET at = CASE WHEN id = (SELECT min(id) FROM fence_refusals)
+            THEN $1::timestamptz ELSE $2::timestamptz END`, base.Add(-25*time.Hour), base.Add(-5*time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		r := b.ctl(t, "status").ok(t)
+		golden(t, r.stdout, `
+leader: host-a, term 1, lease expires in 1h
+fence: 1 write refused in the last 24h; the last 5m ago: append log under term 1 by host-b (the board's term 1, host-a: holder)
+
+RUN  DAG  STATE    AGE  ENDED  TASKS  HELD  BY STATE
+r    dag  running  1h   -      1      0     none=1
+`)
+		var doc statusJSON
+		b.ctl(t, "status", "--json").ok(t).decode(t, &doc)
+		f := doc.FenceRefusals
+		if f.Count != 1 || !f.Since.Equal(base.Add(-24*time.Hour)) || f.Last == nil || f.Last.Write != "append log" ||
+			f.Last.Holder != "host-b" || f.Last.LeadHolder != "host-a" || f.Last.LeadTerm == nil || *f.Last.LeadTerm != b.term ||
+			f.Last.Why != board.RefusedHolder || len(f.Last.Attempts) != 1 || f.Last.Attempts[0].TaskID != "a" ||
+			f.Last.WriteAt == nil || !f.Last.WriteAt.Equal(base) {
+			t.Errorf("fence refusals: %+v last %+v", f, f.Last)
+		}
+		// None in the window: no line, a count of 0.
+		b.cli.Now = func() time.Time { return base.Add(48 * time.Hour) }
+		if r := b.ctl(t, "status").ok(t); strings.Contains(r.stdout, "fence:") {
+			t.Errorf("a line with no refusal in the window:\n%s", r.stdout)
+		}
+		var later statusJSON
+		b.ctl(t, "status", "--json").ok(t).decode(t, &later)
+		if later.FenceRefusals.Count != 0 || later.FenceRefusals.Last != nil {
+			t.Errorf("no refusal in the window: %+v", later.FenceRefusals)
 		}
 	})
 

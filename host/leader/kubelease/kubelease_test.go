@@ -86,12 +86,23 @@ const (
 // elector builds a replica's elector over the Kubernetes Lease ns/name and
 // the board at dsn.
 func elector(ctx context.Context, cs kubernetes.Interface, pool *pgxpool.Pool, ns, holder string, clk clock.Clock) (*leader.Elector, error) {
-	l, err := kubelease.New(kubelease.Config{Namespace: ns, Name: "reaperd", Client: cs}, boardLease{board.New(pool, board.Options{})})
+	return electorOn(cs, board.New(pool, board.Options{}), ns, holder, clk)
+}
+
+// electorOn is elector over the board store.
+func electorOn(cs kubernetes.Interface, store *board.Store, ns, holder string, clk clock.Clock) (*leader.Elector, error) {
+	return electorWithMargin(cs, store, ns, holder, clk, 0)
+}
+
+// electorWithMargin is electorOn whose local trust is margin short of the
+// lease (0: the default).
+func electorWithMargin(cs kubernetes.Interface, store *board.Store, ns, holder string, clk clock.Clock, margin time.Duration) (*leader.Elector, error) {
+	l, err := kubelease.New(kubelease.Config{Namespace: ns, Name: "reaperd", Client: cs}, boardLease{store})
 	if err != nil {
 		return nil, err
 	}
-	return leader.New(l, leader.Config{Holder: holder, Lease: leaseTTL, RenewEvery: renewEvery, Clock: clk,
-		Logger: hclog.NewNullLogger()})
+	return leader.New(l, leader.Config{Holder: holder, Lease: leaseTTL, RenewEvery: renewEvery, Margin: margin,
+		Clock: clk, Logger: hclog.NewNullLogger()})
 }
 
 // replica is the helper process: it leads through the Lease named by its
