@@ -378,7 +378,7 @@ func TestPoolUsage(t *testing.T) {
 	if got := runs["bounded"]; got != (lifecycle.RunUse{Max: 2, Active: 1}) || len(runs) != 1 {
 		t.Fatalf("bounded runs %+v", runs)
 	}
-	got, err := b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, []string{"bounded"})
+	got, err := b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, []string{"bounded"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ func TestPoolUsage(t *testing.T) {
 		t.Fatalf("listed %v from a closed pool and a closed run", keys(got))
 	}
 	b.to(t, sdk.Attempt{RunID: "bounded", TaskID: "b", Try: 1}, sdk.StateScheduled, at)
-	got, err = b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, nil)
+	got, err = b.w.ListScheduledOpen(ctx, sdk.ExecutorLite, nil, 0, []string{"db"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

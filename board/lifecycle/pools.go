@@ -25,6 +25,34 @@ import (
 // perhaps, by an attempt that is lost and that a reaper will settle.
 const SilentHeartbeats = 3
 
+// RecoveryLimit is a recovery budget's rate, in recovery dispatches a
+// second (<= 0: unbounded), and its burst (0: one second of the rate, at
+// least 1). See the runners' recovery budget.
+type RecoveryLimit struct {
+	Rate  float64
+	Burst int
+}
+
+// Recovery defaults: the rate at which each pool admits recovery
+// dispatches, and how many it may admit at once after a quiet spell.
+const (
+	RecoveryRateDefault  = 20.0
+	RecoveryBurstDefault = 200
+)
+
+// RecoveryBudget is the runners' recovery budget: Default for every pool,
+// Pools for those that set their own.
+type RecoveryBudget struct {
+	Default RecoveryLimit
+	Pools   map[string]RecoveryLimit
+}
+
+// RecoveryCount is one pool's recovery dispatches of a runner's cycle:
+// those its recovery budget admitted, and those it deferred.
+type RecoveryCount struct {
+	Admitted, Deferred int
+}
+
 // PoolUse is one pool's use, as the board holds it.
 type PoolUse struct {
 	Pool string
@@ -39,6 +67,10 @@ type PoolUse struct {
 	// Waiting counts the scheduled task instances of the pool: those the
 	// runner has not dispatched, for want of a slot or not yet.
 	Waiting int
+	// RecoveryWaiting is the part of Waiting that are recovery dispatches
+	// (a later try, or a later execution of a try): re-placed and retried
+	// attempts waiting for a slot or for the pool's recovery budget.
+	RecoveryWaiting int
 }
 
 // Taken is the slots in use: queued and running.
@@ -55,7 +87,8 @@ func (w *Writer) PoolUsage(ctx context.Context, silentSince time.Time) ([]PoolUs
     coalesce(sum(ti.pool_slots) FILTER (WHERE ti.state = 'running'), 0),
     coalesce(sum(ti.pool_slots) FILTER (WHERE ti.state = 'running'
         AND coalesce(ti.last_heartbeat_at, ti.running_at) < $1), 0),
-    count(*) FILTER (WHERE ti.state = 'scheduled')
+    count(*) FILTER (WHERE ti.state = 'scheduled'),
+    count(*) FILTER (WHERE ti.state = 'scheduled' AND (ti.try_number > 1 OR ti.attempt_epoch > 0))
 FROM runs r JOIN task_instances ti ON ti.run_id = r.run_id
 WHERE r.state = 'running' AND ti.state IN ('scheduled', 'queued', 'running')
 GROUP BY ti.pool ORDER BY ti.pool`, silentSince)
@@ -64,7 +97,7 @@ GROUP BY ti.pool ORDER BY ti.pool`, silentSince)
 	}
 	use, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PoolUse, error) {
 		var u PoolUse
-		err := row.Scan(&u.Pool, &u.Queued, &u.Running, &u.Silent, &u.Waiting)
+		err := row.Scan(&u.Pool, &u.Queued, &u.Running, &u.Silent, &u.Waiting, &u.RecoveryWaiting)
 		return u, err
 	})
 	if err != nil {
@@ -106,16 +139,19 @@ GROUP BY r.run_id, r.max_active_tasks`)
 }
 
 // ListScheduledOpen is ListScheduled leaving out the task instances of the
-// pools in closedPools and of the runs in closedRuns: those with no slot
-// to take.
+// pools in closedPools and of the runs in closedRuns (those with no slot to
+// take), and the recovery dispatches (a later try, or a later execution of
+// a try) of the pools in recoverySpent (those whose recovery budget is
+// spent).
 func (w *Writer) ListScheduledOpen(ctx context.Context, executor string, after *Key, limit int,
-	closedPools, closedRuns []string) ([]board.TaskInstance, error) {
+	closedPools, closedRuns, recoverySpent []string) ([]board.TaskInstance, error) {
 	if err := checkExecutor(executor); err != nil {
 		return nil, fmt.Errorf("board: list scheduled task instances: %w", err)
 	}
 	sql := `SELECT ` + board.TaskInstanceColumns + ` FROM (
     SELECT ti.* ` + workingSet + ` AND ti.state = 'scheduled'
       AND NOT (ti.pool = ANY ($4::text[])) AND NOT (ti.run_id = ANY ($5::text[]))
+      AND NOT (ti.pool = ANY ($6::text[]) AND (ti.try_number > 1 OR ti.attempt_epoch > 0))
     ORDER BY ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 ) page ORDER BY run_id, task_id`
 	k1, k2 := keyArgs(after)
@@ -125,5 +161,9 @@ func (w *Writer) ListScheduledOpen(ctx context.Context, executor string, after *
 	if closedRuns == nil {
 		closedRuns = []string{}
 	}
-	return w.collect(ctx, "scheduled "+executor+" task instances", sql, executor, k1, k2, closedPools, closedRuns)
+	if recoverySpent == nil {
+		recoverySpent = []string{}
+	}
+	return w.collect(ctx, "scheduled "+executor+" task instances", sql, executor, k1, k2, closedPools, closedRuns,
+		recoverySpent)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/config"
 )
 
@@ -56,8 +57,16 @@ func TestEachBlock(t *testing.T) {
 		{"Runner", in("runner {\n", lite), `max_parallel = 4`, func(c *config.Config) bool { return c.Runner.MaxParallel == 4 },
 			`max_parallel = "four"`, `parallel = 4`},
 		{"Pool", in("runner {\n  pool \"db\" {\n", lite), `slots = 4`,
-			func(c *config.Config) bool { return c.Runner.Pools["db"] == 4 && len(c.Runner.Pools) == 1 },
+			func(c *config.Config) bool {
+				return c.Runner.Pools["db"] == 4 && len(c.Runner.Pools) == 1 && len(c.Runner.Recovery.Pools) == 0 &&
+					c.Runner.Recovery.Default.Rate == lifecycle.RecoveryRateDefault
+			},
 			`slots = "four"`, ""}, // slots is required: an unknown key in its place is two errors (PoolUnknownKey)
+		{"PoolRecovery", in("runner {\n  recovery_rate = 5\n  pool \"db\" {\n    slots = 4\n", lite), `recovery_rate = 0.5`,
+			func(c *config.Config) bool {
+				return c.Runner.Recovery.Default.Rate == 5 && c.Runner.Recovery.Pools["db"].Rate == 0.5
+			},
+			`recovery_rate = "slow"`, ""},
 		{"RunnerKube", in("runner {\n  kube {\n    image = \"x\"\n", kube), `service_account = "task"`,
 			func(c *config.Config) bool { return c.Runner.Kube.ServiceAccount == "task" },
 			`run_as_user = "nobody"`, `replicas = 2`},

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -36,11 +37,18 @@ type Runner struct {
 	Kube *KubeRunner
 	// Pools are the pool blocks' slots, by pool name; nil when none.
 	Pools map[string]int
+	// Recovery is the recovery budget: recovery_rate and recovery_burst of
+	// the runner block for every pool, and of the pool blocks that set
+	// their own.
+	Recovery lifecycle.RecoveryBudget
 }
 
-// poolBlock is a pool block of the runner block.
+// poolBlock is a pool block of the runner block. A recovery_rate of -1
+// (unset) takes the runner block's.
 type poolBlock struct {
-	Slots float64 `reaper:"slots,required"`
+	Slots         float64 `reaper:"slots,required"`
+	RecoveryRate  float64 `reaper:"recovery_rate"`
+	RecoveryBurst float64 `reaper:"recovery_burst"`
 }
 
 // PoolSlotsMax bounds a pool's slots.
@@ -68,6 +76,8 @@ type WarmPool = kuberunner.WarmPoolSettings
 // -1 or 1.5.
 type runnerBlock struct {
 	Interval      time.Duration `reaper:"interval"`
+	RecoveryRate  float64       `reaper:"recovery_rate"`
+	RecoveryBurst float64       `reaper:"recovery_burst"`
 	MaxParallel   float64       `reaper:"max_parallel"`
 	MaxActiveRuns float64       `reaper:"max_active_runs"`
 	Agent         string        `reaper:"agent"`
@@ -108,7 +118,7 @@ type warmPoolBlock struct {
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 		{Type: "kube"}, {Type: "pool", LabelNames: []string{"name"}}}})
-	var rb runnerBlock
+	rb := runnerBlock{RecoveryRate: lifecycle.RecoveryRateDefault, RecoveryBurst: lifecycle.RecoveryBurstDefault}
 	ranges, d := decodeInto(rest, &rb)
 	diags = append(diags, d...)
 	r := &Runner{Agent: rb.Agent, LogDir: rb.LogDir, RunAs: rb.RunAs}
@@ -136,7 +146,9 @@ func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	r.Pools, d = decodePools(inner.Blocks)
+	r.Recovery.Default, d = recoveryLimit(ranges, rb.RecoveryRate, rb.RecoveryBurst, "")
+	diags = append(diags, d...)
+	r.Pools, r.Recovery.Pools, d = decodePools(inner.Blocks, r.Recovery.Default)
 	diags = append(diags, d...)
 	kubes := inner.Blocks.OfType("kube")
 	kb, dups := oneBlock(kubes, "kube", "The runner")
@@ -308,13 +320,35 @@ func oneBlock(blocks hcl.Blocks, typ, parent string) (*hcl.Block, hcl.Diagnostic
 	return blocks[0], dups
 }
 
+// recoveryLimit checks a recovery_rate (0: unbounded) and recovery_burst
+// (0: a second of the rate) of the block of ranges (pool: "" for the
+// runner block).
+func recoveryLimit(ranges map[string]hcl.Range, rate, burst float64, pool string) (lifecycle.RecoveryLimit, hcl.Diagnostics) {
+	var diags hcl.Diagnostics
+	of := ""
+	if pool != "" {
+		of = fmt.Sprintf(" of pool %q", pool)
+	}
+	if rate < 0 || math.IsInf(rate, 0) || math.IsNaN(rate) {
+		diags = append(diags, invalid(ranges, "recovery_rate",
+			"recovery_rate"+of+" is recovery dispatches a second: 0 (unbounded) or more."))
+	}
+	if burst < 0 || burst > PoolSlotsMax || burst != float64(int(burst)) {
+		diags = append(diags, invalid(ranges, "recovery_burst",
+			"recovery_burst"+of+fmt.Sprintf(" must be a whole number from 0 (one second of the rate) to %d.", PoolSlotsMax)))
+	}
+	return lifecycle.RecoveryLimit{Rate: rate, Burst: int(burst)}, diags
+}
+
 // decodePools decodes the runner's pool blocks: each names a pool once
-// and gives its slots, a whole number from 1.
-func decodePools(blocks hcl.Blocks) (map[string]int, hcl.Diagnostics) {
+// and gives its slots, a whole number from 1, and may set its own recovery
+// budget (def where it does not).
+func decodePools(blocks hcl.Blocks, def lifecycle.RecoveryLimit) (map[string]int, map[string]lifecycle.RecoveryLimit, hcl.Diagnostics) {
 	var (
-		diags hcl.Diagnostics
-		pools map[string]int
-		where = map[string]hcl.Range{}
+		diags    hcl.Diagnostics
+		pools    map[string]int
+		recovery map[string]lifecycle.RecoveryLimit
+		where    = map[string]hcl.Range{}
 	)
 	for _, b := range blocks {
 		if b.Type != "pool" {
@@ -335,7 +369,7 @@ func decodePools(blocks hcl.Blocks) (map[string]int, hcl.Diagnostics) {
 			continue
 		}
 		where[name] = b.DefRange
-		var pb poolBlock
+		pb := poolBlock{RecoveryRate: def.Rate, RecoveryBurst: float64(def.Burst)}
 		ranges, d := decodeInto(b.Body, &pb)
 		diags = append(diags, d...)
 		if d.HasErrors() {
@@ -346,12 +380,17 @@ func decodePools(blocks hcl.Blocks) (map[string]int, hcl.Diagnostics) {
 				name, PoolSlotsMax)))
 			continue
 		}
+		l, d := recoveryLimit(ranges, pb.RecoveryRate, pb.RecoveryBurst, name)
+		diags = append(diags, d...)
 		if pools == nil {
-			pools = map[string]int{}
+			pools, recovery = map[string]int{}, map[string]lifecycle.RecoveryLimit{}
 		}
 		pools[name] = int(pb.Slots)
+		if l != def {
+			recovery[name] = l
+		}
 	}
-	return pools, diags
+	return pools, recovery, diags
 }
 
 // poolName is what a pool may be called: it names a metric series.

@@ -341,6 +341,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		MaxParallel:   cfg.Runner.MaxParallel,
 		MaxActiveRuns: cfg.Runner.MaxActiveRuns,
 		Pools:         cfg.Runner.Pools,
+		Recovery:      cfg.Runner.Recovery,
 		Interval:      cfg.Runner.Interval,
 		Ladder:        cfg.Ladder,
 		Leading:       d.leading,
@@ -348,7 +349,8 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Logger:        logger,
 		OnResult: func(res literunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools})
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools,
+				recovery: res.Recovery})
 		},
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
@@ -371,6 +373,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		MaxParallel:      cfg.Runner.MaxParallel,
 		MaxActiveRuns:    cfg.Runner.MaxActiveRuns,
 		Pools:            cfg.Runner.Pools,
+		Recovery:         cfg.Runner.Recovery,
 		Interval:         cfg.Runner.Interval,
 		Ladder:           cfg.Ladder,
 		Leading:          d.leading,
@@ -379,7 +382,8 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Logger:           logger,
 		OnResult: func(res kuberunner.Result) {
 			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools})
+				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools,
+				recovery: res.Recovery})
 		},
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
@@ -398,14 +402,19 @@ type runnerTick struct {
 	dispatch, finalize []time.Duration
 	decisions          []sdk.Decision
 	pools              []lifecycle.PoolUse
+	recovery           map[string]*lifecycle.RecoveryCount
 }
 
 func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
 	d.metrics.RunnerTick(res.took, len(res.started), res.waiting, res.dispatch, res.finalize)
-	if res.pools != nil || len(d.cfg.Runner.Pools) > 0 {
-		use := make([]metrics.PoolUse, len(res.pools))
-		for i, u := range res.pools {
-			use[i] = metrics.PoolUse{Pool: u.Pool, Queued: u.Queued, Running: u.Running, Silent: u.Silent, Waiting: u.Waiting}
+	if res.pools != nil || len(d.cfg.Runner.Pools) > 0 || len(res.recovery) > 0 {
+		use := make([]metrics.PoolUse, 0, len(res.pools)+len(res.recovery))
+		for _, u := range res.pools {
+			use = append(use, metrics.PoolUse{Pool: u.Pool, Queued: u.Queued, Running: u.Running, Silent: u.Silent,
+				Waiting: u.Waiting, RecoveryWaiting: u.RecoveryWaiting})
+		}
+		for pool, c := range res.recovery {
+			use = append(use, metrics.PoolUse{Pool: pool, Admitted: c.Admitted, Deferred: c.Deferred})
 		}
 		d.metrics.Pools(d.cfg.Runner.Pools, lifecycle.DefaultPool, use)
 	}

@@ -40,6 +40,9 @@ type Metrics struct {
 	finalizeLatency prometheus.Histogram
 	poolSlots       *prometheus.GaugeVec
 	poolWaiting     *prometheus.GaugeVec
+	// The recovery budget's admissions and the recovery dispatches waiting.
+	recovery            *prometheus.CounterVec
+	poolRecoveryWaiting *prometheus.GaugeVec
 	// The kube runner's dispatch buffer (runner.kube.dispatch_buffer).
 	dispatchBufferDepth prometheus.Gauge
 	dispatchBufferFull  prometheus.Counter
@@ -138,6 +141,14 @@ func New() *Metrics {
 			Name: "dexaflow_pool_slots",
 			Help: "Each pool's slots as of the runner's last tick, by state: total (configured; absent for an unbounded pool), queued, running, silent (of running: attempts without a heartbeat for three heartbeat periods, which a lost attempt holds until a reaper settles it) and open. Pools no pool block names, but for default_pool, are summed under pool=\"(unconfigured)\".",
 		}, []string{"pool", "state"}),
+		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dexaflow_recovery_dispatches_total",
+			Help: "Recovery dispatches (retries, infra re-places, any later execution of a task that ran) the runner's recovery budget admitted, and those it deferred to a later cycle (result=deferred: counted each cycle it defers one), by pool (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\").",
+		}, []string{"pool", "result"}),
+		poolRecoveryWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dexaflow_pool_recovery_waiting_tasks",
+			Help: "Of each pool's waiting tasks, the recovery dispatches (re-placed and retried attempts) waiting for a slot or for the recovery budget, as of the runner's last tick.",
+		}, []string{"pool"}),
 		poolWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dexaflow_pool_waiting_tasks",
 			Help: "Scheduled task instances of each pool the runner has not dispatched, as of its last tick (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\"): waiting for a slot, or for the next tick.",
@@ -177,6 +188,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
 		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement,
 		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency, m.poolSlots, m.poolWaiting,
+		m.recovery, m.poolRecoveryWaiting,
 		m.dispatchBufferDepth, m.dispatchBufferFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
@@ -282,10 +294,13 @@ func (m *Metrics) RunnerTick(loop time.Duration, started, waiting int, dispatch,
 	}
 }
 
-// PoolUse is one pool's use as a runner's tick read it.
+// PoolUse is one pool's use as a runner's tick read it, and the recovery
+// dispatches its budget admitted and deferred in that tick.
 type PoolUse struct {
 	Pool                             string
 	Queued, Running, Silent, Waiting int
+	RecoveryWaiting                  int
+	Admitted, Deferred               int
 }
 
 // PoolUnconfigured is the pool label under which the pools no pool block
@@ -312,6 +327,7 @@ func (m *Metrics) Pools(configured map[string]int, defaultPool string, use []Poo
 		}
 		s := sum[key]
 		s.Queued, s.Running, s.Silent, s.Waiting = s.Queued+u.Queued, s.Running+u.Running, s.Silent+u.Silent, s.Waiting+u.Waiting
+		s.RecoveryWaiting, s.Admitted, s.Deferred = s.RecoveryWaiting+u.RecoveryWaiting, s.Admitted+u.Admitted, s.Deferred+u.Deferred
 		sum[key] = s
 	}
 	for name, u := range sum {
@@ -319,6 +335,9 @@ func (m *Metrics) Pools(configured map[string]int, defaultPool string, use []Poo
 		m.poolSlots.WithLabelValues(name, "running").Set(float64(u.Running))
 		m.poolSlots.WithLabelValues(name, "silent").Set(float64(u.Silent))
 		m.poolWaiting.WithLabelValues(name).Set(float64(u.Waiting))
+		m.poolRecoveryWaiting.WithLabelValues(name).Set(float64(u.RecoveryWaiting))
+		m.recovery.WithLabelValues(name, "admitted").Add(float64(u.Admitted))
+		m.recovery.WithLabelValues(name, "deferred").Add(float64(u.Deferred))
 		if slots, ok := configured[name]; ok {
 			m.poolSlots.WithLabelValues(name, "total").Set(float64(slots))
 			m.poolSlots.WithLabelValues(name, "open").Set(float64(max(slots-u.Queued-u.Running, 0)))

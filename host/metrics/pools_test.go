@@ -47,8 +47,8 @@ func TestPoolsGauges(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
 		}
 	}
-	if len(got) != 3+3*3+2 {
-		t.Errorf("%d pool series, want 14 (waiting and queued, running, silent for three pools; total and open for db): %v",
+	if len(got) != 3+3+3*3+2 {
+		t.Errorf("%d pool series, want 17 (waiting, recovery waiting and queued, running, silent for three pools; total and open for db): %v",
 			len(got), got)
 	}
 }

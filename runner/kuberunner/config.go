@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -115,6 +116,11 @@ type Config struct {
 	// default pool (lifecycle.DefaultPool), unbounded unless named. Nil or
 	// empty: every pool is unbounded.
 	Pools map[string]int
+	// Recovery is the recovery budget: every recovery dispatch (a retry,
+	// an infra re-place, any later execution of a task that ran) spends a
+	// token of its pool's, and one the budget refuses waits scheduled for
+	// a later cycle. The zero value: unbounded.
+	Recovery lifecycle.RecoveryBudget
 	// MaxActiveRuns is the run start cap (see the Lite runner); 0: no cap.
 	MaxActiveRuns int
 	// MaxParallel bounds the kube attempts queued plus running; 0: none.

@@ -133,7 +133,7 @@ func (r *Runner) dispatchBuffered(ctx context.Context, p *dispatchPool, d steps.
 		wg     sync.WaitGroup
 		failed atomic.Bool
 	)
-	err := d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+	err := d.Dispatch(ctx, now, &res.Tally, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		if failed.Load() {
 			return false, errHandOffStopped
 		}

@@ -125,7 +125,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		steps: steps.Driver{
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
-			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat,
+			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat, Recovery: steps.NewRecovery(cfg.Recovery),
 		},
 		valveNoted: map[sdk.Attempt]time.Time{},
 	}
@@ -318,7 +318,7 @@ func (r *Runner) dispatch(ctx context.Context, p *dispatchPool, d steps.Driver, 
 	if p != nil {
 		return r.dispatchBuffered(ctx, p, d, now, res, one)
 	}
-	return d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+	return d.Dispatch(ctx, now, &res.Tally, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		return one(ctx, ti, res)
 	})
 }

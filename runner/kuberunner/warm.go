@@ -416,7 +416,7 @@ func (r *Runner) warmDispatch(ctx context.Context, wd steps.Driver, now time.Tim
 	if free == 0 {
 		return nil
 	}
-	return wd.DispatchUpTo(ctx, now, free, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+	return wd.DispatchUpTo(ctx, now, &res.Tally, free, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		name := ""
 		for _, w := range ws {
 			if bindable(w) && load[w.name] < r.warm.Slots && (name == "" || load[w.name] < load[name] ||

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -66,6 +67,11 @@ type Config struct {
 	// default pool (lifecycle.DefaultPool), unbounded unless named. Nil or
 	// empty: every pool is unbounded.
 	Pools map[string]int
+	// Recovery is the recovery budget: every recovery dispatch (a retry,
+	// an infra re-place, any later execution of a task that ran) spends a
+	// token of its pool's, and one the budget refuses waits scheduled for
+	// a later cycle. The zero value: unbounded.
+	Recovery lifecycle.RecoveryBudget
 	// MaxActiveRuns is the run start cap: queued runs are started, oldest
 	// first, while fewer than this many runs are running. 0: no cap (every
 	// queued run is started at the next tick). Negative is refused.

@@ -115,3 +115,56 @@ func TestPoolsAndSlots(t *testing.T) {
 		}
 	})
 }
+
+// TestRecoveryBudget: after a loss, re-placed attempts reach the executor
+// at the recovery budget's rate and no faster, whatever slots are open;
+// first attempts of live work spend nothing and start at once beside them.
+func TestRecoveryBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, opts{recovery: lifecycle.RecoveryBudget{Default: lifecycle.RecoveryLimit{Rate: 1, Burst: 2}}})
+	var tasks []lifecycle.NewTask
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		tasks = append(tasks, task(id, "sleep 2", 0))
+	}
+	b.mkRun(t, "lost", tasks...)
+	if res := b.cycle(t); res.Dispatched != 5 {
+		t.Fatalf("dispatched %d first attempts, want 5: first attempts spend no budget", res.Dispatched)
+	}
+	// All five are lost at once and a reaper marks them (confirmed).
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		ti := b.ti(t, "lost", id)
+		mr, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: ti.Attempt, FromStates: []string{ti.State},
+			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: gone", Confirm: true,
+			Term: b.term, At: b.clk.Now()}})
+		if err != nil || !mr[0].Applied {
+			t.Fatal(mr, err)
+		}
+	}
+	b.mkRun(t, "live", task("x", "true", 0))
+	b.clk.Advance(time.Second)
+	res := b.cycle(t)
+	// All five re-placed (scheduled, so their run stays alive), two
+	// admitted by the burst; the live task starts beside them.
+	if res.Replaced != 5 || res.Dispatched != 3 {
+		t.Fatalf("replaced %d, dispatched %d: want 5 re-placed, the burst of 2 and the live task started", res.Replaced, res.Dispatched)
+	}
+	if c := res.Recovery[lifecycle.DefaultPool]; c == nil || c.Admitted != 2 {
+		t.Fatalf("recovery counts %+v", c)
+	}
+	if st := b.ti(t, "live", "x").State; st == sdk.StateScheduled || st == sdk.StateNone {
+		t.Fatalf("the live task is %s behind the recovery", st)
+	}
+	var waiting int
+	for _, u := range res.Pools {
+		waiting += u.RecoveryWaiting
+	}
+	if waiting != 3 {
+		t.Fatalf("%d re-places waiting, want 3", waiting)
+	}
+	// One more a second.
+	b.clk.Advance(time.Second)
+	if res := b.cycle(t); res.Dispatched < 1 || res.Dispatched > 2 {
+		t.Fatalf("dispatched %d a second later at 1/s (jitter ±20%%)", res.Dispatched)
+	}
+}

@@ -112,7 +112,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 		steps: steps.Driver{
 			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
-			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat,
+			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat, Recovery: steps.NewRecovery(cfg.Recovery),
 		},
 		agents: map[sdk.Attempt]*Agent{},
 	}, nil
@@ -253,7 +253,7 @@ func (r *Runner) observeDispatches(ctx context.Context, now time.Time, res *Resu
 // dispatch queues scheduled task instances and starts their agents, within
 // MaxParallel.
 func (r *Runner) dispatch(ctx context.Context, d steps.Driver, now time.Time, res *Result) error {
-	return d.Dispatch(ctx, now, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
+	return d.Dispatch(ctx, now, &res.Tally, r.cfg.MaxParallel, func(ctx context.Context, ti board.TaskInstance) (bool, error) {
 		return r.dispatchOne(ctx, d, ti, now, res)
 	})
 }

@@ -78,6 +78,7 @@ type opts struct {
 	credentials literunner.Minter
 	heartbeat   time.Duration
 	pools       map[string]int
+	recovery    lifecycle.RecoveryBudget
 }
 
 func setup(t *testing.T, o opts) *bundle {
@@ -111,6 +112,7 @@ func setup(t *testing.T, o opts) *bundle {
 		MaxParallel:   o.maxParallel,
 		MaxActiveRuns: o.maxRuns,
 		Pools:         o.pools,
+		Recovery:      o.recovery,
 		Ladder:        lad,
 		OnResult:      o.onResult,
 		Leading:       o.leading,

@@ -22,6 +22,9 @@ type poolJSON struct {
 	// Open is the slots left; null for an unbounded pool.
 	Open    *int `json:"open"`
 	Waiting int  `json:"waiting"`
+	// RecoveryWaiting is the part of Waiting that are re-placed or
+	// retried attempts (waiting for a slot or the recovery budget).
+	RecoveryWaiting int `json:"recovery_waiting"`
 	// Configured is false for a pool tasks name that no pool block does:
 	// its tasks never start.
 	Configured bool `json:"configured"`
@@ -57,7 +60,7 @@ func poolRows(ctx context.Context, s *session, now time.Time) ([]poolJSON, error
 	}
 	for _, u := range use {
 		p := row(u.Pool)
-		p.Queued, p.Running, p.Silent, p.Waiting = u.Queued, u.Running, u.Silent, u.Waiting
+		p.Queued, p.Running, p.Silent, p.Waiting, p.RecoveryWaiting = u.Queued, u.Running, u.Silent, u.Waiting, u.RecoveryWaiting
 	}
 	var out []poolJSON
 	for _, p := range rows {
@@ -81,9 +84,11 @@ func poolRows(ctx context.Context, s *session, now time.Time) ([]poolJSON, error
 
 // poolTable writes the pools: slots and their use. SILENT is the part of
 // RUNNING held by attempts without a word for three heartbeat periods,
-// which a reaper gives back when it settles a lost one.
+// which a reaper gives back when it settles a lost one; RECOVERING the part
+// of WAITING that are re-placed or retried attempts, waiting for a slot or
+// the recovery budget.
 func poolTable(w io.Writer, pools []poolJSON) error {
-	t := newTable(w, "POOL", "SLOTS", "QUEUED", "RUNNING", "SILENT", "OPEN", "WAITING")
+	t := newTable(w, "POOL", "SLOTS", "QUEUED", "RUNNING", "SILENT", "OPEN", "WAITING", "RECOVERING")
 	for _, p := range pools {
 		slots, open := "unbounded", "-"
 		if p.Slots != nil {
@@ -93,7 +98,7 @@ func poolTable(w io.Writer, pools []poolJSON) error {
 			slots = "not configured"
 		}
 		t.row(p.Pool, slots, strconv.Itoa(p.Queued), strconv.Itoa(p.Running), strconv.Itoa(p.Silent), open,
-			strconv.Itoa(p.Waiting))
+			strconv.Itoa(p.Waiting), strconv.Itoa(p.RecoveryWaiting))
 	}
 	if err := t.flush(); err != nil {
 		return fmt.Errorf("write the pools: %w", err)

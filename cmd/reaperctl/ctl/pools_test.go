@@ -44,10 +44,10 @@ task "plain" {
 
 	r := b.ctl(t, "status").ok(t)
 	for _, want := range []string{
-		"POOL          SLOTS           QUEUED  RUNNING  SILENT  OPEN  WAITING",
-		"db            4               0       3        1       1     1",
-		"default_pool  unbounded       0       0        0       -     0",
-		"gpu           not configured  0       0        0       -     1",
+		"POOL          SLOTS           QUEUED  RUNNING  SILENT  OPEN  WAITING  RECOVERING",
+		"db            4               0       3        1       1     1        0",
+		"default_pool  unbounded       0       0        0       -     0        0",
+		"gpu           not configured  0       0        0       -     1        0",
 	} {
 		if !strings.Contains(r.stdout, want+"\n") {
 			t.Errorf("status does not show %q:\n%s", want, r.stdout)

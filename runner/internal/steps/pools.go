@@ -103,3 +103,33 @@ func (d Driver) ReadPools(ctx context.Context, now time.Time, t *Tally) error {
 	t.Pools = use
 	return nil
 }
+
+// recoverySpent are the pools whose recovery budget has no token at now:
+// the listing leaves their recovery dispatches out. The pools looked at
+// are those the gate knows and the default pool; a pool the budget bounds
+// that is named nowhere is judged task by task (Admit).
+func (d Driver) recoverySpent(g *gate, now time.Time) []string {
+	if d.Recovery == nil {
+		return nil
+	}
+	var spent []string
+	seen := map[string]bool{}
+	for _, pool := range append(keysOf(g.known), lifecycle.DefaultPool) {
+		if seen[pool] {
+			continue
+		}
+		seen[pool] = true
+		if d.Recovery.Spent(pool, now) {
+			spent = append(spent, pool)
+		}
+	}
+	return spent
+}
+
+func keysOf(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -58,6 +58,21 @@ type Tally struct {
 	Decisions []sdk.Decision
 	// Pools is every pool's use at the end of the cycle (ReadPools).
 	Pools []lifecycle.PoolUse
+	// Recovery counts, by pool, the recovery dispatches the recovery budget
+	// admitted and those it deferred to a later cycle.
+	Recovery map[string]*lifecycle.RecoveryCount
+}
+
+func (t *Tally) recovery(pool string) *lifecycle.RecoveryCount {
+	if t.Recovery == nil {
+		t.Recovery = map[string]*lifecycle.RecoveryCount{}
+	}
+	c, ok := t.Recovery[pool]
+	if !ok {
+		c = &lifecycle.RecoveryCount{}
+		t.Recovery[pool] = c
+	}
+	return c
 }
 
 // Driver runs the shared steps for one executor.
@@ -80,6 +95,10 @@ type Driver struct {
 	// DefaultPool, which is unbounded unless named. With no pool named,
 	// every pool is unbounded.
 	Pools map[string]int
+	// Recovery is the recovery budget every recovery dispatch spends from
+	// (IsRecovery); nil: none, recovery is dispatched as fast as slots
+	// allow. It is the runner's, carried over from cycle to cycle.
+	Recovery *Recovery
 	// Heartbeat is the agents' heartbeat period: the pools' silent slots
 	// are those of attempts silent for lifecycle.SilentHeartbeats of them.
 	Heartbeat time.Duration
@@ -324,7 +343,7 @@ func (d Driver) Schedule(ctx context.Context, now time.Time, t *Tally) error {
 // oldest first, and hands each to one (which queues it and starts its
 // execution, reporting whether one was started), within maxParallel queued
 // and running attempts (0: no bound).
-func (d Driver) Dispatch(ctx context.Context, now time.Time, maxParallel int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+func (d Driver) Dispatch(ctx context.Context, now time.Time, t *Tally, maxParallel int, one func(context.Context, board.TaskInstance) (bool, error)) error {
 	slots := -1 // no bound
 	if maxParallel > 0 {
 		active, err := d.W.CountActive(ctx, d.Executor)
@@ -333,7 +352,7 @@ func (d Driver) Dispatch(ctx context.Context, now time.Time, maxParallel int, on
 		}
 		slots = max(maxParallel-active, 0)
 	}
-	return d.DispatchUpTo(ctx, now, slots, one)
+	return d.DispatchUpTo(ctx, now, t, slots, one)
 }
 
 // DispatchUpTo is Dispatch for at most slots started executions (a
@@ -341,7 +360,7 @@ func (d Driver) Dispatch(ctx context.Context, now time.Time, maxParallel int, on
 // free worker slots itself. Either way a task instance starts only into
 // open slots of its pool (Pools) and under its run's max_active_tasks;
 // the others stay scheduled for a later cycle.
-func (d Driver) DispatchUpTo(ctx context.Context, now time.Time, slots int, one func(context.Context, board.TaskInstance) (bool, error)) error {
+func (d Driver) DispatchUpTo(ctx context.Context, now time.Time, t *Tally, slots int, one func(context.Context, board.TaskInstance) (bool, error)) error {
 	g, err := d.newGate(ctx, now)
 	if err != nil {
 		return err
@@ -353,7 +372,8 @@ func (d Driver) DispatchUpTo(ctx context.Context, now time.Time, slots int, one 
 			limit = min(limit, slots)
 		}
 		closedPools, closedRuns := g.closed()
-		page, err := d.W.ListScheduledOpen(ctx, d.Executor, after, limit, closedPools, closedRuns)
+		page, err := d.W.ListScheduledOpen(ctx, d.Executor, after, limit, closedPools, closedRuns,
+			d.recoverySpent(g, now))
 		if err != nil {
 			return err
 		}
@@ -363,6 +383,14 @@ func (d Driver) DispatchUpTo(ctx context.Context, now time.Time, slots int, one 
 			}
 			if !d.fits(g, ti) {
 				continue
+			}
+			if IsRecovery(ti) && d.Recovery != nil {
+				pool := recoveryPool(ti)
+				if !d.Recovery.Admit(pool, now) {
+					t.recovery(pool).Deferred++
+					continue
+				}
+				t.recovery(pool).Admitted++
 			}
 			started, err := one(ctx, ti)
 			if err != nil {
