@@ -116,6 +116,10 @@ type Event struct {
 	Exec string `json:"exec,omitempty"`
 	// Note is free text: which fault, which replica (any kind).
 	Note string `json:"note,omitempty"`
+	// LostFrom says the board lost every write it had applied from
+	// LostFrom to Time: a standby that had stopped receiving them was
+	// promoted after its primary was killed at Time (fault).
+	LostFrom time.Time `json:"lost_from,omitzero"`
 }
 
 // Writer appends events to a history, one JSON line per event. It is safe
