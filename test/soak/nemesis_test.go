@@ -214,6 +214,7 @@ func (s *soak) nemesisRows(h History, verdict history.Verdict, row func(k string
 	}
 	row("longest without a leader, whole soak", longest.Round(100*time.Millisecond))
 	row("violations, whole soak (invariants and checker)", nv)
+	s.lostRows(h, verdict, row)
 }
 
 // The seed replays the injector's whole schedule, the nemeses included:
