@@ -351,7 +351,7 @@ func (s *soak) lostRows(h History, verdict history.Verdict, row func(k string, v
 	}
 	if len(lost) > 0 {
 		ex := ExcusedByLostWindow(h)
-		row("excused_by_lost_window (invariants)", fmt.Sprintf("%d %s", len(ex), strings.Join(ex, "; ")))
+		row("excused_by_lost_window (invariants)", strings.TrimSpace(fmt.Sprintf("%d %s", len(ex), strings.Join(ex, "; "))))
 		row("excused_by_lost_window (checker)", verdict.ExcusedByLostWindow)
 	}
 }
