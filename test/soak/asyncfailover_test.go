@@ -60,9 +60,9 @@ func failoverMode(pick uint64) (async bool, window time.Duration) {
 
 // lostWrites is what an asynchronous failover lost.
 type lostWrites struct {
-	// From is when the standby was made asynchronous (a commit
+	// From is when the standby began to be made asynchronous (a commit
 	// acknowledged before it had reached the standby) and To when the
-	// primary was killed.
+	// primary had been killed.
 	From, To time.Time
 	// Rows are, by table, the rows the primary held, read just before its
 	// kill, beyond what the standby held (a lower bound: the primary
@@ -130,10 +130,10 @@ func (db *database) failoverAsync(ctx context.Context, now func() time.Time, win
 		return lw, fmt.Errorf("read the primary's terms: %w", err)
 	}
 	old := db.primary
-	lw.To = now()
 	if err := old.Kill(); err != nil {
 		return lw, err
 	}
+	lw.To = now() // dead by now: nothing it acknowledged is later
 	db.dead = append(db.dead, old)
 	for t, n := range onPrimary {
 		lw.Rows[t] = n - onStandby[t]
