@@ -3,6 +3,7 @@ package soak
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -317,9 +318,30 @@ func (s *soak) lostRows(h History, verdict history.Verdict, row func(k string, v
 	s.inj.mu.Lock()
 	lost := append([]lostWrites(nil), s.inj.lost...)
 	s.inj.mu.Unlock()
+	if len(lost) == 0 {
+		return
+	}
 	s.mu.Lock()
 	rises := append([]fenceRise(nil), s.fenceRises...)
+	samples := append([]leaderSample(nil), s.leaderSamples...)
 	s.mu.Unlock()
+	sort.Slice(samples, func(i, j int) bool { return samples[i].At.Before(samples[j].At) })
+	// The asynchronous failovers' figures, as the nemeses' table gives the
+	// synchronous ones (both drawn as FaultFailover).
+	async := h
+	async.Faults = nil
+	for _, f := range h.Faults {
+		if f.Kind == FaultFailoverAsync {
+			f.Kind = FaultFailover
+			async.Faults = append(async.Faults, f)
+		}
+	}
+	for _, nf := range MeasureNemeses(async, samples, rises, verdict.Violations) {
+		if nf.Kind == FaultFailover {
+			row(FaultFailoverAsync, fmt.Sprintf("thrown %d, fence refused %d, longest without a leader %s, recovery %s, checker violations %d",
+				nf.Thrown, int(nf.Refused), nf.Leaderless.Round(100*time.Millisecond), spread(nf.Recovery), nf.Violations))
+		}
+	}
 	for _, lw := range lost {
 		var promoted time.Time
 		for _, f := range h.Faults {
@@ -349,9 +371,7 @@ func (s *soak) lostRows(h History, verdict history.Verdict, row func(k string, v
 		}
 		row(FaultFailoverAsync+": fence refusals after the promotion", int(refused))
 	}
-	if len(lost) > 0 {
-		ex := ExcusedByLostWindow(h)
-		row("excused_by_lost_window (invariants)", strings.TrimSpace(fmt.Sprintf("%d %s", len(ex), strings.Join(ex, "; "))))
-		row("excused_by_lost_window (checker)", verdict.ExcusedByLostWindow)
-	}
+	ex := ExcusedByLostWindow(h)
+	row("excused_by_lost_window (invariants)", strings.TrimSpace(fmt.Sprintf("%d %s", len(ex), strings.Join(ex, "; "))))
+	row("excused_by_lost_window (checker)", verdict.ExcusedByLostWindow)
 }

@@ -39,7 +39,7 @@ const (
 
 // nemeses are the fault kinds the report follows one by one: what they
 // cost the cluster in leadership and fenced writes.
-var nemeses = []string{FaultPartition, FaultFreeze, FaultFailover, FaultFailoverAsync}
+var nemeses = []string{FaultPartition, FaultFreeze, FaultFailover}
 
 // once are the kinds drawn at most once a soak.
 var once = map[string]bool{FaultFailover: true}
