@@ -18,7 +18,8 @@ import (
 // The failover's asynchronous mode. The failover is drawn once, as
 // FaultFailover; its step's pick (a failover needs no target) decides its
 // mode: an even pick fails over to the synchronous standby (nothing the
-// primary acknowledged is lost), an odd one first makes the standby
+// primary acknowledged is lost), an odd one, on Lite (the kube edition's
+// pod invariants excuse no lost window), first makes the standby
 // asynchronous and stops its streaming for a window drawn from the rest of
 // the pick, while the system keeps writing to the primary, and the
 // leading replica is killed as the window opens, so that a successor takes
