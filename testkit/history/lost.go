@@ -33,7 +33,6 @@ import (
 type lostWindow struct {
 	from, to time.Time
 	resumed  time.Time
-	by       indexed
 }
 
 // lostProblem says why a fault event's lost window cannot be read, or "".
@@ -55,7 +54,7 @@ func (c *checker) lostWindows() []lostWindow {
 		if e.Kind != KindFault || e.LostFrom.IsZero() || problem(e.Event) != "" {
 			continue
 		}
-		lw := lostWindow{from: e.LostFrom, to: e.Time, by: e}
+		lw := lostWindow{from: e.LostFrom, to: e.Time}
 		if i := slices.IndexFunc(c.applied, func(w indexed) bool { return w.Time.After(e.Time) }); i >= 0 {
 			lw.resumed = c.applied[i].Time
 		}
@@ -64,8 +63,8 @@ func (c *checker) lostWindows() []lostWindow {
 	return out
 }
 
-// startedInLostWindow reports whether an execution that started at t may
-// have been dispatched by a write a window lost: after the window opened,
+// startedIn reports whether an execution that started at t may have been
+// dispatched by a write the window lost: after the window opened,
 // before the board applied anything after the window.
 func (lw lostWindow) startedIn(t time.Time) bool {
 	return t.After(lw.from) && (lw.resumed.IsZero() || t.Before(lw.resumed))
