@@ -141,7 +141,11 @@ e2e-kube:
 # reaperd replicas, a stream of short tasks and random overlapping faults for
 # SOAK (any Go duration), invariants judged while it runs and at the end,
 # then a report. SEED=N replays a soak's choices. EDITION=lite (default) runs
-# the Lite runner and local agents; EDITION=kube runs the kube runner on a
+# the Lite runner and local agents, with the PostgreSQL nemeses drawn too (a
+# replica partitioned from the database, the database frozen, the primary
+# killed and its standby promoted: synchronous, or made asynchronous and
+# left behind so that the last writes and a term increment are lost);
+# EDITION=kube runs the kube runner on a
 # local kube-apiserver + KWOK (+ kube-controller-manager) with the kubelet
 # player running the agents, leader "kubernetes", and the kube faults (pod
 # deleted, node lost, eviction, API server paused). EDITION=kube NODE=real

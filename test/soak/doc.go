@@ -32,10 +32,33 @@
 // SIGSTOPs every process of the primary (pgtest Freeze: a stalled disk)
 // for a time drawn either side of the lease, then Thaws it. A failover,
 // drawn at most once (no standby is left after it), kills the primary -9,
-// waits a drawn moment and promotes the standby; since the standby is
-// synchronous, nothing the primary acknowledged is lost, which the
-// invariants and the checker judge on the promoted server's copy of the
-// triggers' tables. The restart and the freeze act on whichever server is
+// waits a drawn moment and promotes the standby, in one of two modes its
+// draw picks (asyncfailover_test.go). Synchronous: nothing the primary
+// acknowledged is lost, which the invariants and the checker judge on the
+// promoted server's copy of the triggers' tables. Asynchronous: the
+// standby is first made asynchronous and stops receiving WAL (pgtest
+// Desynchronize, StopStreaming), the leading replica is killed, and for a
+// window drawn from the lease to past the settling grace the system writes
+// on to the primary alone before it is killed; what it acknowledged then
+// is lost (marks, reports, runs submitted, a successor's term), and the
+// promoted board hands a lost term's number out again, to whichever
+// replica acquires next: the fence's holder check is what keeps two holders
+// of one number from both writing, and the checker's one-writer rules
+// judge it unexcused. The fault keeps the window [standby made
+// asynchronous, primary killed] and the history carries it (a fault event
+// with lost_from). The checker excuses, and counts (excused_by_lost_window),
+// only a task the promoted board never had all of whose executions started
+// in the window (its run was submitted there); the invariants only an
+// agent told should_terminate whose execution started in the window,
+// before the promotion, and whose attempt the promoted board had not
+// recorded running by then (its running report, or its dispatch, was
+// lost). Two executions of one task at once, a mark while an agent lives,
+// an outcome lost from the promoted board's own writes are never excused.
+// The soak forgets the audit and heartbeat rows it had read and reads the
+// promoted board's afresh (their ids are handed out again). The report
+// gives the rows and terms lost, each lost term as the promoted board
+// handed it out again, the fence's refusals after the promotion and what
+// was excused. The restart and the freeze act on whichever server is
 // the primary then; the three database faults take the database one at a
 // time. The soak's own connections name both servers directly, so its
 // judge is never partitioned. The report gives each nemesis its faults,

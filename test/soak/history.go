@@ -149,6 +149,11 @@ type Fault struct {
 	// cluster does (a deletion, an eviction, a lost node): an infra
 	// failure, never the task's own.
 	ClusterStop bool
+	// LostFrom and LostTo bound the writes an asynchronous failover lost
+	// (FaultFailoverAsync): the primary acknowledged them after its standby
+	// was made asynchronous (LostFrom) and before it was killed (LostTo);
+	// the promoted board never had them. Zero for any other fault.
+	LostFrom, LostTo time.Time
 }
 
 // Harmed lists every attempt the fault harmed: its target and the others.

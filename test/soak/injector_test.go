@@ -28,8 +28,10 @@ const (
 	FaultPostgres       = "restart_postgres"
 	FaultBurst          = "burst_of_runs"
 	// The nemeses (Lite): one replica partitioned from PostgreSQL, the
-	// primary's I/O frozen, the primary lost and its synchronous standby
-	// promoted (once a soak: no standby is left after it).
+	// primary's I/O frozen, the primary lost and its standby promoted
+	// (once a soak: no standby is left after it), synchronous or, its
+	// pick odd, made asynchronous and behind (FaultFailoverAsync,
+	// asyncfailover_test.go).
 	FaultPartition = "partition_replica_from_postgres"
 	FaultFreeze    = "freeze_postgres"
 	FaultFailover  = "failover_to_sync_standby"
@@ -70,6 +72,7 @@ type injector struct {
 	skipped map[string]int
 	paused  map[int]bool // agents under SIGSTOP
 	cut     map[int]bool // replica slots partitioned from the database
+	lost    []lostWrites // what asynchronous failovers lost
 	wg      sync.WaitGroup
 }
 
@@ -351,6 +354,10 @@ func (in *injector) inject(ctx context.Context, st step) (*Fault, error) {
 		return f, nil
 
 	case FaultFailover:
+		if async, window := failoverMode(pick); async && s.kube == nil {
+			// Lite only: the kube invariants excuse no lost window yet.
+			return in.failOverAsync(ctx, st, window)
+		}
 		if !s.db.acquire(ctx) {
 			return nil, errNoTarget
 		}

@@ -178,6 +178,9 @@ func CheckNoReapOfALiveAttempt(h History) []Violation {
 		case e.EndReason == agent.ReasonTerminated && h.AgentLost > 0 && !marked[e.Attempt].IsZero() &&
 			marked[e.Attempt].Before(e.End):
 			// Kube: told to stop after a mark judged above.
+		case e.EndReason == agent.ReasonTerminated && h.lostRunning(e):
+			// The board lost its attempt's running (an asynchronous
+			// failover's window): excused, and counted in the report.
 		case e.EndReason == agent.ReasonTerminated:
 			out = append(out, Violation{Check: NoReapOfALiveAttempt, Evidence: fmt.Sprintf(
 				"%s: its live agent %d was told should_terminate and stopped its task group %d (ended %s)",

@@ -208,6 +208,7 @@ func (s *soak) nemesisRows(h History, verdict history.Verdict, row func(k string
 		row(nf.Kind, fmt.Sprintf("thrown %d, fence refused %d, longest without a leader %s, recovery %s, checker violations %d",
 			nf.Thrown, int(nf.Refused), nf.Leaderless.Round(100*time.Millisecond), spread(nf.Recovery), nf.Violations))
 	}
+	s.lostRows(h, verdict, row)
 	var longest time.Duration
 	for _, g := range leaderGaps(samples) {
 		longest = max(longest, g.len())

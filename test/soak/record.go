@@ -30,7 +30,8 @@ const maxWriterName = boardhistory.MaxWriterName
 //     of the group is taken an instant before the signal, so the look is
 //     the end established); one still alive at the last look has no end;
 //   - each fault is a fault event, naming its kind, detail and when it
-//     was undone;
+//     was undone; an asynchronous failover adds one at the primary's kill
+//     carrying the window of writes lost (lost_from);
 //   - each final row is a final event.
 func Record(h History, finals []Final) []history.Event {
 	b := boardhistory.Board{Terms: h.Terms, Transitions: h.Transitions, RunChanges: h.RunChanges, Heartbeats: h.Heartbeats}
@@ -49,6 +50,10 @@ func Record(h History, finals []Final) []history.Event {
 			note += fmt.Sprintf(" (undone at %s)", f.Ended.UTC().Format(time.RFC3339Nano))
 		}
 		faults = append(faults, boardhistory.Fault{At: f.At, Note: note})
+		if !f.LostTo.IsZero() {
+			faults = append(faults, boardhistory.Fault{At: f.LostTo, LostFrom: f.LostFrom,
+				Note: f.Kind + ": the primary killed; the writes it acknowledged since its standby was made asynchronous are lost"})
+		}
 	}
 	return boardhistory.Record(b, execs, faults, finals)
 }

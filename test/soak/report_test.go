@@ -119,6 +119,10 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 		total += byKind[fw.kind]
 		row(fw.kind, fmt.Sprintf("%d\t(%d drawn without a target)", byKind[fw.kind], skipped[fw.kind]))
 	}
+	if n := byKind[FaultFailoverAsync]; n > 0 { // drawn as the failover, its pick odd
+		total += n
+		row(FaultFailoverAsync, fmt.Sprintf("%d\t(drawn as %s)", n, FaultFailover))
+	}
 	row("total", total)
 
 	fmt.Fprintln(w, "work")

@@ -91,6 +91,10 @@ type soak struct {
 	leaderSamples []leaderSample
 	// historyPath is the run's fault history, once written (judgeHistory).
 	historyPath string
+	// readGen counts the times the soak forgot what it had read of the
+	// audit and the heartbeats (forgetRead: an asynchronous failover lost
+	// rows); a read begun before is dropped.
+	readGen int
 }
 
 func (s *soak) logf(format string, args ...any) {
@@ -393,7 +397,7 @@ func (s *soak) history(ctx context.Context) (History, error) {
 // readAudit reads the audit rows added since the last read.
 func (s *soak) readAudit(ctx context.Context) error {
 	s.mu.Lock()
-	after := s.lastAudit
+	after, gen := s.lastAudit, s.readGen
 	s.mu.Unlock()
 	rows, err := s.pool.Query(ctx, `SELECT id, at, term, reaper, label, applied, coalesce(run_id, ''),
 	        coalesce(task_id, ''), coalesce(try_number, 0), coalesce(attempt_epoch, 0)
@@ -416,6 +420,9 @@ func (s *soak) readAudit(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if gen != s.readGen {
+		return nil // read from a board since lost
+	}
 	s.decisions = append(s.decisions, ds...)
 	if len(ds) > 0 {
 		s.lastAudit = ds[len(ds)-1].ID
@@ -426,7 +433,7 @@ func (s *soak) readAudit(ctx context.Context) error {
 // readHeartbeats reads the heartbeats landed since the last read.
 func (s *soak) readHeartbeats(ctx context.Context) error {
 	s.mu.Lock()
-	after := s.lastBeat
+	after, gen := s.lastBeat, s.readGen
 	s.mu.Unlock()
 	beats, last, err := boardhistory.Heartbeats(ctx, s.pool, after)
 	if err != nil {
@@ -434,6 +441,9 @@ func (s *soak) readHeartbeats(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if gen != s.readGen {
+		return nil // read from a board since lost
+	}
 	if s.heartbeats == nil {
 		s.heartbeats = map[sdk.Attempt][]time.Time{}
 	}

@@ -35,6 +35,10 @@ type Execution struct {
 type Fault struct {
 	At   time.Time
 	Note string // what, and to whom
+	// LostFrom, when set, says the board lost the writes it had applied
+	// from LostFrom to At (an asynchronous standby promoted after its
+	// primary was killed at At).
+	LostFrom time.Time
 }
 
 // Record turns the board's rows, the harness's executions and faults and
@@ -57,7 +61,8 @@ type Fault struct {
 //     no attempt when it named none), with what the fence met
 //     (RefusalEvents);
 //   - each execution is a start and, when it ended, an end;
-//   - each fault is a fault event; each final row a final event.
+//   - each fault is a fault event (with the window of writes the board
+//     lost, if it lost some); each final row a final event.
 //
 // A fenced write's term is its writer's own: the latest term the leader
 // row's history shows the writing replica (its connection's
@@ -106,7 +111,7 @@ func Record(b Board, executions []Execution, faults []Fault, finals []Final) []h
 			Outcome: outcome, Note: x.Note})
 	}
 	for _, f := range faults {
-		out = append(out, history.Event{Time: f.At, Kind: history.KindFault, Note: f.Note})
+		out = append(out, history.Event{Time: f.At, Kind: history.KindFault, Note: f.Note, LostFrom: f.LostFrom})
 	}
 	for _, f := range finals {
 		out = append(out, history.Event{Time: f.At, Kind: history.KindFinal, Attempt: attempt(f.Attempt), State: f.State})

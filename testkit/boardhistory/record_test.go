@@ -118,6 +118,15 @@ func TestRecordClean(t *testing.T) {
 	}
 }
 
+// A fault that lost the board's writes carries its window into the history.
+func TestRecordLostWindow(t *testing.T) {
+	events := boardhistory.Record(boardhistory.Board{}, nil,
+		[]boardhistory.Fault{{At: at(9), LostFrom: at(3), Note: "primary killed"}, {At: at(10), Note: "standby promoted"}}, nil)
+	if len(events) != 2 || !events[0].LostFrom.Equal(at(3)) || !events[0].Time.Equal(at(9)) || !events[1].LostFrom.IsZero() {
+		t.Errorf("the faults: %+v", events)
+	}
+}
+
 // A holder cut to what PostgreSQL keeps in a connection's name is still its
 // writer's.
 func TestRecordLongHolder(t *testing.T) {

@@ -55,7 +55,10 @@ type Verdict struct {
 	Executions     int // executions started
 	Terms          int // distinct terms among the writes, applied or refused
 	Faults         int // fault events
-	Violations     []Violation
+	// ExcusedByLostWindow counts what would have been violations but for
+	// writes the board lost in a window a fault event names (lost.go).
+	ExcusedByLostWindow int
+	Violations          []Violation
 }
 
 // OK reports whether the history broke no rule.
@@ -66,6 +69,9 @@ func (v Verdict) Summary() string {
 	faults := ""
 	if v.Faults > 0 {
 		faults = fmt.Sprintf(", %d faults", v.Faults)
+	}
+	if v.ExcusedByLostWindow > 0 {
+		faults += fmt.Sprintf(", %d excused_by_lost_window", v.ExcusedByLostWindow)
 	}
 	return fmt.Sprintf("history: %d events, %d writes applied, %d refused (%d by the fence), %d executions, %d terms%s; violations: %d",
 		v.Events, v.WritesApplied, v.WritesRefused, v.RefusedByFence, v.Executions, v.Terms, faults, len(v.Violations))
@@ -186,6 +192,9 @@ func (c *checker) read() {
 func problem(e Event) string {
 	if e.Time.IsZero() {
 		return "no time"
+	}
+	if why := lostProblem(e); why != "" {
+		return why
 	}
 	attempt := func(a *Attempt, what string) string {
 		if a == nil {
@@ -612,6 +621,10 @@ func (c *checker) judgeFinals() {
 	}
 	slices.SortFunc(tasks, func(a, b task) int { return cmp.Or(cmp.Compare(a.runID, b.runID), cmp.Compare(a.taskID, b.taskID)) })
 	for _, t := range tasks {
+		if c.lostTask(t) {
+			c.v.ExcusedByLostWindow++
+			continue
+		}
 		c.violate(RuleNoFinal, c.end, nil, "%s has no final row: whether its attempts ended is unknown", t)
 	}
 }

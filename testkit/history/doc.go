@@ -55,6 +55,12 @@
 //
 // A final event carries attempt and state: the task's row after the run.
 //
+// A fault event may carry lost_from: the board lost every write it had
+// applied from lost_from to the event's time (its primary killed then, and
+// a standby that had stopped receiving those writes promoted: an
+// asynchronous failover). The history is the promoted board's account, so
+// the lost writes are not in it.
+//
 // # What Check proves
 //
 // Times are compared as the recorders wrote them, which assumes they share
@@ -111,6 +117,15 @@
 // Every attempt ended (RuleNotTerminal, RuleNoFinal, RuleUnended): every
 // task the history names has a final row, that row is settled, and every
 // execution that started has an end.
+//
+// A lost window (lost.go) excuses exactly what the board's loss explains,
+// and the verdict counts it (excused_by_lost_window): a task that no write
+// names and all of whose executions started after a window opened and
+// before the board applied anything after it has no final row (its run was
+// submitted on the lost primary). Nothing else is excused: the rules on
+// writes judge what the promoted board applied, in full (a term number it
+// hands out again is still held twice if two holders' writes apply), and
+// two executions of one task at once are never excused.
 //
 // An event Check cannot read as evidence (RuleMalformed: a missing time,
 // an unknown kind, a write with a term and no holder, an end with no start,

@@ -92,6 +92,10 @@ type Event struct {
 	Kind Kind      `json:"kind"`
 	// Since is when a write was sent, if the recorder knows (write).
 	Since time.Time `json:"since,omitzero"`
+	// LostFrom says the board lost every write it had applied from
+	// LostFrom to Time: a standby that had stopped receiving them was
+	// promoted after its primary was killed at Time (fault).
+	LostFrom time.Time `json:"lost_from,omitzero"`
 	// Op names the write (write).
 	Op string `json:"op,omitempty"`
 	// Term is the leadership term the write was fenced by, 0 for a write

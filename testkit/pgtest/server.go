@@ -16,8 +16,9 @@
 //
 // For failover tests, a server started with Options.Replication makes
 // streaming-replication standbys of itself (Standby, synchronous or not),
-// which Promote makes primaries; StopStreaming makes a standby fall behind
-// on purpose, and FailoverDSN names a primary and its standbys in one
+// which Promote makes primaries; Desynchronize makes a synchronous one
+// asynchronous, StopStreaming makes a standby fall behind on purpose, and
+// FailoverDSN names a primary and its standbys in one
 // connection string. Kill crashes a server and Freeze stalls one (its
 // processes stopped, as by a hung disk) until Thaw.
 //

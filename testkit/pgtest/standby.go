@@ -146,6 +146,41 @@ func (s *Server) nameSynchronous(ctx context.Context, name string) error {
 	return nil
 }
 
+// Desynchronize makes a synchronous standby of primary asynchronous:
+// primary's synchronous_standby_names is emptied and reloaded, and
+// Desynchronize returns once no session of primary waits for the standby
+// any more, and the standby streams as "async". From then on primary
+// acknowledges a commit without the standby; with StopStreaming after it,
+// what primary commits is acknowledged and never reaches the standby (a
+// failover manager that gave up on synchronous replication, an operator who
+// lifted it to keep the primary writing). What was committed before
+// Desynchronize was called had reached the standby.
+//
+// As in naming a synchronous standby, a session decides whether to wait
+// from a flag the checkpointer keeps; when the checkpointer takes in the
+// emptied setting it clears the flag and releases every session waiting,
+// and two CHECKPOINTs asked after the reload make sure it has.
+func (s *Server) Desynchronize(ctx context.Context, primary *Server) error {
+	if s.standbyName == "" {
+		return fmt.Errorf("pgtest: desynchronize: not a standby")
+	}
+	if _, err := primary.admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = ''"); err != nil {
+		return fmt.Errorf("pgtest: desynchronize: %w", err)
+	}
+	if _, err := primary.admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("pgtest: desynchronize: reload the configuration: %w", err)
+	}
+	for range 2 {
+		if _, err := primary.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+			return fmt.Errorf("pgtest: desynchronize: checkpoint: %w", err)
+		}
+	}
+	if err := primary.waitSyncState(ctx, s.standbyName, "async"); err != nil {
+		return fmt.Errorf("pgtest: desynchronize: %w", err)
+	}
+	return nil
+}
+
 // waitSyncState waits until the standby named name streams from the server
 // in sync state want ("sync", "async"), as a fresh session sees it.
 func (s *Server) waitSyncState(ctx context.Context, name, want string) error {

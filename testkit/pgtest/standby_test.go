@@ -195,6 +195,36 @@ func TestStandby(t *testing.T) {
 		}
 	})
 
+	t.Run("DesynchronizedLosesWhatItHadNotReceived", func(t *testing.T) {
+		t.Parallel()
+		primary, standby := replicated(t, pgtest.StandbyOptions{Synchronous: true})
+		pool := connect(t, primary.DSN("app"))
+		insert(t, pool, 1, 2)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := standby.Desynchronize(ctx, primary); err != nil {
+			t.Fatal(err)
+		}
+		if err := standby.StopStreaming(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// No longer waited for: the commits return, and are lost.
+		short, cancelShort := context.WithTimeout(ctx, 5*time.Second)
+		defer cancelShort()
+		for _, id := range []int{3, 4} {
+			if _, err := pool.Exec(short, "INSERT INTO t (id) VALUES ($1)", id); err != nil {
+				t.Fatalf("insert %d with the standby desynchronized and stopped: %v", id, err)
+			}
+		}
+		failover(t, primary, standby)
+		if got := ids(t, connect(t, standby.DSN("app"))); !slices.Equal(got, []int{1, 2}) {
+			t.Fatalf("rows on the promoted standby = %v, want [1 2]: 3 and 4 were acknowledged after it stopped streaming", got)
+		}
+		if err := primary.Desynchronize(ctx, standby); err == nil {
+			t.Error("a primary desynchronized as if it were a standby")
+		}
+	})
+
 	t.Run("NeedsAReplicationPrimary", func(t *testing.T) {
 		t.Parallel()
 		if _, err := pgtest.Current(t).Standby(context.Background(), pgtest.StandbyOptions{}); err == nil {
