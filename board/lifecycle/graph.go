@@ -166,19 +166,21 @@ func (w *Writer) SettleBlocked(ctx context.Context, executor string, limit int, 
 		return nil, fmt.Errorf("board: settle blocked task instances: %w", err)
 	}
 	fence, fenceArgs := w.fence(5, now)
-	sql := `WITH judged AS (
-    SELECT ti.run_id, ti.task_id,
-        coalesce(array_agg(up.task_id ORDER BY up.task_id) FILTER (WHERE ` + upstreamSettledFailed + `), '{}') AS failed,
-        coalesce(array_agg(up.task_id ORDER BY up.task_id) FILTER (WHERE up.state = 'skipped'), '{}') AS skipped
+	// Each waiting task's upstreams are read by their primary key, in a
+	// lateral subquery per task: joined as a set, the planner hashes every
+	// task instance of the working set instead.
+	sql := `WITH blocked AS (
+    SELECT ti.run_id, ti.task_id, j.failed, j.skipped
     ` + workingFrom + `
-    JOIN task_instances up ON up.run_id = ti.run_id AND up.task_id = ANY (ti.upstreams)
+    CROSS JOIN LATERAL (
+        SELECT coalesce(array_agg(up.task_id ORDER BY up.task_id) FILTER (WHERE ` + upstreamSettledFailed + `), '{}') AS failed,
+            coalesce(array_agg(up.task_id ORDER BY up.task_id) FILTER (WHERE up.state = 'skipped'), '{}') AS skipped
+        FROM unnest(ti.upstreams) u(id)
+        JOIN task_instances up ON up.run_id = ti.run_id AND up.task_id = u.id
+    ) j
     ` + workingWhere + ` AND ti.state = 'none' AND cardinality(ti.upstreams) > 0
-    GROUP BY ti.run_id, ti.task_id
-),
-blocked AS (
-    SELECT j.* FROM judged j
-    WHERE cardinality(j.failed) > 0 OR cardinality(j.skipped) > 0
-    ORDER BY j.run_id, j.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
+      AND (cardinality(j.failed) > 0 OR cardinality(j.skipped) > 0)
+    ORDER BY ti.run_id, ti.task_id LIMIT ` + strconv.Itoa(pageLimit(limit)) + `
 )
 UPDATE task_instances ti SET
     state = CASE WHEN cardinality(b.failed) > 0 THEN 'upstream_failed' ELSE 'skipped' END,

@@ -116,10 +116,12 @@ type RunUse struct {
 func (w *Writer) BoundedRuns(ctx context.Context) (map[string]RunUse, error) {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	rows, err := w.pool.Query(ctx, `SELECT r.run_id, r.max_active_tasks, count(ti.task_id)
-FROM runs r LEFT JOIN task_instances ti ON ti.run_id = r.run_id AND ti.state IN ('queued', 'running')
-WHERE r.state = 'running' AND r.max_active_tasks IS NOT NULL
-GROUP BY r.run_id, r.max_active_tasks`)
+	// Counted run by run (the primary key's range of each), so that only the
+	// bounded runs' task instances are read.
+	rows, err := w.pool.Query(ctx, `SELECT r.run_id, r.max_active_tasks,
+    (SELECT count(*) FROM task_instances ti WHERE ti.run_id = r.run_id AND ti.state IN ('queued', 'running'))
+FROM runs r
+WHERE r.state = 'running' AND r.max_active_tasks IS NOT NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("board: read the runs' active tasks: %w", err)
 	}

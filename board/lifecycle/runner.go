@@ -104,8 +104,10 @@ func keyArgs(after *Key) (any, any) {
 // is still running, waits on a rail, carries a provisional infra mark or is
 // held for review keeps it waiting; SettleBlocked settles one whose
 // upstream failed for good or was skipped.
-const upstreamsSucceeded = `NOT EXISTS (SELECT 1 FROM task_instances up
-    WHERE up.run_id = ti.run_id AND up.task_id = ANY (ti.upstreams) AND up.state <> 'success')`
+// Each upstream is read by its primary key (unnested, not matched with
+// ANY, which the planner serves with a hash of every unsucceeded row).
+const upstreamsSucceeded = `NOT EXISTS (SELECT 1 FROM unnest(ti.upstreams) u(id)
+    JOIN task_instances up ON up.run_id = ti.run_id AND up.task_id = u.id WHERE up.state <> 'success')`
 
 // EnqueueNew moves up to limit task instances of executor that are in state
 // none, of running runs, whose upstreams all succeeded, to scheduled (at

@@ -28,3 +28,11 @@ ALTER TABLE runs
 CREATE INDEX task_instances_pool_active_idx
     ON task_instances (pool, run_id) INCLUDE (pool_slots)
     WHERE state IN ('queued', 'running');
+
+-- The task instances waiting in state none: what each runner cycle judges
+-- against its upstreams (schedule, or settle as blocked). A run of many
+-- tasks holds them there until their upstreams end; the working set's
+-- other task instances are never read for it.
+CREATE INDEX task_instances_none_idx
+    ON task_instances (executor, run_id, task_id)
+    WHERE state = 'none';

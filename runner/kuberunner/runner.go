@@ -126,6 +126,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorKube, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat, Recovery: steps.NewRecovery(cfg.Recovery),
+			PoolReads: &steps.PoolReads{},
 		},
 		valveNoted: map[sdk.Attempt]time.Time{},
 	}

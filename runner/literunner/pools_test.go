@@ -125,7 +125,7 @@ func TestRecoveryBudget(t *testing.T) {
 	b := setup(t, opts{recovery: lifecycle.RecoveryBudget{Default: lifecycle.RecoveryLimit{Rate: 1, Burst: 2}}})
 	var tasks []lifecycle.NewTask
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
-		tasks = append(tasks, task(id, "sleep 2", 0))
+		tasks = append(tasks, task(id, "sleep 5", 0))
 	}
 	b.mkRun(t, "lost", tasks...)
 	if res := b.cycle(t); res.Dispatched != 5 {
@@ -134,7 +134,7 @@ func TestRecoveryBudget(t *testing.T) {
 	// All five are lost at once and a reaper marks them (confirmed).
 	for _, id := range []string{"a", "b", "c", "d", "e"} {
 		ti := b.ti(t, "lost", id)
-		mr, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: ti.Attempt, FromStates: []string{ti.State},
+		mr, err := b.store.Mark(ctx, []sdk.Mark{{Attempt: ti.Attempt, FromStates: []string{sdk.StateQueued, sdk.StateRunning},
 			Kind: sdk.MarkInfra, Reason: sdk.LabelAgentLost, Message: "agent_lost: gone", Confirm: true,
 			Term: b.term, At: b.clk.Now()}})
 		if err != nil || !mr[0].Applied {
@@ -155,16 +155,20 @@ func TestRecoveryBudget(t *testing.T) {
 	if st := b.ti(t, "live", "x").State; st == sdk.StateScheduled || st == sdk.StateNone {
 		t.Fatalf("the live task is %s behind the recovery", st)
 	}
+	use, err := b.w.PoolUsage(ctx, b.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	var waiting int
-	for _, u := range res.Pools {
+	for _, u := range use {
 		waiting += u.RecoveryWaiting
 	}
 	if waiting != 3 {
 		t.Fatalf("%d re-places waiting, want 3", waiting)
 	}
-	// One more a second.
-	b.clk.Advance(time.Second)
-	if res := b.cycle(t); res.Dispatched < 1 || res.Dispatched > 2 {
-		t.Fatalf("dispatched %d a second later at 1/s (jitter ±20%%)", res.Dispatched)
+	// One more a second: 1.5 s refill 1.2 to 1.8 tokens (±20% jitter).
+	b.clk.Advance(1500 * time.Millisecond)
+	if res := b.cycle(t); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d 1.5 s later at 1/s", res.Dispatched)
 	}
 }

@@ -113,6 +113,7 @@ func New(cfg Config, w *lifecycle.Writer) (*Runner, error) {
 			W: w, Executor: sdk.ExecutorLite, Name: Name, Valve: cfg.Ladder.InfraConfirmValve,
 			MaxActiveRuns: cfg.MaxActiveRuns, DispatchUnavailableWindow: cfg.DispatchUnavailableWindow, Log: cfg.Logger,
 			Pools: cfg.Pools, Heartbeat: cfg.Heartbeat, Recovery: steps.NewRecovery(cfg.Recovery),
+			PoolReads: &steps.PoolReads{},
 		},
 		agents: map[sdk.Attempt]*Agent{},
 	}, nil

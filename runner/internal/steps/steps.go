@@ -99,6 +99,9 @@ type Driver struct {
 	// (IsRecovery); nil: none, recovery is dispatched as fast as slots
 	// allow. It is the runner's, carried over from cycle to cycle.
 	Recovery *Recovery
+	// PoolReads spaces the reads of the pools' use for the gauges
+	// (ReadPools); nil: every cycle. The runner's, like Recovery.
+	PoolReads *PoolReads
 	// Heartbeat is the agents' heartbeat period: the pools' silent slots
 	// are those of attempts silent for lifecycle.SilentHeartbeats of them.
 	Heartbeat time.Duration
