@@ -9,7 +9,8 @@
 //     infra confirmation valve has passed since the mark; with the budget
 //     spent, failed for good (see package runner/internal/steps).
 //  2. start and schedule: queued runs under the run start cap; task
-//     instances in state none of running runs become scheduled.
+//     instances in state none of running runs whose upstreams all
+//     succeeded become scheduled (the blocked ones settled, as on Lite).
 //  3. dispatch: each scheduled attempt becomes queued and gets a pod
 //     (BuildPod: the attempt's labels and raw task id annotation, the task
 //     container with the outcome record path, the activeDeadlineSeconds of
@@ -34,6 +35,10 @@
 //     of the attempts this runner queued, pods and warm binds alike, for
 //     the same collectors as the Lite runner's.
 //  6. finalize: a running run whose task instances are all settled ends.
+//
+// Dispatch fills only open slots of each task's pool, under its run's
+// max_active_tasks, and a retry or re-place only as its pool's recovery
+// budget admits it (see runner/internal/steps).
 //
 // A create whose answer was lost may have made its pod anyway. Offering the
 // task again moves it to a new epoch, so that pod's agent is refused at its

@@ -12,13 +12,18 @@
 //     has passed since the mark (infra_confirm_valve_open); with the budget
 //     spent it is failed for good (infra_budget_spent). An attempt held for
 //     review is never moved: an operator releases the hold first.
-//  2. schedule: task instances in state none, of running runs, become
-//     scheduled (tasks of a run do not depend on each other here).
+//  2. schedule: task instances in state none, of running runs, whose
+//     upstreams all succeeded become scheduled; those an upstream failed
+//     for good are settled upstream_failed, those behind a skipped one
+//     skipped (see board/lifecycle's SettleBlocked).
 //  3. dispatch: scheduled task instances become queued (stamping queued_at)
 //     and get an agent each, started through the Lite spawner with a
 //     credential minted for the attempt (the agent reports to reaperd's
 //     attempt API with it; the board's connection string never reaches an
-//     agent), up to MaxParallel queued plus running attempts. An
+//     agent), up to MaxParallel queued plus running attempts, into the
+//     open slots of each task's pool and under its run's max_active_tasks,
+//     a recovery dispatch (a retry, a re-place) only as its pool's
+//     recovery budget admits it. An
 //     agent that cannot be started is a dispatch failure, judged like a
 //     refused pod create: a passing shortage (no process slot, memory,
 //     descriptor or disk) is offered again on the dispatch-failure backoff
@@ -27,7 +32,8 @@
 //     failures are infra failures with the terminal reason dispatch_failed:
 //     not re-placed, no retry spent, over until a clear.
 //  4. finalize: a running run whose task instances are all settled finishes
-//     success when they all succeeded (or were skipped), else failed.
+//     success when they all succeeded (or were skipped), else failed, each
+//     a decision (run_finalized_success, run_finalized_failed).
 //
 // Agents are detached from the runner and outlive it (and reaperd). The
 // runner is their parent, so it waits for each one it spawned once the
