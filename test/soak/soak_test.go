@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -246,11 +247,7 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.logf("soak directory %s", dir)
 
-	linked := 0 // the kube editions' replicas reach the database directly
-	if s.edition == editionLite {
-		linked = replicas
-	}
-	s.db, err = startDatabase(ctx, dir, linked)
+	s.db, err = startDatabase(ctx, dir, replicas) // every replica linked: the nemeses cut the links
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,6 +289,13 @@ func (s *soak) setup(ctx context.Context) {
 		t.Fatal(err)
 	}
 	s.store = board.New(s.pool, board.Options{})
+	configs := slices.Repeat([]string{config}, replicas)
+	if s.kube != nil {
+		// Each its own path to the API server too: what the injector cuts.
+		if configs, err = s.kube.replicaConfigs(dir, config, replicas); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := 1; i <= replicas; i++ {
 		denv := env
 		if l := s.db.link(i); l != nil {
@@ -299,7 +303,7 @@ func (s *soak) setup(ctx context.Context) {
 			// configuration's store.dsn): what the injector cuts.
 			denv = append(append([]string(nil), env...), "REAPER_DSN="+l.dsn)
 		}
-		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: denv, logDir: s.logDir})
+		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: configs[i-1], env: denv, logDir: s.logDir})
 	}
 	s.obs = newObserver(s.journalDir, s.tl)
 	if s.kube != nil && s.kube.real != nil {
