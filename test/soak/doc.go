@@ -122,20 +122,22 @@
 // an attempt reported running whose journal never reached the soak fails
 // it. Its faults are the player edition's without the node deletion (one
 // node), with the kubelet killed -9 and restarted, the kubelet frozen under
-// the node monitor grace, the wedged agent, and a fifth nemesis: a
-// teardown refused past the valve. A drawn running attempt's agent is
-// SIGSTOPped inside its container while a validating webhook that cannot
-// be called (failurePolicy Fail), selecting that attempt's pod by its
-// labels, refuses every update and delete of it, for agent_lost, the
-// infra confirmation valve, an interval and a drawn moment: the attempt is
-// marked, its stop in place and its delete are refused and owed, and the
-// valve passes while the old container may still run; the runner must hold
-// the mark rather than place a successor (the invariants find two
-// executions of a task otherwise). Then the webhook goes, the owed teardown
-// ends the pod, and the agent is resumed a drawn moment after if it still
-// runs; the soak logs how often the runner held the mark. Only the real
-// node throws it: KWOK writes a stopped pod's end at its deadline while
-// the player's process still runs its grace.
+// the node monitor grace, the wedged agent, and a fifth nemesis: a teardown
+// refused past the valve. A drawn running attempt's agent is SIGSTOPped
+// inside its container while a validating webhook that cannot be called
+// (failurePolicy Fail), selecting that attempt's pod by its labels, refuses
+// every update and delete of it until the board has marked the attempt
+// (agent_lost of silence, later when a leadership change falls in between;
+// the soak reads the row) and then for the infra confirmation valve, an
+// interval and a drawn moment: its stop in place and its delete are refused
+// and owed, and the valve passes while the old container may still run; the
+// runner must hold the mark rather than place a successor (the invariants
+// find two executions of a task otherwise). Then the webhook goes, the owed
+// teardown ends the pod, and the agent is resumed a drawn moment after if it
+// still runs; the soak logs how often the runner held the mark and opened
+// the valve while the refusal lasted. Only the real node throws it: KWOK
+// writes a stopped pod's end at its deadline while the player's process
+// still runs its grace.
 //
 // The seed is printed at the start and taken back from REAPER_SOAK_SEED:
 // the same seed makes the same choices (which fault, when, which target

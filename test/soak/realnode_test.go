@@ -345,21 +345,49 @@ func (in *injector) injectTeardownRefused(ctx context.Context, st step) (*Fault,
 	if _, err := proc.Signal(e.AgentPID, syscall.SIGSTOP); err != nil {
 		return nil, err
 	}
-	// Past agent_lost (the mark), then past the valve counted from it.
-	refuse := agentLost + infraConfirmValve + interval + st.dPause
 	a := e.Attempt
+	past := infraConfirmValve + interval + st.dPause
 	f := in.record(Fault{Kind: FaultTeardownRefused, At: s.tl.now(), Target: &a,
-		Detail: fmt.Sprintf("agent %d of %s stopped, the updates and deletions of pod %s refused for %s, the agent resumed %s after",
-			e.AgentPID, a, p.Name, refuse.Round(time.Millisecond), st.d1.Round(time.Millisecond))})
-	sleep(ctx, refuse)
+		Detail: fmt.Sprintf("agent %d of %s stopped, the updates and deletions of pod %s refused until %s past its mark, the agent resumed %s after",
+			e.AgentPID, a, p.Name, past.Round(time.Millisecond), st.d1.Round(time.Millisecond))})
+	// Until the attempt is marked (agent_lost of silence, later when a
+	// leadership change's settling grace falls in between), then past the
+	// valve counted from the mark: the valve passes while the teardown is
+	// refused.
+	markBound := s.tl.now().Add(agentLost + lease + grace + 2*interval + 30*time.Second)
+	marked := false
+	for !marked && ctx.Err() == nil && s.tl.now().Before(markBound) {
+		sleep(ctx, 250*time.Millisecond)
+		marked = k.movedOn(ctx, a)
+	}
+	if marked {
+		sleep(ctx, past)
+	}
+	lifted := s.tl.now()
 	lift()
 	sleep(context.WithoutCancel(ctx), st.d1)
 	if info, err := proc.Stat(l.PID); err == nil && info.Start == l.StartTicks {
 		_, _ = proc.Signal(l.PID, syscall.SIGCONT)
 	}
 	in.ended(f)
-	s.logf("fault %-22s %s: the runner held its mark past the valve %d times", FaultTeardownRefused, a, k.valveHolds(a))
+	held, opened := k.valveDecisions(a, lifted)
+	s.logf("fault %-22s %s: marked %t, refusal lifted after %s; the runner held the mark past the valve %d times, opened the valve %d times before the lift",
+		FaultTeardownRefused, a, marked, lifted.Sub(f.At).Round(time.Millisecond), held, opened)
 	return f, nil
+}
+
+// movedOn reports whether the board has moved attempt a on from queued
+// or running (a mark, an end, a later try or epoch).
+func (k *kubeWorld) movedOn(ctx context.Context, a sdk.Attempt) bool {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	var try, epoch int32
+	var state string
+	if err := k.s.pool.QueryRow(ctx, `SELECT try_number, attempt_epoch, state FROM task_instances
+	    WHERE run_id = $1 AND task_id = $2`, a.RunID, a.TaskID).Scan(&try, &epoch, &state); err != nil {
+		return false // the database is down or cut: ask again
+	}
+	return try != a.Try || epoch != a.Epoch || (state != sdk.StateQueued && state != sdk.StateRunning)
 }
 
 // refusePodWrites installs a validating webhook that cannot be called on
@@ -439,17 +467,20 @@ func (k *kubeWorld) refusePodWrites(ctx context.Context, p *corev1.Pod) (func(),
 	}
 }
 
-// valveHolds counts the runner's infra_confirm_valve_held decisions on a.
-func (k *kubeWorld) valveHolds(a sdk.Attempt) int {
+// valveDecisions counts the runner's decisions on a at the valve: the
+// holds (infra_confirm_valve_held) and the opens (infra_confirm_valve_open)
+// before lifted, while the teardown was refused.
+func (k *kubeWorld) valveDecisions(a sdk.Attempt, lifted time.Time) (held, opened int) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	var n int
-	if err := k.s.pool.QueryRow(ctx, `SELECT count(*) FROM reap_decisions WHERE label = $1 AND run_id = $2
-	    AND task_id = $3 AND try_number = $4 AND attempt_epoch = $5`,
-		sdk.LabelInfraConfirmValveHeld, a.RunID, a.TaskID, a.Try, a.Epoch).Scan(&n); err != nil {
-		return -1
+	if err := k.s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE label = $1),
+	        count(*) FILTER (WHERE label = $2 AND at < $7)
+	    FROM reap_decisions WHERE run_id = $3 AND task_id = $4 AND try_number = $5 AND attempt_epoch = $6`,
+		sdk.LabelInfraConfirmValveHeld, sdk.LabelInfraConfirmValveOpen, a.RunID, a.TaskID, a.Try, a.Epoch,
+		lifted).Scan(&held, &opened); err != nil {
+		return -1, -1
 	}
-	return n
+	return held, opened
 }
 
 // saveJournals copies the journals brought out into the soak's journal
