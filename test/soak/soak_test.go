@@ -358,7 +358,15 @@ func (s *soak) check(ctx context.Context) {
 func (s *soak) history(ctx context.Context) (History, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	h := History{Faults: s.inj.list()}
+	var h History
+	if s.kube != nil {
+		// The pod stops before the faults: the injector records a deletion
+		// or an eviction before its request, so every stop of its own read
+		// here has its fault in the list read next, however long the reads
+		// in between take (a frozen database holds them for seconds).
+		h.PodStops = s.kube.podStops()
+	}
+	h.Faults = s.inj.list()
 	var err error
 	if h.Transitions, err = boardhistory.Transitions(ctx, s.pool); err != nil {
 		return h, err
@@ -384,9 +392,6 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	s.mu.Unlock()
 	if s.kube != nil {
 		h.AgentLost = agentLost
-	}
-	if s.kube != nil {
-		h.PodStops = s.kube.podStops()
 	}
 	s.obs.poll()
 	s.obs.snapshot(&h)
