@@ -148,13 +148,17 @@ e2e-kube:
 # EDITION=kube runs the kube runner on a
 # local kube-apiserver + KWOK (+ kube-controller-manager) with the kubelet
 # player running the agents, leader "kubernetes", and the kube faults (pod
-# deleted, node lost, eviction, API server paused). EDITION=kube NODE=real
-# (NODE as kube-up takes it; kwok, the default, is the player)
-# runs the pods on the test cluster's real node instead (a real kubelet,
-# containerd and runc; root, one real node per machine: a start waits for
-# the machine's node while another cluster holds it), with the kubelet's
-# faults (killed -9 and restarted, frozen) in place of the node loss and the
-# wedged agent added. A run takes SOAK plus about a minute (start, recovery,
+# deleted, node lost, eviction, API server paused), Lite's database nemeses
+# (a replica partitioned from PostgreSQL, the primary frozen, a failover to
+# the synchronous standby) and a replica partitioned from the API server.
+# EDITION=kube NODE=real (NODE as kube-up takes it; kwok, the default, is
+# the player) runs the pods on the test cluster's real node instead (a real
+# kubelet, containerd and runc; root, one real node per machine: a start
+# waits for the machine's node while another cluster holds it), with the
+# kubelet's faults (killed -9 and restarted, frozen) in place of the node
+# loss, and the wedged agent and a teardown refused past the valve (a
+# webhook refusing the pod's update and delete, its agent frozen) added.
+# A run takes SOAK plus about a minute (start, recovery,
 # report); the kube edition's first run builds the cluster's binaries when
 # they are not cached (make kube-build).
 SOAK    ?= 10m

@@ -18,7 +18,7 @@
 // past its lease that then resumes: the fencing case); a PostgreSQL
 // restart; a burst of new runs.
 //
-// On Lite it also throws three nemeses, drawn from the seed like the rest.
+// Both editions also throw three nemeses, drawn from the seed like the rest.
 // The database is a primary started for replication with one synchronous
 // standby (testkit/pgtest), and each replica reaches it through links of
 // its own: a testkit/netfault proxy per server, named in the replica's
@@ -107,8 +107,17 @@
 // a node deleted (its pods then go by the controller manager's Pod GC), a
 // pod evicted through the Eviction API, the API server paused
 // (SIGSTOP/SIGCONT) past the lease, kill -9 and SIGSTOP/SIGCONT of the
-// leading reaperd, a PostgreSQL restart and a burst of runs; tasks succeed,
-// fail and retry, trap SIGTERM, fork children or run into their timeout.
+// leading reaperd, a PostgreSQL restart, a burst of runs, the three
+// database nemeses of Lite (the replicas linked to PostgreSQL the same
+// way), and a fourth: one replica partitioned from the API server. Each
+// replica has a configuration and a kubeconfig of its own, whose server is
+// a netfault proxy of its own in front of kube-apiserver (the Lease's
+// client, the substrate's and the runner's all go through it); the
+// partition Cuts the leader's proxy or a drawn slot's for a time drawn
+// either side of the lease, then Heals it, while the nodes, the player, the
+// binder and the soak see the API server. The report gives it its figures
+// as it does the others'. Tasks succeed, fail and retry, trap SIGTERM, fork
+// children or run into their timeout.
 // Two invariants judge what only a pod shows: no_live_pod_torn_down (every
 // deletion or lowered deadline of a task pod the API server reported, the
 // injector's own aside, met no running task of an attempt the board still
@@ -136,7 +145,22 @@
 // an attempt reported running whose journal never reached the soak fails
 // it. Its faults are the player edition's without the node deletion (one
 // node), with the kubelet killed -9 and restarted, the kubelet frozen under
-// the node monitor grace, and the wedged agent.
+// the node monitor grace, the wedged agent, and a fifth nemesis: a teardown
+// refused past the valve. A drawn running attempt's agent is SIGSTOPped
+// inside its container while a validating webhook that cannot be called
+// (failurePolicy Fail), selecting that attempt's pod by its labels, refuses
+// every update and delete of it until the board has marked the attempt
+// (agent_lost of silence, later when a leadership change falls in between;
+// the soak reads the row) and then for the infra confirmation valve, an
+// interval and a drawn moment: its stop in place and its delete are refused
+// and owed, and the valve passes while the old container may still run; the
+// runner must hold the mark rather than place a successor (the invariants
+// find two executions of a task otherwise). Then the webhook goes, the owed
+// teardown ends the pod, and the agent is resumed a drawn moment after if it
+// still runs; the soak logs how often the runner held the mark and opened
+// the valve while the refusal lasted. Only the real node throws it: KWOK
+// writes a stopped pod's end at its deadline while the player's process
+// still runs its grace.
 //
 // The seed is printed at the start and taken back from REAPER_SOAK_SEED:
 // the same seed makes the same choices (which fault, when, which target

@@ -409,7 +409,7 @@ func (in *injector) inject(ctx context.Context, st step) (*Fault, error) {
 		return in.record(Fault{Kind: kind, At: at, Ended: s.tl.now(), Detail: fmt.Sprintf("%d runs at once", n)}), nil
 	}
 	if s.kube != nil {
-		return in.injectKube(ctx, kind, pick, d1, dLeader) // an API server paused past the lease
+		return in.injectKube(ctx, st) // the kube editions' own faults
 	}
 	return nil, fmt.Errorf("unknown fault kind %q", kind)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 	"github.com/dexaflow/reaper/testkit/kubetest/kubelet"
+	"github.com/dexaflow/reaper/testkit/netfault"
 )
 
 // The kube edition of the soak (REAPER_SOAK_EDITION=kube): the same
@@ -60,14 +61,24 @@ const (
 	FaultNodeLoss  = "delete_node"
 	FaultEviction  = "evict_pod"
 	FaultAPIPause  = "pause_apiserver"
+	// FaultAPIPartition cuts one replica from the API server (its own
+	// netfault proxy in front of kube-apiserver, its own kubeconfig naming
+	// it) while the others, the nodes and the soak see it.
+	FaultAPIPartition = "partition_replica_from_apiserver"
 )
+
+// kubeNemeses are the kube editions' nemeses beside the Lite ones (which
+// they throw too): the report gives each its figures.
+var kubeNemeses = []string{FaultAPIPartition, FaultTeardownRefused}
 
 // kubeFaultWeights: the kube edition's draw. The Lite faults that have no
 // meaning on a pod (an escaped child, a task group apart from its agent, a
-// wedged agent) are left out.
+// wedged agent) are left out; the Lite nemeses are in, with the partition
+// from the API server.
 var kubeFaultWeights = []faultWeight{
 	{FaultAgentKill, 3}, {FaultPodDelete, 4}, {FaultNodeLoss, 2}, {FaultEviction, 3}, {FaultAPIPause, 1},
 	{FaultLeaderKill, 2}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
+	{FaultPartition, 2}, {FaultFreeze, 1}, {FaultFailover, 1}, {FaultAPIPartition, 2},
 }
 
 // kubeRecoveryBound adds to the Lite bound what a pod costs: an infra mark
@@ -87,6 +98,12 @@ type kubeWorld struct {
 
 	binder *kubetest.Binder // the scheduler: binds each new pod to a live node
 
+	// apiLinks are, by replica slot (apiLinks[slot-1]), the proxies each
+	// replica reaches the API server through (FaultAPIPartition cuts one);
+	// apiCut the slots cut now (guarded by mu).
+	apiLinks []*netfault.Proxy
+	apiCut   map[int]bool
+
 	// On the real node (realnode_test.go): the node, the attempt API's
 	// address on its gateway, the journals brought out of the pods and
 	// the pids they name resolved; one kubelet fault at a time.
@@ -95,8 +112,10 @@ type kubeWorld struct {
 	journals  *journalLinker
 	pids      *pidResolver
 	kubeletMu sync.Mutex
+	// teardownMu: one teardown refused past the valve at a time.
+	teardownMu sync.Mutex
 
-	mu      sync.Mutex // guards nodeSeq, stops, seen
+	mu      sync.Mutex // guards nodeSeq, stops, seen, apiCut
 	nodeSeq int
 	stops   []PodStop
 	seen    map[string]bool // pod UIDs whose deletion is recorded
@@ -109,7 +128,7 @@ func (s *soak) startKube(ctx context.Context, env []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}}
+	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}, apiCut: map[int]bool{}}
 	s.kube = k
 	k.ns = "soak"
 	wctx, err := k.makeNamespace(ctx)
@@ -289,8 +308,9 @@ func (k *kubeWorld) podOf(ctx context.Context, a sdk.Attempt) (*corev1.Pod, erro
 }
 
 // injectKube throws one of the kube faults.
-func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1, dPause time.Duration) (*Fault, error) {
+func (in *injector) injectKube(ctx context.Context, st step) (*Fault, error) {
 	s, k := in.s, in.s.kube
+	kind, pick, d1, dPause := st.kind, st.pick, st.d1, st.dLeader
 	switch kind {
 	case FaultPodDelete, FaultEviction:
 		e, ok := in.target(pick)
@@ -380,6 +400,35 @@ func (in *injector) injectKube(ctx context.Context, kind string, pick uint64, d1
 	case FaultKubeletKill, FaultKubeletPause:
 		return in.injectKubelet(ctx, kind, d1, dPause)
 
+	case FaultTeardownRefused:
+		return in.injectTeardownRefused(ctx, st)
+
+	case FaultAPIPartition:
+		slot, how, ok := in.partitionTarget(pick)
+		if !ok || slot > len(k.apiLinks) {
+			return nil, errNoTarget
+		}
+		k.mu.Lock()
+		busy := k.apiCut[slot]
+		k.apiCut[slot] = true
+		k.mu.Unlock()
+		if busy {
+			return nil, errNoTarget
+		}
+		defer func() {
+			k.mu.Lock()
+			delete(k.apiCut, slot)
+			k.mu.Unlock()
+		}()
+		p := k.apiLinks[slot-1]
+		p.Cut()
+		f := in.record(Fault{Kind: kind, At: s.tl.now(),
+			Detail: fmt.Sprintf("reaperd #%d (%s) cut from the API server for %s", slot, how, st.dCut.Round(time.Millisecond))})
+		sleep(ctx, st.dCut)
+		p.Heal()
+		in.ended(f)
+		return f, nil
+
 	case FaultAPIPause:
 		if !k.apiPauseMu.TryLock() {
 			return nil, errNoTarget
@@ -458,12 +507,55 @@ func (k *kubeWorld) stop() {
 		k.cancel()
 	}
 	k.wg.Wait()
+	for _, p := range k.apiLinks {
+		_ = p.Close()
+	}
 	if k.journals != nil {
 		k.saveJournals()
 	}
 	if err := k.c.Stop(); err != nil {
 		k.s.logf("stop the cluster: %v", err)
 	}
+}
+
+// replicaConfigs gives each replica slot its own path to the API server:
+// a netfault proxy in front of kube-apiserver, a kubeconfig whose server is
+// that proxy (the server's certificate names the loopback address, not the
+// port), and a configuration, config with every mention of the cluster's
+// kubeconfig (the Lease's, the substrate's) replaced by the slot's. It
+// returns the configurations' paths by slot.
+func (k *kubeWorld) replicaConfigs(dir, config string, n int) ([]string, error) {
+	orig := k.c.Kubeconfig()
+	kc, err := os.ReadFile(orig)
+	if err != nil {
+		return nil, fmt.Errorf("read the cluster's kubeconfig: %w", err)
+	}
+	cfg, err := os.ReadFile(config)
+	if err != nil {
+		return nil, fmt.Errorf("read the replicas' configuration: %w", err)
+	}
+	host := strings.TrimPrefix(k.c.Host(), "https://")
+	if !strings.Contains(string(kc), host) || !strings.Contains(string(cfg), orig) {
+		return nil, fmt.Errorf("the kubeconfig names no %s, or the configuration no %s", host, orig)
+	}
+	var out []string
+	for slot := 1; slot <= n; slot++ {
+		p, err := netfault.Listen(host)
+		if err != nil {
+			return nil, err
+		}
+		k.apiLinks = append(k.apiLinks, p)
+		kpath := filepath.Join(dir, fmt.Sprintf("kubeconfig-%d", slot))
+		if err := os.WriteFile(kpath, []byte(strings.ReplaceAll(string(kc), host, p.Addr())), 0o600); err != nil {
+			return nil, fmt.Errorf("write replica %d's kubeconfig: %w", slot, err)
+		}
+		cpath := filepath.Join(dir, fmt.Sprintf("reaperd-%d.hcl", slot))
+		if err := os.WriteFile(cpath, []byte(strings.ReplaceAll(string(cfg), orig, kpath)), 0o600); err != nil {
+			return nil, fmt.Errorf("write replica %d's configuration: %w", slot, err)
+		}
+		out = append(out, cpath)
+	}
+	return out, nil
 }
 
 // kubeConfigHCL is every replica's configuration on the kube edition.

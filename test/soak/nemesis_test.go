@@ -130,7 +130,7 @@ const nemesisWindow = lease + grace
 func MeasureNemeses(h History, samples []leaderSample, rises []fenceRise, vs []history.Violation) []NemesisFigures {
 	gaps := leaderGaps(samples)
 	var out []NemesisFigures
-	for _, kind := range nemeses {
+	for _, kind := range slices.Concat(nemeses, kubeNemeses) {
 		nf := NemesisFigures{Kind: kind}
 		for _, f := range h.Faults {
 			if f.Kind != kind {
@@ -205,6 +205,9 @@ func (s *soak) nemesisRows(h History, verdict history.Verdict, row func(k string
 	s.mu.Unlock()
 	sort.Slice(samples, func(i, j int) bool { return samples[i].At.Before(samples[j].At) })
 	for _, nf := range MeasureNemeses(h, samples, rises, verdict.Violations) {
+		if !slices.ContainsFunc(s.inj.weights, func(w faultWeight) bool { return w.kind == nf.Kind }) {
+			continue // not in this edition's draw
+		}
 		row(nf.Kind, fmt.Sprintf("thrown %d, fence refused %d, longest without a leader %s, recovery %s, checker violations %d",
 			nf.Thrown, int(nf.Refused), nf.Leaderless.Round(100*time.Millisecond), spread(nf.Recovery), nf.Violations))
 	}
@@ -262,12 +265,30 @@ func TestInjectorDrawReplaysTheNemeses(t *testing.T) {
 				seed, cutShort, cutLong, freezeShort, freezeLong)
 		}
 	}
-	// The kube editions draw none of the Lite nemeses.
-	for _, ws := range [][]faultWeight{kubeFaultWeights, realFaultWeights} {
-		in := newInjector(&soak{seed: 7}, ws)
+	// The kube editions draw the Lite nemeses and the partition from the
+	// API server, the real node the teardown refused past the valve too;
+	// Lite draws neither of the kube ones.
+	for name, c := range map[string]struct {
+		ws         []faultWeight
+		want, none []string
+	}{
+		"lite":   {faultWeights, nemeses, kubeNemeses},
+		"player": {kubeFaultWeights, append(slices.Clone(nemeses), FaultAPIPartition), []string{FaultTeardownRefused}},
+		"real":   {realFaultWeights, slices.Concat(nemeses, kubeNemeses), nil},
+	} {
+		in := newInjector(&soak{seed: 7}, c.ws)
+		kinds := map[string]int{}
 		for range n {
-			if st := in.next(); slices.Contains(nemeses, st.kind) {
-				t.Fatalf("a kube edition drew %s", st.kind)
+			kinds[in.next().kind]++
+		}
+		for _, k := range c.want {
+			if kinds[k] == 0 || (once[k] && kinds[k] != 1) {
+				t.Errorf("%s: %s drawn %d times in %d steps", name, k, kinds[k], n)
+			}
+		}
+		for _, k := range c.none {
+			if kinds[k] != 0 {
+				t.Errorf("%s: %s drawn %d times, want never", name, k, kinds[k])
 			}
 		}
 	}

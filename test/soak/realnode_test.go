@@ -14,11 +14,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/testkit/kubetest"
 )
@@ -76,13 +84,20 @@ const (
 const (
 	FaultKubeletKill  = "kill_kubelet"
 	FaultKubeletPause = "pause_kubelet"
+	// FaultTeardownRefused freezes a running attempt's agent and has the
+	// API server refuse every update and delete of its pod for longer than
+	// agent_lost and the infra confirmation valve together, then lifts the
+	// refusal and resumes the agent.
+	FaultTeardownRefused = "refuse_teardown_past_valve"
 )
 
-// realFaultWeights: the real node's draw (no node deletion: one node).
+// realFaultWeights: the real node's draw (no node deletion: one node), the
+// player edition's nemeses and the teardown refused past the valve.
 var realFaultWeights = []faultWeight{
 	{FaultAgentKill, 3}, {FaultAgentPause, 2}, {FaultPodDelete, 4}, {FaultEviction, 3},
 	{FaultKubeletKill, 2}, {FaultKubeletPause, 1}, {FaultAPIPause, 1},
 	{FaultLeaderKill, 2}, {FaultLeaderPause, 2}, {FaultPostgres, 1}, {FaultBurst, 1},
+	{FaultPartition, 2}, {FaultFreeze, 1}, {FaultFailover, 1}, {FaultAPIPartition, 2}, {FaultTeardownRefused, 2},
 }
 
 // The real node's task image and agent.
@@ -115,7 +130,7 @@ func (s *soak) startKubeReal(ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}, ns: "soak"}
+	k := &kubeWorld{s: s, c: c, cs: c.Client(t), seen: map[string]bool{}, ns: "soak", apiCut: map[int]bool{}}
 	s.kube = k
 	n, why := c.RealNode()
 	if n == nil {
@@ -279,6 +294,193 @@ func (in *injector) injectKubelet(ctx context.Context, kind string, d1, dPause t
 		return f, nil
 	}
 	return nil, fmt.Errorf("unknown kubelet fault %q", kind)
+}
+
+// injectTeardownRefused throws FaultTeardownRefused at a drawn running
+// attempt, one at a time: a validating webhook that cannot be called
+// (failurePolicy Fail) on the updates and deletions of that attempt's pod
+// alone, so that every stop in place and every delete of it is refused
+// (its status, which the kubelet writes, is another resource and goes
+// through), and its agent SIGSTOPped, so that it neither heartbeats nor
+// hears should_terminate. agent_lost marks the attempt, its teardown is
+// refused and owed, and the valve passes while the refusal lasts: the
+// runner must hold the mark rather than re-place the attempt beside a
+// container that may still run. The refusal is lifted, and the agent
+// resumed a drawn moment later (if its pod's end has not taken it).
+func (in *injector) injectTeardownRefused(ctx context.Context, st step) (*Fault, error) {
+	s, k := in.s, in.s.kube
+	if k.real == nil || !k.teardownMu.TryLock() {
+		return nil, errNoTarget
+	}
+	defer k.teardownMu.Unlock()
+	e, ok := in.target(st.pick)
+	if !ok {
+		return nil, errNoTarget
+	}
+	in.mu.Lock()
+	busy := in.paused[e.AgentPID]
+	in.paused[e.AgentPID] = true // no other fault picks it meanwhile
+	in.mu.Unlock()
+	if busy {
+		return nil, errNoTarget
+	}
+	defer func() {
+		in.mu.Lock()
+		delete(in.paused, e.AgentPID)
+		in.mu.Unlock()
+	}()
+	l, ok := s.obs.agentOf(e.AgentPID)
+	if !ok {
+		return nil, errNoTarget
+	}
+	p, err := k.podOf(ctx, e.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	lift, err := k.refusePodWrites(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	defer lift()
+	if _, err := proc.Signal(e.AgentPID, syscall.SIGSTOP); err != nil {
+		return nil, err
+	}
+	a := e.Attempt
+	past := infraConfirmValve + interval + st.dPause
+	f := in.record(Fault{Kind: FaultTeardownRefused, At: s.tl.now(), Target: &a,
+		Detail: fmt.Sprintf("agent %d of %s stopped, the updates and deletions of pod %s refused until %s past its mark, the agent resumed %s after",
+			e.AgentPID, a, p.Name, past.Round(time.Millisecond), st.d1.Round(time.Millisecond))})
+	// Until the attempt is marked (agent_lost of silence, later when a
+	// leadership change's settling grace falls in between), then past the
+	// valve counted from the mark: the valve passes while the teardown is
+	// refused.
+	markBound := s.tl.now().Add(agentLost + lease + grace + 2*interval + 30*time.Second)
+	marked := false
+	for !marked && ctx.Err() == nil && s.tl.now().Before(markBound) {
+		sleep(ctx, 250*time.Millisecond)
+		marked = k.movedOn(ctx, a)
+	}
+	if marked {
+		sleep(ctx, past)
+	}
+	lifted := s.tl.now()
+	lift()
+	sleep(context.WithoutCancel(ctx), st.d1)
+	if info, err := proc.Stat(l.PID); err == nil && info.Start == l.StartTicks {
+		_, _ = proc.Signal(l.PID, syscall.SIGCONT)
+	}
+	in.ended(f)
+	held, opened := k.valveDecisions(a, lifted)
+	s.logf("fault %-22s %s: marked %t, refusal lifted after %s; the runner held the mark past the valve %d times, opened the valve %d times before the lift",
+		FaultTeardownRefused, a, marked, lifted.Sub(f.At).Round(time.Millisecond), held, opened)
+	return f, nil
+}
+
+// movedOn reports whether the board has moved attempt a on from queued
+// or running (a mark, an end, a later try or epoch).
+func (k *kubeWorld) movedOn(ctx context.Context, a sdk.Attempt) bool {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	var try, epoch int32
+	var state string
+	if err := k.s.pool.QueryRow(ctx, `SELECT try_number, attempt_epoch, state FROM task_instances
+	    WHERE run_id = $1 AND task_id = $2`, a.RunID, a.TaskID).Scan(&try, &epoch, &state); err != nil {
+		return false // the database is down or cut: ask again
+	}
+	return try != a.Try || epoch != a.Epoch || (state != sdk.StateQueued && state != sdk.StateRunning)
+}
+
+// refusePodWrites installs a validating webhook that cannot be called on
+// the updates and deletions of pod p (selected by its attempt's labels),
+// waits until the API server refuses them (a dry-run update), and returns
+// its removal, which is idempotent and fails the soak if the webhook
+// cannot be removed (every teardown of the pod would stay refused).
+func (k *kubeWorld) refusePodWrites(ctx context.Context, p *corev1.Pod) (func(), error) {
+	fail := admissionv1.Fail
+	none := admissionv1.SideEffectClassNone
+	url := "https://127.0.0.1:1/validate"
+	sel := map[string]string{}
+	for _, l := range []string{kube.LabelRunID, kube.LabelTaskID, kube.LabelTryNumber, kube.LabelAttemptEpoch} {
+		v, ok := p.Labels[l]
+		if !ok {
+			return nil, fmt.Errorf("pod %s has no label %s", p.Name, l)
+		}
+		sel[l] = v
+	}
+	hook := &admissionv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "soak-refuse-" + p.Name},
+		Webhooks: []admissionv1.ValidatingWebhook{{
+			Name:         "refuse.soak.reaper.test",
+			ClientConfig: admissionv1.WebhookClientConfig{URL: &url},
+			Rules: []admissionv1.RuleWithOperations{{
+				Operations: []admissionv1.OperationType{admissionv1.Update, admissionv1.Delete},
+				Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+			}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": k.ns}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: sel},
+		}},
+	}
+	hooks := k.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	_, err := hooks.Create(cctx, hook, metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("install the webhook refusing pod %s's writes: %w", p.Name, err)
+	}
+	removed := false
+	remove := func() {
+		if removed {
+			return
+		}
+		removed = true
+		var err error
+		for range 5 {
+			rctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+			err = hooks.Delete(rctx, hook.Name, metav1.DeleteOptions{})
+			cancel()
+			if err == nil || apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(time.Second)
+		}
+		k.s.fail(Violation{Check: "harness", Evidence: "remove the webhook refusing pod " + p.Name + "'s writes: " + err.Error()})
+	}
+	// The API server loads a new webhook a moment after it is created.
+	patch := []byte(`{"metadata":{"annotations":{"soak.reaper.test/probe":"x"}}}`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, apiTimeout)
+		_, err := k.cs.CoreV1().Pods(k.ns).Patch(pctx, p.Name, types.MergePatchType, patch,
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		cancel()
+		switch {
+		case err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil:
+			return remove, nil // refused by the webhook
+		case err != nil && apierrors.IsNotFound(err), ctx.Err() != nil, time.Now().After(deadline):
+			remove()
+			return nil, errNoTarget
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+// valveDecisions counts the runner's decisions on a at the valve: the
+// holds (infra_confirm_valve_held) and the opens (infra_confirm_valve_open)
+// before lifted, while the teardown was refused.
+func (k *kubeWorld) valveDecisions(a sdk.Attempt, lifted time.Time) (held, opened int) {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	if err := k.s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE label = $1),
+	        count(*) FILTER (WHERE label = $2 AND at < $7)
+	    FROM reap_decisions WHERE run_id = $3 AND task_id = $4 AND try_number = $5 AND attempt_epoch = $6`,
+		sdk.LabelInfraConfirmValveHeld, sdk.LabelInfraConfirmValveOpen, a.RunID, a.TaskID, a.Try, a.Epoch,
+		lifted).Scan(&held, &opened); err != nil {
+		return -1, -1
+	}
+	return held, opened
 }
 
 // saveJournals copies the journals brought out into the soak's journal

@@ -207,10 +207,8 @@ func (s *soak) report(ctx context.Context, quiet time.Time) {
 	if len(rec.Unrecovered) > 0 {
 		row("harmed attempts never settled", strings.Join(rec.Unrecovered, "; "))
 	}
-	if s.edition == editionLite {
-		fmt.Fprintln(w, "nemeses (in each fault's window, from it to its end plus lease and grace: what windows share counts for each)")
-		s.nemesisRows(h, verdict, row)
-	}
+	fmt.Fprintln(w, "nemeses (in each fault's window, from it to its end plus lease and grace: what windows share counts for each)")
+	s.nemesisRows(h, verdict, row)
 	fmt.Fprintln(w, "fault history")
 	row("writes refused by the fence (replicas' "+fenceMetric+", a lower bound)", s.fenceTotal())
 	if herr != nil {

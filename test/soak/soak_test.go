@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -250,11 +251,7 @@ func (s *soak) setup(ctx context.Context) {
 	}
 	s.logf("soak directory %s", dir)
 
-	linked := 0 // the kube editions' replicas reach the database directly
-	if s.edition == editionLite {
-		linked = replicas
-	}
-	s.db, err = startDatabase(ctx, dir, linked)
+	s.db, err = startDatabase(ctx, dir, replicas) // every replica linked: the nemeses cut the links
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,6 +293,13 @@ func (s *soak) setup(ctx context.Context) {
 		t.Fatal(err)
 	}
 	s.store = board.New(s.pool, board.Options{})
+	configs := slices.Repeat([]string{config}, replicas)
+	if s.kube != nil {
+		// Each its own path to the API server too: what the injector cuts.
+		if configs, err = s.kube.replicaConfigs(dir, config, replicas); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := 1; i <= replicas; i++ {
 		denv := env
 		if l := s.db.link(i); l != nil {
@@ -303,7 +307,7 @@ func (s *soak) setup(ctx context.Context) {
 			// configuration's store.dsn): what the injector cuts.
 			denv = append(append([]string(nil), env...), "REAPER_DSN="+l.dsn)
 		}
-		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: config, env: denv, logDir: s.logDir})
+		s.daemons = append(s.daemons, &daemon{slot: i, bin: s.bin, config: configs[i-1], env: denv, logDir: s.logDir})
 	}
 	s.obs = newObserver(s.journalDir, s.tl)
 	if s.kube != nil && s.kube.real != nil {
@@ -358,7 +362,15 @@ func (s *soak) check(ctx context.Context) {
 func (s *soak) history(ctx context.Context) (History, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	h := History{Faults: s.inj.list()}
+	var h History
+	if s.kube != nil {
+		// The pod stops before the faults: the injector records a deletion
+		// or an eviction before its request, so every stop of its own read
+		// here has its fault in the list read next, however long the reads
+		// in between take (a frozen database holds them for seconds).
+		h.PodStops = s.kube.podStops()
+	}
+	h.Faults = s.inj.list()
 	var err error
 	if h.Transitions, err = boardhistory.Transitions(ctx, s.pool); err != nil {
 		return h, err
@@ -384,9 +396,6 @@ func (s *soak) history(ctx context.Context) (History, error) {
 	s.mu.Unlock()
 	if s.kube != nil {
 		h.AgentLost = agentLost
-	}
-	if s.kube != nil {
-		h.PodStops = s.kube.podStops()
 	}
 	s.obs.poll()
 	s.obs.snapshot(&h)
