@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,58 @@ func (w *Writer) Queue(ctx context.Context, a sdk.Attempt, now time.Time) (bool,
 	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5,
             try_dispatched_at = coalesce(ti.try_dispatched_at, $5)
         FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now)
+}
+
+// QueuePod is Queue for an attempt whose pod the runner is about to create
+// under podName: the name is recorded with the move, before the create, so
+// that a pod whose create answered but whose UID was never recorded (the
+// runner deposed, killed or cut off from the board in between) can still
+// be known for the attempt's by the name the board holds (see
+// UnrecordedPods). The pod's UID is recorded once the create answers
+// (RecordCreatedPod).
+func (w *Writer) QueuePod(ctx context.Context, a sdk.Attempt, podName string, now time.Time) (bool, error) {
+	if podName == "" {
+		return false, fmt.Errorf("board: queue %s for its pod: no pod name", a)
+	}
+	return w.runnerStep(ctx, "queue", a, now, `UPDATE task_instances ti SET state = 'queued', queued_at = $5, updated_at = $5,
+            try_dispatched_at = coalesce(ti.try_dispatched_at, $5), pod_name = $6, pod_uid = NULL
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'scheduled'`, now, podName)
+}
+
+// UnrecordedPod is a queued attempt whose pod name is recorded and whose
+// pod UID is not: its create may have made the pod, unrecorded.
+type UnrecordedPod struct {
+	sdk.Attempt
+	PodName  string
+	QueuedAt time.Time
+}
+
+// UnrecordedPods lists up to limit queued attempts of executor, of running
+// runs, whose pod name is recorded (QueuePod) and whose pod UID is not,
+// queued at or before before, oldest first.
+func (w *Writer) UnrecordedPods(ctx context.Context, executor string, before time.Time, limit int) ([]UnrecordedPod, error) {
+	if err := checkExecutor(executor); err != nil {
+		return nil, fmt.Errorf("board: list unrecorded pods: %w", err)
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `SELECT ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, ti.pod_name, ti.queued_at
+FROM task_instances ti JOIN runs r ON r.run_id = ti.run_id AND r.state = 'running'
+WHERE ti.state = 'queued' AND ti.executor = $1 AND ti.queued_at <= $2
+  AND ti.pod_name IS NOT NULL AND ti.pod_uid IS NULL
+ORDER BY ti.queued_at, ti.run_id, ti.task_id LIMIT `+strconv.Itoa(pageLimit(limit)), executor, before)
+	if err != nil {
+		return nil, fmt.Errorf("board: list unrecorded %s pods: %w", executor, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnrecordedPod, error) {
+		var u UnrecordedPod
+		err := row.Scan(&u.RunID, &u.TaskID, &u.Try, &u.Epoch, &u.PodName, &u.QueuedAt)
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("board: list unrecorded %s pods: %w", executor, err)
+	}
+	return out, nil
 }
 
 // QueueWarm is Queue onto a warm pool worker: it also binds the attempt to

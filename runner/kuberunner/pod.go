@@ -152,9 +152,15 @@ type PodSpec struct {
 // root; see harden). env is added to the container's environment (the
 // attempt's credential).
 func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.Pod {
+	return BuildPodFor(spec, ti, env, NewDispatch())
+}
+
+// BuildPodFor is BuildPod for the dispatch given (NewDispatch): the runner
+// draws it first, to record the pod's name on the attempt before the
+// create (lifecycle.Writer.QueuePod).
+func BuildPodFor(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar, dispatch string) *corev1.Pod {
 	a := ti.Attempt
 	lbls, ann := kube.AttemptLabels(a)
-	dispatch := NewDispatch()
 	ann[AnnotationDispatch] = dispatch
 	inv := agent.Invocation{
 		Attempt:          a,
@@ -198,4 +204,14 @@ func BuildPod(spec PodSpec, ti board.TaskInstance, env []corev1.EnvVar) *corev1.
 	harden(spec.Hardening, pod, &pod.Spec.Containers[0])
 	projectPodToken(pod, &pod.Spec.Containers[0], spec.TokenAudience)
 	return pod
+}
+
+// MadeFor reports whether p is the pod a create for attempt a made under
+// name: it is under that name, and the dispatch value it carries is the
+// one name was made from (PodName). Nobody can make such a pod but the
+// runner that drew the value: the name is only known, on the board, once
+// the runner recorded it to create the pod.
+func MadeFor(p *corev1.Pod, a sdk.Attempt, name string) bool {
+	d := p.Annotations[AnnotationDispatch]
+	return p.Name == name && d != "" && PodName(a, d) == name
 }

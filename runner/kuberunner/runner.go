@@ -168,7 +168,10 @@ type Result struct {
 	// queued); WarmRequeued those offered again on the warm requeue rail.
 	WarmBound    int
 	WarmRequeued int
-	Took         time.Duration // how long the cycle took (the runner's clock)
+	// Adopted counts the pods whose create answered unrecorded that this
+	// cycle recorded on their attempts (adoptUnrecorded).
+	Adopted int
+	Took    time.Duration // how long the cycle took (the runner's clock)
 	// Tally counts the shared steps, holds the dispatch latencies measured
 	// (task pods and warm binds alike) and the decisions made, for the host
 	// to meter and audit.
@@ -265,6 +268,9 @@ func (r *Runner) runOnce(ctx context.Context, now time.Time, term int64, p *disp
 	d := r.steps
 	d.W = r.w.Fenced(term)
 	phases := []step{
+		{"adopt unrecorded pods", func(ctx context.Context, now time.Time, _ *steps.Tally) error {
+			return r.adoptUnrecorded(ctx, d, now, &res)
+		}},
 		{"release", d.Release},
 		{"start", d.StartRuns},
 		{"schedule", d.Schedule},
@@ -338,7 +344,11 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.
-	ok, err := d.W.Queue(ctx, a, now)
+	// The pod's name goes with it, before the create: if the create's
+	// answer is never recorded (this runner deposed or stopped in between),
+	// a later cycle still knows the pod for the attempt's (adoptUnrecorded).
+	dispatch := NewDispatch()
+	ok, err := d.W.QueuePod(ctx, a, PodName(a, dispatch), now)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -349,7 +359,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 		}
 		return false, r.failed(ctx, d, ti, fmt.Errorf("minting the attempt's credential: %w", err), true, now, res)
 	}
-	pod := BuildPod(r.spec, ti, env)
+	pod := BuildPodFor(r.spec, ti, env, dispatch)
 	if r.cfg.Customize != nil {
 		r.cfg.Customize(pod)
 	}

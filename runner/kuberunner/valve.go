@@ -236,7 +236,8 @@ func podEnded(p *corev1.Pod) bool {
 // attemptPods reads, live, the pods that are attempt a's own: the pod
 // recorded on it, by its recorded name and only with its recorded UID (a
 // pod someone put under the name after the attempt's went is not the
-// attempt's). An attempt with no name recorded (its pod recorded before
+// attempt's), or, named before a create whose answer was never recorded,
+// only the pod that create made (MadeFor). An attempt with no name recorded (its pod recorded before
 // names were, or a create whose answer never came) has the pods its labels
 // and annotation name, kept to the recorded UID when there is one, all of
 // them otherwise (the label rule, as the substrate's).
@@ -252,6 +253,9 @@ func (r *Runner) attemptPods(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, 
 			return nil, nil
 		case err != nil:
 			return nil, fmt.Errorf("reading pod %s: %w", rec.Name, err)
+		case rec.UID == "" && MadeFor(p, a, rec.Name):
+			// Named before its create, whose answer was never recorded:
+			// the dispatch value it carries proves it the attempt's.
 		case string(p.UID) != rec.UID:
 			return nil, nil
 		}
