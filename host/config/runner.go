@@ -3,23 +3,21 @@ package config
 import (
 	"fmt"
 	"math"
-	"net/url"
 	"path/filepath"
 	"regexp"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/internal/runas"
-	"github.com/dexaflow/reaper/runner/kuberunner"
+	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // PodRunAsDefault is runner.kube.run_as_user and run_as_group: the
 // non-root uid and gid of the runner's pods.
-const PodRunAsDefault = 65532
+const PodRunAsDefault = kubesettings.RunAsDefault
 
 // Runner is the runner block.
 type Runner struct {
@@ -56,20 +54,21 @@ const PoolSlotsMax = 1 << 30
 
 // KubeNamespaceDefault is the task pods' namespace when neither the runner's
 // kube block nor the kube substrate names one (the substrate's own default).
-const KubeNamespaceDefault = "default"
+const KubeNamespaceDefault = kubesettings.NamespaceDefault
 
 // KubeRunner is the runner's kube block: the task pods' template, in the
-// kube runner's own terms (kuberunner.Settings), as decoded and checked
-// here. Its namespace defaults to the kube substrate's, else "default",
-// and its kubeconfig is the kube substrate's.
+// kube runner's own terms (kubesettings.Settings, which kuberunner.Settings
+// is), decoded here and checked by its own rules. Its namespace defaults
+// to the kube substrate's, else "default", and its kubeconfig is the kube
+// substrate's.
 type KubeRunner struct {
-	kuberunner.Settings
+	kubesettings.Settings
 
 	graceRange *hcl.Range // where termination_grace is set, if it is
 }
 
 // WarmPool is the warm_pool block of the runner's kube block.
-type WarmPool = kuberunner.WarmPoolSettings
+type WarmPool = kubesettings.WarmPool
 
 // runnerBlock is the runner block (its kube block apart). Numbers are read
 // as numbers, not ints, so that the block's own checks word the refusal of
@@ -83,36 +82,6 @@ type runnerBlock struct {
 	Agent         string        `reaper:"agent"`
 	LogDir        string        `reaper:"log_dir"`
 	RunAs         string        `reaper:"run_as"`
-}
-
-// kubeBlock is the runner's kube block (its warm_pool block apart).
-type kubeBlock struct {
-	Namespace        string        `reaper:"namespace"`
-	Image            string        `reaper:"image,required"`
-	Agent            string        `reaper:"agent"`
-	ServiceAccount   string        `reaper:"service_account"`
-	PodTokenAudience string        `reaper:"pod_token_audience"`
-	PullPolicy       string        `reaper:"image_pull_policy"`
-	TerminationGrace time.Duration `reaper:"termination_grace"`
-	CPURequest       string        `reaper:"cpu_request"`
-	MemoryRequest    string        `reaper:"memory_request"`
-	CPULimit         string        `reaper:"cpu_limit"`
-	MemoryLimit      string        `reaper:"memory_limit"`
-	AttemptAPI       string        `reaper:"attempt_api"`
-	RunAsUser        float64       `reaper:"run_as_user"`
-	RunAsGroup       float64       `reaper:"run_as_group"`
-	ReadOnlyRoot     bool          `reaper:"read_only_root_filesystem"`
-	DispatchBuffer   float64       `reaper:"dispatch_buffer"`
-	DispatchWorkers  float64       `reaper:"dispatch_workers"`
-}
-
-// warmPoolBlock is the kube block's warm_pool block.
-type warmPoolBlock struct {
-	Name   string        `reaper:"name"`
-	Size   float64       `reaper:"size,required"`
-	Slots  float64       `reaper:"slots"`
-	Poll   time.Duration `reaper:"poll"`
-	Refill time.Duration `reaper:"refill"`
 }
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
@@ -195,114 +164,40 @@ func (cfg *Config) kubeRunnerFromSubstrate() {
 	}
 }
 
-// decodeKubeRunner decodes the runner's kube block.
+// decodeKubeRunner decodes the runner's kube block, and holds it to its
+// rules (kubesettings.Block.Settings).
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
-	kb := kubeBlock{RunAsUser: PodRunAsDefault, RunAsGroup: PodRunAsDefault, ReadOnlyRoot: true}
+	kb := kubesettings.DefaultBlock()
 	ranges, d := decodeInto(rest, &kb)
 	diags = append(diags, d...)
-	k := &KubeRunner{Settings: kuberunner.Settings{
-		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
-		ServiceAccount: kb.ServiceAccount, PodTokenAudience: kb.PodTokenAudience, PullPolicy: kb.PullPolicy,
-		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
-	}}
-	k.TerminationGrace = kb.TerminationGrace
+	s, problems := kb.Settings()
+	k := &KubeRunner{Settings: s}
 	if r, ok := ranges["termination_grace"]; ok {
 		k.graceRange = &r
 	}
-	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
-	k.ReadOnlyRoot = kb.ReadOnlyRoot
-	for _, id := range []struct {
-		key  string
-		n    float64
-		into *int64
-	}{{"run_as_user", kb.RunAsUser, &k.RunAsUser}, {"run_as_group", kb.RunAsGroup, &k.RunAsGroup}} {
-		if n := id.n; n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
-			bad(id.key, id.key+" must be a whole number from 1 to 2147483647: the runner's pods never run as root.")
-			continue
-		}
-		*id.into = int64(id.n)
-	}
-	if n := kb.DispatchBuffer; n < 0 || n != float64(int(n)) {
-		bad("dispatch_buffer", "dispatch_buffer must be a whole number, 0 (the tick creates the pods) or more.")
-	} else {
-		k.DispatchBuffer = int(n)
-	}
-	if n := kb.DispatchWorkers; n < 0 || n > kuberunner.DispatchWorkersMax || n != float64(int(n)) {
-		bad("dispatch_workers", fmt.Sprintf("dispatch_workers must be a whole number from 1 to %d (0 or absent: %d).",
-			kuberunner.DispatchWorkersMax, kuberunner.DispatchWorkersDefault))
-	} else if k.DispatchWorkers = int(n); n > 0 && kb.DispatchBuffer == 0 {
-		bad("dispatch_workers", "dispatch_workers serve the dispatch buffer: set dispatch_buffer above 0 too.")
-	}
-	switch k.PullPolicy {
-	case "", "Always", "IfNotPresent", "Never":
-	default:
-		bad("image_pull_policy", `image_pull_policy must be "Always", "IfNotPresent" or "Never".`)
-	}
-	if k.TerminationGrace < 0 {
-		bad("termination_grace", "termination_grace must not be negative.")
-	}
-	if k.AttemptAPI != "" {
-		if u, err := url.Parse(k.AttemptAPI); err != nil || u.Scheme != "https" || u.Host == "" {
-			bad("attempt_api", `attempt_api must be the API's https base URL as the pods reach it ("https://reaper.example:9465").`)
-		}
-	}
-	for _, q := range []struct {
-		key, value, resource string
-		into                 map[string]string
-	}{
-		{"cpu_request", kb.CPURequest, "cpu", k.Requests}, {"memory_request", kb.MemoryRequest, "memory", k.Requests},
-		{"cpu_limit", kb.CPULimit, "cpu", k.Limits}, {"memory_limit", kb.MemoryLimit, "memory", k.Limits},
-	} {
-		if q.value == "" {
-			continue
-		}
-		if _, err := resource.ParseQuantity(q.value); err != nil {
-			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
-			continue
-		}
-		q.into[q.resource] = q.value
-	}
+	diags = append(diags, refusals(ranges, problems)...)
 	wb, dups := oneBlock(inner.Blocks, "warm_pool", "The kube block")
 	if wb != nil {
-		wp, d := decodeWarmPool(wb)
+		var pb kubesettings.WarmPoolBlock
+		ranges, d := decodeInto(wb.Body, &pb)
 		diags = append(diags, d...)
+		_, sizeGiven := ranges["size"] // absent: DecodeBlock said it is required
+		wp, problems := pb.WarmPool(sizeGiven)
+		diags = append(diags, refusals(ranges, problems)...)
 		k.WarmPool = wp
 	}
 	diags = append(diags, dups...)
 	return k, diags
 }
 
-// warmPoolName is what a pool's name may be: a label value the worker pod
-// names can carry.
-var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
-
-// decodeWarmPool decodes the kube block's warm_pool block.
-func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
-	var pb warmPoolBlock
-	ranges, diags := decodeInto(b.Body, &pb)
-	wp := &WarmPool{Name: pb.Name, Poll: pb.Poll, Refill: pb.Refill}
-	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
-	if n := pb.Size; n >= 1 && n == float64(int(n)) {
-		wp.Size = int(n)
-	} else if _, given := ranges["size"]; given { // absent: DecodeBlock said it is required
-		bad("size", "size must be a whole number, 1 or more.")
+// refusals are a block's problems, each at where the block sets its key.
+func refusals(ranges map[string]hcl.Range, problems []kubesettings.Problem) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	for _, p := range problems {
+		diags = append(diags, invalid(ranges, p.Key, p.Detail))
 	}
-	if n := pb.Slots; n < 0 || n != float64(int(n)) {
-		bad("slots", "slots must be a whole number, 0 (the default, 1) or more.")
-	} else {
-		wp.Slots = int(n)
-	}
-	if wp.Name != "" && !warmPoolName.MatchString(wp.Name) {
-		bad("name", "name must be 1 to 30 lowercase letters, digits or dashes, starting and ending with a letter or digit.")
-	}
-	if wp.Poll < 0 {
-		bad("poll", "poll must not be negative.")
-	}
-	if wp.Refill < 0 {
-		bad("refill", "refill must not be negative.")
-	}
-	return wp, diags
+	return diags
 }
 
 // oneBlock is the first of blocks (nil when none), and the refusals of

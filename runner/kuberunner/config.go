@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -31,10 +32,10 @@ const (
 	AgentPathDefault = "reaper-agent"
 	// DispatchWorkersDefault is how many dispatch workers serve a dispatch
 	// buffer (DispatchBuffer above 0) when DispatchWorkers is 0.
-	DispatchWorkersDefault = 4
+	DispatchWorkersDefault = kubesettings.DispatchWorkersDefault
 	// DispatchWorkersMax bounds DispatchWorkers: each worker holds a pod
 	// create in flight, and the client's own rate limit is shared by all.
-	DispatchWorkersMax = 256
+	DispatchWorkersMax = kubesettings.DispatchWorkersMax
 )
 
 // DispatchObserver is told what the dispatch buffer does (host/metrics
