@@ -29,6 +29,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/internal/httplimit"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -206,7 +207,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		Leader:     Leader{Kind: LeaderPostgres, Lease: LeaseDefault},
 		Ladder:     ladder.Defaults(),
 		Telemetry:  Telemetry{Listen: TelemetryAddrDefault, Limits: httplimit.DefaultTelemetry()},
-		AttemptAPI: defaultAttemptAPI(),
+		AttemptAPI: attemptapi.DefaultSettings(),
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
 

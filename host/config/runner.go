@@ -176,7 +176,7 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	if r, ok := ranges["termination_grace"]; ok {
 		k.graceRange = &r
 	}
-	diags = append(diags, refusals(ranges, problems)...)
+	diags = append(diags, refusals(b.DefRange, ranges, problems)...)
 	wb, dups := oneBlock(inner.Blocks, "warm_pool", "The kube block")
 	if wb != nil {
 		var pb kubesettings.WarmPoolBlock
@@ -184,20 +184,11 @@ func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 		diags = append(diags, d...)
 		_, sizeGiven := ranges["size"] // absent: DecodeBlock said it is required
 		wp, problems := pb.WarmPool(sizeGiven)
-		diags = append(diags, refusals(ranges, problems)...)
+		diags = append(diags, refusals(wb.DefRange, ranges, problems)...)
 		k.WarmPool = wp
 	}
 	diags = append(diags, dups...)
 	return k, diags
-}
-
-// refusals are a block's problems, each at where the block sets its key.
-func refusals(ranges map[string]hcl.Range, problems []kubesettings.Problem) hcl.Diagnostics {
-	var diags hcl.Diagnostics
-	for _, p := range problems {
-		diags = append(diags, invalid(ranges, p.Key, p.Detail))
-	}
-	return diags
 }
 
 // oneBlock is the first of blocks (nil when none), and the refusals of

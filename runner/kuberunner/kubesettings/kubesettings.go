@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/dexaflow/reaper/internal/settingrule"
 )
 
 const (
@@ -91,12 +93,6 @@ type WarmPool struct {
 	Refill time.Duration // how often the pool is refilled; 0: WarmRefillDefault
 }
 
-// Problem is a value of a block its rules refuse: the key that sets it and
-// why, in words an operator reads beside the key's place in the file.
-type Problem struct {
-	Key, Detail string
-}
-
 // Block is the kube block as written (its warm_pool block apart). Numbers
 // are read as numbers, not ints, so that Settings words the refusal of -1
 // or 1.5 itself.
@@ -130,15 +126,15 @@ func DefaultBlock() Block {
 // and, when the block names none, Namespace are the kube substrate's, for
 // the caller to fill; WarmPool is the warm_pool block's), and each value
 // refused, in the order of the block's rules.
-func (b Block) Settings() (Settings, []Problem) {
+func (b Block) Settings() (Settings, []settingrule.Problem) {
 	s := Settings{
 		Namespace: b.Namespace, Image: b.Image, Agent: b.Agent,
 		ServiceAccount: b.ServiceAccount, PodTokenAudience: b.PodTokenAudience, PullPolicy: b.PullPolicy,
 		AttemptAPI: b.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
 		TerminationGrace: b.TerminationGrace, ReadOnlyRoot: b.ReadOnlyRoot,
 	}
-	var problems []Problem
-	bad := func(key, detail string) { problems = append(problems, Problem{Key: key, Detail: detail}) }
+	var problems []settingrule.Problem
+	bad := func(key, detail string) { problems = append(problems, settingrule.At(key, detail)) }
 	for _, id := range []struct {
 		key  string
 		n    float64
@@ -209,10 +205,10 @@ var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
 // WarmPool holds the block to its rules. sizeGiven is whether the block
 // sets size (a block without it is refused for that alone, by its
 // decoder, and not again here).
-func (b WarmPoolBlock) WarmPool(sizeGiven bool) (*WarmPool, []Problem) {
+func (b WarmPoolBlock) WarmPool(sizeGiven bool) (*WarmPool, []settingrule.Problem) {
 	wp := &WarmPool{Name: b.Name, Poll: b.Poll, Refill: b.Refill}
-	var problems []Problem
-	bad := func(key, detail string) { problems = append(problems, Problem{Key: key, Detail: detail}) }
+	var problems []settingrule.Problem
+	bad := func(key, detail string) { problems = append(problems, settingrule.At(key, detail)) }
 	if n := b.Size; n >= 1 && n == float64(int(n)) {
 		wp.Size = int(n)
 	} else if sizeGiven {
