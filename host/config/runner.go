@@ -2,16 +2,14 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"path/filepath"
 	"regexp"
-	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
@@ -19,38 +17,18 @@ import (
 // non-root uid and gid of the runner's pods.
 const PodRunAsDefault = kubesettings.RunAsDefault
 
-// Runner is the runner block.
+// Runner is the runner block: the runner's own settings
+// (literunner.Settings, with their defaults and rules; the kube runner
+// takes its tick, caps, pools and recovery budget too), and its kube block.
 type Runner struct {
-	Interval      time.Duration // the runner's tick; 0: its default (1s)
-	MaxParallel   int           // bound on queued plus running Lite attempts; 0: none
-	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
-	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
-	LogDir        string        // where task output and agent logs go; default: the record directory
-	// RunAs is run_as (Lite only): the user every task runs as, another
-	// than reaperd's, which must be able to switch to it (root, or
-	// CAP_SETUID and CAP_SETGID); "": reaperd's own user.
-	RunAs string
+	literunner.Settings
 	// Kube is the runner's kube block: required on edition "kube", refused
 	// on "lite". nil when absent.
 	Kube *KubeRunner
-	// Pools are the pool blocks' slots, by pool name; nil when none.
-	Pools map[string]int
-	// Recovery is the recovery budget: recovery_rate and recovery_burst of
-	// the runner block for every pool, and of the pool blocks that set
-	// their own.
-	Recovery lifecycle.RecoveryBudget
 }
 
-// poolBlock is a pool block of the runner block. A recovery_rate of -1
-// (unset) takes the runner block's.
-type poolBlock struct {
-	Slots         float64 `reaper:"slots,required"`
-	RecoveryRate  float64 `reaper:"recovery_rate"`
-	RecoveryBurst float64 `reaper:"recovery_burst"`
-}
-
-// PoolSlotsMax bounds a pool's slots.
-const PoolSlotsMax = 1 << 30
+// PoolSlotsMax bounds a pool's slots (literunner.PoolSlotsMax).
+const PoolSlotsMax = literunner.PoolSlotsMax
 
 // KubeNamespaceDefault is the task pods' namespace when neither the runner's
 // kube block nor the kube substrate names one (the substrate's own default).
@@ -70,53 +48,28 @@ type KubeRunner struct {
 // WarmPool is the warm_pool block of the runner's kube block.
 type WarmPool = kubesettings.WarmPool
 
-// runnerBlock is the runner block (its kube block apart). Numbers are read
-// as numbers, not ints, so that the block's own checks word the refusal of
-// -1 or 1.5.
-type runnerBlock struct {
-	Interval      time.Duration `reaper:"interval"`
-	RecoveryRate  float64       `reaper:"recovery_rate"`
-	RecoveryBurst float64       `reaper:"recovery_burst"`
-	MaxParallel   float64       `reaper:"max_parallel"`
-	MaxActiveRuns float64       `reaper:"max_active_runs"`
-	Agent         string        `reaper:"agent"`
-	LogDir        string        `reaper:"log_dir"`
-	RunAs         string        `reaper:"run_as"`
-}
-
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 		{Type: "kube"}, {Type: "pool", LabelNames: []string{"name"}}}})
-	rb := runnerBlock{RecoveryRate: lifecycle.RecoveryRateDefault, RecoveryBurst: lifecycle.RecoveryBurstDefault}
+	rb := literunner.DefaultBlock()
 	ranges, d := decodeInto(rest, &rb)
 	diags = append(diags, d...)
-	r := &Runner{Agent: rb.Agent, LogDir: rb.LogDir, RunAs: rb.RunAs}
-	if r.RunAs != "" {
+	if rb.RunAs != "" {
 		refuse := func(detail string) { diags = append(diags, invalid(ranges, "run_as", detail)) }
 		if cfg.Edition == ladder.EditionKube {
 			refuse("run_as is Lite's: on kube, the pods' user is runner.kube.run_as_user.")
-		} else if _, err := runas.Lookup(r.RunAs); err != nil {
-			refuse(err.Error() + ".")
-		} else if err := runas.CheckCanSwitch(); err != nil {
+		} else if err := literunner.CheckRunAs(rb.RunAs); err != nil {
 			refuse(err.Error() + ".")
 		}
 	}
-	r.Interval = rb.Interval
-	if n := rb.MaxParallel; n < 0 || n != float64(int(n)) {
-		diags = append(diags, invalid(ranges, "max_parallel", "max_parallel must be a whole number, 0 or more."))
-	}
-	r.MaxParallel = int(rb.MaxParallel)
-	if n := rb.MaxActiveRuns; n < 0 || n != float64(int(n)) {
-		diags = append(diags, invalid(ranges, "max_active_runs", "max_active_runs must be a whole number, 0 (no cap) or more."))
-	}
-	r.MaxActiveRuns = int(rb.MaxActiveRuns)
+	s, problems := rb.Settings()
+	diags = append(diags, refusals(b.DefRange, ranges, problems)...)
+	r := &Runner{Settings: s}
 	if r.Agent == "" && cfg.PluginDir != "" {
 		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	r.Recovery.Default, d = recoveryLimit(ranges, rb.RecoveryRate, rb.RecoveryBurst, "")
-	diags = append(diags, d...)
 	r.Pools, r.Recovery.Pools, d = decodePools(inner.Blocks, r.Recovery.Default)
 	diags = append(diags, d...)
 	kubes := inner.Blocks.OfType("kube")
@@ -206,26 +159,6 @@ func oneBlock(blocks hcl.Blocks, typ, parent string) (*hcl.Block, hcl.Diagnostic
 	return blocks[0], dups
 }
 
-// recoveryLimit checks a recovery_rate (0: unbounded) and recovery_burst
-// (0: a second of the rate) of the block of ranges (pool: "" for the
-// runner block).
-func recoveryLimit(ranges map[string]hcl.Range, rate, burst float64, pool string) (lifecycle.RecoveryLimit, hcl.Diagnostics) {
-	var diags hcl.Diagnostics
-	of := ""
-	if pool != "" {
-		of = fmt.Sprintf(" of pool %q", pool)
-	}
-	if rate < 0 || math.IsInf(rate, 0) || math.IsNaN(rate) {
-		diags = append(diags, invalid(ranges, "recovery_rate",
-			"recovery_rate"+of+" is recovery dispatches a second: 0 (unbounded) or more."))
-	}
-	if burst < 0 || burst > PoolSlotsMax || burst != float64(int(burst)) {
-		diags = append(diags, invalid(ranges, "recovery_burst",
-			"recovery_burst"+of+fmt.Sprintf(" must be a whole number from 0 (one second of the rate) to %d.", PoolSlotsMax)))
-	}
-	return lifecycle.RecoveryLimit{Rate: rate, Burst: int(burst)}, diags
-}
-
 // decodePools decodes the runner's pool blocks: each names a pool once
 // and gives its slots, a whole number from 1, and may set its own recovery
 // budget (def where it does not).
@@ -255,23 +188,21 @@ func decodePools(blocks hcl.Blocks, def lifecycle.RecoveryLimit) (map[string]int
 			continue
 		}
 		where[name] = b.DefRange
-		pb := poolBlock{RecoveryRate: def.Rate, RecoveryBurst: float64(def.Burst)}
+		pb := literunner.DefaultPoolBlock(def)
 		ranges, d := decodeInto(b.Body, &pb)
 		diags = append(diags, d...)
 		if d.HasErrors() {
 			continue
 		}
-		if n := pb.Slots; n < 1 || n > PoolSlotsMax || n != float64(int(n)) {
-			diags = append(diags, invalid(ranges, "slots", fmt.Sprintf("slots of pool %q must be a whole number from 1 to %d.",
-				name, PoolSlotsMax)))
+		slots, l, ok, problems := pb.Pool(name)
+		diags = append(diags, refusals(b.DefRange, ranges, problems)...)
+		if !ok {
 			continue
 		}
-		l, d := recoveryLimit(ranges, pb.RecoveryRate, pb.RecoveryBurst, name)
-		diags = append(diags, d...)
 		if pools == nil {
 			pools, recovery = map[string]int{}, map[string]lifecycle.RecoveryLimit{}
 		}
-		pools[name] = int(pb.Slots)
+		pools[name] = slots
 		if l != def {
 			recovery[name] = l
 		}
