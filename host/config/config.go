@@ -2,13 +2,18 @@
 // DESIGN.md, durations as strings, unknown keys and blocks as errors with
 // file:line:column diagnostics.
 //
-// Each of the host's own blocks is a struct with reaper tags, in the file
-// of its block (leader.go, telemetry.go, attemptapi.go, runner.go, ...),
-// decoded the way a plugin's block is: sdk.SchemaOf declares it, DecodeBlock
-// checks the block against that schema, sdk.Values.Decode fills the struct,
-// and the block's own checks refuse what a type cannot say. config.go holds
-// the file as a whole: the edition rules, and the timing ladder, whose rules
-// span the ladder, maintenance, auth and runner blocks. Plugin blocks
+// Each block is a struct with reaper tags, decoded the way a plugin's
+// block is: sdk.SchemaOf declares it, DecodeBlock checks the block against
+// that schema, sdk.Values.Decode fills the struct, and the block's own
+// checks refuse what a type cannot say. A component's block is the
+// component's own, with its defaults and rules, in its package
+// (attemptapi.Block, literunner.Block and PoolBlock, kubesettings.Block and
+// WarmPoolBlock): its rules name the key they refuse (settingrule.Problem)
+// and this package places each at its key in the file. The host's own
+// blocks are in the file of their block (leader.go, telemetry.go, ...).
+// config.go holds the file as a whole: the edition rules, and the timing
+// ladder, whose rules span the ladder, maintenance, auth, attempt_api and
+// runner blocks. Plugin blocks
 // (substrate and reaper) are kept undecoded until the plugin has declared
 // its schema; DecodeBlock then decodes them the same way.
 package config
@@ -29,6 +34,7 @@ import (
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/internal/httplimit"
+	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -206,7 +212,7 @@ func Check(path string, src []byte, opts Options) (*Config, hcl.Diagnostics) {
 		Leader:     Leader{Kind: LeaderPostgres, Lease: LeaseDefault},
 		Ladder:     ladder.Defaults(),
 		Telemetry:  Telemetry{Listen: TelemetryAddrDefault, Limits: httplimit.DefaultTelemetry()},
-		AttemptAPI: defaultAttemptAPI(),
+		AttemptAPI: attemptapi.DefaultSettings(),
 		ranges:     map[string]hcl.Range{},
 		file:       file.Body.MissingItemRange(),
 

@@ -8,6 +8,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
 
+	"github.com/dexaflow/reaper/internal/settingrule"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -96,6 +97,27 @@ func invalid(ranges map[string]hcl.Range, key, detail string) *hcl.Diagnostic {
 	r := ranges[key]
 	return &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 		Summary: fmt.Sprintf("Invalid value for %q", key), Detail: detail}
+}
+
+// refusals are the diagnostics of a block's problems (its settings'
+// rules), each at the first of its keys the block sets, else at the block
+// (def).
+func refusals(def hcl.Range, ranges map[string]hcl.Range, problems []settingrule.Problem) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	for _, p := range problems {
+		r, summary := def, p.Summary
+		for _, k := range p.Keys {
+			if rr, ok := ranges[k]; ok {
+				r = rr
+				break
+			}
+		}
+		if summary == "" && len(p.Keys) > 0 {
+			summary = fmt.Sprintf("Invalid value for %q", p.Keys[0])
+		}
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r, Summary: summary, Detail: p.Detail})
+	}
+	return diags
 }
 
 func decodeAttr(attr *hcl.Attribute, spec sdk.Attribute) (any, hcl.Diagnostics) {

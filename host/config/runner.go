@@ -2,152 +2,74 @@ package config
 
 import (
 	"fmt"
-	"math"
-	"net/url"
 	"path/filepath"
 	"regexp"
-	"time"
 
 	"github.com/hashicorp/hcl/v2"
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/internal/runas"
-	"github.com/dexaflow/reaper/runner/kuberunner"
+	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
+	"github.com/dexaflow/reaper/runner/literunner"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
 
 // PodRunAsDefault is runner.kube.run_as_user and run_as_group: the
 // non-root uid and gid of the runner's pods.
-const PodRunAsDefault = 65532
+const PodRunAsDefault = kubesettings.RunAsDefault
 
-// Runner is the runner block.
+// Runner is the runner block: the runner's own settings
+// (literunner.Settings, with their defaults and rules; the kube runner
+// takes its tick, caps, pools and recovery budget too), and its kube block.
 type Runner struct {
-	Interval      time.Duration // the runner's tick; 0: its default (1s)
-	MaxParallel   int           // bound on queued plus running Lite attempts; 0: none
-	MaxActiveRuns int           // the run start cap: most runs running at once; 0: none
-	Agent         string        // the reaper-agent binary; default <plugin_dir>/reaper-agent
-	LogDir        string        // where task output and agent logs go; default: the record directory
-	// RunAs is run_as (Lite only): the user every task runs as, another
-	// than reaperd's, which must be able to switch to it (root, or
-	// CAP_SETUID and CAP_SETGID); "": reaperd's own user.
-	RunAs string
+	literunner.Settings
 	// Kube is the runner's kube block: required on edition "kube", refused
 	// on "lite". nil when absent.
 	Kube *KubeRunner
-	// Pools are the pool blocks' slots, by pool name; nil when none.
-	Pools map[string]int
-	// Recovery is the recovery budget: recovery_rate and recovery_burst of
-	// the runner block for every pool, and of the pool blocks that set
-	// their own.
-	Recovery lifecycle.RecoveryBudget
 }
 
-// poolBlock is a pool block of the runner block. A recovery_rate of -1
-// (unset) takes the runner block's.
-type poolBlock struct {
-	Slots         float64 `reaper:"slots,required"`
-	RecoveryRate  float64 `reaper:"recovery_rate"`
-	RecoveryBurst float64 `reaper:"recovery_burst"`
-}
-
-// PoolSlotsMax bounds a pool's slots.
-const PoolSlotsMax = 1 << 30
+// PoolSlotsMax bounds a pool's slots (literunner.PoolSlotsMax).
+const PoolSlotsMax = literunner.PoolSlotsMax
 
 // KubeNamespaceDefault is the task pods' namespace when neither the runner's
 // kube block nor the kube substrate names one (the substrate's own default).
-const KubeNamespaceDefault = "default"
+const KubeNamespaceDefault = kubesettings.NamespaceDefault
 
 // KubeRunner is the runner's kube block: the task pods' template, in the
-// kube runner's own terms (kuberunner.Settings), as decoded and checked
-// here. Its namespace defaults to the kube substrate's, else "default",
-// and its kubeconfig is the kube substrate's.
+// kube runner's own terms (kubesettings.Settings, which kuberunner.Settings
+// is), decoded here and checked by its own rules. Its namespace defaults
+// to the kube substrate's, else "default", and its kubeconfig is the kube
+// substrate's.
 type KubeRunner struct {
-	kuberunner.Settings
+	kubesettings.Settings
 
 	graceRange *hcl.Range // where termination_grace is set, if it is
 }
 
 // WarmPool is the warm_pool block of the runner's kube block.
-type WarmPool = kuberunner.WarmPoolSettings
-
-// runnerBlock is the runner block (its kube block apart). Numbers are read
-// as numbers, not ints, so that the block's own checks word the refusal of
-// -1 or 1.5.
-type runnerBlock struct {
-	Interval      time.Duration `reaper:"interval"`
-	RecoveryRate  float64       `reaper:"recovery_rate"`
-	RecoveryBurst float64       `reaper:"recovery_burst"`
-	MaxParallel   float64       `reaper:"max_parallel"`
-	MaxActiveRuns float64       `reaper:"max_active_runs"`
-	Agent         string        `reaper:"agent"`
-	LogDir        string        `reaper:"log_dir"`
-	RunAs         string        `reaper:"run_as"`
-}
-
-// kubeBlock is the runner's kube block (its warm_pool block apart).
-type kubeBlock struct {
-	Namespace        string        `reaper:"namespace"`
-	Image            string        `reaper:"image,required"`
-	Agent            string        `reaper:"agent"`
-	ServiceAccount   string        `reaper:"service_account"`
-	PodTokenAudience string        `reaper:"pod_token_audience"`
-	PullPolicy       string        `reaper:"image_pull_policy"`
-	TerminationGrace time.Duration `reaper:"termination_grace"`
-	CPURequest       string        `reaper:"cpu_request"`
-	MemoryRequest    string        `reaper:"memory_request"`
-	CPULimit         string        `reaper:"cpu_limit"`
-	MemoryLimit      string        `reaper:"memory_limit"`
-	AttemptAPI       string        `reaper:"attempt_api"`
-	RunAsUser        float64       `reaper:"run_as_user"`
-	RunAsGroup       float64       `reaper:"run_as_group"`
-	ReadOnlyRoot     bool          `reaper:"read_only_root_filesystem"`
-	DispatchBuffer   float64       `reaper:"dispatch_buffer"`
-	DispatchWorkers  float64       `reaper:"dispatch_workers"`
-}
-
-// warmPoolBlock is the kube block's warm_pool block.
-type warmPoolBlock struct {
-	Name   string        `reaper:"name"`
-	Size   float64       `reaper:"size,required"`
-	Slots  float64       `reaper:"slots"`
-	Poll   time.Duration `reaper:"poll"`
-	Refill time.Duration `reaper:"refill"`
-}
+type WarmPool = kubesettings.WarmPool
 
 func (cfg *Config) decodeRunner(b *hcl.Block) hcl.Diagnostics {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 		{Type: "kube"}, {Type: "pool", LabelNames: []string{"name"}}}})
-	rb := runnerBlock{RecoveryRate: lifecycle.RecoveryRateDefault, RecoveryBurst: lifecycle.RecoveryBurstDefault}
+	rb := literunner.DefaultBlock()
 	ranges, d := decodeInto(rest, &rb)
 	diags = append(diags, d...)
-	r := &Runner{Agent: rb.Agent, LogDir: rb.LogDir, RunAs: rb.RunAs}
-	if r.RunAs != "" {
+	if rb.RunAs != "" {
 		refuse := func(detail string) { diags = append(diags, invalid(ranges, "run_as", detail)) }
 		if cfg.Edition == ladder.EditionKube {
 			refuse("run_as is Lite's: on kube, the pods' user is runner.kube.run_as_user.")
-		} else if _, err := runas.Lookup(r.RunAs); err != nil {
-			refuse(err.Error() + ".")
-		} else if err := runas.CheckCanSwitch(); err != nil {
+		} else if err := literunner.CheckRunAs(rb.RunAs); err != nil {
 			refuse(err.Error() + ".")
 		}
 	}
-	r.Interval = rb.Interval
-	if n := rb.MaxParallel; n < 0 || n != float64(int(n)) {
-		diags = append(diags, invalid(ranges, "max_parallel", "max_parallel must be a whole number, 0 or more."))
-	}
-	r.MaxParallel = int(rb.MaxParallel)
-	if n := rb.MaxActiveRuns; n < 0 || n != float64(int(n)) {
-		diags = append(diags, invalid(ranges, "max_active_runs", "max_active_runs must be a whole number, 0 (no cap) or more."))
-	}
-	r.MaxActiveRuns = int(rb.MaxActiveRuns)
+	s, problems := rb.Settings()
+	diags = append(diags, refusals(b.DefRange, ranges, problems)...)
+	r := &Runner{Settings: s}
 	if r.Agent == "" && cfg.PluginDir != "" {
 		r.Agent = filepath.Join(cfg.PluginDir, "reaper-agent")
 	} else {
 		r.Agent = cfg.relative(r.Agent)
 	}
-	r.Recovery.Default, d = recoveryLimit(ranges, rb.RecoveryRate, rb.RecoveryBurst, "")
-	diags = append(diags, d...)
 	r.Pools, r.Recovery.Pools, d = decodePools(inner.Blocks, r.Recovery.Default)
 	diags = append(diags, d...)
 	kubes := inner.Blocks.OfType("kube")
@@ -195,114 +117,31 @@ func (cfg *Config) kubeRunnerFromSubstrate() {
 	}
 }
 
-// decodeKubeRunner decodes the runner's kube block.
+// decodeKubeRunner decodes the runner's kube block, and holds it to its
+// rules (kubesettings.Block.Settings).
 func decodeKubeRunner(b *hcl.Block) (*KubeRunner, hcl.Diagnostics) {
 	inner, rest, diags := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "warm_pool"}}})
-	kb := kubeBlock{RunAsUser: PodRunAsDefault, RunAsGroup: PodRunAsDefault, ReadOnlyRoot: true}
+	kb := kubesettings.DefaultBlock()
 	ranges, d := decodeInto(rest, &kb)
 	diags = append(diags, d...)
-	k := &KubeRunner{Settings: kuberunner.Settings{
-		Namespace: kb.Namespace, Image: kb.Image, Agent: kb.Agent,
-		ServiceAccount: kb.ServiceAccount, PodTokenAudience: kb.PodTokenAudience, PullPolicy: kb.PullPolicy,
-		AttemptAPI: kb.AttemptAPI, Requests: map[string]string{}, Limits: map[string]string{},
-	}}
-	k.TerminationGrace = kb.TerminationGrace
+	s, problems := kb.Settings()
+	k := &KubeRunner{Settings: s}
 	if r, ok := ranges["termination_grace"]; ok {
 		k.graceRange = &r
 	}
-	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
-	k.ReadOnlyRoot = kb.ReadOnlyRoot
-	for _, id := range []struct {
-		key  string
-		n    float64
-		into *int64
-	}{{"run_as_user", kb.RunAsUser, &k.RunAsUser}, {"run_as_group", kb.RunAsGroup, &k.RunAsGroup}} {
-		if n := id.n; n < 1 || n > math.MaxInt32 || n != float64(int64(n)) {
-			bad(id.key, id.key+" must be a whole number from 1 to 2147483647: the runner's pods never run as root.")
-			continue
-		}
-		*id.into = int64(id.n)
-	}
-	if n := kb.DispatchBuffer; n < 0 || n != float64(int(n)) {
-		bad("dispatch_buffer", "dispatch_buffer must be a whole number, 0 (the tick creates the pods) or more.")
-	} else {
-		k.DispatchBuffer = int(n)
-	}
-	if n := kb.DispatchWorkers; n < 0 || n > kuberunner.DispatchWorkersMax || n != float64(int(n)) {
-		bad("dispatch_workers", fmt.Sprintf("dispatch_workers must be a whole number from 1 to %d (0 or absent: %d).",
-			kuberunner.DispatchWorkersMax, kuberunner.DispatchWorkersDefault))
-	} else if k.DispatchWorkers = int(n); n > 0 && kb.DispatchBuffer == 0 {
-		bad("dispatch_workers", "dispatch_workers serve the dispatch buffer: set dispatch_buffer above 0 too.")
-	}
-	switch k.PullPolicy {
-	case "", "Always", "IfNotPresent", "Never":
-	default:
-		bad("image_pull_policy", `image_pull_policy must be "Always", "IfNotPresent" or "Never".`)
-	}
-	if k.TerminationGrace < 0 {
-		bad("termination_grace", "termination_grace must not be negative.")
-	}
-	if k.AttemptAPI != "" {
-		if u, err := url.Parse(k.AttemptAPI); err != nil || u.Scheme != "https" || u.Host == "" {
-			bad("attempt_api", `attempt_api must be the API's https base URL as the pods reach it ("https://reaper.example:9465").`)
-		}
-	}
-	for _, q := range []struct {
-		key, value, resource string
-		into                 map[string]string
-	}{
-		{"cpu_request", kb.CPURequest, "cpu", k.Requests}, {"memory_request", kb.MemoryRequest, "memory", k.Requests},
-		{"cpu_limit", kb.CPULimit, "cpu", k.Limits}, {"memory_limit", kb.MemoryLimit, "memory", k.Limits},
-	} {
-		if q.value == "" {
-			continue
-		}
-		if _, err := resource.ParseQuantity(q.value); err != nil {
-			bad(q.key, fmt.Sprintf("%s must be a Kubernetes quantity (\"500m\", \"1Gi\"): %v.", q.key, err))
-			continue
-		}
-		q.into[q.resource] = q.value
-	}
+	diags = append(diags, refusals(b.DefRange, ranges, problems)...)
 	wb, dups := oneBlock(inner.Blocks, "warm_pool", "The kube block")
 	if wb != nil {
-		wp, d := decodeWarmPool(wb)
+		var pb kubesettings.WarmPoolBlock
+		ranges, d := decodeInto(wb.Body, &pb)
 		diags = append(diags, d...)
+		_, sizeGiven := ranges["size"] // absent: DecodeBlock said it is required
+		wp, problems := pb.WarmPool(sizeGiven)
+		diags = append(diags, refusals(wb.DefRange, ranges, problems)...)
 		k.WarmPool = wp
 	}
 	diags = append(diags, dups...)
 	return k, diags
-}
-
-// warmPoolName is what a pool's name may be: a label value the worker pod
-// names can carry.
-var warmPoolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?$`)
-
-// decodeWarmPool decodes the kube block's warm_pool block.
-func decodeWarmPool(b *hcl.Block) (*WarmPool, hcl.Diagnostics) {
-	var pb warmPoolBlock
-	ranges, diags := decodeInto(b.Body, &pb)
-	wp := &WarmPool{Name: pb.Name, Poll: pb.Poll, Refill: pb.Refill}
-	bad := func(key, detail string) { diags = append(diags, invalid(ranges, key, detail)) }
-	if n := pb.Size; n >= 1 && n == float64(int(n)) {
-		wp.Size = int(n)
-	} else if _, given := ranges["size"]; given { // absent: DecodeBlock said it is required
-		bad("size", "size must be a whole number, 1 or more.")
-	}
-	if n := pb.Slots; n < 0 || n != float64(int(n)) {
-		bad("slots", "slots must be a whole number, 0 (the default, 1) or more.")
-	} else {
-		wp.Slots = int(n)
-	}
-	if wp.Name != "" && !warmPoolName.MatchString(wp.Name) {
-		bad("name", "name must be 1 to 30 lowercase letters, digits or dashes, starting and ending with a letter or digit.")
-	}
-	if wp.Poll < 0 {
-		bad("poll", "poll must not be negative.")
-	}
-	if wp.Refill < 0 {
-		bad("refill", "refill must not be negative.")
-	}
-	return wp, diags
 }
 
 // oneBlock is the first of blocks (nil when none), and the refusals of
@@ -318,26 +157,6 @@ func oneBlock(blocks hcl.Blocks, typ, parent string) (*hcl.Block, hcl.Diagnostic
 			Summary: "Duplicate " + typ + " block", Detail: parent + " takes one " + typ + " block."})
 	}
 	return blocks[0], dups
-}
-
-// recoveryLimit checks a recovery_rate (0: unbounded) and recovery_burst
-// (0: a second of the rate) of the block of ranges (pool: "" for the
-// runner block).
-func recoveryLimit(ranges map[string]hcl.Range, rate, burst float64, pool string) (lifecycle.RecoveryLimit, hcl.Diagnostics) {
-	var diags hcl.Diagnostics
-	of := ""
-	if pool != "" {
-		of = fmt.Sprintf(" of pool %q", pool)
-	}
-	if rate < 0 || math.IsInf(rate, 0) || math.IsNaN(rate) {
-		diags = append(diags, invalid(ranges, "recovery_rate",
-			"recovery_rate"+of+" is recovery dispatches a second: 0 (unbounded) or more."))
-	}
-	if burst < 0 || burst > PoolSlotsMax || burst != float64(int(burst)) {
-		diags = append(diags, invalid(ranges, "recovery_burst",
-			"recovery_burst"+of+fmt.Sprintf(" must be a whole number from 0 (one second of the rate) to %d.", PoolSlotsMax)))
-	}
-	return lifecycle.RecoveryLimit{Rate: rate, Burst: int(burst)}, diags
 }
 
 // decodePools decodes the runner's pool blocks: each names a pool once
@@ -369,23 +188,21 @@ func decodePools(blocks hcl.Blocks, def lifecycle.RecoveryLimit) (map[string]int
 			continue
 		}
 		where[name] = b.DefRange
-		pb := poolBlock{RecoveryRate: def.Rate, RecoveryBurst: float64(def.Burst)}
+		pb := literunner.DefaultPoolBlock(def)
 		ranges, d := decodeInto(b.Body, &pb)
 		diags = append(diags, d...)
 		if d.HasErrors() {
 			continue
 		}
-		if n := pb.Slots; n < 1 || n > PoolSlotsMax || n != float64(int(n)) {
-			diags = append(diags, invalid(ranges, "slots", fmt.Sprintf("slots of pool %q must be a whole number from 1 to %d.",
-				name, PoolSlotsMax)))
+		slots, l, ok, problems := pb.Pool(name)
+		diags = append(diags, refusals(b.DefRange, ranges, problems)...)
+		if !ok {
 			continue
 		}
-		l, d := recoveryLimit(ranges, pb.RecoveryRate, pb.RecoveryBurst, name)
-		diags = append(diags, d...)
 		if pools == nil {
 			pools, recovery = map[string]int{}, map[string]lifecycle.RecoveryLimit{}
 		}
-		pools[name] = int(pb.Slots)
+		pools[name] = slots
 		if l != def {
 			recovery[name] = l
 		}

@@ -347,11 +347,8 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Leading:       d.leading,
 		Clock:         d.opts.Clock,
 		Logger:        logger,
-		OnResult: func(res literunner.Result) {
-			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools,
-				recovery: res.Recovery})
-		},
+		Meter:         d.metrics,
+		OnResult:      func(res literunner.Result) { d.audit(logger, res.At, res.Decisions) },
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
 	if err != nil {
@@ -380,11 +377,8 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		DispatchObserver: d.metrics,
 		Clock:            d.opts.Clock,
 		Logger:           logger,
-		OnResult: func(res kuberunner.Result) {
-			d.audit(logger, runnerTick{at: res.At, took: res.Took, started: res.RunsStarted, waiting: res.RunsWaiting,
-				dispatch: res.DispatchLatencies, finalize: res.FinalizeLatencies, decisions: res.Decisions, pools: res.Pools,
-				recovery: res.Recovery})
-		},
+		Meter:            d.metrics,
+		OnResult:         func(res kuberunner.Result) { d.audit(logger, res.At, res.Decisions) },
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
 	if err != nil {
@@ -393,41 +387,19 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	return rn, nil
 }
 
-// runnerTick is what the daemon meters and audits of one runner cycle.
-type runnerTick struct {
-	at                 time.Time
-	took               time.Duration
-	started            []string
-	waiting            int
-	dispatch, finalize []time.Duration
-	decisions          []sdk.Decision
-	pools              []lifecycle.PoolUse
-	recovery           map[string]*lifecycle.RecoveryCount
-}
-
-func (d *Daemon) audit(logger hclog.Logger, res runnerTick) {
-	d.metrics.RunnerTick(res.took, len(res.started), res.waiting, res.dispatch, res.finalize)
-	if res.pools != nil || len(d.cfg.Runner.Pools) > 0 || len(res.recovery) > 0 {
-		use := make([]metrics.PoolUse, 0, len(res.pools)+len(res.recovery))
-		for _, u := range res.pools {
-			use = append(use, metrics.PoolUse{Pool: u.Pool, Queued: u.Queued, Running: u.Running, Silent: u.Silent,
-				Waiting: u.Waiting, RecoveryWaiting: u.RecoveryWaiting})
-		}
-		for pool, c := range res.recovery {
-			use = append(use, metrics.PoolUse{Pool: pool, Admitted: c.Admitted, Deferred: c.Deferred})
-		}
-		d.metrics.Pools(d.cfg.Runner.Pools, lifecycle.DefaultPool, use)
-	}
-	if len(res.decisions) == 0 {
+// audit meters and audits the decisions of one runner cycle at at (the
+// cycle itself is metered through the runner's Meter).
+func (d *Daemon) audit(logger hclog.Logger, at time.Time, decisions []sdk.Decision) {
+	if len(decisions) == 0 {
 		return
 	}
-	for _, dec := range res.decisions {
+	for _, dec := range decisions {
 		d.metrics.Decision(dec)
 	}
-	term := d.elector.Status(res.at).Term
+	term := d.elector.Status(at).Term
 	ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
 	defer cancel()
-	if err := d.store.RecordDecisions(ctx, term, res.at, res.decisions); err != nil {
+	if err := d.store.RecordDecisions(ctx, term, at, decisions); err != nil {
 		logger.Warn("audit of the runner's decisions failed", "error", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/cyclemeter"
 	"github.com/dexaflow/reaper/sdk"
 )
 
@@ -277,6 +279,26 @@ func (m *Metrics) PluginRestart(name string) { m.pluginRestarts.WithLabelValues(
 func (m *Metrics) Cycle(at time.Time) {
 	m.cycles.Inc()
 	m.lastCycle.Set(float64(at.UnixNano()) / 1e9)
+}
+
+// RunnerCycle meters one cycle of a runner (literunner.Meter,
+// kuberunner.Meter): RunnerTick of what it measured, and the pools'
+// gauges (Pools) when the runner has pools configured or the cycle read
+// or admitted any.
+func (m *Metrics) RunnerCycle(c cyclemeter.Cycle) {
+	m.RunnerTick(c.Took, c.RunsStarted, c.RunsWaiting, c.DispatchLatencies, c.FinalizeLatencies)
+	if c.Pools == nil && len(c.Slots) == 0 && len(c.Recovery) == 0 {
+		return
+	}
+	use := make([]PoolUse, 0, len(c.Pools)+len(c.Recovery))
+	for _, u := range c.Pools {
+		use = append(use, PoolUse{Pool: u.Pool, Queued: u.Queued, Running: u.Running, Silent: u.Silent,
+			Waiting: u.Waiting, RecoveryWaiting: u.RecoveryWaiting})
+	}
+	for pool, rc := range c.Recovery {
+		use = append(use, PoolUse{Pool: pool, Admitted: rc.Admitted, Deferred: rc.Deferred})
+	}
+	m.Pools(c.Slots, lifecycle.DefaultPool, use)
 }
 
 // RunnerTick records one tick of the runner: its duration, the runs it

@@ -13,7 +13,8 @@ import (
 )
 
 // tick meters one cycle's result the way reaperd does for the runner
-// (host/daemon: every cycle's result goes to Metrics.RunnerTick).
+// (host/daemon: the runner meters every cycle through Metrics.RunnerCycle,
+// which calls RunnerTick).
 func tick(m *metrics.Metrics, res kuberunner.Result) {
 	m.RunnerTick(res.Took, len(res.RunsStarted), res.RunsWaiting, res.DispatchLatencies, res.FinalizeLatencies)
 }

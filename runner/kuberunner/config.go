@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/cyclemeter"
+	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -31,10 +33,10 @@ const (
 	AgentPathDefault = "reaper-agent"
 	// DispatchWorkersDefault is how many dispatch workers serve a dispatch
 	// buffer (DispatchBuffer above 0) when DispatchWorkers is 0.
-	DispatchWorkersDefault = 4
+	DispatchWorkersDefault = kubesettings.DispatchWorkersDefault
 	// DispatchWorkersMax bounds DispatchWorkers: each worker holds a pod
 	// create in flight, and the client's own rate limit is shared by all.
-	DispatchWorkersMax = 256
+	DispatchWorkersMax = kubesettings.DispatchWorkersMax
 )
 
 // DispatchObserver is told what the dispatch buffer does (host/metrics
@@ -74,6 +76,10 @@ type NoCredentials struct{}
 func (NoCredentials) Env(context.Context, sdk.Attempt, time.Time) ([]corev1.EnvVar, error) {
 	return nil, nil
 }
+
+// Meter is told what each cycle of the runner measured (host/metrics is
+// one), as the attempt API meters its calls.
+type Meter = cyclemeter.Meter
 
 // Config configures a Runner. Zero values take the defaults (withDefaults).
 type Config struct {
@@ -162,7 +168,11 @@ type Config struct {
 	// cycle's writes, and whether this replica leads. Run needs it; RunOnce
 	// does not.
 	Leading func(now time.Time) (term int64, leading bool)
-	// OnResult, when set, receives the result of every cycle Run runs.
+	// Meter is told what every cycle Run runs measured (host/metrics is
+	// one). Default: nothing is told.
+	Meter Meter
+	// OnResult, when set, receives the result of every cycle Run runs,
+	// after Meter.
 	OnResult func(Result)
 	// OnRefill, when set, receives the result of every warm pool refill.
 	OnRefill func(RefillResult, error)
@@ -215,6 +225,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DispatchObserver == nil {
 		c.DispatchObserver = noDispatchObserver{}
+	}
+	if c.Meter == nil {
+		c.Meter = cyclemeter.None{}
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

@@ -233,6 +233,7 @@ func (r *Runner) loop(ctx context.Context, leading func(time.Time) (int64, bool)
 		if err != nil && ctx.Err() == nil {
 			r.steps.CycleFailed(err)
 		}
+		r.cfg.Meter.RunnerCycle(res.Cycle(res.Took, r.cfg.Pools))
 		if r.cfg.OnResult != nil {
 			r.cfg.OnResult(res)
 		}

@@ -2,71 +2,24 @@ package kuberunner
 
 import (
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/kuberunner/kubesettings"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
 
 // Settings is the runner's kube block as an operator writes it in reaperd's
-// configuration (host/config decodes and checks it): the task pods'
-// template and where they go. FromSettings makes a runner of it.
-type Settings struct {
-	// Namespace of the task pods: the kube substrate's, so that its
-	// informer, teardown and sweep see them.
-	Namespace string
-	// Kubeconfig is the kube substrate's kubeconfig ("": the in-cluster
-	// service account).
-	Kubeconfig string
-	// Image is the task image (it holds the agent). Required.
-	Image string
-	// Agent is the agent binary inside the image; "": AgentPathDefault.
-	Agent string
-	// ServiceAccount of the pods, in Namespace: the task ServiceAccount,
-	// bound to no role; "": ServiceAccountDefault.
-	ServiceAccount string
-	// PodTokenAudience is the audience of the pods' projected token, which
-	// the attempt API reviews; "": TokenAudienceDefault.
-	PodTokenAudience string
-	// PullPolicy is "", "Always", "IfNotPresent" or "Never".
-	PullPolicy string
-	// TerminationGrace is terminationGracePeriodSeconds; 0: the ladder's
-	// task_termination_grace.
-	TerminationGrace time.Duration
-	// AttemptAPI is the attempt API's base URL as the task pods reach it
-	// (https://host:port, e.g. a Service name the certificate covers); "":
-	// the issuer's (attempt_api.advertise, else the API's bound address).
-	AttemptAPI string
-	// RunAsUser and RunAsGroup are the uid and gid the runner's pods run
-	// as (task pods and warm workers): never root.
-	RunAsUser, RunAsGroup int64
-	// ReadOnlyRoot: the pods' root filesystem is read-only (false for an
-	// image whose tasks write outside /tmp).
-	ReadOnlyRoot bool
-	// Requests and Limits of the task container, by resource name (cpu,
-	// memory, ephemeral-storage), as Kubernetes quantities ("500m", "1Gi").
-	Requests, Limits map[string]string
-	// DispatchBuffer and DispatchWorkers are dispatch_buffer and
-	// dispatch_workers: the buffer between the tick and the dispatch
-	// workers (0: the tick creates the pods) and the workers serving it
-	// (see Config.DispatchBuffer).
-	DispatchBuffer, DispatchWorkers int
-	// WarmPool is the kube block's warm_pool block; nil: no pool.
-	WarmPool *WarmPoolSettings
-}
+// configuration (kubesettings.Settings: the block, its defaults and its
+// rules live there, apart from any Kubernetes client, so that reading a
+// configuration file links none). FromSettings makes a runner of it.
+type Settings = kubesettings.Settings
 
 // WarmPoolSettings is the kube block's warm_pool block (see WarmPool).
-type WarmPoolSettings struct {
-	Name   string        // the pool's name; "": WarmPoolNameDefault
-	Size   int           // how many worker pods are kept; at least 1
-	Slots  int           // attempts a worker runs at once; 0: WarmSlotsDefault
-	Poll   time.Duration // how often a worker claims; 0: WarmPollDefault
-	Refill time.Duration // how often the pool is refilled; 0: WarmRefillDefault
-}
+type WarmPoolSettings = kubesettings.WarmPool
 
 // FromSettings builds the runner of a kube block over w: its API client
 // (base.Client when set, else one from s.Kubeconfig at the kube

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/attempttoken"
+	"github.com/dexaflow/reaper/runner/cyclemeter"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -35,6 +36,10 @@ const (
 type Minter interface {
 	Mint(a sdk.Attempt, now time.Time) (attempttoken.Credential, error)
 }
+
+// Meter is told what each cycle of the runner measured (host/metrics is
+// one), as the attempt API meters its calls.
+type Meter = cyclemeter.Meter
 
 // Config configures a Runner. Zero values take the defaults (withDefaults).
 type Config struct {
@@ -97,9 +102,12 @@ type Config struct {
 	// cycle's writes, and whether this replica leads. Run needs it; RunOnce
 	// does not.
 	Leading func(now time.Time) (term int64, leading bool)
+	// Meter is told what every cycle Run runs measured (host/metrics is
+	// one). Default: nothing is told.
+	Meter Meter
 	// OnResult, when set, receives the result of every cycle Run runs (the
-	// host meters and audits its decisions). It is called on Run's
-	// goroutine and must not block for long.
+	// host meters and audits its decisions), after Meter. It is called on
+	// Run's goroutine and must not block for long.
 	OnResult func(Result)
 	// Clock is the only time the runner reads. Default clock.Real{}.
 	Clock clock.Clock
@@ -124,6 +132,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.AgentLogLevel == "" {
 		c.AgentLogLevel = LogLevelDefault
+	}
+	if c.Meter == nil {
+		c.Meter = cyclemeter.None{}
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

@@ -191,6 +191,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			r.steps.CycleFailed(err)
 		}
+		r.cfg.Meter.RunnerCycle(res.Cycle(res.Took, r.cfg.Pools))
 		if r.cfg.OnResult != nil {
 			r.cfg.OnResult(res)
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/cyclemeter"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
 )
@@ -61,6 +62,14 @@ type Tally struct {
 	// Recovery counts, by pool, the recovery dispatches the recovery budget
 	// admitted and those it deferred to a later cycle.
 	Recovery map[string]*lifecycle.RecoveryCount
+}
+
+// Cycle is what a cycle that took took measured, as a runner's Meter is
+// told (slots: the runner's configured pools).
+func (t *Tally) Cycle(took time.Duration, slots map[string]int) cyclemeter.Cycle {
+	return cyclemeter.Cycle{Took: took, RunsStarted: len(t.RunsStarted), RunsWaiting: t.RunsWaiting,
+		DispatchLatencies: t.DispatchLatencies, FinalizeLatencies: t.FinalizeLatencies,
+		Slots: slots, Pools: t.Pools, Recovery: t.Recovery}
 }
 
 func (t *Tally) recovery(pool string) *lifecycle.RecoveryCount {
