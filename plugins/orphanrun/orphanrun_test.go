@@ -15,47 +15,29 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+type bundle = sdktest.Rig[*Reaper]
 
 func setup(t testing.TB, edition string, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(edition)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
+	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
 // quietRun puts run id, started an hour ago, with the given rows; a row's
 // zero times stay NULL, and every set time is the caller's.
 func quietRun(b *bundle, id string, rows ...sdktest.TaskInstance) sdk.Attempt {
-	b.h.Board.PutRun(sdktest.Run{RunID: id, DagID: "dag", StartedAt: b.h.Now().Add(-time.Hour)})
+	b.H.Board.PutRun(sdktest.Run{RunID: id, DagID: "dag", StartedAt: b.H.Now().Add(-time.Hour)})
 	for i, row := range rows {
 		row.RunID = id
 		if row.TaskID == "" {
 			row.TaskID = fmt.Sprintf("t%d", i)
 		}
-		b.h.Board.Put(row)
+		b.H.Board.Put(row)
 	}
 	return sdk.Attempt{RunID: id}
 }
 
 func TestRules(t *testing.T) {
 	t.Parallel()
-	ago := func(b *bundle, d time.Duration) time.Time { return b.h.Now().Add(-d) }
+	ago := func(b *bundle, d time.Duration) time.Time { return b.H.Now().Add(-d) }
 	settled := func(b *bundle) sdktest.TaskInstance {
 		return sdktest.TaskInstance{State: sdk.StateSuccess, RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)}
 	}
@@ -74,10 +56,10 @@ func TestRules(t *testing.T) {
 			if !d.Applied || d.Evidence[reap.EvActivityAge] != "30m0s" || d.Evidence[reap.EvThreshold] != "5m0s" || d.Evidence[reap.EvTerm] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
-			if r, _ := b.h.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.h.Now()) {
+			if r, _ := b.H.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.H.Now()) {
 				t.Fatalf("run %+v", r)
 			}
-			if n := len(b.h.Exec.Teardowns()); n != 0 {
+			if n := len(b.H.Exec.Teardowns()); n != 0 {
 				t.Fatalf("lite tore down %d", n)
 			}
 		}},
@@ -135,8 +117,8 @@ func TestRules(t *testing.T) {
 		{name: "ParkedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", sdktest.TaskInstance{TaskID: "t", State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
 			})
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
@@ -146,14 +128,14 @@ func TestRules(t *testing.T) {
 		}},
 		{name: "FreshActivityBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.h.Now()})
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.H.Now()})
 			})
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
 		{name: "RowsLockedByAnotherWriter_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.LockRun("r", true)
+			b.H.Board.LockRun("r", true)
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopLocked {
@@ -162,13 +144,13 @@ func TestRules(t *testing.T) {
 		}},
 		{name: "FinalizedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
 			})
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunSuccess},
 		{name: "DeposedTerm_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Board.SetTerm(9)
+			b.H.Board.SetTerm(9)
 			return quietRun(b, "r", settled(b))
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
 		{name: "AttachedAttemptsInEvidence", arrange: func(b *bundle) sdk.Attempt {
@@ -182,21 +164,21 @@ func TestRules(t *testing.T) {
 		{name: "KubeTearsDownEveryExecutionOfTheRun", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b))
 		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if td := b.h.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
+			if td := b.H.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
 				t.Fatalf("teardowns %+v", td)
 			}
 		}},
 		{name: "KubeNoopNeverTearsDown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.LockRun("r", true)
+			b.H.Board.LockRun("r", true)
 			return a
 		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if n := b.h.Exec.Actions(); n != 0 {
+			if n := b.H.Exec.Actions(); n != 0 {
 				t.Fatalf("%d teardowns", n)
 			}
 		}},
 		{name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
+			b.H.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
 			return quietRun(b, "r", settled(b))
 		}, want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvTeardown], "apiserver unavailable") {
@@ -207,7 +189,7 @@ func TestRules(t *testing.T) {
 			}
 		}},
 		{name: "KubeDeleteFallback_Recorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
+			b.H.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
 				{Object: "pod/b", Action: sdk.TeardownSkipTerminal}}, nil)
 			return quietRun(b, "r", settled(b))
 		}, want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, wantRun: sdk.RunFailed},
@@ -221,11 +203,11 @@ func TestRules(t *testing.T) {
 			}
 			b := setup(t, edition, nil)
 			a := tc.arrange(b)
-			ds := b.reap(t)
+			ds := b.Reap(t)
 			if got := ds.Label(a); got != tc.want {
 				t.Fatalf("decisions %q, want %q (all %+v)", got, tc.want, ds)
 			}
-			if r, _ := b.h.Board.Run(a.RunID); r.State != tc.wantRun {
+			if r, _ := b.H.Board.Run(a.RunID); r.State != tc.wantRun {
 				t.Fatalf("run state %q, want %q", r.State, tc.wantRun)
 			}
 			if tc.check != nil {
@@ -259,32 +241,32 @@ func TestLostDispatchThenOrphanRun(t *testing.T) {
 			t.Parallel()
 			b := setup(t, ladder.EditionLite, nil)
 			dl := dispatchlost.New(nil)
-			b.h.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.h.Now().Add(-10 * time.Minute)})
-			stuck := b.h.Queued("r", "t", 10*time.Minute)
-			row, _ := b.h.Board.Task("r", "t")
+			b.H.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.H.Now().Add(-10 * time.Minute)})
+			stuck := b.H.Queued("r", "t", 10*time.Minute)
+			row, _ := b.H.Board.Task("r", "t")
 			row.InfraBudget = tc.budget
-			b.h.Board.Put(row)
+			b.H.Board.Put(row)
 
-			if ds := b.reap(t); len(ds) != 0 {
+			if ds := b.Reap(t); len(ds) != 0 {
 				t.Fatalf("a queued task keeps the run alive: %v", ds.Labels())
 			}
-			if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
+			if ds, err := b.H.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
 				t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
 			}
 			// The host confirms the mark as made (Lite: the substrate reads
 			// its agent dead); this harness has no host, so it does so here.
-			if res, err := b.h.Board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: stuck, Term: b.h.Term, At: b.h.Now()}}); err != nil ||
+			if res, err := b.H.Board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: stuck, Term: b.H.Term, At: b.H.Now()}}); err != nil ||
 				len(res) != 1 || !res[0].Applied {
 				t.Fatalf("the sweep's confirmation: %+v %v", res, err)
 			}
-			b.reap(t)
-			if r, _ := b.h.Board.Run("r"); r.State != tc.wantRun {
+			b.Reap(t)
+			if r, _ := b.H.Board.Run("r"); r.State != tc.wantRun {
 				t.Fatalf("run %s after the mark's pass, want %s", r.State, tc.wantRun)
 			}
 			if tc.wantRun == sdk.RunRunning {
-				b.h.Clock.Advance(time.Hour)
-				b.reap(t)
-				if r, _ := b.h.Board.Run("r"); r.State != sdk.RunRunning {
+				b.H.Clock.Advance(time.Hour)
+				b.Reap(t)
+				if r, _ := b.H.Board.Run("r"); r.State != sdk.RunRunning {
 					t.Fatalf("a re-placeable mark let the run fail: %s", r.State)
 				}
 			}
@@ -295,14 +277,14 @@ func TestLostDispatchThenOrphanRun(t *testing.T) {
 func TestDryRunWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionKube, nil)
-	b.h.DryRun = true
-	a := quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: b.h.Now().Add(-time.Hour)})
-	ds := b.reap(t)
+	b.H.DryRun = true
+	a := quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: b.H.Now().Add(-time.Hour)})
+	ds := b.Reap(t)
 	if d := ds.For(a); len(d) != 1 || d[0].Label != sdk.LabelOrphanRun || d[0].Applied || !d[0].DryRun {
 		t.Fatalf("decisions %+v", ds)
 	}
-	if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
-		t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+	if b.H.Board.Writes() != 0 || b.H.Exec.Actions() != 0 {
+		t.Fatalf("writes=%d actions=%d", b.H.Board.Writes(), b.H.Exec.Actions())
 	}
 }
 
@@ -312,7 +294,7 @@ func TestPaging(t *testing.T) {
 		out := make([]sdk.Attempt, n)
 		for i := range n {
 			id := fmt.Sprintf("r%04d", i)
-			b.h.Board.PutRun(sdktest.Run{RunID: id, StartedAt: b.h.Now().Add(-time.Hour + time.Duration(i)*time.Second)})
+			b.H.Board.PutRun(sdktest.Run{RunID: id, StartedAt: b.H.Now().Add(-time.Hour + time.Duration(i)*time.Second)})
 			out[i] = sdk.Attempt{RunID: id}
 		}
 		return out
@@ -322,10 +304,10 @@ func TestPaging(t *testing.T) {
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		runs := quiet(b, 250)
 		for _, r := range runs {
-			b.h.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
+			b.H.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
 		}
 		for pass, first := range []int{0, 100, 200, 0} {
-			if ds := b.reap(t); ds[0].Attempt != runs[first] {
+			if ds := b.Reap(t); ds[0].Attempt != runs[first] {
 				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, runs[first])
 			}
 		}
@@ -334,16 +316,16 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		quiet(b, 2500)
-		if ds := b.reap(t); ds.Count(sdk.LabelOrphanRun) != 2500 || b.h.StateOf(Name) != nil {
-			t.Fatalf("failed %d runs, state %s", ds.Count(sdk.LabelOrphanRun), b.h.StateOf(Name))
+		if ds := b.Reap(t); ds.Count(sdk.LabelOrphanRun) != 2500 || b.H.StateOf(Name) != nil {
+			t.Fatalf("failed %d runs, state %s", ds.Count(sdk.LabelOrphanRun), b.H.StateOf(Name))
 		}
 	})
 	t.Run("BoardErrorFailsPass", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		quiet(b, 3)
-		b.h.Board.Fail(sdktest.OpReapRun, errors.New("serialization failure"))
-		if _, err := b.h.Reap(context.Background(), b.r); err == nil || !strings.Contains(err.Error(), "serialization failure") {
+		b.H.Board.Fail(sdktest.OpReapRun, errors.New("serialization failure"))
+		if _, err := b.H.Reap(context.Background(), b.R); err == nil || !strings.Contains(err.Error(), "serialization failure") {
 			t.Fatalf("err %v", err)
 		}
 	})

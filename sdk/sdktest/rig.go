@@ -1,0 +1,89 @@
+package sdktest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/ladder"
+)
+
+// Rig is one reaper configured on a harness of its own: the fixture a
+// reaper plugin's tests arrange rows on (through H) and run passes of R
+// with. A plugin's test file needs no harness code of its own:
+//
+//	type bundle = sdktest.Rig[*Reaper]
+//
+//	func setup(t testing.TB, edition string, values sdk.Values) *bundle {
+//		return sdktest.NewRig(t, edition, New(nil), values)
+//	}
+type Rig[R sdk.Reaper] struct {
+	H *Harness
+	R R
+}
+
+// NewRig configures r with values (the schema's defaults filling the rest)
+// on a new harness of the edition (New). A Configure that fails fails the
+// test.
+func NewRig[R sdk.Reaper](t testing.TB, edition string, r R, values sdk.Values) *Rig[R] {
+	t.Helper()
+	h := New(edition)
+	if err := h.Configure(context.Background(), r, values); err != nil {
+		t.Fatalf("configure: %v", err)
+	}
+	return &Rig[R]{H: h, R: r}
+}
+
+// Reap runs one pass of the rig's reaper (Harness.Reap) and returns its
+// decisions. A pass that ends in an error fails the test; a test that
+// expects one calls g.H.Reap itself.
+func (g *Rig[R]) Reap(t testing.TB) Decisions {
+	t.Helper()
+	ds, err := g.H.Reap(context.Background(), g.R)
+	if err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	return ds
+}
+
+// Rule is one row of a reaper's rule table: Arrange puts one attempt on
+// the board (and scripts the substrate), the pass must record Want for it
+// and leave its row in WantState; Check, when set, looks further.
+type Rule[R sdk.Reaper] struct {
+	Name    string
+	Edition string // "" is Lite
+	Values  sdk.Values
+	Arrange func(g *Rig[R]) sdk.Attempt
+	// Want is the attempt's decision labels, comma-joined ("" none
+	// recorded).
+	Want      string
+	WantState string
+	Check     func(t *testing.T, g *Rig[R], a sdk.Attempt, ds Decisions)
+}
+
+// RunRules runs each rule as a parallel subtest, each on a rig of its own
+// around a reaper newReaper returns.
+func RunRules[R sdk.Reaper](t *testing.T, newReaper func() R, rules []Rule[R]) {
+	t.Helper()
+	for _, tc := range rules {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel()
+			edition := tc.Edition
+			if edition == "" {
+				edition = ladder.EditionLite
+			}
+			g := NewRig(t, edition, newReaper(), tc.Values)
+			a := tc.Arrange(g)
+			ds := g.Reap(t)
+			if got := ds.Label(a); got != tc.Want {
+				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.Want, ds)
+			}
+			if got := g.H.Board.Row(a).State; got != tc.WantState {
+				t.Fatalf("row state %q, want %q", got, tc.WantState)
+			}
+			if tc.Check != nil {
+				tc.Check(t, g, a, ds)
+			}
+		})
+	}
+}
