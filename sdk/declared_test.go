@@ -31,6 +31,10 @@ func TestDeclaredLabels(t *testing.T) {
 		{"ALongWordIsRefused", sdk.Info{DecisionLabels: []string{strings.Repeat("a", 65)}}, "no label"},
 		{"AnEmptyWordIsRefused", sdk.Info{DecisionLabels: []string{""}}, "no label"},
 		{"TooManyAreRefused", sdk.Info{DecisionLabels: many}, "more than"},
+		{"KillLabelsAmongTheDeclaredAreAccepted", sdk.Info{MarkReasons: []string{"parked_expired"}, DecisionLabels: []string{"parked_orphan_stopped"},
+			KillLabels: []string{"parked_expired", "parked_orphan_stopped"}, ProvisionalLabels: []string{"parked_expired"}}, ""},
+		{"AnUndeclaredKillLabelIsRefused", sdk.Info{MarkReasons: []string{"parked_expired"}, KillLabels: []string{"parked_lost"}}, "none of its mark reasons"},
+		{"AProvisionalLabelNoKillLabelIsRefused", sdk.Info{MarkReasons: []string{"parked_expired"}, ProvisionalLabels: []string{"parked_expired"}}, "none of its kill labels"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
