@@ -152,6 +152,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	sub := d.supervise(ld, set.Substrate)
 	var reapers []cycle.Reaper
 	for _, h := range set.Reapers {
+		d.metrics.DeclareReaper(h.Block.Name, h.Info)
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
 			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
