@@ -25,7 +25,7 @@ type ruleCase = sdktest.Rule[*Reaper]
 
 func runRules(t *testing.T, cases []ruleCase) {
 	t.Helper()
-	sdktest.RunRules(t, func() *Reaper { return New(nil) }, cases)
+	sdktest.RunRules(t, setup, cases)
 }
 
 const (

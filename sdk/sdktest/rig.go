@@ -62,8 +62,9 @@ type Rule[R sdk.Reaper] struct {
 }
 
 // RunRules runs each rule as a parallel subtest, each on a rig of its own
-// around a reaper newReaper returns.
-func RunRules[R sdk.Reaper](t *testing.T, newReaper func() R, rules []Rule[R]) {
+// that setup returns for the rule's edition and values (NewRig around a
+// new reaper, or whatever more the plugin's tests need).
+func RunRules[R sdk.Reaper](t *testing.T, setup func(t testing.TB, edition string, values sdk.Values) *Rig[R], rules []Rule[R]) {
 	t.Helper()
 	for _, tc := range rules {
 		t.Run(tc.Name, func(t *testing.T) {
@@ -72,7 +73,7 @@ func RunRules[R sdk.Reaper](t *testing.T, newReaper func() R, rules []Rule[R]) {
 			if edition == "" {
 				edition = ladder.EditionLite
 			}
-			g := NewRig(t, edition, newReaper(), tc.Values)
+			g := setup(t, edition, tc.Values)
 			a := tc.Arrange(g)
 			ds := g.Reap(t)
 			if got := ds.Label(a); got != tc.Want {
