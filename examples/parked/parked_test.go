@@ -45,14 +45,6 @@ const (
 	failed   = sdk.StateFailed
 )
 
-// ruleCase is one gate of the table (sdktest.Rule).
-type ruleCase = sdktest.Rule[*parked.Reaper]
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	sdktest.RunRules(t, setup, cases)
-}
-
 func noWrites(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 	t.Helper()
 	if n := b.H.Board.Writes(); n != 0 {
@@ -67,7 +59,7 @@ func expired(state string) func(b *bundle) sdk.Attempt {
 
 func TestGates(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*parked.Reaper]{
 		{Name: "FreshParkedAttempt_LeftAlone", Arrange: func(b *bundle) sdk.Attempt {
 			return park(b, "r", "t", resched, 5*time.Hour)
 		}, Want: "", WantState: resched, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {

@@ -20,14 +20,6 @@ func setup(t testing.TB, edition string, values sdk.Values) *bundle {
 	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
-// ruleCase is one rule of the plugin's table (sdktest.Rule).
-type ruleCase = sdktest.Rule[*Reaper]
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	sdktest.RunRules(t, setup, cases)
-}
-
 const (
 	failed  = sdk.StateFailed
 	running = sdk.StateRunning
@@ -42,7 +34,7 @@ func wantNoStop(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 
 func TestLiteSilence(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		// The plugin's mark is provisional: a reaper does not confirm its
 		// own marks (the host refuses it). On Lite the host confirms it as
 		// made when the substrate reads the attempt dead.
@@ -117,7 +109,7 @@ func TestLiteSilence(t *testing.T) {
 
 func TestLiteNeverHeartbeated(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		{Name: "NeverHeartbeatedAndDead_AgentLostNeverHeartbeated", Arrange: func(b *bundle) sdk.Attempt {
 			return b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
 		}, Want: sdk.LabelAgentLostNeverHeartbeated, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
@@ -181,7 +173,7 @@ func TestCredentialCeiling(t *testing.T) {
 			t.Fatalf("mark %+v", m)
 		}
 	}
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		{Name: "CeilingSilenceAfterCeilingMinusTwoHeartbeats_TaskFailure", Arrange: func(b *bundle) sdk.Attempt {
 			return lastBeatAt(b, 59*time.Minute+30*time.Second, 3*time.Minute)
 		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: taskFailure},
@@ -287,7 +279,7 @@ func TestGuards(t *testing.T) {
 		}
 	}
 	silentDead := func(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute) }
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		{Name: "FreshHeartbeatBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
 			a := silentDead(b)
 			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Heartbeat(m.RunID, m.TaskID, b.H.Now()) })
@@ -341,7 +333,7 @@ func TestKube(t *testing.T) {
 	t.Parallel()
 	kube := ladder.EditionKube
 	silent := func(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute) }
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		{Name: "KubeMarkIsProvisional_ThenPodTornDown", Edition: kube, Arrange: silent,
 			Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
 				if m := b.H.Board.Marks()[0]; m.Confirm {
@@ -580,12 +572,7 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		as := putAlive(b, 250)
-		for pass, first := range []int{0, 100, 200, 0} {
-			ds := b.Reap(t)
-			if ds[0].Attempt != as[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, as[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, as[0], as[100], as[200], as[0])
 	})
 	t.Run("ShortPageResetsCursor", func(t *testing.T) {
 		t.Parallel()
@@ -824,17 +811,5 @@ func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
 	if ds.Applied().Count(sdk.LabelAgentLost) != 1 {
 		t.Fatalf("decisions %v", ds)
 	}
-	calls := b.H.Exec.LivenessCalls()
-	if len(calls) == 0 {
-		t.Fatal("no liveness read")
-	}
-	for _, c := range calls {
-		if c.PodUIDs[a] != "uid-own" {
-			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
-		}
-	}
-	tds := b.H.Exec.Teardowns()
-	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
-		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
-	}
+	b.H.ExpectPinnedToPodUID(t, a, "uid-own")
 }

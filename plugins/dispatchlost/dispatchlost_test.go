@@ -20,14 +20,6 @@ func setup(t testing.TB, edition string, values sdk.Values) *bundle {
 	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
-// ruleCase is one rule of the plugin's table (sdktest.Rule).
-type ruleCase = sdktest.Rule[*Reaper]
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	sdktest.RunRules(t, setup, cases)
-}
-
 const (
 	failed = sdk.StateFailed
 	queued = sdk.StateQueued
@@ -44,7 +36,7 @@ func noActions(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 func TestLite(t *testing.T) {
 	t.Parallel()
 	lost := func(b *bundle) sdk.Attempt { return b.H.Queued("r", "t", 4*time.Minute) }
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		// Provisional as the plugin asks it: on Lite the host confirms it
 		// as made, on the substrate's word, never on the reaper's.
 		{Name: "QueuedPastThresholdAndDead_DispatchLostProvisional", Arrange: lost, Want: sdk.LabelDispatchLost, WantState: failed,
@@ -140,7 +132,7 @@ func TestKube(t *testing.T) {
 		}
 		return cached, live
 	}
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		{Name: "NoPod_DispatchLostProvisionalThenTornDown", Edition: kube, Arrange: lost, Want: sdk.LabelDispatchLost, WantState: failed,
 			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				if row := b.H.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
@@ -292,11 +284,7 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		as := putAlive(b, 250)
-		for pass, first := range []int{0, 100, 200, 0} {
-			if ds := b.Reap(t); ds[0].Attempt != as[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, as[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, as[0], as[100], as[200], as[0])
 	})
 	t.Run("ShortPageResetsCursor", func(t *testing.T) {
 		t.Parallel()
@@ -401,17 +389,5 @@ func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
 	if ds.Applied().Count(sdk.LabelDispatchLost) != 1 {
 		t.Fatalf("decisions %v", ds)
 	}
-	calls := b.H.Exec.LivenessCalls()
-	if len(calls) == 0 {
-		t.Fatal("no liveness read")
-	}
-	for _, c := range calls {
-		if c.PodUIDs[a] != "uid-own" {
-			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
-		}
-	}
-	tds := b.H.Exec.Teardowns()
-	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
-		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
-	}
+	b.H.ExpectPinnedToPodUID(t, a, "uid-own")
 }

@@ -306,11 +306,7 @@ func TestPaging(t *testing.T) {
 		for _, r := range runs {
 			b.H.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
 		}
-		for pass, first := range []int{0, 100, 200, 0} {
-			if ds := b.Reap(t); ds[0].Attempt != runs[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, runs[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, runs[0], runs[100], runs[200], runs[0])
 	})
 	t.Run("DrainReachesAll2500InOnePass", func(t *testing.T) {
 		t.Parallel()

@@ -20,6 +20,10 @@ func setup(t testing.TB, values sdk.Values) *bundle {
 	return sdktest.NewRig(t, ladder.EditionKube, New(nil), values)
 }
 
+// kubeSetup is setup for sdktest.RunRules: the plugin serves kube only,
+// so every rule runs on kube.
+func kubeSetup(t testing.TB, _ string, values sdk.Values) *bundle { return setup(t, values) }
+
 const (
 	failed  = sdk.StateFailed
 	running = sdk.StateRunning
@@ -31,16 +35,9 @@ func lost(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 2*time.Minute, 1
 
 func TestRules(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name      string
-		values    sdk.Values
-		arrange   func(b *bundle) sdk.Attempt
-		want      string // comma-joined labels about the attempt
-		wantState string
-		check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-	}{
-		{name: "NoPodObjectPastFloor_PodLostProvisionalThenTornDown", arrange: lost, want: sdk.LabelPodLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+	sdktest.RunRules(t, kubeSetup, []sdktest.Rule[*Reaper]{
+		{Name: "NoPodObjectPastFloor_PodLostProvisionalThenTornDown", Arrange: lost, Want: sdk.LabelPodLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				row := b.H.Board.Row(a)
 				if row.LastFailureKind != sdk.FailureInfra || row.MarkReason != sdk.LabelPodLost || !row.InfraConfirmedAt.IsZero() || row.Held {
 					t.Fatalf("row %+v", row)
@@ -58,40 +55,40 @@ func TestRules(t *testing.T) {
 					t.Fatalf("evidence %v", ev)
 				}
 			}},
-		{name: "InsideFloor_NotListed", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "InsideFloor_NotListed", Arrange: func(b *bundle) sdk.Attempt {
 			return b.H.Running("r", "t", time.Minute, 5*time.Second)
-		}, want: "", wantState: running, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: "", WantState: running, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 			if n := len(b.H.Exec.LivenessCalls()); n != 0 {
 				t.Fatalf("%d liveness reads for an attempt inside the floor", n)
 			}
 		}},
-		{name: "PodPresent_NoDecisionNoMark", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "PodPresent_NoDecisionNoMark", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.Alive(a)
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "FinishedPodPresent_NoMark", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "FinishedPodPresent_NoMark", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive,
 				Detail: "pod p Succeeded present: a finished or unreachable pod is the reconciler's"})
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedPodPresent_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedPodPresent_PodPresentDeferred", Arrange: func(b *bundle) sdk.Attempt {
 			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
 			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLostPodPresent, WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", Arrange: func(b *bundle) sdk.Attempt {
 			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
 			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-NodeUnreachableAfterDefault)))
 			return a
-		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLostPodPresent, WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", Arrange: func(b *bundle) sdk.Attempt {
 			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
 			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-NodeUnreachableAfterDefault-time.Second)))
 			return a
-		}, want: sdk.LabelPodLostNodeUnreachable, wantState: running,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelPodLostNodeUnreachable, WantState: running,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				noTeardown(t, b, a, ds)
 				if n := b.H.Board.Writes(); n != 0 {
 					t.Fatalf("%d board writes for a deferral", n)
@@ -104,93 +101,76 @@ func TestRules(t *testing.T) {
 					t.Fatalf("decision %+v", d)
 				}
 			}},
-		{name: "NeverHeartbeatedNodeUnreachableShorterThreshold_NodeUnreachableDeferred", values: sdk.Values{"node_unreachable_after": "1m"},
-			arrange: func(b *bundle) sdk.Attempt {
+		{Name: "NeverHeartbeatedNodeUnreachableShorterThreshold_NodeUnreachableDeferred", Values: sdk.Values{"node_unreachable_after": "1m"},
+			Arrange: func(b *bundle) sdk.Attempt {
 				a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
 				b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-2*time.Minute)))
 				return a
-			}, want: sdk.LabelPodLostNodeUnreachable, wantState: running, check: noTeardown},
-		{name: "HeartbeatedNodeUnreachable_NoDecision_AgentLostJudgesIt", arrange: func(b *bundle) sdk.Attempt {
+			}, Want: sdk.LabelPodLostNodeUnreachable, WantState: running, Check: noTeardown},
+		{Name: "HeartbeatedNodeUnreachable_NoDecision_AgentLostJudgesIt", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-time.Hour)))
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeReadError_PodQueryErrorDeferred", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeReadError_PodQueryErrorDeferred", Arrange: func(b *bundle) sdk.Attempt {
 			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
 			b.H.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod p Running",
 				NodeError: "reading node node-7: nodes \"node-7\" is forbidden"})
 			return a
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				noTeardown(t, b, a, ds)
 				if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvNodeError], "forbidden") || !strings.Contains(d.Detail, "forbidden") {
 					t.Fatalf("decision %+v", d)
 				}
 			}},
-		{name: "NodeUnreachablePodGone_PodLost", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "NodeUnreachablePodGone_PodLost", Arrange: func(b *bundle) sdk.Attempt {
 			// The out-of-service taint let the cluster delete the pod: the
 			// substrate reads no pod, and says nothing of a node.
 			return b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-		}, want: sdk.LabelPodLost, wantState: failed},
-		{name: "NeverHeartbeatedNoPod_PodLost", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLost, WantState: failed},
+		{Name: "NeverHeartbeatedNoPod_PodLost", Arrange: func(b *bundle) sdk.Attempt {
 			return b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-		}, want: sdk.LabelPodLost, wantState: failed},
-		{name: "PodQueryError_Defers", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLost, WantState: failed},
+		{Name: "PodQueryError_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.Unknown(a, "reading the attempt's pods failed: forbidden")
 			return a
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
-		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running, Check: noTeardown},
+		{Name: "LivenessCallFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			b.H.Exec.FailLiveness(errors.New("connection refused"))
 			return lost(b)
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
-		{name: "TeardownFails_PodDeleteErrorMarkStays", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running, Check: noTeardown},
+		{Name: "TeardownFails_PodDeleteErrorMarkStays", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
 			return a
-		}, want: sdk.LabelPodLost + "," + sdk.LabelPodLostPodDeleteErr, wantState: failed},
-		{name: "DeleteFallback_Recorded", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLost + "," + sdk.LabelPodLostPodDeleteErr, WantState: failed},
+		{Name: "DeleteFallback_Recorded", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
 			return a
-		}, want: sdk.LabelPodLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
-		{name: "PolicyHold_MarkHeld", values: sdk.Values{"policy": "hold"}, arrange: lost, want: sdk.LabelPodLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: sdk.LabelPodLost + "," + sdk.LabelTeardownDeleteFallback, WantState: failed},
+		{Name: "PolicyHold_MarkHeld", Values: sdk.Values{"policy": "hold"}, Arrange: lost, Want: sdk.LabelPodLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
 				if !b.H.Board.Row(a).Held || !b.H.Board.Marks()[0].Hold {
 					t.Fatalf("not held: %+v", b.H.Board.Row(a))
 				}
 			}},
-		{name: "ReplacedBetweenReadAndMark_NewAttemptUntouched", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "ReplacedBetweenReadAndMark_NewAttemptUntouched", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
 			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Replace(m.RunID, m.TaskID, false, running, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noTeardown},
-		{name: "WarmAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noTeardown},
+		{Name: "WarmAttempt_NotListed", Arrange: func(b *bundle) sdk.Attempt {
 			now := b.H.Now()
 			return b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
 				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now, WarmWorker: "warm-0"})
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "QueuedAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "QueuedAttempt_NotListed", Arrange: func(b *bundle) sdk.Attempt {
 			return b.H.Queued("r", "t", 10*time.Minute)
-		}, want: "", wantState: sdk.StateQueued, check: noTeardown},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, tc.values)
-			a := tc.arrange(b)
-			ds := b.Reap(t)
-			if got := strings.Join(ds.For(a).Labels(), ","); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
-			}
-			if got := b.H.Board.Row(a).State; got != tc.wantState {
-				t.Fatalf("row state %q, want %q", got, tc.wantState)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+		}, Want: "", WantState: sdk.StateQueued, Check: noTeardown},
+	})
 }
 
 // onLostNode is the kube substrate's answer for a pod present on node-7,

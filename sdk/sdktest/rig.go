@@ -88,3 +88,36 @@ func RunRules[R sdk.Reaper](t *testing.T, setup func(t testing.TB, edition strin
 		})
 	}
 }
+
+// ExpectPassesStartAt runs one pass per attempt of starts and fails the
+// test unless each pass's first decision is about that attempt: what a
+// drain whose cursor is carried from pass to pass shows.
+func (g *Rig[R]) ExpectPassesStartAt(t testing.TB, starts ...sdk.Attempt) {
+	t.Helper()
+	for pass, first := range starts {
+		if ds := g.Reap(t); ds[0].Attempt != first {
+			t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, first)
+		}
+	}
+}
+
+// ExpectPinnedToPodUID fails the test unless the substrate was read, every
+// liveness read named uid as a's pod UID, and the one teardown was pinned
+// to uid: the pod the runner recorded on the attempt, never another pod
+// that carries its labels.
+func (h *Harness) ExpectPinnedToPodUID(t testing.TB, a sdk.Attempt, uid string) {
+	t.Helper()
+	calls := h.Exec.LivenessCalls()
+	if len(calls) == 0 {
+		t.Fatal("no liveness read")
+	}
+	for _, c := range calls {
+		if c.PodUIDs[a] != uid {
+			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
+		}
+	}
+	tds := h.Exec.Teardowns()
+	if len(tds) != 1 || tds[0].PodUID != uid {
+		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
+	}
+}
