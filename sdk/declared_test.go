@@ -60,3 +60,33 @@ func TestDeclaredLabels(t *testing.T) {
 		})
 	}
 }
+
+// A plugin's kill labels are what it declared; one that declares none (built
+// before the field) keeps the sdk's built-in ones among its labels, and a
+// declaration the launch check refuses yields none.
+func TestDeclaredKillLabels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name              string
+		info              sdk.Info
+		kill, provisional string
+	}{
+		{"Declared", sdk.Info{MarkReasons: []string{"parked_expired"}, DecisionLabels: []string{sdk.LabelAgentLost},
+			KillLabels: []string{"parked_expired"}}, "parked_expired", ""},
+		{"NoneDeclared_TheBuiltInOnesAmongItsLabels", sdk.Info{MarkReasons: []string{sdk.LabelAgentLost, "parked_expired"},
+			DecisionLabels: []string{sdk.LabelCredentialCeiling}},
+			sdk.LabelAgentLost + "," + sdk.LabelCredentialCeiling, sdk.LabelAgentLost},
+		{"Refused", sdk.Info{MarkReasons: []string{"parked_expired"}, KillLabels: []string{"parked_lost"}}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kill, provisional := sdk.DeclaredKillLabels(tc.info)
+			if got := strings.Join(kill, ","); got != tc.kill {
+				t.Errorf("kill labels %q, want %q", got, tc.kill)
+			}
+			if got := strings.Join(provisional, ","); got != tc.provisional {
+				t.Errorf("provisional labels %q, want %q", got, tc.provisional)
+			}
+		})
+	}
+}

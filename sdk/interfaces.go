@@ -36,7 +36,9 @@ type Info struct {
 	// the host scores such a dry-run decision against what became of the
 	// attempt (reaper_shadow_verdicts_total, reaperctl shadow) and opens
 	// the reaper's would_have_killed_live_work series for each ahead of
-	// its first verdict. Protocol v1 addition, like DecisionLabels.
+	// its first verdict. Protocol v1 addition, like DecisionLabels: a
+	// plugin that declares none keeps the sdk's built-in kill labels among
+	// its declared ones (DeclaredKillLabels).
 	KillLabels []string
 	// ProvisionalLabels are those of its KillLabels whose mark is an
 	// infra mark, which stays provisional on kube until the reconciler

@@ -424,15 +424,33 @@ func CheckDeclared(info Info) error {
 	return nil
 }
 
-// DeclaredKillLabels returns the kill labels and provisional labels a
-// reaper plugin declared (Info.KillLabels, Info.ProvisionalLabels), or
-// none when its declaration fails CheckDeclared: what the host scores of
-// its decisions and opens verdict series for.
+// DeclaredKillLabels returns the kill labels and provisional labels of a
+// reaper plugin, what the host scores of its decisions and opens verdict
+// series for: those it declared (Info.KillLabels, Info.ProvisionalLabels),
+// none when its declaration fails CheckDeclared, and for a plugin that
+// declares no kill label (one built before the field) the sdk's built-in
+// ones (KillLabels, ProvisionalLabels) among the labels it declared.
 func DeclaredKillLabels(info Info) (kill, provisional []string) {
 	if CheckDeclared(info) != nil {
 		return nil, nil
 	}
-	return slices.Clone(info.KillLabels), slices.Clone(info.ProvisionalLabels)
+	if len(info.KillLabels) > 0 {
+		return slices.Clone(info.KillLabels), slices.Clone(info.ProvisionalLabels)
+	}
+	declared := func(l string) bool {
+		return slices.Contains(info.MarkReasons, l) || slices.Contains(info.DecisionLabels, l)
+	}
+	for _, l := range KillLabels() {
+		if declared(l) {
+			kill = append(kill, l)
+		}
+	}
+	for _, l := range ProvisionalLabels() {
+		if declared(l) {
+			provisional = append(provisional, l)
+		}
+	}
+	return kill, provisional
 }
 
 // AllowedLabels is the set of labels the host meters and audits a reaper

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/sdk"
@@ -18,10 +19,11 @@ import (
 
 // TestParkedIsKnownByItsInfoAlone: reaper-parked, built from its own
 // module and launched by the host's loader as any reaper is, needs no line
-// of the host: its declaration passes the launch check, and the metrics
-// open the series of every label it declared and the verdict series of its
-// kill label from its Info, while no source of the host, the board or the
-// sdk names one of its labels.
+// of the host: its declaration passes the launch check, the metrics open
+// the series of every label it declared and the verdict series of its kill
+// label from its Info, and the audit scores its kill decisions by it,
+// while no source of the host, the board or the sdk names one of its
+// labels.
 func TestParkedIsKnownByItsInfoAlone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -64,6 +66,18 @@ func TestParkedIsKnownByItsInfoAlone(t *testing.T) {
 	}
 	if !got["reaper_shadow_verdicts_total label="+labelExpired+" reaper=parked verdict="+sdk.VerdictWouldHaveKilledLiveWork] {
 		t.Errorf("no verdict series for its kill label %s", labelExpired)
+	}
+
+	// The audit scores its dry-run kill decisions, and its applied
+	// provisional ones on kube, by its declaration.
+	sc := board.NewScoring(map[string]sdk.Info{"parked": info})
+	a := sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}
+	if !sc.Scored(sdk.Decision{Reaper: "parked", Label: labelExpired, Attempt: a, DryRun: true}) ||
+		!sc.Scored(sdk.Decision{Reaper: "parked", Label: labelExpired, Attempt: a, Applied: true, Evidence: map[string]string{"edition": "kube"}}) {
+		t.Errorf("its %s decisions are not scored", labelExpired)
+	}
+	if sc.Scored(sdk.Decision{Reaper: "parked", Label: labelAlive, Attempt: a, DryRun: true}) {
+		t.Errorf("its %s decisions are scored, though no kill label", labelAlive)
 	}
 
 	// Nothing outside its module names it.
