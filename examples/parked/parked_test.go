@@ -45,12 +45,7 @@ const (
 	failed   = sdk.StateFailed
 )
 
-func noWrites(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.H.Board.Writes(); n != 0 {
-		t.Fatalf("%d writes", n)
-	}
-}
+var noWrites = sdktest.NoWrites[*parked.Reaper]
 
 // expired is an attempt parked a day ago: far past the 6h default.
 func expired(state string) func(b *bundle) sdk.Attempt {

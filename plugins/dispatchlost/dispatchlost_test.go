@@ -26,12 +26,7 @@ const (
 	kube   = ladder.EditionKube
 )
 
-func noActions(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.H.Exec.Actions(); n != 0 {
-		t.Fatalf("%d stops or teardowns", n)
-	}
-}
+var noActions = sdktest.NoActions[*Reaper]
 
 func TestLite(t *testing.T) {
 	t.Parallel()

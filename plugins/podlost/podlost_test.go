@@ -180,12 +180,7 @@ func onLostNode(since time.Time) sdk.AttemptLiveness {
 		Detail: "cached: pod p Running; node not Ready: pod p on node node-7, Ready Unknown since ..."}
 }
 
-func noTeardown(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.H.Exec.Actions(); n != 0 {
-		t.Fatalf("%d teardowns", n)
-	}
-}
+var noTeardown = sdktest.NoActions[*Reaper]
 
 // The floor is applied in the query: 150 attempts inside it never take a
 // page slot from an older one past it.

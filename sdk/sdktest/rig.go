@@ -121,3 +121,19 @@ func (h *Harness) ExpectPinnedToPodUID(t testing.TB, a sdk.Attempt, uid string) 
 		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
 	}
 }
+
+// NoActions is a Rule check: the pass stopped and tore down nothing.
+func NoActions[R sdk.Reaper](t *testing.T, g *Rig[R], _ sdk.Attempt, _ Decisions) {
+	t.Helper()
+	if n := g.H.Exec.Actions(); n != 0 {
+		t.Fatalf("%d stops or teardowns", n)
+	}
+}
+
+// NoWrites is a Rule check: the pass wrote nothing to the board.
+func NoWrites[R sdk.Reaper](t *testing.T, g *Rig[R], _ sdk.Attempt, _ Decisions) {
+	t.Helper()
+	if n := g.H.Board.Writes(); n != 0 {
+		t.Fatalf("%d writes", n)
+	}
+}
