@@ -446,14 +446,6 @@ func TestBrake(t *testing.T) {
 			t.Fatalf("second pass %v", ds.Labels())
 		}
 	})
-	t.Run("PositiveSignalNeverBraked", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, nil)
-		put(b, "gone", 30, sdk.Dead)
-		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
-			t.Fatalf("labels %v", ds.Labels())
-		}
-	})
 	t.Run("WarmAttemptsWithoutAPodOfTheirOwn_SilenceOnlyBraked", func(t *testing.T) {
 		t.Parallel()
 		// A warm attempt reads dead (it has no attempt pod), which says
@@ -470,22 +462,6 @@ func TestBrake(t *testing.T) {
 		}
 		if n := len(b.H.Exec.LivenessCalls()); n != 0 {
 			t.Fatalf("%d liveness reads of warm attempts", n)
-		}
-	})
-	t.Run("LiteMarksNeverBraked", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)})
-		put(b, "dead", 30, sdk.Dead)
-		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
-			t.Fatalf("labels %v", ds.Labels())
-		}
-	})
-	t.Run("BrakeBelowMin_NotEngaged", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, nil)
-		put(b, "alive", 19, sdk.Alive)
-		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 19 {
-			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
 	t.Run("BrakeShareCountsEveryAttemptJudged", func(t *testing.T) {
@@ -505,14 +481,6 @@ func TestBrake(t *testing.T) {
 			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
-	t.Run("BrakeDisabledAtShareOne", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": float64(1)})
-		put(b, "alive", 40, sdk.Alive)
-		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 40 {
-			t.Fatalf("labels %v", ds.Labels())
-		}
-	})
 	t.Run("BrakeConfigured", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": 0.2, "brake_min": float64(5), "brake_max": float64(2)})
@@ -523,6 +491,29 @@ func TestBrake(t *testing.T) {
 			t.Fatalf("labels %v err %v", ds.Labels(), err)
 		}
 	})
+	// Passes that mark every attempt they judge: no brake holds them.
+	for _, tc := range []struct {
+		name    string
+		edition string
+		values  sdk.Values
+		prefix  string
+		n       int
+		state   sdk.Liveness
+	}{
+		{"PositiveSignalNeverBraked", ladder.EditionKube, nil, "gone", 30, sdk.Dead},
+		{"LiteMarksNeverBraked", ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)}, "dead", 30, sdk.Dead},
+		{"BrakeBelowMin_NotEngaged", ladder.EditionKube, nil, "alive", 19, sdk.Alive},
+		{"BrakeDisabledAtShareOne", ladder.EditionKube, sdk.Values{"brake_share": float64(1)}, "alive", 40, sdk.Alive},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.edition, tc.values)
+			put(b, tc.prefix, tc.n, tc.state)
+			if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != tc.n {
+				t.Fatalf("labels %v", ds.Labels())
+			}
+		})
+	}
 }
 
 func TestDryRunWritesNothing(t *testing.T) {
