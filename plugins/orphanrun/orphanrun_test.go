@@ -41,17 +41,10 @@ func TestRules(t *testing.T) {
 	settled := func(b *bundle) sdktest.TaskInstance {
 		return sdktest.TaskInstance{State: sdk.StateSuccess, RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)}
 	}
-	cases := []struct {
-		name    string
-		edition string
-		arrange func(b *bundle) sdk.Attempt
-		want    string // the run's decision labels
-		wantRun string
-		check   func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-	}{
-		{name: "AllSettledAndQuiet_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+	cases := []sdktest.Rule[*Reaper]{
+		{Name: "AllSettledAndQuiet_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateSkipped})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			d := ds.For(a)[0]
 			if !d.Applied || d.Evidence[reap.EvActivityAge] != "30m0s" || d.Evidence[reap.EvThreshold] != "5m0s" || d.Evidence[reap.EvTerm] != "1" {
 				t.Fatalf("decision %+v", d)
@@ -63,124 +56,124 @@ func TestRules(t *testing.T) {
 				t.Fatalf("lite tore down %d", n)
 			}
 		}},
-		{name: "NeverStartedNoneDoesNotKeepRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "NeverStartedNoneDoesNotKeepRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateNone})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "QuietWithinThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "QuietWithinThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: ago(b, 5*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ScheduledKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ScheduledKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateScheduled})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "StaleQueuedKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "StaleQueuedKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateQueued, QueuedAt: ago(b, time.Hour)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "SilentRunningKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "SilentRunningKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateRunning, RunningAt: ago(b, time.Hour), LastHeartbeatAt: ago(b, time.Hour)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedUpForRetry_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedUpForRetry_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForRetry, EndedAt: ago(b, 20*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedUpForReschedule_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedUpForReschedule_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForReschedule, EndedAt: ago(b, 20*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedDeferred_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedDeferred_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateDeferred})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ProvisionalInfraMarkInsideTheValve_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ProvisionalInfraMarkInsideTheValve_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				QueuedAt: ago(b, 20*time.Minute), InfraMarkedAt: ago(b, time.Minute), EndedAt: ago(b, time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ProvisionalInfraMarkPastTheValve_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ProvisionalInfraMarkPastTheValve_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "ReplaceableInfraMark_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "ReplaceableInfraMark_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
 				EndedAt: ago(b, 20*time.Minute), InfraBudget: 3, InfraUsed: 2})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "HeldForReview_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "HeldForReview_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
 				EndedAt: ago(b, 20*time.Minute), Held: true})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ConfirmedInfraMark_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ConfirmedInfraMark_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "ReleasedAtCountsAsActivity", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "ReleasedAtCountsAsActivity", Arrange: func(b *bundle) sdk.Attempt {
 			// Released back to none for another attempt a moment ago: its
 			// per-attempt times are cleared, but the release is activity.
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateNone, Try: 2, ReleasedAt: ago(b, 10*time.Second)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", sdktest.TaskInstance{TaskID: "t", State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
 			b.H.Board.OnReapRun(func(sdk.RunReap) {
 				b.H.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Applied || d.Evidence[reap.EvNoopReason] != sdk.NoopActive {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "FreshActivityBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "FreshActivityBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
 			b.H.Board.OnReapRun(func(sdk.RunReap) {
 				b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.H.Now()})
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
-		{name: "RowsLockedByAnotherWriter_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning},
+		{Name: "RowsLockedByAnotherWriter_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
 			b.H.Board.LockRun("r", true)
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopLocked {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "FinalizedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "FinalizedBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
 			b.H.Board.OnReapRun(func(sdk.RunReap) {
 				b.H.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunSuccess},
-		{name: "DeposedTerm_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunSuccess},
+		{Name: "DeposedTerm_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			b.H.Board.SetTerm(9)
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
-		{name: "AttachedAttemptsInEvidence", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning},
+		{Name: "AttachedAttemptsInEvidence", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvAttached] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "KubeTearsDownEveryExecutionOfTheRun", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeTearsDownEveryExecutionOfTheRun", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 			if td := b.H.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
 				t.Fatalf("teardowns %+v", td)
 			}
 		}},
-		{name: "KubeNoopNeverTearsDown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeNoopNeverTearsDown", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
 			b.H.Board.LockRun("r", true)
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 			if n := b.H.Exec.Actions(); n != 0 {
 				t.Fatalf("%d teardowns", n)
 			}
 		}},
-		{name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			b.H.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvTeardown], "apiserver unavailable") {
 				t.Fatalf("decision %+v", d)
 			}
@@ -188,33 +181,13 @@ func TestRules(t *testing.T) {
 				t.Fatalf("delete error decision %+v", d)
 			}
 		}},
-		{name: "KubeDeleteFallback_Recorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeDeleteFallback_Recorded", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			b.H.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
 				{Object: "pod/b", Action: sdk.TeardownSkipTerminal}}, nil)
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, wantRun: sdk.RunFailed},
+		}, Want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, WantRun: sdk.RunFailed},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			edition := tc.edition
-			if edition == "" {
-				edition = ladder.EditionLite
-			}
-			b := setup(t, edition, nil)
-			a := tc.arrange(b)
-			ds := b.Reap(t)
-			if got := ds.Label(a); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all %+v)", got, tc.want, ds)
-			}
-			if r, _ := b.H.Board.Run(a.RunID); r.State != tc.wantRun {
-				t.Fatalf("run state %q, want %q", r.State, tc.wantRun)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+	sdktest.RunRules(t, setup, cases)
 }
 
 // A scheduler crash mid-tick leaves a run's task queued: dispatch-lost

@@ -58,7 +58,11 @@ type Rule[R sdk.Reaper] struct {
 	// recorded).
 	Want      string
 	WantState string
-	Check     func(t *testing.T, g *Rig[R], a sdk.Attempt, ds Decisions)
+	// WantRun, for a rule about a run (Arrange returns an Attempt with
+	// only its RunID), is the run's state after the pass, checked instead
+	// of WantState.
+	WantRun string
+	Check   func(t *testing.T, g *Rig[R], a sdk.Attempt, ds Decisions)
 }
 
 // RunRules runs each rule as a parallel subtest, each on a rig of its own
@@ -79,7 +83,11 @@ func RunRules[R sdk.Reaper](t *testing.T, setup func(t testing.TB, edition strin
 			if got := ds.Label(a); got != tc.Want {
 				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.Want, ds)
 			}
-			if got := g.H.Board.Row(a).State; got != tc.WantState {
+			if tc.WantRun != "" {
+				if r, _ := g.H.Board.Run(a.RunID); r.State != tc.WantRun {
+					t.Fatalf("run state %q, want %q", r.State, tc.WantRun)
+				}
+			} else if got := g.H.Board.Row(a).State; got != tc.WantState {
 				t.Fatalf("row state %q, want %q", got, tc.WantState)
 			}
 			if tc.Check != nil {
