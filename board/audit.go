@@ -60,7 +60,7 @@ func (s *Store) RecordDecisions(ctx context.Context, term int64, at time.Time, d
 			return fmt.Errorf("board: record decisions: decision %d has no label", i)
 		}
 	}
-	src := &auditCopy{at: pgTime(at), term: term, holder: safeText(s.observer, FieldName, s.holder), ds: ds, packer: s.packer, obs: s.observer,
+	src := &auditCopy{at: pgTime(at), term: term, holder: safeText(s.observer, FieldName, s.holder), ds: ds, packer: s.packer, obs: s.observer, scoring: s.scoring,
 		// auditCopyBuffer, and room for the row that crosses it; an
 		// agentlost decision's evidence packs into about 300 bytes.
 		buf: make([]byte, 0, auditCopyBuffer+4<<10), ev: make([]byte, 0, 512)}
@@ -119,20 +119,21 @@ func (s *Store) copyOneByOne(ctx context.Context, src *auditCopy, start, end int
 // which Read holds) makes sure that nothing reads the decisions once
 // RecordDecisions has returned.
 type auditCopy struct {
-	mu     sync.Mutex
-	closed bool
-	at     int64 // the time (pgTime), the term and the holder, the same in every row
-	term   int64
-	holder string // "": NULL
-	ds     []sdk.Decision
-	packer evidencePacker
-	obs    Observer // told of text made safe
-	ev     []byte   // the evidence of the row being encoded
-	buf    []byte   // encoded and not read yet: buf[off:]
-	off    int
-	next   int // the next row to encode
-	end    int
-	header bool // the header is written
+	mu      sync.Mutex
+	closed  bool
+	at      int64 // the time (pgTime), the term and the holder, the same in every row
+	term    int64
+	holder  string // "": NULL
+	ds      []sdk.Decision
+	packer  evidencePacker
+	obs     Observer // told of text made safe
+	scoring Scoring  // which rows are scored
+	ev      []byte   // the evidence of the row being encoded
+	buf     []byte   // encoded and not read yet: buf[off:]
+	off     int
+	next    int // the next row to encode
+	end     int
+	header  bool // the header is written
 }
 
 // reset makes the copy that of ds[start:end].
@@ -218,7 +219,7 @@ func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
 	buf = appendBool(buf, d.DryRun)
 	buf = appendBytes(buf, safeText(c.obs, FieldDetail, d.Detail))
 	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
-	buf = appendBool(buf, Scored(*d))
+	buf = appendBool(buf, c.scoring.Scored(*d))
 	if c.holder == "" {
 		return appendNull(buf)
 	}

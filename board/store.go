@@ -48,6 +48,10 @@ type Options struct {
 	// Observer hears of tenants' text made safe and of a batch's rows
 	// refused alone (log and meter them); nil: no one.
 	Observer Observer
+	// Scoring says which audited decisions the leader scores
+	// (reap_decisions.scored): NewScoring of the configured reapers; the
+	// zero Scoring goes by the sdk's built-in lists.
+	Scoring Scoring
 }
 
 // Store is the board over a PostgreSQL pool. It is safe for concurrent use.
@@ -59,6 +63,7 @@ type Store struct {
 	ceiling  time.Duration
 	packer   evidencePacker // the audit's evidence encoder (read only)
 	observer Observer
+	scoring  Scoring // read only
 }
 
 var _ sdk.Board = (*Store)(nil)
@@ -72,7 +77,7 @@ func New(pool *pgxpool.Pool, opts Options) *Store {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
 	return &Store{pool: pool, leader: opts.LeaderName, holder: opts.Holder, timeout: opts.QueryTimeout, ceiling: opts.CredentialCeiling,
-		packer: newEvidencePacker(), observer: opts.Observer}
+		packer: newEvidencePacker(), observer: opts.Observer, scoring: opts.Scoring}
 }
 
 // leaderRow is the condition that picks the board's leader row for a

@@ -34,26 +34,57 @@ func unscoredSQL(alias string) string {
 	return alias + ".verdict IS NULL AND " + alias + ".scored"
 }
 
+// Scoring says which decisions the leader scores: by the reaper a
+// decision is filed under, the kill and provisional labels that reaper's
+// plugin declared (sdk.DeclaredKillLabels). The zero Scoring goes by the
+// sdk's built-in lists (sdk.KillLabels, sdk.ProvisionalLabels) whatever
+// the reaper: the in-tree reapers' declarations together.
+type Scoring struct {
+	reapers map[string]scoredLabels // nil: the built-in lists
+}
+
+type scoredLabels struct{ kill, provisional []string }
+
+// NewScoring returns the scoring of the reapers configured, each by the
+// name it is configured under and its plugin's Info. A decision of any
+// other name (the gate, the host, a runner, the operator) is not scored.
+func NewScoring(reapers map[string]sdk.Info) Scoring {
+	sc := Scoring{reapers: map[string]scoredLabels{}}
+	for name, info := range reapers {
+		kill, provisional := sdk.DeclaredKillLabels(info)
+		sc.reapers[name] = scoredLabels{kill: kill, provisional: provisional}
+	}
+	return sc
+}
+
 // Scored reports whether a decision is one the leader scores, which the
 // audit writes beside it (reap_decisions.scored, migration 014): a dry-run
-// decision that would have failed an attempt (sdk.KillLabels), and an
-// applied infra mark whose truth can still arrive (sdk.ProvisionalLabels):
+// decision that would have failed an attempt (a kill label), and an
+// applied infra mark whose truth can still arrive (a provisional label):
 // held for review, or made on kube, where the mark stays provisional and a
 // durable SUCCESS may override it. A Lite mark is confirmed as it is made,
 // on the substrate's positive word that the attempt is dead: nothing can
 // come back to judge it by.
-func Scored(d sdk.Decision) bool {
+func (sc Scoring) Scored(d sdk.Decision) bool {
+	kill, provisional := sdk.KillLabels(), sdk.ProvisionalLabels()
+	if sc.reapers != nil {
+		r := sc.reapers[d.Reaper]
+		kill, provisional = r.kill, r.provisional
+	}
 	switch {
 	case d.Attempt.TaskID == "":
 		return false
 	case d.DryRun:
-		return slices.Contains(sdk.KillLabels(), d.Label)
+		return slices.Contains(kill, d.Label)
 	case d.Applied:
-		return slices.Contains(sdk.ProvisionalLabels(), d.Label) &&
+		return slices.Contains(provisional, d.Label) &&
 			(d.Evidence["policy"] == "hold" || d.Evidence["edition"] == "kube")
 	}
 	return false
 }
+
+// Scored is the zero Scoring's Scored: by the sdk's built-in lists.
+func Scored(d sdk.Decision) bool { return Scoring{}.Scored(d) }
 
 // UnscoredPredicate is the predicate of reap_decisions_unscored_idx as the
 // board builds it, unqualified (for the test that compares it with the

@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,6 +58,32 @@ func TestInTreeReapersDeclareEveryLabelTheirCodeNames(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The in-tree reapers' declared kill and provisional labels (sdk.Info)
+// are, together, the sdk's built-in lists (sdk.KillLabels,
+// sdk.ProvisionalLabels), which stand for a plugin that declares none.
+func TestInTreeKillLabelsAreTheBuiltInLists(t *testing.T) {
+	t.Parallel()
+	var kill, provisional []string
+	for _, r := range []sdk.Reaper{agentlost.New(nil), dispatchlost.New(nil), orphanrun.New(nil), podlost.New(nil), warmworker.New(nil)} {
+		info, err := r.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, p := sdk.DeclaredKillLabels(info)
+		kill, provisional = append(kill, k...), append(provisional, p...)
+	}
+	for _, c := range []struct {
+		what         string
+		got, builtIn []string
+	}{{"kill", kill, sdk.KillLabels()}, {"provisional", provisional, sdk.ProvisionalLabels()}} {
+		slices.Sort(c.got)
+		want := slices.Sorted(slices.Values(c.builtIn))
+		if !slices.Equal(c.got, want) {
+			t.Errorf("%s labels declared %v, built in %v", c.what, c.got, want)
+		}
 	}
 }
 

@@ -31,6 +31,10 @@ func TestDeclaredLabels(t *testing.T) {
 		{"ALongWordIsRefused", sdk.Info{DecisionLabels: []string{strings.Repeat("a", 65)}}, "no label"},
 		{"AnEmptyWordIsRefused", sdk.Info{DecisionLabels: []string{""}}, "no label"},
 		{"TooManyAreRefused", sdk.Info{DecisionLabels: many}, "more than"},
+		{"KillLabelsAmongTheDeclaredAreAccepted", sdk.Info{MarkReasons: []string{"parked_expired"}, DecisionLabels: []string{"parked_orphan_stopped"},
+			KillLabels: []string{"parked_expired", "parked_orphan_stopped"}, ProvisionalLabels: []string{"parked_expired"}}, ""},
+		{"AnUndeclaredKillLabelIsRefused", sdk.Info{MarkReasons: []string{"parked_expired"}, KillLabels: []string{"parked_lost"}}, "none of its mark reasons"},
+		{"AProvisionalLabelNoKillLabelIsRefused", sdk.Info{MarkReasons: []string{"parked_expired"}, ProvisionalLabels: []string{"parked_expired"}}, "none of its kill labels"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -52,6 +56,36 @@ func TestDeclaredLabels(t *testing.T) {
 			}
 			if len(allowed) != len(sdk.CommonLabels())+len(declared) && err == nil {
 				t.Fatalf("allowed %v: more than the declaration and the common labels", allowed)
+			}
+		})
+	}
+}
+
+// A plugin's kill labels are what it declared; one that declares none (built
+// before the field) keeps the sdk's built-in ones among its labels, and a
+// declaration the launch check refuses yields none.
+func TestDeclaredKillLabels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name              string
+		info              sdk.Info
+		kill, provisional string
+	}{
+		{"Declared", sdk.Info{MarkReasons: []string{"parked_expired"}, DecisionLabels: []string{sdk.LabelAgentLost},
+			KillLabels: []string{"parked_expired"}}, "parked_expired", ""},
+		{"NoneDeclared_TheBuiltInOnesAmongItsLabels", sdk.Info{MarkReasons: []string{sdk.LabelAgentLost, "parked_expired"},
+			DecisionLabels: []string{sdk.LabelCredentialCeiling}},
+			sdk.LabelAgentLost + "," + sdk.LabelCredentialCeiling, sdk.LabelAgentLost},
+		{"Refused", sdk.Info{MarkReasons: []string{"parked_expired"}, KillLabels: []string{"parked_lost"}}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kill, provisional := sdk.DeclaredKillLabels(tc.info)
+			if got := strings.Join(kill, ","); got != tc.kill {
+				t.Errorf("kill labels %q, want %q", got, tc.kill)
+			}
+			if got := strings.Join(provisional, ","); got != tc.provisional {
+				t.Errorf("provisional labels %q, want %q", got, tc.provisional)
 			}
 		})
 	}

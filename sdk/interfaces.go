@@ -31,6 +31,20 @@ type Info struct {
 	// Protocol v1 addition: a plugin built before it declares none, and
 	// may record only CommonLabels and its MarkReasons.
 	DecisionLabels []string
+	// KillLabels are those of its MarkReasons and DecisionLabels whose
+	// decision fails an attempt (in a dry run, what it would have done):
+	// the host scores such a dry-run decision against what became of the
+	// attempt (reaper_shadow_verdicts_total, reaperctl shadow) and opens
+	// the reaper's would_have_killed_live_work series for each ahead of
+	// its first verdict. Protocol v1 addition, like DecisionLabels: a
+	// plugin that declares none keeps the sdk's built-in kill labels among
+	// its declared ones (DeclaredKillLabels).
+	KillLabels []string
+	// ProvisionalLabels are those of its KillLabels whose mark is an
+	// infra mark, which stays provisional on kube until the reconciler
+	// confirms it and which a durable SUCCESS may still override: the
+	// host scores an applied one too (under policy = "hold", or on kube).
+	ProvisionalLabels []string
 }
 
 // ConfigureRequest carries a plugin's decoded configuration block.

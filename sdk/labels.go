@@ -395,8 +395,9 @@ func LabelWord(s string) bool {
 
 // CheckDeclared checks a reaper plugin's declaration (Info.DecisionLabels
 // and Info.MarkReasons): at most MaxDeclaredLabels words (LabelWord), none
-// of them a host's label (HostLabels). The host refuses to launch a plugin
-// whose declaration fails it.
+// of them a host's label (HostLabels); its KillLabels among them, and its
+// ProvisionalLabels among its KillLabels. The host refuses to launch a
+// plugin whose declaration fails it.
 func CheckDeclared(info Info) error {
 	if n := len(info.DecisionLabels) + len(info.MarkReasons); n > MaxDeclaredLabels {
 		return fmt.Errorf("declares %d decision labels and mark reasons, more than %d", n, MaxDeclaredLabels)
@@ -410,7 +411,46 @@ func CheckDeclared(info Info) error {
 			return fmt.Errorf("declares %q, a label only the host records", l)
 		}
 	}
+	for _, l := range info.KillLabels {
+		if !slices.Contains(info.MarkReasons, l) && !slices.Contains(info.DecisionLabels, l) {
+			return fmt.Errorf("declares %.80q a kill label, which is none of its mark reasons and decision labels", l)
+		}
+	}
+	for _, l := range info.ProvisionalLabels {
+		if !slices.Contains(info.KillLabels, l) {
+			return fmt.Errorf("declares %.80q a provisional label, which is none of its kill labels", l)
+		}
+	}
 	return nil
+}
+
+// DeclaredKillLabels returns the kill labels and provisional labels of a
+// reaper plugin, what the host scores of its decisions and opens verdict
+// series for: those it declared (Info.KillLabels, Info.ProvisionalLabels),
+// none when its declaration fails CheckDeclared, and for a plugin that
+// declares no kill label (one built before the field) the sdk's built-in
+// ones (KillLabels, ProvisionalLabels) among the labels it declared.
+func DeclaredKillLabels(info Info) (kill, provisional []string) {
+	if CheckDeclared(info) != nil {
+		return nil, nil
+	}
+	if len(info.KillLabels) > 0 {
+		return slices.Clone(info.KillLabels), slices.Clone(info.ProvisionalLabels)
+	}
+	declared := func(l string) bool {
+		return slices.Contains(info.MarkReasons, l) || slices.Contains(info.DecisionLabels, l)
+	}
+	for _, l := range KillLabels() {
+		if declared(l) {
+			kill = append(kill, l)
+		}
+	}
+	for _, l := range ProvisionalLabels() {
+		if declared(l) {
+			provisional = append(provisional, l)
+		}
+	}
+	return kill, provisional
 }
 
 // AllowedLabels is the set of labels the host meters and audits a reaper

@@ -121,7 +121,11 @@ func New(logger hclog.Logger) *Reaper {
 		MarkReasons: []string{LabelExpired},
 		// Every other label its decisions carry: the host takes a
 		// decision only under a label its plugin declared.
-		DecisionLabels: []string{LabelProcessAlive, LabelQueryError}})}
+		DecisionLabels: []string{LabelProcessAlive, LabelQueryError},
+		// Of those, the one that fails an attempt (an infra mark, which a
+		// durable SUCCESS may still override): the host scores it in the
+		// shadow and opens its verdict series.
+		KillLabels: []string{LabelExpired}, ProvisionalLabels: []string{LabelExpired}})}
 }
 
 // WithStopwatch makes the reaper measure its pass against the phase budget

@@ -21,36 +21,20 @@ import (
 // scripted reads dead) and a fake clock. Nothing sleeps: rows are placed
 // where a rule needs them relative to the harness's clock.
 
-type bundle struct {
-	h *sdktest.Harness
-	r *parked.Reaper
-}
+type bundle = sdktest.Rig[*parked.Reaper]
 
 func setup(t testing.TB, edition string, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(edition)
+	b := sdktest.NewRig(t, edition, parked.New(nil), values)
 	// The stopwatch is the harness's fake clock: pages take no time, so a
 	// pass drains as far as its page bound allows, the same on every run.
-	r := parked.New(nil).WithStopwatch(h.Clock)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
+	b.R.WithStopwatch(b.H.Clock)
+	return b
 }
 
 // park puts an attempt of runID/taskID parked in state since parkedFor ago.
-func (b *bundle) park(runID, taskID, state string, parkedFor time.Duration) sdk.Attempt {
-	now := b.h.Now()
-	return b.h.Board.Put(sdktest.TaskInstance{RunID: runID, TaskID: taskID, State: state,
+func park(b *bundle, runID, taskID, state string, parkedFor time.Duration) sdk.Attempt {
+	now := b.H.Now()
+	return b.H.Board.Put(sdktest.TaskInstance{RunID: runID, TaskID: taskID, State: state,
 		QueuedAt: now.Add(-parkedFor - 2*time.Minute), RunningAt: now.Add(-parkedFor - time.Minute),
 		EndedAt: now.Add(-parkedFor)})
 }
@@ -61,144 +45,101 @@ const (
 	failed   = sdk.StateFailed
 )
 
-type ruleCase struct {
-	name      string
-	edition   string
-	values    sdk.Values
-	arrange   func(b *bundle) sdk.Attempt
-	want      string // the labels of the decisions about the attempt
-	wantState string
-	check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-}
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			edition := tc.edition
-			if edition == "" {
-				edition = ladder.EditionLite
-			}
-			b := setup(t, edition, tc.values)
-			a := tc.arrange(b)
-			ds := b.reap(t)
-			if got := ds.Label(a); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
-			}
-			if got := b.h.Board.Row(a).State; got != tc.wantState {
-				t.Fatalf("row state %q, want %q", got, tc.wantState)
-			}
-			if n := b.h.Exec.Actions(); n != 0 {
-				t.Fatalf("%d stops or teardowns: this reaper never stops anything", n)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
-}
-
-func noWrites(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.h.Board.Writes(); n != 0 {
-		t.Fatalf("%d writes", n)
-	}
-}
+var noWrites = sdktest.NoWrites[*parked.Reaper]
 
 // expired is an attempt parked a day ago: far past the 6h default.
 func expired(state string) func(b *bundle) sdk.Attempt {
-	return func(b *bundle) sdk.Attempt { return b.park("r", "t", state, 24*time.Hour) }
+	return func(b *bundle) sdk.Attempt { return park(b, "r", "t", state, 24*time.Hour) }
 }
 
 func TestGates(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
-		{name: "FreshParkedAttempt_LeftAlone", arrange: func(b *bundle) sdk.Attempt {
-			return b.park("r", "t", resched, 5*time.Hour)
-		}, want: "", wantState: resched, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+	sdktest.RunRules(t, setup, []sdktest.Rule[*parked.Reaper]{
+		{Name: "FreshParkedAttempt_LeftAlone", Arrange: func(b *bundle) sdk.Attempt {
+			return park(b, "r", "t", resched, 5*time.Hour)
+		}, Want: "", WantState: resched, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			noWrites(t, b, a, ds)
 			// The TTL is applied in the listing: the substrate is not even
 			// asked about an attempt inside it.
-			if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+			if n := len(b.H.Exec.LivenessCalls()); n != 0 {
 				t.Fatalf("%d liveness calls", n)
 			}
 		}},
-		{name: "ParkedExactlyAtTTL_LeftAlone", arrange: func(b *bundle) sdk.Attempt {
-			return b.park("r", "t", deferred, parked.TTLDefault)
-		}, want: "", wantState: deferred, check: noWrites},
-		{name: "StaleAndAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "ParkedExactlyAtTTL_LeftAlone", Arrange: func(b *bundle) sdk.Attempt {
+			return park(b, "r", "t", deferred, parked.TTLDefault)
+		}, Want: "", WantState: deferred, Check: noWrites},
+		{Name: "StaleAndAlive_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(resched)(b)
-			b.h.Exec.Alive(a)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: parked.LabelProcessAlive, wantState: resched, check: noWrites},
-		{name: "StaleAndOrphanedGroupAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: parked.LabelProcessAlive, WantState: resched, Check: noWrites},
+		{Name: "StaleAndOrphanedGroupAlive_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(deferred)(b)
-			b.h.Exec.Orphaned(a) // agent dead, its task group alive: not dead
+			b.H.Exec.Orphaned(a) // agent dead, its task group alive: not dead
 			return a
-		}, want: parked.LabelProcessAlive, wantState: deferred, check: noWrites},
-		{name: "StaleAndUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: parked.LabelProcessAlive, WantState: deferred, Check: noWrites},
+		{Name: "StaleAndUnknown_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(deferred)(b)
-			b.h.Exec.Unknown(a, "signal 0: EPERM")
+			b.H.Exec.Unknown(a, "signal 0: EPERM")
 			return a
-		}, want: parked.LabelQueryError, wantState: deferred, check: noWrites},
-		{name: "StaleAndLivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("record directory is a symlink"))
+		}, Want: parked.LabelQueryError, WantState: deferred, Check: noWrites},
+		{Name: "StaleAndLivenessCallFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("record directory is a symlink"))
 			return expired(resched)(b)
-		}, want: parked.LabelQueryError, wantState: resched, check: noWrites},
-		{name: "StaleAndDead_UpForReschedule_MarkedGuardedProvisionally", arrange: expired(resched),
-			want: parked.LabelExpired, wantState: failed, check: checkMarked(resched, false)},
-		{name: "StaleAndDead_Deferred_MarkedGuardedProvisionally", arrange: expired(deferred),
-			want: parked.LabelExpired, wantState: failed, check: checkMarked(deferred, false)},
-		{name: "LaterEpoch_MarkPinnedToIt", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: parked.LabelQueryError, WantState: resched, Check: noWrites},
+		{Name: "StaleAndDead_UpForReschedule_MarkedGuardedProvisionally", Arrange: expired(resched),
+			Want: parked.LabelExpired, WantState: failed, Check: checkMarked(resched, false)},
+		{Name: "StaleAndDead_Deferred_MarkedGuardedProvisionally", Arrange: expired(deferred),
+			Want: parked.LabelExpired, WantState: failed, Check: checkMarked(deferred, false)},
+		{Name: "LaterEpoch_MarkPinnedToIt", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(resched)(b)
-			b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.Try, ti.Epoch = 2, 7 })
+			b.H.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.Try, ti.Epoch = 2, 7 })
 			return sdk.Attempt{RunID: a.RunID, TaskID: a.TaskID, Try: 2, Epoch: 7}
-		}, want: parked.LabelExpired, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-			if m := b.h.Board.Marks()[0]; m.Try != 2 || m.Epoch != 7 {
+		}, Want: parked.LabelExpired, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			if m := b.H.Board.Marks()[0]; m.Try != 2 || m.Epoch != 7 {
 				t.Fatalf("mark %+v not pinned to try 2 epoch 7", m)
 			}
 		}},
-		{name: "MovedOnBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "MovedOnBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(resched)(b)
 			// The scheduler pokes it again between the listing and the mark:
 			// a new epoch, back to none.
-			b.h.Board.OnMark(func(m sdk.Mark) {
-				b.h.Board.Replace(m.RunID, m.TaskID, false, sdk.StateNone, b.h.Now())
+			b.H.Board.OnMark(func(m sdk.Mark) {
+				b.H.Board.Replace(m.RunID, m.TaskID, false, sdk.StateNone, b.H.Now())
 			})
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: sdk.StateNone, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelMarkNoop, WantState: sdk.StateNone, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			d := ds.For(a)[0]
 			if d.Applied || d.Evidence[reap.EvNoopReason] != sdk.NoopMovedOn {
 				t.Fatalf("decision %+v", d)
 			}
-			if row := b.h.Board.Row(a); row.Epoch != a.Epoch+1 || row.MarkReason != "" {
+			if row := b.H.Board.Row(a); row.Epoch != a.Epoch+1 || row.MarkReason != "" {
 				t.Fatalf("the new attempt was touched: %+v", row)
 			}
 		}},
-		{name: "DeposedBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "DeposedBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
 			a := expired(deferred)(b)
-			b.h.Board.OnMark(func(sdk.Mark) { b.h.Board.SetTerm(2) })
+			b.H.Board.OnMark(func(sdk.Mark) { b.H.Board.SetTerm(2) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: deferred, check: func(t *testing.T, _ *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelMarkNoop, WantState: deferred, Check: func(t *testing.T, _ *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if r := ds.For(a)[0].Evidence[reap.EvNoopReason]; r != sdk.NoopDeposed {
 				t.Fatalf("noop reason %q", r)
 			}
 		}},
-		{name: "HoldPolicy_Holds", values: sdk.Values{"policy": "hold"}, arrange: expired(deferred),
-			want: parked.LabelExpired, wantState: failed, check: checkMarked(deferred, true)},
-		{name: "UpForRetry_NotThisReapersCase", arrange: expired(sdk.StateUpForRetry),
-			want: "", wantState: sdk.StateUpForRetry, check: noWrites},
-		{name: "ShorterTTL_Configured", values: sdk.Values{"ttl": "30m"}, arrange: func(b *bundle) sdk.Attempt {
-			return b.park("r", "t", deferred, 31*time.Minute)
-		}, want: parked.LabelExpired, wantState: failed},
-		{name: "Kube_ReadsLiveAndMarksProvisionally", edition: ladder.EditionKube, arrange: expired(resched),
-			want: parked.LabelExpired, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-				calls := b.h.Exec.LivenessCalls()
+		{Name: "HoldPolicy_Holds", Values: sdk.Values{"policy": "hold"}, Arrange: expired(deferred),
+			Want: parked.LabelExpired, WantState: failed, Check: checkMarked(deferred, true)},
+		{Name: "UpForRetry_NotThisReapersCase", Arrange: expired(sdk.StateUpForRetry),
+			Want: "", WantState: sdk.StateUpForRetry, Check: noWrites},
+		{Name: "ShorterTTL_Configured", Values: sdk.Values{"ttl": "30m"}, Arrange: func(b *bundle) sdk.Attempt {
+			return park(b, "r", "t", deferred, 31*time.Minute)
+		}, Want: parked.LabelExpired, WantState: failed},
+		{Name: "Kube_ReadsLiveAndMarksProvisionally", Edition: ladder.EditionKube, Arrange: expired(resched),
+			Want: parked.LabelExpired, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				calls := b.H.Exec.LivenessCalls()
 				if len(calls) != 1 || !calls[0].Live {
 					t.Fatalf("liveness calls %+v: want one authoritative read", calls)
 				}
-				if row := b.h.Board.Row(a); !row.InfraConfirmedAt.IsZero() || row.LastFailureKind != sdk.FailureInfra {
+				if row := b.H.Board.Row(a); !row.InfraConfirmedAt.IsZero() || row.LastFailureKind != sdk.FailureInfra {
 					t.Fatalf("kube mark must stay provisional for the reconciler: %+v", row)
 				}
 			}},
@@ -213,16 +154,16 @@ func TestGates(t *testing.T) {
 func checkMarked(from string, held bool) func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 	return func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 		t.Helper()
-		marks := b.h.Board.Marks()
+		marks := b.H.Board.Marks()
 		if len(marks) != 1 {
 			t.Fatalf("%d marks", len(marks))
 		}
 		m := marks[0]
 		if m.Attempt != a || len(m.FromStates) != 1 || m.FromStates[0] != from || m.Kind != sdk.MarkInfra ||
-			m.Reason != parked.LabelExpired || m.Confirm || m.Hold != held || m.Term != b.h.Term || !m.At.Equal(b.h.Now()) {
+			m.Reason != parked.LabelExpired || m.Confirm || m.Hold != held || m.Term != b.H.Term || !m.At.Equal(b.H.Now()) {
 			t.Fatalf("mark %+v", m)
 		}
-		row := b.h.Board.Row(a)
+		row := b.H.Board.Row(a)
 		if row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() || row.Held != held ||
 			!strings.HasPrefix(row.ErrorMessage, parked.LabelExpired+": ") {
 			t.Fatalf("row %+v", row)
@@ -238,16 +179,16 @@ func checkMarked(from string, held bool) func(t *testing.T, b *bundle, a sdk.Att
 func TestDryRun_WritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, nil)
-	b.h.DryRun = true
+	b.H.DryRun = true
 	a := expired(deferred)(b)
-	ds := b.reap(t)
+	ds := b.Reap(t)
 	if d := ds.For(a); len(d) != 1 || d[0].Label != parked.LabelExpired || d[0].Applied || !d[0].DryRun {
 		t.Fatalf("decisions %+v", d)
 	}
-	if n := b.h.Board.Writes(); n != 0 {
+	if n := b.H.Board.Writes(); n != 0 {
 		t.Fatalf("a dry run wrote %d times", n)
 	}
-	if row := b.h.Board.Row(a); row.State != deferred {
+	if row := b.H.Board.Row(a); row.State != deferred {
 		t.Fatalf("row %+v", row)
 	}
 }
@@ -259,20 +200,20 @@ func TestMassExpiry_EveryPositiveDeathMarked_NeverBraked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, nil)
 	for i := range 450 {
-		b.park(fmt.Sprintf("r%03d", i), "t", deferred, 24*time.Hour+time.Duration(i)*time.Second)
+		park(b, fmt.Sprintf("r%03d", i), "t", deferred, 24*time.Hour+time.Duration(i)*time.Second)
 	}
-	ds := b.reap(t)
+	ds := b.Reap(t)
 	if n := ds.Count(parked.LabelExpired); n != 450 || len(ds.Applied()) != 450 {
 		t.Fatalf("%d parked_expired, %d applied, want 450 (labels %v)", n, len(ds.Applied()), countLabels(ds))
 	}
 	if n := ds.Count(sdk.LabelBrakeEngaged); n != 0 {
 		t.Fatalf("the brake engaged %d times", n)
 	}
-	if b.h.StateOf(parked.Name) != nil {
-		t.Fatalf("an exhausted listing kept a cursor: %s", b.h.StateOf(parked.Name))
+	if b.H.StateOf(parked.Name) != nil {
+		t.Fatalf("an exhausted listing kept a cursor: %s", b.H.StateOf(parked.Name))
 	}
 	// Settled: the next pass finds nothing.
-	if ds := b.reap(t); len(ds) != 0 {
+	if ds := b.Reap(t); len(ds) != 0 {
 		t.Fatalf("second pass: %v", countLabels(ds))
 	}
 }
@@ -284,16 +225,16 @@ func TestMassExpiry_EveryPositiveDeathMarked_NeverBraked(t *testing.T) {
 func TestDrain_CursorKeptBetweenPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": 1.0})
-	b.h.Exec.SetDefault(sdk.Alive)
+	b.H.Exec.SetDefault(sdk.Alive)
 	for i := range 250 {
 		// r000 parked longest ago: the oldest.
-		b.park(fmt.Sprintf("r%03d", i), "t", resched, 48*time.Hour-time.Duration(i)*time.Second)
+		park(b, fmt.Sprintf("r%03d", i), "t", resched, 48*time.Hour-time.Duration(i)*time.Second)
 	}
 	for pass, want := range []struct {
 		n           int
 		first, last string
 	}{{100, "r000", "r099"}, {100, "r100", "r199"}, {50, "r200", "r249"}, {100, "r000", "r099"}} {
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if len(ds) != want.n || ds[0].Attempt.RunID != want.first || ds[len(ds)-1].Attempt.RunID != want.last {
 			t.Fatalf("pass %d: %d decisions from %s to %s, want %d from %s to %s", pass+1, len(ds),
 				ds[0].Attempt.RunID, ds[len(ds)-1].Attempt.RunID, want.n, want.first, want.last)
@@ -302,7 +243,7 @@ func TestDrain_CursorKeptBetweenPasses(t *testing.T) {
 			t.Fatalf("pass %d: %v", pass+1, countLabels(ds))
 		}
 	}
-	if n := b.h.Board.Writes(); n != 0 {
+	if n := b.H.Board.Writes(); n != 0 {
 		t.Fatalf("%d writes on attempts that are alive", n)
 	}
 }
@@ -311,13 +252,13 @@ func TestBoardError_EndsThePassAndKeepsTheCursor(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, nil)
 	expired(deferred)(b)
-	b.h.SetState(parked.Name, []byte(`{"v":1,"cursors":{"parked":{"at":"2030-01-01T00:00:00Z","run":"a","task":"b"}}}`))
-	b.h.Board.Fail(sdktest.OpListCandidates, errors.New("connection reset"))
-	if _, err := b.h.Reap(context.Background(), b.r); err == nil || !strings.Contains(err.Error(), "connection reset") {
+	b.H.SetState(parked.Name, []byte(`{"v":1,"cursors":{"parked":{"at":"2030-01-01T00:00:00Z","run":"a","task":"b"}}}`))
+	b.H.Board.Fail(sdktest.OpListCandidates, errors.New("connection reset"))
+	if _, err := b.H.Reap(context.Background(), b.R); err == nil || !strings.Contains(err.Error(), "connection reset") {
 		t.Fatalf("err %v", err)
 	}
-	if !strings.Contains(string(b.h.Last.State), `"run":"a"`) {
-		t.Fatalf("the failing page's cursor was lost: %s", b.h.Last.State)
+	if !strings.Contains(string(b.H.Last.State), `"run":"a"`) {
+		t.Fatalf("the failing page's cursor was lost: %s", b.H.Last.State)
 	}
 }
 

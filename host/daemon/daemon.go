@@ -138,9 +138,6 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.gate = &schemaGate{pool: d.pool, clock: opts.Clock, log: d.log.Named("schema"),
 		maxRetry: cmp.Or(cfg.Leader.Renew, cfg.Leader.Lease/leader.RenewShareDefault)}
-	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling, Holder: opts.Holder,
-		Observer: d.boardObserver()})
-
 	ld, err := d.openLoader()
 	if err != nil {
 		return err
@@ -151,10 +148,17 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	sub := d.supervise(ld, set.Substrate)
 	var reapers []cycle.Reaper
+	declared := map[string]sdk.Info{}
 	for _, h := range set.Reapers {
+		d.metrics.DeclareReaper(h.Block.Name, h.Info)
+		declared[h.Block.Name] = h.Info
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
 			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
+	// The store is opened once the reapers have declared what of theirs
+	// the leader scores.
+	d.store = board.New(d.pool, board.Options{CredentialCeiling: cfg.Ladder.CredentialCeiling, Holder: opts.Holder,
+		Observer: d.boardObserver(), Scoring: board.NewScoring(declared)})
 
 	if d.elector, err = d.newElector(); err != nil {
 		return err

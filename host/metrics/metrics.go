@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,6 +60,11 @@ type Metrics struct {
 	textMadeSafe *prometheus.CounterVec
 	rowsRefused  *prometheus.CounterVec
 	fenceRefused *prometheus.CounterVec
+
+	// kills are the kill labels each reaper declared (DeclareReaper), by
+	// its configured name: the verdict series ShadowReapers opens.
+	mu    sync.Mutex
+	kills map[string][]string
 }
 
 // New registers every collector on a new registry, with the decision
@@ -66,7 +72,7 @@ type Metrics struct {
 // series before the first decision.
 func New() *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
+		Registry: prometheus.NewRegistry(), kills: map[string][]string{},
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dexaflow_scheduler_decisions_total",
 			Help: "Reaper and settling-gate decisions, by decision type. dry_run=\"true\" marks decisions computed but not applied.",
@@ -246,12 +252,35 @@ func (m *Metrics) Leader(leading bool, term int64) {
 // OwedTeardowns sets the count of owed teardowns.
 func (m *Metrics) OwedTeardowns(n int) { m.owedTeardowns.Set(float64(n)) }
 
+// DeclareReaper takes the declaration of the reaper plugin launched under
+// name: it creates, at zero, the decision series of every label the
+// plugin may record (sdk.AllowedLabels of its Info), and keeps its kill
+// labels (sdk.DeclaredKillLabels) for ShadowReapers. So a plugin's series
+// come from its own Info, whatever plugins there are.
+func (m *Metrics) DeclareReaper(name string, info sdk.Info) {
+	for l := range sdk.AllowedLabels(info) {
+		m.decisions.WithLabelValues(l, "false")
+	}
+	kill, _ := sdk.DeclaredKillLabels(info)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.kills[name] = kill
+}
+
 // ShadowReapers creates, at zero, the would_have_killed_live_work series of
-// every kill label (sdk.KillLabels) of each reaper named, so that the
-// alert on its increase sees the first verdict.
+// each kill label of each reaper named, so that the alert on its increase
+// sees the first verdict: the kill labels it declared (DeclareReaper), or,
+// for a reaper never declared here, the sdk's built-in ones
+// (sdk.KillLabels).
 func (m *Metrics) ShadowReapers(reapers []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for _, r := range reapers {
-		for _, l := range sdk.KillLabels() {
+		kill, declared := m.kills[r]
+		if !declared {
+			kill = sdk.KillLabels()
+		}
+		for _, l := range kill {
 			m.shadow.WithLabelValues(r, l, sdk.VerdictWouldHaveKilledLiveWork)
 		}
 	}

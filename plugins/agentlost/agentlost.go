@@ -61,7 +61,10 @@ func New(logger hclog.Logger) *Reaper {
 			sdk.LabelAgentLostOrphanStopped, sdk.LabelAgentLostOrphanStopErr, sdk.LabelAgentLostPodDeleteErr,
 			sdk.LabelAgentLostNeverHeartbeated, sdk.LabelAgentLostNeverHeartbeatedProcessAlive,
 			sdk.LabelAgentLostNeverHeartbeatedProcessQueryErr},
-		Description: "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
+		KillLabels: []string{sdk.LabelAgentLost, sdk.LabelAgentLostNeverHeartbeated, sdk.LabelAgentLostOrphanStopped,
+			sdk.LabelCredentialCeiling},
+		ProvisionalLabels: []string{sdk.LabelAgentLost, sdk.LabelAgentLostNeverHeartbeated, sdk.LabelAgentLostOrphanStopped},
+		Description:       "fails running attempts whose agent went silent (agent_lost), or outlived the credential ceiling"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per

@@ -14,65 +14,10 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+type bundle = sdktest.Rig[*Reaper]
 
 func setup(t testing.TB, edition string, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(edition)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
-}
-
-// ruleCase is one rule: arrange puts one attempt on the board and scripts
-// the substrate; the pass must decide want and leave the row in wantState.
-type ruleCase struct {
-	name      string
-	edition   string
-	values    sdk.Values
-	arrange   func(b *bundle) sdk.Attempt
-	want      string // the attempt's decision labels, comma-joined ("" none)
-	wantState string
-	check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-}
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			edition := tc.edition
-			if edition == "" {
-				edition = ladder.EditionLite
-			}
-			b := setup(t, edition, tc.values)
-			a := tc.arrange(b)
-			ds := b.reap(t)
-			if got := ds.Label(a); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
-			}
-			if got := b.h.Board.Row(a).State; got != tc.wantState {
-				t.Fatalf("row state %q, want %q", got, tc.wantState)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
 const (
@@ -82,126 +27,126 @@ const (
 
 func wantNoStop(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 	t.Helper()
-	if n := len(b.h.Exec.Stops()); n != 0 {
+	if n := len(b.H.Exec.Stops()); n != 0 {
 		t.Fatalf("%d stops, want none", n)
 	}
 }
 
 func TestLiteSilence(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		// The plugin's mark is provisional: a reaper does not confirm its
 		// own marks (the host refuses it). On Lite the host confirms it as
 		// made when the substrate reads the attempt dead.
-		{name: "SilentPastThresholdAndDead_AgentLostProvisional", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			row := b.h.Board.Row(a)
+		{Name: "SilentPastThresholdAndDead_AgentLostProvisional", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+		}, Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			row := b.H.Board.Row(a)
 			if row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() || row.Held || row.MarkReason != sdk.LabelAgentLost {
 				t.Fatalf("row %+v", row)
 			}
-			if !ds[0].Applied || len(b.h.Exec.Teardowns()) != 0 {
-				t.Fatalf("applied=%v teardowns=%d", ds[0].Applied, len(b.h.Exec.Teardowns()))
+			if !ds[0].Applied || len(b.H.Exec.Teardowns()) != 0 {
+				t.Fatalf("applied=%v teardowns=%d", ds[0].Applied, len(b.H.Exec.Teardowns()))
 			}
 		}},
-		{name: "SilenceUnderThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Running("r", "t", 10*time.Minute, 89*time.Second)
-		}, want: "", wantState: running},
-		{name: "SilenceExactlyAtThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Running("r", "t", 10*time.Minute, 90*time.Second)
-		}, want: "", wantState: running},
-		{name: "SilentAndAgentAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Alive(a)
+		{Name: "SilenceUnderThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Running("r", "t", 10*time.Minute, 89*time.Second)
+		}, Want: "", WantState: running},
+		{Name: "SilenceExactlyAtThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Running("r", "t", 10*time.Minute, 90*time.Second)
+		}, Want: "", WantState: running},
+		{Name: "SilentAndAgentAlive_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelAgentLostProcessAlive, wantState: running},
-		{name: "SilentAndLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Unknown(a, "probe: EPERM")
+		}, Want: sdk.LabelAgentLostProcessAlive, WantState: running},
+		{Name: "SilentAndLivenessUnknown_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Unknown(a, "probe: EPERM")
 			return a
-		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
-		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("record dir unreadable"))
-			return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
-		{name: "AgentDeadGroupUnverified_DefersAsAlive", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Dead, Group: sdk.Alive, Detail: "leader start time unreadable"})
+		}, Want: sdk.LabelAgentLostProcessQueryErr, WantState: running},
+		{Name: "LivenessCallFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("record dir unreadable"))
+			return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+		}, Want: sdk.LabelAgentLostProcessQueryErr, WantState: running},
+		{Name: "AgentDeadGroupUnverified_DefersAsAlive", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Dead, Group: sdk.Alive, Detail: "leader start time unreadable"})
 			return a
-		}, want: sdk.LabelAgentLostProcessAlive, wantState: running, check: wantNoStop},
-		{name: "OrphanedGroup_StoppedThenMarked", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Orphaned(a)
-			b.h.Board.OnMark(func(sdk.Mark) {
-				if len(b.h.Exec.Stops()) != 1 {
+		}, Want: sdk.LabelAgentLostProcessAlive, WantState: running, Check: wantNoStop},
+		{Name: "OrphanedGroup_StoppedThenMarked", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Orphaned(a)
+			b.H.Board.OnMark(func(sdk.Mark) {
+				if len(b.H.Exec.Stops()) != 1 {
 					panic("marked before the orphaned group was stopped")
 				}
 			})
 			return a
-		}, want: sdk.LabelAgentLostOrphanStopped, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-			stops := b.h.Exec.Stops()
+		}, Want: sdk.LabelAgentLostOrphanStopped, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			stops := b.H.Exec.Stops()
 			if len(stops) != 1 || stops[0].Attempt != a || stops[0].Reason != sdk.StopOrphan {
 				t.Fatalf("stops %+v", stops)
 			}
-			if row := b.h.Board.Row(a); row.MarkReason != sdk.LabelAgentLost || row.LastFailureKind != sdk.FailureInfra {
+			if row := b.H.Board.Row(a); row.MarkReason != sdk.LabelAgentLost || row.LastFailureKind != sdk.FailureInfra {
 				t.Fatalf("row %+v", row)
 			}
 		}},
-		{name: "OrphanStopFails_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Orphaned(a)
-			b.h.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("kill: EPERM"))
+		{Name: "OrphanStopFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Orphaned(a)
+			b.H.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("kill: EPERM"))
 			return a
-		}, want: sdk.LabelAgentLostOrphanStopErr, wantState: running},
-		{name: "OrphanStopNotConfirmedGone_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Orphaned(a)
-			b.h.Exec.ScriptStop(a, sdk.StopResult{Stopped: false, Detail: "group survived SIGKILL"}, nil)
+		}, Want: sdk.LabelAgentLostOrphanStopErr, WantState: running},
+		{Name: "OrphanStopNotConfirmedGone_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Orphaned(a)
+			b.H.Exec.ScriptStop(a, sdk.StopResult{Stopped: false, Detail: "group survived SIGKILL"}, nil)
 			return a
-		}, want: sdk.LabelAgentLostOrphanStopErr, wantState: running},
+		}, Want: sdk.LabelAgentLostOrphanStopErr, WantState: running},
 	})
 }
 
 func TestLiteNeverHeartbeated(t *testing.T) {
 	t.Parallel()
-	runRules(t, []ruleCase{
-		{name: "NeverHeartbeatedAndDead_AgentLostNeverHeartbeated", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-		}, want: sdk.LabelAgentLostNeverHeartbeated, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-			row := b.h.Board.Row(a)
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
+		{Name: "NeverHeartbeatedAndDead_AgentLostNeverHeartbeated", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+		}, Want: sdk.LabelAgentLostNeverHeartbeated, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			row := b.H.Board.Row(a)
 			if row.MarkReason != sdk.LabelAgentLost || row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() {
 				t.Fatalf("row %+v", row)
 			}
-			if m := b.h.Board.Marks()[0]; !m.RequireNoHeartbeat {
+			if m := b.H.Board.Marks()[0]; !m.RequireNoHeartbeat {
 				t.Fatalf("mark does not require the absence of a heartbeat: %+v", m)
 			}
 		}},
-		{name: "NeverHeartbeatedWithinThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.RunningNeverHeartbeated("r", "t", 80*time.Second)
-		}, want: "", wantState: running},
-		{name: "NeverHeartbeatedAndAgentAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-			b.h.Exec.Alive(a)
+		{Name: "NeverHeartbeatedWithinThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.RunningNeverHeartbeated("r", "t", 80*time.Second)
+		}, Want: "", WantState: running},
+		{Name: "NeverHeartbeatedAndAgentAlive_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, wantState: running},
-		{name: "NeverHeartbeatedAndGroupOrphaned_WaitedForNeverStopped", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-			b.h.Exec.Orphaned(a)
+		}, Want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, WantState: running},
+		{Name: "NeverHeartbeatedAndGroupOrphaned_WaitedForNeverStopped", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.H.Exec.Orphaned(a)
 			return a
-		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, wantState: running, check: wantNoStop},
-		{name: "NeverHeartbeatedAndLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-			b.h.Exec.Unknown(a, "stat record: EIO")
+		}, Want: sdk.LabelAgentLostNeverHeartbeatedProcessAlive, WantState: running, Check: wantNoStop},
+		{Name: "NeverHeartbeatedAndLivenessUnknown_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.H.Exec.Unknown(a, "stat record: EIO")
 			return a
-		}, want: sdk.LabelAgentLostNeverHeartbeatedProcessQueryErr, wantState: running},
-		{name: "FirstHeartbeatBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+		}, Want: sdk.LabelAgentLostNeverHeartbeatedProcessQueryErr, WantState: running},
+		{Name: "FirstHeartbeatBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Heartbeat(m.RunID, m.TaskID, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running},
-		{name: "KubeNeverHeartbeated_LeftAlone", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
-			return b.h.RunningNeverHeartbeated("r", "t", 30*time.Minute)
-		}, want: "", wantState: running},
+		}, Want: sdk.LabelMarkNoop, WantState: running},
+		{Name: "KubeNeverHeartbeated_LeftAlone", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.RunningNeverHeartbeated("r", "t", 30*time.Minute)
+		}, Want: "", WantState: running},
 	})
 }
 
@@ -210,13 +155,13 @@ func TestCredentialCeiling(t *testing.T) {
 	// The default ceiling is 1h and the heartbeat 15s: the bound is a last
 	// heartbeat at least 59m30s into running.
 	lastBeatAt := func(b *bundle, into, silentFor time.Duration) sdk.Attempt {
-		now := b.h.Now()
+		now := b.H.Now()
 		hb := now.Add(-silentFor)
-		return b.h.Board.PutRunning("r", "t", hb.Add(-into), hb)
+		return b.H.Board.PutRunning("r", "t", hb.Add(-into), hb)
 	}
 	taskFailure := func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
 		t.Helper()
-		row := b.h.Board.Row(a)
+		row := b.H.Board.Row(a)
 		if row.LastFailureKind != sdk.FailureTask || !row.InfraMarkedAt.IsZero() || !row.InfraConfirmedAt.IsZero() || row.MarkReason != sdk.LabelCredentialCeiling {
 			t.Fatalf("row %+v", row)
 		}
@@ -224,98 +169,98 @@ func TestCredentialCeiling(t *testing.T) {
 		if row.ErrorMessage != "credential_ceiling: attempt outlived auth.max_attempt_credential_lifetime" {
 			t.Fatalf("error_message %q", row.ErrorMessage)
 		}
-		if m := b.h.Board.Marks()[0]; m.Kind != sdk.MarkTask || m.Confirm || m.Hold {
+		if m := b.H.Board.Marks()[0]; m.Kind != sdk.MarkTask || m.Confirm || m.Hold {
 			t.Fatalf("mark %+v", m)
 		}
 	}
-	runRules(t, []ruleCase{
-		{name: "CeilingSilenceAfterCeilingMinusTwoHeartbeats_TaskFailure", arrange: func(b *bundle) sdk.Attempt {
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
+		{Name: "CeilingSilenceAfterCeilingMinusTwoHeartbeats_TaskFailure", Arrange: func(b *bundle) sdk.Attempt {
 			return lastBeatAt(b, 59*time.Minute+30*time.Second, 3*time.Minute)
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
-		{name: "SilenceBeforeCeiling_IsAgentLost", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: taskFailure},
+		{Name: "SilenceBeforeCeiling_IsAgentLost", Arrange: func(b *bundle) sdk.Attempt {
 			// Went quiet one second before the bound; reaped long after the ceiling.
 			return lastBeatAt(b, 59*time.Minute+29*time.Second, 20*time.Minute)
-		}, want: sdk.LabelAgentLost, wantState: failed},
-		{name: "KubeCeilingSilence_TaskFailureNeverProvisional", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelAgentLost, WantState: failed},
+		{Name: "KubeCeilingSilence_TaskFailureNeverProvisional", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			return lastBeatAt(b, 61*time.Minute, 2*time.Minute)
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
-		{name: "HoldPolicyDoesNotHoldTaskFailure", values: sdk.Values{"policy": "hold"}, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: taskFailure},
+		{Name: "HoldPolicyDoesNotHoldTaskFailure", Values: sdk.Values{"policy": "hold"}, Arrange: func(b *bundle) sdk.Attempt {
 			return lastBeatAt(b, 60*time.Minute, 2*time.Minute)
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: taskFailure},
-		{name: "CeilingDisabledWhenNonPositive", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Ladder.CredentialCeiling = 0
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: taskFailure},
+		{Name: "CeilingDisabledWhenNonPositive", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Ladder.CredentialCeiling = 0
 			return lastBeatAt(b, 2*time.Hour, 2*time.Minute)
-		}, want: sdk.LabelAgentLost, wantState: failed},
-		{name: "CeilingDisabledWhenNegative_AliveNeverEnded", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Ladder.CredentialCeiling = -time.Second
-			a := b.h.Running("r", "t", 5*time.Hour, 5*time.Second)
-			b.h.Exec.Alive(a)
+		}, Want: sdk.LabelAgentLost, WantState: failed},
+		{Name: "CeilingDisabledWhenNegative_AliveNeverEnded", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Ladder.CredentialCeiling = -time.Second
+			a := b.H.Running("r", "t", 5*time.Hour, 5*time.Second)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: "", wantState: running, check: wantNoStop},
-		{name: "LitePastCeilingAndAlive_MarkedThenStoppedThenLogged", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second) // healthy, heartbeating
-			b.h.Exec.Alive(a)
-			b.h.Board.OnMark(func(sdk.Mark) {
-				if len(b.h.Exec.Stops()) != 0 {
+		}, Want: "", WantState: running, Check: wantNoStop},
+		{Name: "LitePastCeilingAndAlive_MarkedThenStoppedThenLogged", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second) // healthy, heartbeating
+			b.H.Exec.Alive(a)
+			b.H.Board.OnMark(func(sdk.Mark) {
+				if len(b.H.Exec.Stops()) != 0 {
 					panic("stopped before the guarded mark")
 				}
 			})
 			return a
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
 			taskFailure(t, b, a, nil)
-			m := b.h.Board.Marks()[0]
+			m := b.H.Board.Marks()[0]
 			if !m.HeartbeatBefore.IsZero() || m.RequireNoHeartbeat || len(m.FromStates) != 1 || m.FromStates[0] != running {
 				t.Fatalf("mark guard %+v", m)
 			}
-			stops := b.h.Exec.Stops()
+			stops := b.H.Exec.Stops()
 			if len(stops) != 1 || stops[0].Reason != sdk.StopCredentialCeiling {
 				t.Fatalf("stops %+v", stops)
 			}
-			log := b.h.Board.Log(a)
+			log := b.H.Board.Log(a)
 			if len(log) == 0 || log[len(log)-1] != KilledLine {
 				t.Fatalf("try log %q", log)
 			}
 		}},
-		{name: "LitePastCeilingOrphaned_MarkedThenStopped", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
-			b.h.Exec.Orphaned(a)
+		{Name: "LitePastCeilingOrphaned_MarkedThenStopped", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.H.Exec.Orphaned(a)
 			return a
-		}, want: sdk.LabelCredentialCeiling, wantState: failed},
-		{name: "LitePastCeilingStopFails_MarkStaysNoKillLine", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
-			b.h.Exec.Alive(a)
-			b.h.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("group leader start time changed"))
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed},
+		{Name: "LitePastCeilingStopFails_MarkStaysNoKillLine", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.H.Exec.Alive(a)
+			b.H.Exec.ScriptStop(a, sdk.StopResult{}, errors.New("group leader start time changed"))
 			return a
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			if log := b.h.Board.Log(a); len(log) != 0 {
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			if log := b.H.Board.Log(a); len(log) != 0 {
 				t.Fatalf("try log %q", log)
 			}
 			if !strings.HasPrefix(ds[0].Evidence[reap.EvStop], "error") {
 				t.Fatalf("evidence %v", ds[0].Evidence)
 			}
 		}},
-		{name: "LitePastCeilingAgentReportedFirst_NoopNoStop", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
-			b.h.Exec.Alive(a)
-			b.h.Board.OnMark(func(m sdk.Mark) {
-				b.h.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.State = sdk.StateSuccess })
+		{Name: "LitePastCeilingAgentReportedFirst_NoopNoStop", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.H.Exec.Alive(a)
+			b.H.Board.OnMark(func(m sdk.Mark) {
+				b.H.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.State = sdk.StateSuccess })
 			})
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: sdk.StateSuccess, check: wantNoStop},
-		{name: "LitePastCeilingLivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
-			b.h.Exec.Unknown(a, "probe error")
+		}, Want: sdk.LabelMarkNoop, WantState: sdk.StateSuccess, Check: wantNoStop},
+		{Name: "LitePastCeilingLivenessUnknown_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second)
+			b.H.Exec.Unknown(a, "probe error")
 			return a
-		}, want: sdk.LabelAgentLostProcessQueryErr, wantState: running},
-		{name: "LitePastCeilingDeadRecentlyQuiet_WaitsForSilenceRule", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Running("r", "t", 61*time.Minute, 30*time.Second)
-		}, want: "", wantState: running},
-		{name: "LitePastCeilingSilentAndAlive_OneDecision", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelAgentLostProcessQueryErr, WantState: running},
+		{Name: "LitePastCeilingDeadRecentlyQuiet_WaitsForSilenceRule", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Running("r", "t", 61*time.Minute, 30*time.Second)
+		}, Want: "", WantState: running},
+		{Name: "LitePastCeilingSilentAndAlive_OneDecision", Arrange: func(b *bundle) sdk.Attempt {
 			// Listed by the silence and the ceiling listings alike.
-			a := b.h.Running("r", "t", 90*time.Minute, 10*time.Minute)
-			b.h.Exec.Alive(a)
+			a := b.H.Running("r", "t", 90*time.Minute, 10*time.Minute)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelCredentialCeiling, wantState: failed},
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed},
 	})
 }
 
@@ -328,46 +273,46 @@ func TestGuards(t *testing.T) {
 			if d.Applied || d.Evidence[reap.EvNoopReason] != want || d.Evidence[reap.EvMark] != sdk.LabelAgentLost {
 				t.Fatalf("decision %+v", d)
 			}
-			if len(b.h.Exec.Teardowns()) != 0 {
+			if len(b.H.Exec.Teardowns()) != 0 {
 				t.Fatal("a no-op mark was torn down")
 			}
 		}
 	}
-	silentDead := func(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute) }
-	runRules(t, []ruleCase{
-		{name: "FreshHeartbeatBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+	silentDead := func(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute) }
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
+		{Name: "FreshHeartbeatBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
 			a := silentDead(b)
-			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Heartbeat(m.RunID, m.TaskID, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopHeartbeated)},
-		{name: "KubeFreshHeartbeatBetweenListAndMark_NoopNoTeardown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noopReason(sdk.NoopHeartbeated)},
+		{Name: "KubeFreshHeartbeatBetweenListAndMark_NoopNoTeardown", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			a := silentDead(b)
-			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Heartbeat(m.RunID, m.TaskID, b.h.Now()) })
+			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Heartbeat(m.RunID, m.TaskID, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopHeartbeated)},
-		{name: "ReplacedBetweenListAndMark_NewAttemptUntouched", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noopReason(sdk.NoopHeartbeated)},
+		{Name: "ReplacedBetweenListAndMark_NewAttemptUntouched", Arrange: func(b *bundle) sdk.Attempt {
 			a := silentDead(b)
-			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, running, b.h.Now()) })
+			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Replace(m.RunID, m.TaskID, false, running, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopMovedOn)},
-		{name: "DeposedTerm_Noop", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Board.SetTerm(2)
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noopReason(sdk.NoopMovedOn)},
+		{Name: "DeposedTerm_Noop", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Board.SetTerm(2)
 			return silentDead(b)
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noopReason(sdk.NoopDeposed)},
-		{name: "HoldPolicySetsHold", values: sdk.Values{"policy": "hold"}, arrange: silentDead,
-			want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-				if m := b.h.Board.Marks()[0]; !m.Hold || !b.h.Board.Row(a).Held || ds[0].Evidence[reap.EvPolicy] != "hold" {
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noopReason(sdk.NoopDeposed)},
+		{Name: "HoldPolicySetsHold", Values: sdk.Values{"policy": "hold"}, Arrange: silentDead,
+			Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				if m := b.H.Board.Marks()[0]; !m.Hold || !b.H.Board.Row(a).Held || ds[0].Evidence[reap.EvPolicy] != "hold" {
 					t.Fatalf("mark %+v", m)
 				}
 			}},
-		{name: "ReplacePolicyByDefault", arrange: silentDead, want: sdk.LabelAgentLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-				if m := b.h.Board.Marks()[0]; m.Hold {
+		{Name: "ReplacePolicyByDefault", Arrange: silentDead, Want: sdk.LabelAgentLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if m := b.H.Board.Marks()[0]; m.Hold {
 					t.Fatalf("mark %+v", m)
 				}
 			}},
-		{name: "EvidenceCarriesAgeLivenessTermThreshold", arrange: silentDead, want: sdk.LabelAgentLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		{Name: "EvidenceCarriesAgeLivenessTermThreshold", Arrange: silentDead, Want: sdk.LabelAgentLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				ev := ds[0].Evidence
 				for k, want := range map[string]string{
 					reap.EvHeartbeatAge: "2m0s", reap.EvLiveness: "dead", reap.EvTerm: "1",
@@ -387,74 +332,74 @@ func TestGuards(t *testing.T) {
 func TestKube(t *testing.T) {
 	t.Parallel()
 	kube := ladder.EditionKube
-	silent := func(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 10*time.Minute, 2*time.Minute) }
-	runRules(t, []ruleCase{
-		{name: "KubeMarkIsProvisional_ThenPodTornDown", edition: kube, arrange: silent,
-			want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-				if m := b.h.Board.Marks()[0]; m.Confirm {
+	silent := func(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 10*time.Minute, 2*time.Minute) }
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
+		{Name: "KubeMarkIsProvisional_ThenPodTornDown", Edition: kube, Arrange: silent,
+			Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if m := b.H.Board.Marks()[0]; m.Confirm {
 					t.Fatalf("kube mark confirmed: %+v", m)
 				}
-				if row := b.h.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
+				if row := b.H.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
 					t.Fatalf("row %+v", row)
 				}
-				tds := b.h.Exec.Teardowns()
+				tds := b.H.Exec.Teardowns()
 				if len(tds) != 1 || tds[0].Attempt == nil || *tds[0].Attempt != a || tds[0].Reason != sdk.LabelAgentLost || tds[0].Term != 1 {
 					t.Fatalf("teardowns %+v", tds)
 				}
 			}},
-		{name: "KubeTeardownFails_PodDeleteErrorMarkStays", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeTeardownFails_PodDeleteErrorMarkStays", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := silent(b)
-			b.h.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
+			b.H.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
 			return a
-		}, want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, wantState: failed},
-		{name: "KubeTeardownObjectError_PodDeleteError", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, WantState: failed},
+		{Name: "KubeTeardownObjectError_PodDeleteError", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := silent(b)
-			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownNothing, Error: "forbidden"}}, nil)
+			b.H.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownNothing, Error: "forbidden"}}, nil)
 			return a
-		}, want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, wantState: failed},
-		{name: "KubeDeleteFallback_Recorded", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelAgentLost + "," + sdk.LabelAgentLostPodDeleteErr, WantState: failed},
+		{Name: "KubeDeleteFallback_Recorded", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := silent(b)
-			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownDeleteFallback}}, nil)
+			b.H.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/x", Action: sdk.TeardownDeleteFallback}}, nil)
 			return a
-		}, want: sdk.LabelAgentLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
-		{name: "KubeWarmAttempt_NeverTornDown", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			now := b.h.Now()
-			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+		}, Want: sdk.LabelAgentLost + "," + sdk.LabelTeardownDeleteFallback, WantState: failed},
+		{Name: "KubeWarmAttempt_NeverTornDown", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			now := b.H.Now()
+			return b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
 				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now.Add(-2 * time.Minute), WarmWorker: "warm-0"})
-		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if n := len(b.h.Exec.Teardowns()); n != 0 {
+		}, Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := len(b.H.Exec.Teardowns()); n != 0 {
 				t.Fatalf("%d teardowns of a warm attempt", n)
 			}
 		}},
-		{name: "KubeWarmAttemptEndedByWatchdog_CredentialCeilingNoTeardown", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeWarmAttemptEndedByWatchdog_CredentialCeilingNoTeardown", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			// The warm worker's watchdog (the credential ceiling) ended the
 			// attempt: its last heartbeat came past the ceiling less two
 			// heartbeats, then silence.
-			now := b.h.Now()
+			now := b.H.Now()
 			since := now.Add(-75 * time.Minute)
-			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
-				RunningAt: since, LastHeartbeatAt: since.Add(b.h.Ladder.WarmAttemptWatchdog() - 20*time.Second), WarmWorker: "warm-0"})
-		}, want: sdk.LabelCredentialCeiling, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-			if row := b.h.Board.Row(a); row.LastFailureKind != sdk.FailureTask {
+			return b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+				RunningAt: since, LastHeartbeatAt: since.Add(b.H.Ladder.WarmAttemptWatchdog() - 20*time.Second), WarmWorker: "warm-0"})
+		}, Want: sdk.LabelCredentialCeiling, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			if row := b.H.Board.Row(a); row.LastFailureKind != sdk.FailureTask {
 				t.Fatalf("row %+v", row)
 			}
-			if n := len(b.h.Exec.Teardowns()); n != 0 {
+			if n := len(b.H.Exec.Teardowns()); n != 0 {
 				t.Fatalf("%d teardowns of a warm attempt", n)
 			}
 		}},
-		{name: "KubeLivenessError_StillMarkedOnSilence", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("informer not synced"))
+		{Name: "KubeLivenessError_StillMarkedOnSilence", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("informer not synced"))
 			return silent(b)
-		}, want: sdk.LabelAgentLost, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelAgentLost, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if ds[0].Evidence[reap.EvSignal] != reap.SignalSilence {
 				t.Fatalf("evidence %v", ds[0].Evidence)
 			}
 		}},
-		{name: "KubeLiteRowsNotListed", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			now := b.h.Now()
-			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorLite,
+		{Name: "KubeLiteRowsNotListed", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			now := b.H.Now()
+			return b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorLite,
 				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now.Add(-2 * time.Minute)})
-		}, want: "", wantState: running},
+		}, Want: "", WantState: running},
 	})
 }
 
@@ -465,8 +410,8 @@ func TestBrake(t *testing.T) {
 	put := func(b *bundle, prefix string, n int, state sdk.Liveness) []sdk.Attempt {
 		out := make([]sdk.Attempt, n)
 		for i := range n {
-			a := b.h.Running(fmt.Sprintf("%s-%03d", prefix, i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Second)
-			b.h.Exec.Set(a, sdk.AttemptLiveness{State: state, Agent: state})
+			a := b.H.Running(fmt.Sprintf("%s-%03d", prefix, i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Second)
+			b.H.Exec.Set(a, sdk.AttemptLiveness{State: state, Agent: state})
 			out[i] = a
 		}
 		return out
@@ -476,7 +421,7 @@ func TestBrake(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionKube, nil)
 		as := put(b, "alive", 30, sdk.Alive) // pods present, heartbeats missing
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 || len(ds) != 30 {
 			t.Fatalf("labels %v", ds.Labels())
 		}
@@ -493,20 +438,12 @@ func TestBrake(t *testing.T) {
 		if d.Applied || d.Evidence[reap.EvBrakeJudged] != "30" || d.Evidence[reap.EvBrakeAllowed] != "10" {
 			t.Fatalf("braked decision %+v", d)
 		}
-		if n := len(b.h.Board.Marks()); n != 10 {
+		if n := len(b.H.Board.Marks()); n != 10 {
 			t.Fatalf("%d marks sent", n)
 		}
 		// The next pass marks ten more.
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 {
+		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 10 {
 			t.Fatalf("second pass %v", ds.Labels())
-		}
-	})
-	t.Run("PositiveSignalNeverBraked", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, nil)
-		put(b, "gone", 30, sdk.Dead)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
-			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
 	t.Run("WarmAttemptsWithoutAPodOfTheirOwn_SilenceOnlyBraked", func(t *testing.T) {
@@ -514,33 +451,17 @@ func TestBrake(t *testing.T) {
 		// A warm attempt reads dead (it has no attempt pod), which says
 		// nothing about its worker: its mark rests on silence alone.
 		b := setup(t, ladder.EditionKube, nil)
-		now := b.h.Now()
+		now := b.H.Now()
 		for i := range 30 {
-			b.h.Board.Put(sdktest.TaskInstance{RunID: fmt.Sprintf("warm-%03d", i), TaskID: "t", State: running,
+			b.H.Board.Put(sdktest.TaskInstance{RunID: fmt.Sprintf("warm-%03d", i), TaskID: "t", State: running,
 				Executor: sdk.ExecutorWarm, RunningAt: now.Add(-time.Hour), LastHeartbeatAt: now.Add(-10 * time.Minute),
 				WarmWorker: "warm-0"})
 		}
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 {
+		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 10 || ds.Count(sdk.LabelBrakeEngaged) != 20 {
 			t.Fatalf("labels %v", ds.Labels())
 		}
-		if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+		if n := len(b.H.Exec.LivenessCalls()); n != 0 {
 			t.Fatalf("%d liveness reads of warm attempts", n)
-		}
-	})
-	t.Run("LiteMarksNeverBraked", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)})
-		put(b, "dead", 30, sdk.Dead)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
-			t.Fatalf("labels %v", ds.Labels())
-		}
-	})
-	t.Run("BrakeBelowMin_NotEngaged", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, nil)
-		put(b, "alive", 19, sdk.Alive)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 19 {
-			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
 	t.Run("BrakeShareCountsEveryAttemptJudged", func(t *testing.T) {
@@ -549,22 +470,14 @@ func TestBrake(t *testing.T) {
 		b := setup(t, ladder.EditionKube, nil)
 		put(b, "alive", 15, sdk.Alive)
 		put(b, "gone", 15, sdk.Dead)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
+		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 30 {
 			t.Fatalf("labels %v", ds.Labels())
 		}
 		// 16 of 30 is.
 		b = setup(t, ladder.EditionKube, nil)
 		put(b, "alive", 16, sdk.Alive)
 		put(b, "gone", 14, sdk.Dead)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 24 || ds.Count(sdk.LabelBrakeEngaged) != 6 {
-			t.Fatalf("labels %v", ds.Labels())
-		}
-	})
-	t.Run("BrakeDisabledAtShareOne", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": float64(1)})
-		put(b, "alive", 40, sdk.Alive)
-		if ds := b.reap(t); ds.Count(sdk.LabelAgentLost) != 40 {
+		if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != 24 || ds.Count(sdk.LabelBrakeEngaged) != 6 {
 			t.Fatalf("labels %v", ds.Labels())
 		}
 	})
@@ -573,11 +486,34 @@ func TestBrake(t *testing.T) {
 		b := setup(t, ladder.EditionKube, sdk.Values{"brake_share": 0.2, "brake_min": float64(5), "brake_max": float64(2)})
 		put(b, "alive", 2, sdk.Alive)
 		put(b, "gone", 4, sdk.Dead)
-		ds, err := b.h.Reap(ctx, b.r)
+		ds, err := b.H.Reap(ctx, b.R)
 		if err != nil || ds.Count(sdk.LabelAgentLost) != 6 { // 2 of 6 > 0.2, but within brake_max
 			t.Fatalf("labels %v err %v", ds.Labels(), err)
 		}
 	})
+	// Passes that mark every attempt they judge: no brake holds them.
+	for _, tc := range []struct {
+		name    string
+		edition string
+		values  sdk.Values
+		prefix  string
+		n       int
+		state   sdk.Liveness
+	}{
+		{"PositiveSignalNeverBraked", ladder.EditionKube, nil, "gone", 30, sdk.Dead},
+		{"LiteMarksNeverBraked", ladder.EditionLite, sdk.Values{"brake_min": float64(0), "brake_max": float64(0)}, "dead", 30, sdk.Dead},
+		{"BrakeBelowMin_NotEngaged", ladder.EditionKube, nil, "alive", 19, sdk.Alive},
+		{"BrakeDisabledAtShareOne", ladder.EditionKube, sdk.Values{"brake_share": float64(1)}, "alive", 40, sdk.Alive},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.edition, tc.values)
+			put(b, tc.prefix, tc.n, tc.state)
+			if ds := b.Reap(t); ds.Count(sdk.LabelAgentLost) != tc.n {
+				t.Fatalf("labels %v", ds.Labels())
+			}
+		})
+	}
 }
 
 func TestDryRunWritesNothing(t *testing.T) {
@@ -586,14 +522,14 @@ func TestDryRunWritesNothing(t *testing.T) {
 		t.Run(edition, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, edition, nil)
-			b.h.DryRun = true
-			b.h.Running("dead", "t", 10*time.Minute, 2*time.Minute)
-			orphan := b.h.Running("orphan", "t", 10*time.Minute, 2*time.Minute)
-			b.h.Exec.Orphaned(orphan)
-			ceiling := b.h.Running("ceiling", "t", 2*time.Hour, 5*time.Second)
-			b.h.Exec.Alive(ceiling)
-			b.h.RunningNeverHeartbeated("never", "t", 5*time.Minute)
-			ds := b.reap(t)
+			b.H.DryRun = true
+			b.H.Running("dead", "t", 10*time.Minute, 2*time.Minute)
+			orphan := b.H.Running("orphan", "t", 10*time.Minute, 2*time.Minute)
+			b.H.Exec.Orphaned(orphan)
+			ceiling := b.H.Running("ceiling", "t", 2*time.Hour, 5*time.Second)
+			b.H.Exec.Alive(ceiling)
+			b.H.RunningNeverHeartbeated("never", "t", 5*time.Minute)
+			ds := b.Reap(t)
 			if len(ds) == 0 {
 				t.Fatal("no decisions")
 			}
@@ -602,8 +538,8 @@ func TestDryRunWritesNothing(t *testing.T) {
 					t.Fatalf("decision %+v", d)
 				}
 			}
-			if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
-				t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+			if b.H.Board.Writes() != 0 || b.H.Exec.Actions() != 0 {
+				t.Fatalf("writes=%d actions=%d", b.H.Board.Writes(), b.H.Exec.Actions())
 			}
 			if edition == ladder.EditionLite && ds.Label(orphan) != sdk.LabelAgentLostOrphanStopped {
 				t.Fatalf("orphan: %q", ds.Label(orphan))
@@ -617,8 +553,8 @@ func TestPaging(t *testing.T) {
 	putAlive := func(b *bundle, n int) []sdk.Attempt {
 		out := make([]sdk.Attempt, n)
 		for i := range n {
-			out[i] = b.h.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 30*time.Minute-time.Duration(i)*time.Second)
-			b.h.Exec.Alive(out[i])
+			out[i] = b.H.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 30*time.Minute-time.Duration(i)*time.Second)
+			b.H.Exec.Alive(out[i])
 		}
 		return out
 	}
@@ -627,45 +563,40 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		as := putAlive(b, 250)
-		for pass, first := range []int{0, 100, 200, 0} {
-			ds := b.reap(t)
-			if ds[0].Attempt != as[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, as[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, as[0], as[100], as[200], as[0])
 	})
 	t.Run("ShortPageResetsCursor", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		putAlive(b, 150)
-		b.reap(t)
-		if b.h.StateOf(Name) == nil {
+		b.Reap(t)
+		if b.H.StateOf(Name) == nil {
 			t.Fatal("no cursor after a full page")
 		}
-		if ds := b.reap(t); len(ds) != 50 || b.h.StateOf(Name) != nil {
-			t.Fatalf("second pass judged %d, state %s", len(ds), b.h.StateOf(Name))
+		if ds := b.Reap(t); len(ds) != 50 || b.H.StateOf(Name) != nil {
+			t.Fatalf("second pass judged %d, state %s", len(ds), b.H.StateOf(Name))
 		}
 	})
 	t.Run("DrainReachesAll2500InOnePass", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		for i := range 2500 {
-			b.h.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 10*time.Minute)
+			b.H.Running(fmt.Sprintf("r%04d", i), "t", time.Hour, 10*time.Minute)
 		}
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if n := ds.Count(sdk.LabelAgentLost); n != 2500 {
 			t.Fatalf("%d marked in one pass", n)
 		}
-		if b.h.StateOf(Name) != nil {
-			t.Fatalf("state after a full drain: %s", b.h.StateOf(Name))
+		if b.H.StateOf(Name) != nil {
+			t.Fatalf("state after a full drain: %s", b.H.StateOf(Name))
 		}
 	})
 	t.Run("NoDeadline_OnePagePerListing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
-		b.h.Budget = 0
+		b.H.Budget = 0
 		putAlive(b, 250)
-		if ds := b.reap(t); len(ds) != 100 {
+		if ds := b.Reap(t); len(ds) != 100 {
 			t.Fatalf("judged %d", len(ds))
 		}
 	})
@@ -673,17 +604,17 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		putAlive(b, 300)
-		never := b.h.RunningNeverHeartbeated("never", "t", 5*time.Minute)
-		if ds := b.reap(t); ds.Label(never) != sdk.LabelAgentLostNeverHeartbeated {
+		never := b.H.RunningNeverHeartbeated("never", "t", 5*time.Minute)
+		if ds := b.Reap(t); ds.Label(never) != sdk.LabelAgentLostNeverHeartbeated {
 			t.Fatalf("never-heartbeated attempt: %q", ds.Label(never))
 		}
 	})
 	t.Run("CorruptState_StartsOver", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
-		a := b.h.Running("r", "t", time.Hour, 10*time.Minute)
-		b.h.SetState(Name, []byte("{not json"))
-		if ds := b.reap(t); ds.Label(a) != sdk.LabelAgentLost {
+		a := b.H.Running("r", "t", time.Hour, 10*time.Minute)
+		b.H.SetState(Name, []byte("{not json"))
+		if ds := b.Reap(t); ds.Label(a) != sdk.LabelAgentLost {
 			t.Fatalf("decisions %v", ds.Labels())
 		}
 	})
@@ -691,15 +622,15 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		putAlive(b, 150)
-		b.reap(t)
-		before := string(b.h.StateOf(Name))
-		b.h.Board.Fail(sdktest.OpListCandidates, errors.New("connection reset"))
-		_, err := b.h.Reap(context.Background(), b.r)
+		b.Reap(t)
+		before := string(b.H.StateOf(Name))
+		b.H.Board.Fail(sdktest.OpListCandidates, errors.New("connection reset"))
+		_, err := b.H.Reap(context.Background(), b.R)
 		if err == nil || !strings.Contains(err.Error(), "connection reset") {
 			t.Fatalf("err %v", err)
 		}
-		if string(b.h.Last.State) != before {
-			t.Fatalf("state moved on an error: %s -> %s", before, b.h.Last.State)
+		if string(b.H.Last.State) != before {
+			t.Fatalf("state moved on an error: %s -> %s", before, b.H.Last.State)
 		}
 	})
 }
@@ -768,16 +699,16 @@ func BenchmarkMassRecoveryLite(b *testing.B) {
 		b.StopTimer()
 		bu := setup(b, ladder.EditionLite, nil)
 		for i := range n {
-			bu.h.Running(fmt.Sprintf("r%05d", i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Millisecond)
+			bu.H.Running(fmt.Sprintf("r%05d", i), "t", time.Hour, 10*time.Minute-time.Duration(i)*time.Millisecond)
 		}
 		b.StartTimer()
 		start := time.Now()
-		ds, err := bu.h.Reap(ctx, bu.r)
+		ds, err := bu.H.Reap(ctx, bu.R)
 		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if c := ds.Count(sdk.LabelAgentLost); c != n || bu.h.StateOf(Name) != nil {
+		if c := ds.Count(sdk.LabelAgentLost); c != n || bu.H.StateOf(Name) != nil {
 			b.Fatalf("one pass marked %d of %d", c, n)
 		}
 		marked += n
@@ -795,36 +726,36 @@ func TestCeilingKillLineWaitsForTheAgentAndIsLast(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, ladder.EditionLite, nil)
-	a := b.h.Running("r", "t", 61*time.Minute, 5*time.Second)
-	b.h.Exec.Alive(a)
-	b.h.Exec.ScriptStop(a, sdk.StopResult{Detail: "group gone; agent still running"}, nil)
+	a := b.H.Running("r", "t", 61*time.Minute, 5*time.Second)
+	b.H.Exec.Alive(a)
+	b.H.Exec.ScriptStop(a, sdk.StopResult{Detail: "group gone; agent still running"}, nil)
 
-	if ds := b.reap(t); ds.Label(a) != sdk.LabelCredentialCeiling {
+	if ds := b.Reap(t); ds.Label(a) != sdk.LabelCredentialCeiling {
 		t.Fatalf("first pass: %+v", ds)
 	}
-	if log := b.h.Board.Log(a); len(log) != 0 {
+	if log := b.H.Board.Log(a); len(log) != 0 {
 		t.Fatalf("kill line written while the agent still runs: %q", log)
 	}
 	// The agent reports its task's end before it exits.
-	if err := b.h.Board.AppendLog(ctx, 1, []sdk.LogLine{{Attempt: a, At: b.h.Now(), Line: "task exited: signal"}}); err != nil {
+	if err := b.H.Board.AppendLog(ctx, 1, []sdk.LogLine{{Attempt: a, At: b.H.Now(), Line: "task exited: signal"}}); err != nil {
 		t.Fatal(err)
 	}
-	b.h.Clock.Advance(30 * time.Second)
-	b.reap(t) // still running: still owed
-	if log := b.h.Board.Log(a); len(log) != 1 {
+	b.H.Clock.Advance(30 * time.Second)
+	b.Reap(t) // still running: still owed
+	if log := b.H.Board.Log(a); len(log) != 1 {
 		t.Fatalf("try log %q", log)
 	}
 
-	b.h.Exec.ScriptStop(a, sdk.StopResult{Stopped: true, Detail: "task group and agent gone"}, nil)
-	b.h.Clock.Advance(30 * time.Second)
-	b.reap(t)
-	log := b.h.Board.Log(a)
+	b.H.Exec.ScriptStop(a, sdk.StopResult{Stopped: true, Detail: "task group and agent gone"}, nil)
+	b.H.Clock.Advance(30 * time.Second)
+	b.Reap(t)
+	log := b.H.Board.Log(a)
 	if len(log) != 2 || log[len(log)-1] != KilledLine {
 		t.Fatalf("try log %q; want the kill line last", log)
 	}
-	b.h.Clock.Advance(30 * time.Second)
-	b.reap(t)
-	if log := b.h.Board.Log(a); len(log) != 2 {
+	b.H.Clock.Advance(30 * time.Second)
+	b.Reap(t)
+	if log := b.H.Board.Log(a); len(log) != 2 {
 		t.Fatalf("kill line written twice: %q", log)
 	}
 }
@@ -834,27 +765,27 @@ func TestCeilingKillLineWaitsForTheAgentAndIsLast(t *testing.T) {
 func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, nil)
-	a := b.h.Running("r", "t", 10*time.Minute, 5*time.Minute)
-	b.h.Exec.Orphaned(a)
-	b.h.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
+	a := b.H.Running("r", "t", 10*time.Minute, 5*time.Minute)
+	b.H.Exec.Orphaned(a)
+	b.H.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
 
-	ds := b.reap(t)
-	if ds.Label(a) != sdk.LabelAgentLostProcessAlive || b.h.Board.Row(a).State != sdk.StateRunning {
+	ds := b.Reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostProcessAlive || b.H.Board.Row(a).State != sdk.StateRunning {
 		t.Fatalf("first pass: %+v", ds)
 	}
 	// Still in flight on the next pass: it waits again, nothing marked.
-	b.h.Clock.Advance(30 * time.Second)
-	if ds := b.reap(t); ds.Label(a) != sdk.LabelAgentLostProcessAlive {
+	b.H.Clock.Advance(30 * time.Second)
+	if ds := b.Reap(t); ds.Label(a) != sdk.LabelAgentLostProcessAlive {
 		t.Fatalf("second pass: %+v", ds)
 	}
-	b.h.Exec.Dead(a)
-	b.h.Clock.Advance(30 * time.Second)
-	ds = b.reap(t)
-	if ds.Label(a) != sdk.LabelAgentLostOrphanStopped || b.h.Board.Row(a).State != sdk.StateFailed {
+	b.H.Exec.Dead(a)
+	b.H.Clock.Advance(30 * time.Second)
+	ds = b.Reap(t)
+	if ds.Label(a) != sdk.LabelAgentLostOrphanStopped || b.H.Board.Row(a).State != sdk.StateFailed {
 		t.Fatalf("later pass: %+v", ds)
 	}
-	if len(b.h.StateOf(Name)) != 0 {
-		t.Fatalf("state still carries %s", b.h.StateOf(Name))
+	if len(b.H.StateOf(Name)) != 0 {
+		t.Fatalf("state still carries %s", b.H.StateOf(Name))
 	}
 }
 
@@ -865,23 +796,11 @@ func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
 func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionKube, nil)
-	a := b.h.Running("r", "t", 5*time.Minute, 2*time.Minute)
-	b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
-	ds := b.reap(t)
+	a := b.H.Running("r", "t", 5*time.Minute, 2*time.Minute)
+	b.H.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
+	ds := b.Reap(t)
 	if ds.Applied().Count(sdk.LabelAgentLost) != 1 {
 		t.Fatalf("decisions %v", ds)
 	}
-	calls := b.h.Exec.LivenessCalls()
-	if len(calls) == 0 {
-		t.Fatal("no liveness read")
-	}
-	for _, c := range calls {
-		if c.PodUIDs[a] != "uid-own" {
-			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
-		}
-	}
-	tds := b.h.Exec.Teardowns()
-	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
-		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
-	}
+	b.H.ExpectPinnedToPodUID(t, a, "uid-own")
 }

@@ -59,7 +59,9 @@ func New(logger hclog.Logger) *Reaper {
 		DecisionLabels: []string{sdk.LabelDispatchLostProcessAlive, sdk.LabelDispatchLostProcessQueryErr,
 			sdk.LabelDispatchLostPodQueryErr, sdk.LabelDispatchLostPodAlive, sdk.LabelDispatchLostOrphanStopped,
 			sdk.LabelDispatchLostOrphanStopErr, sdk.LabelDispatchLostPodDeleteErr},
-		Description: "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
+		KillLabels:        []string{sdk.LabelDispatchLost, sdk.LabelDispatchLostOrphanStopped, sdk.LabelStartExpired},
+		ProvisionalLabels: []string{sdk.LabelDispatchLost, sdk.LabelDispatchLostOrphanStopped, sdk.LabelStartExpired},
+		Description:       "fails queued attempts whose dispatch never landed (dispatch_lost) or whose pod cannot start in time (start_expired)"})}
 }
 
 // Reap runs one pass: one decision per attempt judged, plus one per

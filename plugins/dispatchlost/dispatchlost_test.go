@@ -14,63 +14,10 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+type bundle = sdktest.Rig[*Reaper]
 
 func setup(t testing.TB, edition string, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(edition)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
-}
-
-type ruleCase struct {
-	name      string
-	edition   string
-	values    sdk.Values
-	arrange   func(b *bundle) sdk.Attempt
-	want      string
-	wantState string
-	check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-}
-
-func runRules(t *testing.T, cases []ruleCase) {
-	t.Helper()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			edition := tc.edition
-			if edition == "" {
-				edition = ladder.EditionLite
-			}
-			b := setup(t, edition, tc.values)
-			a := tc.arrange(b)
-			ds := b.reap(t)
-			if got := ds.Label(a); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
-			}
-			if got := b.h.Board.Row(a).State; got != tc.wantState {
-				t.Fatalf("row state %q, want %q", got, tc.wantState)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
 const (
@@ -79,104 +26,99 @@ const (
 	kube   = ladder.EditionKube
 )
 
-func noActions(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.h.Exec.Actions(); n != 0 {
-		t.Fatalf("%d stops or teardowns", n)
-	}
-}
+var noActions = sdktest.NoActions[*Reaper]
 
 func TestLite(t *testing.T) {
 	t.Parallel()
-	lost := func(b *bundle) sdk.Attempt { return b.h.Queued("r", "t", 4*time.Minute) }
-	runRules(t, []ruleCase{
+	lost := func(b *bundle) sdk.Attempt { return b.H.Queued("r", "t", 4*time.Minute) }
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
 		// Provisional as the plugin asks it: on Lite the host confirms it
 		// as made, on the substrate's word, never on the reaper's.
-		{name: "QueuedPastThresholdAndDead_DispatchLostProvisional", arrange: lost, want: sdk.LabelDispatchLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-				row := b.h.Board.Row(a)
+		{Name: "QueuedPastThresholdAndDead_DispatchLostProvisional", Arrange: lost, Want: sdk.LabelDispatchLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				row := b.H.Board.Row(a)
 				if row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() || row.MarkReason != sdk.LabelDispatchLost || row.Held {
 					t.Fatalf("row %+v", row)
 				}
-				if m := b.h.Board.Marks()[0]; len(m.FromStates) != 1 || m.FromStates[0] != queued || m.Term != 1 {
+				if m := b.H.Board.Marks()[0]; len(m.FromStates) != 1 || m.FromStates[0] != queued || m.Term != 1 {
 					t.Fatalf("mark %+v", m)
 				}
 				noActions(t, b, a, ds)
 			}},
-		{name: "RowWithoutQueuedAt_NeverReaped", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Board.PutQueued("r", "t", time.Time{})
-		}, want: "", wantState: queued, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if n := len(b.h.Board.Marks()); n != 0 {
+		{Name: "RowWithoutQueuedAt_NeverReaped", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Board.PutQueued("r", "t", time.Time{})
+		}, Want: "", WantState: queued, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := len(b.H.Board.Marks()); n != 0 {
 				t.Fatalf("%d marks", n)
 			}
 		}},
-		{name: "QueuedExactlyAtThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Queued("r", "t", 3*time.Minute)
-		}, want: "", wantState: queued},
-		{name: "AgentAlive_Defers", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "QueuedExactlyAtThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Queued("r", "t", 3*time.Minute)
+		}, Want: "", WantState: queued},
+		{Name: "AgentAlive_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Alive(a)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelDispatchLostProcessAlive, wantState: queued},
-		{name: "LivenessUnknown_Defers", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostProcessAlive, WantState: queued},
+		{Name: "LivenessUnknown_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Unknown(a, "signal 0: EPERM")
+			b.H.Exec.Unknown(a, "signal 0: EPERM")
 			return a
-		}, want: sdk.LabelDispatchLostProcessQueryErr, wantState: queued},
-		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("record dir is a symlink"))
+		}, Want: sdk.LabelDispatchLostProcessQueryErr, WantState: queued},
+		{Name: "LivenessCallFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("record dir is a symlink"))
 			return lost(b)
-		}, want: sdk.LabelDispatchLostProcessQueryErr, wantState: queued},
-		{name: "OrphanedGroup_StoppedThenMarked", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostProcessQueryErr, WantState: queued},
+		{Name: "OrphanedGroup_StoppedThenMarked", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Orphaned(a)
-			b.h.Board.OnMark(func(sdk.Mark) {
-				if len(b.h.Exec.Stops()) != 1 {
+			b.H.Exec.Orphaned(a)
+			b.H.Board.OnMark(func(sdk.Mark) {
+				if len(b.H.Exec.Stops()) != 1 {
 					panic("marked before the group was stopped")
 				}
 			})
 			return a
-		}, want: sdk.LabelDispatchLostOrphanStopped, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-			if s := b.h.Exec.Stops(); len(s) != 1 || s[0].Attempt != a || s[0].Reason != sdk.StopOrphan {
+		}, Want: sdk.LabelDispatchLostOrphanStopped, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+			if s := b.H.Exec.Stops(); len(s) != 1 || s[0].Attempt != a || s[0].Reason != sdk.StopOrphan {
 				t.Fatalf("stops %+v", s)
 			}
 		}},
-		{name: "OrphanStopFails_Defers", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "OrphanStopFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Orphaned(a)
-			b.h.Exec.ScriptStop(a, sdk.StopResult{Detail: "leader exited, members remain"}, nil)
+			b.H.Exec.Orphaned(a)
+			b.H.Exec.ScriptStop(a, sdk.StopResult{Detail: "leader exited, members remain"}, nil)
 			return a
-		}, want: sdk.LabelDispatchLostOrphanStopErr, wantState: queued},
-		{name: "StartedBetweenListAndMark_Noop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostOrphanStopErr, WantState: queued},
+		{Name: "StartedBetweenListAndMark_Noop", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Board.OnMark(func(m sdk.Mark) {
-				b.h.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.State = sdk.StateRunning })
+			b.H.Board.OnMark(func(m sdk.Mark) {
+				b.H.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.State = sdk.StateRunning })
 			})
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: sdk.StateRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelMarkNoop, WantState: sdk.StateRunning, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopMovedOn || d.Applied {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "HoldPolicySetsHold", values: sdk.Values{"policy": "hold"}, arrange: lost, want: sdk.LabelDispatchLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-				if !b.h.Board.Row(a).Held || !b.h.Board.Marks()[0].Hold {
+		{Name: "HoldPolicySetsHold", Values: sdk.Values{"policy": "hold"}, Arrange: lost, Want: sdk.LabelDispatchLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if !b.H.Board.Row(a).Held || !b.H.Board.Marks()[0].Hold {
 					t.Fatal("not held")
 				}
 			}},
-		{name: "LiteHasNoStartExpired", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 9*time.Minute)
-			b.h.Exec.Pending(a)
+		{Name: "LiteHasNoStartExpired", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 9*time.Minute)
+			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelDispatchLostProcessAlive, wantState: queued},
+		}, Want: sdk.LabelDispatchLostProcessAlive, WantState: queued},
 	})
 }
 
 func TestKube(t *testing.T) {
 	t.Parallel()
-	lost := func(b *bundle) sdk.Attempt { return b.h.Queued("r", "t", 4*time.Minute) }
+	lost := func(b *bundle) sdk.Attempt { return b.H.Queued("r", "t", 4*time.Minute) }
 	liveCalls := func(b *bundle) (cached, live int) {
-		for _, c := range b.h.Exec.LivenessCalls() {
+		for _, c := range b.H.Exec.LivenessCalls() {
 			if c.Live {
 				live++
 			} else {
@@ -185,54 +127,54 @@ func TestKube(t *testing.T) {
 		}
 		return cached, live
 	}
-	runRules(t, []ruleCase{
-		{name: "NoPod_DispatchLostProvisionalThenTornDown", edition: kube, arrange: lost, want: sdk.LabelDispatchLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-				if row := b.h.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
+	sdktest.RunRules(t, setup, []sdktest.Rule[*Reaper]{
+		{Name: "NoPod_DispatchLostProvisionalThenTornDown", Edition: kube, Arrange: lost, Want: sdk.LabelDispatchLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				if row := b.H.Board.Row(a); !row.InfraConfirmedAt.IsZero() || !row.Live() {
 					t.Fatalf("row %+v", row)
 				}
-				if td := b.h.Exec.Teardowns(); len(td) != 1 || *td[0].Attempt != a || td[0].Reason != sdk.LabelDispatchLost {
+				if td := b.H.Exec.Teardowns(); len(td) != 1 || *td[0].Attempt != a || td[0].Reason != sdk.LabelDispatchLost {
 					t.Fatalf("teardowns %+v", td)
 				}
 				if _, live := liveCalls(b); live != 1 || ds[0].Evidence[reap.EvLivenessLive] != "true" {
 					t.Fatalf("mark not backed by a live read: %d live reads, evidence %v", live, ds[0].Evidence)
 				}
 			}},
-		{name: "PodPendingOrRunning_DefersWithoutLiveRead", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "PodPendingOrRunning_DefersWithoutLiveRead", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Alive(a)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
 			if _, live := liveCalls(b); live != 0 {
 				t.Fatalf("%d live reads", live)
 			}
 		}},
-		{name: "PodQueryError_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("apiserver: connection refused"))
+		{Name: "PodQueryError_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("apiserver: connection refused"))
 			return lost(b)
-		}, want: sdk.LabelDispatchLostPodQueryErr, wantState: queued, check: noActions},
-		{name: "CacheSaysGoneLiveReadFindsPod_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostPodQueryErr, WantState: queued, Check: noActions},
+		{Name: "CacheSaysGoneLiveReadFindsPod_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Dead(a)
-			b.h.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod Running"})
+			b.H.Exec.Dead(a)
+			b.H.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod Running"})
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued, check: noActions},
-		{name: "CacheSaysGoneLiveReadFails_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued, Check: noActions},
+		{Name: "CacheSaysGoneLiveReadFails_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Dead(a)
-			b.h.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Unknown, Detail: "list pods: 429"})
+			b.H.Exec.Dead(a)
+			b.H.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Unknown, Detail: "list pods: 429"})
 			return a
-		}, want: sdk.LabelDispatchLostPodQueryErr, wantState: queued, check: noActions},
-		{name: "PendingPodNearCredentialLapse_StartExpired", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 8*time.Minute) // lapses in exactly 2 minutes
-			b.h.Exec.Pending(a)
+		}, Want: sdk.LabelDispatchLostPodQueryErr, WantState: queued, Check: noActions},
+		{Name: "PendingPodNearCredentialLapse_StartExpired", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 8*time.Minute) // lapses in exactly 2 minutes
+			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelStartExpired, wantState: failed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-			row := b.h.Board.Row(a)
+		}, Want: sdk.LabelStartExpired, WantState: failed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+			row := b.H.Board.Row(a)
 			if row.MarkReason != sdk.LabelStartExpired || row.LastFailureKind != sdk.FailureInfra || !row.InfraConfirmedAt.IsZero() {
 				t.Fatalf("row %+v", row)
 			}
-			if td := b.h.Exec.Teardowns(); len(td) != 1 || td[0].Reason != sdk.LabelStartExpired {
+			if td := b.H.Exec.Teardowns(); len(td) != 1 || td[0].Reason != sdk.LabelStartExpired {
 				t.Fatalf("teardowns %+v", td)
 			}
 			if _, live := liveCalls(b); live != 1 {
@@ -242,51 +184,51 @@ func TestKube(t *testing.T) {
 				t.Fatalf("evidence %v", ds[0].Evidence)
 			}
 		}},
-		{name: "PendingPodBeforeMargin_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 8*time.Minute-time.Second)
-			b.h.Exec.Pending(a)
+		{Name: "PendingPodBeforeMargin_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 8*time.Minute-time.Second)
+			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued},
-		{name: "RunningPodNearCredentialLapse_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 9*time.Minute)
-			b.h.Exec.Alive(a)
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued},
+		{Name: "RunningPodNearCredentialLapse_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 9*time.Minute)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued, check: noActions},
-		{name: "PendingInCacheRunningLive_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 9*time.Minute)
-			b.h.Exec.Pending(a)
-			b.h.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod Running"})
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued, Check: noActions},
+		{Name: "PendingInCacheRunningLive_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 9*time.Minute)
+			b.H.Exec.Pending(a)
+			b.H.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod Running"})
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued, check: noActions},
-		{name: "NearLapseReadError_Defers", edition: kube, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 9*time.Minute)
-			b.h.Exec.Pending(a)
-			b.h.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Unknown, Detail: "get pods: timeout"})
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued, Check: noActions},
+		{Name: "NearLapseReadError_Defers", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 9*time.Minute)
+			b.H.Exec.Pending(a)
+			b.H.Exec.SetLiveRead(a, sdk.AttemptLiveness{State: sdk.Unknown, Detail: "get pods: timeout"})
 			return a
-		}, want: sdk.LabelDispatchLostPodQueryErr, wantState: queued, check: noActions},
-		{name: "StartExpiryDisabled_Defers", edition: kube, values: sdk.Values{AttrStartExpiry: false}, arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.Queued("r", "t", 9*time.Minute)
-			b.h.Exec.Pending(a)
+		}, Want: sdk.LabelDispatchLostPodQueryErr, WantState: queued, Check: noActions},
+		{Name: "StartExpiryDisabled_Defers", Edition: kube, Values: sdk.Values{AttrStartExpiry: false}, Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.Queued("r", "t", 9*time.Minute)
+			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelDispatchLostPodAlive, wantState: queued},
-		{name: "TeardownFails_PodDeleteErrorMarkStays", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLostPodAlive, WantState: queued},
+		{Name: "TeardownFails_PodDeleteErrorMarkStays", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.ScriptTeardown(a, nil, errors.New("forbidden"))
+			b.H.Exec.ScriptTeardown(a, nil, errors.New("forbidden"))
 			return a
-		}, want: sdk.LabelDispatchLost + "," + sdk.LabelDispatchLostPodDeleteErr, wantState: failed},
-		{name: "DeleteFallback_Recorded", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLost + "," + sdk.LabelDispatchLostPodDeleteErr, WantState: failed},
+		{Name: "DeleteFallback_Recorded", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
+			b.H.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
 			return a
-		}, want: sdk.LabelDispatchLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
-		{name: "ReQueuedBetweenListAndMark_NewAttemptUntouched", edition: kube, arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelDispatchLost + "," + sdk.LabelTeardownDeleteFallback, WantState: failed},
+		{Name: "ReQueuedBetweenListAndMark_NewAttemptUntouched", Edition: kube, Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Board.OnMark(func(m sdk.Mark) {
-				b.h.Board.Replace(m.RunID, m.TaskID, false, queued, b.h.Now())
-				b.h.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.QueuedAt = b.h.Now() })
+			b.H.Board.OnMark(func(m sdk.Mark) {
+				b.H.Board.Replace(m.RunID, m.TaskID, false, queued, b.H.Now())
+				b.H.Board.Update(m.RunID, m.TaskID, func(ti *sdktest.TaskInstance) { ti.QueuedAt = b.H.Now() })
 			})
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: queued, check: noActions},
+		}, Want: sdk.LabelMarkNoop, WantState: queued, Check: noActions},
 	})
 }
 
@@ -296,13 +238,13 @@ func TestDryRunWritesNothing(t *testing.T) {
 		t.Run(edition, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, edition, nil)
-			b.h.DryRun = true
-			b.h.Queued("dead", "t", 4*time.Minute)
-			orphan := b.h.Queued("orphan", "t", 4*time.Minute)
-			b.h.Exec.Orphaned(orphan)
-			pending := b.h.Queued("pending", "t", 9*time.Minute)
-			b.h.Exec.Pending(pending)
-			ds := b.reap(t)
+			b.H.DryRun = true
+			b.H.Queued("dead", "t", 4*time.Minute)
+			orphan := b.H.Queued("orphan", "t", 4*time.Minute)
+			b.H.Exec.Orphaned(orphan)
+			pending := b.H.Queued("pending", "t", 9*time.Minute)
+			b.H.Exec.Pending(pending)
+			ds := b.Reap(t)
 			if len(ds) != 3 {
 				t.Fatalf("decisions %v", ds.Labels())
 			}
@@ -311,8 +253,8 @@ func TestDryRunWritesNothing(t *testing.T) {
 					t.Fatalf("decision %+v", d)
 				}
 			}
-			if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
-				t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+			if b.H.Board.Writes() != 0 || b.H.Exec.Actions() != 0 {
+				t.Fatalf("writes=%d actions=%d", b.H.Board.Writes(), b.H.Exec.Actions())
 			}
 			if edition == kube && ds.Label(pending) != sdk.LabelStartExpired {
 				t.Fatalf("pending: %q", ds.Label(pending))
@@ -327,8 +269,8 @@ func TestPaging(t *testing.T) {
 	putAlive := func(b *bundle, n int) []sdk.Attempt {
 		out := make([]sdk.Attempt, n)
 		for i := range n {
-			out[i] = b.h.Queued(fmt.Sprintf("r%04d", i), "t", 7*time.Minute-time.Duration(i)*time.Second)
-			b.h.Exec.Alive(out[i])
+			out[i] = b.H.Queued(fmt.Sprintf("r%04d", i), "t", 7*time.Minute-time.Duration(i)*time.Second)
+			b.H.Exec.Alive(out[i])
 		}
 		return out
 	}
@@ -337,30 +279,26 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		as := putAlive(b, 250)
-		for pass, first := range []int{0, 100, 200, 0} {
-			if ds := b.reap(t); ds[0].Attempt != as[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, as[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, as[0], as[100], as[200], as[0])
 	})
 	t.Run("ShortPageResetsCursor", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		putAlive(b, 130)
-		b.reap(t)
-		if ds := b.reap(t); len(ds) != 30 || b.h.StateOf(Name) != nil {
-			t.Fatalf("second pass judged %d, state %s", len(ds), b.h.StateOf(Name))
+		b.Reap(t)
+		if ds := b.Reap(t); len(ds) != 30 || b.H.StateOf(Name) != nil {
+			t.Fatalf("second pass judged %d, state %s", len(ds), b.H.StateOf(Name))
 		}
 	})
 	t.Run("LostDispatchBehind150LivePods_ReachedOnSecondPage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, kube, sdk.Values{"drain_max_pages": float64(1)})
 		putAlive(b, 150)
-		newer := b.h.Queued("newer", "t", 4*time.Minute)
-		if ds := b.reap(t); ds.Label(newer) != "" {
+		newer := b.H.Queued("newer", "t", 4*time.Minute)
+		if ds := b.Reap(t); ds.Label(newer) != "" {
 			t.Fatalf("first pass: %q", ds.Label(newer))
 		}
-		if ds := b.reap(t); ds.Label(newer) != sdk.LabelDispatchLost {
+		if ds := b.Reap(t); ds.Label(newer) != sdk.LabelDispatchLost {
 			t.Fatalf("second pass: %q", ds.Label(newer))
 		}
 	})
@@ -368,10 +306,10 @@ func TestPaging(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		for i := range 2500 {
-			b.h.Queued(fmt.Sprintf("r%04d", i), "t", 10*time.Minute)
+			b.H.Queued(fmt.Sprintf("r%04d", i), "t", 10*time.Minute)
 		}
-		if ds := b.reap(t); ds.Count(sdk.LabelDispatchLost) != 2500 || b.h.StateOf(Name) != nil {
-			t.Fatalf("marked %d, state %s", ds.Count(sdk.LabelDispatchLost), b.h.StateOf(Name))
+		if ds := b.Reap(t); ds.Count(sdk.LabelDispatchLost) != 2500 || b.H.StateOf(Name) != nil {
+			t.Fatalf("marked %d, state %s", ds.Count(sdk.LabelDispatchLost), b.H.StateOf(Name))
 		}
 	})
 }
@@ -411,25 +349,25 @@ func TestConfigure(t *testing.T) {
 func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionLite, nil)
-	a := b.h.Queued("r", "t", 5*time.Minute)
-	b.h.Exec.Orphaned(a)
-	b.h.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
+	a := b.H.Queued("r", "t", 5*time.Minute)
+	b.H.Exec.Orphaned(a)
+	b.H.Exec.ScriptStop(a, sdk.StopResult{InFlight: true, Detail: "stopping group 42: begun 9s ago, goes on"}, nil)
 
-	ds := b.reap(t)
-	if ds.Label(a) != sdk.LabelDispatchLostProcessAlive || b.h.Board.Row(a).State != sdk.StateQueued {
-		t.Fatalf("first pass: %+v, row %s", ds, b.h.Board.Row(a).State)
+	ds := b.Reap(t)
+	if ds.Label(a) != sdk.LabelDispatchLostProcessAlive || b.H.Board.Row(a).State != sdk.StateQueued {
+		t.Fatalf("first pass: %+v, row %s", ds, b.H.Board.Row(a).State)
 	}
 	if ev := ds.For(a)[0].Evidence[reap.EvStop]; !strings.HasPrefix(ev, "in flight") {
 		t.Fatalf("stop evidence %q", ev)
 	}
-	b.h.Exec.Dead(a) // the stop went on in the substrate and is over
-	b.h.Clock.Advance(30 * time.Second)
-	ds = b.reap(t)
-	if ds.Label(a) != sdk.LabelDispatchLostOrphanStopped || b.h.Board.Row(a).State != sdk.StateFailed {
-		t.Fatalf("later pass: %+v, row %s", ds, b.h.Board.Row(a).State)
+	b.H.Exec.Dead(a) // the stop went on in the substrate and is over
+	b.H.Clock.Advance(30 * time.Second)
+	ds = b.Reap(t)
+	if ds.Label(a) != sdk.LabelDispatchLostOrphanStopped || b.H.Board.Row(a).State != sdk.StateFailed {
+		t.Fatalf("later pass: %+v, row %s", ds, b.H.Board.Row(a).State)
 	}
-	if len(b.h.StateOf(Name)) != 0 {
-		t.Fatalf("state still carries %s", b.h.StateOf(Name))
+	if len(b.H.StateOf(Name)) != 0 {
+		t.Fatalf("state still carries %s", b.H.StateOf(Name))
 	}
 }
 
@@ -440,23 +378,11 @@ func TestOrphanStopInFlight_MarkLandsOnALaterPass(t *testing.T) {
 func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionKube, nil)
-	a := b.h.Queued("r", "t", 4*time.Minute)
-	b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
-	ds := b.reap(t)
+	a := b.H.Queued("r", "t", 4*time.Minute)
+	b.H.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
+	ds := b.Reap(t)
 	if ds.Applied().Count(sdk.LabelDispatchLost) != 1 {
 		t.Fatalf("decisions %v", ds)
 	}
-	calls := b.h.Exec.LivenessCalls()
-	if len(calls) == 0 {
-		t.Fatal("no liveness read")
-	}
-	for _, c := range calls {
-		if c.PodUIDs[a] != "uid-own" {
-			t.Fatalf("liveness request %+v, want the recorded pod UID", c)
-		}
-	}
-	tds := b.h.Exec.Teardowns()
-	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
-		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
-	}
+	b.H.ExpectPinnedToPodUID(t, a, "uid-own")
 }

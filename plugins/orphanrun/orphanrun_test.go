@@ -15,190 +15,165 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+type bundle = sdktest.Rig[*Reaper]
 
 func setup(t testing.TB, edition string, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(edition)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
+	return sdktest.NewRig(t, edition, New(nil), values)
 }
 
 // quietRun puts run id, started an hour ago, with the given rows; a row's
 // zero times stay NULL, and every set time is the caller's.
 func quietRun(b *bundle, id string, rows ...sdktest.TaskInstance) sdk.Attempt {
-	b.h.Board.PutRun(sdktest.Run{RunID: id, DagID: "dag", StartedAt: b.h.Now().Add(-time.Hour)})
+	b.H.Board.PutRun(sdktest.Run{RunID: id, DagID: "dag", StartedAt: b.H.Now().Add(-time.Hour)})
 	for i, row := range rows {
 		row.RunID = id
 		if row.TaskID == "" {
 			row.TaskID = fmt.Sprintf("t%d", i)
 		}
-		b.h.Board.Put(row)
+		b.H.Board.Put(row)
 	}
 	return sdk.Attempt{RunID: id}
 }
 
 func TestRules(t *testing.T) {
 	t.Parallel()
-	ago := func(b *bundle, d time.Duration) time.Time { return b.h.Now().Add(-d) }
+	ago := func(b *bundle, d time.Duration) time.Time { return b.H.Now().Add(-d) }
 	settled := func(b *bundle) sdktest.TaskInstance {
 		return sdktest.TaskInstance{State: sdk.StateSuccess, RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)}
 	}
-	cases := []struct {
-		name    string
-		edition string
-		arrange func(b *bundle) sdk.Attempt
-		want    string // the run's decision labels
-		wantRun string
-		check   func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-	}{
-		{name: "AllSettledAndQuiet_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+	cases := []sdktest.Rule[*Reaper]{
+		{Name: "AllSettledAndQuiet_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateSkipped})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			d := ds.For(a)[0]
 			if !d.Applied || d.Evidence[reap.EvActivityAge] != "30m0s" || d.Evidence[reap.EvThreshold] != "5m0s" || d.Evidence[reap.EvTerm] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
-			if r, _ := b.h.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.h.Now()) {
+			if r, _ := b.H.Board.Run("r"); !strings.HasPrefix(r.FailedBy, sdk.LabelOrphanRun+":") || !r.EndedAt.Equal(b.H.Now()) {
 				t.Fatalf("run %+v", r)
 			}
-			if n := len(b.h.Exec.Teardowns()); n != 0 {
+			if n := len(b.H.Exec.Teardowns()); n != 0 {
 				t.Fatalf("lite tore down %d", n)
 			}
 		}},
-		{name: "NeverStartedNoneDoesNotKeepRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "NeverStartedNoneDoesNotKeepRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateNone})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "QuietWithinThreshold_NotJudged", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "QuietWithinThreshold_NotJudged", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: ago(b, 5*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ScheduledKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ScheduledKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b), sdktest.TaskInstance{State: sdk.StateScheduled})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "StaleQueuedKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "StaleQueuedKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateQueued, QueuedAt: ago(b, time.Hour)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "SilentRunningKeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "SilentRunningKeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateRunning, RunningAt: ago(b, time.Hour), LastHeartbeatAt: ago(b, time.Hour)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedUpForRetry_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedUpForRetry_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForRetry, EndedAt: ago(b, 20*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedUpForReschedule_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedUpForReschedule_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateUpForReschedule, EndedAt: ago(b, 20*time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedDeferred_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedDeferred_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateDeferred})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ProvisionalInfraMarkInsideTheValve_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ProvisionalInfraMarkInsideTheValve_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				QueuedAt: ago(b, 20*time.Minute), InfraMarkedAt: ago(b, time.Minute), EndedAt: ago(b, time.Minute)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ProvisionalInfraMarkPastTheValve_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ProvisionalInfraMarkPastTheValve_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "ReplaceableInfraMark_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "ReplaceableInfraMark_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
 				EndedAt: ago(b, 20*time.Minute), InfraBudget: 3, InfraUsed: 2})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "HeldForReview_KeepsRunAlive", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "HeldForReview_KeepsRunAlive", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute),
 				EndedAt: ago(b, 20*time.Minute), Held: true})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ConfirmedInfraMark_RunFailed", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ConfirmedInfraMark_RunFailed", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureInfra,
 				InfraMarkedAt: ago(b, 20*time.Minute), InfraConfirmedAt: ago(b, 20*time.Minute), EndedAt: ago(b, 20*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed},
-		{name: "ReleasedAtCountsAsActivity", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed},
+		{Name: "ReleasedAtCountsAsActivity", Arrange: func(b *bundle) sdk.Attempt {
 			// Released back to none for another attempt a moment ago: its
 			// per-attempt times are cleared, but the release is activity.
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateNone, Try: 2, ReleasedAt: ago(b, 10*time.Second)})
-		}, want: "", wantRun: sdk.RunRunning},
-		{name: "ParkedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantRun: sdk.RunRunning},
+		{Name: "ParkedBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", sdktest.TaskInstance{TaskID: "t", State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.Update("r", "t", func(ti *sdktest.TaskInstance) { ti.State = sdk.StateUpForRetry })
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Applied || d.Evidence[reap.EvNoopReason] != sdk.NoopActive {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "FreshActivityBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "FreshActivityBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.h.Now()})
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "late", State: sdk.StateNone, ReleasedAt: b.H.Now()})
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
-		{name: "RowsLockedByAnotherWriter_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning},
+		{Name: "RowsLockedByAnotherWriter_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.LockRun("r", true)
+			b.H.Board.LockRun("r", true)
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvNoopReason] != sdk.NoopLocked {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "FinalizedBetweenListAndReap_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "FinalizedBetweenListAndReap_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.OnReapRun(func(sdk.RunReap) {
-				b.h.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
+			b.H.Board.OnReapRun(func(sdk.RunReap) {
+				b.H.Board.UpdateRun("r", func(r *sdktest.Run) { r.State = sdk.RunSuccess })
 			})
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunSuccess},
-		{name: "DeposedTerm_OrphanReapNoop", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Board.SetTerm(9)
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunSuccess},
+		{Name: "DeposedTerm_OrphanReapNoop", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Board.SetTerm(9)
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning},
-		{name: "AttachedAttemptsInEvidence", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning},
+		{Name: "AttachedAttemptsInEvidence", Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateFailed, LastFailureKind: sdk.FailureTask,
 				RunningAt: ago(b, 40*time.Minute), EndedAt: ago(b, 30*time.Minute)})
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; d.Evidence[reap.EvAttached] != "1" {
 				t.Fatalf("decision %+v", d)
 			}
 		}},
-		{name: "KubeTearsDownEveryExecutionOfTheRun", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeTearsDownEveryExecutionOfTheRun", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if td := b.h.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
+		}, Want: sdk.LabelOrphanRun, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if td := b.H.Exec.Teardowns(); len(td) != 1 || td[0].RunID != "r" || td[0].Attempt != nil || td[0].Reason != sdk.LabelOrphanRun {
 				t.Fatalf("teardowns %+v", td)
 			}
 		}},
-		{name: "KubeNoopNeverTearsDown", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
+		{Name: "KubeNoopNeverTearsDown", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
 			a := quietRun(b, "r", settled(b))
-			b.h.Board.LockRun("r", true)
+			b.H.Board.LockRun("r", true)
 			return a
-		}, want: sdk.LabelOrphanReapNoop, wantRun: sdk.RunRunning, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if n := b.h.Exec.Actions(); n != 0 {
+		}, Want: sdk.LabelOrphanReapNoop, WantRun: sdk.RunRunning, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := b.H.Exec.Actions(); n != 0 {
 				t.Fatalf("%d teardowns", n)
 			}
 		}},
-		{name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
+		{Name: "KubeTeardownFails_ReapStands_DeleteErrorRecorded", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.ScriptRunTeardown("r", nil, errors.New("apiserver unavailable"))
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, wantRun: sdk.RunFailed, check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelOrphanRun + "," + sdk.LabelOrphanRunPodDeleteErr, WantRun: sdk.RunFailed, Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 			if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvTeardown], "apiserver unavailable") {
 				t.Fatalf("decision %+v", d)
 			}
@@ -206,33 +181,13 @@ func TestRules(t *testing.T) {
 				t.Fatalf("delete error decision %+v", d)
 			}
 		}},
-		{name: "KubeDeleteFallback_Recorded", edition: ladder.EditionKube, arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
+		{Name: "KubeDeleteFallback_Recorded", Edition: ladder.EditionKube, Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.ScriptRunTeardown("r", []sdk.TeardownOutcome{{Object: "pod/a", Action: sdk.TeardownDeleteFallback},
 				{Object: "pod/b", Action: sdk.TeardownSkipTerminal}}, nil)
 			return quietRun(b, "r", settled(b))
-		}, want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, wantRun: sdk.RunFailed},
+		}, Want: sdk.LabelOrphanRun + "," + sdk.LabelTeardownDeleteFallback, WantRun: sdk.RunFailed},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			edition := tc.edition
-			if edition == "" {
-				edition = ladder.EditionLite
-			}
-			b := setup(t, edition, nil)
-			a := tc.arrange(b)
-			ds := b.reap(t)
-			if got := ds.Label(a); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all %+v)", got, tc.want, ds)
-			}
-			if r, _ := b.h.Board.Run(a.RunID); r.State != tc.wantRun {
-				t.Fatalf("run state %q, want %q", r.State, tc.wantRun)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+	sdktest.RunRules(t, setup, cases)
 }
 
 // A scheduler crash mid-tick leaves a run's task queued: dispatch-lost
@@ -259,32 +214,32 @@ func TestLostDispatchThenOrphanRun(t *testing.T) {
 			t.Parallel()
 			b := setup(t, ladder.EditionLite, nil)
 			dl := dispatchlost.New(nil)
-			b.h.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.h.Now().Add(-10 * time.Minute)})
-			stuck := b.h.Queued("r", "t", 10*time.Minute)
-			row, _ := b.h.Board.Task("r", "t")
+			b.H.Board.PutRun(sdktest.Run{RunID: "r", StartedAt: b.H.Now().Add(-10 * time.Minute)})
+			stuck := b.H.Queued("r", "t", 10*time.Minute)
+			row, _ := b.H.Board.Task("r", "t")
 			row.InfraBudget = tc.budget
-			b.h.Board.Put(row)
+			b.H.Board.Put(row)
 
-			if ds := b.reap(t); len(ds) != 0 {
+			if ds := b.Reap(t); len(ds) != 0 {
 				t.Fatalf("a queued task keeps the run alive: %v", ds.Labels())
 			}
-			if ds, err := b.h.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
+			if ds, err := b.H.Reap(ctx, dl); err != nil || ds.Label(stuck) != sdk.LabelDispatchLost {
 				t.Fatalf("dispatch-lost: %v %v", ds.Labels(), err)
 			}
 			// The host confirms the mark as made (Lite: the substrate reads
 			// its agent dead); this harness has no host, so it does so here.
-			if res, err := b.h.Board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: stuck, Term: b.h.Term, At: b.h.Now()}}); err != nil ||
+			if res, err := b.H.Board.ConfirmInfra(ctx, []sdk.Confirm{{Attempt: stuck, Term: b.H.Term, At: b.H.Now()}}); err != nil ||
 				len(res) != 1 || !res[0].Applied {
 				t.Fatalf("the sweep's confirmation: %+v %v", res, err)
 			}
-			b.reap(t)
-			if r, _ := b.h.Board.Run("r"); r.State != tc.wantRun {
+			b.Reap(t)
+			if r, _ := b.H.Board.Run("r"); r.State != tc.wantRun {
 				t.Fatalf("run %s after the mark's pass, want %s", r.State, tc.wantRun)
 			}
 			if tc.wantRun == sdk.RunRunning {
-				b.h.Clock.Advance(time.Hour)
-				b.reap(t)
-				if r, _ := b.h.Board.Run("r"); r.State != sdk.RunRunning {
+				b.H.Clock.Advance(time.Hour)
+				b.Reap(t)
+				if r, _ := b.H.Board.Run("r"); r.State != sdk.RunRunning {
 					t.Fatalf("a re-placeable mark let the run fail: %s", r.State)
 				}
 			}
@@ -295,14 +250,14 @@ func TestLostDispatchThenOrphanRun(t *testing.T) {
 func TestDryRunWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, ladder.EditionKube, nil)
-	b.h.DryRun = true
-	a := quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: b.h.Now().Add(-time.Hour)})
-	ds := b.reap(t)
+	b.H.DryRun = true
+	a := quietRun(b, "r", sdktest.TaskInstance{State: sdk.StateSuccess, EndedAt: b.H.Now().Add(-time.Hour)})
+	ds := b.Reap(t)
 	if d := ds.For(a); len(d) != 1 || d[0].Label != sdk.LabelOrphanRun || d[0].Applied || !d[0].DryRun {
 		t.Fatalf("decisions %+v", ds)
 	}
-	if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
-		t.Fatalf("writes=%d actions=%d", b.h.Board.Writes(), b.h.Exec.Actions())
+	if b.H.Board.Writes() != 0 || b.H.Exec.Actions() != 0 {
+		t.Fatalf("writes=%d actions=%d", b.H.Board.Writes(), b.H.Exec.Actions())
 	}
 }
 
@@ -312,7 +267,7 @@ func TestPaging(t *testing.T) {
 		out := make([]sdk.Attempt, n)
 		for i := range n {
 			id := fmt.Sprintf("r%04d", i)
-			b.h.Board.PutRun(sdktest.Run{RunID: id, StartedAt: b.h.Now().Add(-time.Hour + time.Duration(i)*time.Second)})
+			b.H.Board.PutRun(sdktest.Run{RunID: id, StartedAt: b.H.Now().Add(-time.Hour + time.Duration(i)*time.Second)})
 			out[i] = sdk.Attempt{RunID: id}
 		}
 		return out
@@ -322,28 +277,24 @@ func TestPaging(t *testing.T) {
 		b := setup(t, ladder.EditionLite, sdk.Values{"drain_max_pages": float64(1)})
 		runs := quiet(b, 250)
 		for _, r := range runs {
-			b.h.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
+			b.H.Board.LockRun(r.RunID, true) // every reap a no-op, so the runs stay listed
 		}
-		for pass, first := range []int{0, 100, 200, 0} {
-			if ds := b.reap(t); ds[0].Attempt != runs[first] {
-				t.Fatalf("pass %d starts at %v, want %v", pass, ds[0].Attempt, runs[first])
-			}
-		}
+		b.ExpectPassesStartAt(t, runs[0], runs[100], runs[200], runs[0])
 	})
 	t.Run("DrainReachesAll2500InOnePass", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		quiet(b, 2500)
-		if ds := b.reap(t); ds.Count(sdk.LabelOrphanRun) != 2500 || b.h.StateOf(Name) != nil {
-			t.Fatalf("failed %d runs, state %s", ds.Count(sdk.LabelOrphanRun), b.h.StateOf(Name))
+		if ds := b.Reap(t); ds.Count(sdk.LabelOrphanRun) != 2500 || b.H.StateOf(Name) != nil {
+			t.Fatalf("failed %d runs, state %s", ds.Count(sdk.LabelOrphanRun), b.H.StateOf(Name))
 		}
 	})
 	t.Run("BoardErrorFailsPass", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, ladder.EditionLite, nil)
 		quiet(b, 3)
-		b.h.Board.Fail(sdktest.OpReapRun, errors.New("serialization failure"))
-		if _, err := b.h.Reap(context.Background(), b.r); err == nil || !strings.Contains(err.Error(), "serialization failure") {
+		b.H.Board.Fail(sdktest.OpReapRun, errors.New("serialization failure"))
+		if _, err := b.H.Reap(context.Background(), b.R); err == nil || !strings.Contains(err.Error(), "serialization failure") {
 			t.Fatalf("err %v", err)
 		}
 	})

@@ -28,17 +28,17 @@ type steady struct {
 func newSteady(t *testing.T, n int, values sdk.Values) *steady {
 	t.Helper()
 	s := &steady{bundle: setup(t, values), feed: sdktest.NewFeed()}
-	s.h.Exec.UseFeed(s.feed)
-	s.h.Exec.SetDefault(sdk.Alive)
+	s.H.Exec.UseFeed(s.feed)
+	s.H.Exec.SetDefault(sdk.Alive)
 	for i := range n {
-		s.fleet = append(s.fleet, s.h.Running(fmt.Sprintf("r%04d", i), "t", time.Hour-time.Duration(i)*time.Second, 5*time.Second))
+		s.fleet = append(s.fleet, s.H.Running(fmt.Sprintf("r%04d", i), "t", time.Hour-time.Duration(i)*time.Second, 5*time.Second))
 	}
-	s.h.Board.OnList(func(q sdk.CandidateQuery) {
+	s.H.Board.OnList(func(q sdk.CandidateQuery) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.queries = append(s.queries, q)
 	})
-	if ds := s.reap(t); len(ds) != 0 {
+	if ds := s.Reap(t); len(ds) != 0 {
 		t.Fatalf("the first pass over a healthy fleet decided %v", ds)
 	}
 	// A full walk from the oldest row: its first page of ladder.PageSize,
@@ -72,8 +72,8 @@ func (s *steady) take() []sdk.CandidateQuery {
 // next advances the clock one interval and runs a pass.
 func (s *steady) next(t *testing.T) sdktest.Decisions {
 	t.Helper()
-	s.h.Clock.Advance(s.h.Ladder.MaintenanceInterval)
-	return s.reap(t)
+	s.H.Clock.Advance(s.H.Ladder.MaintenanceInterval)
+	return s.Reap(t)
 }
 
 // walked reports whether the listings read from the oldest row.
@@ -89,7 +89,7 @@ func walked(qs []sdk.CandidateQuery) bool {
 func TestIncremental_SteadyPassReadsOnlyWhatCrossedTheFloor(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 250, nil)
-	reads := len(s.h.Exec.LivenessCalls())
+	reads := len(s.H.Exec.LivenessCalls())
 	for range 5 {
 		if ds := s.next(t); len(ds) != 0 {
 			t.Fatalf("a steady pass decided %v", ds)
@@ -98,11 +98,11 @@ func TestIncremental_SteadyPassReadsOnlyWhatCrossedTheFloor(t *testing.T) {
 		if len(qs) != 1 || qs[0].After == nil || len(qs[0].Only) != 0 {
 			t.Fatalf("a steady pass read %d listings (%+v), want the one of attempts that crossed the floor", len(qs), qs)
 		}
-		if !qs[0].OlderThan.Equal(s.h.Now().Add(-s.h.Ladder.PodLostFloor)) {
+		if !qs[0].OlderThan.Equal(s.H.Now().Add(-s.H.Ladder.PodLostFloor)) {
 			t.Fatalf("floor not in the query: older than %s", qs[0].OlderThan)
 		}
 	}
-	if got := len(s.h.Exec.LivenessCalls()); got != reads {
+	if got := len(s.H.Exec.LivenessCalls()); got != reads {
 		t.Fatalf("steady passes made %d liveness reads over a fleet that crossed nothing", got-reads)
 	}
 }
@@ -110,14 +110,14 @@ func TestIncremental_SteadyPassReadsOnlyWhatCrossedTheFloor(t *testing.T) {
 func TestIncremental_AttemptCrossingTheFloorIsJudged(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 10, nil)
-	fresh := s.h.Running("fresh", "t", 10*time.Second, time.Second) // inside the floor
-	s.h.Exec.Dead(fresh)
-	if ds := s.next(t); len(ds) != 0 || s.h.Board.Row(fresh).State != running {
+	fresh := s.H.Running("fresh", "t", 10*time.Second, time.Second) // inside the floor
+	s.H.Exec.Dead(fresh)
+	if ds := s.next(t); len(ds) != 0 || s.H.Board.Row(fresh).State != running {
 		t.Fatalf("inside the floor: %v", ds)
 	}
-	s.h.Clock.Advance(s.h.Ladder.PodLostFloor)
-	ds := s.reap(t)
-	if got := ds.Label(fresh); got != sdk.LabelPodLost || s.h.Board.Row(fresh).State != failed {
+	s.H.Clock.Advance(s.H.Ladder.PodLostFloor)
+	ds := s.Reap(t)
+	if got := ds.Label(fresh); got != sdk.LabelPodLost || s.H.Board.Row(fresh).State != failed {
 		t.Fatalf("an attempt that crossed the floor with no pod: %q", got)
 	}
 	if walked(s.take()) {
@@ -130,11 +130,11 @@ func TestIncremental_PodDeletedPastTheFloorMarkedByTheFeed(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 250, nil)
 	a := s.fleet[123]
-	s.h.Exec.Dead(a)
+	s.H.Exec.Dead(a)
 	s.feed.Deleted(a)
 	ds := s.next(t)
-	if got := ds.Label(a); got != sdk.LabelPodLost || s.h.Board.Row(a).State != failed {
-		t.Fatalf("a pod the feed saw deleted: %q, state %s", got, s.h.Board.Row(a).State)
+	if got := ds.Label(a); got != sdk.LabelPodLost || s.H.Board.Row(a).State != failed {
+		t.Fatalf("a pod the feed saw deleted: %q, state %s", got, s.H.Board.Row(a).State)
 	}
 	qs := s.take()
 	if walked(qs) || len(qs) != 2 || len(qs[1].Only) != 1 || qs[1].Only[0] != a {
@@ -151,7 +151,7 @@ func TestIncremental_NamedAttemptStillNeedsThePositiveSignal(t *testing.T) {
 	s := newSteady(t, 10, nil)
 	present, unknown := s.fleet[1], s.fleet[2]
 	s.feed.Deleted(present) // a pod of the attempt is still present (the cache or the live read says so)
-	s.h.Exec.Unknown(unknown, "reading the attempt's pods failed: timeout")
+	s.H.Exec.Unknown(unknown, "reading the attempt's pods failed: timeout")
 	s.feed.Deleted(unknown)
 	ds := s.next(t)
 	if got := ds.Label(present); got != "" {
@@ -167,17 +167,17 @@ func TestIncremental_SupersededOrFreshNamedAttemptNotMarked(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 10, nil)
 	old := s.fleet[3]
-	s.h.Board.Replace(old.RunID, old.TaskID, false, running, s.h.Now()) // a new attempt, its pod not yet made
-	s.h.Exec.SetDefault(sdk.Dead)
+	s.H.Board.Replace(old.RunID, old.TaskID, false, running, s.H.Now()) // a new attempt, its pod not yet made
+	s.H.Exec.SetDefault(sdk.Dead)
 	for _, a := range s.fleet {
-		s.h.Exec.Alive(a)
+		s.H.Exec.Alive(a)
 	}
 	s.feed.Deleted(old)
 	ds := s.next(t)
 	if len(ds) != 0 {
 		t.Fatalf("the old attempt's pod deleted, the new attempt inside the floor: %v", ds)
 	}
-	if row := s.h.Board.Row(old); row.State != running {
+	if row := s.H.Board.Row(old); row.State != running {
 		t.Fatalf("row %+v", row)
 	}
 }
@@ -186,7 +186,7 @@ func TestIncremental_CacheRelistOrWatchLossForcesTheFullWalk(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 250, nil)
 	missed := s.fleet[200] // deleted while the cache was blind: the feed never names it
-	s.h.Exec.Dead(missed)
+	s.H.Exec.Dead(missed)
 	s.feed.Break()
 	ds := s.next(t)
 	if got := ds.Label(missed); got != sdk.LabelPodLost {
@@ -205,7 +205,7 @@ func TestIncremental_FeedErrorWalksEverything(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 10, nil)
 	missed := s.fleet[4]
-	s.h.Exec.Dead(missed)
+	s.H.Exec.Dead(missed)
 	s.feed.Fail(errors.New("Unimplemented"))
 	ds := s.next(t)
 	if got := ds.Label(missed); got != sdk.LabelPodLost || !walked(s.take()) {
@@ -217,16 +217,16 @@ func TestIncremental_BackstopWalkCatchesWhatTheFeedMissed(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 250, sdk.Values{"full_walk_every": "5m"})
 	missed := s.fleet[17]
-	s.h.Exec.Dead(missed) // lost without the feed naming it
-	start := s.h.Now()
-	for s.h.Board.Row(missed).State == running {
-		if s.h.Now().Sub(start) > 5*time.Minute+s.h.Ladder.MaintenanceInterval {
+	s.H.Exec.Dead(missed) // lost without the feed naming it
+	start := s.H.Now()
+	for s.H.Board.Row(missed).State == running {
+		if s.H.Now().Sub(start) > 5*time.Minute+s.H.Ladder.MaintenanceInterval {
 			t.Fatalf("not caught within full_walk_every and one interval")
 		}
 		s.next(t)
 	}
-	if s.h.Now().Sub(start) < 5*time.Minute {
-		t.Fatalf("caught after %s, before the backstop was due: the incremental pass walked", s.h.Now().Sub(start))
+	if s.H.Now().Sub(start) < 5*time.Minute {
+		t.Fatalf("caught after %s, before the backstop was due: the incremental pass walked", s.H.Now().Sub(start))
 	}
 	assertFleetRunning(t, s, missed)
 }
@@ -248,18 +248,18 @@ func TestIncremental_ZeroFullWalkEveryWalksEveryPass(t *testing.T) {
 func TestIncremental_NamedAttemptsLeftOverAreCarried(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 250, nil)
-	if err := s.h.Configure(t.Context(), s.r, sdk.Values{"drain_max_pages": 1}); err != nil {
+	if err := s.H.Configure(t.Context(), s.R, sdk.Values{"drain_max_pages": 1}); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range s.fleet[:150] {
-		s.h.Exec.Dead(a)
+		s.H.Exec.Dead(a)
 		s.feed.Deleted(a)
 	}
 	s.next(t)
 	marked := func() int {
 		n := 0
 		for _, a := range s.fleet {
-			if s.h.Board.Row(a).State == failed {
+			if s.H.Board.Row(a).State == failed {
 				n++
 			}
 		}
@@ -284,8 +284,8 @@ func assertFleetRunning(t *testing.T, s *steady, except ...sdk.Attempt) {
 		skip[a] = true
 	}
 	for _, a := range s.fleet {
-		if !skip[a] && s.h.Board.Row(a).State != running {
-			t.Fatalf("a live attempt %s left running: %+v", a, s.h.Board.Row(a))
+		if !skip[a] && s.H.Board.Row(a).State != running {
+			t.Fatalf("a live attempt %s left running: %+v", a, s.H.Board.Row(a))
 		}
 	}
 }
@@ -298,7 +298,7 @@ func TestFullWalkReadsLivenessAHundredAtATime(t *testing.T) {
 	t.Parallel()
 	s := newSteady(t, 2500, nil)
 	seen := map[sdk.Attempt]bool{}
-	for _, rq := range s.h.Exec.LivenessCalls() {
+	for _, rq := range s.H.Exec.LivenessCalls() {
 		if len(rq.Attempts) > ladder.PageSize {
 			t.Fatalf("one liveness read asked about %d attempts, want at most %d", len(rq.Attempts), ladder.PageSize)
 		}

@@ -130,6 +130,7 @@ func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelPodLost},
 		DecisionLabels: []string{sdk.LabelPodLostPodQueryErr, sdk.LabelPodLostPodDeleteErr, sdk.LabelPodLostPodPresent,
 			sdk.LabelPodLostNodeUnreachable},
+		KillLabels: []string{sdk.LabelPodLost}, ProvisionalLabels: []string{sdk.LabelPodLost},
 		Description: "fails running attempts that have no pod left (pod_lost)"})}
 }
 

@@ -14,29 +14,15 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+type bundle = sdktest.Rig[*Reaper]
 
 func setup(t testing.TB, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(ladder.EditionKube)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
+	return sdktest.NewRig(t, ladder.EditionKube, New(nil), values)
 }
 
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
-}
+// kubeSetup is setup for sdktest.RunRules: the plugin serves kube only,
+// so every rule runs on kube.
+func kubeSetup(t testing.TB, _ string, values sdk.Values) *bundle { return setup(t, values) }
 
 const (
 	failed  = sdk.StateFailed
@@ -45,30 +31,23 @@ const (
 
 // lost is a running kube attempt past the floor that heartbeats; the
 // scripted substrate reads it dead unless told otherwise.
-func lost(b *bundle) sdk.Attempt { return b.h.Running("r", "t", 2*time.Minute, 10*time.Second) }
+func lost(b *bundle) sdk.Attempt { return b.H.Running("r", "t", 2*time.Minute, 10*time.Second) }
 
 func TestRules(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name      string
-		values    sdk.Values
-		arrange   func(b *bundle) sdk.Attempt
-		want      string // comma-joined labels about the attempt
-		wantState string
-		check     func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions)
-	}{
-		{name: "NoPodObjectPastFloor_PodLostProvisionalThenTornDown", arrange: lost, want: sdk.LabelPodLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
-				row := b.h.Board.Row(a)
+	sdktest.RunRules(t, kubeSetup, []sdktest.Rule[*Reaper]{
+		{Name: "NoPodObjectPastFloor_PodLostProvisionalThenTornDown", Arrange: lost, Want: sdk.LabelPodLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+				row := b.H.Board.Row(a)
 				if row.LastFailureKind != sdk.FailureInfra || row.MarkReason != sdk.LabelPodLost || !row.InfraConfirmedAt.IsZero() || row.Held {
 					t.Fatalf("row %+v", row)
 				}
-				m := b.h.Board.Marks()[0]
+				m := b.H.Board.Marks()[0]
 				if m.Confirm || m.Kind != sdk.MarkInfra || len(m.FromStates) != 1 || m.FromStates[0] != running || m.Term != 1 ||
 					!strings.HasPrefix(m.Message, sdk.LabelPodLost+": ") {
 					t.Fatalf("mark %+v", m)
 				}
-				tds := b.h.Exec.Teardowns()
+				tds := b.H.Exec.Teardowns()
 				if len(tds) != 1 || tds[0].Attempt == nil || *tds[0].Attempt != a || tds[0].Reason != sdk.LabelPodLost {
 					t.Fatalf("teardowns %+v", tds)
 				}
@@ -76,139 +55,122 @@ func TestRules(t *testing.T) {
 					t.Fatalf("evidence %v", ev)
 				}
 			}},
-		{name: "InsideFloor_NotListed", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Running("r", "t", time.Minute, 5*time.Second)
-		}, want: "", wantState: running, check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-			if n := len(b.h.Exec.LivenessCalls()); n != 0 {
+		{Name: "InsideFloor_NotListed", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Running("r", "t", time.Minute, 5*time.Second)
+		}, Want: "", WantState: running, Check: func(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
+			if n := len(b.H.Exec.LivenessCalls()); n != 0 {
 				t.Fatalf("%d liveness reads for an attempt inside the floor", n)
 			}
 		}},
-		{name: "PodPresent_NoDecisionNoMark", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "PodPresent_NoDecisionNoMark", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Alive(a)
+			b.H.Exec.Alive(a)
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "FinishedPodPresent_NoMark", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "FinishedPodPresent_NoMark", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive,
+			b.H.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive,
 				Detail: "pod p Succeeded present: a finished or unreachable pod is the reconciler's"})
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedPodPresent_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-			b.h.Exec.Pending(a)
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedPodPresent_PodPresentDeferred", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+			b.H.Exec.Pending(a)
 			return a
-		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-NodeUnreachableAfterDefault)))
+		}, Want: sdk.LabelPodLostPodPresent, WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeUnreachableUnderThreshold_PodPresentDeferred", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-NodeUnreachableAfterDefault)))
 			return a
-		}, want: sdk.LabelPodLostPodPresent, wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-NodeUnreachableAfterDefault-time.Second)))
+		}, Want: sdk.LabelPodLostPodPresent, WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeUnreachablePastThreshold_NodeUnreachableDeferredNeverFailed", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-NodeUnreachableAfterDefault-time.Second)))
 			return a
-		}, want: sdk.LabelPodLostNodeUnreachable, wantState: running,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelPodLostNodeUnreachable, WantState: running,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				noTeardown(t, b, a, ds)
-				if n := b.h.Board.Writes(); n != 0 {
+				if n := b.H.Board.Writes(); n != 0 {
 					t.Fatalf("%d board writes for a deferral", n)
 				}
 				d := ds.For(a)[0]
-				since := b.h.Now().Add(-NodeUnreachableAfterDefault - time.Second).UTC().Format(time.RFC3339)
+				since := b.H.Now().Add(-NodeUnreachableAfterDefault - time.Second).UTC().Format(time.RFC3339)
 				if d.Applied || d.Evidence[reap.EvNode] != "node-7" || d.Evidence[reap.EvNodeUnreachableSince] != since ||
 					d.Evidence[evNodeUnreachableFor] != "5m1s" || d.Evidence[evNodeUnreachableAfter] != "5m0s" ||
 					!strings.Contains(d.Detail, "node-7") || !strings.Contains(d.Detail, since) {
 					t.Fatalf("decision %+v", d)
 				}
 			}},
-		{name: "NeverHeartbeatedNodeUnreachableShorterThreshold_NodeUnreachableDeferred", values: sdk.Values{"node_unreachable_after": "1m"},
-			arrange: func(b *bundle) sdk.Attempt {
-				a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-				b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-2*time.Minute)))
+		{Name: "NeverHeartbeatedNodeUnreachableShorterThreshold_NodeUnreachableDeferred", Values: sdk.Values{"node_unreachable_after": "1m"},
+			Arrange: func(b *bundle) sdk.Attempt {
+				a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+				b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-2*time.Minute)))
 				return a
-			}, want: sdk.LabelPodLostNodeUnreachable, wantState: running, check: noTeardown},
-		{name: "HeartbeatedNodeUnreachable_NoDecision_AgentLostJudgesIt", arrange: func(b *bundle) sdk.Attempt {
+			}, Want: sdk.LabelPodLostNodeUnreachable, WantState: running, Check: noTeardown},
+		{Name: "HeartbeatedNodeUnreachable_NoDecision_AgentLostJudgesIt", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Set(a, onLostNode(b.h.Now().Add(-time.Hour)))
+			b.H.Exec.Set(a, onLostNode(b.H.Now().Add(-time.Hour)))
 			return a
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "NeverHeartbeatedNodeReadError_PodQueryErrorDeferred", arrange: func(b *bundle) sdk.Attempt {
-			a := b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-			b.h.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod p Running",
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "NeverHeartbeatedNodeReadError_PodQueryErrorDeferred", Arrange: func(b *bundle) sdk.Attempt {
+			a := b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+			b.H.Exec.Set(a, sdk.AttemptLiveness{State: sdk.Alive, Agent: sdk.Alive, Detail: "pod p Running",
 				NodeError: "reading node node-7: nodes \"node-7\" is forbidden"})
 			return a
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, ds sdktest.Decisions) {
 				noTeardown(t, b, a, ds)
 				if d := ds.For(a)[0]; !strings.Contains(d.Evidence[reap.EvNodeError], "forbidden") || !strings.Contains(d.Detail, "forbidden") {
 					t.Fatalf("decision %+v", d)
 				}
 			}},
-		{name: "NodeUnreachablePodGone_PodLost", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "NodeUnreachablePodGone_PodLost", Arrange: func(b *bundle) sdk.Attempt {
 			// The out-of-service taint let the cluster delete the pod: the
 			// substrate reads no pod, and says nothing of a node.
-			return b.h.RunningNeverHeartbeated("r", "t", 10*time.Minute)
-		}, want: sdk.LabelPodLost, wantState: failed},
-		{name: "NeverHeartbeatedNoPod_PodLost", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.RunningNeverHeartbeated("r", "t", 2*time.Minute)
-		}, want: sdk.LabelPodLost, wantState: failed},
-		{name: "PodQueryError_Defers", arrange: func(b *bundle) sdk.Attempt {
+			return b.H.RunningNeverHeartbeated("r", "t", 10*time.Minute)
+		}, Want: sdk.LabelPodLost, WantState: failed},
+		{Name: "NeverHeartbeatedNoPod_PodLost", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.RunningNeverHeartbeated("r", "t", 2*time.Minute)
+		}, Want: sdk.LabelPodLost, WantState: failed},
+		{Name: "PodQueryError_Defers", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.Unknown(a, "reading the attempt's pods failed: forbidden")
+			b.H.Exec.Unknown(a, "reading the attempt's pods failed: forbidden")
 			return a
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
-		{name: "LivenessCallFails_Defers", arrange: func(b *bundle) sdk.Attempt {
-			b.h.Exec.FailLiveness(errors.New("connection refused"))
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running, Check: noTeardown},
+		{Name: "LivenessCallFails_Defers", Arrange: func(b *bundle) sdk.Attempt {
+			b.H.Exec.FailLiveness(errors.New("connection refused"))
 			return lost(b)
-		}, want: sdk.LabelPodLostPodQueryErr, wantState: running, check: noTeardown},
-		{name: "TeardownFails_PodDeleteErrorMarkStays", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLostPodQueryErr, WantState: running, Check: noTeardown},
+		{Name: "TeardownFails_PodDeleteErrorMarkStays", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
+			b.H.Exec.ScriptTeardown(a, nil, errors.New("apiserver unavailable"))
 			return a
-		}, want: sdk.LabelPodLost + "," + sdk.LabelPodLostPodDeleteErr, wantState: failed},
-		{name: "DeleteFallback_Recorded", arrange: func(b *bundle) sdk.Attempt {
+		}, Want: sdk.LabelPodLost + "," + sdk.LabelPodLostPodDeleteErr, WantState: failed},
+		{Name: "DeleteFallback_Recorded", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
+			b.H.Exec.ScriptTeardown(a, []sdk.TeardownOutcome{{Object: "pod/p", Action: sdk.TeardownDeleteFallback}}, nil)
 			return a
-		}, want: sdk.LabelPodLost + "," + sdk.LabelTeardownDeleteFallback, wantState: failed},
-		{name: "PolicyHold_MarkHeld", values: sdk.Values{"policy": "hold"}, arrange: lost, want: sdk.LabelPodLost, wantState: failed,
-			check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
-				if !b.h.Board.Row(a).Held || !b.h.Board.Marks()[0].Hold {
-					t.Fatalf("not held: %+v", b.h.Board.Row(a))
+		}, Want: sdk.LabelPodLost + "," + sdk.LabelTeardownDeleteFallback, WantState: failed},
+		{Name: "PolicyHold_MarkHeld", Values: sdk.Values{"policy": "hold"}, Arrange: lost, Want: sdk.LabelPodLost, WantState: failed,
+			Check: func(t *testing.T, b *bundle, a sdk.Attempt, _ sdktest.Decisions) {
+				if !b.H.Board.Row(a).Held || !b.H.Board.Marks()[0].Hold {
+					t.Fatalf("not held: %+v", b.H.Board.Row(a))
 				}
 			}},
-		{name: "ReplacedBetweenReadAndMark_NewAttemptUntouched", arrange: func(b *bundle) sdk.Attempt {
+		{Name: "ReplacedBetweenReadAndMark_NewAttemptUntouched", Arrange: func(b *bundle) sdk.Attempt {
 			a := lost(b)
-			b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, running, b.h.Now()) })
+			b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Replace(m.RunID, m.TaskID, false, running, b.H.Now()) })
 			return a
-		}, want: sdk.LabelMarkNoop, wantState: running, check: noTeardown},
-		{name: "WarmAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
-			now := b.h.Now()
-			return b.h.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
+		}, Want: sdk.LabelMarkNoop, WantState: running, Check: noTeardown},
+		{Name: "WarmAttempt_NotListed", Arrange: func(b *bundle) sdk.Attempt {
+			now := b.H.Now()
+			return b.H.Board.Put(sdktest.TaskInstance{RunID: "r", TaskID: "t", State: running, Executor: sdk.ExecutorWarm,
 				RunningAt: now.Add(-10 * time.Minute), LastHeartbeatAt: now, WarmWorker: "warm-0"})
-		}, want: "", wantState: running, check: noTeardown},
-		{name: "QueuedAttempt_NotListed", arrange: func(b *bundle) sdk.Attempt {
-			return b.h.Queued("r", "t", 10*time.Minute)
-		}, want: "", wantState: sdk.StateQueued, check: noTeardown},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, tc.values)
-			a := tc.arrange(b)
-			ds := b.reap(t)
-			if got := strings.Join(ds.For(a).Labels(), ","); got != tc.want {
-				t.Fatalf("decisions %q, want %q (all: %+v)", got, tc.want, ds)
-			}
-			if got := b.h.Board.Row(a).State; got != tc.wantState {
-				t.Fatalf("row state %q, want %q", got, tc.wantState)
-			}
-			if tc.check != nil {
-				tc.check(t, b, a, ds)
-			}
-		})
-	}
+		}, Want: "", WantState: running, Check: noTeardown},
+		{Name: "QueuedAttempt_NotListed", Arrange: func(b *bundle) sdk.Attempt {
+			return b.H.Queued("r", "t", 10*time.Minute)
+		}, Want: "", WantState: sdk.StateQueued, Check: noTeardown},
+	})
 }
 
 // onLostNode is the kube substrate's answer for a pod present on node-7,
@@ -218,12 +180,7 @@ func onLostNode(since time.Time) sdk.AttemptLiveness {
 		Detail: "cached: pod p Running; node not Ready: pod p on node node-7, Ready Unknown since ..."}
 }
 
-func noTeardown(t *testing.T, b *bundle, _ sdk.Attempt, _ sdktest.Decisions) {
-	t.Helper()
-	if n := b.h.Exec.Actions(); n != 0 {
-		t.Fatalf("%d teardowns", n)
-	}
-}
+var noTeardown = sdktest.NoActions[*Reaper]
 
 // The floor is applied in the query: 150 attempts inside it never take a
 // page slot from an older one past it.
@@ -231,17 +188,17 @@ func TestFloorAppliedBeforeThePageLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var qs []sdk.CandidateQuery
-	b.h.Board.OnList(func(q sdk.CandidateQuery) { qs = append(qs, q) })
+	b.H.Board.OnList(func(q sdk.CandidateQuery) { qs = append(qs, q) })
 	for i := range 150 {
-		a := b.h.Running("r", fmt.Sprintf("young-%03d", i), 30*time.Second, time.Second)
-		b.h.Exec.Alive(a)
+		a := b.H.Running("r", fmt.Sprintf("young-%03d", i), 30*time.Second, time.Second)
+		b.H.Exec.Alive(a)
 	}
 	old := lost(b)
-	ds := b.reap(t)
+	ds := b.Reap(t)
 	if ds.Label(old) != sdk.LabelPodLost {
 		t.Fatalf("decisions %+v", ds)
 	}
-	if len(qs) != 1 || !qs[0].OlderThan.Equal(b.h.Now().Add(-ladder.Defaults().PodLostFloor)) ||
+	if len(qs) != 1 || !qs[0].OlderThan.Equal(b.H.Now().Add(-ladder.Defaults().PodLostFloor)) ||
 		qs[0].OrderBy != sdk.FieldRunningAt || len(qs[0].Executors) != 1 || qs[0].Executors[0] != sdk.ExecutorKube {
 		t.Fatalf("queries %+v", qs)
 	}
@@ -254,13 +211,13 @@ func TestMassPodLoss_DrainedAndNeverBraked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	for i := range 1000 {
-		b.h.Running("r", fmt.Sprintf("t-%04d", i), 5*time.Minute, 10*time.Second)
+		b.H.Running("r", fmt.Sprintf("t-%04d", i), 5*time.Minute, 10*time.Second)
 	}
-	ds := b.reap(t)
+	ds := b.Reap(t)
 	if n := ds.Applied().Count(sdk.LabelPodLost); n != 1000 {
 		t.Fatalf("%d marked, want 1000 (brake: %d)", n, ds.Count(sdk.LabelBrakeEngaged))
 	}
-	if n := len(b.h.Exec.LivenessCalls()); n != 10 {
+	if n := len(b.H.Exec.LivenessCalls()); n != 10 {
 		t.Fatalf("%d liveness calls for 10 pages", n)
 	}
 }
@@ -271,13 +228,13 @@ func TestPaging_KeysetCursorKeptBetweenPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t, sdk.Values{"drain_max_pages": float64(1)})
 	for i := range 250 {
-		a := b.h.Running("r", fmt.Sprintf("t-%03d", i), 5*time.Minute+time.Duration(250-i)*time.Second, time.Second)
-		b.h.Exec.Alive(a)
+		a := b.H.Running("r", fmt.Sprintf("t-%03d", i), 5*time.Minute+time.Duration(250-i)*time.Second, time.Second)
+		b.H.Exec.Alive(a)
 	}
 	var afters []*sdk.Cursor
-	b.h.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
+	b.H.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
 	for range 4 {
-		b.reap(t)
+		b.Reap(t)
 	}
 	if len(afters) != 4 || afters[0] != nil || afters[1] == nil || afters[2] == nil || afters[3] != nil {
 		t.Fatalf("cursors %+v", afters)
@@ -295,44 +252,44 @@ func TestTeardownsAfterTheMarks_LeftoversCarriedToTheNextPass(t *testing.T) {
 	b := setup(t, nil)
 	as := make([]sdk.Attempt, 5)
 	for i := range as {
-		as[i] = b.h.Running("r", fmt.Sprintf("t-%d", i), 5*time.Minute, 10*time.Second)
+		as[i] = b.H.Running("r", fmt.Sprintf("t-%d", i), 5*time.Minute, 10*time.Second)
 	}
-	b.h.Budget = 0 // spent before the first teardown
-	ds := b.reap(t)
-	if n := ds.Applied().Count(sdk.LabelPodLost); n != 5 || len(b.h.Exec.Teardowns()) != 0 {
-		t.Fatalf("marked %d, tore down %d", n, len(b.h.Exec.Teardowns()))
+	b.H.Budget = 0 // spent before the first teardown
+	ds := b.Reap(t)
+	if n := ds.Applied().Count(sdk.LabelPodLost); n != 5 || len(b.H.Exec.Teardowns()) != 0 {
+		t.Fatalf("marked %d, tore down %d", n, len(b.H.Exec.Teardowns()))
 	}
-	b.h.DryRun, b.h.Budget = true, 30*time.Second
-	b.reap(t)
-	if n := len(b.h.Exec.Teardowns()); n != 0 {
+	b.H.DryRun, b.H.Budget = true, 30*time.Second
+	b.Reap(t)
+	if n := len(b.H.Exec.Teardowns()); n != 0 {
 		t.Fatalf("a dry run tore down %d", n)
 	}
-	b.h.DryRun = false
-	b.h.Exec.ScriptTeardown(as[2], nil, errors.New("forbidden"))
-	ds = b.reap(t)
-	tds := b.h.Exec.Teardowns()
+	b.H.DryRun = false
+	b.H.Exec.ScriptTeardown(as[2], nil, errors.New("forbidden"))
+	ds = b.Reap(t)
+	tds := b.H.Exec.Teardowns()
 	if len(tds) != 5 || *tds[0].Attempt != as[0] || *tds[4].Attempt != as[4] {
 		t.Fatalf("teardowns %+v", tds)
 	}
-	if got := strings.Join(ds.For(as[2]).Labels(), ","); got != sdk.LabelPodLostPodDeleteErr || b.h.Board.Row(as[2]).State != failed {
-		t.Fatalf("decisions %q, row %+v", got, b.h.Board.Row(as[2]))
+	if got := strings.Join(ds.For(as[2]).Labels(), ","); got != sdk.LabelPodLostPodDeleteErr || b.H.Board.Row(as[2]).State != failed {
+		t.Fatalf("decisions %q, row %+v", got, b.H.Board.Row(as[2]))
 	}
-	if b.h.StateOf(Name) != nil {
-		t.Fatalf("state left: %s", b.h.StateOf(Name))
+	if b.H.StateOf(Name) != nil {
+		t.Fatalf("state left: %s", b.H.StateOf(Name))
 	}
 }
 
 func TestDryRunWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	b.h.DryRun = true
+	b.H.DryRun = true
 	a := lost(b)
-	ds := b.reap(t)
+	ds := b.Reap(t)
 	if ds.Label(a) != sdk.LabelPodLost || ds[0].Applied || !ds[0].DryRun {
 		t.Fatalf("decisions %+v", ds)
 	}
-	if b.h.Board.Writes() != 0 || b.h.Exec.Actions() != 0 {
-		t.Fatalf("dry run wrote %d, acted %d", b.h.Board.Writes(), b.h.Exec.Actions())
+	if b.H.Board.Writes() != 0 || b.H.Exec.Actions() != 0 {
+		t.Fatalf("dry run wrote %d, acted %d", b.H.Board.Writes(), b.H.Exec.Actions())
 	}
 }
 
@@ -369,16 +326,16 @@ func TestTheRecordedPodUIDPinsTheLivenessReadAndTheTeardown(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	a := lost(b)
-	b.h.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
-	ds := b.reap(t)
+	b.H.Board.Update(a.RunID, a.TaskID, func(ti *sdktest.TaskInstance) { ti.PodUID = "uid-own" })
+	ds := b.Reap(t)
 	if ds.Applied().Count(sdk.LabelPodLost) != 1 {
 		t.Fatalf("decisions %v", ds)
 	}
-	calls := b.h.Exec.LivenessCalls()
+	calls := b.H.Exec.LivenessCalls()
 	if len(calls) == 0 || calls[0].PodUIDs[a] != "uid-own" {
 		t.Fatalf("liveness requests %+v, want the recorded pod UID", calls)
 	}
-	tds := b.h.Exec.Teardowns()
+	tds := b.H.Exec.Teardowns()
 	if len(tds) != 1 || tds[0].PodUID != "uid-own" {
 		t.Fatalf("teardowns %+v, want one pinned to the recorded pod UID", tds)
 	}

@@ -67,7 +67,8 @@ type Reaper struct{ *reap.Base[Config] }
 func New(logger hclog.Logger) *Reaper {
 	return &Reaper{reap.NewBase(logger, DefaultConfig, sdk.Info{Name: Name, Editions: []string{ladder.EditionKube}, MarkReasons: []string{sdk.LabelWarmWorkerLost},
 		DecisionLabels: []string{sdk.LabelWarmWorkerListErr},
-		Description:    "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
+		KillLabels:     []string{sdk.LabelWarmWorkerLost}, ProvisionalLabels: []string{sdk.LabelWarmWorkerLost},
+		Description: "fails attempts whose warm worker pod is gone (warm_worker_lost)"})}
 }
 
 // Reap runs one pass: one decision per attempt whose worker is gone, or

@@ -1,7 +1,6 @@
 package warmworker
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,39 +13,23 @@ import (
 	"github.com/dexaflow/reaper/sdk/sdktest"
 )
 
-type bundle struct {
-	h *sdktest.Harness
-	r *Reaper
-}
+// bundle is the plugin on its own harness (sdktest.Rig), with this
+// file's helpers.
+type bundle struct{ *sdktest.Rig[*Reaper] }
 
 func setup(t testing.TB, values sdk.Values) *bundle {
-	t.Helper()
-	h := sdktest.New(ladder.EditionKube)
-	r := New(nil)
-	if err := h.Configure(context.Background(), r, values); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	return &bundle{h: h, r: r}
-}
-
-func (b *bundle) reap(t testing.TB) sdktest.Decisions {
-	t.Helper()
-	ds, err := b.h.Reap(context.Background(), b.r)
-	if err != nil {
-		t.Fatalf("reap: %v", err)
-	}
-	return ds
+	return &bundle{sdktest.NewRig(t, ladder.EditionKube, New(nil), values)}
 }
 
 // bound puts a warm attempt in state, bound to worker.
 func (b *bundle) bound(task, state, worker string) sdk.Attempt {
-	now := b.h.Now()
+	now := b.H.Now()
 	ti := sdktest.TaskInstance{RunID: "r", TaskID: task, State: state, Executor: sdk.ExecutorWarm,
 		QueuedAt: now.Add(-time.Minute), WarmWorker: worker}
 	if state == sdk.StateRunning {
 		ti.RunningAt, ti.LastHeartbeatAt = now.Add(-50*time.Second), now.Add(-5*time.Second)
 	}
-	return b.h.Board.Put(ti)
+	return b.H.Board.Put(ti)
 }
 
 func (b *bundle) pool(names ...string) {
@@ -54,7 +37,7 @@ func (b *bundle) pool(names ...string) {
 	for i, n := range names {
 		ws[i] = sdk.WarmWorker{Name: n, Phase: "Running"}
 	}
-	b.h.Exec.ScriptWarmWorkers(ws, nil)
+	b.H.Exec.ScriptWarmWorkers(ws, nil)
 }
 
 func TestRules(t *testing.T) {
@@ -66,11 +49,11 @@ func TestRules(t *testing.T) {
 		b := setup(t, nil)
 		b.pool("warm-1")
 		a := b.bound("t", sdk.StateRunning, "warm-0")
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if ds.Label(a) != sdk.LabelWarmWorkerLost || !ds[0].Applied {
 			t.Fatalf("decisions %+v", ds)
 		}
-		row := b.h.Board.Row(a)
+		row := b.H.Board.Row(a)
 		if row.State != sdk.StateFailed || row.LastFailureKind != sdk.FailureInfra || row.MarkReason != sdk.LabelWarmWorkerLost ||
 			!row.InfraConfirmedAt.IsZero() {
 			t.Fatalf("row %+v", row)
@@ -78,7 +61,7 @@ func TestRules(t *testing.T) {
 		if ev := ds[0].Evidence; ev[EvWarmWorker] != "warm-0" || ev[reap.EvSignal] != reap.SignalPositive || ev[EvPoolSize] != "1" {
 			t.Fatalf("evidence %v", ev)
 		}
-		if n := b.h.Exec.Actions(); n != 0 {
+		if n := b.H.Exec.Actions(); n != 0 {
 			t.Fatalf("%d teardowns: a warm worker is never deleted", n)
 		}
 	})
@@ -87,47 +70,47 @@ func TestRules(t *testing.T) {
 		b := setup(t, nil)
 		b.pool()
 		a := b.bound("t", sdk.StateQueued, "warm-0")
-		if ds := b.reap(t); ds.Label(a) != sdk.LabelWarmWorkerLost || b.h.Board.Row(a).State != sdk.StateFailed {
+		if ds := b.Reap(t); ds.Label(a) != sdk.LabelWarmWorkerLost || b.H.Board.Row(a).State != sdk.StateFailed {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
 	t.Run("WorkerPresentInAnyPhase_NoDecision", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.h.Exec.ScriptWarmWorkers([]sdk.WarmWorker{{Name: "warm-0", Phase: "Running"}, {Name: "warm-1", Phase: "Failed"}}, nil)
+		b.H.Exec.ScriptWarmWorkers([]sdk.WarmWorker{{Name: "warm-0", Phase: "Running"}, {Name: "warm-1", Phase: "Failed"}}, nil)
 		a0 := b.bound("t0", sdk.StateRunning, "warm-0")
 		a1 := b.bound("t1", sdk.StateRunning, "warm-1")
-		if ds := b.reap(t); len(ds) != 0 || b.h.Board.Row(a0).State != sdk.StateRunning || b.h.Board.Row(a1).State != sdk.StateRunning {
+		if ds := b.Reap(t); len(ds) != 0 || b.H.Board.Row(a0).State != sdk.StateRunning || b.H.Board.Row(a1).State != sdk.StateRunning {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
 	t.Run("ListError_AbortsPassWithZeroMarks", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.h.Exec.ScriptWarmWorkers(nil, errors.New("pods is forbidden"))
+		b.H.Exec.ScriptWarmWorkers(nil, errors.New("pods is forbidden"))
 		var as []sdk.Attempt
 		for i := range 3 {
 			as = append(as, b.bound(fmt.Sprintf("t%d", i), sdk.StateRunning, "warm-0"))
 		}
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if len(ds) != 1 || ds[0].Label != sdk.LabelWarmWorkerListErr || ds[0].Applied || !strings.Contains(ds[0].Detail, "forbidden") {
 			t.Fatalf("decisions %+v", ds)
 		}
-		if n := len(b.h.Board.Marks()); n != 0 {
+		if n := len(b.H.Board.Marks()); n != 0 {
 			t.Fatalf("%d marks after a list error", n)
 		}
 		for _, a := range as {
-			if b.h.Board.Row(a).State != sdk.StateRunning {
-				t.Fatalf("row %+v", b.h.Board.Row(a))
+			if b.H.Board.Row(a).State != sdk.StateRunning {
+				t.Fatalf("row %+v", b.H.Board.Row(a))
 			}
 		}
 	})
 	t.Run("NoBoundAttempts_NoList", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.h.Exec.ScriptWarmWorkers(nil, errors.New("must not be called"))
-		b.h.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
-		if ds := b.reap(t); len(ds) != 0 {
+		b.H.Exec.ScriptWarmWorkers(nil, errors.New("must not be called"))
+		b.H.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
+		if ds := b.Reap(t); len(ds) != 0 {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
@@ -135,8 +118,8 @@ func TestRules(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		b.pool()
-		a := b.h.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
-		if ds := b.reap(t); len(ds) != 0 || b.h.Board.Row(a).State != sdk.StateRunning {
+		a := b.H.Running("r", "kube-task", 10*time.Minute, 5*time.Minute)
+		if ds := b.Reap(t); len(ds) != 0 || b.H.Board.Row(a).State != sdk.StateRunning {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
@@ -145,9 +128,9 @@ func TestRules(t *testing.T) {
 		b := setup(t, sdk.Values{"policy": "hold"})
 		b.pool()
 		a := b.bound("t", sdk.StateRunning, "warm-0")
-		b.reap(t)
-		if !b.h.Board.Row(a).Held {
-			t.Fatalf("row %+v", b.h.Board.Row(a))
+		b.Reap(t)
+		if !b.H.Board.Row(a).Held {
+			t.Fatalf("row %+v", b.H.Board.Row(a))
 		}
 	})
 	t.Run("RequeuedBetweenListAndMark_NewAttemptUntouched", func(t *testing.T) {
@@ -155,8 +138,8 @@ func TestRules(t *testing.T) {
 		b := setup(t, nil)
 		b.pool()
 		a := b.bound("t", sdk.StateRunning, "warm-0")
-		b.h.Board.OnMark(func(m sdk.Mark) { b.h.Board.Replace(m.RunID, m.TaskID, false, sdk.StateQueued, b.h.Now()) })
-		if ds := b.reap(t); ds.Label(a) != sdk.LabelMarkNoop {
+		b.H.Board.OnMark(func(m sdk.Mark) { b.H.Board.Replace(m.RunID, m.TaskID, false, sdk.StateQueued, b.H.Now()) })
+		if ds := b.Reap(t); ds.Label(a) != sdk.LabelMarkNoop {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
@@ -167,7 +150,7 @@ func TestRules(t *testing.T) {
 		for i := range 250 {
 			b.bound(fmt.Sprintf("t%03d", i), sdk.StateRunning, fmt.Sprintf("warm-%d", i%5))
 		}
-		ds := b.reap(t)
+		ds := b.Reap(t)
 		if n := ds.Applied().Count(sdk.LabelWarmWorkerLost); n != 250 {
 			t.Fatalf("%d marked", n)
 		}
@@ -175,11 +158,11 @@ func TestRules(t *testing.T) {
 	t.Run("DryRun_WritesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.h.DryRun = true
+		b.H.DryRun = true
 		b.pool()
 		a := b.bound("t", sdk.StateRunning, "warm-0")
-		ds := b.reap(t)
-		if ds.Label(a) != sdk.LabelWarmWorkerLost || ds[0].Applied || b.h.Board.Writes() != 0 {
+		ds := b.Reap(t)
+		if ds.Label(a) != sdk.LabelWarmWorkerLost || ds[0].Applied || b.H.Board.Writes() != 0 {
 			t.Fatalf("decisions %+v", ds)
 		}
 	})
@@ -194,13 +177,13 @@ func TestListError_CursorKept(t *testing.T) {
 		b.bound(fmt.Sprintf("t%03d", i), sdk.StateRunning, "warm-0")
 	}
 	var afters []*sdk.Cursor
-	b.h.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
+	b.H.Board.OnList(func(q sdk.CandidateQuery) { afters = append(afters, q.After) })
 	b.pool("warm-0")
-	b.reap(t) // first page judged: everything present
-	b.h.Exec.ScriptWarmWorkers(nil, errors.New("timeout"))
-	b.reap(t) // second page: the list fails
+	b.Reap(t) // first page judged: everything present
+	b.H.Exec.ScriptWarmWorkers(nil, errors.New("timeout"))
+	b.Reap(t) // second page: the list fails
 	b.pool()
-	ds := b.reap(t) // the second page again
+	ds := b.Reap(t) // the second page again
 	if len(afters) != 3 || afters[0] != nil || afters[1] == nil || afters[2] == nil || *afters[1] != *afters[2] {
 		t.Fatalf("cursors %+v", afters)
 	}

@@ -25,7 +25,7 @@ func (c *baseClient) Info(ctx context.Context) (sdk.Info, error) {
 	}
 	return sdk.Info{Name: resp.Name, Kind: resp.Kind, Version: resp.Version,
 		Editions: resp.Editions, Description: resp.Description, MarkReasons: resp.MarkReasons,
-		DecisionLabels: resp.DecisionLabels}, nil
+		DecisionLabels: resp.DecisionLabels, KillLabels: resp.KillLabels, ProvisionalLabels: resp.ProvisionalLabels}, nil
 }
 
 func (c *baseClient) ConfigSchema(ctx context.Context) (sdk.Schema, error) {
@@ -86,7 +86,7 @@ func (s *baseServer) Info(ctx context.Context, _ *pb.Empty) (*pb.InfoResponse, e
 	}
 	return &pb.InfoResponse{Name: info.Name, Kind: info.Kind, Version: info.Version,
 		Editions: info.Editions, Description: info.Description, MarkReasons: info.MarkReasons,
-		DecisionLabels: info.DecisionLabels}, nil
+		DecisionLabels: info.DecisionLabels, KillLabels: info.KillLabels, ProvisionalLabels: info.ProvisionalLabels}, nil
 }
 
 func (s *baseServer) ConfigSchema(ctx context.Context, _ *pb.Empty) (*pb.SchemaResponse, error) {

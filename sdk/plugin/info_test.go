@@ -27,7 +27,8 @@ func TestInfoOverGoPlugin(t *testing.T) {
 	t.Parallel()
 	want := sdk.Info{Name: "parked", Kind: sdk.KindReaper, Version: "0.1.0", Editions: []string{"lite", "kube"},
 		Description: "fails parked attempts", MarkReasons: []string{"parked_expired", "parked_lost"},
-		DecisionLabels: []string{"parked_process_alive"}}
+		DecisionLabels: []string{"parked_process_alive"}, KillLabels: []string{"parked_expired", "parked_lost"},
+		ProvisionalLabels: []string{"parked_lost"}}
 	client, _ := goplugin.TestPluginGRPCConn(t, false, map[string]goplugin.Plugin{PluginReaper: &ReaperPlugin{Impl: infoReaper{want}}})
 	t.Cleanup(func() { _ = client.Close() })
 	raw, err := client.Dispense(PluginReaper)

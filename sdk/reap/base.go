@@ -57,6 +57,7 @@ func NewBase[C any](logger hclog.Logger, defaults func() C, info sdk.Info) *Base
 	}
 	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
 	info.DecisionLabels = slices.Clone(info.DecisionLabels)
+	info.KillLabels, info.ProvisionalLabels = slices.Clone(info.KillLabels), slices.Clone(info.ProvisionalLabels)
 	b := &Base[C]{info: info, defaults: defaults, logger: logger, stopwatch: clock.Real{}}
 	cfg := defaults()
 	b.cfg.Store(&cfg)
@@ -68,6 +69,7 @@ func (b *Base[C]) Info(context.Context) (sdk.Info, error) {
 	info := b.info
 	info.Editions, info.MarkReasons = slices.Clone(info.Editions), slices.Clone(info.MarkReasons)
 	info.DecisionLabels = slices.Clone(info.DecisionLabels)
+	info.KillLabels, info.ProvisionalLabels = slices.Clone(info.KillLabels), slices.Clone(info.ProvisionalLabels)
 	return info, nil
 }
 

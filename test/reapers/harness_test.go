@@ -464,6 +464,17 @@ func (w *world) expectCycle(t *testing.T, name string, res cycle.Result, want ..
 	expectVerdicts(t, name+": decisions audited", w.audited(t, res.Started), want)
 }
 
+// expectGateOpened checks the leader-settling gate of a reaper's first
+// two cycles: it held the first (c1), deciding reap_settling_skip only,
+// and let the second (c2) through, started at open.
+func (w *world) expectGateOpened(t *testing.T, c1, c2 cycle.Result, open time.Time) {
+	t.Helper()
+	w.expectCycle(t, "first cycle", c1, verdict{"gate", sdk.LabelSettlingSkip, "", false})
+	if !c2.Started.Equal(open) || !c2.Gate.Open {
+		t.Errorf("second cycle at %s: gate %+v; want open at %s", c2.Started, c2.Gate, open)
+	}
+}
+
 // metered reads dexaflow_scheduler_decisions_total: the count of each
 // decision type counted at least once (dry_run="false").
 func (w *world) metered(t *testing.T) map[string]int {

@@ -460,8 +460,14 @@ type InfoResponse struct {
 	// the sdk's common labels; the host refuses a decision under any other.
 	// Added within v1: a plugin built before it sends none.
 	DecisionLabels []string `protobuf:"bytes,7,rep,name=decision_labels,json=decisionLabels,proto3" json:"decision_labels,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Of the labels above, those whose decision fails an attempt, and of
+	// those, the ones whose mark is a provisional infra mark: what the host
+	// scores in the shadow and opens its verdict series for. Added within
+	// v1: a plugin built before them sends none.
+	KillLabels        []string `protobuf:"bytes,8,rep,name=kill_labels,json=killLabels,proto3" json:"kill_labels,omitempty"`
+	ProvisionalLabels []string `protobuf:"bytes,9,rep,name=provisional_labels,json=provisionalLabels,proto3" json:"provisional_labels,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -539,6 +545,20 @@ func (x *InfoResponse) GetMarkReasons() []string {
 func (x *InfoResponse) GetDecisionLabels() []string {
 	if x != nil {
 		return x.DecisionLabels
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetKillLabels() []string {
+	if x != nil {
+		return x.KillLabels
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetProvisionalLabels() []string {
+	if x != nil {
+		return x.ProvisionalLabels
 	}
 	return nil
 }
@@ -3615,7 +3635,7 @@ const file_reaper_proto_rawDesc = "" +
 	"\vcommon_keys\x18\x04 \x03(\rR\n" +
 	"commonKeys\x12#\n" +
 	"\rcommon_values\x18\x05 \x03(\tR\fcommonValues\"\a\n" +
-	"\x05Empty\"\xda\x01\n" +
+	"\x05Empty\"\xaa\x02\n" +
 	"\fInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
@@ -3623,7 +3643,10 @@ const file_reaper_proto_rawDesc = "" +
 	"\beditions\x18\x04 \x03(\tR\beditions\x12 \n" +
 	"\vdescription\x18\x05 \x01(\tR\vdescription\x12!\n" +
 	"\fmark_reasons\x18\x06 \x03(\tR\vmarkReasons\x12'\n" +
-	"\x0fdecision_labels\x18\a \x03(\tR\x0edecisionLabels\"\x98\x01\n" +
+	"\x0fdecision_labels\x18\a \x03(\tR\x0edecisionLabels\x12\x1f\n" +
+	"\vkill_labels\x18\b \x03(\tR\n" +
+	"killLabels\x12-\n" +
+	"\x12provisional_labels\x18\t \x03(\tR\x11provisionalLabels\"\x98\x01\n" +
 	"\rAttributeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
