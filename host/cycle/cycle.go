@@ -97,19 +97,6 @@ type Config struct {
 	// ShadowHorizon is how long a shadow decision waits for its truth
 	// before it is scored unresolved. Default audit.ShadowHorizonDefault.
 	ShadowHorizon time.Duration
-	// History prunes the attempt history past HistoryRetention (history.go;
-	// board.Store); nil: it is kept.
-	History HistoryPruner
-	// HistoryRetention is how long the attempt history is kept. Default
-	// board.HistoryRetentionDefault.
-	HistoryRetention time.Duration
-	// AuditPrune prunes the audit of decisions, the fence's refusals and
-	// the warm workers' claims past AuditRetention, beside the cycles (auditprune.go; board.Store);
-	// nil: they are kept.
-	AuditPrune AuditPruner
-	// AuditRetention is how long the audit is kept. Default
-	// board.AuditRetentionDefault.
-	AuditRetention time.Duration
 	// SubstrateLabels are the decision labels the substrate's Info
 	// declared when it was launched: its sweep's decisions are taken under
 	// these, sdk.SweepLabels and sdk.CommonLabels only.
@@ -130,12 +117,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TeardownBackoff.Base <= 0 {
 		c.TeardownBackoff.Base = c.Ladder.MaintenanceInterval
-	}
-	if c.HistoryRetention <= 0 {
-		c.HistoryRetention = board.HistoryRetentionDefault
-	}
-	if c.AuditRetention <= 0 {
-		c.AuditRetention = board.AuditRetentionDefault
 	}
 	if c.TeardownBackoff.Cap <= 0 {
 		c.TeardownBackoff.Cap = max(OwedBackoffCapDefault, c.TeardownBackoff.Base)
@@ -176,9 +157,6 @@ type Loop struct {
 	marks map[string]bool
 	// scorer scores the shadow decisions (nil without Config.Verdicts).
 	scorer *audit.Scorer
-	// pruneAsked carries a cycle's ask for a batch of the audit's prune to
-	// Run's pruner, with the term it ran under (at most one waits).
-	pruneAsked chan int64
 }
 
 // New returns a loop.
@@ -188,7 +166,7 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
 		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
-		pruneAsked: make(chan int64, 1), allowed: map[string]map[string]bool{},
+		allowed: map[string]map[string]bool{},
 	}
 	for _, r := range reapers {
 		declared := sdk.Info{DecisionLabels: r.Labels, MarkReasons: r.MarkReasons}
@@ -248,15 +226,10 @@ func (l *Loop) NeedsLeadership() bool { return true }
 
 // Run runs a cycle every interval until ctx is done, then returns nil.
 // Ticks that fall due while a cycle is still running are coalesced into
-// one. The audit's prune runs beside the cycles (auditprune.go), on a
-// goroutine Run stops and waits for before it returns.
+// one.
 func (l *Loop) Run(ctx context.Context) error {
 	tk := l.cfg.Clock.NewTicker(l.cfg.Ladder.MaintenanceInterval)
 	defer tk.Stop()
-	pruneCtx, stopPrune := context.WithCancel(ctx)
-	pruned := make(chan struct{})
-	go func() { defer close(pruned); l.pruneAudit(pruneCtx) }()
-	defer func() { stopPrune(); <-pruned }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -302,11 +275,8 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	// The owed teardowns come last, whether the gate opened or not: each
 	// follows a mark already written, it is no judgment. After them (the
 	// deferred calls run in reverse), the shadow decisions are scored: a
-	// judgment of the audit against the board, which writes nothing else;
-	// and, last, the history past its retention is pruned, and a batch of
-	// the audit's prune asked for (it runs beside the next cycle).
-	defer l.askAuditPrune(st.Term)
-	defer l.pruneHistory(ctx, st.Term)
+	// judgment of the audit against the board, which writes nothing else.
+	// (The retentions are kept by host/prune's services, beside the loop.)
 	defer l.scoreShadows(ctx, st.Term, &res)
 	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
 

@@ -6,8 +6,8 @@
 //
 // New builds everything and starts only the plugins; Run runs the elector,
 // telemetry and the components (component.go: the maintenance loop, the
-// attempt API, the runner, each a Run(ctx) error that says whether it needs
-// leadership) on the injected clock until its context ends; Close releases
+// retentions' prunes, the attempt API, the runner, each a Run(ctx) error
+// that says whether it needs leadership) on the injected clock until its context ends; Close releases
 // what New took. The execution side's parts are built from their blocks by
 // their own packages (attemptapi.NewService, kuberunner.FromSettings).
 // Tests drive the same daemon one step at a time with Campaign and
@@ -36,6 +36,7 @@ import (
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/prune"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/internal/confine"
@@ -93,7 +94,9 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
-	runner  runner // nil without a runner block
+	history *prune.History // the attempt history's retention
+	pruning *prune.Audit   // the audit's retention
+	runner  runner         // nil without a runner block
 	metrics *metrics.Metrics
 	api     *attemptapi.Service
 	gate    *schemaGate
@@ -162,9 +165,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
 		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
-		ShadowHorizon: cfg.ShadowHorizon, History: d.store, HistoryRetention: cfg.HistoryRetention,
-		AuditPrune: d.store, AuditRetention: cfg.AuditRetention, SubstrateLabels: set.Substrate.Info.DecisionLabels,
+		ShadowHorizon: cfg.ShadowHorizon, SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
+	retention := prune.Config{Interval: cfg.Ladder.MaintenanceInterval, Clock: opts.Clock, Logger: d.log.Named("cycle")}
+	retention.Retention = cfg.HistoryRetention
+	d.history = prune.NewHistory(retention, d.elector, d.store)
+	retention.Retention = cfg.AuditRetention
+	d.pruning = prune.NewAudit(retention, d.elector, d.store)
 
 	if d.api, err = d.newAttemptAPI(ctx); err != nil {
 		return err
@@ -537,9 +544,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // components are the daemon's long-running parts, in the order they are
-// started: the attempt API, the maintenance loop, the runner.
+// started: the attempt API, the maintenance loop, the retentions, the
+// runner.
 func (d *Daemon) components() components {
-	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop}}
+	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop},
+		{"history prune", d.history}, {"audit prune", d.pruning}}
 	if d.runner != nil {
 		cs = append(cs, named{"runner", d.runner})
 	}
@@ -559,8 +568,13 @@ func (d *Daemon) stopped(done <-chan namedErr) {
 // renewal period, and returns the resulting status.
 func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.Step(ctx) }
 
-// RunCycle runs one maintenance cycle now, as Run does every interval.
-func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
+// RunCycle runs one maintenance cycle now, as Run does every interval,
+// and then a batch of the attempt history's prune.
+func (d *Daemon) RunCycle(ctx context.Context) cycle.Result {
+	res := d.loop.RunOnce(ctx)
+	d.history.RunOnce(ctx)
+	return res
+}
 
 // AttemptAPIURL is the base URL this replica's attempt API is reached at.
 func (d *Daemon) AttemptAPIURL() string { return d.api.URL() }
