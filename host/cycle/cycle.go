@@ -1,10 +1,11 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate, then the retries of the
-// teardowns still owed (owed.go), and last the scoring of the shadow
-// decisions (shadow.go), each under a budget of its own. Every decision of
-// every pass, and of the gate, is metered, logged and audited.
+// interval, behind the leader-settling gate, and last the retries of the
+// teardowns still owed (owed.go), under a budget of its own. Every decision
+// of every pass, and of the gate, is metered, logged and audited. The
+// shadow scorer (host/shadow) and the retentions (host/prune) are leader
+// components of their own, beside the loop.
 package cycle
 
 import (
@@ -91,12 +92,6 @@ type Config struct {
 	// TeardownBackoff spaces an owed teardown's tries. Default: Base one
 	// interval, Cap OwedBackoffCapDefault (or Base when longer).
 	TeardownBackoff board.TeardownBackoff
-	// Verdicts is the audit's shadow decisions, scored by the leader after
-	// every cycle (shadow.go; board.Store); nil: nothing is scored.
-	Verdicts audit.VerdictBoard
-	// ShadowHorizon is how long a shadow decision waits for its truth
-	// before it is scored unresolved. Default audit.ShadowHorizonDefault.
-	ShadowHorizon time.Duration
 	// SubstrateLabels are the decision labels the substrate's Info
 	// declared when it was launched: its sweep's decisions are taken under
 	// these, sdk.SweepLabels and sdk.CommonLabels only.
@@ -155,8 +150,6 @@ type Loop struct {
 	// marks are the failure reasons an override may be metered under:
 	// the built-in mark reasons and the reapers' declared ones.
 	marks map[string]bool
-	// scorer scores the shadow decisions (nil without Config.Verdicts).
-	scorer *audit.Scorer
 }
 
 // New returns a loop.
@@ -181,14 +174,6 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		l.sweepAllowed[s] = true
 	}
 	l.marks = knownMarks(reapers)
-	if cfg.Verdicts != nil {
-		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
-		names := make([]string, len(reapers))
-		for i, r := range reapers {
-			names[i] = r.Name
-		}
-		cfg.Metrics.ShadowReapers(names)
-	}
 	return l
 }
 
@@ -209,8 +194,6 @@ type Result struct {
 	Decisions     []sdk.Decision
 	DecisionCount int
 	Overruns      []string // phases that overran their budget
-	// Verdicts are the shadow verdicts the cycle wrote (shadow.go).
-	Verdicts []audit.Scored
 }
 
 // LastTick is when the loop last started a cycle (zero before the first).
@@ -273,11 +256,7 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 		return res
 	}
 	// The owed teardowns come last, whether the gate opened or not: each
-	// follows a mark already written, it is no judgment. After them (the
-	// deferred calls run in reverse), the shadow decisions are scored: a
-	// judgment of the audit against the board, which writes nothing else.
-	// (The retentions are kept by host/prune's services, beside the loop.)
-	defer l.scoreShadows(ctx, st.Term, &res)
+	// follows a mark already written, it is no judgment.
 	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
 
 	synced := false

@@ -6,9 +6,9 @@
 //
 // New builds everything and starts only the plugins; Run runs the elector,
 // telemetry and the components (component.go: the maintenance loop, the
-// retentions' prunes, the attempt API, the runner, each a Run(ctx) error
-// that says whether it needs leadership) on the injected clock until its context ends; Close releases
-// what New took. The execution side's parts are built from their blocks by
+// shadow scorer, the retentions' prunes, the attempt API, the runner, each
+// a Run(ctx) error that says whether it needs leadership) on the injected
+// clock until its context ends; Close releases what New took. The execution side's parts are built from their blocks by
 // their own packages (attemptapi.NewService, kuberunner.FromSettings).
 // Tests drive the same daemon one step at a time with Campaign and
 // RunCycle on a fake clock.
@@ -37,6 +37,7 @@ import (
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
 	"github.com/dexaflow/reaper/host/prune"
+	"github.com/dexaflow/reaper/host/shadow"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/internal/confine"
@@ -94,9 +95,10 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
-	history *prune.History // the attempt history's retention
-	pruning *prune.Audit   // the audit's retention
-	runner  runner         // nil without a runner block
+	shadows *shadow.Service // the shadow decisions' scorer
+	history *prune.History  // the attempt history's retention
+	pruning *prune.Audit    // the audit's retention
+	runner  runner          // nil without a runner block
 	metrics *metrics.Metrics
 	api     *attemptapi.Service
 	gate    *schemaGate
@@ -153,8 +155,12 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	sub := d.supervise(ld, set.Substrate)
-	var reapers []cycle.Reaper
+	var (
+		reapers []cycle.Reaper
+		names   []string
+	)
 	for _, h := range set.Reapers {
+		names = append(names, h.Block.Name)
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
 			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
@@ -164,9 +170,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
-		ShadowHorizon: cfg.ShadowHorizon, SubstrateLabels: set.Substrate.Info.DecisionLabels,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
+		SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
+	d.shadows = shadow.New(shadow.Config{Interval: cfg.Ladder.MaintenanceInterval, Horizon: cfg.ShadowHorizon,
+		Reapers: names, Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store)
 	retention := prune.Config{Interval: cfg.Ladder.MaintenanceInterval, Clock: opts.Clock, Logger: d.log.Named("cycle")}
 	retention.Retention = cfg.HistoryRetention
 	d.history = prune.NewHistory(retention, d.elector, d.store)
@@ -548,7 +556,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // runner.
 func (d *Daemon) components() components {
 	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop},
-		{"history prune", d.history}, {"audit prune", d.pruning}}
+		{"shadow scorer", d.shadows}, {"history prune", d.history}, {"audit prune", d.pruning}}
 	if d.runner != nil {
 		cs = append(cs, named{"runner", d.runner})
 	}
@@ -569,9 +577,12 @@ func (d *Daemon) stopped(done <-chan namedErr) {
 func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.Step(ctx) }
 
 // RunCycle runs one maintenance cycle now, as Run does every interval,
-// and then a batch of the attempt history's prune.
+// and then the shadow scorer and a batch of the attempt history's prune.
 func (d *Daemon) RunCycle(ctx context.Context) cycle.Result {
 	res := d.loop.RunOnce(ctx)
+	if d.shadows.RunOnce(ctx).Overran {
+		res.Overruns = append(res.Overruns, "shadow")
+	}
 	d.history.RunOnce(ctx)
 	return res
 }
