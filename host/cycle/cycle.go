@@ -1,11 +1,11 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate, and last the retries of the
-// teardowns still owed (owed.go), under a budget of its own. Every decision
-// of every pass, and of the gate, is metered, logged and audited. The
-// shadow scorer (host/shadow) and the retentions (host/prune) are leader
-// components of their own, beside the loop.
+// interval, behind the leader-settling gate. Every decision of every pass,
+// and of the gate, is metered, logged and audited. The retries of the
+// teardowns still owed (host/owed), the shadow scorer (host/shadow) and the
+// retentions (host/prune) are leader components of their own, beside the
+// loop.
 package cycle
 
 import (
@@ -48,6 +48,12 @@ type MarkFinder interface {
 	UnauditedMarks(ctx context.Context, since time.Time, declared ...string) ([]board.UnauditedMark, error)
 }
 
+// Owing wraps a pass's executions under term so that its teardowns that
+// do not complete are owed (host/owed.Service).
+type Owing interface {
+	Wrap(exec sdk.Executions, reaper string, term int64) sdk.Executions
+}
+
 // Supervised hands out a plugin that may have to be (re)started.
 type Supervised[T any] interface {
 	// Get returns the running plugin, restarting it first when it exited
@@ -85,13 +91,10 @@ type Config struct {
 	Clock   clock.Clock
 	Logger  hclog.Logger
 	Metrics *metrics.Metrics
-	// Owed remembers the teardowns that did not complete and is asked for
-	// the ones due again (board.Store); nil: a failed teardown is only its
-	// reaper's decision, and nothing is retried.
-	Owed OwedTeardowns
-	// TeardownBackoff spaces an owed teardown's tries. Default: Base one
-	// interval, Cap OwedBackoffCapDefault (or Base when longer).
-	TeardownBackoff board.TeardownBackoff
+	// Owed wraps the executions of every pass that is no dry run, so that
+	// a teardown that did not complete is owed (host/owed); nil: a failed
+	// teardown is only its reaper's decision, and nothing is retried.
+	Owed Owing
 	// SubstrateLabels are the decision labels the substrate's Info
 	// declared when it was launched: its sweep's decisions are taken under
 	// these, sdk.SweepLabels and sdk.CommonLabels only.
@@ -109,12 +112,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Metrics == nil {
 		c.Metrics = metrics.New()
-	}
-	if c.TeardownBackoff.Base <= 0 {
-		c.TeardownBackoff.Base = c.Ladder.MaintenanceInterval
-	}
-	if c.TeardownBackoff.Cap <= 0 {
-		c.TeardownBackoff.Cap = max(OwedBackoffCapDefault, c.TeardownBackoff.Base)
 	}
 	return c
 }
@@ -135,7 +132,6 @@ type Loop struct {
 	term     int64
 	since    time.Time
 	checked  int64 // the term whose board was checked for unaudited marks
-	owing    owing // failed teardowns the board could not record yet
 
 	// rec writes the loop's decisions through its Auditor and keeps what a
 	// write failed to put there, writing it again at the next cycle.
@@ -238,9 +234,6 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
-		if l.cfg.Owed != nil {
-			l.cfg.Metrics.OwedTeardowns(0) // the leader's to count
-		}
 		return res
 	}
 	res.Leading, res.Term = true, st.Term
@@ -255,10 +248,6 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	if ctx.Err() != nil {
 		return res
 	}
-	// The owed teardowns come last, whether the gate opened or not: each
-	// follows a mark already written, it is no judgment.
-	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
-
 	synced := false
 	if subErr == nil {
 		var err error
@@ -423,7 +412,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	if dry {
 		exec = dryRunExecutions{exec}
 	} else if l.cfg.Owed != nil {
-		exec = l.owingFor(exec, r.Name, term)
+		exec = l.cfg.Owed.Wrap(exec, r.Name, term)
 	}
 	l.mu.Lock()
 	state := l.states[r.Name]

@@ -6,9 +6,10 @@
 //
 // New builds everything and starts only the plugins; Run runs the elector,
 // telemetry and the components (component.go: the maintenance loop, the
-// shadow scorer, the retentions' prunes, the attempt API, the runner, each
-// a Run(ctx) error that says whether it needs leadership) on the injected
-// clock until its context ends; Close releases what New took. The execution side's parts are built from their blocks by
+// owed teardowns, the shadow scorer, the retentions' prunes, the attempt
+// API, the runner, each a Run(ctx) error that says whether it needs
+// leadership) on the injected clock until its context ends; Close releases
+// what New took. The execution side's parts are built from their blocks by
 // their own packages (attemptapi.NewService, kuberunner.FromSettings).
 // Tests drive the same daemon one step at a time with Campaign and
 // RunCycle on a fake clock.
@@ -36,6 +37,7 @@ import (
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/owed"
 	"github.com/dexaflow/reaper/host/prune"
 	"github.com/dexaflow/reaper/host/shadow"
 	"github.com/dexaflow/reaper/host/supervise"
@@ -95,6 +97,7 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
+	owed    *owed.Service   // the teardowns owed until done
 	shadows *shadow.Service // the shadow decisions' scorer
 	history *prune.History  // the attempt history's retention
 	pruning *prune.Audit    // the audit's retention
@@ -168,9 +171,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.elector, err = d.newElector(); err != nil {
 		return err
 	}
+	d.owed = owed.New(owed.Config{Interval: cfg.Ladder.MaintenanceInterval, DryRun: cfg.DryRun,
+		Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store, substrateOf{sub}, d.store)
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.owed,
 		SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 	d.shadows = shadow.New(shadow.Config{Interval: cfg.Ladder.MaintenanceInterval, Horizon: cfg.ShadowHorizon,
@@ -556,7 +561,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // runner.
 func (d *Daemon) components() components {
 	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop},
-		{"shadow scorer", d.shadows}, {"history prune", d.history}, {"audit prune", d.pruning}}
+		{"owed teardowns", d.owed}, {"shadow scorer", d.shadows}, {"history prune", d.history}, {"audit prune", d.pruning}}
 	if d.runner != nil {
 		cs = append(cs, named{"runner", d.runner})
 	}
@@ -577,9 +582,16 @@ func (d *Daemon) stopped(done <-chan namedErr) {
 func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.Step(ctx) }
 
 // RunCycle runs one maintenance cycle now, as Run does every interval,
-// and then the shadow scorer and a batch of the attempt history's prune.
+// and then the owed teardowns (their decisions and overrun added to its
+// result), the shadow scorer and a batch of the attempt history's prune.
 func (d *Daemon) RunCycle(ctx context.Context) cycle.Result {
 	res := d.loop.RunOnce(ctx)
+	paid := d.owed.RunOnce(ctx)
+	res.Decisions = append(res.Decisions, paid.Decisions...)
+	res.DecisionCount += len(paid.Decisions)
+	if paid.Overran {
+		res.Overruns = append(res.Overruns, "teardown")
+	}
 	if d.shadows.RunOnce(ctx).Overran {
 		res.Overruns = append(res.Overruns, "shadow")
 	}

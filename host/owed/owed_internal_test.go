@@ -1,4 +1,4 @@
-package cycle
+package owed
 
 import (
 	"context"
@@ -71,11 +71,11 @@ type feedExec struct {
 
 func TestOwingExecutionsKeepTheChangeFeed(t *testing.T) {
 	t.Parallel()
-	l := &Loop{}
-	if _, ok := l.owingFor(feedExec{}, "podlost", 1).(sdk.ChangeFeed); !ok {
+	s := &Service{}
+	if _, ok := s.Wrap(feedExec{}, "podlost", 1).(sdk.ChangeFeed); !ok {
 		t.Fatal("WithAFeed_TheFeedStaysVisible: the wrapper hid it")
 	}
-	if _, ok := l.owingFor(struct{ sdk.Executions }{}, "podlost", 1).(sdk.ChangeFeed); ok {
+	if _, ok := s.Wrap(struct{ sdk.Executions }{}, "podlost", 1).(sdk.ChangeFeed); ok {
 		t.Fatal("WithoutAFeed_NoneInvented")
 	}
 }
