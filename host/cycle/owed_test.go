@@ -40,8 +40,8 @@ func TestOwedTeardownRetries(t *testing.T) {
 	w := newWorld(t, "mark_teardown", nil)
 	m := metrics.New()
 	sub := &static[sdk.Substrate]{v: w.exec}
-	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock, Metrics: m},
-		w.lead, w.store, sub, w.store)
+	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock, Metrics: m,
+		Declared: map[string][]string{"agentlost": w.info.DecisionLabels}}, w.lead, w.store, sub, w.store)
 	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: m},
 		w.lead, w.store, w.store, sub,
 		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}, MarkReasons: w.info.MarkReasons,

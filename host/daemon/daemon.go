@@ -159,11 +159,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	sub := d.supervise(ld, set.Substrate)
 	var (
-		reapers []cycle.Reaper
-		names   []string
+		reapers  []cycle.Reaper
+		names    []string
+		declared = map[string][]string{}
 	)
 	for _, h := range set.Reapers {
 		names = append(names, h.Block.Name)
+		declared[h.Block.Name] = h.Info.DecisionLabels
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
 			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
@@ -171,7 +173,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.elector, err = d.newElector(); err != nil {
 		return err
 	}
-	d.owed = owed.New(owed.Config{Interval: cfg.Ladder.MaintenanceInterval, DryRun: cfg.DryRun,
+	d.owed = owed.New(owed.Config{Interval: cfg.Ladder.MaintenanceInterval, DryRun: cfg.DryRun, Declared: declared,
 		Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store, substrateOf{sub}, d.store)
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,

@@ -85,10 +85,15 @@ type Config struct {
 	// Cap BackoffCapDefault (or Base when longer).
 	Backoff board.TeardownBackoff
 	// DryRun is the global dry run: nothing is retried.
-	DryRun  bool
-	Clock   clock.Clock
-	Logger  hclog.Logger
-	Metrics *metrics.Metrics
+	DryRun bool
+	// Declared are the decision labels each reaper's Info declared, by
+	// name: a failed teardown of a reaper whose mark the sdk does not know
+	// is metered under the one *_pod_delete_error label it declared
+	// (DeleteErrLabel).
+	Declared map[string][]string
+	Clock    clock.Clock
+	Logger   hclog.Logger
+	Metrics  *metrics.Metrics
 }
 
 // withDefaults fills in every default: the one place the service's
@@ -193,10 +198,16 @@ func teardownOwed(out []sdk.TeardownOutcome, err error) (why string, owed bool) 
 	return strings.Join(parts, "; "), len(parts) > 0
 }
 
-// deleteErrLabel is the *_pod_delete_error label a failed teardown of
-// reaper's, for reason, is metered under: the reaper's own by its mark (or
-// by its name), reap_teardown_owed_error for a reaper that has none.
-func deleteErrLabel(reaper, reason string) string {
+// deleteErrSuffix ends every label a failed teardown is metered under.
+const deleteErrSuffix = "_pod_delete_error"
+
+// DeleteErrLabel is the *_pod_delete_error label a failed teardown of a
+// reaper's, for reason, is metered under: by its mark when the sdk knows
+// it, else the one *_pod_delete_error label the reaper declared (its
+// Info's, when sdk.CheckDeclared takes them), else
+// reap_teardown_owed_error. The label is written on the owed
+// row, and every retry of the row reads it there.
+func DeleteErrLabel(declared []string, reason string) string {
 	switch reason {
 	case sdk.LabelAgentLost, sdk.LabelCredentialCeiling:
 		return sdk.LabelAgentLostPodDeleteErr
@@ -207,17 +218,22 @@ func deleteErrLabel(reaper, reason string) string {
 	case sdk.LabelOrphanRun:
 		return sdk.LabelOrphanRunPodDeleteErr
 	}
-	switch reaper {
-	case "agentlost":
-		return sdk.LabelAgentLostPodDeleteErr
-	case "dispatchlost":
-		return sdk.LabelDispatchLostPodDeleteErr
-	case "podlost":
-		return sdk.LabelPodLostPodDeleteErr
-	case "orphanrun":
-		return sdk.LabelOrphanRunPodDeleteErr
+	if sdk.CheckDeclared(sdk.Info{DecisionLabels: declared}) != nil {
+		declared = nil // refused by the loop too: only the sdk's labels are taken
 	}
-	return sdk.LabelTeardownOwedError
+	label := ""
+	for _, l := range declared {
+		if strings.HasSuffix(l, deleteErrSuffix) && l != label {
+			if label != "" {
+				return sdk.LabelTeardownOwedError // two: none is the reaper's own
+			}
+			label = l
+		}
+	}
+	if label == "" {
+		return sdk.LabelTeardownOwedError
+	}
+	return label
 }
 
 // owing is the memory of failed teardowns between the passes that fail

@@ -44,6 +44,17 @@ func TestTeardownOwed(t *testing.T) {
 	}
 }
 
+// declared are the in-tree reapers' declared *_pod_delete_error labels
+// (their Info's), and a third party's that declares none.
+var declared = map[string][]string{
+	"agentlost":    {sdk.LabelAgentLostOrphanStopErr, sdk.LabelAgentLostPodDeleteErr},
+	"dispatchlost": {sdk.LabelDispatchLostOrphanStopErr, sdk.LabelDispatchLostPodDeleteErr},
+	"podlost":      {sdk.LabelPodLostPodQueryErr, sdk.LabelPodLostPodDeleteErr},
+	"orphanrun":    {sdk.LabelOrphanReapNoop, sdk.LabelOrphanRunPodDeleteErr},
+	"thirdparty":   {"its_own_mark"},
+	"twolabels":    {"a_pod_delete_error", "b_pod_delete_error"},
+}
+
 func TestDeleteErrLabel(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ reaper, reason, want string }{
@@ -56,8 +67,9 @@ func TestDeleteErrLabel(t *testing.T) {
 		{"podlost", "", sdk.LabelPodLostPodDeleteErr},
 		{"thirdparty", sdk.LabelPodLost, sdk.LabelPodLostPodDeleteErr},
 		{"thirdparty", "its_own_mark", sdk.LabelTeardownOwedError},
+		{"twolabels", "its_own_mark", sdk.LabelTeardownOwedError},
 	} {
-		if got := deleteErrLabel(c.reaper, c.reason); got != c.want {
+		if got := DeleteErrLabel(declared[c.reaper], c.reason); got != c.want {
 			t.Errorf("EachReaperItsOwnLabel: %s/%s: %s, want %s", c.reaper, c.reason, got, c.want)
 		}
 	}

@@ -43,7 +43,7 @@ func (e executions) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sd
 // owe writes one failed teardown to the board, or keeps it for the next
 // run when the board cannot take it.
 func (s *Service) owe(ctx context.Context, reaper string, term int64, req sdk.TeardownRequest, why string) {
-	f := board.TeardownFailure{Reaper: reaper, Label: deleteErrLabel(reaper, req.Reason), Reason: req.Reason,
+	f := board.TeardownFailure{Reaper: reaper, Label: DeleteErrLabel(s.cfg.Declared[reaper], req.Reason), Reason: req.Reason,
 		Error: why, At: s.cfg.Clock.Now(), Term: term}
 	switch {
 	case req.Attempt != nil:

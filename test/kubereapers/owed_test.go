@@ -134,7 +134,7 @@ func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *loopAndOw
 	lead := &stubLead{st: leader.Status{Leading: true, Term: term, Since: w.clk.Now().Add(-time.Hour),
 		ValidUntil: w.clk.Now().Add(24 * time.Hour)}}
 	paying := owed.New(owed.Config{Interval: w.ladder.MaintenanceInterval, DryRun: dryRun, Clock: w.clk, Logger: lg,
-		Metrics: w.metrics},
+		Metrics: w.metrics, Declared: map[string][]string{"agentlost": info.DecisionLabels}},
 		lead, w.store, fixed[sdk.Substrate]{w.sub}, w.store)
 	return &loopAndOwed{loop: cycle.New(cycle.Config{Ladder: w.ladder, Edition: ladder.EditionKube, DryRun: dryRun, Clock: w.clk,
 		Logger: lg, Metrics: w.metrics, Owed: paying},
