@@ -25,6 +25,7 @@ import (
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/internal/testsignal"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -146,7 +147,19 @@ type Loop struct {
 	// marks are the failure reasons an override may be metered under:
 	// the built-in mark reasons and the reapers' declared ones.
 	marks map[string]bool
+
+	// TestSignals are for tests; production leaves them alone.
+	TestSignals TestSignals
 }
+
+// TestSignals are the points a test can wait for (internal/testsignal).
+type TestSignals struct {
+	// Cycled carries the start of every cycle once it ended.
+	Cycled testsignal.TestSignal[time.Time]
+}
+
+// Init makes every signal record (tests only).
+func (s *TestSignals) Init(tb testsignal.TB) { s.Cycled.Init(tb) }
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
@@ -230,6 +243,7 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	l.cfg.Metrics.Cycle(now)
 
 	res = Result{Started: now}
+	defer l.TestSignals.Cycled.Signal(now)
 	l.rec.Retry(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)

@@ -13,7 +13,6 @@ import (
 	"github.com/dexaflow/reaper/host/owed"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
-	"github.com/dexaflow/reaper/testkit/eventually"
 )
 
 // withOwed runs a cycle of loop, then a run of the owed teardowns, and
@@ -42,6 +41,7 @@ func TestOwedTeardownRetries(t *testing.T) {
 	sub := &static[sdk.Substrate]{v: w.exec}
 	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock, Metrics: m,
 		Declared: map[string][]string{"agentlost": w.info.DecisionLabels}}, w.lead, w.store, sub, w.store)
+	paying.TestSignals.Init(t)
 	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: m},
 		w.lead, w.store, w.store, sub,
 		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}, MarkReasons: w.info.MarkReasons,
@@ -65,12 +65,8 @@ func TestOwedTeardownRetries(t *testing.T) {
 		w.marked(t)
 		// The host's side of the cut teardown answers the plugin's
 		// cancellation on the broker's goroutine, maybe after the cycle.
-		var rows []pgboard.OwedTeardown
-		var err error
-		eventually.Until(10*time.Second, func() bool {
-			rows, err = w.store.OwedTeardownsFor(ctx, "run", "task")
-			return err != nil || len(rows) > 0
-		}, eventually.Every(5*time.Millisecond))
+		paying.TestSignals.Owed.WaitOrTimeout()
+		rows, err := w.store.OwedTeardownsFor(ctx, "run", "task")
 		if err != nil || len(rows) != 1 || rows[0].Tries != 1 || rows[0].Reaper != "agentlost" ||
 			rows[0].Label != sdk.LabelAgentLostPodDeleteErr {
 			t.Fatalf("owed rows %+v, %v", rows, err)

@@ -124,10 +124,16 @@ func (c Config) withDefaults() Config {
 type TestSignals struct {
 	// Paid carries what every run of a leader decided.
 	Paid testsignal.TestSignal[Result]
+	// Owed carries every failed teardown of a pass once it is written to
+	// the board, or kept for the next run when the board could not take it.
+	Owed testsignal.TestSignal[board.TeardownFailure]
 }
 
 // Init makes every signal record (tests only).
-func (s *TestSignals) Init(tb testsignal.TB) { s.Paid.Init(tb) }
+func (s *TestSignals) Init(tb testsignal.TB) {
+	s.Paid.Init(tb)
+	s.Owed.Init(tb)
+}
 
 // Result reports one run, for tests and logs.
 type Result struct {

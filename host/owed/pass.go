@@ -56,6 +56,7 @@ func (s *Service) owe(ctx context.Context, reaper string, term int64, req sdk.Te
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
+	defer s.TestSignals.Owed.Signal(f)
 	o, err := s.board.OweTeardown(wctx, f, s.cfg.Backoff)
 	if err != nil {
 		s.cfg.Logger.Warn("could not record an owed teardown: kept for the next cycle", "reaper", reaper,
