@@ -1,10 +1,11 @@
 // Package cycle is reaperd's maintenance loop: every interval, on the leader
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
-// interval, behind the leader-settling gate, then the retries of the
-// teardowns still owed (owed.go), and last the scoring of the shadow
-// decisions (shadow.go), each under a budget of its own. Every decision of
-// every pass, and of the gate, is metered, logged and audited.
+// interval, behind the leader-settling gate. Every decision of every pass,
+// and of the gate, is metered, logged and audited. The retries of the
+// teardowns still owed (host/owed), the shadow scorer (host/shadow) and the
+// retentions (host/prune) are leader components of their own, beside the
+// loop.
 package cycle
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/dexaflow/reaper/host/gate"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/internal/testsignal"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -45,6 +47,12 @@ type Auditor = audit.Writer
 // (those markSearchable admits) to the built-in ones.
 type MarkFinder interface {
 	UnauditedMarks(ctx context.Context, since time.Time, declared ...string) ([]board.UnauditedMark, error)
+}
+
+// Owing wraps a pass's executions under term so that its teardowns that
+// do not complete are owed (host/owed.Service).
+type Owing interface {
+	Wrap(exec sdk.Executions, reaper string, term int64) sdk.Executions
 }
 
 // Supervised hands out a plugin that may have to be (re)started.
@@ -84,32 +92,10 @@ type Config struct {
 	Clock   clock.Clock
 	Logger  hclog.Logger
 	Metrics *metrics.Metrics
-	// Owed remembers the teardowns that did not complete and is asked for
-	// the ones due again (board.Store); nil: a failed teardown is only its
-	// reaper's decision, and nothing is retried.
-	Owed OwedTeardowns
-	// TeardownBackoff spaces an owed teardown's tries. Default: Base one
-	// interval, Cap OwedBackoffCapDefault (or Base when longer).
-	TeardownBackoff board.TeardownBackoff
-	// Verdicts is the audit's shadow decisions, scored by the leader after
-	// every cycle (shadow.go; board.Store); nil: nothing is scored.
-	Verdicts audit.VerdictBoard
-	// ShadowHorizon is how long a shadow decision waits for its truth
-	// before it is scored unresolved. Default audit.ShadowHorizonDefault.
-	ShadowHorizon time.Duration
-	// History prunes the attempt history past HistoryRetention (history.go;
-	// board.Store); nil: it is kept.
-	History HistoryPruner
-	// HistoryRetention is how long the attempt history is kept. Default
-	// board.HistoryRetentionDefault.
-	HistoryRetention time.Duration
-	// AuditPrune prunes the audit of decisions, the fence's refusals and
-	// the warm workers' claims past AuditRetention, beside the cycles (auditprune.go; board.Store);
-	// nil: they are kept.
-	AuditPrune AuditPruner
-	// AuditRetention is how long the audit is kept. Default
-	// board.AuditRetentionDefault.
-	AuditRetention time.Duration
+	// Owed wraps the executions of every pass that is no dry run, so that
+	// a teardown that did not complete is owed (host/owed); nil: a failed
+	// teardown is only its reaper's decision, and nothing is retried.
+	Owed Owing
 	// SubstrateLabels are the decision labels the substrate's Info
 	// declared when it was launched: its sweep's decisions are taken under
 	// these, sdk.SweepLabels and sdk.CommonLabels only.
@@ -127,18 +113,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Metrics == nil {
 		c.Metrics = metrics.New()
-	}
-	if c.TeardownBackoff.Base <= 0 {
-		c.TeardownBackoff.Base = c.Ladder.MaintenanceInterval
-	}
-	if c.HistoryRetention <= 0 {
-		c.HistoryRetention = board.HistoryRetentionDefault
-	}
-	if c.AuditRetention <= 0 {
-		c.AuditRetention = board.AuditRetentionDefault
-	}
-	if c.TeardownBackoff.Cap <= 0 {
-		c.TeardownBackoff.Cap = max(OwedBackoffCapDefault, c.TeardownBackoff.Base)
 	}
 	return c
 }
@@ -159,7 +133,6 @@ type Loop struct {
 	term     int64
 	since    time.Time
 	checked  int64 // the term whose board was checked for unaudited marks
-	owing    owing // failed teardowns the board could not record yet
 
 	// rec writes the loop's decisions through its Auditor and keeps what a
 	// write failed to put there, writing it again at the next cycle.
@@ -174,12 +147,19 @@ type Loop struct {
 	// marks are the failure reasons an override may be metered under:
 	// the built-in mark reasons and the reapers' declared ones.
 	marks map[string]bool
-	// scorer scores the shadow decisions (nil without Config.Verdicts).
-	scorer *audit.Scorer
-	// pruneAsked carries a cycle's ask for a batch of the audit's prune to
-	// Run's pruner, with the term it ran under (at most one waits).
-	pruneAsked chan int64
+
+	// TestSignals are for tests; production leaves them alone.
+	TestSignals TestSignals
 }
+
+// TestSignals are the points a test can wait for (internal/testsignal).
+type TestSignals struct {
+	// Cycled carries the start of every cycle once it ended.
+	Cycled testsignal.TestSignal[time.Time]
+}
+
+// Init makes every signal record (tests only).
+func (s *TestSignals) Init(tb testsignal.TB) { s.Cycled.Init(tb) }
 
 // New returns a loop.
 func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrate Supervised[sdk.Substrate], reapers []Reaper) *Loop {
@@ -188,7 +168,7 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
 		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
-		pruneAsked: make(chan int64, 1), allowed: map[string]map[string]bool{},
+		allowed: map[string]map[string]bool{},
 	}
 	for _, r := range reapers {
 		declared := sdk.Info{DecisionLabels: r.Labels, MarkReasons: r.MarkReasons}
@@ -203,14 +183,6 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 		l.sweepAllowed[s] = true
 	}
 	l.marks = knownMarks(reapers)
-	if cfg.Verdicts != nil {
-		l.scorer = audit.NewScorer(cfg.Verdicts, audit.ScorerConfig{Horizon: cfg.ShadowHorizon})
-		names := make([]string, len(reapers))
-		for i, r := range reapers {
-			names[i] = r.Name
-		}
-		cfg.Metrics.ShadowReapers(names)
-	}
 	return l
 }
 
@@ -231,8 +203,6 @@ type Result struct {
 	Decisions     []sdk.Decision
 	DecisionCount int
 	Overruns      []string // phases that overran their budget
-	// Verdicts are the shadow verdicts the cycle wrote (shadow.go).
-	Verdicts []audit.Scored
 }
 
 // LastTick is when the loop last started a cycle (zero before the first).
@@ -248,15 +218,10 @@ func (l *Loop) NeedsLeadership() bool { return true }
 
 // Run runs a cycle every interval until ctx is done, then returns nil.
 // Ticks that fall due while a cycle is still running are coalesced into
-// one. The audit's prune runs beside the cycles (auditprune.go), on a
-// goroutine Run stops and waits for before it returns.
+// one.
 func (l *Loop) Run(ctx context.Context) error {
 	tk := l.cfg.Clock.NewTicker(l.cfg.Ladder.MaintenanceInterval)
 	defer tk.Stop()
-	pruneCtx, stopPrune := context.WithCancel(ctx)
-	pruned := make(chan struct{})
-	go func() { defer close(pruned); l.pruneAudit(pruneCtx) }()
-	defer func() { stopPrune(); <-pruned }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -278,13 +243,11 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	l.cfg.Metrics.Cycle(now)
 
 	res = Result{Started: now}
+	defer l.TestSignals.Cycled.Signal(now)
 	l.rec.Retry(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
-		if l.cfg.Owed != nil {
-			l.cfg.Metrics.OwedTeardowns(0) // the leader's to count
-		}
 		return res
 	}
 	res.Leading, res.Term = true, st.Term
@@ -299,17 +262,6 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 	if ctx.Err() != nil {
 		return res
 	}
-	// The owed teardowns come last, whether the gate opened or not: each
-	// follows a mark already written, it is no judgment. After them (the
-	// deferred calls run in reverse), the shadow decisions are scored: a
-	// judgment of the audit against the board, which writes nothing else;
-	// and, last, the history past its retention is pruned, and a batch of
-	// the audit's prune asked for (it runs beside the next cycle).
-	defer l.askAuditPrune(st.Term)
-	defer l.pruneHistory(ctx, st.Term)
-	defer l.scoreShadows(ctx, st.Term, &res)
-	defer l.payTeardowns(ctx, st.Term, sub, subErr, &res)
-
 	synced := false
 	if subErr == nil {
 		var err error
@@ -474,7 +426,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	if dry {
 		exec = dryRunExecutions{exec}
 	} else if l.cfg.Owed != nil {
-		exec = l.owingFor(exec, r.Name, term)
+		exec = l.cfg.Owed.Wrap(exec, r.Name, term)
 	}
 	l.mu.Lock()
 	state := l.states[r.Name]

@@ -10,10 +10,24 @@ import (
 	pgboard "github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/owed"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
-	"github.com/dexaflow/reaper/testkit/eventually"
 )
+
+// withOwed runs a cycle of loop, then a run of the owed teardowns, and
+// returns the cycle's result with the retries' decisions and overrun, as
+// the daemon's RunCycle does.
+func withOwed(ctx context.Context, loop *cycle.Loop, o *owed.Service) cycle.Result {
+	res := loop.RunOnce(ctx)
+	paid := o.RunOnce(ctx)
+	res.Decisions = append(res.Decisions, paid.Decisions...)
+	res.DecisionCount += len(paid.Decisions)
+	if paid.Overran {
+		res.Overruns = append(res.Overruns, "teardown")
+	}
+	return res
+}
 
 // A teardown the pass's share cut short is owed; its retry runs after the
 // reapers, under a budget of its own, and a retry that overruns it is a
@@ -23,14 +37,19 @@ func TestOwedTeardownRetries(t *testing.T) {
 	ctx := context.Background()
 	l := ladder.Defaults()
 	w := newWorld(t, "mark_teardown", nil)
-	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
-		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec},
+	m := metrics.New()
+	sub := &static[sdk.Substrate]{v: w.exec}
+	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock, Metrics: m,
+		Declared: map[string][]string{"agentlost": w.info.DecisionLabels}}, w.lead, w.store, sub, w.store)
+	paying.TestSignals.Init(t)
+	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: m},
+		w.lead, w.store, w.store, sub,
 		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}, MarkReasons: w.info.MarkReasons,
 			Labels: w.info.DecisionLabels}})
 
 	run := func() cycle.Result {
 		done := make(chan cycle.Result)
-		go func() { done <- w.loop.RunOnce(ctx) }()
+		go func() { done <- withOwed(ctx, w.loop, paying) }()
 		for {
 			select {
 			case <-w.exec.tearing:
@@ -46,12 +65,8 @@ func TestOwedTeardownRetries(t *testing.T) {
 		w.marked(t)
 		// The host's side of the cut teardown answers the plugin's
 		// cancellation on the broker's goroutine, maybe after the cycle.
-		var rows []pgboard.OwedTeardown
-		var err error
-		eventually.Until(10*time.Second, func() bool {
-			rows, err = w.store.OwedTeardownsFor(ctx, "run", "task")
-			return err != nil || len(rows) > 0
-		}, eventually.Every(5*time.Millisecond))
+		paying.TestSignals.Owed.WaitOrTimeout()
+		rows, err := w.store.OwedTeardownsFor(ctx, "run", "task")
 		if err != nil || len(rows) != 1 || rows[0].Tries != 1 || rows[0].Reaper != "agentlost" ||
 			rows[0].Label != sdk.LabelAgentLostPodDeleteErr {
 			t.Fatalf("owed rows %+v, %v", rows, err)
@@ -97,7 +112,7 @@ func TestOwedTeardownRetries(t *testing.T) {
 		st.Leading = false
 		w.lead.set(st)
 		w.clock.Advance(time.Hour)
-		res := w.loop.RunOnce(ctx) // a retry would block on tearing: none may start
+		res := withOwed(ctx, w.loop, paying) // a retry would block on tearing: none may start
 		if res.Leading {
 			t.Fatal("leading")
 		}
@@ -116,16 +131,18 @@ func TestOwedTeardownOfALiveAttemptNeverTried(t *testing.T) {
 	ctx := context.Background()
 	l := ladder.Defaults()
 	w := newWorld(t, "mark_teardown", nil)
-	loop := cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: w.store, Metrics: metrics.New()},
-		w.lead, w.store, w.store, &static[sdk.Substrate]{v: w.exec}, nil)
+	sub := &static[sdk.Substrate]{v: w.exec}
+	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock}, w.lead, w.store, sub, w.store)
+	loop := cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: metrics.New()},
+		w.lead, w.store, w.store, sub, nil)
 	a := w.attempt
 	if _, err := w.store.OweTeardown(ctx, pgboard.TeardownFailure{RunID: a.RunID, Attempt: &a, Reaper: "thirdparty",
 		Label: sdk.LabelTeardownOwedError, Reason: "its_own", Error: "timeout", At: w.clock.Now(), Term: w.term},
-		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: cycle.OwedBackoffCapDefault}); err != nil {
+		pgboard.TeardownBackoff{Base: l.MaintenanceInterval, Cap: owed.BackoffCapDefault}); err != nil {
 		t.Fatal(err)
 	}
 	w.clock.Advance(l.MaintenanceInterval)
-	res := loop.RunOnce(ctx)
+	res := withOwed(ctx, loop, paying)
 	if len(w.exec.tearing) != 0 {
 		t.Fatal("the live attempt was torn down")
 	}

@@ -6,7 +6,8 @@
 //
 // New builds everything and starts only the plugins; Run runs the elector,
 // telemetry and the components (component.go: the maintenance loop, the
-// attempt API, the runner, each a Run(ctx) error that says whether it needs
+// owed teardowns, the shadow scorer, the retentions' prunes, the attempt
+// API, the runner, each a Run(ctx) error that says whether it needs
 // leadership) on the injected clock until its context ends; Close releases
 // what New took. The execution side's parts are built from their blocks by
 // their own packages (attemptapi.NewService, kuberunner.FromSettings).
@@ -36,6 +37,9 @@ import (
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/loader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/owed"
+	"github.com/dexaflow/reaper/host/prune"
+	"github.com/dexaflow/reaper/host/shadow"
 	"github.com/dexaflow/reaper/host/supervise"
 	"github.com/dexaflow/reaper/host/telemetry"
 	"github.com/dexaflow/reaper/internal/confine"
@@ -93,7 +97,11 @@ type Daemon struct {
 	plugins []*supervised // the substrate first, then the reapers in order
 	elector *leader.Elector
 	loop    *cycle.Loop
-	runner  runner // nil without a runner block
+	owed    *owed.Service   // the teardowns owed until done
+	shadows *shadow.Service // the shadow decisions' scorer
+	history *prune.History  // the attempt history's retention
+	pruning *prune.Audit    // the audit's retention
+	runner  runner          // nil without a runner block
 	metrics *metrics.Metrics
 	api     *attemptapi.Service
 	gate    *schemaGate
@@ -147,11 +155,17 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	sub := d.supervise(ld, set.Substrate)
-	var reapers []cycle.Reaper
-	declared := map[string]sdk.Info{}
+	var (
+		reapers  []cycle.Reaper
+		names    []string
+		declared = map[string]sdk.Info{}
+		labels   = map[string][]string{}
+	)
 	for _, h := range set.Reapers {
 		d.metrics.DeclareReaper(h.Block.Name, h.Info)
+		names = append(names, h.Block.Name)
 		declared[h.Block.Name] = h.Info
+		labels[h.Block.Name] = h.Info.DecisionLabels
 		reapers = append(reapers, cycle.Reaper{Name: h.Block.Name, DryRun: h.Block.DryRun, Plugin: reaperOf{d.supervise(ld, h)},
 			MarkReasons: h.Info.MarkReasons, Labels: h.Info.DecisionLabels})
 	}
@@ -163,12 +177,20 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.elector, err = d.newElector(); err != nil {
 		return err
 	}
+	d.owed = owed.New(owed.Config{Interval: cfg.Ladder.MaintenanceInterval, DryRun: cfg.DryRun, Declared: labels,
+		Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store, substrateOf{sub}, d.store)
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.store, Verdicts: d.store,
-		ShadowHorizon: cfg.ShadowHorizon, History: d.store, HistoryRetention: cfg.HistoryRetention,
-		AuditPrune: d.store, AuditRetention: cfg.AuditRetention, SubstrateLabels: set.Substrate.Info.DecisionLabels,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.owed,
+		SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
+	d.shadows = shadow.New(shadow.Config{Interval: cfg.Ladder.MaintenanceInterval, Horizon: cfg.ShadowHorizon,
+		Reapers: names, Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store)
+	retention := prune.Config{Interval: cfg.Ladder.MaintenanceInterval, Clock: opts.Clock, Logger: d.log.Named("cycle")}
+	retention.Retention = cfg.HistoryRetention
+	d.history = prune.NewHistory(retention, d.elector, d.store)
+	retention.Retention = cfg.AuditRetention
+	d.pruning = prune.NewAudit(retention, d.elector, d.store)
 
 	if d.api, err = d.newAttemptAPI(ctx); err != nil {
 		return err
@@ -513,9 +535,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // components are the daemon's long-running parts, in the order they are
-// started: the attempt API, the maintenance loop, the runner.
+// started: the attempt API, the maintenance loop, the retentions, the
+// runner.
 func (d *Daemon) components() components {
-	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop}}
+	cs := components{{"attempt api", d.api}, {"maintenance loop", d.loop},
+		{"owed teardowns", d.owed}, {"shadow scorer", d.shadows}, {"history prune", d.history}, {"audit prune", d.pruning}}
 	if d.runner != nil {
 		cs = append(cs, named{"runner", d.runner})
 	}
@@ -535,8 +559,23 @@ func (d *Daemon) stopped(done <-chan namedErr) {
 // renewal period, and returns the resulting status.
 func (d *Daemon) Campaign(ctx context.Context) leader.Status { return d.elector.Step(ctx) }
 
-// RunCycle runs one maintenance cycle now, as Run does every interval.
-func (d *Daemon) RunCycle(ctx context.Context) cycle.Result { return d.loop.RunOnce(ctx) }
+// RunCycle runs one maintenance cycle now, as Run does every interval,
+// and then the owed teardowns (their decisions and overrun added to its
+// result), the shadow scorer and a batch of the attempt history's prune.
+func (d *Daemon) RunCycle(ctx context.Context) cycle.Result {
+	res := d.loop.RunOnce(ctx)
+	paid := d.owed.RunOnce(ctx)
+	res.Decisions = append(res.Decisions, paid.Decisions...)
+	res.DecisionCount += len(paid.Decisions)
+	if paid.Overran {
+		res.Overruns = append(res.Overruns, "teardown")
+	}
+	if d.shadows.RunOnce(ctx).Overran {
+		res.Overruns = append(res.Overruns, "shadow")
+	}
+	d.history.RunOnce(ctx)
+	return res
+}
 
 // AttemptAPIURL is the base URL this replica's attempt API is reached at.
 func (d *Daemon) AttemptAPIURL() string { return d.api.URL() }

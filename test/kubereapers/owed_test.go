@@ -25,6 +25,7 @@ import (
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/owed"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
@@ -115,7 +116,7 @@ func (w *owedWorld) grant(rules ...rbacv1.PolicyRule) {
 // loop is a maintenance loop of term, led since an hour before the fake
 // clock's time (its settling gate opens on its first cycle), with dryRun
 // the global dry-run.
-func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *cycle.Loop {
+func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *loopAndOwed {
 	w.t.Helper()
 	r := agentlost.New(nil)
 	if err := r.Configure(context.Background(), sdk.ConfigureRequest{Edition: ladder.EditionKube, Ladder: w.ladder,
@@ -132,10 +133,33 @@ func (w *owedWorld) loop(term int64, dryRun bool, logs *bytes.Buffer) *cycle.Loo
 	}
 	lead := &stubLead{st: leader.Status{Leading: true, Term: term, Since: w.clk.Now().Add(-time.Hour),
 		ValidUntil: w.clk.Now().Add(24 * time.Hour)}}
-	return cycle.New(cycle.Config{Ladder: w.ladder, Edition: ladder.EditionKube, DryRun: dryRun, Clock: w.clk,
-		Logger: lg, Metrics: w.metrics, Owed: w.store},
+	paying := owed.New(owed.Config{Interval: w.ladder.MaintenanceInterval, DryRun: dryRun, Clock: w.clk, Logger: lg,
+		Metrics: w.metrics, Declared: map[string][]string{"agentlost": info.DecisionLabels}},
+		lead, w.store, fixed[sdk.Substrate]{w.sub}, w.store)
+	return &loopAndOwed{loop: cycle.New(cycle.Config{Ladder: w.ladder, Edition: ladder.EditionKube, DryRun: dryRun, Clock: w.clk,
+		Logger: lg, Metrics: w.metrics, Owed: paying},
 		lead, w.store, w.store, fixed[sdk.Substrate]{w.sub}, []cycle.Reaper{{Name: "agentlost", Plugin: fixed[sdk.Reaper]{r},
-			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}})
+			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}}), owed: paying}
+}
+
+// loopAndOwed is a maintenance loop and its owed teardowns' service,
+// driven one after the other as the daemon's RunCycle drives them.
+type loopAndOwed struct {
+	loop *cycle.Loop
+	owed *owed.Service
+}
+
+// RunOnce runs a cycle, then the owed teardowns, and returns the cycle's
+// result with the retries' decisions and overrun.
+func (l *loopAndOwed) RunOnce(ctx context.Context) cycle.Result {
+	res := l.loop.RunOnce(ctx)
+	paid := l.owed.RunOnce(ctx)
+	res.Decisions = append(res.Decisions, paid.Decisions...)
+	res.DecisionCount += len(paid.Decisions)
+	if paid.Overran {
+		res.Overruns = append(res.Overruns, "teardown")
+	}
+	return res
 }
 
 // silent puts a running attempt with a running pod on the board and lets
@@ -340,7 +364,7 @@ func TestOwedTeardowns(t *testing.T) {
 		}
 		// The verbs return: the retry stops the old pod, and only it.
 		w.grant(podsRead, podsWrite)
-		w.clk.Advance(cycle.OwedBackoffCapDefault)
+		w.clk.Advance(owed.BackoffCapDefault)
 		res := loop.RunOnce(ctx)
 		if _, ok := cycleDecided(res, a, sdk.LabelTeardownRetried); !ok {
 			t.Fatalf("no retry: %+v", res.Decisions)
@@ -605,7 +629,7 @@ func pastTheValveFrozenAgent(t *testing.T, gone func(w *owedWorld, p *corev1.Pod
 	}
 	// A finished pod's teardown is complete: the next due retry clears
 	// the row on its own (within the backoff's cap).
-	for end := w.clk.Now().Add(cycle.OwedBackoffCapDefault + w.ladder.MaintenanceInterval); ; {
+	for end := w.clk.Now().Add(owed.BackoffCapDefault + w.ladder.MaintenanceInterval); ; {
 		rows, err := w.store.OwedTeardownsFor(ctx, a.RunID, a.TaskID)
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package cycle_test
+package shadow_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/host/metrics"
+	"github.com/dexaflow/reaper/host/shadow"
 	"github.com/dexaflow/reaper/plugins/agentlost"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
@@ -45,7 +46,14 @@ type shadowWorld struct {
 	lw      *lifecycle.Writer
 	term    int64
 	loop    *cycle.Loop
+	shadows *shadow.Service
 	metrics *metrics.Metrics
+}
+
+// runOnce runs a cycle of the loop, then the scorer.
+func (w *shadowWorld) runOnce(ctx context.Context) shadow.Result {
+	w.loop.RunOnce(ctx)
+	return w.shadows.RunOnce(ctx)
 }
 
 func newShadowWorld(t *testing.T) *shadowWorld {
@@ -90,10 +98,12 @@ func newShadowWorld(t *testing.T) *shadowWorld {
 	}
 	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}}
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionKube, Clock: w.clock,
-		Metrics: w.metrics, Verdicts: w.store},
+		Metrics: w.metrics},
 		lead, w.store, w.store, &static[sdk.Substrate]{v: deadPods{}},
 		[]cycle.Reaper{{Name: agentlost.Name, DryRun: true, Plugin: &static[sdk.Reaper]{v: r},
 			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}})
+	w.shadows = shadow.New(shadow.Config{Clock: w.clock, Metrics: w.metrics, Reapers: []string{agentlost.Name}},
+		lead, w.store)
 	return w
 }
 
@@ -166,7 +176,7 @@ func TestShadowVerdicts(t *testing.T) {
 	}
 
 	t.Run("NoTruthYet_Pending", func(t *testing.T) {
-		res := w.loop.RunOnce(ctx)
+		res := w.runOnce(ctx)
 		if len(res.Verdicts) != 0 {
 			t.Fatalf("verdicts before any truth: %+v", res.Verdicts)
 		}
@@ -197,7 +207,7 @@ func TestShadowVerdicts(t *testing.T) {
 	w.clock.Advance(2 * time.Minute)
 
 	t.Run("AttemptHeartbeatsAfterTheDecision_WouldHaveKilledLiveWork", func(t *testing.T) {
-		res := w.loop.RunOnce(ctx)
+		res := w.runOnce(ctx)
 		if got := w.verdictsOf(t, "comesback"); len(got) != 1 || got[0] != sdk.VerdictWouldHaveKilledLiveWork {
 			t.Fatalf("verdicts %q", got)
 		}
@@ -240,7 +250,7 @@ func TestShadowVerdicts(t *testing.T) {
 	})
 	t.Run("StillOpenPastTheHorizon_Unresolved", func(t *testing.T) {
 		w.clock.Advance(hostaudit.ShadowHorizonDefault)
-		w.loop.RunOnce(ctx)
+		w.runOnce(ctx)
 		got := w.verdictsOf(t, "open")
 		if len(got) != 3 || got[0] != sdk.VerdictUnresolved || got[1] != sdk.VerdictUnresolved || got[2] != "" {
 			t.Fatalf("verdicts %q, want the two past the horizon unresolved and the new one unscored", got)
@@ -262,7 +272,7 @@ func TestShadowVerdicts(t *testing.T) {
 		if stop, err := w.lw.Heartbeat(ctx, comesback, w.clock.Now()); err != nil || stop {
 			t.Fatalf("heartbeat: stop=%v err=%v", stop, err)
 		}
-		res := w.loop.RunOnce(ctx)
+		res := w.runOnce(ctx)
 		if len(res.Verdicts) != 0 {
 			t.Fatalf("a deposed term scored: %+v", res.Verdicts)
 		}

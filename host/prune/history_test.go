@@ -1,4 +1,4 @@
-package cycle_test
+package prune_test
 
 import (
 	"context"
@@ -7,15 +7,14 @@ import (
 
 	pgboard "github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
-	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/host/prune"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
-	"github.com/dexaflow/reaper/sdk/ladder"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
-// The leader keeps the attempt history to its retention: a cycle deletes
+// The leader keeps the attempt history to its retention: a batch deletes
 // what was released before it and keeps the rest; a replica that does not
 // lead deletes nothing.
 func TestTheLeaderPrunesTheAttemptHistoryPastItsRetention(t *testing.T) {
@@ -51,21 +50,19 @@ func TestTheLeaderPrunesTheAttemptHistoryPastItsRetention(t *testing.T) {
 		}
 		return epochs
 	}
-	loop := func(leading bool) *cycle.Loop {
+	pruner := func(leading bool) *prune.History {
 		lease, _, err := store.TryAcquire(ctx, "test", 72*time.Hour, t0.Add(-time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
 		lead := &lead{st: leader.Status{Leading: leading, Term: lease.Term, Since: t0.Add(-time.Hour)}}
-		return cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clock.NewFake(t0),
-			History: store, HistoryRetention: 72 * time.Hour},
-			lead, store, store, &static[sdk.Substrate]{v: deadPods{}}, nil)
+		return prune.NewHistory(prune.Config{Clock: clock.NewFake(t0), Retention: 72 * time.Hour}, lead, store)
 	}
-	loop(false).RunOnce(ctx)
+	pruner(false).RunOnce(ctx)
 	if got := kept(); len(got) != 3 {
 		t.Fatalf("a replica that does not lead pruned: kept %v", got)
 	}
-	loop(true).RunOnce(ctx)
+	pruner(true).RunOnce(ctx)
 	if got := kept(); len(got) != 2 || got[0] != 1 || got[1] != 2 {
 		t.Fatalf("kept epochs %v, want 1 and 2 (released within 72 h)", got)
 	}

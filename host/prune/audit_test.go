@@ -1,4 +1,4 @@
-package cycle_test
+package prune_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/leader"
+	"github.com/dexaflow/reaper/host/prune"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
@@ -20,7 +21,6 @@ import (
 type heldPrune struct {
 	*pgboard.Store
 	entered, release chan struct{}
-	done             chan struct{} // a batch's claims were pruned
 }
 
 func (h *heldPrune) PruneDecisions(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
@@ -29,16 +29,12 @@ func (h *heldPrune) PruneDecisions(ctx context.Context, term int64, now, before 
 	return h.Store.PruneDecisions(ctx, term, now, before, limit)
 }
 
-func (h *heldPrune) PruneWarmClaims(ctx context.Context, term int64, now, before time.Time, limit int) (int64, error) {
-	defer func() { h.done <- struct{}{} }()
-	return h.Store.PruneWarmClaims(ctx, term, now, before, limit)
-}
-
 // The leader keeps the audit to its retention beside its cycles: a batch
 // deletes the decisions and the warm workers' claims older than the
 // retention and keeps every younger one (what explain tells, the shadow
 // decision still within its horizon); cycles go on while a batch is held,
-// and ask for no second batch while one is under way.
+// and no second batch begins while one is under way (its ticks are
+// coalesced).
 func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -78,15 +74,18 @@ func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 	}
 
 	clk := clock.NewFake(t0)
-	held := &heldPrune{Store: store, entered: make(chan struct{}, 10), release: make(chan struct{}), done: make(chan struct{}, 10)}
+	held := &heldPrune{Store: store, entered: make(chan struct{}, 10), release: make(chan struct{})}
 	lad := ladder.Defaults()
-	loop := cycle.New(cycle.Config{Ladder: lad, Edition: ladder.EditionLite, Clock: clk,
-		AuditPrune: held, AuditRetention: 72 * time.Hour},
-		&lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}},
-		store, store, &static[sdk.Substrate]{v: deadPods{}}, nil)
-	stopped := make(chan struct{})
-	go func() { loop.Run(ctx); close(stopped) }()
-	if err := clk.BlockUntil(ctx, 1); err != nil { // the loop's ticker is registered
+	ld := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}}
+	loop := cycle.New(cycle.Config{Ladder: lad, Edition: ladder.EditionLite, Clock: clk},
+		ld, store, store, &static[sdk.Substrate]{v: idle{}}, nil)
+	pruner := prune.NewAudit(prune.Config{Interval: lad.MaintenanceInterval, Retention: 72 * time.Hour, Clock: clk}, ld, held)
+	pruner.TestSignals.Init(t)
+	loop.TestSignals.Init(t)
+	stopped := make(chan struct{}, 2)
+	go func() { loop.Run(ctx); stopped <- struct{}{} }()
+	go func() { pruner.Run(ctx); stopped <- struct{}{} }()
+	if err := clk.BlockUntil(ctx, 2); err != nil { // the loop's and the prune's tickers are registered
 		t.Fatal(err)
 	}
 	tick := func() time.Time {
@@ -94,17 +93,16 @@ func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 		return clk.Now()
 	}
 	tick()
-	<-held.entered // cycle 1 asked for a batch; it is held
+	<-held.entered // the first batch began with cycle 1; it is held
 	// Three more cycles start, the last only once the two before it
 	// ended: none waited for the held batch.
 	tick()
 	tick()
 	last := tick()
-	for deadline := time.Now().Add(30 * time.Second); !loop.LastTick().Equal(last); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the cycles stopped at %v while a prune was held: they waited for it", loop.LastTick())
-		}
-		time.Sleep(time.Millisecond)
+	// Every cycle signals its start once it ended; the last tick's comes
+	// (the wait fails the test if the cycles waited for the held batch).
+	for started := (time.Time{}); !started.Equal(last); {
+		started = loop.TestSignals.Cycled.WaitOrTimeout()
 	}
 	select {
 	case <-held.entered:
@@ -112,7 +110,9 @@ func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 	default:
 	}
 	close(held.release)
-	<-held.done
+	if term := pruner.TestSignals.Batch.WaitOrTimeout(); term != lease.Term {
+		t.Fatalf("the batch ran under term %d, want %d", term, lease.Term)
+	}
 
 	recs, err := store.DecisionsFor(ctx, "r", "t", 0)
 	if err != nil {
@@ -141,5 +141,6 @@ func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 		t.Fatalf("warm workers' claims kept %v, want the live one only", workers)
 	}
 	cancel()
+	<-stopped
 	<-stopped
 }

@@ -1,4 +1,4 @@
-package cycle
+package owed
 
 import (
 	"context"
@@ -44,6 +44,17 @@ func TestTeardownOwed(t *testing.T) {
 	}
 }
 
+// declared are the in-tree reapers' declared *_pod_delete_error labels
+// (their Info's), and a third party's that declares none.
+var declared = map[string][]string{
+	"agentlost":    {sdk.LabelAgentLostOrphanStopErr, sdk.LabelAgentLostPodDeleteErr},
+	"dispatchlost": {sdk.LabelDispatchLostOrphanStopErr, sdk.LabelDispatchLostPodDeleteErr},
+	"podlost":      {sdk.LabelPodLostPodQueryErr, sdk.LabelPodLostPodDeleteErr},
+	"orphanrun":    {sdk.LabelOrphanReapNoop, sdk.LabelOrphanRunPodDeleteErr},
+	"thirdparty":   {"its_own_mark"},
+	"twolabels":    {"a_pod_delete_error", "b_pod_delete_error"},
+}
+
 func TestDeleteErrLabel(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ reaper, reason, want string }{
@@ -56,8 +67,9 @@ func TestDeleteErrLabel(t *testing.T) {
 		{"podlost", "", sdk.LabelPodLostPodDeleteErr},
 		{"thirdparty", sdk.LabelPodLost, sdk.LabelPodLostPodDeleteErr},
 		{"thirdparty", "its_own_mark", sdk.LabelTeardownOwedError},
+		{"twolabels", "its_own_mark", sdk.LabelTeardownOwedError},
 	} {
-		if got := deleteErrLabel(c.reaper, c.reason); got != c.want {
+		if got := DeleteErrLabel(declared[c.reaper], c.reason); got != c.want {
 			t.Errorf("EachReaperItsOwnLabel: %s/%s: %s, want %s", c.reaper, c.reason, got, c.want)
 		}
 	}
@@ -71,11 +83,11 @@ type feedExec struct {
 
 func TestOwingExecutionsKeepTheChangeFeed(t *testing.T) {
 	t.Parallel()
-	l := &Loop{}
-	if _, ok := l.owingFor(feedExec{}, "podlost", 1).(sdk.ChangeFeed); !ok {
+	s := &Service{}
+	if _, ok := s.Wrap(feedExec{}, "podlost", 1).(sdk.ChangeFeed); !ok {
 		t.Fatal("WithAFeed_TheFeedStaysVisible: the wrapper hid it")
 	}
-	if _, ok := l.owingFor(struct{ sdk.Executions }{}, "podlost", 1).(sdk.ChangeFeed); ok {
+	if _, ok := s.Wrap(struct{ sdk.Executions }{}, "podlost", 1).(sdk.ChangeFeed); ok {
 		t.Fatal("WithoutAFeed_NoneInvented")
 	}
 }
