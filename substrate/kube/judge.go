@@ -138,15 +138,18 @@ func judgeFinished(p *pod) (verdict, bool) {
 		}
 	}
 	// No record at all, and the task container ended at or after the
-	// pod's deletion: the deletion's kill ended it (an agent frozen or
-	// killed outright writes nothing; a grace of 0 leaves it no time to).
-	// The deletion's second and the container's end are both whole
-	// seconds: the same second counts as after (a task that failed by
-	// itself in the very second someone deleted its pod is re-run on the
-	// infra budget, not charged a retry).
+	// pod's deletion was asked for: the deletion's kill ended it (an agent
+	// frozen or killed outright writes nothing; a grace of 0 leaves it no
+	// time to). The request, not the deletion timestamp: while the pod's
+	// grace runs the timestamp is when the kill is due, and after the
+	// kubelet's last delete it is that delete's time, both after the kill
+	// (deletionRequested). The request's second and the container's end
+	// are both whole seconds: the same second counts as after (a task that
+	// failed by itself in the very second someone deleted its pod is
+	// re-run on the infra budget, not charged a retry).
 	if !hasRec && p.DeletionTimestamp != nil {
 		if task, ok := p.task(); ok && task.terminated && task.reason != "OOMKilled" &&
-			!task.finishedAt.Before(p.DeletionTimestamp.Time) {
+			!task.finishedAt.Before(p.deletionRequested()) {
 			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted,
 				message: fmt.Sprintf("%s: pod deleted while its task ran (its container ended at %s, after the deletion, with no record: exit %d)",
 					sdk.ReasonPodDisrupted, task.finishedAt.UTC().Format(time.RFC3339), task.exitCode),

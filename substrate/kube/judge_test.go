@@ -86,6 +86,26 @@ func code(c int32) *int32 { return &c }
 // (the outcome record finalizer keeps the object).
 func deleting(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: t0.Add(20 * time.Second)} }
 
+// deletedByTheKubelet gives a pod what its object reads as after the
+// kubelet's last (grace-0) delete at at: the timestamp is that delete's
+// time, no grace left.
+func deletedByTheKubelet(at time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.DeletionTimestamp = &metav1.Time{Time: at}
+		g := int64(0)
+		p.DeletionGracePeriodSeconds = &g
+	}
+}
+
+// deletingInGrace gives a pod what a delete asked for at t0+20s with a
+// 30 s grace reads as while the grace runs: the timestamp is when the kill
+// is due (t0+50s), the grace still recorded.
+func deletingInGrace(p *corev1.Pod) {
+	p.DeletionTimestamp = &metav1.Time{Time: t0.Add(50 * time.Second)}
+	g := int64(30)
+	p.DeletionGracePeriodSeconds = &g
+}
+
 func TestJudgeFinished(t *testing.T) {
 	other := attempt
 	other.Epoch = 0
@@ -157,6 +177,31 @@ func TestJudgeFinished(t *testing.T) {
 		{name: "EndedBeforeItsDeletion_NoRecordStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
 			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
 				return podOf(attempt, corev1.PodFailed, deleting, taskTerminated(137, "Error", "", t0.Add(19*time.Second)))
+			}},
+		// Read while its grace runs, the timestamp is the kill's due time:
+		// a container the stop ended inside the grace ended after the
+		// request, and the request is what counts.
+		{name: "KilledInsideItsGrace_NoRecordIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: pod deleted while its task ran", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deletingInGrace, taskTerminated(143, "Error", "", t0.Add(25*time.Second)))
+			}},
+		{name: "EndedBeforeTheRequestOfADeletionInGrace_NoRecordStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deletingInGrace, taskTerminated(1, "Error", "", t0.Add(19*time.Second)))
+			}},
+		// Read after the kubelet's last delete, the timestamp is that
+		// delete's time and the grace 0: the request is gone from the
+		// object. An end a few seconds before is the deletion's kill (a
+		// replica that was cut off from the API server while the grace ran
+		// sees only this state); an end long before is the task's own.
+		{name: "KilledThenDeletedByTheKubelet_NoRecordIsInfra", wantOK: true, wantOutcome: sdk.OutcomeInfra,
+			wantReason: sdk.ReasonPodDisrupted, wantMsg: "pod_disrupted: pod deleted while its task ran", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deletedByTheKubelet(t0.Add(24*time.Second)), taskTerminated(137, "Error", "", t0.Add(20*time.Second)))
+			}},
+		{name: "EndedLongBeforeADeletionWithNoGraceLeft_NoRecordStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
+			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed", pod: func(t *testing.T) *pod {
+				return podOf(attempt, corev1.PodFailed, deletedByTheKubelet(t0.Add(20*time.Second).Add(finalDeleteSlack+time.Second)),
+					taskTerminated(137, "Error", "", t0.Add(20*time.Second)))
 			}},
 		{name: "KilledByItsDeletion_OOMKilledStaysTaskFailure", wantOK: true, wantOutcome: sdk.OutcomeFailed,
 			wantReason: ReasonTaskFailed, wantMsg: "task_failed: pod failed: task container exited 137 (OOMKilled)", pod: func(t *testing.T) *pod {

@@ -238,6 +238,40 @@ func (p *pod) recordFinalizer() (i int, ok bool) {
 	return 0, false
 }
 
+// deletionRequested is the earliest the pod's deletion can have been asked
+// for, as its object now says. The API server sets the deletion timestamp
+// to the request's time plus the grace it gives the pod (when the kill is
+// due); while that grace is recorded, the request is the timestamp less
+// the grace. A later delete that shortens the grace moves the timestamp
+// back by the difference but never into the past: the kubelet's own
+// grace-0 delete, once the pod has ended, sets it to that delete's time and
+// the grace to 0, and the request's time is gone from the object. So with
+// no grace left the request was at the timestamp (a delete with grace 0, or
+// of a pod that had already ended) or before it, by as much as the kubelet
+// took between the kill and its last delete: finalDeleteSlack is read off.
+func (p *pod) deletionRequested() time.Time {
+	if p.DeletionTimestamp == nil {
+		return time.Time{}
+	}
+	at := p.DeletionTimestamp.Time
+	switch g := p.DeletionGracePeriodSeconds; {
+	case g != nil && *g > 0:
+		return at.Add(-time.Duration(*g) * time.Second)
+	case g != nil:
+		return at.Add(-finalDeleteSlack)
+	}
+	return at
+}
+
+// finalDeleteSlack bounds how long after a container it killed for a
+// graceful deletion the kubelet makes its last (grace-0) delete: the pod's
+// volumes torn down and its status written first. A task with no record
+// that ended within it before a deletion with no grace left is read as
+// ended by that deletion (re-run on the infra budget, not charged a retry),
+// which a task whose agent died on its own just before an unrelated delete
+// also is.
+const finalDeleteSlack = 30 * time.Second
+
 // letGo reports whether the cluster has let the pod go: it is deleted
 // with no grace left (a kubelet's last word, Pod GC, a forced delete, or a
 // pod never placed), so only finalizers keep its object.
