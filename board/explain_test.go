@@ -124,6 +124,39 @@ func TestCandidateQueriesUseAnIndex(t *testing.T) {
 	})
 }
 
+// The warm-worker reaper lists every queued and running warm attempt each
+// pass, with no threshold a healthy one stays under, so its listing must
+// read the warm pool's rows only: on the index of every executor it walked
+// all queued and running attempts and dropped the others one by one, a cost
+// that grew with the kube fleet beside the pool (issue #44).
+func TestWarmListingReadsOnlyTheWarmPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	seedBulk(t, b.pool, 30_000) // a third of it warm
+	q := reaperQueries()["WarmWorkerLost"]
+	q.After = nil
+	plan, err := b.store.ExplainAnalyzeCandidates(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scans := 0
+	for _, n := range planNodes(plan) {
+		if n["Relation Name"] != "task_instances" {
+			continue
+		}
+		scans++
+		if n["Index Name"] != "task_instances_warm_queued_at_idx" {
+			t.Fatalf("the warm listing reads task_instances through %v, not the warm pool's index:\n%s", n["Index Name"], plan)
+		}
+		if removed, _ := n["Rows Removed by Filter"].(float64); removed > 0 {
+			t.Fatalf("the warm listing read and dropped %v rows:\n%s", removed, plan)
+		}
+	}
+	if scans == 0 {
+		t.Fatalf("no scan of task_instances in the plan:\n%s", plan)
+	}
+}
+
 func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) string {
 	t.Helper()
 	var plan string

@@ -36,6 +36,22 @@ func (s *Store) ExplainCandidates(ctx context.Context, q sdk.CandidateQuery) (st
 	return plan, err
 }
 
+// ExplainAnalyzeCandidates runs the listing of q as ListCandidates runs it,
+// under EXPLAIN ANALYZE, and returns the plan as JSON.
+func (s *Store) ExplainAnalyzeCandidates(ctx context.Context, q sdk.CandidateQuery) (string, error) {
+	sql, args, _, err := candidateSQL(q)
+	if err != nil {
+		return "", err
+	}
+	var plan string
+	err = s.listing(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args, func(rows pgx.Rows) error {
+		var err error
+		plan, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[string])
+		return err
+	})
+	return plan, err
+}
+
 // OrphanRunsSQL is the statement and arguments of ListOrphanRuns for q.
 func OrphanRunsSQL(q sdk.RunQuery) (string, []any) {
 	sql, args, _ := orphanRunsSQL(q)
