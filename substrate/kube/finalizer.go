@@ -91,7 +91,7 @@ func judgeRelease(p *pod, f releaseFacts, now time.Time, l ladder.Ladder, maxAge
 	done := finished(p.phase)
 	if done && f.settled {
 		task, ok := p.task()
-		if f.provisional && (!ok || !task.terminated) && !p.letGo() {
+		if f.provisional && (!ok || !task.terminated()) && !p.letGo() {
 			return releaseHold, "", "its attempt holds a provisional infra mark and its task container has not terminated"
 		}
 		if age := now.Sub(p.finishedAt()); age >= CollectAfter {

@@ -97,16 +97,16 @@ func judgeFinished(p *pod) (verdict, bool) {
 	if cause, ok := disruption(p); ok {
 		task, _ := p.task()
 		switch {
-		case task.terminated && task.reason == "OOMKilled":
+		case task.terminatedWith("OOMKilled"):
 			return verdict{outcome: sdk.OutcomeFailed, reason: ReasonOOMKilled,
-				message: fmt.Sprintf("%s: task container OOMKilled (exit %d) on a disrupted pod (%s)", ReasonOOMKilled, task.exitCode, cause),
+				message: fmt.Sprintf("%s: task container OOMKilled (exit %d) on a disrupted pod (%s)", ReasonOOMKilled, task.term.exitCode, cause),
 				rule:    "OOMKilledStaysTaskFailure"}, true
-		case p.reason == "Evicted" && ownLimit(p.message):
+		case p.statusReason() == "Evicted" && ownLimit(p.statusMessage()):
 			return verdict{outcome: sdk.OutcomeFailed, reason: ReasonOwnLimitEvicted,
-				message: ReasonOwnLimitEvicted + ": " + strings.TrimSpace(p.message), rule: "OwnLimitEvictionStaysTaskFailure"}, true
+				message: ReasonOwnLimitEvicted + ": " + strings.TrimSpace(p.statusMessage()), rule: "OwnLimitEvictionStaysTaskFailure"}, true
 		}
 		msg := sdk.ReasonPodDisrupted + ": " + cause
-		if m := strings.TrimSpace(p.message); m != "" {
+		if m := strings.TrimSpace(p.statusMessage()); m != "" {
 			msg += ": " + m
 		}
 		return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted, message: msg, rule: "DisruptedPodIsInfra"}, true
@@ -114,7 +114,7 @@ func judgeFinished(p *pod) (verdict, bool) {
 	stopped := hasRec && rec.StoppedFromOutside()
 	if stopped && p.DeletionTimestamp != nil {
 		task, _ := p.task()
-		if !(task.terminated && task.reason == "OOMKilled") {
+		if !task.terminatedWith("OOMKilled") {
 			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted,
 				message: sdk.ReasonPodDisrupted + ": pod deleted while its task ran (the agent was stopped before the task finished)",
 				rule:    "DeletedUnderTheTaskIsInfra"}, true
@@ -129,9 +129,9 @@ func judgeFinished(p *pod) (verdict, bool) {
 	// task's; the infra rail re-places it, its budget bounding a container
 	// that can never start.
 	if !hasRec {
-		if task, ok := p.task(); ok && task.terminated && slices.Contains(startFailures, task.reason) {
-			msg := fmt.Sprintf("%s: the task container never started (%s, exit %d)", sdk.ReasonPodDisrupted, task.reason, task.exitCode)
-			if m := strings.TrimSpace(task.message); m != "" {
+		if task, ok := p.task(); ok && task.terminated() && slices.Contains(startFailures, task.term.reason) {
+			msg := fmt.Sprintf("%s: the task container never started (%s, exit %d)", sdk.ReasonPodDisrupted, task.term.reason, task.term.exitCode)
+			if m := strings.TrimSpace(task.term.message); m != "" {
 				msg += ": " + m
 			}
 			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted, message: msg, rule: "NeverStartedIsInfra"}, true
@@ -148,11 +148,11 @@ func judgeFinished(p *pod) (verdict, bool) {
 	// failed by itself in the very second someone deleted its pod is
 	// re-run on the infra budget, not charged a retry).
 	if !hasRec && p.DeletionTimestamp != nil {
-		if task, ok := p.task(); ok && task.terminated && task.reason != "OOMKilled" &&
-			!task.finishedAt.Before(p.deletionRequested()) {
+		if task, ok := p.task(); ok && task.terminated() && task.term.reason != "OOMKilled" &&
+			!task.term.finishedAt.Before(p.deletionRequested()) {
 			return verdict{outcome: sdk.OutcomeInfra, reason: sdk.ReasonPodDisrupted,
 				message: fmt.Sprintf("%s: pod deleted while its task ran (its container ended at %s, after the deletion, with no record: exit %d)",
-					sdk.ReasonPodDisrupted, task.finishedAt.UTC().Format(time.RFC3339), task.exitCode),
+					sdk.ReasonPodDisrupted, task.term.finishedAt.UTC().Format(time.RFC3339), task.term.exitCode),
 				rule: "KilledByItsDeletionIsInfra"}, true
 		}
 	}
@@ -166,13 +166,14 @@ func judgeFinished(p *pod) (verdict, bool) {
 
 // disruption reports whether the cluster stopped the pod, and how.
 func disruption(p *pod) (string, bool) {
+	disrupted, _ := p.disruptionTarget()
 	for _, c := range disruptionConditions {
-		if p.disrupted == c {
+		if disrupted == c {
 			return "DisruptionTarget " + c, true
 		}
 	}
 	for _, r := range disruptionReasons {
-		if p.reason == r {
+		if p.statusReason() == r {
 			return r, true
 		}
 	}
@@ -191,16 +192,16 @@ func ownLimit(msg string) bool {
 // failedWords says why a pod failed, as the cluster saw it.
 func failedWords(p *pod) string {
 	var parts []string
-	if p.reason != "" {
-		parts = append(parts, p.reason)
+	if r := p.statusReason(); r != "" {
+		parts = append(parts, r)
 	}
-	if task, ok := p.task(); ok && task.terminated {
-		parts = append(parts, fmt.Sprintf("task container exited %d", task.exitCode))
-		if task.reason != "" {
-			parts[len(parts)-1] += " (" + task.reason + ")"
+	if task, ok := p.task(); ok && task.terminated() {
+		parts = append(parts, fmt.Sprintf("task container exited %d", task.term.exitCode))
+		if task.term.reason != "" {
+			parts[len(parts)-1] += " (" + task.term.reason + ")"
 		}
 	}
-	if m := strings.TrimSpace(p.message); m != "" {
+	if m := strings.TrimSpace(p.statusMessage()); m != "" {
 		parts = append(parts, m)
 	}
 	if len(parts) == 0 {
@@ -259,7 +260,7 @@ func judgeMark(c sdk.Candidate, pods []*pod, now time.Time, l ladder.Ladder) (ma
 			continue
 		}
 		task, ok := p.task()
-		if !ok || !task.terminated {
+		if !ok || !task.terminated() {
 			return markHold, fmt.Sprintf("the task container of %s has not terminated (pod %s)", p.ref(), p.phase)
 		}
 	}
@@ -317,7 +318,7 @@ func judgeWarmMark(c sdk.Candidate, workers map[string]*pod) (markAction, warmSi
 		return markConfirm, warmWorkerGone, fmt.Sprintf("warm worker %s is gone: a live list of the pool (%d pods) does not hold it",
 			c.WarmWorker, len(workers))
 	}
-	if len(p.containers) > 0 && !slices.ContainsFunc(p.containers, func(ct container) bool { return !ct.terminated }) {
+	if len(p.containers) > 0 && !slices.ContainsFunc(p.containers, func(ct container) bool { return !ct.terminated() }) {
 		return markConfirm, warmWorkerTerminated, fmt.Sprintf("every container of warm worker %s has terminated (pod %s)",
 			c.WarmWorker, p.phase)
 	}

@@ -92,7 +92,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 				}
 				for b.Loop() {
 					bytes, held := heapAfter(func() any {
-						transform := cache.TransformFunc(reduceObject)
+						transform := cache.TransformFunc(cacheReducer().object)
 						if !transformed {
 							transform = nil
 						}

@@ -55,7 +55,11 @@ func (s *sweepEnv) disruptedWith(a sdk.Attempt, name, reason string, bound time.
 	// The controller's own progress, polled: not a threshold of ours.
 	if eventually.Until(bound, func() bool {
 		got = s.get(name)
-		return got != nil && reduce(got).disrupted == reason
+		if got == nil {
+			return false
+		}
+		disrupted, _ := reduce(got).disruptionTarget()
+		return disrupted == reason
 	}, eventually.Every(controllerPoll)) {
 		return got
 	}
@@ -115,8 +119,8 @@ func TestSweepNodeLoss(t *testing.T) {
 			t.Fatalf("deleting the node: %v", err)
 		}
 		got := s.tombstoned(p.Name, 3*time.Minute)
-		if got.phase != corev1.PodFailed || got.disrupted != "DeletionByPodGC" {
-			t.Fatalf("Pod GC's last state of the pod: %s, DisruptionTarget %q; want Failed, DeletionByPodGC", got.phase, got.disrupted)
+		if disrupted, _ := got.disruptionTarget(); got.phase != corev1.PodFailed || disrupted != "DeletionByPodGC" {
+			t.Fatalf("Pod GC's last state of the pod: %s, DisruptionTarget %q; want Failed, DeletionByPodGC", got.phase, disrupted)
 		}
 		// Gone is gone: the tombstone is no presence.
 		if l := liveness(t, s.sub, false, a)[0]; l.State != sdk.Dead {

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,18 +16,21 @@ import (
 // its phase and start, the disruption condition and the containers'
 // states. A live read is reduced to the same shape, so every judgment reads
 // one type.
+//
+// The cache holds one per task pod, 150,000 of them on a large fleet, so
+// its size is counted (TestCachedPodSize): what most pods leave empty (the
+// status's reason and message, the disruption condition, a container's
+// termination) sits behind a pointer, nil on a pod that is simply running,
+// and the strings most pods share (the namespace, the node, the phase, the
+// task and container names, the outcome record finalizer) are shared
+// (reducer). It keeps nothing a judgment, the sweep, the events or the
+// informer's own key and version functions do not read.
 type pod struct {
 	podMeta
 
-	labels    podLabels
-	phase     corev1.PodPhase
-	reason    string // status.reason: Evicted, Shutdown, DeadlineExceeded, ...
-	message   string // status.message (the kubelet's eviction message); finished pods only
-	started   time.Time
-	deadline  *int64 // spec.activeDeadlineSeconds
-	disrupted string // reason of the DisruptionTarget=True condition; "" when none
-	// disruptedAt is when that condition turned true.
-	disruptedAt time.Time
+	labels  podLabels
+	phase   corev1.PodPhase
+	started time.Time
 	// node is spec.nodeName: the node the pod is bound to ("" until it is
 	// scheduled).
 	node string
@@ -35,17 +39,69 @@ type pod struct {
 	// reporting.
 	ready      bool
 	containers []container
+	// ended: what a pod's status says of its end or of the cluster
+	// stopping it; nil when it says nothing (every pod that simply runs).
+	ended *podEnded
+}
+
+// podEnded is the part of a pod's status that only a stopped, evicted or
+// finished pod fills.
+type podEnded struct {
+	reason    string // status.reason: Evicted, Shutdown, DeadlineExceeded, ...
+	message   string // status.message (the kubelet's eviction message); finished pods only
+	disrupted string // reason of the DisruptionTarget=True condition; "" when none
+	// disruptedAt is when that condition turned true.
+	disruptedAt time.Time
+}
+
+// statusReason is status.reason ("" when none).
+func (p *pod) statusReason() string {
+	if p.ended == nil {
+		return ""
+	}
+	return p.ended.reason
+}
+
+// statusMessage is status.message, kept for a finished pod only.
+func (p *pod) statusMessage() string {
+	if p.ended == nil {
+		return ""
+	}
+	return p.ended.message
+}
+
+// disruption is the reason of the pod's DisruptionTarget=True condition
+// and when it turned true ("" and zero when none).
+func (p *pod) disruptionTarget() (string, time.Time) {
+	if p.ended == nil {
+		return "", time.Time{}
+	}
+	return p.ended.disrupted, p.ended.disruptedAt
 }
 
 // container is one container's state.
 type container struct {
-	name       string
-	running    bool
-	terminated bool
+	name    string
+	running bool
+	// term is the container's termination; nil while it has not
+	// terminated.
+	term *termination
+}
+
+// termination is how a container ended.
+type termination struct {
 	exitCode   int32
 	reason     string // OOMKilled, Error, Completed, ...
 	message    string // the termination message: the durable outcome record
 	finishedAt time.Time
+}
+
+// terminated reports whether the container has terminated.
+func (c container) terminated() bool { return c.term != nil }
+
+// terminatedWith reports whether the container terminated with reason.
+func (c container) terminatedWith(reason string) bool {
+	return c.term != nil && c.term.reason == reason
 }
 
 // podMeta is the part of a pod's metadata a pod keeps: the name,
@@ -93,58 +149,137 @@ func (p *pod) DeepCopyObject() runtime.Object {
 		c.DeletionGracePeriodSeconds = &g
 	}
 	c.containers = append([]container(nil), p.containers...)
-	if p.deadline != nil {
-		d := *p.deadline
-		c.deadline = &d
+	for i, ct := range c.containers {
+		if ct.term != nil {
+			t := *ct.term
+			c.containers[i].term = &t
+		}
+	}
+	if p.ended != nil {
+		e := *p.ended
+		c.ended = &e
 	}
 	return &c
 }
 
-// reduce keeps of a pod only what reaping needs.
-func reduce(in *corev1.Pod) *pod {
+// reduce keeps of a pod only what reaping needs (a live read's pods: no
+// string shared).
+func reduce(in *corev1.Pod) *pod { return reducer{}.reduce(in) }
+
+// reducer reduces pods. The cache's shares what repeats from pod to pod
+// (share); a live read's does not (its pods live for one call).
+type reducer struct {
+	share bool
+	// recordOnly is the finalizer list every task pod carries until the
+	// sweep releases it, held once for the whole cache. It is never
+	// written to: a release patches the pod on the server, DeepCopyObject
+	// copies, and its capacity is its length, so an append copies too.
+	recordOnly []string
+}
+
+// cacheReducer is the presence cache's reducer.
+func cacheReducer() reducer {
+	return reducer{share: true, recordOnly: []string{FinalizerOutcomeRecord}[:1:1]}
+}
+
+// str is s, or with share the one copy of s every pod of the cache
+// shares (unique.Make: weak, so a value no pod holds any more is dropped,
+// and a made-up node name costs the cache nothing once its pod is gone).
+func (r reducer) str(s string) string {
+	if !r.share || s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
+}
+
+// phase is the phase's constant when it is one of the five.
+func phase(ph corev1.PodPhase) corev1.PodPhase {
+	switch ph {
+	case corev1.PodPending:
+		return corev1.PodPending
+	case corev1.PodRunning:
+		return corev1.PodRunning
+	case corev1.PodSucceeded:
+		return corev1.PodSucceeded
+	case corev1.PodFailed:
+		return corev1.PodFailed
+	case corev1.PodUnknown:
+		return corev1.PodUnknown
+	}
+	return ph
+}
+
+func (r reducer) reduce(in *corev1.Pod) *pod {
 	p := &pod{
-		podMeta: podMeta{Name: in.Name, Namespace: in.Namespace, UID: in.UID,
+		podMeta: podMeta{Name: in.Name, Namespace: r.str(in.Namespace), UID: in.UID,
 			ResourceVersion: in.ResourceVersion, DeletionTimestamp: in.DeletionTimestamp,
-			DeletionGracePeriodSeconds: in.DeletionGracePeriodSeconds, Finalizers: in.Finalizers,
+			DeletionGracePeriodSeconds: in.DeletionGracePeriodSeconds, Finalizers: r.finalizers(in.Finalizers),
 			CreationTimestamp: in.CreationTimestamp},
-		labels:   labelsOf(in.Labels, in.Annotations),
-		phase:    in.Status.Phase,
-		reason:   in.Status.Reason,
-		deadline: in.Spec.ActiveDeadlineSeconds,
-		node:     in.Spec.NodeName,
+		labels: r.labels(labelsOf(in.Labels, in.Annotations)),
+		phase:  phase(in.Status.Phase),
+		node:   r.str(in.Spec.NodeName),
 	}
 	if in.Status.StartTime != nil {
 		p.started = in.Status.StartTime.Time
 	}
+	var ended podEnded
+	ended.reason = in.Status.Reason
 	if finished(in.Status.Phase) {
-		p.message = in.Status.Message
+		ended.message = in.Status.Message
 	}
 	for _, c := range in.Status.Conditions {
 		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-			p.disrupted, p.disruptedAt = c.Reason, c.LastTransitionTime.Time
+			ended.disrupted, ended.disruptedAt = c.Reason, c.LastTransitionTime.Time
 		}
 		if c.Type == corev1.PodReady {
 			p.ready = c.Status == corev1.ConditionTrue
 		}
 	}
+	if ended != (podEnded{}) {
+		p.ended = &ended
+	}
 	if n := len(in.Status.ContainerStatuses); n > 0 {
 		p.containers = make([]container, 0, n)
 	}
 	for _, cs := range in.Status.ContainerStatuses {
-		c := container{name: cs.Name, running: cs.State.Running != nil}
+		c := container{name: r.str(cs.Name), running: cs.State.Running != nil}
 		if t := cs.State.Terminated; t != nil {
-			c.terminated, c.exitCode, c.reason, c.message, c.finishedAt = true, t.ExitCode, t.Reason, t.Message, t.FinishedAt.Time
+			c.term = &termination{exitCode: t.ExitCode, reason: t.Reason, message: t.Message, finishedAt: t.FinishedAt.Time}
 		}
 		p.containers = append(p.containers, c)
 	}
 	return p
 }
 
-// reduceObject is the informer's transform: every pod it receives is
-// reduced before it is stored. Anything else (a tombstone) passes as is.
-func reduceObject(obj any) (any, error) {
+// labels shares the task label (task ids repeat from run to run) and
+// the raw task id where it spells the label.
+func (r reducer) labels(l podLabels) podLabels {
+	if !r.share {
+		return l
+	}
+	l.task = r.str(l.task)
+	if l.raw == l.task {
+		l.raw = l.task
+	} else {
+		l.raw = r.str(l.raw)
+	}
+	return l
+}
+
+// finalizers is fs, or the shared list when fs names exactly the outcome
+// record finalizer.
+func (r reducer) finalizers(fs []string) []string {
+	if r.recordOnly != nil && len(fs) == 1 && fs[0] == FinalizerOutcomeRecord {
+		return r.recordOnly
+	}
+	return fs
+}
+
+// object is the informer's transform: every pod it receives is reduced
+// before it is stored. Anything else (a tombstone) passes as is.
+func (r reducer) object(obj any) (any, error) {
 	if in, ok := obj.(*corev1.Pod); ok {
-		return reduce(in), nil
+		return r.reduce(in), nil
 	}
 	return obj, nil
 }
@@ -175,10 +310,10 @@ func (p *pod) task() (container, bool) {
 // it) counts as no record.
 func (p *pod) record() (Record, bool) {
 	c, ok := p.task()
-	if !ok || !c.terminated {
+	if !ok || !c.terminated() {
 		return Record{}, false
 	}
-	r, ok := ParseRecord(c.message)
+	r, ok := ParseRecord(c.term.message)
 	if !ok || !p.labels.matches(r.Attempt()) {
 		return Record{}, false
 	}
@@ -191,12 +326,12 @@ func (p *pod) record() (Record, bool) {
 func (p *pod) endedAt(now time.Time) time.Time {
 	var at time.Time
 	for _, c := range p.containers {
-		if c.terminated && c.finishedAt.After(at) {
-			at = c.finishedAt
+		if c.terminated() && c.term.finishedAt.After(at) {
+			at = c.term.finishedAt
 		}
 	}
 	if at.IsZero() {
-		at = p.disruptedAt
+		_, at = p.disruptionTarget()
 	}
 	if at.After(now) {
 		return time.Time{}
@@ -209,15 +344,16 @@ func (p *pod) endedAt(now time.Time) time.Time {
 func (p *pod) finishedAt() time.Time {
 	var at time.Time
 	for _, c := range p.containers {
-		if c.finishedAt.After(at) {
-			at = c.finishedAt
+		if c.terminated() && c.term.finishedAt.After(at) {
+			at = c.term.finishedAt
 		}
 	}
+	_, disruptedAt := p.disruptionTarget()
 	switch {
 	case !at.IsZero():
 		return at
-	case !p.disruptedAt.IsZero():
-		return p.disruptedAt
+	case !disruptedAt.IsZero():
+		return disruptedAt
 	case !p.started.IsZero():
 		return p.started
 	}

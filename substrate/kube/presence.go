@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,9 +34,14 @@ const attemptBuckets = 1 << 14
 
 // attemptBucket is the attemptIndex value of an indexKey.
 func attemptBucket(indexKey string) string {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(indexKey)) // never fails
-	return strconv.FormatUint(uint64(h.Sum32()%attemptBuckets), 16)
+	// FNV-1a (hash/fnv's New32a), over the string in place: every
+	// liveness lookup hashes one key.
+	h := uint32(2166136261)
+	for i := 0; i < len(indexKey); i++ {
+		h ^= uint32(indexKey[i])
+		h *= 16777619
+	}
+	return strconv.FormatUint(uint64(h%attemptBuckets), 16)
 }
 
 // listPageSize is the page size of every live LIST.
@@ -65,7 +69,7 @@ type presence struct {
 // that stop ends.
 func startPresence(client kubernetes.Interface, namespace string, resync time.Duration, c clock.Clock,
 	log hclog.Logger) *presence {
-	return startInformer(client, namespace, resync, c, log, reduceObject)
+	return startInformer(client, namespace, resync, c, log, cacheReducer().object)
 }
 
 // startInformer starts the informer with transform (nil: pods are kept

@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,7 +39,7 @@ func TestCachedAnswersOnlyTheAttemptsOwnPodsOfItsBucket(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := startInformer(cs, "ns", 0, clock.Real{}, hclog.NewNullLogger(), reduceObject)
+	p := startInformer(cs, "ns", 0, clock.Real{}, hclog.NewNullLogger(), cacheReducer().object)
 	defer p.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -60,5 +62,18 @@ func TestCachedAnswersOnlyTheAttemptsOwnPodsOfItsBucket(t *testing.T) {
 	}
 	if got := p.cached(sdk.Attempt{RunID: "run-absent", TaskID: "load", Try: 1, Epoch: 2}); len(got) != 0 {
 		t.Fatalf("an attempt with no pod is answered %d pods", len(got))
+	}
+}
+
+// attemptBucket is FNV-1a of the index key, as hash/fnv spells it: the
+// buckets of a running cache do not move when its code does.
+func TestAttemptBucketIsFNV1a(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{"", "run-1\x00load-a\x001\x000", attemptIndexKey(sdk.Attempt{RunID: "r", TaskID: "T_1", Try: 3, Epoch: 2})} {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(k))
+		if got, want := attemptBucket(k), strconv.FormatUint(uint64(h.Sum32()%attemptBuckets), 16); got != want {
+			t.Errorf("attemptBucket(%q) = %s, want %s", k, got, want)
+		}
 	}
 }
