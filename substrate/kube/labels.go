@@ -47,6 +47,16 @@ const (
 // "_" and "." turned into "-". It is lossy (load_a and load-a, or Load and
 // load, share one value), which is why AnnotationRawTaskID exists.
 func TaskIDLabel(taskID string) string {
+	// Most task ids are their own label already: every liveness lookup
+	// spells one, so that case costs no allocation.
+	plain := true
+	for i := 0; i < len(taskID) && plain; i++ {
+		c := taskID[i]
+		plain = c < 0x80 && c != '_' && c != '.' && (c < 'A' || c > 'Z')
+	}
+	if plain {
+		return taskID
+	}
 	return strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(taskID))
 }
 

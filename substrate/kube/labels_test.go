@@ -9,10 +9,16 @@ import (
 )
 
 func TestTaskIDLabel(t *testing.T) {
-	for in, want := range map[string]string{"load_a": "load-a", "load-a": "load-a", "Load.A": "load-a", "x": "x"} {
+	for in, want := range map[string]string{"load_a": "load-a", "load-a": "load-a", "Load.A": "load-a", "x": "x",
+		"task07": "task07", "ÉTAPE_1": "étape-1", "a-b.c_d": "a-b-c-d", "": ""} {
 		if got := TaskIDLabel(in); got != want {
 			t.Errorf("TaskIDLabel(%q) = %q, want %q", in, got, want)
 		}
+	}
+	// A task id that is its own label (the common case, spelt on every
+	// cache lookup) costs nothing to spell.
+	if n := testing.AllocsPerRun(100, func() { _ = TaskIDLabel("extract-orders-42") }); n != 0 {
+		t.Errorf("TaskIDLabel of a plain id allocates %v times", n)
 	}
 }
 
