@@ -108,8 +108,9 @@ const steadyPasses = 7
 // Two variables help while working on a pass: REAPER_SCALE_EDITIONS
 // ("lite", "kube" or both, comma-separated; both by default) and
 // REAPER_SCALE_PROFILE, a directory that receives a CPU profile of 10 s of
-// kube steady passes at each size (kube-steady-<size>.pprof) and a heap
-// profile of the informer's cache at the largest (kube-informer-<size>.pprof).
+// kube steady passes and of one more full walk at each size
+// (kube-steady-<size>.pprof, kube-walk-<size>.pprof) and a heap profile of
+// the informer's cache at the largest (kube-informer-<size>.pprof).
 func BenchmarkScalePasses(b *testing.B) {
 	sizes := passSizes(b)
 	eds := editions(b)
@@ -589,6 +590,9 @@ func benchKubePasses(b *testing.B, sizes []int) {
 		}
 		walk := fullWalk(b, c.board, sub)
 		aimed(section, "podlost full walk, "+sizeName(n)+" running", ms(walk), "< 3 s", walk < fullWalkAim)
+		if dir := profileDir(b); dir != "" {
+			profileWalk(b, filepath.Join(dir, "kube-walk-"+sizeName(n)+".pprof"), c.board, sub)
+		}
 		if k == len(sizes)-1 {
 			podBytes(b, f, n)
 			relist(b, f, c, sub, n)
@@ -655,6 +659,21 @@ func fullWalk(b *testing.B, board *massbench.Board, sub *kube.Substrate) time.Du
 			return time.Since(start)
 		}
 	}
+}
+
+// profileWalk writes a CPU profile of one more full walk to path.
+func profileWalk(b *testing.B, path string, board *massbench.Board, sub *kube.Substrate) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	d := fullWalk(b, board, sub)
+	pprof.StopCPUProfile()
+	progress("passes: a full walk (%s) profiled in %s", ms(d), path)
 }
 
 // heapObjects reads the bytes of the heap's objects, live or not yet
