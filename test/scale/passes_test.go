@@ -522,7 +522,7 @@ func (f *kubeFleet) grow(b *testing.B, n int) {
 		if left == 0 {
 			break
 		}
-		if time.Since(ran) > 15*time.Minute {
+		if time.Since(ran) > 30*time.Minute {
 			b.Fatalf("KWOK left pods not Running after %s", time.Since(ran).Round(time.Second))
 		}
 		if time.Since(last) > 30*time.Second {
