@@ -136,7 +136,7 @@ type Loop struct {
 
 	// rec writes the loop's decisions through its Auditor and keeps what a
 	// write failed to put there, writing it again at the next cycle.
-	rec *audit.Recorder
+	rec *audit.Retrier
 	// searchable are the reapers' declared mark reasons the board is
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
@@ -166,7 +166,7 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 	cfg = cfg.withDefaults()
 	l := &Loop{
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
-		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
+		rec: audit.NewRetrier(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
 		allowed: map[string]map[string]bool{},
 	}
@@ -440,7 +440,7 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.cfg.Metrics.Pass(r.Name, elapsed)
 	ledger.Close()
 	// The pass is done once its audit is written; what failed to be is the
-	// recorder's to write at the next cycle.
+	// retrier's to write at the next cycle.
 	l.rec.Finish(sink)
 	l.refusals(ctx, term, now, fill(ledger.Refusals(), r.Name, dry), res)
 	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
@@ -757,7 +757,7 @@ func fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
 
 // record meters, logs and audits decisions. The audit is one batch per
 // call; an audit failure is logged, never fatal to the cycle: the
-// recorder keeps what failed for the next cycle.
+// retrier keeps what failed for the next cycle.
 func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	if len(ds) == 0 {
 		return

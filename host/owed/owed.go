@@ -152,7 +152,7 @@ type Service struct {
 	substrate Substrate
 	// rec writes the retries' decisions through the audit and keeps what a
 	// write failed to put there, writing it again at the next run.
-	rec   *audit.Recorder
+	rec   *audit.Retrier
 	owing owing // failed teardowns the board could not record yet
 
 	// TestSignals are for tests; production leaves them alone.
@@ -162,7 +162,7 @@ type Service struct {
 // New returns the owed teardowns' service.
 func New(cfg Config, lead Leadership, teardowns Teardowns, substrate Substrate, auditor audit.Writer) *Service {
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, lead: lead, board: teardowns, substrate: substrate, rec: audit.NewRecorder(auditor, cfg.Logger)}
+	return &Service{cfg: cfg, lead: lead, board: teardowns, substrate: substrate, rec: audit.NewRetrier(auditor, cfg.Logger)}
 }
 
 // NeedsLeadership is true: its retries are fenced by the elector's term.

@@ -164,7 +164,7 @@ func (s *Service) count(ctx context.Context) {
 }
 
 // record meters, logs and audits a retry's decisions, as the loop does
-// its own; an audit failure is kept by the recorder for the next run.
+// its own; an audit failure is kept by the retrier for the next run.
 func (s *Service) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	res.Decisions = append(res.Decisions, ds...)
 	for _, d := range ds {
