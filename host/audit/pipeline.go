@@ -81,9 +81,6 @@ func (p *Pipeline) Refused(ctx context.Context, term int64, at time.Time, ds []s
 // under the term and at the time it was decided, whoever leads now.
 func (p *Pipeline) Retry(ctx context.Context) Outcome { return p.retry.Retry(ctx) }
 
-// Writer is the writer the pipeline audits through.
-func (p *Pipeline) Writer() Writer { return p.w }
-
 // Screened says at WARN when ds holds decisions the host refused to take
 // from the plugin named name as they came (Screen), and returns ds.
 func (p *Pipeline) Screened(name string, ds []sdk.Decision) []sdk.Decision {
@@ -180,7 +177,7 @@ func (p *Pipeline) NewPass(ctx context.Context, board sdk.Board, spec PassSpec) 
 	ps.Sink.Only(spec.Allowed)
 	late := context.WithoutCancel(ctx)
 	ps.Ledger.OnRefusal(spec.Name, func(ds []sdk.Decision) {
-		p.Refused(late, spec.Term, spec.At, Fill(ds, spec.Name, spec.DryRun))
+		p.Refused(late, spec.Term, spec.At, fill(ds, spec.Name, spec.DryRun))
 	})
 	ps.Sink.Stream(func(ds []sdk.Decision) {
 		ps.Ledger.Cover(ds)
@@ -205,10 +202,10 @@ func (ps *Pass) Finish() Outcome {
 }
 
 // Refusals returns the refusals of the pass so far (Ledger.Refusals),
-// filed under its plugin (Fill), and forgets them: call it after Finish
+// filed under its plugin (fill), and forgets them: call it after Finish
 // and hand them to Pipeline.Refused.
 func (ps *Pass) Refusals() []sdk.Decision {
-	return Fill(ps.Ledger.Refusals(), ps.name, ps.dry)
+	return fill(ps.Ledger.Refusals(), ps.name, ps.dry)
 }
 
 // Decisions returns the first Keep decisions of the pass the sink handed
@@ -219,9 +216,9 @@ func (ps *Pass) Decisions() ([]sdk.Decision, int) {
 	return ps.kept[:len(ps.kept):len(ps.kept)], ps.count
 }
 
-// Fill stamps the plugin's name on decisions that name none, and makes
+// fill stamps the plugin's name on decisions that name none, and makes
 // sure a dry run's decision never claims to have been applied.
-func Fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
+func fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
 	for i := range ds {
 		if ds[i].Reaper == "" {
 			ds[i].Reaper = name
