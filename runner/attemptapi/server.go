@@ -258,7 +258,24 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if !ok || token == "" {
 		return Response{}, unread(refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token"))
 	}
-	release, ref := s.clients.admit(r, s.cfg.Keys(), token, s.cfg.Clock.Now())
+	// One keyring for the whole call. An attempt token's envelope is
+	// verified once per connection while the agent sends the same token
+	// (connTokens); its expiry and scope are checked below, on every call.
+	keys := s.cfg.Keys()
+	var (
+		attempt    attempttoken.Claims
+		isAttempt  bool
+		connTokens = connTokensOf(r.Context())
+	)
+	subjectOf := func() (string, error) {
+		c, subject, err := connTokens.envelope(keys, token)
+		if errors.Is(err, attempttoken.ErrWrongKind) {
+			return keys.Subject(token) // a worker's or a bootstrap token
+		}
+		attempt, isAttempt = c, err == nil
+		return subject, err
+	}
+	release, ref := s.clients.admit(r, subjectOf, s.cfg.Clock.Now())
 	if ref != nil {
 		return Response{}, unread(ref)
 	}
@@ -279,7 +296,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	}
 	now := s.cfg.Clock.Now()
 	if r.URL.Path == PathClaim {
-		wc, err := s.cfg.Keys().VerifyWorker(token, now)
+		wc, err := keys.VerifyWorker(token, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
@@ -290,24 +307,34 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		return h(r.Context(), call{req: req, worker: wc, now: now})
 	}
 	if r.URL.Path == PathWorkerExchange {
-		wc, err := s.cfg.Keys().VerifyWorkerBootstrapFor(token, req.Worker, now)
+		wc, err := keys.VerifyWorkerBootstrapFor(token, req.Worker, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
 		return h(r.Context(), call{req: req, worker: wc, podToken: podToken(r), now: now})
 	}
 	if r.URL.Path == PathExchange {
-		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
+		claims, err := keys.VerifyBootstrapFor(token, req.Attempt(), now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
 		return h(r.Context(), call{req: req, claims: claims, podToken: podToken(r), now: now})
 	}
-	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
-	if err != nil {
+	if !isAttempt {
+		// Not an attempt token (a worker's, a bootstrap): refused as
+		// VerifyFor refuses it.
+		_, err := keys.VerifyFor(token, req.Attempt(), now)
 		return Response{}, tokenRefusal(err)
 	}
-	return h(r.Context(), call{req: req, token: token, claims: claims, now: now})
+	// VerifyFor's checks past the envelope, on every call: the expiry at
+	// the server's now, then the scope.
+	if err := attempttoken.Expired(attempt, now); err != nil {
+		return Response{}, tokenRefusal(err)
+	}
+	if err := attempttoken.Scoped(attempt, req.Attempt()); err != nil {
+		return Response{}, tokenRefusal(err)
+	}
+	return h(r.Context(), call{req: req, token: token, claims: attempt, now: now})
 }
 
 // podToken is the pod token the request carries ("" when none, or one
