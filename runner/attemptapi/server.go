@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -112,6 +111,7 @@ type Server struct {
 	mux        *http.ServeMux
 	heartbeats *heartbeatBatcher
 	clients    *clientBounds
+	wire       wireBuffers
 }
 
 // NewServer checks cfg and builds the handler.
@@ -240,7 +240,7 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 				result = "should_terminate"
 			}
 			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(resp)
+			s.wire.writeResponse(w, resp)
 		}
 		if s.cfg.Meter != nil {
 			s.cfg.Meter.AttemptAPICall(name, result, s.cfg.Clock.Now().Sub(start))
@@ -281,18 +281,14 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	}
 	defer release()
 	var req Request
-	body := http.MaxBytesReader(nil, r.Body, maxBody)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
-		}
-		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	tooLarge, err := s.wire.readRequest(r.Body, &req)
+	switch {
+	case tooLarge:
+		return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
+	case errors.As(err, new(errTrailing)):
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "trailing data after the body")
+	case err != nil:
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
 	}
 	now := s.cfg.Clock.Now()
 	if r.URL.Path == PathClaim {
