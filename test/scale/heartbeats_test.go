@@ -255,13 +255,15 @@ func startHeartbeatLoad(b *testing.B, plan heartbeatPlan) *heartbeatLoad {
 	return g
 }
 
-// next is the generator's next line of its own.
+// next is the generator's next line of its own; the testing package's
+// lines (a failure's) are passed on.
 func (g *heartbeatLoad) next(b *testing.B) string {
 	b.Helper()
 	for g.lines.Scan() {
 		if l, ok := strings.CutPrefix(g.lines.Text(), heartbeatLoadMark); ok {
 			return l
 		}
+		fmt.Fprintf(os.Stderr, "load generator: %s\n", g.lines.Text())
 	}
 	b.Fatalf("the load generator ended without its outcome: %v", errors.Join(g.lines.Err(), g.cmd.Wait()))
 	return ""
