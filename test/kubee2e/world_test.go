@@ -159,6 +159,14 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 // their executions to a ledger (see newRealScenario).
 func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, real *kubetest.RealNode) *scenario {
 	t.Helper()
+	return newScenarioBoard(t, num, title, c, real, "")
+}
+
+// newScenarioBoard is newScenarioOn on the board dsn names ("": a database
+// of its own on the suite's PostgreSQL): a board of the scenario's own
+// server, or of a primary and its standby (their failover DSN).
+func newScenarioBoard(t *testing.T, num int, title string, c *kubetest.Cluster, real *kubetest.RealNode, dsn string) *scenario {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	s := &scenario{t: t, num: num, title: title, c: c, cs: c.Client(t), ns: c.NewNamespace(t),
@@ -180,7 +188,10 @@ func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, rea
 	} else {
 		s.apiListen = attemptapitest.FreeAddr(t)
 	}
-	s.dsn = pgtest.NewDSN(t)
+	s.dsn = dsn
+	if s.dsn == "" {
+		s.dsn = pgtest.NewDSN(t)
+	}
 	var err error
 	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
 		t.Fatal(err)
