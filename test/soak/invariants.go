@@ -239,7 +239,7 @@ func CheckNoLivePodTornDown(h History) []Violation {
 			if !e.Start.Before(ps.At) {
 				continue
 			}
-			if e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped {
+			if (e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped) && !h.lostPodStop(ps, e) {
 				out = append(out, Violation{Check: NoLivePodTornDown, Evidence: fmt.Sprintf(
 					"pod %s of %s %s at %s (phase %s) while its task ran (agent %d, group %d, started %s, alive at %s, ended %q)",
 					ps.Pod, ps.Attempt, ps.How, stamp(ps.At), ps.Phase, e.AgentPID, e.PGID, stamp(e.Start),
