@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -320,9 +321,14 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	}
 	d2 := s.startDaemonWith(s.configSecondLease("reaperd-second", survivorLease, survivorRenew))
 	t.Cleanup(func() { _ = d2.thaw() })
-	s.submit(victim("victim"), bystander("bystander"))
+	// The gate task ends, and the late task after it is dispatched and
+	// runs, in the lost window.
+	gate := taskSpec{id: "gate", gate: "gate.release"}
+	late := taskSpec{id: "late", upstreams: []string{"gate"}, lost: true}
+	s.submit(victim("victim"), bystander("bystander"), gate, late)
 	a, p := s.waitRunning("victim")
 	s.waitRunning("bystander")
+	ga, _ := s.waitRunning("gate")
 	termN, _ := s.leaderNow()
 	if !d1.holds(termN.Holder) {
 		t.Fatalf("replica 1 does not lead: %+v", termN)
@@ -349,12 +355,30 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	if termB.Term != termN.Term+1 {
 		t.Fatalf("replica 2 leads under term %d, want %d", termB.Term, termN.Term+1)
 	}
+	// On the primary alone: the gate succeeds, the late task is queued,
+	// its pod made and its execution started.
+	if err := os.WriteFile(filepath.Join(s.taskDir, gate.gate), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(30*time.Second, "the late task to start on the primary alone", func() bool {
+		return s.execLog("late").starts > 0
+	})
+	lateRow, err := s.taskRow("late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	latePod, err := s.podOf(lateRow.Attempt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("in the window: the gate %s ended, the late task runs as %s in pod %s", ga, lateRow.Attempt, latePod.Name)
 	d3 := s.startDaemon()
 
 	// Right after a renewal of replica 2, freeze it.
+	last, _ := s.leaderNow()
 	s.eventually(survivorRenew+5*time.Second, "replica 2 to renew its lease", func() bool {
 		l, ok := s.leaderNow()
-		return ok && l.Term == termB.Term && l.RenewedAt.After(termB.RenewedAt)
+		return ok && l.Term == termB.Term && l.RenewedAt.After(last.RenewedAt)
 	})
 	renewed, _ := s.leaderNow()
 	if err := d2.freeze(); err != nil {
@@ -367,6 +391,10 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	}
 	s.deletePod(p)
 	f := s.harm("primary killed -9 a term ahead of its async standby, pod deleted", a, max(agentLost, podLostFloor))
+	// The gate's success was reported to the primary alone: the promoted
+	// board has it running, silent; a mark is allowed, which its pod's
+	// record must override.
+	s.harmed[ga] = true
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -445,6 +473,12 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	refusedLog := s.fenceRefusals()
 	r := reapOf(ds, f)
 	s.finish()
+	// The late task ran in the window and was dispatched again by the
+	// promoted board; its executions never overlapped (finish: no double,
+	// the checker: no overlap).
+	lateLog := s.execLog("late")
+	t.Logf("the late task: %d executions (%d ended), %d overlapping", lateLog.starts, lateLog.ends, lateLog.doubles)
+	s.row.note("the late task dispatched in the window (pod %s): %d executions, %d at once", latePod.Name, lateLog.starts, lateLog.doubles)
 	s.row.note("lost window %s (streaming stopped to the kill); term %d: %s's on the primary, %s's again on the promoted standby; %s's writes refused by the fence: %d in its log, %d recorded on the board (holder), stepped down %s after its thaw, applied 0 (found %d); kill to promotion %s; longest without a leader from the kill %s; kill to the reap %s",
 		killedAt.Sub(lostFrom).Round(100*time.Millisecond), termB.Term, d2.name, d3.name, d2.name, refusedLog, kept,
 		downAt.Sub(thawAt).Round(time.Millisecond), byD2, promotedAt.Sub(killedAt).Round(100*time.Millisecond),

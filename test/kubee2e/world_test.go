@@ -87,6 +87,15 @@ type taskSpec struct {
 	// harm, on the real node, is the victim's first execution's body
 	// instead of the wait (the fault the task does to itself).
 	harm string
+	// upstreams are the tasks of the run it waits for; gate, when set,
+	// names the file in the task directory it waits for instead of the
+	// release (the scenario releases it alone).
+	upstreams []string
+	gate      string
+	// lost: its first execution may be lost with a failover's window (it
+	// ran on a primary whose writes the promoted board never had), so it
+	// may run twice, one after the other, never at once.
+	lost bool
 }
 
 func bystander(id string) taskSpec { return taskSpec{id: id} }
@@ -495,7 +504,11 @@ func (s *scenario) command(ts taskSpec) string {
 	q := func(p string) string { return "'" + p + "'" }
 	log := q(filepath.Join(s.taskDir, ts.id+".log"))
 	lock := q(filepath.Join(s.taskDir, ts.id+".lock"))
-	wait := "until [ -e " + q(s.release) + " ]; do sleep 0.2; done"
+	release := s.release
+	if ts.gate != "" {
+		release = filepath.Join(s.taskDir, ts.gate)
+	}
+	wait := "until [ -e " + q(release) + " ]; do sleep 0.2; done"
 	body := wait
 	if ts.victim {
 		body = `if [ "$REAPER_TRY" = 1 ] && [ ! -e ` + q(filepath.Join(s.taskDir, ts.id+".started")) + ` ]; then touch ` +
@@ -555,7 +568,7 @@ func (s *scenario) submit(tasks ...taskSpec) {
 			executor = s.executor
 		}
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: executor,
-			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts)})
+			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts), Upstreams: ts.upstreams})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
