@@ -477,8 +477,19 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	// promoted board; its executions never overlapped (finish: no double,
 	// the checker: no overlap).
 	lateLog := s.execLog("late")
+	xs, err := readExecutions(filepath.Join(s.taskDir, "late.log"), "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	between := "-"
+	if len(xs) == 2 && !xs[0].End.IsZero() {
+		between = xs[1].Start.Sub(xs[0].End).Round(time.Millisecond).String()
+		t.Logf("the late task's first execution ended (%s) at kill %+.1fs, the second started at kill %+.1fs",
+			xs[0].Outcome, xs[0].End.Sub(killedAt).Seconds(), xs[1].Start.Sub(killedAt).Seconds())
+	}
 	t.Logf("the late task: %d executions (%d ended), %d overlapping", lateLog.starts, lateLog.ends, lateLog.doubles)
-	s.row.note("the late task dispatched in the window (pod %s): %d executions, %d at once", latePod.Name, lateLog.starts, lateLog.doubles)
+	s.row.note("the late task dispatched in the window (pod %s): %d executions, %d at once, %s from the first's end to the second's start",
+		latePod.Name, lateLog.starts, lateLog.doubles, between)
 	s.row.note("lost window %s (streaming stopped to the kill); term %d: %s's on the primary, %s's again on the promoted standby; %s's writes refused by the fence: %d in its log, %d recorded on the board (holder), stepped down %s after its thaw, applied 0 (found %d); kill to promotion %s; longest without a leader from the kill %s; kill to the reap %s",
 		killedAt.Sub(lostFrom).Round(100*time.Millisecond), termB.Term, d2.name, d3.name, d2.name, refusedLog, kept,
 		downAt.Sub(thawAt).Round(time.Millisecond), byD2, promotedAt.Sub(killedAt).Round(100*time.Millisecond),
