@@ -150,7 +150,8 @@ e2e-kube:
 # player running the agents, leader "kubernetes", and the kube faults (pod
 # deleted, node lost, eviction, API server paused), Lite's database nemeses
 # (a replica partitioned from PostgreSQL, the primary frozen, a failover to
-# the synchronous standby) and a replica partitioned from the API server.
+# the standby, synchronous or asynchronous and behind) and a replica
+# partitioned from the API server.
 # EDITION=kube NODE=real (NODE as kube-up takes it; kwok, the default, is
 # the player) runs the pods on the test cluster's real node instead (a real
 # kubelet, containerd and runc; root, one real node per machine: a start
