@@ -93,7 +93,7 @@ func (r *apiReporter) Heartbeat(ctx context.Context, a sdk.Attempt, _ time.Time)
 }
 
 func (r *apiReporter) Report(ctx context.Context, a sdk.Attempt, o agent.Outcome, _ time.Time) (bool, error) {
-	term, err := r.c.Report(ctx, a, attemptapi.Outcome{State: o.State, Reason: o.Reason, Message: o.Message})
+	term, err := r.c.Report(ctx, a, attemptapi.ReportBody{State: o.State, Reason: o.Reason, Message: o.Message})
 	return term, refused(err)
 }
 
