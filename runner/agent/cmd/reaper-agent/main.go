@@ -78,6 +78,7 @@ import (
 	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/agent/apireport"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -204,7 +205,7 @@ func run(args []string) (code int) {
 	case agent.ReporterFile:
 		rep = agent.NewFileReporter(inv.ReportFile, inv.TerminateFile)
 	case agent.ReporterAPI:
-		ar, err := newAPIReporter(os.Getenv)
+		ar, err := apireport.New(os.Getenv)
 		if err != nil {
 			log.Error("cannot reach the attempt API", "error", err)
 			return exitUsage
