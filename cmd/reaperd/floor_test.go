@@ -32,7 +32,7 @@ const probeVersion = "v0.0.0-upgrade-probe"
 // probeBuild builds, once per test binary, a second reaperd from the same
 // code with the upgrade probe's migration and a version of its own:
 //
-//	go build -tags reaper_upgrade_probe -ldflags "-X github.com/dexaflow/reaper/sdk.BuildVersion=VERSION" -o OUT ./host/cmd/reaperd
+//	go build -tags reaper_upgrade_probe -ldflags "-X github.com/dexaflow/reaper/sdk.BuildVersion=VERSION" -o OUT ./cmd/reaperd
 var probeBuild = sync.OnceValues(func() (string, error) {
 	out := filepath.Join(binDir, "probe", "reaperd")
 	cmd := exec.Command("go", "build", "-tags", probeTag,
