@@ -26,6 +26,10 @@ type AuditRecord struct {
 	// without one and for the rows before migration 20.
 	Holder string
 	sdk.Decision
+	// Scored: the audit wrote the decision as one the shadow scorer judges
+	// (reap_decisions.scored, by the Scoring of the store that wrote it:
+	// the kill and provisional labels its reaper declared).
+	Scored bool
 	// Verdict is the shadow verdict on the decision (migration 012); its
 	// Word is "" while unscored, and for a decision never scored.
 	Verdict Verdict
@@ -300,7 +304,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	defer cancel()
 	sql := `SELECT id, at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
         applied, dry_run, detail, evidence_packed, evidence, verdict, verdict_at, verdict_term, verdict_evidence,
-        coalesce(holder, '')
+        coalesce(holder, ''), scored
     FROM reap_decisions
     WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL)
     ORDER BY id`
@@ -325,7 +329,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 			packed, ev []byte
 		)
 		err := row.Scan(&r.ID, &r.At, &r.Term, &r.Reaper, &r.Label, &run, &task, &try, &epoch,
-			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence, &r.Holder)
+			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence, &r.Holder, &r.Scored)
 		if err != nil {
 			return r, err
 		}
