@@ -38,7 +38,7 @@ type AuditRecord struct {
 // auditColumns are the columns RecordDecisions copies into reap_decisions
 // (id is generated), in the order auditCopy.appendRow writes them.
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
-	"applied", "dry_run", "detail", "evidence_packed", "scored", "holder"}
+	"applied", "dry_run", "detail", "evidence_packed", "scored", "holder", "kill"}
 
 // AuditChunk is the most decisions RecordDecisions copies in one COPY; each
 // chunk has the store's query timeout to itself, so a mass recovery's audit
@@ -131,7 +131,7 @@ type auditCopy struct {
 	ds      []sdk.Decision
 	packer  evidencePacker
 	obs     Observer // told of text made safe
-	scoring Scoring  // which rows are scored
+	scoring Scoring  // which rows are scored, and which kills
 	ev      []byte   // the evidence of the row being encoded
 	buf     []byte   // encoded and not read yet: buf[off:]
 	off     int
@@ -225,9 +225,11 @@ func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
 	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
 	buf = appendBool(buf, c.scoring.Scored(*d))
 	if c.holder == "" {
-		return appendNull(buf)
+		buf = appendNull(buf)
+	} else {
+		buf = appendBytes(buf, c.holder)
 	}
-	return appendBytes(buf, c.holder)
+	return appendBool(buf, c.scoring.Kill(*d)) // kill
 }
 
 // The binary forms of the columns' types, each after its length: text
