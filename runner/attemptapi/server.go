@@ -25,7 +25,7 @@ import (
 type Board interface {
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
 	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
-	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (lifecycle.ReportResult, error)
+	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.TerminalReport, now time.Time) (lifecycle.ReportResult, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
@@ -454,7 +454,7 @@ func (s *Server) report(ctx context.Context, c call) (Response, error) {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "%q is not an outcome", o.State)
 	}
 	a := c.req.Attempt()
-	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
+	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.TerminalReport{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
 	if err != nil {
 		return Response{}, boardFailure("recording the report", err)
 	}
