@@ -7,7 +7,7 @@ LDFLAGS   := -X $(PKG)/sdk.BuildVersion=$(VERSION)
 PROTO_DIR := sdk/plugin/proto/reaperv1
 
 BINARIES := \
-	reaperd=./host/cmd/reaperd \
+	reaperd=./cmd/reaperd \
 	reaperctl=./cmd/reaperctl \
 	reaper-podlost=./plugins/podlost/cmd/reaper-podlost \
 	reaper-dispatchlost=./plugins/dispatchlost/cmd/reaper-dispatchlost \
@@ -16,7 +16,7 @@ BINARIES := \
 	reaper-orphanrun=./plugins/orphanrun/cmd/reaper-orphanrun \
 	reaper-substrate-kube=./substrate/kube/cmd/reaper-substrate-kube \
 	reaper-substrate-lite=./substrate/lite/cmd/reaper-substrate-lite \
-	reaper-agent=./runner/agent/cmd/reaper-agent
+	reaper-agent=./cmd/reaper-agent
 
 .PHONY: all build test lint proto clean demo demo-kube demo-helm e2e bench image
 
@@ -104,7 +104,7 @@ demo: build
 # Leaves nothing running and nothing behind.
 demo-kube: build
 	@$(GO) build -o $(BIN)/reaper-demo ./demo
-	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./runner/agent/cmd/reaper-agent
+	@CGO_ENABLED=0 $(GO) build -o $(BIN)/reaper-agent-static ./cmd/reaper-agent
 	@$(BIN)/reaper-demo -kube $(if $(filter command line environment,$(origin NODE)),-node $(NODE))
 
 # The kube edition installed the way a user installs it, end to end, in
@@ -150,7 +150,8 @@ e2e-kube:
 # player running the agents, leader "kubernetes", and the kube faults (pod
 # deleted, node lost, eviction, API server paused), Lite's database nemeses
 # (a replica partitioned from PostgreSQL, the primary frozen, a failover to
-# the synchronous standby) and a replica partitioned from the API server.
+# the standby, synchronous or asynchronous and behind) and a replica
+# partitioned from the API server.
 # EDITION=kube NODE=real (NODE as kube-up takes it; kwok, the default, is
 # the player) runs the pods on the test cluster's real node instead (a real
 # kubelet, containerd and runc; root, one real node per machine: a start

@@ -26,6 +26,10 @@ type AuditRecord struct {
 	// without one and for the rows before migration 20.
 	Holder string
 	sdk.Decision
+	// Scored: the audit wrote the decision as one the shadow scorer judges
+	// (reap_decisions.scored, by the Scoring of the store that wrote it:
+	// the kill and provisional labels its reaper declared).
+	Scored bool
 	// Verdict is the shadow verdict on the decision (migration 012); its
 	// Word is "" while unscored, and for a decision never scored.
 	Verdict Verdict
@@ -34,7 +38,7 @@ type AuditRecord struct {
 // auditColumns are the columns RecordDecisions copies into reap_decisions
 // (id is generated), in the order auditCopy.appendRow writes them.
 var auditColumns = []string{"at", "term", "reaper", "label", "run_id", "task_id", "try_number", "attempt_epoch",
-	"applied", "dry_run", "detail", "evidence_packed", "scored", "holder"}
+	"applied", "dry_run", "detail", "evidence_packed", "scored", "holder", "kill"}
 
 // AuditChunk is the most decisions RecordDecisions copies in one COPY; each
 // chunk has the store's query timeout to itself, so a mass recovery's audit
@@ -127,7 +131,7 @@ type auditCopy struct {
 	ds      []sdk.Decision
 	packer  evidencePacker
 	obs     Observer // told of text made safe
-	scoring Scoring  // which rows are scored
+	scoring Scoring  // which rows are scored, and which kills
 	ev      []byte   // the evidence of the row being encoded
 	buf     []byte   // encoded and not read yet: buf[off:]
 	off     int
@@ -221,9 +225,11 @@ func (c *auditCopy) appendRow(buf []byte, d *sdk.Decision) []byte {
 	buf = appendBytes(buf, c.ev) // evidence_packed (bytea)
 	buf = appendBool(buf, c.scoring.Scored(*d))
 	if c.holder == "" {
-		return appendNull(buf)
+		buf = appendNull(buf)
+	} else {
+		buf = appendBytes(buf, c.holder)
 	}
-	return appendBytes(buf, c.holder)
+	return appendBool(buf, c.scoring.Kill(*d)) // kill
 }
 
 // The binary forms of the columns' types, each after its length: text
@@ -300,7 +306,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 	defer cancel()
 	sql := `SELECT id, at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
         applied, dry_run, detail, evidence_packed, evidence, verdict, verdict_at, verdict_term, verdict_evidence,
-        coalesce(holder, '')
+        coalesce(holder, ''), scored
     FROM reap_decisions
     WHERE run_id = $1 AND ($2 = '' OR task_id = $2 OR task_id IS NULL)
     ORDER BY id`
@@ -325,7 +331,7 @@ func (s *Store) DecisionsFor(ctx context.Context, runID, taskID string, limit in
 			packed, ev []byte
 		)
 		err := row.Scan(&r.ID, &r.At, &r.Term, &r.Reaper, &r.Label, &run, &task, &try, &epoch,
-			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence, &r.Holder)
+			&r.Applied, &r.DryRun, &r.Detail, &packed, &ev, &word, &vat, &vterm, &r.Verdict.Evidence, &r.Holder, &r.Scored)
 		if err != nil {
 			return r, err
 		}

@@ -208,7 +208,7 @@ func TestListCandidates(t *testing.T) {
 		poke := first("run", "poke")
 		b.sensor(t, poke)
 		b.running(t, poke, base.Add(-3*time.Hour), time.Time{})
-		if stop, err := b.w.Report(ctx, poke, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-2*time.Hour)); err != nil || stop {
+		if stop, err := b.w.Report(ctx, poke, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, base.Add(-2*time.Hour)); err != nil || stop {
 			t.Fatal(stop, err)
 		}
 		// Nothing writes deferred on this board yet: the row is placed.

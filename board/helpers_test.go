@@ -160,4 +160,4 @@ func sameTime(t *testing.T, what string, got, want time.Time) {
 
 func id(prefix string, i int) string { return fmt.Sprintf("%s%05d", prefix, i) }
 
-var lifecycleSuccess = lifecycle.Outcome{State: sdk.StateSuccess}
+var lifecycleSuccess = lifecycle.TerminalReport{State: sdk.StateSuccess}

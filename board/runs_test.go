@@ -140,12 +140,12 @@ func TestOrphanRuns(t *testing.T) {
 	keepsAlive := map[string]func(t *testing.T, b *bundle, a sdk.Attempt){
 		"UpForRetry": func(t *testing.T, b *bundle, a sdk.Attempt) {
 			b.running(t, a, base.Add(-time.Hour), time.Time{})
-			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForRetry, Message: "exit 1"}, base.Add(-50*time.Minute))
+			report(t, b, a, lifecycle.TerminalReport{State: sdk.StateUpForRetry, Message: "exit 1"}, base.Add(-50*time.Minute))
 		},
 		"UpForReschedule": func(t *testing.T, b *bundle, a sdk.Attempt) {
 			b.sensor(t, a)
 			b.running(t, a, base.Add(-time.Hour), time.Time{})
-			report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForReschedule}, base.Add(-50*time.Minute))
+			report(t, b, a, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, base.Add(-50*time.Minute))
 		},
 		"Deferred": func(t *testing.T, b *bundle, a sdk.Attempt) {
 			b.exec(t, "UPDATE task_instances SET state = 'deferred' WHERE run_id = $1", a.RunID)
@@ -224,7 +224,7 @@ func TestOrphanRuns(t *testing.T) {
 		b.run(t, "run", "task")
 		a := first("run", "task")
 		b.running(t, a, base.Add(-time.Hour), time.Time{})
-		report(t, b, a, lifecycle.Outcome{State: sdk.StateUpForRetry}, base.Add(-50*time.Minute))
+		report(t, b, a, lifecycle.TerminalReport{State: sdk.StateUpForRetry}, base.Add(-50*time.Minute))
 		// Released back to none a minute ago: not live, but fresh.
 		if rel, err := b.w.Retry(ctx, a, base.Add(-time.Minute)); err != nil || !rel.Applied {
 			t.Fatal(rel, err)
@@ -241,7 +241,7 @@ func TestOrphanRuns(t *testing.T) {
 		b.run(t, "run", "task")
 		a := first("run", "task")
 		b.running(t, a, base.Add(-time.Hour), time.Time{})
-		report(t, b, a, lifecycle.Outcome{State: sdk.StateFailed, Message: "exit 1"}, base.Add(-50*time.Minute))
+		report(t, b, a, lifecycle.TerminalReport{State: sdk.StateFailed, Message: "exit 1"}, base.Add(-50*time.Minute))
 		if got := list(t, b); len(got) != 1 {
 			t.Fatalf("listed %v, want the run", got)
 		}
@@ -361,7 +361,7 @@ func TestOrphanRuns(t *testing.T) {
 	})
 }
 
-func report(t *testing.T, b *bundle, a sdk.Attempt, o lifecycle.Outcome, at time.Time) {
+func report(t *testing.T, b *bundle, a sdk.Attempt, o lifecycle.TerminalReport, at time.Time) {
 	t.Helper()
 	if stop, err := b.w.Report(context.Background(), a, o, at); err != nil || stop {
 		t.Fatalf("report %s %s: stop=%v err=%v", a, o.State, stop, err)

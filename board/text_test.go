@@ -232,7 +232,7 @@ func TestTenantsTextIsMadeSafeAtTheBoardsEdge(t *testing.T) {
 		b.run(t, "r", "t")
 		a := first("r", "t")
 		b.running(t, a, base.Add(-time.Minute), time.Time{})
-		if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateFailed, Reason: nulText, Message: invalidText}, base); err != nil || stop {
+		if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateFailed, Reason: nulText, Message: invalidText}, base); err != nil || stop {
 			t.Fatalf("report: stop=%v err=%v", stop, err)
 		}
 		if ti := b.ti(t, "r", "t"); ti.FailureReason != nulSafe || ti.ErrorMessage != invalidSafe {

@@ -83,6 +83,18 @@ func (sc Scoring) Scored(d sdk.Decision) bool {
 	return false
 }
 
+// Kill reports whether a decision failed an attempt, or would have in a
+// dry run: its label is a kill label of the reaper it is filed under. The
+// audit writes it beside the decision (reap_decisions.kill, migration 022),
+// for reaperctl shadow.
+func (sc Scoring) Kill(d sdk.Decision) bool {
+	kill := sdk.KillLabels()
+	if sc.reapers != nil {
+		kill = sc.reapers[d.Reaper].kill
+	}
+	return slices.Contains(kill, d.Label)
+}
+
 // Scored is the zero Scoring's Scored: by the sdk's built-in lists.
 func Scored(d sdk.Decision) bool { return Scoring{}.Scored(d) }
 
@@ -280,7 +292,8 @@ type ShadowGroup struct {
 const ShadowGroupsMax = 100_000
 
 // ShadowDecisions returns the decisions that failed, or would have failed,
-// an attempt (sdk.KillLabels), dry-run or applied, made at or after since,
+// an attempt (reap_decisions.kill: a kill label its reaper declared),
+// dry-run or applied, made at or after since,
 // grouped by reaper, label, attempt, dry run and verdict, ordered by
 // reaper, label and first decision; truncated says ShadowGroupsMax left
 // some out. It reads the window through reap_decisions_at_idx: a query for
@@ -292,7 +305,7 @@ func (s *Store) ShadowDecisions(ctx context.Context, since time.Time) (groups []
         d.scored, d.dry_run, d.applied, coalesce(d.verdict, ''),
         count(*), min(d.id), max(d.id), min(d.at), max(d.at)
     FROM reap_decisions d
-    WHERE d.at >= $1 AND d.task_id IS NOT NULL AND d.label IN (`+sqlList(sdk.KillLabels())+`)
+    WHERE d.at >= $1 AND d.task_id IS NOT NULL AND d.kill
       AND (d.dry_run OR d.applied)
     GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
     ORDER BY 1, 2, 12

@@ -18,14 +18,14 @@ import (
 // binaries are what the kube demo runs, built by TestMain into one
 // directory, each under its own name.
 var binaries = []string{
-	"github.com/dexaflow/reaper/host/cmd/reaperd",
+	"github.com/dexaflow/reaper/cmd/reaperd",
 	"github.com/dexaflow/reaper/substrate/kube/cmd/reaper-substrate-kube",
 	"github.com/dexaflow/reaper/plugins/dispatchlost/cmd/reaper-dispatchlost",
 	"github.com/dexaflow/reaper/plugins/podlost/cmd/reaper-podlost",
 	"github.com/dexaflow/reaper/plugins/agentlost/cmd/reaper-agentlost",
 	"github.com/dexaflow/reaper/plugins/warmworker/cmd/reaper-warmworker",
 	"github.com/dexaflow/reaper/plugins/orphanrun/cmd/reaper-orphanrun",
-	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/cmd/reaper-agent",
 }
 
 // binDir is TestMain's directory of binaries; read-only once the tests run.
@@ -38,7 +38,7 @@ func testMain(m *testing.M) int {
 		binDir = bin
 		// The real node's task image holds the agent built static (the
 		// image has no libc), as make demo-kube builds it.
-		build := exec.Command("go", "build", "-o", filepath.Join(bin, staticAgent), "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
+		build := exec.Command("go", "build", "-o", filepath.Join(bin, staticAgent), "github.com/dexaflow/reaper/cmd/reaper-agent")
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "demo: build the static agent: %v\n%s", err, out)

@@ -17,7 +17,7 @@ func TestExampleConfigurationsValidate(t *testing.T) {
 		t.Skip("builds reaperd and the Lite plugins")
 	}
 	bin := validatetest.Build(t,
-		"../host/cmd/reaperd", "../substrate/lite/cmd/reaper-substrate-lite",
+		"../cmd/reaperd", "../substrate/lite/cmd/reaper-substrate-lite",
 		"../plugins/dispatchlost/cmd/reaper-dispatchlost", "../plugins/agentlost/cmd/reaper-agentlost",
 		"../plugins/orphanrun/cmd/reaper-orphanrun")
 	for _, file := range []string{liteHCLPath, "../config.hcl.example"} {

@@ -1,25 +1,109 @@
-// Package plugins_test checks what every in-tree reaper declares to the host.
+// Package plugins_test checks what every in-tree reaper declares to the
+// host: each plugin folder here is found, built and launched over the
+// plugin protocol, so a new plugin is checked without a line of this file.
 package plugins_test
 
 import (
 	"context"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/dexaflow/reaper/plugins/agentlost"
-	"github.com/dexaflow/reaper/plugins/dispatchlost"
-	"github.com/dexaflow/reaper/plugins/orphanrun"
-	"github.com/dexaflow/reaper/plugins/podlost"
-	"github.com/dexaflow/reaper/plugins/warmworker"
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/sdk/plugin"
+	"github.com/dexaflow/reaper/testkit/testbin"
 )
+
+// reapers are the in-tree reapers this package's directory holds, found by
+// their folders (each with its binary's main in cmd/reaper-<folder>), and
+// binDir where TestMain built those binaries.
+var (
+	reapers []string
+	binDir  string
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if reapers, err = discover("."); err != nil {
+		fmt.Fprintf(os.Stderr, "plugins: %v\n", err)
+		os.Exit(2)
+	}
+	pkgs := make([]string, len(reapers))
+	for i, r := range reapers {
+		pkgs[i] = "./" + r + "/cmd/reaper-" + r
+	}
+	os.Exit(testbin.Main(m, "plugins", pkgs, func(m *testing.M, bin string) int {
+		binDir = bin
+		return m.Run()
+	}))
+}
+
+// discover lists the folders of dir that hold a reaper plugin: a
+// cmd/reaper-<folder> main beside its code.
+func discover(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("reading the plugins' folder: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "cmd", "reaper-"+e.Name(), "main.go")); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no plugin found in %s: the walk is broken", dir)
+	}
+	return out, nil
+}
+
+// infoOf launches the reaper's built binary over the plugin protocol, as
+// the host does, and returns what it declares.
+func infoOf(t *testing.T, name string) sdk.Info {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  plugin.Handshake(),
+		VersionedPlugins: plugin.PluginSets(),
+		Cmd:              exec.Command(filepath.Join(binDir, "reaper-"+name)),
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           hclog.NewNullLogger(),
+	})
+	t.Cleanup(client.Kill)
+	rpc, err := client.Client()
+	if err != nil {
+		t.Fatalf("launching reaper-%s: %v", name, err)
+	}
+	raw, err := rpc.Dispense(plugin.PluginReaper)
+	if err != nil {
+		t.Fatalf("dispensing reaper-%s: %v", name, err)
+	}
+	base, ok := raw.(sdk.Plugin)
+	if !ok {
+		t.Fatalf("reaper-%s dispensed %T, not a plugin", name, raw)
+	}
+	info, err := base.Info(ctx)
+	if err != nil {
+		t.Fatalf("the Info of reaper-%s: %v", name, err)
+	}
+	return info
+}
 
 // The host meters and audits a plugin's decision only under a label the
 // plugin declared when it was launched (sdk.AllowedLabels of its Info).
@@ -30,16 +114,10 @@ import (
 func TestInTreeReapersDeclareEveryLabelTheirCodeNames(t *testing.T) {
 	t.Parallel()
 	values := labelValues(t)
-	for dir, r := range map[string]sdk.Reaper{
-		"agentlost": agentlost.New(nil), "dispatchlost": dispatchlost.New(nil), "orphanrun": orphanrun.New(nil),
-		"podlost": podlost.New(nil), "warmworker": warmworker.New(nil),
-	} {
+	for _, dir := range reapers {
 		t.Run(dir, func(t *testing.T) {
 			t.Parallel()
-			info, err := r.Info(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
+			info := infoOf(t, dir)
 			if err := sdk.CheckDeclared(info); err != nil {
 				t.Fatalf("the host would refuse to launch it: %v", err)
 			}
@@ -67,11 +145,8 @@ func TestInTreeReapersDeclareEveryLabelTheirCodeNames(t *testing.T) {
 func TestInTreeKillLabelsAreTheBuiltInLists(t *testing.T) {
 	t.Parallel()
 	var kill, provisional []string
-	for _, r := range []sdk.Reaper{agentlost.New(nil), dispatchlost.New(nil), orphanrun.New(nil), podlost.New(nil), warmworker.New(nil)} {
-		info, err := r.Info(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, r := range reapers {
+		info := infoOf(t, r)
 		k, p := sdk.DeclaredKillLabels(info)
 		kill, provisional = append(kill, k...), append(provisional, p...)
 	}

@@ -27,6 +27,17 @@ import (
 // shared settings compose. A struct (outer or embedded) with a Validate
 // method is validated once decoded.
 
+// AttributeError is Decode's refusal of one attribute's value: a value of
+// the wrong type, or a fraction for a whole number.
+type AttributeError struct {
+	Name string // the attribute
+	Err  error  // what is wrong with its value
+}
+
+func (e *AttributeError) Error() string { return fmt.Sprintf("attribute %q: %v", e.Name, e.Err) }
+
+func (e *AttributeError) Unwrap() error { return e.Err }
+
 // Validator is a configuration struct that checks itself once decoded.
 type Validator interface {
 	Validate() error
@@ -172,7 +183,7 @@ func (v Values) Decode(out any) error {
 			continue
 		}
 		if err := setField(rv.FieldByIndex(f.index), raw); err != nil {
-			return fmt.Errorf("attribute %q: %w", f.name, err)
+			return &AttributeError{Name: f.name, Err: err}
 		}
 	}
 	keys := make([]string, 0, len(v))

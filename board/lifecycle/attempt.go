@@ -219,8 +219,9 @@ func (w *Writer) Heartbeat(ctx context.Context, a sdk.Attempt, now time.Time) (s
 	return w.HeartbeatCredential(ctx, a, NotRenewed, now)
 }
 
-// Outcome is what an attempt reports at its end.
-type Outcome struct {
+// TerminalReport is what an attempt reports at its end: the board's side of
+// the agent's outcome.
+type TerminalReport struct {
 	// State is sdk.StateSuccess, StateFailed, StateUpForRetry (a task failure
 	// with retries left), StateUpForReschedule (a reschedule-mode sensor's
 	// poke ended) or StateSkipped.
@@ -236,7 +237,7 @@ type Outcome struct {
 // running, nothing changes and shouldTerminate is true. A failure reported
 // here is a task failure; so is a reschedule the task may not take (see
 // ReportOutcome).
-func (w *Writer) Report(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (shouldTerminate bool, err error) {
+func (w *Writer) Report(ctx context.Context, a sdk.Attempt, o TerminalReport, now time.Time) (shouldTerminate bool, err error) {
 	r, err := w.ReportOutcome(ctx, a, o, now)
 	return r.ShouldTerminate, err
 }
@@ -281,7 +282,7 @@ UPDATE task_instances ti SET
 // passed. Any other reschedule fails the attempt as a task failure with the
 // reason (reschedule_not_sensor, sensor_timeout,
 // sensor_credential_ceiling) in the same guarded write.
-func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o Outcome, now time.Time) (ReportResult, error) {
+func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o TerminalReport, now time.Time) (ReportResult, error) {
 	switch o.State {
 	case sdk.StateSuccess, sdk.StateSkipped, sdk.StateUpForReschedule:
 		o.Reason, o.Message = "", ""

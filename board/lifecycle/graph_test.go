@@ -115,7 +115,7 @@ func (b *bundle) fromScheduled(t *testing.T, a sdk.Attempt, state string, at tim
 	if state == sdk.StateRunning {
 		return
 	}
-	if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: state}, at); err != nil || stop {
+	if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: state}, at); err != nil || stop {
 		t.Fatalf("report %s %s: %v %v", a, state, stop, err)
 	}
 }
@@ -177,7 +177,7 @@ func TestRunsAsGraphs(t *testing.T) {
 		if got := b.settleBlocked(t); len(got) != 0 {
 			t.Fatalf("settled %v while upstream b runs", got)
 		}
-		stop, err := b.w.Report(ctx, as["b"], lifecycle.Outcome{State: sdk.StateSuccess}, at.Add(time.Minute))
+		stop, err := b.w.Report(ctx, as["b"], lifecycle.TerminalReport{State: sdk.StateSuccess}, at.Add(time.Minute))
 		if err != nil || stop {
 			t.Fatal(stop, err)
 		}
@@ -258,7 +258,7 @@ func TestRunsAsGraphs(t *testing.T) {
 		if fin, err := b.w.FinishSettledRuns(ctx, 0, base); err != nil || len(fin) != 0 {
 			t.Fatalf("finished %v while slow runs: %v", fin, err)
 		}
-		stop, err := b.w.Report(ctx, as["slow"], lifecycle.Outcome{State: sdk.StateSuccess}, base)
+		stop, err := b.w.Report(ctx, as["slow"], lifecycle.TerminalReport{State: sdk.StateSuccess}, base)
 		if err != nil || stop {
 			t.Fatal(stop, err)
 		}

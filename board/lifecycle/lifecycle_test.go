@@ -110,7 +110,7 @@ func (b *bundle) to(t *testing.T, a sdk.Attempt, state string, at time.Time) {
 				t.Fatal(err)
 			}
 		}
-		stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: state, Reason: "exit_code", Message: "exit 1"}, at)
+		stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: state, Reason: "exit_code", Message: "exit 1"}, at)
 		must("report", !stop, err)
 	}
 }
@@ -159,7 +159,7 @@ func TestForwardPath(t *testing.T) {
 	if got := b.ti(t).LastHeartbeatAt; !got.Equal(base.Add(-time.Minute)) {
 		t.Fatalf("last_heartbeat_at = %v", got)
 	}
-	if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, base); err != nil || stop {
+	if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, base); err != nil || stop {
 		t.Fatal(stop, err)
 	}
 	ti = b.ti(t)
@@ -180,7 +180,7 @@ func TestAgentCallsOfAStaleAttemptAreToldToTerminate(t *testing.T) {
 	calls := map[string]func(w *lifecycle.Writer, a sdk.Attempt) (bool, error){
 		"Heartbeat": func(w *lifecycle.Writer, a sdk.Attempt) (bool, error) { return w.Heartbeat(ctx, a, base) },
 		"Report": func(w *lifecycle.Writer, a sdk.Attempt) (bool, error) {
-			return w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, base)
+			return w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, base)
 		},
 	}
 	stale := map[string]func(t *testing.T, b *bundle, a sdk.Attempt) sdk.Attempt{

@@ -119,7 +119,7 @@ func TestMarkState(t *testing.T) {
 		if stop, err := b.w.Heartbeat(ctx, a, now.Add(time.Second)); err != nil || !stop {
 			t.Fatalf("heartbeat after the verdict: shouldTerminate=%v %v", stop, err)
 		}
-		if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateFailed}, now.Add(time.Second)); err != nil || !stop {
+		if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateFailed}, now.Add(time.Second)); err != nil || !stop {
 			t.Fatalf("report after the verdict: shouldTerminate=%v %v", stop, err)
 		}
 		if ti := b.ti(t); ti.State != sdk.StateSuccess {
@@ -169,7 +169,7 @@ func TestMarkState(t *testing.T) {
 		a := b.task(t)
 		b.to(t, a, sdk.StateRunning, base)
 		// Read running; the agent reports before the verdict lands.
-		if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, base.Add(time.Second)); err != nil || stop {
+		if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, base.Add(time.Second)); err != nil || stop {
 			t.Fatal(stop, err)
 		}
 		before := b.ti(t)

@@ -60,7 +60,7 @@ func (b *sensorBundle) poke(t *testing.T, a sdk.Attempt, d time.Duration) lifecy
 		t.Fatalf("running %s: %v %v", a, stop, err)
 	}
 	b.clk.Advance(d)
-	res, err := b.w.ReportOutcome(ctx, a, lifecycle.Outcome{State: sdk.StateUpForReschedule}, b.clk.Now())
+	res, err := b.w.ReportOutcome(ctx, a, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, b.clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,14 +213,14 @@ func TestRescheduleIsASensors(t *testing.T) {
 		// The superseded poke's token (its epoch), another try, a state
 		// the row is not in: nothing written, told to terminate.
 		for _, stale := range []sdk.Attempt{a, {RunID: "run", TaskID: "task", Try: 2, Epoch: 1}} {
-			res, err := b.w.ReportOutcome(ctx, stale, lifecycle.Outcome{State: sdk.StateUpForReschedule}, b.clk.Now())
+			res, err := b.w.ReportOutcome(ctx, stale, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, b.clk.Now())
 			if err != nil || !res.ShouldTerminate || res.RescheduleRefused != "" {
 				t.Fatalf("report of %s: %+v %v, want should_terminate and nothing refused", stale, res, err)
 			}
 			unchanged(t, before, b.ti(t))
 		}
 		// The reschedule rail of a deposed term changes nothing.
-		if res, err := b.w.ReportOutcome(ctx, next, lifecycle.Outcome{State: sdk.StateUpForReschedule}, b.clk.Now()); err != nil ||
+		if res, err := b.w.ReportOutcome(ctx, next, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, b.clk.Now()); err != nil ||
 			res.ShouldTerminate {
 			t.Fatal(res, err)
 		}
@@ -238,7 +238,7 @@ func TestRescheduleIsASensors(t *testing.T) {
 			t.Fatal(err)
 		}
 		before = b.ti(t)
-		res, err := b.w.ReportOutcome(ctx, next, lifecycle.Outcome{State: sdk.StateUpForReschedule}, b.clk.Now())
+		res, err := b.w.ReportOutcome(ctx, next, lifecycle.TerminalReport{State: sdk.StateUpForReschedule}, b.clk.Now())
 		if err != nil || !res.ShouldTerminate || res.RescheduleRefused != "" {
 			t.Fatalf("report on a finished run: %+v %v, want should_terminate", res, err)
 		}

@@ -27,7 +27,7 @@ func TestChartConfigurationIsAcceptedByReaperdValidate(t *testing.T) {
 		t.Skip("builds reaperd and the kube plugins")
 	}
 	c := kubetest.Current(t)
-	pkgs := []string{"../../host/cmd/reaperd", "../../substrate/kube/cmd/reaper-substrate-kube"}
+	pkgs := []string{"../../cmd/reaperd", "../../substrate/kube/cmd/reaper-substrate-kube"}
 	for _, r := range strings.Fields(reaperOrder) {
 		pkgs = append(pkgs, "../../plugins/"+r+"/cmd/reaper-"+r)
 	}

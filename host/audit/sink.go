@@ -1,9 +1,12 @@
 // Package audit is the host's audit of decisions, written through a Writer
-// (board.Store in production): the sink of a pass (Sink), which writes its
-// decisions while the pass goes on; the ledger of a pass's writes (Ledger),
-// so that no applied write goes without its decision; and the Recorder,
-// which writes the host's own decisions and keeps what any failed write
-// left out of the audit, writing it again at the next cycle; and the
+// (board.Store in production). Its Pipeline (pipeline.go) is the one way
+// every producer's decisions take (the maintenance loop, the owed
+// teardowns' retries, the runners, the attempt API): metered, logged,
+// audited and retried. Its parts: the sink of a pass (Sink), which writes
+// its decisions while the pass goes on; the ledger of a pass's writes
+// (Ledger), so that no applied write goes without its decision, wired to
+// the sink by Pipeline.NewPass; the Retrier, which keeps what any failed
+// write left out of the audit, writing it again at the next cycle; and the
 // Scorer (shadow.go), which writes beside a shadow decision (a dry run, a
 // hold, a provisional kube mark) the verdict of what became of its
 // attempt.

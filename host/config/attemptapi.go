@@ -31,12 +31,12 @@ func DefaultAttemptAPIStateDir() string { return attemptapi.DefaultStateDir() }
 // telemetry block.
 type attemptAPIBlock struct {
 	attemptapi.Block
-	serverLimits
+	limitsAsWritten
 }
 
 func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultAttemptAPI()
-	ab := attemptAPIBlock{Block: attemptapi.DefaultBlock(), serverLimits: limitsBlock(defaults)}
+	ab := attemptAPIBlock{Block: attemptapi.DefaultBlock(), limitsAsWritten: limitsAsWritten(defaults)}
 	ranges, diags := decodeInto(b.Body, &ab)
 	for _, k := range []string{"tls_cert", "tls_key", "tls_ca", "signing_key_file", "heartbeat_window"} {
 		if rr, ok := ranges[k]; ok {
@@ -45,7 +45,7 @@ func (cfg *Config) decodeAttemptAPI(b *hcl.Block) hcl.Diagnostics {
 	}
 	api, problems := ab.Block.Settings()
 	var ld hcl.Diagnostics
-	api.Limits, ld = ab.limits(b, ranges, defaults)
+	api.Limits, ld = ab.limits(b, ranges)
 	diags = append(diags, ld...)
 	diags = append(diags, refusals(b.DefRange, ranges, problems)...)
 	api.TLSCert, api.TLSKey = cfg.relative(api.TLSCert), cfg.relative(api.TLSKey)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,7 +69,15 @@ func decodeInto(body hcl.Body, into any) (map[string]hcl.Range, hcl.Diagnostics)
 	}
 	if err := values.Decode(into); err != nil {
 		// DecodeBlock has checked every value against the struct's own
-		// schema, so this is a struct the decoder cannot fill.
+		// schema, so this is a value its field cannot hold (a fraction
+		// for a whole number), refused at its key, or a struct the
+		// decoder cannot fill.
+		var ae *sdk.AttributeError
+		if errors.As(err, &ae) {
+			if _, ok := ranges[ae.Name]; ok {
+				return ranges, append(diags, invalid(ranges, ae.Name, ae.Name+" "+ae.Err.Error()+"."))
+			}
+		}
 		r := body.MissingItemRange()
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Subject: &r,
 			Summary: "Configuration not decoded", Detail: err.Error() + "."})

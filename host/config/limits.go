@@ -3,44 +3,26 @@ package config
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/dexaflow/reaper/internal/httplimit"
 )
 
-// serverLimits are the attributes bounding an HTTP server's connections,
-// embedded in the telemetry and attempt_api blocks alike: httplimit.Limits
-// as the file writes them.
-type serverLimits struct {
-	ReadHeaderTimeout time.Duration `reaper:"read_header_timeout"`
-	ReadTimeout       time.Duration `reaper:"read_timeout"`
-	WriteTimeout      time.Duration `reaper:"write_timeout"`
-	IdleTimeout       time.Duration `reaper:"idle_timeout"`
-	// MaxConnections is read as a number, not an int, so that the block's
-	// own check (limits) words the refusal of 0 or 1.5.
-	MaxConnections float64 `reaper:"max_connections"`
-}
+// limitsAsWritten are the attributes bounding an HTTP server's
+// connections, embedded in the telemetry and attempt_api blocks alike:
+// httplimit.Limits itself, decoded over the server's defaults. Its own
+// type only so that the decoder leaves the check to the block (limits),
+// which refuses a bad bound at its key.
+type limitsAsWritten httplimit.Limits
 
-// limitsBlock is l as a block's defaults.
-func limitsBlock(l httplimit.Limits) serverLimits {
-	return serverLimits{ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: l.ReadTimeout,
-		WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout, MaxConnections: float64(l.MaxConns)}
-}
-
-// limits reads a server block's connection bounds (decoded over defaults)
-// and refuses, at the key, a bound that is not positive.
-func (s serverLimits) limits(b *hcl.Block, ranges map[string]hcl.Range, defaults httplimit.Limits) (httplimit.Limits, hcl.Diagnostics) {
-	l := httplimit.Limits{ReadHeaderTimeout: s.ReadHeaderTimeout, ReadTimeout: s.ReadTimeout,
-		WriteTimeout: s.WriteTimeout, IdleTimeout: s.IdleTimeout, MaxConns: defaults.MaxConns}
+// limits checks a server block's connection bounds and refuses, at the
+// key, a bound that is not positive.
+func (s limitsAsWritten) limits(b *hcl.Block, ranges map[string]hcl.Range) (httplimit.Limits, hcl.Diagnostics) {
+	l := httplimit.Limits(s)
 	var diags hcl.Diagnostics
-	if _, ok := ranges["max_connections"]; ok {
-		n := s.MaxConnections
-		if n < 1 || n != float64(int(n)) {
-			return l, append(diags, invalid(ranges, "max_connections", "max_connections must be a whole number, 1 or more."))
-		}
-		l.MaxConns = int(n)
+	if _, ok := ranges["max_connections"]; ok && l.MaxConns < 1 {
+		return l, append(diags, invalid(ranges, "max_connections", "max_connections must be a whole number, 1 or more."))
 	}
 	if err := l.Validate(); err != nil {
 		r := b.DefRange

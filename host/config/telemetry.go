@@ -32,19 +32,19 @@ type Telemetry struct {
 // telemetryBlock is the telemetry block.
 type telemetryBlock struct {
 	Listen string `reaper:"listen"`
-	serverLimits
+	limitsAsWritten
 }
 
 func (cfg *Config) decodeTelemetry(b *hcl.Block) hcl.Diagnostics {
 	defaults := httplimit.DefaultTelemetry()
-	tb := telemetryBlock{Listen: TelemetryAddrDefault, serverLimits: limitsBlock(defaults)}
+	tb := telemetryBlock{Listen: TelemetryAddrDefault, limitsAsWritten: limitsAsWritten(defaults)}
 	ranges, diags := decodeInto(b.Body, &tb)
 	cfg.Telemetry.Listen = tb.Listen
 	if r, ok := ranges["listen"]; ok {
 		cfg.ranges["telemetry.listen"] = r
 	}
 	var ld hcl.Diagnostics
-	cfg.Telemetry.Limits, ld = tb.limits(b, ranges, defaults)
+	cfg.Telemetry.Limits, ld = tb.limits(b, ranges)
 	return append(diags, ld...)
 }
 

@@ -23,7 +23,7 @@ func TestBoardRefusesWhatNoPluginMayWrite(t *testing.T) {
 	t.Run("SuccessCannotBeTurnedIntoAnInfraFailure", func(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t, "forge_success", nil)
-		if stop, err := w.lw.Report(context.Background(), w.attempt, lifecycle.Outcome{State: sdk.StateSuccess},
+		if stop, err := w.lw.Report(context.Background(), w.attempt, lifecycle.TerminalReport{State: sdk.StateSuccess},
 			t0.Add(-time.Minute)); err != nil || stop {
 			t.Fatalf("report success: stop=%v err=%v", stop, err)
 		}

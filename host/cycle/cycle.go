@@ -2,7 +2,8 @@
 // only, the reconcile phase (the substrate's sweep) and then the reap phase
 // (each configured reaper in order), each phase under its own budget of one
 // interval, behind the leader-settling gate. Every decision of every pass,
-// and of the gate, is metered, logged and audited. The retries of the
+// and of the gate, is metered, logged and audited through the host's one
+// decision pipeline (host/audit.Pipeline). The retries of the
 // teardowns still owed (host/owed), the shadow scorer (host/shadow) and the
 // retentions (host/prune) are leader components of their own, beside the
 // loop.
@@ -100,6 +101,11 @@ type Config struct {
 	// declared when it was launched: its sweep's decisions are taken under
 	// these, sdk.SweepLabels and sdk.CommonLabels only.
 	SubstrateLabels []string
+	// Decisions is the host's decision pipeline (host/audit), shared with
+	// its other producers: every decision of the loop is metered, logged,
+	// audited and retried there. nil: the loop's own, over its Auditor,
+	// Metrics and Logger.
+	Decisions *audit.Pipeline
 }
 
 // withDefaults fills in every default: the one place the loop's defaults
@@ -134,9 +140,10 @@ type Loop struct {
 	since    time.Time
 	checked  int64 // the term whose board was checked for unaudited marks
 
-	// rec writes the loop's decisions through its Auditor and keeps what a
-	// write failed to put there, writing it again at the next cycle.
-	rec *audit.Recorder
+	// decisions meters, logs and audits the loop's decisions, and keeps
+	// what a write failed to put in the audit, writing it again at the
+	// next cycle.
+	decisions *audit.Pipeline
 	// searchable are the reapers' declared mark reasons the board is
 	// searched for, beside the built-in ones (searchableReasons).
 	searchable []string
@@ -166,7 +173,7 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 	cfg = cfg.withDefaults()
 	l := &Loop{
 		cfg: cfg, lead: lead, board: board, audit: auditor, substrate: substrate, reapers: reapers,
-		rec: audit.NewRecorder(auditor, cfg.Logger), searchable: searchableReasons(reapers, cfg.Logger),
+		decisions: pipeline(cfg, auditor), searchable: searchableReasons(reapers, cfg.Logger),
 		gate: gate.New(cfg.Ladder.SettlingGrace), states: map[string][]byte{},
 		allowed: map[string]map[string]bool{},
 	}
@@ -184,6 +191,15 @@ func New(cfg Config, lead Leadership, board sdk.Board, auditor Auditor, substrat
 	}
 	l.marks = knownMarks(reapers)
 	return l
+}
+
+// pipeline is the loop's view of the host's decision pipeline, logging to
+// the loop's logger: cfg's, or one of its own over auditor.
+func pipeline(cfg Config, auditor Auditor) *audit.Pipeline {
+	if cfg.Decisions != nil {
+		return cfg.Decisions.With(cfg.Logger)
+	}
+	return audit.NewPipeline(auditor, cfg.Metrics, cfg.Logger)
 }
 
 // ResultDecisions is how many of a cycle's decisions its Result keeps: a
@@ -226,7 +242,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			// A last try for what the audit still lacks.
-			l.rec.Retry(context.WithoutCancel(ctx))
+			l.decisions.Retry(context.WithoutCancel(ctx))
 			return nil
 		case <-tk.C():
 			l.RunOnce(ctx)
@@ -244,7 +260,7 @@ func (l *Loop) RunOnce(ctx context.Context) (res Result) {
 
 	res = Result{Started: now}
 	defer l.TestSignals.Cycled.Signal(now)
-	l.rec.Retry(ctx)
+	l.decisions.Retry(ctx)
 	st := l.lead.Status(now)
 	l.cfg.Metrics.Leader(st.Leading, st.Term)
 	if !st.Leading {
@@ -318,13 +334,14 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 	// The sweep's writes go through a ledger too: its decisions come back
 	// only with its result, so a sweep cut off after a write would
 	// otherwise leave the write unaudited.
-	ledger := audit.NewLedger(l.boardFor(l.cfg.DryRun))
-	ledger.OnRefusal("substrate", l.lateRefusals(ctx, term, start, l.cfg.DryRun))
+	sweep := l.decisions.NewPass(ctx, l.boardFor(l.cfg.DryRun), audit.PassSpec{Term: term, At: start,
+		Name: "substrate", DryRun: l.cfg.DryRun})
+	ledger := sweep.Ledger
 	ledger.Guard(l.cfg.Clock, start, false, nil)
 	sw, err := sub.Sweep(pctx, sdk.SweepRequest{Now: start, Term: term, DryRun: l.cfg.DryRun, Ladder: l.cfg.Ladder}, ledger)
 	overran := pctx.Err() != nil && ctx.Err() == nil
-	ledger.Close()
-	l.refusals(ctx, term, start, fill(ledger.Refusals(), "substrate", l.cfg.DryRun), res)
+	sweep.Finish()
+	l.refusals(ctx, term, start, sweep.Refusals(), res)
 	if plugin.IsReplyTooLarge(err) {
 		l.tooLarge(ctx, term, start, "substrate", l.cfg.DryRun, err, res)
 	}
@@ -359,7 +376,7 @@ func (l *Loop) reconcile(ctx context.Context, term int64, sub sdk.Substrate, sub
 		}
 		l.cfg.Metrics.Override(mark, n)
 	}
-	l.record(ctx, term, start, l.screened("substrate", audit.Screen(sw.Decisions, "substrate", l.sweepAllowed, l.cfg.DryRun)), res)
+	l.record(ctx, term, start, l.decisions.Screened("substrate", audit.Screen(sw.Decisions, "substrate", l.sweepAllowed, l.cfg.DryRun)), res)
 	l.gate.Swept(term)
 	return true
 }
@@ -431,19 +448,21 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Lock()
 	state := l.states[r.Name]
 	l.mu.Unlock()
-	sink, ledger := l.edge(ctx, phase, term, r.Name, now, dry, substrate, res)
+	edge := l.edge(ctx, term, r.Name, now, dry, substrate, res)
 	pr, err := rp.Reap(ctx, sdk.Pass{
 		Now: now, Ladder: l.cfg.Ladder, Term: term, DryRun: dry, Deadline: deadline,
 		State: state, Edition: l.cfg.Edition,
-	}, ledger, exec, sink)
+	}, edge.Ledger, exec, edge.Sink)
 	elapsed := l.cfg.Clock.Now().Sub(passStart)
 	l.cfg.Metrics.Pass(r.Name, elapsed)
-	ledger.Close()
 	// The pass is done once its audit is written; what failed to be is the
-	// recorder's to write at the next cycle.
-	l.rec.Finish(sink)
-	l.refusals(ctx, term, now, fill(ledger.Refusals(), r.Name, dry), res)
-	if lost := ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
+	// pipeline's to write at the next cycle.
+	edge.Finish()
+	kept, count := edge.Decisions()
+	res.DecisionCount += count - len(kept)
+	l.keep(kept, res)
+	l.refusals(ctx, term, now, edge.Refusals(), res)
+	if lost := edge.Ledger.Unaudited(r.Name, nil, passEnd(ctx, err)); len(lost) > 0 {
 		l.cfg.Logger.Warn("applied writes whose decisions never arrived: audited by the host",
 			"reaper", r.Name, "count", len(lost), "error", err)
 		l.record(ctx, term, now, lost, res)
@@ -486,45 +505,37 @@ func (l *Loop) pass(phase context.Context, term int64, r Reaper, exec sdk.Execut
 	l.mu.Unlock()
 }
 
-// edge returns the sink and the ledger of a pass of the named reaper: the
-// host's edge between the plugin and the audit and the board. The pass's
-// decisions are audited as they arrive, beside the pass, and each batch is
-// metered, logged and covered in the ledger once written, then let go: a
-// mass recovery's decisions are never all held. Its writes go through the
+// edge starts the host's edge of a pass of the named reaper (audit.Pass):
+// its sink and its ledger, between the plugin and the audit and the board.
+// The pass's decisions are audited as they arrive, beside the pass, and
+// each batch is metered, logged and covered in the ledger once written,
+// then let go (but for what the cycle's result still has room for): a mass
+// recovery's decisions are never all held. Its writes go through the
 // ledger, so that a write that applied and whose decision never arrives is
 // audited all the same. The host, not the plugin, says whose decisions
 // they are, which labels they may carry, when its writes are fenced and
 // whether its marks are confirmed as they are made.
-func (l *Loop) edge(ctx, phase context.Context, term int64, name string, now time.Time, dry bool,
-	substrate sdk.Executions, res *Result) (*audit.Sink, *audit.Ledger) {
-	sink := audit.NewSink(ctx, l.audit, term, now, name, dry)
-	sink.Only(l.allowed[name])
-	ledger := audit.NewLedger(l.boardFor(dry))
-	ledger.OnRefusal(name, l.lateRefusals(phase, term, now, dry))
-	ledger.Guard(l.cfg.Clock, now, true, l.allowed[name])
+func (l *Loop) edge(ctx context.Context, term int64, name string, now time.Time, dry bool,
+	substrate sdk.Executions, res *Result) *audit.Pass {
+	edge := l.decisions.NewPass(ctx, l.boardFor(dry), audit.PassSpec{Term: term, At: now, Name: name, DryRun: dry,
+		Allowed: l.allowed[name], Keep: ResultDecisions - len(res.Decisions)})
+	edge.Ledger.Guard(l.cfg.Clock, now, true, l.allowed[name])
 	if l.cfg.Edition == ladder.EditionLite {
 		// No sweep reads an outcome on Lite: the host confirms an infra
 		// mark as made when the substrate reads its attempt dead.
-		ledger.ConfirmDead(substrate)
+		edge.Ledger.ConfirmDead(substrate)
 	}
-	sink.Stream(func(ds []sdk.Decision) {
-		ledger.Cover(ds)
-		l.note(term, l.screened(name, ds), res)
-	})
-	return sink, ledger
+	return edge
 }
 
 // refusals records the writes the board or the host refused a pass's
-// plugin (audit.Ledger.Refusals) and says so at WARN: a plugin asking for
-// what no plugin may do is misbehaving, or hostile.
+// plugin (audit.Ledger.Refusals), said at WARN by the pipeline.
 func (l *Loop) refusals(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	if len(ds) == 0 {
 		return
 	}
-	l.cfg.Logger.Warn("the board refused writes a plugin may not make: nothing of them was written",
-		"plugin", ds[0].Reaper, "count", len(ds), "first", ds[0].Label, "run", ds[0].Attempt.RunID,
-		"task", ds[0].Attempt.TaskID, "refusal", ds[0].Evidence[audit.EvRefusal])
-	l.record(ctx, term, at, ds, res)
+	l.keep(ds, res)
+	l.decisions.Refused(ctx, term, at, ds)
 }
 
 // knownMarks is the failure reasons an override may be metered under: the
@@ -545,40 +556,6 @@ func knownMarks(reapers []Reaper) map[string]bool {
 // overrideUndeclared is the mark label an override of an undeclared mark
 // is metered under.
 const overrideUndeclared = "undeclared"
-
-// screened says at WARN when ds holds decisions the host refused to take
-// from the plugin as they came (audit.Screen), and returns ds.
-func (l *Loop) screened(name string, ds []sdk.Decision) []sdk.Decision {
-	n, first := 0, -1
-	for i, d := range ds {
-		if audit.Refused(d) {
-			n++
-			if first < 0 {
-				first = i
-			}
-		}
-	}
-	if n > 0 {
-		ev := ds[first].Evidence
-		l.cfg.Logger.Warn("a plugin recorded decisions the host does not take as they came: audited as refusals",
-			"plugin", name, "count", n, "first", ds[first].Label, "asked_reaper", ev[audit.EvAskedReaper],
-			"asked_label", ev[audit.EvAskedLabel])
-	}
-	return ds
-}
-
-// lateRefusals is where a pass's ledger hands the refusals made after the
-// pass was closed: metered, logged and audited as they come, apart from
-// any cycle's result.
-func (l *Loop) lateRefusals(ctx context.Context, term int64, at time.Time, dry bool) func([]sdk.Decision) {
-	ctx = context.WithoutCancel(ctx)
-	return func(ds []sdk.Decision) {
-		if len(ds) == 0 {
-			return
-		}
-		l.refusals(ctx, term, at, fill(ds, ds[0].Reaper, dry), &Result{})
-	}
-}
 
 // tooLarge records a plugin reply the host refused for its size: the pass
 // (or the sweep) goes on without it; what it wrote before is in the
@@ -740,58 +717,22 @@ func (l *Loop) boardFor(dry bool) sdk.Board {
 	return l.board
 }
 
-// fill stamps the reaper's name and the dry-run flag on decisions, and
-// makes sure a dry-run decision never claims to have been applied.
-func fill(ds []sdk.Decision, name string, dry bool) []sdk.Decision {
-	for i := range ds {
-		if ds[i].Reaper == "" {
-			ds[i].Reaper = name
-		}
-		if dry {
-			ds[i].DryRun = true
-			ds[i].Applied = false
-		}
-	}
-	return ds
-}
-
-// record meters, logs and audits decisions. The audit is one batch per
-// call; an audit failure is logged, never fatal to the cycle: the
-// recorder keeps what failed for the next cycle.
+// record meters, logs and audits decisions through the pipeline, and adds
+// them to the cycle's result. The audit is one batch per call; an audit
+// failure is logged, never fatal to the cycle: the pipeline keeps what
+// failed for the next cycle.
 func (l *Loop) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	if len(ds) == 0 {
 		return
 	}
-	l.note(term, ds, res)
-	l.rec.Record(ctx, term, at, ds)
+	l.keep(ds, res)
+	l.decisions.Record(ctx, term, at, ds)
 }
 
-// note meters and logs decisions and adds them to the cycle's result (its
-// first ResultDecisions).
-func (l *Loop) note(term int64, ds []sdk.Decision, res *Result) {
+// keep adds decisions to the cycle's result (its first ResultDecisions).
+func (l *Loop) keep(ds []sdk.Decision, res *Result) {
 	res.DecisionCount += len(ds)
 	if room := ResultDecisions - len(res.Decisions); room > 0 {
 		res.Decisions = append(res.Decisions, ds[:min(room, len(ds))]...)
-	}
-	for _, d := range ds {
-		l.cfg.Metrics.Decision(d)
-		args := []any{"reaper", d.Reaper, "decision", d.Label, "applied", d.Applied, "dry_run", d.DryRun, "term", term}
-		if d.Attempt.RunID != "" {
-			args = append(args, "run", d.Attempt.RunID)
-		}
-		if d.Attempt.TaskID != "" {
-			args = append(args, "task", d.Attempt.TaskID, "try", d.Attempt.Try, "epoch", d.Attempt.Epoch)
-		}
-		if d.Detail != "" {
-			args = append(args, "detail", d.Detail)
-		}
-		for k, v := range d.Evidence {
-			args = append(args, k, v)
-		}
-		if d.Applied {
-			l.cfg.Logger.Info("decision", args...)
-		} else {
-			l.cfg.Logger.Debug("decision", args...)
-		}
 	}
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/dexaflow/reaper/board"
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/host/audit"
 	"github.com/dexaflow/reaper/host/config"
 	"github.com/dexaflow/reaper/host/cycle"
 	"github.com/dexaflow/reaper/host/launch"
@@ -50,9 +51,6 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/substrate/lite/records"
 )
-
-// auditTimeout bounds the audit of one batch of the runner's decisions.
-const auditTimeout = 10 * time.Second
 
 // Options are what the caller injects. Zero values are reaperd's own.
 type Options struct {
@@ -101,10 +99,14 @@ type Daemon struct {
 	shadows *shadow.Service // the shadow decisions' scorer
 	history *prune.History  // the attempt history's retention
 	pruning *prune.Audit    // the audit's retention
-	runner  runner          // nil without a runner block
-	metrics *metrics.Metrics
-	api     *attemptapi.Service
-	gate    *schemaGate
+	// decisions is the one pipeline every producer's decisions go
+	// through (the loop, the owed teardowns, the runner, the attempt
+	// API): metered, logged, audited, and retried when a write fails.
+	decisions *audit.Pipeline
+	runner    runner // nil without a runner block
+	metrics   *metrics.Metrics
+	api       *attemptapi.Service
+	gate      *schemaGate
 
 	// fatal receives an error that must stop Run (a component that
 	// stopped on its own).
@@ -177,11 +179,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.elector, err = d.newElector(); err != nil {
 		return err
 	}
+	d.decisions = audit.NewPipeline(d.store, d.metrics, d.log.Named("audit"))
 	d.owed = owed.New(owed.Config{Interval: cfg.Ladder.MaintenanceInterval, DryRun: cfg.DryRun, Declared: labels,
-		Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics}, d.elector, d.store, substrateOf{sub}, d.store)
+		Clock: opts.Clock, Logger: d.log.Named("cycle"), Metrics: d.metrics, Decisions: d.decisions},
+		d.elector, d.store, substrateOf{sub}, d.store)
 	d.loop = cycle.New(cycle.Config{
 		Ladder: cfg.Ladder, Edition: cfg.Edition, DryRun: cfg.DryRun, Clock: opts.Clock,
-		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.owed,
+		Logger: d.log.Named("cycle"), Metrics: d.metrics, Owed: d.owed, Decisions: d.decisions,
 		SubstrateLabels: set.Substrate.Info.DecisionLabels,
 	}, d.elector, d.store, d.store, substrateOf{sub}, reapers)
 	d.shadows = shadow.New(shadow.Config{Interval: cfg.Ladder.MaintenanceInterval, Horizon: cfg.ShadowHorizon,
@@ -374,7 +378,7 @@ func (d *Daemon) newRunner() (*literunner.Runner, error) {
 		Clock:         d.opts.Clock,
 		Logger:        logger,
 		Meter:         d.metrics,
-		OnResult:      func(res literunner.Result) { d.audit(logger, res.At, res.Decisions) },
+		OnResult:      func(res literunner.Result) { d.runnerDecisions(logger, res.Term, res.At, res.Decisions) },
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
 	if err != nil {
@@ -404,7 +408,7 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 		Clock:            d.opts.Clock,
 		Logger:           logger,
 		Meter:            d.metrics,
-		OnResult:         func(res kuberunner.Result) { d.audit(logger, res.At, res.Decisions) },
+		OnResult:         func(res kuberunner.Result) { d.runnerDecisions(logger, res.Term, res.At, res.Decisions) },
 	}, lifecycle.New(d.pool, lifecycle.Options{CredentialCeiling: d.cfg.Ladder.CredentialCeiling, Holder: d.opts.Holder,
 		Observer: d.boardObserver()}))
 	if err != nil {
@@ -413,21 +417,12 @@ func (d *Daemon) newKubeRunner() (*kuberunner.Runner, error) {
 	return rn, nil
 }
 
-// audit meters and audits the decisions of one runner cycle at at (the
-// cycle itself is metered through the runner's Meter).
-func (d *Daemon) audit(logger hclog.Logger, at time.Time, decisions []sdk.Decision) {
-	if len(decisions) == 0 {
-		return
-	}
-	for _, dec := range decisions {
-		d.metrics.Decision(dec)
-	}
-	term := d.elector.Status(at).Term
-	ctx, cancel := context.WithTimeout(context.Background(), auditTimeout)
-	defer cancel()
-	if err := d.store.RecordDecisions(ctx, term, at, decisions); err != nil {
-		logger.Warn("audit of the runner's decisions failed", "error", err)
-	}
+// runnerDecisions hands the decisions of one runner cycle, made at at
+// under term (the cycle itself is metered through the runner's Meter), to
+// the decision pipeline: metered, logged to logger, audited under that
+// term and time, and retried from a later cycle when the write fails.
+func (d *Daemon) runnerDecisions(logger hclog.Logger, term int64, at time.Time, ds []sdk.Decision) {
+	d.decisions.With(logger).Record(context.Background(), term, at, ds)
 }
 
 // loopback is the telemetry's second address, if it has one.
@@ -438,19 +433,13 @@ func loopback(addr string) []string {
 	return []string{addr}
 }
 
-// apiDecisions meters and audits the judgments the board made of attempt
-// API calls (a refused reschedule), under the term this replica sees.
+// apiDecisions hands the judgments the board made of attempt API calls
+// (a refused reschedule) to the decision pipeline, under the term this
+// replica sees as they are made: metered, logged, audited, and retried
+// from a later cycle when the write fails.
 func (d *Daemon) apiDecisions(ctx context.Context, ds []sdk.Decision) {
-	for _, dec := range ds {
-		d.metrics.Decision(dec)
-	}
 	now := d.opts.Clock.Now()
-	term := d.elector.Status(now).Term
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
-	defer cancel()
-	if err := d.store.RecordDecisions(actx, term, now, ds); err != nil {
-		d.log.Warn("audit of the attempt api's decisions failed", "error", err)
-	}
+	d.decisions.With(d.log.Named("attempt-api")).Record(ctx, d.elector.Status(now).Term, now, ds)
 }
 
 func (d *Daemon) fail(err error) {

@@ -71,139 +71,155 @@ type Metrics struct {
 // counter pre-created at zero for every known label so dashboards see the
 // series before the first decision.
 func New() *Metrics {
-	m := &Metrics{
-		Registry: prometheus.NewRegistry(), kills: map[string][]string{},
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dexaflow_scheduler_decisions_total",
-			Help: "Reaper and settling-gate decisions, by decision type. dry_run=\"true\" marks decisions computed but not applied.",
-		}, []string{"decision_type", "dry_run"}),
-		overrides: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dexaflow_reconcile_infra_override_total",
-			Help: "Provisional infra marks overridden by a durable SUCCESS record, by the mark overridden.",
-		}, []string{"mark"}),
-		phaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "reaper_phase_duration_seconds",
-			Help:    "Duration of each phase of the maintenance cycle.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-		}, []string{"phase"}),
-		phaseOverruns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_phase_overruns_total",
-			Help: "Phases that ran out of their budget of one interval.",
-		}, []string{"phase"}),
-		passDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "reaper_pass_duration_seconds",
-			Help:    "Duration of each reaper's pass.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-		}, []string{"reaper"}),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_leader",
-			Help: "1 while this replica holds the leadership lease.",
-		}),
-		term: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_leader_term",
-			Help: "The leadership term this replica last held.",
-		}),
-		pluginRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_plugin_restarts_total",
-			Help: "Plugin processes restarted after they exited.",
-		}, []string{"plugin"}),
-		cycles: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "reaper_cycles_total",
-			Help: "Maintenance cycles run.",
-		}),
-		lastCycle: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_last_cycle_timestamp_seconds",
-			Help: "When the last maintenance cycle started (host clock).",
-		}),
-		owedTeardowns: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_owed_teardowns",
-			Help: "Reap-time teardowns that did not complete and are retried until done, as the leader last counted them (0 on a replica that does not lead).",
-		}),
-		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_shadow_verdicts_total",
-			Help: "Verdicts written on shadow decisions (dry run, policy hold, provisional kube marks) once the board showed what became of the attempt: would_have_killed_live_work, right or unresolved, by reaper and decision label.",
-		}, []string{"reaper", "label", "verdict"}),
-		confinement: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_plugin_secrets_hidden",
-			Help: "1 when the plugins are started unable to open reaperd's key files, DSN file and ServiceAccount token (Landlock); 0 when the kernel offers no Landlock and they are not.",
-		}),
-		loopDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dexaflow_scheduler_loop_duration_seconds",
-			Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-		}),
-		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dexaflow_scheduler_dispatch_latency_seconds",
-			Help:    "Time from an attempt's queueing by the runner to its agent's running report.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}),
-		runsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "dexaflow_scheduler_runs_waiting_start_cap",
-			Help: "Queued runs waiting for the run start cap (runner max_active_runs), as of the last tick.",
-		}),
-		runsStarted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dexaflow_scheduler_runs_started_total",
-			Help: "Queued runs the runner started.",
-		}),
-		poolSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dexaflow_pool_slots",
-			Help: "Each pool's slots as of the runner's last tick, by state: total (configured; absent for an unbounded pool), queued, running, silent (of running: attempts without a heartbeat for three heartbeat periods, which a lost attempt holds until a reaper settles it) and open. Pools no pool block names, but for default_pool, are summed under pool=\"(unconfigured)\".",
-		}, []string{"pool", "state"}),
-		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dexaflow_recovery_dispatches_total",
-			Help: "Recovery dispatches (retries, infra re-places, any later execution of a task that ran) the runner's recovery budget admitted, and those it deferred to a later cycle (result=deferred: counted each cycle it defers one), by pool (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\").",
-		}, []string{"pool", "result"}),
-		poolRecoveryWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dexaflow_pool_recovery_waiting_tasks",
-			Help: "Of each pool's waiting tasks, the recovery dispatches (re-placed and retried attempts) waiting for a slot or for the recovery budget, as of the runner's last tick.",
-		}, []string{"pool"}),
-		poolWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dexaflow_pool_waiting_tasks",
-			Help: "Scheduled task instances of each pool the runner has not dispatched, as of its last tick (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\"): waiting for a slot, or for the next tick.",
-		}, []string{"pool"}),
-		finalizeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dexaflow_scheduler_run_finalize_latency_seconds",
-			Help:    "Time from a run's last task instance settling to the run's finalization.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}),
-		dispatchBufferDepth: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "reaper_dispatch_buffer_depth",
-			Help: "Attempts waiting in the kube runner's dispatch buffer: handed off by the tick, not yet taken by a dispatch worker (runner.kube.dispatch_buffer).",
-		}),
-		dispatchBufferFull: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "reaper_dispatch_buffer_full_waits_total",
-			Help: "Times the kube runner's tick found its dispatch buffer full and waited for a dispatch worker (it never drops an attempt).",
-		}),
-		apiCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_attempt_api_calls_total",
-			Help: "Calls to the attempt API, by call and result: ok, should_terminate, or the error code of a refused or failed call (expired, forged, wrong_scope, ...).",
-		}, []string{"call", "result"}),
-		apiConns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_attempt_api_connections_total",
-			Help: "Connections to the attempt API refused (refused_address_cap: its source address over max_connections_per_address, all of them in calls) or closed to make room (evicted_address_cap, evicted_server_cap: one waiting without a call).",
-		}, []string{"result"}),
-		apiDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "reaper_attempt_api_call_duration_seconds",
-			Help:    "Duration of each attempt API call as the server saw it.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
-		}, []string{"call"}),
-		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "reaper_attempt_credential_renewals_total",
-			Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped); warm worker claims likewise for the worker's own credential (worker_renewed, worker_capped).",
-		}, []string{"result"}),
-	}
-	m.Registry.MustRegister(m.apiCalls, m.apiConns, m.apiDuration, m.renewals)
-	m.Registry.MustRegister(m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
-		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement,
-		m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency, m.poolSlots, m.poolWaiting,
-		m.recovery, m.poolRecoveryWaiting,
-		m.dispatchBufferDepth, m.dispatchBufferFull,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{Registry: prometheus.NewRegistry(), kills: map[string][]string{}}
+	m.Registry.MustRegister(m.newAPIMetrics()...)
+	m.Registry.MustRegister(m.newLoopMetrics()...)
+	m.Registry.MustRegister(m.newRunnerMetrics()...)
+	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, l := range sdk.Labels() {
 		m.decisions.WithLabelValues(l, "false")
 	}
 	newBoardCollectors(m)
 	return m
+}
+
+// newLoopMetrics makes the maintenance loop's, the leadership's and the
+// plugins' metrics, and returns them to register.
+func (m *Metrics) newLoopMetrics() []prometheus.Collector {
+	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dexaflow_scheduler_decisions_total",
+		Help: "Reaper and settling-gate decisions, by decision type. dry_run=\"true\" marks decisions computed but not applied.",
+	}, []string{"decision_type", "dry_run"})
+	m.overrides = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dexaflow_reconcile_infra_override_total",
+		Help: "Provisional infra marks overridden by a durable SUCCESS record, by the mark overridden.",
+	}, []string{"mark"})
+	m.phaseDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "reaper_phase_duration_seconds",
+		Help:    "Duration of each phase of the maintenance cycle.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	}, []string{"phase"})
+	m.phaseOverruns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_phase_overruns_total",
+		Help: "Phases that ran out of their budget of one interval.",
+	}, []string{"phase"})
+	m.passDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "reaper_pass_duration_seconds",
+		Help:    "Duration of each reaper's pass.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	}, []string{"reaper"})
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_leader",
+		Help: "1 while this replica holds the leadership lease.",
+	})
+	m.term = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_leader_term",
+		Help: "The leadership term this replica last held.",
+	})
+	m.pluginRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_plugin_restarts_total",
+		Help: "Plugin processes restarted after they exited.",
+	}, []string{"plugin"})
+	m.cycles = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "reaper_cycles_total",
+		Help: "Maintenance cycles run.",
+	})
+	m.lastCycle = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_last_cycle_timestamp_seconds",
+		Help: "When the last maintenance cycle started (host clock).",
+	})
+	m.owedTeardowns = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_owed_teardowns",
+		Help: "Reap-time teardowns that did not complete and are retried until done, as the leader last counted them (0 on a replica that does not lead).",
+	})
+	m.shadow = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_shadow_verdicts_total",
+		Help: "Verdicts written on shadow decisions (dry run, policy hold, provisional kube marks) once the board showed what became of the attempt: would_have_killed_live_work, right or unresolved, by reaper and decision label.",
+	}, []string{"reaper", "label", "verdict"})
+	m.confinement = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_plugin_secrets_hidden",
+		Help: "1 when the plugins are started unable to open reaperd's key files, DSN file and ServiceAccount token (Landlock); 0 when the kernel offers no Landlock and they are not.",
+	})
+	return []prometheus.Collector{m.decisions, m.overrides, m.phaseDuration, m.phaseOverruns, m.passDuration,
+		m.leader, m.term, m.pluginRestarts, m.cycles, m.lastCycle, m.owedTeardowns, m.shadow, m.confinement}
+}
+
+// newRunnerMetrics makes the runners' metrics (the loop's ticks, the
+// pools, the recovery budget, the dispatch buffer), and returns them to
+// register.
+func (m *Metrics) newRunnerMetrics() []prometheus.Collector {
+	m.loopDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "dexaflow_scheduler_loop_duration_seconds",
+		Help:    "Duration of each tick of the runner's loop (release, start, schedule, dispatch, finalize).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	m.dispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "dexaflow_scheduler_dispatch_latency_seconds",
+		Help:    "Time from an attempt's queueing by the runner to its agent's running report.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+	})
+	m.runsWaiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "dexaflow_scheduler_runs_waiting_start_cap",
+		Help: "Queued runs waiting for the run start cap (runner max_active_runs), as of the last tick.",
+	})
+	m.runsStarted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dexaflow_scheduler_runs_started_total",
+		Help: "Queued runs the runner started.",
+	})
+	m.finalizeLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "dexaflow_scheduler_run_finalize_latency_seconds",
+		Help:    "Time from a run's last task instance settling to the run's finalization.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+	})
+	m.poolSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dexaflow_pool_slots",
+		Help: "Each pool's slots as of the runner's last tick, by state: total (configured; absent for an unbounded pool), queued, running, silent (of running: attempts without a heartbeat for three heartbeat periods, which a lost attempt holds until a reaper settles it) and open. Pools no pool block names, but for default_pool, are summed under pool=\"(unconfigured)\".",
+	}, []string{"pool", "state"})
+	m.poolWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dexaflow_pool_waiting_tasks",
+		Help: "Scheduled task instances of each pool the runner has not dispatched, as of its last tick (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\"): waiting for a slot, or for the next tick.",
+	}, []string{"pool"})
+	m.recovery = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dexaflow_recovery_dispatches_total",
+		Help: "Recovery dispatches (retries, infra re-places, any later execution of a task that ran) the runner's recovery budget admitted, and those it deferred to a later cycle (result=deferred: counted each cycle it defers one), by pool (pools no pool block names, but for default_pool, under pool=\"(unconfigured)\").",
+	}, []string{"pool", "result"})
+	m.poolRecoveryWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dexaflow_pool_recovery_waiting_tasks",
+		Help: "Of each pool's waiting tasks, the recovery dispatches (re-placed and retried attempts) waiting for a slot or for the recovery budget, as of the runner's last tick.",
+	}, []string{"pool"})
+	m.dispatchBufferDepth = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "reaper_dispatch_buffer_depth",
+		Help: "Attempts waiting in the kube runner's dispatch buffer: handed off by the tick, not yet taken by a dispatch worker (runner.kube.dispatch_buffer).",
+	})
+	m.dispatchBufferFull = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "reaper_dispatch_buffer_full_waits_total",
+		Help: "Times the kube runner's tick found its dispatch buffer full and waited for a dispatch worker (it never drops an attempt).",
+	})
+	return []prometheus.Collector{m.loopDuration, m.dispatchLatency, m.runsWaiting, m.runsStarted, m.finalizeLatency,
+		m.poolSlots, m.poolWaiting, m.recovery, m.poolRecoveryWaiting, m.dispatchBufferDepth, m.dispatchBufferFull}
+}
+
+// newAPIMetrics makes the attempt API's metrics, and returns them to
+// register.
+func (m *Metrics) newAPIMetrics() []prometheus.Collector {
+	m.apiCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_attempt_api_calls_total",
+		Help: "Calls to the attempt API, by call and result: ok, should_terminate, or the error code of a refused or failed call (expired, forged, wrong_scope, ...).",
+	}, []string{"call", "result"})
+	m.apiConns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_attempt_api_connections_total",
+		Help: "Connections to the attempt API refused (refused_address_cap: its source address over max_connections_per_address, all of them in calls) or closed to make room (evicted_address_cap, evicted_server_cap: one waiting without a call).",
+	}, []string{"result"})
+	m.apiDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "reaper_attempt_api_call_duration_seconds",
+		Help:    "Duration of each attempt API call as the server saw it.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
+	}, []string{"call"})
+	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "reaper_attempt_credential_renewals_total",
+		Help: "Heartbeats answered with a renewed credential (renewed) or refused one at the credential ceiling (capped); warm worker claims likewise for the worker's own credential (worker_renewed, worker_capped).",
+	}, []string{"result"})
+	return []prometheus.Collector{m.apiCalls, m.apiConns, m.apiDuration, m.renewals}
 }
 
 // DispatchBuffered adds delta to the depth of the kube runner's dispatch

@@ -94,6 +94,11 @@ type Config struct {
 	Clock    clock.Clock
 	Logger   hclog.Logger
 	Metrics  *metrics.Metrics
+	// Decisions is the host's decision pipeline (host/audit), shared with
+	// its other producers: every retry's decision is metered, logged,
+	// audited and retried there. nil: the service's own, over its
+	// auditor, Metrics and Logger.
+	Decisions *audit.Pipeline
 }
 
 // withDefaults fills in every default: the one place the service's
@@ -150,10 +155,11 @@ type Service struct {
 	lead      Leadership
 	board     Teardowns
 	substrate Substrate
-	// rec writes the retries' decisions through the audit and keeps what a
-	// write failed to put there, writing it again at the next run.
-	rec   *audit.Recorder
-	owing owing // failed teardowns the board could not record yet
+	// decisions meters, logs and audits the retries' decisions, and keeps
+	// what a write failed to put in the audit, writing it again at the
+	// next run.
+	decisions *audit.Pipeline
+	owing     owing // failed teardowns the board could not record yet
 
 	// TestSignals are for tests; production leaves them alone.
 	TestSignals TestSignals
@@ -162,7 +168,11 @@ type Service struct {
 // New returns the owed teardowns' service.
 func New(cfg Config, lead Leadership, teardowns Teardowns, substrate Substrate, auditor audit.Writer) *Service {
 	cfg = cfg.withDefaults()
-	return &Service{cfg: cfg, lead: lead, board: teardowns, substrate: substrate, rec: audit.NewRecorder(auditor, cfg.Logger)}
+	decisions := audit.NewPipeline(auditor, cfg.Metrics, cfg.Logger)
+	if cfg.Decisions != nil {
+		decisions = cfg.Decisions.With(cfg.Logger)
+	}
+	return &Service{cfg: cfg, lead: lead, board: teardowns, substrate: substrate, decisions: decisions}
 }
 
 // NeedsLeadership is true: its retries are fenced by the elector's term.
@@ -178,7 +188,7 @@ func (s *Service) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			// A last try for what the audit still lacks.
-			s.rec.Retry(context.WithoutCancel(ctx))
+			s.decisions.Retry(context.WithoutCancel(ctx))
 			return nil
 		case <-tk.C():
 			s.RunOnce(ctx)

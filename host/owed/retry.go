@@ -23,7 +23,7 @@ func (s *Service) RunOnce(ctx context.Context) (res Result) {
 		return res
 	}
 	now := s.cfg.Clock.Now()
-	s.rec.Retry(ctx)
+	s.decisions.Retry(ctx)
 	st := s.lead.Status(now)
 	if !st.Leading {
 		s.cfg.Metrics.OwedTeardowns(0)
@@ -163,30 +163,10 @@ func (s *Service) count(ctx context.Context) {
 	s.cfg.Metrics.OwedTeardowns(n + s.owing.count())
 }
 
-// record meters, logs and audits a retry's decisions, as the loop does
-// its own; an audit failure is kept by the recorder for the next run.
+// record meters, logs and audits a retry's decisions through the
+// pipeline, as the loop does its own, and adds them to the run's result;
+// an audit failure is kept by the pipeline for the next run.
 func (s *Service) record(ctx context.Context, term int64, at time.Time, ds []sdk.Decision, res *Result) {
 	res.Decisions = append(res.Decisions, ds...)
-	for _, d := range ds {
-		s.cfg.Metrics.Decision(d)
-		args := []any{"reaper", d.Reaper, "decision", d.Label, "applied", d.Applied, "dry_run", d.DryRun, "term", term}
-		if d.Attempt.RunID != "" {
-			args = append(args, "run", d.Attempt.RunID)
-		}
-		if d.Attempt.TaskID != "" {
-			args = append(args, "task", d.Attempt.TaskID, "try", d.Attempt.Try, "epoch", d.Attempt.Epoch)
-		}
-		if d.Detail != "" {
-			args = append(args, "detail", d.Detail)
-		}
-		for k, v := range d.Evidence {
-			args = append(args, k, v)
-		}
-		if d.Applied {
-			s.cfg.Logger.Info("decision", args...)
-		} else {
-			s.cfg.Logger.Debug("decision", args...)
-		}
-	}
-	s.rec.Record(ctx, term, at, ds)
+	s.decisions.Record(ctx, term, at, ds)
 }

@@ -18,21 +18,22 @@ import (
 	"time"
 )
 
-// Limits bound one server. Every field must be positive (Validate).
+// Limits bound one server. Every field must be positive (Validate). The
+// tags are the keys a server's configuration block gives them.
 type Limits struct {
 	// ReadHeaderTimeout bounds reading a request's headers (and, on TLS,
 	// the handshake before them).
-	ReadHeaderTimeout time.Duration
+	ReadHeaderTimeout time.Duration `reaper:"read_header_timeout"`
 	// ReadTimeout bounds reading a whole request, body included.
-	ReadTimeout time.Duration
+	ReadTimeout time.Duration `reaper:"read_timeout"`
 	// WriteTimeout bounds writing a response, from the end of the request
 	// headers.
-	WriteTimeout time.Duration
+	WriteTimeout time.Duration `reaper:"write_timeout"`
 	// IdleTimeout closes a keep-alive connection that waits this long for
 	// its next request.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `reaper:"idle_timeout"`
 	// MaxConns is the most connections served at once.
-	MaxConns int
+	MaxConns int `reaper:"max_connections"`
 }
 
 // DefaultTelemetry are the telemetry server's bounds: a scrape or a probe

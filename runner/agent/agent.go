@@ -402,74 +402,24 @@ func (r *runner) supervise(ctx context.Context, t *task) Outcome {
 		<-hbDone
 	}()
 
-	var timeout <-chan time.Time
+	sv := &supervision{r: r, t: t}
 	if r.cfg.ExecutionTimeout > 0 {
-		timeout = clk.After(r.cfg.ExecutionTimeout)
+		sv.timeout = clk.After(r.cfg.ExecutionTimeout)
 	}
-	var watchdog <-chan time.Time
 	if r.cfg.Watchdog > 0 {
-		watchdog = clk.After(r.cfg.Watchdog)
+		sv.watchdog = clk.After(r.cfg.Watchdog)
 	}
 	if r.cfg.OnTaskStarted != nil {
 		r.cfg.OnTaskStarted(t.pgid)
 	}
-
-	var (
-		intervened Outcome // set by the first intervention of the agent
-		grace      <-chan time.Time
-		done       = ctx.Done()
-	)
-	stop := func(o Outcome, why string) {
-		if intervened.Reason == "" {
-			intervened = o
-		}
-		if grace != nil {
-			return // already stopping
-		}
-		r.log.Warn("stopping the task's process group", "pgid", t.pgid, "why", why, "grace", r.cfg.TerminateGrace)
-		t.signal(sigTerm, r.log)
-		grace = clk.After(r.cfg.TerminateGrace)
-	}
-wait:
-	for {
-		select {
-		case <-t.exited:
-			break wait
-		case <-timeout:
-			timeout = nil
-			if intervened.Reason == "" {
-				intervened = failed(ReasonExecutionTimeout, -1, "")
-				intervened.Message = TimeoutMessage(r.cfg.ExecutionTimeout)
-			}
-			r.log.Warn("execution timeout: killing the task's whole process group", "pgid", t.pgid, "timeout", r.cfg.ExecutionTimeout)
-			t.signal(sigKill, r.log)
-		case <-watchdog:
-			watchdog = nil
-			if intervened.Reason == "" {
-				intervened = failed(ReasonWatchdog, -1, "")
-				intervened.Message = WatchdogMessage
-			}
-			r.log.Warn("the warm worker's attempt watchdog: killing the task's whole process group", "pgid", t.pgid,
-				"watchdog", r.cfg.Watchdog)
-			t.signal(sigKill, r.log)
-		case <-terminate:
-			stop(failed(ReasonTerminated, -1, "the control plane answered should_terminate"), "should_terminate")
-		case <-done:
-			done = nil
-			stop(failed(ReasonAgentStopped, -1, "the agent was stopped before the task finished"), "agent stopped")
-		case <-grace:
-			grace = nil
-			r.log.Warn("the task's group outlived its grace: killing it", "pgid", t.pgid)
-			t.signal(sigKill, r.log)
-		}
-	}
+	sv.wait(ctx.Done(), terminate)
 	stopHeartbeats()
 	<-hbDone
 
-	if grace != nil {
+	if sv.grace != nil {
 		// A stop was under way when the leader exited: members that outlive
 		// the grace are killed, as they would have been with the leader.
-		gone, err := proc.AwaitGone(context.WithoutCancel(ctx), t.pgid, grace)
+		gone, err := proc.AwaitGone(context.WithoutCancel(ctx), t.pgid, sv.grace)
 		if err != nil {
 			r.log.Warn("could not tell whether the task's group still runs", "pgid", t.pgid, "error", err)
 		}
@@ -483,22 +433,98 @@ wait:
 	r.stopLeftovers(ctx, t)
 	t.reap()
 
-	var out Outcome
-	switch {
-	case intervened.Reason != "":
-		out = intervened
-		out.ExitCode = exitCode(t.state)
-	case t.state.Success():
-		out = Outcome{State: sdk.StateSuccess, ExitCode: 0}
-	case r.cfg.RescheduleExitCode > 0 && exitCode(t.state) == r.cfg.RescheduleExitCode:
-		out = Outcome{State: sdk.StateUpForReschedule, ExitCode: r.cfg.RescheduleExitCode}
-	case exitCode(t.state) >= 0:
-		out = failed(ReasonExitCode, exitCode(t.state), fmt.Sprintf("task exited with code %d", exitCode(t.state)))
-	default:
-		out = failed(ReasonSignal, -1, "task was killed by "+signalName(t.state))
-	}
+	out := r.outcomeOf(t, sv.intervened)
 	out.OutputLost = outputLost
 	return out
+}
+
+// supervision is one task's supervision up to its leader's exit: the
+// agent's deadlines and the first intervention it made.
+type supervision struct {
+	r *runner
+	t *task
+	// timeout and watchdog fire the execution timeout and the warm
+	// worker's attempt watchdog (nil: none, or fired already).
+	timeout, watchdog <-chan time.Time
+	// grace fires when a stopped group's grace ends (nil: no stop under
+	// way, or its grace ended).
+	grace <-chan time.Time
+	// intervened is set by the first intervention of the agent.
+	intervened Outcome
+}
+
+// wait supervises the task until its leader exits: it kills the group at
+// the timeout or the watchdog, and stops it (SIGTERM, then SIGKILL past the
+// grace) on should_terminate or when done closes.
+func (sv *supervision) wait(done <-chan struct{}, terminate <-chan struct{}) {
+	r, t := sv.r, sv.t
+	for {
+		select {
+		case <-t.exited:
+			return
+		case <-sv.timeout:
+			sv.timeout = nil
+			if sv.intervened.Reason == "" {
+				sv.intervened = failed(ReasonExecutionTimeout, -1, "")
+				sv.intervened.Message = TimeoutMessage(r.cfg.ExecutionTimeout)
+			}
+			r.log.Warn("execution timeout: killing the task's whole process group", "pgid", t.pgid, "timeout", r.cfg.ExecutionTimeout)
+			t.signal(sigKill, r.log)
+		case <-sv.watchdog:
+			sv.watchdog = nil
+			if sv.intervened.Reason == "" {
+				sv.intervened = failed(ReasonWatchdog, -1, "")
+				sv.intervened.Message = WatchdogMessage
+			}
+			r.log.Warn("the warm worker's attempt watchdog: killing the task's whole process group", "pgid", t.pgid,
+				"watchdog", r.cfg.Watchdog)
+			t.signal(sigKill, r.log)
+		case <-terminate:
+			sv.stop(failed(ReasonTerminated, -1, "the control plane answered should_terminate"), "should_terminate")
+		case <-done:
+			done = nil
+			sv.stop(failed(ReasonAgentStopped, -1, "the agent was stopped before the task finished"), "agent stopped")
+		case <-sv.grace:
+			sv.grace = nil
+			r.log.Warn("the task's group outlived its grace: killing it", "pgid", t.pgid)
+			t.signal(sigKill, r.log)
+		}
+	}
+}
+
+// stop stops the task's group with SIGTERM and starts its grace, unless a
+// stop is under way already; o is the outcome, unless the agent intervened
+// before.
+func (sv *supervision) stop(o Outcome, why string) {
+	r, t := sv.r, sv.t
+	if sv.intervened.Reason == "" {
+		sv.intervened = o
+	}
+	if sv.grace != nil {
+		return // already stopping
+	}
+	r.log.Warn("stopping the task's process group", "pgid", t.pgid, "why", why, "grace", r.cfg.TerminateGrace)
+	t.signal(sigTerm, r.log)
+	sv.grace = r.cfg.Clock.After(r.cfg.TerminateGrace)
+}
+
+// outcomeOf is the outcome of a task whose group is reaped: the agent's
+// intervention when it made one, else what the leader's exit says.
+func (r *runner) outcomeOf(t *task, intervened Outcome) Outcome {
+	switch {
+	case intervened.Reason != "":
+		out := intervened
+		out.ExitCode = exitCode(t.state)
+		return out
+	case t.state.Success():
+		return Outcome{State: sdk.StateSuccess, ExitCode: 0}
+	case r.cfg.RescheduleExitCode > 0 && exitCode(t.state) == r.cfg.RescheduleExitCode:
+		return Outcome{State: sdk.StateUpForReschedule, ExitCode: r.cfg.RescheduleExitCode}
+	case exitCode(t.state) >= 0:
+		return failed(ReasonExitCode, exitCode(t.state), fmt.Sprintf("task exited with code %d", exitCode(t.state)))
+	default:
+		return failed(ReasonSignal, -1, "task was killed by "+signalName(t.state))
+	}
 }
 
 // heartbeat beats on every tick until ctx ends or the control plane answers

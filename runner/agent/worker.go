@@ -141,6 +141,46 @@ var ErrWorkerRefused = errors.New("the control plane refused the warm worker's c
 // wrapping ErrWorkerRefused once its claims are refused (after the
 // attempts it runs have ended).
 func RunWorker(ctx context.Context, cfg WorkerConfig) error {
+	if err := cfg.withDefaults(); err != nil {
+		return err
+	}
+	log := cfg.Logger.With("worker", cfg.Name)
+	w := &worker{cfg: cfg, log: log, tree: &warmTree{},
+		// The attempts outlive the worker's ctx: a drain lets them end.
+		runCtx:  context.WithoutCancel(ctx),
+		running: map[sdk.Attempt]bool{},
+		ask:     cfg.Slots,
+	}
+	if cfg.Subreaper {
+		if err := becomeSubreaper(); err != nil {
+			log.Warn("the worker cannot end its attempts' escaped processes", "error", err)
+		} else {
+			w.tree.enabled = true
+		}
+	}
+	defer w.wg.Wait()
+	ticker := cfg.Clock.NewTicker(cfg.Poll)
+	defer ticker.Stop()
+	log.Info("warm worker started", "slots", cfg.Slots, "watchdog", cfg.Watchdog)
+	for {
+		if err := w.poll(ctx); err != nil {
+			return err
+		}
+		cfg.testSignals.polled.Signal(struct{}{})
+		select {
+		case <-ctx.Done():
+			w.mu.Lock()
+			n := len(w.running)
+			w.mu.Unlock()
+			log.Info("warm worker stopping: claiming nothing more, waiting for the attempts it runs", "running", n)
+			return nil
+		case <-ticker.C():
+		}
+	}
+}
+
+// withDefaults checks the configuration and fills in its defaults.
+func (cfg *WorkerConfig) withDefaults() error {
 	if cfg.Name == "" || cfg.Claim == nil {
 		return errors.New("warm worker: a name and a claim are required")
 	}
@@ -159,104 +199,103 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	log := cfg.Logger.With("worker", cfg.Name)
-	tree := &warmTree{}
-	if cfg.Subreaper {
-		if err := becomeSubreaper(); err != nil {
-			log.Warn("the worker cannot end its attempts' escaped processes", "error", err)
-		} else {
-			tree.enabled = true
-		}
+	return nil
+}
+
+// worker is a running warm worker: the attempts it runs, each on a
+// goroutine of its own that wg waits for.
+type worker struct {
+	cfg    WorkerConfig
+	log    hclog.Logger
+	tree   *warmTree
+	runCtx context.Context
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	// running are the attempts the worker runs (guarded by mu).
+	running map[sdk.Attempt]bool
+	// ask is the most one claim asks for: halved by an answer too large.
+	ask int
+}
+
+// poll claims attempts for the worker's free slots, if it has any, and
+// starts those handed over. Its error, once the claims are refused, wraps
+// ErrWorkerRefused (returned after the attempts it runs have ended).
+func (w *worker) poll(ctx context.Context) error {
+	w.mu.Lock()
+	free := w.cfg.Slots - len(w.running)
+	holds := make([]sdk.Attempt, 0, len(w.running))
+	for a := range w.running {
+		holds = append(holds, a)
 	}
-	// The attempts outlive the worker's ctx: a drain lets them end.
-	runCtx := context.WithoutCancel(ctx)
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		running = map[sdk.Attempt]bool{}
-	)
-	defer wg.Wait()
-	ticker := cfg.Clock.NewTicker(cfg.Poll)
-	defer ticker.Stop()
-	ask := cfg.Slots // the most one claim asks for: halved by an answer too large
-	log.Info("warm worker started", "slots", cfg.Slots, "watchdog", cfg.Watchdog)
-	for {
-		mu.Lock()
-		free := cfg.Slots - len(running)
-		holds := make([]sdk.Attempt, 0, len(running))
-		for a := range running {
-			holds = append(holds, a)
-		}
-		mu.Unlock()
-		if free > 0 {
-			slices.SortFunc(holds, compareAttempts)
-			slots := min(free, ask)
-			claimed, err := cfg.Claim(ctx, slots, holds)
-			switch {
-			case ctx.Err() != nil:
-			case errors.Is(err, ErrClaimTooLarge):
-				ask = max(1, slots/2)
-				log.Error("a claim's answer was too large to read: refused, asking for fewer attempts next",
-					"slots", slots, "next", ask, "error", err)
-			case err == nil:
-				ask = min(cfg.Slots, ask*2)
-			case errors.Is(err, ErrRefused):
-				log.Error("the warm worker's claim was refused: claiming nothing more", "error", err)
-				wg.Wait()
-				return fmt.Errorf("%w: %w", ErrWorkerRefused, err)
-			case err != nil:
-				log.Warn("claiming failed; trying again at the next poll", "error", err)
-			}
-			for _, c := range claimed {
-				mu.Lock()
-				dup := running[c.Attempt] || len(running) >= cfg.Slots
-				if !dup {
-					running[c.Attempt] = true
-				}
-				mu.Unlock()
-				if dup {
-					if c.Close != nil {
-						c.Close()
-					}
-					continue
-				}
-				acfg := cfg.Attempt
-				acfg.Attempt, acfg.Command, acfg.ExecutionTimeout, acfg.Watchdog =
-					c.Attempt, c.Command, c.ExecutionTimeout, cfg.Watchdog
-				if acfg.Logger == nil {
-					acfg.Logger = log
-				}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					out, err := tree.run(runCtx, acfg, c, cfg.ScratchDir, log)
-					switch {
-					case errors.Is(err, ErrSuperseded):
-						log.Info("claimed attempt not started: it moved on or another execution has it", "attempt", c.Attempt.String())
-					case err != nil:
-						log.Error("claimed attempt ended with an error", "attempt", c.Attempt.String(), "error", err)
-					default:
-						log.Info("claimed attempt ended", "attempt", c.Attempt.String(), "state", out.State)
-					}
-					if c.Close != nil {
-						c.Close()
-					}
-					mu.Lock()
-					delete(running, c.Attempt)
-					mu.Unlock()
-					cfg.testSignals.ended.Signal(c.Attempt)
-				}()
-			}
-		}
-		cfg.testSignals.polled.Signal(struct{}{})
-		select {
-		case <-ctx.Done():
-			mu.Lock()
-			n := len(running)
-			mu.Unlock()
-			log.Info("warm worker stopping: claiming nothing more, waiting for the attempts it runs", "running", n)
-			return nil
-		case <-ticker.C():
-		}
+	w.mu.Unlock()
+	if free <= 0 {
+		return nil
 	}
+	slices.SortFunc(holds, compareAttempts)
+	slots := min(free, w.ask)
+	claimed, err := w.cfg.Claim(ctx, slots, holds)
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, ErrClaimTooLarge):
+		w.ask = max(1, slots/2)
+		w.log.Error("a claim's answer was too large to read: refused, asking for fewer attempts next",
+			"slots", slots, "next", w.ask, "error", err)
+	case err == nil:
+		w.ask = min(w.cfg.Slots, w.ask*2)
+	case errors.Is(err, ErrRefused):
+		w.log.Error("the warm worker's claim was refused: claiming nothing more", "error", err)
+		w.wg.Wait()
+		return fmt.Errorf("%w: %w", ErrWorkerRefused, err)
+	case err != nil:
+		w.log.Warn("claiming failed; trying again at the next poll", "error", err)
+	}
+	for _, c := range claimed {
+		w.start(c)
+	}
+	return nil
+}
+
+// start runs a claimed attempt on a goroutine of its own, unless the
+// worker runs it already or has no slot left for it (then its credential
+// is closed and it is left alone).
+func (w *worker) start(c Claimed) {
+	w.mu.Lock()
+	dup := w.running[c.Attempt] || len(w.running) >= w.cfg.Slots
+	if !dup {
+		w.running[c.Attempt] = true
+	}
+	w.mu.Unlock()
+	if dup {
+		if c.Close != nil {
+			c.Close()
+		}
+		return
+	}
+	log := w.log
+	acfg := w.cfg.Attempt
+	acfg.Attempt, acfg.Command, acfg.ExecutionTimeout, acfg.Watchdog =
+		c.Attempt, c.Command, c.ExecutionTimeout, w.cfg.Watchdog
+	if acfg.Logger == nil {
+		acfg.Logger = log
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		out, err := w.tree.run(w.runCtx, acfg, c, w.cfg.ScratchDir, log)
+		switch {
+		case errors.Is(err, ErrSuperseded):
+			log.Info("claimed attempt not started: it moved on or another execution has it", "attempt", c.Attempt.String())
+		case err != nil:
+			log.Error("claimed attempt ended with an error", "attempt", c.Attempt.String(), "error", err)
+		default:
+			log.Info("claimed attempt ended", "attempt", c.Attempt.String(), "state", out.State)
+		}
+		if c.Close != nil {
+			c.Close()
+		}
+		w.mu.Lock()
+		delete(w.running, c.Attempt)
+		w.mu.Unlock()
+		w.cfg.testSignals.ended.Signal(c.Attempt)
+	}()
 }

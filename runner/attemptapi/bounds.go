@@ -9,7 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dexaflow/reaper/internal/httplimit"
-	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
@@ -106,17 +105,18 @@ func newClientBounds(c httplimit.Clients, log *sparseLog) *clientBounds {
 }
 
 // admit counts the call against its source address and its token's
-// subject, and refuses it when either is over its bounds; a token whose
-// envelope does not verify is refused here, before its body is read. The
-// returned release ends the call's place in flight.
-func (b *clientBounds) admit(r *http.Request, keys *attempttoken.Keyring, token string, now time.Time) (func(), *refusal) {
+// subject (subjectOf: the token's envelope verified), and refuses it when
+// either is over its bounds; a token whose envelope does not verify is
+// refused here, before its body is read. The returned release ends the
+// call's place in flight.
+func (b *clientBounds) admit(r *http.Request, subjectOf func() (string, error), now time.Time) (func(), *refusal) {
 	if addr := requestAddr(r); addr != "" && !b.byAddr.Take(addr, now) {
 		b.log.Warn("address_requests", "attempt api: a source address is over its calls per heartbeat: refused",
 			"remote", addr, "limit", b.addrRate)
 		return nil, refuse(http.StatusTooManyRequests, CodeTooManyRequests,
 			"this address made more than %d calls per heartbeat", b.addrRate)
 	}
-	subject, err := keys.Subject(token)
+	subject, err := subjectOf()
 	if err != nil {
 		return nil, tokenRefusal(err)
 	}

@@ -84,7 +84,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		if term, err := ac.Running(ctx, a); err != nil || term {
 			t.Fatalf("running: %v %v", term, err)
 		}
-		if term, err := ac.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+		if term, err := ac.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		if ti := b.ti(t, a); ti.State != sdk.StateSuccess {
@@ -127,7 +127,7 @@ func TestWarmWorkerClaim(t *testing.T) {
 		wc := b.workerClient(t, "warm-a")
 		_, err := wc.Running(ctx, a)
 		refusedWith(t, err, attemptapi.CodeWrongKind)
-		_, err = wc.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess})
+		_, err = wc.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess})
 		refusedWith(t, err, attemptapi.CodeWrongKind)
 		_, err = wc.Heartbeat(ctx, a)
 		refusedWith(t, err, attemptapi.CodeWrongKind)

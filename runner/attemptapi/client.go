@@ -179,7 +179,7 @@ func (c *Client) Heartbeat(ctx context.Context, a sdk.Attempt) (Response, error)
 }
 
 // Report reports the attempt's outcome.
-func (c *Client) Report(ctx context.Context, a sdk.Attempt, o Outcome) (bool, error) {
+func (c *Client) Report(ctx context.Context, a sdk.Attempt, o ReportBody) (bool, error) {
 	resp, err := c.do(ctx, PathReport, request(a, &o))
 	return resp.ShouldTerminate, err
 }
@@ -210,7 +210,7 @@ func (c *Client) Claim(ctx context.Context, worker string, slots int, running []
 	return resp.Attempts, nil
 }
 
-func request(a sdk.Attempt, o *Outcome) Request {
+func request(a sdk.Attempt, o *ReportBody) Request {
 	return Request{RunID: a.RunID, TaskID: a.TaskID, Try: a.Try, Epoch: a.Epoch, Outcome: o}
 }
 

@@ -105,7 +105,7 @@ func TestBootstrapExchange(t *testing.T) {
 		if resp, err := c.Heartbeat(ctx, a); err != nil || resp.ShouldTerminate {
 			t.Fatalf("heartbeat: %+v %v", resp, err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		ti := b.ti(t, a)
@@ -184,7 +184,7 @@ func TestBootstrapExchange(t *testing.T) {
 		}
 		// After: the copy from the pod spec, against a running attempt.
 		report := attemptRequest(a)
-		report.Outcome = &attemptapi.Outcome{State: sdk.StateFailed, Reason: "forged"}
+		report.Outcome = &attemptapi.ReportBody{State: sdk.StateFailed, Reason: "forged"}
 		for _, r := range []struct {
 			path string
 			req  attemptapi.Request
@@ -296,7 +296,7 @@ func TestBootstrapExchange(t *testing.T) {
 		if term, err := c.Running(ctx, a); err != nil || term {
 			t.Fatalf("running: %v %v", term, err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateUpForRetry, Reason: "exit_code"}); err != nil || term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateUpForRetry, Reason: "exit_code"}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		rel, err := b.w.Retry(ctx, a, b.clk.Now())

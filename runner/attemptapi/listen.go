@@ -276,6 +276,7 @@ func Serve(ctx context.Context, ln *Listener, h http.Handler, log hclog.Logger) 
 	if ln.tracked != nil {
 		srv.ConnState = ln.tracked.ConnState
 	}
+	srv.ConnContext = withConnTokens
 	// The server's own complaints (a handshake a scanner never finished,
 	// a client cut off) are a flood's to make: debug level.
 	srv.ErrorLog = log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})

@@ -28,7 +28,7 @@ func TestRescheduleReport(t *testing.T) {
 			t.Fatalf("running: %v %v", term, err)
 		}
 		b.clk.Advance(time.Second)
-		term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateUpForReschedule})
+		term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateUpForReschedule})
 		if err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
@@ -47,7 +47,7 @@ func TestRescheduleReport(t *testing.T) {
 		}
 		// The same token again: the attempt has ended, nothing is written
 		// and no new epoch begins.
-		term, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateUpForReschedule})
+		term, err = c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateUpForReschedule})
 		if err != nil || !term {
 			t.Fatalf("a second report: %v %v, want should_terminate", term, err)
 		}
@@ -73,7 +73,7 @@ func TestRescheduleReport(t *testing.T) {
 		if term, err := c.Running(ctx, a); err != nil || term {
 			t.Fatalf("running: %v %v", term, err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateUpForReschedule}); err != nil || term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateUpForReschedule}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		if ti := b.ti(t, a); ti.State != sdk.StateUpForReschedule || ti.FailureReason != "" {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -26,7 +25,7 @@ import (
 type Board interface {
 	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
 	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
-	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.Outcome, now time.Time) (lifecycle.ReportResult, error)
+	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.TerminalReport, now time.Time) (lifecycle.ReportResult, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
@@ -112,6 +111,7 @@ type Server struct {
 	mux        *http.ServeMux
 	heartbeats *heartbeatBatcher
 	clients    *clientBounds
+	wire       wireBuffers
 }
 
 // NewServer checks cfg and builds the handler.
@@ -240,7 +240,7 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 				result = "should_terminate"
 			}
 			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(resp)
+			s.wire.writeResponse(w, resp)
 		}
 		if s.cfg.Meter != nil {
 			s.cfg.Meter.AttemptAPICall(name, result, s.cfg.Clock.Now().Sub(start))
@@ -258,28 +258,41 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if !ok || token == "" {
 		return Response{}, unread(refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token"))
 	}
-	release, ref := s.clients.admit(r, s.cfg.Keys(), token, s.cfg.Clock.Now())
+	// One keyring for the whole call. An attempt token's envelope is
+	// verified once per connection while the agent sends the same token
+	// (connTokens); its expiry and scope are checked below, on every call.
+	keys := s.cfg.Keys()
+	var (
+		attempt    attempttoken.Claims
+		isAttempt  bool
+		connTokens = connTokensOf(r.Context())
+	)
+	subjectOf := func() (string, error) {
+		c, subject, err := connTokens.envelope(keys, token)
+		if errors.Is(err, attempttoken.ErrWrongKind) {
+			return keys.Subject(token) // a worker's or a bootstrap token
+		}
+		attempt, isAttempt = c, err == nil
+		return subject, err
+	}
+	release, ref := s.clients.admit(r, subjectOf, s.cfg.Clock.Now())
 	if ref != nil {
 		return Response{}, unread(ref)
 	}
 	defer release()
 	var req Request
-	body := http.MaxBytesReader(nil, r.Body, maxBody)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
-		}
-		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	tooLarge, err := s.wire.readRequest(r.Body, &req)
+	switch {
+	case tooLarge:
+		return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
+	case errors.As(err, new(errTrailing)):
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "trailing data after the body")
+	case err != nil:
+		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
 	}
 	now := s.cfg.Clock.Now()
 	if r.URL.Path == PathClaim {
-		wc, err := s.cfg.Keys().VerifyWorker(token, now)
+		wc, err := keys.VerifyWorker(token, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
@@ -290,24 +303,34 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		return h(r.Context(), call{req: req, worker: wc, now: now})
 	}
 	if r.URL.Path == PathWorkerExchange {
-		wc, err := s.cfg.Keys().VerifyWorkerBootstrapFor(token, req.Worker, now)
+		wc, err := keys.VerifyWorkerBootstrapFor(token, req.Worker, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
 		return h(r.Context(), call{req: req, worker: wc, podToken: podToken(r), now: now})
 	}
 	if r.URL.Path == PathExchange {
-		claims, err := s.cfg.Keys().VerifyBootstrapFor(token, req.Attempt(), now)
+		claims, err := keys.VerifyBootstrapFor(token, req.Attempt(), now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
 		return h(r.Context(), call{req: req, claims: claims, podToken: podToken(r), now: now})
 	}
-	claims, err := s.cfg.Keys().VerifyFor(token, req.Attempt(), now)
-	if err != nil {
+	if !isAttempt {
+		// Not an attempt token (a worker's, a bootstrap): refused as
+		// VerifyFor refuses it.
+		_, err := keys.VerifyFor(token, req.Attempt(), now)
 		return Response{}, tokenRefusal(err)
 	}
-	return h(r.Context(), call{req: req, token: token, claims: claims, now: now})
+	// VerifyFor's checks past the envelope, on every call: the expiry at
+	// the server's now, then the scope.
+	if err := attempttoken.Expired(attempt, now); err != nil {
+		return Response{}, tokenRefusal(err)
+	}
+	if err := attempttoken.Scoped(attempt, req.Attempt()); err != nil {
+		return Response{}, tokenRefusal(err)
+	}
+	return h(r.Context(), call{req: req, token: token, claims: attempt, now: now})
 }
 
 // podToken is the pod token the request carries ("" when none, or one
@@ -431,7 +454,7 @@ func (s *Server) report(ctx context.Context, c call) (Response, error) {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "%q is not an outcome", o.State)
 	}
 	a := c.req.Attempt()
-	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.Outcome{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
+	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.TerminalReport{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
 	if err != nil {
 		return Response{}, boardFailure("recording the report", err)
 	}

@@ -237,7 +237,7 @@ func TestAttemptAPI(t *testing.T) {
 		if err != nil || resp.ShouldTerminate || resp.Token == "" {
 			t.Fatalf("heartbeat: %+v %v", resp, err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 		ti := b.ti(t, a)
@@ -308,7 +308,7 @@ func TestAttemptAPI(t *testing.T) {
 			refusedWith(t, err, attemptapi.CodeWrongScope)
 			_, err = c.Heartbeat(ctx, o)
 			refusedWith(t, err, attemptapi.CodeWrongScope)
-			_, err = c.Report(ctx, o, attemptapi.Outcome{State: sdk.StateFailed, Reason: "evil"})
+			_, err = c.Report(ctx, o, attemptapi.ReportBody{State: sdk.StateFailed, Reason: "evil"})
 			refusedWith(t, err, attemptapi.CodeWrongScope)
 			_, err = c.State(ctx, o)
 			refusedWith(t, err, attemptapi.CodeWrongScope)
@@ -339,7 +339,7 @@ func TestAttemptAPI(t *testing.T) {
 		b.clk.Advance(ttl) // never renewed: the minted token lapses
 		_, err := c.Heartbeat(ctx, a)
 		refusedWith(t, err, attemptapi.CodeExpired)
-		_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess})
+		_, err = c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess})
 		refusedWith(t, err, attemptapi.CodeExpired)
 		if now := b.ti(t, a); now != was {
 			t.Fatalf("an expired token wrote:\nwas %+v\nnow %+v", was, now)
@@ -403,7 +403,7 @@ func TestAttemptAPI(t *testing.T) {
 		b.clk.Set(last.Add(ttl))
 		_, err = c.Heartbeat(ctx, a)
 		refusedWith(t, err, attemptapi.CodeExpired)
-		_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess})
+		_, err = c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess})
 		refusedWith(t, err, attemptapi.CodeExpired)
 		if b.ti(t, a).State != sdk.StateRunning {
 			t.Fatal("a report past the lapsed credential was applied")
@@ -452,7 +452,7 @@ func TestAttemptAPI(t *testing.T) {
 		if _, err := c.Heartbeat(ctx, a); err != nil {
 			t.Fatalf("heartbeat after k1 retired: %v", err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess}); err != nil || term {
 			t.Fatalf("report: %v %v", term, err)
 		}
 	})
@@ -539,7 +539,7 @@ func TestAttemptAPI(t *testing.T) {
 		if err != nil || !resp.ShouldTerminate || resp.Token != "" {
 			t.Fatalf("heartbeat of a reaped attempt: %+v %v", resp, err)
 		}
-		if term, err := c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateSuccess}); err != nil || !term {
+		if term, err := c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateSuccess}); err != nil || !term {
 			t.Fatalf("report of a reaped attempt: %v %v", term, err)
 		}
 		if ti := b.ti(t, a); ti.State != sdk.StateFailed {

@@ -16,7 +16,7 @@ func TestAReportsTextIsMadeSafeByTheBoard(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	a, c := b.oneRunning(t)
-	term, err := c.Report(context.Background(), a, attemptapi.Outcome{State: sdk.StateFailed,
+	term, err := c.Report(context.Background(), a, attemptapi.ReportBody{State: sdk.StateFailed,
 		Reason: "exit\x00code", Message: "bad\x00\xffbyte"})
 	if err != nil || term {
 		t.Fatalf("report: %v %v", term, err)

@@ -73,7 +73,7 @@ type Request struct {
 	Try    int32  `json:"try"`
 	Epoch  int32  `json:"epoch"`
 	// Outcome is the report's outcome (PathReport only).
-	Outcome *Outcome `json:"outcome,omitempty"`
+	Outcome *ReportBody `json:"outcome,omitempty"`
 	// Worker is the warm worker that claims (PathClaim only; the run, task,
 	// try and epoch are then empty).
 	Worker string `json:"worker,omitempty"`
@@ -109,8 +109,9 @@ func (r Request) Attempt() sdk.Attempt {
 	return sdk.Attempt{RunID: r.RunID, TaskID: r.TaskID, Try: r.Try, Epoch: r.Epoch}
 }
 
-// Outcome is an attempt's terminal report.
-type Outcome struct {
+// ReportBody is the wire form of an attempt's terminal report: the body's
+// "outcome" field on PathReport.
+type ReportBody struct {
 	State   string `json:"state"`
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`

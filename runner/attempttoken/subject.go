@@ -25,7 +25,7 @@ func (kr *Keyring) Subject(token string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
-		return "attempt " + c.Attempt.String(), nil
+		return AttemptSubject(c), nil
 	case workerPrefix, workerBootstrapPrefix:
 		if len(raw) < 16 {
 			return "", fmt.Errorf("%w: worker payload too short", ErrMalformed)

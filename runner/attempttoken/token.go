@@ -164,8 +164,22 @@ func (kr *Keyring) Renew(c Claims, now time.Time, ttl time.Duration) (string, Cl
 
 // Verify checks the token's format, key, signature and expiry at now, and
 // returns its claims. The error wraps one of the package's errors; a
-// worker token (see MintWorker) is ErrWrongKind.
+// worker token (see MintWorker) is ErrWrongKind. It is Envelope then
+// Expired.
 func (kr *Keyring) Verify(token string, now time.Time) (Claims, error) {
+	c, err := kr.Envelope(token)
+	if err != nil {
+		return Claims{}, err
+	}
+	return c, Expired(c, now)
+}
+
+// Envelope checks an attempt token's format, key and signature and returns
+// its claims, its expiry unchecked: what Verify checks but the time, which
+// depends on nothing but the token's bytes and the keyring. A caller that
+// keeps its result for the same bytes and the same keyring must still
+// check Expired (and the scope) at every use.
+func (kr *Keyring) Envelope(token string) (Claims, error) {
 	raw, err := kr.open(token, prefix)
 	if err != nil {
 		return Claims{}, err
@@ -174,11 +188,17 @@ func (kr *Keyring) Verify(token string, now time.Time) (Claims, error) {
 	if err != nil {
 		return Claims{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
+	return c, nil
+}
+
+// Expired is Verify's time check of claims that passed Envelope: nil while
+// now is before their expiry, else an error wrapping ErrExpired.
+func Expired(c Claims, now time.Time) error {
 	if !now.Before(c.ExpiresAt) {
-		return c, fmt.Errorf("%w: attempt %s, expired %s ago", ErrExpired, c.Attempt,
+		return fmt.Errorf("%w: attempt %s, expired %s ago", ErrExpired, c.Attempt,
 			now.Sub(c.ExpiresAt).Round(time.Second))
 	}
-	return c, nil
+	return nil
 }
 
 // open checks a token's envelope: its kind (kind, the other kind is
@@ -220,11 +240,20 @@ func (kr *Keyring) VerifyFor(token string, a sdk.Attempt, now time.Time) (Claims
 	if err != nil {
 		return c, err
 	}
-	if c.Attempt != a {
-		return c, fmt.Errorf("%w: the token is for %s, the call names %s", ErrWrongScope, c.Attempt, a)
-	}
-	return c, nil
+	return c, Scoped(c, a)
 }
+
+// Scoped is VerifyFor's scope check: nil when claims are for exactly the
+// attempt a, else an error wrapping ErrWrongScope.
+func Scoped(c Claims, a sdk.Attempt) error {
+	if c.Attempt != a {
+		return fmt.Errorf("%w: the token is for %s, the call names %s", ErrWrongScope, c.Attempt, a)
+	}
+	return nil
+}
+
+// AttemptSubject is what Subject names an attempt token with claims c.
+func AttemptSubject(c Claims) string { return "attempt " + c.Attempt.String() }
 
 func (kr *Keyring) key(id string) (Key, bool) {
 	if id == kr.current.ID {

@@ -133,7 +133,7 @@ func TestPodSpecBootstrapToken(t *testing.T) {
 	wantCode(t, "the viewer's exchange", err, attemptapi.CodeBootstrapSpent)
 	_, err = stolen.Heartbeat(ctx, a)
 	wantCode(t, "the viewer's heartbeat", err, attemptapi.CodeWrongKind)
-	_, err = stolen.Report(ctx, a, attemptapi.Outcome{State: sdk.StateFailed, Reason: "forged"})
+	_, err = stolen.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateFailed, Reason: "forged"})
 	wantCode(t, "the viewer's report", err, attemptapi.CodeWrongKind)
 	_, err = stolen.Running(ctx, a)
 	wantCode(t, "the viewer's running", err, attemptapi.CodeWrongKind)

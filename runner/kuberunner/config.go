@@ -184,6 +184,23 @@ type Config struct {
 
 // withDefaults fills in every default and validates the result.
 func (c Config) withDefaults() (Config, error) {
+	c.fillDefaults()
+	errs := c.check()
+	if c.WarmPool != nil {
+		p, err := c.WarmPool.withDefaults(c.Ladder.DispatchLost)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.WarmPool = &p
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("kube runner: %w", err)
+	}
+	return c, nil
+}
+
+// fillDefaults sets every field left zero to its default.
+func (c *Config) fillDefaults() {
 	if c.Ladder == (ladder.Ladder{}) {
 		c.Ladder = ladder.Defaults()
 	}
@@ -235,7 +252,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
+}
 
+// check lists what is wrong with the configuration, defaults filled in
+// (its warm pool apart).
+func (c *Config) check() []error {
 	var errs []error
 	if c.Client == nil {
 		errs = append(errs, errors.New("no Kubernetes client"))
@@ -280,15 +301,5 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DispatchUnavailableWindow < 0 {
 		errs = append(errs, fmt.Errorf("dispatch unavailable window %s: must not be negative", c.DispatchUnavailableWindow))
 	}
-	if c.WarmPool != nil {
-		p, err := c.WarmPool.withDefaults(c.Ladder.DispatchLost)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		c.WarmPool = &p
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, fmt.Errorf("kube runner: %w", err)
-	}
-	return c, nil
+	return errs
 }

@@ -133,7 +133,7 @@ func TestAnOperatorsVerdictOnAProvisionalMarkIsNeitherRePlacedNorOverridden(t *t
 		if sd, err := e.w.Running(ctx, a, now); err != nil || sd {
 			t.Fatal(sd, err)
 		}
-		if sd, err := e.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, now); err != nil || sd {
+		if sd, err := e.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, now); err != nil || sd {
 			t.Fatal(sd, err)
 		}
 		e.clk.Advance(time.Second)

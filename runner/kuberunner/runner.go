@@ -156,6 +156,9 @@ func (r *Runner) Close() error { return nil }
 // Result reports one cycle.
 type Result struct {
 	At time.Time // the cycle's now
+	// Term is the leadership term the cycle's writes were fenced by (0:
+	// none), which its decisions are audited under.
+	Term int64
 	// Dispatched counts scheduled -> queued with a pod created (or
 	// adopted), on the tick or by the dispatch workers.
 	Dispatched int
@@ -265,7 +268,7 @@ func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (
 // runOnce is one cycle, dispatching through the workers of p (nil: on the
 // tick).
 func (r *Runner) runOnce(ctx context.Context, now time.Time, term int64, p *dispatchPool) (Result, error) {
-	res := Result{At: now}
+	res := Result{At: now, Term: term}
 	d := r.steps
 	d.W = r.w.Fenced(term)
 	phases := []step{

@@ -54,7 +54,7 @@ func agentBinary(t *testing.T) string {
 			return
 		}
 		agentBin.path = filepath.Join(dir, "reaper-agent")
-		out, err := exec.Command("go", "build", "-o", agentBin.path, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", agentBin.path, "github.com/dexaflow/reaper/cmd/reaper-agent").CombinedOutput()
 		if err != nil {
 			agentBin.err = &buildError{out: string(out), err: err}
 		}

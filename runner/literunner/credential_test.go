@@ -154,7 +154,7 @@ func TestAgentCredentials(t *testing.T) {
 		for name, a := range targets {
 			_, err := c.Heartbeat(ctx, a)
 			wantRefused(t, name+" heartbeat", err, attemptapi.CodeWrongKind)
-			_, err = c.Report(ctx, a, attemptapi.Outcome{State: sdk.StateFailed, Reason: "spy"})
+			_, err = c.Report(ctx, a, attemptapi.ReportBody{State: sdk.StateFailed, Reason: "spy"})
 			wantRefused(t, name+" report", err, attemptapi.CodeWrongKind)
 			_, err = c.Running(ctx, a)
 			wantRefused(t, name+" running", err, attemptapi.CodeWrongKind)

@@ -140,6 +140,9 @@ func (r *Runner) Close() error {
 // Result reports one cycle.
 type Result struct {
 	At time.Time // the cycle's now
+	// Term is the leadership term the cycle's writes were fenced by (0:
+	// none), which its decisions are audited under.
+	Term int64
 	// AgentsExited counts agents this runner spawned that were found exited
 	// and waited for.
 	AgentsExited int
@@ -217,7 +220,7 @@ func (r *Runner) RunOnce(ctx context.Context, now time.Time) (Result, error) {
 // the board, the cycle writes nothing more and ends with an error that
 // wraps lifecycle.ErrDeposed. A term of 0 fences nothing.
 func (r *Runner) RunOnceFenced(ctx context.Context, now time.Time, term int64) (Result, error) {
-	res := Result{At: now, AgentsExited: r.reapExited()}
+	res := Result{At: now, Term: term, AgentsExited: r.reapExited()}
 	d := r.steps
 	d.W = r.w.Fenced(term)
 	phases := []struct {

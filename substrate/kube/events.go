@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -186,9 +185,12 @@ func podAttemptNote(p *pod) string {
 	return "run " + p.labels.run
 }
 
-// teardownWarns: a teardown for reason follows a mark that fails its
-// attempt (agent_lost, pod_lost, ...): a failure recorded, so a Warning.
-func teardownWarns(reason string) bool { return slices.Contains(sdk.KillLabels(), reason) }
+// teardownWarns: a teardown of one attempt follows the mark that failed it
+// (agent_lost, pod_lost, ...; a reaper tears down only the attempt it
+// marked, and an owed teardown retries one), a failure recorded, so a
+// Warning. A run's teardown (orphan_run: a run with nothing left alive)
+// records none. The request says which, whatever label a plugin declared.
+func teardownWarns(req sdk.TeardownRequest) bool { return req.Attempt != nil }
 
 // settleWarns: a settlement records a failure.
 func settleWarns(o sdk.Outcome) bool { return o == sdk.OutcomeFailed || o == sdk.OutcomeInfra }

@@ -7,16 +7,24 @@ import (
 )
 
 func TestEventType(t *testing.T) {
+	// A teardown of an attempt follows its mark; a run's (orphan_run) does
+	// not.
+	a := &sdk.Attempt{RunID: "r1", TaskID: "t", Try: 1}
 	for _, c := range []struct {
-		reason string
-		warn   bool
+		req  sdk.TeardownRequest
+		warn bool
 	}{
-		{sdk.LabelAgentLost, true}, {sdk.LabelPodLost, true}, {sdk.LabelDispatchLost, true},
-		{sdk.LabelStartExpired, true}, {sdk.LabelCredentialCeiling, true},
-		{sdk.LabelOrphanRun, false}, {"", false},
+		{sdk.TeardownRequest{Attempt: a, Reason: sdk.LabelAgentLost}, true},
+		{sdk.TeardownRequest{Attempt: a, Reason: sdk.LabelPodLost}, true},
+		{sdk.TeardownRequest{Attempt: a, Reason: sdk.LabelDispatchLost}, true},
+		{sdk.TeardownRequest{Attempt: a, Reason: sdk.LabelStartExpired}, true},
+		{sdk.TeardownRequest{Attempt: a, Reason: sdk.LabelCredentialCeiling}, true},
+		{sdk.TeardownRequest{Attempt: a, Reason: "parked_expired"}, true},
+		{sdk.TeardownRequest{RunID: "r1", Reason: sdk.LabelOrphanRun}, false},
+		{sdk.TeardownRequest{RunID: "r1"}, false},
 	} {
-		if got := teardownWarns(c.reason); got != c.warn {
-			t.Errorf("a teardown for %q warns: %v, want %v", c.reason, got, c.warn)
+		if got := teardownWarns(c.req); got != c.warn {
+			t.Errorf("a teardown for %q (attempt %v) warns: %v, want %v", c.req.Reason, c.req.Attempt != nil, got, c.warn)
 		}
 	}
 	for o, warn := range map[sdk.Outcome]bool{sdk.OutcomeSuccess: false, sdk.OutcomeReschedule: false,

@@ -228,7 +228,7 @@ func TestForeignTaskPod(t *testing.T) {
 		if !r.replaced(context.Background(), read) {
 			t.Fatal("the replaced pod reads as the one listed")
 		}
-		out := e.sub.stop(context.Background(), r, read, sdk.LabelAgentLost, attemptNote(a))
+		out := e.sub.stop(context.Background(), r, read, sdk.TeardownRequest{Attempt: &a, Reason: sdk.LabelAgentLost}, attemptNote(a))
 		if out.Action != sdk.TeardownNothing || !strings.HasPrefix(out.Error, sdk.TeardownGone) {
 			t.Fatalf("stop of the replaced pod: %+v, want nothing done (gone)", out)
 		}

@@ -145,80 +145,7 @@ func (sw *sweep) decide(label string, a sdk.Attempt, applied bool, detail string
 // pod as its own, never one found by the label.
 func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error) {
 	settled := map[*pod]bool{}
-	var (
-		batch []sdk.Settlement
-		owner []*pod
-		rules []string
-	)
-	// The board takes each task instance at most once a batch, and a task
-	// that ran again (a retry, a re-place) leaves a finished pod per
-	// attempt: a second pod of one task instance starts the next batch.
-	// Pods are told apart by the lossy label, so a pod without the exact
-	// task id never shares a batch with one it could resolve to.
-	inBatch := map[[2]string]bool{}
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		defer func() { batch, owner, rules = batch[:0], owner[:0], rules[:0]; clear(inBatch) }()
-		if sw.req.DryRun {
-			for i, st := range batch {
-				sw.decide(sdk.LabelReconcileSettled, st.Attempt, false, "would settle "+string(st.Outcome)+" from "+owner[i].ref(),
-					settleEvidence(owner[i], rules[i], ""))
-			}
-			return nil
-		}
-		res, err := sw.board.Settle(ctx, batch)
-		if err != nil {
-			return fmt.Errorf("kube sweep: settling %d finished pods: %w", len(batch), err)
-		}
-		for i, mr := range res {
-			if i >= len(owner) {
-				break
-			}
-			if mr.NoopReason == sdk.NoopDeposed {
-				return errDeposed
-			}
-			settled[owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
-				mr.NoopReason == sdk.NoopRunFinished
-			if mr.NoopReason == sdk.NoopNotFound {
-				sw.unrecorded[owner[i]] = true
-			}
-			if mr.NoopReason == sdk.NoopPodNotRecorded {
-				sw.foreign[owner[i]] = true
-				sw.r.foreign.saw(owner[i], batch[i].Attempt, "", "sweep")
-			}
-			if mr.Applied {
-				st := batch[i]
-				detail := "settled " + string(st.Outcome) + " from " + owner[i].ref()
-				if st.LossyPod {
-					detail += " (no exact task id on the pod: the attempt recorded its UID)"
-				}
-				if st.Message != "" {
-					detail += ": " + st.Message
-				}
-				// The board names the attempt it settled: for a pod without
-				// the exact task id, the one that recorded the pod.
-				if mr.RescheduleRefused != "" {
-					// A RESCHEDULE record the task may not take (the task
-					// can write its own termination message): the board
-					// failed the attempt with the reason instead.
-					ev := settleEvidence(owner[i], rules[i], string(st.Outcome))
-					ev["asked"] = sdk.StateUpForReschedule
-					sw.decide(mr.RescheduleRefused, mr.Attempt, true, sdk.RescheduleFailure(mr.RescheduleRefused)+
-						" (a RESCHEDULE record on "+owner[i].ref()+")", ev)
-					sw.r.events.record(owner[i], true, mr.RescheduleRefused, EventActionSettle,
-						"Settled "+attemptNote(mr.Attempt)+" as failed: "+sdk.RescheduleFailure(mr.RescheduleRefused))
-					continue
-				}
-				sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail,
-					settleEvidence(owner[i], rules[i], string(st.Outcome)))
-				sw.r.events.record(owner[i], settleWarns(st.Outcome), sdk.LabelReconcileSettled, EventActionSettle,
-					settleNote(mr.Attempt, st, rules[i]))
-			}
-		}
-		return nil
-	}
+	b := &settleBatch{inBatch: map[[2]string]bool{}}
 	for _, p := range pods {
 		a, ok := p.labels.attempt()
 		if !ok {
@@ -229,23 +156,111 @@ func (sw *sweep) settle(ctx context.Context, pods []*pod) (map[*pod]bool, error)
 			continue
 		}
 		key := [2]string{a.RunID, TaskIDLabel(a.TaskID)}
-		if inBatch[key] {
-			if err := flush(); err != nil {
+		if b.inBatch[key] {
+			if err := sw.flushSettle(ctx, b, settled); err != nil {
 				return settled, err
 			}
 		}
-		inBatch[key] = true
-		batch = append(batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
+		b.inBatch[key] = true
+		b.batch = append(b.batch, sdk.Settlement{Attempt: a, Outcome: v.outcome, FromStates: settleFrom,
 			Reason: v.reason, Message: v.message, EndedAt: p.endedAt(sw.req.Now),
 			PodUID: string(p.UID), LossyPod: !p.labels.hasRaw, Term: sw.req.Term, At: sw.req.Now})
-		owner, rules = append(owner, p), append(rules, v.rule)
-		if len(batch) == ladder.PageSize {
-			if err := flush(); err != nil {
+		b.owner, b.rules = append(b.owner, p), append(b.rules, v.rule)
+		if len(b.batch) == ladder.PageSize {
+			if err := sw.flushSettle(ctx, b, settled); err != nil {
 				return settled, err
 			}
 		}
 	}
-	return settled, flush()
+	return settled, sw.flushSettle(ctx, b, settled)
+}
+
+// settleBatch is one batch of settlements: each with the pod it comes
+// from and the rule that judged it. The board takes each task instance at
+// most once a batch, and a task that ran again (a retry, a re-place)
+// leaves a finished pod per attempt: a second pod of one task instance
+// starts the next batch. Pods are told apart by the lossy label, so a pod
+// without the exact task id never shares a batch with one it could
+// resolve to.
+type settleBatch struct {
+	batch   []sdk.Settlement
+	owner   []*pod
+	rules   []string
+	inBatch map[[2]string]bool // run id and task id label
+}
+
+func (b *settleBatch) reset() {
+	b.batch, b.owner, b.rules = b.batch[:0], b.owner[:0], b.rules[:0]
+	clear(b.inBatch)
+}
+
+// flushSettle settles the batch (in a dry run, says what it would settle)
+// and empties it, noting in settled each pod whose attempt is settled.
+func (sw *sweep) flushSettle(ctx context.Context, b *settleBatch, settled map[*pod]bool) error {
+	if len(b.batch) == 0 {
+		return nil
+	}
+	defer b.reset()
+	if sw.req.DryRun {
+		for i, st := range b.batch {
+			sw.decide(sdk.LabelReconcileSettled, st.Attempt, false, "would settle "+string(st.Outcome)+" from "+b.owner[i].ref(),
+				settleEvidence(b.owner[i], b.rules[i], ""))
+		}
+		return nil
+	}
+	res, err := sw.board.Settle(ctx, b.batch)
+	if err != nil {
+		return fmt.Errorf("kube sweep: settling %d finished pods: %w", len(b.batch), err)
+	}
+	for i, mr := range res {
+		if i >= len(b.owner) {
+			break
+		}
+		if mr.NoopReason == sdk.NoopDeposed {
+			return errDeposed
+		}
+		settled[b.owner[i]] = mr.Applied || mr.NoopReason == sdk.NoopMovedOn || mr.NoopReason == sdk.NoopNotFound ||
+			mr.NoopReason == sdk.NoopRunFinished
+		if mr.NoopReason == sdk.NoopNotFound {
+			sw.unrecorded[b.owner[i]] = true
+		}
+		if mr.NoopReason == sdk.NoopPodNotRecorded {
+			sw.foreign[b.owner[i]] = true
+			sw.r.foreign.saw(b.owner[i], b.batch[i].Attempt, "", "sweep")
+		}
+		if mr.Applied {
+			sw.settledApplied(b.batch[i], mr, b.owner[i], b.rules[i])
+		}
+	}
+	return nil
+}
+
+// settledApplied decides, and records an Event for, a settlement the
+// board applied to the attempt it names (for a pod without the exact task
+// id, the one that recorded the pod).
+func (sw *sweep) settledApplied(st sdk.Settlement, mr sdk.MarkResult, p *pod, rule string) {
+	if mr.RescheduleRefused != "" {
+		// A RESCHEDULE record the task may not take (the task can write
+		// its own termination message): the board failed the attempt with
+		// the reason instead.
+		ev := settleEvidence(p, rule, string(st.Outcome))
+		ev["asked"] = sdk.StateUpForReschedule
+		sw.decide(mr.RescheduleRefused, mr.Attempt, true, sdk.RescheduleFailure(mr.RescheduleRefused)+
+			" (a RESCHEDULE record on "+p.ref()+")", ev)
+		sw.r.events.record(p, true, mr.RescheduleRefused, EventActionSettle,
+			"Settled "+attemptNote(mr.Attempt)+" as failed: "+sdk.RescheduleFailure(mr.RescheduleRefused))
+		return
+	}
+	detail := "settled " + string(st.Outcome) + " from " + p.ref()
+	if st.LossyPod {
+		detail += " (no exact task id on the pod: the attempt recorded its UID)"
+	}
+	if st.Message != "" {
+		detail += ": " + st.Message
+	}
+	sw.decide(sdk.LabelReconcileSettled, mr.Attempt, true, detail, settleEvidence(p, rule, string(st.Outcome)))
+	sw.r.events.record(p, settleWarns(st.Outcome), sdk.LabelReconcileSettled, EventActionSettle,
+		settleNote(mr.Attempt, st, rule))
 }
 
 // sightings writes the pod cache's misses taken from the presence

@@ -105,22 +105,23 @@ func (s *Substrate) Teardown(ctx context.Context, req sdk.TeardownRequest) ([]sd
 		if req.Attempt != nil {
 			subject = attemptNote(*req.Attempt)
 		}
-		out = append(out, s.stop(ctx, r, p, req.Reason, subject))
+		out = append(out, s.stop(ctx, r, p, req, subject))
 	}
 	return out, nil
 }
 
 // stop applies one pod's teardown, and records an Event regarding the pod
 // when it stopped or deleted it (events.go), naming subject, the attempt.
-func (s *Substrate) stop(ctx context.Context, r *running, p *pod, reason, subject string) sdk.TeardownOutcome {
+func (s *Substrate) stop(ctx context.Context, r *running, p *pod, req sdk.TeardownRequest, subject string) sdk.TeardownOutcome {
+	reason := req.Reason
 	act, why := judgeTeardown(p)
 	out := s.apply(ctx, r, p, act, why, reason)
 	switch note := " for " + subject; out.Action {
 	case sdk.TeardownStoppedInPlace:
-		r.events.record(p, teardownWarns(reason), reason, EventActionStop,
+		r.events.record(p, teardownWarns(req), reason, EventActionStop,
 			"Stopped in place (activeDeadlineSeconds lowered to 1)"+note)
 	case sdk.TeardownDeleted:
-		r.events.record(p, teardownWarns(reason), reason, EventActionDelete, "Deleted ("+why+")"+note)
+		r.events.record(p, teardownWarns(req), reason, EventActionDelete, "Deleted ("+why+")"+note)
 	case sdk.TeardownDeleteFallback:
 		r.events.record(p, true, reason, EventActionDelete,
 			"Deleted: stopping it in place was refused ("+sdk.LabelTeardownDeleteFallback+")"+note)

@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	agentPath = filepath.Join(dir, literunner.AgentBinary)
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/cmd/reaper-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)

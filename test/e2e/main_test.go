@@ -16,8 +16,8 @@ var binDir string
 
 // packages are built into binDir, each under its package's name.
 var packages = []string{
-	"github.com/dexaflow/reaper/host/cmd/reaperd",
-	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/cmd/reaperd",
+	"github.com/dexaflow/reaper/cmd/reaper-agent",
 	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-substrate-lite",
 	"github.com/dexaflow/reaper/plugins/dispatchlost/cmd/reaper-dispatchlost",
 	"github.com/dexaflow/reaper/plugins/agentlost/cmd/reaper-agentlost",

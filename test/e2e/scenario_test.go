@@ -271,18 +271,7 @@ func (s *scenario) ctx() context.Context { return context.Background() }
 // scenario ends, after its processes.
 func ownBoard(t *testing.T, prefix string) (*pgtest.Server, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	srv, err := pgtest.Start(ctx, pgtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	name := srv.UniqueName(prefix)
-	if err := srv.CreateBoardDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	return srv, srv.DSN(name)
+	return pgtest.NewOwnBoard(t, prefix)
 }
 
 // failoverBoard starts a primary of the scenario's own holding the board's

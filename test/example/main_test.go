@@ -20,8 +20,8 @@ var binDir string
 
 // packages of this module built into binDir, each under its package's name.
 var packages = []string{
-	"github.com/dexaflow/reaper/host/cmd/reaperd",
-	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/cmd/reaperd",
+	"github.com/dexaflow/reaper/cmd/reaper-agent",
 	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-substrate-lite",
 }
 

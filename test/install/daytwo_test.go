@@ -127,7 +127,7 @@ func (r *release) phaseUpgrade(ctx context.Context, t *testing.T, lg *ledger) {
 	r.submitLedger(ctx, lg, runID, tasks...)
 	r.check(r.ImportImage(ctx, helmrelease.ImageOptions{Version: secondVersion, Tags: probeTag}))
 	probe := filepath.Join(binDir, "reaperd-probe")
-	build := exec.CommandContext(ctx, "go", "build", "-tags", probeTag, "-o", probe, "github.com/dexaflow/reaper/host/cmd/reaperd")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", probeTag, "-o", probe, "github.com/dexaflow/reaper/cmd/reaperd")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the probe reaperd: %v\n%s", err, out)
 	}

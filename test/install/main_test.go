@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
 	return testbin.Main(m, "install", []string{
-		"github.com/dexaflow/reaper/cmd/reaperctl", "github.com/dexaflow/reaper/host/cmd/reaperd"}, func(m *testing.M, bin string) int {
+		"github.com/dexaflow/reaper/cmd/reaperctl", "github.com/dexaflow/reaper/cmd/reaperd"}, func(m *testing.M, bin string) int {
 		binDir = bin
 		if why := kubetest.HostCheck(); why != "" {
 			if os.Getenv(kubetest.EnvRequireRealNode) == "1" {

@@ -44,7 +44,14 @@
 // server; the leader cut off from PostgreSQL reaches the board the same
 // way (a proxy its DSN names) while both replicas see the API server, and
 // the other must take the Lease and its term within a bound of the cut
-// (boardCutTakeover). Every scenario checks the same promises:
+// (boardCutTakeover). The PostgreSQL nemeses (pgnemesis_test.go) run on
+// boards of their own: a server frozen (pgtest Freeze) past the lease; a
+// primary with a synchronous standby killed -9 and the standby promoted,
+// the replicas' DSN naming both; and a standby left asynchronous and
+// behind while a second replica, on a Kubernetes Lease of its own, takes
+// the next term on the primary alone, is frozen, and is thawed after the
+// promotion into a term the promoted board handed to another replica (the
+// fence refuses it for its holder). Every scenario checks the same promises:
 // each task's exact end (state, try, re-placed or not); no false reap (an
 // applied reaper decision on an attempt or run the test did not harm); no
 // double execution (each execution of a task holds an flock on the task's

@@ -70,6 +70,9 @@ var scenarios = []struct {
 	{"PodCreateUnavailableFor15MinutesFailsTheDispatchWithoutARetry", createUnavailable},
 	{"WarmWorkerPodDeletedItsAttemptIsReapedAndRePlaced", warmWorkerDeleted},
 	{"LeaderCutOffFromTheAPIServerIsReplacedAndReapsNothingBlind", leaderCutOffFromTheAPIServer},
+	{"PostgresFrozenPastTheLeaseAppliesNothingBlindAndReapsOnceBack", postgresFrozen},
+	{"FailoverToASynchronousStandbyKeepsEveryAppliedDecision", failoverSynchronous},
+	{"AsyncFailoverThatLostATermFencesTheOldHolderOut", failoverAsyncLostTerm},
 }
 
 // pair starts the scenario's two replicas and waits for a leader.

@@ -21,6 +21,8 @@ type figures struct {
 	falseReaps, doubles, wedge int
 	wall                       time.Duration
 	measured, failed           bool
+	// notes are the scenario's own figures, printed under the table.
+	notes []string
 	// The verdict on the scenario's fault history, once judged.
 	hist       history.Verdict
 	histJudged bool
@@ -47,6 +49,13 @@ func (f *figures) set(faults []*fault, falseReaps, doubles, wedged int, wall tim
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.faults, f.falseReaps, f.doubles, f.wedge, f.wall, f.measured = faults, falseReaps, doubles, wedged, wall, true
+}
+
+// note adds a line of the scenario's own figures.
+func (f *figures) note(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
 }
 
 // track marks the line failed when its test fails.
@@ -155,6 +164,13 @@ func (b *figureBook) table(suite time.Duration) string {
 	fmt.Fprintf(&sb, format, fmt.Sprintf("total: %d/%d faults in SLA", inSLA, total), "", "", "", dur(suite),
 		fmt.Sprint(tfr), fmt.Sprint(td), fmt.Sprint(tw), fmt.Sprint(hw), fmt.Sprint(hx), fmt.Sprint(ht), fmt.Sprint(hv),
 		fmt.Sprintf("%d/%d histories judged", judged, len(rows)))
+	for _, r := range rows {
+		r.mu.Lock()
+		for _, n := range r.notes {
+			fmt.Fprintf(&sb, "%d. %s\n", r.num, n)
+		}
+		r.mu.Unlock()
+	}
 	return sb.String()
 }
 

@@ -200,7 +200,10 @@ func (s *scenario) finish() {
 		if l.doubles > 0 {
 			s.t.Errorf("task %s: %d executions ran while another did", ts.id, l.doubles)
 		}
-		if !ts.replaced && ts.try <= 1 && ts.want == "" {
+		if ts.lost && l.starts > 2 {
+			s.t.Errorf("task %s ran %d times; its first execution lost with a window, want two at most", ts.id, l.starts)
+		}
+		if !ts.replaced && ts.try <= 1 && ts.want == "" && !ts.lost {
 			if ti.infra != 0 || l.starts != 1 || l.ends != 1 {
 				s.t.Errorf("task %s was not harmed but ran %d times (%d ends), infra used %d",
 					ts.id, l.starts, l.ends, ti.infra)

@@ -15,8 +15,8 @@ var binDir string
 // packages are built into binDir, each under its package's name: reaperd,
 // the agent the task pods run, the kube substrate and the five reapers.
 var packages = []string{
-	"github.com/dexaflow/reaper/host/cmd/reaperd",
-	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/cmd/reaperd",
+	"github.com/dexaflow/reaper/cmd/reaper-agent",
 	"github.com/dexaflow/reaper/substrate/kube/cmd/reaper-substrate-kube",
 	"github.com/dexaflow/reaper/plugins/dispatchlost/cmd/reaper-dispatchlost",
 	"github.com/dexaflow/reaper/plugins/podlost/cmd/reaper-podlost",

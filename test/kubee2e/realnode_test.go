@@ -62,7 +62,7 @@ func newRealScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *
 		defer cancel()
 		// The image has no libc: the agent is built static.
 		agent := filepath.Join(binDir, "reaper-agent-static")
-		build := exec.CommandContext(ctx, "go", "build", "-o", agent, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
+		build := exec.CommandContext(ctx, "go", "build", "-o", agent, "github.com/dexaflow/reaper/cmd/reaper-agent")
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			realImage.err = fmt.Errorf("build the static agent: %w: %s", err, out)

@@ -87,6 +87,15 @@ type taskSpec struct {
 	// harm, on the real node, is the victim's first execution's body
 	// instead of the wait (the fault the task does to itself).
 	harm string
+	// upstreams are the tasks of the run it waits for; gate, when set,
+	// names the file in the task directory it waits for instead of the
+	// release (the scenario releases it alone).
+	upstreams []string
+	gate      string
+	// lost: its first execution may be lost with a failover's window (it
+	// ran on a primary whose writes the promoted board never had), so it
+	// may run twice, one after the other, never at once.
+	lost bool
 }
 
 func bystander(id string) taskSpec { return taskSpec{id: id} }
@@ -159,6 +168,14 @@ func newScenario(t *testing.T, num int, title string, c *kubetest.Cluster) *scen
 // their executions to a ledger (see newRealScenario).
 func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, real *kubetest.RealNode) *scenario {
 	t.Helper()
+	return newScenarioBoard(t, num, title, c, real, "")
+}
+
+// newScenarioBoard is newScenarioOn on the board dsn names ("": a database
+// of its own on the suite's PostgreSQL): a board of the scenario's own
+// server, or of a primary and its standby (their failover DSN).
+func newScenarioBoard(t *testing.T, num int, title string, c *kubetest.Cluster, real *kubetest.RealNode, dsn string) *scenario {
+	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	s := &scenario{t: t, num: num, title: title, c: c, cs: c.Client(t), ns: c.NewNamespace(t),
@@ -180,7 +197,10 @@ func newScenarioOn(t *testing.T, num int, title string, c *kubetest.Cluster, rea
 	} else {
 		s.apiListen = attemptapitest.FreeAddr(t)
 	}
-	s.dsn = pgtest.NewDSN(t)
+	s.dsn = dsn
+	if s.dsn == "" {
+		s.dsn = pgtest.NewDSN(t)
+	}
 	var err error
 	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
 		t.Fatal(err)
@@ -484,7 +504,11 @@ func (s *scenario) command(ts taskSpec) string {
 	q := func(p string) string { return "'" + p + "'" }
 	log := q(filepath.Join(s.taskDir, ts.id+".log"))
 	lock := q(filepath.Join(s.taskDir, ts.id+".lock"))
-	wait := "until [ -e " + q(s.release) + " ]; do sleep 0.2; done"
+	release := s.release
+	if ts.gate != "" {
+		release = filepath.Join(s.taskDir, ts.gate)
+	}
+	wait := "until [ -e " + q(release) + " ]; do sleep 0.2; done"
 	body := wait
 	if ts.victim {
 		body = `if [ "$REAPER_TRY" = 1 ] && [ ! -e ` + q(filepath.Join(s.taskDir, ts.id+".started")) + ` ]; then touch ` +
@@ -544,7 +568,7 @@ func (s *scenario) submit(tasks ...taskSpec) {
 			executor = s.executor
 		}
 		run.Tasks = append(run.Tasks, lifecycle.NewTask{TaskID: ts.id, Executor: executor,
-			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts)})
+			Retries: int32(s.retries), InfraBudget: s.infraBudget, Command: s.command(ts), Upstreams: ts.upstreams})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()

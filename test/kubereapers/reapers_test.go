@@ -277,8 +277,8 @@ func TestOrphanRun(t *testing.T) {
 	})
 }
 
-func lifecycleFailed() lifecycle.Outcome {
-	return lifecycle.Outcome{State: sdk.StateFailed, Reason: "exit_code", Message: "exit_code: 1"}
+func lifecycleFailed() lifecycle.TerminalReport {
+	return lifecycle.TerminalReport{State: sdk.StateFailed, Reason: "exit_code", Message: "exit_code: 1"}
 }
 
 // An API server that cannot be reached at all: every pod read fails, so

@@ -120,7 +120,7 @@ func TestInfraConfirmValve_UnconfirmedMarkWithTheBudgetSpentIsOrphanReapableAfte
 	l := ladder.Defaults()
 	w.createRun(runID, w.t0.Add(-time.Hour), "task")
 	a := first(runID, "task")
-	w.drive(a, w.t0.Add(-time.Hour), lifecycle.Outcome{}) // running since an hour ago, silent since
+	w.drive(a, w.t0.Add(-time.Hour), lifecycle.TerminalReport{}) // running since an hour ago, silent since
 	w.spendInfraBudget(runID)
 
 	// The gate opens after the settling grace; the mark lands a cycle

@@ -362,7 +362,7 @@ func (w *world) expectStaleReportsRefused(t *testing.T, a sdk.Attempt) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	report, err := w.w.Report(w.ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, when)
+	report, err := w.w.Report(w.ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, when)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ var binDir string
 
 // binaries are the packages built into binDir, each under its own name.
 var binaries = []string{
-	"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent",
+	"github.com/dexaflow/reaper/cmd/reaper-agent",
 	"github.com/dexaflow/reaper/substrate/lite/cmd/reaper-substrate-lite",
 	"github.com/dexaflow/reaper/plugins/agentlost/cmd/reaper-agentlost",
 	"github.com/dexaflow/reaper/plugins/dispatchlost/cmd/reaper-dispatchlost",

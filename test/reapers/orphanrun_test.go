@@ -69,21 +69,21 @@ func TestOrphanRunOnLite(t *testing.T) {
 
 	// parked: the task failed with a retry left and waits in up_for_retry,
 	// which stamps no fresh activity.
-	w.drive(a["parked"], t0.Add(-50*time.Minute), lifecycle.Outcome{State: sdk.StateUpForRetry, Reason: "exit_code",
+	w.drive(a["parked"], t0.Add(-50*time.Minute), lifecycle.TerminalReport{State: sdk.StateUpForRetry, Reason: "exit_code",
 		Message: "exit_code: task exited with code 1"})
 
 	// released: the task failed long ago and is retried between two cycles
 	// (below): its release is fresh activity.
-	w.drive(a["released"], t0.Add(-50*time.Minute), lifecycle.Outcome{State: sdk.StateFailed, Reason: "exit_code",
+	w.drive(a["released"], t0.Add(-50*time.Minute), lifecycle.TerminalReport{State: sdk.StateFailed, Reason: "exit_code",
 		Message: "exit_code: task exited with code 1"})
 
 	// held: a reaper failed the attempt and held it for an operator.
-	w.drive(a["held"], t0.Add(-50*time.Minute), lifecycle.Outcome{})
+	w.drive(a["held"], t0.Add(-50*time.Minute), lifecycle.TerminalReport{})
 	w.markAgentLost(a["held"], t0.Add(-40*time.Minute), true)
 
 	// locked: settled long ago, but another transaction is writing its
 	// task instance when the reaper comes.
-	w.drive(a["locked"], t0.Add(-20*time.Minute), lifecycle.Outcome{State: sdk.StateSuccess})
+	w.drive(a["locked"], t0.Add(-20*time.Minute), lifecycle.TerminalReport{State: sdk.StateSuccess})
 
 	before := map[string]board.TaskInstance{}
 	for _, run := range []string{"finished", "lost", "parked", "held", "locked"} {
@@ -184,7 +184,7 @@ func TestOrphanRunOnLite(t *testing.T) {
 // drive takes a fresh attempt through queued and running to the outcome,
 // all at chosen times: queued at from, running a minute later, and the
 // outcome (if any) a minute after that. A zero outcome leaves it running.
-func (w *world) drive(a sdk.Attempt, from time.Time, o lifecycle.Outcome) {
+func (w *world) drive(a sdk.Attempt, from time.Time, o lifecycle.TerminalReport) {
 	w.t.Helper()
 	w.queue(a, from)
 	if stop, err := w.w.Running(w.ctx, a, from.Add(time.Minute)); err != nil || stop {

@@ -195,11 +195,12 @@ func seedAudit(b *testing.B, pool *pgxpool.Pool, store *board.Store, now time.Ti
 	// in turn, scattered), made at now - 100 days + i's share of them. Of
 	// ten: seven deferrals, two marks, one dry run (scored; judged right
 	// when older than a day). One in a hundred is about the run only, one
-	// in a hundred about no run (the host's).
+	// in a hundred about no run (the host's). The marks and the dry run are
+	// kills (agent_lost).
 	const chunk = 1_000_000
 	for from := 0; from < n; from += chunk {
 		exec(`INSERT INTO reap_decisions (at, term, reaper, label, run_id, task_id, try_number, attempt_epoch,
-                applied, dry_run, detail, evidence_packed, scored, verdict, verdict_at, verdict_term)
+                applied, dry_run, detail, evidence_packed, scored, verdict, verdict_at, verdict_term, kill)
             SELECT at, 7, CASE WHEN host THEN 'host' WHEN runonly THEN 'orphanrun' ELSE 'agentlost' END,
                 CASE WHEN host THEN $7 WHEN runonly THEN $8 WHEN kind < 7 THEN $9 ELSE $10 END,
                 CASE WHEN NOT host THEN 'run' || lpad((ti / $5)::text, 6, '0') END,
@@ -210,7 +211,8 @@ func seedAudit(b *testing.B, pool *pgxpool.Pool, store *board.Store, now time.Ti
                 scored,
                 CASE WHEN scored AND at < $1::timestamptz - interval '1 day' THEN 'right' END,
                 CASE WHEN scored AND at < $1::timestamptz - interval '1 day' THEN at + interval '1 hour' END,
-                CASE WHEN scored AND at < $1::timestamptz - interval '1 day' THEN 7 END
+                CASE WHEN scored AND at < $1::timestamptz - interval '1 day' THEN 7 END,
+                NOT host AND NOT runonly AND kind >= 7
             FROM (SELECT $1::timestamptz - interval '100 days' + (i::float8 / $3) * interval '100 days' AS at,
                     (i::bigint * 7919) % ($4::int * $5) AS ti, i % 10 AS kind,
                     i % 100 = 0 AS runonly, i % 100 = 1 AS host,

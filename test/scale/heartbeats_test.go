@@ -1,17 +1,19 @@
 package scale_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
-	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"slices"
+	"runtime/pprof"
 	"strconv"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +35,8 @@ const (
 	// heartbeating once per ladder heartbeat (15 s), is heartbeatRate.
 	heartbeatAgents = 150_000
 	// heartbeatRate is the aim: heartbeats a second, absorbed with none
-	// failed and a p99 under heartbeatP99Aim.
+	// failed and a p99 under heartbeatP99Aim. REAPER_SCALE_HEARTBEAT_RATE
+	// sends another (to compare CPU per heartbeat on a busy machine).
 	heartbeatRate   = 10_000
 	heartbeatP99Aim = 100 * time.Millisecond
 	// heartbeatSecondsDefault is how long the load runs;
@@ -46,6 +49,13 @@ const (
 	// heartbeatApplication names the API's sessions on the server, so that
 	// the benchmark can wait for them to end and their statistics to count.
 	heartbeatApplication = "attempt-api-scale"
+	// heartbeatServedAim is what serving a heartbeat may cost the machine,
+	// in CPU µs: the API's process and PostgreSQL's, the generator's left
+	// out.
+	heartbeatServedAim = 60
+	// envHeartbeatProfile, when set, names a file that receives a CPU
+	// profile of the API's process over the load.
+	envHeartbeatProfile = "REAPER_SCALE_HEARTBEAT_PROFILE"
 )
 
 // BenchmarkScaleHeartbeats is the attempt API of one replica, as reaperd
@@ -71,8 +81,14 @@ const (
 // Each heartbeat's latency counts from when it was due, not from when a
 // connection was free, so a backlog shows in the p99 rather than in a
 // slower pace; one not answered within a heartbeat interval of when it was
-// due is abandoned, as the agent abandons it, and counted failed. The machine's CPU is read from /proc/stat over the load:
-// the API, PostgreSQL and the load generator, all on this machine's cores.
+// due is abandoned, as the agent abandons it, and counted failed.
+//
+// The load generator runs in a process of its own (this test binary
+// running TestScaleHeartbeatLoad), so that the CPU of each part is read
+// apart over the load: the API's (this process's own, its children left
+// out), PostgreSQL's (the postmaster and its backends), the generator's,
+// and the whole machine's from /proc/stat. REAPER_SCALE_HEARTBEAT_PROFILE
+// names a file for a CPU profile of the API's process over the load.
 func BenchmarkScaleHeartbeats(b *testing.B) {
 	seconds := heartbeatSecondsDefault
 	if s := os.Getenv("REAPER_SCALE_HEARTBEAT_SECONDS"); s != "" {
@@ -81,6 +97,14 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 			b.Fatalf("REAPER_SCALE_HEARTBEAT_SECONDS=%q: want a positive number of seconds", s)
 		}
 		seconds = n
+	}
+	rate := heartbeatRate
+	if s := os.Getenv("REAPER_SCALE_HEARTBEAT_RATE"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			b.Fatalf("REAPER_SCALE_HEARTBEAT_RATE=%q: want a positive number of heartbeats a second", s)
+		}
+		rate = n
 	}
 	ctx := context.Background()
 	pool := pgtest.NewDB(b)
@@ -108,92 +132,33 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	go func() { ran <- svc.Run(sctx) }()
 
 	iss := svc.Issuer(lad.AttemptTokenTTL)
-	tr, err := attemptapi.NewTransport(iss.CA)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = heartbeatConns, heartbeatConns
-	hc := &http.Client{Transport: tr}
 	keys := iss.Keys()
-	attempts := massbench.Attempts(heartbeatAgents)
-	clients := make([]*attemptapi.Client, heartbeatAgents)
-	for i, a := range attempts {
-		tok, _, err := keys.Mint(a, now, lad.AttemptTokenTTL)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if clients[i], err = attemptapi.NewClientOver(iss.API, tok, hc); err != nil {
+	plan := heartbeatPlan{URL: iss.API, CA: iss.CA, Tokens: make([]string, heartbeatAgents), Seconds: seconds,
+		Rate: rate, Conns: heartbeatConns, Heartbeat: lad.Heartbeat}
+	for i, a := range massbench.Attempts(heartbeatAgents) {
+		if plan.Tokens[i], _, err = keys.Mint(a, now, lad.AttemptTokenTTL); err != nil {
 			b.Fatal(err)
 		}
 	}
-	// The connections are opened before the load: an agent's connection
-	// is open long before its heartbeats (its one handshake is at its
-	// start), so the pool's handshakes are not paid inside the load's
-	// latencies, where 512 at once would be a burst no fleet sends.
-	// The server's write counts are read before them: its statistics reach
-	// the server when its sessions end, so the warm-up's heartbeats are
-	// counted with the load's (written beats, below).
+	// The server's write counts are read before the generator's warm-up:
+	// its statistics reach the server when its sessions end, so the
+	// warm-up's heartbeats are counted with the load's (written beats,
+	// below).
 	before := pgtest.ReadWriteCounts(b, pool, "task_instances")
-	var warm sync.WaitGroup
-	warmErrs := make([]error, heartbeatConns)
-	for i := range heartbeatConns {
-		warm.Go(func() {
-			j := heartbeatAgents - 1 - i
-			_, warmErrs[i] = clients[j].Heartbeat(ctx, attempts[j])
-		})
-	}
-	warm.Wait()
-	if err := errors.Join(warmErrs...); err != nil {
-		b.Fatalf("opening the connections: %v", err)
-	}
-	progress("%s: %d heartbeats/s for %ds over %d connections", heartbeatSection, heartbeatRate, seconds, heartbeatConns)
+	gen := startHeartbeatLoad(b, plan)
+	progress("%s: %d heartbeats/s for %ds over %d connections", heartbeatSection, rate, seconds, heartbeatConns)
 
 	b.ResetTimer()
-	total := seconds * heartbeatRate
-	latencies := make([]time.Duration, total) // each written by its heartbeat's goroutine alone
-	var (
-		failed   atomic.Int64
-		firstErr atomic.Value
-		wg       sync.WaitGroup
-	)
+	stopProfile := profileHeartbeats(b)
 	pgPID := pgtest.Current(b).PID()
-	cpuBefore, selfBefore, pgBefore := machinecpu.Busy(), machinecpu.Process(os.Getpid()), machinecpu.Process(pgPID)
-	began := time.Now()
-	// Heartbeat j is agent j mod heartbeatAgents's, due at began + j/rate.
-	due := func(j int) time.Time { return began.Add(time.Duration(j) * time.Second / heartbeatRate) }
-	for sent := 0; sent < total; {
-		// The load's own pace, not a wait for anything: send every
-		// heartbeat that is due, then look again a millisecond later.
-		for ; sent < total && !due(sent).After(time.Now()); sent++ {
-			wg.Add(1)
-			go func(j int) {
-				defer wg.Done()
-				c := clients[j%heartbeatAgents]
-				// An agent gives up on a heartbeat after one heartbeat
-				// interval (runner/agent): so does the load, counting it
-				// failed, which also bounds the run on an overloaded machine.
-				hctx, cancel := context.WithDeadline(ctx, due(j).Add(lad.Heartbeat))
-				defer cancel()
-				resp, err := c.Heartbeat(hctx, attempts[j%heartbeatAgents])
-				latencies[j] = time.Since(due(j))
-				if err == nil && resp.ShouldTerminate {
-					err = fmt.Errorf("%s told to terminate", attempts[j%heartbeatAgents])
-				}
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				}
-			}(sent)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	wg.Wait()
-	elapsed := time.Since(began)
+	cpuBefore, apiBefore, pgBefore := machinecpu.Busy(), machinecpu.Own(os.Getpid()), machinecpu.Process(pgPID)
+	out := gen.run(b)
 	cpu := machinecpu.Busy() - cpuBefore
-	self, pgCPU := machinecpu.Process(os.Getpid())-selfBefore, machinecpu.Process(pgPID)-pgBefore
+	apiCPU, pgCPU := machinecpu.Own(os.Getpid())-apiBefore, machinecpu.Process(pgPID)-pgBefore
+	stopProfile()
 	b.StopTimer()
+	gen.wait(b)
 
-	tr.CloseIdleConnections()
 	stop()
 	if err := <-ran; err != nil {
 		b.Fatal(err)
@@ -201,37 +166,152 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	svc.Close() // its sessions hand their statistics over as they exit
 	pgtest.WaitSessionsEnd(b, pool, heartbeatApplication)
 	after := pgtest.ReadWriteCounts(b, pool, "task_instances")
-	if e := firstErr.Load(); e != nil {
-		progress("%s: first failure: %v", heartbeatSection, e)
+	if out.FirstError != "" {
+		progress("%s: first failure: %s", heartbeatSection, out.FirstError)
 	}
 
-	slices.Sort(latencies)
-	q := func(p float64) time.Duration { return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))] }
+	total := out.Total
 	// Answered heartbeats over the time they took (failed ones left out).
-	rate := float64(int64(total)-failed.Load()) / elapsed.Seconds()
-	p99 := q(0.99)
-	aimed(heartbeatSection, "heartbeats/s achieved", fmt.Sprintf("%.0f", rate), fmt.Sprintf(">= %d for %ds", heartbeatRate, seconds),
-		rate >= 0.99*heartbeatRate)
-	figure(heartbeatSection, "p50", q(0.50).Round(10*time.Microsecond).String())
+	answered := total - int(out.Failed)
+	achieved := float64(answered) / out.Elapsed.Seconds()
+	p99 := out.Quantiles[1]
+	aimed(heartbeatSection, "heartbeats/s achieved", fmt.Sprintf("%.0f", achieved), fmt.Sprintf(">= %d for %ds", heartbeatRate, seconds),
+		achieved >= 0.99*heartbeatRate)
+	figure(heartbeatSection, "p50", out.Quantiles[0].Round(10*time.Microsecond).String())
 	aimed(heartbeatSection, "p99", p99.Round(10*time.Microsecond).String(), "< "+heartbeatP99Aim.String(), p99 < heartbeatP99Aim)
-	figure(heartbeatSection, "p99.9", q(0.999).Round(10*time.Microsecond).String())
-	aimed(heartbeatSection, "failed", strconv.FormatInt(failed.Load(), 10), "0", failed.Load() == 0)
-	perBeat := "–"
-	if !math.IsNaN(cpu) {
-		perBeat = fmt.Sprintf("%.0f", cpu*1e6/float64(total))
+	figure(heartbeatSection, "p99.9", out.Quantiles[2].Round(10*time.Microsecond).String())
+	aimed(heartbeatSection, "failed", strconv.FormatInt(out.Failed, 10), "0", out.Failed == 0)
+	// CPU is counted per answered heartbeat (a failed one mostly cost
+	// the generator its wait).
+	perBeat := func(seconds float64) string {
+		if math.IsNaN(seconds) || answered == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f", seconds*1e6/float64(answered))
 	}
 	// 2 cores' worth at the aimed rate is 200 µs a heartbeat: the whole
-	// machine's budget.
-	aimed(heartbeatSection, "machine CPU µs/heartbeat", perBeat, "< 200 (2 cores at the rate)",
-		!math.IsNaN(cpu) && cpu*1e6/float64(total) < 200)
-	figure(heartbeatSection, "cores busy", fmt.Sprintf("%.2f", cpu/elapsed.Seconds()))
-	// The machine is shared: what this test's own processes spent.
-	figure(heartbeatSection, "API and load generator CPU µs/heartbeat", fmt.Sprintf("%.0f", self*1e6/float64(total)))
-	figure(heartbeatSection, "PostgreSQL CPU µs/heartbeat", fmt.Sprintf("%.0f", pgCPU*1e6/float64(total)))
+	// machine's budget, the generator's share included.
+	aimed(heartbeatSection, "machine CPU µs/heartbeat", perBeat(cpu), "< 200 (2 cores at the rate)",
+		!math.IsNaN(cpu) && cpu*1e6/float64(answered) < 200)
+	figure(heartbeatSection, "cores busy", fmt.Sprintf("%.2f", cpu/out.Elapsed.Seconds()))
+	// Each process's own, counted apart: the machine may be shared.
+	figure(heartbeatSection, "API CPU µs/heartbeat", perBeat(apiCPU))
+	figure(heartbeatSection, "PostgreSQL CPU µs/heartbeat", perBeat(pgCPU))
+	served := apiCPU + pgCPU
+	aimed(heartbeatSection, "API + PostgreSQL CPU µs/heartbeat", perBeat(served), fmt.Sprintf("<= %d", heartbeatServedAim),
+		!math.IsNaN(served) && served*1e6/float64(answered) <= heartbeatServedAim)
+	figure(heartbeatSection, "load generator CPU µs/heartbeat", perBeat(out.CPU))
 	// The statistics' own reads commit 2 transactions: negligible here.
 	written := float64(total + heartbeatConns) // the load's and the warm-up's
 	commits := float64(after.Commits-before.Commits) / written
 	aimed(heartbeatSection, "commits/heartbeat", fmt.Sprintf("%.4f", commits), "< 1 (batched)", commits < 1)
 	rows := float64(after.Updated-before.Updated) / written
 	aimed(heartbeatSection, "rows updated/heartbeat", fmt.Sprintf("%.3f", rows), "<= 1", rows <= 1.0001)
+}
+
+// heartbeatLoad is the load generator's process (TestScaleHeartbeatLoad).
+type heartbeatLoad struct {
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines *bufio.Scanner
+}
+
+// startHeartbeatLoad starts the generator with plan and waits until it has
+// opened its connections.
+func startHeartbeatLoad(b *testing.B, plan heartbeatPlan) *heartbeatLoad {
+	b.Helper()
+	raw, err := json.Marshal(plan)
+	if err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(b.TempDir(), "heartbeat-load.json")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleHeartbeatLoad$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envHeartbeatLoad+"="+path)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("starting the load generator: %v", err)
+	}
+	g := &heartbeatLoad{cmd: cmd, in: in, lines: bufio.NewScanner(outPipe)}
+	b.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	if l := g.next(b); l != "warm" {
+		b.Fatalf("the load generator said %q, not warm", l)
+	}
+	return g
+}
+
+// next is the generator's next line of its own; the testing package's
+// lines (a failure's) are passed on.
+func (g *heartbeatLoad) next(b *testing.B) string {
+	b.Helper()
+	for g.lines.Scan() {
+		if l, ok := strings.CutPrefix(g.lines.Text(), heartbeatLoadMark); ok {
+			return l
+		}
+		fmt.Fprintf(os.Stderr, "load generator: %s\n", g.lines.Text())
+	}
+	b.Fatalf("the load generator ended without its outcome: %v", errors.Join(g.lines.Err(), g.cmd.Wait()))
+	return ""
+}
+
+// run starts the load and returns its outcome when it has run.
+func (g *heartbeatLoad) run(b *testing.B) heartbeatOutcome {
+	b.Helper()
+	if _, err := io.WriteString(g.in, "go\n"); err != nil {
+		b.Fatalf("starting the load: %v", err)
+	}
+	var out heartbeatOutcome
+	if err := json.Unmarshal([]byte(g.next(b)), &out); err != nil {
+		b.Fatalf("the load's outcome: %v", err)
+	}
+	return out
+}
+
+// wait waits for the generator's exit.
+func (g *heartbeatLoad) wait(b *testing.B) {
+	b.Helper()
+	_ = g.in.Close()
+	for g.lines.Scan() { // the testing package's last words
+	}
+	if err := g.cmd.Wait(); err != nil {
+		b.Fatalf("the load generator: %v", err)
+	}
+}
+
+// profileHeartbeats starts a CPU profile of this process (the API's) into
+// the file envHeartbeatProfile names, if any; the returned func ends it.
+func profileHeartbeats(b *testing.B) func() {
+	path := os.Getenv(envHeartbeatProfile)
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatalf("the API's profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatalf("the API's profile: %v", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Errorf("the API's profile: %v", err)
+		}
+		progress("%s: the API's CPU profile is in %s", heartbeatSection, path)
+	}
 }

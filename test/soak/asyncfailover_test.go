@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/testkit/history"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
@@ -16,8 +17,8 @@ import (
 // The failover's asynchronous mode. The failover is drawn once, as
 // FaultFailover; its step's pick (a failover needs no target) decides its
 // mode: an even pick fails over to the synchronous standby (nothing the
-// primary acknowledged is lost), an odd one, on Lite (the kube edition's
-// pod invariants excuse no lost window), first makes the standby
+// primary acknowledged is lost), an odd one, on either edition, first makes
+// the standby
 // asynchronous and stops its streaming for a window drawn from the rest of
 // the pick, while the system keeps writing to the primary, and the
 // leading replica is killed as the window opens, so that a successor takes
@@ -260,6 +261,15 @@ func ExcusedByLostWindow(h History) []string {
 		if h.lostRunning(e) {
 			out = append(out, fmt.Sprintf("%s: agent %d told should_terminate at %s (started %s): the promoted board never had it running",
 				e.Attempt, e.AgentPID, stamp(e.End), stamp(e.Start)))
+		}
+	}
+	for _, ps := range h.PodStops {
+		for _, e := range h.Executions {
+			if e.Attempt == ps.Attempt && e.Start.Before(ps.At) && (e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped) &&
+				h.lostPodStop(ps, e) {
+				out = append(out, fmt.Sprintf("pod %s of %s %s at %s under its task (agent %d, started %s): the promoted board never had it running",
+					ps.Pod, ps.Attempt, ps.How, stamp(ps.At), e.AgentPID, stamp(e.Start)))
+			}
 		}
 	}
 	return out

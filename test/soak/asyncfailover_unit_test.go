@@ -40,19 +40,72 @@ func TestFailoverModeFromThePick(t *testing.T) {
 	if !short || !long {
 		t.Errorf("windows drawn short %t, past the lease and grace %t; want both", short, long)
 	}
-	modes := map[bool]int{}
-	for seed := range uint64(40) {
-		in := newInjector(&soak{seed: seed}, faultWeights)
-		for range 2000 {
-			if st := in.next(); st.kind == FaultFailover {
-				async, _ := failoverMode(st.pick)
-				modes[async]++
-				break
+	// Both editions' draws (the kube player's and the real node's too)
+	// throw both modes.
+	for name, ws := range map[string][]faultWeight{"lite": faultWeights, "player": kubeFaultWeights, "real": realFaultWeights} {
+		modes := map[bool]int{}
+		for seed := range uint64(40) {
+			in := newInjector(&soak{seed: seed}, ws)
+			for range 2000 {
+				if st := in.next(); st.kind == FaultFailover {
+					async, _ := failoverMode(st.pick)
+					modes[async]++
+					break
+				}
 			}
 		}
+		if modes[true] == 0 || modes[false] == 0 {
+			t.Errorf("%s: 40 seeds drew the failover asynchronous %d times, synchronous %d; want both", name, modes[true], modes[false])
+		}
 	}
-	if modes[true] == 0 || modes[false] == 0 {
-		t.Errorf("40 seeds drew the failover asynchronous %d times, synchronous %d; want both", modes[true], modes[false])
+}
+
+// On kube, a pod stop that tore down an execution the lost window took
+// from the board is excused, and counted, on the same terms as an agent
+// told should_terminate; nothing else is.
+func TestLostPodStopIsNarrow(t *testing.T) {
+	a := attempt("a", 1, 0)
+	fo := Fault{Kind: FaultFailoverAsync, At: at(10), Ended: at(21), LostFrom: at(10), LostTo: at(20)}
+	running := Execution{Attempt: a, AgentPID: 10, PGID: 11, Start: at(15), LastSeenAlive: at(23), End: at(23),
+		EndReason: agent.ReasonAgentStopped}
+	stop := PodStop{At: at(22), Attempt: a, Pod: "p-a", How: "deleted", Phase: "Running"}
+	check := func(h History) []Violation {
+		h.Now = at(60)
+		return CheckNoLivePodTornDown(h)
+	}
+	t.Run("StartedInTheWindowTornDownByThePromotedBoard_Excused", func(t *testing.T) {
+		h := History{Faults: []Fault{fo}, Executions: []Execution{running}, PodStops: []PodStop{stop}}
+		expect(t, check(h), 0, "")
+		if ex := ExcusedByLostWindow(h); len(ex) != 1 || !strings.Contains(ex[0], "pod p-a") {
+			t.Errorf("excused %v, want the one pod stop", ex)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		h    History
+	}{
+		{"NoLostWindow", History{Faults: []Fault{{Kind: FaultFailover, At: at(10), Ended: at(21)}},
+			Executions: []Execution{running}, PodStops: []PodStop{stop}}},
+		{"StartedBeforeTheWindow", History{Faults: []Fault{fo}, Executions: []Execution{func() Execution {
+			e := running
+			e.Start = at(9)
+			return e
+		}()}, PodStops: []PodStop{stop}}},
+		{"TornDownBeforeThePrimaryDied", History{Faults: []Fault{fo}, Executions: []Execution{running},
+			PodStops: []PodStop{func() PodStop {
+				ps := stop
+				ps.At = at(19)
+				return ps
+			}()}}},
+		{"ThePromotedBoardHadItRunning", History{Faults: []Fault{fo}, Executions: []Execution{running}, PodStops: []PodStop{stop},
+			Transitions: []Transition{{At: at(21.5), From: a, To: a, OldState: sdk.StateQueued, NewState: sdk.StateRunning}}}},
+	} {
+		t.Run(tc.name+"_Violates", func(t *testing.T) {
+			expect(t, check(tc.h), 1, "while its task ran")
+			if ex := ExcusedByLostWindow(tc.h); len(ex) != 0 {
+				t.Errorf("excused %v", ex)
+			}
+		})
 	}
 }
 

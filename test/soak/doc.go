@@ -52,7 +52,8 @@
 // agent told should_terminate whose execution started in the window,
 // before the promotion, and whose attempt the promoted board had not
 // recorded running by then (its running report, or its dispatch, was
-// lost). Two executions of one task at once, a mark while an agent lives,
+// lost), and on kube a pod torn down under such an execution on the same
+// terms. Two executions of one task at once, a mark while an agent lives,
 // an outcome lost from the promoted board's own writes are never excused.
 // The soak forgets the audit and heartbeat rows it had read and reads the
 // promoted board's afresh (their ids are handed out again). The report
@@ -109,7 +110,7 @@
 // (SIGSTOP/SIGCONT) past the lease, kill -9 and SIGSTOP/SIGCONT of the
 // leading reaperd, a PostgreSQL restart, a burst of runs, the three
 // database nemeses of Lite (the replicas linked to PostgreSQL the same
-// way), and a fourth: one replica partitioned from the API server. Each
+// way; the failover in either mode), and a fourth: one replica partitioned from the API server. Each
 // replica has a configuration and a kubeconfig of its own, whose server is
 // a netfault proxy of its own in front of kube-apiserver (the Lease's
 // client, the substrate's and the runner's all go through it); the

@@ -354,8 +354,7 @@ func (in *injector) inject(ctx context.Context, st step) (*Fault, error) {
 		return f, nil
 
 	case FaultFailover:
-		if async, window := failoverMode(pick); async && s.kube == nil {
-			// Lite only: the kube invariants excuse no lost window yet.
+		if async, window := failoverMode(pick); async {
 			return in.failOverAsync(ctx, st, window)
 		}
 		if !s.db.acquire(ctx) {

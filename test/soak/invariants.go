@@ -213,7 +213,10 @@ func killedBy(faults []Fault) map[sdk.Attempt]bool {
 // queued or running, and that met a task still running: an
 // execution of the pod's attempt that had started before the stop was seen
 // and was still alive then, or that its agent ended because it was told to
-// stop (SIGTERM, as the kubelet does to a pod going away).
+// stop (SIGTERM, as the kubelet does to a pod going away). A stop of an
+// execution an asynchronous failover's window took from the board
+// (lostPodStop: it started in the window, and the promoted board never had
+// its attempt running by the stop) is excused, and counted in the report.
 func CheckNoLivePodTornDown(h History) []Violation {
 	killed := killedBy(h.Faults)
 	execs := map[sdk.Attempt][]Execution{}
@@ -239,7 +242,7 @@ func CheckNoLivePodTornDown(h History) []Violation {
 			if !e.Start.Before(ps.At) {
 				continue
 			}
-			if e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped {
+			if (e.Over().After(ps.At) || e.EndReason == agent.ReasonAgentStopped) && !h.lostPodStop(ps, e) {
 				out = append(out, Violation{Check: NoLivePodTornDown, Evidence: fmt.Sprintf(
 					"pod %s of %s %s at %s (phase %s) while its task ran (agent %d, group %d, started %s, alive at %s, ended %q)",
 					ps.Pod, ps.Attempt, ps.How, stamp(ps.At), ps.Phase, e.AgentPID, e.PGID, stamp(e.Start),

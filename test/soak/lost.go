@@ -1,6 +1,8 @@
 package soak
 
 import (
+	"time"
+
 	"github.com/dexaflow/reaper/runner/agent"
 	"github.com/dexaflow/reaper/sdk"
 )
@@ -23,6 +25,22 @@ func (h History) lostRunning(e Execution) bool {
 	if e.EndReason != agent.ReasonTerminated {
 		return false
 	}
+	return h.lostBy(e, e.End)
+}
+
+// lostPodStop reports whether pod stop ps, which met execution e of its
+// attempt still running, tore down an execution a lost window took from the
+// board: e started in the window, before the promotion, the stop came after
+// the primary's kill, and the promoted board had not recorded the attempt
+// running by the stop.
+func (h History) lostPodStop(ps PodStop, e Execution) bool {
+	return ps.Attempt == e.Attempt && h.lostBy(e, ps.At)
+}
+
+// lostBy reports whether execution e started in a lost window (after it
+// opened, before the promotion) and was ended at end, after the primary's
+// kill, while the promoted board had not recorded its attempt running.
+func (h History) lostBy(e Execution, end time.Time) bool {
 	for _, f := range h.Faults {
 		if f.LostTo.IsZero() {
 			continue
@@ -31,12 +49,12 @@ func (h History) lostRunning(e Execution) bool {
 		if promoted.Before(f.LostTo) {
 			promoted = h.Now // still under way at the last look
 		}
-		if !e.Start.After(f.LostFrom) || !e.Start.Before(promoted) || !e.End.After(f.LostTo) {
+		if !e.Start.After(f.LostFrom) || !e.Start.Before(promoted) || !end.After(f.LostTo) {
 			continue
 		}
 		recorded := false
 		for _, t := range h.Transitions {
-			if t.To == e.Attempt && t.NewState == sdk.StateRunning && !t.At.After(e.End) {
+			if t.To == e.Attempt && t.NewState == sdk.StateRunning && !t.At.After(end) {
 				recorded = true
 				break
 			}

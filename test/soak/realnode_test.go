@@ -182,7 +182,7 @@ func (s *soak) importTaskImage(ctx context.Context, n *kubetest.RealNode) error 
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(s.dir, "reaper-agent-static")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/dexaflow/reaper/cmd/reaper-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the static agent: %w: %s", err, out)

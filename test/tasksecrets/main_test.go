@@ -65,7 +65,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(probeEnv) != "" {
 		os.Exit(probe())
 	}
-	os.Exit(testbin.Main(m, "tasksecrets", []string{"github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent"},
+	os.Exit(testbin.Main(m, "tasksecrets", []string{"github.com/dexaflow/reaper/cmd/reaper-agent"},
 		func(m *testing.M, bin string) int {
 			binDir = bin
 			// The agent runs as an unprivileged user: it must reach its binary.

@@ -169,7 +169,7 @@ func Prepare(ctx context.Context, cfg Config) (*Release, error) {
 func (r *Release) prepare(ctx context.Context) error {
 	begin := time.Now()
 	agent := filepath.Join(r.cfg.Dir, "reaper-agent")
-	if err := BuildStatic(ctx, r.cfg.Root, agent, "./runner/agent/cmd/reaper-agent"); err != nil {
+	if err := BuildStatic(ctx, r.cfg.Root, agent, "./cmd/reaper-agent"); err != nil {
 		return err
 	}
 	if err := r.Node.ImportTaskImage(ctx, TaskImage, agent); err != nil {

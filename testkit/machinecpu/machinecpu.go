@@ -81,6 +81,17 @@ func Process(pid int) float64 {
 	return own
 }
 
+// Own returns the CPU seconds the process pid has spent itself, its
+// children's left out (a benchmark that starts its load generator as a
+// child counts the two apart). NaN when /proc/<pid>/stat cannot be read.
+func Own(pid int) float64 {
+	t, ok := procTimes(pid, false)
+	if !ok {
+		return math.NaN()
+	}
+	return t
+}
+
 // procFields are the fields of /proc/<pid>/stat after the command name
 // (whose parentheses may hold spaces): field 4 (ppid) is the second.
 func procFields(pid int) ([]string, bool) {

@@ -3,6 +3,7 @@ package machinecpu_test
 import (
 	"math"
 	"os"
+	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -40,5 +41,29 @@ func TestTheProcessesWorkCountsInBoth(t *testing.T) {
 	// /proc/stat counts in ticks of 10 ms.
 	if err != nil || math.IsNaN(machine) || machine < spent-0.02 {
 		t.Fatalf("the machine: measured %v s (err %v) over the process's %v s", machine, err, spent)
+	}
+}
+
+// A child's CPU counts in its parent's Process, never in its Own.
+func TestOwnLeavesChildrenOut(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("no /proc")
+	}
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	const spent = 0.1 // seconds of the child's CPU
+	for deadline := time.Now().Add(time.Minute); machinecpu.Own(cmd.Process.Pid) < spent; {
+		if time.Now().After(deadline) {
+			t.Fatal("a minute of the child spinning never counted in its CPU")
+		}
+		runtime.Gosched()
+	}
+	self, withChildren := machinecpu.Own(os.Getpid()), machinecpu.Process(os.Getpid())
+	// Ticks of 10 ms, read one after the other: a tick of slack.
+	if math.IsNaN(self) || withChildren-self < spent-0.01 {
+		t.Fatalf("own %v s, with the child %v s: the child's %v s not told apart", self, withChildren, spent)
 	}
 }

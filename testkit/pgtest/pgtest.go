@@ -158,6 +158,27 @@ func createDB(t testing.TB, srv *Server, template string) string {
 	return name
 }
 
+// NewOwnBoard starts a server of the test's own (one a fault may freeze,
+// kill or restart without touching the other tests' databases) holding a
+// database with the board's schema, named from prefix, and returns the
+// server and the database's DSN. The server is stopped, and its directory
+// removed, when the test ends.
+func NewOwnBoard(t testing.TB, prefix string) (*Server, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	name := srv.UniqueName(prefix)
+	if err := srv.CreateBoardDatabase(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	return srv, srv.DSN(name)
+}
+
 // NewFailoverPair starts a primary of the test's own (Options.Replication)
 // holding database, with the board's schema, and a standby of it made with
 // opts, for failover tests: the test may Kill the primary and Promote the

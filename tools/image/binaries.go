@@ -11,10 +11,11 @@ import (
 	"strings"
 )
 
-// mainPatterns are where the product's commands live: the host, the CLI,
-// every reaper plugin, both substrates and the execution side's agent. The
-// demo, the examples and the test helpers are left out on purpose.
-var mainPatterns = []string{"./host/cmd/...", "./cmd/...", "./plugins/...", "./substrate/...", "./runner/..."}
+// mainPatterns are where the product's commands live: the host, the CLI
+// and the execution side's agent (cmd/), every reaper plugin and both
+// substrates (each in its own folder). The demo, the examples and the test
+// helpers are left out on purpose.
+var mainPatterns = []string{"./cmd/...", "./plugins/...", "./substrate/..."}
 
 // versionVar is the variable the Makefile stamps the version into.
 const versionVar = "github.com/dexaflow/reaper/sdk.BuildVersion"

@@ -288,7 +288,7 @@ func tellDecisions(w io.Writer, now time.Time, ti board.TaskInstance, recs []boa
 		}
 		if line := verdictLine(now, r.Verdict); line != "" {
 			fmt.Fprintf(w, "    %s\n", line)
-		} else if board.Scored(r.Decision) {
+		} else if r.Scored {
 			fmt.Fprintln(w, "    verdict: not yet, waiting for what the attempt does next")
 		}
 	}

@@ -198,7 +198,7 @@ func (b *bundle) running(t *testing.T, a sdk.Attempt, queuedAt, runningAt, heart
 func (b *bundle) succeeded(t *testing.T, a sdk.Attempt, queuedAt, runningAt, endedAt time.Time) {
 	t.Helper()
 	b.running(t, a, queuedAt, runningAt, time.Time{})
-	if stop, err := b.w.Report(context.Background(), a, lifecycle.Outcome{State: sdk.StateSuccess}, endedAt); err != nil || stop {
+	if stop, err := b.w.Report(context.Background(), a, lifecycle.TerminalReport{State: sdk.StateSuccess}, endedAt); err != nil || stop {
 		t.Fatalf("report %s: %v %v", a, stop, err)
 	}
 }

@@ -541,7 +541,7 @@ func TestReplay(t *testing.T) {
 		b.running(t, a, t0.Add(-time.Minute), t0, time.Time{})
 		beat(t0.Add(time.Minute))
 		beat(t0.Add(4 * time.Minute))
-		if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateFailed, Reason: "exit_code"}, t0.Add(5*time.Minute)); err != nil || stop {
+		if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateFailed, Reason: "exit_code"}, t0.Add(5*time.Minute)); err != nil || stop {
 			t.Fatalf("report: %v %v", stop, err)
 		}
 		if rel, err := b.w.Retry(ctx, a, t0.Add(6*time.Minute)); err != nil || !rel.Applied {
@@ -551,7 +551,7 @@ func TestReplay(t *testing.T) {
 		a.Try = 2
 		b.running(t, a, t0.Add(7*time.Minute), t0.Add(8*time.Minute), time.Time{})
 		beat(t0.Add(8*time.Minute + 30*time.Second))
-		if stop, err := b.w.Report(ctx, a, lifecycle.Outcome{State: sdk.StateSuccess}, t0.Add(9*time.Minute)); err != nil || stop {
+		if stop, err := b.w.Report(ctx, a, lifecycle.TerminalReport{State: sdk.StateSuccess}, t0.Add(9*time.Minute)); err != nil || stop {
 			t.Fatalf("report: %v %v", stop, err)
 		}
 		var doc replayJSON

@@ -54,118 +54,141 @@ func (c CLI) status(ctx context.Context, inv *invocation) error {
 		return err
 	}
 	defer s.close()
-	now := c.now()
+	v := statusView{now: c.now(), state: *state, limit: *limit, attempts: map[string][]board.TaskInstance{}}
 
-	lease, hasLeader, err := s.store.CurrentLeader(ctx)
-	if err != nil {
+	if v.lease, v.hasLeader, err = s.store.CurrentLeader(ctx); err != nil {
 		return err
 	}
-	refused, err := s.store.RecentRefusals(ctx, now.Add(-RefusalWindow))
-	if err != nil {
+	if v.refused, err = s.store.RecentRefusals(ctx, v.now.Add(-RefusalWindow)); err != nil {
 		return err
 	}
-	var (
-		runs     []board.RunSummary
-		more     bool
-		attempts = map[string][]board.TaskInstance{}
-	)
 	if len(pos) == 1 {
 		rs, tis, err := oneRun(ctx, s, pos[0])
 		if err != nil {
 			return err
 		}
-		runs, attempts[rs.RunID] = []board.RunSummary{rs}, tis
-	} else {
-		q := board.RunListQuery{Limit: *limit + 1}
-		if *state != "" {
-			q.States = []string{*state}
-		}
-		page, err := s.store.ListRuns(ctx, q)
-		if err != nil {
-			return err
-		}
-		runs = page.Runs
-		if len(runs) > *limit {
-			runs, more = runs[:*limit], true
-		}
-		if *verbose {
-			for _, r := range runs {
-				tis, err := s.store.TaskInstances(ctx, r.RunID)
-				if err != nil {
-					return err
-				}
-				attempts[r.RunID] = tis
-			}
-		}
+		v.runs, v.attempts[rs.RunID] = []board.RunSummary{rs}, tis
+	} else if err := v.listRuns(ctx, s, *verbose); err != nil {
+		return err
 	}
-
-	var pools []poolJSON
 	if len(pos) == 0 {
-		if pools, err = poolRows(ctx, s, now); err != nil {
+		if v.pools, err = poolRows(ctx, s, v.now); err != nil {
 			return err
 		}
 	}
 	if inv.json {
-		doc := statusJSON{Runs: []runJSON{}, More: more, Pools: pools, FenceRefusals: refusalsOf(now, refused)}
-		if hasLeader {
-			doc.Leader = &leaderJSON{Name: lease.Name, Term: lease.Term, Holder: lease.Holder,
-				Held: lease.Held(now), ExpiresAt: timeOrNil(lease.ExpiresAt)}
-		}
-		for _, r := range runs {
-			rj := runOf(r)
-			if tis, ok := attempts[r.RunID]; ok {
-				rj.Attempts = []attemptJSON{}
-				for _, ti := range tis {
-					rj.Attempts = append(rj.Attempts, attemptOf(ti))
-				}
-			}
-			doc.Runs = append(doc.Runs, rj)
-		}
-		return writeJSON(inv.stdout, doc)
+		return writeJSON(inv.stdout, v.doc())
 	}
+	return v.write(inv.stdout)
+}
 
-	w := inv.stdout
-	fmt.Fprintln(w, leaderLine(lease, hasLeader, now))
-	if refused.Count > 0 {
-		fmt.Fprintln(w, refusalLine(now, refused))
+// statusView is what reaperctl status shows: the leader, the fence's
+// recent refusals, the runs (with their attempts where asked) and the pools.
+type statusView struct {
+	now       time.Time
+	state     string // -state
+	limit     int    // -limit
+	lease     board.Lease
+	hasLeader bool
+	refused   board.RefusalSummary
+	runs      []board.RunSummary
+	more      bool // runs beyond the limit exist
+	attempts  map[string][]board.TaskInstance
+	pools     []poolJSON
+}
+
+// listRuns reads the newest runs (in the -state asked), at most the limit,
+// and with verbose the attempts of each.
+func (v *statusView) listRuns(ctx context.Context, s *session, verbose bool) error {
+	q := board.RunListQuery{Limit: v.limit + 1}
+	if v.state != "" {
+		q.States = []string{v.state}
+	}
+	page, err := s.store.ListRuns(ctx, q)
+	if err != nil {
+		return err
+	}
+	v.runs = page.Runs
+	if len(v.runs) > v.limit {
+		v.runs, v.more = v.runs[:v.limit], true
+	}
+	if !verbose {
+		return nil
+	}
+	for _, r := range v.runs {
+		tis, err := s.store.TaskInstances(ctx, r.RunID)
+		if err != nil {
+			return err
+		}
+		v.attempts[r.RunID] = tis
+	}
+	return nil
+}
+
+// doc is the view as -o json writes it.
+func (v *statusView) doc() statusJSON {
+	doc := statusJSON{Runs: []runJSON{}, More: v.more, Pools: v.pools, FenceRefusals: refusalsOf(v.now, v.refused)}
+	if v.hasLeader {
+		doc.Leader = &leaderJSON{Name: v.lease.Name, Term: v.lease.Term, Holder: v.lease.Holder,
+			Held: v.lease.Held(v.now), ExpiresAt: timeOrNil(v.lease.ExpiresAt)}
+	}
+	for _, r := range v.runs {
+		rj := runOf(r)
+		if tis, ok := v.attempts[r.RunID]; ok {
+			rj.Attempts = []attemptJSON{}
+			for _, ti := range tis {
+				rj.Attempts = append(rj.Attempts, attemptOf(ti))
+			}
+		}
+		doc.Runs = append(doc.Runs, rj)
+	}
+	return doc
+}
+
+// write writes the view as text: the leader and refusals, the busy pools,
+// the runs' table, then the attempts of each run that has them.
+func (v *statusView) write(w io.Writer) error {
+	fmt.Fprintln(w, leaderLine(v.lease, v.hasLeader, v.now))
+	if v.refused.Count > 0 {
+		fmt.Fprintln(w, refusalLine(v.now, v.refused))
 	}
 	fmt.Fprintln(w)
-	if busy(pools) {
-		if err := poolTable(w, pools); err != nil {
+	if busy(v.pools) {
+		if err := poolTable(w, v.pools); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
 	}
-	if len(runs) == 0 {
-		if *state != "" {
-			fmt.Fprintf(w, "no %s runs\n", *state)
+	if len(v.runs) == 0 {
+		if v.state != "" {
+			fmt.Fprintf(w, "no %s runs\n", v.state)
 		} else {
 			fmt.Fprintln(w, "no runs")
 		}
 		return nil
 	}
 	t := newTable(w, "RUN", "DAG", "STATE", "AGE", "ENDED", "TASKS", "HELD", "BY STATE")
-	for _, r := range runs {
+	for _, r := range v.runs {
 		ended := "-"
 		if !r.EndedAt.IsZero() {
-			ended = age(now, r.EndedAt) + " ago"
+			ended = age(v.now, r.EndedAt) + " ago"
 		}
-		t.row(r.RunID, r.DagID, r.State, age(now, board.RunSortTime(r.Run)), ended,
+		t.row(r.RunID, r.DagID, r.State, age(v.now, board.RunSortTime(r.Run)), ended,
 			strconv.Itoa(total(r.Tasks)), strconv.Itoa(r.Held), countsLine(r.Tasks))
 	}
 	if err := t.flush(); err != nil {
 		return err
 	}
-	if more {
-		fmt.Fprintf(w, "(the %d newest; more runs exist: raise -limit)\n", *limit)
+	if v.more {
+		fmt.Fprintf(w, "(the %d newest; more runs exist: raise -limit)\n", v.limit)
 	}
-	for _, r := range runs {
-		tis, ok := attempts[r.RunID]
+	for _, r := range v.runs {
+		tis, ok := v.attempts[r.RunID]
 		if !ok {
 			continue
 		}
 		fmt.Fprintf(w, "\nattempts of %s:\n", r.RunID)
-		if err := attemptTable(w, now, tis); err != nil {
+		if err := attemptTable(w, v.now, tis); err != nil {
 			return err
 		}
 	}

@@ -187,28 +187,13 @@ func (d Driver) Release(ctx context.Context, now time.Time, t *Tally) error {
 }
 
 func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) error {
-	a := ti.Attempt
 	v := DecideRelease(ti, now, d.Valve)
-	if v.ValveOpen && d.ValveHold != nil {
-		if h := d.ValveHold(ctx, ti, now); h.Hold {
-			t.Waiting++
-			if h.Note {
-				ev := map[string]string{"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339), "valve": ladder.Format(d.Valve)}
-				for k, val := range h.Evidence {
-					ev[k] = val
-				}
-				d.Decide(t, hclog.Warn, sdk.Decision{Label: sdk.LabelInfraConfirmValveHeld, Attempt: a,
-					Detail: "infra mark past the confirmation valve held: " + h.Detail, Evidence: ev})
-			}
-			return nil
-		}
+	if v.ValveOpen && d.ValveHold != nil && d.valveHeld(ctx, ti, now, t) {
+		return nil
 	}
 	var (
-		applied bool
-		label   string
-		detail  string
-		level   = hclog.Info
-		ev      = map[string]string{}
+		r   *released
+		err error
 	)
 	switch v.Move {
 	case MoveNone:
@@ -216,110 +201,27 @@ func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.
 			t.Waiting++
 		}
 		return nil
-
 	case MoveRetry:
-		rel, err := d.W.Retry(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		applied, label = rel.Applied, sdk.LabelTaskRetry
-		ev["retries_left"] = strconv.Itoa(int(ti.Retries))
-		ev["failure"] = ti.FailureReason
-		detail = "task failure with retries left: next try"
-		if rel.Applied {
-			t.Retried++
-			ev["next"] = rel.Attempt.String()
-		} else {
-			detail += " not started: " + rel.Reason
-		}
-
+		r, err = d.retry(ctx, ti, now, t)
 	case MoveReschedule:
-		// The next poke is a sensor's, within its bounds; past them (or
-		// for a task that is not a sensor at all) the parked attempt is
-		// failed with the reason instead.
-		if refused := ti.Sensor.RescheduleRefusal(now, d.W.CredentialCeiling()); refused != "" {
-			ok, err := d.W.Fail(ctx, a, []string{sdk.StateUpForReschedule}, lifecycle.Failure{
-				Kind: sdk.MarkTask, Reason: refused, Message: sdk.RescheduleFailure(refused),
-				Terminal: sdk.RescheduleSpendsRetries(refused),
-			}, now)
-			if err != nil {
-				return err
-			}
-			applied, label, level = ok, refused, hclog.Warn
-			detail = "parked for another poke: " + sdk.RescheduleFailure(refused)
-			ev["asked"] = sdk.StateUpForReschedule
-			if !ti.Sensor.FirstPokeAt.IsZero() {
-				ev["first_poke_at"] = ti.Sensor.FirstPokeAt.UTC().Format(time.RFC3339)
-			}
-			if !ti.Sensor.TryDispatchedAt.IsZero() {
-				ev["try_dispatched_at"] = ti.Sensor.TryDispatchedAt.UTC().Format(time.RFC3339)
-			}
-			if ok {
-				t.Failed++
-			}
-			break
-		}
-		rel, err := d.W.Reschedule(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		if rel.Applied {
-			t.Rescheduled++
-		}
-		return nil
-
+		r, err = d.reschedule(ctx, ti, now, t)
 	case MoveRetriesSpent:
-		ok, err := d.W.Fail(ctx, a, []string{sdk.StateUpForRetry}, lifecycle.Failure{
-			Kind: sdk.MarkTask, Reason: ti.FailureReason, Terminal: true,
-			Message: "parked for a retry with no retries left: " + ti.ErrorMessage,
-		}, now)
-		if err != nil {
-			return err
-		}
-		if ok {
-			t.Failed++
-			d.Log.Warn("an attempt parked for a retry had no retries left: failed for good", "attempt", a.String())
-		}
-		return nil
-
+		return d.failRetriesSpent(ctx, ti, now, t)
 	case MoveReplace:
-		rel, err := d.W.Replace(ctx, a, now)
-		if err != nil {
-			return err
-		}
-		applied, label = rel.Applied, sdk.LabelInfraReplace
-		ev["mark"] = ti.FailureReason
-		ev["infra_used"] = strconv.Itoa(int(ti.InfraUsed))
-		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
-		detail = "infra failure re-placed on the infra budget"
-		if rel.Applied {
-			t.Replaced++
-			ev["next"] = rel.Attempt.String()
-		} else {
-			detail += " not done: " + rel.Reason
-		}
-
+		r, err = d.replace(ctx, ti, now, t)
 	case MoveBudgetSpent:
-		ok, err := d.W.Fail(ctx, a, []string{sdk.StateFailed}, lifecycle.Failure{
-			Kind: sdk.MarkInfra, Reason: sdk.LabelInfraBudgetSpent, Terminal: true, Confirm: true,
-			Message: fmt.Sprintf("%s: %s with all %d infra re-places spent: %s",
-				sdk.LabelInfraBudgetSpent, ti.FailureReason, ti.InfraBudget, ti.ErrorMessage),
-		}, now)
-		if err != nil {
-			return err
-		}
-		applied, label, level = ok, sdk.LabelInfraBudgetSpent, hclog.Warn
-		ev["mark"] = ti.FailureReason
-		ev["infra_budget"] = strconv.Itoa(int(ti.InfraBudget))
-		detail = "infra failure with its budget spent: failed for good"
-		if ok {
-			t.Failed++
-		}
+		r, err = d.failBudgetSpent(ctx, ti, now, t)
+	default:
+		r = &released{level: hclog.Info, ev: map[string]string{}}
+	}
+	if err != nil || r == nil {
+		return err
 	}
 
+	a := ti.Attempt
 	if v.ValveOpen {
 		d.Decide(t, hclog.Warn, sdk.Decision{
-			Label: sdk.LabelInfraConfirmValveOpen, Attempt: a, Applied: applied,
+			Label: sdk.LabelInfraConfirmValveOpen, Attempt: a, Applied: r.applied,
 			Detail: "infra mark still unconfirmed past the confirmation valve: acted on anyway",
 			Evidence: map[string]string{
 				"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339),
@@ -327,8 +229,153 @@ func (d Driver) releaseOne(ctx context.Context, ti board.TaskInstance, now time.
 			},
 		})
 	}
-	d.Decide(t, level, sdk.Decision{Label: label, Attempt: a, Applied: applied, Detail: detail, Evidence: ev})
+	d.Decide(t, r.level, sdk.Decision{Label: r.label, Attempt: a, Applied: r.applied, Detail: r.detail, Evidence: r.ev})
 	return nil
+}
+
+// released is what a release move did, for its decision.
+type released struct {
+	applied bool
+	label   string
+	detail  string
+	level   hclog.Level
+	ev      map[string]string
+}
+
+// valveHeld asks ValveHold whether an infra mark past the confirmation
+// valve is held a while longer, noting the hold when it says so.
+func (d Driver) valveHeld(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) bool {
+	h := d.ValveHold(ctx, ti, now)
+	if !h.Hold {
+		return false
+	}
+	t.Waiting++
+	if h.Note {
+		ev := map[string]string{"marked_at": ti.InfraMarkedAt.UTC().Format(time.RFC3339), "valve": ladder.Format(d.Valve)}
+		for k, val := range h.Evidence {
+			ev[k] = val
+		}
+		d.Decide(t, hclog.Warn, sdk.Decision{Label: sdk.LabelInfraConfirmValveHeld, Attempt: ti.Attempt,
+			Detail: "infra mark past the confirmation valve held: " + h.Detail, Evidence: ev})
+	}
+	return true
+}
+
+// retry starts the next try of a task failure with retries left.
+func (d Driver) retry(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) (*released, error) {
+	rel, err := d.W.Retry(ctx, ti.Attempt, now)
+	if err != nil {
+		return nil, err
+	}
+	r := &released{applied: rel.Applied, label: sdk.LabelTaskRetry, level: hclog.Info, ev: map[string]string{
+		"retries_left": strconv.Itoa(int(ti.Retries)),
+		"failure":      ti.FailureReason,
+	}}
+	r.detail = "task failure with retries left: next try"
+	if rel.Applied {
+		t.Retried++
+		r.ev["next"] = rel.Attempt.String()
+	} else {
+		r.detail += " not started: " + rel.Reason
+	}
+	return r, nil
+}
+
+// reschedule parks a sensor for its next poke. The next poke is a
+// sensor's, within its bounds; past them (or for a task that is not a
+// sensor at all) the parked attempt is failed with the reason instead,
+// which is the only outcome with a decision (nil otherwise).
+func (d Driver) reschedule(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) (*released, error) {
+	a := ti.Attempt
+	if refused := ti.Sensor.RescheduleRefusal(now, d.W.CredentialCeiling()); refused != "" {
+		ok, err := d.W.Fail(ctx, a, []string{sdk.StateUpForReschedule}, lifecycle.Failure{
+			Kind: sdk.MarkTask, Reason: refused, Message: sdk.RescheduleFailure(refused),
+			Terminal: sdk.RescheduleSpendsRetries(refused),
+		}, now)
+		if err != nil {
+			return nil, err
+		}
+		r := &released{applied: ok, label: refused, level: hclog.Warn, ev: map[string]string{}}
+		r.detail = "parked for another poke: " + sdk.RescheduleFailure(refused)
+		r.ev["asked"] = sdk.StateUpForReschedule
+		if !ti.Sensor.FirstPokeAt.IsZero() {
+			r.ev["first_poke_at"] = ti.Sensor.FirstPokeAt.UTC().Format(time.RFC3339)
+		}
+		if !ti.Sensor.TryDispatchedAt.IsZero() {
+			r.ev["try_dispatched_at"] = ti.Sensor.TryDispatchedAt.UTC().Format(time.RFC3339)
+		}
+		if ok {
+			t.Failed++
+		}
+		return r, nil
+	}
+	rel, err := d.W.Reschedule(ctx, a, now)
+	if err != nil {
+		return nil, err
+	}
+	if rel.Applied {
+		t.Rescheduled++
+	}
+	return nil, nil
+}
+
+// failRetriesSpent fails for good an attempt parked for a retry with no
+// retries left.
+func (d Driver) failRetriesSpent(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) error {
+	ok, err := d.W.Fail(ctx, ti.Attempt, []string{sdk.StateUpForRetry}, lifecycle.Failure{
+		Kind: sdk.MarkTask, Reason: ti.FailureReason, Terminal: true,
+		Message: "parked for a retry with no retries left: " + ti.ErrorMessage,
+	}, now)
+	if err != nil {
+		return err
+	}
+	if ok {
+		t.Failed++
+		d.Log.Warn("an attempt parked for a retry had no retries left: failed for good", "attempt", ti.Attempt.String())
+	}
+	return nil
+}
+
+// replace re-places an infra failure on the infra budget.
+func (d Driver) replace(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) (*released, error) {
+	rel, err := d.W.Replace(ctx, ti.Attempt, now)
+	if err != nil {
+		return nil, err
+	}
+	r := &released{applied: rel.Applied, label: sdk.LabelInfraReplace, level: hclog.Info, ev: map[string]string{
+		"mark":         ti.FailureReason,
+		"infra_used":   strconv.Itoa(int(ti.InfraUsed)),
+		"infra_budget": strconv.Itoa(int(ti.InfraBudget)),
+	}}
+	r.detail = "infra failure re-placed on the infra budget"
+	if rel.Applied {
+		t.Replaced++
+		r.ev["next"] = rel.Attempt.String()
+	} else {
+		r.detail += " not done: " + rel.Reason
+	}
+	return r, nil
+}
+
+// failBudgetSpent fails for good an infra failure with its infra budget
+// spent.
+func (d Driver) failBudgetSpent(ctx context.Context, ti board.TaskInstance, now time.Time, t *Tally) (*released, error) {
+	ok, err := d.W.Fail(ctx, ti.Attempt, []string{sdk.StateFailed}, lifecycle.Failure{
+		Kind: sdk.MarkInfra, Reason: sdk.LabelInfraBudgetSpent, Terminal: true, Confirm: true,
+		Message: fmt.Sprintf("%s: %s with all %d infra re-places spent: %s",
+			sdk.LabelInfraBudgetSpent, ti.FailureReason, ti.InfraBudget, ti.ErrorMessage),
+	}, now)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		t.Failed++
+	}
+	return &released{applied: ok, label: sdk.LabelInfraBudgetSpent, level: hclog.Warn,
+		detail: "infra failure with its budget spent: failed for good", ev: map[string]string{
+			"mark":         ti.FailureReason,
+			"infra_budget": strconv.Itoa(int(ti.InfraBudget)),
+		}}, nil
 }
 
 // Schedule settles the task instances in state none of a running run that

@@ -589,10 +589,38 @@ func (p *Player) writeRunning(ctx context.Context, c *container) {
 	}
 }
 
-// finish writes the container terminated and the pod's terminal phase.
+// finishRetry is how long finish waits before it writes a container's end
+// again after a write failed.
+const finishRetry = time.Second
+
+// finish writes the container terminated and the pod's terminal phase. As
+// a kubelet's status manager does, it writes again until the end lands
+// (the pod gone, or ended already, counts) or ctx ends: an API server that
+// stalls past a write's bound must not leave a pod Running whose process
+// is gone.
 func (p *Player) finish(ctx context.Context, c *container, t terminatedState, phase corev1.PodPhase, reason, message string) {
+	for {
+		err := p.writeEnd(ctx, c, t, phase, reason, message)
+		if err == nil {
+			p.log.Info("task container ended", "pod", c.name, "exit_code", t.code, "reason", t.reason, "phase", phase)
+			return
+		}
+		if ctx.Err() != nil {
+			p.log.Error("could not write the container's end", "pod", c.name, "error", err)
+			return
+		}
+		p.log.Warn("could not write the container's end: writing it again", "pod", c.name, "error", err)
+		select {
+		case <-ctx.Done():
+		case <-p.cfg.Clock.After(finishRetry):
+		}
+	}
+}
+
+// writeEnd is one write of finish.
+func (p *Player) writeEnd(ctx context.Context, c *container, t terminatedState, phase corev1.PodPhase, reason, message string) error {
 	now := metav1.NewTime(p.cfg.Clock.Now())
-	err := p.updateStatus(ctx, c, func(st *corev1.PodStatus) bool {
+	return p.updateStatus(ctx, c, func(st *corev1.PodStatus) bool {
 		if st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed {
 			return false
 		}
@@ -613,11 +641,6 @@ func (p *Player) finish(ctx context.Context, c *container, t terminatedState, ph
 		}
 		return true
 	})
-	if err != nil {
-		p.log.Error("could not write the container's end", "pod", c.name, "error", err)
-		return
-	}
-	p.log.Info("task container ended", "pod", c.name, "exit_code", t.code, "reason", t.reason, "phase", phase)
 }
 
 // updateStatus applies change to the pod's fresh status and writes it

@@ -59,7 +59,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	agentPath := filepath.Join(dir, "reaper-agent")
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/runner/agent/cmd/reaper-agent")
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/dexaflow/reaper/cmd/reaper-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building reaper-agent:", err)

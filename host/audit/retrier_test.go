@@ -59,9 +59,9 @@ func (s *scripted) asked() []written {
 	return append([]written(nil), s.writes...)
 }
 
-func newRecorder(w audit.Writer) (*audit.Recorder, *sdktest.LogBuffer) {
+func newRetrier(w audit.Writer) (*audit.Retrier, *sdktest.LogBuffer) {
 	var logs sdktest.LogBuffer
-	return audit.NewRecorder(w, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})), &logs
+	return audit.NewRetrier(w, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})), &logs
 }
 
 // sameAttempts says whether two lists of decisions are about the same
@@ -78,7 +78,7 @@ func sameAttempts(a, b []sdk.Decision) bool {
 	return true
 }
 
-func TestRecorder(t *testing.T) {
+func TestRetrier(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	refused := errors.New("connection refused")
@@ -87,7 +87,7 @@ func TestRecorder(t *testing.T) {
 	t.Run("WrittenIsNotKept", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{}
-		r, _ := newRecorder(w)
+		r, _ := newRetrier(w)
 		if out := r.Record(ctx, 7, t0, decisions(0, 3)); out != (audit.Outcome{Written: 3}) {
 			t.Fatalf("outcome %+v, want 3 written, none kept", out)
 		}
@@ -101,12 +101,12 @@ func TestRecorder(t *testing.T) {
 	t.Run("FailedWriteIsKeptAndWrittenAtTheNextRetryInOrder", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{fail: []error{refused, refused}}
-		r, logs := newRecorder(w)
+		r, logs := newRetrier(w)
 		first, second := decisions(0, 3), decisions(3, 2)
-		if out := r.Record(ctx, 7, t0, first); out.Written != 0 || out.Owed != 3 || !errors.Is(out.Err, refused) {
+		if out := r.Record(ctx, 7, t0, first); out.Written != 0 || out.Pending != 3 || !errors.Is(out.Err, refused) {
 			t.Fatalf("outcome %+v, want the 3 kept and the write's error", out)
 		}
-		if out := r.Record(ctx, 8, t0.Add(time.Minute), second); out.Owed != 5 || out.Dropped != 0 {
+		if out := r.Record(ctx, 8, t0.Add(time.Minute), second); out.Pending != 5 || out.Dropped != 0 {
 			t.Fatalf("outcome %+v, want 5 kept in all", out)
 		}
 		if !strings.Contains(logs.String(), "audit of decisions failed: kept for the next cycle: count=3 error=\"connection refused\"") {
@@ -133,11 +133,11 @@ func TestRecorder(t *testing.T) {
 	t.Run("RetryThatFailsAgainKeepsTheRestInOrder", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{fail: []error{refused, refused, refused, nil, refused}}
-		r, logs := newRecorder(w)
+		r, logs := newRetrier(w)
 		for i := range 3 {
 			r.Record(ctx, int64(i+1), t0, decisions(i*10, 10))
 		}
-		if out := r.Retry(ctx); out.Written != 10 || out.Owed != 20 || !errors.Is(out.Err, refused) {
+		if out := r.Retry(ctx); out.Written != 10 || out.Pending != 20 || !errors.Is(out.Err, refused) {
 			t.Fatalf("retry %+v, want the first batch written and two kept", out)
 		}
 		if !strings.Contains(logs.String(), "audit of decisions kept from before failed again: count=10") {
@@ -160,8 +160,8 @@ func TestRecorder(t *testing.T) {
 		t.Parallel()
 		partial := &board.PartialAuditError{Written: 2, Total: 3, Err: errors.New("timeout")}
 		w := &scripted{fail: []error{partial}}
-		r, _ := newRecorder(w)
-		if out := r.Record(ctx, 7, t0, decisions(0, 3)); out.Written != 2 || out.Owed != 1 {
+		r, _ := newRetrier(w)
+		if out := r.Record(ctx, 7, t0, decisions(0, 3)); out.Written != 2 || out.Pending != 1 {
 			t.Fatalf("outcome %+v, want 2 written and 1 kept", out)
 		}
 		r.Retry(ctx)
@@ -170,18 +170,18 @@ func TestRecorder(t *testing.T) {
 		}
 	})
 
-	// Past MaxOwedDecisions the oldest batch kept is given up, said at
+	// Past MaxPendingDecisions the oldest batch kept is given up, said at
 	// ERROR with how many, and never written; the newest is kept.
 	t.Run("PastTheBoundTheOldestIsGivenUp", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{fail: []error{refused, refused}}
-		r, logs := newRecorder(w)
-		n := audit.MaxOwedDecisions/2 + 1
+		r, logs := newRetrier(w)
+		n := audit.MaxPendingDecisions/2 + 1
 		older, newer := decisions(0, n), decisions(n, n)
-		if out := r.Record(ctx, 7, t0, older); out.Dropped != 0 || out.Owed != n {
+		if out := r.Record(ctx, 7, t0, older); out.Dropped != 0 || out.Pending != n {
 			t.Fatalf("outcome %+v, want %d kept", out, n)
 		}
-		if out := r.Record(ctx, 8, t0.Add(time.Minute), newer); out.Dropped != n || out.Owed != n {
+		if out := r.Record(ctx, 8, t0.Add(time.Minute), newer); out.Dropped != n || out.Pending != n {
 			t.Fatalf("outcome %+v, want the older %d given up and the newer kept", out, n)
 		}
 		if want := "[ERROR] audit writes kept failing: decisions given up, never audited: count=" +
@@ -200,9 +200,9 @@ func TestRecorder(t *testing.T) {
 	// bound gives up older batches, never the one just kept.
 	t.Run("OneBatchPastTheBoundIsKept", func(t *testing.T) {
 		t.Parallel()
-		r, _ := newRecorder(&scripted{fail: []error{refused}})
-		n := audit.MaxOwedDecisions + 1
-		if out := r.Record(ctx, 7, t0, decisions(0, n)); out.Dropped != 0 || out.Owed != n {
+		r, _ := newRetrier(&scripted{fail: []error{refused}})
+		n := audit.MaxPendingDecisions + 1
+		if out := r.Record(ctx, 7, t0, decisions(0, n)); out.Dropped != 0 || out.Pending != n {
 			t.Fatalf("outcome %+v, want all %d kept", out, n)
 		}
 	})
@@ -212,12 +212,12 @@ func TestRecorder(t *testing.T) {
 	t.Run("FinishKeepsWhatTheSinkFailedToWrite", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{fail: []error{refused}}
-		r, logs := newRecorder(w)
+		r, logs := newRetrier(w)
 		s := audit.NewSink(ctx, w, 7, t0, "agentlost", false)
 		if err := s.Record(ctx, decisions(0, 4)); err != nil {
 			t.Fatal(err)
 		}
-		if out := r.Finish(s); out.Written != 0 || out.Owed != 4 || !errors.Is(out.Err, refused) {
+		if out := r.Finish(s); out.Written != 0 || out.Pending != 4 || !errors.Is(out.Err, refused) {
 			t.Fatalf("outcome %+v, want the 4 kept", out)
 		}
 		if !strings.Contains(logs.String(), "audit of decisions failed: kept for the next cycle: count=4") {
@@ -237,7 +237,7 @@ func TestRecorder(t *testing.T) {
 	t.Run("FinishOfAWrittenSink", func(t *testing.T) {
 		t.Parallel()
 		w := &scripted{}
-		r, _ := newRecorder(w)
+		r, _ := newRetrier(w)
 		s := audit.NewSink(ctx, w, 7, t0, "agentlost", false)
 		if err := s.Record(ctx, decisions(0, 4)); err != nil {
 			t.Fatal(err)
@@ -250,7 +250,7 @@ func TestRecorder(t *testing.T) {
 	// Without a Writer nothing is written and nothing kept.
 	t.Run("WithoutWriter", func(t *testing.T) {
 		t.Parallel()
-		r, _ := newRecorder(nil)
+		r, _ := newRetrier(nil)
 		if out := r.Record(ctx, 7, t0, decisions(0, 3)); out != (audit.Outcome{}) {
 			t.Fatalf("outcome %+v, want nothing", out)
 		}
@@ -260,10 +260,10 @@ func TestRecorder(t *testing.T) {
 	})
 }
 
-// The recorder knows no leadership: what a leader deposed since still
-// owes is written at its next Retry, on the board, under the term and at
+// The retrier knows no leadership: what a leader deposed since has
+// left pending is written at its next Retry, on the board, under the term and at
 // the time that decided it, whoever leads now.
-func TestRecorder_DeposedLeadersDecisionsAreWrittenUnderTheirTerm(t *testing.T) {
+func TestRetrier_DeposedLeadersDecisionsAreWrittenUnderTheirTerm(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
@@ -273,7 +273,7 @@ func TestRecorder_DeposedLeadersDecisionsAreWrittenUnderTheirTerm(t *testing.T) 
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
 	w := &scripted{next: store, fail: []error{errors.New("connection refused")}}
-	r, _ := newRecorder(w)
+	r, _ := newRetrier(w)
 	r.Record(ctx, old.Term, t0, decisions(0, 3))
 	next, ok, err := store.TryAcquire(ctx, "new", time.Minute, t0.Add(2*time.Minute))
 	if err != nil || !ok || next.Term == old.Term {

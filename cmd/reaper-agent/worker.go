@@ -11,6 +11,7 @@ import (
 
 	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/agent/apireport"
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/sdk"
@@ -41,14 +42,14 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 		// The pod spec's bootstrap token is exchanged once, before the
 		// first claim (a no-op from then on).
 		if err := wc.ExchangeWorker(ctx, inv.Worker); err != nil {
-			return nil, refused(err)
+			return nil, apireport.Classify(err)
 		}
 		got, err := wc.Claim(ctx, inv.Worker, slots, running)
 		if errors.Is(err, attemptapi.ErrReplyTooLarge) {
 			return nil, fmt.Errorf("%w: %w", agent.ErrClaimTooLarge, err)
 		}
 		if err != nil {
-			return nil, refused(err)
+			return nil, apireport.Classify(err)
 		}
 		out := make([]agent.Claimed, 0, len(got))
 		for _, c := range got {
@@ -58,7 +59,7 @@ func runWorker(ctx context.Context, inv agent.Invocation, log hclog.Logger, gete
 			}
 			cl := agent.Claimed{Attempt: c.Attempt(), Command: c.Command,
 				ExecutionTimeout: secondsOf(c.ExecutionTimeoutSeconds),
-				Reporter:         &apiReporter{c: ac}, Close: ac.Close}
+				Reporter:         apireport.ForClient(ac), Close: ac.Close}
 			if c.CommandWithheld > 0 {
 				cl.Refuse = fmt.Sprintf("the command of %s is %d bytes, over the %d a command may have: "+
 					"the control plane withheld it", c.Attempt(), c.CommandWithheld, lifecycle.CommandMax)

@@ -1,4 +1,7 @@
-package main
+// Package apireport is the agent's reporter over reaperd's attempt API: it
+// holds the attempt's credential and classifies each failed call as a
+// refusal, an answer that never came, or an answer to retry.
+package apireport
 
 import (
 	"context"
@@ -12,12 +15,12 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 )
 
-// apiReporter reports through reaperd's attempt API with the attempt's own
+// Reporter reports through reaperd's attempt API with the attempt's own
 // credential: the token, the API's address and the CA it trusts, all from
 // the environment the runner gave the agent. The token is a bootstrap
 // token, exchanged for the working token before RUNNING. Each renewed token a heartbeat
 // returns replaces the one held. The times are reaperd's, not the agent's.
-type apiReporter struct {
+type Reporter struct {
 	c *attemptapi.Client
 	// exchangeUnanswered: an exchange of the bootstrap token went
 	// unanswered, so it may have applied (see exchangeFailed). Only
@@ -25,25 +28,32 @@ type apiReporter struct {
 	exchangeUnanswered bool
 }
 
-func newAPIReporter(getenv func(string) string) (*apiReporter, error) {
+// New returns a Reporter whose client and credential come from the
+// environment the runner gave the agent (read through getenv).
+func New(getenv func(string) string) (*Reporter, error) {
 	c, err := attemptapi.ClientFromEnv(getenv)
 	if err != nil {
 		return nil, fmt.Errorf("-reporter api: %w", err)
 	}
-	return &apiReporter{c: c}, nil
+	return &Reporter{c: c}, nil
 }
 
-func (r *apiReporter) Close() { r.c.Close() }
+// ForClient returns a Reporter calling through c (a claimed attempt's
+// client, its credential the claim's). Closing the Reporter closes c.
+func ForClient(c *attemptapi.Client) *Reporter { return &Reporter{c: c} }
+
+// Close closes the Reporter's client.
+func (r *Reporter) Close() { r.c.Close() }
 
 // Running first exchanges the bootstrap token the runner handed the agent
 // for the attempt's working token (once: a retry after the exchange
 // applied goes straight to RUNNING), then reports RUNNING with it.
-func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
+func (r *Reporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
 	if term, err := r.c.Exchange(ctx, a); err != nil || term {
 		return term, r.exchangeFailed(err)
 	}
 	term, err := r.c.Running(ctx, a)
-	return term, refused(err)
+	return term, Classify(err)
 }
 
 // exchangeFailed classifies a failed exchange of the bootstrap token (nil
@@ -61,8 +71,8 @@ func (r *apiReporter) Running(ctx context.Context, a sdk.Attempt, _ time.Time) (
 // API's 503s that say the pod proof is not decided yet (the pod not
 // recorded, its token not reviewable) are retried like an unanswered call
 // but do not count as one: they answer that nothing applied.
-func (r *apiReporter) exchangeFailed(err error) error {
-	classified := refused(err)
+func (r *Reporter) exchangeFailed(err error) error {
+	classified := Classify(err)
 	switch {
 	case errors.Is(classified, agent.ErrUnanswered) && !notApplied(err):
 		r.exchangeUnanswered = true
@@ -87,21 +97,23 @@ func refusedWith(err error, code string) bool {
 	return errors.As(err, &ce) && errors.Is(ce, attemptapi.ErrRefused) && ce.Body.Code == code
 }
 
-func (r *apiReporter) Heartbeat(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
+// Heartbeat reports that the attempt is alive.
+func (r *Reporter) Heartbeat(ctx context.Context, a sdk.Attempt, _ time.Time) (bool, error) {
 	resp, err := r.c.Heartbeat(ctx, a)
-	return resp.ShouldTerminate, refused(err)
+	return resp.ShouldTerminate, Classify(err)
 }
 
-func (r *apiReporter) Report(ctx context.Context, a sdk.Attempt, o agent.Outcome, _ time.Time) (bool, error) {
-	term, err := r.c.Report(ctx, a, attemptapi.Outcome{State: o.State, Reason: o.Reason, Message: o.Message})
-	return term, refused(err)
+// Report reports the attempt's terminal outcome.
+func (r *Reporter) Report(ctx context.Context, a sdk.Attempt, o agent.Outcome, _ time.Time) (bool, error) {
+	term, err := r.c.Report(ctx, a, attemptapi.ReportBody{State: o.State, Reason: o.Reason, Message: o.Message})
+	return term, Classify(err)
 }
 
-// refused classifies a failed call. A refusal of the API (its retry cannot
+// Classify classifies a failed call of the attempt API. A refusal of the API (its retry cannot
 // succeed) wraps agent.ErrRefused so the agent stops retrying it. A failure
 // whose answer never came (see unanswered) wraps agent.ErrUnanswered. Any
 // other failure is returned as it is: an answer, retried within its bound.
-func refused(err error) error {
+func Classify(err error) error {
 	switch {
 	case err == nil:
 		return nil

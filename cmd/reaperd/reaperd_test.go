@@ -60,18 +60,18 @@ const kubeDir = "kube"
 func buildBinaries(dir string) int {
 	for out, pkg := range map[string]string{
 		"reaperd":               ".",
-		"reaper-echo":           "../../loader/testdata/testreaper",
-		"reaper-substrate-lite": "../../loader/testdata/testsubstrate",
-		filepath.Join(realDir, "reaper-substrate-lite"): "../../../substrate/lite/cmd/reaper-substrate-lite",
-		filepath.Join(realDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
-		filepath.Join(realDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
-		filepath.Join(realDir, "reaper-warmworker"):     "../../../plugins/warmworker/cmd/reaper-warmworker",
-		filepath.Join(kubeDir, "reaper-substrate-kube"): "../../../substrate/kube/cmd/reaper-substrate-kube",
-		filepath.Join(kubeDir, "reaper-podlost"):        "../../../plugins/podlost/cmd/reaper-podlost",
-		filepath.Join(kubeDir, "reaper-dispatchlost"):   "../../../plugins/dispatchlost/cmd/reaper-dispatchlost",
-		filepath.Join(kubeDir, "reaper-agentlost"):      "../../../plugins/agentlost/cmd/reaper-agentlost",
-		filepath.Join(kubeDir, "reaper-warmworker"):     "../../../plugins/warmworker/cmd/reaper-warmworker",
-		filepath.Join(kubeDir, "reaper-orphanrun"):      "../../../plugins/orphanrun/cmd/reaper-orphanrun",
+		"reaper-echo":           "../../host/loader/testdata/testreaper",
+		"reaper-substrate-lite": "../../host/loader/testdata/testsubstrate",
+		filepath.Join(realDir, "reaper-substrate-lite"): "../../substrate/lite/cmd/reaper-substrate-lite",
+		filepath.Join(realDir, "reaper-agentlost"):      "../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(realDir, "reaper-podlost"):        "../../plugins/podlost/cmd/reaper-podlost",
+		filepath.Join(realDir, "reaper-warmworker"):     "../../plugins/warmworker/cmd/reaper-warmworker",
+		filepath.Join(kubeDir, "reaper-substrate-kube"): "../../substrate/kube/cmd/reaper-substrate-kube",
+		filepath.Join(kubeDir, "reaper-podlost"):        "../../plugins/podlost/cmd/reaper-podlost",
+		filepath.Join(kubeDir, "reaper-dispatchlost"):   "../../plugins/dispatchlost/cmd/reaper-dispatchlost",
+		filepath.Join(kubeDir, "reaper-agentlost"):      "../../plugins/agentlost/cmd/reaper-agentlost",
+		filepath.Join(kubeDir, "reaper-warmworker"):     "../../plugins/warmworker/cmd/reaper-warmworker",
+		filepath.Join(kubeDir, "reaper-orphanrun"):      "../../plugins/orphanrun/cmd/reaper-orphanrun",
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
 		cmd.Stderr = os.Stderr

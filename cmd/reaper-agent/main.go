@@ -78,6 +78,7 @@ import (
 	"github.com/dexaflow/reaper/internal/confine"
 	"github.com/dexaflow/reaper/internal/runas"
 	"github.com/dexaflow/reaper/runner/agent"
+	"github.com/dexaflow/reaper/runner/agent/apireport"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/lite/proc"
 	"github.com/dexaflow/reaper/substrate/lite/records"
@@ -110,15 +111,8 @@ func main() {
 }
 
 func run(args []string) (code int) {
-	var inv agent.Invocation
-	fs := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
-	inv.Bind(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if err := inv.Validate(); err != nil {
-		// One line: every problem of the command line, joined.
-		fmt.Fprintf(os.Stderr, "reaper-agent: %s\n", strings.Join(strings.Split(err.Error(), "\n"), "; "))
+	inv, ok := parseInvocation(args)
+	if !ok {
 		return exitUsage
 	}
 	log := hclog.New(&hclog.LoggerOptions{
@@ -153,82 +147,141 @@ func run(args []string) (code int) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	if inv.GateFD > 0 {
-		if err := awaitGoAhead(inv.GateFD); err != nil {
-			log.Error("no go-ahead from the spawner: not running the task", "error", err)
-			return exitNoGoAhead
-		}
-	}
-	dir, err := records.Open(inv.RecordDir)
-	if err != nil {
-		log.Error("record directory refused", "error", err)
-		return exitUsage
-	}
-	if inv.GateFD > 0 {
-		if err := checkOwnRecord(dir, inv.Attempt); err != nil {
-			log.Error("refusing to run a task the reapers cannot see", "error", err)
-			return exitUsage
-		}
+	dir, code := openRecorded(inv, log)
+	if dir == nil {
+		return code
 	}
 
 	// From here the agent is recorded and may act on its attempt: its life
 	// in the journal starts now and ends with its exit.
 	if journal != nil {
-		var start uint64
-		if self, err := proc.Stat(os.Getpid()); err == nil {
-			start = self.Start
-		}
-		if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentStart, AgentStart: start}); err != nil {
-			log.Warn("could not write the agent journal", "error", err)
-		}
-		defer func() {
-			c := code
-			if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentExit, AgentStart: start, ExitCode: &c}); err != nil {
-				log.Warn("could not write the agent journal", "error", err)
-			}
-		}()
+		exited := journalLife(journal, log)
+		defer func() { exited(code) }()
 	}
 
 	output := os.Stdout
 	if inv.Output != "" {
-		output, err = os.OpenFile(inv.Output, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		f, err := os.OpenFile(inv.Output, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {
 			log.Error("cannot open the task's output file", "error", err)
 			return exitUsage
 		}
-		defer output.Close()
+		defer f.Close()
+		output = f
 	}
 
-	var rep agent.Reporter
-	switch inv.Reporter {
-	case agent.ReporterFile:
-		rep = agent.NewFileReporter(inv.ReportFile, inv.TerminateFile)
-	case agent.ReporterAPI:
-		ar, err := newAPIReporter(os.Getenv)
-		if err != nil {
-			log.Error("cannot reach the attempt API", "error", err)
-			return exitUsage
-		}
-		defer ar.Close()
-		rep = ar
-	default: // Validate refused it already
+	rep, closeRep, err := openReporter(inv)
+	if err != nil {
+		log.Error("cannot reach the attempt API", "error", err)
 		return exitUsage
 	}
+	defer closeRep()
 
-	var runAs *runas.User
-	if inv.RunAs != "" {
-		u, err := runas.Lookup(inv.RunAs)
-		if err == nil {
-			err = runas.CheckCanSwitch()
-		}
-		if err != nil {
-			log.Error("cannot run the task as the configured user", "error", err)
-			return exitUsage
-		}
-		runAs = &u
+	runAs, err := lookupRunAs(inv)
+	if err != nil {
+		log.Error("cannot run the task as the configured user", "error", err)
+		return exitUsage
 	}
+	return runAttempt(ctx, inv, attemptConfig(inv, dir, output, journal, runAs, log), rep, log)
+}
 
-	cfg := agent.Config{
+// parseInvocation reads and checks the command line; false when it is
+// refused (a problem of the checks is printed as one line).
+func parseInvocation(args []string) (agent.Invocation, bool) {
+	var inv agent.Invocation
+	fs := flag.NewFlagSet("reaper-agent", flag.ContinueOnError)
+	inv.Bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return inv, false
+	}
+	if err := inv.Validate(); err != nil {
+		// One line: every problem of the command line, joined.
+		fmt.Fprintf(os.Stderr, "reaper-agent: %s\n", strings.Join(strings.Split(err.Error(), "\n"), "; "))
+		return inv, false
+	}
+	return inv, true
+}
+
+// openRecorded waits for the spawner's go-ahead (when it gates the agent),
+// opens the record directory and checks that the agent's own record is in
+// it: the agent acts on its attempt only once the reapers can see it. A nil
+// directory comes with the exit code to end with.
+func openRecorded(inv agent.Invocation, log hclog.Logger) (*records.Dir, int) {
+	if inv.GateFD > 0 {
+		if err := awaitGoAhead(inv.GateFD); err != nil {
+			log.Error("no go-ahead from the spawner: not running the task", "error", err)
+			return nil, exitNoGoAhead
+		}
+	}
+	dir, err := records.Open(inv.RecordDir)
+	if err != nil {
+		log.Error("record directory refused", "error", err)
+		return nil, exitUsage
+	}
+	if inv.GateFD > 0 {
+		if err := checkOwnRecord(dir, inv.Attempt); err != nil {
+			log.Error("refusing to run a task the reapers cannot see", "error", err)
+			return nil, exitUsage
+		}
+	}
+	return dir, exitSuccess
+}
+
+// journalLife writes the agent's start to its journal and returns the
+// function that writes its exit with the code it ends with.
+func journalLife(journal *agent.Journal, log hclog.Logger) (exited func(code int)) {
+	var start uint64
+	if self, err := proc.Stat(os.Getpid()); err == nil {
+		start = self.Start
+	}
+	if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentStart, AgentStart: start}); err != nil {
+		log.Warn("could not write the agent journal", "error", err)
+	}
+	return func(code int) {
+		if err := journal.Record(agent.JournalEntry{Event: agent.JournalAgentExit, AgentStart: start, ExitCode: &code}); err != nil {
+			log.Warn("could not write the agent journal", "error", err)
+		}
+	}
+}
+
+// openReporter returns the reporter the command line names, with the
+// function that closes it.
+func openReporter(inv agent.Invocation) (agent.Reporter, func(), error) {
+	switch inv.Reporter {
+	case agent.ReporterFile:
+		return agent.NewFileReporter(inv.ReportFile, inv.TerminateFile), func() {}, nil
+	case agent.ReporterAPI:
+		ar, err := apireport.New(os.Getenv)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ar, ar.Close, nil
+	}
+	// Validate refused it already.
+	return nil, nil, fmt.Errorf("unknown reporter %q", inv.Reporter)
+}
+
+// lookupRunAs returns the user the task runs as (nil: the agent's own),
+// checking that the agent may switch to it.
+func lookupRunAs(inv agent.Invocation) (*runas.User, error) {
+	if inv.RunAs == "" {
+		return nil, nil
+	}
+	u, err := runas.Lookup(inv.RunAs)
+	if err == nil {
+		err = runas.CheckCanSwitch()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &u, nil
+}
+
+// attemptConfig is the agent's configuration for the attempt the command
+// line names.
+func attemptConfig(inv agent.Invocation, dir *records.Dir, output *os.File, journal *agent.Journal,
+	runAs *runas.User, log hclog.Logger) agent.Config {
+	return agent.Config{
 		RunAs:              runAs,
 		Attempt:            inv.Attempt,
 		Command:            inv.Command,
@@ -247,7 +300,15 @@ func run(args []string) (code int) {
 		ReportRetry:        inv.ReportRetry,
 		RescheduleExitCode: inv.RescheduleExitCode,
 	}
-	var out agent.Outcome
+}
+
+// runAttempt runs the attempt (in its pod, or as a local process) and
+// returns the agent's exit code for how it ended.
+func runAttempt(ctx context.Context, inv agent.Invocation, cfg agent.Config, rep agent.Reporter, log hclog.Logger) int {
+	var (
+		out agent.Outcome
+		err error
+	)
 	if inv.Mode == agent.ModePod {
 		out, err = agent.RunInPod(ctx, cfg, rep, inv.TerminationMessagePath)
 	} else {

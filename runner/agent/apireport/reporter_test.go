@@ -1,4 +1,4 @@
-package main
+package apireport
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func TestAPIReporterFailureClassification(t *testing.T) {
 		"AgentCancelled_Answer":          {transportErr(context.Canceled), answer},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := refused(c.err)
+			err := Classify(c.err)
 			got := answer
 			switch {
 			case agent.ControlPlaneUnanswered(err) && errors.Is(err, agent.ErrRefused):
@@ -102,7 +102,7 @@ func TestAPIReporterFailureClassification(t *testing.T) {
 			}
 		})
 	}
-	if refused(nil) != nil {
+	if Classify(nil) != nil {
 		t.Fatal("a call that succeeded failed")
 	}
 }
@@ -113,7 +113,7 @@ func TestAPIReporterUnreachableAPIIsUnanswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &apiReporter{c: c}
+	r := ForClient(c)
 	defer r.Close()
 	_, err = r.Running(context.Background(), sdk.Attempt{RunID: "r", TaskID: "t", Try: 1}, time.Time{})
 	if !errors.Is(err, agent.ErrUnanswered) || errors.Is(err, agent.ErrRefused) {
