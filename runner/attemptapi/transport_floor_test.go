@@ -86,7 +86,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -103,6 +102,7 @@ import (
 	"github.com/dexaflow/reaper/runner/attempttoken"
 	"github.com/dexaflow/reaper/runner/attempttoken/keyfile"
 	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/testkit/loadproc"
 )
 
 // Transports of BenchmarkTransportFloor.
@@ -211,16 +211,16 @@ func benchTransportFloor(b *testing.B, transport string, conns, rate, seconds in
 	case floorStreamPlain:
 		served = serveStream(ctx, ln, ln.tracked, srv)
 	}
-	g := startFloorLoad(b, plan)
+	g := loadproc.Start(b, floorLoadSpec, plan, "warm")
 	before, ioBefore := selfCPU(b), selfIO(b)
-	g.send(b, "go")
-	line := g.next(b)
+	g.Send(b, "go")
+	line := g.Next(b)
 	after, ioAfter := selfCPU(b), selfIO(b)
 	var res floorResult
 	if err := json.Unmarshal([]byte(line), &res); err != nil {
 		b.Fatalf("the load generator's result %q: %v", line, err)
 	}
-	g.wait(b)
+	g.Wait(b)
 	stop()
 	if err := <-served; err != nil {
 		b.Fatal(err)
@@ -447,86 +447,11 @@ func streamHeartbeat(ctx context.Context, s *Server, r *http.Request, tokens *co
 	return resp, nil
 }
 
-// floorLoad is the load generator's process.
-type floorLoad struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines *bufio.Scanner
-}
-
-func startFloorLoad(b *testing.B, plan floorPlan) *floorLoad {
-	b.Helper()
-	raw, err := json.Marshal(plan)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path := filepath.Join(b.TempDir(), "floor-load.json")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTransportFloorLoad$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envFloorPlan+"="+path)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	outPipe, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("starting the load generator: %v", err)
-	}
-	g := &floorLoad{cmd: cmd, in: in, lines: bufio.NewScanner(outPipe)}
-	b.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	if l := g.next(b); l != "warm" {
-		b.Fatalf("the load generator said %q, not warm", l)
-	}
-	return g
-}
+// floorLoadSpec is the load generator's process (TestTransportFloorLoad).
+var floorLoadSpec = loadproc.Spec{Test: "TestTransportFloorLoad", Env: envFloorPlan, Mark: floorLinePrefix}
 
 // floorLinePrefix marks the generator's own lines on its output.
 const floorLinePrefix = "floor: "
-
-// next is the generator's next line of its own; the testing package's
-// lines are passed on.
-func (g *floorLoad) next(b *testing.B) string {
-	b.Helper()
-	for g.lines.Scan() {
-		if l, ok := strings.CutPrefix(g.lines.Text(), floorLinePrefix); ok {
-			return l
-		}
-		b.Log("load generator: " + g.lines.Text())
-	}
-	b.Fatalf("the load generator ended: %v", g.lines.Err())
-	return ""
-}
-
-func (g *floorLoad) send(b *testing.B, line string) {
-	b.Helper()
-	if _, err := io.WriteString(g.in, line+"\n"); err != nil {
-		b.Fatalf("telling the load generator %s: %v", line, err)
-	}
-}
-
-func (g *floorLoad) wait(b *testing.B) {
-	b.Helper()
-	_ = g.in.Close()
-	for g.lines.Scan() {
-		if strings.HasPrefix(g.lines.Text(), "---") || strings.HasPrefix(g.lines.Text(), "FAIL") {
-			b.Log("load generator: " + g.lines.Text())
-		}
-	}
-	if err := g.cmd.Wait(); err != nil {
-		b.Fatalf("the load generator: %v", err)
-	}
-}
 
 // floorConn is one agent's connection of the load generator.
 type floorConn interface {
@@ -539,16 +464,10 @@ type floorConn interface {
 // connection and sends one heartbeat on each, says "warm", waits for "go",
 // then sends the plan's load and says what it saw.
 func TestTransportFloorLoad(t *testing.T) {
-	path := os.Getenv(envFloorPlan)
-	if path == "" {
-		t.Skip("the transport floor benchmark's load generator: run by BenchmarkTransportFloor")
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var plan floorPlan
-	if err := json.Unmarshal(raw, &plan); err != nil {
+	if ok, err := loadproc.ReadPlan(envFloorPlan, &plan); !ok {
+		t.Skip("the transport floor benchmark's load generator: run by BenchmarkTransportFloor")
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -567,6 +486,7 @@ func TestTransportFloorLoad(t *testing.T) {
 		firstErr error
 	)
 	for i := range conns {
+		var err error
 		if conns[i], err = dialFloor(plan, plan.Tokens[i]); err != nil {
 			t.Fatal(err)
 		}
@@ -584,7 +504,7 @@ func TestTransportFloorLoad(t *testing.T) {
 	if firstErr != nil {
 		t.Fatalf("warming the connections: %v", firstErr)
 	}
-	fmt.Println(floorLinePrefix + "warm")
+	loadproc.Say(os.Stdout, floorLinePrefix, "warm")
 	in := bufio.NewScanner(os.Stdin)
 	if !in.Scan() || in.Text() != "go" {
 		t.Fatalf("the benchmark said %q, not go", in.Text())
@@ -639,7 +559,7 @@ func TestTransportFloorLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Println(floorLinePrefix + string(out))
+	loadproc.Say(os.Stdout, floorLinePrefix, string(out))
 }
 
 func cmpErr(first, err error) error {

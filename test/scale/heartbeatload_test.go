@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/testkit/loadproc"
 	"github.com/dexaflow/reaper/testkit/machinecpu"
 	"github.com/dexaflow/reaper/testkit/massbench"
 )
@@ -59,17 +60,11 @@ type heartbeatOutcome struct {
 // writes its outcome as one JSON line. Without envHeartbeatLoad it is not
 // part of a run.
 func TestScaleHeartbeatLoad(t *testing.T) {
-	path := os.Getenv(envHeartbeatLoad)
-	if path == "" {
-		t.Skip("run only as BenchmarkScaleHeartbeats's load generator")
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading the load's plan: %v", err)
-	}
 	var plan heartbeatPlan
-	if err := json.Unmarshal(raw, &plan); err != nil {
-		t.Fatalf("decoding the load's plan: %v", err)
+	if ok, err := loadproc.ReadPlan(envHeartbeatLoad, &plan); !ok {
+		t.Skip("run only as BenchmarkScaleHeartbeats's load generator")
+	} else if err != nil {
+		t.Fatal(err)
 	}
 	out, err := runHeartbeatLoad(context.Background(), plan, bufio.NewReader(os.Stdin), os.Stdout)
 	if err != nil {
@@ -79,7 +74,7 @@ func TestScaleHeartbeatLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("encoding the outcome: %v", err)
 	}
-	fmt.Fprintf(os.Stdout, "%s%s\n", heartbeatLoadMark, line)
+	loadproc.Say(os.Stdout, heartbeatLoadMark, string(line))
 }
 
 // runHeartbeatLoad is the generator: see BenchmarkScaleHeartbeats for what
@@ -116,7 +111,7 @@ func runHeartbeatLoad(ctx context.Context, plan heartbeatPlan, in *bufio.Reader,
 	if err := errors.Join(warmErrs...); err != nil {
 		return heartbeatOutcome{}, fmt.Errorf("opening the connections: %w", err)
 	}
-	fmt.Fprintf(out, "%swarm\n", heartbeatLoadMark)
+	loadproc.Say(out, heartbeatLoadMark, "warm")
 	if line, err := in.ReadString('\n'); err != nil || line != "go\n" {
 		return heartbeatOutcome{}, fmt.Errorf("waiting for go: %q, %v", line, err)
 	}

@@ -1,19 +1,13 @@
 package scale_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +17,7 @@ import (
 	"github.com/dexaflow/reaper/runner/attemptapi"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/loadproc"
 	"github.com/dexaflow/reaper/testkit/machinecpu"
 	"github.com/dexaflow/reaper/testkit/massbench"
 	"github.com/dexaflow/reaper/testkit/pgtest"
@@ -145,19 +140,20 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	// warm-up's heartbeats are counted with the load's (written beats,
 	// below).
 	before := pgtest.ReadWriteCounts(b, pool, "task_instances")
-	gen := startHeartbeatLoad(b, plan)
+	gen := loadproc.Start(b, heartbeatLoadSpec, plan, "warm")
 	progress("%s: %d heartbeats/s for %ds over %d connections", heartbeatSection, rate, seconds, heartbeatConns)
 
 	b.ResetTimer()
 	stopProfile := profileHeartbeats(b)
 	pgPID := pgtest.Current(b).PID()
 	cpuBefore, apiBefore, pgBefore := machinecpu.Busy(), machinecpu.Own(os.Getpid()), machinecpu.Process(pgPID)
-	out := gen.run(b)
+	var out heartbeatOutcome
+	gen.Outcome(b, "go", &out)
 	cpu := machinecpu.Busy() - cpuBefore
 	apiCPU, pgCPU := machinecpu.Own(os.Getpid())-apiBefore, machinecpu.Process(pgPID)-pgBefore
 	stopProfile()
 	b.StopTimer()
-	gen.wait(b)
+	gen.Wait(b)
 
 	stop()
 	if err := <-ran; err != nil {
@@ -209,89 +205,9 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	aimed(heartbeatSection, "rows updated/heartbeat", fmt.Sprintf("%.3f", rows), "<= 1", rows <= 1.0001)
 }
 
-// heartbeatLoad is the load generator's process (TestScaleHeartbeatLoad).
-type heartbeatLoad struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines *bufio.Scanner
-}
-
-// startHeartbeatLoad starts the generator with plan and waits until it has
-// opened its connections.
-func startHeartbeatLoad(b *testing.B, plan heartbeatPlan) *heartbeatLoad {
-	b.Helper()
-	raw, err := json.Marshal(plan)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path := filepath.Join(b.TempDir(), "heartbeat-load.json")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleHeartbeatLoad$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envHeartbeatLoad+"="+path)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	outPipe, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("starting the load generator: %v", err)
-	}
-	g := &heartbeatLoad{cmd: cmd, in: in, lines: bufio.NewScanner(outPipe)}
-	b.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	if l := g.next(b); l != "warm" {
-		b.Fatalf("the load generator said %q, not warm", l)
-	}
-	return g
-}
-
-// next is the generator's next line of its own; the testing package's
-// lines (a failure's) are passed on.
-func (g *heartbeatLoad) next(b *testing.B) string {
-	b.Helper()
-	for g.lines.Scan() {
-		if l, ok := strings.CutPrefix(g.lines.Text(), heartbeatLoadMark); ok {
-			return l
-		}
-		fmt.Fprintf(os.Stderr, "load generator: %s\n", g.lines.Text())
-	}
-	b.Fatalf("the load generator ended without its outcome: %v", errors.Join(g.lines.Err(), g.cmd.Wait()))
-	return ""
-}
-
-// run starts the load and returns its outcome when it has run.
-func (g *heartbeatLoad) run(b *testing.B) heartbeatOutcome {
-	b.Helper()
-	if _, err := io.WriteString(g.in, "go\n"); err != nil {
-		b.Fatalf("starting the load: %v", err)
-	}
-	var out heartbeatOutcome
-	if err := json.Unmarshal([]byte(g.next(b)), &out); err != nil {
-		b.Fatalf("the load's outcome: %v", err)
-	}
-	return out
-}
-
-// wait waits for the generator's exit.
-func (g *heartbeatLoad) wait(b *testing.B) {
-	b.Helper()
-	_ = g.in.Close()
-	for g.lines.Scan() { // the testing package's last words
-	}
-	if err := g.cmd.Wait(); err != nil {
-		b.Fatalf("the load generator: %v", err)
-	}
-}
+// heartbeatLoadSpec is the heartbeat load generator's process
+// (TestScaleHeartbeatLoad).
+var heartbeatLoadSpec = loadproc.Spec{Test: "TestScaleHeartbeatLoad", Env: envHeartbeatLoad, Mark: heartbeatLoadMark}
 
 // profileHeartbeats starts a CPU profile of this process (the API's) into
 // the file envHeartbeatProfile names, if any; the returned func ends it.
