@@ -227,10 +227,14 @@ func (w *Writer) RunningFor(ctx context.Context, a sdk.Attempt, minted, now time
 // before credentials, or a writer that mints without RecordMint). A
 // re-dispatch of the same try and epoch (after a failover lost the first
 // dispatch's writes) records a new mint, so the first execution's token,
-// which keeps its first mint across renewals, no longer passes.
+// which keeps its first mint across renewals, no longer passes. minted is
+// whole milliseconds (mintedParam), so the recorded mint falls in its
+// millisecond exactly when it truncates to it; the range compares without
+// date_trunc's time zone work on every row of a heartbeat batch.
 func credentialFence(minted string) string {
 	return `(` + minted + ` IS NULL OR ti.credential_minted_at IS NULL
-            OR date_trunc('milliseconds', ti.credential_minted_at) = ` + minted + `)`
+            OR (ti.credential_minted_at >= ` + minted + `
+                AND ti.credential_minted_at < ` + minted + ` + interval '1 millisecond'))`
 }
 
 // mintedParam is minted to the millisecond a token carries; NULL when zero.
