@@ -30,7 +30,8 @@ import (
 //
 // The look is one LIST per create, narrowed by the attempt's labels and
 // served from the API server's watch cache (resourceVersion 0: no etcd
-// read). A ghost was made before the failover, long before the cache is
+// read), on a client of its own (Config.LookClient), so that it does not
+// halve the creates the runner's client rate allows. A ghost was made before the failover, long before the cache is
 // read, so the cache's lag does not hide it.
 
 // ghosts lists the live pods of a (neither Succeeded nor Failed), the ones
@@ -39,7 +40,7 @@ func (r *Runner) ghosts(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, error
 	set, _ := kube.AttemptLabels(a)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
 	defer cancel()
-	list, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).List(cctx, metav1.ListOptions{
+	list, err := r.cfg.LookClient.CoreV1().Pods(r.cfg.Namespace).List(cctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(set).String(), ResourceVersion: "0"})
 	if err != nil {
 		return nil, fmt.Errorf("listing the pods of %s in %s: %w", a, r.cfg.Namespace, err)
@@ -84,7 +85,7 @@ func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt) (bool, error) 
 		}
 		uid := p.UID
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
-		err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).Delete(cctx, p.Name,
+		err := r.cfg.LookClient.CoreV1().Pods(r.cfg.Namespace).Delete(cctx, p.Name,
 			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		cancel()
 		switch {
