@@ -203,12 +203,46 @@ func (w *Writer) RecordedPod(ctx context.Context, a sdk.Attempt) (CreatedPod, er
 // Running records the attempt's RUNNING report: queued to running, stamping
 // running_at. When the row no longer holds this queued attempt, or the run
 // is no longer running, nothing changes and shouldTerminate is true: the
-// agent must not start the task.
+// agent must not start the task. It is not fenced on the credential (see
+// RunningFor).
 func (w *Writer) Running(ctx context.Context, a sdk.Attempt, now time.Time) (shouldTerminate bool, err error) {
+	return w.RunningFor(ctx, a, time.Time{}, now)
+}
+
+// RunningFor is Running for the holder of the attempt's credential first
+// minted at minted (the token's claim): it applies only while the row
+// records that mint (see credentialFence). A zero minted fences nothing.
+func (w *Writer) RunningFor(ctx context.Context, a sdk.Attempt, minted, now time.Time) (shouldTerminate bool, err error) {
 	ok, err := w.step(ctx, "report running", a, `UPDATE task_instances ti SET state = 'running', running_at = $5,
         updated_at = $5, first_poke_at = CASE WHEN ti.sensor THEN coalesce(ti.first_poke_at, $5) END
-        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued'`, now)
+        FROM runs r WHERE `+guardAttempt+` AND ti.state = 'queued' AND `+credentialFence("$6::timestamptz"),
+		now, mintedParam(minted))
 	return !ok && err == nil, err
+}
+
+// credentialFence is the condition that a call made with the credential
+// first minted at the millisecond minted (a timestamptz expression; NULL:
+// a caller that holds no credential) is made by the attempt's current
+// execution: the row records that mint, or records none (a row from
+// before credentials, or a writer that mints without RecordMint). A
+// re-dispatch of the same try and epoch (after a failover lost the first
+// dispatch's writes) records a new mint, so the first execution's token,
+// which keeps its first mint across renewals, no longer passes. minted is
+// whole milliseconds (mintedParam), so the recorded mint falls in its
+// millisecond exactly when it truncates to it; the range compares without
+// date_trunc's time zone work on every row of a heartbeat batch.
+func credentialFence(minted string) string {
+	return `(` + minted + ` IS NULL OR ti.credential_minted_at IS NULL
+            OR (ti.credential_minted_at >= ` + minted + `
+                AND ti.credential_minted_at < ` + minted + ` + interval '1 millisecond'))`
+}
+
+// mintedParam is minted to the millisecond a token carries; NULL when zero.
+func mintedParam(minted time.Time) pgtype.Timestamptz {
+	if minted.IsZero() {
+		return pgtype.Timestamptz{}
+	}
+	return pgtype.Timestamptz{Time: time.UnixMilli(minted.UnixMilli()).UTC(), Valid: true}
 }
 
 // Heartbeat records a heartbeat of a running attempt that renews nothing of
@@ -270,7 +304,7 @@ UPDATE task_instances ti SET
         failure_reason = CASE WHEN p.refused <> '' THEN p.refused ELSE NULLIF($7, '') END,
         error_message = CASE WHEN p.refused <> '' THEN ` + board.RescheduleMessageSQL("p.refused") + ` ELSE NULLIF($8, '') END,
         retries = CASE WHEN ` + board.RescheduleSpendsRetriesSQL("p.refused") + ` THEN 0 ELSE ti.retries END
-    FROM runs r, p WHERE ` + guardAttempt + ` AND ti.state = 'running'
+    FROM runs r, p WHERE ` + guardAttempt + ` AND ti.state = 'running' AND ` + credentialFence("$10::timestamptz") + `
     RETURNING p.refused`
 
 // ReportOutcome is Report, answering also whether a reschedule was refused
@@ -283,6 +317,14 @@ UPDATE task_instances ti SET
 // reason (reschedule_not_sensor, sensor_timeout,
 // sensor_credential_ceiling) in the same guarded write.
 func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o TerminalReport, now time.Time) (ReportResult, error) {
+	return w.ReportOutcomeFor(ctx, a, time.Time{}, o, now)
+}
+
+// ReportOutcomeFor is ReportOutcome for the holder of the attempt's
+// credential first minted at minted (the token's claim): it applies only
+// while the row records that mint (see credentialFence); otherwise nothing
+// changes and the answer is ShouldTerminate. A zero minted fences nothing.
+func (w *Writer) ReportOutcomeFor(ctx context.Context, a sdk.Attempt, minted time.Time, o TerminalReport, now time.Time) (ReportResult, error) {
 	switch o.State {
 	case sdk.StateSuccess, sdk.StateSkipped, sdk.StateUpForReschedule:
 		o.Reason, o.Message = "", ""
@@ -295,7 +337,7 @@ func (w *Writer) ReportOutcome(ctx context.Context, a sdk.Attempt, o TerminalRep
 	var refused string
 	err := w.pool.QueryRow(ctx, reportSQL, a.RunID, a.TaskID, a.Try, a.Epoch, o.State, now,
 		w.store.Safe(board.FieldReason, o.Reason), w.store.Safe(board.FieldMessage, o.Message),
-		w.ceiling.Microseconds()).Scan(&refused)
+		w.ceiling.Microseconds(), mintedParam(minted)).Scan(&refused)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return ReportResult{ShouldTerminate: true}, nil
@@ -376,8 +418,13 @@ func (w *Writer) HeartbeatCredential(ctx context.Context, a sdk.Attempt, r Renew
 // attempt's credential, and when it arrived.
 type HeartbeatCall struct {
 	Attempt sdk.Attempt
-	Renewal Renewal
-	At      time.Time
+	// MintedAt is the first mint of the credential the heartbeat was made
+	// with (its token's claim): the heartbeat applies only while the row
+	// records that mint, or none (see credentialFence). Zero: not fenced
+	// (a caller that holds no credential).
+	MintedAt time.Time
+	Renewal  Renewal
+	At       time.Time
 }
 
 // HeartbeatCredentials records a batch of heartbeats in one statement and
@@ -387,10 +434,13 @@ type HeartbeatCall struct {
 // longest silence (max_heartbeat_gap, never counted from before
 // Options.HeardSince), and records what it did to the attempt's
 // credential. Each row is guarded on its own attempt (try and epoch), on
-// its state running and on its run running, so one superseded attempt
+// the credential the call holds (credentialFence, in the same statement),
+// on its state running and on its run running, so one superseded attempt
 // changes nothing of the others. It answers, per call and in order,
 // shouldTerminate: true when that call's row no longer holds its running
-// attempt. Calls of the same attempt are merged into one row's write
+// attempt (or the row holds it under another credential: an earlier
+// execution of the same try and epoch). Calls of the same attempt and
+// credential are merged into one row's write
 // (mergeBeats) that records what each of them would have: the latest
 // arrival, the longest silence before or between them, the latest renewal
 // and the first cap; they get the same answer.
@@ -406,11 +456,13 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 		firsts, lasts   = make([]time.Time, n), make([]time.Time, n)
 		gaps            = make([]int64, n)
 		renewed, capped = make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
+		minted          = make([]pgtype.Timestamptz, n)
 	)
 	for i, b := range beats {
-		runs[i], tasks[i], tries[i], epochs[i] = b.attempt.RunID, b.attempt.TaskID, b.attempt.Try, b.attempt.Epoch
+		runs[i], tasks[i], tries[i], epochs[i] = b.key.attempt.RunID, b.key.attempt.TaskID, b.key.attempt.Try, b.key.attempt.Epoch
 		firsts[i], lasts[i], gaps[i] = b.first, b.last, b.gap.Microseconds()
 		renewed[i], capped[i] = b.renewed, b.capped
+		minted[i] = mintedParam(b.key.minted)
 	}
 	what := fmt.Sprintf("board: heartbeat %s", calls[0].Attempt)
 	if len(calls) > 1 {
@@ -431,28 +483,36 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
             credential_renewed_at = COALESCE(hb.renewed_at, ti.credential_renewed_at),
             credential_capped_at = COALESCE(ti.credential_capped_at, hb.capped_at)
         FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[], $6::timestamptz[], $7::int8[],
-                    $8::timestamptz[], $9::timestamptz[])
-                AS hb (run_id, task_id, try, epoch, first, last, gap_us, renewed_at, capped_at),
+                    $8::timestamptz[], $9::timestamptz[], $11::timestamptz[])
+                AS hb (run_id, task_id, try, epoch, first, last, gap_us, renewed_at, capped_at, minted),
              runs r
         WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
             AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
+            AND `+credentialFence("hb.minted")+`
             AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
-        RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch`,
-		runs, tasks, tries, epochs, firsts, lasts, gaps, renewed, capped, w.since)
+        RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, hb.minted`,
+		runs, tasks, tries, epochs, firsts, lasts, gaps, renewed, capped, w.since, minted)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	applied := make(map[sdk.Attempt]bool, n)
-	var a sdk.Attempt
-	if _, err := pgx.ForEachRow(rows, []any{&a.RunID, &a.TaskID, &a.Try, &a.Epoch}, func() error {
-		applied[a] = true
+	applied := make(map[beatKey]bool, n)
+	var (
+		a sdk.Attempt
+		m pgtype.Timestamptz
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&a.RunID, &a.TaskID, &a.Try, &a.Epoch, &m}, func() error {
+		var minted time.Time
+		if m.Valid {
+			minted = m.Time
+		}
+		applied[keyOf(a, minted)] = true
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	shouldTerminate = make([]bool, len(calls))
 	for i, c := range calls {
-		shouldTerminate[i] = !applied[c.Attempt]
+		shouldTerminate[i] = !applied[keyOf(c.Attempt, c.MintedAt)]
 	}
 	return shouldTerminate, nil
 }
@@ -460,7 +520,7 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 // mergedBeat is what one attempt's calls of a batch record, as one row's
 // write.
 type mergedBeat struct {
-	attempt sdk.Attempt
+	key beatKey
 	// first and last are its earliest and latest arrivals; gap is the
 	// longest silence between two of its arrivals (0 for one call). With
 	// the silence before first, counted on the row, they are the silences
@@ -472,18 +532,37 @@ type mergedBeat struct {
 	renewed, capped pgtype.Timestamptz
 }
 
-// mergeBeats merges the calls of each attempt, in the order the attempts
-// first appear.
+// beatKey is what the calls merged into one row's write share: the
+// attempt and the first mint of the credential they were made with (zero:
+// none; else to the millisecond a token carries). Two executions of the
+// same attempt heartbeating in one batch are two writes, of which the
+// credential fence lets at most one apply.
+type beatKey struct {
+	attempt sdk.Attempt
+	minted  time.Time
+}
+
+func keyOf(a sdk.Attempt, minted time.Time) beatKey {
+	k := beatKey{attempt: a}
+	if !minted.IsZero() {
+		k.minted = time.UnixMilli(minted.UnixMilli()).UTC()
+	}
+	return k
+}
+
+// mergeBeats merges the calls of each attempt and credential, in the order
+// they first appear.
 func mergeBeats(calls []HeartbeatCall) []mergedBeat {
-	idx := make(map[sdk.Attempt]int, len(calls))
+	idx := make(map[beatKey]int, len(calls))
 	beats := make([]mergedBeat, 0, len(calls))
 	var arrivals map[int][]time.Time // of the attempts called more than once
 	for _, c := range calls {
-		j, dup := idx[c.Attempt]
+		k := keyOf(c.Attempt, c.MintedAt)
+		j, dup := idx[k]
 		if !dup {
 			j = len(beats)
-			idx[c.Attempt] = j
-			beats = append(beats, mergedBeat{attempt: c.Attempt, first: c.At, last: c.At})
+			idx[k] = j
+			beats = append(beats, mergedBeat{key: k, first: c.At, last: c.At})
 		} else {
 			if arrivals == nil {
 				arrivals = map[int][]time.Time{}

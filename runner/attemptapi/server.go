@@ -23,9 +23,12 @@ import (
 // Board is what the server writes and reads: the board's guarded writers
 // (lifecycle.Writer).
 type Board interface {
-	Running(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error)
+	// RunningFor, HeartbeatCredentials and ReportOutcomeFor apply a call
+	// only for the credential the board holds for the attempt (the
+	// token's first mint; see lifecycle.RunningFor).
+	RunningFor(ctx context.Context, a sdk.Attempt, minted, now time.Time) (bool, error)
 	HeartbeatCredentials(ctx context.Context, calls []lifecycle.HeartbeatCall) ([]bool, error)
-	ReportOutcome(ctx context.Context, a sdk.Attempt, o lifecycle.TerminalReport, now time.Time) (lifecycle.ReportResult, error)
+	ReportOutcomeFor(ctx context.Context, a sdk.Attempt, minted time.Time, o lifecycle.TerminalReport, now time.Time) (lifecycle.ReportResult, error)
 	TaskInstance(ctx context.Context, runID, taskID string) (board.TaskInstance, error)
 	BoundTo(ctx context.Context, worker string, limit int) ([]board.TaskInstance, error)
 	ExchangeBootstrap(ctx context.Context, a sdk.Attempt, mintedAt, now time.Time) (lifecycle.Exchange, error)
@@ -372,7 +375,7 @@ func boardFailure(what string, err error) error {
 }
 
 func (s *Server) running(ctx context.Context, c call) (Response, error) {
-	term, err := s.cfg.Board.Running(ctx, c.req.Attempt(), c.now)
+	term, err := s.cfg.Board.RunningFor(ctx, c.req.Attempt(), c.claims.MintedAt, c.now)
 	if err != nil {
 		return Response{}, boardFailure("recording running", err)
 	}
@@ -386,7 +389,8 @@ func (s *Server) running(ctx context.Context, c call) (Response, error) {
 func (s *Server) heartbeat(ctx context.Context, c call) (Response, error) {
 	keys := s.cfg.Keys()
 	r := renewalOf(c.claims, c.now, s.cfg.TTL, s.cfg.Ceiling, keys.SignedWithCurrent(c.token))
-	term, err := s.heartbeats.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: c.req.Attempt(), Renewal: r, At: c.now})
+	term, err := s.heartbeats.heartbeat(ctx, lifecycle.HeartbeatCall{Attempt: c.req.Attempt(), MintedAt: c.claims.MintedAt,
+		Renewal: r, At: c.now})
 	if err != nil {
 		return Response{}, boardFailure("recording a heartbeat", err)
 	}
@@ -454,7 +458,7 @@ func (s *Server) report(ctx context.Context, c call) (Response, error) {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "%q is not an outcome", o.State)
 	}
 	a := c.req.Attempt()
-	res, err := s.cfg.Board.ReportOutcome(ctx, a, lifecycle.TerminalReport{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
+	res, err := s.cfg.Board.ReportOutcomeFor(ctx, a, c.claims.MintedAt, lifecycle.TerminalReport{State: o.State, Reason: o.Reason, Message: o.Message}, c.now)
 	if err != nil {
 		return Response{}, boardFailure("recording the report", err)
 	}

@@ -416,6 +416,11 @@ func TestAttemptAPI(t *testing.T) {
 		b.run(t, "r1", "t1")
 		a := sdk.Attempt{RunID: "r1", TaskID: "t1", Try: 1}
 		b.dispatch(t, a)
+		// The credential the board records is the one the token below
+		// carries: minted ten ceilings ago.
+		if ok, err := b.w.RecordMint(ctx, a, base.Add(-10*ceiling)); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
 		if ok, err := b.w.Running(ctx, a, base); err != nil || ok {
 			t.Fatal(ok, err)
 		}

@@ -85,6 +85,11 @@ type Meter = cyclemeter.Meter
 type Config struct {
 	// Client creates the task pods. Required.
 	Client kubernetes.Interface
+	// LookClient lists, before each create, the live pods of the attempt
+	// the board does not know, and deletes them (ghost.go). Default:
+	// Client. FromSettings gives it a client of its own, so that the look
+	// takes nothing from the rate of the creates.
+	LookClient kubernetes.Interface
 	// Namespace of the task pods. Required: the substrate's namespace, so
 	// that its informer, teardown and sweep see them.
 	Namespace string
@@ -251,6 +256,9 @@ func (c *Config) fillDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
+	}
+	if c.LookClient == nil {
+		c.LookClient = c.Client
 	}
 }
 

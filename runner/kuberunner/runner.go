@@ -54,8 +54,11 @@
 // infra budget: a name someone took is no verdict on the task, so never
 // dispatch_failed. The pod's name is recorded on the attempt with its UID.
 //
-// The runner creates pods and never deletes one: teardown, presence and
-// the reconcile sweep are the substrate's (package substrate/kube).
+// Before a create, the runner looks for live pods of the attempt the board
+// does not know (an asynchronous failover lost their dispatch): it deletes
+// them and holds the dispatch until none is live (see ghost.go). Those are
+// the only pods it deletes: teardown, presence and the reconcile sweep are
+// the substrate's (package substrate/kube).
 package kuberunner
 
 import (
@@ -345,6 +348,10 @@ func (r *Runner) dispatch(ctx context.Context, p *dispatchPool, d steps.Driver, 
 func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskInstance, now time.Time, res *Result) (bool, error) {
 	a := ti.Attempt
 	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	// No start beside a pod of the attempt that the board lost (ghost.go).
+	if held, err := r.heldForGhost(ctx, a); err != nil || held {
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.

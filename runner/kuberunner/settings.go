@@ -38,6 +38,14 @@ func FromSettings(s Settings, issuer attempttoken.Issuer, base Config, w *lifecy
 			return nil, fmt.Errorf("kube runner: %w", err)
 		}
 		cfg.Client = client
+		if cfg.LookClient == nil {
+			// The look before each create (ghost.go) on a rate of its own.
+			look, err := kube.NewClient(s.Kubeconfig, "reaperd-runner-look", kube.QPSDefault, kube.BurstDefault)
+			if err != nil {
+				return nil, fmt.Errorf("kube runner: %w", err)
+			}
+			cfg.LookClient = look
+		}
 	}
 	var err error
 	if cfg.Resources, err = resources(s.Requests, s.Limits); err != nil {

@@ -296,6 +296,33 @@ func (s *scenario) configSecondLease(name string, leaseFor, renew time.Duration)
 	return path
 }
 
+// configHeartbeat rewrites the configuration at path (a copy beside it)
+// with the agents' heartbeat every, and agent_lost and settling_grace
+// above it as the ladder asks.
+func (s *scenario) configHeartbeat(path string, every time.Duration) string {
+	s.t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	text := string(b)
+	for _, r := range [][2]string{
+		{fmt.Sprintf("heartbeat              = %q", heartbeat), fmt.Sprintf("heartbeat              = %q", every)},
+		{fmt.Sprintf("agent_lost             = %q", agentLost), fmt.Sprintf("agent_lost             = %q", 3*every/2)},
+		{fmt.Sprintf("settling_grace         = %q", grace), fmt.Sprintf("settling_grace         = %q", 2*every)},
+	} {
+		if !strings.Contains(text, r[0]) {
+			s.t.Fatalf("the configuration holds no %s", r[0])
+		}
+		text = strings.Replace(text, r[0], r[1], 1)
+	}
+	out := strings.TrimSuffix(path, ".hcl") + ".heartbeat.hcl"
+	if err := os.WriteFile(out, []byte(text), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	return out
+}
+
 // The board's standby is asynchronous and stops streaming while the lease
 // row holds term N, led by replica 1. Replica 2 runs on a Kubernetes Lease
 // of its own (the Kubernetes Lease does not promise one leader; the
@@ -308,7 +335,11 @@ func (s *scenario) configSecondLease(name string, leaseFor, renew time.Duration)
 // thawed within its renewal period, still believing it leads N+1, and
 // runs a cycle: the fence refuses its writes for their holder, it steps
 // down, and nothing of it applies; replica 3 reaps the attempt and the
-// history's checker finds one writer per term.
+// history's checker finds one writer per term. The late task, dispatched
+// by replica 2 on the primary alone, is offered again by the promoted
+// board under the same try and epoch while its first pod, heartbeating
+// once a minute, still runs: the runner deletes that pod and creates the
+// new one only once it is gone (the checker: no overlapping executions).
 func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	primary, standby := pgtest.NewFailoverPair(t, "board", pgtest.StandbyOptions{})
 	s := newScenarioBoard(t, 17, "async failover, a term increment lost", c, nil, pgtest.FailoverDSN("board", primary, standby))
@@ -319,7 +350,12 @@ func failoverAsyncLostTerm(t *testing.T, c *kubetest.Cluster) {
 	if l := s.leader(30 * time.Second); l != d1 {
 		t.Fatalf("replica 1 does not lead")
 	}
-	d2 := s.startDaemonWith(s.configSecondLease("reaperd-second", survivorLease, survivorRenew))
+	// Replica 2's pods heartbeat once a minute: the late task's first
+	// execution, which replica 2 alone dispatches, hears nothing of the
+	// failover before the promoted board has run the task again (with the
+	// suite's second, it would be told to stop before that).
+	d2 := s.startDaemonWith(s.configHeartbeat(s.configSecondLease("reaperd-second", survivorLease, survivorRenew),
+		time.Minute))
 	t.Cleanup(func() { _ = d2.thaw() })
 	// The gate task ends, and the late task after it is dispatched and
 	// runs, in the lost window.

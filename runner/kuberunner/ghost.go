@@ -1,0 +1,102 @@
+package kuberunner
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/dexaflow/reaper/sdk"
+	"github.com/dexaflow/reaper/substrate/kube"
+)
+
+// A ghost is a pod of an attempt that the board does not know: after an
+// asynchronous failover lost the attempt's queueing and its RUNNING report,
+// the promoted board holds the attempt scheduled again, under the same try
+// and epoch, while the pod the lost dispatch made still runs the task. Its
+// agent is told to stop at its next heartbeat (the board holds another
+// credential for the attempt, or none running), but until then a new pod
+// would run the task beside it.
+//
+// So before a pod is created for a scheduled attempt, the runner looks for
+// live pods carrying the attempt's labels. The board has the attempt
+// scheduled: no pod is its execution, so every live one found is a ghost.
+// The runner deletes it (the pod's own termination grace) and holds the
+// dispatch, the attempt left scheduled, until no live pod of it remains:
+// the new pod starts only once the ghost can no longer run.
+//
+// The look is one LIST per create, narrowed by the attempt's labels and
+// served from the API server's watch cache (resourceVersion 0: no etcd
+// read), on a client of its own (Config.LookClient), so that it does not
+// halve the creates the runner's client rate allows. A ghost was made before the failover, long before the cache is
+// read, so the cache's lag does not hide it.
+
+// ghosts lists the live pods of a (neither Succeeded nor Failed), the ones
+// being deleted included: their containers may still run.
+func (r *Runner) ghosts(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, error) {
+	set, _ := kube.AttemptLabels(a)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+	defer cancel()
+	list, err := r.cfg.LookClient.CoreV1().Pods(r.cfg.Namespace).List(cctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(set).String(), ResourceVersion: "0"})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of %s in %s: %w", a, r.cfg.Namespace, err)
+	}
+	var live []corev1.Pod
+	for _, p := range list.Items {
+		if got, ok := kube.PodAttempt(p.Labels, p.Annotations); !ok || got != a {
+			continue // another task under the same lossy task label
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		live = append(live, p)
+	}
+	return live, nil
+}
+
+// heldForGhost reports whether a's dispatch waits for a ghost: it deletes
+// the live pods of a not yet being deleted and holds while any is live. A
+// LIST that fails holds nothing, logged: when the API is unavailable the
+// create meets the same outage and takes the dispatch-failure rail (a new
+// epoch, whose pods no ghost carries); when the runner may not list pods
+// (the chart's role lets it), dispatches go on as before the look. A ghost
+// missed so is still fenced off the board at its next heartbeat.
+func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt) (bool, error) {
+	live, err := r.ghosts(ctx, a)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return false, fmt.Errorf("dispatching %s: %w", a, ctx.Err())
+	case err != nil:
+		r.log.Warn("could not look for a pod of the attempt the board does not know: dispatching without",
+			"attempt", a.String(), "error", err)
+		return false, nil
+	case len(live) == 0:
+		return false, nil
+	}
+	for _, p := range live {
+		if p.DeletionTimestamp != nil {
+			r.log.Info("the attempt's dispatch waits for a pod the board does not know to end", "attempt", a.String(),
+				"pod", p.Name, "uid", p.UID, "phase", p.Status.Phase, "deletion_due", p.DeletionTimestamp.Time)
+			continue
+		}
+		uid := p.UID
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.CreateTimeout)
+		err := r.cfg.LookClient.CoreV1().Pods(r.cfg.Namespace).Delete(cctx, p.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		cancel()
+		switch {
+		case err == nil, apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			r.log.Warn("a pod of the attempt the board does not know runs (its dispatch was lost with the board's "+
+				"last writes): deleted; the attempt's dispatch waits for it to end",
+				"attempt", a.String(), "pod", p.Name, "uid", p.UID, "phase", p.Status.Phase)
+		default:
+			r.log.Warn("a pod of the attempt the board does not know runs and could not be deleted: the attempt's "+
+				"dispatch waits for it to end", "attempt", a.String(), "pod", p.Name, "uid", p.UID, "error", err)
+		}
+	}
+	return true, nil
+}
