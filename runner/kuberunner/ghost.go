@@ -3,6 +3,7 @@ package kuberunner
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,8 +32,50 @@ import (
 // The look is one LIST per create, narrowed by the attempt's labels and
 // served from the API server's watch cache (resourceVersion 0: no etcd
 // read), on a client of its own (Config.LookClient), so that it does not
-// halve the creates the runner's client rate allows. A ghost was made before the failover, long before the cache is
-// read, so the cache's lag does not hide it.
+// halve the creates the runner's client rate allows. A ghost was made
+// before the failover, long before the cache is read, so the cache's lag
+// does not hide it. The API server filters the namespace's every pod for
+// the labels, so a LIST costs it in proportion to the namespace, not to
+// what it finds; so dispatches look only while a ghost can be alive.
+//
+// Only a failover loses a dispatch the board acknowledged, and PostgreSQL
+// starts a new WAL timeline at every promotion. So each cycle first reads
+// the board's timeline (lifecycle.Writer.Timeline, one cheap query), and
+// dispatches look for ghosts for ghostWindow after the runner first reads
+// it (it cannot know what happened before it led) and after every move.
+// A ghost that can reach the attempt API is told to stop at its next
+// heartbeat after the promotion (the promoted board holds its attempt
+// scheduled, then under another credential), and a dispatch of its attempt
+// in the meantime finds it; the window is the longest a live agent stays
+// silent before it is presumed lost, with its heartbeat and its task's
+// termination grace on top. A timeline that cannot be read opens the
+// window too: unknown, the runner looks.
+
+// ghostWindow is how long after a failover dispatches look for ghosts.
+func (r *Runner) ghostWindow() time.Duration {
+	l := r.cfg.Ladder
+	return l.AgentLost + l.Heartbeat + l.TaskTerminationGrace
+}
+
+// watchTimeline reads the board's timeline and, on the first read, a move
+// or a read that fails, opens the ghost window from now.
+func (r *Runner) watchTimeline(ctx context.Context, now time.Time) {
+	tl, err := r.w.Timeline(ctx)
+	switch {
+	case err != nil:
+		r.log.Warn("could not read the board's timeline: dispatches look for pods of their attempts the board does "+
+			"not know", "error", err, "for", r.ghostWindow())
+	case r.timeline != 0 && tl != r.timeline:
+		r.log.Warn("the board's database failed over (its WAL timeline moved): dispatches look for pods of their "+
+			"attempts the board does not know", "timeline_was", r.timeline, "timeline", tl, "for", r.ghostWindow())
+		r.timeline = tl
+	case r.timeline == 0:
+		r.timeline = tl
+	default:
+		return
+	}
+	r.lookUntil.Store(now.Add(r.ghostWindow()).UnixNano())
+}
 
 // ghosts lists the live pods of a (neither Succeeded nor Failed), the ones
 // being deleted included: their containers may still run.
@@ -65,7 +108,10 @@ func (r *Runner) ghosts(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, error
 // epoch, whose pods no ghost carries); when the runner may not list pods
 // (the chart's role lets it), dispatches go on as before the look. A ghost
 // missed so is still fenced off the board at its next heartbeat.
-func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt) (bool, error) {
+func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+	if now.UnixNano() >= r.lookUntil.Load() {
+		return false, nil // no failover within the window: no ghost can run
+	}
 	live, err := r.ghosts(ctx, a)
 	switch {
 	case err != nil && ctx.Err() != nil:

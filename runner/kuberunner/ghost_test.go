@@ -89,3 +89,30 @@ func TestAGhostPodHoldsTheDispatchUntilItIsGone(t *testing.T) {
 			ti.State, rec)
 	}
 }
+
+// Dispatches look for ghosts only while one can be alive: for the window
+// after the runner first reads the board's timeline (and after it moves).
+// Past it, on the same timeline, a dispatch makes no LIST: a pod carrying
+// the attempt's labels then is no dispatch the board lost, and is left to
+// the substrate as any pod it does not know.
+func TestNoLookForGhostsPastTheWindowOnOneTimeline(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := e.config(e.cs)
+	r := e.runner(t, cfg)
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 0 {
+		t.Fatalf("dispatched %d with nothing submitted", res.Dispatched)
+	}
+	l := cfg.Ladder
+	e.clk.Advance(l.AgentLost + l.Heartbeat + l.TaskTerminationGrace)
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
+	a := sdk.Attempt{RunID: "run-1", TaskID: "t", Try: 1}
+	pod := e.ghostPod(t, "labelled-as-t", a, corev1.PodRunning)
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d past the window, want 1 (no look)", res.Dispatched)
+	}
+	got, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil || got.DeletionTimestamp != nil {
+		t.Fatalf("the labelled pod %+v (err %v): want it left alone past the window", got.ObjectMeta, err)
+	}
+}

@@ -67,6 +67,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -110,6 +111,14 @@ type Runner struct {
 	// valveNoted: held marks past the valve and when their decision was
 	// last recorded (valve.go). Used by the cycle only.
 	valveNoted map[sdk.Attempt]time.Time
+
+	// The watch for a failover that may have left ghosts (ghost.go):
+	// timeline is the board's WAL timeline as last read (0: not read yet;
+	// the cycle only), lookUntil when dispatches stop looking for ghosts
+	// (Unix nanoseconds; written by the cycle, read by the dispatch
+	// workers too).
+	timeline  int64
+	lookUntil atomic.Int64
 }
 
 // New checks the configuration.
@@ -275,6 +284,10 @@ func (r *Runner) runOnce(ctx context.Context, now time.Time, term int64, p *disp
 	d := r.steps
 	d.W = r.w.Fenced(term)
 	phases := []step{
+		{"watch the board's timeline", func(ctx context.Context, now time.Time, _ *steps.Tally) error {
+			r.watchTimeline(ctx, now)
+			return nil
+		}},
 		{"adopt unrecorded pods", func(ctx context.Context, now time.Time, _ *steps.Tally) error {
 			return r.adoptUnrecorded(ctx, d, now, &res)
 		}},
@@ -351,7 +364,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 		return false, err
 	}
 	// No start beside a pod of the attempt that the board lost (ghost.go).
-	if held, err := r.heldForGhost(ctx, a); err != nil || held {
+	if held, err := r.heldForGhost(ctx, a, now); err != nil || held {
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.
