@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/dexaflow/reaper/board/lifecycle"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
@@ -108,7 +109,14 @@ func (r *Runner) ghosts(ctx context.Context, a sdk.Attempt) ([]corev1.Pod, error
 // epoch, whose pods no ghost carries); when the runner may not list pods
 // (the chart's role lets it), dispatches go on as before the look. A ghost
 // missed so is still fenced off the board at its next heartbeat.
-func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt, now time.Time) (bool, error) {
+//
+// A pod is deleted only once the board says, read after the look, that
+// this runner's term still leads and that the attempt is still scheduled
+// under the same try and epoch with no pod recorded: a runner whose listing
+// of scheduled attempts went stale (deposed while its cycle waited on the
+// board, its successor dispatching the same attempts meanwhile) would
+// otherwise find the successor's pods and take them for ghosts.
+func (r *Runner) heldForGhost(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt, now time.Time) (bool, error) {
 	if now.UnixNano() >= r.lookUntil.Load() {
 		return false, nil // no failover within the window: no ghost can run
 	}
@@ -122,6 +130,14 @@ func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt, now time.Time)
 		return false, nil
 	case len(live) == 0:
 		return false, nil
+	}
+	if err := w.Leads(ctx, now); err != nil {
+		return false, fmt.Errorf("dispatching %s: %w", a, err)
+	}
+	if unknown, err := r.stillUnknown(ctx, w, a); err != nil || !unknown {
+		// Dispatched meanwhile: the pods found are its own, and the
+		// queueing's guard refuses this stale dispatch.
+		return false, err
 	}
 	for _, p := range live {
 		if p.DeletionTimestamp != nil {
@@ -145,4 +161,22 @@ func (r *Runner) heldForGhost(ctx context.Context, a sdk.Attempt, now time.Time)
 		}
 	}
 	return true, nil
+}
+
+// stillUnknown reports whether the board, read now, still holds a
+// scheduled under the same try and epoch with no pod recorded: every pod of
+// it is then one the board does not know.
+func (r *Runner) stillUnknown(ctx context.Context, w *lifecycle.Writer, a sdk.Attempt) (bool, error) {
+	ti, err := w.TaskInstance(ctx, a.RunID, a.TaskID)
+	if err != nil {
+		return false, fmt.Errorf("dispatching %s: reading it again before deleting a pod of it: %w", a, err)
+	}
+	if ti.Attempt != a || ti.State != sdk.StateScheduled {
+		return false, nil
+	}
+	rec, err := w.RecordedPod(ctx, a)
+	if err != nil {
+		return false, fmt.Errorf("dispatching %s: reading its recorded pod: %w", a, err)
+	}
+	return rec.Name == "" && rec.UID == "", nil
 }

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dexaflow/reaper/board/lifecycle"
+	"github.com/dexaflow/reaper/runner/kuberunner"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/substrate/kube"
 )
@@ -115,4 +116,41 @@ func TestNoLookForGhostsPastTheWindowOnOneTimeline(t *testing.T) {
 	if err != nil || got.DeletionTimestamp != nil {
 		t.Fatalf("the labelled pod %+v (err %v): want it left alone past the window", got.ObjectMeta, err)
 	}
+}
+
+// A dispatch whose listing went stale (its runner deposed while the cycle
+// waited on the board, or the attempt dispatched meanwhile) finds the
+// attempt's own pod, which the board knows: it deletes nothing. Nor does a
+// runner whose term no longer leads, whatever it finds.
+func TestAGhostIsDeletedOnlyOnAFreshBoardUnderTheTerm(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.mkRun(t, "run-1", lifecycle.NewTask{TaskID: "t"})
+	a := sdk.Attempt{RunID: "run-1", TaskID: "t", Try: 1}
+	r := e.runner(t, e.config(e.cs))
+	if res := cycle(t, r, e.clk.Now()); res.Dispatched != 1 {
+		t.Fatalf("dispatched %d, want 1", res.Dispatched)
+	}
+	own := e.recorded(t, a)
+	if own.Name == "" {
+		t.Fatal("the attempt's pod is not recorded")
+	}
+	untouched := func(what string) {
+		t.Helper()
+		p, err := e.cs.CoreV1().Pods(e.ns).Get(ctx, own.Name, metav1.GetOptions{})
+		if err != nil || p.DeletionTimestamp != nil {
+			t.Fatalf("%s: the attempt's own pod %+v (err %v), want it left alone", what, p.ObjectMeta, err)
+		}
+	}
+	// The stale dispatch, inside the window the first cycle opened.
+	held, err := kuberunner.HeldForGhost(r, ctx, e.w, a, e.clk.Now())
+	if err != nil || held {
+		t.Fatalf("stale dispatch: held %v, err %v; want neither", held, err)
+	}
+	untouched("a stale dispatch")
+	// A term that does not lead: refused before anything is deleted.
+	if _, err := kuberunner.HeldForGhost(r, ctx, e.w.Fenced(99), a, e.clk.Now()); err == nil {
+		t.Fatal("a deposed term's look deleted or held without a refusal")
+	}
+	untouched("a deposed term's dispatch")
 }

@@ -364,7 +364,7 @@ func (r *Runner) dispatchOne(ctx context.Context, d steps.Driver, ti board.TaskI
 		return false, err
 	}
 	// No start beside a pod of the attempt that the board lost (ghost.go).
-	if held, err := r.heldForGhost(ctx, a, now); err != nil || held {
+	if held, err := r.heldForGhost(ctx, d.W, a, now); err != nil || held {
 		return false, err
 	}
 	// Queued first: the agent's RUNNING report is accepted only from queued.
