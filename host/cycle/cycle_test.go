@@ -15,27 +15,10 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 )
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-
-// lead is a leadership that tests move by hand.
-type lead struct {
-	mu sync.Mutex
-	st leader.Status
-}
-
-func (l *lead) Status(time.Time) leader.Status {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.st
-}
-
-func (l *lead) set(st leader.Status) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.st = st
-}
 
 // substrate is an in-process substrate whose sweep can be made to block.
 type substrate struct {
@@ -201,24 +184,12 @@ func (a *audit) RecordDecisions(_ context.Context, _ int64, _ time.Time, ds []sd
 	return nil
 }
 
-// static is a Supervised that never restarts.
-type static[T any] struct {
-	v        T
-	err      error
-	down     bool
-	recycled int
-}
-
-func (s *static[T]) Get(context.Context, time.Time) (T, error) { return s.v, s.err }
-func (s *static[T]) Down() bool                                { return s.down }
-func (s *static[T]) Recycle()                                  { s.recycled++ }
-
 type bundle struct {
 	clock   *clock.Fake
-	lead    *lead
+	lead    *byhand.Lead
 	sub     *substrate
 	reapers []*reaper
-	plugins []*static[sdk.Reaper]
+	plugins []*byhand.Static[sdk.Reaper]
 	board   *board
 	audit   *audit
 	loop    *cycle.Loop
@@ -228,21 +199,21 @@ type bundle struct {
 func setup(t *testing.T, dryRun bool, names ...string) *bundle {
 	t.Helper()
 	b := &bundle{
-		clock: clock.NewFake(t0), lead: &lead{}, sub: &substrate{synced: true},
+		clock: clock.NewFake(t0), lead: &byhand.Lead{}, sub: &substrate{synced: true},
 		board: &board{}, audit: &audit{}, metrics: metrics.New(),
 	}
 	var rs []cycle.Reaper
 	for _, n := range names {
 		r := &reaper{name: n}
 		b.reapers = append(b.reapers, r)
-		p := &static[sdk.Reaper]{v: r}
+		p := &byhand.Static[sdk.Reaper]{V: r}
 		b.plugins = append(b.plugins, p)
 		rs = append(rs, cycle.Reaper{Name: n, Plugin: p, Labels: []string{sdk.LabelAgentLost, sdk.LabelAgentLostProcessAlive}})
 	}
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, DryRun: dryRun,
 		Clock: b.clock, Metrics: b.metrics,
-	}, b.lead, b.board, b.audit, &static[sdk.Substrate]{v: b.sub}, rs)
+	}, b.lead, b.board, b.audit, &byhand.Static[sdk.Substrate]{V: b.sub}, rs)
 	return b
 }
 
@@ -265,7 +236,7 @@ func TestGateInTheLoop(t *testing.T) {
 
 	t.Run("HoldsForGraceRecordingASkipEachCycle", func(t *testing.T) {
 		b := setup(t, false, "agentlost")
-		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 		for i := 0; i < 6; i++ { // 0s .. 150s: inside the 180s grace
 			res := b.loop.RunOnce(context.Background())
 			if res.Gate.Open || len(res.Decisions) != 1 || res.Decisions[0].Label != sdk.LabelSettlingSkip {
@@ -288,7 +259,7 @@ func TestGateInTheLoop(t *testing.T) {
 	t.Run("ValveOpensAtTwiceGraceWhenNeverSynced", func(t *testing.T) {
 		b := setup(t, false, "agentlost")
 		b.sub.synced = false
-		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 		b.clock.Advance(359 * time.Second)
 		if res := b.loop.RunOnce(context.Background()); res.Gate.Open {
 			t.Fatalf("valve opened before 2 x grace: %+v", res)
@@ -304,15 +275,15 @@ func TestGateInTheLoop(t *testing.T) {
 
 	t.Run("LosingAndRegainingLeadershipResetsTheGate", func(t *testing.T) {
 		b := setup(t, false, "agentlost")
-		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 		b.clock.Advance(180 * time.Second)
 		if res := b.loop.RunOnce(context.Background()); !res.Gate.Open {
 			t.Fatalf("term 1 did not settle: %+v", res)
 		}
-		b.lead.set(leader.Status{Leading: false, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: false, Term: 1, Since: t0})
 		b.clock.Advance(30 * time.Second)
 		b.loop.RunOnce(context.Background())
-		b.lead.set(leader.Status{Leading: true, Term: 3, Since: b.clock.Now()})
+		b.lead.Set(leader.Status{Leading: true, Term: 3, Since: b.clock.Now()})
 		b.clock.Advance(30 * time.Second)
 		res := b.loop.RunOnce(context.Background())
 		if res.Gate.Open || res.Term != 3 || labels(res.Decisions)[0] != sdk.LabelSettlingSkip {
@@ -324,7 +295,7 @@ func TestGateInTheLoop(t *testing.T) {
 func TestCycle(t *testing.T) {
 	settled := func(t *testing.T, b *bundle) {
 		t.Helper()
-		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 		b.clock.Advance(180 * time.Second)
 	}
 
@@ -407,7 +378,7 @@ func TestCycle(t *testing.T) {
 
 	t.Run("OverrunTicksAreCoalesced", func(t *testing.T) {
 		b := setup(t, false, "agentlost")
-		b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+		b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 		b.sub.ignoreCtx = make(chan struct{})
 		b.sub.started = make(chan struct{}, 10)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -464,8 +435,8 @@ func TestCycle(t *testing.T) {
 		if !p.Deadline.Equal(p.Now.Add(10 * time.Second)) {
 			t.Fatalf("second reaper's deadline %v after its start, want its share of what was left (10s)", p.Deadline.Sub(p.Now))
 		}
-		if b.plugins[0].recycled != 1 || b.plugins[1].recycled != 0 {
-			t.Fatalf("recycled %d and %d times, want the hung one once", b.plugins[0].recycled, b.plugins[1].recycled)
+		if b.plugins[0].Recycled != 1 || b.plugins[1].Recycled != 0 {
+			t.Fatalf("recycled %d and %d times, want the hung one once", b.plugins[0].Recycled, b.plugins[1].Recycled)
 		}
 	})
 
@@ -478,8 +449,8 @@ func TestCycle(t *testing.T) {
 		<-b.reapers[1].hang
 		b.clock.Advance(30 * time.Second) // its share is all that was left of the phase
 		res := <-done
-		if b.plugins[1].recycled != 1 || labels(res.Decisions)[len(res.Decisions)-1] != sdk.LabelPluginUnavailable {
-			t.Fatalf("recycled %d times, decisions %v", b.plugins[1].recycled, labels(res.Decisions))
+		if b.plugins[1].Recycled != 1 || labels(res.Decisions)[len(res.Decisions)-1] != sdk.LabelPluginUnavailable {
+			t.Fatalf("recycled %d times, decisions %v", b.plugins[1].Recycled, labels(res.Decisions))
 		}
 	})
 

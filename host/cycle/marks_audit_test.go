@@ -23,6 +23,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -59,7 +60,7 @@ type world struct {
 	attempt sdk.Attempt
 	since   time.Time
 	term    int64
-	lead    *lead
+	lead    *byhand.Lead
 	reaper  sdk.Reaper
 	lw      *lifecycle.Writer
 	metrics *metrics.Metrics
@@ -148,11 +149,11 @@ func newWorld(t *testing.T, mode string, auditor func(*pgboard.Store) cycle.Audi
 	if auditor != nil {
 		aud = auditor(w.store)
 	}
-	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
+	lead := byhand.NewLead(leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-ladder.Defaults().SettlingGrace)})
 	w.lead, w.reaper, w.metrics, w.info = lead, p.Reaper(), metrics.New(), p.Info
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: w.clock, Metrics: w.metrics},
-		lead, w.store, aud, &static[sdk.Substrate]{v: w.exec},
-		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: p.Reaper()}, MarkReasons: p.Info.MarkReasons,
+		lead, w.store, aud, &byhand.Static[sdk.Substrate]{V: w.exec},
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &byhand.Static[sdk.Reaper]{V: p.Reaper()}, MarkReasons: p.Info.MarkReasons,
 			Labels: p.Info.DecisionLabels}})
 	return w
 }
@@ -423,7 +424,7 @@ func TestAuditOwedByADeposedLeaderIsWrittenUnderItsTerm(t *testing.T) {
 		t.Fatalf("the pass did not complete: %+v", res)
 	}
 	w.marked(t)
-	w.lead.set(leader.Status{Leading: false, Term: w.term + 1})
+	w.lead.Set(leader.Status{Leading: false, Term: w.term + 1})
 	w.clock.Advance(ladder.Defaults().MaintenanceInterval)
 	if res := w.loop.RunOnce(context.Background()); res.Leading {
 		t.Fatalf("the deposed replica reported leading: %+v", res)

@@ -13,6 +13,7 @@ import (
 	"github.com/dexaflow/reaper/host/owed"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 )
 
 // withOwed runs a cycle of loop, then a run of the owed teardowns, and
@@ -38,13 +39,13 @@ func TestOwedTeardownRetries(t *testing.T) {
 	l := ladder.Defaults()
 	w := newWorld(t, "mark_teardown", nil)
 	m := metrics.New()
-	sub := &static[sdk.Substrate]{v: w.exec}
+	sub := &byhand.Static[sdk.Substrate]{V: w.exec}
 	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock, Metrics: m,
 		Declared: map[string][]string{"agentlost": w.info.DecisionLabels}}, w.lead, w.store, sub, w.store)
 	paying.TestSignals.Init(t)
 	w.loop = cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: m},
 		w.lead, w.store, w.store, sub,
-		[]cycle.Reaper{{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: w.reaper}, MarkReasons: w.info.MarkReasons,
+		[]cycle.Reaper{{Name: "agentlost", Plugin: &byhand.Static[sdk.Reaper]{V: w.reaper}, MarkReasons: w.info.MarkReasons,
 			Labels: w.info.DecisionLabels}})
 
 	run := func() cycle.Result {
@@ -110,7 +111,7 @@ func TestOwedTeardownRetries(t *testing.T) {
 	t.Run("NotLeading_NothingTried", func(t *testing.T) {
 		st := w.lead.Status(time.Time{})
 		st.Leading = false
-		w.lead.set(st)
+		w.lead.Set(st)
 		w.clock.Advance(time.Hour)
 		res := withOwed(ctx, w.loop, paying) // a retry would block on tearing: none may start
 		if res.Leading {
@@ -131,7 +132,7 @@ func TestOwedTeardownOfALiveAttemptNeverTried(t *testing.T) {
 	ctx := context.Background()
 	l := ladder.Defaults()
 	w := newWorld(t, "mark_teardown", nil)
-	sub := &static[sdk.Substrate]{v: w.exec}
+	sub := &byhand.Static[sdk.Substrate]{V: w.exec}
 	paying := owed.New(owed.Config{Interval: l.MaintenanceInterval, Clock: w.clock}, w.lead, w.store, sub, w.store)
 	loop := cycle.New(cycle.Config{Ladder: l, Edition: ladder.EditionLite, Clock: w.clock, Owed: paying, Metrics: metrics.New()},
 		w.lead, w.store, w.store, sub, nil)

@@ -13,6 +13,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 )
 
 // finder is an audit that also finds the writes a dead leader left on the
@@ -49,9 +50,9 @@ func TestRecoveredMarkIsFiledUnderTheReaperDeclaringItsReason(t *testing.T) {
 			aud := &finder{marks: []pgboard.UnauditedMark{{Attempt: a, Reason: tc.reason,
 				Message: tc.reason + ": left by a dead leader", At: t0.Add(-time.Minute)}}}
 			reapers := []cycle.Reaper{
-				{Name: "agentlost", Plugin: &static[sdk.Reaper]{v: &reaper{name: "agentlost"}},
+				{Name: "agentlost", Plugin: &byhand.Static[sdk.Reaper]{V: &reaper{name: "agentlost"}},
 					MarkReasons: []string{sdk.LabelAgentLost, sdk.LabelCredentialCeiling}},
-				{Name: "parked", Plugin: &static[sdk.Reaper]{v: &reaper{name: "parked"}},
+				{Name: "parked", Plugin: &byhand.Static[sdk.Reaper]{V: &reaper{name: "parked"}},
 					MarkReasons: []string{"parked_expired"}},
 			}
 			twoSettledCycles(aud, reapers)
@@ -82,7 +83,7 @@ func TestRecoveredMarkIsFiledUnderTheReaperDeclaringItsReason(t *testing.T) {
 func TestDeclaredMarkReasonsSearchedOnTheBoard(t *testing.T) {
 	t.Parallel()
 	aud := &finder{}
-	reapers := []cycle.Reaper{{Name: "hostile", Plugin: &static[sdk.Reaper]{v: &reaper{name: "hostile"}},
+	reapers := []cycle.Reaper{{Name: "hostile", Plugin: &byhand.Static[sdk.Reaper]{V: &reaper{name: "hostile"}},
 		MarkReasons: []string{"its_own_word", sdk.LabelAgentLost, sdk.LabelReconcileSettled, sdk.ReasonPodDisrupted,
 			sdk.LabelCredentialCeiling, "Not A Reason", "", "its_own_word"}}}
 	twoSettledCycles(aud, reapers)
@@ -95,9 +96,9 @@ func TestDeclaredMarkReasonsSearchedOnTheBoard(t *testing.T) {
 // reapers, auditing through aud: the first gate's opening recovers marks.
 func twoSettledCycles(aud *finder, reapers []cycle.Reaper) {
 	clk := clock.NewFake(t0)
-	settled := &lead{st: leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)}}
+	settled := byhand.NewLead(leader.Status{Leading: true, Term: 1, Since: t0.Add(-ladder.Defaults().SettlingGrace)})
 	loop := cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: clk},
-		settled, &board{}, aud, &static[sdk.Substrate]{v: &substrate{synced: true}}, reapers)
+		settled, &board{}, aud, &byhand.Static[sdk.Substrate]{V: &substrate{synced: true}}, reapers)
 	for range 2 {
 		loop.RunOnce(context.Background())
 		clk.Advance(ladder.Defaults().MaintenanceInterval)

@@ -16,6 +16,7 @@ import (
 	"github.com/dexaflow/reaper/host/leader"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 )
 
 // logLines collects a JSON hclog logger's lines, from several goroutines.
@@ -60,13 +61,13 @@ func logged(b *bundle, names ...string) *logLines {
 	b.loop = cycle.New(cycle.Config{
 		Ladder: ladder.Defaults(), Edition: ladder.EditionLite, Clock: b.clock, Metrics: b.metrics,
 		Logger: hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Trace, JSONFormat: true}),
-	}, b.lead, b.board, b.audit, &static[sdk.Substrate]{v: b.sub}, rs)
+	}, b.lead, b.board, b.audit, &byhand.Static[sdk.Substrate]{V: b.sub}, rs)
 	return logs
 }
 
 // settle makes b's loop the leader since t0, the grace passed.
 func settle(b *bundle) {
-	b.lead.set(leader.Status{Leading: true, Term: 1, Since: t0})
+	b.lead.Set(leader.Status{Leading: true, Term: 1, Since: t0})
 	b.clock.Advance(180 * time.Second)
 }
 

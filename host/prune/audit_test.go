@@ -13,6 +13,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -76,9 +77,9 @@ func TestTheLeaderPrunesTheAuditPastItsRetentionBesideItsCycles(t *testing.T) {
 	clk := clock.NewFake(t0)
 	held := &heldPrune{Store: store, entered: make(chan struct{}, 10), release: make(chan struct{})}
 	lad := ladder.Defaults()
-	ld := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}}
+	ld := byhand.NewLead(leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)})
 	loop := cycle.New(cycle.Config{Ladder: lad, Edition: ladder.EditionLite, Clock: clk},
-		ld, store, store, &static[sdk.Substrate]{v: idle{}}, nil)
+		ld, store, store, &byhand.Static[sdk.Substrate]{V: idle{}}, nil)
 	pruner := prune.NewAudit(prune.Config{Interval: lad.MaintenanceInterval, Retention: 72 * time.Hour, Clock: clk}, ld, held)
 	pruner.TestSignals.Init(t)
 	loop.TestSignals.Init(t)

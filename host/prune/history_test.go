@@ -11,6 +11,7 @@ import (
 	"github.com/dexaflow/reaper/host/prune"
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
+	"github.com/dexaflow/reaper/testkit/byhand"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -55,7 +56,7 @@ func TestTheLeaderPrunesTheAttemptHistoryPastItsRetention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lead := &lead{st: leader.Status{Leading: leading, Term: lease.Term, Since: t0.Add(-time.Hour)}}
+		lead := byhand.NewLead(leader.Status{Leading: leading, Term: lease.Term, Since: t0.Add(-time.Hour)})
 		return prune.NewHistory(prune.Config{Clock: clock.NewFake(t0), Retention: 72 * time.Hour}, lead, store)
 	}
 	pruner(false).RunOnce(ctx)

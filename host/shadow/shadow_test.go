@@ -16,6 +16,7 @@ import (
 	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/sdk/clock"
 	"github.com/dexaflow/reaper/sdk/ladder"
+	"github.com/dexaflow/reaper/testkit/byhand"
 	"github.com/dexaflow/reaper/testkit/pgtest"
 )
 
@@ -96,11 +97,11 @@ func newShadowWorld(t *testing.T) *shadowWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lead := &lead{st: leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)}}
+	lead := byhand.NewLead(leader.Status{Leading: true, Term: lease.Term, Since: t0.Add(-time.Hour)})
 	w.loop = cycle.New(cycle.Config{Ladder: ladder.Defaults(), Edition: ladder.EditionKube, Clock: w.clock,
 		Metrics: w.metrics},
-		lead, w.store, w.store, &static[sdk.Substrate]{v: deadPods{}},
-		[]cycle.Reaper{{Name: agentlost.Name, DryRun: true, Plugin: &static[sdk.Reaper]{v: r},
+		lead, w.store, w.store, &byhand.Static[sdk.Substrate]{V: deadPods{}},
+		[]cycle.Reaper{{Name: agentlost.Name, DryRun: true, Plugin: &byhand.Static[sdk.Reaper]{V: r},
 			MarkReasons: info.MarkReasons, Labels: info.DecisionLabels}})
 	w.shadows = shadow.New(shadow.Config{Clock: w.clock, Metrics: w.metrics, Reapers: []string{agentlost.Name}},
 		lead, w.store)
