@@ -29,17 +29,17 @@ const (
 )
 
 // BenchmarkHeartbeatWrite measures what PostgreSQL spends on the board's
-// heartbeat write alone: batches of beatBatch calls through
-// HeartbeatCredentials, one at a time, paced at beatRate heartbeats a
-// second (REAPER_BEAT_SECONDS long, 20 by default), round robin over 150,000
-// running attempts. It reports, per heartbeat, PostgreSQL's CPU (the
-// postmaster and all its processes, from /proc) over the load, the WAL it
-// wrote, the share of its row updates that were HOT, and the CPU of
-// vacuuming the dead tuples the load left (the test server runs no
-// autovacuum, so it is measured by one VACUUM after the load: what an
-// autovacuum worker would spend on them). With REAPER_BEAT_EXPLAIN set it
-// writes to standard error the plan of one batch under EXPLAIN (ANALYZE, BUFFERS, WAL) and the
-// indexes a heartbeat's row lives in.
+// heartbeat write alone: batches of beatBatch calls (REAPER_BEAT_BATCH
+// sets another size) through HeartbeatCredentials, one at a time, paced at
+// beatRate heartbeats a second for REAPER_BEAT_SECONDS (20 by default),
+// round robin over 150,000 running attempts. It reports, per heartbeat,
+// PostgreSQL's CPU over the load (the postmaster and all its processes,
+// from /proc), the WAL it wrote, the share of its row updates that were
+// HOT, and the CPU of vacuuming the dead tuples the load left: the test
+// server runs no autovacuum, so one VACUUM after the load does what an
+// autovacuum worker would. With REAPER_BEAT_EXPLAIN set it writes to
+// standard error the indexes of task_instances and the plans of one batch
+// under EXPLAIN (ANALYZE, BUFFERS, WAL).
 //
 // REAPER_BEAT_SETUP, statements separated by ';', runs after the seed: what
 // an index or a table setting costs the heartbeat is read by dropping or
@@ -57,6 +57,14 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 		}
 		seconds = n
 	}
+	size := beatBatch
+	if s := os.Getenv("REAPER_BEAT_BATCH"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 || n > beatRate {
+			b.Fatalf("REAPER_BEAT_BATCH=%q: want a number of heartbeats from 1 to %d", s, beatRate)
+		}
+		size = n
+	}
 	pool := pgtest.NewDB(b)
 	start := time.Now().UTC().Truncate(time.Millisecond)
 	minted := start.Add(-time.Hour)
@@ -70,7 +78,7 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 	}
 	w := lifecycle.New(pool, lifecycle.Options{})
 
-	calls := make([]lifecycle.HeartbeatCall, beatBatch)
+	calls := make([]lifecycle.HeartbeatCall, size)
 	next := 0
 	batch := func(at time.Time) []lifecycle.HeartbeatCall {
 		for i := range calls {
@@ -104,7 +112,7 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 	walBefore := walLSN(b, pool)
 	load := loadAverage()
 	cpuBefore := machinecpu.Process(pgPID)
-	interval := time.Second * beatBatch / beatRate
+	interval := time.Second * time.Duration(size) / beatRate
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var beats, behind int
@@ -114,7 +122,7 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 		<-tick.C
 		t0 := time.Now()
 		beat(t0)
-		beats += beatBatch
+		beats += size
 		if time.Since(t0) > interval {
 			behind++
 		}
