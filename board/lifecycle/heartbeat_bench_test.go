@@ -71,6 +71,9 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 	seedBeats(b, pool, start, minted)
 	if sql := os.Getenv("REAPER_BEAT_SETUP"); sql != "" {
 		for _, q := range strings.Split(sql, ";") {
+			if strings.TrimSpace(q) == "" {
+				continue
+			}
 			if _, err := pool.Exec(ctx, q); err != nil {
 				b.Fatal(err)
 			}
@@ -116,7 +119,8 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var beats, behind int
-	end := time.Now().Add(time.Duration(seconds) * time.Second)
+	began := time.Now()
+	end := began.Add(time.Duration(seconds) * time.Second)
 	b.ResetTimer()
 	for time.Now().Before(end) {
 		<-tick.C
@@ -128,6 +132,7 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	elapsed := time.Since(began)
 	pgCPU := machinecpu.Process(pgPID) - cpuBefore
 	walBytes := walLSN(b, pool) - walBefore
 	hotAfter, updAfter := beatUpdates(b, pool)
@@ -145,7 +150,7 @@ func BenchmarkHeartbeatWrite(b *testing.B) {
 	if upd := updAfter - updBefore; upd > 0 {
 		b.ReportMetric(100*float64(hotAfter-hotBefore)/float64(upd), "hot-%")
 	}
-	b.ReportMetric(float64(beats)/float64(seconds), "hb/s")
+	b.ReportMetric(float64(beats)/elapsed.Seconds(), "hb/s")
 	b.Logf("%d heartbeats in %d s (%d batches over their %v), load average %s before; PostgreSQL %.1f µs/hb, vacuum %.1f µs/hb, WAL %.0f B/hb",
 		beats, seconds, behind, interval, load, per(pgCPU)*1e6, per(vacCPU)*1e6, per(float64(walBytes)))
 }
@@ -325,5 +330,11 @@ func explainBeat(tb testing.TB, pool *pgxpool.Pool) {
 			tb.Fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "one batch of %d, %s:\n%s\n", beatBatch, s.what, strings.Join(plan, "\n"))
+		if s.what == "generic plan" {
+			// (A prepared statement outlives the transaction.)
+			if _, err := tx.Exec(ctx, "DEALLOCATE beat"); err != nil {
+				tb.Fatal(err)
+			}
+		}
 	}
 }
