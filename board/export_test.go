@@ -88,3 +88,7 @@ func PackEvidence(ev map[string]string) []byte {
 
 // PackedKeys are the keys the packed form writes as codes.
 func PackedKeys() []string { return packedKeys[:] }
+
+// CreateMigrationsTable is Migrate's first statement, for a test that
+// applies the migrations before one of them by hand.
+const CreateMigrationsTable = createMigrationsTable

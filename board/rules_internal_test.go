@@ -71,11 +71,26 @@ func TestOpenSettledIndexIsTheComplementOfLive(t *testing.T) {
 	}
 }
 
+// The candidate indexes hold every live state, but for the running rows of
+// task_instances_queued_at_idx (migration 024): no listing reads running
+// attempts by queued_at from it (the warm pool's has its own index, 023),
+// and a heartbeat would otherwise write an entry in it.
 func TestCandidateIndexesCoverTheLiveStates(t *testing.T) {
-	want := flat("state IN (" + sqlList(sdk.LiveStates()) + ")")
-	for _, idx := range []string{"task_instances_queued_at_idx", "task_instances_running_at_idx", "task_instances_heartbeat_idx"} {
-		if got := indexWhere(t, "001_board.sql", idx); got != want {
-			t.Errorf("%s covers %s, the live states are %s", idx, got, want)
+	live := sdk.LiveStates()
+	var notRunning []string
+	for _, st := range live {
+		if st != sdk.StateRunning {
+			notRunning = append(notRunning, st)
+		}
+	}
+	for idx, states := range map[string][]string{
+		"task_instances_queued_at_idx":  notRunning,
+		"task_instances_running_at_idx": live,
+		"task_instances_heartbeat_idx":  live,
+	} {
+		file := newestDefinition(t, idx)
+		if got, want := indexWhere(t, file, idx), flat("state IN ("+sqlList(states)+")"); got != want {
+			t.Errorf("%s (%s) covers %s, want %s", idx, file, got, want)
 		}
 	}
 }

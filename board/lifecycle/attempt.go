@@ -475,22 +475,7 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 	// undercount running rows.
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
-	rows, err := w.pool.Query(ctx, `UPDATE task_instances ti
-        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.last), updated_at = hb.last,
-            max_heartbeat_gap = GREATEST(ti.max_heartbeat_gap, interval '0',
-                hb.first - GREATEST(COALESCE(ti.last_heartbeat_at, ti.running_at), $10::timestamptz),
-                hb.gap_us * interval '1 microsecond'),
-            credential_renewed_at = COALESCE(hb.renewed_at, ti.credential_renewed_at),
-            credential_capped_at = COALESCE(ti.credential_capped_at, hb.capped_at)
-        FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[], $6::timestamptz[], $7::int8[],
-                    $8::timestamptz[], $9::timestamptz[], $11::timestamptz[])
-                AS hb (run_id, task_id, try, epoch, first, last, gap_us, renewed_at, capped_at, minted),
-             runs r
-        WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
-            AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
-            AND `+credentialFence("hb.minted")+`
-            AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
-        RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, hb.minted`,
+	rows, err := w.pool.Query(ctx, heartbeatSQL,
 		runs, tasks, tries, epochs, firsts, lasts, gaps, renewed, capped, w.since, minted)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -516,6 +501,25 @@ func (w *Writer) HeartbeatCredentials(ctx context.Context, calls []HeartbeatCall
 	}
 	return shouldTerminate, nil
 }
+
+// heartbeatSQL is HeartbeatCredentials' statement: $1 to $9 and $11 are
+// the merged calls' arrays (see there), $10 Options.HeardSince.
+var heartbeatSQL = `UPDATE task_instances ti
+        SET last_heartbeat_at = GREATEST(ti.last_heartbeat_at, hb.last), updated_at = hb.last,
+            max_heartbeat_gap = GREATEST(ti.max_heartbeat_gap, interval '0',
+                hb.first - GREATEST(COALESCE(ti.last_heartbeat_at, ti.running_at), $10::timestamptz),
+                hb.gap_us * interval '1 microsecond'),
+            credential_renewed_at = COALESCE(hb.renewed_at, ti.credential_renewed_at),
+            credential_capped_at = COALESCE(ti.credential_capped_at, hb.capped_at)
+        FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[], $6::timestamptz[], $7::int8[],
+                    $8::timestamptz[], $9::timestamptz[], $11::timestamptz[])
+                AS hb (run_id, task_id, try, epoch, first, last, gap_us, renewed_at, capped_at, minted),
+             runs r
+        WHERE ti.run_id = hb.run_id AND ti.task_id = hb.task_id AND ti.try_number = hb.try
+            AND ti.attempt_epoch = hb.epoch AND (ti.state = 'running') IS TRUE
+            AND ` + credentialFence("hb.minted") + `
+            AND r.run_id = ti.run_id AND (r.state = 'running') IS TRUE
+        RETURNING ti.run_id, ti.task_id, ti.try_number, ti.attempt_epoch, hb.minted`
 
 // mergedBeat is what one attempt's calls of a batch record, as one row's
 // write.

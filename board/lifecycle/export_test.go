@@ -1,0 +1,4 @@
+package lifecycle
+
+// HeartbeatSQL is HeartbeatCredentials' statement, for EXPLAIN.
+var HeartbeatSQL = heartbeatSQL

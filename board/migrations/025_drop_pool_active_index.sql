@@ -1,0 +1,14 @@
+-- reaper: additive
+-- No index of the slots in use (issue #44).
+--
+-- Migration 021 made task_instances_pool_active_idx, on (pool, run_id)
+-- over the queued and running rows, for the read of the pools' use. That
+-- read (Writer.PoolUsage) counts the scheduled rows of each pool too, so
+-- the index, which holds none, can never answer it, and no other statement
+-- reads by pool: the planner has never chosen it. It still cost every
+-- heartbeat a write, the heartbeat's update not being HOT (see 024). The
+-- pools' use is read as before, through the candidate indexes of the live
+-- states or the table, whichever the planner finds cheaper. Every binary
+-- that ran on the schema before keeps working: none of its statements
+-- loses its plan.
+DROP INDEX task_instances_pool_active_idx;
