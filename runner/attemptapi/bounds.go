@@ -38,8 +38,9 @@ const CodeTooManyRequests = "too_many_requests"
 // "refused_address_cap" (closed at once: its address is at its cap, each
 // of its connections in a call or just opened), "evicted_address_cap" or
 // "evicted_server_cap" (a connection waiting without a request, closed to
-// make room). The host's Meter implements it; a Meter that does not is not
-// told.
+// make room), and of the heartbeat stream: "stream_opened",
+// "stream_frame_size", "stream_malformed" (stream.go). The host's Meter
+// implements it; a Meter that does not is not told.
 type ConnMeter interface {
 	AttemptAPIConnection(result string)
 }

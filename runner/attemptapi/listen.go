@@ -77,6 +77,8 @@ type Listener struct {
 	// framing (result: ConnStreamFrameSize, ConnStreamMalformed; n: the
 	// length read).
 	streamClosed func(result, remote string, n int64)
+	// streamOpened meters a heartbeat stream negotiated.
+	streamOpened func()
 }
 
 // loopbackCertFile is the generated certificate and key, one PEM file.
@@ -127,7 +129,11 @@ func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
 	tl := tls.NewListener(tracked, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
 		NextProtos: []string{ProtoHeartbeatStream, "http/1.1"}})
 	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits, tracked: tracked,
-		streamClosed: streamHook(cfg)}, nil
+		streamClosed: streamHook(cfg), streamOpened: func() {
+			if cfg.Meter != nil {
+				cfg.Meter.AttemptAPIConnection(ConnStreamOpened)
+			}
+		}}, nil
 }
 
 // streamHook meters, and logs at a bounded rate, a heartbeat stream the

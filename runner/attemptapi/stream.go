@@ -65,9 +65,12 @@ const (
 	frameRefusalClosing = 2
 )
 
-// Results of ConnMeter.AttemptAPIConnection for a stream the server closed
-// for its framing (each also logged at a bounded rate).
+// Results of ConnMeter.AttemptAPIConnection for the heartbeat stream: one
+// negotiated, and one the server closed for its framing (each of those also
+// logged at a bounded rate).
 const (
+	// ConnStreamOpened: a connection negotiated the heartbeat stream.
+	ConnStreamOpened = "stream_opened"
 	// ConnStreamFrameSize: a frame's length was under the least a frame
 	// holds or over maxStreamFrame (a client speaking anything else than
 	// the stream after negotiating it lands here too).
@@ -161,6 +164,9 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 		return
 	}
 	defer set.remove(c)
+	if ln.streamOpened != nil {
+		ln.streamOpened()
+	}
 	limits := ln.limits
 	connState := func(http.ConnState) {}
 	if ln.tracked != nil {
@@ -195,7 +201,9 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 		_ = c.SetWriteDeadline(began.Add(limits.WriteTimeout))
 		n := binary.BigEndian.Uint32(head[:])
 		if n < 2 || n > maxStreamFrame {
-			ln.streamClosed(ConnStreamFrameSize, r.RemoteAddr, int64(n))
+			if ln.streamClosed != nil {
+				ln.streamClosed(ConnStreamFrameSize, r.RemoteAddr, int64(n))
+			}
 			return
 		}
 		bp := s.wire.frame()
@@ -207,7 +215,9 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 		tl := int(binary.BigEndian.Uint16(frame[:2]))
 		if 2+tl > int(n) {
 			s.wire.frames.Put(bp)
-			ln.streamClosed(ConnStreamMalformed, r.RemoteAddr, int64(tl))
+			if ln.streamClosed != nil {
+				ln.streamClosed(ConnStreamMalformed, r.RemoteAddr, int64(tl))
+			}
 			return
 		}
 		closing := s.streamFrame(r, tokens, string(frame[2:2+tl]), frame[2+tl:], &out)
