@@ -217,7 +217,7 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := s.cfg.Clock.Now()
 		resp, err := s.serve(r, h)
-		ref, result := s.settle(name, r, resp, err)
+		ref, result := s.settle(name, r.RemoteAddr, resp, err)
 		if ref != nil {
 			if ref.unread {
 				w.Header().Set("Connection", "close")
@@ -236,7 +236,7 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 // the refusal it is answered with, logged (a refusal of the bounds at a
 // bounded rate, by the bounds), and its code. The HTTP handler and the
 // heartbeat stream both answer through it.
-func (s *Server) settle(name string, r *http.Request, resp Response, err error) (*refusal, string) {
+func (s *Server) settle(name, remote string, resp Response, err error) (*refusal, string) {
 	if err == nil {
 		if resp.ShouldTerminate {
 			return nil, "should_terminate"
@@ -256,7 +256,7 @@ func (s *Server) settle(name string, r *http.Request, resp Response, err error) 
 		s.cfg.Logger.Error("attempt api call failed", "call", name, "error", err)
 	default:
 		s.cfg.Logger.Warn("attempt api call refused", "call", name, "code", ref.body.Code, "why", ref.body.Message,
-			"remote", r.RemoteAddr)
+			"remote", remote)
 	}
 	return ref, ref.body.Code
 }
@@ -277,17 +277,17 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if !ok {
 		token = ""
 	}
-	return s.authorized(r, connTokensOf(r.Context()), r.URL.Path, token, r.Body, h)
+	return s.authorized(r.Context(), originOf(r), connTokensOf(r.Context()), r.URL.Path, token, r.Body, h)
 }
 
-// authorized authorises the call of path with token and body, on a
-// connection whose verified token tokens caches (nil: none), and runs h:
-// the call bounds, then the token must verify at now and be for exactly
-// the attempt the body names. It is the one path of every call, an HTTP
-// request or a frame of the heartbeat stream (stream.go) alike; r gives
-// the source address the bounds count and the call's context.
-func (s *Server) authorized(r *http.Request, tokens *connTokens, path, token string, body io.Reader,
-	h handlerFunc) (Response, error) {
+// authorized authorises the call of path with token and body, from from,
+// on a connection whose verified token tokens caches (nil: none), and runs
+// h with ctx: the call bounds, then the token must verify at now and be
+// for exactly the attempt the body names. It is the one path of every
+// call, an HTTP request or a frame of the heartbeat stream (stream.go)
+// alike.
+func (s *Server) authorized(ctx context.Context, from origin, tokens *connTokens, path, token string,
+	body io.Reader, h handlerFunc) (Response, error) {
 	if token == "" {
 		return Response{}, unread(refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token"))
 	}
@@ -308,7 +308,7 @@ func (s *Server) authorized(r *http.Request, tokens *connTokens, path, token str
 		attempt, isAttempt = c, err == nil
 		return subject, err
 	}
-	release, ref := s.clients.admit(r, subjectOf, s.cfg.Clock.Now())
+	release, ref := s.clients.admit(from, subjectOf, s.cfg.Clock.Now())
 	if ref != nil {
 		return Response{}, unread(ref)
 	}
@@ -333,21 +333,21 @@ func (s *Server) authorized(r *http.Request, tokens *connTokens, path, token str
 			return Response{}, refuse(http.StatusForbidden, CodeWrongScope,
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
-		return h(r.Context(), call{req: req, worker: wc, now: now})
+		return h(ctx, call{req: req, worker: wc, now: now})
 	}
 	if path == PathWorkerExchange {
 		wc, err := keys.VerifyWorkerBootstrapFor(token, req.Worker, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, worker: wc, podToken: podToken(r), now: now})
+		return h(ctx, call{req: req, worker: wc, podToken: from.podToken, now: now})
 	}
 	if path == PathExchange {
 		claims, err := keys.VerifyBootstrapFor(token, req.Attempt(), now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, claims: claims, podToken: podToken(r), now: now})
+		return h(ctx, call{req: req, claims: claims, podToken: from.podToken, now: now})
 	}
 	if !isAttempt {
 		// Not an attempt token (a worker's, a bootstrap): refused as
@@ -363,7 +363,7 @@ func (s *Server) authorized(r *http.Request, tokens *connTokens, path, token str
 	if err := attempttoken.Scoped(attempt, req.Attempt()); err != nil {
 		return Response{}, tokenRefusal(err)
 	}
-	return h(r.Context(), call{req: req, token: token, claims: attempt, now: now})
+	return h(ctx, call{req: req, token: token, claims: attempt, now: now})
 }
 
 // podToken is the pod token the request carries ("" when none, or one

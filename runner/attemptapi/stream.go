@@ -172,13 +172,13 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 	if ln.tracked != nil {
 		connState = func(st http.ConnState) { ln.tracked.ConnState(c, st) }
 	}
-	// The request the bounds and the log read, once per stream: its
-	// source address as net/http gives it, the listener's address (to
-	// tell a client on this host), the stream's context.
+	// Where the frames come from, read once for the stream: the source
+	// address the bounds count (requestAddr: "" for a client on this
+	// host), as for an HTTP request on the same connection.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	r := (&http.Request{Method: http.MethodPost, RemoteAddr: c.RemoteAddr().String(), Header: http.Header{}}).
-		WithContext(context.WithValue(sctx, http.LocalAddrContextKey, c.LocalAddr()))
+	from := originOf((&http.Request{RemoteAddr: c.RemoteAddr().String()}).
+		WithContext(context.WithValue(sctx, http.LocalAddrContextKey, c.LocalAddr())))
 	tokens := &connTokens{}
 	var (
 		head [4]byte
@@ -202,7 +202,7 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 		n := binary.BigEndian.Uint32(head[:])
 		if n < 2 || n > maxStreamFrame {
 			if ln.streamClosed != nil {
-				ln.streamClosed(ConnStreamFrameSize, r.RemoteAddr, int64(n))
+				ln.streamClosed(ConnStreamFrameSize, from.remote, int64(n))
 			}
 			return
 		}
@@ -216,11 +216,11 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 		if 2+tl > int(n) {
 			s.wire.frames.Put(bp)
 			if ln.streamClosed != nil {
-				ln.streamClosed(ConnStreamMalformed, r.RemoteAddr, int64(tl))
+				ln.streamClosed(ConnStreamMalformed, from.remote, int64(tl))
 			}
 			return
 		}
-		closing := s.streamFrame(r, tokens, string(frame[2:2+tl]), frame[2+tl:], &out)
+		closing := s.streamFrame(sctx, from, tokens, string(frame[2:2+tl]), frame[2+tl:], &out)
 		s.wire.frames.Put(bp)
 		if _, err := c.Write(out.Bytes()); err != nil || closing {
 			return
@@ -231,10 +231,11 @@ func (s *Server) serveStream(ctx context.Context, ln *Listener, c *tls.Conn, set
 // streamFrame serves one frame's heartbeat, exactly as an HTTP heartbeat
 // is served (the same authorisation, handler, answer, log and meter), and
 // writes the frame out into out; true: the stream closes after it.
-func (s *Server) streamFrame(r *http.Request, tokens *connTokens, token string, body []byte, out *bytes.Buffer) bool {
+func (s *Server) streamFrame(ctx context.Context, from origin, tokens *connTokens, token string, body []byte,
+	out *bytes.Buffer) bool {
 	start := s.cfg.Clock.Now()
-	resp, err := s.authorized(r, tokens, PathHeartbeat, token, bytes.NewReader(body), s.heartbeat)
-	ref, result := s.settle(CallHeartbeat, r, resp, err)
+	resp, err := s.authorized(ctx, from, tokens, PathHeartbeat, token, bytes.NewReader(body), s.heartbeat)
+	ref, result := s.settle(CallHeartbeat, from.remote, resp, err)
 	out.Reset()
 	out.Write([]byte{0, 0, 0, 0, frameAnswer})
 	switch {
