@@ -50,6 +50,14 @@ type streamBundle struct {
 
 func streamSetup(t *testing.T, limits httplimit.Limits, clients httplimit.Clients) *streamBundle {
 	t.Helper()
+	return streamSetupWith(t, limits, clients, nil)
+}
+
+// streamSetupWith is streamSetup with the server's configuration changed
+// by change (nil: none) before the server is built.
+func streamSetupWith(t *testing.T, limits httplimit.Limits, clients httplimit.Clients,
+	change func(*attemptapi.ServerConfig)) *streamBundle {
+	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.NewDB(t)
 	kr, err := attempttoken.NewKeyring(newKey("k1"))
@@ -81,8 +89,12 @@ func streamSetup(t *testing.T, limits httplimit.Limits, clients httplimit.Client
 		}
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Output: sb.log, Level: hclog.Info})
-	if sb.srv, err = attemptapi.NewServer(attemptapi.ServerConfig{Keys: func() *attempttoken.Keyring { return kr },
-		TTL: ttl, Board: sb.w, Meter: sb.meter, Clock: sb.clk, Logger: logger, Clients: clients}); err != nil {
+	cfg := attemptapi.ServerConfig{Keys: func() *attempttoken.Keyring { return kr },
+		TTL: ttl, Board: sb.w, Meter: sb.meter, Clock: sb.clk, Logger: logger, Clients: clients}
+	if change != nil {
+		change(&cfg)
+	}
+	if sb.srv, err = attemptapi.NewServer(cfg); err != nil {
 		t.Fatal(err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
@@ -480,6 +492,38 @@ func TestHeartbeatStream(t *testing.T) {
 		defer hs.Close()
 		if _, err := hs.Heartbeat(ctx, sb.ta, sb.a); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("TheTokensCallsInFlightCountFramesOfEveryStream", func(t *testing.T) {
+		bounds := streamClients()
+		bounds.SubjectInFlight = 1
+		wclk := clock.NewFake(base)
+		sb := streamSetupWith(t, streamLimits, bounds, func(c *attemptapi.ServerConfig) {
+			c.HeartbeatWindow, c.WindowClock = window, wclk
+		})
+		first := sb.rawStream(t, "127.0.0.1")
+		if _, err := first.Write(frame(sb.ta, sb.a)); err != nil {
+			t.Fatal(err)
+		}
+		inWindow(t, wclk) // the first frame waits in its batch: in flight
+		second := sb.rawStream(t, "127.0.0.1")
+		if _, err := second.Write(frame(sb.ta, sb.a)); err != nil {
+			t.Fatal(err)
+		}
+		if an := readAnswer(t, second); an.kind != 2 || an.status != 429 || an.err.Code != attemptapi.CodeTooManyRequests {
+			t.Fatalf("a second frame of the token while one is in flight answered %+v, want a closing 429", an)
+		}
+		closed(t, second, "after a frame over the token's calls in flight")
+		wclk.Advance(window)
+		if an := readAnswer(t, first); an.kind != 0 {
+			t.Fatalf("the first frame: %+v", an)
+		}
+		if n := sb.meter.Count("heartbeat/" + attemptapi.CodeTooManyRequests); n != 1 {
+			t.Fatalf("%d refusals of the bound metered, want 1", n)
+		}
+		if !strings.Contains(sb.log.String(), "too many calls in flight") {
+			t.Errorf("not logged:\n%s", sb.log)
 		}
 	})
 
