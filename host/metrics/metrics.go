@@ -208,7 +208,7 @@ func (m *Metrics) newAPIMetrics() []prometheus.Collector {
 	}, []string{"call", "result"})
 	m.apiConns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "reaper_attempt_api_connections_total",
-		Help: "Connections to the attempt API refused (refused_address_cap: its source address over max_connections_per_address, all of them in calls) or closed to make room (evicted_address_cap, evicted_server_cap: one waiting without a call).",
+		Help: "Connections to the attempt API refused (refused_address_cap: its source address over max_connections_per_address, all of them in calls) or closed to make room (evicted_address_cap, evicted_server_cap: one waiting without a call); heartbeat streams negotiated (stream_opened) and closed for a malformed frame (stream_frame_size, stream_malformed).",
 	}, []string{"result"})
 	m.apiDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "reaper_attempt_api_call_duration_seconds",
@@ -419,7 +419,8 @@ func (m *Metrics) AttemptAPICall(call, result string, took time.Duration) {
 }
 
 // AttemptAPIConnection counts a connection the attempt API refused or
-// closed to make room (attemptapi.ConnMeter).
+// closed to make room, and a heartbeat stream opened or closed for its
+// framing (attemptapi.ConnMeter).
 func (m *Metrics) AttemptAPIConnection(result string) { m.apiConns.WithLabelValues(result).Inc() }
 
 // CredentialRenewal counts a renewal ("renewed") or a refusal at the

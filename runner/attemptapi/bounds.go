@@ -38,8 +38,9 @@ const CodeTooManyRequests = "too_many_requests"
 // "refused_address_cap" (closed at once: its address is at its cap, each
 // of its connections in a call or just opened), "evicted_address_cap" or
 // "evicted_server_cap" (a connection waiting without a request, closed to
-// make room). The host's Meter implements it; a Meter that does not is not
-// told.
+// make room), and of the heartbeat stream: "stream_opened",
+// "stream_frame_size", "stream_malformed" (stream.go). The host's Meter
+// implements it; a Meter that does not is not told.
 type ConnMeter interface {
 	AttemptAPIConnection(result string)
 }
@@ -109,8 +110,8 @@ func newClientBounds(c httplimit.Clients, log *sparseLog) *clientBounds {
 // either is over its bounds; a token whose envelope does not verify is
 // refused here, before its body is read. The returned release ends the
 // call's place in flight.
-func (b *clientBounds) admit(r *http.Request, subjectOf func() (string, error), now time.Time) (func(), *refusal) {
-	if addr := requestAddr(r); addr != "" && !b.byAddr.Take(addr, now) {
+func (b *clientBounds) admit(from origin, subjectOf func() (string, error), now time.Time) (func(), *refusal) {
+	if addr := from.addr; addr != "" && !b.byAddr.Take(addr, now) {
 		b.log.Warn("address_requests", "attempt api: a source address is over its calls per heartbeat: refused",
 			"remote", addr, "limit", b.addrRate)
 		return nil, refuse(http.StatusTooManyRequests, CodeTooManyRequests,
@@ -122,17 +123,30 @@ func (b *clientBounds) admit(r *http.Request, subjectOf func() (string, error), 
 	}
 	if !b.bySubject.Take(subject, now) {
 		b.log.Warn("token_requests", "attempt api: a token's subject is over its calls per heartbeat: refused",
-			"subject", subject, "remote", r.RemoteAddr, "limit", b.subjRate)
+			"subject", subject, "remote", from.remote, "limit", b.subjRate)
 		return nil, refuse(http.StatusTooManyRequests, CodeTooManyRequests,
 			"%s made more than %d calls per heartbeat", subject, b.subjRate)
 	}
 	if !b.inFlight.Acquire(subject) {
 		b.log.Warn("token_in_flight", "attempt api: a token's subject has too many calls in flight: refused",
-			"subject", subject, "remote", r.RemoteAddr, "limit", b.subjFlight)
+			"subject", subject, "remote", from.remote, "limit", b.subjFlight)
 		return nil, refuse(http.StatusTooManyRequests, CodeTooManyRequests,
 			"%s has %d calls in flight already", subject, b.subjFlight)
 	}
 	return func() { b.inFlight.Release(subject) }, nil
+}
+
+// origin is where a call comes from: its source address as the bounds
+// count it (requestAddr), its remote address for the log, and the pod
+// token it carries (an exchange's proof; "" when none). An HTTP call's is
+// read from its request; a heartbeat stream's once, for all its frames.
+type origin struct {
+	addr, remote, podToken string
+}
+
+// originOf is r's origin.
+func originOf(r *http.Request) origin {
+	return origin{addr: requestAddr(r), remote: r.RemoteAddr, podToken: podToken(r)}
 }
 
 // requestAddr is the source address a call is counted under: its remote

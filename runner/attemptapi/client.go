@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dexaflow/reaper/runner/attempttoken"
@@ -48,24 +49,53 @@ type Client struct {
 	// each exchange (the kubelet renews it); "": none.
 	podTokenFile string
 
+	// stream carries the heartbeats when the server negotiates it (nil:
+	// every call over HTTP). ownsHTTP: hc is the client's own, so its
+	// idle connection may be closed once the stream carries the
+	// heartbeats (see Heartbeat).
+	stream     *HeartbeatStream
+	ownsHTTP   bool
+	calledHTTP atomic.Bool // an HTTP call since the last heartbeat on the stream
+
 	mu    sync.Mutex
 	token string
 }
 
 // NewClient dials base (https://host:port), trusting caPEM ("" = the
-// system's roots), with the attempt's token, over a transport of its own.
+// system's roots), with the attempt's token, over a transport of its own;
+// its heartbeats go on a heartbeat stream of its own when the server
+// negotiates one (HeartbeatStream), else over HTTP like its other calls.
 func NewClient(base, token, caPEM string) (*Client, error) {
 	tr, err := NewTransport(caPEM)
 	if err != nil {
 		return nil, err
 	}
-	return NewClientOver(base, token, &http.Client{Transport: tr})
+	c, err := NewClientOver(base, token, &http.Client{Transport: tr})
+	if err != nil {
+		return nil, err
+	}
+	if c.stream, err = NewHeartbeatStream(c.base, caPEM); err != nil {
+		return nil, err
+	}
+	c.ownsHTTP = true
+	return c, nil
 }
 
 // NewTransport is the agent's transport to the API, trusting caPEM ("" =
 // the system's roots): it keeps its connection alive between heartbeats
 // (the API's idle_timeout is far above the heartbeat).
 func NewTransport(caPEM string) (*http.Transport, error) {
+	tc, err := clientTLS(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
+		ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}, nil
+}
+
+// clientTLS is the agent's TLS configuration, trusting caPEM ("" = the
+// system's roots).
+func clientTLS(caPEM string) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caPEM != "" {
 		pool := x509.NewCertPool()
@@ -74,14 +104,13 @@ func NewTransport(caPEM string) (*http.Transport, error) {
 		}
 		tc.RootCAs = pool
 	}
-	return &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
-		ForceAttemptHTTP2: true, TLSHandshakeTimeout: 10 * time.Second}, nil
+	return tc, nil
 }
 
 // NewClientOver is a client of base with the attempt's token over hc's
 // connections, which it shares with the other clients given hc (a process
 // that speaks for many attempts; Close then closes hc's idle connections
-// for all of them).
+// for all of them). Its heartbeats go over HTTP too.
 func NewClientOver(base, token string, hc *http.Client) (*Client, error) {
 	if base == "" || token == "" || hc == nil {
 		return nil, errors.New("attempt api client: no API address, no token or no HTTP client")
@@ -114,8 +143,13 @@ func (c *Client) Token() string {
 	return c.token
 }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.hc.CloseIdleConnections() }
+// Close releases idle connections, and the heartbeat stream.
+func (c *Client) Close() {
+	c.hc.CloseIdleConnections()
+	if c.stream != nil {
+		c.stream.Close()
+	}
+}
 
 // Running reports the attempt running.
 func (c *Client) Running(ctx context.Context, a sdk.Attempt) (bool, error) {
@@ -167,9 +201,27 @@ func (c *Client) ExchangeWorker(ctx context.Context, worker string) error {
 	return nil
 }
 
-// Heartbeat reports the attempt alive and keeps a renewed token.
+// Heartbeat reports the attempt alive and keeps a renewed token: on the
+// client's heartbeat stream when the server negotiates it, else over HTTP.
+// Its answer and errors are the same either way. Once the stream carries
+// the heartbeats, the client's own HTTP connection, idle since its last
+// call (the exchange, RUNNING), is closed: an agent holds one connection
+// while its task runs, as before the stream, and dials HTTP again for its
+// report.
 func (c *Client) Heartbeat(ctx context.Context, a sdk.Attempt) (Response, error) {
-	resp, err := c.do(ctx, PathHeartbeat, request(a, nil))
+	var (
+		resp Response
+		err  = ErrNoStream
+	)
+	if c.stream != nil {
+		resp, err = c.stream.Heartbeat(ctx, c.Token(), a)
+		if err == nil && c.ownsHTTP && c.calledHTTP.Swap(false) {
+			c.hc.CloseIdleConnections()
+		}
+	}
+	if errors.Is(err, ErrNoStream) {
+		resp, err = c.do(ctx, PathHeartbeat, request(a, nil))
+	}
 	if err == nil && resp.Token != "" {
 		c.mu.Lock()
 		c.token = resp.Token
@@ -238,6 +290,7 @@ func (c *Client) doLimited(ctx context.Context, path string, body Request, limit
 	if err != nil {
 		return Response{}, fmt.Errorf("attempt api %s: %w", path, err)
 	}
+	c.calledHTTP.Store(true)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token())
 	if podToken != "" {

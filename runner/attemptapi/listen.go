@@ -73,6 +73,12 @@ type Listener struct {
 
 	limits  httplimit.Limits
 	tracked *httplimit.TrackedListener
+	// streamClosed meters and logs a heartbeat stream closed for its
+	// framing (result: ConnStreamFrameSize, ConnStreamMalformed; n: the
+	// length read).
+	streamClosed func(result, remote string, n int64)
+	// streamOpened meters a heartbeat stream negotiated.
+	streamOpened func()
 }
 
 // loopbackCertFile is the generated certificate and key, one PEM file.
@@ -118,8 +124,36 @@ func Listen(ctx context.Context, cfg ListenConfig) (*Listener, error) {
 	}
 	tracked := httplimit.Track(ln, httplimit.TrackConfig{Max: limits.MaxConns,
 		PerAddr: cmp.Or(cfg.MaxConnsPerAddress, httplimit.AttemptAPIConnsPerAddressDefault), Now: clk.Now, After: clk.After, Hooks: connHooks(cfg)})
-	tl := tls.NewListener(tracked, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits, tracked: tracked}, nil
+	// ALPN: the heartbeat stream first (a client that asks for it gets
+	// it), then HTTP/1.1; a client that asks for neither speaks HTTP/1.1.
+	tl := tls.NewListener(tracked, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		NextProtos: []string{ProtoHeartbeatStream, "http/1.1"}})
+	return &Listener{Listener: tl, URL: url, CA: ca, limits: limits, tracked: tracked,
+		streamClosed: streamHook(cfg), streamOpened: func() {
+			if cfg.Meter != nil {
+				cfg.Meter.AttemptAPIConnection(ConnStreamOpened)
+			}
+		}}, nil
+}
+
+// streamHook meters, and logs at a bounded rate, a heartbeat stream the
+// server closed for its framing.
+func streamHook(cfg ListenConfig) func(result, remote string, n int64) {
+	logger, clk := cfg.Logger, cfg.Clock
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	log := newSparseLog(logger, clk)
+	return func(result, remote string, n int64) {
+		if cfg.Meter != nil {
+			cfg.Meter.AttemptAPIConnection(result)
+		}
+		log.Warn(result, "attempt api: a heartbeat stream sent a malformed frame: closed", "remote", remote,
+			"length", n, "limit", maxStreamFrame)
+	}
 }
 
 // connHooks meter, and log at a bounded rate, what the listener does to
@@ -277,6 +311,18 @@ func Serve(ctx context.Context, ln *Listener, h http.Handler, log hclog.Logger) 
 		srv.ConnState = ln.tracked.ConnState
 	}
 	srv.ConnContext = withConnTokens
+	// The heartbeat stream (stream.go), on the connections that negotiate
+	// it; Shutdown does not close those, the set does.
+	streams := newStreamSet()
+	srv.RegisterOnShutdown(streams.shutdown)
+	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){
+		ProtoHeartbeatStream: func(_ *http.Server, c *tls.Conn, _ http.Handler) {
+			if s, ok := h.(*Server); ok {
+				s.serveStream(ctx, ln, c, streams)
+			}
+			// Any other handler (a test's) serves no stream: closed.
+		},
+	}
 	// The server's own complaints (a handshake a scanner never finished,
 	// a client cut off) are a flood's to make: debug level.
 	srv.ErrorLog = log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -216,49 +217,78 @@ func (s *Server) handle(name string, h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := s.cfg.Clock.Now()
 		resp, err := s.serve(r, h)
-		result := "ok"
-		if err != nil {
-			var ref *refusal
-			if !errors.As(err, &ref) {
-				// The error's text is for the log: it may carry the
-				// database's words.
-				ref = &refusal{status: http.StatusInternalServerError, cause: err,
-					body: ErrorBody{Code: CodeInternal, Message: "the call failed inside the server; see its log"}}
-			}
-			result = ref.body.Code
-			switch {
-			case ref.body.Code == CodeTooManyRequests: // logged at a bounded rate by the bounds
-			case ref.status >= 500:
-				s.cfg.Logger.Error("attempt api call failed", "call", name, "error", err)
-			default:
-				s.cfg.Logger.Warn("attempt api call refused", "call", name, "code", ref.body.Code, "why", ref.body.Message,
-					"remote", r.RemoteAddr)
-			}
+		ref, result := s.settle(name, r.RemoteAddr, resp, err)
+		if ref != nil {
 			if ref.unread {
 				w.Header().Set("Connection", "close")
 			}
 			writeError(w, ref.status, ref.body)
 		} else {
-			if resp.ShouldTerminate {
-				result = "should_terminate"
-			}
 			w.Header().Set("Content-Type", "application/json")
 			s.wire.writeResponse(w, resp)
 		}
-		if s.cfg.Meter != nil {
-			s.cfg.Meter.AttemptAPICall(name, result, s.cfg.Clock.Now().Sub(start))
-		}
+		s.meterCall(name, result, start)
 	}
 }
 
-// serve authorises the call and runs h: the token must verify at now and be
-// for exactly the attempt the body names.
+// settle is what a call served (resp, err) is answered with: nil and its
+// result as metered ("ok", "should_terminate") when it was accepted, else
+// the refusal it is answered with, logged (a refusal of the bounds at a
+// bounded rate, by the bounds), and its code. The HTTP handler and the
+// heartbeat stream both answer through it.
+func (s *Server) settle(name, remote string, resp Response, err error) (*refusal, string) {
+	if err == nil {
+		if resp.ShouldTerminate {
+			return nil, "should_terminate"
+		}
+		return nil, "ok"
+	}
+	var ref *refusal
+	if !errors.As(err, &ref) {
+		// The error's text is for the log: it may carry the
+		// database's words.
+		ref = &refusal{status: http.StatusInternalServerError, cause: err,
+			body: ErrorBody{Code: CodeInternal, Message: "the call failed inside the server; see its log"}}
+	}
+	switch {
+	case ref.body.Code == CodeTooManyRequests: // logged at a bounded rate by the bounds
+	case ref.status >= 500:
+		s.cfg.Logger.Error("attempt api call failed", "call", name, "error", err)
+	default:
+		s.cfg.Logger.Warn("attempt api call refused", "call", name, "code", ref.body.Code, "why", ref.body.Message,
+			"remote", remote)
+	}
+	return ref, ref.body.Code
+}
+
+// meterCall meters a call that began at start.
+func (s *Server) meterCall(name, result string, start time.Time) {
+	if s.cfg.Meter != nil {
+		s.cfg.Meter.AttemptAPICall(name, result, s.cfg.Clock.Now().Sub(start))
+	}
+}
+
+// serve authorises an HTTP call and runs h (see authorized).
 func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if r.Method != http.MethodPost {
 		return Response{}, unread(refuse(http.StatusMethodNotAllowed, CodeMethod, "%s: only POST", r.Method))
 	}
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
+	if !ok {
+		token = ""
+	}
+	return s.authorized(r.Context(), originOf(r), connTokensOf(r.Context()), r.URL.Path, token, r.Body, h)
+}
+
+// authorized authorises the call of path with token and body, from from,
+// on a connection whose verified token tokens caches (nil: none), and runs
+// h with ctx: the call bounds, then the token must verify at now and be
+// for exactly the attempt the body names. It is the one path of every
+// call, an HTTP request or a frame of the heartbeat stream (stream.go)
+// alike.
+func (s *Server) authorized(ctx context.Context, from origin, tokens *connTokens, path, token string,
+	body io.Reader, h handlerFunc) (Response, error) {
+	if token == "" {
 		return Response{}, unread(refuse(http.StatusUnauthorized, CodeNoToken, "no bearer token"))
 	}
 	// One keyring for the whole call. An attempt token's envelope is
@@ -268,7 +298,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	var (
 		attempt    attempttoken.Claims
 		isAttempt  bool
-		connTokens = connTokensOf(r.Context())
+		connTokens = tokens
 	)
 	subjectOf := func() (string, error) {
 		c, subject, err := connTokens.envelope(keys, token)
@@ -278,13 +308,13 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		attempt, isAttempt = c, err == nil
 		return subject, err
 	}
-	release, ref := s.clients.admit(r, subjectOf, s.cfg.Clock.Now())
+	release, ref := s.clients.admit(from, subjectOf, s.cfg.Clock.Now())
 	if ref != nil {
 		return Response{}, unread(ref)
 	}
 	defer release()
 	var req Request
-	tooLarge, err := s.wire.readRequest(r.Body, &req)
+	tooLarge, err := s.wire.readRequest(body, &req)
 	switch {
 	case tooLarge:
 		return Response{}, refuse(http.StatusBadRequest, codeTooLarge, "body over %d bytes", maxBody)
@@ -294,7 +324,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 		return Response{}, refuse(http.StatusBadRequest, CodeBadRequest, "reading the body: %v", err)
 	}
 	now := s.cfg.Clock.Now()
-	if r.URL.Path == PathClaim {
+	if path == PathClaim {
 		wc, err := keys.VerifyWorker(token, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
@@ -303,21 +333,21 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 			return Response{}, refuse(http.StatusForbidden, CodeWrongScope,
 				"the token is for warm worker %s, the call names %q", wc.Worker, req.Worker)
 		}
-		return h(r.Context(), call{req: req, worker: wc, now: now})
+		return h(ctx, call{req: req, worker: wc, now: now})
 	}
-	if r.URL.Path == PathWorkerExchange {
+	if path == PathWorkerExchange {
 		wc, err := keys.VerifyWorkerBootstrapFor(token, req.Worker, now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, worker: wc, podToken: podToken(r), now: now})
+		return h(ctx, call{req: req, worker: wc, podToken: from.podToken, now: now})
 	}
-	if r.URL.Path == PathExchange {
+	if path == PathExchange {
 		claims, err := keys.VerifyBootstrapFor(token, req.Attempt(), now)
 		if err != nil {
 			return Response{}, tokenRefusal(err)
 		}
-		return h(r.Context(), call{req: req, claims: claims, podToken: podToken(r), now: now})
+		return h(ctx, call{req: req, claims: claims, podToken: from.podToken, now: now})
 	}
 	if !isAttempt {
 		// Not an attempt token (a worker's, a bootstrap): refused as
@@ -333,7 +363,7 @@ func (s *Server) serve(r *http.Request, h handlerFunc) (Response, error) {
 	if err := attempttoken.Scoped(attempt, req.Attempt()); err != nil {
 		return Response{}, tokenRefusal(err)
 	}
-	return h(r.Context(), call{req: req, token: token, claims: attempt, now: now})
+	return h(ctx, call{req: req, token: token, claims: attempt, now: now})
 }
 
 // podToken is the pod token the request carries ("" when none, or one

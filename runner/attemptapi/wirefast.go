@@ -24,6 +24,19 @@ import (
 type wireBuffers struct {
 	bodies  sync.Pool // *bytes.Buffer
 	answers sync.Pool // *[]byte
+	// frames are the heartbeat stream's frame buffers (maxStreamFrame),
+	// held only while a frame is served: a stream waiting for its next
+	// frame holds none.
+	frames sync.Pool // *[]byte
+}
+
+// frame is a buffer of maxStreamFrame bytes; put it back in frames.
+func (wb *wireBuffers) frame() *[]byte {
+	if bp, _ := wb.frames.Get().(*[]byte); bp != nil {
+		return bp
+	}
+	b := make([]byte, maxStreamFrame)
+	return &b
 }
 
 // keptBuffer is the largest buffer kept for reuse (a report's long

@@ -74,8 +74,10 @@ type opts struct {
 	onResult    func(literunner.Result)
 	// leading: the leadership Run asks (nil: none; only RunOnce is used).
 	leading func(now time.Time) (int64, bool)
-	// credentials: default an attempt API of the test's own.
+	// credentials: default an attempt API of the test's own, started with
+	// api (nil: attemptapitest's defaults).
 	credentials literunner.Minter
+	api         *attemptapitest.Options
 	heartbeat   time.Duration
 	pools       map[string]int
 	recovery    lifecycle.RecoveryBudget
@@ -101,7 +103,11 @@ func setup(t *testing.T, o opts) *bundle {
 	w := lifecycle.New(pool, lifecycle.Options{})
 	lad := ladder.Defaults()
 	if o.credentials == nil {
-		o.credentials = attemptapitest.Start(t, w, attemptapitest.Options{}).Issuer
+		var ao attemptapitest.Options
+		if o.api != nil {
+			ao = *o.api
+		}
+		o.credentials = attemptapitest.Start(t, w, ao).Issuer
 	}
 	r, err := literunner.New(literunner.Config{
 		AgentPath:     o.agentPath,

@@ -269,6 +269,18 @@ func reaperdKilledAndRestarted(t *testing.T, mon *monitor) {
 		t.Errorf("no applied %s after the restart", sdk.LabelAgentLostOrphanStopped)
 	}
 	s.waitRecovered("victim")
+	// The agents send their heartbeats on heartbeat streams: the two
+	// bystanders' agents, whose streams the kill broke, opened new ones on
+	// the restarted reaperd, and so did the recovered victim's agent; the
+	// heartbeats on them keep those attempts alive (the promises finish
+	// checks: no reap, one execution each).
+	s.eventually(30*time.Second, "the agents' heartbeat streams on the restarted reaperd", func() bool {
+		n, _ := d2.metric("reaper_attempt_api_connections_total", `result="stream_opened"`)
+		return n >= 3
+	})
+	if n, _ := d2.metric("reaper_attempt_api_calls_total", `call="heartbeat"`, `result="ok"`); n == 0 {
+		t.Errorf("no heartbeat answered by the restarted reaperd")
+	}
 	s.finish()
 }
 

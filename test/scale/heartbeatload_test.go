@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dexaflow/reaper/runner/attemptapi"
+	"github.com/dexaflow/reaper/sdk"
 	"github.com/dexaflow/reaper/testkit/loadproc"
 	"github.com/dexaflow/reaper/testkit/machinecpu"
 	"github.com/dexaflow/reaper/testkit/massbench"
@@ -40,6 +41,103 @@ type heartbeatPlan struct {
 	Rate      int           `json:"rate"`
 	Conns     int           `json:"conns"`
 	Heartbeat time.Duration `json:"heartbeat"`
+	// Transport is how the agents' heartbeats travel: heartbeatStream
+	// (the heartbeat stream, as agents send them) or heartbeatHTTP1.
+	Transport string `json:"transport"`
+}
+
+// Transports of the load (REAPER_SCALE_HEARTBEAT_TRANSPORT).
+const (
+	heartbeatStream = "stream"
+	heartbeatHTTP1  = "http1"
+)
+
+// beater sends agent j's heartbeat and keeps its renewed token.
+type beater interface {
+	heartbeat(ctx context.Context, j int) (attemptapi.Response, error)
+	close()
+}
+
+// httpBeater: every agent's Client over one shared HTTP/1.1 transport of
+// plan.Conns keep-alive connections.
+type httpBeater struct {
+	tr       *http.Transport
+	clients  []*attemptapi.Client
+	attempts []sdk.Attempt
+}
+
+func (h *httpBeater) heartbeat(ctx context.Context, j int) (attemptapi.Response, error) {
+	return h.clients[j].Heartbeat(ctx, h.attempts[j])
+}
+
+func (h *httpBeater) close() { h.tr.CloseIdleConnections() }
+
+// streamBeater: plan.Conns heartbeat streams, each taken by whichever
+// agent is due while it is free; each agent keeps its own token.
+type streamBeater struct {
+	free     chan *attemptapi.HeartbeatStream
+	all      []*attemptapi.HeartbeatStream
+	attempts []sdk.Attempt
+	mu       sync.Mutex
+	tokens   []string
+}
+
+func (s *streamBeater) heartbeat(ctx context.Context, j int) (attemptapi.Response, error) {
+	var hs *attemptapi.HeartbeatStream
+	select {
+	case hs = <-s.free:
+	case <-ctx.Done():
+		return attemptapi.Response{}, fmt.Errorf("waiting for a free stream: %w", ctx.Err())
+	}
+	defer func() { s.free <- hs }()
+	s.mu.Lock()
+	tok := s.tokens[j]
+	s.mu.Unlock()
+	resp, err := hs.Heartbeat(ctx, tok, s.attempts[j])
+	if err == nil && resp.Token != "" {
+		s.mu.Lock()
+		s.tokens[j] = resp.Token
+		s.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (s *streamBeater) close() {
+	for _, hs := range s.all {
+		hs.Close()
+	}
+}
+
+func newBeater(plan heartbeatPlan, attempts []sdk.Attempt) (beater, error) {
+	switch plan.Transport {
+	case heartbeatHTTP1:
+		tr, err := attemptapi.NewTransport(plan.CA)
+		if err != nil {
+			return nil, err
+		}
+		tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = plan.Conns, plan.Conns
+		hc := &http.Client{Transport: tr}
+		h := &httpBeater{tr: tr, clients: make([]*attemptapi.Client, len(plan.Tokens)), attempts: attempts}
+		for i, tok := range plan.Tokens {
+			if h.clients[i], err = attemptapi.NewClientOver(plan.URL, tok, hc); err != nil {
+				return nil, err
+			}
+		}
+		return h, nil
+	case heartbeatStream:
+		s := &streamBeater{free: make(chan *attemptapi.HeartbeatStream, plan.Conns), attempts: attempts,
+			tokens: slices.Clone(plan.Tokens)}
+		for range plan.Conns {
+			hs, err := attemptapi.NewHeartbeatStream(plan.URL, plan.CA)
+			if err != nil {
+				return nil, err
+			}
+			s.all = append(s.all, hs)
+			s.free <- hs
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("no heartbeat transport %q (%s or %s)", plan.Transport, heartbeatStream, heartbeatHTTP1)
 }
 
 // heartbeatOutcome is what the generator measured of the load.
@@ -80,21 +178,13 @@ func TestScaleHeartbeatLoad(t *testing.T) {
 // runHeartbeatLoad is the generator: see BenchmarkScaleHeartbeats for what
 // it models.
 func runHeartbeatLoad(ctx context.Context, plan heartbeatPlan, in *bufio.Reader, out *os.File) (heartbeatOutcome, error) {
-	tr, err := attemptapi.NewTransport(plan.CA)
+	agents := len(plan.Tokens)
+	attempts := massbench.Attempts(agents)
+	beat, err := newBeater(plan, attempts)
 	if err != nil {
 		return heartbeatOutcome{}, err
 	}
-	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = plan.Conns, plan.Conns
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr}
-	agents := len(plan.Tokens)
-	attempts := massbench.Attempts(agents)
-	clients := make([]*attemptapi.Client, agents)
-	for i, tok := range plan.Tokens {
-		if clients[i], err = attemptapi.NewClientOver(plan.URL, tok, hc); err != nil {
-			return heartbeatOutcome{}, err
-		}
-	}
+	defer beat.close()
 	// The connections are opened before the load: an agent's connection
 	// is open long before its heartbeats (its one handshake is at its
 	// start), so the pool's handshakes are not paid inside the load's
@@ -104,7 +194,7 @@ func runHeartbeatLoad(ctx context.Context, plan heartbeatPlan, in *bufio.Reader,
 	for i := range plan.Conns {
 		warm.Go(func() {
 			j := agents - 1 - i
-			_, warmErrs[i] = clients[j].Heartbeat(ctx, attempts[j])
+			_, warmErrs[i] = beat.heartbeat(ctx, j)
 		})
 	}
 	warm.Wait()
@@ -134,13 +224,12 @@ func runHeartbeatLoad(ctx context.Context, plan heartbeatPlan, in *bufio.Reader,
 			wg.Add(1)
 			go func(j int) {
 				defer wg.Done()
-				c := clients[j%agents]
 				// An agent gives up on a heartbeat after one heartbeat
 				// interval (runner/agent): so does the load, counting it
 				// failed, which also bounds the run on an overloaded machine.
 				hctx, cancel := context.WithDeadline(ctx, due(j).Add(plan.Heartbeat))
 				defer cancel()
-				resp, err := c.Heartbeat(hctx, attempts[j%agents])
+				resp, err := beat.heartbeat(hctx, j%agents)
 				latencies[j] = time.Since(due(j))
 				if err == nil && resp.ShouldTerminate {
 					err = fmt.Errorf("%s told to terminate", attempts[j%agents])

@@ -61,14 +61,17 @@ const (
 // token, keeping the renewed token an answer gives, and the beats are
 // spread evenly over the period, as dispatches spread them.
 //
-// What is modelled: an agent holds one keep-alive connection and sends one
-// heartbeat at a time on it. 150,000 TLS connections do not fit on this
-// machine (nor under one replica's max_connections), so the agents'
-// heartbeats ride heartbeatConns keep-alive HTTP/1.1 connections, one
-// request at a time on each, taken in turn by whichever agent is due. The
-// server's work per heartbeat is that of an agent's own connection: one
-// TLS record read, one answer written, no handshake (an agent's connection
-// outlives its heartbeat interval: the API's idle_timeout is 2 min). What
+// What is modelled: an agent holds one connection, its heartbeat stream,
+// and sends one heartbeat at a time on it. 150,000 TLS connections do not
+// fit on this machine (nor under one replica's max_connections), so the
+// agents' heartbeats ride heartbeatConns heartbeat streams, one frame at a
+// time on each, taken in turn by whichever agent is due (each frame with
+// that agent's own token). The server's work per heartbeat is that of an
+// agent's own stream: one TLS record read, one answer written, no
+// handshake (an agent's connection outlives its heartbeat interval: the
+// API's idle_timeout is 2 min). REAPER_SCALE_HEARTBEAT_TRANSPORT=http1
+// sends them as agents did before the stream, on heartbeatConns
+// keep-alive HTTP/1.1 connections, one request at a time on each. What
 // is not modelled: the memory and the idle-connection upkeep of 150,000
 // open connections, and each agent's one handshake (at its start, once in
 // its attempt's life).
@@ -101,6 +104,13 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 		}
 		rate = n
 	}
+	transport := heartbeatStream
+	if s := os.Getenv("REAPER_SCALE_HEARTBEAT_TRANSPORT"); s != "" {
+		if s != heartbeatStream && s != heartbeatHTTP1 {
+			b.Fatalf("REAPER_SCALE_HEARTBEAT_TRANSPORT=%q: want %s or %s", s, heartbeatStream, heartbeatHTTP1)
+		}
+		transport = s
+	}
 	ctx := context.Background()
 	pool := pgtest.NewDB(b)
 	lad := ladder.Defaults()
@@ -129,7 +139,7 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	iss := svc.Issuer(lad.AttemptTokenTTL)
 	keys := iss.Keys()
 	plan := heartbeatPlan{URL: iss.API, CA: iss.CA, Tokens: make([]string, heartbeatAgents), Seconds: seconds,
-		Rate: rate, Conns: heartbeatConns, Heartbeat: lad.Heartbeat}
+		Rate: rate, Conns: heartbeatConns, Heartbeat: lad.Heartbeat, Transport: transport}
 	for i, a := range massbench.Attempts(heartbeatAgents) {
 		if plan.Tokens[i], _, err = keys.Mint(a, now, lad.AttemptTokenTTL); err != nil {
 			b.Fatal(err)
@@ -141,7 +151,8 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	// below).
 	before := pgtest.ReadWriteCounts(b, pool, "task_instances")
 	gen := loadproc.Start(b, heartbeatLoadSpec, plan, "warm")
-	progress("%s: %d heartbeats/s for %ds over %d connections", heartbeatSection, rate, seconds, heartbeatConns)
+	progress("%s: %d heartbeats/s for %ds over %d connections (%s)", heartbeatSection, rate, seconds, heartbeatConns,
+		transport)
 
 	b.ResetTimer()
 	stopProfile := profileHeartbeats(b)
@@ -173,6 +184,7 @@ func BenchmarkScaleHeartbeats(b *testing.B) {
 	p99 := out.Quantiles[1]
 	aimed(heartbeatSection, "heartbeats/s achieved", fmt.Sprintf("%.0f", achieved), fmt.Sprintf(">= %d for %ds", heartbeatRate, seconds),
 		achieved >= 0.99*heartbeatRate)
+	figure(heartbeatSection, "transport", transport)
 	figure(heartbeatSection, "p50", out.Quantiles[0].Round(10*time.Microsecond).String())
 	aimed(heartbeatSection, "p99", p99.Round(10*time.Microsecond).String(), "< "+heartbeatP99Aim.String(), p99 < heartbeatP99Aim)
 	figure(heartbeatSection, "p99.9", out.Quantiles[2].Round(10*time.Microsecond).String())

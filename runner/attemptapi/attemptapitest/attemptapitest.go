@@ -95,8 +95,9 @@ func Start(t testing.TB, b attemptapi.Board, o Options) *API {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	connMeter, _ := o.Meter.(attemptapi.ConnMeter)
 	ln, err := attemptapi.Listen(ctx, attemptapi.ListenConfig{Listen: o.Listen, StateDir: state,
-		MaxConnsPerAddress: o.Clients.MaxConnsPerAddress})
+		MaxConnsPerAddress: o.Clients.MaxConnsPerAddress, Meter: connMeter, Logger: o.Logger})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
