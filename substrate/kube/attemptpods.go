@@ -63,9 +63,13 @@ func hashOf(p *pod) uint64 {
 
 // add holds p under the hash of its labels.
 func (ap *attemptPods) add(p *pod) {
-	h := hashOf(p)
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
+	ap.addLocked(p)
+}
+
+func (ap *attemptPods) addLocked(p *pod) {
+	h := hashOf(p)
 	if ps, ok := ap.more[h]; ok {
 		ap.more[h] = append(ps, p)
 		return
@@ -78,12 +82,33 @@ func (ap *attemptPods) add(p *pod) {
 	ap.one[h] = p
 }
 
+// replace holds now instead of was (an update of the informer's store), in
+// one step, so that a lookup meanwhile finds one or the other, never
+// neither. Either may be nil (an object that is not a reduced pod).
+func (ap *attemptPods) replace(was, now *pod) {
+	if was == now {
+		return // a resync: the store holds the same object
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if was != nil {
+		ap.removeLocked(was)
+	}
+	if now != nil {
+		ap.addLocked(now)
+	}
+}
+
 // remove drops the pod of p's namespace and name (the informer's key),
 // looked for under the hash of p's labels and, should it not be there (its
 // labels changed without the handler seeing the change), everywhere.
 func (ap *attemptPods) remove(p *pod) {
 	ap.mu.Lock()
 	defer ap.mu.Unlock()
+	ap.removeLocked(p)
+}
+
+func (ap *attemptPods) removeLocked(p *pod) {
 	if ap.removeAt(hashOf(p), p) {
 		return
 	}

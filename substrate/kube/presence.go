@@ -95,18 +95,16 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 			seen.added(obj, inInitialList)
 		},
 		UpdateFunc: func(old, obj any) {
-			if p, ok := old.(*pod); ok {
-				byAttempt.remove(p)
-			}
-			if p, ok := obj.(*pod); ok {
-				byAttempt.add(p)
-			}
+			was, _ := old.(*pod)
+			now, _ := obj.(*pod)
+			byAttempt.replace(was, now)
 		},
 		DeleteFunc: func(obj any) {
+			gone := obj
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = d.Obj
+				gone = d.Obj
 			}
-			if p, ok := obj.(*pod); ok {
+			if p, ok := gone.(*pod); ok {
 				byAttempt.remove(p)
 			}
 			changes.deleted(obj)

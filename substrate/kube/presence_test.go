@@ -92,7 +92,8 @@ func TestCachedAnswersOnlyTheAttemptsOwnPods(t *testing.T) {
 
 // The lookup's entries: one pod a hash in one, several in more, never
 // both; a removal finds the pod of the same namespace and name under its
-// labels' hash or, when its labels changed unseen, anywhere.
+// labels' hash or, when its labels changed unseen, anywhere; an update
+// replaces the old object with the new in one step.
 func TestAttemptPodsEntries(t *testing.T) {
 	t.Parallel()
 	mk := func(name, run string) *pod {
@@ -119,6 +120,19 @@ func TestAttemptPodsEntries(t *testing.T) {
 	ap.remove(mk("absent", "r1"))
 	if ap.len() != 1 {
 		t.Fatalf("removing an absent pod dropped another: %d held", ap.len())
+	}
+	// An update: the new object of y's key, relabelled to r3, in one step;
+	// a resync hands the same object and changes nothing.
+	y3 := mk("y", "r3")
+	ap.replace(y, y3)
+	ap.replace(y3, y3)
+	if got := ap.of(sdk.Attempt{RunID: "r3", TaskID: "t", Try: 1}); ap.len() != 1 || len(got) != 1 || got[0] != y3 || len(ap.of(at)) != 0 {
+		t.Fatalf("after an update: %d held, r3's %v, r1's %v", ap.len(), got, ap.of(at))
+	}
+	ap.replace(y3, nil)
+	ap.replace(nil, x)
+	if ap.len() != 1 || len(ap.of(at)) != 1 {
+		t.Fatalf("an update to or from an object that is not a pod: %d held", ap.len())
 	}
 }
 
