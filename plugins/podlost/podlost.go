@@ -252,9 +252,6 @@ func (p *passRun) full(st *reap.State, at *sdk.FeedCursor, why string) {
 // over 150,000 attempts is 150 round trips, not 1,500), and judgePage reads
 // their liveness ladder.PageSize at a time: a read's cache misses are live
 // reads against the API server, and 100 at a time is what bounds them.
-// The full walk reads its next page while it judges the current one
-// (reap.CandidatesAhead): its judgments and their order are a plain
-// drain's.
 func (p *passRun) track(l reap.Listing) reap.Listing {
 	page := l.Sized
 	l.Sized = func(ctx context.Context, after *reap.Cursor, limit int) (*reap.Cursor, int, error) {
