@@ -189,7 +189,7 @@ func (p *passRun) query() sdk.CandidateQuery {
 // deleted since the saved cursor, looked up on the board by name. Each is
 // judged exactly as a full walk judges it.
 func (p *passRun) plan(ctx context.Context, st *reap.State) []reap.Listing {
-	full := []reap.Listing{p.track(reap.CandidatesAhead(listRunning, p.board, p.query(), p.judgePage))}
+	full := []reap.Listing{p.track(reap.Candidates(listRunning, p.board, p.query(), p.judgePage))}
 	feed, ok := p.exec.(sdk.ChangeFeed)
 	if !ok || p.cfg.FullWalkEvery <= 0 {
 		p.full(st, nil, "no change feed, or full_walk_every is 0s")

@@ -97,15 +97,10 @@ func (b *Budget) observe(took time.Duration, rows int) {
 // budget fits, up to ladder.DrainPage: a drain of many pages pays a page's
 // round trips a tenth as often. Candidates and Runs are sized. A Listing
 // is made for one pass.
-//
-// Stop, when set, stops what the listing runs beside the drain (the
-// read-ahead of CandidatesAhead) and waits for it; Drain calls it once it
-// is done with the listing's pages, whatever ended them.
 type Listing struct {
 	Name  string
 	Page  func(ctx context.Context, after *Cursor) (*Cursor, error)
 	Sized func(ctx context.Context, after *Cursor, limit int) (next *Cursor, rows int, err error)
-	Stop  func()
 }
 
 // DrainStats says how far a drain got.
@@ -122,11 +117,6 @@ type DrainStats struct {
 // listing's cursor is left where it was, so the next pass reads that page
 // again.
 func Drain(ctx context.Context, budget *Budget, st State, listings ...Listing) (DrainStats, error) {
-	for _, l := range listings {
-		if l.Stop != nil {
-			defer l.Stop()
-		}
-	}
 	var stats DrainStats
 	active := append([]Listing(nil), listings...)
 	pages := map[string]int{}
@@ -233,116 +223,4 @@ func Runs(name string, board sdk.Board, query sdk.RunQuery, judge func(context.C
 		}
 		return &Cursor{At: page.Next.At, RunID: page.Next.RunID}, len(page.Runs), nil
 	}}
-}
-
-// CandidatesAhead is Candidates that reads the next page while the
-// current one is judged: once a page is read and found full, one goroutine
-// reads the page after it (ladder.DrainPage rows, the largest a drain
-// asks for) while judge runs, so that a drain over many pages waits on the
-// board's round trip only for the first. It reads at most that one page
-// ahead, never judges (every judgment stays in the drain's goroutine, in
-// the listing's order), and is stopped by the listing's Stop (Drain calls
-// it), by the context's end, or by being passed over.
-//
-// The next call uses the page read ahead when it asks for the rows after
-// the same cursor and as many rows or more (a drain's pages are
-// ladder.DrainPage while the budget fits them): a read ahead that failed
-// fails that call, as the read would have. A call after another cursor,
-// or for fewer rows (the budget running out), drops the read ahead and
-// reads afresh.
-//
-// A page judged after a read ahead was read up to one page's judging
-// earlier than a plain drain would have read it; a reaper whose judgment
-// leans on a row's freshness beyond what its marks' guards check should
-// use Candidates.
-func CandidatesAhead(name string, board sdk.Board, q sdk.CandidateQuery, judge func(context.Context, []sdk.Candidate) error) Listing {
-	ra := &readAhead{board: board, q: q}
-	return Listing{Name: name, Stop: ra.stop, Sized: func(ctx context.Context, after *Cursor, limit int) (*Cursor, int, error) {
-		page, err := ra.take(ctx, after, limit)
-		if err != nil {
-			return nil, 0, fmt.Errorf("list candidates: %w", err)
-		}
-		var next *Cursor
-		if page.Next != nil {
-			next = &Cursor{At: page.Next.At, RunID: page.Next.RunID, TaskID: page.Next.TaskID}
-			ra.start(ctx, *next)
-		}
-		if err := judge(ctx, page.Candidates); err != nil {
-			return nil, 0, err
-		}
-		return next, len(page.Candidates), nil
-	}}
-}
-
-// readAhead is CandidatesAhead's one page read ahead. It is used from the
-// drain's goroutine only; the page's own goroutine writes page and err
-// before it closes done.
-type readAhead struct {
-	board sdk.Board
-	q     sdk.CandidateQuery
-
-	pending bool // a read was started and is not yet taken or stopped
-	after   Cursor
-	limit   int
-	cancel  context.CancelFunc
-	done    chan struct{}
-	page    sdk.CandidatePage
-	err     error
-}
-
-// read is one page of the listing: limit rows after after (nil: from the
-// oldest).
-func (ra *readAhead) read(ctx context.Context, after *Cursor, limit int) (sdk.CandidatePage, error) {
-	q := ra.q
-	q.Limit = limit
-	q.After = nil
-	if after != nil {
-		q.After = &sdk.Cursor{At: after.At, RunID: after.RunID, TaskID: after.TaskID}
-	}
-	return ra.board.ListCandidates(ctx, q)
-}
-
-// start reads the page after after in a goroutine of its own.
-func (ra *readAhead) start(ctx context.Context, after Cursor) {
-	ra.stop()
-	rctx, cancel := context.WithCancel(ctx)
-	ra.pending, ra.after, ra.limit, ra.cancel, ra.done = true, after, ladder.DrainPage, cancel, make(chan struct{})
-	go func() {
-		defer close(ra.done)
-		ra.page, ra.err = ra.read(rctx, &after, ladder.DrainPage)
-	}()
-}
-
-// stop ends the read ahead, if any, and waits for its goroutine.
-func (ra *readAhead) stop() {
-	if !ra.pending {
-		return
-	}
-	ra.cancel()
-	<-ra.done
-	ra.pending, ra.page, ra.err = false, sdk.CandidatePage{}, nil
-}
-
-// take returns the page of limit rows after after: the one read ahead when
-// it is of the same cursor, else a fresh read.
-func (ra *readAhead) take(ctx context.Context, after *Cursor, limit int) (sdk.CandidatePage, error) {
-	if !ra.pending || after == nil || !after.At.Equal(ra.after.At) || after.RunID != ra.after.RunID || after.TaskID != ra.after.TaskID {
-		ra.stop()
-		return ra.read(ctx, after, limit)
-	}
-	select {
-	case <-ra.done:
-	case <-ctx.Done():
-		ra.stop()
-		return sdk.CandidatePage{}, ctx.Err()
-	}
-	page, err, read := ra.page, ra.err, ra.limit
-	ra.cancel()
-	ra.pending, ra.page, ra.err = false, sdk.CandidatePage{}, nil
-	if limit < read {
-		// Fewer rows wanted than were read (the budget is running out):
-		// the read ahead is not what a read of limit rows answers.
-		return ra.read(ctx, after, limit)
-	}
-	return page, err
 }
