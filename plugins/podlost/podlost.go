@@ -402,10 +402,10 @@ func (p *passRun) judgeChunk(ctx context.Context, page []sdk.Candidate) error {
 	for i, c := range page {
 		attempts[i] = c.Attempt
 	}
-	answers := reap.ReadLivenessRecorded(ctx, p.exec, p.pass.Now, attempts, reap.RecordedPodUIDs(page), false)
+	answers := reap.ReadLivenessEach(ctx, p.exec, p.pass.Now, attempts, reap.RecordedPodUIDs(page), false)
 	var planned []reap.Planned
-	for _, c := range page {
-		live := answers[c.Attempt]
+	for i, c := range page {
+		live := answers[i]
 		j := judge(c, p.pass.Now, p.pass.Ladder, p.cfg.NodeUnreachableAfter, live)
 		if j.act == actNone {
 			continue

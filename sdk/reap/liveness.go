@@ -66,25 +66,55 @@ func RecordedPodUIDs(cs []sdk.Candidate) map[sdk.Attempt]string {
 // alive.
 func ReadLivenessRecorded(ctx context.Context, exec sdk.Executions, now time.Time, attempts []sdk.Attempt,
 	recorded map[sdk.Attempt]string, live bool) map[sdk.Attempt]Answer {
+	each := ReadLivenessEach(ctx, exec, now, attempts, recorded, live)
 	out := make(map[sdk.Attempt]Answer, len(attempts))
+	for i, a := range attempts {
+		out[a] = each[i]
+	}
+	return out
+}
+
+// ReadLivenessEach is ReadLivenessRecorded answering in a slice, the
+// answer about attempts[i] at i, rather than a map: for a reaper that
+// judges a page in its order, it spares the map (whose values, an answer
+// each, the runtime allocates one by one).
+func ReadLivenessEach(ctx context.Context, exec sdk.Executions, now time.Time, attempts []sdk.Attempt,
+	recorded map[sdk.Attempt]string, live bool) []Answer {
+	out := make([]Answer, len(attempts))
 	if len(attempts) == 0 {
 		return out
 	}
 	got, err := exec.Liveness(ctx, sdk.LivenessRequest{Attempts: attempts, Live: live, Now: now, PodUIDs: recorded})
 	if err != nil {
 		err = fmt.Errorf("read liveness of %d attempts: %w", len(attempts), err)
-		for _, a := range attempts {
-			out[a] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: err, Live: live}
+		for i, a := range attempts {
+			out[i] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: err, Live: live}
 		}
 		return out
 	}
-	for _, l := range got {
-		out[l.Attempt] = Answer{AttemptLiveness: l, Live: live}
+	// A substrate answers in the request's order as a rule; any other
+	// order (or an answer missing, or one about an attempt not asked) is
+	// matched by attempt, the last answer about an attempt counting.
+	inOrder := len(got) == len(attempts)
+	for i := 0; inOrder && i < len(got); i++ {
+		inOrder = got[i].Attempt == attempts[i]
 	}
-	for _, a := range attempts {
-		if _, ok := out[a]; !ok {
-			out[a] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: errNoAnswer, Live: live}
+	if inOrder {
+		for i, l := range got {
+			out[i] = Answer{AttemptLiveness: l, Live: live}
 		}
+		return out
+	}
+	byAttempt := make(map[sdk.Attempt]int, len(got))
+	for i, l := range got {
+		byAttempt[l.Attempt] = i
+	}
+	for i, a := range attempts {
+		if k, ok := byAttempt[a]; ok {
+			out[i] = Answer{AttemptLiveness: got[k], Live: live}
+			continue
+		}
+		out[i] = Answer{AttemptLiveness: sdk.AttemptLiveness{Attempt: a, State: sdk.Unknown}, Err: errNoAnswer, Live: live}
 	}
 	return out
 }

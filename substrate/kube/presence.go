@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,29 +20,6 @@ import (
 	"github.com/dexaflow/reaper/sdk/clock"
 )
 
-// attemptIndex indexes the cache by the attempt a pod's labels spell, in
-// attemptBuckets buckets of a hash of it: a lookup reads one bucket (a few
-// pods of other attempts beside the attempt's own, at any fleet size a
-// namespace holds) and keeps those whose labels match. An index value per
-// attempt would cost a set of its own per pod, a fifth of the cache.
-const attemptIndex = "attempt"
-
-// attemptBuckets is how many buckets attemptIndex has: at 150,000 pods
-// about nine a bucket.
-const attemptBuckets = 1 << 14
-
-// attemptBucket is the attemptIndex value of an indexKey.
-func attemptBucket(indexKey string) string {
-	// FNV-1a (hash/fnv's New32a), over the string in place: every
-	// liveness lookup hashes one key.
-	h := uint32(2166136261)
-	for i := 0; i < len(indexKey); i++ {
-		h ^= uint32(indexKey[i])
-		h *= 16777619
-	}
-	return strconv.FormatUint(uint64(h%attemptBuckets), 16)
-}
-
 // listPageSize is the page size of every live LIST.
 const listPageSize = 500
 
@@ -56,8 +32,13 @@ const maxSelectorBytes = 6000
 // transform to what reaping needs.
 type presence struct {
 	informer cache.SharedIndexInformer
-	tombs    *tombstones
-	feed     *feed
+	// handled: the informer's handler has been handed every pod of its
+	// first list.
+	handled cache.ResourceEventHandlerRegistration
+	// byAttempt finds an attempt's pods (attemptpods.go).
+	byAttempt *attemptPods
+	tombs     *tombstones
+	feed      *feed
 	// seen: the pods the cache missed, for the sweep to record
 	// (sightings.go).
 	seen   *sightings
@@ -96,22 +77,41 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 		},
 	}
 	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{},
-		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{attemptIndex: indexByAttempt}})
+		cache.SharedIndexInformerOptions{ResyncPeriod: resync})
 	if transform != nil {
 		if err := inf.SetTransform(transform); err != nil {
 			panic(fmt.Sprintf("kube: setting the informer's transform before it runs: %v", err)) // cannot fail before Run
 		}
 	}
-	tombs, seen := newTombstones(c, log), newSightings(c)
+	tombs, seen, byAttempt := newTombstones(c, log), newSightings(c), newAttemptPods()
 	// The detailed handler says whether an add is of the cache's first
-	// list (not a miss: see sightings.go).
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
-		AddFunc: seen.added,
+	// list (not a miss: see sightings.go). A deleted pod leaves byAttempt
+	// before the feed names it.
+	handled, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, inInitialList bool) {
+			if p, ok := obj.(*pod); ok {
+				byAttempt.add(p)
+			}
+			seen.added(obj, inInitialList)
+		},
+		UpdateFunc: func(old, obj any) {
+			was, _ := old.(*pod)
+			now, _ := obj.(*pod)
+			byAttempt.replace(was, now)
+		},
 		DeleteFunc: func(obj any) {
+			gone := obj
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				gone = d.Obj
+			}
+			if p, ok := gone.(*pod); ok {
+				byAttempt.remove(p)
+			}
 			changes.deleted(obj)
 			tombs.deleted(obj)
 			seen.deleted(obj)
-		}}); err != nil {
+		}})
+	if err != nil {
 		panic(fmt.Sprintf("kube: adding the informer's handlers before it runs: %v", err)) // cannot fail before Run
 	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
@@ -121,7 +121,7 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 		panic(fmt.Sprintf("kube: setting the informer's watch error handler before it runs: %v", err)) // cannot fail before Run
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &presence{informer: inf, tombs: tombs, feed: changes, seen: seen, cancel: cancel, done: make(chan struct{})}
+	p := &presence{informer: inf, handled: handled, byAttempt: byAttempt, tombs: tombs, feed: changes, seen: seen, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		log.Debug("presence informer started", "namespace", namespace, "selector", sel)
@@ -130,35 +130,17 @@ func startInformer(client kubernetes.Interface, namespace string, resync time.Du
 	return p
 }
 
-func indexByAttempt(obj any) ([]string, error) {
-	p, ok := obj.(*pod)
-	if !ok {
-		return nil, nil
-	}
-	return []string{attemptBucket(p.labels.indexKey())}, nil
-}
-
 func (p *presence) stop() {
 	p.cancel()
 	<-p.done
 }
 
-func (p *presence) synced() bool { return p.informer.HasSynced() }
+// synced: the informer has listed every task pod once, and its handler
+// (which keeps byAttempt) has been handed each of them.
+func (p *presence) synced() bool { return p.informer.HasSynced() && p.handled.HasSynced() }
 
 // cached returns the cache's pods of exactly attempt a.
-func (p *presence) cached(a sdk.Attempt) []*pod {
-	objs, err := p.informer.GetIndexer().ByIndex(attemptIndex, attemptBucket(attemptIndexKey(a)))
-	if err != nil {
-		return nil
-	}
-	var out []*pod
-	for _, o := range objs {
-		if pd, ok := o.(*pod); ok && pd.labels.matches(a) {
-			out = append(out, pd)
-		}
-	}
-	return out
-}
+func (p *presence) cached(a sdk.Attempt) []*pod { return p.byAttempt.of(a) }
 
 // snapshot returns every cached pod, in name order.
 func (p *presence) snapshot() []*pod {
@@ -350,5 +332,5 @@ func presentLive(a sdk.Attempt, pods []*pod) sdk.AttemptLiveness {
 // waitSynced blocks until the cache has synced or ctx ends (tests and
 // benchmarks).
 func (p *presence) waitSynced(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced)
+	return cache.WaitForCacheSync(ctx.Done(), p.synced)
 }

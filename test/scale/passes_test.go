@@ -588,7 +588,7 @@ func benchKubePasses(b *testing.B, sizes []int) {
 		if dir := profileDir(b); dir != "" {
 			c.profileSteady(b, filepath.Join(dir, "kube-steady-"+sizeName(n)+".pprof"), 10*time.Second)
 		}
-		walk := fullWalk(b, c.board, sub)
+		walk := fullWalk(b, c.board, c.board.Store, sub)
 		aimed(section, "podlost full walk, "+sizeName(n)+" running", ms(walk), "< 3 s", walk < fullWalkAim)
 		if dir := profileDir(b); dir != "" {
 			profileWalk(b, filepath.Join(dir, "kube-walk-"+sizeName(n)+".pprof"), c.board, sub)
@@ -631,7 +631,7 @@ func waitCached(b *testing.B, sub *kube.Substrate, n int) {
 
 // fullWalk times a podlost that walks every running attempt each pass,
 // from its first page to its last, over as many passes as that takes.
-func fullWalk(b *testing.B, board *massbench.Board, sub *kube.Substrate) time.Duration {
+func fullWalk(b *testing.B, mb *massbench.Board, board sdk.Board, sub *kube.Substrate) time.Duration {
 	r := podlost.New(nil)
 	configure(b, ladder.EditionKube, r, sdk.Values{"full_walk_every": "0s"})
 	l := ladder.Defaults()
@@ -639,8 +639,8 @@ func fullWalk(b *testing.B, board *massbench.Board, sub *kube.Substrate) time.Du
 	start := time.Now()
 	for passes := 1; ; passes++ {
 		var sink sdk.Collector
-		res, err := r.Reap(context.Background(), sdk.Pass{Now: massbench.Now, Ladder: l, Term: board.Term,
-			Deadline: massbench.Now.Add(l.MaintenanceInterval), Edition: ladder.EditionKube, State: state}, board.Store, sub, &sink)
+		res, err := r.Reap(context.Background(), sdk.Pass{Now: massbench.Now, Ladder: l, Term: mb.Term,
+			Deadline: massbench.Now.Add(l.MaintenanceInterval), Edition: ladder.EditionKube, State: state}, board, sub, &sink)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -671,7 +671,7 @@ func profileWalk(b *testing.B, path string, board *massbench.Board, sub *kube.Su
 	if err := pprof.StartCPUProfile(f); err != nil {
 		b.Fatal(err)
 	}
-	d := fullWalk(b, board, sub)
+	d := fullWalk(b, board, board.Store, sub)
 	pprof.StopCPUProfile()
 	progress("passes: a full walk (%s) profiled in %s", ms(d), path)
 }
