@@ -7,8 +7,8 @@ package attemptapi
 // load generator in a process of its own (the test binary again, running
 // TestTransportFloorLoad), N connections each with one heartbeat in flight
 // and each beating at a fixed pace, and reads this process's own CPU over
-// the load (getrusage: the generator's is not in it). Two transports, both
-// on Listen and Serve as reaperd has them (the tracked listener with its
+// the load (getrusage: the generator's is not in it). The first two on
+// Listen and Serve as reaperd has them (the tracked listener with its
 // caps and eviction, the real Server, whose every guard runs):
 //
 //   - http1: the agent's Client over HTTP/1.1 alone (a transport of its
@@ -16,6 +16,11 @@ package attemptapi
 //   - stream-tls: the heartbeat stream (stream.go), the agent's
 //     HeartbeatStream on the other side, one per connection. Each frame
 //     is served by the code an HTTP heartbeat is.
+//   - echo-tls: the same listener and client, the frames answered by
+//     serveEcho instead of the Server: a constant answer, nothing checked
+//     and nothing batched. It is the floor of a heartbeat per round trip
+//     over TLS in a Go process (a record read, one written, the poller's
+//     wake-ups), which no guard can go under.
 //
 // The previous round also measured the stream without TLS (its prototype,
 // on the tracked listener): the attempt API never serves without TLS, so
@@ -45,9 +50,12 @@ package attemptapi
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -73,6 +81,12 @@ import (
 const (
 	floorHTTP1     = "http1"
 	floorStreamTLS = "stream-tls"
+	// floorEchoTLS: the stream's framing on the same TLS listener, every
+	// frame answered with a constant answer and nothing else done (no
+	// bound, no token, no body, no batcher): the floor under any guard, a
+	// TLS record read and one written per heartbeat. Not a server the API
+	// could run; the figure below which no heartbeat per round trip goes.
+	floorEchoTLS = "echo-tls"
 )
 
 // envFloorPlan names the load generator's plan file (set for the child).
@@ -102,7 +116,7 @@ type floorResult struct {
 func BenchmarkTransportFloor(b *testing.B) {
 	rate := envInt(b, "REAPER_FLOOR_RATE", 2000)
 	seconds := envInt(b, "REAPER_FLOOR_SECONDS", 10)
-	for _, tr := range []string{floorHTTP1, floorStreamTLS} {
+	for _, tr := range []string{floorHTTP1, floorStreamTLS, floorEchoTLS} {
 		for _, conns := range []int{64, 512} {
 			b.Run(fmt.Sprintf("%s/conns=%d", tr, conns), func(b *testing.B) {
 				benchTransportFloor(b, tr, conns, rate, seconds)
@@ -166,7 +180,12 @@ func benchTransportFloor(b *testing.B, transport string, conns, rate, seconds in
 		plan.Tokens, plan.Attempts = append(plan.Tokens, tok), append(plan.Attempts, a)
 	}
 	// Both transports on the one server reaperd runs: the client picks.
-	served := Serve(ctx, ln, srv, hclog.NewNullLogger())
+	var served <-chan error
+	if transport == floorEchoTLS {
+		served = serveEcho(ctx, ln)
+	} else {
+		served = Serve(ctx, ln, srv, hclog.NewNullLogger())
+	}
 	g := loadproc.Start(b, floorLoadSpec, plan, "warm")
 	before, ioBefore := selfCPU(b), selfIO(b)
 	g.Send(b, "go")
@@ -410,3 +429,62 @@ func (s *streamFloorConn) heartbeat(ctx context.Context, a sdk.Attempt) error {
 }
 
 func (s *streamFloorConn) close() { s.s.Close() }
+
+// serveEcho answers every frame of the heartbeat stream on ln's TLS
+// connections with one constant answer frame, until ctx ends; then it
+// closes the listener and every connection and waits for their goroutines.
+func serveEcho(ctx context.Context, ln *Listener) <-chan error {
+	answer := []byte(`{"should_terminate":false}`)
+	frame := binary.BigEndian.AppendUint32(nil, uint32(1+len(answer)))
+	frame = append(append(frame, frameAnswer), answer...)
+	done := make(chan error, 1)
+	var (
+		mu    sync.Mutex
+		open  = map[net.Conn]bool{}
+		conns sync.WaitGroup
+	)
+	go func() {
+		<-ctx.Done()
+		_ = ln.Close()
+		mu.Lock()
+		for c := range open {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	}()
+	go func() {
+		defer func() { conns.Wait(); done <- nil }()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open[c] = true
+			mu.Unlock()
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				defer func() { mu.Lock(); delete(open, c); mu.Unlock(); _ = c.Close() }()
+				var head [4]byte
+				buf := make([]byte, maxStreamFrame)
+				for {
+					if _, err := io.ReadFull(c, head[:]); err != nil {
+						return
+					}
+					n := binary.BigEndian.Uint32(head[:])
+					if n > maxStreamFrame {
+						return
+					}
+					if _, err := io.ReadFull(c, buf[:n]); err != nil {
+						return
+					}
+					if _, err := c.Write(frame); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return done
+}
