@@ -735,7 +735,13 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	var touched []string
 	judged := map[sdk.Attempt]bool{} // a reaper or the sweep decided on it
 	retriedA := map[sdk.Attempt]bool{}
+	// markedBy: the reaper's mark a runner's decision acted on, for the
+	// attempts whose mark has no decision of its own in the audit (below).
+	markedBy := map[sdk.Attempt]string{}
 	for _, d := range ds {
+		if isReap(d.mark) {
+			markedBy[d.attempt] = d.mark
+		}
 		switch {
 		case isReap(d.label):
 			reaped++
@@ -763,18 +769,27 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	// A harmed attempt is answered by a reaper's mark, the sweep's
 	// settlement, or (a pod deleted or evicted while its agent ran: the
 	// player sends SIGTERM as a kubelet would) its own agent's report.
+	// A leader killed with SIGKILL between a reaper's mark and the audit
+	// of its decision leaves the mark on the board without its decision
+	// row (the audit is written after the mark, docs/operate.md): the
+	// attempt was answered, by that mark, and the summary says whose
+	// decision the audit lost rather than calling the attempt unanswered.
 	byAgent := 0
-	var unanswered []string
+	var unanswered, unaudited []string
 	for a := range w.harmed {
 		switch {
 		case judged[a]:
 		case retriedA[a]:
 			byAgent++
+		case markedBy[a] != "":
+			reaped++
+			unaudited = append(unaudited, fmt.Sprintf("%s (%s)", a, markedBy[a]))
 		default:
 			unanswered = append(unanswered, a.String())
 		}
 	}
 	sort.Strings(unanswered)
+	sort.Strings(unaudited)
 	succeeded := 0
 	records := w.records(ctx)
 	ran, ranFrom := w.journalRuns(), "its agents' journals show"
@@ -822,6 +837,10 @@ func (w *kubeWorld) summary(ctx context.Context) int {
 	}
 	if len(unanswered) > 0 {
 		say("  taken but never reaped or settled: %s", strings.Join(unanswered, ", "))
+	}
+	if len(unaudited) > 0 {
+		say("  reaped, the mark's own decision lost with the killed leader (its re-placement names it): %s",
+			strings.Join(unaudited, ", "))
 	}
 	if !ok {
 		say("\nsomething went wrong: see the lines above and the logs in %s", w.keepLogs())

@@ -433,11 +433,16 @@ func isReap(label string) bool {
 type decisionRow struct {
 	reaper, label string
 	attempt       sdk.Attempt
+	// mark is the reaper's mark a runner's decision acted on (its
+	// evidence's "mark": an infra_replace names the label the attempt was
+	// marked with), "" for any other.
+	mark string
 }
 
 // appliedDecisions reads the applied decisions of the audit about runs.
 func (s *session) appliedDecisions(ctx context.Context, runs ...string) ([]decisionRow, error) {
-	rows, err := s.pool.Query(ctx, `SELECT reaper, label, run_id, task_id, coalesce(try_number, 0), coalesce(attempt_epoch, 0)
+	rows, err := s.pool.Query(ctx, `SELECT reaper, label, run_id, task_id, coalesce(try_number, 0), coalesce(attempt_epoch, 0),
+            coalesce(reap_evidence(evidence_packed, evidence)->>'mark', '')
         FROM reap_decisions WHERE run_id = ANY($1) AND applied ORDER BY id`, runs)
 	if err != nil {
 		return nil, fmt.Errorf("reading the audit: %w", err)
@@ -447,7 +452,8 @@ func (s *session) appliedDecisions(ctx context.Context, runs ...string) ([]decis
 	for rows.Next() {
 		var d decisionRow
 		var task *string
-		if err := rows.Scan(&d.reaper, &d.label, &d.attempt.RunID, &task, &d.attempt.Try, &d.attempt.Epoch); err != nil {
+		if err := rows.Scan(&d.reaper, &d.label, &d.attempt.RunID, &task, &d.attempt.Try, &d.attempt.Epoch,
+			&d.mark); err != nil {
 			return nil, fmt.Errorf("reading the audit: %w", err)
 		}
 		if task != nil {
